@@ -1,0 +1,474 @@
+//! Statements on `skiplock.jobs`.
+//!
+//! Every statement that finishes, fails, extends or releases a claim matches both the job
+//! id and its `claim_token` and requires `state = 'running'`: a holder whose claim was
+//! reaped, cancelled or re-claimed changes nothing, and learns so from the ids that come
+//! back.
+
+use chrono::{DateTime, Utc};
+use serde_json::Value;
+use sqlx::types::Json;
+use sqlx::{FromRow, PgExecutor};
+use uuid::Uuid;
+
+use crate::job::{JobId, JobState};
+
+/// A full row of `skiplock.jobs`, as operators see it.
+#[derive(Debug, Clone, FromRow, serde::Serialize)]
+#[non_exhaustive]
+pub struct JobRow {
+    /// Job id.
+    pub id: i64,
+    /// Queue name.
+    pub queue: String,
+    /// Handler kind.
+    pub kind: String,
+    /// Payload.
+    pub args: Json<Value>,
+    /// Lifecycle state.
+    pub state: JobState,
+    /// Lower runs first.
+    pub priority: i16,
+    /// Not run before this.
+    pub scheduled_at: DateTime<Utc>,
+    /// Attempts started so far.
+    pub attempt: i32,
+    /// Attempt budget.
+    pub max_attempts: i32,
+    /// Current claim's fencing token (running jobs only).
+    pub claim_token: Option<Uuid>,
+    /// Worker that holds or last held the job.
+    pub claimed_by: Option<String>,
+    /// When the current or last claim was taken.
+    pub claimed_at: Option<DateTime<Utc>>,
+    /// Last heartbeat of the current claim.
+    pub heartbeat_at: Option<DateTime<Utc>>,
+    /// Strict FIFO lane.
+    pub ordering_key: Option<String>,
+    /// Deduplication key.
+    pub unique_key: Option<String>,
+    /// Message of the latest failure.
+    pub last_error: Option<String>,
+    /// Recent failures: `{attempt, at, message}`, oldest first.
+    pub errors: Json<Value>,
+    /// When the job was enqueued.
+    pub created_at: DateTime<Utc>,
+    /// When the job reached a final state.
+    pub finished_at: Option<DateTime<Utc>>,
+}
+
+/// A job as a claim hands it to a worker.
+#[derive(Debug, Clone, FromRow)]
+pub struct ClaimedJob {
+    /// Job id.
+    pub id: i64,
+    /// Queue name.
+    pub queue: String,
+    /// Handler kind.
+    pub kind: String,
+    /// Payload.
+    pub args: Json<Value>,
+    /// This attempt's number (already incremented by the claim).
+    pub attempt: i32,
+    /// Attempt budget.
+    pub max_attempts: i32,
+    /// The claim's fencing token.
+    pub claim_token: Uuid,
+}
+
+/// Column-wise batch of jobs for [`jobs_insert_many`]; index `i` of every vector is job `i`.
+#[derive(Debug, Default)]
+pub struct InsertBatch {
+    /// Kinds.
+    pub kinds: Vec<String>,
+    /// Payloads.
+    pub args: Vec<Json<Value>>,
+    /// Queues.
+    pub queues: Vec<String>,
+    /// Priorities.
+    pub priorities: Vec<i16>,
+    /// Absolute run times; `None` means "now plus `delays_ms`" by the database clock.
+    pub run_at: Vec<Option<DateTime<Utc>>>,
+    /// Delays in milliseconds from the database's `now()`, used when `run_at` is `None`.
+    pub delays_ms: Vec<i64>,
+    /// Attempt budgets.
+    pub max_attempts: Vec<i32>,
+}
+
+impl InsertBatch {
+    /// Number of jobs in the batch.
+    pub fn len(&self) -> usize {
+        self.kinds.len()
+    }
+
+    /// Whether the batch holds no job.
+    pub fn is_empty(&self) -> bool {
+        self.kinds.is_empty()
+    }
+}
+
+/// Inserts a batch in one statement and returns the ids in input order.
+///
+/// Rows are produced in input order (`ORDER BY ord`), so the identity column hands out
+/// increasing ids and sorting the returned ids restores the input order.
+pub async fn jobs_insert_many(
+    db: impl PgExecutor<'_>,
+    batch: &InsertBatch,
+) -> sqlx::Result<Vec<JobId>> {
+    let mut ids: Vec<i64> = sqlx::query_scalar(
+        "INSERT INTO skiplock.jobs (kind, args, queue, priority, scheduled_at, max_attempts)
+         SELECT kind, args, queue, priority,
+                coalesce(run_at, now() + delay_ms * interval '1 millisecond'), max_attempts
+         FROM unnest($1::text[], $2::jsonb[], $3::text[], $4::smallint[], $5::timestamptz[],
+                     $6::bigint[], $7::int[])
+              WITH ORDINALITY AS j(kind, args, queue, priority, run_at, delay_ms, max_attempts, ord)
+         ORDER BY ord
+         RETURNING id",
+    )
+    .bind(&batch.kinds)
+    .bind(&batch.args)
+    .bind(&batch.queues)
+    .bind(&batch.priorities)
+    .bind(&batch.run_at)
+    .bind(&batch.delays_ms)
+    .bind(&batch.max_attempts)
+    .fetch_all(db)
+    .await?;
+    ids.sort_unstable();
+    Ok(ids.into_iter().map(JobId).collect())
+}
+
+/// Claims up to `limit` runnable jobs of the given queues and kinds, oldest first within
+/// priority, in one statement.
+///
+/// The CTE picks rows with `FOR UPDATE SKIP LOCKED`, so concurrent claimers never wait on
+/// each other and never pick the same row; the `UPDATE` stamps each picked row with its own
+/// fresh `claim_token`, the claimant and the database's `now()` as first heartbeat.
+pub async fn jobs_claim_batch(
+    db: impl PgExecutor<'_>,
+    queues: &[String],
+    kinds: &[String],
+    limit: i64,
+    claimed_by: &str,
+) -> sqlx::Result<Vec<ClaimedJob>> {
+    sqlx::query_as(
+        "WITH picked AS (
+             SELECT id FROM skiplock.jobs
+             WHERE state = 'queued' AND scheduled_at <= now()
+               AND queue = ANY($1) AND kind = ANY($2)
+             ORDER BY priority, scheduled_at, id
+             LIMIT $3
+             FOR UPDATE SKIP LOCKED
+         )
+         UPDATE skiplock.jobs j
+         SET state = 'running', claim_token = gen_random_uuid(), claimed_by = $4,
+             claimed_at = now(), heartbeat_at = now(), attempt = j.attempt + 1
+         FROM picked
+         WHERE j.id = picked.id
+         RETURNING j.id, j.queue, j.kind, j.args, j.attempt, j.max_attempts, j.claim_token",
+    )
+    .bind(queues)
+    .bind(kinds)
+    .bind(limit)
+    .bind(claimed_by)
+    .fetch_all(db)
+    .await
+}
+
+/// Marks held jobs `succeeded`; returns the ids whose claim was still valid.
+pub async fn jobs_complete_many(
+    db: impl PgExecutor<'_>,
+    ids: &[i64],
+    tokens: &[Uuid],
+) -> sqlx::Result<Vec<i64>> {
+    sqlx::query_scalar(
+        "UPDATE skiplock.jobs j
+         SET state = 'succeeded', finished_at = now(), claim_token = NULL, heartbeat_at = NULL
+         FROM unnest($1::bigint[], $2::uuid[]) AS c(id, token)
+         WHERE j.id = c.id AND j.claim_token = c.token AND j.state = 'running'
+         RETURNING j.id",
+    )
+    .bind(ids)
+    .bind(tokens)
+    .fetch_all(db)
+    .await
+}
+
+/// What a failed attempt asks for, as [`jobs_fail_many`] takes it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FailAction {
+    /// Back to `queued` after the delay, or `dead` if no attempt is left.
+    Retry,
+    /// `dead` now.
+    Dead,
+    /// `cancelled` now.
+    Cancel,
+}
+
+impl FailAction {
+    fn as_str(self) -> &'static str {
+        match self {
+            FailAction::Retry => "retry",
+            FailAction::Dead => "dead",
+            FailAction::Cancel => "cancel",
+        }
+    }
+}
+
+/// Column-wise batch of failed attempts for [`jobs_fail_many`].
+#[derive(Debug, Default)]
+pub struct FailBatch {
+    /// Job ids.
+    pub ids: Vec<i64>,
+    /// Claim tokens presented.
+    pub tokens: Vec<Uuid>,
+    /// Error messages.
+    pub messages: Vec<String>,
+    /// Retry delays in milliseconds (used by [`FailAction::Retry`]).
+    pub delays_ms: Vec<i64>,
+    /// What each failure asks for.
+    pub actions: Vec<&'static str>,
+}
+
+impl FailBatch {
+    /// Adds one failed attempt.
+    pub fn push(&mut self, id: i64, token: Uuid, message: String, delay_ms: i64, action: FailAction) {
+        self.ids.push(id);
+        self.tokens.push(token);
+        self.messages.push(message);
+        self.delays_ms.push(delay_ms);
+        self.actions.push(action.as_str());
+    }
+
+    /// Whether the batch holds nothing.
+    pub fn is_empty(&self) -> bool {
+        self.ids.is_empty()
+    }
+}
+
+/// Records failed attempts: each job goes back to `queued` with its delay, or `dead`, or
+/// `cancelled`, and its error is appended. Returns `(id, new state)` for valid claims.
+pub async fn jobs_fail_many(
+    db: impl PgExecutor<'_>,
+    batch: &FailBatch,
+) -> sqlx::Result<Vec<(i64, JobState)>> {
+    sqlx::query_as(
+        "WITH failed AS (
+             SELECT f.*, CASE
+                     WHEN f.action = 'cancel' THEN 'cancelled'
+                     WHEN f.action = 'dead' OR j.attempt >= j.max_attempts THEN 'dead'
+                     ELSE 'queued'
+                 END::skiplock.job_state AS next_state
+             FROM unnest($1::bigint[], $2::uuid[], $3::text[], $4::bigint[], $5::text[])
+                  AS f(id, token, message, delay_ms, action)
+             JOIN skiplock.jobs j ON j.id = f.id
+         )
+         UPDATE skiplock.jobs j
+         SET state = f.next_state,
+             scheduled_at = CASE WHEN f.next_state = 'queued'
+                 THEN now() + f.delay_ms * interval '1 millisecond' ELSE j.scheduled_at END,
+             finished_at = CASE WHEN f.next_state = 'queued' THEN NULL ELSE now() END,
+             claim_token = NULL, heartbeat_at = NULL,
+             last_error = f.message,
+             errors = skiplock.append_error(j.errors, j.attempt, f.message)
+         FROM failed f
+         WHERE j.id = f.id AND j.claim_token = f.token AND j.state = 'running'
+         RETURNING j.id, j.state",
+    )
+    .bind(&batch.ids)
+    .bind(&batch.tokens)
+    .bind(&batch.messages)
+    .bind(&batch.delays_ms)
+    .bind(&batch.actions)
+    .fetch_all(db)
+    .await
+}
+
+/// Gives held jobs back to the queue at once without counting the attempt (graceful
+/// shutdown). Returns the ids whose claim was still valid.
+pub async fn jobs_release_many(
+    db: impl PgExecutor<'_>,
+    ids: &[i64],
+    tokens: &[Uuid],
+) -> sqlx::Result<Vec<i64>> {
+    sqlx::query_scalar(
+        "WITH released AS (
+             UPDATE skiplock.jobs j
+             SET state = 'queued', attempt = greatest(j.attempt - 1, 0), scheduled_at = now(),
+                 claim_token = NULL, heartbeat_at = NULL
+             FROM unnest($1::bigint[], $2::uuid[]) AS c(id, token)
+             WHERE j.id = c.id AND j.claim_token = c.token AND j.state = 'running'
+             RETURNING j.id, j.queue
+         ), woken AS (
+             SELECT pg_notify('skiplock_jobs', queue) FROM (SELECT DISTINCT queue FROM released) q
+         )
+         SELECT id FROM released, (SELECT count(*) FROM woken) w",
+    )
+    .bind(ids)
+    .bind(tokens)
+    .fetch_all(db)
+    .await
+}
+
+/// Extends held claims with the database's `now()`; returns the ids still held. One
+/// statement per worker per heartbeat interval, whatever the number of jobs.
+pub async fn jobs_heartbeat_many(
+    db: impl PgExecutor<'_>,
+    ids: &[i64],
+    tokens: &[Uuid],
+) -> sqlx::Result<Vec<i64>> {
+    sqlx::query_scalar(
+        "UPDATE skiplock.jobs j
+         SET heartbeat_at = now()
+         FROM unnest($1::bigint[], $2::uuid[]) AS c(id, token)
+         WHERE j.id = c.id AND j.claim_token = c.token AND j.state = 'running'
+         RETURNING j.id",
+    )
+    .bind(ids)
+    .bind(tokens)
+    .fetch_all(db)
+    .await
+}
+
+/// A job the reaper took back from a vanished holder.
+#[derive(Debug, Clone, FromRow)]
+pub struct ReapedJob {
+    /// Job id.
+    pub id: i64,
+    /// `queued` (will run again) or `dead` (no attempt left).
+    pub state: JobState,
+    /// The holder that stopped heartbeating.
+    pub claimed_by: Option<String>,
+}
+
+/// Returns up to `limit` running jobs whose heartbeat is older than `stale_after_ms` (by
+/// the database clock) to `queued` with the default backoff, or to `dead` when their
+/// attempts are exhausted.
+///
+/// `SKIP LOCKED` lets every worker run this at once: a row being completed right now is
+/// locked by its completer and skipped, and a row completed after our snapshot fails the
+/// re-check of `state = 'running'`, so a finished job is never reset.
+pub async fn jobs_reap_stale(
+    db: impl PgExecutor<'_>,
+    stale_after_ms: i64,
+    limit: i64,
+) -> sqlx::Result<Vec<ReapedJob>> {
+    sqlx::query_as(
+        "WITH stale AS (
+             SELECT id FROM skiplock.jobs
+             WHERE state = 'running'
+               AND heartbeat_at < now() - $1 * interval '1 millisecond'
+             ORDER BY heartbeat_at
+             LIMIT $2
+             FOR UPDATE SKIP LOCKED
+         ), reaped AS (
+             SELECT j.id, j.attempt, format('no heartbeat from %s for over %s ms; claim taken back',
+                                           coalesce(j.claimed_by, 'unknown worker'), $1) AS message,
+                    CASE WHEN j.attempt >= j.max_attempts THEN 'dead' ELSE 'queued' END
+                        ::skiplock.job_state AS next_state
+             FROM skiplock.jobs j JOIN stale USING (id)
+         )
+         UPDATE skiplock.jobs j
+         SET state = r.next_state,
+             scheduled_at = CASE WHEN r.next_state = 'queued'
+                 THEN now() + skiplock.backoff(r.attempt) ELSE j.scheduled_at END,
+             finished_at = CASE WHEN r.next_state = 'queued' THEN NULL ELSE now() END,
+             claim_token = NULL, heartbeat_at = NULL,
+             last_error = r.message,
+             errors = skiplock.append_error(j.errors, j.attempt, r.message)
+         FROM reaped r
+         WHERE j.id = r.id
+         RETURNING j.id, j.state, j.claimed_by",
+    )
+    .bind(stale_after_ms)
+    .bind(limit)
+    .fetch_all(db)
+    .await
+}
+
+/// Deletes up to `limit` finished jobs older than their state's retention (milliseconds
+/// since `finished_at`); returns how many went. Locked rows are skipped, never waited on.
+pub async fn jobs_prune_finished(
+    db: impl PgExecutor<'_>,
+    succeeded_ms: i64,
+    cancelled_ms: i64,
+    dead_ms: i64,
+    limit: i64,
+) -> sqlx::Result<u64> {
+    let result = sqlx::query(
+        "WITH doomed AS (
+             SELECT id FROM skiplock.jobs
+             WHERE (state = 'succeeded' AND finished_at <= now() - $1 * interval '1 millisecond')
+                OR (state = 'cancelled' AND finished_at <= now() - $2 * interval '1 millisecond')
+                OR (state = 'dead' AND finished_at <= now() - $3 * interval '1 millisecond')
+             LIMIT $4
+             FOR UPDATE SKIP LOCKED
+         )
+         DELETE FROM skiplock.jobs j USING doomed WHERE j.id = doomed.id",
+    )
+    .bind(succeeded_ms)
+    .bind(cancelled_ms)
+    .bind(dead_ms)
+    .bind(limit)
+    .execute(db)
+    .await?;
+    Ok(result.rows_affected())
+}
+
+/// Whether any job of these queues and kinds is runnable now or running anywhere.
+pub async fn jobs_any_active(
+    db: impl PgExecutor<'_>,
+    queues: &[String],
+    kinds: &[String],
+) -> sqlx::Result<bool> {
+    sqlx::query_scalar(
+        "SELECT EXISTS (
+             SELECT 1 FROM skiplock.jobs
+             WHERE queue = ANY($1) AND kind = ANY($2)
+               AND (state = 'running' OR (state = 'queued' AND scheduled_at <= now()))
+         )",
+    )
+    .bind(queues)
+    .bind(kinds)
+    .fetch_one(db)
+    .await
+}
+
+/// One job by id.
+pub async fn jobs_get(db: impl PgExecutor<'_>, id: JobId) -> sqlx::Result<Option<JobRow>> {
+    sqlx::query_as("SELECT * FROM skiplock.jobs WHERE id = $1")
+        .bind(id.0)
+        .fetch_optional(db)
+        .await
+}
+
+/// Puts a finished or scheduled job back in line to run now (`skiplock.retry_job`).
+/// Returns false if the job is running, waiting or missing.
+pub async fn jobs_retry(db: impl PgExecutor<'_>, id: JobId) -> sqlx::Result<bool> {
+    sqlx::query_scalar("SELECT skiplock.retry_job($1)")
+        .bind(id.0)
+        .fetch_one(db)
+        .await
+}
+
+/// Cancels an unfinished job (`skiplock.cancel_job`). Returns false if it had finished or
+/// does not exist.
+pub async fn jobs_cancel(db: impl PgExecutor<'_>, id: JobId) -> sqlx::Result<bool> {
+    sqlx::query_scalar("SELECT skiplock.cancel_job($1)")
+        .bind(id.0)
+        .fetch_one(db)
+        .await
+}
+
+/// Number of jobs in each state, every state listed (zero included).
+pub async fn jobs_count_by_state(db: impl PgExecutor<'_>) -> sqlx::Result<Vec<(JobState, i64)>> {
+    sqlx::query_as(
+        "SELECT s.state, count(j.id)
+         FROM unnest(enum_range(NULL::skiplock.job_state)) AS s(state)
+         LEFT JOIN skiplock.jobs j ON j.state = s.state
+         GROUP BY s.state
+         ORDER BY s.state",
+    )
+    .fetch_all(db)
+    .await
+}

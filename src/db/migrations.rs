@@ -1,0 +1,108 @@
+//! Schema migrations: plain forward-only SQL files in `migrations/`, compiled into the
+//! library and recorded in `skiplock.schema_migrations`.
+//!
+//! skiplock keeps its own ledger instead of sqlx's `_sqlx_migrations` so that it never
+//! collides with the application's own sqlx migrations in the same database.
+
+use sqlx::{Connection, PgConnection, PgPool};
+
+use crate::error::{Error, Result};
+
+/// One migration file.
+struct Migration {
+    version: i32,
+    name: &'static str,
+    sql: &'static str,
+}
+
+/// Every migration, in order. Append only: an applied migration never changes.
+const MIGRATIONS: &[Migration] = &[Migration {
+    version: 1,
+    name: "0001_jobs.sql",
+    sql: include_str!("../../migrations/0001_jobs.sql"),
+}];
+
+/// The schema version this build of skiplock expects.
+pub const SCHEMA_VERSION_LATEST: i32 = MIGRATIONS[MIGRATIONS.len() - 1].version;
+
+/// Advisory lock key that serialises concurrent migrators ("skiplock" in ASCII, truncated).
+const MIGRATION_LOCK_KEY: i64 = 0x736b_6970_6c6f_636b;
+
+/// Applies every migration not yet applied, all in one transaction: either the schema
+/// reaches [`SCHEMA_VERSION_LATEST`] or it stays as it was. Safe to run concurrently and
+/// repeatedly.
+///
+/// # Errors
+///
+/// [`Error::SchemaTooNew`] if a newer skiplock already migrated this database,
+/// [`Error::Migration`] if a file fails, [`Error::Database`] if Postgres is unreachable.
+pub async fn migrations_apply(pool: &PgPool) -> Result<i32> {
+    let mut conn = pool.acquire().await?;
+    let mut tx = conn.begin().await?;
+    sqlx::query("SELECT pg_advisory_xact_lock($1)")
+        .bind(MIGRATION_LOCK_KEY)
+        .execute(&mut *tx)
+        .await?;
+    sqlx::raw_sql(
+        "CREATE SCHEMA IF NOT EXISTS skiplock;
+         CREATE TABLE IF NOT EXISTS skiplock.schema_migrations (
+             version    int PRIMARY KEY,
+             name       text NOT NULL,
+             applied_at timestamptz NOT NULL DEFAULT now()
+         );",
+    )
+    .execute(&mut *tx)
+    .await?;
+    let current = schema_version_in(&mut tx).await?;
+    if current > SCHEMA_VERSION_LATEST {
+        return Err(Error::SchemaTooNew {
+            found: current,
+            supported: SCHEMA_VERSION_LATEST,
+        });
+    }
+    for migration in MIGRATIONS.iter().filter(|m| m.version > current) {
+        let failed = |source| Error::Migration {
+            version: migration.version,
+            name: migration.name,
+            previous: current,
+            source,
+        };
+        sqlx::raw_sql(migration.sql)
+            .execute(&mut *tx)
+            .await
+            .map_err(failed)?;
+        sqlx::query("INSERT INTO skiplock.schema_migrations (version, name) VALUES ($1, $2)")
+            .bind(migration.version)
+            .bind(migration.name)
+            .execute(&mut *tx)
+            .await
+            .map_err(failed)?;
+    }
+    tx.commit().await?;
+    Ok(SCHEMA_VERSION_LATEST)
+}
+
+/// The highest applied migration, 0 when skiplock was never migrated here.
+///
+/// # Errors
+///
+/// [`Error::Database`] if the query fails.
+pub async fn schema_version(pool: &PgPool) -> Result<i32> {
+    let mut conn = pool.acquire().await?;
+    schema_version_in(&mut conn).await
+}
+
+async fn schema_version_in(conn: &mut PgConnection) -> Result<i32> {
+    let exists: bool =
+        sqlx::query_scalar("SELECT to_regclass('skiplock.schema_migrations') IS NOT NULL")
+            .fetch_one(&mut *conn)
+            .await?;
+    if !exists {
+        return Ok(0);
+    }
+    let version: Option<i32> =
+        sqlx::query_scalar("SELECT max(version) FROM skiplock.schema_migrations")
+            .fetch_one(&mut *conn)
+            .await?;
+    Ok(version.unwrap_or(0))
+}

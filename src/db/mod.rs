@@ -1,0 +1,9 @@
+//! Every SQL statement skiplock runs, one function per statement, named table first and
+//! verb second. Nothing outside this module builds SQL, and every value is bound, never
+//! formatted into the statement text.
+//!
+//! Functions take `impl PgExecutor` so they run on a pool, a connection or inside the
+//! caller's transaction alike.
+
+pub mod jobs;
+pub mod migrations;

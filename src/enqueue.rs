@@ -1,0 +1,182 @@
+//! Enqueue jobs on any executor: a pool, a connection, or the caller's own transaction.
+//!
+//! Because every function takes `impl PgExecutor`, "enqueue inside my transaction" needs no
+//! special API: pass `&mut *tx`, and the job exists if and only if the transaction commits.
+
+use std::time::Duration;
+
+use serde_json::Value;
+use sqlx::PgExecutor;
+use sqlx::types::Json;
+
+use crate::db::jobs::{InsertBatch, jobs_insert_many};
+use crate::error::{Error, Result};
+use crate::job::{EnqueueOptions, Job, JobId, MAX_ATTEMPTS_DEFAULT, QUEUE_DEFAULT};
+
+/// An untyped job: a kind and JSON args, for callers without a [`Job`] type (the CLI, other
+/// services' payloads).
+#[derive(Debug, Clone, PartialEq)]
+pub struct NewJob {
+    /// Handler kind.
+    pub kind: String,
+    /// Payload.
+    pub args: Value,
+    /// Queue, priority, schedule, attempts.
+    pub options: EnqueueOptions,
+}
+
+impl NewJob {
+    /// A job of `kind` with `args` and default options.
+    pub fn new(kind: impl Into<String>, args: Value) -> Self {
+        Self {
+            kind: kind.into(),
+            args,
+            options: EnqueueOptions::default(),
+        }
+    }
+
+    /// Replaces the options.
+    pub fn with_options(mut self, options: EnqueueOptions) -> Self {
+        self.options = options;
+        self
+    }
+
+    /// Encodes a typed job, filling unset options from the type's constants.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::EncodeArgs`] if serde cannot encode the job.
+    pub fn from_job<J: Job>(job: &J, mut options: EnqueueOptions) -> Result<Self> {
+        let args = serde_json::to_value(job).map_err(|source| Error::EncodeArgs {
+            kind: J::KIND.to_owned(),
+            source,
+        })?;
+        options.queue.get_or_insert_with(|| J::QUEUE.to_owned());
+        options.max_attempts.get_or_insert(J::MAX_ATTEMPTS);
+        Ok(Self {
+            kind: J::KIND.to_owned(),
+            args,
+            options,
+        })
+    }
+}
+
+/// Enqueues a typed job with the type's default options.
+///
+/// # Errors
+///
+/// [`Error::EncodeArgs`] if the job cannot be encoded, [`Error::Database`] if the insert fails.
+///
+/// # Examples
+///
+/// ```no_run
+/// # use skiplock::{Job, JobContext, JobError};
+/// # #[derive(serde::Serialize, serde::Deserialize)] struct Welcome { user_id: i64 }
+/// # impl Job for Welcome { const KIND: &'static str = "welcome";
+/// #   async fn run(self, _: JobContext) -> Result<(), JobError> { Ok(()) } }
+/// # async fn example(pool: sqlx::PgPool) -> Result<(), Box<dyn std::error::Error>> {
+/// let mut tx = pool.begin().await?;
+/// sqlx::query("INSERT INTO users (id) VALUES (42)").execute(&mut *tx).await?;
+/// skiplock::enqueue(&mut *tx, &Welcome { user_id: 42 }).await?;
+/// tx.commit().await?; // the job exists from here on, and only if this succeeds
+/// # Ok(()) }
+/// ```
+pub async fn enqueue<'e, J: Job>(db: impl PgExecutor<'e>, job: &J) -> Result<JobId> {
+    enqueue_with(db, job, EnqueueOptions::default()).await
+}
+
+/// Enqueues a typed job with explicit options.
+///
+/// # Errors
+///
+/// As [`enqueue`], plus [`Error::InvalidJob`] for out-of-range options.
+pub async fn enqueue_with<'e, J: Job>(
+    db: impl PgExecutor<'e>,
+    job: &J,
+    options: EnqueueOptions,
+) -> Result<JobId> {
+    let new_job = NewJob::from_job(job, options)?;
+    let ids = enqueue_raw(db, std::slice::from_ref(&new_job)).await?;
+    Ok(ids[0])
+}
+
+/// Enqueues many typed jobs of one type in a single statement; ids come back in input order.
+///
+/// # Errors
+///
+/// As [`enqueue_with`]; on error no job of the batch is inserted.
+pub async fn enqueue_many<'e, 'j, J: Job>(
+    db: impl PgExecutor<'e>,
+    jobs: impl IntoIterator<Item = &'j J>,
+    options: EnqueueOptions,
+) -> Result<Vec<JobId>> {
+    let new_jobs = jobs
+        .into_iter()
+        .map(|job| NewJob::from_job(job, options.clone()))
+        .collect::<Result<Vec<_>>>()?;
+    enqueue_raw(db, &new_jobs).await
+}
+
+/// Enqueues untyped jobs in a single statement; ids come back in input order.
+///
+/// # Errors
+///
+/// [`Error::InvalidJob`] if a job has an empty kind or queue, a non-positive attempt budget,
+/// or a delay too large to represent; [`Error::Database`] if the insert fails. On error no
+/// job of the batch is inserted.
+pub async fn enqueue_raw<'e>(db: impl PgExecutor<'e>, jobs: &[NewJob]) -> Result<Vec<JobId>> {
+    if jobs.is_empty() {
+        return Ok(Vec::new());
+    }
+    let mut batch = InsertBatch::default();
+    for (index, job) in jobs.iter().enumerate() {
+        validate(job).map_err(|why| {
+            Error::InvalidJob(if jobs.len() == 1 {
+                why
+            } else {
+                format!("job {} of the batch: {why}", index + 1)
+            })
+        })?;
+        let options = &job.options;
+        batch.kinds.push(job.kind.clone());
+        batch.args.push(Json(job.args.clone()));
+        batch
+            .queues
+            .push(options.queue.clone().unwrap_or_else(|| QUEUE_DEFAULT.to_owned()));
+        batch.priorities.push(options.priority.unwrap_or(0));
+        batch.run_at.push(options.run_at);
+        batch
+            .delays_ms
+            .push(options.run_after.map_or(0, duration_ms));
+        batch
+            .max_attempts
+            .push(options.max_attempts.unwrap_or(MAX_ATTEMPTS_DEFAULT));
+    }
+    Ok(jobs_insert_many(db, &batch).await?)
+}
+
+/// Checks what the database would otherwise reject with a less helpful message.
+fn validate(job: &NewJob) -> std::result::Result<(), String> {
+    if job.kind.is_empty() {
+        return Err("the kind is empty; name the handler that runs this job".into());
+    }
+    if job.options.queue.as_deref() == Some("") {
+        return Err("the queue name is empty; omit it to use `default`".into());
+    }
+    if let Some(max) = job.options.max_attempts
+        && max < 1
+    {
+        return Err(format!("max_attempts is {max}; it must be at least 1"));
+    }
+    if let Some(delay) = job.options.run_after
+        && delay.as_millis() > i64::MAX as u128
+    {
+        return Err(format!("run_after {delay:?} is too large"));
+    }
+    Ok(())
+}
+
+/// A duration in whole milliseconds, saturating at `i64::MAX`.
+pub(crate) fn duration_ms(duration: Duration) -> i64 {
+    i64::try_from(duration.as_millis()).unwrap_or(i64::MAX)
+}

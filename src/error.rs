@@ -1,0 +1,102 @@
+//! Library error types.
+//!
+//! [`Error`] is what skiplock's own operations (enqueue, migrate, run a worker) return.
+//! What a *job handler* returns is [`JobError`](crate::JobError): it decides the job's
+//! fate rather than reporting a fault of the queue.
+
+/// Everything that can go wrong in a skiplock operation.
+///
+/// Each message says what happened and, where there is one, what to do about it.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The database refused or could not run a statement (connection lost, constraint, …).
+    #[error("database error: {0}")]
+    Database(#[from] sqlx::Error),
+
+    /// A job's arguments could not be turned into JSON.
+    #[error("cannot encode the args of a `{kind}` job as JSON: {source}")]
+    EncodeArgs {
+        /// The job kind.
+        kind: String,
+        /// Why serde refused.
+        source: serde_json::Error,
+    },
+
+    /// A job to enqueue breaks a rule checked before it reaches the database.
+    #[error("invalid job: {0}")]
+    InvalidJob(String),
+
+    /// A migration file failed to apply; nothing of it was kept.
+    #[error("migration {version} ({name}) failed: {source}; the schema is unchanged from version {previous}")]
+    Migration {
+        /// Version of the failing migration.
+        version: i32,
+        /// File name of the failing migration.
+        name: &'static str,
+        /// Last version that was applied successfully.
+        previous: i32,
+        /// The database error.
+        source: sqlx::Error,
+    },
+
+    /// The database holds a schema written by a newer skiplock.
+    #[error(
+        "the database schema is at version {found}, newer than this skiplock understands ({supported}); upgrade skiplock"
+    )]
+    SchemaTooNew {
+        /// Version found in `skiplock.schema_migrations`.
+        found: i32,
+        /// Highest version this build knows.
+        supported: i32,
+    },
+
+    /// The database schema is older than this skiplock needs.
+    #[error(
+        "the database schema is at version {found}, this skiplock needs version {expected}; run `skiplock migrate` (or `skiplock::migrate(&pool)`)"
+    )]
+    SchemaOutdated {
+        /// Version found (0: skiplock was never migrated in this database).
+        found: i32,
+        /// Version this build needs.
+        expected: i32,
+    },
+
+    /// A worker or enqueue setting is out of range or contradictory.
+    #[error("invalid configuration: {0}")]
+    Config(String),
+}
+
+/// Shorthand for results of skiplock operations.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+impl Error {
+    /// Whether retrying the same operation later may succeed: lost connections, pool
+    /// timeouts, serialization failures and deadlocks.
+    pub fn is_transient(&self) -> bool {
+        match self {
+            Error::Database(e) => is_transient_sqlx(e),
+            _ => false,
+        }
+    }
+}
+
+/// Whether a database error is worth retrying: the runtime retries these instead of
+/// failing jobs.
+pub(crate) fn is_transient_sqlx(e: &sqlx::Error) -> bool {
+    match e {
+        sqlx::Error::Io(_)
+        | sqlx::Error::PoolTimedOut
+        | sqlx::Error::PoolClosed
+        | sqlx::Error::WorkerCrashed
+        | sqlx::Error::Tls(_)
+        | sqlx::Error::Protocol(_) => true,
+        sqlx::Error::Database(db) => matches!(
+            db.code().as_deref(),
+            // serialization_failure, deadlock_detected, admin/crash shutdown,
+            // cannot_connect_now, lock_not_available, query_canceled.
+            Some("40001" | "40P01" | "57P01" | "57P02" | "57P03" | "55P03" | "57014")
+        ) || db.code().is_some_and(|c| c.starts_with("08")),
+        _ => false,
+    }
+}

@@ -1,0 +1,340 @@
+//! What a job is: the [`Job`] trait, its identity and state, enqueue options, and the
+//! error a handler returns to decide the job's fate.
+
+use std::fmt;
+use std::future::Future;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use sqlx::PgPool;
+use tokio_util::sync::CancellationToken;
+
+use crate::retry;
+
+/// Maximum attempts when neither the job type nor the enqueue options say otherwise.
+pub const MAX_ATTEMPTS_DEFAULT: i32 = 25;
+
+/// Queue name when neither the job type nor the enqueue options say otherwise.
+pub const QUEUE_DEFAULT: &str = "default";
+
+/// A typed job: its serde-encoded value is the job's `args`.
+///
+/// Implement it on the struct that carries the arguments; `run` does the work.
+///
+/// ```
+/// use skiplock::{Job, JobContext, JobError};
+/// use serde::{Deserialize, Serialize};
+///
+/// #[derive(Serialize, Deserialize)]
+/// struct SendEmail { to: String }
+///
+/// impl Job for SendEmail {
+///     const KIND: &'static str = "send_email";
+///
+///     async fn run(self, _ctx: JobContext) -> Result<(), JobError> {
+///         if self.to.is_empty() {
+///             return Err(JobError::permanent("no recipient"));
+///         }
+///         Ok(())
+///     }
+/// }
+/// ```
+pub trait Job: Serialize + DeserializeOwned + Send + 'static {
+    /// The kind stored in `skiplock.jobs.kind`; workers claim only kinds they registered.
+    const KIND: &'static str;
+
+    /// Queue used when the enqueue options name none.
+    const QUEUE: &'static str = QUEUE_DEFAULT;
+
+    /// Attempts before the job goes `dead`, when the enqueue options name none.
+    const MAX_ATTEMPTS: i32 = MAX_ATTEMPTS_DEFAULT;
+
+    /// Does the work. `Ok` completes the job; an error decides its fate (see [`JobError`]).
+    fn run(self, ctx: JobContext) -> impl Future<Output = Result<(), JobError>> + Send;
+
+    /// Delay before retry number `attempt` (1-based: the attempt that just failed).
+    /// Defaults to [`retry::backoff_default`].
+    fn retry_delay(attempt: i32) -> Duration {
+        retry::backoff_default(attempt)
+    }
+
+    /// Longest a single attempt may run; past it the handler is stopped and the attempt
+    /// fails as retryable. `None` (the default) means no limit.
+    fn timeout() -> Option<Duration> {
+        None
+    }
+}
+
+/// A job's id: `skiplock.jobs.id`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, serde::Deserialize)]
+#[serde(transparent)]
+pub struct JobId(pub i64);
+
+impl fmt::Display for JobId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+/// The state of a job, mirrored by the Postgres enum `skiplock.job_state`.
+///
+/// ```text
+///  waiting ──parents succeeded──▶ queued ◀──────── retry (backoff) / reaper / manual retry
+///                                   │  claim (SKIP LOCKED, new claim_token, attempt+1)
+///                                   ▼
+///                                running ──ok──▶ succeeded
+///                                   │
+///                                   ├─error, attempts left──▶ queued (scheduled_at = now + backoff)
+///                                   ├─error, none left / non-retryable──▶ dead
+///                                   └─cancel──▶ cancelled
+/// ```
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, sqlx::Type, Serialize, serde::Deserialize,
+)]
+#[sqlx(type_name = "skiplock.job_state", rename_all = "lowercase")]
+#[serde(rename_all = "lowercase")]
+pub enum JobState {
+    /// Waits for parent jobs to succeed.
+    Waiting,
+    /// Runnable once `scheduled_at` has passed.
+    Queued,
+    /// Claimed by a worker; `claim_token` names the claim.
+    Running,
+    /// Finished successfully.
+    Succeeded,
+    /// Failed permanently or ran out of attempts; an operator may retry it.
+    Dead,
+    /// Cancelled before it could finish.
+    Cancelled,
+}
+
+impl JobState {
+    /// Every state, in lifecycle order.
+    pub const ALL: [JobState; 6] = [
+        JobState::Waiting,
+        JobState::Queued,
+        JobState::Running,
+        JobState::Succeeded,
+        JobState::Dead,
+        JobState::Cancelled,
+    ];
+
+    /// The name used in SQL and on the command line.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            JobState::Waiting => "waiting",
+            JobState::Queued => "queued",
+            JobState::Running => "running",
+            JobState::Succeeded => "succeeded",
+            JobState::Dead => "dead",
+            JobState::Cancelled => "cancelled",
+        }
+    }
+}
+
+impl fmt::Display for JobState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.pad(self.as_str())
+    }
+}
+
+impl std::str::FromStr for JobState {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        JobState::ALL
+            .into_iter()
+            .find(|state| state.as_str() == s)
+            .ok_or_else(|| {
+                format!(
+                    "unknown job state `{s}`; expected one of: waiting, queued, running, succeeded, dead, cancelled"
+                )
+            })
+    }
+}
+
+/// Options for one enqueued job. Unset fields fall back to the job type's constants
+/// (typed jobs) or the column defaults.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct EnqueueOptions {
+    /// Queue name; workers claim only their configured queues.
+    pub queue: Option<String>,
+    /// Lower runs first. Default 0.
+    pub priority: Option<i16>,
+    /// Not run before this instant.
+    pub run_at: Option<DateTime<Utc>>,
+    /// Not run before this long after the enqueuing statement, by the database clock.
+    /// Ignored when `run_at` is set.
+    pub run_after: Option<Duration>,
+    /// Attempts before the job goes `dead` (at least 1).
+    pub max_attempts: Option<i32>,
+}
+
+impl EnqueueOptions {
+    /// Options with every field unset.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Sets the queue.
+    pub fn queue(mut self, queue: impl Into<String>) -> Self {
+        self.queue = Some(queue.into());
+        self
+    }
+
+    /// Sets the priority (lower runs first).
+    pub fn priority(mut self, priority: i16) -> Self {
+        self.priority = Some(priority);
+        self
+    }
+
+    /// Runs the job no earlier than `at`.
+    pub fn run_at(mut self, at: DateTime<Utc>) -> Self {
+        self.run_at = Some(at);
+        self
+    }
+
+    /// Runs the job no earlier than `delay` after it is enqueued (database clock).
+    pub fn run_after(mut self, delay: Duration) -> Self {
+        self.run_after = Some(delay);
+        self
+    }
+
+    /// Sets the attempt budget.
+    pub fn max_attempts(mut self, max_attempts: i32) -> Self {
+        self.max_attempts = Some(max_attempts);
+        self
+    }
+}
+
+/// What a running handler knows about its job, and how it learns it must stop.
+#[derive(Debug, Clone)]
+pub struct JobContext {
+    pub(crate) id: JobId,
+    pub(crate) kind: String,
+    pub(crate) queue: String,
+    pub(crate) attempt: i32,
+    pub(crate) max_attempts: i32,
+    pub(crate) pool: PgPool,
+    pub(crate) stop: CancellationToken,
+}
+
+impl JobContext {
+    /// The job's id.
+    pub fn id(&self) -> JobId {
+        self.id
+    }
+
+    /// The job's kind.
+    pub fn kind(&self) -> &str {
+        &self.kind
+    }
+
+    /// The job's queue.
+    pub fn queue(&self) -> &str {
+        &self.queue
+    }
+
+    /// This attempt's number, starting at 1.
+    pub fn attempt(&self) -> i32 {
+        self.attempt
+    }
+
+    /// The job's attempt budget.
+    pub fn max_attempts(&self) -> i32 {
+        self.max_attempts
+    }
+
+    /// The worker's connection pool, for handlers that write to the database.
+    pub fn pool(&self) -> &PgPool {
+        &self.pool
+    }
+
+    /// Resolves when the handler should stop: the claim was lost (reaped, cancelled) or the
+    /// worker is shutting down hard. The runtime drops the handler's future soon after,
+    /// so a handler needs this only to stop work it started outside its future.
+    pub async fn stopped(&self) {
+        self.stop.cancelled().await
+    }
+
+    /// Whether [`stopped`](Self::stopped) has resolved.
+    pub fn is_stopped(&self) -> bool {
+        self.stop.is_cancelled()
+    }
+}
+
+/// What a handler's failure means for its job.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Fate {
+    /// Retry with the kind's backoff, or go `dead` when attempts are exhausted.
+    Retry,
+    /// Retry after exactly this delay (still bounded by `max_attempts`).
+    RetryAfter(Duration),
+    /// Go `dead` now, whatever attempts remain.
+    Dead,
+    /// Go `cancelled` now.
+    Cancel,
+}
+
+/// A handler's failure: a message for `last_error` and the job's [`Fate`].
+///
+/// Any `std::error::Error` converts into a retryable `JobError`, so `?` works in handlers.
+#[derive(Debug)]
+pub struct JobError {
+    message: String,
+    fate: Fate,
+}
+
+impl JobError {
+    /// A failure worth retrying with the kind's backoff.
+    pub fn retry(message: impl fmt::Display) -> Self {
+        Self::with_fate(message, Fate::Retry)
+    }
+
+    /// A failure to retry after `delay` (for example a `Retry-After` header).
+    pub fn retry_after(delay: Duration, message: impl fmt::Display) -> Self {
+        Self::with_fate(message, Fate::RetryAfter(delay))
+    }
+
+    /// A failure no retry can fix: the job goes `dead` at once.
+    pub fn permanent(message: impl fmt::Display) -> Self {
+        Self::with_fate(message, Fate::Dead)
+    }
+
+    /// Gives up on the job: it goes `cancelled`.
+    pub fn cancel(message: impl fmt::Display) -> Self {
+        Self::with_fate(message, Fate::Cancel)
+    }
+
+    fn with_fate(message: impl fmt::Display, fate: Fate) -> Self {
+        Self {
+            message: message.to_string(),
+            fate,
+        }
+    }
+
+    /// The message recorded in `last_error`.
+    pub fn message(&self) -> &str {
+        &self.message
+    }
+
+    /// What happens to the job.
+    pub fn fate(&self) -> Fate {
+        self.fate
+    }
+}
+
+impl fmt::Display for JobError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl<E: std::error::Error + Send + Sync + 'static> From<E> for JobError {
+    fn from(error: E) -> Self {
+        JobError::retry(error)
+    }
+}

@@ -1,0 +1,118 @@
+//! # skiplock
+//!
+//! A job queue that keeps its jobs in Postgres.
+//!
+//! - **Transactional enqueue**: enqueue inside the transaction that writes your data; the
+//!   job exists if and only if the transaction commits.
+//! - **Fenced claims**: workers claim jobs in batches with `SELECT … FOR UPDATE SKIP
+//!   LOCKED`; each claim carries a fresh `claim_token`, and only a write presenting it can
+//!   heartbeat, complete or fail the job. A worker whose claim was taken back changes
+//!   nothing.
+//! - **No stuck jobs**: every worker heartbeats its claims once per interval, and a reaper
+//!   returns jobs whose heartbeat went stale to the queue, by the database clock.
+//!
+//! ## Quick start
+//!
+//! ```no_run
+//! use serde::{Deserialize, Serialize};
+//! use skiplock::{Job, JobContext, JobError, Worker};
+//!
+//! #[derive(Serialize, Deserialize)]
+//! struct SendWelcome {
+//!     user_id: i64,
+//! }
+//!
+//! impl Job for SendWelcome {
+//!     const KIND: &'static str = "send_welcome";
+//!
+//!     async fn run(self, ctx: JobContext) -> Result<(), JobError> {
+//!         println!("welcome, user {} (attempt {})", self.user_id, ctx.attempt());
+//!         Ok(())
+//!     }
+//! }
+//!
+//! # async fn example() -> Result<(), Box<dyn std::error::Error>> {
+//! let pool = sqlx::PgPool::connect("postgres://postgres@127.0.0.1/app").await?;
+//! skiplock::migrate(&pool).await?;
+//!
+//! // Enqueue in the same transaction as the data it refers to.
+//! let mut tx = pool.begin().await?;
+//! skiplock::enqueue(&mut *tx, &SendWelcome { user_id: 42 }).await?;
+//! tx.commit().await?;
+//!
+//! // Run a worker until it has nothing left to do.
+//! Worker::builder(pool)
+//!     .register::<SendWelcome>()
+//!     .exit_when_idle(true)
+//!     .build()?
+//!     .run()
+//!     .await?;
+//! # Ok(()) }
+//! ```
+//!
+//! Other languages enqueue with plain SQL: `SELECT skiplock.enqueue('send_welcome',
+//! '{"user_id": 42}')` or `INSERT INTO skiplock.jobs (kind, args) VALUES (…)`.
+
+pub mod builtin;
+pub mod db;
+#[cfg(feature = "embedded")]
+pub mod embedded;
+mod enqueue;
+mod error;
+mod job;
+mod maintenance;
+pub mod retry;
+pub mod worker;
+
+pub use db::jobs::JobRow;
+pub use enqueue::{NewJob, enqueue, enqueue_many, enqueue_raw, enqueue_with};
+pub use error::{Error, Result};
+pub use job::{
+    EnqueueOptions, Fate, Job, JobContext, JobError, JobId, JobState, MAX_ATTEMPTS_DEFAULT,
+    QUEUE_DEFAULT,
+};
+pub use worker::{Retention, ShutdownHandle, Worker, WorkerBuilder, WorkerConfig, WorkerSummary};
+
+/// Brings the `skiplock` schema up to date; safe to call at every start and from many
+/// processes at once. Returns the schema version now in force.
+///
+/// # Errors
+///
+/// [`Error::SchemaTooNew`] if a newer skiplock migrated this database,
+/// [`Error::Migration`] if a migration fails (nothing of it is kept),
+/// [`Error::Database`] if Postgres cannot be reached.
+pub async fn migrate(pool: &sqlx::PgPool) -> Result<i32> {
+    db::migrations::migrations_apply(pool).await
+}
+
+/// Fetches one job by id, as operators see it.
+///
+/// # Errors
+///
+/// [`Error::Database`] if the query fails.
+pub async fn job<'e>(db: impl sqlx::PgExecutor<'e>, id: JobId) -> Result<Option<JobRow>> {
+    Ok(db::jobs::jobs_get(db, id).await?)
+}
+
+/// Puts a `dead`, `cancelled`, `succeeded` or scheduled job back in line to run now, with
+/// one more attempt if it had none left. Returns false if the job is running, waiting or
+/// does not exist. Same as `SELECT skiplock.retry_job(id)`.
+///
+/// # Errors
+///
+/// [`Error::Database`] if the statement fails.
+pub async fn retry<'e>(db: impl sqlx::PgExecutor<'e>, id: JobId) -> Result<bool> {
+    Ok(db::jobs::jobs_retry(db, id).await?)
+}
+
+/// Cancels a job that has not finished: a queued job never runs, a running job's handler
+/// is stopped at its worker's next heartbeat. Returns false if the job had finished or
+/// does not exist. Same as `SELECT skiplock.cancel_job(id)`.
+///
+/// # Errors
+///
+/// [`Error::Database`] if the statement fails.
+pub async fn cancel<'e>(db: impl sqlx::PgExecutor<'e>, id: JobId) -> Result<bool> {
+    Ok(db::jobs::jobs_cancel(db, id).await?)
+}
+

@@ -1,0 +1,151 @@
+//! The completer: saves outcomes in batches.
+//!
+//! It takes the first outcome that arrives plus everything queued behind it (up to the
+//! batch limit) and writes them with at most three statements: completions, failures,
+//! releases. While one batch is written the next accumulates, so under load a statement
+//! carries many jobs and when idle a single job is written at once.
+//!
+//! Transient database errors are retried until the write succeeds or the worker shuts
+//! down hard; an outcome that cannot be saved leaves its job `running`, and the reaper
+//! returns it to the queue once its heartbeat goes stale. Nothing is lost either way.
+
+use std::collections::HashSet;
+use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use tokio::sync::mpsc;
+
+use super::executor::{Finished, Outcome};
+use super::{Shared, db_retry_delay};
+use crate::db::jobs::{
+    FailAction, FailBatch, jobs_complete_many, jobs_fail_many, jobs_release_many,
+};
+use crate::error::is_transient_sqlx;
+use crate::job::Fate;
+
+/// Attempts at one write once the worker is shutting down hard.
+const WRITE_ATTEMPTS_AFTER_HARD_STOP: u32 = 3;
+
+/// Runs until every sender is dropped and every outcome received has been written.
+pub(super) async fn complete(shared: Arc<Shared>, mut outcomes: mpsc::UnboundedReceiver<Finished>) {
+    let max = shared.config.batch_max;
+    let mut batch = Vec::with_capacity(max);
+    while let Some(first) = outcomes.recv().await {
+        batch.push(first);
+        while batch.len() < max {
+            match outcomes.try_recv() {
+                Ok(next) => batch.push(next),
+                Err(_) => break,
+            }
+        }
+        save(&shared, &mut batch).await;
+    }
+}
+
+/// Writes one batch of outcomes and forgets their claims.
+async fn save(shared: &Shared, batch: &mut Vec<Finished>) {
+    let mut done = (Vec::new(), Vec::new());
+    let mut released = (Vec::new(), Vec::new());
+    let mut failed = FailBatch::default();
+    let mut settled: Vec<i64> = Vec::with_capacity(batch.len());
+    for finished in batch.drain(..) {
+        let (id, token) = (finished.id, finished.token);
+        match finished.outcome {
+            Outcome::Succeeded => {
+                done.0.push(id);
+                done.1.push(token);
+            }
+            Outcome::Released => {
+                released.0.push(id);
+                released.1.push(token);
+            }
+            Outcome::Failed {
+                message,
+                fate,
+                delay_ms,
+            } => {
+                let action = match fate {
+                    Fate::Dead => FailAction::Dead,
+                    Fate::Cancel => FailAction::Cancel,
+                    _ => FailAction::Retry,
+                };
+                failed.push(id, token, message, delay_ms, action);
+            }
+            Outcome::Lost => {
+                shared.counters.lost.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(job_id = id, "claim lost while running (reaped or cancelled); handler stopped");
+                settled.push(id);
+            }
+        }
+    }
+    let counters = &shared.counters;
+    if !done.0.is_empty() {
+        let kept = write(shared, "complete", || jobs_complete_many(&shared.pool, &done.0, &done.1)).await;
+        settle(shared, &done.0, kept.as_deref(), &mut settled, &counters.succeeded);
+    }
+    if !failed.is_empty() {
+        let kept = write(shared, "fail", || jobs_fail_many(&shared.pool, &failed))
+            .await
+            .map(|rows| rows.into_iter().map(|(id, _)| id).collect::<Vec<_>>());
+        settle(shared, &failed.ids, kept.as_deref(), &mut settled, &counters.failed);
+    }
+    if !released.0.is_empty() {
+        let kept = write(shared, "release", || jobs_release_many(&shared.pool, &released.0, &released.1)).await;
+        settle(shared, &released.0, kept.as_deref(), &mut settled, &counters.released);
+    }
+    shared.claims.remove_many(&settled);
+    if shared.config.exit_when_idle && shared.claims.len() == 0 {
+        // The producer may be waiting only to notice that the worker went idle.
+        shared.wake.notify_one();
+    }
+}
+
+/// Notes which outcomes were saved and warns about claims that had gone stale.
+fn settle(
+    shared: &Shared,
+    ids: &[i64],
+    kept: Option<&[i64]>,
+    settled: &mut Vec<i64>,
+    counter: &std::sync::atomic::AtomicU64,
+) {
+    // A failed write leaves the claims held: the job stays `running` until it is reaped.
+    let Some(kept) = kept else { return };
+    counter.fetch_add(kept.len() as u64, Ordering::Relaxed);
+    if kept.len() < ids.len() {
+        let kept: HashSet<i64> = kept.iter().copied().collect();
+        for id in ids.iter().filter(|id| !kept.contains(id)) {
+            shared.counters.lost.fetch_add(1, Ordering::Relaxed);
+            tracing::warn!(
+                job_id = id,
+                "outcome discarded: the claim is no longer ours (reaped, cancelled or deleted)"
+            );
+        }
+    }
+    settled.extend_from_slice(ids);
+}
+
+/// Runs a write, retrying transient errors; `None` if it could not be saved.
+async fn write<T, F, Fut>(shared: &Shared, what: &str, mut statement: F) -> Option<T>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = sqlx::Result<T>>,
+{
+    let mut failures = 0u32;
+    loop {
+        match statement().await {
+            Ok(value) => return Some(value),
+            Err(e) => {
+                failures += 1;
+                let give_up = !is_transient_sqlx(&e)
+                    || (shared.hard.is_cancelled() && failures >= WRITE_ATTEMPTS_AFTER_HARD_STOP);
+                if give_up {
+                    tracing::error!(statement = what, error = %e, "could not save job outcomes");
+                    return None;
+                }
+                tracing::warn!(statement = what, error = %e, failures, "saving job outcomes failed; retrying");
+                tokio::time::sleep(db_retry_delay(failures)).await;
+            }
+        }
+    }
+}

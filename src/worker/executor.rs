@@ -1,0 +1,171 @@
+//! The executor: takes claimed jobs from the local buffer as slots free up and runs each
+//! on its own task. It decides each job's outcome and touches no SQL.
+
+use std::any::Any;
+use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
+
+use futures_util::FutureExt;
+use tokio::sync::{Notify, Semaphore, mpsc};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use uuid::Uuid;
+
+use super::Shared;
+use crate::db::jobs::ClaimedJob;
+use crate::enqueue::duration_ms;
+use crate::job::{Fate, JobContext, JobId};
+
+/// What became of one claimed job, for the completer to save.
+#[derive(Debug)]
+pub(super) enum Outcome {
+    /// The handler returned `Ok`.
+    Succeeded,
+    /// The attempt failed.
+    Failed {
+        message: String,
+        fate: Fate,
+        /// Retry delay the kind's policy chose, in milliseconds.
+        delay_ms: i64,
+    },
+    /// Give the job back without counting the attempt.
+    Released,
+    /// The claim was taken from us; there is nothing to save.
+    Lost,
+}
+
+/// An outcome tagged with the claim it belongs to.
+#[derive(Debug)]
+pub(super) struct Finished {
+    pub(super) id: i64,
+    pub(super) token: Uuid,
+    pub(super) outcome: Outcome,
+}
+
+/// Starts buffered jobs while slots are free, until the graceful shutdown; then releases
+/// whatever is still buffered.
+pub(super) async fn dispatch(
+    shared: Arc<Shared>,
+    mut buffer: mpsc::Receiver<ClaimedJob>,
+    space: Arc<Notify>,
+    outcomes: mpsc::UnboundedSender<Finished>,
+    executors: TaskTracker,
+) {
+    let slots = Arc::new(Semaphore::new(shared.config.concurrency));
+    loop {
+        let permit = tokio::select! {
+            biased;
+            () = shared.graceful.cancelled() => break,
+            permit = slots.clone().acquire_owned() => match permit {
+                Ok(permit) => permit,
+                Err(_) => break,
+            },
+        };
+        let job = tokio::select! {
+            biased;
+            () = shared.graceful.cancelled() => break,
+            job = buffer.recv() => match job {
+                Some(job) => job,
+                None => break,
+            },
+        };
+        space.notify_one();
+        let shared = shared.clone();
+        let outcomes = outcomes.clone();
+        executors.spawn(async move {
+            let id = job.id;
+            let token = job.claim_token;
+            let outcome = execute(&shared, job).await;
+            shared.claims.mark_finished(id);
+            // The completer outlives every executor, so the send only fails if it crashed.
+            let _ = outcomes.send(Finished { id, token, outcome });
+            drop(permit);
+        });
+    }
+    // The producer stops on the same signal; once it has, the buffer closes and drains.
+    while let Some(job) = buffer.recv().await {
+        let _ = outcomes.send(Finished {
+            id: job.id,
+            token: job.claim_token,
+            outcome: Outcome::Released,
+        });
+    }
+}
+
+/// Runs one job to its outcome: decode, run with the kind's timeout, catch panics, and
+/// stop early if the claim is lost or the worker shuts down hard.
+async fn execute(shared: &Shared, job: ClaimedJob) -> Outcome {
+    let Some(handler) = shared.handlers.get(&job.kind).cloned() else {
+        // Unreachable: the claim filters on registered kinds. Give the job back untouched.
+        return Outcome::Released;
+    };
+    let stop = stop_token(shared, &job);
+    let ctx = JobContext {
+        id: JobId(job.id),
+        kind: job.kind.clone(),
+        queue: job.queue.clone(),
+        attempt: job.attempt,
+        max_attempts: job.max_attempts,
+        pool: shared.pool.clone(),
+        stop: stop.clone(),
+    };
+    let timeout = handler.timeout();
+    let policy_delay_ms = duration_ms(handler.retry_delay(job.attempt));
+    let args = job.args.0;
+    let run = AssertUnwindSafe(async move { handler.call(args, ctx).await }).catch_unwind();
+    let timed = async {
+        match timeout {
+            Some(limit) => tokio::time::timeout(limit, run).await.ok(),
+            None => Some(run.await),
+        }
+    };
+    let result = tokio::select! {
+        biased;
+        () = stop.cancelled() => {
+            return if shared.hard.is_cancelled() { Outcome::Released } else { Outcome::Lost };
+        }
+        result = timed => result,
+    };
+    let failed = |message: String, fate: Fate| Outcome::Failed {
+        message,
+        fate,
+        delay_ms: match fate {
+            Fate::RetryAfter(delay) => duration_ms(delay),
+            _ => policy_delay_ms,
+        },
+    };
+    match result {
+        None => failed(
+            format!(
+                "timed out after {:?} (kind `{}`)",
+                timeout.unwrap_or_default(),
+                job.kind
+            ),
+            Fate::Retry,
+        ),
+        Some(Err(panic)) => failed(
+            format!("handler panicked: {}", panic_message(&*panic)),
+            Fate::Retry,
+        ),
+        Some(Ok(Ok(()))) => Outcome::Succeeded,
+        Some(Ok(Err(error))) => failed(error.message().to_owned(), error.fate()),
+    }
+}
+
+/// The token that stops this job's handler, registered when the job was claimed.
+fn stop_token(shared: &Shared, job: &ClaimedJob) -> CancellationToken {
+    // The producer registered the claim before buffering it; re-registering keeps a
+    // stop signal even if that ever changes.
+    shared
+        .claims
+        .stop_token(job.id)
+        .unwrap_or_else(|| shared.claims.insert(job.id, job.claim_token))
+}
+
+fn panic_message(panic: &(dyn Any + Send)) -> String {
+    panic
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_owned())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "non-string panic payload".to_owned())
+}

@@ -1,0 +1,56 @@
+//! The listener: LISTEN on `skiplock_jobs` and wake the producer when a job for one of our
+//! queues arrives. Notifications are a latency optimisation only; the producer also polls,
+//! so a lost listener delays work by at most one poll interval. After a reconnect the
+//! producer is woken once to catch up on anything inserted while the listener was down.
+
+use std::sync::Arc;
+
+use sqlx::postgres::PgListener;
+use tokio_util::sync::CancellationToken;
+
+use super::{Shared, db_retry_delay};
+
+/// The channel the insert trigger and the release statement notify, with the queue name
+/// as payload.
+pub const NOTIFY_CHANNEL: &str = "skiplock_jobs";
+
+/// Listens until `stop`, reconnecting with backoff whenever the connection drops.
+pub(super) async fn listen(shared: Arc<Shared>, stop: CancellationToken) {
+    let mut failures = 0u32;
+    loop {
+        let session = async {
+            let mut listener = PgListener::connect_with(&shared.pool).await?;
+            listener.listen(NOTIFY_CHANNEL).await?;
+            // Anything inserted before LISTEN took effect would otherwise wait for a poll.
+            shared.wake.notify_one();
+            failures = 0;
+            loop {
+                match listener.try_recv().await? {
+                    Some(notification) => {
+                        let queue = notification.payload();
+                        if shared.config.queues.iter().any(|q| q == queue) {
+                            shared.wake.notify_one();
+                        }
+                    }
+                    // Connection lost: catch up, then `try_recv` reconnects.
+                    None => shared.wake.notify_one(),
+                }
+            }
+            #[allow(unreachable_code)]
+            Ok::<(), sqlx::Error>(())
+        };
+        tokio::select! {
+            () = stop.cancelled() => return,
+            result = session => {
+                if let Err(e) = result {
+                    failures += 1;
+                    tracing::warn!(error = %e, "listener connection failed; polling until it reconnects");
+                }
+            }
+        }
+        tokio::select! {
+            () = stop.cancelled() => return,
+            () = tokio::time::sleep(db_retry_delay(failures)) => {}
+        }
+    }
+}

@@ -1,0 +1,532 @@
+//! The worker runtime: claims jobs in batches, runs them concurrently, saves outcomes.
+//!
+//! A running worker is a small pipeline of tasks, one per file:
+//!
+//! ```text
+//!  listener ──wake──▶ producer ──claimed jobs──▶ executor (≤ concurrency) ──outcomes──▶ completer
+//!  (LISTEN/NOTIFY)    (claim_batch, local buffer)  (runs handlers, no SQL)               (batched writes)
+//!                      heartbeat: extends every held claim, one statement per interval
+//!                      reaper, pruner (crate::maintenance): stale claims and old rows
+//! ```
+//!
+//! Shutdown has two phases. [`ShutdownHandle::shutdown`] stops claiming, releases jobs
+//! still in the local buffer at once, and lets running jobs finish for
+//! [`WorkerConfig::shutdown_grace`]; after that, or on [`ShutdownHandle::shutdown_now`],
+//! the remaining handlers are stopped and their jobs released. Released jobs go back to
+//! `queued` without losing an attempt.
+
+mod claims;
+mod completer;
+mod executor;
+mod handler;
+mod heartbeat;
+mod listener;
+mod producer;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use sqlx::PgPool;
+use tokio::sync::{Notify, mpsc};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::db;
+use crate::error::{Error, Result};
+use crate::job::{Job, QUEUE_DEFAULT};
+use crate::maintenance::{pruner, reaper};
+
+use claims::HeldClaims;
+use handler::{Handler, TypedHandler};
+
+/// Jobs run at once by a worker unless configured.
+pub const CONCURRENCY_DEFAULT: usize = 32;
+/// Fallback poll interval when no notification arrives (LISTEN/NOTIFY does the fast path).
+pub const POLL_INTERVAL_DEFAULT: Duration = Duration::from_secs(1);
+/// How often a worker extends its claims.
+pub const HEARTBEAT_INTERVAL_DEFAULT: Duration = Duration::from_secs(2);
+/// A running job whose heartbeat is older than this is taken back by the reaper.
+pub const STALE_AFTER_DEFAULT: Duration = Duration::from_secs(30);
+/// How often each worker's reaper looks for stale claims.
+pub const REAP_INTERVAL_DEFAULT: Duration = Duration::from_secs(5);
+/// How long a graceful shutdown waits for running jobs before releasing them.
+pub const SHUTDOWN_GRACE_DEFAULT: Duration = Duration::from_secs(30);
+/// How often each worker's pruner deletes expired finished jobs.
+pub const PRUNE_INTERVAL_DEFAULT: Duration = Duration::from_secs(30);
+/// Most claims or outcomes written by one statement.
+pub const BATCH_MAX_DEFAULT: usize = 1000;
+
+/// How long finished jobs stay in `skiplock.jobs` before the pruner deletes them.
+/// Zero deletes them at the pruner's next pass.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Retention {
+    /// For `succeeded` jobs. Default one day.
+    pub succeeded: Duration,
+    /// For `cancelled` jobs. Default one day.
+    pub cancelled: Duration,
+    /// For `dead` jobs. Default 14 days.
+    pub dead: Duration,
+}
+
+impl Default for Retention {
+    fn default() -> Self {
+        const DAY: Duration = Duration::from_secs(24 * 3600);
+        Self {
+            succeeded: DAY,
+            cancelled: DAY,
+            dead: DAY * 14,
+        }
+    }
+}
+
+/// Everything a worker can be told. Build it with [`Worker::builder`].
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct WorkerConfig {
+    /// Identity written to `claimed_by`: host, pid and a random suffix by default.
+    pub worker_id: String,
+    /// Queues to claim from. Default `["default"]`.
+    pub queues: Vec<String>,
+    /// Jobs run at once (1 or more).
+    pub concurrency: usize,
+    /// Claimed jobs kept ready in the local buffer so a freed slot never waits on a claim
+    /// round trip. Default: equal to `concurrency`.
+    pub prefetch: usize,
+    /// Fallback poll interval.
+    pub poll_interval: Duration,
+    /// How often claims are extended.
+    pub heartbeat_interval: Duration,
+    /// Heartbeat age after which the reaper takes a claim back; must exceed twice the
+    /// heartbeat interval.
+    pub stale_after: Duration,
+    /// How often the reaper runs.
+    pub reap_interval: Duration,
+    /// How long a graceful shutdown waits for running jobs.
+    pub shutdown_grace: Duration,
+    /// Exit once no job of this worker's queues and kinds is runnable or running.
+    pub exit_when_idle: bool,
+    /// How long finished jobs are kept.
+    pub retention: Retention,
+    /// How often the pruner runs; `None` disables it in this worker.
+    pub prune_interval: Option<Duration>,
+    /// Most claims or outcomes per statement.
+    pub batch_max: usize,
+}
+
+impl Default for WorkerConfig {
+    fn default() -> Self {
+        Self {
+            worker_id: default_worker_id(),
+            queues: vec![QUEUE_DEFAULT.to_owned()],
+            concurrency: CONCURRENCY_DEFAULT,
+            prefetch: CONCURRENCY_DEFAULT,
+            poll_interval: POLL_INTERVAL_DEFAULT,
+            heartbeat_interval: HEARTBEAT_INTERVAL_DEFAULT,
+            stale_after: STALE_AFTER_DEFAULT,
+            reap_interval: REAP_INTERVAL_DEFAULT,
+            shutdown_grace: SHUTDOWN_GRACE_DEFAULT,
+            exit_when_idle: false,
+            retention: Retention::default(),
+            prune_interval: Some(PRUNE_INTERVAL_DEFAULT),
+            batch_max: BATCH_MAX_DEFAULT,
+        }
+    }
+}
+
+fn default_worker_id() -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_owned())
+        .ok()
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "unknown-host".to_owned());
+    let suffix = &uuid::Uuid::new_v4().simple().to_string()[..8];
+    format!("{host}:{}:{suffix}", std::process::id())
+}
+
+/// Builds a [`Worker`].
+pub struct WorkerBuilder {
+    pool: PgPool,
+    config: WorkerConfig,
+    prefetch_set: bool,
+    handlers: HashMap<String, Arc<dyn Handler>>,
+    duplicate: Option<String>,
+}
+
+impl WorkerBuilder {
+    /// Registers a job type; the worker claims jobs of its kind.
+    pub fn register<J: Job>(mut self) -> Self {
+        if self
+            .handlers
+            .insert(J::KIND.to_owned(), Arc::new(TypedHandler::<J>::new()))
+            .is_some()
+        {
+            self.duplicate = Some(J::KIND.to_owned());
+        }
+        self
+    }
+
+    /// Sets the queues to claim from (replaces the default `["default"]`).
+    pub fn queues<I, Q>(mut self, queues: I) -> Self
+    where
+        I: IntoIterator<Item = Q>,
+        Q: Into<String>,
+    {
+        self.config.queues = queues.into_iter().map(Into::into).collect();
+        self
+    }
+
+    /// Sets how many jobs run at once (and the prefetch, unless set explicitly).
+    pub fn concurrency(mut self, concurrency: usize) -> Self {
+        self.config.concurrency = concurrency;
+        if !self.prefetch_set {
+            self.config.prefetch = concurrency;
+        }
+        self
+    }
+
+    /// Sets how many claimed jobs wait in the local buffer.
+    pub fn prefetch(mut self, prefetch: usize) -> Self {
+        self.config.prefetch = prefetch;
+        self.prefetch_set = true;
+        self
+    }
+
+    /// Sets the worker identity written to `claimed_by`.
+    pub fn worker_id(mut self, id: impl Into<String>) -> Self {
+        self.config.worker_id = id.into();
+        self
+    }
+
+    /// Sets the fallback poll interval.
+    pub fn poll_interval(mut self, interval: Duration) -> Self {
+        self.config.poll_interval = interval;
+        self
+    }
+
+    /// Sets the heartbeat interval and the stale timeout.
+    pub fn heartbeat(mut self, interval: Duration, stale_after: Duration) -> Self {
+        self.config.heartbeat_interval = interval;
+        self.config.stale_after = stale_after;
+        self
+    }
+
+    /// Sets how often the reaper runs.
+    pub fn reap_interval(mut self, interval: Duration) -> Self {
+        self.config.reap_interval = interval;
+        self
+    }
+
+    /// Sets how long a graceful shutdown waits for running jobs.
+    pub fn shutdown_grace(mut self, grace: Duration) -> Self {
+        self.config.shutdown_grace = grace;
+        self
+    }
+
+    /// Makes [`Worker::run`] return once no job of its queues and kinds is runnable or
+    /// running.
+    pub fn exit_when_idle(mut self, exit: bool) -> Self {
+        self.config.exit_when_idle = exit;
+        self
+    }
+
+    /// Sets the retention of finished jobs.
+    pub fn retention(mut self, retention: Retention) -> Self {
+        self.config.retention = retention;
+        self
+    }
+
+    /// Sets how often the pruner runs; `None` disables it in this worker.
+    pub fn prune_interval(mut self, interval: Option<Duration>) -> Self {
+        self.config.prune_interval = interval;
+        self
+    }
+
+    /// Checks the configuration and builds the worker.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Config`] when no kind is registered, a kind is registered twice, or a
+    /// setting is out of range.
+    pub fn build(self) -> Result<Worker> {
+        let config = self.config;
+        let fail = |why: String| Err(Error::Config(why));
+        if let Some(kind) = self.duplicate {
+            return fail(format!("kind `{kind}` is registered twice"));
+        }
+        if self.handlers.is_empty() {
+            return fail("no job kind is registered; call `register::<YourJob>()`".into());
+        }
+        if config.queues.is_empty() || config.queues.iter().any(String::is_empty) {
+            return fail("queue names must be non-empty and at least one queue is needed".into());
+        }
+        if config.concurrency == 0 || config.prefetch == 0 || config.batch_max == 0 {
+            return fail("concurrency, prefetch and batch size must be at least 1".into());
+        }
+        if config.heartbeat_interval.is_zero() || config.poll_interval.is_zero() {
+            return fail("heartbeat and poll intervals must be positive".into());
+        }
+        if config.stale_after <= config.heartbeat_interval * 2 {
+            return fail(format!(
+                "stale_after ({:?}) must exceed twice the heartbeat interval ({:?}), or live jobs get reaped",
+                config.stale_after, config.heartbeat_interval
+            ));
+        }
+        let mut kinds: Vec<String> = self.handlers.keys().cloned().collect();
+        kinds.sort();
+        Ok(Worker {
+            shared: Arc::new(Shared {
+                pool: self.pool,
+                config,
+                kinds,
+                handlers: self.handlers,
+                claims: HeldClaims::default(),
+                wake: Notify::new(),
+                graceful: CancellationToken::new(),
+                hard: CancellationToken::new(),
+                counters: Counters::default(),
+            }),
+        })
+    }
+}
+
+/// State shared by a worker's tasks.
+pub(crate) struct Shared {
+    pub(crate) pool: PgPool,
+    pub(crate) config: WorkerConfig,
+    /// Registered kinds, sorted; bound as the claim's kind filter.
+    pub(crate) kinds: Vec<String>,
+    pub(crate) handlers: HashMap<String, Arc<dyn Handler>>,
+    pub(crate) claims: HeldClaims,
+    /// Wakes the producer: a notification arrived or a listener reconnected.
+    pub(crate) wake: Notify,
+    /// Phase one of shutdown: stop claiming.
+    pub(crate) graceful: CancellationToken,
+    /// Phase two: stop handlers and release their jobs now.
+    pub(crate) hard: CancellationToken,
+    pub(crate) counters: Counters,
+}
+
+/// Outcome counters of one [`Worker::run`].
+#[derive(Default)]
+pub(crate) struct Counters {
+    pub(crate) claimed: AtomicU64,
+    pub(crate) succeeded: AtomicU64,
+    pub(crate) failed: AtomicU64,
+    pub(crate) released: AtomicU64,
+    pub(crate) lost: AtomicU64,
+}
+
+/// What one [`Worker::run`] did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct WorkerSummary {
+    /// Jobs claimed.
+    pub claimed: u64,
+    /// Jobs completed successfully.
+    pub succeeded: u64,
+    /// Failed attempts recorded (retried, dead or cancelled by their handler).
+    pub failed: u64,
+    /// Jobs given back without counting the attempt (shutdown).
+    pub released: u64,
+    /// Outcomes discarded because the claim was no longer ours (reaped or cancelled).
+    pub lost: u64,
+}
+
+/// Stops a running worker from anywhere. Cheap to clone.
+#[derive(Clone)]
+pub struct ShutdownHandle {
+    graceful: CancellationToken,
+    hard: CancellationToken,
+}
+
+impl ShutdownHandle {
+    /// Phase one: stop claiming, release buffered jobs, let running jobs finish within
+    /// the grace period.
+    pub fn shutdown(&self) {
+        self.graceful.cancel();
+    }
+
+    /// Phase two: stop every handler now and release its job.
+    pub fn shutdown_now(&self) {
+        self.graceful.cancel();
+        self.hard.cancel();
+    }
+
+    /// Whether a shutdown was requested.
+    pub fn is_shutting_down(&self) -> bool {
+        self.graceful.is_cancelled()
+    }
+}
+
+/// A configured worker. [`run`](Worker::run) it on a tokio runtime.
+///
+/// # Examples
+///
+/// ```no_run
+/// # use skiplock::{Job, JobContext, JobError, Worker};
+/// # #[derive(serde::Serialize, serde::Deserialize)] struct Welcome { user_id: i64 }
+/// # impl Job for Welcome { const KIND: &'static str = "welcome";
+/// #   async fn run(self, _: JobContext) -> Result<(), JobError> { Ok(()) } }
+/// # async fn example(pool: sqlx::PgPool) -> skiplock::Result<()> {
+/// let worker = Worker::builder(pool).register::<Welcome>().concurrency(64).build()?;
+/// let stop = worker.shutdown_handle();
+/// tokio::spawn(async move {
+///     tokio::signal::ctrl_c().await.ok();
+///     stop.shutdown();
+/// });
+/// worker.run().await?;
+/// # Ok(()) }
+/// ```
+pub struct Worker {
+    shared: Arc<Shared>,
+}
+
+impl Worker {
+    /// Starts building a worker on `pool`. The pool should allow a few connections more
+    /// than the worker uses at once: one for the listener, one per running statement.
+    pub fn builder(pool: PgPool) -> WorkerBuilder {
+        WorkerBuilder {
+            pool,
+            config: WorkerConfig::default(),
+            prefetch_set: false,
+            handlers: HashMap::new(),
+            duplicate: None,
+        }
+    }
+
+    /// The configuration in force.
+    pub fn config(&self) -> &WorkerConfig {
+        &self.shared.config
+    }
+
+    /// A handle that stops this worker.
+    pub fn shutdown_handle(&self) -> ShutdownHandle {
+        ShutdownHandle {
+            graceful: self.shared.graceful.clone(),
+            hard: self.shared.hard.clone(),
+        }
+    }
+
+    /// Runs until shut down (or idle, with `exit_when_idle`), then returns what it did.
+    /// Transient database errors are logged and retried, never returned.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::SchemaOutdated`] or [`Error::SchemaTooNew`] when the database schema does
+    /// not match this build, [`Error::Database`] if the database cannot be reached at start.
+    pub async fn run(self) -> Result<WorkerSummary> {
+        let shared = self.shared;
+        check_schema(&shared.pool).await?;
+        let config = &shared.config;
+        tracing::info!(
+            worker_id = %config.worker_id,
+            queues = ?config.queues,
+            kinds = ?shared.kinds,
+            concurrency = config.concurrency,
+            "worker started"
+        );
+
+        // Background tasks that live until every claim is settled.
+        let background = CancellationToken::new();
+        let tasks = TaskTracker::new();
+        tasks.spawn(listener::listen(shared.clone(), background.clone()));
+        tasks.spawn(heartbeat::beat(shared.clone(), background.clone()));
+        tasks.spawn(reaper::reap(shared.clone(), background.clone()));
+        if let Some(interval) = config.prune_interval {
+            tasks.spawn(pruner::prune(shared.clone(), interval, background.clone()));
+        }
+
+        let (outcome_tx, outcome_rx) = mpsc::unbounded_channel();
+        let completer = tokio::spawn(completer::complete(shared.clone(), outcome_rx));
+        let (buffer_tx, buffer_rx) = mpsc::channel(config.prefetch);
+        let space = Arc::new(Notify::new());
+        let producer = tokio::spawn(producer::produce(shared.clone(), buffer_tx, space.clone()));
+        let executors = TaskTracker::new();
+        let dispatcher = tokio::spawn(executor::dispatch(
+            shared.clone(),
+            buffer_rx,
+            space,
+            outcome_tx,
+            executors.clone(),
+        ));
+
+        shared.graceful.cancelled().await;
+        tracing::info!(worker_id = %config.worker_id, "shutting down: no new claims");
+        join_logged("producer", producer).await;
+        join_logged("dispatcher", dispatcher).await;
+        executors.close();
+        tokio::select! {
+            () = executors.wait() => {}
+            () = tokio::time::sleep(config.shutdown_grace) => {
+                tracing::warn!(
+                    grace = ?config.shutdown_grace,
+                    "grace period over: stopping running jobs and releasing them"
+                );
+                shared.hard.cancel();
+            }
+            () = shared.hard.cancelled() => {}
+        }
+        if shared.hard.is_cancelled() {
+            shared.claims.stop_all();
+        }
+        executors.wait().await;
+        // Every outcome sender is gone now; the completer drains and returns.
+        join_logged("completer", completer).await;
+        background.cancel();
+        tasks.close();
+        tasks.wait().await;
+
+        let left = shared.claims.len();
+        if left > 0 {
+            tracing::warn!(
+                jobs = left,
+                "could not save the outcome of some jobs; the reaper will return them to the queue"
+            );
+        }
+        let counters = &shared.counters;
+        let summary = WorkerSummary {
+            claimed: counters.claimed.load(Ordering::Relaxed),
+            succeeded: counters.succeeded.load(Ordering::Relaxed),
+            failed: counters.failed.load(Ordering::Relaxed),
+            released: counters.released.load(Ordering::Relaxed),
+            lost: counters.lost.load(Ordering::Relaxed),
+        };
+        tracing::info!(worker_id = %config.worker_id, ?summary, "worker stopped");
+        Ok(summary)
+    }
+}
+
+/// Refuses to run against a schema this build does not match.
+async fn check_schema(pool: &PgPool) -> Result<()> {
+    let found = db::migrations::schema_version(pool).await?;
+    let expected = db::migrations::SCHEMA_VERSION_LATEST;
+    match found.cmp(&expected) {
+        std::cmp::Ordering::Less => Err(Error::SchemaOutdated { found, expected }),
+        std::cmp::Ordering::Greater => Err(Error::SchemaTooNew {
+            found,
+            supported: expected,
+        }),
+        std::cmp::Ordering::Equal => Ok(()),
+    }
+}
+
+async fn join_logged(name: &str, handle: tokio::task::JoinHandle<()>) {
+    if let Err(e) = handle.await {
+        tracing::error!(task = name, error = %e, "worker task ended abnormally");
+    }
+}
+
+/// Sleeps for `base` scaled by a random factor in [0.8, 1.2), so that many workers started
+/// together do not poll in lockstep.
+pub(crate) async fn sleep_jittered(base: Duration) {
+    tokio::time::sleep(base.mul_f64(0.8 + fastrand::f64() * 0.4)).await;
+}
+
+/// Delay before retrying a failed database call for the `failures`-th time in a row:
+/// 100 ms doubling up to 5 s.
+pub(crate) fn db_retry_delay(failures: u32) -> Duration {
+    Duration::from_millis(100u64.saturating_mul(1 << failures.min(6)).min(5_000))
+}

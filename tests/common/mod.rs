@@ -1,0 +1,173 @@
+//! Shared support for the integration tests: every test gets its own fresh,
+//! migrated database, much like `#[sqlx::test]`.
+//!
+//! The server is found once per test process: `DATABASE_URL` if set, else
+//! whatever [`skiplock::embedded::resolve_database_url`] picks (a server on
+//! `127.0.0.1:5432`, or a throwaway embedded one).
+//!
+//! Cleanup:
+//! * each [`TestDb`] drops its database (`DROP DATABASE ... WITH (FORCE)`)
+//!   when it goes out of scope, also when the test panics;
+//! * an embedded server lives in a `static`, which Rust never drops. It is
+//!   stopped and its directory removed by the watchdog process that
+//!   [`skiplock::embedded::EmbeddedPostgres`] starts with every server: the
+//!   watchdog waits for end-of-file on a pipe held by this process, so it
+//!   runs as soon as the test process exits, however it exits (even on
+//!   `SIGKILL`), and removing the whole server also removes any test
+//!   databases a killed test left behind.
+#![allow(dead_code)]
+
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use skiplock::embedded::{DatabaseSource, resolve_database_url};
+use sqlx::postgres::PgPoolOptions;
+use sqlx::{AssertSqlSafe, Connection, Executor, PgConnection, PgPool};
+
+/// The server every test in this process uses, resolved once.
+static SERVER: OnceLock<Result<DatabaseSource, String>> = OnceLock::new();
+
+/// A fresh, migrated database for one test; dropped when this value is.
+pub struct TestDb {
+    /// A pool (at most 20 connections) on the test's own database.
+    pub pool: PgPool,
+    /// The URL of the test's own database, for binaries the test spawns.
+    pub url: String,
+    /// The database's name (`skiplock_test_<16 hex digits>`).
+    pub name: String,
+    /// The URL used to create and drop the database.
+    admin_url: String,
+}
+
+impl TestDb {
+    /// The URL of the test's own database.
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+}
+
+/// The URL of the server's administrative database, resolving the server on
+/// first use (which may start an embedded server: blocking, a few seconds).
+///
+/// Panics with the resolver's one-line message when no server can be had.
+pub fn server_url() -> &'static str {
+    let source = SERVER.get_or_init(|| {
+        let explicit = std::env::var("DATABASE_URL").ok();
+        let source = resolve_database_url(explicit.as_deref()).map_err(|e| e.to_string())?;
+        match &source {
+            DatabaseSource::Given(_) => eprintln!("skiplock tests: using DATABASE_URL"),
+            DatabaseSource::Local(url) => eprintln!("skiplock tests: using local server {url}"),
+            DatabaseSource::Embedded(server) => eprintln!(
+                "skiplock tests: started embedded PostgreSQL at {} in {}",
+                server.url(),
+                server.dir().display()
+            ),
+        }
+        Ok(source)
+    });
+    match source {
+        Ok(source) => source.url(),
+        Err(e) => panic!("no PostgreSQL server for the tests: {e}"),
+    }
+}
+
+/// Creates a fresh database `skiplock_test_<random hex>`, connects a pool to
+/// it and runs `skiplock::migrate` on it.
+pub async fn test_db() -> TestDb {
+    let admin_url = tokio::task::spawn_blocking(server_url)
+        .await
+        .unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()))
+        .to_owned();
+    let name = format!("skiplock_test_{:016x}", fastrand::u64(..));
+
+    let mut admin = PgConnection::connect(&admin_url)
+        .await
+        .unwrap_or_else(|e| panic!("connect to the test server: {e}"));
+    admin
+        .execute(AssertSqlSafe(format!("CREATE DATABASE \"{name}\"")))
+        .await
+        .unwrap_or_else(|e| panic!("create test database {name}: {e}"));
+    let _ = admin.close().await;
+
+    // From here on, a panic drops `db` and with it the database.
+    let url = with_database(&admin_url, &name);
+    let pool = PgPoolOptions::new()
+        .max_connections(20)
+        .connect(&url)
+        .await
+        .unwrap_or_else(|e| panic!("connect to test database {name}: {e}"));
+    let db = TestDb {
+        pool,
+        url,
+        name,
+        admin_url,
+    };
+    skiplock::migrate(&db.pool).await.expect("migrate");
+    db
+}
+
+impl Drop for TestDb {
+    /// Best effort: drops the database on a separate thread with its own
+    /// runtime (the test's runtime may be single-threaded and is busy
+    /// dropping us), waiting at most 15 s. `WITH (FORCE)` ends the pool's
+    /// and any spawned binaries' connections. Errors are ignored.
+    fn drop(&mut self) {
+        let admin_url = self.admin_url.clone();
+        let sql = format!("DROP DATABASE IF EXISTS \"{}\" WITH (FORCE)", self.name);
+        let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
+        let spawned = std::thread::Builder::new()
+            .name("drop-test-db".into())
+            .spawn(move || {
+                if let Ok(rt) = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                {
+                    rt.block_on(async move {
+                        if let Ok(mut admin) = PgConnection::connect(&admin_url).await {
+                            let _ = admin.execute(AssertSqlSafe(sql)).await;
+                            let _ = admin.close().await;
+                        }
+                    });
+                }
+                let _ = done_tx.send(());
+            });
+        if spawned.is_ok() {
+            let _ = done_rx.recv_timeout(Duration::from_secs(15));
+        }
+    }
+}
+
+/// `url` with its database (the path) replaced by `database`, keeping the
+/// scheme, credentials, host, port and query parameters.
+pub fn with_database(url: &str, database: &str) -> String {
+    let (scheme, rest) = match url.find("://") {
+        Some(i) => (&url[..i + 3], &url[i + 3..]),
+        None => ("", url),
+    };
+    let (before_query, query) = match rest.find('?') {
+        Some(i) => (&rest[..i], &rest[i..]),
+        None => (rest, ""),
+    };
+    let authority = match before_query.find('/') {
+        Some(i) => &before_query[..i],
+        None => before_query,
+    };
+    format!("{scheme}{authority}/{database}{query}")
+}
+
+#[test]
+fn with_database_replaces_only_the_path() {
+    assert_eq!(
+        with_database("postgres://postgres@127.0.0.1:5432/postgres", "t1"),
+        "postgres://postgres@127.0.0.1:5432/t1"
+    );
+    assert_eq!(
+        with_database("postgresql://u:p@h/db?sslmode=disable", "t1"),
+        "postgresql://u:p@h/t1?sslmode=disable"
+    );
+    assert_eq!(with_database("postgres://h:1", "t1"), "postgres://h:1/t1");
+    assert_eq!(
+        with_database("postgres:///db?host=/run/postgresql", "t1"),
+        "postgres:///t1?host=/run/postgresql"
+    );
+}

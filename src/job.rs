@@ -1,8 +1,11 @@
 //! What a job is: the [`Job`] trait, its identity and state, enqueue options, and the
 //! error a handler returns to decide the job's fate.
 
+use std::any::{Any, TypeId};
+use std::collections::HashMap;
 use std::fmt;
 use std::future::Future;
+use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
@@ -219,7 +222,12 @@ pub struct JobContext {
     pub(crate) max_attempts: i32,
     pub(crate) pool: PgPool,
     pub(crate) stop: CancellationToken,
+    pub(crate) data: Arc<DataMap>,
 }
+
+/// Values shared with every handler of a worker, by type (see
+/// [`WorkerBuilder::data`](crate::WorkerBuilder::data)).
+pub(crate) type DataMap = HashMap<TypeId, Arc<dyn Any + Send + Sync>>;
 
 impl JobContext {
     /// The job's id.
@@ -250,6 +258,13 @@ impl JobContext {
     /// The worker's connection pool, for handlers that write to the database.
     pub fn pool(&self) -> &PgPool {
         &self.pool
+    }
+
+    /// The value of type `T` given to the worker with
+    /// [`WorkerBuilder::data`](crate::WorkerBuilder::data): an HTTP client, a config, a
+    /// shared recorder. `None` if the worker was given none.
+    pub fn data<T: Send + Sync + 'static>(&self) -> Option<&T> {
+        self.data.get(&TypeId::of::<T>())?.downcast_ref::<T>()
     }
 
     /// Resolves when the handler should stop: the claim was lost (reaped, cancelled) or the

@@ -4,6 +4,13 @@
 //! id and its `claim_token` and requires `state = 'running'`: a holder whose claim was
 //! reaped, cancelled or re-claimed changes nothing, and learns so from the ids that come
 //! back.
+//!
+//! Those statements first lock their rows in a `held` CTE with `ORDER BY id FOR UPDATE`.
+//! A worker's heartbeat and completer touch overlapping sets of rows at the same moment;
+//! locking in one global order means they queue behind each other instead of deadlocking
+//! (a deadlock costs `deadlock_timeout`, one second by default, during which heartbeats
+//! stall). `FOR UPDATE` re-checks the claim token on the newest row version after any
+//! wait, so a claim lost meanwhile drops out.
 
 use chrono::{DateTime, Utc};
 use serde_json::Value;
@@ -182,10 +189,18 @@ pub async fn jobs_complete_many(
     tokens: &[Uuid],
 ) -> sqlx::Result<Vec<i64>> {
     sqlx::query_scalar(
-        "UPDATE skiplock.jobs j
+        "WITH held AS (
+             SELECT j.id FROM skiplock.jobs j
+             JOIN unnest($1::bigint[], $2::uuid[]) AS c(id, token)
+               ON j.id = c.id AND j.claim_token = c.token
+             WHERE j.state = 'running'
+             ORDER BY j.id
+             FOR UPDATE OF j
+         )
+         UPDATE skiplock.jobs j
          SET state = 'succeeded', finished_at = now(), claim_token = NULL, heartbeat_at = NULL
-         FROM unnest($1::bigint[], $2::uuid[]) AS c(id, token)
-         WHERE j.id = c.id AND j.claim_token = c.token AND j.state = 'running'
+         FROM held
+         WHERE j.id = held.id
          RETURNING j.id",
     )
     .bind(ids)
@@ -259,9 +274,13 @@ pub async fn jobs_fail_many(
                      WHEN f.action = 'dead' OR j.attempt >= j.max_attempts THEN 'dead'
                      ELSE 'queued'
                  END::skiplock.job_state AS next_state
-             FROM unnest($1::bigint[], $2::uuid[], $3::text[], $4::bigint[], $5::text[])
+             FROM skiplock.jobs j
+             JOIN unnest($1::bigint[], $2::uuid[], $3::text[], $4::bigint[], $5::text[])
                   AS f(id, token, message, delay_ms, action)
-             JOIN skiplock.jobs j ON j.id = f.id
+               ON j.id = f.id AND j.claim_token = f.token
+             WHERE j.state = 'running'
+             ORDER BY j.id
+             FOR UPDATE OF j
          )
          UPDATE skiplock.jobs j
          SET state = f.next_state,
@@ -272,7 +291,7 @@ pub async fn jobs_fail_many(
              last_error = f.message,
              errors = skiplock.append_error(j.errors, j.attempt, f.message)
          FROM failed f
-         WHERE j.id = f.id AND j.claim_token = f.token AND j.state = 'running'
+         WHERE j.id = f.id
          RETURNING j.id, j.state",
     )
     .bind(&batch.ids)
@@ -292,12 +311,19 @@ pub async fn jobs_release_many(
     tokens: &[Uuid],
 ) -> sqlx::Result<Vec<i64>> {
     sqlx::query_scalar(
-        "WITH released AS (
+        "WITH held AS (
+             SELECT j.id FROM skiplock.jobs j
+             JOIN unnest($1::bigint[], $2::uuid[]) AS c(id, token)
+               ON j.id = c.id AND j.claim_token = c.token
+             WHERE j.state = 'running'
+             ORDER BY j.id
+             FOR UPDATE OF j
+         ), released AS (
              UPDATE skiplock.jobs j
              SET state = 'queued', attempt = greatest(j.attempt - 1, 0), scheduled_at = now(),
                  claim_token = NULL, heartbeat_at = NULL
-             FROM unnest($1::bigint[], $2::uuid[]) AS c(id, token)
-             WHERE j.id = c.id AND j.claim_token = c.token AND j.state = 'running'
+             FROM held
+             WHERE j.id = held.id
              RETURNING j.id, j.queue
          ), woken AS (
              SELECT pg_notify('skiplock_jobs', queue) FROM (SELECT DISTINCT queue FROM released) q
@@ -318,10 +344,18 @@ pub async fn jobs_heartbeat_many(
     tokens: &[Uuid],
 ) -> sqlx::Result<Vec<i64>> {
     sqlx::query_scalar(
-        "UPDATE skiplock.jobs j
+        "WITH held AS (
+             SELECT j.id FROM skiplock.jobs j
+             JOIN unnest($1::bigint[], $2::uuid[]) AS c(id, token)
+               ON j.id = c.id AND j.claim_token = c.token
+             WHERE j.state = 'running'
+             ORDER BY j.id
+             FOR UPDATE OF j
+         )
+         UPDATE skiplock.jobs j
          SET heartbeat_at = now()
-         FROM unnest($1::bigint[], $2::uuid[]) AS c(id, token)
-         WHERE j.id = c.id AND j.claim_token = c.token AND j.state = 'running'
+         FROM held
+         WHERE j.id = held.id
          RETURNING j.id",
     )
     .bind(ids)

@@ -108,6 +108,7 @@ async fn execute(shared: &Shared, job: ClaimedJob) -> Outcome {
         max_attempts: job.max_attempts,
         pool: shared.pool.clone(),
         stop: stop.clone(),
+        data: shared.data.clone(),
     };
     let timeout = handler.timeout();
     let policy_delay_ms = duration_ms(handler.retry_delay(job.attempt));

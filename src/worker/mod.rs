@@ -35,7 +35,7 @@ use tokio_util::task::TaskTracker;
 
 use crate::db;
 use crate::error::{Error, Result};
-use crate::job::{Job, QUEUE_DEFAULT};
+use crate::job::{DataMap, Job, QUEUE_DEFAULT};
 use crate::maintenance::{pruner, reaper};
 
 use claims::HeldClaims;
@@ -153,9 +153,18 @@ pub struct WorkerBuilder {
     prefetch_set: bool,
     handlers: HashMap<String, Arc<dyn Handler>>,
     duplicate: Option<String>,
+    data: DataMap,
 }
 
 impl WorkerBuilder {
+    /// Shares `value` with every handler, which reads it with
+    /// [`JobContext::data`](crate::JobContext::data). One value per type; a second call
+    /// with the same type replaces the first.
+    pub fn data<T: Send + Sync + 'static>(mut self, value: T) -> Self {
+        self.data.insert(std::any::TypeId::of::<T>(), Arc::new(value));
+        self
+    }
+
     /// Registers a job type; the worker claims jobs of its kind.
     pub fn register<J: Job>(mut self) -> Self {
         if self
@@ -282,6 +291,7 @@ impl WorkerBuilder {
                 config,
                 kinds,
                 handlers: self.handlers,
+                data: Arc::new(self.data),
                 claims: HeldClaims::default(),
                 wake: Notify::new(),
                 graceful: CancellationToken::new(),
@@ -299,6 +309,8 @@ pub(crate) struct Shared {
     /// Registered kinds, sorted; bound as the claim's kind filter.
     pub(crate) kinds: Vec<String>,
     pub(crate) handlers: HashMap<String, Arc<dyn Handler>>,
+    /// Values shared with handlers through [`JobContext::data`](crate::JobContext::data).
+    pub(crate) data: Arc<DataMap>,
     pub(crate) claims: HeldClaims,
     /// Wakes the producer: a notification arrived or a listener reconnected.
     pub(crate) wake: Notify,
@@ -394,6 +406,7 @@ impl Worker {
             prefetch_set: false,
             handlers: HashMap::new(),
             duplicate: None,
+            data: DataMap::new(),
         }
     }
 

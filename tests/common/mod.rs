@@ -2,7 +2,7 @@
 //! migrated database, much like `#[sqlx::test]`.
 //!
 //! The server is found once per test process: `DATABASE_URL` if set, else
-//! whatever [`skiplock::embedded::resolve_database_url`] picks (a server on
+//! whatever `skiplock::embedded::resolve_database_url` picks (a server on
 //! `127.0.0.1:5432`, or a throwaway embedded one).
 //!
 //! Cleanup:
@@ -10,22 +10,32 @@
 //!   when it goes out of scope, also when the test panics;
 //! * an embedded server lives in a `static`, which Rust never drops. It is
 //!   stopped and its directory removed by the watchdog process that
-//!   [`skiplock::embedded::EmbeddedPostgres`] starts with every server: the
+//!   `skiplock::embedded::EmbeddedPostgres` starts with every server: the
 //!   watchdog waits for end-of-file on a pipe held by this process, so it
 //!   runs as soon as the test process exits, however it exits (even on
 //!   `SIGKILL`), and removing the whole server also removes any test
 //!   databases a killed test left behind.
 #![allow(dead_code)]
 
+pub mod fixtures;
+
 use std::sync::OnceLock;
 use std::time::Duration;
 
-use skiplock::embedded::{DatabaseSource, resolve_database_url};
 use sqlx::postgres::PgPoolOptions;
 use sqlx::{AssertSqlSafe, Connection, Executor, PgConnection, PgPool};
 
 /// The server every test in this process uses, resolved once.
-static SERVER: OnceLock<Result<DatabaseSource, String>> = OnceLock::new();
+static SERVER: OnceLock<Result<Server, String>> = OnceLock::new();
+
+/// The test server, kept for the whole process.
+struct Server {
+    url: String,
+    /// Keeps an embedded server alive until the process exits (statics
+    /// are never dropped; its watchdog cleans up then).
+    #[cfg(feature = "embedded")]
+    _source: skiplock::embedded::DatabaseSource,
+}
 
 /// A fresh, migrated database for one test; dropped when this value is.
 pub struct TestDb {
@@ -46,27 +56,43 @@ impl TestDb {
     }
 }
 
+#[cfg(feature = "embedded")]
+fn resolve_server() -> Result<Server, String> {
+    use skiplock::embedded::{DatabaseSource, resolve_database_url};
+
+    let explicit = std::env::var("DATABASE_URL").ok();
+    let source = resolve_database_url(explicit.as_deref()).map_err(|e| e.to_string())?;
+    match &source {
+        DatabaseSource::Given(_) => eprintln!("skiplock tests: using DATABASE_URL"),
+        DatabaseSource::Local(url) => eprintln!("skiplock tests: using local server {url}"),
+        DatabaseSource::Embedded(server) => eprintln!(
+            "skiplock tests: started embedded PostgreSQL at {} in {}",
+            server.url(),
+            server.dir().display()
+        ),
+    }
+    Ok(Server {
+        url: source.url().to_owned(),
+        _source: source,
+    })
+}
+
+#[cfg(not(feature = "embedded"))]
+fn resolve_server() -> Result<Server, String> {
+    let url = std::env::var("DATABASE_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".to_owned());
+    Ok(Server { url })
+}
+
 /// The URL of the server's administrative database, resolving the server on
-/// first use (which may start an embedded server: blocking, a few seconds).
+/// first use: `DATABASE_URL` if set, else (with the `embedded` feature) a
+/// server on 127.0.0.1:5432 or a newly started embedded one, which blocks
+/// for a few seconds.
 ///
 /// Panics with the resolver's one-line message when no server can be had.
 pub fn server_url() -> &'static str {
-    let source = SERVER.get_or_init(|| {
-        let explicit = std::env::var("DATABASE_URL").ok();
-        let source = resolve_database_url(explicit.as_deref()).map_err(|e| e.to_string())?;
-        match &source {
-            DatabaseSource::Given(_) => eprintln!("skiplock tests: using DATABASE_URL"),
-            DatabaseSource::Local(url) => eprintln!("skiplock tests: using local server {url}"),
-            DatabaseSource::Embedded(server) => eprintln!(
-                "skiplock tests: started embedded PostgreSQL at {} in {}",
-                server.url(),
-                server.dir().display()
-            ),
-        }
-        Ok(source)
-    });
-    match source {
-        Ok(source) => source.url(),
+    match SERVER.get_or_init(resolve_server) {
+        Ok(server) => &server.url,
         Err(e) => panic!("no PostgreSQL server for the tests: {e}"),
     }
 }

@@ -1,0 +1,163 @@
+//! Job types, a run recorder and polling helpers shared by the integration tests.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+use skiplock::{Job, JobContext, JobError, JobState, Worker, WorkerBuilder};
+use sqlx::PgPool;
+
+/// Records which jobs ran, with which attempt numbers. Shared with handlers through
+/// `WorkerBuilder::data`.
+#[derive(Default, Clone)]
+pub struct Recorder {
+    runs: Arc<Mutex<HashMap<i64, Vec<i32>>>>,
+}
+
+impl Recorder {
+    pub fn record(&self, ctx: &JobContext) {
+        self.runs
+            .lock()
+            .unwrap()
+            .entry(ctx.id().0)
+            .or_default()
+            .push(ctx.attempt());
+    }
+
+    /// Attempt numbers seen for each job id.
+    pub fn runs(&self) -> HashMap<i64, Vec<i32>> {
+        self.runs.lock().unwrap().clone()
+    }
+
+    pub fn total(&self) -> usize {
+        self.runs.lock().unwrap().values().map(Vec::len).sum()
+    }
+}
+
+fn recorder(ctx: &JobContext) -> &Recorder {
+    ctx.data::<Recorder>().expect("worker was given a Recorder")
+}
+
+/// Succeeds at once, recording the run.
+#[derive(Serialize, Deserialize, Clone)]
+pub struct Record {
+    pub n: u32,
+}
+
+impl Job for Record {
+    const KIND: &'static str = "record";
+
+    async fn run(self, ctx: JobContext) -> Result<(), JobError> {
+        recorder(&ctx).record(&ctx);
+        Ok(())
+    }
+}
+
+/// Fails every attempt whose number is at most `fail_until`, then succeeds. Retries after
+/// 100 ms × 2^attempt, so delays grow but tests stay short.
+#[derive(Serialize, Deserialize, Clone)]
+pub struct Flaky {
+    pub fail_until: i32,
+}
+
+impl Job for Flaky {
+    const KIND: &'static str = "flaky";
+
+    async fn run(self, ctx: JobContext) -> Result<(), JobError> {
+        recorder(&ctx).record(&ctx);
+        if ctx.attempt() <= self.fail_until {
+            return Err(JobError::retry(format!("planned failure on attempt {}", ctx.attempt())));
+        }
+        Ok(())
+    }
+
+    fn retry_delay(attempt: i32) -> Duration {
+        flaky_delay(attempt)
+    }
+}
+
+/// The retry delay `Flaky` asks for after failed attempt `attempt`.
+pub fn flaky_delay(attempt: i32) -> Duration {
+    Duration::from_millis(100 << attempt.clamp(0, 10))
+}
+
+/// Sleeps `ms`, recording the start; stops early only when the runtime drops it.
+#[derive(Serialize, Deserialize, Clone)]
+pub struct Slow {
+    pub ms: u64,
+}
+
+impl Job for Slow {
+    const KIND: &'static str = "slow";
+
+    async fn run(self, ctx: JobContext) -> Result<(), JobError> {
+        recorder(&ctx).record(&ctx);
+        tokio::time::sleep(Duration::from_millis(self.ms)).await;
+        Ok(())
+    }
+}
+
+/// Panics.
+#[derive(Serialize, Deserialize, Clone)]
+pub struct Panics {}
+
+impl Job for Panics {
+    const KIND: &'static str = "panics";
+
+    async fn run(self, ctx: JobContext) -> Result<(), JobError> {
+        recorder(&ctx).record(&ctx);
+        panic!("boom from a test handler");
+    }
+
+    fn retry_delay(_attempt: i32) -> Duration {
+        Duration::from_millis(10)
+    }
+}
+
+/// A worker builder with short intervals so tests settle in well under a second: claims
+/// heartbeat every 100 ms and go stale after 1 s; the fallback poll is 100 ms.
+pub fn fast_worker(pool: &PgPool, recorder: &Recorder) -> WorkerBuilder {
+    Worker::builder(pool.clone())
+        .data(recorder.clone())
+        .register::<Record>()
+        .register::<Flaky>()
+        .register::<Slow>()
+        .register::<Panics>()
+        .poll_interval(Duration::from_millis(100))
+        .heartbeat(Duration::from_millis(100), Duration::from_secs(1))
+        .reap_interval(Duration::from_millis(100))
+        .prune_interval(None)
+}
+
+/// Polls `check` every 20 ms until it returns true; panics naming `what` after `limit`.
+pub async fn wait_for<F, Fut>(what: &str, limit: Duration, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let deadline = Instant::now() + limit;
+    while !check().await {
+        assert!(Instant::now() < deadline, "timed out after {limit:?} waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Number of jobs in `state`.
+pub async fn count_in_state(pool: &PgPool, state: JobState) -> i64 {
+    sqlx::query_scalar("SELECT count(*) FROM skiplock.jobs WHERE state = $1")
+        .bind(state)
+        .fetch_one(pool)
+        .await
+        .unwrap()
+}
+
+/// State of one job.
+pub async fn state_of(pool: &PgPool, id: i64) -> JobState {
+    sqlx::query_scalar("SELECT state FROM skiplock.jobs WHERE id = $1")
+        .bind(id)
+        .fetch_one(pool)
+        .await
+        .unwrap()
+}

@@ -1,0 +1,166 @@
+//! Enqueue: transactions, batches, options, plain SQL, validation, migrations.
+
+mod common;
+
+use std::time::Duration;
+
+use common::fixtures::{Recorder, Record, fast_worker};
+use common::test_db;
+use serde_json::json;
+use skiplock::{EnqueueOptions, Error, JobId, JobState, NewJob};
+
+#[tokio::test]
+async fn rolled_back_enqueue_leaves_no_job_and_committed_one_runs() {
+    let db = test_db().await;
+
+    let mut tx = db.pool.begin().await.unwrap();
+    let ghost = skiplock::enqueue(&mut *tx, &Record { n: 1 }).await.unwrap();
+    // Visible inside the transaction...
+    assert!(skiplock::job(&mut *tx, ghost).await.unwrap().is_some());
+    tx.rollback().await.unwrap();
+    // ...and gone with it.
+    assert!(skiplock::job(&db.pool, ghost).await.unwrap().is_none());
+
+    let mut tx = db.pool.begin().await.unwrap();
+    let kept = skiplock::enqueue(&mut *tx, &Record { n: 2 }).await.unwrap();
+    tx.commit().await.unwrap();
+
+    let recorder = Recorder::default();
+    fast_worker(&db.pool, &recorder)
+        .exit_when_idle(true)
+        .build()
+        .unwrap()
+        .run()
+        .await
+        .unwrap();
+    let runs = recorder.runs();
+    assert_eq!(runs.len(), 1, "only the committed job ran: {runs:?}");
+    assert_eq!(runs[&kept.0], vec![1]);
+    let row = skiplock::job(&db.pool, kept).await.unwrap().unwrap();
+    assert_eq!(row.state, JobState::Succeeded);
+}
+
+#[tokio::test]
+async fn batch_enqueue_returns_ids_in_order_and_applies_options() {
+    let db = test_db().await;
+    let jobs: Vec<Record> = (0..5000).map(|n| Record { n }).collect();
+    let options = EnqueueOptions::new()
+        .queue("bulk")
+        .priority(-3)
+        .max_attempts(7)
+        .run_after(Duration::from_secs(3600));
+    let ids = skiplock::enqueue_many(&db.pool, &jobs, options).await.unwrap();
+    assert_eq!(ids.len(), 5000);
+    assert!(ids.windows(2).all(|w| w[0] < w[1]), "ids ascend");
+
+    // Input order is preserved: job i carries n = i.
+    let rows: Vec<(i64, i64, String, i16, i32, bool)> = sqlx::query_as(
+        "SELECT id, (args->>'n')::bigint, queue, priority, max_attempts,
+                scheduled_at BETWEEN now() + interval '59 minutes' AND now() + interval '61 minutes'
+         FROM skiplock.jobs ORDER BY id",
+    )
+    .fetch_all(&db.pool)
+    .await
+    .unwrap();
+    for (i, (id, n, queue, priority, max_attempts, in_an_hour)) in rows.into_iter().enumerate() {
+        assert_eq!(JobId(id), ids[i]);
+        assert_eq!(n, i as i64);
+        assert_eq!((queue.as_str(), priority, max_attempts), ("bulk", -3, 7));
+        assert!(in_an_hour, "run_after is counted from the database clock");
+    }
+}
+
+#[tokio::test]
+async fn plain_sql_insert_and_enqueue_function_fill_defaults() {
+    let db = test_db().await;
+    let inserted: i64 =
+        sqlx::query_scalar("INSERT INTO skiplock.jobs (kind, args) VALUES ('noop', '{}') RETURNING id")
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+    let via_function: i64 = sqlx::query_scalar(
+        "SELECT skiplock.enqueue('email', '{\"to\": \"a@example.com\"}', queue => 'mail', max_attempts => 3)",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+
+    let row = skiplock::job(&db.pool, JobId(inserted)).await.unwrap().unwrap();
+    assert_eq!(row.state, JobState::Queued);
+    assert_eq!((row.queue.as_str(), row.priority, row.attempt, row.max_attempts), ("default", 0, 0, 25));
+    assert_eq!(row.errors.0, json!([]));
+    assert!(row.claim_token.is_none());
+
+    let row = skiplock::job(&db.pool, JobId(via_function)).await.unwrap().unwrap();
+    assert_eq!((row.kind.as_str(), row.queue.as_str(), row.max_attempts), ("email", "mail", 3));
+    assert_eq!(row.args.0, json!({"to": "a@example.com"}));
+}
+
+#[tokio::test]
+async fn invalid_jobs_are_refused_and_nothing_of_the_batch_is_written() {
+    let db = test_db().await;
+    let batch = [
+        NewJob::new("noop", json!({})),
+        NewJob::new("noop", json!({})).with_options(EnqueueOptions::new().max_attempts(0)),
+    ];
+    let error = skiplock::enqueue_raw(&db.pool, &batch).await.unwrap_err();
+    assert!(matches!(error, Error::InvalidJob(_)));
+    assert_eq!(
+        error.to_string(),
+        "invalid job: job 2 of the batch: max_attempts is 0; it must be at least 1"
+    );
+
+    let error = skiplock::enqueue_raw(&db.pool, &[NewJob::new("", json!({}))]).await.unwrap_err();
+    assert_eq!(
+        error.to_string(),
+        "invalid job: the kind is empty; name the handler that runs this job"
+    );
+
+    let count: i64 = sqlx::query_scalar("SELECT count(*) FROM skiplock.jobs")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(count, 0);
+}
+
+#[tokio::test]
+async fn migrate_is_idempotent_concurrent_and_refuses_newer_schemas() {
+    let db = test_db().await;
+    // test_db already migrated once; again, several at a time.
+    let (a, b, c) = tokio::join!(
+        skiplock::migrate(&db.pool),
+        skiplock::migrate(&db.pool),
+        skiplock::migrate(&db.pool)
+    );
+    assert_eq!((a.unwrap(), b.unwrap(), c.unwrap()), (1, 1, 1));
+    let applied: i64 = sqlx::query_scalar("SELECT count(*) FROM skiplock.schema_migrations")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(applied, 1);
+
+    sqlx::query("INSERT INTO skiplock.schema_migrations (version, name) VALUES (99, 'future.sql')")
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    let error = skiplock::migrate(&db.pool).await.unwrap_err();
+    assert!(matches!(error, Error::SchemaTooNew { found: 99, supported: 1 }), "{error}");
+    let recorder = Recorder::default();
+    let error = fast_worker(&db.pool, &recorder).build().unwrap().run().await.unwrap_err();
+    assert!(matches!(error, Error::SchemaTooNew { found: 99, .. }), "{error}");
+}
+
+#[tokio::test]
+async fn a_worker_refuses_an_unmigrated_database() {
+    let db = test_db().await;
+    sqlx::query("DROP SCHEMA skiplock CASCADE")
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    let recorder = Recorder::default();
+    let error = fast_worker(&db.pool, &recorder).build().unwrap().run().await.unwrap_err();
+    assert_eq!(
+        error.to_string(),
+        "the database schema is at version 0, this skiplock needs version 1; run `skiplock migrate` (or `skiplock::migrate(&pool)`)"
+    );
+}

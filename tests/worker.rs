@@ -1,0 +1,311 @@
+//! The worker runtime: exactly-once draining, retries, panics, bad args, unknown kinds,
+//! wake-ups and shutdown.
+
+mod common;
+
+use std::time::Duration;
+
+use common::fixtures::{
+    Flaky, Panics, Record, Recorder, Slow, count_in_state, fast_worker, flaky_delay, state_of,
+    wait_for,
+};
+use common::test_db;
+use serde_json::json;
+use skiplock::{EnqueueOptions, JobId, JobState, NewJob};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn three_workers_drain_ten_thousand_jobs_exactly_once() {
+    let db = test_db().await;
+    let jobs: Vec<Record> = (0..10_000).map(|n| Record { n }).collect();
+    let ids = skiplock::enqueue_many(&db.pool, &jobs, EnqueueOptions::default())
+        .await
+        .unwrap();
+
+    let recorder = Recorder::default();
+    let workers: Vec<_> = (0..3)
+        .map(|i| {
+            let worker = fast_worker(&db.pool, &recorder)
+                .worker_id(format!("drain-{i}"))
+                .concurrency(16)
+                .exit_when_idle(true)
+                .build()
+                .unwrap();
+            tokio::spawn(worker.run())
+        })
+        .collect();
+    let mut claimed = Vec::new();
+    for worker in workers {
+        claimed.push(worker.await.unwrap().unwrap().claimed);
+    }
+
+    let runs = recorder.runs();
+    assert_eq!(runs.len(), 10_000, "every job ran");
+    for id in &ids {
+        if runs[&id.0] != vec![1] {
+            let row = skiplock::job(&db.pool, *id).await.unwrap().unwrap();
+            panic!("job {id} ran {:?}, not once as attempt 1: {row:?}", runs[&id.0]);
+        }
+    }
+    assert_eq!(claimed.iter().sum::<u64>(), 10_000, "no job was claimed twice");
+    let (succeeded, attempt_one, distinct_workers): (i64, i64, i64) = sqlx::query_as(
+        "SELECT count(*) FILTER (WHERE state = 'succeeded'),
+                count(*) FILTER (WHERE attempt = 1),
+                count(DISTINCT claimed_by)
+         FROM skiplock.jobs",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!((succeeded, attempt_one), (10_000, 10_000));
+    assert!(distinct_workers >= 2, "the work was shared ({distinct_workers} worker(s))");
+}
+
+#[tokio::test]
+async fn failing_job_backs_off_dies_and_runs_again_after_manual_retry() {
+    let db = test_db().await;
+    let id = skiplock::enqueue_with(
+        &db.pool,
+        &Flaky { fail_until: 100 },
+        EnqueueOptions::new().max_attempts(4),
+    )
+    .await
+    .unwrap();
+
+    let recorder = Recorder::default();
+    let worker = fast_worker(&db.pool, &recorder).build().unwrap();
+    let stop = worker.shutdown_handle();
+    let run = tokio::spawn(worker.run());
+    wait_for("the job to die", Duration::from_secs(30), || async {
+        state_of(&db.pool, id.0).await == JobState::Dead
+    })
+    .await;
+    stop.shutdown();
+    run.await.unwrap().unwrap();
+
+    assert_eq!(recorder.runs()[&id.0], vec![1, 2, 3, 4], "exactly max_attempts attempts");
+    let row = skiplock::job(&db.pool, id).await.unwrap().unwrap();
+    assert_eq!(row.attempt, 4);
+    assert_eq!(row.last_error.as_deref(), Some("planned failure on attempt 4"));
+    let errors = row.errors.0.as_array().unwrap().clone();
+    assert_eq!(errors.len(), 4);
+    let times: Vec<chrono::DateTime<chrono::Utc>> = errors
+        .iter()
+        .enumerate()
+        .map(|(i, e)| {
+            assert_eq!(e["attempt"], json!(i + 1));
+            assert_eq!(e["message"], json!(format!("planned failure on attempt {}", i + 1)));
+            serde_json::from_value(e["at"].clone()).unwrap()
+        })
+        .collect();
+    // Each retry waited at least the delay the kind asked for, and the delays grew.
+    let gaps: Vec<Duration> = times.windows(2).map(|w| (w[1] - w[0]).to_std().unwrap()).collect();
+    for (i, gap) in gaps.iter().enumerate() {
+        let asked = flaky_delay(i as i32 + 1);
+        assert!(*gap >= asked, "retry {} came after {gap:?}, before its delay {asked:?}", i + 1);
+    }
+    assert!(gaps[0] < gaps[2], "delays grow: {gaps:?}");
+
+    // A manual retry (API) gives it one more attempt...
+    assert!(skiplock::retry(&db.pool, id).await.unwrap());
+    let recorder = Recorder::default();
+    fast_worker(&db.pool, &recorder).exit_when_idle(true).build().unwrap().run().await.unwrap();
+    assert_eq!(recorder.runs()[&id.0], vec![5]);
+    assert_eq!(state_of(&db.pool, id.0).await, JobState::Dead);
+
+    // ...and so does plain SQL.
+    let retried: bool = sqlx::query_scalar("SELECT skiplock.retry_job($1)")
+        .bind(id.0)
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert!(retried);
+    assert_eq!(state_of(&db.pool, id.0).await, JobState::Queued);
+}
+
+#[tokio::test]
+async fn flaky_job_succeeds_on_a_later_attempt() {
+    let db = test_db().await;
+    let id = skiplock::enqueue(&db.pool, &Flaky { fail_until: 2 }).await.unwrap();
+    let recorder = Recorder::default();
+    let worker = fast_worker(&db.pool, &recorder).build().unwrap();
+    let stop = worker.shutdown_handle();
+    let run = tokio::spawn(worker.run());
+    wait_for("the job to succeed", Duration::from_secs(30), || async {
+        state_of(&db.pool, id.0).await == JobState::Succeeded
+    })
+    .await;
+    stop.shutdown();
+    run.await.unwrap().unwrap();
+    assert_eq!(recorder.runs()[&id.0], vec![1, 2, 3]);
+    let row = skiplock::job(&db.pool, id).await.unwrap().unwrap();
+    assert_eq!(row.errors.0.as_array().unwrap().len(), 2);
+    assert!(row.finished_at.is_some() && row.claim_token.is_none());
+}
+
+#[tokio::test]
+async fn a_panicking_handler_fails_only_its_own_job() {
+    let db = test_db().await;
+    let bad = skiplock::enqueue_with(&db.pool, &Panics {}, EnqueueOptions::new().max_attempts(2))
+        .await
+        .unwrap();
+    let good: Vec<Record> = (0..50).map(|n| Record { n }).collect();
+    skiplock::enqueue_many(&db.pool, &good, EnqueueOptions::default()).await.unwrap();
+
+    let recorder = Recorder::default();
+    let worker = fast_worker(&db.pool, &recorder).build().unwrap();
+    let stop = worker.shutdown_handle();
+    let run = tokio::spawn(worker.run());
+    wait_for("the panicking job to die", Duration::from_secs(20), || async {
+        state_of(&db.pool, bad.0).await == JobState::Dead
+    })
+    .await;
+    wait_for("the others to succeed", Duration::from_secs(20), || async {
+        count_in_state(&db.pool, JobState::Succeeded).await == 50
+    })
+    .await;
+    stop.shutdown();
+    run.await.unwrap().unwrap();
+    let row = skiplock::job(&db.pool, bad).await.unwrap().unwrap();
+    assert_eq!(row.last_error.as_deref(), Some("handler panicked: boom from a test handler"));
+    assert_eq!(recorder.runs()[&bad.0], vec![1, 2]);
+}
+
+#[tokio::test]
+async fn undecodable_args_are_a_permanent_failure_with_a_clear_error() {
+    let db = test_db().await;
+    let id = skiplock::enqueue_raw(&db.pool, &[NewJob::new("record", json!({"n": "not a number"}))])
+        .await
+        .unwrap()[0];
+    let recorder = Recorder::default();
+    fast_worker(&db.pool, &recorder).exit_when_idle(true).build().unwrap().run().await.unwrap();
+    let row = skiplock::job(&db.pool, id).await.unwrap().unwrap();
+    assert_eq!(row.state, JobState::Dead);
+    assert_eq!(row.attempt, 1, "no retry for args that can never decode");
+    let error = row.last_error.unwrap();
+    assert!(
+        error.starts_with("args do not match kind `record`: invalid type: string \"not a number\", expected u32"),
+        "{error}"
+    );
+    assert_eq!(recorder.total(), 0, "the handler never ran");
+}
+
+#[tokio::test]
+async fn a_job_of_an_unknown_kind_stays_queued_untouched() {
+    let db = test_db().await;
+    let mystery = skiplock::enqueue_raw(&db.pool, &[NewJob::new("mystery", json!({"x": 1}))])
+        .await
+        .unwrap()[0];
+    let known = skiplock::enqueue(&db.pool, &Record { n: 1 }).await.unwrap();
+    let recorder = Recorder::default();
+    fast_worker(&db.pool, &recorder).exit_when_idle(true).build().unwrap().run().await.unwrap();
+
+    assert_eq!(state_of(&db.pool, known.0).await, JobState::Succeeded);
+    let row = skiplock::job(&db.pool, mystery).await.unwrap().unwrap();
+    assert_eq!(row.state, JobState::Queued);
+    assert_eq!(row.attempt, 0);
+    assert!(row.claim_token.is_none() && row.claimed_by.is_none() && row.last_error.is_none());
+}
+
+#[tokio::test]
+async fn a_plain_sql_insert_wakes_an_idle_worker() {
+    let db = test_db().await;
+    let recorder = Recorder::default();
+    // Polling once an hour: only the notification can bring the job in time.
+    let worker = fast_worker(&db.pool, &recorder)
+        .poll_interval(Duration::from_secs(3600))
+        .build()
+        .unwrap();
+    let stop = worker.shutdown_handle();
+    let run = tokio::spawn(worker.run());
+    wait_for("the worker to LISTEN", Duration::from_secs(10), || async {
+        sqlx::query_scalar::<_, bool>(
+            "SELECT EXISTS (SELECT 1 FROM pg_stat_activity
+                            WHERE datname = current_database() AND query ILIKE 'LISTEN%')",
+        )
+        .fetch_one(&db.pool)
+        .await
+        .unwrap()
+    })
+    .await;
+    let id: i64 = sqlx::query_scalar(
+        "INSERT INTO skiplock.jobs (kind, args) VALUES ('record', '{\"n\": 7}') RETURNING id",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    wait_for("the inserted job to run", Duration::from_secs(20), || async {
+        state_of(&db.pool, id).await == JobState::Succeeded
+    })
+    .await;
+    stop.shutdown();
+    run.await.unwrap().unwrap();
+    assert_eq!(recorder.runs()[&id], vec![1]);
+}
+
+#[tokio::test]
+async fn graceful_shutdown_finishes_short_jobs_and_releases_long_ones() {
+    let db = test_db().await;
+    let short: Vec<JobId> = skiplock::enqueue_many(&db.pool, &vec![Slow { ms: 300 }; 4], EnqueueOptions::default())
+        .await
+        .unwrap();
+    let long: Vec<JobId> = skiplock::enqueue_many(
+        &db.pool,
+        &vec![Slow { ms: 600_000 }; 4],
+        EnqueueOptions::new().priority(1),
+    )
+    .await
+    .unwrap();
+
+    let recorder = Recorder::default();
+    let worker = fast_worker(&db.pool, &recorder)
+        .concurrency(8)
+        .shutdown_grace(Duration::from_secs(2))
+        .build()
+        .unwrap();
+    let stop = worker.shutdown_handle();
+    let run = tokio::spawn(worker.run());
+    wait_for("all eight jobs to start", Duration::from_secs(10), || async {
+        recorder.total() == 8
+    })
+    .await;
+    stop.shutdown();
+    let summary = run.await.unwrap().unwrap();
+
+    assert_eq!(count_in_state(&db.pool, JobState::Running).await, 0, "nothing left running");
+    for id in &short {
+        assert_eq!(state_of(&db.pool, id.0).await, JobState::Succeeded, "short job {id} finished");
+    }
+    for id in &long {
+        let row = skiplock::job(&db.pool, *id).await.unwrap().unwrap();
+        assert_eq!(row.state, JobState::Queued, "long job {id} released");
+        assert_eq!(row.attempt, 0, "release does not spend an attempt");
+        assert!(row.claim_token.is_none() && row.last_error.is_none());
+    }
+    assert_eq!((summary.succeeded, summary.released), (4, 4));
+}
+
+#[tokio::test]
+async fn shutdown_releases_jobs_still_in_the_local_buffer() {
+    let db = test_db().await;
+    skiplock::enqueue_many(&db.pool, &vec![Slow { ms: 600_000 }; 6], EnqueueOptions::default())
+        .await
+        .unwrap();
+    let recorder = Recorder::default();
+    // Two slots, four more claimed into the buffer.
+    let worker = fast_worker(&db.pool, &recorder).concurrency(2).prefetch(4).build().unwrap();
+    let stop = worker.shutdown_handle();
+    let run = tokio::spawn(worker.run());
+    wait_for("six claims", Duration::from_secs(10), || async {
+        count_in_state(&db.pool, JobState::Running).await == 6 && recorder.total() == 2
+    })
+    .await;
+    stop.shutdown_now();
+    let summary = run.await.unwrap().unwrap();
+    assert_eq!(summary.released, 6);
+    assert_eq!(count_in_state(&db.pool, JobState::Queued).await, 6);
+    let spent: i64 = sqlx::query_scalar("SELECT sum(attempt) FROM skiplock.jobs")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(spent, 0);
+}

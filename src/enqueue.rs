@@ -140,9 +140,12 @@ pub async fn enqueue_raw<'e>(db: impl PgExecutor<'e>, jobs: &[NewJob]) -> Result
         let options = &job.options;
         batch.kinds.push(job.kind.clone());
         batch.args.push(Json(job.args.clone()));
-        batch
-            .queues
-            .push(options.queue.clone().unwrap_or_else(|| QUEUE_DEFAULT.to_owned()));
+        batch.queues.push(
+            options
+                .queue
+                .clone()
+                .unwrap_or_else(|| QUEUE_DEFAULT.to_owned()),
+        );
         batch.priorities.push(options.priority.unwrap_or(0));
         batch.run_at.push(options.run_at);
         batch

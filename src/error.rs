@@ -28,7 +28,9 @@ pub enum Error {
     InvalidJob(String),
 
     /// A migration file failed to apply; nothing of it was kept.
-    #[error("migration {version} ({name}) failed: {source}; the schema is unchanged from version {previous}")]
+    #[error(
+        "migration {version} ({name}) failed: {source}; the schema is unchanged from version {previous}"
+    )]
     Migration {
         /// Version of the failing migration.
         version: i32,
@@ -91,12 +93,14 @@ pub(crate) fn is_transient_sqlx(e: &sqlx::Error) -> bool {
         | sqlx::Error::WorkerCrashed
         | sqlx::Error::Tls(_)
         | sqlx::Error::Protocol(_) => true,
-        sqlx::Error::Database(db) => matches!(
-            db.code().as_deref(),
-            // serialization_failure, deadlock_detected, admin/crash shutdown,
-            // cannot_connect_now, lock_not_available, query_canceled.
-            Some("40001" | "40P01" | "57P01" | "57P02" | "57P03" | "55P03" | "57014")
-        ) || db.code().is_some_and(|c| c.starts_with("08")),
+        sqlx::Error::Database(db) => {
+            matches!(
+                db.code().as_deref(),
+                // serialization_failure, deadlock_detected, admin/crash shutdown,
+                // cannot_connect_now, lock_not_available, query_canceled.
+                Some("40001" | "40P01" | "57P01" | "57P02" | "57P03" | "55P03" | "57014")
+            ) || db.code().is_some_and(|c| c.starts_with("08"))
+        }
         _ => false,
     }
 }

@@ -71,7 +71,9 @@ pub trait Job: Serialize + DeserializeOwned + Send + 'static {
 }
 
 /// A job's id: `skiplock.jobs.id`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, serde::Deserialize)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, serde::Deserialize,
+)]
 #[serde(transparent)]
 pub struct JobId(pub i64);
 
@@ -93,9 +95,7 @@ impl fmt::Display for JobId {
 ///                                   ├─error, none left / non-retryable──▶ dead
 ///                                   └─cancel──▶ cancelled
 /// ```
-#[derive(
-    Debug, Clone, Copy, PartialEq, Eq, Hash, sqlx::Type, Serialize, serde::Deserialize,
-)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, sqlx::Type, Serialize, serde::Deserialize)]
 #[sqlx(type_name = "skiplock.job_state", rename_all = "lowercase")]
 #[serde(rename_all = "lowercase")]
 pub enum JobState {

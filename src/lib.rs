@@ -115,4 +115,3 @@ pub async fn retry<'e>(db: impl sqlx::PgExecutor<'e>, id: JobId) -> Result<bool>
 pub async fn cancel<'e>(db: impl sqlx::PgExecutor<'e>, id: JobId) -> Result<bool> {
     Ok(db::jobs::jobs_cancel(db, id).await?)
 }
-

@@ -4,7 +4,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::fixtures::{Recorder, Record, fast_worker};
+use common::fixtures::{Record, Recorder, fast_worker};
 use common::test_db;
 use serde_json::json;
 use skiplock::{EnqueueOptions, Error, JobId, JobState, NewJob};
@@ -49,7 +49,9 @@ async fn batch_enqueue_returns_ids_in_order_and_applies_options() {
         .priority(-3)
         .max_attempts(7)
         .run_after(Duration::from_secs(3600));
-    let ids = skiplock::enqueue_many(&db.pool, &jobs, options).await.unwrap();
+    let ids = skiplock::enqueue_many(&db.pool, &jobs, options)
+        .await
+        .unwrap();
     assert_eq!(ids.len(), 5000);
     assert!(ids.windows(2).all(|w| w[0] < w[1]), "ids ascend");
 
@@ -73,11 +75,12 @@ async fn batch_enqueue_returns_ids_in_order_and_applies_options() {
 #[tokio::test]
 async fn plain_sql_insert_and_enqueue_function_fill_defaults() {
     let db = test_db().await;
-    let inserted: i64 =
-        sqlx::query_scalar("INSERT INTO skiplock.jobs (kind, args) VALUES ('noop', '{}') RETURNING id")
-            .fetch_one(&db.pool)
-            .await
-            .unwrap();
+    let inserted: i64 = sqlx::query_scalar(
+        "INSERT INTO skiplock.jobs (kind, args) VALUES ('noop', '{}') RETURNING id",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
     let via_function: i64 = sqlx::query_scalar(
         "SELECT skiplock.enqueue('email', '{\"to\": \"a@example.com\"}', queue => 'mail', max_attempts => 3)",
     )
@@ -85,14 +88,31 @@ async fn plain_sql_insert_and_enqueue_function_fill_defaults() {
     .await
     .unwrap();
 
-    let row = skiplock::job(&db.pool, JobId(inserted)).await.unwrap().unwrap();
+    let row = skiplock::job(&db.pool, JobId(inserted))
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(row.state, JobState::Queued);
-    assert_eq!((row.queue.as_str(), row.priority, row.attempt, row.max_attempts), ("default", 0, 0, 25));
+    assert_eq!(
+        (
+            row.queue.as_str(),
+            row.priority,
+            row.attempt,
+            row.max_attempts
+        ),
+        ("default", 0, 0, 25)
+    );
     assert_eq!(row.errors.0, json!([]));
     assert!(row.claim_token.is_none());
 
-    let row = skiplock::job(&db.pool, JobId(via_function)).await.unwrap().unwrap();
-    assert_eq!((row.kind.as_str(), row.queue.as_str(), row.max_attempts), ("email", "mail", 3));
+    let row = skiplock::job(&db.pool, JobId(via_function))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        (row.kind.as_str(), row.queue.as_str(), row.max_attempts),
+        ("email", "mail", 3)
+    );
     assert_eq!(row.args.0, json!({"to": "a@example.com"}));
 }
 
@@ -110,7 +130,9 @@ async fn invalid_jobs_are_refused_and_nothing_of_the_batch_is_written() {
         "invalid job: job 2 of the batch: max_attempts is 0; it must be at least 1"
     );
 
-    let error = skiplock::enqueue_raw(&db.pool, &[NewJob::new("", json!({}))]).await.unwrap_err();
+    let error = skiplock::enqueue_raw(&db.pool, &[NewJob::new("", json!({}))])
+        .await
+        .unwrap_err();
     assert_eq!(
         error.to_string(),
         "invalid job: the kind is empty; name the handler that runs this job"
@@ -144,10 +166,27 @@ async fn migrate_is_idempotent_concurrent_and_refuses_newer_schemas() {
         .await
         .unwrap();
     let error = skiplock::migrate(&db.pool).await.unwrap_err();
-    assert!(matches!(error, Error::SchemaTooNew { found: 99, supported: 1 }), "{error}");
+    assert!(
+        matches!(
+            error,
+            Error::SchemaTooNew {
+                found: 99,
+                supported: 1
+            }
+        ),
+        "{error}"
+    );
     let recorder = Recorder::default();
-    let error = fast_worker(&db.pool, &recorder).build().unwrap().run().await.unwrap_err();
-    assert!(matches!(error, Error::SchemaTooNew { found: 99, .. }), "{error}");
+    let error = fast_worker(&db.pool, &recorder)
+        .build()
+        .unwrap()
+        .run()
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(error, Error::SchemaTooNew { found: 99, .. }),
+        "{error}"
+    );
 }
 
 #[tokio::test]
@@ -158,7 +197,12 @@ async fn a_worker_refuses_an_unmigrated_database() {
         .await
         .unwrap();
     let recorder = Recorder::default();
-    let error = fast_worker(&db.pool, &recorder).build().unwrap().run().await.unwrap_err();
+    let error = fast_worker(&db.pool, &recorder)
+        .build()
+        .unwrap()
+        .run()
+        .await
+        .unwrap_err();
     assert_eq!(
         error.to_string(),
         "the database schema is at version 0, this skiplock needs version 1; run `skiplock migrate` (or `skiplock::migrate(&pool)`)"

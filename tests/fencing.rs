@@ -24,16 +24,20 @@ async fn a_reaped_and_reclaimed_job_ignores_its_former_holder() {
     let id = skiplock::enqueue(pool, &Record { n: 1 }).await.unwrap();
     let (queues, kinds) = (strings(&["default"]), strings(&["record"]));
 
-    let first = jobs_claim_batch(pool, &queues, &kinds, 10, "worker-a").await.unwrap();
+    let first = jobs_claim_batch(pool, &queues, &kinds, 10, "worker-a")
+        .await
+        .unwrap();
     assert_eq!(first.len(), 1);
     let old = first[0].claim_token;
 
     // Worker A goes quiet: its heartbeat ages past the stale timeout and the reaper runs.
-    sqlx::query("UPDATE skiplock.jobs SET heartbeat_at = now() - interval '1 minute' WHERE id = $1")
-        .bind(id.0)
-        .execute(pool)
-        .await
-        .unwrap();
+    sqlx::query(
+        "UPDATE skiplock.jobs SET heartbeat_at = now() - interval '1 minute' WHERE id = $1",
+    )
+    .bind(id.0)
+    .execute(pool)
+    .await
+    .unwrap();
     let reaped = jobs_reap_stale(pool, 30_000, 100).await.unwrap();
     assert_eq!(reaped.len(), 1);
     assert_eq!(reaped[0].state, JobState::Queued);
@@ -44,32 +48,65 @@ async fn a_reaped_and_reclaimed_job_ignores_its_former_holder() {
         .execute(pool)
         .await
         .unwrap();
-    let second = jobs_claim_batch(pool, &queues, &kinds, 10, "worker-b").await.unwrap();
+    let second = jobs_claim_batch(pool, &queues, &kinds, 10, "worker-b")
+        .await
+        .unwrap();
     assert_eq!(second.len(), 1);
     let new = second[0].claim_token;
     assert_ne!(old, new);
     assert_eq!(second[0].attempt, 2);
 
     // Worker A wakes up: none of its writes lands.
-    assert!(jobs_heartbeat_many(pool, &[id.0], &[old]).await.unwrap().is_empty());
-    assert!(jobs_complete_many(pool, &[id.0], &[old]).await.unwrap().is_empty());
+    assert!(
+        jobs_heartbeat_many(pool, &[id.0], &[old])
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    assert!(
+        jobs_complete_many(pool, &[id.0], &[old])
+            .await
+            .unwrap()
+            .is_empty()
+    );
     let mut failure = FailBatch::default();
     failure.push(id.0, old, "late failure".into(), 0, FailAction::Dead);
     assert!(jobs_fail_many(pool, &failure).await.unwrap().is_empty());
-    assert!(jobs_release_many(pool, &[id.0], &[old]).await.unwrap().is_empty());
+    assert!(
+        jobs_release_many(pool, &[id.0], &[old])
+            .await
+            .unwrap()
+            .is_empty()
+    );
     let row = skiplock::job(pool, id).await.unwrap().unwrap();
     assert_eq!(row.state, JobState::Running);
     assert_eq!(row.claim_token, Some(new));
     assert_eq!(row.claimed_by.as_deref(), Some("worker-b"));
 
     // Worker B holds the real claim.
-    assert_eq!(jobs_heartbeat_many(pool, &[id.0], &[new]).await.unwrap(), vec![id.0]);
-    assert_eq!(jobs_complete_many(pool, &[id.0], &[new]).await.unwrap(), vec![id.0]);
+    assert_eq!(
+        jobs_heartbeat_many(pool, &[id.0], &[new]).await.unwrap(),
+        vec![id.0]
+    );
+    assert_eq!(
+        jobs_complete_many(pool, &[id.0], &[new]).await.unwrap(),
+        vec![id.0]
+    );
     let row = skiplock::job(pool, id).await.unwrap().unwrap();
     assert_eq!(row.state, JobState::Succeeded);
     // And A's late completion still changes nothing on the finished job.
-    assert!(jobs_complete_many(pool, &[id.0], &[old]).await.unwrap().is_empty());
-    assert!(jobs_complete_many(pool, &[id.0], &[new]).await.unwrap().is_empty());
+    assert!(
+        jobs_complete_many(pool, &[id.0], &[old])
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    assert!(
+        jobs_complete_many(pool, &[id.0], &[new])
+            .await
+            .unwrap()
+            .is_empty()
+    );
 }
 
 #[tokio::test]
@@ -85,7 +122,9 @@ async fn the_reaper_never_resets_a_finished_job() {
         .await
         .unwrap();
     // The holder completes just before the reaper looks: the reaper finds nothing.
-    jobs_complete_many(pool, &[id.0], &[claimed[0].claim_token]).await.unwrap();
+    jobs_complete_many(pool, &[id.0], &[claimed[0].claim_token])
+        .await
+        .unwrap();
     assert!(jobs_reap_stale(pool, 1_000, 100).await.unwrap().is_empty());
     assert_eq!(state_of(pool, id.0).await, JobState::Succeeded);
 }
@@ -94,12 +133,22 @@ async fn the_reaper_never_resets_a_finished_job() {
 async fn an_exhausted_stale_job_goes_dead_with_the_reason() {
     let db = test_db().await;
     let pool = &db.pool;
-    let id = skiplock::enqueue_with(pool, &Record { n: 1 }, EnqueueOptions::new().max_attempts(1))
-        .await
-        .unwrap();
-    jobs_claim_batch(pool, &strings(&["default"]), &strings(&["record"]), 1, "gone-worker")
-        .await
-        .unwrap();
+    let id = skiplock::enqueue_with(
+        pool,
+        &Record { n: 1 },
+        EnqueueOptions::new().max_attempts(1),
+    )
+    .await
+    .unwrap();
+    jobs_claim_batch(
+        pool,
+        &strings(&["default"]),
+        &strings(&["record"]),
+        1,
+        "gone-worker",
+    )
+    .await
+    .unwrap();
     sqlx::query("UPDATE skiplock.jobs SET heartbeat_at = now() - interval '1 hour'")
         .execute(pool)
         .await
@@ -123,9 +172,15 @@ async fn jobs_of_a_vanished_worker_run_again_after_the_stale_timeout() {
         .await
         .unwrap();
     // A worker claims them and vanishes without a trace: no heartbeat, no release.
-    let claimed = jobs_claim_batch(pool, &strings(&["default"]), &strings(&["record"]), 10, "vanished")
-        .await
-        .unwrap();
+    let claimed = jobs_claim_batch(
+        pool,
+        &strings(&["default"]),
+        &strings(&["record"]),
+        10,
+        "vanished",
+    )
+    .await
+    .unwrap();
     assert_eq!(claimed.len(), 3);
 
     let recorder = Recorder::default();
@@ -139,9 +194,18 @@ async fn jobs_of_a_vanished_worker_run_again_after_the_stale_timeout() {
     stop.shutdown();
     run.await.unwrap().unwrap();
     for id in ids {
-        assert_eq!(recorder.runs()[&id.0], vec![2], "second attempt, on the live worker");
+        assert_eq!(
+            recorder.runs()[&id.0],
+            vec![2],
+            "second attempt, on the live worker"
+        );
         let row = skiplock::job(pool, id).await.unwrap().unwrap();
-        assert!(row.errors.0[0]["message"].as_str().unwrap().starts_with("no heartbeat from vanished"));
+        assert!(
+            row.errors.0[0]["message"]
+                .as_str()
+                .unwrap()
+                .starts_with("no heartbeat from vanished")
+        );
     }
 }
 
@@ -149,21 +213,28 @@ async fn jobs_of_a_vanished_worker_run_again_after_the_stale_timeout() {
 async fn a_worker_whose_claim_is_taken_stops_the_handler_and_discards_its_outcome() {
     let db = test_db().await;
     let pool = &db.pool;
-    let id = skiplock::enqueue(pool, &Slow { ms: 600_000 }).await.unwrap();
+    let id = skiplock::enqueue(pool, &Slow { ms: 600_000 })
+        .await
+        .unwrap();
     let recorder = Recorder::default();
     // One slot: a second job can only run once the first handler has been stopped.
     let worker = fast_worker(pool, &recorder).concurrency(1).build().unwrap();
     let stop = worker.shutdown_handle();
     let run = tokio::spawn(worker.run());
-    wait_for("the job to start", Duration::from_secs(10), || async { recorder.total() == 1 }).await;
+    wait_for("the job to start", Duration::from_secs(10), || async {
+        recorder.total() == 1
+    })
+    .await;
 
     // An operator cancels the running job: its claim is void at once.
     assert!(skiplock::cancel(pool, id).await.unwrap());
     let next = skiplock::enqueue(pool, &Record { n: 2 }).await.unwrap();
     // The next heartbeat finds the claim gone and stops the handler, freeing the slot.
-    wait_for("the next job to run in the freed slot", Duration::from_secs(10), || async {
-        recorder.runs().contains_key(&next.0)
-    })
+    wait_for(
+        "the next job to run in the freed slot",
+        Duration::from_secs(10),
+        || async { recorder.runs().contains_key(&next.0) },
+    )
     .await;
     stop.shutdown();
     let summary = tokio::time::timeout(Duration::from_secs(10), run)
@@ -180,18 +251,28 @@ async fn a_worker_whose_claim_is_taken_stops_the_handler_and_discards_its_outcom
 async fn concurrent_claimers_never_share_a_job() {
     let db = test_db().await;
     let pool = &db.pool;
-    skiplock::enqueue_many(pool, &(0..2000).map(|n| Record { n }).collect::<Vec<_>>(), EnqueueOptions::default())
-        .await
-        .unwrap();
+    skiplock::enqueue_many(
+        pool,
+        &(0..2000).map(|n| Record { n }).collect::<Vec<_>>(),
+        EnqueueOptions::default(),
+    )
+    .await
+    .unwrap();
     let claimers: Vec<_> = (0..8)
         .map(|i| {
             let pool = pool.clone();
             tokio::spawn(async move {
                 let mut mine = Vec::new();
                 loop {
-                    let batch = jobs_claim_batch(&pool, &strings(&["default"]), &strings(&["record"]), 37, &format!("c{i}"))
-                        .await
-                        .unwrap();
+                    let batch = jobs_claim_batch(
+                        &pool,
+                        &strings(&["default"]),
+                        &strings(&["record"]),
+                        37,
+                        &format!("c{i}"),
+                    )
+                    .await
+                    .unwrap();
                     assert!(batch.len() <= 37, "a batch never exceeds its limit");
                     if batch.is_empty() {
                         return mine;

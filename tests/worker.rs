@@ -43,10 +43,17 @@ async fn three_workers_drain_ten_thousand_jobs_exactly_once() {
     for id in &ids {
         if runs[&id.0] != vec![1] {
             let row = skiplock::job(&db.pool, *id).await.unwrap().unwrap();
-            panic!("job {id} ran {:?}, not once as attempt 1: {row:?}", runs[&id.0]);
+            panic!(
+                "job {id} ran {:?}, not once as attempt 1: {row:?}",
+                runs[&id.0]
+            );
         }
     }
-    assert_eq!(claimed.iter().sum::<u64>(), 10_000, "no job was claimed twice");
+    assert_eq!(
+        claimed.iter().sum::<u64>(),
+        10_000,
+        "no job was claimed twice"
+    );
     let (succeeded, attempt_one, distinct_workers): (i64, i64, i64) = sqlx::query_as(
         "SELECT count(*) FILTER (WHERE state = 'succeeded'),
                 count(*) FILTER (WHERE attempt = 1),
@@ -57,7 +64,10 @@ async fn three_workers_drain_ten_thousand_jobs_exactly_once() {
     .await
     .unwrap();
     assert_eq!((succeeded, attempt_one), (10_000, 10_000));
-    assert!(distinct_workers >= 2, "the work was shared ({distinct_workers} worker(s))");
+    assert!(
+        distinct_workers >= 2,
+        "the work was shared ({distinct_workers} worker(s))"
+    );
 }
 
 #[tokio::test]
@@ -82,10 +92,17 @@ async fn failing_job_backs_off_dies_and_runs_again_after_manual_retry() {
     stop.shutdown();
     run.await.unwrap().unwrap();
 
-    assert_eq!(recorder.runs()[&id.0], vec![1, 2, 3, 4], "exactly max_attempts attempts");
+    assert_eq!(
+        recorder.runs()[&id.0],
+        vec![1, 2, 3, 4],
+        "exactly max_attempts attempts"
+    );
     let row = skiplock::job(&db.pool, id).await.unwrap().unwrap();
     assert_eq!(row.attempt, 4);
-    assert_eq!(row.last_error.as_deref(), Some("planned failure on attempt 4"));
+    assert_eq!(
+        row.last_error.as_deref(),
+        Some("planned failure on attempt 4")
+    );
     let errors = row.errors.0.as_array().unwrap().clone();
     assert_eq!(errors.len(), 4);
     let times: Vec<chrono::DateTime<chrono::Utc>> = errors
@@ -93,22 +110,38 @@ async fn failing_job_backs_off_dies_and_runs_again_after_manual_retry() {
         .enumerate()
         .map(|(i, e)| {
             assert_eq!(e["attempt"], json!(i + 1));
-            assert_eq!(e["message"], json!(format!("planned failure on attempt {}", i + 1)));
+            assert_eq!(
+                e["message"],
+                json!(format!("planned failure on attempt {}", i + 1))
+            );
             serde_json::from_value(e["at"].clone()).unwrap()
         })
         .collect();
     // Each retry waited at least the delay the kind asked for, and the delays grew.
-    let gaps: Vec<Duration> = times.windows(2).map(|w| (w[1] - w[0]).to_std().unwrap()).collect();
+    let gaps: Vec<Duration> = times
+        .windows(2)
+        .map(|w| (w[1] - w[0]).to_std().unwrap())
+        .collect();
     for (i, gap) in gaps.iter().enumerate() {
         let asked = flaky_delay(i as i32 + 1);
-        assert!(*gap >= asked, "retry {} came after {gap:?}, before its delay {asked:?}", i + 1);
+        assert!(
+            *gap >= asked,
+            "retry {} came after {gap:?}, before its delay {asked:?}",
+            i + 1
+        );
     }
     assert!(gaps[0] < gaps[2], "delays grow: {gaps:?}");
 
     // A manual retry (API) gives it one more attempt...
     assert!(skiplock::retry(&db.pool, id).await.unwrap());
     let recorder = Recorder::default();
-    fast_worker(&db.pool, &recorder).exit_when_idle(true).build().unwrap().run().await.unwrap();
+    fast_worker(&db.pool, &recorder)
+        .exit_when_idle(true)
+        .build()
+        .unwrap()
+        .run()
+        .await
+        .unwrap();
     assert_eq!(recorder.runs()[&id.0], vec![5]);
     assert_eq!(state_of(&db.pool, id.0).await, JobState::Dead);
 
@@ -125,7 +158,9 @@ async fn failing_job_backs_off_dies_and_runs_again_after_manual_retry() {
 #[tokio::test]
 async fn flaky_job_succeeds_on_a_later_attempt() {
     let db = test_db().await;
-    let id = skiplock::enqueue(&db.pool, &Flaky { fail_until: 2 }).await.unwrap();
+    let id = skiplock::enqueue(&db.pool, &Flaky { fail_until: 2 })
+        .await
+        .unwrap();
     let recorder = Recorder::default();
     let worker = fast_worker(&db.pool, &recorder).build().unwrap();
     let stop = worker.shutdown_handle();
@@ -149,15 +184,19 @@ async fn a_panicking_handler_fails_only_its_own_job() {
         .await
         .unwrap();
     let good: Vec<Record> = (0..50).map(|n| Record { n }).collect();
-    skiplock::enqueue_many(&db.pool, &good, EnqueueOptions::default()).await.unwrap();
+    skiplock::enqueue_many(&db.pool, &good, EnqueueOptions::default())
+        .await
+        .unwrap();
 
     let recorder = Recorder::default();
     let worker = fast_worker(&db.pool, &recorder).build().unwrap();
     let stop = worker.shutdown_handle();
     let run = tokio::spawn(worker.run());
-    wait_for("the panicking job to die", Duration::from_secs(20), || async {
-        state_of(&db.pool, bad.0).await == JobState::Dead
-    })
+    wait_for(
+        "the panicking job to die",
+        Duration::from_secs(20),
+        || async { state_of(&db.pool, bad.0).await == JobState::Dead },
+    )
     .await;
     wait_for("the others to succeed", Duration::from_secs(20), || async {
         count_in_state(&db.pool, JobState::Succeeded).await == 50
@@ -166,24 +205,38 @@ async fn a_panicking_handler_fails_only_its_own_job() {
     stop.shutdown();
     run.await.unwrap().unwrap();
     let row = skiplock::job(&db.pool, bad).await.unwrap().unwrap();
-    assert_eq!(row.last_error.as_deref(), Some("handler panicked: boom from a test handler"));
+    assert_eq!(
+        row.last_error.as_deref(),
+        Some("handler panicked: boom from a test handler")
+    );
     assert_eq!(recorder.runs()[&bad.0], vec![1, 2]);
 }
 
 #[tokio::test]
 async fn undecodable_args_are_a_permanent_failure_with_a_clear_error() {
     let db = test_db().await;
-    let id = skiplock::enqueue_raw(&db.pool, &[NewJob::new("record", json!({"n": "not a number"}))])
-        .await
-        .unwrap()[0];
+    let id = skiplock::enqueue_raw(
+        &db.pool,
+        &[NewJob::new("record", json!({"n": "not a number"}))],
+    )
+    .await
+    .unwrap()[0];
     let recorder = Recorder::default();
-    fast_worker(&db.pool, &recorder).exit_when_idle(true).build().unwrap().run().await.unwrap();
+    fast_worker(&db.pool, &recorder)
+        .exit_when_idle(true)
+        .build()
+        .unwrap()
+        .run()
+        .await
+        .unwrap();
     let row = skiplock::job(&db.pool, id).await.unwrap().unwrap();
     assert_eq!(row.state, JobState::Dead);
     assert_eq!(row.attempt, 1, "no retry for args that can never decode");
     let error = row.last_error.unwrap();
     assert!(
-        error.starts_with("args do not match kind `record`: invalid type: string \"not a number\", expected u32"),
+        error.starts_with(
+            "args do not match kind `record`: invalid type: string \"not a number\", expected u32"
+        ),
         "{error}"
     );
     assert_eq!(recorder.total(), 0, "the handler never ran");
@@ -197,7 +250,13 @@ async fn a_job_of_an_unknown_kind_stays_queued_untouched() {
         .unwrap()[0];
     let known = skiplock::enqueue(&db.pool, &Record { n: 1 }).await.unwrap();
     let recorder = Recorder::default();
-    fast_worker(&db.pool, &recorder).exit_when_idle(true).build().unwrap().run().await.unwrap();
+    fast_worker(&db.pool, &recorder)
+        .exit_when_idle(true)
+        .build()
+        .unwrap()
+        .run()
+        .await
+        .unwrap();
 
     assert_eq!(state_of(&db.pool, known.0).await, JobState::Succeeded);
     let row = skiplock::job(&db.pool, mystery).await.unwrap().unwrap();
@@ -233,9 +292,11 @@ async fn a_plain_sql_insert_wakes_an_idle_worker() {
     .fetch_one(&db.pool)
     .await
     .unwrap();
-    wait_for("the inserted job to run", Duration::from_secs(20), || async {
-        state_of(&db.pool, id).await == JobState::Succeeded
-    })
+    wait_for(
+        "the inserted job to run",
+        Duration::from_secs(20),
+        || async { state_of(&db.pool, id).await == JobState::Succeeded },
+    )
     .await;
     stop.shutdown();
     run.await.unwrap().unwrap();
@@ -245,9 +306,13 @@ async fn a_plain_sql_insert_wakes_an_idle_worker() {
 #[tokio::test]
 async fn graceful_shutdown_finishes_short_jobs_and_releases_long_ones() {
     let db = test_db().await;
-    let short: Vec<JobId> = skiplock::enqueue_many(&db.pool, &vec![Slow { ms: 300 }; 4], EnqueueOptions::default())
-        .await
-        .unwrap();
+    let short: Vec<JobId> = skiplock::enqueue_many(
+        &db.pool,
+        &vec![Slow { ms: 300 }; 4],
+        EnqueueOptions::default(),
+    )
+    .await
+    .unwrap();
     let long: Vec<JobId> = skiplock::enqueue_many(
         &db.pool,
         &vec![Slow { ms: 600_000 }; 4],
@@ -264,16 +329,26 @@ async fn graceful_shutdown_finishes_short_jobs_and_releases_long_ones() {
         .unwrap();
     let stop = worker.shutdown_handle();
     let run = tokio::spawn(worker.run());
-    wait_for("all eight jobs to start", Duration::from_secs(10), || async {
-        recorder.total() == 8
-    })
+    wait_for(
+        "all eight jobs to start",
+        Duration::from_secs(10),
+        || async { recorder.total() == 8 },
+    )
     .await;
     stop.shutdown();
     let summary = run.await.unwrap().unwrap();
 
-    assert_eq!(count_in_state(&db.pool, JobState::Running).await, 0, "nothing left running");
+    assert_eq!(
+        count_in_state(&db.pool, JobState::Running).await,
+        0,
+        "nothing left running"
+    );
     for id in &short {
-        assert_eq!(state_of(&db.pool, id.0).await, JobState::Succeeded, "short job {id} finished");
+        assert_eq!(
+            state_of(&db.pool, id.0).await,
+            JobState::Succeeded,
+            "short job {id} finished"
+        );
     }
     for id in &long {
         let row = skiplock::job(&db.pool, *id).await.unwrap().unwrap();
@@ -287,12 +362,20 @@ async fn graceful_shutdown_finishes_short_jobs_and_releases_long_ones() {
 #[tokio::test]
 async fn shutdown_releases_jobs_still_in_the_local_buffer() {
     let db = test_db().await;
-    skiplock::enqueue_many(&db.pool, &vec![Slow { ms: 600_000 }; 6], EnqueueOptions::default())
-        .await
-        .unwrap();
+    skiplock::enqueue_many(
+        &db.pool,
+        &vec![Slow { ms: 600_000 }; 6],
+        EnqueueOptions::default(),
+    )
+    .await
+    .unwrap();
     let recorder = Recorder::default();
     // Two slots, four more claimed into the buffer.
-    let worker = fast_worker(&db.pool, &recorder).concurrency(2).prefetch(4).build().unwrap();
+    let worker = fast_worker(&db.pool, &recorder)
+        .concurrency(2)
+        .prefetch(4)
+        .build()
+        .unwrap();
     let stop = worker.shutdown_handle();
     let run = tokio::spawn(worker.run());
     wait_for("six claims", Duration::from_secs(10), || async {

@@ -247,7 +247,14 @@ pub struct FailBatch {
 
 impl FailBatch {
     /// Adds one failed attempt.
-    pub fn push(&mut self, id: i64, token: Uuid, message: String, delay_ms: i64, action: FailAction) {
+    pub fn push(
+        &mut self,
+        id: i64,
+        token: Uuid,
+        message: String,
+        delay_ms: i64,
+        action: FailAction,
+    ) {
         self.ids.push(id);
         self.tokens.push(token);
         self.messages.push(message);

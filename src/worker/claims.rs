@@ -26,7 +26,9 @@ impl HeldClaims {
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<i64, HeldClaim>> {
         // A panic while holding this lock cannot leave the map half-updated: every
         // critical section is a single map operation.
-        self.inner.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.inner
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     /// Records a new claim and returns the token that stops its handler.
@@ -57,7 +59,10 @@ impl HeldClaims {
 
     /// Ids and tokens of every held claim, column-wise for the heartbeat statement.
     pub(crate) fn snapshot(&self) -> (Vec<i64>, Vec<Uuid>) {
-        self.lock().iter().map(|(id, claim)| (*id, claim.token)).unzip()
+        self.lock()
+            .iter()
+            .map(|(id, claim)| (*id, claim.token))
+            .unzip()
     }
 
     /// Forgets claims whose outcome was saved or found stale.

@@ -74,25 +74,52 @@ async fn save(shared: &Shared, batch: &mut Vec<Finished>) {
             }
             Outcome::Lost => {
                 shared.counters.lost.fetch_add(1, Ordering::Relaxed);
-                tracing::warn!(job_id = id, "claim lost while running (reaped or cancelled); handler stopped");
+                tracing::warn!(
+                    job_id = id,
+                    "claim lost while running (reaped or cancelled); handler stopped"
+                );
                 settled.push(id);
             }
         }
     }
     let counters = &shared.counters;
     if !done.0.is_empty() {
-        let kept = write(shared, "complete", || jobs_complete_many(&shared.pool, &done.0, &done.1)).await;
-        settle(shared, &done.0, kept.as_deref(), &mut settled, &counters.succeeded);
+        let kept = write(shared, "complete", || {
+            jobs_complete_many(&shared.pool, &done.0, &done.1)
+        })
+        .await;
+        settle(
+            shared,
+            &done.0,
+            kept.as_deref(),
+            &mut settled,
+            &counters.succeeded,
+        );
     }
     if !failed.is_empty() {
         let kept = write(shared, "fail", || jobs_fail_many(&shared.pool, &failed))
             .await
             .map(|rows| rows.into_iter().map(|(id, _)| id).collect::<Vec<_>>());
-        settle(shared, &failed.ids, kept.as_deref(), &mut settled, &counters.failed);
+        settle(
+            shared,
+            &failed.ids,
+            kept.as_deref(),
+            &mut settled,
+            &counters.failed,
+        );
     }
     if !released.0.is_empty() {
-        let kept = write(shared, "release", || jobs_release_many(&shared.pool, &released.0, &released.1)).await;
-        settle(shared, &released.0, kept.as_deref(), &mut settled, &counters.released);
+        let kept = write(shared, "release", || {
+            jobs_release_many(&shared.pool, &released.0, &released.1)
+        })
+        .await;
+        settle(
+            shared,
+            &released.0,
+            kept.as_deref(),
+            &mut settled,
+            &counters.released,
+        );
     }
     shared.claims.remove_many(&settled);
     if shared.config.exit_when_idle && shared.claims.len() == 0 {

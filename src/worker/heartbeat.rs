@@ -31,10 +31,15 @@ pub(super) async fn beat(shared: Arc<Shared>, stop: CancellationToken) {
                 let alive: HashSet<i64> = alive.into_iter().collect();
                 let lost: Vec<i64> = ids.into_iter().filter(|id| !alive.contains(id)).collect();
                 for id in shared.claims.stop_lost(&lost) {
-                    tracing::warn!(job_id = id, "claim lost (reaped or cancelled); stopping its handler");
+                    tracing::warn!(
+                        job_id = id,
+                        "claim lost (reaped or cancelled); stopping its handler"
+                    );
                 }
             }
-            Err(e) => tracing::warn!(error = %e, jobs = ids.len(), "heartbeat failed; will retry next interval"),
+            Err(e) => {
+                tracing::warn!(error = %e, jobs = ids.len(), "heartbeat failed; will retry next interval")
+            }
         }
     }
 }

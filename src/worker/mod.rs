@@ -161,7 +161,8 @@ impl WorkerBuilder {
     /// [`JobContext::data`](crate::JobContext::data). One value per type; a second call
     /// with the same type replaces the first.
     pub fn data<T: Send + Sync + 'static>(mut self, value: T) -> Self {
-        self.data.insert(std::any::TypeId::of::<T>(), Arc::new(value));
+        self.data
+            .insert(std::any::TypeId::of::<T>(), Arc::new(value));
         self
     }
 

@@ -68,7 +68,10 @@ impl Job for Flaky {
     async fn run(self, ctx: JobContext) -> Result<(), JobError> {
         recorder(&ctx).record(&ctx);
         if ctx.attempt() <= self.fail_until {
-            return Err(JobError::retry(format!("planned failure on attempt {}", ctx.attempt())));
+            return Err(JobError::retry(format!(
+                "planned failure on attempt {}",
+                ctx.attempt()
+            )));
         }
         Ok(())
     }
@@ -139,7 +142,10 @@ where
 {
     let deadline = Instant::now() + limit;
     while !check().await {
-        assert!(Instant::now() < deadline, "timed out after {limit:?} waiting for {what}");
+        assert!(
+            Instant::now() < deadline,
+            "timed out after {limit:?} waiting for {what}"
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }

@@ -154,8 +154,25 @@ pub async fn enqueue_raw<'e>(db: impl PgExecutor<'e>, jobs: &[NewJob]) -> Result
         batch
             .max_attempts
             .push(options.max_attempts.unwrap_or(MAX_ATTEMPTS_DEFAULT));
+        batch.ordering_keys.push(options.ordering_key.clone());
+        batch.unique_keys.push(options.unique_key.clone());
+        batch.unique_policies.push(options.on_conflict.as_str());
+        batch
+            .depends_on
+            .push(Json(options.depends_on.iter().map(|id| id.0).collect()));
     }
-    Ok(jobs_insert_many(db, &batch).await?)
+    jobs_insert_many(db, &batch).await.map_err(refused)
+}
+
+/// Turns the refusals of `skiplock.enqueue(…)` (missing parent, bad option) into
+/// [`Error::InvalidJob`] with the database's message; other errors stay database errors.
+fn refused(error: sqlx::Error) -> Error {
+    match &error {
+        sqlx::Error::Database(db) if matches!(db.code().as_deref(), Some("23503" | "22023")) => {
+            Error::InvalidJob(db.message().to_owned())
+        }
+        _ => Error::Database(error),
+    }
 }
 
 /// Checks what the database would otherwise reject with a less helpful message.
@@ -170,6 +187,14 @@ fn validate(job: &NewJob) -> std::result::Result<(), String> {
         && max < 1
     {
         return Err(format!("max_attempts is {max}; it must be at least 1"));
+    }
+    if job.options.unique_key.is_some() && !job.options.depends_on.is_empty() {
+        return Err("a job cannot have both a unique key and dependencies".into());
+    }
+    if job.options.ordering_key.as_deref() == Some("")
+        || job.options.unique_key.as_deref() == Some("")
+    {
+        return Err("ordering and unique keys must not be empty; omit them instead".into());
     }
     if let Some(delay) = job.options.run_after
         && delay.as_millis() > i64::MAX as u128

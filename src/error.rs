@@ -27,6 +27,10 @@ pub enum Error {
     #[error("invalid job: {0}")]
     InvalidJob(String),
 
+    /// A cron schedule is malformed; the message says which part and where.
+    #[error("{0}")]
+    InvalidCron(String),
+
     /// A migration file failed to apply; nothing of it was kept.
     #[error(
         "migration {version} ({name}) failed: {source}; the schema is unchanged from version {previous}"

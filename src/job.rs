@@ -173,6 +173,56 @@ pub struct EnqueueOptions {
     pub run_after: Option<Duration>,
     /// Attempts before the job goes `dead` (at least 1).
     pub max_attempts: Option<i32>,
+    /// Strict FIFO lane: jobs with the same key run one at a time, in enqueue order.
+    pub ordering_key: Option<String>,
+    /// Deduplication key: at most one pending (not yet running) job per key.
+    pub unique_key: Option<String>,
+    /// What happens when a pending job already has `unique_key`.
+    pub on_conflict: UniquePolicy,
+    /// Jobs that must all succeed before this one runs. Cannot be combined with a unique
+    /// key.
+    pub depends_on: Vec<JobId>,
+}
+
+/// What a second enqueue does while a job with the same unique key is pending.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum UniquePolicy {
+    /// Keep the pending job as it is and return its id.
+    #[default]
+    Skip,
+    /// Give the pending job the new args.
+    Replace,
+    /// Append the new args to the pending job's: its args are a JSON array of every
+    /// payload enqueued under the key (a payload that is not an array is wrapped in one),
+    /// and the handler receives them all at once.
+    Merge,
+}
+
+impl UniquePolicy {
+    /// The name used in SQL and on the command line.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            UniquePolicy::Skip => "skip",
+            UniquePolicy::Replace => "replace",
+            UniquePolicy::Merge => "merge",
+        }
+    }
+}
+
+impl std::str::FromStr for UniquePolicy {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "skip" => Ok(UniquePolicy::Skip),
+            "replace" => Ok(UniquePolicy::Replace),
+            "merge" => Ok(UniquePolicy::Merge),
+            _ => Err(format!(
+                "unknown conflict policy `{s}`; expected skip, replace or merge"
+            )),
+        }
+    }
 }
 
 impl EnqueueOptions {
@@ -210,6 +260,25 @@ impl EnqueueOptions {
         self.max_attempts = Some(max_attempts);
         self
     }
+
+    /// Puts the job in a strict FIFO lane.
+    pub fn ordering_key(mut self, key: impl Into<String>) -> Self {
+        self.ordering_key = Some(key.into());
+        self
+    }
+
+    /// Deduplicates on `key` with `policy`.
+    pub fn unique_key(mut self, key: impl Into<String>, policy: UniquePolicy) -> Self {
+        self.unique_key = Some(key.into());
+        self.on_conflict = policy;
+        self
+    }
+
+    /// Makes the job wait until every job in `parents` succeeded.
+    pub fn depends_on(mut self, parents: impl IntoIterator<Item = JobId>) -> Self {
+        self.depends_on.extend(parents);
+        self
+    }
 }
 
 /// What a running handler knows about its job, and how it learns it must stop.
@@ -221,6 +290,7 @@ pub struct JobContext {
     pub(crate) attempt: i32,
     pub(crate) max_attempts: i32,
     pub(crate) pool: PgPool,
+    pub(crate) claim_token: uuid::Uuid,
     pub(crate) stop: CancellationToken,
     pub(crate) data: Arc<DataMap>,
 }
@@ -265,6 +335,29 @@ impl JobContext {
     /// shared recorder. `None` if the worker was given none.
     pub fn data<T: Send + Sync + 'static>(&self) -> Option<&T> {
         self.data.get(&TypeId::of::<T>())?.downcast_ref::<T>()
+    }
+
+    /// Records the job's progress (any JSON) in `skiplock.jobs.progress`, where operators
+    /// see it. Fenced like every write: it changes nothing once the claim is lost.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Database`](crate::Error::Database) if the write fails.
+    pub async fn set_progress(&self, progress: serde_json::Value) -> crate::Result<()> {
+        crate::db::jobs::jobs_set_progress(&self.pool, self.id.0, self.claim_token, &progress)
+            .await?;
+        Ok(())
+    }
+
+    /// Records the job's output (any JSON) in `skiplock.jobs.output`. Fenced like
+    /// [`set_progress`](Self::set_progress).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Database`](crate::Error::Database) if the write fails.
+    pub async fn set_output(&self, output: serde_json::Value) -> crate::Result<()> {
+        crate::db::jobs::jobs_set_output(&self.pool, self.id.0, self.claim_token, &output).await?;
+        Ok(())
     }
 
     /// Resolves when the handler should stop: the claim was lost (reaped, cancelled) or the

@@ -54,6 +54,7 @@
 //! '{"user_id": 42}')` or `INSERT INTO skiplock.jobs (kind, args) VALUES (…)`.
 
 pub mod builtin;
+pub mod cron;
 pub mod db;
 #[cfg(feature = "embedded")]
 pub mod embedded;
@@ -62,6 +63,7 @@ mod error;
 mod job;
 mod maintenance;
 pub mod retry;
+pub mod stats;
 pub mod worker;
 
 pub use db::jobs::JobRow;
@@ -69,7 +71,7 @@ pub use enqueue::{NewJob, enqueue, enqueue_many, enqueue_raw, enqueue_with};
 pub use error::{Error, Result};
 pub use job::{
     EnqueueOptions, Fate, Job, JobContext, JobError, JobId, JobState, MAX_ATTEMPTS_DEFAULT,
-    QUEUE_DEFAULT,
+    QUEUE_DEFAULT, UniquePolicy,
 };
 pub use worker::{Retention, ShutdownHandle, Worker, WorkerBuilder, WorkerConfig, WorkerSummary};
 
@@ -83,6 +85,26 @@ pub use worker::{Retention, ShutdownHandle, Worker, WorkerBuilder, WorkerConfig,
 /// [`Error::Database`] if Postgres cannot be reached.
 pub async fn migrate(pool: &sqlx::PgPool) -> Result<i32> {
     db::migrations::migrations_apply(pool).await
+}
+
+/// Pauses a queue: workers claim nothing from it until it is resumed; running jobs
+/// finish. Same as `SELECT skiplock.pause_queue(name)`.
+///
+/// # Errors
+///
+/// [`Error::Database`] if the statement fails.
+pub async fn pause_queue<'e>(db: impl sqlx::PgExecutor<'e>, queue: &str) -> Result<()> {
+    Ok(db::queues::queues_pause(db, queue).await?)
+}
+
+/// Resumes a paused queue and wakes its workers. Same as
+/// `SELECT skiplock.resume_queue(name)`.
+///
+/// # Errors
+///
+/// [`Error::Database`] if the statement fails.
+pub async fn resume_queue<'e>(db: impl sqlx::PgExecutor<'e>, queue: &str) -> Result<()> {
+    Ok(db::queues::queues_resume(db, queue).await?)
 }
 
 /// Fetches one job by id, as operators see it.

@@ -7,6 +7,7 @@ use std::time::Duration;
 use common::fixtures::{Record, Recorder, fast_worker};
 use common::test_db;
 use serde_json::json;
+use skiplock::db::migrations::SCHEMA_VERSION_LATEST;
 use skiplock::{EnqueueOptions, Error, JobId, JobState, NewJob};
 
 #[tokio::test]
@@ -154,12 +155,16 @@ async fn migrate_is_idempotent_concurrent_and_refuses_newer_schemas() {
         skiplock::migrate(&db.pool),
         skiplock::migrate(&db.pool)
     );
-    assert_eq!((a.unwrap(), b.unwrap(), c.unwrap()), (1, 1, 1));
+    let latest = SCHEMA_VERSION_LATEST;
+    assert_eq!(
+        (a.unwrap(), b.unwrap(), c.unwrap()),
+        (latest, latest, latest)
+    );
     let applied: i64 = sqlx::query_scalar("SELECT count(*) FROM skiplock.schema_migrations")
         .fetch_one(&db.pool)
         .await
         .unwrap();
-    assert_eq!(applied, 1);
+    assert_eq!(applied, i64::from(latest));
 
     sqlx::query("INSERT INTO skiplock.schema_migrations (version, name) VALUES (99, 'future.sql')")
         .execute(&db.pool)
@@ -169,10 +174,7 @@ async fn migrate_is_idempotent_concurrent_and_refuses_newer_schemas() {
     assert!(
         matches!(
             error,
-            Error::SchemaTooNew {
-                found: 99,
-                supported: 1
-            }
+            Error::SchemaTooNew { found: 99, supported } if supported == latest
         ),
         "{error}"
     );
@@ -205,6 +207,8 @@ async fn a_worker_refuses_an_unmigrated_database() {
         .unwrap_err();
     assert_eq!(
         error.to_string(),
-        "the database schema is at version 0, this skiplock needs version 1; run `skiplock migrate` (or `skiplock::migrate(&pool)`)"
+        format!(
+            "the database schema is at version 0, this skiplock needs version {SCHEMA_VERSION_LATEST}; run `skiplock migrate` (or `skiplock::migrate(&pool)`)"
+        )
     );
 }

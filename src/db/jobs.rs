@@ -54,6 +54,12 @@ pub struct JobRow {
     pub ordering_key: Option<String>,
     /// Deduplication key.
     pub unique_key: Option<String>,
+    /// What a second enqueue with the same pending unique key does.
+    pub unique_policy: Option<String>,
+    /// Latest progress reported by the handler.
+    pub progress: Option<Json<Value>>,
+    /// Output recorded by the handler.
+    pub output: Option<Json<Value>>,
     /// Message of the latest failure.
     pub last_error: Option<String>,
     /// Recent failures: `{attempt, at, message}`, oldest first.
@@ -100,6 +106,14 @@ pub struct InsertBatch {
     pub delays_ms: Vec<i64>,
     /// Attempt budgets.
     pub max_attempts: Vec<i32>,
+    /// Ordering lanes.
+    pub ordering_keys: Vec<Option<String>>,
+    /// Unique keys.
+    pub unique_keys: Vec<Option<String>>,
+    /// Conflict policy per job (`skip`, `replace`, `merge`), used with a unique key.
+    pub unique_policies: Vec<&'static str>,
+    /// Parent job ids per job, as a JSON array.
+    pub depends_on: Vec<Json<Vec<i64>>>,
 }
 
 impl InsertBatch {
@@ -112,23 +126,38 @@ impl InsertBatch {
     pub fn is_empty(&self) -> bool {
         self.kinds.is_empty()
     }
+
+    /// Whether any job needs the per-job path (unique keys or dependencies).
+    pub fn needs_per_job_path(&self) -> bool {
+        self.unique_keys.iter().any(Option::is_some)
+            || self.depends_on.iter().any(|parents| !parents.0.is_empty())
+    }
 }
 
-/// Inserts a batch in one statement and returns the ids in input order.
+/// Inserts a batch and returns the ids in input order.
 ///
-/// Rows are produced in input order (`ORDER BY ord`), so the identity column hands out
-/// increasing ids and sorting the returned ids restores the input order.
+/// Plain jobs go in with one `INSERT … SELECT FROM unnest(…)`: rows are produced in input
+/// order, so the identity column hands out increasing ids and sorting them restores the
+/// input order. Batches with unique keys or dependencies call `skiplock.enqueue(…)` once
+/// per job, still in one statement and in input order, so a later job of the batch sees
+/// an earlier one with the same unique key.
 pub async fn jobs_insert_many(
     db: impl PgExecutor<'_>,
     batch: &InsertBatch,
 ) -> sqlx::Result<Vec<JobId>> {
+    if batch.needs_per_job_path() {
+        return jobs_insert_each(db, batch).await;
+    }
     let mut ids: Vec<i64> = sqlx::query_scalar(
-        "INSERT INTO skiplock.jobs (kind, args, queue, priority, scheduled_at, max_attempts)
+        "INSERT INTO skiplock.jobs (kind, args, queue, priority, scheduled_at, max_attempts,
+                                    ordering_key)
          SELECT kind, args, queue, priority,
-                coalesce(run_at, now() + delay_ms * interval '1 millisecond'), max_attempts
+                coalesce(run_at, now() + delay_ms * interval '1 millisecond'), max_attempts,
+                ordering_key
          FROM unnest($1::text[], $2::jsonb[], $3::text[], $4::smallint[], $5::timestamptz[],
-                     $6::bigint[], $7::int[])
-              WITH ORDINALITY AS j(kind, args, queue, priority, run_at, delay_ms, max_attempts, ord)
+                     $6::bigint[], $7::int[], $8::text[])
+              WITH ORDINALITY
+              AS j(kind, args, queue, priority, run_at, delay_ms, max_attempts, ordering_key, ord)
          ORDER BY ord
          RETURNING id",
     )
@@ -139,10 +168,46 @@ pub async fn jobs_insert_many(
     .bind(&batch.run_at)
     .bind(&batch.delays_ms)
     .bind(&batch.max_attempts)
+    .bind(&batch.ordering_keys)
     .fetch_all(db)
     .await?;
     ids.sort_unstable();
     Ok(ids.into_iter().map(JobId).collect())
+}
+
+async fn jobs_insert_each(
+    db: impl PgExecutor<'_>,
+    batch: &InsertBatch,
+) -> sqlx::Result<Vec<JobId>> {
+    // The function scan yields rows in array order and the target list is evaluated per
+    // row as it comes, so the calls happen in input order; `ord` maps results back.
+    let mut rows: Vec<(i64, i64)> = sqlx::query_as(
+        "SELECT ord, skiplock.enqueue(
+                    kind, args, queue, priority,
+                    coalesce(run_at, now() + delay_ms * interval '1 millisecond'), max_attempts,
+                    ordering_key, unique_key, coalesce(policy, 'skip'),
+                    ARRAY(SELECT jsonb_array_elements_text(parents)::bigint))
+         FROM unnest($1::text[], $2::jsonb[], $3::text[], $4::smallint[], $5::timestamptz[],
+                     $6::bigint[], $7::int[], $8::text[], $9::text[], $10::text[], $11::jsonb[])
+              WITH ORDINALITY
+              AS j(kind, args, queue, priority, run_at, delay_ms, max_attempts, ordering_key,
+                   unique_key, policy, parents, ord)",
+    )
+    .bind(&batch.kinds)
+    .bind(&batch.args)
+    .bind(&batch.queues)
+    .bind(&batch.priorities)
+    .bind(&batch.run_at)
+    .bind(&batch.delays_ms)
+    .bind(&batch.max_attempts)
+    .bind(&batch.ordering_keys)
+    .bind(&batch.unique_keys)
+    .bind(&batch.unique_policies)
+    .bind(&batch.depends_on)
+    .fetch_all(db)
+    .await?;
+    rows.sort_unstable_by_key(|(ord, _)| *ord);
+    Ok(rows.into_iter().map(|(_, id)| JobId(id)).collect())
 }
 
 /// Claims up to `limit` runnable jobs of the given queues and kinds, oldest first within
@@ -158,11 +223,22 @@ pub async fn jobs_claim_batch(
     limit: i64,
     claimed_by: &str,
 ) -> sqlx::Result<Vec<ClaimedJob>> {
+    // Besides due, queued, of our queues and kinds, a job must be:
+    // - in a queue that is not paused (the ARRAY(...) subquery runs once per statement);
+    // - the head of its ordering lane: no earlier unfinished job with the same key, and
+    //   none running. The unique index jobs_ordering_key_running_idx backs this up.
     sqlx::query_as(
         "WITH picked AS (
-             SELECT id FROM skiplock.jobs
+             SELECT id FROM skiplock.jobs j
              WHERE state = 'queued' AND scheduled_at <= now()
                AND queue = ANY($1) AND kind = ANY($2)
+               AND queue <> ALL (ARRAY(SELECT name FROM skiplock.queues WHERE paused))
+               AND (ordering_key IS NULL OR NOT EXISTS (
+                   SELECT 1 FROM skiplock.jobs h
+                   WHERE h.ordering_key = j.ordering_key AND h.id <> j.id
+                     AND (h.state = 'running'
+                          OR (h.id < j.id AND h.state IN ('waiting', 'queued')))
+               ))
              ORDER BY priority, scheduled_at, id
              LIMIT $3
              FOR UPDATE SKIP LOCKED
@@ -182,13 +258,24 @@ pub async fn jobs_claim_batch(
     .await
 }
 
-/// Marks held jobs `succeeded`; returns the ids whose claim was still valid.
+/// A job whose outcome was saved, and whether other jobs wait on it.
+#[derive(Debug, Clone, Copy, FromRow)]
+pub struct SavedJob {
+    /// Job id.
+    pub id: i64,
+    /// State it moved to.
+    pub state: JobState,
+    /// Whether `skiplock.job_dependencies` names it as a parent.
+    pub has_dependants: bool,
+}
+
+/// Marks held jobs `succeeded`; returns those whose claim was still valid.
 pub async fn jobs_complete_many(
     db: impl PgExecutor<'_>,
     ids: &[i64],
     tokens: &[Uuid],
-) -> sqlx::Result<Vec<i64>> {
-    sqlx::query_scalar(
+) -> sqlx::Result<Vec<SavedJob>> {
+    sqlx::query_as(
         "WITH held AS (
              SELECT j.id FROM skiplock.jobs j
              JOIN unnest($1::bigint[], $2::uuid[]) AS c(id, token)
@@ -201,7 +288,9 @@ pub async fn jobs_complete_many(
          SET state = 'succeeded', finished_at = now(), claim_token = NULL, heartbeat_at = NULL
          FROM held
          WHERE j.id = held.id
-         RETURNING j.id",
+         RETURNING j.id, j.state,
+                   EXISTS (SELECT 1 FROM skiplock.job_dependencies d WHERE d.parent_id = j.id)
+                       AS has_dependants",
     )
     .bind(ids)
     .bind(tokens)
@@ -269,11 +358,11 @@ impl FailBatch {
 }
 
 /// Records failed attempts: each job goes back to `queued` with its delay, or `dead`, or
-/// `cancelled`, and its error is appended. Returns `(id, new state)` for valid claims.
+/// `cancelled`, and its error is appended. Returns the jobs whose claim was still valid.
 pub async fn jobs_fail_many(
     db: impl PgExecutor<'_>,
     batch: &FailBatch,
-) -> sqlx::Result<Vec<(i64, JobState)>> {
+) -> sqlx::Result<Vec<SavedJob>> {
     sqlx::query_as(
         "WITH failed AS (
              SELECT f.*, CASE
@@ -299,7 +388,9 @@ pub async fn jobs_fail_many(
              errors = skiplock.append_error(j.errors, j.attempt, f.message)
          FROM failed f
          WHERE j.id = f.id
-         RETURNING j.id, j.state",
+         RETURNING j.id, j.state,
+                   EXISTS (SELECT 1 FROM skiplock.job_dependencies d WHERE d.parent_id = j.id)
+                       AS has_dependants",
     )
     .bind(&batch.ids)
     .bind(&batch.tokens)
@@ -473,6 +564,81 @@ pub async fn jobs_any_active(
     .bind(kinds)
     .fetch_one(db)
     .await
+}
+
+/// Moves the waiting children of `parent_ids` on: `queued` once all their parents
+/// succeeded, `cancelled` (transitively) once one is dead or cancelled. Returns how many
+/// jobs moved.
+pub async fn jobs_settle_dependants(
+    db: impl PgExecutor<'_>,
+    parent_ids: &[i64],
+) -> sqlx::Result<i32> {
+    sqlx::query_scalar("SELECT skiplock.settle_dependants($1)")
+        .bind(parent_ids)
+        .fetch_one(db)
+        .await
+}
+
+/// Repairs what a race may have left: waiting jobs whose parents have all finished (a
+/// parent finished while the child's enqueue was still uncommitted) are settled, and
+/// waiting jobs left without any parent row (parents pruned) are queued. Returns how
+/// many jobs moved.
+pub async fn jobs_settle_waiting(db: impl PgExecutor<'_>) -> sqlx::Result<i32> {
+    sqlx::query_scalar(
+        "WITH orphans AS (
+             UPDATE skiplock.jobs c SET state = 'queued'
+             WHERE c.state = 'waiting'
+               AND NOT EXISTS (SELECT 1 FROM skiplock.job_dependencies d WHERE d.job_id = c.id)
+             RETURNING c.id
+         )
+         SELECT skiplock.settle_dependants(ARRAY(
+                    SELECT DISTINCT d.parent_id
+                    FROM skiplock.jobs c
+                    JOIN skiplock.job_dependencies d ON d.job_id = c.id
+                    JOIN skiplock.jobs p ON p.id = d.parent_id
+                    WHERE c.state = 'waiting' AND p.state IN ('succeeded', 'dead', 'cancelled')
+                ))::int + (SELECT count(*) FROM orphans)::int",
+    )
+    .fetch_one(db)
+    .await
+}
+
+/// Records a running job's progress, if `token` still holds its claim.
+pub async fn jobs_set_progress(
+    db: impl PgExecutor<'_>,
+    id: i64,
+    token: Uuid,
+    progress: &Value,
+) -> sqlx::Result<bool> {
+    let updated = sqlx::query(
+        "UPDATE skiplock.jobs SET progress = $3
+         WHERE id = $1 AND claim_token = $2 AND state = 'running'",
+    )
+    .bind(id)
+    .bind(token)
+    .bind(Json(progress))
+    .execute(db)
+    .await?;
+    Ok(updated.rows_affected() == 1)
+}
+
+/// Records a running job's output, if `token` still holds its claim.
+pub async fn jobs_set_output(
+    db: impl PgExecutor<'_>,
+    id: i64,
+    token: Uuid,
+    output: &Value,
+) -> sqlx::Result<bool> {
+    let updated = sqlx::query(
+        "UPDATE skiplock.jobs SET output = $3
+         WHERE id = $1 AND claim_token = $2 AND state = 'running'",
+    )
+    .bind(id)
+    .bind(token)
+    .bind(Json(output))
+    .execute(db)
+    .await?;
+    Ok(updated.rows_affected() == 1)
 }
 
 /// One job by id.

@@ -16,11 +16,23 @@ struct Migration {
 }
 
 /// Every migration, in order. Append only: an applied migration never changes.
-const MIGRATIONS: &[Migration] = &[Migration {
-    version: 1,
-    name: "0001_jobs.sql",
-    sql: include_str!("../../migrations/0001_jobs.sql"),
-}];
+const MIGRATIONS: &[Migration] = &[
+    Migration {
+        version: 1,
+        name: "0001_jobs.sql",
+        sql: include_str!("../../migrations/0001_jobs.sql"),
+    },
+    Migration {
+        version: 2,
+        name: "0002_semantics.sql",
+        sql: include_str!("../../migrations/0002_semantics.sql"),
+    },
+    Migration {
+        version: 3,
+        name: "0003_operator_views.sql",
+        sql: include_str!("../../migrations/0003_operator_views.sql"),
+    },
+];
 
 /// The schema version this build of skiplock expects.
 pub const SCHEMA_VERSION_LATEST: i32 = MIGRATIONS[MIGRATIONS.len() - 1].version;

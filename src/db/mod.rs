@@ -5,5 +5,8 @@
 //! Functions take `impl PgExecutor` so they run on a pool, a connection or inside the
 //! caller's transaction alike.
 
+pub mod admin;
+pub mod cron;
 pub mod jobs;
 pub mod migrations;
+pub mod queues;

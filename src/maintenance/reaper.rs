@@ -5,8 +5,9 @@ use std::sync::Arc;
 
 use tokio_util::sync::CancellationToken;
 
-use crate::db::jobs::jobs_reap_stale;
+use crate::db::jobs::{jobs_reap_stale, jobs_settle_dependants};
 use crate::enqueue::duration_ms;
+use crate::job::JobState;
 use crate::worker::{Shared, sleep_jittered};
 
 /// Reaps every `reap_interval` (jittered) until `stop`.
@@ -29,6 +30,17 @@ pub(crate) async fn reap(shared: Arc<Shared>, stop: CancellationToken) {
                             state = %job.state,
                             "took back a job whose heartbeat went stale"
                         );
+                    }
+                    let dead: Vec<i64> = reaped
+                        .iter()
+                        .filter(|job| job.state == JobState::Dead)
+                        .map(|job| job.id)
+                        .collect();
+                    if !dead.is_empty()
+                        && let Err(e) = jobs_settle_dependants(&shared.pool, &dead).await
+                    {
+                        // The dependency sweep settles them later.
+                        tracing::warn!(error = %e, "could not settle dependants of reaped jobs");
                     }
                     if (reaped.len() as i64) < limit {
                         break;

@@ -19,10 +19,11 @@ use tokio::sync::mpsc;
 use super::executor::{Finished, Outcome};
 use super::{Shared, db_retry_delay};
 use crate::db::jobs::{
-    FailAction, FailBatch, jobs_complete_many, jobs_fail_many, jobs_release_many,
+    FailAction, FailBatch, SavedJob, jobs_complete_many, jobs_fail_many, jobs_release_many,
+    jobs_settle_dependants,
 };
 use crate::error::is_transient_sqlx;
-use crate::job::Fate;
+use crate::job::{Fate, JobState};
 
 /// Attempts at one write once the worker is shutting down hard.
 const WRITE_ATTEMPTS_AFTER_HARD_STOP: u32 = 3;
@@ -83,11 +84,13 @@ async fn save(shared: &Shared, batch: &mut Vec<Finished>) {
         }
     }
     let counters = &shared.counters;
+    let mut parents = Vec::new();
     if !done.0.is_empty() {
-        let kept = write(shared, "complete", || {
+        let saved = write(shared, "complete", || {
             jobs_complete_many(&shared.pool, &done.0, &done.1)
         })
         .await;
+        let kept = saved.map(|rows| settled_ids(rows, &mut parents));
         settle(
             shared,
             &done.0,
@@ -97,9 +100,8 @@ async fn save(shared: &Shared, batch: &mut Vec<Finished>) {
         );
     }
     if !failed.is_empty() {
-        let kept = write(shared, "fail", || jobs_fail_many(&shared.pool, &failed))
-            .await
-            .map(|rows| rows.into_iter().map(|(id, _)| id).collect::<Vec<_>>());
+        let saved = write(shared, "fail", || jobs_fail_many(&shared.pool, &failed)).await;
+        let kept = saved.map(|rows| settled_ids(rows, &mut parents));
         settle(
             shared,
             &failed.ids,
@@ -121,11 +123,31 @@ async fn save(shared: &Shared, batch: &mut Vec<Finished>) {
             &counters.released,
         );
     }
+    if !parents.is_empty() {
+        // Jobs waiting on these may run now (or are cancelled). Should this fail, the
+        // periodic sweep (maintenance::dependencies) settles them a little later.
+        write(shared, "settle dependants", || {
+            jobs_settle_dependants(&shared.pool, &parents)
+        })
+        .await;
+    }
     shared.claims.remove_many(&settled);
     if shared.config.exit_when_idle && shared.claims.len() == 0 {
         // The producer may be waiting only to notice that the worker went idle.
-        shared.wake.notify_one();
+        shared.wake_all();
     }
+}
+
+/// Ids of saved jobs; those that finished and have dependants go to `parents`.
+fn settled_ids(rows: Vec<SavedJob>, parents: &mut Vec<i64>) -> Vec<i64> {
+    rows.into_iter()
+        .map(|row| {
+            if row.has_dependants && row.state != JobState::Queued {
+                parents.push(row.id);
+            }
+            row.id
+        })
+        .collect()
 }
 
 /// Notes which outcomes were saved and warns about claims that had gone stale.

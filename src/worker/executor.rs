@@ -46,12 +46,13 @@ pub(super) struct Finished {
 /// whatever is still buffered.
 pub(super) async fn dispatch(
     shared: Arc<Shared>,
+    group: usize,
     mut buffer: mpsc::Receiver<ClaimedJob>,
     space: Arc<Notify>,
     outcomes: mpsc::UnboundedSender<Finished>,
     executors: TaskTracker,
 ) {
-    let slots = Arc::new(Semaphore::new(shared.config.concurrency));
+    let slots = Arc::new(Semaphore::new(shared.groups[group].concurrency));
     loop {
         let permit = tokio::select! {
             biased;
@@ -107,6 +108,7 @@ async fn execute(shared: &Shared, job: ClaimedJob) -> Outcome {
         attempt: job.attempt,
         max_attempts: job.max_attempts,
         pool: shared.pool.clone(),
+        claim_token: job.claim_token,
         stop: stop.clone(),
         data: shared.data.clone(),
     };

@@ -14,26 +14,36 @@ use super::{Shared, db_retry_delay};
 /// as payload.
 pub const NOTIFY_CHANNEL: &str = "skiplock_jobs";
 
+/// The channel `skiplock.cancel_job` notifies when it cancels a running job, with the job
+/// id as payload: the worker holding it stops the handler at once instead of at its next
+/// heartbeat.
+pub const CANCEL_CHANNEL: &str = "skiplock_cancel";
+
 /// Listens until `stop`, reconnecting with backoff whenever the connection drops.
 pub(super) async fn listen(shared: Arc<Shared>, stop: CancellationToken) {
     let mut failures = 0u32;
     loop {
         let session = async {
             let mut listener = PgListener::connect_with(&shared.pool).await?;
-            listener.listen(NOTIFY_CHANNEL).await?;
+            listener
+                .listen_all([NOTIFY_CHANNEL, CANCEL_CHANNEL])
+                .await?;
             // Anything inserted before LISTEN took effect would otherwise wait for a poll.
-            shared.wake.notify_one();
+            shared.wake_all();
             failures = 0;
             loop {
                 match listener.try_recv().await? {
-                    Some(notification) => {
-                        let queue = notification.payload();
-                        if shared.config.queues.iter().any(|q| q == queue) {
-                            shared.wake.notify_one();
+                    Some(notification) if notification.channel() == CANCEL_CHANNEL => {
+                        // The database already voided the claim; stop the handler now.
+                        if let Ok(id) = notification.payload().parse::<i64>() {
+                            for id in shared.claims.stop_lost(&[id]) {
+                                tracing::info!(job_id = id, "job cancelled; stopping its handler");
+                            }
                         }
                     }
+                    Some(notification) => shared.wake_queue(notification.payload()),
                     // Connection lost: catch up, then `try_recv` reconnects.
-                    None => shared.wake.notify_one(),
+                    None => shared.wake_all(),
                 }
             }
             #[allow(unreachable_code)]

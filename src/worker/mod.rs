@@ -23,7 +23,7 @@ mod heartbeat;
 mod listener;
 mod producer;
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -33,10 +33,11 @@ use tokio::sync::{Notify, mpsc};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use crate::cron::CronSchedule;
 use crate::db;
 use crate::error::{Error, Result};
 use crate::job::{DataMap, Job, QUEUE_DEFAULT};
-use crate::maintenance::{pruner, reaper};
+use crate::maintenance::{cron, dependencies, pruner, reaper};
 
 use claims::HeldClaims;
 use handler::{Handler, TypedHandler};
@@ -55,6 +56,8 @@ pub const REAP_INTERVAL_DEFAULT: Duration = Duration::from_secs(5);
 pub const SHUTDOWN_GRACE_DEFAULT: Duration = Duration::from_secs(30);
 /// How often each worker's pruner deletes expired finished jobs.
 pub const PRUNE_INTERVAL_DEFAULT: Duration = Duration::from_secs(30);
+/// How often each worker looks for due cron slots.
+pub const CRON_INTERVAL_DEFAULT: Duration = Duration::from_secs(1);
 /// Most claims or outcomes written by one statement.
 pub const BATCH_MAX_DEFAULT: usize = 1000;
 
@@ -87,10 +90,14 @@ impl Default for Retention {
 pub struct WorkerConfig {
     /// Identity written to `claimed_by`: host, pid and a random suffix by default.
     pub worker_id: String,
-    /// Queues to claim from. Default `["default"]`.
+    /// Queues to claim from. Default `["default"]`. They share `concurrency` slots, except
+    /// those named in `queue_concurrency`.
     pub queues: Vec<String>,
-    /// Jobs run at once (1 or more).
+    /// Jobs run at once (1 or more) across the shared queues.
     pub concurrency: usize,
+    /// Queues with slots of their own: each gets its own producer, buffer and limit, so a
+    /// busy queue cannot starve it and it cannot exceed its limit.
+    pub queue_concurrency: BTreeMap<String, usize>,
     /// Claimed jobs kept ready in the local buffer so a freed slot never waits on a claim
     /// round trip. Default: equal to `concurrency`.
     pub prefetch: usize,
@@ -113,6 +120,10 @@ pub struct WorkerConfig {
     pub prune_interval: Option<Duration>,
     /// Most claims or outcomes per statement.
     pub batch_max: usize,
+    /// Cron schedules this worker writes to the database when it starts.
+    pub cron_schedules: Vec<CronSchedule>,
+    /// How often the cron scheduler runs; `None` disables it in this worker.
+    pub cron_interval: Option<Duration>,
 }
 
 impl Default for WorkerConfig {
@@ -121,6 +132,7 @@ impl Default for WorkerConfig {
             worker_id: default_worker_id(),
             queues: vec![QUEUE_DEFAULT.to_owned()],
             concurrency: CONCURRENCY_DEFAULT,
+            queue_concurrency: BTreeMap::new(),
             prefetch: CONCURRENCY_DEFAULT,
             poll_interval: POLL_INTERVAL_DEFAULT,
             heartbeat_interval: HEARTBEAT_INTERVAL_DEFAULT,
@@ -131,6 +143,8 @@ impl Default for WorkerConfig {
             retention: Retention::default(),
             prune_interval: Some(PRUNE_INTERVAL_DEFAULT),
             batch_max: BATCH_MAX_DEFAULT,
+            cron_schedules: Vec::new(),
+            cron_interval: Some(CRON_INTERVAL_DEFAULT),
         }
     }
 }
@@ -197,6 +211,14 @@ impl WorkerBuilder {
         self
     }
 
+    /// Gives `queue` its own `concurrency` slots (and claims from it).
+    pub fn queue_concurrency(mut self, queue: impl Into<String>, concurrency: usize) -> Self {
+        self.config
+            .queue_concurrency
+            .insert(queue.into(), concurrency);
+        self
+    }
+
     /// Sets how many claimed jobs wait in the local buffer.
     pub fn prefetch(mut self, prefetch: usize) -> Self {
         self.config.prefetch = prefetch;
@@ -254,12 +276,25 @@ impl WorkerBuilder {
         self
     }
 
+    /// Defines a cron schedule: written to the database (created or updated) when the
+    /// worker starts.
+    pub fn cron(mut self, schedule: CronSchedule) -> Self {
+        self.config.cron_schedules.push(schedule);
+        self
+    }
+
+    /// Sets how often the cron scheduler runs; `None` disables it in this worker.
+    pub fn cron_interval(mut self, interval: Option<Duration>) -> Self {
+        self.config.cron_interval = interval;
+        self
+    }
+
     /// Checks the configuration and builds the worker.
     ///
     /// # Errors
     ///
     /// [`Error::Config`] when no kind is registered, a kind is registered twice, or a
-    /// setting is out of range.
+    /// setting is out of range; [`Error::InvalidCron`] for a malformed cron schedule.
     pub fn build(self) -> Result<Worker> {
         let config = self.config;
         let fail = |why: String| Err(Error::Config(why));
@@ -271,6 +306,13 @@ impl WorkerBuilder {
         }
         if config.queues.is_empty() || config.queues.iter().any(String::is_empty) {
             return fail("queue names must be non-empty and at least one queue is needed".into());
+        }
+        if config.queue_concurrency.keys().any(String::is_empty)
+            || config.queue_concurrency.values().any(|&n| n == 0)
+        {
+            return fail(
+                "per-queue concurrency needs a queue name and a limit of at least 1".into(),
+            );
         }
         if config.concurrency == 0 || config.prefetch == 0 || config.batch_max == 0 {
             return fail("concurrency, prefetch and batch size must be at least 1".into());
@@ -284,8 +326,32 @@ impl WorkerBuilder {
                 config.stale_after, config.heartbeat_interval
             ));
         }
+        for schedule in &config.cron_schedules {
+            schedule.validate()?;
+        }
         let mut kinds: Vec<String> = self.handlers.keys().cloned().collect();
         kinds.sort();
+        let mut config = config;
+        let shared_queues: Vec<String> = config
+            .queues
+            .iter()
+            .filter(|q| !config.queue_concurrency.contains_key(*q))
+            .cloned()
+            .collect();
+        let mut groups = Vec::new();
+        if !shared_queues.is_empty() {
+            groups.push(QueueGroup::new(
+                shared_queues,
+                config.concurrency,
+                config.prefetch,
+            ));
+        }
+        for (queue, &limit) in &config.queue_concurrency {
+            groups.push(QueueGroup::new(vec![queue.clone()], limit, limit));
+            if !config.queues.contains(queue) {
+                config.queues.push(queue.clone());
+            }
+        }
         Ok(Worker {
             shared: Arc::new(Shared {
                 pool: self.pool,
@@ -294,7 +360,7 @@ impl WorkerBuilder {
                 handlers: self.handlers,
                 data: Arc::new(self.data),
                 claims: HeldClaims::default(),
-                wake: Notify::new(),
+                groups,
                 graceful: CancellationToken::new(),
                 hard: CancellationToken::new(),
                 counters: Counters::default(),
@@ -313,13 +379,53 @@ pub(crate) struct Shared {
     /// Values shared with handlers through [`JobContext::data`](crate::JobContext::data).
     pub(crate) data: Arc<DataMap>,
     pub(crate) claims: HeldClaims,
-    /// Wakes the producer: a notification arrived or a listener reconnected.
-    pub(crate) wake: Notify,
+    /// One producer and executor pool per group.
+    pub(crate) groups: Vec<QueueGroup>,
     /// Phase one of shutdown: stop claiming.
     pub(crate) graceful: CancellationToken,
     /// Phase two: stop handlers and release their jobs now.
     pub(crate) hard: CancellationToken,
     pub(crate) counters: Counters,
+}
+
+/// Queues claimed by one producer into one buffer, sharing one pool of slots.
+pub(crate) struct QueueGroup {
+    pub(crate) queues: Vec<String>,
+    pub(crate) concurrency: usize,
+    pub(crate) prefetch: usize,
+    /// Wakes this group's producer: a notification arrived or the listener reconnected.
+    pub(crate) wake: Notify,
+}
+
+impl QueueGroup {
+    fn new(queues: Vec<String>, concurrency: usize, prefetch: usize) -> Self {
+        Self {
+            queues,
+            concurrency,
+            prefetch,
+            wake: Notify::new(),
+        }
+    }
+}
+
+impl Shared {
+    /// Wakes the producer of every group.
+    pub(crate) fn wake_all(&self) {
+        for group in &self.groups {
+            group.wake.notify_one();
+        }
+    }
+
+    /// Wakes the producer that claims from `queue`, if any.
+    pub(crate) fn wake_queue(&self, queue: &str) {
+        if let Some(group) = self
+            .groups
+            .iter()
+            .find(|g| g.queues.iter().any(|q| q == queue))
+        {
+            group.wake.notify_one();
+        }
+    }
 }
 
 /// Outcome counters of one [`Worker::run`].
@@ -449,28 +555,49 @@ impl Worker {
         tasks.spawn(listener::listen(shared.clone(), background.clone()));
         tasks.spawn(heartbeat::beat(shared.clone(), background.clone()));
         tasks.spawn(reaper::reap(shared.clone(), background.clone()));
+        tasks.spawn(dependencies::sweep(shared.clone(), background.clone()));
+        if let Some(interval) = config.cron_interval {
+            let defined = config.cron_schedules.clone();
+            tasks.spawn(cron::schedule(
+                shared.clone(),
+                defined,
+                interval,
+                background.clone(),
+            ));
+        }
         if let Some(interval) = config.prune_interval {
             tasks.spawn(pruner::prune(shared.clone(), interval, background.clone()));
         }
 
         let (outcome_tx, outcome_rx) = mpsc::unbounded_channel();
         let completer = tokio::spawn(completer::complete(shared.clone(), outcome_rx));
-        let (buffer_tx, buffer_rx) = mpsc::channel(config.prefetch);
-        let space = Arc::new(Notify::new());
-        let producer = tokio::spawn(producer::produce(shared.clone(), buffer_tx, space.clone()));
         let executors = TaskTracker::new();
-        let dispatcher = tokio::spawn(executor::dispatch(
-            shared.clone(),
-            buffer_rx,
-            space,
-            outcome_tx,
-            executors.clone(),
-        ));
+        let mut pipelines = Vec::new();
+        for group in 0..shared.groups.len() {
+            let (buffer_tx, buffer_rx) = mpsc::channel(shared.groups[group].prefetch);
+            let space = Arc::new(Notify::new());
+            pipelines.push(tokio::spawn(producer::produce(
+                shared.clone(),
+                group,
+                buffer_tx,
+                space.clone(),
+            )));
+            pipelines.push(tokio::spawn(executor::dispatch(
+                shared.clone(),
+                group,
+                buffer_rx,
+                space,
+                outcome_tx.clone(),
+                executors.clone(),
+            )));
+        }
+        drop(outcome_tx);
 
         shared.graceful.cancelled().await;
         tracing::info!(worker_id = %config.worker_id, "shutting down: no new claims");
-        join_logged("producer", producer).await;
-        join_logged("dispatcher", dispatcher).await;
+        for task in pipelines {
+            join_logged("producer or dispatcher", task).await;
+        }
         executors.close();
         tokio::select! {
             () = executors.wait() => {}

@@ -16,12 +16,14 @@ use crate::db::jobs::{ClaimedJob, jobs_any_active, jobs_claim_batch};
 /// dispatcher that no more jobs will come.
 pub(super) async fn produce(
     shared: Arc<Shared>,
+    group: usize,
     buffer: mpsc::Sender<ClaimedJob>,
     space: Arc<Notify>,
 ) {
     let config = &shared.config;
+    let group = &shared.groups[group];
     // Refill once a quarter of the buffer is free, so claims are batches, not trickles.
-    let refill_at = (config.prefetch / 4).max(1);
+    let refill_at = (group.prefetch / 4).max(1);
     let mut failures = 0u32;
     while !shared.graceful.is_cancelled() {
         let free = buffer.capacity();
@@ -34,7 +36,7 @@ pub(super) async fn produce(
         let limit = free.min(config.batch_max);
         let claimed = jobs_claim_batch(
             &shared.pool,
-            &config.queues,
+            &group.queues,
             &shared.kinds,
             limit as i64,
             &config.worker_id,
@@ -76,7 +78,7 @@ pub(super) async fn produce(
         }
         tokio::select! {
             () = shared.graceful.cancelled() => break,
-            () = shared.wake.notified() => {}
+            () = group.wake.notified() => {}
             () = sleep_jittered(config.poll_interval) => {}
         }
     }

@@ -24,7 +24,9 @@ pub async fn run(explicit_url: Option<&str>) -> anyhow::Result<()> {
             url.clone()
         }
         DatabaseSource::Local(url) => {
-            println!("Using the local Postgres on 127.0.0.1:5432, database `{DEMO_DATABASE}` (recreated).");
+            println!(
+                "Using the local Postgres on 127.0.0.1:5432, database `{DEMO_DATABASE}` (recreated)."
+            );
             recreate_database(url).await?
         }
         DatabaseSource::Embedded(server) => {
@@ -45,7 +47,9 @@ pub async fn run(explicit_url: Option<&str>) -> anyhow::Result<()> {
 
     enqueue_examples(&pool).await?;
 
-    println!("\nRunning a worker (kinds noop and sleep, concurrency 16) until nothing is left to do…");
+    println!(
+        "\nRunning a worker (kinds noop and sleep, concurrency 16) until nothing is left to do…"
+    );
     let started = Instant::now();
     let summary = Worker::builder(pool.clone())
         .register::<Noop>()
@@ -91,20 +95,26 @@ async fn enqueue_examples(pool: &PgPool) -> anyhow::Result<()> {
     let id: i64 = sqlx::query_scalar("SELECT skiplock.enqueue('sleep', '{\"ms\": 50}')")
         .fetch_one(pool)
         .await?;
-    println!("Enqueued job {id} with plain SQL: SELECT skiplock.enqueue('sleep', '{{\"ms\": 50}}').");
+    println!(
+        "Enqueued job {id} with plain SQL: SELECT skiplock.enqueue('sleep', '{{\"ms\": 50}}')."
+    );
 
     // 5. Bad args: the job goes `dead` with a clear error instead of retrying forever.
     let bad = skiplock::enqueue_raw(pool, &[NewJob::new("sleep", json!({"ms": "soon"}))]).await?[0];
-    println!("Enqueued job {bad} of kind `sleep` with args {{\"ms\": \"soon\"}} (they cannot decode).");
+    println!(
+        "Enqueued job {bad} of kind `sleep` with args {{\"ms\": \"soon\"}} (they cannot decode)."
+    );
 
     // 6. A kind no worker here knows: it waits, untouched.
-    let unknown = skiplock::enqueue_raw(pool, &[NewJob::new("resize_image", json!({"w": 64}))]).await?[0];
+    let unknown =
+        skiplock::enqueue_raw(pool, &[NewJob::new("resize_image", json!({"w": 64}))]).await?[0];
     println!("Enqueued job {unknown} of kind `resize_image`, which this worker does not run.");
 
     // 7. A job scheduled for later.
     let later = skiplock::enqueue_raw(
         pool,
-        &[NewJob::new("noop", json!({})).with_options(EnqueueOptions::new().run_after(Duration::from_secs(3600)))],
+        &[NewJob::new("noop", json!({}))
+            .with_options(EnqueueOptions::new().run_after(Duration::from_secs(3600)))],
     )
     .await?[0];
     println!("Enqueued job {later} to run in one hour.");

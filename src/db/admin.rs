@@ -1,0 +1,154 @@
+//! Statements operators run: listing and inspecting jobs, stats from the operator views,
+//! bulk retry and pruning on demand. Used by the `skiplock` binary and by [`crate::stats`].
+//!
+//! The views and `skiplock.retry_dead_jobs` come from `migrations/0003_operator_views.sql`.
+
+use chrono::{DateTime, Utc};
+use serde_json::Value;
+use sqlx::types::Json;
+use sqlx::{FromRow, PgExecutor};
+
+use crate::db::jobs::JobRow;
+use crate::job::{JobId, JobState};
+
+/// Which jobs [`jobs_list`] returns. Empty filters match everything.
+#[derive(Debug, Clone, Default)]
+pub struct JobFilter {
+    /// Any of these states (all states when empty).
+    pub states: Vec<JobState>,
+    /// Only this queue.
+    pub queue: Option<String>,
+    /// Only this kind.
+    pub kind: Option<String>,
+    /// At most this many jobs, newest first.
+    pub limit: i64,
+}
+
+/// Jobs matching `filter`, newest (highest id) first.
+///
+/// The states are bound as text and cast to `skiplock.job_state[]` in SQL, so the filter
+/// can use the state indexes without a Rust-side array type for the enum.
+pub async fn jobs_list(db: impl PgExecutor<'_>, filter: &JobFilter) -> sqlx::Result<Vec<JobRow>> {
+    let states: Vec<&str> = filter.states.iter().map(|s| s.as_str()).collect();
+    sqlx::query_as(
+        "SELECT * FROM skiplock.jobs
+         WHERE (cardinality($1::text[]) = 0 OR state = ANY ($1::text[]::skiplock.job_state[]))
+           AND ($2::text IS NULL OR queue = $2)
+           AND ($3::text IS NULL OR kind = $3)
+         ORDER BY id DESC
+         LIMIT $4",
+    )
+    .bind(&states)
+    .bind(filter.queue.as_deref())
+    .bind(filter.kind.as_deref())
+    .bind(filter.limit)
+    .fetch_all(db)
+    .await
+}
+
+/// One job as a JSON object with every column of `skiplock.jobs`, including columns this
+/// build does not model in [`JobRow`] (so `skiplock show` never hides one).
+pub async fn jobs_get_json(db: impl PgExecutor<'_>, id: JobId) -> sqlx::Result<Option<Value>> {
+    sqlx::query_scalar("SELECT to_jsonb(j) FROM skiplock.jobs j WHERE id = $1")
+        .bind(id.0)
+        .fetch_optional(db)
+        .await
+}
+
+/// The state of one job, `None` if it does not exist.
+pub async fn jobs_get_state(db: impl PgExecutor<'_>, id: JobId) -> sqlx::Result<Option<JobState>> {
+    sqlx::query_scalar("SELECT state FROM skiplock.jobs WHERE id = $1")
+        .bind(id.0)
+        .fetch_optional(db)
+        .await
+}
+
+/// The jobs `id` depends on (its parents) and the jobs that depend on it (its dependants),
+/// each with its current state, parents first, by id.
+pub async fn job_dependencies_of(
+    db: impl PgExecutor<'_>,
+    id: JobId,
+) -> sqlx::Result<Vec<DependencyRow>> {
+    sqlx::query_as(
+        "SELECT 'parent' AS relation, d.parent_id AS id, p.state
+         FROM skiplock.job_dependencies d JOIN skiplock.jobs p ON p.id = d.parent_id
+         WHERE d.job_id = $1
+         UNION ALL
+         SELECT 'dependant', d.job_id, c.state
+         FROM skiplock.job_dependencies d JOIN skiplock.jobs c ON c.id = d.job_id
+         WHERE d.parent_id = $1
+         ORDER BY relation DESC, id",
+    )
+    .bind(id.0)
+    .fetch_all(db)
+    .await
+}
+
+/// A dependency edge as [`job_dependencies_of`] returns it.
+#[derive(Debug, Clone, FromRow, serde::Serialize)]
+pub struct DependencyRow {
+    /// `parent` (the job waits for it) or `dependant` (it waits for the job).
+    pub relation: String,
+    /// The other job's id.
+    pub id: i64,
+    /// The other job's state.
+    pub state: JobState,
+}
+
+/// Puts every dead job of `queue` (of all queues when `None`) back in line to run now
+/// (`skiplock.retry_dead_jobs`); returns the ids retried, ascending.
+pub async fn jobs_retry_dead(
+    db: impl PgExecutor<'_>,
+    queue: Option<&str>,
+) -> sqlx::Result<Vec<JobId>> {
+    let ids: Vec<i64> = sqlx::query_scalar("SELECT id FROM skiplock.retry_dead_jobs($1) AS r(id)")
+        .bind(queue)
+        .fetch_all(db)
+        .await?;
+    Ok(ids.into_iter().map(JobId).collect())
+}
+
+/// One row of the `skiplock.stats` view: the numbers of one queue and kind.
+#[derive(Debug, Clone, serde::Deserialize)]
+pub struct StatsRow {
+    /// Queue name.
+    pub queue: String,
+    /// Job kind.
+    pub kind: String,
+    /// Whether the queue is paused.
+    pub paused: bool,
+    /// Queued and due.
+    pub runnable: i64,
+    /// Queued, due later (including retries in backoff).
+    pub scheduled: i64,
+    /// Waiting for parent jobs.
+    pub waiting: i64,
+    /// Claimed by a worker.
+    pub running: i64,
+    /// Succeeded within the last hour.
+    pub succeeded_last_hour: i64,
+    /// Went dead within the last hour.
+    pub dead_last_hour: i64,
+    /// Succeeded within the last minute.
+    pub succeeded_last_minute: i64,
+    /// Seconds since the oldest runnable job became due (0 when none is).
+    pub lag_seconds: f64,
+    /// Successes per second over the last minute.
+    pub per_second: f64,
+}
+
+/// Every row of the `skiplock.stats` view, by queue and kind, with the database's clock.
+///
+/// One statement (rows aggregated into a JSON array), so the clock and the numbers come
+/// from the same snapshot and an empty table still yields the time.
+pub async fn stats_by_queue_kind(
+    db: impl PgExecutor<'_>,
+) -> sqlx::Result<(DateTime<Utc>, Vec<StatsRow>)> {
+    let (at, rows): (DateTime<Utc>, Json<Vec<StatsRow>>) = sqlx::query_as(
+        "SELECT now(), coalesce(jsonb_agg(to_jsonb(s) ORDER BY s.queue, s.kind), '[]')
+         FROM skiplock.stats s",
+    )
+    .fetch_one(db)
+    .await?;
+    Ok((at, rows.0))
+}

@@ -267,6 +267,8 @@ pub struct SavedJob {
     pub state: JobState,
     /// Whether `skiplock.job_dependencies` names it as a parent.
     pub has_dependants: bool,
+    /// Whether it belongs to an ordering lane (its successor may be claimable now).
+    pub in_lane: bool,
 }
 
 /// Marks held jobs `succeeded`; returns those whose claim was still valid.
@@ -290,7 +292,8 @@ pub async fn jobs_complete_many(
          WHERE j.id = held.id
          RETURNING j.id, j.state,
                    EXISTS (SELECT 1 FROM skiplock.job_dependencies d WHERE d.parent_id = j.id)
-                       AS has_dependants",
+                       AS has_dependants,
+                   j.ordering_key IS NOT NULL AS in_lane",
     )
     .bind(ids)
     .bind(tokens)
@@ -390,7 +393,8 @@ pub async fn jobs_fail_many(
          WHERE j.id = f.id
          RETURNING j.id, j.state,
                    EXISTS (SELECT 1 FROM skiplock.job_dependencies d WHERE d.parent_id = j.id)
-                       AS has_dependants",
+                       AS has_dependants,
+                   j.ordering_key IS NOT NULL AS in_lane",
     )
     .bind(&batch.ids)
     .bind(&batch.tokens)

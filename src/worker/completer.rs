@@ -85,12 +85,13 @@ async fn save(shared: &Shared, batch: &mut Vec<Finished>) {
     }
     let counters = &shared.counters;
     let mut parents = Vec::new();
+    let mut lanes_moved = false;
     if !done.0.is_empty() {
         let saved = write(shared, "complete", || {
             jobs_complete_many(&shared.pool, &done.0, &done.1)
         })
         .await;
-        let kept = saved.map(|rows| settled_ids(rows, &mut parents));
+        let kept = saved.map(|rows| settled_ids(rows, &mut parents, &mut lanes_moved));
         settle(
             shared,
             &done.0,
@@ -101,7 +102,7 @@ async fn save(shared: &Shared, batch: &mut Vec<Finished>) {
     }
     if !failed.is_empty() {
         let saved = write(shared, "fail", || jobs_fail_many(&shared.pool, &failed)).await;
-        let kept = saved.map(|rows| settled_ids(rows, &mut parents));
+        let kept = saved.map(|rows| settled_ids(rows, &mut parents, &mut lanes_moved));
         settle(
             shared,
             &failed.ids,
@@ -132,16 +133,22 @@ async fn save(shared: &Shared, batch: &mut Vec<Finished>) {
         .await;
     }
     shared.claims.remove_many(&settled);
+    if lanes_moved {
+        // The next job of a lane became its head; claim it now rather than at the next poll.
+        shared.wake_all();
+    }
     if shared.config.exit_when_idle && shared.claims.len() == 0 {
         // The producer may be waiting only to notice that the worker went idle.
         shared.wake_all();
     }
 }
 
-/// Ids of saved jobs; those that finished and have dependants go to `parents`.
-fn settled_ids(rows: Vec<SavedJob>, parents: &mut Vec<i64>) -> Vec<i64> {
+/// Ids of saved jobs; those that finished and have dependants go to `parents`, and
+/// `lanes_moved` notes whether a lane's head finished.
+fn settled_ids(rows: Vec<SavedJob>, parents: &mut Vec<i64>, lanes_moved: &mut bool) -> Vec<i64> {
     rows.into_iter()
         .map(|row| {
+            *lanes_moved |= row.in_lane && row.state != JobState::Queued;
             if row.has_dependants && row.state != JobState::Queued {
                 parents.push(row.id);
             }

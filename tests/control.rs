@@ -1,0 +1,417 @@
+//! Cron schedules, queue pause and per-queue concurrency, timeouts, cancellation, progress
+//! and output.
+
+mod common;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use common::fixtures::{Record, Recorder, Slow, count_in_state, fast_worker, state_of, wait_for};
+use common::test_db;
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+use skiplock::cron::{CronSchedule, MissedSlots};
+use skiplock::{EnqueueOptions, Error, Job, JobContext, JobError, JobState};
+use sqlx::PgPool;
+
+async fn cron_jobs(pool: &PgPool) -> Vec<(i64, chrono::DateTime<chrono::Utc>)> {
+    sqlx::query_as("SELECT id, scheduled_at FROM skiplock.jobs WHERE kind = 'record' ORDER BY id")
+        .fetch_all(pool)
+        .await
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_cron_slot_produces_exactly_one_job_with_several_workers() {
+    let db = test_db().await;
+    let pool = &db.pool;
+    let every_second = CronSchedule::new("tick", "* * * * * *", "record").args(json!({"n": 1}));
+    let mut stops = Vec::new();
+    let mut runs = Vec::new();
+    for i in 0..3 {
+        let worker = fast_worker(pool, &Recorder::default())
+            .worker_id(format!("cron-{i}"))
+            .cron(every_second.clone())
+            .cron_interval(Some(Duration::from_millis(50)))
+            .build()
+            .unwrap();
+        stops.push(worker.shutdown_handle());
+        runs.push(tokio::spawn(worker.run()));
+    }
+    wait_for("four cron jobs", Duration::from_secs(20), || async {
+        cron_jobs(pool).await.len() >= 4
+    })
+    .await;
+    for stop in stops {
+        stop.shutdown();
+    }
+    for run in runs {
+        run.await.unwrap().unwrap();
+    }
+    let jobs = cron_jobs(pool).await;
+    let mut slots: Vec<_> = jobs.iter().map(|(_, slot)| *slot).collect();
+    slots.dedup();
+    assert_eq!(slots.len(), jobs.len(), "one job per slot: {jobs:?}");
+    for (_, slot) in &jobs {
+        assert_eq!(
+            slot.timestamp_subsec_nanos(),
+            0,
+            "slots fall on whole seconds"
+        );
+    }
+    let last_job: Option<i64> =
+        sqlx::query_scalar("SELECT last_job_id FROM skiplock.cron_schedules WHERE name = 'tick'")
+            .fetch_one(pool)
+            .await
+            .unwrap();
+    assert_eq!(last_job, jobs.iter().map(|(id, _)| *id).max());
+}
+
+#[tokio::test]
+async fn missed_slots_follow_the_schedule_policy() {
+    let db = test_db().await;
+    let pool = &db.pool;
+    // Midnight on January 1st; the last slot done was years ago, so many slots were missed.
+    for (name, missed) in [("latest", MissedSlots::Latest), ("skip", MissedSlots::Skip)] {
+        let schedule = CronSchedule::new(name, "0 0 1 1 *", "record")
+            .args(json!({"n": 1}))
+            .missed(missed);
+        skiplock::cron::upsert(pool, &schedule).await.unwrap();
+    }
+    sqlx::query("UPDATE skiplock.cron_schedules SET last_slot_at = now() - interval '3 years'")
+        .execute(pool)
+        .await
+        .unwrap();
+    let worker = fast_worker(pool, &Recorder::default())
+        .cron_interval(Some(Duration::from_millis(50)))
+        .build()
+        .unwrap();
+    let stop = worker.shutdown_handle();
+    let run = tokio::spawn(worker.run());
+    wait_for("both schedules to catch up", Duration::from_secs(10), || async {
+        sqlx::query_scalar::<_, bool>(
+            "SELECT bool_and(last_slot_at > now() - interval '1 year') FROM skiplock.cron_schedules",
+        )
+        .fetch_one(pool)
+        .await
+        .unwrap()
+    })
+    .await;
+    stop.shutdown();
+    run.await.unwrap().unwrap();
+
+    let rows: Vec<(String, Option<i64>, chrono::DateTime<chrono::Utc>)> = sqlx::query_as(
+        "SELECT name, last_job_id, last_slot_at FROM skiplock.cron_schedules ORDER BY name",
+    )
+    .fetch_all(pool)
+    .await
+    .unwrap();
+    let jobs = cron_jobs(pool).await;
+    assert_eq!(
+        jobs.len(),
+        1,
+        "only the latest missed slot ran, and only for `latest`"
+    );
+    assert_eq!(rows[0].0, "latest");
+    assert_eq!(rows[0].1, Some(jobs[0].0));
+    assert_eq!(jobs[0].1, rows[0].2, "the job carries its slot");
+    assert_eq!(rows[1].0, "skip");
+    assert_eq!(rows[1].1, None);
+    assert_eq!(
+        rows[1].2, rows[0].2,
+        "skip marked the same slot done without a job"
+    );
+}
+
+#[tokio::test]
+async fn bad_cron_expressions_are_rejected_with_their_position() {
+    let db = test_db().await;
+    let error = skiplock::cron::upsert(&db.pool, &CronSchedule::new("bad", "0 25 * * *", "record"))
+        .await
+        .unwrap_err();
+    assert!(matches!(error, Error::InvalidCron(_)));
+    assert!(
+        error.to_string().starts_with(
+            "invalid cron expression `0 25 * * *`: hour field `25` (characters 3-4) is wrong"
+        ),
+        "{error}"
+    );
+    let error = fast_worker(&db.pool, &Recorder::default())
+        .cron(CronSchedule::new("bad", "*/5 * * *", "record"))
+        .build()
+        .err()
+        .unwrap();
+    assert!(error.to_string().contains("expected 5 fields"), "{error}");
+
+    // A bad schedule written with SQL is flagged on its row, and other schedules still run.
+    sqlx::query(
+        "INSERT INTO skiplock.cron_schedules (name, expression, kind) VALUES ('sql-bad', '61 * * * *', 'record')",
+    )
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    let worker = fast_worker(&db.pool, &Recorder::default())
+        .cron_interval(Some(Duration::from_millis(50)))
+        .build()
+        .unwrap();
+    let stop = worker.shutdown_handle();
+    let run = tokio::spawn(worker.run());
+    wait_for(
+        "the error to be recorded",
+        Duration::from_secs(10),
+        || async {
+            sqlx::query_scalar::<_, Option<String>>(
+                "SELECT last_error FROM skiplock.cron_schedules WHERE name = 'sql-bad'",
+            )
+            .fetch_one(&db.pool)
+            .await
+            .unwrap()
+            .is_some_and(|e| e.contains("minute field `61`"))
+        },
+    )
+    .await;
+    stop.shutdown();
+    run.await.unwrap().unwrap();
+}
+
+#[tokio::test]
+async fn a_paused_queue_claims_nothing_until_resumed() {
+    let db = test_db().await;
+    let pool = &db.pool;
+    let held = skiplock::enqueue_with(pool, &Record { n: 1 }, EnqueueOptions::new().queue("mail"))
+        .await
+        .unwrap();
+    skiplock::pause_queue(pool, "mail").await.unwrap();
+    let free = skiplock::enqueue(pool, &Record { n: 2 }).await.unwrap();
+    let recorder = Recorder::default();
+    let worker = fast_worker(pool, &recorder)
+        .queues(["default", "mail"])
+        .build()
+        .unwrap();
+    let stop = worker.shutdown_handle();
+    let run = tokio::spawn(worker.run());
+    wait_for(
+        "the default queue's job",
+        Duration::from_secs(10),
+        || async { state_of(pool, free.0).await == JobState::Succeeded },
+    )
+    .await;
+    // The worker polls every 100 ms; the paused job is still untouched after it claimed
+    // the free one.
+    let row = skiplock::job(pool, held).await.unwrap().unwrap();
+    assert_eq!((row.state, row.attempt), (JobState::Queued, 0));
+
+    sqlx::query("SELECT skiplock.resume_queue('mail')")
+        .execute(pool)
+        .await
+        .unwrap();
+    wait_for(
+        "the resumed queue's job",
+        Duration::from_secs(10),
+        || async { state_of(pool, held.0).await == JobState::Succeeded },
+    )
+    .await;
+    stop.shutdown();
+    run.await.unwrap().unwrap();
+}
+
+/// Counts how many run at once.
+#[derive(Serialize, Deserialize, Clone)]
+struct Gauge {}
+
+#[derive(Default)]
+struct Concurrency {
+    now: AtomicUsize,
+    max: AtomicUsize,
+}
+
+impl Job for Gauge {
+    const KIND: &'static str = "gauge";
+
+    async fn run(self, ctx: JobContext) -> Result<(), JobError> {
+        let c = ctx.data::<Arc<Concurrency>>().unwrap();
+        let now = c.now.fetch_add(1, Ordering::SeqCst) + 1;
+        c.max.fetch_max(now, Ordering::SeqCst);
+        tokio::time::sleep(Duration::from_millis(30)).await;
+        c.now.fetch_sub(1, Ordering::SeqCst);
+        Ok(())
+    }
+}
+
+#[tokio::test]
+async fn per_queue_concurrency_caps_a_queue() {
+    let db = test_db().await;
+    let pool = &db.pool;
+    skiplock::enqueue_many(
+        pool,
+        &vec![Gauge {}; 30],
+        EnqueueOptions::new().queue("narrow"),
+    )
+    .await
+    .unwrap();
+    let concurrency = Arc::new(Concurrency::default());
+    fast_worker(pool, &Recorder::default())
+        .data(concurrency.clone())
+        .register::<Gauge>()
+        .concurrency(32)
+        .queue_concurrency("narrow", 2)
+        .exit_when_idle(true)
+        .build()
+        .unwrap()
+        .run()
+        .await
+        .unwrap();
+    assert_eq!(count_in_state(pool, JobState::Succeeded).await, 30);
+    assert!(
+        concurrency.max.load(Ordering::SeqCst) <= 2,
+        "at most two at once"
+    );
+}
+
+/// Never finishes on its own; limited by its kind's timeout.
+#[derive(Serialize, Deserialize, Clone)]
+struct Stuck {}
+
+impl Job for Stuck {
+    const KIND: &'static str = "stuck";
+
+    async fn run(self, _ctx: JobContext) -> Result<(), JobError> {
+        std::future::pending::<()>().await;
+        Ok(())
+    }
+
+    fn timeout() -> Option<Duration> {
+        Some(Duration::from_millis(200))
+    }
+
+    fn retry_delay(_attempt: i32) -> Duration {
+        Duration::from_millis(10)
+    }
+}
+
+#[tokio::test]
+async fn a_kind_timeout_stops_the_handler_and_fails_the_attempt() {
+    let db = test_db().await;
+    let pool = &db.pool;
+    let id = skiplock::enqueue_with(pool, &Stuck {}, EnqueueOptions::new().max_attempts(2))
+        .await
+        .unwrap();
+    let worker = fast_worker(pool, &Recorder::default())
+        .register::<Stuck>()
+        .build()
+        .unwrap();
+    let stop = worker.shutdown_handle();
+    let run = tokio::spawn(worker.run());
+    wait_for("the job to die", Duration::from_secs(10), || async {
+        state_of(pool, id.0).await == JobState::Dead
+    })
+    .await;
+    stop.shutdown();
+    run.await.unwrap().unwrap();
+    let row = skiplock::job(pool, id).await.unwrap().unwrap();
+    assert_eq!(row.attempt, 2, "retried once, then dead");
+    assert_eq!(
+        row.last_error.as_deref(),
+        Some("timed out after 200ms (kind `stuck`)")
+    );
+}
+
+#[tokio::test]
+async fn cancelling_a_queued_job_means_it_never_runs() {
+    let db = test_db().await;
+    let pool = &db.pool;
+    let id = skiplock::enqueue(pool, &Record { n: 1 }).await.unwrap();
+    assert!(skiplock::cancel(pool, id).await.unwrap());
+    assert!(
+        !skiplock::cancel(pool, id).await.unwrap(),
+        "already cancelled"
+    );
+    let recorder = Recorder::default();
+    fast_worker(pool, &recorder)
+        .exit_when_idle(true)
+        .build()
+        .unwrap()
+        .run()
+        .await
+        .unwrap();
+    assert_eq!(recorder.total(), 0);
+    assert_eq!(state_of(pool, id.0).await, JobState::Cancelled);
+}
+
+#[tokio::test]
+async fn cancelling_a_running_job_stops_its_handler_at_once() {
+    let db = test_db().await;
+    let pool = &db.pool;
+    let id = skiplock::enqueue(pool, &Slow { ms: 600_000 })
+        .await
+        .unwrap();
+    let recorder = Recorder::default();
+    // Heartbeats every 20 s: only the cancel notification can stop the handler in time.
+    let worker = fast_worker(pool, &recorder)
+        .heartbeat(Duration::from_secs(20), Duration::from_secs(60))
+        .concurrency(1)
+        .build()
+        .unwrap();
+    let stop = worker.shutdown_handle();
+    let run = tokio::spawn(worker.run());
+    wait_for("the job to start", Duration::from_secs(10), || async {
+        recorder.total() == 1
+    })
+    .await;
+    let cancelled: bool = sqlx::query_scalar("SELECT skiplock.cancel_job($1)")
+        .bind(id.0)
+        .fetch_one(pool)
+        .await
+        .unwrap();
+    assert!(cancelled);
+    let next = skiplock::enqueue(pool, &Record { n: 2 }).await.unwrap();
+    wait_for(
+        "the freed slot to run the next job",
+        Duration::from_secs(10),
+        || async { recorder.runs().contains_key(&next.0) },
+    )
+    .await;
+    stop.shutdown();
+    let summary = run.await.unwrap().unwrap();
+    assert_eq!(summary.lost, 1);
+    assert_eq!(state_of(pool, id.0).await, JobState::Cancelled);
+}
+
+/// Reports progress and output.
+#[derive(Serialize, Deserialize, Clone)]
+struct Report {}
+
+impl Job for Report {
+    const KIND: &'static str = "report";
+
+    async fn run(self, ctx: JobContext) -> Result<(), JobError> {
+        ctx.set_progress(json!({"done": 1, "of": 2})).await?;
+        ctx.set_output(json!({"rows": 42})).await?;
+        Ok(())
+    }
+}
+
+#[tokio::test]
+async fn handlers_record_progress_and_output_for_operators() {
+    let db = test_db().await;
+    let pool = &db.pool;
+    let id = skiplock::enqueue(pool, &Report {}).await.unwrap();
+    fast_worker(pool, &Recorder::default())
+        .register::<Report>()
+        .exit_when_idle(true)
+        .build()
+        .unwrap()
+        .run()
+        .await
+        .unwrap();
+    let (state, progress, output): (JobState, serde_json::Value, serde_json::Value) =
+        sqlx::query_as("SELECT state, progress, output FROM skiplock.jobs WHERE id = $1")
+            .bind(id.0)
+            .fetch_one(pool)
+            .await
+            .unwrap();
+    assert_eq!(state, JobState::Succeeded);
+    assert_eq!(progress, json!({"done": 1, "of": 2}));
+    assert_eq!(output, json!({"rows": 42}));
+}

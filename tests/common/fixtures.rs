@@ -120,7 +120,7 @@ impl Job for Panics {
 }
 
 /// A worker builder with short intervals so tests settle in well under a second: claims
-/// heartbeat every 100 ms and go stale after 1 s; the fallback poll is 100 ms.
+/// heartbeat every 100 ms and go stale after 3 s (generous, so a loaded machine never reaps a live claim); the fallback poll is 100 ms.
 pub fn fast_worker(pool: &PgPool, recorder: &Recorder) -> WorkerBuilder {
     Worker::builder(pool.clone())
         .data(recorder.clone())
@@ -129,7 +129,7 @@ pub fn fast_worker(pool: &PgPool, recorder: &Recorder) -> WorkerBuilder {
         .register::<Slow>()
         .register::<Panics>()
         .poll_interval(Duration::from_millis(100))
-        .heartbeat(Duration::from_millis(100), Duration::from_secs(1))
+        .heartbeat(Duration::from_millis(100), Duration::from_secs(3))
         .reap_interval(Duration::from_millis(100))
         .prune_interval(None)
 }

@@ -3,6 +3,7 @@
 //! Because every function takes `impl PgExecutor`, "enqueue inside my transaction" needs no
 //! special API: pass `&mut *tx`, and the job exists if and only if the transaction commits.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use serde_json::Value;
@@ -175,8 +176,62 @@ fn refused(error: sqlx::Error) -> Error {
     }
 }
 
+/// Default largest encoded `args` accepted by enqueue, in bytes (1 MiB). Big payloads
+/// belong in your own tables or object storage, with the job carrying a reference.
+pub const ARGS_MAX_BYTES_DEFAULT: usize = 1024 * 1024;
+
+/// 0 means "not set yet": read `SKIPLOCK_ARGS_MAX_BYTES` or use the default on first use.
+static ARGS_MAX_BYTES: AtomicUsize = AtomicUsize::new(0);
+
+/// The largest encoded `args` enqueue accepts, in bytes: set with [`set_args_max_bytes`],
+/// else the `SKIPLOCK_ARGS_MAX_BYTES` environment variable, else
+/// [`ARGS_MAX_BYTES_DEFAULT`].
+pub fn args_max_bytes() -> usize {
+    match ARGS_MAX_BYTES.load(Ordering::Relaxed) {
+        0 => {
+            let limit = std::env::var("SKIPLOCK_ARGS_MAX_BYTES")
+                .ok()
+                .and_then(|v| v.trim().parse::<usize>().ok())
+                .filter(|&n| n > 0)
+                .unwrap_or(ARGS_MAX_BYTES_DEFAULT);
+            ARGS_MAX_BYTES.store(limit, Ordering::Relaxed);
+            limit
+        }
+        limit => limit,
+    }
+}
+
+/// Sets the process-wide limit on encoded `args`, in bytes (at least 1).
+pub fn set_args_max_bytes(limit: usize) {
+    ARGS_MAX_BYTES.store(limit.max(1), Ordering::Relaxed);
+}
+
+/// Counts bytes without keeping them.
+struct ByteCounter(usize);
+
+impl std::io::Write for ByteCounter {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0 += buf.len();
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
 /// Checks what the database would otherwise reject with a less helpful message.
 fn validate(job: &NewJob) -> std::result::Result<(), String> {
+    let mut size = ByteCounter(0);
+    // Writing a Value to a counter cannot fail.
+    let _ = serde_json::to_writer(&mut size, &job.args);
+    let limit = args_max_bytes();
+    if size.0 > limit {
+        return Err(format!(
+            "args are {} bytes, over the limit of {limit} bytes; store large data elsewhere and pass a reference, or raise SKIPLOCK_ARGS_MAX_BYTES",
+            size.0
+        ));
+    }
     if job.kind.is_empty() {
         return Err("the kind is empty; name the handler that runs this job".into());
     }

@@ -67,7 +67,10 @@ pub mod stats;
 pub mod worker;
 
 pub use db::jobs::JobRow;
-pub use enqueue::{NewJob, enqueue, enqueue_many, enqueue_raw, enqueue_with};
+pub use enqueue::{
+    ARGS_MAX_BYTES_DEFAULT, NewJob, args_max_bytes, enqueue, enqueue_many, enqueue_raw,
+    enqueue_with, set_args_max_bytes,
+};
 pub use error::{Error, Result};
 pub use job::{
     EnqueueOptions, Fate, Job, JobContext, JobError, JobId, JobState, MAX_ATTEMPTS_DEFAULT,

@@ -212,3 +212,26 @@ async fn a_worker_refuses_an_unmigrated_database() {
         )
     );
 }
+
+#[tokio::test]
+async fn oversized_args_are_refused_with_the_limit_named() {
+    let db = test_db().await;
+    assert_eq!(skiplock::ARGS_MAX_BYTES_DEFAULT, 1024 * 1024);
+    let limit = skiplock::args_max_bytes();
+    let big = json!({ "blob": "x".repeat(limit) });
+    let error = skiplock::enqueue_raw(&db.pool, &[NewJob::new("noop", big)])
+        .await
+        .unwrap_err();
+    assert_eq!(
+        error.to_string(),
+        format!(
+            "invalid job: args are {} bytes, over the limit of {limit} bytes; store large data elsewhere and pass a reference, or raise SKIPLOCK_ARGS_MAX_BYTES",
+            limit + 11
+        )
+    );
+    let count: i64 = sqlx::query_scalar("SELECT count(*) FROM skiplock.jobs")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(count, 0);
+}

@@ -1,18 +1,36 @@
 //! The `skiplock` command: a thin layer of argument parsing over the library.
+//!
+//! Exit codes: 0 success, 1 failure (the message on stderr says what and what to do),
+//! 2 usage error (clap's message and usage).
 
+mod cancel;
 mod demo;
+mod enqueue;
+mod jobs;
 mod migrate;
+mod output;
+mod prune;
+mod retry;
+mod show;
+mod stats;
 mod work;
 
 use std::process::ExitCode;
 
 use anyhow::Context;
-use clap::{Parser, Subcommand, ValueEnum};
+use clap::{CommandFactory, Parser, Subcommand, ValueEnum};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 
 /// Postgres-backed job queue: enqueue in your transaction, run workers anywhere.
 #[derive(Parser)]
-#[command(name = "skiplock", version, about, propagate_version = true)]
+#[command(
+    name = "skiplock",
+    version,
+    about,
+    propagate_version = true,
+    after_help = "Exit codes: 0 success, 1 failure, 2 usage error.\n\n\
+                  Example: skiplock --database-url postgres://postgres@127.0.0.1/app jobs --state dead"
+)]
 struct Cli {
     /// Postgres URL, e.g. postgres://user@host:5432/db (default: local server on 127.0.0.1:5432).
     #[arg(long, env = "DATABASE_URL", global = true, hide_env_values = true)]
@@ -35,22 +53,45 @@ enum LogFormat {
 #[derive(Subcommand)]
 enum Command {
     /// Create or upgrade the skiplock schema (idempotent).
-    ///
-    /// Example: skiplock migrate --database-url postgres://postgres@127.0.0.1/app
+    #[command(
+        after_help = "Example:\n  skiplock migrate --database-url postgres://postgres@127.0.0.1/app"
+    )]
     Migrate,
     /// Run a worker: claim jobs of the built-in kinds and run them until stopped.
     ///
-    /// SIGINT/SIGTERM stops claiming and lets running jobs finish within the grace period;
-    /// a second signal releases everything at once.
-    ///
-    /// Example: skiplock work --queue default --queue mail --concurrency 64
+    /// Built-in kinds: noop, sleep ({"ms": N}), http (one HTTP request) and command (runs
+    /// a program; refused unless --allow-command names it). SIGINT/SIGTERM stops claiming
+    /// and lets running jobs finish within the grace period; a second signal releases
+    /// everything at once.
+    #[command(after_help = work::EXAMPLES)]
     Work(work::WorkArgs),
+    /// Enqueue one job, or many from an NDJSON file.
+    #[command(after_help = enqueue::EXAMPLES)]
+    Enqueue(enqueue::EnqueueArgs),
+    /// List jobs, newest first, optionally filtered by state, queue and kind.
+    #[command(after_help = jobs::EXAMPLES)]
+    Jobs(jobs::JobsArgs),
+    /// Show everything about one job: args, state, attempts, errors, output, dependencies.
+    #[command(after_help = show::EXAMPLES)]
+    Show(show::ShowArgs),
+    /// Put jobs back in line to run now: the given ids, or every dead job (of a queue).
+    #[command(after_help = retry::EXAMPLES)]
+    Retry(retry::RetryArgs),
+    /// Cancel jobs that have not finished; a running job's handler is stopped.
+    #[command(after_help = cancel::EXAMPLES)]
+    Cancel(cancel::CancelArgs),
+    /// Per queue and kind: runnable, scheduled, running, succeeded and dead in the last hour,
+    /// lag and jobs per second.
+    #[command(after_help = stats::EXAMPLES)]
+    Stats(stats::StatsArgs),
+    /// Delete finished jobs (succeeded, cancelled, dead) now.
+    #[command(after_help = prune::EXAMPLES)]
+    Prune(prune::PruneArgs),
     /// Show skiplock on a throwaway or given database: enqueue jobs, run them, show their states.
     ///
     /// Without DATABASE_URL it uses the local server (database `skiplock_demo`) or, if none
     /// answers on 127.0.0.1:5432, starts a temporary one from the installed Postgres binaries.
-    ///
-    /// Example: skiplock demo
+    #[command(after_help = "Example:\n  skiplock demo")]
     Demo,
 }
 
@@ -66,25 +107,59 @@ fn main() -> ExitCode {
     };
     match runtime.block_on(run(cli)) {
         Ok(()) => ExitCode::SUCCESS,
+        Err(e) if e.downcast_ref::<output::Reported>().is_some() => ExitCode::FAILURE,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            eprintln!("error: {e:#}{}", hint(&e));
             ExitCode::FAILURE
         }
     }
 }
 
 async fn run(cli: Cli) -> anyhow::Result<()> {
+    let url = cli.database_url.as_deref();
     match cli.command {
-        Command::Migrate => {
-            let pool = connect(cli.database_url.as_deref(), 2).await?;
-            migrate::run(&pool).await
-        }
+        Command::Migrate => migrate::run(&connect(url, 2).await?).await,
         Command::Work(args) => {
-            let connections = args.pool_size();
-            let pool = connect(cli.database_url.as_deref(), connections).await?;
+            let pool = connect(url, args.pool_size()).await?;
             work::run(pool, args).await
         }
-        Command::Demo => demo::run(cli.database_url.as_deref()).await,
+        Command::Enqueue(args) => enqueue::run(&connect(url, 2).await?, args).await,
+        Command::Jobs(args) => jobs::run(&connect(url, 2).await?, args).await,
+        Command::Show(args) => show::run(&connect(url, 2).await?, args).await,
+        Command::Retry(args) => retry::run(&connect(url, 2).await?, args).await,
+        Command::Cancel(args) => cancel::run(&connect(url, 2).await?, args).await,
+        Command::Stats(args) => stats::run(&connect(url, 2).await?, args).await,
+        Command::Prune(args) => prune::run(&connect(url, 2).await?, args).await,
+        Command::Demo => demo::run(url).await,
+    }
+}
+
+/// Exits with status 2 and clap's usage message, for argument combinations clap's
+/// declarations cannot express.
+pub fn usage_error(message: impl std::fmt::Display) -> ! {
+    Cli::command()
+        .error(clap::error::ErrorKind::ArgumentConflict, message)
+        .exit()
+}
+
+/// What to do about errors that mean "this database has no (current) skiplock schema".
+fn hint(error: &anyhow::Error) -> &'static str {
+    let code = error.chain().find_map(|cause| {
+        let db = match cause.downcast_ref::<skiplock::Error>() {
+            Some(skiplock::Error::Database(sqlx::Error::Database(db))) => db,
+            _ => match cause.downcast_ref::<sqlx::Error>() {
+                Some(sqlx::Error::Database(db)) => db,
+                _ => return None,
+            },
+        };
+        db.code().map(|c| c.into_owned())
+    });
+    match code.as_deref() {
+        // undefined_table, undefined_function, invalid_schema_name
+        Some("42P01" | "42883" | "3F000") => {
+            "; is the skiplock schema missing or old? run `skiplock migrate`"
+        }
+        _ => "",
     }
 }
 

@@ -3,15 +3,56 @@
 use std::time::Duration;
 
 use anyhow::Context;
-use clap::Args;
-use skiplock::builtin::{Noop, Sleep};
+use clap::{Args, ValueEnum};
+use skiplock::builtin::{Command, CommandConfig, Http, HttpConfig, Noop, Sleep};
 use skiplock::{ShutdownHandle, Worker};
+
+pub const EXAMPLES: &str = "\
+Examples:
+  skiplock work --queue default --queue mail --concurrency 64
+  skiplock work --kinds http --allow-http-host hooks.example.com --allow-http-host '*.internal'
+  skiplock work --kinds command --allow-command pg_dump --allow-command /usr/local/bin/resize
+  skiplock work --exit-when-idle        # drain what is runnable now, then exit 0
+
+A worker started without --allow-command refuses `command` jobs: each goes `dead` with a
+message saying so. Run such workers with --kinds noop,sleep,http in a fleet where other
+workers are allowed to run commands.";
+
+/// A built-in kind `work` can run.
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Kind {
+    Noop,
+    Sleep,
+    Http,
+    Command,
+}
 
 #[derive(Args)]
 pub struct WorkArgs {
     /// Queue to claim from; repeat for several (default: default).
     #[arg(long = "queue", value_name = "Q")]
     queues: Vec<String>,
+
+    /// Kinds to run, comma-separated (default: all built-in kinds).
+    #[arg(
+        long,
+        value_enum,
+        value_delimiter = ',',
+        value_name = "KINDS",
+        default_value = "noop,sleep,http,command"
+    )]
+    kinds: Vec<Kind>,
+
+    /// Host `http` jobs may reach; repeat for several. Forms: host, host:port, *.domain,
+    /// [ipv6]:port. Without any, `http` jobs may reach every host.
+    #[arg(long = "allow-http-host", value_name = "HOST")]
+    allow_http_hosts: Vec<String>,
+
+    /// Program `command` jobs may run, as the job writes it; repeat for several. `sh`
+    /// allows `"shell": true` jobs, `*` allows anything. Without any, `command` jobs are
+    /// refused.
+    #[arg(long = "allow-command", value_name = "PROGRAM")]
+    allow_commands: Vec<String>,
 
     /// Jobs run at once.
     #[arg(long, default_value_t = skiplock::worker::CONCURRENCY_DEFAULT)]
@@ -28,7 +69,7 @@ pub struct WorkArgs {
 
 impl WorkArgs {
     /// Connections the worker needs: claims, heartbeats, completions, the listener,
-    /// maintenance, with headroom.
+    /// maintenance, and handlers that record output, with headroom.
     pub fn pool_size(&self) -> u32 {
         8
     }
@@ -36,11 +77,51 @@ impl WorkArgs {
 
 pub async fn run(pool: sqlx::PgPool, args: WorkArgs) -> anyhow::Result<()> {
     let mut builder = Worker::builder(pool)
-        .register::<Noop>()
-        .register::<Sleep>()
         .concurrency(args.concurrency)
         .exit_when_idle(args.exit_when_idle)
         .shutdown_grace(Duration::from_secs(args.shutdown_grace));
+    if !args.kinds.contains(&Kind::Command) && !args.allow_commands.is_empty() {
+        crate::usage_error("--allow-command needs the `command` kind; add it to --kinds");
+    }
+    if !args.kinds.contains(&Kind::Http) && !args.allow_http_hosts.is_empty() {
+        crate::usage_error("--allow-http-host needs the `http` kind; add it to --kinds");
+    }
+    let mut kinds: Vec<Kind> = Vec::new();
+    for kind in &args.kinds {
+        if !kinds.contains(kind) {
+            kinds.push(*kind);
+        }
+    }
+    for kind in &kinds {
+        builder = match kind {
+            Kind::Noop => builder.register::<Noop>(),
+            Kind::Sleep => builder.register::<Sleep>(),
+            Kind::Http => {
+                let config = if args.allow_http_hosts.is_empty() {
+                    HttpConfig::any_host()
+                } else {
+                    HttpConfig::allow_hosts(&args.allow_http_hosts)
+                };
+                builder
+                    .register::<Http>()
+                    .data(config.context("invalid --allow-http-host")?)
+            }
+            Kind::Command => {
+                if args.allow_commands.is_empty() {
+                    tracing::warn!(
+                        "no --allow-command given: this worker refuses `command` jobs (each goes \
+                         `dead` saying so); pass --allow-command PROGRAM to run them, or \
+                         --kinds without `command` to leave them to other workers"
+                    );
+                    builder.register::<Command>()
+                } else {
+                    builder
+                        .register::<Command>()
+                        .data(CommandConfig::allow_programs(args.allow_commands.clone()))
+                }
+            }
+        };
+    }
     if !args.queues.is_empty() {
         builder = builder.queues(args.queues);
     }

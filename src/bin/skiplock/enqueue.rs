@@ -1,0 +1,381 @@
+//! `skiplock enqueue`: one job from the command line, or many from an NDJSON file, all
+//! in one transaction.
+
+use std::io::BufRead;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use chrono::{DateTime, Utc};
+use clap::Args;
+use indicatif::{ProgressBar, ProgressStyle};
+use serde::Deserialize;
+use serde_json::{Value, json};
+use skiplock::{EnqueueOptions, JobId, NewJob, UniquePolicy};
+use sqlx::{Acquire, PgConnection, PgPool};
+
+use crate::output::{parse_duration, parse_time, print_json};
+
+pub const EXAMPLES: &str = r#"Examples:
+  skiplock enqueue noop
+  skiplock enqueue http '{"url": "https://hooks.example.com/x", "method": "POST", "body": {"a": 1}}'
+  skiplock enqueue sleep '{"ms": 500}' --queue slow --priority -1 --in 5m
+  skiplock enqueue send_digest '{"user": 7}' --unique-key digest:7 --on-conflict replace
+  skiplock enqueue --file jobs.ndjson --queue bulk     # one JSON object per line
+  cat jobs.ndjson | skiplock enqueue --file -
+
+An NDJSON line is an object with `kind`, optional `args`, and optionally the enqueue options
+by their column names: queue, priority, scheduled_at (RFC 3339), max_attempts, ordering_key,
+unique_key, on_conflict (skip|replace|merge), depends_on (array of ids). Options given on
+the command line apply to lines that do not set them. The whole file is enqueued in one
+transaction: if any line is bad, nothing is enqueued (unless --skip-invalid)."#;
+
+/// Jobs inserted per statement when enqueuing a file.
+const FILE_BATCH: usize = 1000;
+
+#[derive(Args)]
+pub struct EnqueueArgs {
+    /// Job kind: the handler that runs it (e.g. noop, sleep, http, command).
+    #[arg(required_unless_present = "file", conflicts_with = "file")]
+    kind: Option<String>,
+
+    /// Job args as JSON (default: {}).
+    #[arg(value_name = "ARGS_JSON", value_parser = parse_json, conflicts_with = "file")]
+    args: Option<Value>,
+
+    /// Queue (default: default).
+    #[arg(long, value_name = "Q")]
+    queue: Option<String>,
+
+    /// Priority; lower runs first (default: 0).
+    #[arg(long, value_name = "P", allow_negative_numbers = true)]
+    priority: Option<i16>,
+
+    /// Run no earlier than this RFC 3339 time, e.g. 2026-01-31T09:00:00Z.
+    #[arg(long, value_name = "TIME", value_parser = parse_time, conflicts_with = "delay")]
+    at: Option<DateTime<Utc>>,
+
+    /// Run no earlier than this long from now, e.g. 30s, 5m, 2h, 1d.
+    #[arg(long = "in", value_name = "DURATION", value_parser = parse_duration)]
+    delay: Option<Duration>,
+
+    /// Attempts before the job goes dead (default: 25).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(i32).range(1..))]
+    max_attempts: Option<i32>,
+
+    /// Strict FIFO lane: jobs with the same key run one at a time, in enqueue order.
+    #[arg(long, value_name = "K", conflicts_with = "file")]
+    ordering_key: Option<String>,
+
+    /// Deduplication key: at most one pending job per key.
+    #[arg(long, value_name = "K", conflicts_with = "file")]
+    unique_key: Option<String>,
+
+    /// What a second enqueue with the same unique key does while the first is pending.
+    #[arg(long, value_name = "POLICY", value_parser = ["skip", "replace", "merge"], requires = "unique_key")]
+    on_conflict: Option<String>,
+
+    /// Run only after these jobs succeeded (comma-separated ids).
+    #[arg(
+        long,
+        value_name = "IDS",
+        value_delimiter = ',',
+        conflicts_with = "file"
+    )]
+    depends_on: Vec<i64>,
+
+    /// Enqueue every line of this NDJSON file (`-` for stdin) in one transaction.
+    #[arg(long, value_name = "JOBS.ndjson")]
+    file: Option<PathBuf>,
+
+    /// With --file: enqueue the valid lines and report the invalid ones instead of
+    /// enqueuing nothing.
+    #[arg(long, requires = "file")]
+    skip_invalid: bool,
+
+    /// Print the result as JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+fn parse_json(text: &str) -> Result<Value, String> {
+    serde_json::from_str(text).map_err(|e| format!("not valid JSON: {e}"))
+}
+
+impl EnqueueArgs {
+    /// The options the command line sets, which file lines may override.
+    fn options(&self) -> EnqueueOptions {
+        let mut options = EnqueueOptions::new();
+        options.queue = self.queue.clone();
+        options.priority = self.priority;
+        options.run_at = self.at;
+        options.run_after = self.delay;
+        options.max_attempts = self.max_attempts;
+        options.ordering_key = self.ordering_key.clone();
+        if let Some(key) = &self.unique_key {
+            let policy = self.on_conflict.as_deref().unwrap_or("skip");
+            options = options.unique_key(key.clone(), policy.parse().unwrap_or_default());
+        }
+        options.depends_on = self.depends_on.iter().copied().map(JobId).collect();
+        options
+    }
+}
+
+pub async fn run(pool: &PgPool, args: EnqueueArgs) -> anyhow::Result<()> {
+    if let Some(path) = args.file.clone() {
+        return enqueue_file(pool, &args, &path).await;
+    }
+    let kind = args.kind.clone().unwrap_or_default();
+    let job = NewJob::new(kind, args.args.clone().unwrap_or_else(|| json!({})))
+        .with_options(args.options());
+    let id = skiplock::enqueue_raw(pool, &[job])
+        .await
+        .context("cannot enqueue the job")?[0];
+    if args.json {
+        print_json(&json!({ "id": id }))
+    } else {
+        println!("{id}");
+        Ok(())
+    }
+}
+
+/// One line of an NDJSON file.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Line {
+    kind: String,
+    #[serde(default)]
+    args: Option<Value>,
+    queue: Option<String>,
+    priority: Option<i16>,
+    scheduled_at: Option<DateTime<Utc>>,
+    max_attempts: Option<i32>,
+    ordering_key: Option<String>,
+    unique_key: Option<String>,
+    on_conflict: Option<UniquePolicy>,
+    #[serde(default)]
+    depends_on: Vec<JobId>,
+}
+
+impl Line {
+    fn into_job(self, defaults: &EnqueueOptions) -> Result<NewJob, String> {
+        if self.kind.is_empty() {
+            return Err("`kind` is empty".into());
+        }
+        if self.queue.as_deref() == Some("") {
+            return Err("`queue` is empty; leave it out to use the default".into());
+        }
+        if let Some(max) = self.max_attempts
+            && max < 1
+        {
+            return Err(format!("`max_attempts` is {max}; it must be at least 1"));
+        }
+        if self.unique_key.is_some() && !self.depends_on.is_empty() {
+            return Err("a job cannot have both `unique_key` and `depends_on`".into());
+        }
+        if self.on_conflict.is_some() && self.unique_key.is_none() {
+            return Err("`on_conflict` needs a `unique_key`".into());
+        }
+        let mut options = defaults.clone();
+        options.queue = self.queue.or(options.queue);
+        options.priority = self.priority.or(options.priority);
+        if let Some(at) = self.scheduled_at {
+            options.run_at = Some(at);
+            options.run_after = None;
+        }
+        options.max_attempts = self.max_attempts.or(options.max_attempts);
+        options.ordering_key = self.ordering_key;
+        options.unique_key = self.unique_key;
+        options.on_conflict = self.on_conflict.unwrap_or_default();
+        options.depends_on = self.depends_on;
+        Ok(NewJob::new(self.kind, self.args.unwrap_or_else(|| json!({}))).with_options(options))
+    }
+}
+
+/// A line that could not be enqueued.
+struct Invalid {
+    line: usize,
+    error: String,
+}
+
+/// The file's name as the user gave it, for messages.
+fn shown(path: &std::path::Path) -> String {
+    if path.as_os_str() == "-" {
+        "stdin".to_owned()
+    } else {
+        path.display().to_string()
+    }
+}
+
+async fn enqueue_file(
+    pool: &PgPool,
+    args: &EnqueueArgs,
+    path: &std::path::Path,
+) -> anyhow::Result<()> {
+    let name = shown(path);
+    let (reader, size): (Box<dyn BufRead>, Option<u64>) = if path.as_os_str() == "-" {
+        (Box::new(std::io::stdin().lock()), None)
+    } else {
+        let file = std::fs::File::open(path).with_context(|| format!("cannot open {name}"))?;
+        let size = file.metadata().ok().map(|m| m.len());
+        (Box::new(std::io::BufReader::new(file)), size)
+    };
+    let progress = progress_bar(size);
+    let started = Instant::now();
+    let defaults = args.options();
+
+    let mut conn = pool.acquire().await?;
+    let mut tx = conn.begin().await?;
+    let mut batch: Vec<(usize, NewJob)> = Vec::with_capacity(FILE_BATCH);
+    let mut invalid: Vec<Invalid> = Vec::new();
+    let mut enqueued = 0usize;
+    for (index, line) in reader.lines().enumerate() {
+        let number = index + 1;
+        let text = line.with_context(|| format!("cannot read {name} at line {number}"))?;
+        progress.inc(text.len() as u64 + 1);
+        if text.trim().is_empty() {
+            continue;
+        }
+        let parsed = serde_json::from_str::<Line>(&text)
+            .map_err(describe_json_error)
+            .and_then(|line| line.into_job(&defaults));
+        match parsed {
+            Ok(job) => batch.push((number, job)),
+            Err(error) => {
+                let bad = Invalid {
+                    line: number,
+                    error,
+                };
+                if !args.skip_invalid {
+                    progress.finish_and_clear();
+                    return Err(nothing_enqueued(&name, &bad));
+                }
+                invalid.push(bad);
+            }
+        }
+        if batch.len() == FILE_BATCH {
+            enqueued += insert_batch(&mut tx, &mut batch, args.skip_invalid, &mut invalid)
+                .await
+                .map_err(|bad| nothing_enqueued(&name, &bad))?;
+            progress.set_message(format!("{enqueued} jobs"));
+        }
+    }
+    enqueued += insert_batch(&mut tx, &mut batch, args.skip_invalid, &mut invalid)
+        .await
+        .map_err(|bad| nothing_enqueued(&name, &bad))?;
+    tx.commit()
+        .await
+        .context("cannot commit the enqueued jobs")?;
+    progress.finish_and_clear();
+
+    let elapsed = started.elapsed();
+    if args.json {
+        let skipped: Vec<Value> = invalid
+            .iter()
+            .map(|bad| json!({ "line": bad.line, "error": bad.error }))
+            .collect();
+        return print_json(&json!({ "enqueued": enqueued, "skipped": skipped }));
+    }
+    for bad in &invalid {
+        eprintln!("skipped {name} line {}: {}", bad.line, bad.error);
+    }
+    let rate = enqueued as f64 / elapsed.as_secs_f64().max(1e-3);
+    println!(
+        "enqueued {enqueued} jobs from {name} in {:.2}s ({rate:.0} jobs/s){}",
+        elapsed.as_secs_f64(),
+        if invalid.is_empty() {
+            String::new()
+        } else {
+            format!("; skipped {} invalid lines", invalid.len())
+        }
+    );
+    Ok(())
+}
+
+fn nothing_enqueued(name: &str, bad: &Invalid) -> anyhow::Error {
+    anyhow::anyhow!(
+        "{name} line {}: {}; nothing was enqueued (fix the line, or pass --skip-invalid to enqueue the valid lines)",
+        bad.line,
+        bad.error
+    )
+}
+
+/// serde_json's message without its position, which counts within the line, not the file.
+fn describe_json_error(error: serde_json::Error) -> String {
+    let text = error.to_string();
+    let message = text
+        .rfind(" at line ")
+        .map_or(text.as_str(), |at| &text[..at]);
+    if error.is_syntax() || error.is_eof() {
+        format!("invalid JSON at column {}: {message}", error.column())
+    } else {
+        message.to_owned()
+    }
+}
+
+/// Inserts `batch` in one statement under a savepoint and empties it; returns how many
+/// jobs went in. When the database refuses the batch (say a `depends_on` id that does not
+/// exist), it retries the lines one by one to name the bad one: with `skip_invalid` the
+/// bad lines are recorded and skipped, otherwise the first is returned as the error.
+async fn insert_batch(
+    tx: &mut PgConnection,
+    batch: &mut Vec<(usize, NewJob)>,
+    skip_invalid: bool,
+    invalid: &mut Vec<Invalid>,
+) -> Result<usize, Invalid> {
+    if batch.is_empty() {
+        return Ok(0);
+    }
+    let lines: Vec<usize> = batch.iter().map(|(line, _)| *line).collect();
+    let jobs: Vec<NewJob> = batch.drain(..).map(|(_, job)| job).collect();
+    if try_insert(tx, &jobs).await.is_ok() {
+        return Ok(jobs.len());
+    }
+    let mut inserted = 0;
+    for (line, job) in lines.into_iter().zip(jobs) {
+        match try_insert(tx, std::slice::from_ref(&job)).await {
+            Ok(()) => inserted += 1,
+            Err(error) => {
+                let bad = Invalid { line, error };
+                if !skip_invalid {
+                    return Err(bad);
+                }
+                invalid.push(bad);
+            }
+        }
+    }
+    Ok(inserted)
+}
+
+/// Inserts jobs under a savepoint, so a refusal leaves the transaction usable.
+async fn try_insert(tx: &mut PgConnection, jobs: &[NewJob]) -> Result<(), String> {
+    let mut savepoint = tx.begin().await.map_err(|e| e.to_string())?;
+    match skiplock::enqueue_raw(&mut *savepoint, jobs).await {
+        Ok(_) => savepoint.commit().await.map_err(|e| e.to_string()),
+        Err(e) => {
+            let _ = savepoint.rollback().await;
+            Err(e.to_string())
+        }
+    }
+}
+
+/// A bar over the file's bytes when its size is known, else a spinner; drawn on stderr
+/// only when it is a terminal.
+fn progress_bar(size: Option<u64>) -> ProgressBar {
+    match size {
+        Some(size) => {
+            let bar = ProgressBar::new(size);
+            if let Ok(style) = ProgressStyle::with_template(
+                "{spinner} [{elapsed_precise}] {wide_bar} {percent:>3}% {msg}",
+            ) {
+                bar.set_style(style);
+            }
+            bar
+        }
+        None => {
+            let spinner = ProgressBar::new_spinner();
+            spinner.enable_steady_tick(Duration::from_millis(120));
+            spinner
+        }
+    }
+}

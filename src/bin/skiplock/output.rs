@@ -1,0 +1,248 @@
+//! Shared output and argument helpers: aligned tables, relative times, durations, and the
+//! error that tells `main` its message was already printed.
+
+use std::fmt;
+use std::future::Future;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use skiplock::db::admin::jobs_get_state;
+use skiplock::{JobId, JobRow, JobState};
+use sqlx::PgPool;
+
+/// A failure whose details were already written to stderr; `main` exits 1 without
+/// printing it again.
+#[derive(Debug)]
+pub struct Reported(pub String);
+
+impl fmt::Display for Reported {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for Reported {}
+
+/// Applies `act` to each job in turn (`skiplock retry`, `skiplock cancel`), printing
+/// `job ID {done}` for each that changed and an `error:` line for each that did not: a
+/// missing job, or one whose state `refusal` explains. Fails, after trying them all, if
+/// any did not change.
+pub async fn for_each_job<F, Fut>(
+    pool: &PgPool,
+    ids: &[i64],
+    done: &str,
+    act: F,
+    refusal: fn(JobId, JobState) -> String,
+) -> anyhow::Result<()>
+where
+    F: Fn(JobId) -> Fut,
+    Fut: Future<Output = skiplock::Result<bool>>,
+{
+    let mut failed = 0;
+    for &id in ids {
+        let id = JobId(id);
+        let problem = match act(id).await {
+            Ok(true) => {
+                println!("job {id} {done}");
+                continue;
+            }
+            Ok(false) => match jobs_get_state(pool, id).await? {
+                None => format!("job {id} does not exist; list jobs with `skiplock jobs`"),
+                Some(state) => refusal(id, state),
+            },
+            Err(e) => format!("job {id}: {e}"),
+        };
+        eprintln!("error: {problem}");
+        failed += 1;
+    }
+    if failed > 0 {
+        return Err(Reported(format!("{failed} of {} jobs unchanged", ids.len())).into());
+    }
+    Ok(())
+}
+
+/// A plain-text table with columns padded to their widest cell.
+pub struct Table {
+    headers: Vec<&'static str>,
+    right_aligned: Vec<bool>,
+    rows: Vec<Vec<String>>,
+}
+
+impl Table {
+    /// A table with these column headers; a header starting with `>` is right-aligned
+    /// (the `>` is not shown).
+    pub fn new(headers: &[&'static str]) -> Self {
+        Self {
+            headers: headers.iter().map(|h| h.trim_start_matches('>')).collect(),
+            right_aligned: headers.iter().map(|h| h.starts_with('>')).collect(),
+            rows: Vec::new(),
+        }
+    }
+
+    pub fn row(&mut self, cells: Vec<String>) {
+        debug_assert_eq!(cells.len(), self.headers.len());
+        self.rows.push(cells);
+    }
+}
+
+impl fmt::Display for Table {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut widths: Vec<usize> = self.headers.iter().map(|h| h.chars().count()).collect();
+        for row in &self.rows {
+            for (width, cell) in widths.iter_mut().zip(row) {
+                *width = (*width).max(cell.chars().count());
+            }
+        }
+        let header: Vec<String> = self.headers.iter().map(|h| (*h).to_owned()).collect();
+        for row in std::iter::once(&header).chain(&self.rows) {
+            let mut line = String::new();
+            for (i, cell) in row.iter().enumerate() {
+                if i > 0 {
+                    line.push_str("  ");
+                }
+                let pad = widths[i].saturating_sub(cell.chars().count());
+                let last = i + 1 == row.len();
+                if self.right_aligned[i] {
+                    line.extend(std::iter::repeat_n(' ', pad));
+                    line.push_str(cell);
+                } else {
+                    line.push_str(cell);
+                    if !last {
+                        line.extend(std::iter::repeat_n(' ', pad));
+                    }
+                }
+            }
+            writeln!(f, "{}", line.trim_end())?;
+        }
+        Ok(())
+    }
+}
+
+/// `t` relative to `now`, compactly: `12s ago`, `in 5m`, `3d ago`.
+pub fn relative(t: DateTime<Utc>, now: DateTime<Utc>) -> String {
+    let seconds = (t - now).num_seconds();
+    let span = compact_seconds(seconds.unsigned_abs());
+    if seconds > 0 {
+        format!("in {span}")
+    } else if seconds == 0 {
+        "now".to_owned()
+    } else {
+        format!("{span} ago")
+    }
+}
+
+/// Whole seconds in one unit: `42s`, `5m`, `3h`, `2d`.
+pub fn compact_seconds(seconds: u64) -> String {
+    match seconds {
+        0..60 => format!("{seconds}s"),
+        60..3600 => format!("{}m", seconds / 60),
+        3600..86400 => format!("{}h", seconds / 3600),
+        _ => format!("{}d", seconds / 86400),
+    }
+}
+
+/// At most `max` characters of the first line of `text`, with `…` when cut.
+pub fn clip(text: &str, max: usize) -> String {
+    let first = text.lines().next().unwrap_or_default();
+    let mut clipped: String = first.chars().take(max).collect();
+    if clipped.len() < text.len() {
+        clipped.push('…');
+    }
+    clipped
+}
+
+/// Parses `30s`, `5m`, `2h`, `1d`, `1h 30m` (clap value parser).
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    humantime::parse_duration(text).map_err(|_| {
+        format!("`{text}` is not a duration; write a number and a unit, like 30s, 5m, 2h or 1d")
+    })
+}
+
+/// Parses an RFC 3339 time such as `2026-01-31T09:00:00Z` or `2026-01-31T10:00:00+01:00`.
+pub fn parse_time(text: &str) -> Result<DateTime<Utc>, String> {
+    DateTime::parse_from_rfc3339(text)
+        .map(|t| t.with_timezone(&Utc))
+        .map_err(|e| {
+            format!("`{text}` is not an RFC 3339 time ({e}); write it like 2026-01-31T09:00:00Z")
+        })
+}
+
+/// Prints `value` as pretty JSON on stdout.
+pub fn print_json(value: &impl Serialize) -> anyhow::Result<()> {
+    println!("{}", serde_json::to_string_pretty(value)?);
+    Ok(())
+}
+
+/// The stable JSON shape of a job in `skiplock jobs --json`.
+#[derive(Serialize)]
+pub struct JobJson<'a> {
+    pub id: i64,
+    pub state: skiplock::JobState,
+    pub queue: &'a str,
+    pub kind: &'a str,
+    pub args: &'a serde_json::Value,
+    pub priority: i16,
+    pub attempt: i32,
+    pub max_attempts: i32,
+    pub scheduled_at: DateTime<Utc>,
+    pub created_at: DateTime<Utc>,
+    pub finished_at: Option<DateTime<Utc>>,
+    pub claimed_by: Option<&'a str>,
+    pub ordering_key: Option<&'a str>,
+    pub unique_key: Option<&'a str>,
+    pub last_error: Option<&'a str>,
+}
+
+impl<'a> From<&'a JobRow> for JobJson<'a> {
+    fn from(job: &'a JobRow) -> Self {
+        Self {
+            id: job.id,
+            state: job.state,
+            queue: &job.queue,
+            kind: &job.kind,
+            args: &job.args.0,
+            priority: job.priority,
+            attempt: job.attempt,
+            max_attempts: job.max_attempts,
+            scheduled_at: job.scheduled_at,
+            created_at: job.created_at,
+            finished_at: job.finished_at,
+            claimed_by: job.claimed_by.as_deref(),
+            ordering_key: job.ordering_key.as_deref(),
+            unique_key: job.unique_key.as_deref(),
+            last_error: job.last_error.as_deref(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tables_align_and_trim() {
+        let mut table = Table::new(&[">ID", "STATE", "ERROR"]);
+        table.row(vec!["7".into(), "dead".into(), String::new()]);
+        table.row(vec!["12".into(), "queued".into(), "x".into()]);
+        assert_eq!(
+            table.to_string(),
+            "ID  STATE   ERROR\n 7  dead\n12  queued  x\n"
+        );
+    }
+
+    #[test]
+    fn durations_and_relative_times() {
+        assert_eq!(parse_duration("1d").unwrap(), Duration::from_secs(86400));
+        assert_eq!(parse_duration("5m").unwrap(), Duration::from_secs(300));
+        assert!(parse_duration("soon").unwrap_err().contains("like 30s"));
+        let now = Utc::now();
+        assert_eq!(relative(now + chrono::Duration::seconds(300), now), "in 5m");
+        assert_eq!(
+            relative(now - chrono::Duration::seconds(7200), now),
+            "2h ago"
+        );
+        assert_eq!(clip("abcdef\nxyz", 3), "abc…");
+        assert_eq!(clip("ab", 3), "ab");
+    }
+}

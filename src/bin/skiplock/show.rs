@@ -1,0 +1,149 @@
+//! `skiplock show ID`: everything about one job.
+
+use anyhow::Context;
+use clap::Args;
+use serde_json::{Map, Value};
+use skiplock::JobId;
+use skiplock::db::admin::{job_dependencies_of, jobs_get_json};
+use sqlx::PgPool;
+
+use crate::output::print_json;
+
+pub const EXAMPLES: &str = "\
+Examples:
+  skiplock show 42
+  skiplock show 42 --json | jq .errors
+
+--json prints every column of skiplock.jobs, plus `dependencies`: [{relation, id, state}]
+where relation is `parent` (this job waits for it) or `dependant` (it waits for this job).";
+
+/// Columns shown first, in this order; the rest follow alphabetically.
+const LEADING_FIELDS: &[&str] = &[
+    "id",
+    "state",
+    "queue",
+    "kind",
+    "priority",
+    "attempt",
+    "max_attempts",
+    "scheduled_at",
+    "created_at",
+    "claimed_at",
+    "claimed_by",
+    "heartbeat_at",
+    "finished_at",
+    "ordering_key",
+    "unique_key",
+    "unique_policy",
+    "claim_token",
+    "last_error",
+];
+
+/// Fields printed as indented JSON blocks after the scalar fields.
+const JSON_FIELDS: &[&str] = &["args", "progress", "output"];
+
+#[derive(Args)]
+pub struct ShowArgs {
+    /// Job id.
+    id: i64,
+
+    /// Print JSON instead of text.
+    #[arg(long)]
+    json: bool,
+}
+
+pub async fn run(pool: &PgPool, args: ShowArgs) -> anyhow::Result<()> {
+    let id = JobId(args.id);
+    let Some(job) = jobs_get_json(pool, id)
+        .await
+        .context("cannot read the job")?
+    else {
+        anyhow::bail!("job {id} does not exist; list jobs with `skiplock jobs`");
+    };
+    let dependencies = job_dependencies_of(pool, id)
+        .await
+        .context("cannot read the job's dependencies")?;
+    let Value::Object(mut fields) = job else {
+        anyhow::bail!("job {id} came back in an unexpected shape");
+    };
+    if args.json {
+        fields.insert("dependencies".into(), serde_json::to_value(&dependencies)?);
+        return print_json(&fields);
+    }
+
+    let errors = fields.remove("errors");
+    let mut lines = Vec::new();
+    for name in LEADING_FIELDS {
+        if let Some(value) = fields.remove(*name) {
+            push_scalar(&mut lines, name, &value);
+        }
+    }
+    let mut blocks = Map::new();
+    for name in JSON_FIELDS {
+        if let Some(value) = fields.remove(*name) {
+            blocks.insert((*name).to_owned(), value);
+        }
+    }
+    // Columns added by later schema versions: shown rather than hidden.
+    for (name, value) in &fields {
+        push_scalar(&mut lines, name, value);
+    }
+    for (name, value) in &blocks {
+        if value.is_null() {
+            continue;
+        }
+        let pretty = serde_json::to_string_pretty(value)?;
+        lines.push(format!("{name}:"));
+        lines.extend(pretty.lines().map(|line| format!("  {line}")));
+    }
+    push_errors(&mut lines, errors.as_ref());
+    for relation in ["parent", "dependant"] {
+        let related: Vec<String> = dependencies
+            .iter()
+            .filter(|d| d.relation == relation)
+            .map(|d| format!("{} ({})", d.id, d.state))
+            .collect();
+        if !related.is_empty() {
+            let label = if relation == "parent" {
+                "waits for"
+            } else {
+                "needed by"
+            };
+            lines.push(format!("{label}: {}", related.join(", ")));
+        }
+    }
+    println!("{}", lines.join("\n"));
+    Ok(())
+}
+
+fn push_scalar(lines: &mut Vec<String>, name: &str, value: &Value) {
+    let text = match value {
+        Value::Null => return,
+        Value::String(text) => text.clone(),
+        other => other.to_string(),
+    };
+    lines.push(format!("{name:<14}{text}"));
+}
+
+/// The error history, oldest first: `attempt N at TIME: message`.
+fn push_errors(lines: &mut Vec<String>, errors: Option<&Value>) {
+    let Some(Value::Array(errors)) = errors else {
+        return;
+    };
+    if errors.is_empty() {
+        return;
+    }
+    lines.push(format!("errors ({}, oldest first):", errors.len()));
+    for error in errors {
+        let attempt = error
+            .get("attempt")
+            .map(Value::to_string)
+            .unwrap_or_default();
+        let at = error.get("at").and_then(Value::as_str).unwrap_or_default();
+        let message = error
+            .get("message")
+            .and_then(Value::as_str)
+            .unwrap_or_default();
+        lines.push(format!("  attempt {attempt} at {at}: {message}"));
+    }
+}

@@ -1,0 +1,620 @@
+//! The `skiplock` binary, driven as a user would: every command, both output formats,
+//! bad input with its exact message and exit code.
+#![cfg(feature = "cli")]
+
+mod cli_support;
+mod common;
+
+use std::time::Duration;
+
+use cli_support::{enqueue, job_json, skiplock, work_until_idle};
+use common::test_db;
+use serde_json::{Value, json};
+use tokio::io::{AsyncBufReadExt, BufReader};
+
+const NOT_FOUND: &str = "error: job 999999 does not exist; list jobs with `skiplock jobs`\n";
+
+#[tokio::test]
+async fn migrate_is_idempotent() {
+    let db = test_db().await;
+    let expected = format!(
+        "skiplock schema is at version {}\n",
+        skiplock::db::migrations::SCHEMA_VERSION_LATEST
+    );
+    for _ in 0..2 {
+        assert_eq!(skiplock(&db, &["migrate"]).await.ok(), expected);
+    }
+}
+
+#[tokio::test]
+async fn every_command_explains_itself_with_an_example() {
+    let db = test_db().await;
+    for command in [
+        "migrate", "work", "enqueue", "jobs", "show", "retry", "cancel", "stats", "prune", "demo",
+    ] {
+        let help = skiplock(&db, &[command, "--help"]).await.ok();
+        assert!(
+            help.contains("Example"),
+            "`{command} --help` has no example:\n{help}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn enqueue_sets_every_option_and_jobs_lists_it_in_both_formats() {
+    let db = test_db().await;
+    let id = enqueue(
+        &db,
+        "sleep",
+        &json!({"ms": 5}),
+        &[
+            "--queue",
+            "slow",
+            "--priority",
+            "-3",
+            "--in",
+            "1h",
+            "--max-attempts",
+            "4",
+            "--ordering-key",
+            "lane-1",
+        ],
+    )
+    .await;
+    let other = enqueue(&db, "noop", &json!({}), &[]).await;
+    let row = job_json(&db.pool, id).await;
+    assert_eq!(
+        (
+            &row["queue"],
+            &row["priority"],
+            &row["max_attempts"],
+            &row["ordering_key"]
+        ),
+        (&json!("slow"), &json!(-3), &json!(4), &json!("lane-1"))
+    );
+    let later: bool = sqlx::query_scalar(
+        "SELECT scheduled_at > now() + interval '50 minutes' FROM skiplock.jobs WHERE id = $1",
+    )
+    .bind(id)
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    assert!(later, "--in 1h schedules the job an hour out");
+
+    let table = skiplock(&db, &["jobs"]).await.ok();
+    let lines: Vec<&str> = table.lines().collect();
+    assert!(
+        lines[0].starts_with("ID  STATE   QUEUE    KIND   ATTEMPT  RUN AT"),
+        "{table}"
+    );
+    assert!(
+        lines[1].starts_with(&format!(" {other}  queued  default  noop      0/25  ")),
+        "{table}"
+    );
+    assert!(
+        lines[2].starts_with(&format!(" {id}  queued  slow     sleep      0/4  in ")),
+        "{table}"
+    );
+
+    let listed = skiplock(&db, &["jobs", "--queue", "slow", "--json"])
+        .await
+        .json();
+    let listed = listed.as_array().unwrap();
+    assert_eq!(listed.len(), 1);
+    let job = &listed[0];
+    assert_eq!(job["id"], json!(id));
+    assert_eq!(job["state"], json!("queued"));
+    assert_eq!(job["args"], json!({"ms": 5}));
+    let mut fields: Vec<&str> = job
+        .as_object()
+        .unwrap()
+        .keys()
+        .map(String::as_str)
+        .collect();
+    fields.sort_unstable();
+    assert_eq!(
+        fields,
+        [
+            "args",
+            "attempt",
+            "claimed_by",
+            "created_at",
+            "finished_at",
+            "id",
+            "kind",
+            "last_error",
+            "max_attempts",
+            "ordering_key",
+            "priority",
+            "queue",
+            "scheduled_at",
+            "state",
+            "unique_key"
+        ],
+        "the --json shape is stable"
+    );
+    let none = skiplock(&db, &["jobs", "--state", "dead,running", "--kind", "noop"]).await;
+    assert_eq!(none.ok(), "no jobs match\n");
+    let filtered = skiplock(
+        &db,
+        &["jobs", "--state", "queued", "--kind", "noop", "--json"],
+    )
+    .await;
+    assert_eq!(filtered.json()[0]["id"], json!(other));
+}
+
+#[tokio::test]
+async fn enqueue_with_a_unique_key_skips_or_replaces() {
+    let db = test_db().await;
+    let first = enqueue(&db, "noop", &json!({"v": 1}), &["--unique-key", "k"]).await;
+    let again = enqueue(&db, "noop", &json!({"v": 2}), &["--unique-key", "k"]).await;
+    assert_eq!(again, first, "skip returns the pending job's id");
+    assert_eq!(job_json(&db.pool, first).await["args"], json!({"v": 1}));
+    let replaced = enqueue(
+        &db,
+        "noop",
+        &json!({"v": 3}),
+        &["--unique-key", "k", "--on-conflict", "replace"],
+    )
+    .await;
+    assert_eq!(replaced, first);
+    assert_eq!(job_json(&db.pool, first).await["args"], json!({"v": 3}));
+    let printed = skiplock(&db, &["enqueue", "noop", "--json"]).await.json();
+    assert!(printed["id"].as_i64().unwrap() > first);
+}
+
+#[tokio::test]
+async fn show_prints_everything_in_both_formats() {
+    let db = test_db().await;
+    let parent = enqueue(&db, "noop", &json!({}), &[]).await;
+    let id = enqueue(
+        &db,
+        "noop",
+        &json!({"n": 1}),
+        &["--depends-on", &parent.to_string()],
+    )
+    .await;
+    sqlx::query(
+        "UPDATE skiplock.jobs SET last_error = 'boom',
+             errors = skiplock.append_error(errors, 1, 'boom') WHERE id = $1",
+    )
+    .bind(id)
+    .execute(&db.pool)
+    .await
+    .unwrap();
+
+    let text = skiplock(&db, &["show", &id.to_string()]).await.ok();
+    for expected in [
+        format!("id            {id}\n"),
+        "state         waiting\n".to_owned(),
+        "kind          noop\n".to_owned(),
+        "last_error    boom\n".to_owned(),
+        "args:\n  {\n    \"n\": 1\n  }\n".to_owned(),
+        "errors (1, oldest first):\n  attempt 1 at ".to_owned(),
+        format!("waits for: {parent} (queued)"),
+    ] {
+        assert!(text.contains(&expected), "missing {expected:?} in:\n{text}");
+    }
+    let parent_text = skiplock(&db, &["show", &parent.to_string()]).await.ok();
+    assert!(
+        parent_text.contains(&format!("needed by: {id} (waiting)")),
+        "{parent_text}"
+    );
+
+    let shown = skiplock(&db, &["show", &id.to_string(), "--json"])
+        .await
+        .json();
+    assert_eq!(shown["id"], json!(id));
+    assert_eq!(shown["errors"][0]["message"], json!("boom"));
+    assert_eq!(
+        shown["dependencies"],
+        json!([{"relation": "parent", "id": parent, "state": "queued"}])
+    );
+    assert!(shown.get("output").is_some(), "every column is shown");
+}
+
+#[tokio::test]
+async fn unknown_job_ids_fail_with_one_line_naming_the_fix() {
+    let db = test_db().await;
+    for command in ["show", "retry", "cancel"] {
+        let run = skiplock(&db, &[command, "999999"]).await;
+        assert_eq!(
+            (run.code, run.stderr.as_str()),
+            (Some(1), NOT_FOUND),
+            "{command}"
+        );
+        assert_eq!(run.stdout, "");
+    }
+}
+
+#[tokio::test]
+async fn usage_errors_exit_2_with_clap_messages() {
+    let db = test_db().await;
+    let malformed = skiplock(&db, &["enqueue", "noop", "{not json"]).await;
+    assert_eq!(malformed.code, Some(2));
+    assert_eq!(
+        malformed.stderr,
+        "error: invalid value '{not json' for '[ARGS_JSON]': not valid JSON: key must be a string at line 1 column 2\n\nFor more information, try '--help'.\n"
+    );
+    let unknown = skiplock(&db, &["jobs", "--bogus"]).await;
+    assert_eq!(unknown.code, Some(2));
+    assert!(
+        unknown
+            .stderr
+            .starts_with("error: unexpected argument '--bogus' found\n"),
+        "{}",
+        unknown.stderr
+    );
+    let duration = skiplock(&db, &["prune", "--older-than", "soon"]).await;
+    assert_eq!(duration.code, Some(2));
+    assert!(
+        duration.stderr.starts_with(
+            "error: invalid value 'soon' for '--older-than <DURATION>': `soon` is not a duration; write a number and a unit, like 30s, 5m, 2h or 1d\n"
+        ),
+        "{}",
+        duration.stderr
+    );
+    let state = skiplock(&db, &["jobs", "--state", "finished"]).await;
+    assert_eq!(state.code, Some(2));
+    let neither = skiplock(&db, &["retry"]).await;
+    assert_eq!(neither.code, Some(2));
+    let conflicting = skiplock(&db, &["work", "--kinds", "noop", "--allow-command", "echo"]).await;
+    assert_eq!(conflicting.code, Some(2));
+    assert!(
+        conflicting
+            .stderr
+            .starts_with("error: --allow-command needs the `command` kind; add it to --kinds\n"),
+        "{}",
+        conflicting.stderr
+    );
+    let count: i64 = sqlx::query_scalar("SELECT count(*) FROM skiplock.jobs")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(count, 0, "no usage error enqueued anything");
+}
+
+#[tokio::test]
+async fn enqueue_file_adds_every_line_in_one_transaction() {
+    let db = test_db().await;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("jobs.ndjson");
+    let mut lines: Vec<String> = (0..2500)
+        .map(|n| json!({"kind": "noop", "args": {"n": n}}).to_string())
+        .collect();
+    lines.insert(10, String::new());
+    lines.push(
+        json!({"kind": "sleep", "args": {"ms": 1}, "queue": "q2", "priority": 5,
+               "scheduled_at": "2099-01-01T00:00:00Z", "max_attempts": 2,
+               "ordering_key": "o", "unique_key": "u", "on_conflict": "merge"})
+        .to_string(),
+    );
+    std::fs::write(&path, lines.join("\n")).unwrap();
+    let path = path.to_str().unwrap();
+
+    let out = skiplock(&db, &["enqueue", "--file", path, "--queue", "bulk"])
+        .await
+        .ok();
+    assert!(
+        out.starts_with(&format!("enqueued 2501 jobs from {path} in ")),
+        "{out}"
+    );
+    let counts: Vec<(String, i64)> =
+        sqlx::query_as("SELECT queue, count(*) FROM skiplock.jobs GROUP BY queue ORDER BY queue")
+            .fetch_all(&db.pool)
+            .await
+            .unwrap();
+    assert_eq!(counts, [("bulk".to_owned(), 2500), ("q2".to_owned(), 1)]);
+    let last: (i16, i32, String, String, bool) = sqlx::query_as(
+        "SELECT priority, max_attempts, ordering_key, unique_key,
+                scheduled_at = '2099-01-01T00:00:00Z'
+         FROM skiplock.jobs WHERE queue = 'q2'",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(last, (5, 2, "o".into(), "u".into(), true));
+}
+
+#[tokio::test]
+async fn enqueue_file_with_a_bad_line_enqueues_nothing_unless_asked() {
+    let db = test_db().await;
+    let dir = tempfile::tempdir().unwrap();
+    let write = |name: &str, lines: &[&str]| {
+        let path = dir.path().join(name);
+        std::fs::write(&path, lines.join("\n")).unwrap();
+        path.to_str().unwrap().to_owned()
+    };
+    let good = r#"{"kind": "noop"}"#;
+    let cases = [
+        (
+            write(
+                "syntax.ndjson",
+                &[good, good, r#"{"kind": "noop", "args": }"#],
+            ),
+            "line 3: invalid JSON at column 26: expected value",
+        ),
+        (
+            write("field.ndjson", &[good, r#"{"args": {}}"#]),
+            "line 2: missing field `kind`",
+        ),
+        (
+            write("unknown.ndjson", &[r#"{"kind": "noop", "colour": "red"}"#]),
+            "line 1: unknown field `colour`, expected one of",
+        ),
+        (
+            // Refused by the database, not the parser: the line is still named.
+            write(
+                "parent.ndjson",
+                &[good, r#"{"kind": "noop", "depends_on": [999999]}"#, good],
+            ),
+            "line 2: ",
+        ),
+    ];
+    for (path, problem) in &cases {
+        let run = skiplock(&db, &["enqueue", "--file", path]).await;
+        assert_eq!(run.code, Some(1), "{run:#?}");
+        let expected = format!("error: {path} {problem}");
+        assert!(
+            run.stderr.starts_with(&expected),
+            "want {expected:?}, got {:?}",
+            run.stderr
+        );
+        assert!(
+            run.stderr.ends_with(
+                "; nothing was enqueued (fix the line, or pass --skip-invalid to enqueue the valid lines)\n"
+            ),
+            "{}",
+            run.stderr
+        );
+    }
+    let count = || async {
+        sqlx::query_scalar::<_, i64>("SELECT count(*) FROM skiplock.jobs")
+            .fetch_one(&db.pool)
+            .await
+            .unwrap()
+    };
+    assert_eq!(count().await, 0, "nothing from a bad file was enqueued");
+
+    let report = skiplock(
+        &db,
+        &["enqueue", "--file", &cases[3].0, "--skip-invalid", "--json"],
+    )
+    .await
+    .json();
+    assert_eq!(report["enqueued"], json!(2));
+    assert_eq!(report["skipped"][0]["line"], json!(2));
+    assert_eq!(count().await, 2);
+}
+
+#[tokio::test]
+async fn retry_and_cancel_move_jobs_and_refuse_clearly() {
+    let db = test_db().await;
+    let id = enqueue(&db, "noop", &json!({}), &["--in", "1h"]).await;
+    let other = enqueue(&db, "noop", &json!({}), &["--in", "1h"]).await;
+    let both = format!("{id} {other}");
+    let ids: Vec<&str> = both.split(' ').collect();
+    let mut args = vec!["cancel"];
+    args.extend(&ids);
+    assert_eq!(
+        skiplock(&db, &args).await.ok(),
+        format!("job {id} cancelled\njob {other} cancelled\n")
+    );
+    let again = skiplock(&db, &["cancel", &id.to_string(), "999999"]).await;
+    assert_eq!(again.code, Some(1));
+    assert_eq!(
+        again.stderr,
+        format!("error: job {id} already finished (cancelled); nothing to cancel\n{NOT_FOUND}")
+    );
+
+    assert_eq!(
+        skiplock(&db, &["retry", &id.to_string()]).await.ok(),
+        format!("job {id} queued to run now\n")
+    );
+    let row = job_json(&db.pool, id).await;
+    assert_eq!(row["state"], json!("queued"));
+
+    // Dead jobs in two queues; --dead --queue retries only one queue's.
+    let a = enqueue(&db, "noop", &json!({}), &["--queue", "a"]).await;
+    let b = enqueue(&db, "noop", &json!({}), &["--queue", "b"]).await;
+    sqlx::query("UPDATE skiplock.jobs SET state = 'dead', finished_at = now() WHERE id = ANY($1)")
+        .bind([a, b])
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    let retried = skiplock(&db, &["retry", "--dead", "--queue", "a", "--json"])
+        .await
+        .json();
+    assert_eq!(retried, json!({"retried": [a]}));
+    assert_eq!(
+        skiplock(&db, &["retry", "--dead"]).await.ok(),
+        format!("retried 1 dead jobs: {b}\n")
+    );
+    assert_eq!(
+        skiplock(&db, &["retry", "--dead", "--queue", "a"])
+            .await
+            .ok(),
+        "no dead jobs in queue a to retry\n"
+    );
+}
+
+#[tokio::test]
+async fn stats_show_queues_and_kinds_in_both_formats_and_watch() {
+    let db = test_db().await;
+    for _ in 0..3 {
+        enqueue(&db, "noop", &json!({}), &["--queue", "mail"]).await;
+    }
+    enqueue(&db, "sleep", &json!({"ms": 1}), &["--in", "1h"]).await;
+    let dead = enqueue(&db, "noop", &json!({}), &[]).await;
+    sqlx::query("UPDATE skiplock.jobs SET state = 'dead', finished_at = now() WHERE id = $1")
+        .bind(dead)
+        .execute(&db.pool)
+        .await
+        .unwrap();
+
+    let text = skiplock(&db, &["stats"]).await.ok();
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(
+        lines[2],
+        "QUEUE    PAUSED  RUNNABLE  SCHEDULED  WAITING  RUNNING  OK/1H  DEAD/1H  LAG  JOBS/S"
+    );
+    assert!(
+        lines[3]
+            .starts_with("default  no             0          1        0        0      0        1"),
+        "{text}"
+    );
+    assert!(
+        lines[4].starts_with("mail     no             3          0"),
+        "{text}"
+    );
+    assert!(text.contains("\nKIND "), "{text}");
+
+    let stats = skiplock(&db, &["stats", "--json"]).await.json();
+    assert_eq!(stats["total"]["runnable"], json!(3));
+    assert_eq!(stats["total"]["scheduled"], json!(1));
+    assert_eq!(stats["total"]["dead_last_hour"], json!(1));
+    let queues: Vec<&Value> = stats["queues"].as_array().unwrap().iter().collect();
+    assert_eq!(queues[1]["queue"], json!("mail"));
+    assert!(queues[1]["lag_seconds"].as_f64().unwrap() >= 0.0);
+    assert_eq!(stats["kinds"][0]["kind"], json!("noop"));
+
+    // --watch --json prints one object per line until stopped; read the first one.
+    let mut child = cli_support::command(&db)
+        .args(["stats", "--watch", "--json", "--interval", "100ms"])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    for _ in 0..2 {
+        let line = tokio::time::timeout(Duration::from_secs(30), lines.next_line())
+            .await
+            .expect("a refresh within 30 s")
+            .unwrap()
+            .expect("stats --watch kept running");
+        let frame: Value = serde_json::from_str(&line).unwrap();
+        assert_eq!(frame["total"]["runnable"], json!(3));
+    }
+    child.kill().await.unwrap();
+}
+
+#[tokio::test]
+async fn prune_deletes_finished_jobs_older_than_asked() {
+    let db = test_db().await;
+    let mut ids = Vec::new();
+    for _ in 0..4 {
+        ids.push(enqueue(&db, "noop", &json!({}), &[]).await);
+    }
+    // succeeded 2 days ago, dead 2 days ago, succeeded 10 minutes ago, still queued.
+    sqlx::query(
+        "UPDATE skiplock.jobs SET state = s.state::skiplock.job_state,
+             finished_at = now() - s.age
+         FROM (VALUES ($1::bigint, 'succeeded', interval '2 days'),
+                      ($2, 'dead', interval '2 days'),
+                      ($3, 'succeeded', interval '10 minutes')) AS s(id, state, age)
+         WHERE jobs.id = s.id",
+    )
+    .bind(ids[0])
+    .bind(ids[1])
+    .bind(ids[2])
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    let remaining = || async {
+        sqlx::query_scalar::<_, i64>("SELECT id FROM skiplock.jobs ORDER BY id")
+            .fetch_all(&db.pool)
+            .await
+            .unwrap()
+    };
+    // Default retention: succeeded after 1 day, dead after 14.
+    assert_eq!(
+        skiplock(&db, &["prune"]).await.ok(),
+        "pruned 1 jobs that finished past the default retention\n"
+    );
+    assert_eq!(remaining().await, &ids[1..]);
+    assert_eq!(
+        skiplock(&db, &["prune", "--older-than", "1h", "--json"])
+            .await
+            .json(),
+        json!({"pruned": 1})
+    );
+    assert_eq!(
+        skiplock(&db, &["prune", "--older-than", "5m"]).await.ok(),
+        "pruned 1 jobs that finished more than 5m ago\n"
+    );
+    assert_eq!(remaining().await, [ids[3]]);
+}
+
+#[tokio::test]
+async fn work_runs_enqueued_jobs_until_idle() {
+    let db = test_db().await;
+    let noop = enqueue(&db, "noop", &json!({}), &[]).await;
+    let sleep = enqueue(&db, "sleep", &json!({"ms": 10}), &["--queue", "other"]).await;
+    let bad = enqueue(&db, "sleep", &json!({"ms": "soon"}), &[]).await;
+    work_until_idle(&db, &["--kinds", "noop,sleep"]).await;
+    assert_eq!(job_json(&db.pool, noop).await["state"], json!("succeeded"));
+    assert_eq!(job_json(&db.pool, bad).await["state"], json!("dead"));
+    assert_eq!(
+        job_json(&db.pool, sleep).await["state"],
+        json!("queued"),
+        "the worker claims only its queues"
+    );
+    work_until_idle(&db, &["--queue", "other", "--kinds", "sleep"]).await;
+    assert_eq!(job_json(&db.pool, sleep).await["state"], json!("succeeded"));
+}
+
+#[tokio::test]
+async fn operator_views_and_sql_functions_answer() {
+    let db = test_db().await;
+    let pool = &db.pool;
+    let ids: Vec<i64> = sqlx::query_scalar(
+        "SELECT skiplock.enqueue('noop', jsonb_build_object('n', n), queue => q)
+         FROM (VALUES (1, 'a'), (2, 'a'), (3, 'b')) AS v(n, q)",
+    )
+    .fetch_all(pool)
+    .await
+    .unwrap();
+    sqlx::query(
+        "UPDATE skiplock.jobs SET state = 'dead', finished_at = now(), last_error = 'gone'
+         WHERE id = $1",
+    )
+    .bind(ids[0])
+    .execute(pool)
+    .await
+    .unwrap();
+    let counts: Vec<(String, i64, i64, i64)> = sqlx::query_as(
+        "SELECT queue, queued, dead, total FROM skiplock.queue_counts ORDER BY queue",
+    )
+    .fetch_all(pool)
+    .await
+    .unwrap();
+    assert_eq!(counts, [("a".into(), 1, 1, 2), ("b".into(), 1, 0, 1)]);
+    let lagging: Vec<String> = sqlx::query_scalar(
+        "SELECT queue FROM skiplock.queue_lag WHERE lag >= interval '0' ORDER BY queue",
+    )
+    .fetch_all(pool)
+    .await
+    .unwrap();
+    assert_eq!(lagging, ["a", "b"]);
+    let dead_last_hour: i64 =
+        sqlx::query_scalar("SELECT dead_last_hour FROM skiplock.throughput WHERE queue = 'a'")
+            .fetch_one(pool)
+            .await
+            .unwrap();
+    assert_eq!(dead_last_hour, 1);
+    let dead: Vec<(i64, String)> = sqlx::query_as("SELECT id, last_error FROM skiplock.dead_jobs")
+        .fetch_all(pool)
+        .await
+        .unwrap();
+    assert_eq!(dead, [(ids[0], "gone".to_owned())]);
+    let runnable: i64 = sqlx::query_scalar("SELECT sum(runnable)::bigint FROM skiplock.stats")
+        .fetch_one(pool)
+        .await
+        .unwrap();
+    assert_eq!(runnable, 2);
+    let retried: Vec<i64> = sqlx::query_scalar("SELECT * FROM skiplock.retry_dead_jobs('a')")
+        .fetch_all(pool)
+        .await
+        .unwrap();
+    assert_eq!(retried, [ids[0]]);
+    assert_eq!(job_json(pool, ids[0]).await["state"], json!("queued"));
+}

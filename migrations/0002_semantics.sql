@@ -12,12 +12,44 @@ COMMENT ON COLUMN skiplock.jobs.unique_policy IS
 COMMENT ON COLUMN skiplock.jobs.progress IS 'Latest progress reported by the handler (any JSON).';
 COMMENT ON COLUMN skiplock.jobs.output IS 'Output recorded by the handler (any JSON).';
 
--- Ordering lanes: the database itself refuses a second running job per key.
+-- Ordering lanes. Only the head of a lane (its unfinished job with the lowest id) is
+-- `queued`; the jobs behind it wait in `waiting` and are promoted one at a time by
+-- skiplock.advance_lanes when the head finishes. So the claim never scans a lane's
+-- backlog, and the database itself refuses a second running job per key.
 CREATE UNIQUE INDEX jobs_ordering_key_running_idx ON skiplock.jobs (ordering_key)
     WHERE state = 'running' AND ordering_key IS NOT NULL;
--- The claim asks "is there an earlier unfinished job in this lane?"
 CREATE INDEX jobs_ordering_key_lane_idx ON skiplock.jobs (ordering_key, id)
     WHERE ordering_key IS NOT NULL AND state IN ('waiting', 'queued', 'running');
+
+-- Promotes the head of each given lane to `queued` when it is waiting and nothing else in
+-- the lane is queued or running. Called after lane jobs finish (by workers, the reaper,
+-- cancel_job) and by the periodic sweep.
+CREATE FUNCTION skiplock.advance_lanes(keys text[]) RETURNS int
+LANGUAGE plpgsql AS $$
+DECLARE
+    promoted_queues text[];
+    promoted int;
+BEGIN
+    WITH heads AS (
+        SELECT DISTINCT ON (ordering_key) id, state
+        FROM skiplock.jobs
+        WHERE ordering_key = ANY (keys) AND state IN ('waiting', 'queued', 'running')
+        ORDER BY ordering_key, id
+    ), ready AS (
+        UPDATE skiplock.jobs j SET state = 'queued'
+        FROM heads
+        WHERE j.id = heads.id AND heads.state = 'waiting' AND j.state = 'waiting'
+          AND NOT EXISTS (
+              SELECT 1 FROM skiplock.jobs o
+              WHERE o.ordering_key = j.ordering_key AND o.state IN ('queued', 'running')
+          )
+        RETURNING j.queue
+    )
+    SELECT array_agg(DISTINCT queue), count(*) INTO promoted_queues, promoted FROM ready;
+    PERFORM pg_notify('skiplock_jobs', q) FROM unnest(promoted_queues) AS q;
+    RETURN promoted;
+END;
+$$;
 
 -- Unique keys: at most one pending (not yet running) job per key.
 CREATE UNIQUE INDEX jobs_unique_key_pending_idx ON skiplock.jobs (unique_key)
@@ -144,18 +176,31 @@ BEGIN
         PERFORM pg_notify('skiplock_cancel', job_id::text);
     END IF;
     PERFORM skiplock.settle_dependants(ARRAY[job_id]);
+    PERFORM skiplock.advance_lanes(ARRAY(
+        SELECT ordering_key FROM skiplock.jobs WHERE id = job_id AND ordering_key IS NOT NULL));
     RETURN true;
 END;
 $$;
 
 -- Retrying refuses clearly when a pending job already holds the same unique key.
+-- A job in an ordering lane goes back behind the lane's head (as `waiting`) when its lane
+-- is busy, and is promoted in id order.
 CREATE OR REPLACE FUNCTION skiplock.retry_job(job_id bigint) RETURNS boolean
 LANGUAGE plpgsql AS $$
 DECLARE
     q text;
+    lane text;
 BEGIN
-    UPDATE skiplock.jobs
-    SET state = 'queued',
+    SELECT ordering_key INTO lane FROM skiplock.jobs WHERE id = job_id;
+    IF lane IS NOT NULL THEN
+        PERFORM pg_advisory_xact_lock(hashtextextended('skiplock.lane:' || lane, 0));
+    END IF;
+    UPDATE skiplock.jobs j
+    SET state = CASE WHEN lane IS NOT NULL AND EXISTS (
+                         SELECT 1 FROM skiplock.jobs o
+                         WHERE o.ordering_key = lane AND o.id <> job_id
+                           AND o.state IN ('waiting', 'queued', 'running'))
+                     THEN 'waiting' ELSE 'queued' END::skiplock.job_state,
         scheduled_at = now(),
         max_attempts = greatest(max_attempts, attempt + 1),
         finished_at = NULL
@@ -163,6 +208,9 @@ BEGIN
     RETURNING queue INTO q;
     IF q IS NULL THEN
         RETURN false;
+    END IF;
+    IF lane IS NOT NULL THEN
+        PERFORM skiplock.advance_lanes(ARRAY[lane]);
     END IF;
     PERFORM pg_notify('skiplock_jobs', q);
     RETURN true;
@@ -203,6 +251,20 @@ BEGIN
     IF unique_key IS NOT NULL AND cardinality(depends_on) > 0 THEN
         RAISE EXCEPTION 'a job cannot have both a unique_key and dependencies'
             USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF ordering_key IS NOT NULL AND cardinality(depends_on) > 0 THEN
+        RAISE EXCEPTION 'a job cannot have both an ordering_key and dependencies'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF ordering_key IS NOT NULL THEN
+        -- Serialise enqueues into one lane until commit, so each sees the one before it
+        -- and exactly one job of the lane is its queued head.
+        PERFORM pg_advisory_xact_lock(hashtextextended('skiplock.lane:' || ordering_key, 0));
+        IF EXISTS (SELECT 1 FROM skiplock.jobs o
+                   WHERE o.ordering_key = enqueue.ordering_key
+                     AND o.state IN ('waiting', 'queued', 'running')) THEN
+            initial := 'waiting';
+        END IF;
     END IF;
     IF unique_key IS NOT NULL AND on_conflict = 'merge' AND jsonb_typeof(payload) <> 'array' THEN
         payload := jsonb_build_array(payload);

@@ -243,8 +243,13 @@ fn validate(job: &NewJob) -> std::result::Result<(), String> {
     {
         return Err(format!("max_attempts is {max}; it must be at least 1"));
     }
-    if job.options.unique_key.is_some() && !job.options.depends_on.is_empty() {
-        return Err("a job cannot have both a unique key and dependencies".into());
+    if !job.options.depends_on.is_empty() {
+        if job.options.unique_key.is_some() {
+            return Err("a job cannot have both a unique key and dependencies".into());
+        }
+        if job.options.ordering_key.is_some() {
+            return Err("a job cannot have both an ordering key and dependencies".into());
+        }
     }
     if job.options.ordering_key.as_deref() == Some("")
         || job.options.unique_key.as_deref() == Some("")

@@ -180,7 +180,7 @@ pub struct EnqueueOptions {
     /// What happens when a pending job already has `unique_key`.
     pub on_conflict: UniquePolicy,
     /// Jobs that must all succeed before this one runs. Cannot be combined with a unique
-    /// key.
+    /// key or an ordering key.
     pub depends_on: Vec<JobId>,
 }
 

@@ -56,13 +56,9 @@ async fn a_reaped_and_reclaimed_job_ignores_its_former_holder() {
     assert_ne!(old, new);
     assert_eq!(second[0].attempt, 2);
 
-    // Worker A wakes up: none of its writes lands.
-    assert!(
-        jobs_heartbeat_many(pool, &[id.0], &[old])
-            .await
-            .unwrap()
-            .is_empty()
-    );
+    // Worker A wakes up: its heartbeat learns the claim is gone, and none of its writes lands.
+    let lost = jobs_heartbeat_many(pool, &[id.0], &[old]).await.unwrap();
+    assert_eq!(lost, vec![id.0]);
     assert!(
         jobs_complete_many(pool, &[id.0], &[old])
             .await
@@ -84,10 +80,19 @@ async fn a_reaped_and_reclaimed_job_ignores_its_former_holder() {
     assert_eq!(row.claimed_by.as_deref(), Some("worker-b"));
 
     // Worker B holds the real claim.
-    assert_eq!(
-        jobs_heartbeat_many(pool, &[id.0], &[new]).await.unwrap(),
-        vec![id.0]
-    );
+    let heartbeat_at = || async {
+        sqlx::query_scalar::<_, chrono::DateTime<chrono::Utc>>(
+            "SELECT heartbeat_at FROM skiplock.jobs WHERE id = $1",
+        )
+        .bind(id.0)
+        .fetch_one(pool)
+        .await
+        .unwrap()
+    };
+    let before = heartbeat_at().await;
+    let lost = jobs_heartbeat_many(pool, &[id.0], &[new]).await.unwrap();
+    assert!(lost.is_empty(), "B's claim holds");
+    assert!(heartbeat_at().await > before, "B's heartbeat extended it");
     let saved = jobs_complete_many(pool, &[id.0], &[new]).await.unwrap();
     assert_eq!(saved.iter().map(|s| s.id).collect::<Vec<_>>(), vec![id.0]);
     let row = skiplock::job(pool, id).await.unwrap().unwrap();

@@ -5,12 +5,12 @@
 //! reaped, cancelled or re-claimed changes nothing, and learns so from the ids that come
 //! back.
 //!
-//! Those statements first lock their rows in a `held` CTE with `ORDER BY id FOR UPDATE`.
-//! A worker's heartbeat and completer touch overlapping sets of rows at the same moment;
-//! locking in one global order means they queue behind each other instead of deadlocking
-//! (a deadlock costs `deadlock_timeout`, one second by default, during which heartbeats
-//! stall). `FOR UPDATE` re-checks the claim token on the newest row version after any
-//! wait, so a claim lost meanwhile drops out.
+//! The statements that finish or release claims first lock their rows in a `held` CTE
+//! with `ORDER BY id FOR UPDATE`: locking in one global order means two of them touching
+//! overlapping rows queue behind each other instead of deadlocking (a deadlock costs
+//! `deadlock_timeout`, one second by default). `FOR UPDATE` re-checks the claim token on
+//! the newest row version after any wait, so a claim lost meanwhile drops out. The
+//! heartbeat never waits at all (see [`jobs_heartbeat_many`]).
 
 use chrono::{DateTime, Utc};
 use serde_json::Value;
@@ -130,6 +130,7 @@ impl InsertBatch {
     /// Whether any job needs the per-job path (unique keys or dependencies).
     pub fn needs_per_job_path(&self) -> bool {
         self.unique_keys.iter().any(Option::is_some)
+            || self.ordering_keys.iter().any(Option::is_some)
             || self.depends_on.iter().any(|parents| !parents.0.is_empty())
     }
 }
@@ -138,9 +139,9 @@ impl InsertBatch {
 ///
 /// Plain jobs go in with one `INSERT … SELECT FROM unnest(…)`: rows are produced in input
 /// order, so the identity column hands out increasing ids and sorting them restores the
-/// input order. Batches with unique keys or dependencies call `skiplock.enqueue(…)` once
-/// per job, still in one statement and in input order, so a later job of the batch sees
-/// an earlier one with the same unique key.
+/// input order. Batches with unique keys, ordering keys or dependencies call
+/// `skiplock.enqueue(…)` once per job, still in one statement and in input order, so a
+/// later job of the batch sees an earlier one with the same key.
 pub async fn jobs_insert_many(
     db: impl PgExecutor<'_>,
     batch: &InsertBatch,
@@ -223,23 +224,23 @@ pub async fn jobs_claim_batch(
     limit: i64,
     claimed_by: &str,
 ) -> sqlx::Result<Vec<ClaimedJob>> {
-    // Besides due, queued, of our queues and kinds, a job must be:
-    // - in a queue that is not paused (the ARRAY(...) subquery runs once per statement);
-    // - the head of its ordering lane: no earlier unfinished job with the same key, and
-    //   none running. The unique index jobs_ordering_key_running_idx backs this up.
+    // Besides due, queued, of our queues and kinds, a job must be in a queue that is not
+    // paused (an anti-join on the small queues table: the planner keeps its row estimate,
+    // where `queue <> ALL (ARRAY(...))` made it expect one row and pay for JIT). Lane
+    // backlogs wait in `waiting`, so only lane heads get here; the guard below skips a head
+    // whose lane still has a running job (after a manual retry), which the unique index
+    // jobs_ordering_key_running_idx would otherwise refuse.
     sqlx::query_as(
         "WITH picked AS (
              SELECT id FROM skiplock.jobs j
              WHERE state = 'queued' AND scheduled_at <= now()
                AND queue = ANY($1) AND kind = ANY($2)
-               AND queue <> ALL (ARRAY(SELECT name FROM skiplock.queues WHERE paused))
+               AND NOT EXISTS (SELECT 1 FROM skiplock.queues q WHERE q.name = j.queue AND q.paused)
                AND (ordering_key IS NULL OR NOT EXISTS (
                    SELECT 1 FROM skiplock.jobs h
-                   WHERE h.ordering_key = j.ordering_key AND h.id <> j.id
-                     AND (h.state = 'running'
-                          OR (h.id < j.id AND h.state IN ('waiting', 'queued')))
+                   WHERE h.ordering_key = j.ordering_key AND h.state = 'running'
                ))
-             ORDER BY priority, scheduled_at, id
+         ORDER BY priority, scheduled_at, id
              LIMIT $3
              FOR UPDATE SKIP LOCKED
          )
@@ -259,7 +260,7 @@ pub async fn jobs_claim_batch(
 }
 
 /// A job whose outcome was saved, and whether other jobs wait on it.
-#[derive(Debug, Clone, Copy, FromRow)]
+#[derive(Debug, Clone, FromRow)]
 pub struct SavedJob {
     /// Job id.
     pub id: i64,
@@ -267,8 +268,8 @@ pub struct SavedJob {
     pub state: JobState,
     /// Whether `skiplock.job_dependencies` names it as a parent.
     pub has_dependants: bool,
-    /// Whether it belongs to an ordering lane (its successor may be claimable now).
-    pub in_lane: bool,
+    /// Its ordering lane, if any: the next job of the lane may be promoted now.
+    pub ordering_key: Option<String>,
 }
 
 /// Marks held jobs `succeeded`; returns those whose claim was still valid.
@@ -293,7 +294,7 @@ pub async fn jobs_complete_many(
          RETURNING j.id, j.state,
                    EXISTS (SELECT 1 FROM skiplock.job_dependencies d WHERE d.parent_id = j.id)
                        AS has_dependants,
-                   j.ordering_key IS NOT NULL AS in_lane",
+                   j.ordering_key",
     )
     .bind(ids)
     .bind(tokens)
@@ -394,7 +395,7 @@ pub async fn jobs_fail_many(
          RETURNING j.id, j.state,
                    EXISTS (SELECT 1 FROM skiplock.job_dependencies d WHERE d.parent_id = j.id)
                        AS has_dependants,
-                   j.ordering_key IS NOT NULL AS in_lane",
+                   j.ordering_key",
     )
     .bind(&batch.ids)
     .bind(&batch.tokens)
@@ -406,7 +407,8 @@ pub async fn jobs_fail_many(
 }
 
 /// Gives held jobs back to the queue at once without counting the attempt (graceful
-/// shutdown). Returns the ids whose claim was still valid.
+/// shutdown). They keep their `scheduled_at` (they were due already), and so their place
+/// in line. Returns the ids whose claim was still valid.
 pub async fn jobs_release_many(
     db: impl PgExecutor<'_>,
     ids: &[i64],
@@ -422,7 +424,7 @@ pub async fn jobs_release_many(
              FOR UPDATE OF j
          ), released AS (
              UPDATE skiplock.jobs j
-             SET state = 'queued', attempt = greatest(j.attempt - 1, 0), scheduled_at = now(),
+             SET state = 'queued', attempt = greatest(j.attempt - 1, 0),
                  claim_token = NULL, heartbeat_at = NULL
              FROM held
              WHERE j.id = held.id
@@ -438,27 +440,37 @@ pub async fn jobs_release_many(
     .await
 }
 
-/// Extends held claims with the database's `now()`; returns the ids still held. One
-/// statement per worker per heartbeat interval, whatever the number of jobs.
+/// Extends held claims with the database's `now()`, in one statement per worker per
+/// heartbeat interval whatever the number of jobs; returns the ids whose claim is gone
+/// (reaped, cancelled, finished by someone else, deleted).
+///
+/// Rows locked by another statement (most often this worker's own completer, saving the
+/// job's outcome right now) are skipped rather than waited on: a heartbeat must never
+/// queue behind a slow commit, or it would itself go stale. A skipped claim still counts
+/// as held when the statement's snapshot shows it running under our token; the next
+/// heartbeat extends it or finds it gone.
 pub async fn jobs_heartbeat_many(
     db: impl PgExecutor<'_>,
     ids: &[i64],
     tokens: &[Uuid],
 ) -> sqlx::Result<Vec<i64>> {
     sqlx::query_scalar(
-        "WITH held AS (
+        "WITH claims AS (
+             SELECT * FROM unnest($1::bigint[], $2::uuid[]) AS c(id, token)
+         ), held AS (
              SELECT j.id FROM skiplock.jobs j
-             JOIN unnest($1::bigint[], $2::uuid[]) AS c(id, token)
-               ON j.id = c.id AND j.claim_token = c.token
+             JOIN claims c ON j.id = c.id AND j.claim_token = c.token
              WHERE j.state = 'running'
-             ORDER BY j.id
-             FOR UPDATE OF j
+             FOR UPDATE OF j SKIP LOCKED
+         ), beat AS (
+             UPDATE skiplock.jobs j SET heartbeat_at = now()
+             FROM held WHERE j.id = held.id
          )
-         UPDATE skiplock.jobs j
-         SET heartbeat_at = now()
-         FROM held
-         WHERE j.id = held.id
-         RETURNING j.id",
+         SELECT c.id FROM claims c
+         WHERE NOT EXISTS (
+             SELECT 1 FROM skiplock.jobs j
+             WHERE j.id = c.id AND j.claim_token = c.token AND j.state = 'running'
+         )",
     )
     .bind(ids)
     .bind(tokens)
@@ -475,6 +487,8 @@ pub struct ReapedJob {
     pub state: JobState,
     /// The holder that stopped heartbeating.
     pub claimed_by: Option<String>,
+    /// Its ordering lane, if any.
+    pub ordering_key: Option<String>,
 }
 
 /// Returns up to `limit` running jobs whose heartbeat is older than `stale_after_ms` (by
@@ -514,7 +528,7 @@ pub async fn jobs_reap_stale(
              errors = skiplock.append_error(j.errors, j.attempt, r.message)
          FROM reaped r
          WHERE j.id = r.id
-         RETURNING j.id, j.state, j.claimed_by",
+         RETURNING j.id, j.state, j.claimed_by, j.ordering_key",
     )
     .bind(stale_after_ms)
     .bind(limit)
@@ -583,17 +597,30 @@ pub async fn jobs_settle_dependants(
         .await
 }
 
+/// Promotes the next job of each lane whose head finished. Returns how many moved.
+pub async fn jobs_advance_lanes(db: impl PgExecutor<'_>, keys: &[String]) -> sqlx::Result<i32> {
+    sqlx::query_scalar("SELECT skiplock.advance_lanes($1)")
+        .bind(keys)
+        .fetch_one(db)
+        .await
+}
+
 /// Repairs what a race may have left: waiting jobs whose parents have all finished (a
-/// parent finished while the child's enqueue was still uncommitted) are settled, and
-/// waiting jobs left without any parent row (parents pruned) are queued. Returns how
-/// many jobs moved.
+/// parent finished while the child's enqueue was still uncommitted) are settled, waiting
+/// jobs left without any parent row (parents pruned) are queued, and lanes whose head
+/// finished while a new lane job was being enqueued move on. Returns how many jobs moved.
 pub async fn jobs_settle_waiting(db: impl PgExecutor<'_>) -> sqlx::Result<i32> {
     sqlx::query_scalar(
         "WITH orphans AS (
              UPDATE skiplock.jobs c SET state = 'queued'
-             WHERE c.state = 'waiting'
+             WHERE c.state = 'waiting' AND c.ordering_key IS NULL
                AND NOT EXISTS (SELECT 1 FROM skiplock.job_dependencies d WHERE d.job_id = c.id)
              RETURNING c.id
+         ), lanes AS (
+             SELECT skiplock.advance_lanes(ARRAY(
+                 SELECT DISTINCT ordering_key FROM skiplock.jobs
+                 WHERE state = 'waiting' AND ordering_key IS NOT NULL
+             )) AS moved
          )
          SELECT skiplock.settle_dependants(ARRAY(
                     SELECT DISTINCT d.parent_id
@@ -601,7 +628,7 @@ pub async fn jobs_settle_waiting(db: impl PgExecutor<'_>) -> sqlx::Result<i32> {
                     JOIN skiplock.job_dependencies d ON d.job_id = c.id
                     JOIN skiplock.jobs p ON p.id = d.parent_id
                     WHERE c.state = 'waiting' AND p.state IN ('succeeded', 'dead', 'cancelled')
-                ))::int + (SELECT count(*) FROM orphans)::int",
+                ))::int + (SELECT count(*) FROM orphans)::int + (SELECT moved FROM lanes)",
     )
     .fetch_one(db)
     .await

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use tokio_util::sync::CancellationToken;
 
-use crate::db::jobs::{jobs_reap_stale, jobs_settle_dependants};
+use crate::db::jobs::{jobs_advance_lanes, jobs_reap_stale, jobs_settle_dependants};
 use crate::enqueue::duration_ms;
 use crate::job::JobState;
 use crate::worker::{Shared, sleep_jittered};
@@ -36,11 +36,21 @@ pub(crate) async fn reap(shared: Arc<Shared>, stop: CancellationToken) {
                         .filter(|job| job.state == JobState::Dead)
                         .map(|job| job.id)
                         .collect();
+                    let lanes: Vec<String> = reaped
+                        .iter()
+                        .filter(|job| job.state == JobState::Dead)
+                        .filter_map(|job| job.ordering_key.clone())
+                        .collect();
+                    // On failure the periodic sweep settles them a little later.
                     if !dead.is_empty()
                         && let Err(e) = jobs_settle_dependants(&shared.pool, &dead).await
                     {
-                        // The dependency sweep settles them later.
                         tracing::warn!(error = %e, "could not settle dependants of reaped jobs");
+                    }
+                    if !lanes.is_empty()
+                        && let Err(e) = jobs_advance_lanes(&shared.pool, &lanes).await
+                    {
+                        tracing::warn!(error = %e, "could not advance lanes of reaped jobs");
                     }
                     if (reaped.len() as i64) < limit {
                         break;

@@ -19,8 +19,8 @@ use tokio::sync::mpsc;
 use super::executor::{Finished, Outcome};
 use super::{Shared, db_retry_delay};
 use crate::db::jobs::{
-    FailAction, FailBatch, SavedJob, jobs_complete_many, jobs_fail_many, jobs_release_many,
-    jobs_settle_dependants,
+    FailAction, FailBatch, SavedJob, jobs_advance_lanes, jobs_complete_many, jobs_fail_many,
+    jobs_release_many, jobs_settle_dependants,
 };
 use crate::error::is_transient_sqlx;
 use crate::job::{Fate, JobState};
@@ -85,13 +85,13 @@ async fn save(shared: &Shared, batch: &mut Vec<Finished>) {
     }
     let counters = &shared.counters;
     let mut parents = Vec::new();
-    let mut lanes_moved = false;
+    let mut lanes = Vec::new();
     if !done.0.is_empty() {
         let saved = write(shared, "complete", || {
             jobs_complete_many(&shared.pool, &done.0, &done.1)
         })
         .await;
-        let kept = saved.map(|rows| settled_ids(rows, &mut parents, &mut lanes_moved));
+        let kept = saved.map(|rows| settled_ids(rows, &mut parents, &mut lanes));
         settle(
             shared,
             &done.0,
@@ -102,7 +102,7 @@ async fn save(shared: &Shared, batch: &mut Vec<Finished>) {
     }
     if !failed.is_empty() {
         let saved = write(shared, "fail", || jobs_fail_many(&shared.pool, &failed)).await;
-        let kept = saved.map(|rows| settled_ids(rows, &mut parents, &mut lanes_moved));
+        let kept = saved.map(|rows| settled_ids(rows, &mut parents, &mut lanes));
         settle(
             shared,
             &failed.ids,
@@ -132,23 +132,29 @@ async fn save(shared: &Shared, batch: &mut Vec<Finished>) {
         })
         .await;
     }
-    shared.claims.remove_many(&settled);
-    if lanes_moved {
-        // The next job of a lane became its head; claim it now rather than at the next poll.
-        shared.wake_all();
+    if !lanes.is_empty() {
+        // The next job of each lane becomes its head (promotion notifies the workers).
+        lanes.sort_unstable();
+        lanes.dedup();
+        write(shared, "advance lanes", || jobs_advance_lanes(&shared.pool, &lanes)).await;
     }
+    shared.claims.remove_many(&settled);
     if shared.config.exit_when_idle && shared.claims.len() == 0 {
         // The producer may be waiting only to notice that the worker went idle.
         shared.wake_all();
     }
 }
 
-/// Ids of saved jobs; those that finished and have dependants go to `parents`, and
-/// `lanes_moved` notes whether a lane's head finished.
-fn settled_ids(rows: Vec<SavedJob>, parents: &mut Vec<i64>, lanes_moved: &mut bool) -> Vec<i64> {
+/// Ids of saved jobs; those that finished go to `parents` when jobs depend on them and
+/// to `lanes` when they headed an ordering lane.
+fn settled_ids(rows: Vec<SavedJob>, parents: &mut Vec<i64>, lanes: &mut Vec<String>) -> Vec<i64> {
     rows.into_iter()
         .map(|row| {
-            *lanes_moved |= row.in_lane && row.state != JobState::Queued;
+            if row.state != JobState::Queued
+                && let Some(key) = row.ordering_key
+            {
+                lanes.push(key);
+            }
             if row.has_dependants && row.state != JobState::Queued {
                 parents.push(row.id);
             }

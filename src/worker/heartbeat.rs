@@ -1,7 +1,6 @@
 //! The heartbeat: one statement per interval extends every claim the worker holds, and
 //! stops the handlers of claims the database no longer honours (reaped or cancelled).
 
-use std::collections::HashSet;
 use std::sync::Arc;
 
 use tokio_util::sync::CancellationToken;
@@ -24,12 +23,7 @@ pub(super) async fn beat(shared: Arc<Shared>, stop: CancellationToken) {
             continue;
         }
         match jobs_heartbeat_many(&shared.pool, &ids, &tokens).await {
-            Ok(alive) => {
-                if alive.len() == ids.len() {
-                    continue;
-                }
-                let alive: HashSet<i64> = alive.into_iter().collect();
-                let lost: Vec<i64> = ids.into_iter().filter(|id| !alive.contains(id)).collect();
+            Ok(lost) => {
                 for id in shared.claims.stop_lost(&lost) {
                     tracing::warn!(
                         job_id = id,

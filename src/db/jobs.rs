@@ -225,8 +225,9 @@ pub async fn jobs_claim_batch(
     claimed_by: &str,
 ) -> sqlx::Result<Vec<ClaimedJob>> {
     // Besides due, queued, of our queues and kinds, a job must be in a queue that is not
-    // paused (an anti-join on the small queues table: the planner keeps its row estimate,
-    // where `queue <> ALL (ARRAY(...))` made it expect one row and pay for JIT). Lane
+    // paused: `NOT IN (subquery)` becomes a hashed subplan, built once per statement and
+    // probed in memory per row (`queue <> ALL (ARRAY(...))` made the planner expect one row
+    // and pay ~400 ms for JIT; `NOT EXISTS` cost an index probe per row). Lane
     // backlogs wait in `waiting`, so only lane heads get here; the guard below skips a head
     // whose lane still has a running job (after a manual retry), which the unique index
     // jobs_ordering_key_running_idx would otherwise refuse.
@@ -235,7 +236,7 @@ pub async fn jobs_claim_batch(
              SELECT id FROM skiplock.jobs j
              WHERE state = 'queued' AND scheduled_at <= now()
                AND queue = ANY($1) AND kind = ANY($2)
-               AND NOT EXISTS (SELECT 1 FROM skiplock.queues q WHERE q.name = j.queue AND q.paused)
+               AND queue NOT IN (SELECT name FROM skiplock.queues WHERE paused)
                AND (ordering_key IS NULL OR NOT EXISTS (
                    SELECT 1 FROM skiplock.jobs h
                    WHERE h.ordering_key = j.ordering_key AND h.state = 'running'

@@ -234,12 +234,11 @@ impl CronExpression {
     }
 }
 
-/// Byte-free positions: (character offset, text) of each whitespace-separated field.
+/// The (character offset, text) of each whitespace-separated field.
 fn field_spans(expression: &str) -> Vec<(usize, &str)> {
     let mut spans = Vec::new();
     let mut start = None;
-    let mut char_index = 0;
-    for (byte, ch) in expression.char_indices() {
+    for (char_index, (byte, ch)) in expression.char_indices().enumerate() {
         match (ch.is_whitespace(), start) {
             (false, None) => start = Some((byte, char_index)),
             (true, Some((begin, chars))) => {
@@ -248,7 +247,6 @@ fn field_spans(expression: &str) -> Vec<(usize, &str)> {
             }
             _ => {}
         }
-        char_index += 1;
     }
     if let Some((begin, chars)) = start {
         spans.push((chars, &expression[begin..]));

@@ -228,6 +228,30 @@ async fn unknown_job_ids_fail_with_one_line_naming_the_fix() {
 }
 
 #[tokio::test]
+async fn an_unreachable_database_fails_at_once_naming_it() {
+    let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_skiplock"))
+        .env_remove("DATABASE_URL")
+        .args([
+            "--database-url",
+            "postgres://app:secret@127.0.0.1:1/app",
+            "jobs",
+        ])
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(output.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.starts_with(
+            "error: cannot connect to the database at postgres://app:***@127.0.0.1:1/app; \
+             check --database-url / DATABASE_URL and that Postgres is running: "
+        ),
+        "{stderr}"
+    );
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+}
+
+#[tokio::test]
 async fn usage_errors_exit_2_with_clap_messages() {
     let db = test_db().await;
     let malformed = skiplock(&db, &["enqueue", "noop", "{not json"]).await;

@@ -16,12 +16,18 @@ use skiplock::{
 };
 use sqlx::PgPool;
 
+/// Start and end ticks of each run, by job id.
+type Runs = HashMap<i64, Vec<(u64, u64)>>;
+
+/// Payload lists received by `Digest` handlers.
+type Received = Arc<Mutex<Vec<Vec<serde_json::Value>>>>;
+
 /// A global event counter and what happened at each event, shared with handlers.
 #[derive(Default, Clone)]
 struct Timeline {
     clock: Arc<AtomicU64>,
     /// job id -> (start tick, end tick) of each run.
-    runs: Arc<Mutex<HashMap<i64, Vec<(u64, u64)>>>>,
+    runs: Arc<Mutex<Runs>>,
 }
 
 impl Timeline {
@@ -38,7 +44,7 @@ impl Timeline {
             .push((start, end));
     }
 
-    fn runs(&self) -> HashMap<i64, Vec<(u64, u64)>> {
+    fn runs(&self) -> Runs {
         self.runs.lock().unwrap().clone()
     }
 }
@@ -344,7 +350,7 @@ async fn merged_payloads_reach_the_handler_once_in_order() {
             .with_options(EnqueueOptions::new().unique_key("daily", UniquePolicy::Merge));
         skiplock::enqueue_raw(pool, &[job]).await.unwrap();
     }
-    let received: Arc<Mutex<Vec<Vec<serde_json::Value>>>> = Arc::default();
+    let received: Received = Arc::default();
     fast_worker(pool, &Recorder::default())
         .data(received.clone())
         .register::<Digest>()

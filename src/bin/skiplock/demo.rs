@@ -68,6 +68,11 @@ pub async fn run(explicit_url: Option<&str>) -> anyhow::Result<()> {
     );
 
     print_states(&pool).await?;
+    println!("\nskiplock stats (SELECT * FROM skiplock.stats):");
+    println!(
+        "{}",
+        crate::stats::render(&skiplock::stats::stats(&pool).await?)
+    );
     pool.close().await;
     drop(source);
     Ok(())

@@ -19,7 +19,11 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 use clap::{CommandFactory, Parser, Subcommand, ValueEnum};
-use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::Connection;
+use sqlx::postgres::{PgConnectOptions, PgConnection, PgPoolOptions};
+
+/// How long connecting to the database may take before the command gives up.
+const CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// Postgres-backed job queue: enqueue in your transaction, run workers anywhere.
 #[derive(Parser)]
@@ -109,7 +113,7 @@ fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) if e.downcast_ref::<output::Reported>().is_some() => ExitCode::FAILURE,
         Err(e) => {
-            eprintln!("error: {e:#}{}", hint(&e));
+            eprintln!("error: {}{}", message(&e), hint(&e));
             ExitCode::FAILURE
         }
     }
@@ -132,6 +136,23 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Prune(args) => prune::run(&connect(url, 2).await?, args).await,
         Command::Demo => demo::run(url).await,
     }
+}
+
+/// The error and its causes on one line, leaving out causes whose text the line already
+/// holds (library errors often repeat their source's message).
+fn message(error: &anyhow::Error) -> String {
+    let mut line = String::new();
+    for cause in error.chain() {
+        let text = cause.to_string();
+        if line.contains(&text) {
+            continue;
+        }
+        if !line.is_empty() {
+            line.push_str(": ");
+        }
+        line.push_str(&text);
+    }
+    line
 }
 
 /// Exits with status 2 and clap's usage message, for argument combinations clap's
@@ -176,22 +197,30 @@ fn init_logging(format: LogFormat) {
 }
 
 /// Connects a pool to the given URL, or to the local server when none is given.
+///
+/// One connection is opened first, on its own, so that a refused connection or a bad
+/// password is reported at once with its own message instead of as a pool timeout.
 async fn connect(url: Option<&str>, max_connections: u32) -> anyhow::Result<sqlx::PgPool> {
     let url = url.unwrap_or(skiplock::embedded::LOCAL_URL);
     let options: PgConnectOptions = url
         .parse()
         .with_context(|| "the database URL is malformed; expected postgres://user@host:port/db")?;
-    PgPoolOptions::new()
-        .max_connections(max_connections)
-        .acquire_timeout(std::time::Duration::from_secs(10))
-        .connect_with(options)
+    let unreachable = || {
+        format!(
+            "cannot connect to the database at {}; check --database-url / DATABASE_URL and that Postgres is running",
+            redact(url)
+        )
+    };
+    let first = tokio::time::timeout(CONNECT_TIMEOUT, PgConnection::connect_with(&options))
         .await
-        .with_context(|| {
-            format!(
-                "cannot connect to the database at {}; check --database-url / DATABASE_URL and that Postgres is running",
-                redact(url)
-            )
-        })
+        .map_err(|_| anyhow::anyhow!("no answer within {CONNECT_TIMEOUT:?}"))
+        .with_context(unreachable)?
+        .with_context(unreachable)?;
+    let _ = first.close().await;
+    Ok(PgPoolOptions::new()
+        .max_connections(max_connections)
+        .acquire_timeout(CONNECT_TIMEOUT)
+        .connect_lazy_with(options))
 }
 
 /// The URL without its password, for messages.

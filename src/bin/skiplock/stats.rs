@@ -78,7 +78,8 @@ pub async fn run(pool: &PgPool, args: StatsArgs) -> anyhow::Result<()> {
     }
 }
 
-fn render(stats: &Stats) -> String {
+/// The stats as two tables, by queue and by kind, under the time they were taken.
+pub fn render(stats: &Stats) -> String {
     let at = stats.at.format("%Y-%m-%d %H:%M:%S UTC");
     if stats.rows.is_empty() {
         return format!("{at}: no unfinished jobs and none finished in the last hour");

@@ -1,0 +1,118 @@
+//! `skiplock cron`: define, list and remove cron schedules.
+
+use anyhow::Context;
+use clap::{Args, Subcommand};
+use skiplock::cron::{CronSchedule, MissedSlots};
+use sqlx::PgPool;
+
+pub const EXAMPLES: &str = "Examples:
+  skiplock cron add nightly-report '0 3 * * *' http '{\"url\": \"http://reports/run\"}' --timezone Europe/Paris
+  skiplock cron add heartbeat '*/10 * * * * *' noop            # 6 fields: seconds first
+  skiplock cron list --json
+  skiplock cron remove nightly-report";
+
+#[derive(Args)]
+pub struct CronArgs {
+    #[command(subcommand)]
+    action: CronAction,
+}
+
+#[derive(Subcommand)]
+enum CronAction {
+    /// Create or update a schedule. Workers enqueue exactly one job per slot.
+    Add(AddArgs),
+    /// List every schedule.
+    List {
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Delete a schedule; jobs it already produced stay.
+    Remove {
+        /// Schedule name.
+        name: String,
+    },
+}
+
+#[derive(Args)]
+struct AddArgs {
+    /// Unique schedule name.
+    name: String,
+    /// Cron expression: 5 fields (minute hour day-of-month month day-of-week) or 6 (seconds first).
+    expression: String,
+    /// Kind of the jobs it produces.
+    kind: String,
+    /// Args of the jobs it produces (JSON).
+    #[arg(default_value = "{}")]
+    args: String,
+    /// IANA time zone the expression is read in.
+    #[arg(long, default_value = "UTC")]
+    timezone: String,
+    /// Queue of the jobs it produces.
+    #[arg(long, default_value = skiplock::QUEUE_DEFAULT)]
+    queue: String,
+    /// Priority of the jobs it produces (lower runs first).
+    #[arg(long, default_value_t = 0, allow_negative_numbers = true)]
+    priority: i16,
+    /// Attempt budget of the jobs it produces.
+    #[arg(long, default_value_t = skiplock::MAX_ATTEMPTS_DEFAULT)]
+    max_attempts: i32,
+    /// Slots missed while no worker ran: `latest` runs the most recent once, `skip` none.
+    #[arg(long, default_value = "latest", value_parser = parse_missed)]
+    missed: MissedSlots,
+}
+
+fn parse_missed(value: &str) -> Result<MissedSlots, String> {
+    value.parse()
+}
+
+pub async fn run(pool: &PgPool, args: CronArgs) -> anyhow::Result<()> {
+    match args.action {
+        CronAction::Add(add) => {
+            let json: serde_json::Value = serde_json::from_str(&add.args)
+                .with_context(|| format!("args are not valid JSON: {}", add.args))?;
+            let mut schedule = CronSchedule::new(&add.name, &add.expression, &add.kind)
+                .args(json)
+                .timezone(&add.timezone)
+                .queue(&add.queue)
+                .missed(add.missed);
+            schedule.priority = add.priority;
+            schedule.max_attempts = add.max_attempts;
+            skiplock::cron::upsert(pool, &schedule).await?;
+            println!("cron schedule `{}` saved", add.name);
+        }
+        CronAction::List { json } => {
+            let rows = skiplock::cron::list(pool).await?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&rows)?);
+            } else if rows.is_empty() {
+                println!("no cron schedules");
+            } else {
+                println!(
+                    "{:<20} {:<18} {:<16} {:<12} {:<10} {:<7} {:<25} {}",
+                    "NAME", "EXPRESSION", "TIMEZONE", "KIND", "QUEUE", "MISSED", "LAST SLOT", "ERROR"
+                );
+                for row in rows {
+                    println!(
+                        "{:<20} {:<18} {:<16} {:<12} {:<10} {:<7} {:<25} {}",
+                        row.name,
+                        row.expression,
+                        row.timezone,
+                        row.kind,
+                        row.queue,
+                        row.missed,
+                        row.last_slot_at.format("%Y-%m-%d %H:%M:%S UTC"),
+                        row.last_error.unwrap_or_default()
+                    );
+                }
+            }
+        }
+        CronAction::Remove { name } => {
+            if !skiplock::cron::remove(pool, &name).await? {
+                anyhow::bail!("no cron schedule named `{name}`; list them with `skiplock cron list`");
+            }
+            println!("cron schedule `{name}` removed");
+        }
+    }
+    Ok(())
+}

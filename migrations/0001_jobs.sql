@@ -92,22 +92,6 @@ CREATE TRIGGER jobs_notify_inserted
     REFERENCING NEW TABLE AS inserted
     FOR EACH STATEMENT EXECUTE FUNCTION skiplock.notify_jobs_inserted();
 
--- Enqueue from any language: SELECT skiplock.enqueue('email', '{"to": "a@b.c"}');
-CREATE FUNCTION skiplock.enqueue(
-    kind          text,
-    args          jsonb       DEFAULT '{}',
-    queue         text        DEFAULT 'default',
-    priority      smallint    DEFAULT 0,
-    scheduled_at  timestamptz DEFAULT now(),
-    max_attempts  int         DEFAULT 25
-) RETURNS bigint
-LANGUAGE sql AS $$
-    INSERT INTO skiplock.jobs (kind, args, queue, priority, scheduled_at, max_attempts)
-    VALUES (enqueue.kind, enqueue.args, enqueue.queue, enqueue.priority,
-            enqueue.scheduled_at, enqueue.max_attempts)
-    RETURNING id;
-$$;
-
 -- Default retry delay, shared by the reaper and documented beside the Rust policy
 -- (src/retry.rs): min(2^attempt, 3600) seconds, times a random factor in [0.75, 1.25).
 CREATE FUNCTION skiplock.backoff(attempt int) RETURNS interval
@@ -130,38 +114,5 @@ LANGUAGE sql IMMUTABLE AS $$
     ) recent;
 $$;
 
--- Put a dead, cancelled or scheduled job back in line to run now, with a fresh attempt
--- budget when it had none left. Returns false if the job is running or does not exist.
-CREATE FUNCTION skiplock.retry_job(job_id bigint) RETURNS boolean
-LANGUAGE plpgsql AS $$
-DECLARE
-    q text;
-BEGIN
-    UPDATE skiplock.jobs
-    SET state = 'queued',
-        scheduled_at = now(),
-        max_attempts = greatest(max_attempts, attempt + 1),
-        finished_at = NULL
-    WHERE id = job_id AND state IN ('queued', 'dead', 'cancelled', 'succeeded')
-    RETURNING queue INTO q;
-    IF q IS NULL THEN
-        RETURN false;
-    END IF;
-    PERFORM pg_notify('skiplock_jobs', q);
-    RETURN true;
-END;
-$$;
-
--- Cancel a job that has not finished. A queued or waiting job never runs; a running job is
--- marked cancelled and its claim is void, so the holder's completion changes nothing.
-CREATE FUNCTION skiplock.cancel_job(job_id bigint) RETURNS boolean
-LANGUAGE sql AS $$
-    WITH cancelled AS (
-        UPDATE skiplock.jobs
-        SET state = 'cancelled', finished_at = now(), claim_token = NULL, heartbeat_at = NULL,
-            last_error = coalesce(last_error, 'cancelled by operator')
-        WHERE id = job_id AND state IN ('waiting', 'queued', 'running')
-        RETURNING id
-    )
-    SELECT EXISTS (SELECT 1 FROM cancelled);
-$$;
+-- skiplock.enqueue, retry_job and cancel_job are defined in 0002_semantics.sql, which
+-- always applies together with this file.

@@ -158,8 +158,11 @@ CREATE TABLE skiplock.cron_schedules (
 COMMENT ON COLUMN skiplock.cron_schedules.missed IS
     'Slots missed while no worker ran: latest = run the most recent missed slot once; skip = run none of them.';
 
--- Cancelling now also settles dependants and tells the running worker at once.
-CREATE OR REPLACE FUNCTION skiplock.cancel_job(job_id bigint) RETURNS boolean
+-- Cancel a job that has not finished. A queued or waiting job never runs; a running job
+-- is marked cancelled, its claim is void (the holder's completion changes nothing) and the
+-- worker holding it is told at once, so it stops the handler. Dependants are settled and
+-- the job's lane moves on.
+CREATE FUNCTION skiplock.cancel_job(job_id bigint) RETURNS boolean
 LANGUAGE plpgsql AS $$
 DECLARE
     previous skiplock.job_state;
@@ -182,10 +185,12 @@ BEGIN
 END;
 $$;
 
--- Retrying refuses clearly when a pending job already holds the same unique key.
+-- Put a dead, cancelled, succeeded or scheduled job back in line to run now, with one more
+-- attempt when it had none left. Returns false if the job is running, waiting or missing.
 -- A job in an ordering lane goes back behind the lane's head (as `waiting`) when its lane
--- is busy, and is promoted in id order.
-CREATE OR REPLACE FUNCTION skiplock.retry_job(job_id bigint) RETURNS boolean
+-- is busy, and is promoted in id order. Refuses clearly when a pending job already holds
+-- the same unique key.
+CREATE FUNCTION skiplock.retry_job(job_id bigint) RETURNS boolean
 LANGUAGE plpgsql AS $$
 DECLARE
     q text;
@@ -220,9 +225,9 @@ EXCEPTION WHEN unique_violation THEN
 END;
 $$;
 
--- The SQL enqueue, with every option. Returns the job's id (the existing job's id when a
--- unique key conflicts).
-DROP FUNCTION skiplock.enqueue(text, jsonb, text, smallint, timestamptz, int);
+-- Enqueue from any language, with every option:
+--   SELECT skiplock.enqueue('email', '{"to": "a@b.c"}', queue => 'mail');
+-- Returns the job's id (the existing job's id when a unique key conflicts).
 CREATE FUNCTION skiplock.enqueue(
     kind          text,
     args          jsonb       DEFAULT '{}',

@@ -1,0 +1,454 @@
+//! Shared tools of the fault-injection tests (`tests/faults_*.rs`): the audit trigger that
+//! records every change of `skiplock.jobs`, the invariants checked on it, testbed worker
+//! processes (`src/bin/skiplock-testbed.rs`) with signals, and a private Postgres server
+//! that a test may restart.
+#![allow(dead_code)]
+
+#[cfg(feature = "testbed")]
+mod testbed;
+#[cfg(feature = "testbed")]
+#[allow(unused_imports)]
+pub use testbed::*;
+
+use std::collections::{HashMap, HashSet};
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use sqlx::PgPool;
+use uuid::Uuid;
+
+/// Generous limit for anything a test waits on: the machine is small and shared.
+pub const PATIENCE: Duration = Duration::from_secs(90);
+
+/// Seconds a long soak runs, from `SKIPLOCK_SOAK_SECS`; `None` for the fast default.
+pub fn soak_secs() -> Option<u64> {
+    std::env::var("SKIPLOCK_SOAK_SECS")
+        .ok()
+        .and_then(|v| v.trim().parse().ok())
+        .filter(|&s| s > 0)
+}
+
+// ---------------------------------------------------------------------------------------
+// Audit trigger
+
+/// Creates `public.job_audit` and a trigger that records every insert, update and delete
+/// of `skiplock.jobs` in it: the state, attempt and claim token before and after, the
+/// holder, whether the change was only a heartbeat, and `application_name` of the writing
+/// connection (testbed workers set it to their worker id).
+pub async fn install_audit(pool: &PgPool) {
+    sqlx::raw_sql(
+        "CREATE TABLE public.job_audit (
+             seq          bigserial PRIMARY KEY,
+             job_id       bigint      NOT NULL,
+             op           text        NOT NULL,
+             old_state    skiplock.job_state,
+             new_state    skiplock.job_state,
+             old_attempt  int,
+             new_attempt  int,
+             max_attempts int,
+             old_token    uuid,
+             new_token    uuid,
+             old_holder   text,
+             new_holder   text,
+             heartbeat    boolean     NOT NULL,
+             failure      boolean     NOT NULL DEFAULT false,
+             last_error   text,
+             app          text        NOT NULL DEFAULT current_setting('application_name'),
+             claimed_at   timestamptz,
+             txid         bigint      NOT NULL DEFAULT txid_current(),
+             at           timestamptz NOT NULL DEFAULT clock_timestamp()
+         );
+         CREATE FUNCTION public.job_audit_record() RETURNS trigger
+         LANGUAGE plpgsql AS $$
+         BEGIN
+             IF TG_OP = 'INSERT' THEN
+                 INSERT INTO public.job_audit (job_id, op, new_state, new_attempt, max_attempts,
+                                               new_token, new_holder, heartbeat, claimed_at)
+                 VALUES (NEW.id, 'insert', NEW.state, NEW.attempt, NEW.max_attempts,
+                         NEW.claim_token, NEW.claimed_by, false, NEW.claimed_at);
+             ELSIF TG_OP = 'UPDATE' THEN
+                 INSERT INTO public.job_audit (job_id, op, old_state, new_state, old_attempt,
+                                               new_attempt, max_attempts, old_token, new_token,
+                                               old_holder, new_holder, heartbeat, failure,
+                                               last_error, claimed_at)
+                 VALUES (NEW.id, 'update', OLD.state, NEW.state, OLD.attempt, NEW.attempt,
+                         NEW.max_attempts, OLD.claim_token, NEW.claim_token, OLD.claimed_by,
+                         NEW.claimed_by,
+                         OLD.state = NEW.state
+                             AND OLD.claim_token IS NOT DISTINCT FROM NEW.claim_token
+                             AND OLD.heartbeat_at IS DISTINCT FROM NEW.heartbeat_at,
+                         OLD.errors IS DISTINCT FROM NEW.errors,
+                         NEW.last_error, NEW.claimed_at);
+             ELSE
+                 INSERT INTO public.job_audit (job_id, op, old_state, old_attempt, old_token,
+                                               old_holder, heartbeat)
+                 VALUES (OLD.id, 'delete', OLD.state, OLD.attempt, OLD.claim_token,
+                         OLD.claimed_by, false);
+             END IF;
+             RETURN NULL;
+         END;
+         $$;
+         CREATE TRIGGER jobs_audit AFTER INSERT OR UPDATE OR DELETE ON skiplock.jobs
+             FOR EACH ROW EXECUTE FUNCTION public.job_audit_record();",
+    )
+    .execute(pool)
+    .await
+    .expect("install the audit trigger");
+}
+
+/// One row of `public.job_audit`.
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct AuditRow {
+    pub seq: i64,
+    pub job_id: i64,
+    pub op: String,
+    pub old_state: Option<String>,
+    pub new_state: Option<String>,
+    pub old_attempt: Option<i32>,
+    pub new_attempt: Option<i32>,
+    pub max_attempts: Option<i32>,
+    pub old_token: Option<Uuid>,
+    pub new_token: Option<Uuid>,
+    pub old_holder: Option<String>,
+    pub new_holder: Option<String>,
+    pub heartbeat: bool,
+    /// The change recorded a failure (appended to `errors`); `last_error` is its message.
+    pub failure: bool,
+    pub last_error: Option<String>,
+    pub app: String,
+    pub claimed_at: Option<chrono::DateTime<chrono::Utc>>,
+    pub at: chrono::DateTime<chrono::Utc>,
+}
+
+impl AuditRow {
+    /// A claim: queued to running.
+    pub fn is_claim(&self) -> bool {
+        self.old_state.as_deref() == Some("queued") && self.new_state.as_deref() == Some("running")
+    }
+
+    /// The reaper took the claim back.
+    pub fn is_reap(&self) -> bool {
+        self.old_state.as_deref() == Some("running")
+            && self.new_state.as_deref() != Some("running")
+            && self.failure
+            && self
+                .last_error
+                .as_deref()
+                .is_some_and(|e| e.starts_with("no heartbeat from "))
+    }
+
+    /// A graceful release: running to queued with the attempt given back.
+    pub fn is_release(&self) -> bool {
+        self.old_state.as_deref() == Some("running")
+            && self.new_state.as_deref() == Some("queued")
+            && self.new_attempt == self.old_attempt.map(|a| a - 1)
+    }
+}
+
+/// Every audit row, in commit-independent insertion order (`seq`).
+pub async fn audit(pool: &PgPool) -> Vec<AuditRow> {
+    sqlx::query_as(
+        "SELECT seq, job_id, op, old_state::text, new_state::text, old_attempt, new_attempt,
+                max_attempts, old_token, new_token, old_holder, new_holder, heartbeat,
+                failure, last_error, app, claimed_at, at
+         FROM public.job_audit ORDER BY seq",
+    )
+    .fetch_all(pool)
+    .await
+    .expect("read the audit log")
+}
+
+/// Checks the claim discipline over the whole audit log, job by job:
+///
+/// - a claim (queued to running) adds exactly one attempt, never beyond `max_attempts`,
+///   and brings a claim token never seen before on that job;
+/// - a running job's every other change presents the token of its current claim;
+/// - a change to a running job written by a testbed worker (its `application_name`)
+///   comes from the current holder, unless it is the reaper taking a stale claim back;
+/// - a finished job (succeeded, dead, cancelled) never changes again (`allow_reopen`
+///   permits operator retries).
+///
+/// Panics with the offending rows.
+pub fn check_claim_discipline(rows: &[AuditRow], allow_reopen: bool) {
+    let mut by_job: HashMap<i64, Vec<&AuditRow>> = HashMap::new();
+    for row in rows {
+        by_job.entry(row.job_id).or_default().push(row);
+    }
+    for (job, rows) in by_job {
+        let mut tokens: HashSet<Uuid> = HashSet::new();
+        for row in &rows {
+            if row.op != "update" {
+                continue;
+            }
+            let old = row.old_state.as_deref().unwrap_or_default();
+            let new = row.new_state.as_deref().unwrap_or_default();
+            if row.is_claim() {
+                let (before, after) = (row.old_attempt.unwrap(), row.new_attempt.unwrap());
+                assert_eq!(
+                    after,
+                    before + 1,
+                    "job {job}: a claim adds one attempt: {row:?}"
+                );
+                assert!(
+                    after <= row.max_attempts.unwrap(),
+                    "job {job}: attempt {after} is beyond max_attempts: {row:?}"
+                );
+                let token = row.new_token.expect("a claim sets a token");
+                assert!(
+                    tokens.insert(token),
+                    "job {job}: claim token reused: {row:?}"
+                );
+            }
+            if old == "running" && new == "running" && !row.heartbeat {
+                panic!("job {job}: a running job changed without a heartbeat: {row:?}");
+            }
+            if old == "running" && row.app.starts_with("tb-") && !row.is_reap() {
+                assert_eq!(
+                    Some(row.app.as_str()),
+                    row.old_holder.as_deref(),
+                    "job {job}: a worker that does not hold the claim changed it: {row:?}"
+                );
+            }
+            if matches!(old, "succeeded" | "dead" | "cancelled") && !allow_reopen {
+                panic!("job {job}: a finished job changed: {row:?}");
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Runs recorded by the testbed kinds
+
+/// One execution recorded in `public.testbed_runs`.
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct RunRow {
+    pub job_id: i64,
+    pub attempt: i32,
+    pub pid: i32,
+    pub worker_id: String,
+    pub local_clock: chrono::DateTime<chrono::Utc>,
+    pub db_clock: chrono::DateTime<chrono::Utc>,
+}
+
+/// Every recorded execution, oldest first.
+pub async fn runs(pool: &PgPool) -> Vec<RunRow> {
+    sqlx::query_as(
+        "SELECT job_id, attempt, pid, worker_id, local_clock, db_clock
+         FROM public.testbed_runs ORDER BY seq",
+    )
+    .fetch_all(pool)
+    .await
+    .expect("read testbed_runs")
+}
+
+/// Executions per job id.
+pub async fn runs_by_job(pool: &PgPool) -> HashMap<i64, Vec<RunRow>> {
+    let mut map: HashMap<i64, Vec<RunRow>> = HashMap::new();
+    for run in runs(pool).await {
+        map.entry(run.job_id).or_default().push(run);
+    }
+    map
+}
+
+/// Number of recorded executions.
+pub async fn run_count(pool: &PgPool) -> i64 {
+    sqlx::query_scalar("SELECT count(*) FROM public.testbed_runs")
+        .fetch_one(pool)
+        .await
+        .expect("count testbed_runs")
+}
+
+/// Number of jobs in each state, by name.
+pub async fn states(pool: &PgPool) -> HashMap<String, i64> {
+    sqlx::query_as::<_, (String, i64)>(
+        "SELECT state::text, count(*) FROM skiplock.jobs GROUP BY state",
+    )
+    .fetch_all(pool)
+    .await
+    .expect("count states")
+    .into_iter()
+    .collect()
+}
+
+/// Jobs that `worker_id` holds (`running` with it as `claimed_by`).
+pub async fn running_held_by(pool: &PgPool, worker_id: &str) -> i64 {
+    sqlx::query_scalar(
+        "SELECT count(*) FROM skiplock.jobs WHERE state = 'running' AND claimed_by = $1",
+    )
+    .bind(worker_id)
+    .fetch_one(pool)
+    .await
+    .expect("count held jobs")
+}
+
+/// Enqueues `count` jobs of `kind` with the same args in one statement; returns the ids.
+pub async fn enqueue_n(
+    pool: &PgPool,
+    kind: &str,
+    args: serde_json::Value,
+    count: usize,
+    options: skiplock::EnqueueOptions,
+) -> Vec<i64> {
+    let jobs: Vec<skiplock::NewJob> = (0..count)
+        .map(|_| skiplock::NewJob::new(kind, args.clone()).with_options(options.clone()))
+        .collect();
+    skiplock::enqueue_raw(pool, &jobs)
+        .await
+        .expect("enqueue")
+        .into_iter()
+        .map(|id| id.0)
+        .collect()
+}
+
+/// Polls `check` every 25 ms until it returns `Some`; panics naming `what` after `limit`.
+pub async fn wait_until<T, F, Fut>(what: &str, limit: Duration, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = Instant::now() + limit;
+    loop {
+        if let Some(value) = check().await {
+            return value;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "timed out after {limit:?} waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+}
+
+/// The database clock now.
+pub async fn db_now(pool: &PgPool) -> chrono::DateTime<chrono::Utc> {
+    sqlx::query_scalar("SELECT clock_timestamp()")
+        .fetch_one(pool)
+        .await
+        .expect("read the database clock")
+}
+
+// ---------------------------------------------------------------------------------------
+// A private Postgres server
+
+/// A throwaway Postgres server of this test alone (never the shared one on port 5432),
+/// which the test may restart.
+pub struct PrivateServer {
+    server: skiplock::embedded::EmbeddedPostgres,
+    pg_ctl: PathBuf,
+    as_postgres: bool,
+}
+
+/// How `pg_ctl` stops the server before starting it again.
+#[derive(Debug, Clone, Copy)]
+pub enum Restart {
+    /// Every backend is killed at once, without a checkpoint: a crash as far as clients
+    /// and the WAL are concerned.
+    Immediate,
+    /// Backends are terminated and a checkpoint is written.
+    Fast,
+}
+
+impl PrivateServer {
+    /// Starts a server from the installed binaries; `None` (with a note on stderr) when
+    /// there are none.
+    pub async fn start() -> Option<PrivateServer> {
+        tokio::task::spawn_blocking(|| {
+            let Some(binaries) = skiplock::embedded::PgBinaries::find() else {
+                eprintln!("skipped: no PostgreSQL server binaries (initdb, pg_ctl) installed");
+                return None;
+            };
+            let server = skiplock::embedded::EmbeddedPostgres::start_with(binaries.clone())
+                .expect("start a private PostgreSQL server");
+            let uid = std::fs::metadata(server.dir())
+                .map(|m| std::os::unix::fs::MetadataExt::uid(&m))
+                .unwrap_or(0);
+            let me = std::fs::metadata("/proc/self")
+                .map(|m| std::os::unix::fs::MetadataExt::uid(&m))
+                .unwrap_or(0);
+            Some(PrivateServer {
+                server,
+                pg_ctl: binaries.pg_ctl,
+                as_postgres: me == 0 && uid != 0,
+            })
+        })
+        .await
+        .expect("start the server")
+    }
+
+    /// The URL of database `name` on this server.
+    pub fn url(&self, name: &str) -> String {
+        format!(
+            "postgres://postgres@127.0.0.1:{}/{name}",
+            self.server.port()
+        )
+    }
+
+    /// Creates database `name`, migrates it, turns `synchronous_commit` back on (the
+    /// throwaway server runs with it off, which can lose acknowledged commits in a
+    /// crash; the tests here must not confuse that with skiplock losing jobs), and
+    /// returns a pool on it.
+    pub async fn database(&self, name: &str, max_connections: u32) -> PgPool {
+        let admin = PgPool::connect(&self.url("postgres"))
+            .await
+            .expect("connect");
+        sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE \"{name}\"")))
+            .execute(&admin)
+            .await
+            .expect("create database");
+        sqlx::query("ALTER SYSTEM SET synchronous_commit = on")
+            .execute(&admin)
+            .await
+            .expect("synchronous_commit");
+        sqlx::query("SELECT pg_reload_conf()")
+            .execute(&admin)
+            .await
+            .expect("reload");
+        admin.close().await;
+        let pool = sqlx::postgres::PgPoolOptions::new()
+            .max_connections(max_connections)
+            .acquire_timeout(Duration::from_secs(60))
+            .connect(&self.url(name))
+            .await
+            .expect("connect to the private database");
+        skiplock::migrate(&pool).await.expect("migrate");
+        pool
+    }
+
+    /// Restarts the server with `pg_ctl restart -m MODE`, waiting until it accepts
+    /// connections again.
+    pub async fn restart(&self, mode: Restart) {
+        let mode = match mode {
+            Restart::Immediate => "immediate",
+            Restart::Fast => "fast",
+        };
+        let data = self.server.dir().join("data");
+        let log = self.server.dir().join("postgres.log");
+        let mut command = if self.as_postgres {
+            let mut c = std::process::Command::new("runuser");
+            c.args(["-u", "postgres", "--"]).arg(&self.pg_ctl);
+            c
+        } else {
+            std::process::Command::new(&self.pg_ctl)
+        };
+        command
+            .arg("-D")
+            .arg(&data)
+            .arg("-l")
+            .arg(&log)
+            .args(["-m", mode, "-w", "-t", "60", "restart"])
+            .current_dir(self.server.dir())
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        let output = tokio::task::spawn_blocking(move || command.output())
+            .await
+            .expect("run pg_ctl")
+            .expect("run pg_ctl");
+        assert!(
+            output.status.success(),
+            "pg_ctl restart -m {mode} failed: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+}

@@ -1,0 +1,199 @@
+//! Faults of job handlers: handlers that never return, block their thread, spin the CPU,
+//! panic, or abort the whole process. Real `skiplock-testbed` processes run them next to
+//! well-behaved jobs; the invariants are read from the database.
+#![cfg(feature = "testbed")]
+
+mod common;
+mod fault_support;
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use common::test_db;
+use fault_support::{
+    PATIENCE, Testbed, TestbedArgs, audit, check_claim_discipline, create_runs_table, enqueue_n,
+    install_audit, runs_by_job, states, wait_until,
+};
+use serde_json::json;
+use skiplock::{EnqueueOptions, JobId, JobState};
+
+/// Workload: one worker (8 slots, 4 runtime threads, kinds' timeout 1 s, stale after 2 s)
+/// runs, each with `max_attempts = 3`: a handler that never returns, one that spins the
+/// CPU, one that panics, one that blocks its thread for 3 s (past the stale timeout), a
+/// well-behaved 4 s job, and 200 short jobs.
+///
+/// Fault: the misbehaving handlers themselves.
+///
+/// Invariant: the never-returning and spinning jobs are stopped by their timeout and the
+/// panicking one fails, each exactly 3 times, then goes `dead` with the exact reason; the
+/// blocked thread starves nobody: no claim is ever reaped, so the blocking job and the 4 s
+/// job ran exactly once; the 200 short jobs all succeed once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn misbehaving_handlers_are_tried_max_attempts_times_while_the_queue_flows() {
+    let db = test_db().await;
+    let pool = &db.pool;
+    install_audit(pool).await;
+    create_runs_table(&db.url).await;
+    let three = EnqueueOptions::new().max_attempts(3);
+    let never = enqueue_n(pool, "never_return", json!({}), 1, three.clone()).await[0];
+    let spin = enqueue_n(pool, "spin", json!({}), 1, three.clone()).await[0];
+    let panic = enqueue_n(pool, "panic", json!({}), 1, three.clone()).await[0];
+    let block = enqueue_n(pool, "block", json!({"ms": 3000}), 1, three.clone()).await[0];
+    let long = enqueue_n(pool, "record", json!({"ms": 4000}), 1, three.clone()).await[0];
+    let short = enqueue_n(pool, "record", json!({"ms": 5}), 200, three.clone()).await;
+
+    let worker = Testbed::start(
+        &db.url,
+        "tb-handlers",
+        &TestbedArgs::new()
+            .set("concurrency", 8)
+            .set("worker-threads", 4)
+            .set("timeout-ms", 1_000)
+            .set("heartbeat-ms", 200)
+            .set("stale-ms", 2_000),
+    )
+    .await;
+    wait_until("every job to settle", PATIENCE, || async {
+        let states = states(pool).await;
+        (states.get("dead") == Some(&3) && states.get("succeeded") == Some(&202)).then_some(())
+    })
+    .await;
+    drop(worker);
+
+    let runs = runs_by_job(pool).await;
+    for (id, kind) in [(never, "never_return"), (spin, "spin")] {
+        let row = skiplock::job(pool, JobId(id)).await.unwrap().unwrap();
+        assert_eq!((row.state, row.attempt), (JobState::Dead, 3), "{kind}");
+        assert_eq!(runs[&id].len(), 3, "{kind} ran exactly max_attempts times");
+        assert_eq!(
+            row.last_error.as_deref(),
+            Some(format!("timed out after 1s (kind `{kind}`)").as_str())
+        );
+    }
+    let row = skiplock::job(pool, JobId(panic)).await.unwrap().unwrap();
+    assert_eq!((row.state, row.attempt), (JobState::Dead, 3));
+    assert_eq!(runs[&panic].len(), 3);
+    assert_eq!(
+        row.last_error.as_deref(),
+        Some("handler panicked: testbed panic on attempt 3")
+    );
+    // A thread blocked past the stale timeout cannot be preempted by the timeout, but the
+    // other threads keep heartbeating: the job is not reaped and runs once.
+    for id in [block, long] {
+        let row = skiplock::job(pool, JobId(id)).await.unwrap().unwrap();
+        assert_eq!((row.state, row.attempt), (JobState::Succeeded, 1));
+        assert_eq!(runs[&id].len(), 1);
+    }
+    for id in &short {
+        assert_eq!(runs[id].len(), 1, "short job {id} ran once");
+    }
+    let log = audit(pool).await;
+    check_claim_discipline(&log, false);
+    let reaped: Vec<_> = log.iter().filter(|r| r.is_reap()).collect();
+    assert!(reaped.is_empty(), "heartbeats kept going: {reaped:?}");
+}
+
+/// Workload: a stable worker S (kind `record`) and a worker X that also runs `abort`, which
+/// aborts the process; a job of it with `max_attempts = 3` and 100 short `record` jobs.
+///
+/// Fault: every attempt of the abort job kills X (SIGABRT); the test starts a fresh X each
+/// time, as a supervisor would.
+///
+/// Invariant: the abort job is tried exactly 3 times (3 executions, 3 claims, 3 reaps, by
+/// three X processes), then goes `dead` with the reaper's reason; X dies exactly 3 times;
+/// every short job succeeds, and one that ran twice had first run in a process that died.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handler_that_aborts_its_process_is_tried_max_attempts_times() {
+    let db = test_db().await;
+    let pool = &db.pool;
+    install_audit(pool).await;
+    create_runs_table(&db.url).await;
+    let args = TestbedArgs::new()
+        .set("concurrency", 4)
+        .set("heartbeat-ms", 200)
+        .set("stale-ms", 1_500);
+    let stable = Testbed::start(&db.url, "tb-stable", &args.clone().set("kinds", "record")).await;
+    let abort = enqueue_n(
+        pool,
+        "abort",
+        json!({}),
+        1,
+        EnqueueOptions::new().max_attempts(3),
+    )
+    .await[0];
+    let short = enqueue_n(
+        pool,
+        "record",
+        json!({"ms": 20}),
+        100,
+        EnqueueOptions::new(),
+    )
+    .await;
+
+    let x_args = args.set("kinds", "abort,record");
+    let mut crashes = Vec::new();
+    let mut x = Testbed::start(&db.url, "tb-abort-0", &x_args).await;
+    let deadline = std::time::Instant::now() + PATIENCE;
+    loop {
+        let row = skiplock::job(pool, JobId(abort)).await.unwrap().unwrap();
+        if row.state == JobState::Dead {
+            break;
+        }
+        if x.has_exited() {
+            let status = x.wait_exit(PATIENCE).await;
+            assert!(!status.success(), "X died of the abort: {status:?}");
+            crashes.push(x.worker_id.clone());
+            x = Testbed::start(&db.url, &format!("tb-abort-{}", crashes.len()), &x_args).await;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the abort job did not die in time: {row:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    wait_until("the short jobs to succeed", PATIENCE, || async {
+        (states(pool).await.get("succeeded") == Some(&100)).then_some(())
+    })
+    .await;
+    // The X started after the third crash has nothing to abort: it stops cleanly.
+    if x.has_exited() {
+        assert!(!x.wait_exit(PATIENCE).await.success());
+        crashes.push(x.worker_id.clone());
+    } else {
+        x.signal("TERM");
+        assert!(x.wait_exit(PATIENCE).await.success(), "{}", x.log_text());
+    }
+    drop(stable);
+
+    assert_eq!(crashes.len(), 3, "X died once per attempt: {crashes:?}");
+    let row = skiplock::job(pool, JobId(abort)).await.unwrap().unwrap();
+    assert_eq!((row.state, row.attempt), (JobState::Dead, 3));
+    assert_eq!(
+        row.last_error.as_deref(),
+        Some("no heartbeat from tb-abort-2 for over 1500 ms; claim taken back")
+    );
+    let runs = runs_by_job(pool).await;
+    let ran_in: Vec<&str> = runs[&abort].iter().map(|r| r.worker_id.as_str()).collect();
+    assert_eq!(ran_in, vec!["tb-abort-0", "tb-abort-1", "tb-abort-2"]);
+    let log = audit(pool).await;
+    check_claim_discipline(&log, false);
+    let per_job = |f: fn(&fault_support::AuditRow) -> bool| {
+        log.iter().filter(|r| r.job_id == abort && f(r)).count()
+    };
+    assert_eq!(
+        (per_job(|r| r.is_claim()), per_job(|r| r.is_reap())),
+        (3, 3)
+    );
+    let mut reran: HashMap<usize, usize> = HashMap::new();
+    for id in &short {
+        let runs = &runs[id];
+        for run in &runs[..runs.len() - 1] {
+            assert!(
+                crashes.contains(&run.worker_id),
+                "short job {id} ran again after a run by a live worker: {runs:?}"
+            );
+        }
+        *reran.entry(runs.len()).or_default() += 1;
+    }
+    eprintln!("short jobs by number of runs: {reran:?}");
+}

@@ -1,0 +1,326 @@
+//! Faults of worker processes: `kill -9` during a drain, a worker frozen past its stale
+//! timeout, and a rolling SIGTERM restart under load. Each test runs real
+//! `skiplock-testbed` processes against its own database and checks its invariant from
+//! the database: the audit trigger's log of every change and the testbed's record of
+//! every execution.
+#![cfg(feature = "testbed")]
+
+mod common;
+mod fault_support;
+
+use std::collections::{HashMap, HashSet};
+
+use common::test_db;
+use fault_support::{
+    PATIENCE, Testbed, TestbedArgs, audit, check_claim_discipline, create_runs_table, db_now,
+    enqueue_n, install_audit, run_count, running_held_by, runs_by_job, states, wait_until,
+};
+use serde_json::json;
+use skiplock::EnqueueOptions;
+
+/// Workload: 10,000 `record` jobs (each records its execution, then sleeps 2 ms) drained
+/// by three testbed workers of 16 slots each.
+///
+/// Fault: five times during the drain (at 10 %, 25 %, 40 %, 55 % and 70 % of the runs) one
+/// worker is killed with SIGKILL, mid-flight, and a fresh one takes its place.
+///
+/// Invariant: no job is lost (all 10,000 succeed); a job ran more than once only if a
+/// killed worker held it: every execution but a job's last, every claim but its last, and
+/// every reap were a killed worker's; the claim discipline holds; nothing stays running.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_9_during_a_drain_loses_nothing_and_reruns_only_the_killed_workers_jobs() {
+    const JOBS: usize = 10_000;
+    let db = test_db().await;
+    let pool = &db.pool;
+    install_audit(pool).await;
+    create_runs_table(&db.url).await;
+    enqueue_n(
+        pool,
+        "record",
+        json!({"ms": 2}),
+        JOBS,
+        EnqueueOptions::new(),
+    )
+    .await;
+
+    let args = TestbedArgs::new()
+        .set("kinds", "record")
+        .set("concurrency", 16)
+        .set("heartbeat-ms", 200)
+        .set("stale-ms", 2_000);
+    let mut workers = Vec::new();
+    for i in 0..3 {
+        workers.push(Testbed::start(&db.url, &format!("tb-drain-{i}"), &args).await);
+    }
+    let mut killed: HashSet<String> = HashSet::new();
+    for (k, percent) in [10, 25, 40, 55, 70].into_iter().enumerate() {
+        let threshold = (JOBS * percent / 100) as i64;
+        wait_until("the drain to progress", PATIENCE, || async {
+            (run_count(pool).await >= threshold).then_some(())
+        })
+        .await;
+        let slot = k % workers.len();
+        let victim = &mut workers[slot];
+        let held = running_held_by(pool, &victim.worker_id).await;
+        victim.kill9().await;
+        eprintln!("killed {} holding {held} jobs", victim.worker_id);
+        killed.insert(victim.worker_id.clone());
+        workers[slot] = Testbed::start(&db.url, &format!("tb-drain-{slot}-{k}"), &args).await;
+    }
+    wait_until("every job to succeed", PATIENCE * 2, || async {
+        (states(pool).await.get("succeeded").copied() == Some(JOBS as i64)).then_some(())
+    })
+    .await;
+    for worker in &mut workers {
+        worker.signal("TERM");
+        assert!(worker.wait_exit(PATIENCE).await.success());
+    }
+
+    assert_eq!(
+        states(pool).await,
+        HashMap::from([("succeeded".to_owned(), JOBS as i64)]),
+        "no job lost, none left running"
+    );
+    let runs = runs_by_job(pool).await;
+    assert_eq!(runs.len(), JOBS, "every job ran");
+    let mut reran = 0;
+    for (job, runs) in &runs {
+        for run in &runs[..runs.len() - 1] {
+            assert!(
+                killed.contains(&run.worker_id),
+                "job {job} ran again after a run by live worker {}: {runs:?}",
+                run.worker_id
+            );
+        }
+        reran += usize::from(runs.len() > 1);
+    }
+    let log = audit(pool).await;
+    check_claim_discipline(&log, false);
+    let mut last_claim: HashMap<i64, &fault_support::AuditRow> = HashMap::new();
+    let mut reaped_from: HashSet<&str> = HashSet::new();
+    for row in &log {
+        if row.is_reap() {
+            let holder = row.old_holder.as_deref().unwrap();
+            assert!(
+                killed.contains(holder),
+                "a live worker's claim was reaped: {row:?}"
+            );
+            reaped_from.insert(holder);
+        }
+        assert!(!row.is_release(), "nobody released anything: {row:?}");
+        if row.is_claim() {
+            if let Some(previous) = last_claim.insert(row.job_id, row) {
+                assert!(
+                    killed.contains(previous.new_holder.as_deref().unwrap()),
+                    "job {} was claimed again after a live worker's claim {previous:?}",
+                    row.job_id
+                );
+            }
+        }
+    }
+    assert_eq!(
+        reaped_from.len(),
+        killed.len(),
+        "every killed worker held jobs that were reaped: {reaped_from:?}"
+    );
+    eprintln!("{reran} of {JOBS} jobs ran more than once, all after a kill");
+}
+
+/// Workload: two `record` jobs (4 s and 6 s) claimed by worker A.
+///
+/// Fault: A is frozen with SIGSTOP while it runs them; worker B's reaper takes the claims
+/// back once A's heartbeats are 2 s stale, and B runs both jobs again. While B runs them,
+/// A is resumed: its timers have expired, its heartbeat and completer write at once.
+///
+/// Invariant: A's late writes change nothing (A notices it lost the claims; the jobs stay
+/// B's while B runs them); both jobs end `succeeded` by B on attempt 2, after exactly one
+/// reap each; no audit row after the reaps was written by A.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frozen_worker_resumed_after_its_claims_were_reaped_changes_nothing() {
+    let db = test_db().await;
+    let pool = &db.pool;
+    install_audit(pool).await;
+    create_runs_table(&db.url).await;
+    let args = TestbedArgs::new()
+        .set("kinds", "record")
+        .set("concurrency", 2)
+        .set("heartbeat-ms", 200)
+        .set("stale-ms", 2_000);
+    let a = Testbed::start(&db.url, "tb-frozen", &args).await;
+    let j1 = enqueue_n(
+        pool,
+        "record",
+        json!({"ms": 4000}),
+        1,
+        EnqueueOptions::new(),
+    )
+    .await[0];
+    let j2 = enqueue_n(
+        pool,
+        "record",
+        json!({"ms": 6000}),
+        1,
+        EnqueueOptions::new(),
+    )
+    .await[0];
+    wait_until("A to run both jobs", PATIENCE, || async {
+        (run_count(pool).await == 2).then_some(())
+    })
+    .await;
+    a.signal("STOP");
+    let b = Testbed::start(&db.url, "tb-rescuer", &args).await;
+    wait_until("B to run both jobs again", PATIENCE, || async {
+        (run_count(pool).await == 4).then_some(())
+    })
+    .await;
+    let held_by_b: Vec<(i64, uuid::Uuid)> = sqlx::query_as(
+        "SELECT id, claim_token FROM skiplock.jobs
+         WHERE state = 'running' AND claimed_by = 'tb-rescuer' ORDER BY id",
+    )
+    .fetch_all(pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        held_by_b.iter().map(|(id, _)| *id).collect::<Vec<_>>(),
+        vec![j1, j2]
+    );
+
+    a.signal("CONT");
+    wait_until("A to notice it lost its claims", PATIENCE, || async {
+        (a.log_count("claim lost") + a.log_count("outcome discarded") > 0).then_some(())
+    })
+    .await;
+    // While B still runs them, the jobs are B's, with B's claims.
+    let now_held: Vec<(i64, uuid::Uuid)> = sqlx::query_as(
+        "SELECT id, claim_token FROM skiplock.jobs
+         WHERE state = 'running' AND claimed_by = 'tb-rescuer' ORDER BY id",
+    )
+    .fetch_all(pool)
+    .await
+    .unwrap();
+    assert_eq!(now_held, held_by_b, "A's late writes changed nothing");
+
+    wait_until("B to finish both jobs", PATIENCE, || async {
+        (states(pool).await.get("succeeded") == Some(&2)).then_some(())
+    })
+    .await;
+    for id in [j1, j2] {
+        let row = skiplock::job(pool, skiplock::JobId(id))
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            (row.claimed_by.as_deref(), row.attempt),
+            (Some("tb-rescuer"), 2),
+            "job {id} finished by the new holder"
+        );
+    }
+    let log = audit(pool).await;
+    check_claim_discipline(&log, false);
+    let reaps: Vec<_> = log.iter().filter(|r| r.is_reap()).collect();
+    assert_eq!(reaps.len(), 2, "one reap per job: {reaps:?}");
+    assert!(
+        reaps
+            .iter()
+            .all(|r| r.old_holder.as_deref() == Some("tb-frozen"))
+    );
+    let last_reap = reaps.iter().map(|r| r.seq).max().unwrap();
+    let by_a: Vec<_> = log
+        .iter()
+        .filter(|r| r.seq > last_reap && r.app == "tb-frozen")
+        .collect();
+    assert!(by_a.is_empty(), "A wrote after losing its claims: {by_a:?}");
+    drop(b);
+}
+
+/// Workload: 150 `record` jobs of 100 ms to 3 s, run by three workers of 8 slots, each with
+/// a 1 s shutdown grace.
+///
+/// Fault: a rolling restart: each worker in turn gets SIGTERM (the last one twice, which
+/// releases at once) and is replaced by a fresh one while the others keep working.
+///
+/// Invariant: after a worker has acknowledged the signal it claims nothing new; when it
+/// exits it holds nothing (every job it held finished or was released); a release gives
+/// the attempt back, so every job ends `succeeded` on attempt 1 and nothing was reaped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rolling_sigterm_restart_claims_nothing_after_the_signal_and_loses_no_attempt() {
+    const JOBS: usize = 150;
+    let db = test_db().await;
+    let pool = &db.pool;
+    install_audit(pool).await;
+    create_runs_table(&db.url).await;
+    let mut rng = fastrand::Rng::with_seed(11);
+    let jobs: Vec<skiplock::NewJob> = (0..JOBS)
+        .map(|_| skiplock::NewJob::new("record", json!({"ms": rng.u64(100..3000)})))
+        .collect();
+    skiplock::enqueue_raw(pool, &jobs).await.unwrap();
+
+    let args = TestbedArgs::new()
+        .set("kinds", "record")
+        .set("concurrency", 8)
+        .set("shutdown-grace-ms", 1_000);
+    let mut workers = Vec::new();
+    for i in 0..3 {
+        workers.push(Testbed::start(&db.url, &format!("tb-roll-{i}"), &args).await);
+    }
+    let mut acknowledged = HashMap::new();
+    for slot in 0..workers.len() {
+        wait_until("the workers to be busy", PATIENCE, || async {
+            (running_held_by(pool, &workers[slot].worker_id).await > 0).then_some(())
+        })
+        .await;
+        let worker = &mut workers[slot];
+        worker.signal("TERM");
+        worker.wait_for_log("signal received", PATIENCE).await;
+        acknowledged.insert(worker.worker_id.clone(), db_now(pool).await);
+        if slot == 2 {
+            worker.signal("TERM");
+        }
+        let status = worker.wait_exit(PATIENCE).await;
+        assert!(status.success(), "{}", worker.log_text());
+        assert_eq!(
+            running_held_by(pool, &worker.worker_id).await,
+            0,
+            "{} left jobs running",
+            worker.worker_id
+        );
+        workers[slot] = Testbed::start(&db.url, &format!("tb-roll-{slot}b"), &args).await;
+    }
+    wait_until("every job to succeed", PATIENCE, || async {
+        (states(pool).await.get("succeeded").copied() == Some(JOBS as i64)).then_some(())
+    })
+    .await;
+
+    let log = audit(pool).await;
+    check_claim_discipline(&log, false);
+    let mut releases = 0;
+    for row in &log {
+        assert!(!row.is_reap(), "nothing was reaped: {row:?}");
+        if row.is_claim() {
+            let holder = row.new_holder.as_deref().unwrap();
+            if let Some(signalled) = acknowledged.get(holder) {
+                assert!(
+                    row.claimed_at.unwrap() <= *signalled,
+                    "{holder} claimed job {} after acknowledging SIGTERM: {row:?}",
+                    row.job_id
+                );
+            }
+        }
+        if row.is_release() {
+            releases += 1;
+            assert!(
+                acknowledged.contains_key(&row.app),
+                "only a stopping worker releases: {row:?}"
+            );
+        }
+    }
+    assert!(
+        releases > 0,
+        "some jobs outlived the grace and were released"
+    );
+    let attempts: Vec<i32> = sqlx::query_scalar("SELECT DISTINCT attempt FROM skiplock.jobs")
+        .fetch_all(pool)
+        .await
+        .unwrap();
+    assert_eq!(attempts, vec![1], "releases gave every attempt back");
+}

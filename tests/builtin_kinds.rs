@@ -518,3 +518,54 @@ async fn command_jobs_are_refused_without_an_allow_list_or_off_it() {
         )
     );
 }
+
+#[tokio::test]
+async fn cancelling_a_running_command_kills_its_process_group() {
+    let db = test_db().await;
+    let dir = tempfile::tempdir().unwrap();
+    let pids_path = dir.path().join("pids");
+    let id = enqueue(
+        &db,
+        "command",
+        &json!({"program": "sleep 600 & echo $$ $! > \"$PIDS\"; wait", "shell": true,
+                "env": {"PIDS": pids_path}}),
+        &[],
+    )
+    .await;
+    let mut worker = cli_support::command(&db)
+        .args(["work", "--kinds", "command", "--allow-command", "sh"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let read_pids = || {
+        std::fs::read_to_string(&pids_path)
+            .ok()
+            .filter(|text| text.ends_with('\n'))
+            .map(|text| {
+                text.split_whitespace()
+                    .map(|p| p.parse::<u32>().unwrap())
+                    .collect::<Vec<_>>()
+            })
+    };
+    wait_for("the script to start", Duration::from_secs(30), || async {
+        read_pids().is_some()
+    })
+    .await;
+    assert_eq!(
+        cli_support::skiplock(&db, &["cancel", &id.to_string()])
+            .await
+            .ok(),
+        format!("job {id} cancelled\n")
+    );
+    for pid in read_pids().unwrap() {
+        wait_for(
+            &format!("process {pid} to end"),
+            Duration::from_secs(30),
+            || async move { ended(pid) },
+        )
+        .await;
+    }
+    worker.kill().await.unwrap();
+    assert_eq!(job_json(&db.pool, id).await["state"], json!("cancelled"));
+}

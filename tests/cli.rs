@@ -642,3 +642,31 @@ async fn operator_views_and_sql_functions_answer() {
     assert_eq!(retried, [ids[0]]);
     assert_eq!(job_json(pool, ids[0]).await["state"], json!("queued"));
 }
+
+#[tokio::test]
+async fn enqueue_file_reads_stdin() {
+    use tokio::io::AsyncWriteExt;
+
+    let db = test_db().await;
+    let mut child = cli_support::command(&db)
+        .args(["enqueue", "--file", "-", "--json"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    stdin
+        .write_all(b"{\"kind\": \"noop\"}\n{\"kind\": \"sleep\", \"args\": {\"ms\": 1}}\n")
+        .await
+        .unwrap();
+    drop(stdin);
+    let output = child.wait_with_output().await.unwrap();
+    assert!(output.status.success());
+    let report: Value = serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!(report, json!({"enqueued": 2, "skipped": []}));
+    let kinds: Vec<String> = sqlx::query_scalar("SELECT kind FROM skiplock.jobs ORDER BY id")
+        .fetch_all(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(kinds, ["noop", "sleep"]);
+}

@@ -1,0 +1,257 @@
+//! Faults of the Postgres server: restarts (immediate and fast) during enqueue and work,
+//! and the jobs table locked for 15 s under a worker whose pool is too small for its
+//! concurrency. Restarts happen on a private server of the test's own, never on the
+//! shared one.
+#![cfg(feature = "testbed")]
+
+mod common;
+mod fault_support;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use common::test_db;
+use fault_support::{
+    PATIENCE, PrivateServer, Restart, Testbed, TestbedArgs, audit, check_claim_discipline,
+    create_runs_table, db_now, enqueue_n, install_audit, run_count, runs_by_job, states,
+    wait_until,
+};
+use serde_json::json;
+use skiplock::{EnqueueOptions, NewJob};
+use sqlx::PgPool;
+
+/// What the enqueuer saw of one transaction.
+struct Outcome {
+    tx: i32,
+    committed: bool,
+}
+
+/// Enqueues transactions until `stop`: each writes an `orders` row and 20 jobs tagged
+/// with its number, then commits; errors (the server is down) are noted and the loop goes
+/// on.
+async fn enqueue_until(pool: PgPool, stop: Arc<AtomicBool>) -> Vec<Outcome> {
+    let mut outcomes = Vec::new();
+    let mut tx_number = 0;
+    while !stop.load(Ordering::Relaxed) {
+        tx_number += 1;
+        let attempt = async {
+            let mut tx = pool.begin().await?;
+            sqlx::query("INSERT INTO public.orders (tx) VALUES ($1)")
+                .bind(tx_number)
+                .execute(&mut *tx)
+                .await?;
+            let jobs: Vec<NewJob> = (0..20)
+                .map(|_| NewJob::new("record", json!({"ms": 20, "tx": tx_number})))
+                .collect();
+            skiplock::enqueue_raw(&mut *tx, &jobs)
+                .await
+                .map_err(|e| match e {
+                    skiplock::Error::Database(e) => e,
+                    other => panic!("enqueue refused: {other}"),
+                })?;
+            tx.commit().await
+        };
+        let committed = attempt.await.is_ok();
+        outcomes.push(Outcome {
+            tx: tx_number,
+            committed,
+        });
+        if !committed {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+    outcomes
+}
+
+/// Workload: a task enqueues transactions of 20 jobs plus an application row, back to
+/// back, while two testbed workers (8 slots, stale after 3 s) drain them.
+///
+/// Fault: the private Postgres server is restarted twice under this load, first with
+/// `pg_ctl restart -m immediate` (a crash: backends killed, no checkpoint), then with
+/// `-m fast`.
+///
+/// Invariant: every transaction is atomic both ways (its row and its 20 jobs exist
+/// together or not at all); every transaction whose commit succeeded is kept; the
+/// workers recover without being restarted (the same processes drain everything); no
+/// job is left queued or running; the claim discipline holds across the restarts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_restarts_during_enqueue_and_work_lose_nothing_and_strand_nothing() {
+    let Some(server) = PrivateServer::start().await else {
+        return;
+    };
+    let pool = server.database("faults", 10).await;
+    let url = server.url("faults");
+    install_audit(&pool).await;
+    sqlx::query("CREATE TABLE public.orders (tx int PRIMARY KEY)")
+        .execute(&pool)
+        .await
+        .unwrap();
+    create_runs_table(&url).await;
+    let args = TestbedArgs::new()
+        .set("kinds", "record")
+        .set("concurrency", 8)
+        .set("stale-ms", 3_000);
+    let mut workers = vec![
+        Testbed::start(&url, "tb-pg-0", &args).await,
+        Testbed::start(&url, "tb-pg-1", &args).await,
+    ];
+    let stop = Arc::new(AtomicBool::new(false));
+    let enqueuer = tokio::spawn(enqueue_until(pool.clone(), stop.clone()));
+
+    for mode in [Restart::Immediate, Restart::Fast] {
+        let before = run_count(&pool).await;
+        wait_until("the workers to make progress", PATIENCE, || async {
+            (run_count(&pool).await >= before + 100).then_some(())
+        })
+        .await;
+        server.restart(mode).await;
+        eprintln!("restarted the server ({mode:?})");
+    }
+    let before = run_count(&pool).await;
+    wait_until("work to go on after the restarts", PATIENCE, || async {
+        (run_count(&pool).await >= before + 100).then_some(())
+    })
+    .await;
+    stop.store(true, Ordering::Relaxed);
+    let outcomes = enqueuer.await.unwrap();
+    wait_until("every job to succeed", PATIENCE, || async {
+        let states = states(&pool).await;
+        (states.len() == 1 && states.contains_key("succeeded")).then_some(())
+    })
+    .await;
+    for worker in &mut workers {
+        assert!(!worker.has_exited(), "{} kept running", worker.worker_id);
+        worker.signal("TERM");
+        assert!(worker.wait_exit(PATIENCE).await.success());
+    }
+
+    let jobs_per_tx: HashMap<i64, i64> =
+        sqlx::query_as("SELECT (args->>'tx')::bigint, count(*) FROM skiplock.jobs GROUP BY 1")
+            .fetch_all(&pool)
+            .await
+            .unwrap()
+            .into_iter()
+            .collect();
+    let orders: Vec<i32> = sqlx::query_scalar("SELECT tx FROM public.orders")
+        .fetch_all(&pool)
+        .await
+        .unwrap();
+    let failed = outcomes.iter().filter(|o| !o.committed).count();
+    assert!(failed > 0, "the restarts hit some transactions");
+    for outcome in &outcomes {
+        let jobs = jobs_per_tx
+            .get(&i64::from(outcome.tx))
+            .copied()
+            .unwrap_or(0);
+        let row = orders.contains(&outcome.tx);
+        assert_eq!(
+            jobs,
+            if row { 20 } else { 0 },
+            "transaction {} is all or nothing",
+            outcome.tx
+        );
+        if outcome.committed {
+            assert!(row, "committed transaction {} was kept", outcome.tx);
+        }
+    }
+    let runs = runs_by_job(&pool).await;
+    let total: i64 = jobs_per_tx.values().sum();
+    assert_eq!(runs.len() as i64, total, "every job ran");
+    check_claim_discipline(&audit(&pool).await, false);
+    eprintln!(
+        "{} transactions, {failed} failed around the restarts, {total} jobs",
+        outcomes.len()
+    );
+}
+
+/// Workload: one worker with 16 slots but a pool of only 2 connections (its LISTEN
+/// connection keeps one), heartbeating every second with a 20 s stale timeout; its
+/// handlers write through the same pool. 16 jobs of 17 s start first; 200 short jobs
+/// queue behind them.
+///
+/// Fault: once the long jobs run, another session holds `LOCK TABLE skiplock.jobs IN
+/// ACCESS EXCLUSIVE MODE` for 15 s: every claim, heartbeat, completion and reaper pass
+/// blocks, each holding one of the two connections, and the rest wait for a connection.
+///
+/// Invariant: no deadlock and no hang: after the lock every job succeeds exactly once on
+/// attempt 1; heartbeats resume for every long job after the lock and none is reaped; the
+/// worker still stops promptly on SIGTERM.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_table_locked_for_15_s_under_a_starved_pool_deadlocks_nothing_and_reaps_nothing() {
+    let db = test_db().await;
+    let pool = &db.pool;
+    install_audit(pool).await;
+    create_runs_table(&db.url).await;
+    let long = enqueue_n(
+        pool,
+        "record",
+        json!({"ms": 17_000}),
+        16,
+        EnqueueOptions::new(),
+    )
+    .await;
+    enqueue_n(
+        pool,
+        "record",
+        json!({"ms": 10}),
+        200,
+        EnqueueOptions::new().priority(1),
+    )
+    .await;
+    let mut worker = Testbed::start(
+        &db.url,
+        "tb-starved",
+        &TestbedArgs::new()
+            .set("kinds", "record")
+            .set("concurrency", 16)
+            .set("pool-size", 2)
+            .set("heartbeat-ms", 1_000)
+            .set("stale-ms", 20_000),
+    )
+    .await;
+    wait_until("the long jobs to start", PATIENCE, || async {
+        (run_count(pool).await >= 16).then_some(())
+    })
+    .await;
+
+    let mut locker = pool.begin().await.unwrap();
+    sqlx::query("LOCK TABLE skiplock.jobs IN ACCESS EXCLUSIVE MODE")
+        .execute(&mut *locker)
+        .await
+        .unwrap();
+    let locked_at = Instant::now();
+    // Holding the lock is the fault itself, not a synchronization: keep it 15 s.
+    tokio::time::sleep(Duration::from_secs(15)).await;
+    locker.commit().await.unwrap();
+    let released = db_now(pool).await;
+    eprintln!("held the lock for {:?}", locked_at.elapsed());
+
+    wait_until("every job to succeed", PATIENCE, || async {
+        (states(pool).await.get("succeeded") == Some(&216)).then_some(())
+    })
+    .await;
+    worker.signal("TERM");
+    assert!(worker.wait_exit(PATIENCE).await.success());
+    let log_text = worker.log_text();
+    assert!(!log_text.contains("deadlock"), "{log_text}");
+
+    let attempts: Vec<i32> = sqlx::query_scalar("SELECT DISTINCT attempt FROM skiplock.jobs")
+        .fetch_all(pool)
+        .await
+        .unwrap();
+    assert_eq!(attempts, vec![1]);
+    let runs = runs_by_job(pool).await;
+    assert!(runs.values().all(|r| r.len() == 1), "every job ran once");
+    let log = audit(pool).await;
+    check_claim_discipline(&log, false);
+    assert!(log.iter().all(|r| !r.is_reap()), "nothing was reaped");
+    for id in &long {
+        assert!(
+            log.iter()
+                .any(|r| r.job_id == *id && r.heartbeat && r.at > released),
+            "job {id} heartbeat again after the lock"
+        );
+    }
+}

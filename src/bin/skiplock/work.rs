@@ -68,10 +68,12 @@ pub struct WorkArgs {
 }
 
 impl WorkArgs {
-    /// Connections the worker needs: claims, heartbeats, completions, the listener,
-    /// maintenance, and handlers that record output, with headroom.
+    /// Connections the worker needs: 8 for claims, heartbeats, completions, the listener
+    /// and maintenance, plus one per 4 job slots for handlers that record their output
+    /// (`http`, `command`: one short UPDATE each), at most 64 in all.
     pub fn pool_size(&self) -> u32 {
-        8
+        let slots = u32::try_from(self.concurrency).unwrap_or(u32::MAX);
+        8u32.saturating_add(slots.div_ceil(4)).min(64)
     }
 }
 

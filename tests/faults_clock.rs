@@ -1,0 +1,195 @@
+//! A worker whose system clock is 10 minutes off (libfaketime): every time decision (due,
+//! stale, backoff) must use the database clock, so the skew changes nothing.
+//!
+//! Needs libfaketime (`apt-get install faketime`); without it the test prints a note and
+//! passes without checking anything.
+#![cfg(feature = "testbed")]
+
+mod common;
+mod fault_support;
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use common::test_db;
+use fault_support::{
+    PATIENCE, Testbed, TestbedArgs, audit, check_claim_discipline, create_runs_table, db_now,
+    enqueue_n, install_audit, runs, states, wait_until,
+};
+use serde_json::json;
+use skiplock::EnqueueOptions;
+
+/// The preloadable libfaketime, wherever the distribution put it.
+fn libfaketime() -> Option<PathBuf> {
+    let mut candidates = vec![PathBuf::from("/usr/lib/faketime/libfaketime.so.1")];
+    if let Ok(entries) = std::fs::read_dir("/usr/lib") {
+        for entry in entries.flatten() {
+            candidates.push(entry.path().join("faketime/libfaketime.so.1"));
+        }
+    }
+    candidates.into_iter().find(|p| p.is_file())
+}
+
+/// Workload: an honest worker runs a 6 s job; then a worker 10 minutes ahead and one
+/// 10 minutes behind join it (all with a 2 s stale timeout and a reaper every 200 ms).
+/// Jobs are enqueued due in 3 s, due in 9 minutes, and one that fails its first attempt
+/// and asks for a 3 s retry delay (it runs on the skewed workers only).
+///
+/// Fault: the skewed system clocks (libfaketime, `FAKETIME=±10m`).
+///
+/// Invariant: the skew is real (each skewed worker's own clock, recorded with its runs,
+/// is 10 minutes off the database's); no job is claimed before it is due by the database
+/// clock; the job due in 9 minutes is never claimed; the retry waits its full delay; the
+/// honest worker's long job is never reaped and ends on attempt 1.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_whose_clock_is_10_minutes_off_claims_and_reaps_by_the_database_clock() {
+    let Some(lib) = libfaketime() else {
+        eprintln!(
+            "skipped: libfaketime is not installed (apt-get install faketime); the clock-skew \
+             test checked nothing"
+        );
+        return;
+    };
+    let db = test_db().await;
+    let pool = &db.pool;
+    install_audit(pool).await;
+    create_runs_table(&db.url).await;
+    let args = TestbedArgs::new()
+        .set("concurrency", 4)
+        .set("heartbeat-ms", 200)
+        .set("stale-ms", 2_000);
+    let honest = Testbed::start(&db.url, "tb-honest", &args.clone().set("kinds", "record")).await;
+    let long = enqueue_n(
+        pool,
+        "record",
+        json!({"ms": 6000}),
+        1,
+        EnqueueOptions::new(),
+    )
+    .await[0];
+    wait_until(
+        "the honest worker to run the long job",
+        PATIENCE,
+        || async {
+            runs(pool)
+                .await
+                .iter()
+                .any(|r| r.job_id == long)
+                .then_some(())
+        },
+    )
+    .await;
+
+    let skewed = |offset: &str| {
+        args.clone()
+            .set("kinds", "record,panic")
+            .set("retry-ms", 3_000)
+            .env("LD_PRELOAD", lib.display())
+            .env("FAKETIME", offset)
+            .env("FAKETIME_DONT_FAKE_MONOTONIC", 1)
+    };
+    let ahead = Testbed::start(&db.url, "tb-ahead", &skewed("+10m")).await;
+    let behind = Testbed::start(&db.url, "tb-behind", &skewed("-10m")).await;
+    let soon = enqueue_n(
+        pool,
+        "record",
+        json!({}),
+        20,
+        EnqueueOptions::new().run_after(Duration::from_secs(3)),
+    )
+    .await;
+    let later = enqueue_n(
+        pool,
+        "record",
+        json!({}),
+        1,
+        EnqueueOptions::new().run_after(Duration::from_secs(540)),
+    )
+    .await[0];
+    let flaky = enqueue_n(
+        pool,
+        "panic",
+        json!({}),
+        1,
+        EnqueueOptions::new().max_attempts(2),
+    )
+    .await[0];
+
+    wait_until("everything due to settle", PATIENCE, || async {
+        let states = states(pool).await;
+        (states.get("succeeded") == Some(&21) && states.get("dead") == Some(&1)).then_some(())
+    })
+    .await;
+    let now = db_now(pool).await;
+    drop((honest, ahead, behind));
+
+    // The skew was real: each worker recorded its own clock beside the database's.
+    let runs = runs(pool).await;
+    for run in &runs {
+        let skew = (run.local_clock - run.db_clock).num_seconds();
+        let expected = match run.worker_id.as_str() {
+            "tb-ahead" => 600,
+            "tb-behind" => -600,
+            _ => 0,
+        };
+        assert!(
+            (skew - expected).abs() < 60,
+            "{} ran with a clock {skew} s off the database's: {run:?}",
+            run.worker_id
+        );
+    }
+    for worker in ["tb-ahead", "tb-behind"] {
+        assert!(
+            runs.iter().any(|r| r.worker_id == worker),
+            "{worker} did some of the work"
+        );
+    }
+    let log = audit(pool).await;
+    check_claim_discipline(&log, false);
+    assert!(log.iter().all(|r| !r.is_reap()), "nothing was reaped");
+    let row = skiplock::job(pool, skiplock::JobId(long))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        (row.attempt, row.claimed_by.as_deref()),
+        (1, Some("tb-honest"))
+    );
+    let scheduled: Vec<(
+        i64,
+        chrono::DateTime<chrono::Utc>,
+        chrono::DateTime<chrono::Utc>,
+    )> =
+        sqlx::query_as("SELECT id, scheduled_at, claimed_at FROM skiplock.jobs WHERE id = ANY($1)")
+            .bind(&soon)
+            .fetch_all(pool)
+            .await
+            .unwrap();
+    for (id, due, claimed) in scheduled {
+        assert!(
+            claimed >= due,
+            "job {id} claimed at {claimed}, before it was due at {due}"
+        );
+    }
+    let row = skiplock::job(pool, skiplock::JobId(later))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!((row.state, row.attempt), (skiplock::JobState::Queued, 0));
+    assert!(row.scheduled_at > now, "still not due");
+    // The retry waited the 3 s it asked for, by the database clock.
+    let claims: Vec<_> = log
+        .iter()
+        .filter(|r| r.job_id == flaky && r.is_claim())
+        .collect();
+    let failure = log
+        .iter()
+        .find(|r| r.job_id == flaky && r.failure)
+        .expect("the first attempt failed");
+    assert_eq!(claims.len(), 2);
+    let waited = claims[1].claimed_at.unwrap() - failure.at;
+    assert!(
+        waited >= chrono::Duration::milliseconds(2_900),
+        "the retry came after {waited}, before its 3 s delay"
+    );
+}

@@ -90,7 +90,14 @@ pub async fn run(pool: &PgPool, args: CronArgs) -> anyhow::Result<()> {
             } else {
                 println!(
                     "{:<20} {:<18} {:<16} {:<12} {:<10} {:<7} {:<25} {}",
-                    "NAME", "EXPRESSION", "TIMEZONE", "KIND", "QUEUE", "MISSED", "LAST SLOT", "ERROR"
+                    "NAME",
+                    "EXPRESSION",
+                    "TIMEZONE",
+                    "KIND",
+                    "QUEUE",
+                    "MISSED",
+                    "LAST SLOT",
+                    "ERROR"
                 );
                 for row in rows {
                     println!(
@@ -109,7 +116,9 @@ pub async fn run(pool: &PgPool, args: CronArgs) -> anyhow::Result<()> {
         }
         CronAction::Remove { name } => {
             if !skiplock::cron::remove(pool, &name).await? {
-                anyhow::bail!("no cron schedule named `{name}`; list them with `skiplock cron list`");
+                anyhow::bail!(
+                    "no cron schedule named `{name}`; list them with `skiplock cron list`"
+                );
             }
             println!("cron schedule `{name}` removed");
         }

@@ -4,12 +4,14 @@
 //! 2 usage error (clap's message and usage).
 
 mod cancel;
+mod cron;
 mod demo;
 mod enqueue;
 mod jobs;
 mod migrate;
 mod output;
 mod prune;
+mod queue;
 mod retry;
 mod show;
 mod stats;
@@ -91,6 +93,12 @@ enum Command {
     /// Delete finished jobs (succeeded, cancelled, dead) now.
     #[command(after_help = prune::EXAMPLES)]
     Prune(prune::PruneArgs),
+    /// Define, list and remove cron schedules (one job per slot, however many workers run).
+    #[command(after_help = cron::EXAMPLES)]
+    Cron(cron::CronArgs),
+    /// Pause or resume a queue: paused queues claim nothing; running jobs finish.
+    #[command(after_help = queue::EXAMPLES)]
+    Queue(queue::QueueArgs),
     /// Show skiplock on a throwaway or given database: enqueue jobs, run them, show their states.
     ///
     /// Without DATABASE_URL it uses the local server (database `skiplock_demo`) or, if none
@@ -134,6 +142,8 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Cancel(args) => cancel::run(&connect(url, 2).await?, args).await,
         Command::Stats(args) => stats::run(&connect(url, 2).await?, args).await,
         Command::Prune(args) => prune::run(&connect(url, 2).await?, args).await,
+        Command::Cron(args) => cron::run(&connect(url, 2).await?, args).await,
+        Command::Queue(args) => queue::run(&connect(url, 2).await?, args).await,
         Command::Demo => demo::run(url).await,
     }
 }

@@ -1,0 +1,109 @@
+//! `skiplock cron` and `skiplock queue`, driven through the real binary.
+#![cfg(feature = "cli")]
+
+mod cli_support;
+mod common;
+
+use cli_support::skiplock;
+use common::test_db;
+
+#[tokio::test]
+async fn cron_add_list_remove_and_bad_expressions() {
+    let db = test_db().await;
+    let added = skiplock(
+        &db,
+        &[
+            "cron",
+            "add",
+            "nightly",
+            "0 3 * * *",
+            "noop",
+            "{\"n\": 1}",
+            "--timezone",
+            "Europe/Paris",
+            "--missed",
+            "skip",
+        ],
+    )
+    .await
+    .ok();
+    assert_eq!(added, "cron schedule `nightly` saved\n");
+
+    let listed = skiplock(&db, &["cron", "list", "--json"]).await.json();
+    let schedule = &listed[0];
+    assert_eq!(schedule["name"], "nightly");
+    assert_eq!(schedule["expression"], "0 3 * * *");
+    assert_eq!(schedule["timezone"], "Europe/Paris");
+    assert_eq!(schedule["missed"], "skip");
+    assert_eq!(schedule["args"], serde_json::json!({"n": 1}));
+    let table = skiplock(&db, &["cron", "list"]).await.ok();
+    assert!(table.starts_with("NAME"), "{table}");
+    assert!(table.contains("nightly"), "{table}");
+
+    let bad = skiplock(&db, &["cron", "add", "bad", "0 25 * * *", "noop"]).await;
+    assert_eq!(bad.code, Some(1));
+    assert!(
+        bad.stderr.starts_with(
+            "error: invalid cron expression `0 25 * * *`: hour field `25` (characters 3-4) is wrong"
+        ),
+        "{}",
+        bad.stderr
+    );
+    assert_eq!(bad.stderr.lines().count(), 1, "one line: {}", bad.stderr);
+    let zone = skiplock(
+        &db,
+        &[
+            "cron",
+            "add",
+            "bad",
+            "* * * * *",
+            "noop",
+            "--timezone",
+            "Nowhere/Town",
+        ],
+    )
+    .await;
+    assert_eq!(zone.code, Some(1));
+    assert!(
+        zone.stderr.contains("unknown time zone `Nowhere/Town`"),
+        "{}",
+        zone.stderr
+    );
+    let policy = skiplock(
+        &db,
+        &["cron", "add", "bad", "* * * * *", "noop", "--missed", "all"],
+    )
+    .await;
+    assert_eq!(policy.code, Some(2), "usage error: {}", policy.stderr);
+
+    assert_eq!(
+        skiplock(&db, &["cron", "remove", "nightly"]).await.ok(),
+        "cron schedule `nightly` removed\n"
+    );
+    let missing = skiplock(&db, &["cron", "remove", "nightly"]).await;
+    assert_eq!(missing.code, Some(1));
+    assert_eq!(
+        missing.stderr,
+        "error: no cron schedule named `nightly`; list them with `skiplock cron list`\n"
+    );
+}
+
+#[tokio::test]
+async fn queue_pause_and_resume() {
+    let db = test_db().await;
+    assert_eq!(
+        skiplock(&db, &["queue", "pause", "mail"]).await.ok(),
+        "queue `mail` paused\n"
+    );
+    assert_eq!(skiplock(&db, &["queue", "paused"]).await.ok(), "mail\n");
+    let paused: bool = sqlx::query_scalar("SELECT paused FROM skiplock.queues WHERE name = 'mail'")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert!(paused);
+    assert_eq!(
+        skiplock(&db, &["queue", "resume", "mail"]).await.ok(),
+        "queue `mail` resumed\n"
+    );
+    assert_eq!(skiplock(&db, &["queue", "paused"]).await.ok(), "");
+}

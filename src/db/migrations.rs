@@ -32,6 +32,11 @@ const MIGRATIONS: &[Migration] = &[
         name: "0003_operator_views.sql",
         sql: include_str!("../../migrations/0003_operator_views.sql"),
     },
+    Migration {
+        version: 4,
+        name: "0004_history.sql",
+        sql: include_str!("../../migrations/0004_history.sql"),
+    },
 ];
 
 /// The schema version this build of skiplock expects.

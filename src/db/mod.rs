@@ -7,6 +7,8 @@
 
 pub mod admin;
 pub mod cron;
+pub mod dashboard;
+pub mod history;
 pub mod jobs;
 pub mod migrations;
 pub mod queues;

@@ -5,6 +5,7 @@
 
 mod cancel;
 mod cron;
+mod dashboard;
 mod demo;
 mod enqueue;
 mod jobs;
@@ -93,6 +94,12 @@ enum Command {
     /// Delete finished jobs (succeeded, cancelled, dead) now.
     #[command(after_help = prune::EXAMPLES)]
     Prune(prune::PruneArgs),
+    /// Serve the web dashboard: queues, jobs, history, actions, JSON stats and /metrics.
+    ///
+    /// Listens on 127.0.0.1 unless told otherwise; any other address needs --token or
+    /// --basic-auth.
+    #[command(after_help = dashboard::EXAMPLES)]
+    Dashboard(dashboard::DashboardArgs),
     /// Define, list and remove cron schedules (one job per slot, however many workers run).
     #[command(after_help = cron::EXAMPLES)]
     Cron(cron::CronArgs),
@@ -142,6 +149,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Cancel(args) => cancel::run(&connect(url, 2).await?, args).await,
         Command::Stats(args) => stats::run(&connect(url, 2).await?, args).await,
         Command::Prune(args) => prune::run(&connect(url, 2).await?, args).await,
+        Command::Dashboard(args) => dashboard::run(url, args).await,
         Command::Cron(args) => cron::run(&connect(url, 2).await?, args).await,
         Command::Queue(args) => queue::run(&connect(url, 2).await?, args).await,
         Command::Demo => demo::run(url).await,

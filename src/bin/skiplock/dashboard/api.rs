@@ -1,0 +1,293 @@
+//! Machine-readable routes: `GET /api/v1/stats` and `GET /api/v1/throughput` (JSON) and
+//! `GET /metrics` (Prometheus text format 0.0.4).
+
+use std::fmt::Write as _;
+
+use axum::Json;
+use axum::extract::{Query, State as StateExtractor};
+use axum::http::header;
+use axum::response::IntoResponse;
+use serde_json::{Value, json};
+use skiplock::db::dashboard::{Throughput, dashboard_throughput};
+use skiplock::db::history::{job_history_run_bounds, job_history_totals};
+
+use super::overview::Overview;
+use super::{AppError, AppResult, State};
+
+/// Seconds of history the live chart asks for when it starts.
+const THROUGHPUT_WINDOW_SECONDS: i64 = 3600;
+
+/// `GET /api/v1/stats`: the overview's numbers. `total`, `queues`, `kinds` and `rows` are
+/// those of `skiplock stats --json`; `ended` adds retained dead and cancelled jobs per
+/// queue and kind, `workers` the workers holding jobs.
+pub async fn stats(StateExtractor(state): StateExtractor<State>) -> AppResult<Json<Value>> {
+    let overview = Overview::load(&state).await?;
+    let stats = &overview.stats;
+    Ok(Json(json!({
+        "at": stats.at,
+        "total": stats.total(),
+        "queues": stats.by_queue(),
+        "kinds": stats.by_kind(),
+        "rows": stats.rows,
+        "ended": overview.ended,
+        "paused_queues": overview.paused,
+        "workers": overview.workers,
+    })))
+}
+
+#[derive(serde::Deserialize)]
+pub struct ThroughputQuery {
+    /// Unix seconds; only later seconds are returned. Default: an hour ago.
+    since: Option<i64>,
+}
+
+/// `GET /api/v1/throughput?since=UNIX_SECONDS`: successes and failed attempts per second.
+pub async fn throughput(
+    StateExtractor(state): StateExtractor<State>,
+    Query(query): Query<ThroughputQuery>,
+) -> AppResult<Json<Throughput>> {
+    let since = match query.since {
+        Some(since) => since,
+        None => chrono::Utc::now().timestamp() - THROUGHPUT_WINDOW_SECONDS,
+    };
+    Ok(Json(dashboard_throughput(&state.pool, since).await?))
+}
+
+/// `GET /metrics`.
+pub async fn metrics(StateExtractor(state): StateExtractor<State>) -> AppResult<impl IntoResponse> {
+    let pool = &state.pool;
+    let (overview, totals, bounds) = tokio::try_join!(
+        Overview::load(&state),
+        async { job_history_totals(pool).await.map_err(AppError::from) },
+        async { job_history_run_bounds(pool).await.map_err(AppError::from) },
+    )?;
+    let mut out = String::new();
+    let stats = &overview.stats;
+
+    family(
+        &mut out,
+        "skiplock_jobs",
+        "gauge",
+        "Jobs by queue, kind and state: waiting, queued (runnable now), scheduled (queued for later), running; dead and cancelled ones not pruned yet.",
+    );
+    for row in &stats.rows {
+        let c = &row.counts;
+        for (state_name, n) in [
+            ("waiting", c.waiting),
+            ("queued", c.runnable),
+            ("scheduled", c.scheduled),
+            ("running", c.running),
+        ] {
+            sample(
+                &mut out,
+                "skiplock_jobs",
+                &[
+                    ("queue", &row.queue),
+                    ("kind", &row.kind),
+                    ("state", state_name),
+                ],
+                n as f64,
+            );
+        }
+    }
+    for ended in &overview.ended {
+        for (state_name, n) in [("dead", ended.dead), ("cancelled", ended.cancelled)] {
+            sample(
+                &mut out,
+                "skiplock_jobs",
+                &[
+                    ("queue", &ended.queue),
+                    ("kind", &ended.kind),
+                    ("state", state_name),
+                ],
+                n as f64,
+            );
+        }
+    }
+
+    family(
+        &mut out,
+        "skiplock_queue_lag_seconds",
+        "gauge",
+        "Seconds since the oldest runnable job of the queue became due (0 when none is).",
+    );
+    for queue in stats.by_queue() {
+        sample(
+            &mut out,
+            "skiplock_queue_lag_seconds",
+            &[("queue", &queue.queue)],
+            queue.counts.lag_seconds,
+        );
+    }
+    family(
+        &mut out,
+        "skiplock_queue_paused",
+        "gauge",
+        "1 if the queue is paused.",
+    );
+    let mut queues: Vec<(String, bool)> = stats
+        .by_queue()
+        .into_iter()
+        .map(|q| (q.queue, q.paused))
+        .collect();
+    for name in &overview.paused {
+        if !queues.iter().any(|(q, _)| q == name) {
+            queues.push((name.clone(), true));
+        }
+    }
+    for (queue, paused) in &queues {
+        sample(
+            &mut out,
+            "skiplock_queue_paused",
+            &[("queue", queue)],
+            f64::from(u8::from(*paused)),
+        );
+    }
+    family(
+        &mut out,
+        "skiplock_jobs_per_second",
+        "gauge",
+        "Successes per second over the last minute.",
+    );
+    for row in &stats.rows {
+        sample(
+            &mut out,
+            "skiplock_jobs_per_second",
+            &[("queue", &row.queue), ("kind", &row.kind)],
+            row.counts.per_second,
+        );
+    }
+    family(
+        &mut out,
+        "skiplock_workers",
+        "gauge",
+        "Workers holding at least one running job.",
+    );
+    sample(
+        &mut out,
+        "skiplock_workers",
+        &[],
+        overview.workers.len() as f64,
+    );
+
+    family(
+        &mut out,
+        "skiplock_jobs_finished_total",
+        "counter",
+        "Jobs finished, by outcome (the history rollup plus jobs not pruned yet).",
+    );
+    for t in &totals {
+        for (outcome, n) in [
+            ("succeeded", t.succeeded),
+            ("dead", t.dead),
+            ("cancelled", t.cancelled),
+        ] {
+            sample(
+                &mut out,
+                "skiplock_jobs_finished_total",
+                &[("queue", &t.queue), ("kind", &t.kind), ("outcome", outcome)],
+                n as f64,
+            );
+        }
+    }
+    family(
+        &mut out,
+        "skiplock_job_attempts_failed_total",
+        "counter",
+        "Failed attempts of finished jobs (retried, dead or reaped).",
+    );
+    for t in &totals {
+        sample(
+            &mut out,
+            "skiplock_job_attempts_failed_total",
+            &[("queue", &t.queue), ("kind", &t.kind)],
+            t.failed as f64,
+        );
+    }
+    family(
+        &mut out,
+        "skiplock_job_run_seconds",
+        "histogram",
+        "Run time of the last attempt (finished - claimed) of succeeded and dead jobs.",
+    );
+    for t in &totals {
+        let labels = [("queue", t.queue.as_str()), ("kind", t.kind.as_str())];
+        let mut cumulative = 0i64;
+        for (i, bound) in bounds.iter().enumerate() {
+            cumulative += t.run_histogram.get(i).copied().unwrap_or(0);
+            let le = bound.to_string();
+            sample(
+                &mut out,
+                "skiplock_job_run_seconds_bucket",
+                &[labels[0], labels[1], ("le", &le)],
+                cumulative as f64,
+            );
+        }
+        sample(
+            &mut out,
+            "skiplock_job_run_seconds_bucket",
+            &[labels[0], labels[1], ("le", "+Inf")],
+            t.run_count as f64,
+        );
+        sample(
+            &mut out,
+            "skiplock_job_run_seconds_sum",
+            &labels,
+            t.run_seconds,
+        );
+        sample(
+            &mut out,
+            "skiplock_job_run_seconds_count",
+            &labels,
+            t.run_count as f64,
+        );
+    }
+    Ok((
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        out,
+    ))
+}
+
+fn family(out: &mut String, name: &str, kind: &str, help: &str) {
+    let _ = writeln!(out, "# HELP {name} {help}");
+    let _ = writeln!(out, "# TYPE {name} {kind}");
+}
+
+fn sample(out: &mut String, name: &str, labels: &[(&str, &str)], value: f64) {
+    out.push_str(name);
+    if !labels.is_empty() {
+        out.push('{');
+        for (i, (key, value)) in labels.iter().enumerate() {
+            if i > 0 {
+                out.push(',');
+            }
+            let _ = write!(out, "{key}=\"{}\"", escape_label(value));
+        }
+        out.push('}');
+    }
+    let _ = writeln!(out, " {value}");
+}
+
+/// Label values escape backslash, double quote and line feed.
+fn escape_label(value: &str) -> String {
+    value
+        .replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn writes_samples_with_escaped_labels() {
+        let mut out = String::new();
+        sample(&mut out, "m", &[("queue", "a\"b\\c\nd")], 1.5);
+        sample(&mut out, "n", &[], 2.0);
+        assert_eq!(out, "m{queue=\"a\\\"b\\\\c\\nd\"} 1.5\nn 2\n");
+    }
+}

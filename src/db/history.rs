@@ -1,0 +1,327 @@
+//! Statements on `skiplock.job_history`, the hourly rollup that keeps the numbers of
+//! finished jobs after the pruner deleted them (`migrations/0004_history.sql`).
+//!
+//! A finished job is counted live in `skiplock.jobs` until a statement of this file deletes
+//! it, and in the rollup from then on: the delete and the rollup happen in one statement
+//! (`DELETE … RETURNING` in a CTE feeding `INSERT … ON CONFLICT DO UPDATE`), so no job is
+//! ever counted twice or lost. History queries add both halves up, through the same
+//! `skiplock.job_history_facts` function the rollup uses. The completion path writes
+//! nothing here.
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use sqlx::{FromRow, PgExecutor};
+
+use crate::job::JobId;
+
+/// How long the hourly rollup keeps its detail by default: 365 days. Older hours are folded
+/// into lifetime totals by [`job_history_prune_expired`].
+pub const HISTORY_RETENTION_DEFAULT: Duration = Duration::from_secs(365 * 24 * 3600);
+
+/// Adds a row to the rollup row of its bucket, queue and kind (alias `h`), or inserts it.
+macro_rules! upsert_into_history {
+    () => {
+        " ON CONFLICT (bucket, queue, kind) DO UPDATE SET
+             succeeded = h.succeeded + excluded.succeeded,
+             failed = h.failed + excluded.failed,
+             dead = h.dead + excluded.dead,
+             cancelled = h.cancelled + excluded.cancelled,
+             run_count = h.run_count + excluded.run_count,
+             run_seconds = h.run_seconds + excluded.run_seconds,
+             wait_count = h.wait_count + excluded.wait_count,
+             wait_seconds = h.wait_seconds + excluded.wait_seconds,
+             run_histogram = skiplock.job_history_array_add(h.run_histogram, excluded.run_histogram)"
+    };
+}
+
+/// The tail shared by every statement that deletes finished jobs: given a CTE `gone` that
+/// returns the deleted rows' `queue, kind, state, scheduled_at, claimed_at, finished_at,
+/// errors`, it adds them to the rollup and counts them.
+///
+/// Groups are inserted in key order so that concurrent pruners lock rollup rows in one
+/// order and wait for each other instead of deadlocking.
+macro_rules! rolled_up {
+    ($gone:literal) => {
+        concat!(
+            $gone,
+            ", rolled AS (
+                 INSERT INTO skiplock.job_history AS h
+                     (bucket, queue, kind, succeeded, failed, dead, cancelled, run_count,
+                      run_seconds, wait_count, wait_seconds, run_histogram)
+                 SELECT f.bucket, g.queue, g.kind, sum(f.succeeded), sum(f.failed), sum(f.dead),
+                        sum(f.cancelled), sum(f.run_count), sum(f.run_seconds),
+                        sum(f.wait_count), sum(f.wait_seconds),
+                        skiplock.job_history_array_sum(f.run_histogram)
+                 FROM gone g,
+                      LATERAL skiplock.job_history_facts(g.state, g.scheduled_at, g.claimed_at,
+                                                         g.finished_at, g.errors) f
+                 GROUP BY f.bucket, g.queue, g.kind
+                 ORDER BY f.bucket, g.queue, g.kind
+",
+            upsert_into_history!(),
+            "
+             )
+             SELECT count(*) FROM gone"
+        )
+    };
+}
+
+/// Deletes up to `limit` finished jobs older than their state's retention (milliseconds
+/// since `finished_at`) and adds them to the history rollup, in one statement; returns how
+/// many went. Deletes exactly the rows [`jobs_prune_finished`](super::jobs::jobs_prune_finished)
+/// deletes. Locked rows are skipped, never waited on.
+///
+/// A data-modifying CTE always runs to completion, so the rollup `INSERT` happens although
+/// the final `SELECT` reads only the deleted rows.
+pub async fn jobs_prune_finished_rolled_up(
+    db: impl PgExecutor<'_>,
+    succeeded_ms: i64,
+    cancelled_ms: i64,
+    dead_ms: i64,
+    limit: i64,
+) -> sqlx::Result<u64> {
+    let deleted: i64 = sqlx::query_scalar(rolled_up!(
+        "WITH doomed AS (
+             SELECT id FROM skiplock.jobs
+             WHERE (state = 'succeeded' AND finished_at <= now() - $1 * interval '1 millisecond')
+                OR (state = 'cancelled' AND finished_at <= now() - $2 * interval '1 millisecond')
+                OR (state = 'dead' AND finished_at <= now() - $3 * interval '1 millisecond')
+             LIMIT $4
+             FOR UPDATE SKIP LOCKED
+         ), gone AS (
+             DELETE FROM skiplock.jobs j USING doomed WHERE j.id = doomed.id
+             RETURNING j.queue, j.kind, j.state, j.scheduled_at, j.claimed_at, j.finished_at,
+                       j.errors
+         )"
+    ))
+    .bind(succeeded_ms)
+    .bind(cancelled_ms)
+    .bind(dead_ms)
+    .bind(limit)
+    .fetch_one(db)
+    .await?;
+    Ok(deleted as u64)
+}
+
+/// Deletes one job that is not running and that no waiting job depends on, adding it to
+/// the history rollup when it had finished (an unfinished job never counted there).
+/// Returns false, deleting nothing, if the job is running, has waiting dependants (cancel
+/// it instead, which cancels them too) or does not exist.
+pub async fn jobs_delete_rolled_up(db: impl PgExecutor<'_>, id: JobId) -> sqlx::Result<bool> {
+    let deleted: i64 = sqlx::query_scalar(rolled_up!(
+        "WITH gone AS (
+             DELETE FROM skiplock.jobs j
+             WHERE j.id = $1 AND j.state <> 'running'
+               AND NOT EXISTS (
+                   SELECT 1 FROM skiplock.job_dependencies d
+                   JOIN skiplock.jobs c ON c.id = d.job_id
+                   WHERE d.parent_id = j.id AND c.state = 'waiting'
+               )
+             RETURNING j.queue, j.kind, j.state, j.scheduled_at, j.claimed_at, j.finished_at,
+                       j.errors
+         )"
+    ))
+    .bind(id.0)
+    .fetch_one(db)
+    .await?;
+    Ok(deleted == 1)
+}
+
+/// Folds rollup hours older than `keep_ms` milliseconds into one lifetime row per queue and
+/// kind (bucket `-infinity`); returns how many hourly rows went. Totals stay exact; only the
+/// hour-by-hour detail is dropped. Run it now and then, e.g. with the pruner, with
+/// [`HISTORY_RETENTION_DEFAULT`].
+pub async fn job_history_prune_expired(db: impl PgExecutor<'_>, keep_ms: i64) -> sqlx::Result<u64> {
+    let folded: i64 = sqlx::query_scalar(concat!(
+        "WITH expired AS (
+             DELETE FROM skiplock.job_history
+             WHERE bucket < now() - $1 * interval '1 millisecond' AND bucket <> '-infinity'
+             RETURNING *
+         ), folded AS (
+             INSERT INTO skiplock.job_history AS h
+                 (bucket, queue, kind, succeeded, failed, dead, cancelled, run_count,
+                  run_seconds, wait_count, wait_seconds, run_histogram)
+             SELECT '-infinity', queue, kind, sum(succeeded), sum(failed), sum(dead),
+                    sum(cancelled), sum(run_count), sum(run_seconds), sum(wait_count),
+                    sum(wait_seconds), skiplock.job_history_array_sum(run_histogram)
+             FROM expired
+             GROUP BY queue, kind
+             ORDER BY queue, kind
+",
+        upsert_into_history!(),
+        "
+         )
+         SELECT count(*) FROM expired"
+    ))
+    .bind(keep_ms)
+    .fetch_one(db)
+    .await?;
+    Ok(folded as u64)
+}
+
+/// The width of a history bucket.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Granularity {
+    /// One row per hour (UTC).
+    Hour,
+    /// One row per day (UTC).
+    Day,
+}
+
+impl Granularity {
+    /// The `date_trunc` field name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Granularity::Hour => "hour",
+            Granularity::Day => "day",
+        }
+    }
+}
+
+/// The numbers of one bucket, queue and kind.
+#[derive(Debug, Clone, PartialEq, FromRow, serde::Serialize)]
+pub struct HistoryRow {
+    /// Start of the hour or day (UTC).
+    pub bucket: DateTime<Utc>,
+    /// Queue name.
+    pub queue: String,
+    /// Job kind.
+    pub kind: String,
+    /// Jobs that succeeded.
+    pub succeeded: i64,
+    /// Failed attempts (a job retried three times counts three).
+    pub failed: i64,
+    /// Jobs that went dead.
+    pub dead: i64,
+    /// Jobs cancelled.
+    pub cancelled: i64,
+    /// Succeeded and dead jobs with a known run time.
+    pub run_count: i64,
+    /// Sum of their run times (`finished_at - claimed_at`), seconds.
+    pub run_seconds: f64,
+    /// Succeeded and dead jobs with a known wait time.
+    pub wait_count: i64,
+    /// Sum of their wait times (`claimed_at - scheduled_at`), seconds.
+    pub wait_seconds: f64,
+}
+
+/// Which history [`job_history_list`] returns.
+#[derive(Debug, Clone)]
+pub struct HistoryFilter {
+    /// Bucket width.
+    pub granularity: Granularity,
+    /// Buckets starting at or after the bucket that holds this instant.
+    pub since: DateTime<Utc>,
+    /// Only this queue.
+    pub queue: Option<String>,
+    /// Only this kind.
+    pub kind: Option<String>,
+}
+
+/// History per bucket, queue and kind since `filter.since`, oldest bucket first: the rollup
+/// plus finished jobs not pruned yet.
+///
+/// The live half reads only jobs that finished since the first bucket (through the
+/// `(state, finished_at)` index); a failed attempt always precedes its job's finish, so
+/// that misses none.
+pub async fn job_history_list(
+    db: impl PgExecutor<'_>,
+    filter: &HistoryFilter,
+) -> sqlx::Result<Vec<HistoryRow>> {
+    sqlx::query_as(
+        "WITH first AS (SELECT date_trunc($1, $2::timestamptz, 'UTC') AS bucket)
+         SELECT date_trunc($1, h.bucket, 'UTC') AS bucket, h.queue, h.kind,
+                sum(h.succeeded)::bigint AS succeeded, sum(h.failed)::bigint AS failed,
+                sum(h.dead)::bigint AS dead, sum(h.cancelled)::bigint AS cancelled,
+                sum(h.run_count)::bigint AS run_count, sum(h.run_seconds)::float8 AS run_seconds,
+                sum(h.wait_count)::bigint AS wait_count,
+                sum(h.wait_seconds)::float8 AS wait_seconds
+         FROM (
+             SELECT r.bucket, r.queue, r.kind, r.succeeded, r.failed, r.dead, r.cancelled,
+                    r.run_count, r.run_seconds, r.wait_count, r.wait_seconds
+             FROM skiplock.job_history r, first
+             WHERE r.bucket >= first.bucket
+               AND ($3::text IS NULL OR r.queue = $3) AND ($4::text IS NULL OR r.kind = $4)
+             UNION ALL
+             SELECT f.bucket, j.queue, j.kind, f.succeeded, f.failed, f.dead, f.cancelled,
+                    f.run_count, f.run_seconds, f.wait_count, f.wait_seconds
+             FROM skiplock.jobs j, first,
+                  LATERAL skiplock.job_history_facts(j.state, j.scheduled_at, j.claimed_at,
+                                                     j.finished_at, j.errors) f
+             WHERE j.state IN ('succeeded', 'dead', 'cancelled')
+               AND j.finished_at >= first.bucket AND f.bucket >= first.bucket
+               AND ($3::text IS NULL OR j.queue = $3) AND ($4::text IS NULL OR j.kind = $4)
+         ) h
+         GROUP BY 1, 2, 3
+         ORDER BY 1, 2, 3",
+    )
+    .bind(filter.granularity.as_str())
+    .bind(filter.since)
+    .bind(filter.queue.as_deref())
+    .bind(filter.kind.as_deref())
+    .fetch_all(db)
+    .await
+}
+
+/// Lifetime totals of one queue and kind, as [`job_history_totals`] returns them.
+#[derive(Debug, Clone, PartialEq, FromRow)]
+pub struct HistoryTotals {
+    /// Queue name.
+    pub queue: String,
+    /// Job kind.
+    pub kind: String,
+    /// Jobs that succeeded.
+    pub succeeded: i64,
+    /// Failed attempts.
+    pub failed: i64,
+    /// Jobs that went dead.
+    pub dead: i64,
+    /// Jobs cancelled.
+    pub cancelled: i64,
+    /// Succeeded and dead jobs with a known run time.
+    pub run_count: i64,
+    /// Sum of their run times, seconds.
+    pub run_seconds: f64,
+    /// Run times per histogram bucket: element `i` counts run times below `bounds[i]` and
+    /// at or above `bounds[i - 1]`; the last element counts those at or above the last
+    /// bound. Not cumulative.
+    pub run_histogram: Vec<i64>,
+}
+
+/// Lifetime totals per queue and kind (the whole rollup plus every retained finished job),
+/// by queue then kind. Reading it visits every retained finished job, so its cost follows
+/// the retention.
+pub async fn job_history_totals(db: impl PgExecutor<'_>) -> sqlx::Result<Vec<HistoryTotals>> {
+    sqlx::query_as(
+        "SELECT h.queue, h.kind,
+                sum(h.succeeded)::bigint AS succeeded, sum(h.failed)::bigint AS failed,
+                sum(h.dead)::bigint AS dead, sum(h.cancelled)::bigint AS cancelled,
+                sum(h.run_count)::bigint AS run_count, sum(h.run_seconds)::float8 AS run_seconds,
+                skiplock.job_history_array_sum(h.run_histogram) AS run_histogram
+         FROM (
+             SELECT queue, kind, succeeded, failed, dead, cancelled, run_count, run_seconds,
+                    run_histogram
+             FROM skiplock.job_history
+             UNION ALL
+             SELECT j.queue, j.kind, f.succeeded, f.failed, f.dead, f.cancelled, f.run_count,
+                    f.run_seconds, f.run_histogram
+             FROM skiplock.jobs j,
+                  LATERAL skiplock.job_history_facts(j.state, j.scheduled_at, j.claimed_at,
+                                                     j.finished_at, j.errors) f
+             WHERE j.state IN ('succeeded', 'dead', 'cancelled')
+         ) h
+         GROUP BY h.queue, h.kind
+         ORDER BY h.queue, h.kind",
+    )
+    .fetch_all(db)
+    .await
+}
+
+/// Upper bounds, in seconds and ascending, of the run-time histogram buckets
+/// (`skiplock.job_history_run_bounds()`).
+pub async fn job_history_run_bounds(db: impl PgExecutor<'_>) -> sqlx::Result<Vec<f64>> {
+    sqlx::query_scalar("SELECT skiplock.job_history_run_bounds()")
+        .fetch_one(db)
+        .await
+}

@@ -113,6 +113,13 @@ async fn zero_retention_deletes_at_the_next_pass() {
     stop.shutdown();
     let summary = run.await.unwrap().unwrap();
     assert_eq!(summary.succeeded, 20);
+    // Pruning kept their history.
+    let rolled_up: i64 =
+        sqlx::query_scalar("SELECT coalesce(sum(succeeded), 0)::bigint FROM skiplock.job_history")
+            .fetch_one(pool)
+            .await
+            .unwrap();
+    assert_eq!(rolled_up, 20);
 }
 
 #[tokio::test]

@@ -1,12 +1,16 @@
 //! The pruner: deletes finished jobs past their retention, in small batches that skip
-//! locked rows, so it never blocks claims or completions.
+//! locked rows, so it never blocks claims or completions. Each batch is added to the
+//! history rollup (`skiplock.job_history`) in the same statement, so pruning never erases
+//! history; hourly history older than a year is folded into lifetime totals.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
-use crate::db::jobs::jobs_prune_finished;
+use crate::db::history::{
+    HISTORY_RETENTION_DEFAULT, job_history_prune_expired, jobs_prune_finished_rolled_up,
+};
 use crate::enqueue::duration_ms;
 use crate::worker::{Shared, sleep_jittered};
 
@@ -22,7 +26,7 @@ pub(crate) async fn prune(shared: Arc<Shared>, interval: Duration, stop: Cancell
             () = sleep_jittered(interval) => {}
         }
         loop {
-            let pass = jobs_prune_finished(
+            let pass = jobs_prune_finished_rolled_up(
                 &shared.pool,
                 duration_ms(retention.succeeded),
                 duration_ms(retention.cancelled),
@@ -44,6 +48,11 @@ pub(crate) async fn prune(shared: Arc<Shared>, interval: Duration, stop: Cancell
                     break;
                 }
             }
+        }
+        if let Err(e) =
+            job_history_prune_expired(&shared.pool, duration_ms(HISTORY_RETENTION_DEFAULT)).await
+        {
+            tracing::warn!(error = %e, "folding old history failed; will retry");
         }
     }
 }

@@ -6,7 +6,7 @@ use anyhow::Context;
 use clap::Args;
 use serde_json::json;
 use skiplock::Retention;
-use skiplock::db::jobs::jobs_prune_finished;
+use skiplock::db::history::jobs_prune_finished_rolled_up;
 use sqlx::PgPool;
 
 use crate::output::{parse_duration, print_json};
@@ -47,7 +47,7 @@ pub async fn run(pool: &PgPool, args: PruneArgs) -> anyhow::Result<()> {
     let ms = |d: Duration| i64::try_from(d.as_millis()).unwrap_or(i64::MAX);
     let mut pruned = 0u64;
     loop {
-        let deleted = jobs_prune_finished(
+        let deleted = jobs_prune_finished_rolled_up(
             pool,
             ms(retention.succeeded),
             ms(retention.cancelled),

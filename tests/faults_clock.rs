@@ -11,10 +11,9 @@ mod fault_support;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use common::test_db;
 use fault_support::{
-    PATIENCE, Testbed, TestbedArgs, audit, check_claim_discipline, create_runs_table, db_now,
-    enqueue_n, install_audit, runs, states, wait_until,
+    PATIENCE, Testbed, TestbedArgs, audit, audited_db, check_claim_discipline, db_now, enqueue_n,
+    runs, states, wait_until,
 };
 use serde_json::json;
 use skiplock::EnqueueOptions;
@@ -31,15 +30,15 @@ fn libfaketime() -> Option<PathBuf> {
 }
 
 /// Workload: an honest worker runs a 6 s job; then a worker 10 minutes ahead and one
-/// 10 minutes behind join it (all with a 2 s stale timeout and a reaper every 200 ms).
-/// Jobs are enqueued due in 3 s, due in 9 minutes, and one that fails its first attempt
-/// and asks for a 3 s retry delay (it runs on the skewed workers only).
+/// 10 minutes behind join it (all with a 2 s stale timeout and a reaper every 200 ms),
+/// each on a queue of its own holding 10 jobs due in 3 s, one due in 9 minutes, and one
+/// that fails its first attempt and asks for a 3 s retry delay.
 ///
 /// Fault: the skewed system clocks (libfaketime, `FAKETIME=±10m`).
 ///
 /// Invariant: the skew is real (each skewed worker's own clock, recorded with its runs,
 /// is 10 minutes off the database's); no job is claimed before it is due by the database
-/// clock; the job due in 9 minutes is never claimed; the retry waits its full delay; the
+/// clock; the jobs due in 9 minutes are never claimed; retries wait their full delay; the
 /// honest worker's long job is never reaped and ends on attempt 1.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_worker_whose_clock_is_10_minutes_off_claims_and_reaps_by_the_database_clock() {
@@ -50,10 +49,8 @@ async fn a_worker_whose_clock_is_10_minutes_off_claims_and_reaps_by_the_database
         );
         return;
     };
-    let db = test_db().await;
+    let db = audited_db().await;
     let pool = &db.pool;
-    install_audit(pool).await;
-    create_runs_table(&db.url).await;
     let args = TestbedArgs::new()
         .set("concurrency", 4)
         .set("heartbeat-ms", 200)
@@ -80,44 +77,47 @@ async fn a_worker_whose_clock_is_10_minutes_off_claims_and_reaps_by_the_database
     )
     .await;
 
-    let skewed = |offset: &str| {
+    // Each skewed worker has a queue of its own, so each surely does its share.
+    let skewed = |offset: &str, queue: &str| {
         args.clone()
             .set("kinds", "record,panic")
+            .set("queue", queue)
             .set("retry-ms", 3_000)
             .env("LD_PRELOAD", lib.display())
             .env("FAKETIME", offset)
             .env("FAKETIME_DONT_FAKE_MONOTONIC", 1)
     };
-    let ahead = Testbed::start(&db.url, "tb-ahead", &skewed("+10m")).await;
-    let behind = Testbed::start(&db.url, "tb-behind", &skewed("-10m")).await;
-    let soon = enqueue_n(
-        pool,
-        "record",
-        json!({}),
-        20,
-        EnqueueOptions::new().run_after(Duration::from_secs(3)),
-    )
-    .await;
-    let later = enqueue_n(
-        pool,
-        "record",
-        json!({}),
-        1,
-        EnqueueOptions::new().run_after(Duration::from_secs(540)),
-    )
-    .await[0];
-    let flaky = enqueue_n(
-        pool,
-        "panic",
-        json!({}),
-        1,
-        EnqueueOptions::new().max_attempts(2),
-    )
-    .await[0];
+    let ahead = Testbed::start(&db.url, "tb-ahead", &skewed("+10m", "ahead")).await;
+    let behind = Testbed::start(&db.url, "tb-behind", &skewed("-10m", "behind")).await;
+    let (mut soon, mut later, mut flaky) = (Vec::new(), Vec::new(), Vec::new());
+    for queue in ["ahead", "behind"] {
+        let options = EnqueueOptions::new().queue(queue);
+        soon.extend(
+            enqueue_n(
+                pool,
+                "record",
+                json!({}),
+                10,
+                options.clone().run_after(Duration::from_secs(3)),
+            )
+            .await,
+        );
+        later.extend(
+            enqueue_n(
+                pool,
+                "record",
+                json!({}),
+                1,
+                options.clone().run_after(Duration::from_secs(540)),
+            )
+            .await,
+        );
+        flaky.extend(enqueue_n(pool, "panic", json!({}), 1, options.max_attempts(2)).await);
+    }
 
     wait_until("everything due to settle", PATIENCE, || async {
         let states = states(pool).await;
-        (states.get("succeeded") == Some(&21) && states.get("dead") == Some(&1)).then_some(())
+        (states.get("succeeded") == Some(&21) && states.get("dead") == Some(&2)).then_some(())
     })
     .await;
     let now = db_now(pool).await;
@@ -171,25 +171,29 @@ async fn a_worker_whose_clock_is_10_minutes_off_claims_and_reaps_by_the_database
             "job {id} claimed at {claimed}, before it was due at {due}"
         );
     }
-    let row = skiplock::job(pool, skiplock::JobId(later))
-        .await
-        .unwrap()
-        .unwrap();
-    assert_eq!((row.state, row.attempt), (skiplock::JobState::Queued, 0));
-    assert!(row.scheduled_at > now, "still not due");
-    // The retry waited the 3 s it asked for, by the database clock.
-    let claims: Vec<_> = log
-        .iter()
-        .filter(|r| r.job_id == flaky && r.is_claim())
-        .collect();
-    let failure = log
-        .iter()
-        .find(|r| r.job_id == flaky && r.failure)
-        .expect("the first attempt failed");
-    assert_eq!(claims.len(), 2);
-    let waited = claims[1].claimed_at.unwrap() - failure.at;
-    assert!(
-        waited >= chrono::Duration::milliseconds(2_900),
-        "the retry came after {waited}, before its 3 s delay"
-    );
+    for id in later {
+        let row = skiplock::job(pool, skiplock::JobId(id))
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!((row.state, row.attempt), (skiplock::JobState::Queued, 0));
+        assert!(row.scheduled_at > now, "job {id} is still not due");
+    }
+    // Each retry waited the 3 s it asked for, by the database clock.
+    for id in flaky {
+        let claims: Vec<_> = log
+            .iter()
+            .filter(|r| r.job_id == id && r.is_claim())
+            .collect();
+        let failure = log
+            .iter()
+            .find(|r| r.job_id == id && r.failure)
+            .expect("the first attempt failed");
+        assert_eq!(claims.len(), 2);
+        let waited = claims[1].claimed_at.unwrap() - failure.at;
+        assert!(
+            waited >= chrono::Duration::milliseconds(2_900),
+            "job {id}: the retry came after {waited}, before its 3 s delay"
+        );
+    }
 }

@@ -9,10 +9,9 @@ mod fault_support;
 use std::collections::HashMap;
 use std::time::Duration;
 
-use common::test_db;
 use fault_support::{
-    PATIENCE, Testbed, TestbedArgs, audit, check_claim_discipline, create_runs_table, enqueue_n,
-    install_audit, runs_by_job, states, wait_until,
+    PATIENCE, Testbed, TestbedArgs, audit, audited_db, check_claim_discipline, enqueue_n,
+    runs_by_job, states, wait_until,
 };
 use serde_json::json;
 use skiplock::{EnqueueOptions, JobId, JobState};
@@ -30,10 +29,8 @@ use skiplock::{EnqueueOptions, JobId, JobState};
 /// job ran exactly once; the 200 short jobs all succeed once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn misbehaving_handlers_are_tried_max_attempts_times_while_the_queue_flows() {
-    let db = test_db().await;
+    let db = audited_db().await;
     let pool = &db.pool;
-    install_audit(pool).await;
-    create_runs_table(&db.url).await;
     let three = EnqueueOptions::new().max_attempts(3);
     let never = enqueue_n(pool, "never_return", json!({}), 1, three.clone()).await[0];
     let spin = enqueue_n(pool, "spin", json!({}), 1, three.clone()).await[0];
@@ -104,10 +101,8 @@ async fn misbehaving_handlers_are_tried_max_attempts_times_while_the_queue_flows
 /// every short job succeeds, and one that ran twice had first run in a process that died.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_handler_that_aborts_its_process_is_tried_max_attempts_times() {
-    let db = test_db().await;
+    let db = audited_db().await;
     let pool = &db.pool;
-    install_audit(pool).await;
-    create_runs_table(&db.url).await;
     let args = TestbedArgs::new()
         .set("concurrency", 4)
         .set("heartbeat-ms", 200)

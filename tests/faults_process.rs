@@ -10,10 +10,9 @@ mod fault_support;
 
 use std::collections::{HashMap, HashSet};
 
-use common::test_db;
 use fault_support::{
-    PATIENCE, Testbed, TestbedArgs, audit, check_claim_discipline, create_runs_table, db_now,
-    enqueue_n, install_audit, run_count, running_held_by, runs_by_job, states, wait_until,
+    PATIENCE, Testbed, TestbedArgs, audit, audited_db, check_claim_discipline, db_now, enqueue_n,
+    run_count, running_held_by, runs_by_job, states, wait_until,
 };
 use serde_json::json;
 use skiplock::EnqueueOptions;
@@ -30,10 +29,8 @@ use skiplock::EnqueueOptions;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kill_9_during_a_drain_loses_nothing_and_reruns_only_the_killed_workers_jobs() {
     const JOBS: usize = 10_000;
-    let db = test_db().await;
+    let db = audited_db().await;
     let pool = &db.pool;
-    install_audit(pool).await;
-    create_runs_table(&db.url).await;
     enqueue_n(
         pool,
         "record",
@@ -108,14 +105,14 @@ async fn kill_9_during_a_drain_loses_nothing_and_reruns_only_the_killed_workers_
             reaped_from.insert(holder);
         }
         assert!(!row.is_release(), "nobody released anything: {row:?}");
-        if row.is_claim() {
-            if let Some(previous) = last_claim.insert(row.job_id, row) {
-                assert!(
-                    killed.contains(previous.new_holder.as_deref().unwrap()),
-                    "job {} was claimed again after a live worker's claim {previous:?}",
-                    row.job_id
-                );
-            }
+        if row.is_claim()
+            && let Some(previous) = last_claim.insert(row.job_id, row)
+        {
+            assert!(
+                killed.contains(previous.new_holder.as_deref().unwrap()),
+                "job {} was claimed again after a live worker's claim {previous:?}",
+                row.job_id
+            );
         }
     }
     assert_eq!(
@@ -137,10 +134,8 @@ async fn kill_9_during_a_drain_loses_nothing_and_reruns_only_the_killed_workers_
 /// reap each; no audit row after the reaps was written by A.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_frozen_worker_resumed_after_its_claims_were_reaped_changes_nothing() {
-    let db = test_db().await;
+    let db = audited_db().await;
     let pool = &db.pool;
-    install_audit(pool).await;
-    create_runs_table(&db.url).await;
     let args = TestbedArgs::new()
         .set("kinds", "record")
         .set("concurrency", 2)
@@ -245,10 +240,8 @@ async fn a_frozen_worker_resumed_after_its_claims_were_reaped_changes_nothing() 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rolling_sigterm_restart_claims_nothing_after_the_signal_and_loses_no_attempt() {
     const JOBS: usize = 150;
-    let db = test_db().await;
+    let db = audited_db().await;
     let pool = &db.pool;
-    install_audit(pool).await;
-    create_runs_table(&db.url).await;
     let mut rng = fastrand::Rng::with_seed(11);
     let jobs: Vec<skiplock::NewJob> = (0..JOBS)
         .map(|_| skiplock::NewJob::new("record", json!({"ms": rng.u64(100..3000)})))
@@ -264,12 +257,11 @@ async fn a_rolling_sigterm_restart_claims_nothing_after_the_signal_and_loses_no_
         workers.push(Testbed::start(&db.url, &format!("tb-roll-{i}"), &args).await);
     }
     let mut acknowledged = HashMap::new();
-    for slot in 0..workers.len() {
+    for (slot, worker) in workers.iter_mut().enumerate() {
         wait_until("the workers to be busy", PATIENCE, || async {
-            (running_held_by(pool, &workers[slot].worker_id).await > 0).then_some(())
+            (running_held_by(pool, &worker.worker_id).await > 0).then_some(())
         })
         .await;
-        let worker = &mut workers[slot];
         worker.signal("TERM");
         worker.wait_for_log("signal received", PATIENCE).await;
         acknowledged.insert(worker.worker_id.clone(), db_now(pool).await);
@@ -284,7 +276,7 @@ async fn a_rolling_sigterm_restart_claims_nothing_after_the_signal_and_loses_no_
             "{} left jobs running",
             worker.worker_id
         );
-        workers[slot] = Testbed::start(&db.url, &format!("tb-roll-{slot}b"), &args).await;
+        *worker = Testbed::start(&db.url, &format!("tb-roll-{slot}b"), &args).await;
     }
     wait_until("every job to succeed", PATIENCE, || async {
         (states(pool).await.get("succeeded").copied() == Some(JOBS as i64)).then_some(())

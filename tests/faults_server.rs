@@ -14,9 +14,9 @@ use std::time::{Duration, Instant};
 
 use common::test_db;
 use fault_support::{
-    PATIENCE, PrivateServer, Restart, Testbed, TestbedArgs, audit, check_claim_discipline,
-    create_runs_table, db_now, enqueue_n, install_audit, run_count, runs_by_job, states,
-    wait_until,
+    PATIENCE, PrivateServer, Restart, Testbed, TestbedArgs, audit, audited_db,
+    check_claim_discipline, create_runs_table, db_now, enqueue_n, install_audit, run_count,
+    runs_by_job, states, wait_until,
 };
 use serde_json::json;
 use skiplock::{EnqueueOptions, NewJob};
@@ -180,10 +180,8 @@ async fn postgres_restarts_during_enqueue_and_work_lose_nothing_and_strand_nothi
 /// worker still stops promptly on SIGTERM.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_table_locked_for_15_s_under_a_starved_pool_deadlocks_nothing_and_reaps_nothing() {
-    let db = test_db().await;
+    let db = audited_db().await;
     let pool = &db.pool;
-    install_audit(pool).await;
-    create_runs_table(&db.url).await;
     let long = enqueue_n(
         pool,
         "record",
@@ -253,5 +251,66 @@ async fn a_table_locked_for_15_s_under_a_starved_pool_deadlocks_nothing_and_reap
                 .any(|r| r.job_id == *id && r.heartbeat && r.at > released),
             "job {id} heartbeat again after the lock"
         );
+    }
+}
+
+/// Workload: a testbed worker given a pool of a single connection, and 5 `noop` jobs.
+///
+/// Fault: the pool is smaller than the worker's fixed needs (its LISTEN connection plus
+/// one for statements).
+///
+/// Invariant: no hang: within a minute the worker either drains the jobs or refuses to
+/// start, exiting non-zero with a message about the pool size.
+///
+/// Fails today: the listener takes the only connection for good, so every claim, heartbeat
+/// and reaper pass times out waiting for a connection, forever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_with_a_one_connection_pool_drains_or_refuses_to_start() {
+    let db = test_db().await;
+    let pool = &db.pool;
+    enqueue_n(pool, "noop", json!({}), 5, EnqueueOptions::new()).await;
+    let mut child = tokio::process::Command::new(fault_support::TESTBED)
+        .env_remove("DATABASE_URL")
+        .env("RUST_LOG", "warn")
+        .args(["--database-url", &db.url, "--worker-id", "tb-one-conn"])
+        .args([
+            "--kinds",
+            "noop",
+            "--pool-size",
+            "1",
+            "--acquire-timeout-ms",
+            "2000",
+        ])
+        .arg("--exit-when-idle")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let outcome = tokio::time::timeout(Duration::from_secs(60), child.wait()).await;
+    let succeeded = states(pool).await.get("succeeded").copied().unwrap_or(0);
+    match outcome {
+        Ok(status) if status.as_ref().is_ok_and(|s| s.success()) => {
+            assert_eq!(succeeded, 5, "exited idle only after draining")
+        }
+        Ok(status) => {
+            let mut stderr = String::new();
+            use tokio::io::AsyncReadExt;
+            child
+                .stderr
+                .take()
+                .unwrap()
+                .read_to_string(&mut stderr)
+                .await
+                .unwrap();
+            assert!(
+                stderr.contains("pool") && stderr.contains("connection"),
+                "refused with a message about the pool ({status:?}): {stderr}"
+            );
+        }
+        Err(_) => panic!(
+            "the worker hung for a minute with a one-connection pool ({succeeded} of 5 jobs done)"
+        ),
     }
 }

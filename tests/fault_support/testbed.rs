@@ -10,6 +10,15 @@ use tokio::process::{Child, Command};
 
 use super::PATIENCE;
 
+/// A fresh test database (see tests/common) with the audit trigger installed and
+/// `public.testbed_runs` created: the setup of every test that runs testbed workers.
+pub async fn audited_db() -> crate::common::TestDb {
+    let db = crate::common::test_db().await;
+    super::install_audit(&db.pool).await;
+    create_runs_table(&db.url).await;
+    db
+}
+
 /// Creates `public.testbed_runs` (with `skiplock-testbed --prepare-only`, which owns its
 /// definition), so a test can count executions before any testbed started.
 pub async fn create_runs_table(url: &str) {

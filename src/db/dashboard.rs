@@ -198,22 +198,22 @@ pub struct Throughput {
 /// their indexes, the queued ones that carry an error through the claim index.
 pub async fn dashboard_throughput(db: impl PgExecutor<'_>, since: i64) -> sqlx::Result<Throughput> {
     sqlx::query_as(
-        "WITH since AS (SELECT to_timestamp($1) AS at),
-         succeeded AS (
+        "WITH succeeded AS (
              SELECT floor(extract(epoch FROM finished_at))::bigint AS second, count(*) AS n
-             FROM skiplock.jobs, since
-             WHERE state = 'succeeded' AND finished_at > since.at
+             FROM skiplock.jobs
+             WHERE state = 'succeeded' AND finished_at > to_timestamp($1)
              GROUP BY 1
          ),
          failed AS (
              SELECT floor(extract(epoch FROM (e ->> 'at')::timestamptz))::bigint AS second,
                     count(*) AS n
-             FROM skiplock.jobs j, since, jsonb_array_elements(j.errors) e
-             WHERE ((j.state IN ('succeeded', 'dead', 'cancelled') AND j.finished_at > since.at)
-                    OR (j.state = 'running' AND j.heartbeat_at > since.at)
+             FROM skiplock.jobs j, jsonb_array_elements(j.errors) e
+             WHERE ((j.state IN ('succeeded', 'dead', 'cancelled')
+                     AND j.finished_at > to_timestamp($1))
+                    OR (j.state = 'running' AND j.heartbeat_at > to_timestamp($1))
                     OR (j.state = 'queued' AND j.last_error IS NOT NULL
-                        AND j.scheduled_at > since.at))
-               AND (e ->> 'at')::timestamptz > since.at
+                        AND j.scheduled_at > to_timestamp($1)))
+               AND (e ->> 'at')::timestamptz > to_timestamp($1)
              GROUP BY 1
          )
          SELECT floor(extract(epoch FROM now()))::bigint AS now,

@@ -4,9 +4,8 @@
 //! A finished job is counted live in `skiplock.jobs` until a statement of this file deletes
 //! it, and in the rollup from then on: the delete and the rollup happen in one statement
 //! (`DELETE … RETURNING` in a CTE feeding `INSERT … ON CONFLICT DO UPDATE`), so no job is
-//! ever counted twice or lost. History queries add both halves up, through the same
-//! `skiplock.job_history_facts` function the rollup uses. The completion path writes
-//! nothing here.
+//! ever counted twice or lost. History queries add both halves up, counting the live half
+//! with the very SQL that rolls rows up. The completion path writes nothing here.
 
 use std::time::Duration;
 
@@ -35,9 +34,74 @@ macro_rules! upsert_into_history {
     };
 }
 
+/// Per hour (UTC), queue and kind, what the finished rows of `$from` (alias `j`, with the
+/// columns of `skiplock.jobs`) that pass `$filter` (an `AND …` fragment) count in the
+/// history. Columns: `bucket, queue, kind, succeeded, failed, dead, cancelled, run_count,
+/// run_seconds, wait_count, wait_seconds, run_histogram`; a bucket, queue and kind may come
+/// twice (outcomes, failures), so callers group again.
+///
+/// - outcomes, run and wait times in the hour of `finished_at`; run time is
+///   `finished_at - claimed_at` and wait time `claimed_at - scheduled_at`, of succeeded and
+///   dead jobs (a claim older than the schedule belongs to a run before a manual retry: no
+///   wait to tell);
+/// - one failed attempt per entry of `errors`, in the hour of its `at`;
+/// - the run-time histogram counts the 17 intervals of `skiplock.job_history_run_bounds()`.
+///
+/// The rollup statements and the live half of the history queries both use it, so a job
+/// counts the same before and after it is pruned.
+///
+/// `OFFSET 0` fences the per-row subquery: the planner takes the statistics of
+/// `finished_at` (nearly unique) for any expression of it, expects millions of hours, and
+/// sorts every row to disk; behind the fence it assumes few groups and hashes them.
+/// Hours are computed from the epoch, which is cheaper than `date_trunc` in a time zone.
+macro_rules! history_of {
+    ($from:literal, $filter:literal) => {
+        concat!(
+            "SELECT t.bucket, t.queue, t.kind,
+                    count(*) FILTER (WHERE t.state = 'succeeded') AS succeeded,
+                    0::bigint AS failed,
+                    count(*) FILTER (WHERE t.state = 'dead') AS dead,
+                    count(*) FILTER (WHERE t.state = 'cancelled') AS cancelled,
+                    count(t.run) AS run_count, coalesce(sum(t.run), 0)::float8 AS run_seconds,
+                    count(t.wait) AS wait_count, coalesce(sum(t.wait), 0)::float8 AS wait_seconds,
+                    ARRAY[count(*) FILTER (WHERE t.slot = 0), count(*) FILTER (WHERE t.slot = 1),
+                          count(*) FILTER (WHERE t.slot = 2), count(*) FILTER (WHERE t.slot = 3),
+                          count(*) FILTER (WHERE t.slot = 4), count(*) FILTER (WHERE t.slot = 5),
+                          count(*) FILTER (WHERE t.slot = 6), count(*) FILTER (WHERE t.slot = 7),
+                          count(*) FILTER (WHERE t.slot = 8), count(*) FILTER (WHERE t.slot = 9),
+                          count(*) FILTER (WHERE t.slot = 10), count(*) FILTER (WHERE t.slot = 11),
+                          count(*) FILTER (WHERE t.slot = 12), count(*) FILTER (WHERE t.slot = 13),
+                          count(*) FILTER (WHERE t.slot = 14), count(*) FILTER (WHERE t.slot = 15),
+                          count(*) FILTER (WHERE t.slot = 16)] AS run_histogram
+             FROM (
+                 SELECT to_timestamp(floor(date_part('epoch', j.finished_at) / 3600) * 3600)
+                            AS bucket,
+                        j.queue, j.kind, j.state, r.run, r.wait,
+                        width_bucket(r.run, skiplock.job_history_run_bounds()) AS slot
+                 FROM ", $from, " j,
+                      LATERAL (SELECT
+                          CASE WHEN j.state IN ('succeeded', 'dead') AND j.finished_at >= j.claimed_at
+                               THEN date_part('epoch', j.finished_at - j.claimed_at) END AS run,
+                          CASE WHEN j.state IN ('succeeded', 'dead') AND j.claimed_at >= j.scheduled_at
+                               THEN date_part('epoch', j.claimed_at - j.scheduled_at) END AS wait
+                      ) r
+                 WHERE j.finished_at IS NOT NULL ", $filter, "
+                 OFFSET 0
+             ) t
+             GROUP BY 1, 2, 3
+             UNION ALL
+             SELECT to_timestamp(floor(date_part('epoch', (e ->> 'at')::timestamptz) / 3600) * 3600),
+                    j.queue, j.kind,
+                    0, count(*), 0, 0, 0, 0, 0, 0, '{}'::bigint[]
+             FROM ", $from, " j, jsonb_array_elements(j.errors) e
+             WHERE j.finished_at IS NOT NULL AND j.errors <> '[]' AND e ? 'at' ", $filter, "
+             GROUP BY 1, 2, 3"
+        )
+    };
+}
+
 /// The tail shared by every statement that deletes finished jobs: given a CTE `gone` that
-/// returns the deleted rows' `queue, kind, state, scheduled_at, claimed_at, finished_at,
-/// errors`, it adds them to the rollup and counts them.
+/// returns the deleted rows (`RETURNING j.*`), it adds them to the rollup and counts them.
 ///
 /// Groups are inserted in key order so that concurrent pruners lock rollup rows in one
 /// order and wait for each other instead of deadlocking.
@@ -49,16 +113,14 @@ macro_rules! rolled_up {
                  INSERT INTO skiplock.job_history AS h
                      (bucket, queue, kind, succeeded, failed, dead, cancelled, run_count,
                       run_seconds, wait_count, wait_seconds, run_histogram)
-                 SELECT f.bucket, g.queue, g.kind, sum(f.succeeded), sum(f.failed), sum(f.dead),
-                        sum(f.cancelled), sum(f.run_count), sum(f.run_seconds),
-                        sum(f.wait_count), sum(f.wait_seconds),
-                        skiplock.job_history_array_sum(f.run_histogram)
-                 FROM gone g,
-                      LATERAL skiplock.job_history_facts(g.state, g.scheduled_at, g.claimed_at,
-                                                         g.finished_at, g.errors) f
-                 GROUP BY f.bucket, g.queue, g.kind
-                 ORDER BY f.bucket, g.queue, g.kind
-",
+                 SELECT bucket, queue, kind, sum(succeeded), sum(failed), sum(dead),
+                        sum(cancelled), sum(run_count), sum(run_seconds), sum(wait_count),
+                        sum(wait_seconds), skiplock.job_history_array_sum(run_histogram)
+                 FROM (",
+            history_of!("gone", ""),
+            ") f
+                 GROUP BY bucket, queue, kind
+                 ORDER BY bucket, queue, kind",
             upsert_into_history!(),
             "
              )
@@ -91,8 +153,7 @@ pub async fn jobs_prune_finished_rolled_up(
              FOR UPDATE SKIP LOCKED
          ), gone AS (
              DELETE FROM skiplock.jobs j USING doomed WHERE j.id = doomed.id
-             RETURNING j.queue, j.kind, j.state, j.scheduled_at, j.claimed_at, j.finished_at,
-                       j.errors
+             RETURNING j.*
          )"
     ))
     .bind(succeeded_ms)
@@ -118,8 +179,7 @@ pub async fn jobs_delete_rolled_up(db: impl PgExecutor<'_>, id: JobId) -> sqlx::
                    JOIN skiplock.jobs c ON c.id = d.job_id
                    WHERE d.parent_id = j.id AND c.state = 'waiting'
                )
-             RETURNING j.queue, j.kind, j.state, j.scheduled_at, j.claimed_at, j.finished_at,
-                       j.errors
+             RETURNING j.*
          )"
     ))
     .bind(id.0)
@@ -229,9 +289,9 @@ pub async fn job_history_list(
     db: impl PgExecutor<'_>,
     filter: &HistoryFilter,
 ) -> sqlx::Result<Vec<HistoryRow>> {
-    sqlx::query_as(
-        "WITH first AS (SELECT date_trunc($1, $2::timestamptz, 'UTC') AS bucket)
-         SELECT date_trunc($1, h.bucket, 'UTC') AS bucket, h.queue, h.kind,
+    // $4 is the first bucket: `since` truncated to the granularity.
+    sqlx::query_as(concat!(
+        "SELECT date_trunc($1, h.bucket, 'UTC') AS bucket, h.queue, h.kind,
                 sum(h.succeeded)::bigint AS succeeded, sum(h.failed)::bigint AS failed,
                 sum(h.dead)::bigint AS dead, sum(h.cancelled)::bigint AS cancelled,
                 sum(h.run_count)::bigint AS run_count, sum(h.run_seconds)::float8 AS run_seconds,
@@ -240,28 +300,40 @@ pub async fn job_history_list(
          FROM (
              SELECT r.bucket, r.queue, r.kind, r.succeeded, r.failed, r.dead, r.cancelled,
                     r.run_count, r.run_seconds, r.wait_count, r.wait_seconds
-             FROM skiplock.job_history r, first
-             WHERE r.bucket >= first.bucket
-               AND ($3::text IS NULL OR r.queue = $3) AND ($4::text IS NULL OR r.kind = $4)
+             FROM skiplock.job_history r
+             WHERE r.bucket >= $4
+               AND ($2::text IS NULL OR r.queue = $2) AND ($3::text IS NULL OR r.kind = $3)
              UNION ALL
-             SELECT f.bucket, j.queue, j.kind, f.succeeded, f.failed, f.dead, f.cancelled,
-                    f.run_count, f.run_seconds, f.wait_count, f.wait_seconds
-             FROM skiplock.jobs j, first,
-                  LATERAL skiplock.job_history_facts(j.state, j.scheduled_at, j.claimed_at,
-                                                     j.finished_at, j.errors) f
-             WHERE j.state IN ('succeeded', 'dead', 'cancelled')
-               AND j.finished_at >= first.bucket AND f.bucket >= first.bucket
-               AND ($3::text IS NULL OR j.queue = $3) AND ($4::text IS NULL OR j.kind = $4)
+             SELECT l.bucket, l.queue, l.kind, l.succeeded, l.failed, l.dead, l.cancelled,
+                    l.run_count, l.run_seconds, l.wait_count, l.wait_seconds
+             FROM (",
+        history_of!(
+            "skiplock.jobs",
+            "AND j.state IN ('succeeded', 'dead', 'cancelled') AND j.finished_at >= $4
+             AND ($2::text IS NULL OR j.queue = $2) AND ($3::text IS NULL OR j.kind = $3)"
+        ),
+        ") l
+             WHERE l.bucket >= $4
          ) h
          GROUP BY 1, 2, 3
-         ORDER BY 1, 2, 3",
-    )
+         ORDER BY 1, 2, 3"
+    ))
     .bind(filter.granularity.as_str())
-    .bind(filter.since)
     .bind(filter.queue.as_deref())
     .bind(filter.kind.as_deref())
+    .bind(truncate(filter.since, filter.granularity))
     .fetch_all(db)
     .await
+}
+
+/// `at` truncated to the start of its hour or day (UTC).
+fn truncate(at: DateTime<Utc>, granularity: Granularity) -> DateTime<Utc> {
+    let step = match granularity {
+        Granularity::Hour => 3600,
+        Granularity::Day => 86_400,
+    };
+    let seconds = at.timestamp().div_euclid(step) * step;
+    DateTime::from_timestamp(seconds, 0).unwrap_or(at)
 }
 
 /// Lifetime totals of one queue and kind, as [`job_history_totals`] returns them.
@@ -293,27 +365,42 @@ pub struct HistoryTotals {
 /// by queue then kind. Reading it visits every retained finished job, so its cost follows
 /// the retention.
 pub async fn job_history_totals(db: impl PgExecutor<'_>) -> sqlx::Result<Vec<HistoryTotals>> {
-    sqlx::query_as(
-        "SELECT h.queue, h.kind,
-                sum(h.succeeded)::bigint AS succeeded, sum(h.failed)::bigint AS failed,
-                sum(h.dead)::bigint AS dead, sum(h.cancelled)::bigint AS cancelled,
-                sum(h.run_count)::bigint AS run_count, sum(h.run_seconds)::float8 AS run_seconds,
-                skiplock.job_history_array_sum(h.run_histogram) AS run_histogram
-         FROM (
+    // The histograms are summed element by element through unnest: the rollup holds a row
+    // per hour, and an aggregate calling a SQL function per row would be slow.
+    sqlx::query_as(concat!(
+        "WITH everything AS (
              SELECT queue, kind, succeeded, failed, dead, cancelled, run_count, run_seconds,
                     run_histogram
              FROM skiplock.job_history
              UNION ALL
-             SELECT j.queue, j.kind, f.succeeded, f.failed, f.dead, f.cancelled, f.run_count,
-                    f.run_seconds, f.run_histogram
-             FROM skiplock.jobs j,
-                  LATERAL skiplock.job_history_facts(j.state, j.scheduled_at, j.claimed_at,
-                                                     j.finished_at, j.errors) f
-             WHERE j.state IN ('succeeded', 'dead', 'cancelled')
-         ) h
-         GROUP BY h.queue, h.kind
-         ORDER BY h.queue, h.kind",
-    )
+             SELECT l.queue, l.kind, l.succeeded, l.failed, l.dead, l.cancelled, l.run_count,
+                    l.run_seconds, l.run_histogram
+             FROM (",
+        history_of!(
+            "skiplock.jobs",
+            "AND j.state IN ('succeeded', 'dead', 'cancelled')"
+        ),
+        ") l
+         ),
+         slots AS (
+             SELECT queue, kind, i, sum(n)::bigint AS n
+             FROM everything, unnest(run_histogram) WITH ORDINALITY AS u(n, i)
+             GROUP BY queue, kind, i
+         )
+         SELECT t.queue, t.kind, t.succeeded, t.failed, t.dead, t.cancelled, t.run_count,
+                t.run_seconds,
+                coalesce((SELECT array_agg(s.n ORDER BY s.i) FROM slots s
+                          WHERE s.queue = t.queue AND s.kind = t.kind), '{}') AS run_histogram
+         FROM (
+             SELECT queue, kind, sum(succeeded)::bigint AS succeeded,
+                    sum(failed)::bigint AS failed, sum(dead)::bigint AS dead,
+                    sum(cancelled)::bigint AS cancelled, sum(run_count)::bigint AS run_count,
+                    sum(run_seconds)::float8 AS run_seconds
+             FROM everything
+             GROUP BY queue, kind
+         ) t
+         ORDER BY t.queue, t.kind"
+    ))
     .fetch_all(db)
     .await
 }

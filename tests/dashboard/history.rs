@@ -153,7 +153,7 @@ async fn retention_folds_old_hours_into_lifetime_totals() {
         "INSERT INTO skiplock.job_history (bucket, queue, kind, succeeded, failed, dead,
                                            run_count, run_seconds, run_histogram)
          SELECT date_trunc('hour', now() - make_interval(days => d), 'UTC'), 'default', 'old',
-                10, 1, 1, 10, 5.0, skiplock.job_history_run_histogram(0.5)
+                10, 1, 1, 10, 5.0, '{0,0,0,0,0,0,0,10}'::bigint[]
          FROM unnest(ARRAY[400, 500, 2]) d",
     )
     .execute(&db.pool)

@@ -2,6 +2,7 @@
 //! `GET /metrics` (Prometheus text format 0.0.4).
 
 use std::fmt::Write as _;
+use std::time::{Duration, Instant};
 
 use axum::Json;
 use axum::extract::{Query, State as StateExtractor};
@@ -9,10 +10,20 @@ use axum::http::header;
 use axum::response::IntoResponse;
 use serde_json::{Value, json};
 use skiplock::db::dashboard::{Throughput, dashboard_throughput};
-use skiplock::db::history::{job_history_run_bounds, job_history_totals};
+use skiplock::db::history::{HistoryTotals, job_history_run_bounds, job_history_totals};
 
 use super::overview::Overview;
 use super::{AppError, AppResult, State};
+
+/// How long `/metrics` reuses the lifetime totals it read. Reading them visits every
+/// retained finished job, and counters a little stale do not hurt `rate()`.
+const TOTALS_TTL: Duration = Duration::from_secs(30);
+
+/// Lifetime totals as `/metrics` read them last.
+pub struct CachedTotals {
+    read_at: Instant,
+    totals: Vec<HistoryTotals>,
+}
 
 /// Seconds of history the live chart asks for when it starts.
 const THROUGHPUT_WINDOW_SECONDS: i64 = 3600;
@@ -56,11 +67,10 @@ pub async fn throughput(
 /// `GET /metrics`.
 pub async fn metrics(StateExtractor(state): StateExtractor<State>) -> AppResult<impl IntoResponse> {
     let pool = &state.pool;
-    let (overview, totals, bounds) = tokio::try_join!(
-        Overview::load(&state),
-        async { job_history_totals(pool).await.map_err(AppError::from) },
-        async { job_history_run_bounds(pool).await.map_err(AppError::from) },
-    )?;
+    let (overview, totals, bounds) =
+        tokio::try_join!(Overview::load(&state), totals(&state), async {
+            job_history_run_bounds(pool).await.map_err(AppError::from)
+        },)?;
     let mut out = String::new();
     let stats = &overview.stats;
 
@@ -249,6 +259,21 @@ pub async fn metrics(StateExtractor(state): StateExtractor<State>) -> AppResult<
         )],
         out,
     ))
+}
+
+/// The lifetime totals, read at most once per [`TOTALS_TTL`]; concurrent scrapes wait for
+/// one read.
+async fn totals(state: &State) -> AppResult<Vec<HistoryTotals>> {
+    let mut cache = state.totals_cache.lock().await;
+    if let Some(cached) = cache.as_ref().filter(|c| c.read_at.elapsed() < TOTALS_TTL) {
+        return Ok(cached.totals.clone());
+    }
+    let totals = job_history_totals(&state.pool).await?;
+    *cache = Some(CachedTotals {
+        read_at: Instant::now(),
+        totals: totals.clone(),
+    });
+    Ok(totals)
 }
 
 fn family(out: &mut String, name: &str, kind: &str, help: &str) {

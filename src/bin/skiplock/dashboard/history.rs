@@ -67,32 +67,37 @@ pub async fn page(
         .duration_trunc(Duration::days(1))
         .map_err(|e| AppError::Internal(e.into()))?;
     let chart_since = today - Duration::days(CHART_DAYS - 1);
-    let chart_filter = HistoryFilter {
-        granularity: Granularity::Day,
-        since: chart_since,
+    let table_since = now - Duration::days(days) + Duration::seconds(1);
+    let table_start = match granularity {
+        Granularity::Day => table_since.duration_trunc(Duration::days(1)),
+        Granularity::Hour => table_since.duration_trunc(Duration::hours(1)),
+    }
+    .map_err(|e| AppError::Internal(e.into()))?;
+    // One query, by hour, for both the chart and the table: the live half of the history
+    // reads every retained finished job, so it should run once per page.
+    let filter = HistoryFilter {
+        granularity: Granularity::Hour,
+        since: chart_since.min(table_start),
         queue: queue.clone(),
         kind: kind.clone(),
     };
-    let chart_rows = job_history_list(&state.pool, &chart_filter).await?;
-    let table_filter = HistoryFilter {
-        granularity,
-        since: now - Duration::days(days) + Duration::seconds(1),
-        queue: queue.clone(),
-        kind: kind.clone(),
-    };
-    let mut rows = if granularity == Granularity::Day && days == CHART_DAYS {
-        chart_rows.clone()
-    } else {
-        job_history_list(&state.pool, &table_filter).await?
-    };
-    rows.reverse();
-
+    let hours = job_history_list(&state.pool, &filter).await?;
     let mut per_day: BTreeMap<DateTime<Utc>, Sums> = (0..CHART_DAYS)
         .map(|d| (chart_since + Duration::days(d), Sums::default()))
         .collect();
-    for row in &chart_rows {
-        per_day.entry(row.bucket).or_default().add(row);
+    for row in by_day(&hours, chart_since) {
+        per_day.entry(row.bucket).or_default().add(&row);
     }
+    let mut rows = match granularity {
+        Granularity::Day => by_day(&hours, table_start),
+        Granularity::Hour => hours
+            .iter()
+            .filter(|row| row.bucket >= table_start)
+            .cloned()
+            .collect(),
+    };
+    rows.reverse();
+
     let mut totals = Sums::default();
     for row in &rows {
         totals.add(row);
@@ -176,6 +181,40 @@ pub async fn page(
         }
     };
     Ok(layout::page(&state, Nav::History, "History", None, body))
+}
+
+/// Hourly rows from `from` on, summed per day (UTC), queue and kind, oldest first.
+fn by_day(hours: &[HistoryRow], from: DateTime<Utc>) -> Vec<HistoryRow> {
+    let mut days: BTreeMap<(DateTime<Utc>, &str, &str), HistoryRow> = BTreeMap::new();
+    for hour in hours.iter().filter(|row| row.bucket >= from) {
+        let day = hour
+            .bucket
+            .duration_trunc(Duration::days(1))
+            .unwrap_or(hour.bucket);
+        let sum = days
+            .entry((day, hour.queue.as_str(), hour.kind.as_str()))
+            .or_insert_with(|| HistoryRow {
+                bucket: day,
+                succeeded: 0,
+                failed: 0,
+                dead: 0,
+                cancelled: 0,
+                run_count: 0,
+                run_seconds: 0.0,
+                wait_count: 0,
+                wait_seconds: 0.0,
+                ..hour.clone()
+            });
+        sum.succeeded += hour.succeeded;
+        sum.failed += hour.failed;
+        sum.dead += hour.dead;
+        sum.cancelled += hour.cancelled;
+        sum.run_count += hour.run_count;
+        sum.run_seconds += hour.run_seconds;
+        sum.wait_count += hour.wait_count;
+        sum.wait_seconds += hour.wait_seconds;
+    }
+    days.into_values().collect()
 }
 
 fn average(sum: f64, n: i64) -> String {

@@ -96,6 +96,8 @@ pub struct AppState {
     /// No credentials are required, so only loopback `Host` names are served (a DNS
     /// rebinding page cannot borrow the browser's access).
     pub loopback_hosts_only: bool,
+    /// Lifetime totals for `/metrics` and when they were read (see [`api::metrics`]).
+    pub totals_cache: tokio::sync::Mutex<Option<api::CachedTotals>>,
 }
 
 pub type State = Arc<AppState>;
@@ -119,6 +121,7 @@ pub async fn run(database_url: Option<&str>, args: DashboardArgs) -> anyhow::Res
         auth,
         csrf_token: security::random_token(),
         read_only: args.read_only,
+        totals_cache: tokio::sync::Mutex::default(),
     });
     let listener = tokio::net::TcpListener::bind(addr)
         .await

@@ -43,7 +43,7 @@ pub enum Cursor {
 }
 
 /// One line of the jobs page.
-#[derive(Debug, Clone, FromRow, serde::Serialize)]
+#[derive(Debug, Clone, FromRow, serde::Serialize, serde::Deserialize)]
 pub struct JobSummary {
     /// Job id.
     pub id: i64,
@@ -69,21 +69,41 @@ pub struct JobSummary {
     pub error_preview: Option<String>,
 }
 
+/// Jobs a text search reads for one page at most: plenty to fill a page when the text is
+/// common, and a bound on the cost (tens of milliseconds) when it is rare.
+pub const TEXT_SEARCH_SCAN: i64 = 20_000;
+
+/// One page of the jobs list.
+#[derive(Debug, Clone)]
+pub struct JobsPage {
+    /// The jobs, newest first.
+    pub jobs: Vec<JobSummary>,
+    /// Set when a text search read [`TEXT_SEARCH_SCAN`] jobs and stopped: the id of the
+    /// last one it read, where the search continues (older jobs for [`Cursor::First`] and
+    /// [`Cursor::Before`], newer ones for [`Cursor::After`]).
+    pub searched_to: Option<i64>,
+}
+
 /// One page of jobs matching `filter`, newest first, by keyset on `id`.
 ///
 /// The statement is assembled from fixed fragments for the filters in use (every value
 /// bound), so each combination gets its own plan: a generic plan full of `$n IS NULL OR …`
-/// would scan where an index fits. The text search cannot use an index and reads jobs
-/// from the cursor on until the page is full.
+/// would scan where an index fits. A text search cannot use an index: it reads at most
+/// [`TEXT_SEARCH_SCAN`] jobs (matching the other filters) from the cursor on, and says
+/// where it stopped.
 pub async fn dashboard_jobs_page(
     db: impl PgExecutor<'_>,
     filter: &JobsPageFilter,
-) -> sqlx::Result<Vec<JobSummary>> {
+) -> sqlx::Result<JobsPage> {
+    let (order, last) = match filter.cursor {
+        Cursor::After(_) => (" ORDER BY id ASC", "max"),
+        _ => (" ORDER BY id DESC", "min"),
+    };
     let mut query = QueryBuilder::<Postgres>::new(
-        "SELECT id, queue, kind, state, attempt, max_attempts, scheduled_at, created_at,
-                finished_at, left(args::text, 120) AS args_preview,
-                left(last_error, 120) AS error_preview
-         FROM skiplock.jobs WHERE true",
+        "WITH scanned AS (
+             SELECT id, queue, kind, state, attempt, max_attempts, scheduled_at, created_at,
+                    finished_at, args, last_error, errors
+             FROM skiplock.jobs WHERE true",
     );
     if let Some(state) = filter.state {
         query.push(" AND state = ").push_bind(state);
@@ -94,6 +114,27 @@ pub async fn dashboard_jobs_page(
     if let Some(kind) = &filter.kind {
         query.push(" AND kind = ").push_bind(kind);
     }
+    match filter.cursor {
+        Cursor::First => {}
+        Cursor::Before(id) => {
+            query.push(" AND id < ").push_bind(id);
+        }
+        Cursor::After(id) => {
+            query.push(" AND id > ").push_bind(id);
+        }
+    }
+    let scan = match filter.text {
+        Some(_) => TEXT_SEARCH_SCAN,
+        None => filter.limit,
+    };
+    query.push(order).push(" LIMIT ").push_bind(scan);
+    query.push(
+        "), page AS (
+             SELECT id, queue, kind, state, attempt, max_attempts, scheduled_at, created_at,
+                    finished_at, left(args::text, 120) AS args_preview,
+                    left(last_error, 120) AS error_preview
+             FROM scanned WHERE true",
+    );
     if let Some(text) = &filter.text {
         let pattern = format!("%{}%", like_escape(text));
         query
@@ -105,29 +146,18 @@ pub async fn dashboard_jobs_page(
             .push_bind(pattern)
             .push(")");
     }
-    match filter.cursor {
-        Cursor::First => {
-            query.push(" ORDER BY id DESC");
-        }
-        Cursor::Before(id) => {
-            query
-                .push(" AND id < ")
-                .push_bind(id)
-                .push(" ORDER BY id DESC");
-        }
-        Cursor::After(id) => {
-            query
-                .push(" AND id > ")
-                .push_bind(id)
-                .push(" ORDER BY id ASC");
-        }
-    }
-    query.push(" LIMIT ").push_bind(filter.limit);
-    let mut jobs: Vec<JobSummary> = query.build_query_as().fetch_all(db).await?;
-    if matches!(filter.cursor, Cursor::After(_)) {
-        jobs.reverse();
-    }
-    Ok(jobs)
+    query.push(order).push(" LIMIT ").push_bind(filter.limit);
+    query.push(format_args!(
+        ")
+         SELECT (SELECT count(*) FROM scanned), (SELECT {last}(id) FROM scanned),
+                coalesce((SELECT jsonb_agg(to_jsonb(p) ORDER BY p.id DESC) FROM page p), '[]')"
+    ));
+    let (scanned, searched_to, jobs): (i64, Option<i64>, Json<Vec<JobSummary>>) =
+        query.build_query_as().fetch_one(db).await?;
+    Ok(JobsPage {
+        jobs: jobs.0,
+        searched_to: searched_to.filter(|_| filter.text.is_some() && scanned == scan),
+    })
 }
 
 /// `text` with the `LIKE` wildcards and the escape character escaped, to match literally.

@@ -88,6 +88,32 @@ async fn jobs_list_filters_by_state_queue_kind_and_text() {
 }
 
 #[tokio::test]
+async fn a_text_search_reads_a_bounded_number_of_jobs_per_page_and_goes_on() {
+    let db = test_db().await;
+    let seeded = seed(&db.pool).await;
+    // More newer jobs than one search page reads, none of them matching.
+    sqlx::query(
+        "INSERT INTO skiplock.jobs (kind, args, scheduled_at)
+         SELECT 'noise', jsonb_build_object('n', i), now() + interval '1 day'
+         FROM generate_series(1, $1) i",
+    )
+    .bind(skiplock::db::dashboard::TEXT_SEARCH_SCAN + 10)
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    let dashboard = Dashboard::start(&db, &[]).await;
+    let first = dashboard.page("/jobs?q=alice").await;
+    assert!(first.contains("No job matches."));
+    assert!(first.contains("without filling the page"));
+    let marker = "rel=\"next\" href=\"";
+    let at = first.find(marker).expect("a link to search on") + marker.len();
+    let next = first[at..at + first[at..].find('"').unwrap()].replace("&amp;", "&");
+    assert!(next.starts_with("/jobs?q=alice&before="), "{next}");
+    let found = dashboard.page(&next).await;
+    assert!(found.contains(&format!("data-job-id=\"{}\"", seeded.runnable[0])));
+}
+
+#[tokio::test]
 async fn jobs_list_pages_by_keyset_both_ways() {
     let db = test_db().await;
     seed(&db.pool).await;

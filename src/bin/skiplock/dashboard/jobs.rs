@@ -5,7 +5,9 @@ use axum::extract::{Path, Query, State as StateExtractor};
 use maud::{Markup, html};
 use serde_json::Value;
 use skiplock::db::admin::job_dependencies_of;
-use skiplock::db::dashboard::{Cursor, JobsPageFilter, dashboard_jobs_page, dashboard_lane};
+use skiplock::db::dashboard::{
+    Cursor, JobsPageFilter, TEXT_SEARCH_SCAN, dashboard_jobs_page, dashboard_lane,
+};
 use skiplock::{JobId, JobRow, JobState};
 
 use super::layout::{self, Nav, encode, given, maybe_timestamp, state_badge, timestamp};
@@ -63,7 +65,8 @@ pub async fn list(
         // One more than shown tells whether another page follows.
         limit: limit + 1,
     };
-    let mut jobs = dashboard_jobs_page(&state.pool, &filter).await?;
+    let page = dashboard_jobs_page(&state.pool, &filter).await?;
+    let mut jobs = page.jobs;
     let more = jobs.len() as i64 > limit;
     if more {
         match cursor {
@@ -75,11 +78,9 @@ pub async fn list(
             }
         }
     }
-    let (has_newer, has_older) = match cursor {
-        Cursor::First => (false, more),
-        Cursor::Before(_) => (true, more),
-        Cursor::After(_) => (more, true),
-    };
+    // A text search that stopped reading before the page was full continues from where
+    // it stopped; otherwise pages continue from the jobs shown.
+    let searched_to = page.searched_to.filter(|_| !more);
     let mut base = String::new();
     for (name, value) in [
         (
@@ -97,10 +98,29 @@ pub async fn list(
     if limit != PAGE_SIZE_DEFAULT {
         base.push_str(&format!("limit={limit}&"));
     }
-    let here = match cursor {
-        Cursor::First => format!("/jobs?{base}"),
-        Cursor::Before(id) => format!("/jobs?{base}before={id}"),
-        Cursor::After(id) => format!("/jobs?{base}after={id}"),
+    let link = |param: &str, id: i64| format!("/jobs?{base}{param}={id}");
+    let (newer, older) = match cursor {
+        Cursor::First | Cursor::Before(_) => {
+            let older = match searched_to {
+                Some(to) => Some(link("before", to)),
+                None if more => jobs.last().map(|j| link("before", j.id)),
+                None => None,
+            };
+            let newer = (cursor != Cursor::First).then(|| {
+                jobs.first()
+                    .map_or_else(|| format!("/jobs?{base}"), |j| link("after", j.id))
+            });
+            (newer, older)
+        }
+        Cursor::After(id) => {
+            let newer = match searched_to {
+                Some(to) => Some(link("after", to)),
+                None if more => jobs.first().map(|j| link("after", j.id)),
+                None => None,
+            };
+            let older = jobs.last().map_or(id + 1, |j| j.id);
+            (newer, Some(link("before", older)))
+        }
     };
     let body = html! {
         h1 { "Jobs" }
@@ -144,22 +164,18 @@ pub async fn list(
                 }
             }
         }
+        @if searched_to.is_some() {
+            p.muted { "The text search read " (layout::count(TEXT_SEARCH_SCAN)) " jobs without filling the page; the next link searches on." }
+        }
         nav.pager {
-            @if has_newer {
-                @if let Some(first) = jobs.first() {
-                    a rel="prev" href={ "/jobs?" (base) "after=" (first.id) } { "← Newer" }
-                } @else {
-                    a rel="prev" href={ "/jobs?" (base) } { "← Newest" }
-                }
+            @if let Some(newer) = &newer {
+                a rel="prev" href=(newer) { @if searched_to.is_some() && matches!(cursor, Cursor::After(_)) { "← Search newer" } @else { "← Newer" } }
             }
-            @if has_older {
-                @if let Some(last) = jobs.last() {
-                    a rel="next" href={ "/jobs?" (base) "before=" (last.id) } { "Older →" }
-                }
+            @if let Some(older) = &older {
+                a rel="next" href=(older) { @if searched_to.is_some() && !matches!(cursor, Cursor::After(_)) { "Search older →" } @else { "Older →" } }
             }
         }
-        p.muted.small { "Newest first. Pages follow ids, so paging stays fast on any table size; a text filter reads jobs until the page is full." }
-        input type="hidden" #here value=(here);
+        p.muted.small { "Newest first. Pages follow ids, so paging stays fast on any table size." }
     };
     Ok(layout::page(
         &state,

@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 
-use sqlx::postgres::PgListener;
+use sqlx::postgres::{PgListener, PgPoolOptions};
 use tokio_util::sync::CancellationToken;
 
 use super::{Shared, db_retry_delay};
@@ -20,11 +20,19 @@ pub const NOTIFY_CHANNEL: &str = "skiplock_jobs";
 pub const CANCEL_CHANNEL: &str = "skiplock_cancel";
 
 /// Listens until `stop`, reconnecting with backoff whenever the connection drops.
+///
+/// The listener holds its connection for as long as it listens, so it gets one of its own
+/// (same connect options as the worker's pool) rather than taking one of the pool's: a
+/// small pool must stay free for claims, heartbeats and completions.
 pub(super) async fn listen(shared: Arc<Shared>, stop: CancellationToken) {
+    let own_connection = PgPoolOptions::new()
+        .max_connections(1)
+        .min_connections(0)
+        .connect_lazy_with((*shared.pool.connect_options()).clone());
     let mut failures = 0u32;
     loop {
         let session = async {
-            let mut listener = PgListener::connect_with(&shared.pool).await?;
+            let mut listener = PgListener::connect_with(&own_connection).await?;
             listener
                 .listen_all([NOTIFY_CHANNEL, CANCEL_CHANNEL])
                 .await?;

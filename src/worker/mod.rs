@@ -504,8 +504,9 @@ pub struct Worker {
 }
 
 impl Worker {
-    /// Starts building a worker on `pool`. The pool should allow a few connections more
-    /// than the worker uses at once: one for the listener, one per running statement.
+    /// Starts building a worker on `pool`. The worker runs at most a handful of statements
+    /// at once (claim, completion, heartbeat, maintenance), so a few connections suffice;
+    /// handlers that use `ctx.pool()` need more. The LISTEN connection is separate.
     pub fn builder(pool: PgPool) -> WorkerBuilder {
         WorkerBuilder {
             pool,

@@ -281,6 +281,13 @@ async fn actions_need_the_csrf_token_and_a_same_origin_request() {
         Some("dead")
     );
 
+    // Behind a proxy that rewrites Host, the browser's host arrives as X-Forwarded-Host.
+    let mut proxied = HeaderMap::new();
+    proxied.insert("origin", HeaderValue::from_static("https://dash.example"));
+    proxied.insert("x-forwarded-host", HeaderValue::from_static("dash.example"));
+    let other = format!("/jobs/{}/retry", seeded.dead[1]);
+    assert_eq!(dashboard.post(&other, &fields, proxied).await.status(), 303);
+
     // Same origin with the token: done.
     let mut same_origin = HeaderMap::new();
     let origin = HeaderValue::from_str(&dashboard.base).unwrap();

@@ -209,12 +209,13 @@ pub fn check_action(state: &State, headers: &HeaderMap, csrf: &str) -> Result<()
         ));
     }
     if let Some(origin) = headers.get(header::ORIGIN).and_then(|v| v.to_str().ok()) {
-        let host = headers
-            .get(header::HOST)
-            .and_then(|v| v.to_str().ok())
-            .unwrap_or("");
+        // Behind a reverse proxy the browser's host may arrive as X-Forwarded-Host.
         let origin_host = origin.split_once("://").map_or("", |(_, rest)| rest);
-        if origin != "null" && origin_host != host {
+        let ours = [header::HOST.as_str(), "x-forwarded-host"]
+            .iter()
+            .filter_map(|name| headers.get(*name).and_then(|v| v.to_str().ok()))
+            .any(|host| host == origin_host);
+        if origin != "null" && !ours {
             return Err(AppError::Forbidden(format!(
                 "request from origin {origin} refused; nothing was changed"
             )));

@@ -35,10 +35,10 @@
       });
   }
 
-  // The overview's numbers: server-rendered fragments fetched again every 3 seconds.
+  // The overview's numbers: server-rendered fragments fetched again every 5 seconds.
   Array.prototype.forEach.call(document.querySelectorAll(".live[data-src]"), function (live) {
     setTimeout(function () {
-      every(3000, function () {
+      every(5000, function () {
         return get(live.dataset.src, "text/html")
           .then(function (response) { return response.text(); })
           .then(function (html) {
@@ -47,7 +47,7 @@
           })
           .catch(function () { live.classList.add("stale"); });
       });
-    }, 3000);
+    }, 5000);
   });
 
   // The live chart: successes and failed attempts per second over the last hour. The

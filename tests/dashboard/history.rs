@@ -192,3 +192,52 @@ async fn retention_folds_old_hours_into_lifetime_totals() {
         20
     );
 }
+
+#[tokio::test]
+async fn concurrent_pruners_count_every_job_exactly_once() {
+    let db = test_db().await;
+    sqlx::query(
+        "INSERT INTO skiplock.jobs (queue, kind, state, attempt, claimed_at, scheduled_at,
+                                    finished_at)
+         SELECT CASE WHEN i % 2 = 0 THEN 'a' ELSE 'b' END, 'k', 'succeeded', 1,
+                now() - interval '2 seconds', now() - interval '3 seconds', now()
+         FROM generate_series(1, 2000) i",
+    )
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    let pruners: Vec<_> = (0..4)
+        .map(|_| {
+            let pool = db.pool.clone();
+            tokio::spawn(async move {
+                let mut pruned = 0;
+                loop {
+                    let n = jobs_prune_finished_rolled_up(&pool, 0, 0, 0, 100)
+                        .await
+                        .unwrap();
+                    pruned += n;
+                    if n == 0 {
+                        return pruned;
+                    }
+                }
+            })
+        })
+        .collect();
+    let mut pruned = 0;
+    for pruner in pruners {
+        pruned += pruner.await.unwrap();
+    }
+    assert_eq!(pruned, 2000);
+    assert_eq!(
+        count(
+            &db.pool,
+            "SELECT sum(succeeded)::bigint FROM skiplock.job_history"
+        )
+        .await,
+        2000
+    );
+    assert_eq!(
+        count(&db.pool, "SELECT count(*) FROM skiplock.jobs").await,
+        0
+    );
+}

@@ -116,7 +116,12 @@ enum Command {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    init_logging(cli.log_format);
+    // The demo narrates on stdout; its logs would only interleave with the story.
+    let default_level = match cli.command {
+        Command::Demo => "warn",
+        _ => "info,sqlx=warn",
+    };
+    init_logging(cli.log_format, default_level);
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(runtime) => runtime,
         Err(e) => {
@@ -202,9 +207,10 @@ fn hint(error: &anyhow::Error) -> &'static str {
     }
 }
 
-fn init_logging(format: LogFormat) {
+/// Logs to stderr in `format`, at the level RUST_LOG names or else `default_level`.
+fn init_logging(format: LogFormat, default_level: &str) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,sqlx=warn"));
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_level));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr);

@@ -118,7 +118,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     // The demo narrates on stdout; its logs would only interleave with the story.
     let default_level = match cli.command {
-        Command::Demo => "warn",
+        Command::Demo => "warn,sqlx=error",
         _ => "info,sqlx=warn",
     };
     init_logging(cli.log_format, default_level);

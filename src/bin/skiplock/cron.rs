@@ -89,15 +89,8 @@ pub async fn run(pool: &PgPool, args: CronArgs) -> anyhow::Result<()> {
                 println!("no cron schedules");
             } else {
                 println!(
-                    "{:<20} {:<18} {:<16} {:<12} {:<10} {:<7} {:<25} {}",
-                    "NAME",
-                    "EXPRESSION",
-                    "TIMEZONE",
-                    "KIND",
-                    "QUEUE",
-                    "MISSED",
-                    "LAST SLOT",
-                    "ERROR"
+                    "{:<20} {:<18} {:<16} {:<12} {:<10} {:<7} {:<25} ERROR",
+                    "NAME", "EXPRESSION", "TIMEZONE", "KIND", "QUEUE", "MISSED", "LAST SLOT"
                 );
                 for row in rows {
                     println!(

@@ -11,7 +11,7 @@
 #[non_exhaustive]
 pub enum Error {
     /// The database refused or could not run a statement (connection lost, constraint, …).
-    #[error("database error: {0}")]
+    #[error("database error: {}", describe_sqlx(.0))]
     Database(#[from] sqlx::Error),
 
     /// A job's arguments could not be turned into JSON.
@@ -85,6 +85,26 @@ impl Error {
             _ => false,
         }
     }
+}
+
+/// A database error as one line: Postgres's message, detail and hint, without the source
+/// line of Postgres's own C code that sqlx's `Display` appends.
+pub(crate) fn describe_sqlx(error: &sqlx::Error) -> String {
+    let sqlx::Error::Database(db) = error else {
+        return error.to_string();
+    };
+    let mut line = db.message().to_owned();
+    if let Some(pg) = db.try_downcast_ref::<sqlx::postgres::PgDatabaseError>() {
+        if let Some(detail) = pg.detail() {
+            line.push_str("; ");
+            line.push_str(detail);
+        }
+        if let Some(hint) = pg.hint() {
+            line.push_str("; hint: ");
+            line.push_str(hint);
+        }
+    }
+    line
 }
 
 /// Whether a database error is worth retrying: the runtime retries these instead of

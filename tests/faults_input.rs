@@ -350,7 +350,7 @@ async fn unreachable_and_wrong_database_urls_fail_with_one_clear_line() {
         (
             missing.clone(),
             format!(
-                "error: cannot connect to the database at {missing}; check --database-url / DATABASE_URL and that Postgres is running: error returned from database: database \"skiplock_no_such_database\" does not exist"
+                "error: the database `skiplock_no_such_database` does not exist on the server at {missing}; create it (createdb skiplock_no_such_database) and run `skiplock migrate`"
             ),
         ),
         (

@@ -262,8 +262,8 @@ async fn a_table_locked_for_15_s_under_a_starved_pool_deadlocks_nothing_and_reap
 /// Invariant: no hang: within a minute the worker either drains the jobs or refuses to
 /// start, exiting non-zero with a message about the pool size.
 ///
-/// Fails today: the listener takes the only connection for good, so every claim, heartbeat
-/// and reaper pass times out waiting for a connection, forever.
+/// This failed until the listener got a connection of its own: it held the pool's only
+/// connection for good, so every claim, heartbeat and reaper pass timed out, forever.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_worker_with_a_one_connection_pool_drains_or_refuses_to_start() {
     let db = test_db().await;

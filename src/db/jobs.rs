@@ -441,7 +441,7 @@ pub async fn jobs_release_many(
     .await
 }
 
-/// Extends held claims with the database's `now()`, in one statement per worker per
+/// Extends held claims with the database clock, in one statement per worker per
 /// heartbeat interval whatever the number of jobs; returns the ids whose claim is gone
 /// (reaped, cancelled, finished by someone else, deleted).
 ///
@@ -449,7 +449,9 @@ pub async fn jobs_release_many(
 /// job's outcome right now) are skipped rather than waited on: a heartbeat must never
 /// queue behind a slow commit, or it would itself go stale. A skipped claim still counts
 /// as held when the statement's snapshot shows it running under our token; the next
-/// heartbeat extends it or finds it gone.
+/// heartbeat extends it or finds it gone. The time written is `clock_timestamp()`, taken
+/// when the row is written: a heartbeat that had to wait for a table lock records the end
+/// of the wait, not its start.
 pub async fn jobs_heartbeat_many(
     db: impl PgExecutor<'_>,
     ids: &[i64],
@@ -464,7 +466,7 @@ pub async fn jobs_heartbeat_many(
              WHERE j.state = 'running'
              FOR UPDATE OF j SKIP LOCKED
          ), beat AS (
-             UPDATE skiplock.jobs j SET heartbeat_at = now()
+             UPDATE skiplock.jobs j SET heartbeat_at = clock_timestamp()
              FROM held WHERE j.id = held.id
          )
          SELECT c.id FROM claims c

@@ -238,8 +238,19 @@ async fn connect(url: Option<&str>, max_connections: u32) -> anyhow::Result<sqlx
     let first = tokio::time::timeout(CONNECT_TIMEOUT, PgConnection::connect_with(&options))
         .await
         .map_err(|_| anyhow::anyhow!("no answer within {CONNECT_TIMEOUT:?}"))
-        .with_context(unreachable)?
         .with_context(unreachable)?;
+    let first = match first {
+        Ok(connection) => connection,
+        // The server answered, but the database is not there: say so, not "is it running?".
+        Err(sqlx::Error::Database(db)) if db.code().as_deref() == Some("3D000") => {
+            let name = options.get_database().unwrap_or("postgres");
+            anyhow::bail!(
+                "the database `{name}` does not exist on the server at {}; create it (createdb {name}) and run `skiplock migrate`",
+                redact(url)
+            );
+        }
+        Err(e) => return Err(e).with_context(unreachable),
+    };
     let _ = first.close().await;
     Ok(PgPoolOptions::new()
         .max_connections(max_connections)

@@ -136,7 +136,10 @@ async fn save(shared: &Shared, batch: &mut Vec<Finished>) {
         // The next job of each lane becomes its head (promotion notifies the workers).
         lanes.sort_unstable();
         lanes.dedup();
-        write(shared, "advance lanes", || jobs_advance_lanes(&shared.pool, &lanes)).await;
+        write(shared, "advance lanes", || {
+            jobs_advance_lanes(&shared.pool, &lanes)
+        })
+        .await;
     }
     shared.claims.remove_many(&settled);
     if shared.config.exit_when_idle && shared.claims.len() == 0 {

@@ -142,6 +142,11 @@ async fn save(shared: &Shared, batch: &mut Vec<Finished>) {
         .await;
     }
     shared.claims.remove_many(&settled);
+    // Producers held back by the claim bound may claim again (a stored permit covers a
+    // producer that is about to wait).
+    for group in &shared.groups {
+        group.settled.notify_one();
+    }
     if shared.config.exit_when_idle && shared.claims.len() == 0 {
         // The producer may be waiting only to notice that the worker went idle.
         shared.wake_all();

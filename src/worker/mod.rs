@@ -360,6 +360,10 @@ impl WorkerBuilder {
                 handlers: self.handlers,
                 data: Arc::new(self.data),
                 claims: HeldClaims::default(),
+                held_limit: 2 * groups
+                    .iter()
+                    .map(|g| g.concurrency + g.prefetch)
+                    .sum::<usize>(),
                 groups,
                 graceful: CancellationToken::new(),
                 hard: CancellationToken::new(),
@@ -381,6 +385,8 @@ pub(crate) struct Shared {
     pub(crate) claims: HeldClaims,
     /// One producer and executor pool per group.
     pub(crate) groups: Vec<QueueGroup>,
+    /// Most claims the worker holds at once: twice its slots plus buffers.
+    pub(crate) held_limit: usize,
     /// Phase one of shutdown: stop claiming.
     pub(crate) graceful: CancellationToken,
     /// Phase two: stop handlers and release their jobs now.
@@ -395,6 +401,8 @@ pub(crate) struct QueueGroup {
     pub(crate) prefetch: usize,
     /// Wakes this group's producer: a notification arrived or the listener reconnected.
     pub(crate) wake: Notify,
+    /// Signalled by the completer after it settles a batch: claims were freed.
+    pub(crate) settled: Notify,
 }
 
 impl QueueGroup {
@@ -404,6 +412,7 @@ impl QueueGroup {
             concurrency,
             prefetch,
             wake: Notify::new(),
+            settled: Notify::new(),
         }
     }
 }

@@ -26,11 +26,16 @@ pub(super) async fn produce(
     let refill_at = (group.prefetch / 4).max(1);
     let mut failures = 0u32;
     while !shared.graceful.is_cancelled() {
-        let free = buffer.capacity();
+        // Backpressure: claims held by the whole worker (buffered, running, or finished
+        // and waiting for the completer) stay under a bound, so a completer that falls
+        // behind slows claiming instead of piling up `running` rows and heartbeat work.
+        let unsettled_room = shared.held_limit.saturating_sub(shared.claims.len());
+        let free = buffer.capacity().min(unsettled_room);
         if free < refill_at {
             tokio::select! {
                 () = shared.graceful.cancelled() => break,
                 () = space.notified() => continue,
+                () = group.settled.notified() => continue,
             }
         }
         let limit = free.min(config.batch_max);

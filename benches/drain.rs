@@ -1,0 +1,442 @@
+//! Drain benchmark: how fast a worker empties a table of preloaded `noop` jobs.
+//!
+//! - the matrix: 100,000 and 1,000,000 jobs (100,000 only with `--quick`) at concurrency
+//!   1, 16, 64 and 256, each run capped in time (the rate is then over what finished);
+//! - the headline: 200,000 jobs with default settings (the issue's target: 60,000 jobs/s),
+//!   and the same with a larger prefetch (256, 1000);
+//! - scale: the same with 1,000,000 finished rows in the table, with statistics that still
+//!   describe the empty table (no ANALYZE after the load), and with a 1,000,000-job backlog
+//!   (drained for a fixed time);
+//! - the floor: the same claim and complete statements (`jobs_claim_batch`,
+//!   `jobs_complete_many`) in bare loops on 1, 2 or 4 connections, no worker runtime.
+//!
+//! Rates are counted in the database: jobs that succeeded divided by the time from the first
+//! `claimed_at` to the last `finished_at`. Each statement has its own `now()`, so the
+//! number of distinct timestamps is the number of claim and complete statements. Commits
+//! come from `pg_stat_database` of the bench's own database; WAL bytes from
+//! `pg_current_wal_lsn()`, which is server-wide (other databases' writes count too).
+//!
+//! `cargo bench --bench drain -- --quick` (or `SKIPLOCK_BENCH_QUICK=1`).
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use skiplock::db::jobs::{jobs_claim_batch, jobs_complete_many};
+use sqlx::Connection;
+use support::{
+    BenchDb, DrainCfg, DrainRun, Drained, Opts, Table, WORKER_APP_NAME, drain_noop, progress, rate,
+    thousands,
+};
+
+/// Concurrency the library uses when none is set (`skiplock::worker::CONCURRENCY_DEFAULT`).
+const DEFAULT_CONCURRENCY: usize = skiplock::worker::CONCURRENCY_DEFAULT;
+
+#[tokio::main]
+async fn main() {
+    let opts = Opts::parse();
+    let db = BenchDb::create("drain").await;
+    support::print_header("Drain: noop jobs", &db, &opts).await;
+
+    let sizes: &[i64] = if opts.quick {
+        &[100_000]
+    } else {
+        &[100_000, 1_000_000]
+    };
+    let cap = Duration::from_secs(if opts.quick { 10 } else { 60 });
+    let mut matrix = Table::new(&[
+        "jobs",
+        "conc.",
+        "drained",
+        "db secs",
+        "jobs/s",
+        "wall s",
+        "jobs/claim",
+        "jobs/complete",
+        "max running",
+        "commits/job",
+        "WAL B/job",
+    ]);
+    let mut best_runtime = 0.0f64;
+    for &n in sizes {
+        for c in [1, 16, 64, 256] {
+            progress(format!("drain {n} jobs at concurrency {c}"));
+            db.reset().await;
+            db.preload_noop(n).await;
+            let run = drain_noop(
+                &db,
+                DrainCfg {
+                    concurrency: Some(c),
+                    prefetch: None,
+                    cap,
+                    after_id: 0,
+                },
+            )
+            .await;
+            report(&run);
+            best_runtime = best_runtime.max(run.drained.rate());
+            matrix.row(row(&thousands(n), &c.to_string(), &run));
+        }
+    }
+
+    // The issue's headline: 200,000 jobs, default settings.
+    let headline_n = 200_000;
+    progress(format!(
+        "headline: drain {headline_n} jobs with default settings (concurrency {DEFAULT_CONCURRENCY})"
+    ));
+    db.reset().await;
+    db.preload_noop(headline_n).await;
+    let headline = drain_noop(
+        &db,
+        DrainCfg {
+            concurrency: None,
+            prefetch: None,
+            cap: Duration::from_secs(120),
+            after_id: 0,
+        },
+    )
+    .await;
+    report(&headline);
+    best_runtime = best_runtime.max(headline.drained.rate());
+    let mut scale = Table::new(&[
+        "scenario",
+        "conc.",
+        "drained",
+        "db secs",
+        "jobs/s",
+        "vs. small table",
+        "jobs/claim",
+        "jobs/complete",
+        "max running",
+        "commits/job",
+        "WAL B/job",
+    ]);
+    let base = headline.drained.rate();
+    let scale_row = |name: &str, run: &DrainRun| {
+        let r = row("", &DEFAULT_CONCURRENCY.to_string(), run);
+        let vs = if base > 0.0 {
+            format!("{:+.1} %", (run.drained.rate() / base - 1.0) * 100.0)
+        } else {
+            "-".into()
+        };
+        vec![
+            name.to_owned(),
+            r[1].clone(),
+            r[2].clone(),
+            r[3].clone(),
+            r[4].clone(),
+            vs,
+            r[6].clone(),
+            r[7].clone(),
+            r[8].clone(),
+            r[9].clone(),
+            r[10].clone(),
+        ]
+    };
+    scale.row(scale_row(
+        &format!("{} queued (small table)", thousands(headline_n)),
+        &headline,
+    ));
+
+    // 1,000,000 finished rows under the same 200,000 queued jobs.
+    progress(format!(
+        "scale: {headline_n} queued jobs over 1,000,000 finished rows"
+    ));
+    db.reset().await;
+    db.preload_finished(1_000_000).await;
+    let history_end = db.max_id().await;
+    db.preload_noop(headline_n).await;
+    let finished = drain_noop(
+        &db,
+        DrainCfg {
+            concurrency: None,
+            prefetch: None,
+            cap: Duration::from_secs(120),
+            after_id: history_end,
+        },
+    )
+    .await;
+    report(&finished);
+    scale.row(scale_row(
+        &format!("{} queued + 1,000,000 finished", thousands(headline_n)),
+        &finished,
+    ));
+
+    // The same 200,000 jobs when the statistics still describe an empty table (a backlog
+    // that built up before autovacuum analyzed it; the test server runs without autovacuum).
+    progress(format!(
+        "scale: {headline_n} queued jobs, statistics of the empty table (no ANALYZE)"
+    ));
+    db.reset().await;
+    db.preload_noop_unanalyzed(headline_n).await;
+    let stale = drain_noop(
+        &db,
+        DrainCfg {
+            concurrency: None,
+            prefetch: None,
+            cap: Duration::from_secs(if opts.quick { 30 } else { 60 }),
+            after_id: 0,
+        },
+    )
+    .await;
+    report(&stale);
+    scale.row(scale_row(
+        &format!(
+            "{} queued, stale statistics (no ANALYZE)",
+            thousands(headline_n)
+        ),
+        &stale,
+    ));
+
+    // A 1,000,000-job backlog, drained for a fixed time.
+    let backlog_cap = Duration::from_secs(if opts.quick { 10 } else { 40 });
+    progress(format!(
+        "scale: 1,000,000-job backlog, drained for {backlog_cap:?}"
+    ));
+    db.reset().await;
+    db.preload_noop(1_000_000).await;
+    let backlog = drain_noop(
+        &db,
+        DrainCfg {
+            concurrency: None,
+            prefetch: None,
+            cap: backlog_cap,
+            after_id: 0,
+        },
+    )
+    .await;
+    report(&backlog);
+    scale.row(scale_row(
+        &format!("1,000,000 backlog (first {:?})", backlog_cap),
+        &backlog,
+    ));
+
+    // Tuning that needs no code change: a larger local buffer, so claims are batches.
+    let mut tuning = Table::new(&[
+        "settings",
+        "conc.",
+        "drained",
+        "db secs",
+        "jobs/s",
+        "wall s",
+        "jobs/claim",
+        "jobs/complete",
+        "max running",
+        "commits/job",
+        "WAL B/job",
+    ]);
+    tuning.row(row(
+        &format!("defaults ({} jobs, above)", thousands(headline_n)),
+        &DEFAULT_CONCURRENCY.to_string(),
+        &headline,
+    ));
+    let prefetches: &[usize] = if opts.quick { &[1000] } else { &[256, 1000] };
+    for &prefetch in prefetches {
+        progress(format!(
+            "tuning: drain {headline_n} jobs, concurrency {DEFAULT_CONCURRENCY}, prefetch {prefetch}"
+        ));
+        db.reset().await;
+        db.preload_noop(headline_n).await;
+        let run = drain_noop(
+            &db,
+            DrainCfg {
+                concurrency: None,
+                prefetch: Some(prefetch),
+                cap: Duration::from_secs(if opts.quick { 60 } else { 120 }),
+                after_id: 0,
+            },
+        )
+        .await;
+        report(&run);
+        best_runtime = best_runtime.max(run.drained.rate());
+        tuning.row(row(
+            &format!("prefetch {prefetch}"),
+            &DEFAULT_CONCURRENCY.to_string(),
+            &run,
+        ));
+    }
+
+    // The floor: the claim and complete statements in bare loops.
+    let floor_n: i64 = if opts.quick { 50_000 } else { 200_000 };
+    let floor_loops: &[usize] = if opts.quick { &[1, 2] } else { &[1, 2, 4] };
+    let mut floor_table = Table::new(&[
+        "batch",
+        "connections",
+        "jobs",
+        "db secs",
+        "jobs/s",
+        "claim ms/stmt",
+        "complete ms/stmt",
+        "commits/job",
+        "WAL B/job",
+    ]);
+    let mut best_floor = 0.0f64;
+    for batch in [100i64, 1000] {
+        for &loops in floor_loops {
+            progress(format!(
+                "floor: batch {batch} on {loops} connection(s), {floor_n} jobs"
+            ));
+            db.reset().await;
+            db.preload_noop(floor_n).await;
+            let f = floor(&db, batch, loops).await;
+            progress(format!(
+                "  {} jobs/s; claim {:.2} ms, complete {:.2} ms per statement",
+                thousands(f.drained.rate() as i64),
+                f.claim_ms,
+                f.complete_ms
+            ));
+            best_floor = best_floor.max(f.drained.rate());
+            floor_table.row(vec![
+                batch.to_string(),
+                loops.to_string(),
+                thousands(f.drained.jobs),
+                format!("{:.2}", f.drained.secs),
+                rate(f.drained.rate()),
+                format!("{:.2}", f.claim_ms),
+                format!("{:.2}", f.complete_ms),
+                format!("{:.3}", f.commits as f64 / f.drained.jobs.max(1) as f64),
+                format!("{:.0}", f.wal_bytes as f64 / f.drained.jobs.max(1) as f64),
+            ]);
+        }
+    }
+
+    println!("### Matrix (time cap {cap:?} per run)");
+    println!();
+    matrix.print();
+    println!("### Scale: finished rows and backlog (default settings)");
+    println!();
+    scale.print();
+    println!("### Tuning without code changes: prefetch (default settings otherwise)");
+    println!();
+    tuning.print();
+    println!("### Floor: claim + complete statements in bare loops, no worker runtime");
+    println!();
+    floor_table.print();
+    println!(
+        "Best worker rate {} is {:.0} % of the best floor rate {}.",
+        rate(best_runtime),
+        if best_floor > 0.0 {
+            best_runtime / best_floor * 100.0
+        } else {
+            0.0
+        },
+        rate(best_floor)
+    );
+    println!(
+        "Targets (issue 6): 200,000 noop jobs with default settings ≥ 60,000/s (measured {}); \
+         1M backlog / 1M finished within 10 % of the small table (measured {:+.1} % / {:+.1} %).",
+        rate(base),
+        pct(backlog.drained.rate(), base),
+        pct(finished.drained.rate(), base),
+    );
+    println!();
+    db.drop_database().await;
+}
+
+fn pct(x: f64, base: f64) -> f64 {
+    if base > 0.0 {
+        (x / base - 1.0) * 100.0
+    } else {
+        0.0
+    }
+}
+
+fn report(run: &DrainRun) {
+    progress(format!(
+        "  {} jobs in {:.2} s (db) = {}; wall {:.2} s{}; {:.1} jobs/claim, {:.1} jobs/complete, \
+         at most {} running, {:.3} commits/job, {:.0} WAL B/job; summary {:?}",
+        thousands(run.drained.jobs),
+        run.drained.secs,
+        rate(run.drained.rate()),
+        run.wall_secs,
+        run.note(),
+        run.drained.jobs as f64 / run.drained.claim_statements.max(1) as f64,
+        run.drained.jobs as f64 / run.drained.complete_statements.max(1) as f64,
+        thousands(run.max_running),
+        run.per_job(run.commits),
+        run.per_job(run.wal_bytes),
+        run.summary
+    ));
+}
+
+fn row(n: &str, c: &str, run: &DrainRun) -> Vec<String> {
+    let d = &run.drained;
+    vec![
+        n.to_owned(),
+        c.to_owned(),
+        format!("{}{}", thousands(d.jobs), run.note()),
+        format!("{:.2}", d.secs),
+        rate(d.rate()),
+        format!("{:.1}", run.wall_secs),
+        format!("{:.1}", d.jobs as f64 / d.claim_statements.max(1) as f64),
+        format!("{:.1}", d.jobs as f64 / d.complete_statements.max(1) as f64),
+        thousands(run.max_running),
+        format!("{:.3}", run.per_job(run.commits)),
+        format!("{:.0}", run.per_job(run.wal_bytes)),
+    ]
+}
+
+/// A floor run's numbers.
+struct Floor {
+    drained: Drained,
+    claim_ms: f64,
+    complete_ms: f64,
+    commits: i64,
+    wal_bytes: i64,
+}
+
+/// Claims `batch` jobs and completes them, in a loop, on `loops` connections at once,
+/// until nothing is left.
+async fn floor(db: &BenchDb, batch: i64, loops: usize) -> Floor {
+    let before = db.counters().await;
+    let mut tasks = Vec::new();
+    for _ in 0..loops {
+        let options = db.connect_options().application_name(WORKER_APP_NAME);
+        tasks.push(tokio::spawn(async move {
+            let mut conn = sqlx::PgConnection::connect_with(&options)
+                .await
+                .expect("connect");
+            let queues = vec!["default".to_owned()];
+            let kinds = vec!["noop".to_owned()];
+            let (mut claim, mut complete, mut statements) = (Duration::ZERO, Duration::ZERO, 0u32);
+            loop {
+                let t = Instant::now();
+                let jobs = jobs_claim_batch(&mut conn, &queues, &kinds, batch, "floor")
+                    .await
+                    .expect("claim");
+                claim += t.elapsed();
+                if jobs.is_empty() {
+                    break;
+                }
+                let (ids, tokens): (Vec<i64>, Vec<uuid::Uuid>) =
+                    jobs.iter().map(|j| (j.id, j.claim_token)).unzip();
+                let t = Instant::now();
+                jobs_complete_many(&mut conn, &ids, &tokens)
+                    .await
+                    .expect("complete");
+                complete += t.elapsed();
+                statements += 1;
+            }
+            let _ = conn.close().await;
+            (claim, complete, statements)
+        }));
+    }
+    let (mut claim, mut complete, mut statements) = (Duration::ZERO, Duration::ZERO, 0u32);
+    for task in tasks {
+        let (a, b, n) = task.await.expect("floor task");
+        claim += a;
+        complete += b;
+        statements += n;
+    }
+    db.wait_workers_gone().await;
+    let after = db.counters().await;
+    let wal_bytes = db.wal_between(&before, &after).await;
+    let n = f64::from(statements.max(1));
+    Floor {
+        drained: db.drained_since(0).await,
+        claim_ms: claim.as_secs_f64() * 1000.0 / n,
+        complete_ms: complete.as_secs_f64() * 1000.0 / n,
+        commits: after.commits - before.commits,
+        wal_bytes,
+    }
+}

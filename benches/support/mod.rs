@@ -1,0 +1,902 @@
+//! Shared support for the benchmarks: a fresh database per bench, machine facts, progress
+//! lines, database-side counters (WAL, commits), the preload statements, a drain runner that
+//! measures in the database, and a table printer.
+//!
+//! The benchmarks print numbers; none of them asserts anything, and none runs as a test.
+//! Every bench creates its own database on the server in `DATABASE_URL` (default
+//! `postgres://postgres@127.0.0.1:5432/postgres`) and drops it when done.
+#![allow(dead_code)]
+
+use std::fmt::Write as _;
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use skiplock::builtin::Noop;
+use skiplock::{Worker, WorkerSummary};
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::{AssertSqlSafe, Connection, Executor, PgConnection, PgPool};
+
+/// The server used when `DATABASE_URL` is not set.
+pub const DEFAULT_URL: &str = "postgres://postgres@127.0.0.1:5432/postgres";
+
+/// `application_name` of the worker pools, so their backends can be told apart.
+pub const WORKER_APP_NAME: &str = "skiplock-bench-worker";
+
+/// Connections a benchmarked worker gets: the same as `skiplock work` uses.
+pub const WORKER_POOL_SIZE: u32 = 8;
+
+/// Command-line options shared by every bench. `cargo bench` passes `--bench`, which is
+/// ignored like any unknown flag.
+#[derive(Debug, Clone)]
+pub struct Opts {
+    /// Smaller sizes and shorter caps (`--quick` or `SKIPLOCK_BENCH_QUICK=1`).
+    pub quick: bool,
+    /// Everything after the flags, e.g. a child mode.
+    pub rest: Vec<String>,
+}
+
+impl Opts {
+    pub fn parse() -> Self {
+        let mut quick =
+            std::env::var("SKIPLOCK_BENCH_QUICK").is_ok_and(|v| v != "0" && !v.is_empty());
+        let mut rest = Vec::new();
+        for arg in std::env::args().skip(1) {
+            match arg.as_str() {
+                "--quick" => quick = true,
+                "--full" => quick = false,
+                "--bench" => {}
+                _ => rest.push(arg),
+            }
+        }
+        Self { quick, rest }
+    }
+
+    /// The value after `--name` in the remaining arguments.
+    pub fn value(&self, name: &str) -> Option<&str> {
+        let flag = format!("--{name}");
+        self.rest
+            .iter()
+            .position(|a| *a == flag)
+            .and_then(|i| self.rest.get(i + 1))
+            .map(String::as_str)
+    }
+}
+
+static START: OnceLock<Instant> = OnceLock::new();
+
+/// Prints a progress line to stderr, stamped with seconds since the first call.
+pub fn progress(message: impl AsRef<str>) {
+    let start = START.get_or_init(Instant::now);
+    eprintln!(
+        "[{:7.1}s] {}",
+        start.elapsed().as_secs_f64(),
+        message.as_ref()
+    );
+}
+
+/// The server URL: `DATABASE_URL` or [`DEFAULT_URL`].
+pub fn admin_url() -> String {
+    std::env::var("DATABASE_URL").unwrap_or_else(|_| DEFAULT_URL.to_owned())
+}
+
+/// `url` with its database (the path) replaced by `database`.
+pub fn with_database(url: &str, database: &str) -> String {
+    let (scheme, rest) = match url.find("://") {
+        Some(i) => (&url[..i + 3], &url[i + 3..]),
+        None => ("", url),
+    };
+    let (before_query, query) = match rest.find('?') {
+        Some(i) => (&rest[..i], &rest[i..]),
+        None => (rest, ""),
+    };
+    let authority = before_query.split('/').next().unwrap_or(before_query);
+    format!("{scheme}{authority}/{database}{query}")
+}
+
+/// A fresh, migrated database for one bench; dropped by [`BenchDb::drop_database`] or,
+/// failing that, when this value is dropped.
+pub struct BenchDb {
+    /// A small pool for setup and measurement queries (not the worker's).
+    pub pool: PgPool,
+    /// URL of the bench's own database.
+    pub url: String,
+    /// Database name, `skiplock_bench_<what>_<hex>`.
+    pub name: String,
+    admin_url: String,
+    dropped: bool,
+}
+
+impl BenchDb {
+    /// Creates `skiplock_bench_<what>_<random>` and migrates it.
+    pub async fn create(what: &str) -> Self {
+        let admin_url = admin_url();
+        let name = format!("skiplock_bench_{what}_{:08x}", fastrand::u32(..));
+        let mut admin = PgConnection::connect(&admin_url)
+            .await
+            .unwrap_or_else(|e| panic!("connect to {admin_url}: {e} (set DATABASE_URL)"));
+        admin
+            .execute(AssertSqlSafe(format!("CREATE DATABASE \"{name}\"")))
+            .await
+            .unwrap_or_else(|e| panic!("create database {name}: {e}"));
+        let _ = admin.close().await;
+        let url = with_database(&admin_url, &name);
+        let pool = PgPoolOptions::new()
+            .max_connections(4)
+            .connect(&url)
+            .await
+            .unwrap_or_else(|e| panic!("connect to {name}: {e}"));
+        let db = Self {
+            pool,
+            url,
+            name,
+            admin_url,
+            dropped: false,
+        };
+        skiplock::migrate(&db.pool).await.expect("migrate");
+        progress(format!("created and migrated database {}", db.name));
+        db
+    }
+
+    /// Options to connect to the bench database.
+    pub fn connect_options(&self) -> PgConnectOptions {
+        self.url.parse().expect("database URL")
+    }
+
+    /// A pool for a worker: [`WORKER_POOL_SIZE`] connections tagged [`WORKER_APP_NAME`].
+    pub async fn worker_pool(&self, size: u32) -> PgPool {
+        PgPoolOptions::new()
+            .max_connections(size)
+            .connect_with(self.connect_options().application_name(WORKER_APP_NAME))
+            .await
+            .expect("worker pool")
+    }
+
+    /// One plain connection to the bench database.
+    pub async fn connection(&self) -> PgConnection {
+        PgConnection::connect_with(&self.connect_options())
+            .await
+            .expect("connect")
+    }
+
+    /// Runs a statement on the setup pool, panicking with it on failure.
+    pub async fn exec(&self, sql: &str) {
+        sqlx::raw_sql(AssertSqlSafe(sql.to_owned()))
+            .execute(&self.pool)
+            .await
+            .unwrap_or_else(|e| panic!("{sql}: {e}"));
+    }
+
+    /// One `bigint` (or anything castable to it) from a query.
+    pub async fn scalar_i64(&self, sql: &str) -> i64 {
+        sqlx::query_scalar::<_, i64>(AssertSqlSafe(sql.to_owned()))
+            .fetch_one(&self.pool)
+            .await
+            .unwrap_or_else(|e| panic!("{sql}: {e}"))
+    }
+
+    /// One `float8` from a query.
+    pub async fn scalar_f64(&self, sql: &str) -> f64 {
+        sqlx::query_scalar::<_, f64>(AssertSqlSafe(sql.to_owned()))
+            .fetch_one(&self.pool)
+            .await
+            .unwrap_or_else(|e| panic!("{sql}: {e}"))
+    }
+
+    /// Empties the jobs table and its identity, so each run starts from the same state.
+    pub async fn reset(&self) {
+        self.exec("TRUNCATE skiplock.jobs, skiplock.job_dependencies RESTART IDENTITY")
+            .await;
+        // Vacuum of an empty table is quick and resets the free space map.
+        self.exec("VACUUM skiplock.jobs").await;
+    }
+
+    /// Highest job id so far (0 when empty): jobs inserted later have larger ids.
+    pub async fn max_id(&self) -> i64 {
+        self.scalar_i64("SELECT coalesce(max(id), 0) FROM skiplock.jobs")
+            .await
+    }
+
+    /// Inserts `n` queued `noop` jobs with plain SQL (chunks of 100,000), then
+    /// `VACUUM ANALYZE`, so every run starts with set hint bits and fresh statistics.
+    pub async fn preload_noop(&self, n: i64) {
+        self.preload("'noop', '{}'::jsonb", "", n).await;
+    }
+
+    /// Inserts `n` queued `noop` jobs with plain SQL and nothing else: the planner keeps
+    /// whatever statistics it had (after [`reset`](Self::reset): those of an empty table),
+    /// as when a backlog builds up faster than autovacuum analyzes.
+    pub async fn preload_noop_unanalyzed(&self, n: i64) {
+        let t0 = Instant::now();
+        self.exec(&format!(
+            "INSERT INTO skiplock.jobs (kind, args) SELECT 'noop', '{{}}' FROM generate_series(1, {n})"
+        ))
+        .await;
+        progress(format!(
+            "  inserted {n} queued jobs (no VACUUM, no ANALYZE) in {:.1} s",
+            t0.elapsed().as_secs_f64()
+        ));
+    }
+
+    /// Inserts `n` jobs of `kind` with `args` (SQL expressions), queued, then vacuums.
+    pub async fn preload_kind(&self, kind: &str, args: &str, n: i64) {
+        self.preload(&format!("'{kind}', {args}"), "", n).await;
+    }
+
+    /// Inserts `n` `succeeded` noop jobs finished an hour ago (history the claim must not
+    /// pay for), then vacuums.
+    pub async fn preload_finished(&self, n: i64) {
+        self.preload(
+            "'noop', '{}'::jsonb",
+            ", 'succeeded', 1, now() - interval '1 hour', now() - interval '1 hour'",
+            n,
+        )
+        .await;
+    }
+
+    async fn preload(&self, kind_args: &str, finished: &str, n: i64) {
+        let t0 = Instant::now();
+        let columns = if finished.is_empty() {
+            "kind, args"
+        } else {
+            "kind, args, state, attempt, claimed_at, finished_at"
+        };
+        let mut done = 0;
+        while done < n {
+            let chunk = (n - done).min(100_000);
+            self.exec(&format!(
+                "INSERT INTO skiplock.jobs ({columns}) SELECT {kind_args}{finished} FROM generate_series(1, {chunk})"
+            ))
+            .await;
+            done += chunk;
+            if n > 100_000 {
+                progress(format!("  preloaded {done}/{n}"));
+            }
+        }
+        self.exec("VACUUM ANALYZE skiplock.jobs").await;
+        progress(format!(
+            "  preloaded {n} {} jobs and vacuumed in {:.1} s",
+            if finished.is_empty() {
+                "queued"
+            } else {
+                "finished"
+            },
+            t0.elapsed().as_secs_f64()
+        ));
+    }
+
+    /// Server-wide WAL position and this database's commit count, for per-job costs.
+    pub async fn counters(&self) -> Counters {
+        // Stats are flushed by backends at most once a second while busy, and at exit.
+        let mut conn = self.connection().await;
+        let _ = sqlx::query("SELECT pg_stat_clear_snapshot()")
+            .execute(&mut conn)
+            .await;
+        let (lsn, commits): (String, i64) = sqlx::query_as(
+            "SELECT pg_current_wal_lsn()::text, xact_commit
+             FROM pg_stat_database WHERE datname = current_database()",
+        )
+        .fetch_one(&mut conn)
+        .await
+        .expect("counters");
+        let _ = conn.close().await;
+        Counters { lsn, commits }
+    }
+
+    /// WAL bytes between two counter snapshots.
+    pub async fn wal_between(&self, before: &Counters, after: &Counters) -> i64 {
+        sqlx::query_scalar("SELECT pg_wal_lsn_diff($1::pg_lsn, $2::pg_lsn)::bigint")
+            .bind(&after.lsn)
+            .bind(&before.lsn)
+            .fetch_one(&self.pool)
+            .await
+            .expect("wal diff")
+    }
+
+    /// Waits until no backend of a worker pool is left (their stats are flushed at exit).
+    pub async fn wait_workers_gone(&self) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            let left: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM pg_stat_activity
+                 WHERE datname = current_database() AND application_name = $1",
+            )
+            .bind(WORKER_APP_NAME)
+            .fetch_one(&self.pool)
+            .await
+            .unwrap_or(0);
+            if left == 0 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    /// Rate of the jobs with `id > after_id` that succeeded, measured in the database from
+    /// the first claim to the last completion, with the number of claim and complete
+    /// statements (each statement has its own `now()`, so distinct timestamps count them).
+    pub async fn drained_since(&self, after_id: i64) -> Drained {
+        let (jobs, secs, claims, completes): (i64, f64, i64, i64) = sqlx::query_as(
+            "SELECT count(*),
+                    coalesce(extract(epoch FROM max(finished_at) - min(claimed_at))::float8, 0),
+                    count(DISTINCT claimed_at), count(DISTINCT finished_at)
+             FROM skiplock.jobs WHERE id > $1 AND state = 'succeeded'",
+        )
+        .bind(after_id)
+        .fetch_one(&self.pool)
+        .await
+        .expect("drain stats");
+        Drained {
+            jobs,
+            secs,
+            claim_statements: claims,
+            complete_statements: completes,
+        }
+    }
+
+    /// Jobs still queued or running.
+    pub async fn unfinished(&self) -> i64 {
+        self.scalar_i64("SELECT count(*) FROM skiplock.jobs WHERE state IN ('queued', 'running')")
+            .await
+    }
+
+    /// Drops the database (forcing any leftover connection out).
+    pub async fn drop_database(mut self) {
+        self.pool.close().await;
+        if let Ok(mut admin) = PgConnection::connect(&self.admin_url).await {
+            let _ = admin
+                .execute(AssertSqlSafe(format!(
+                    "DROP DATABASE IF EXISTS \"{}\" WITH (FORCE)",
+                    self.name
+                )))
+                .await;
+            let _ = admin.close().await;
+        }
+        progress(format!("dropped database {}", self.name));
+        self.dropped = true;
+    }
+}
+
+impl Drop for BenchDb {
+    /// Best effort when a bench panics: drop the database from a helper thread.
+    fn drop(&mut self) {
+        if self.dropped {
+            return;
+        }
+        let admin_url = self.admin_url.clone();
+        let sql = format!("DROP DATABASE IF EXISTS \"{}\" WITH (FORCE)", self.name);
+        let handle = std::thread::spawn(move || {
+            if let Ok(rt) = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            {
+                rt.block_on(async move {
+                    if let Ok(mut admin) = PgConnection::connect(&admin_url).await {
+                        let _ = admin.execute(AssertSqlSafe(sql)).await;
+                    }
+                });
+            }
+        });
+        let _ = handle.join();
+    }
+}
+
+/// A snapshot of server-side counters.
+#[derive(Debug, Clone)]
+pub struct Counters {
+    /// `pg_current_wal_lsn()`, server-wide (other databases' writes count too).
+    pub lsn: String,
+    /// `pg_stat_database.xact_commit` of the bench database.
+    pub commits: i64,
+}
+
+/// What a drain did, measured in the database.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Drained {
+    pub jobs: i64,
+    /// First claim to last completion, by the database clock.
+    pub secs: f64,
+    pub claim_statements: i64,
+    pub complete_statements: i64,
+}
+
+impl Drained {
+    pub fn rate(&self) -> f64 {
+        if self.secs > 0.0 {
+            self.jobs as f64 / self.secs
+        } else {
+            0.0
+        }
+    }
+}
+
+/// A worker drain of `noop` jobs, as measured by [`drain_noop`].
+#[derive(Debug, Clone, Default)]
+pub struct DrainRun {
+    pub drained: Drained,
+    /// From `Worker::run` start to its return (includes start-up and idle detection).
+    pub wall_secs: f64,
+    /// Stopped by the time cap before the table was empty.
+    pub capped: bool,
+    /// The worker did not stop within [`STOP_WAIT`] of the shutdown request and its
+    /// runtime was dropped (its held claims stay `running`).
+    pub killed: bool,
+    /// Most rows seen `running` at once (sampled every second): claims the worker held,
+    /// buffered, running or waiting for their completion write.
+    pub max_running: i64,
+    pub commits: i64,
+    pub wal_bytes: i64,
+    /// `None` when the worker was killed.
+    pub summary: Option<WorkerSummary>,
+}
+
+impl DrainRun {
+    pub fn per_job(&self, total: i64) -> f64 {
+        if self.drained.jobs > 0 {
+            total as f64 / self.drained.jobs as f64
+        } else {
+            0.0
+        }
+    }
+
+    /// `(capped)`, `(capped, killed)` or nothing.
+    pub fn note(&self) -> &'static str {
+        match (self.capped, self.killed) {
+            (_, true) => " (capped, killed)",
+            (true, false) => " (capped)",
+            _ => "",
+        }
+    }
+}
+
+/// How to run a drain.
+#[derive(Debug, Clone, Copy)]
+pub struct DrainCfg {
+    pub concurrency: Option<usize>,
+    /// Claimed jobs kept in the worker's local buffer (default: equal to concurrency).
+    pub prefetch: Option<usize>,
+    /// Stop (gracefully) after this long even if jobs remain.
+    pub cap: Duration,
+    /// Only jobs with a larger id count.
+    pub after_id: i64,
+}
+
+/// How long a worker may take to stop after the shutdown request before its runtime is
+/// dropped.
+pub const STOP_WAIT: Duration = Duration::from_secs(10);
+
+/// A worker running on a runtime of its own (default size: one thread per core) in its
+/// own thread, like a separate process, so that a worker that does not stop can be
+/// dropped whole. Its pool has [`WORKER_POOL_SIZE`] connections tagged [`WORKER_APP_NAME`].
+pub struct WorkerThread {
+    handle: skiplock::ShutdownHandle,
+    kill: Option<tokio::sync::oneshot::Sender<()>>,
+    done: tokio::sync::oneshot::Receiver<Option<WorkerSummary>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+    started: Instant,
+    stopping_since: Option<Instant>,
+    /// The cap was reached and a shutdown requested.
+    pub capped: bool,
+}
+
+impl WorkerThread {
+    /// Builds the worker with `build` on a fresh pool and runs it.
+    pub fn spawn(db: &BenchDb, build: impl FnOnce(PgPool) -> Worker + Send + 'static) -> Self {
+        let options = db.connect_options().application_name(WORKER_APP_NAME);
+        let (stop_tx, stop_rx) = std::sync::mpsc::channel::<skiplock::ShutdownHandle>();
+        let (kill_tx, kill_rx) = tokio::sync::oneshot::channel::<()>();
+        let (done_tx, done_rx) = tokio::sync::oneshot::channel::<Option<WorkerSummary>>();
+        let thread = std::thread::spawn(move || {
+            let rt = tokio::runtime::Runtime::new().expect("worker runtime");
+            let summary = rt.block_on(async move {
+                let pool = PgPoolOptions::new()
+                    .max_connections(WORKER_POOL_SIZE)
+                    .connect_with(options)
+                    .await
+                    .expect("worker pool");
+                let worker = build(pool.clone());
+                let _ = stop_tx.send(worker.shutdown_handle());
+                let summary = tokio::select! {
+                    summary = worker.run() => Some(summary.expect("worker run")),
+                    _ = kill_rx => None,
+                };
+                if summary.is_some() {
+                    pool.close().await;
+                }
+                summary
+            });
+            // Dropping the runtime cancels every task the worker left behind.
+            rt.shutdown_background();
+            let _ = done_tx.send(summary);
+        });
+        let handle = stop_rx.recv().expect("worker handle");
+        Self {
+            handle,
+            kill: Some(kill_tx),
+            done: done_rx,
+            thread: Some(thread),
+            started: Instant::now(),
+            stopping_since: None,
+            capped: false,
+        }
+    }
+
+    /// Seconds since the worker started.
+    pub fn elapsed(&self) -> Duration {
+        self.started.elapsed()
+    }
+
+    /// Waits up to `tick` for the worker to return: `Some(summary)` when it did (`None`
+    /// inside when it was killed).
+    pub async fn finished(&mut self, tick: Duration) -> Option<Option<WorkerSummary>> {
+        match tokio::time::timeout(tick, &mut self.done).await {
+            Ok(summary) => {
+                if let Some(thread) = self.thread.take() {
+                    let _ = thread.join();
+                }
+                Some(summary.unwrap_or(None))
+            }
+            Err(_) => None,
+        }
+    }
+
+    /// Requests a graceful shutdown once `cap` has passed, and drops the worker's runtime
+    /// [`STOP_WAIT`] later if it has not returned by then.
+    pub fn enforce_cap(&mut self, cap: Duration, running: i64) {
+        if self.started.elapsed() >= cap && !self.capped {
+            self.capped = true;
+            self.stopping_since = Some(Instant::now());
+            progress(format!(
+                "  time cap of {cap:?} reached; stopping the worker"
+            ));
+            self.handle.shutdown();
+        }
+        if let Some(since) = self.stopping_since
+            && since.elapsed() >= STOP_WAIT
+            && let Some(kill) = self.kill.take()
+        {
+            progress(format!(
+                "  the worker did not stop within {STOP_WAIT:?}; dropping its runtime \
+                 ({running} claims still running)"
+            ));
+            let _ = kill.send(());
+        }
+    }
+
+    /// Requests a graceful shutdown now and waits for the worker, dropping its runtime
+    /// after [`STOP_WAIT`]. `None` when it had to be killed.
+    pub async fn stop(&mut self) -> Option<WorkerSummary> {
+        if self.stopping_since.is_none() {
+            self.stopping_since = Some(Instant::now());
+            self.handle.shutdown();
+        }
+        loop {
+            if let Some(summary) = self.finished(Duration::from_millis(250)).await {
+                return summary;
+            }
+            self.enforce_cap(Duration::MAX, -1);
+        }
+    }
+}
+
+/// Runs a `noop` worker with default settings (except `concurrency` when given and
+/// `exit_when_idle`) until the table has nothing runnable left, or until the cap; measures
+/// the rate in the database, and commits and WAL around it.
+pub async fn drain_noop(db: &BenchDb, cfg: DrainCfg) -> DrainRun {
+    let before = db.counters().await;
+    let mut worker = WorkerThread::spawn(db, move |pool| {
+        let mut builder = Worker::builder(pool)
+            .register::<Noop>()
+            .exit_when_idle(true);
+        if let Some(c) = cfg.concurrency {
+            builder = builder.concurrency(c);
+        }
+        if let Some(p) = cfg.prefetch {
+            builder = builder.prefetch(p);
+        }
+        builder.build().expect("worker")
+    });
+    let mut last_report = Instant::now();
+    let mut max_running = 0i64;
+    let summary = loop {
+        if let Some(summary) = worker.finished(Duration::from_secs(1)).await {
+            break summary;
+        }
+        let running = db
+            .scalar_i64("SELECT count(*) FROM skiplock.jobs WHERE state = 'running'")
+            .await;
+        max_running = max_running.max(running);
+        worker.enforce_cap(cfg.cap, running);
+        if last_report.elapsed() >= Duration::from_secs(5) {
+            last_report = Instant::now();
+            let queued = db
+                .scalar_i64("SELECT count(*) FROM skiplock.jobs WHERE state = 'queued'")
+                .await;
+            progress(format!(
+                "  {:.0} s: {queued} queued, {running} running",
+                worker.elapsed().as_secs_f64()
+            ));
+        }
+    };
+    let wall_secs = worker.elapsed().as_secs_f64();
+    db.wait_workers_gone().await;
+    let after = db.counters().await;
+    let wal_bytes = db.wal_between(&before, &after).await;
+    let drained = db.drained_since(cfg.after_id).await;
+    DrainRun {
+        drained,
+        wall_secs,
+        capped: worker.capped,
+        killed: summary.is_none(),
+        max_running,
+        commits: after.commits - before.commits,
+        wal_bytes,
+        summary,
+    }
+}
+
+/// Whether the server preloads pg_stat_statements; if so, creates the extension in the
+/// bench database and returns true, otherwise prints why the statement profile is skipped.
+pub async fn pgss_enabled(db: &BenchDb) -> bool {
+    let preload: String = sqlx::query_scalar("SELECT current_setting('shared_preload_libraries')")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap_or_default();
+    if !preload.contains("pg_stat_statements") {
+        println!(
+            "pg_stat_statements: skipped, the server does not preload it \
+             (shared_preload_libraries = '{preload}'); `benches/run-all.sh --pgss` runs the \
+             profile and workloads benches on a private server that does."
+        );
+        println!();
+        return false;
+    }
+    db.exec("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+        .await;
+    true
+}
+
+/// Forgets the statistics gathered so far (all databases of the server).
+pub async fn pgss_reset(db: &BenchDb) {
+    db.exec("SELECT pg_stat_statements_reset()").await;
+}
+
+/// One pg_stat_statements row: query, calls, rows, total ms, mean ms, max ms, blocks per
+/// call, WAL bytes per call.
+type StatementRow = (String, i64, i64, f64, f64, f64, f64, f64);
+
+/// Prints the bench database's statements by total execution time, named after the
+/// library function that issues them where recognisable.
+pub async fn pgss_print(db: &BenchDb) {
+    let rows: Vec<StatementRow> = sqlx::query_as(
+        "SELECT query, calls, rows, total_exec_time, mean_exec_time, max_exec_time,
+                (shared_blks_hit + shared_blks_read)::float8 / greatest(calls, 1),
+                wal_bytes::float8 / greatest(calls, 1)
+         FROM pg_stat_statements
+         WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())
+           AND query NOT ILIKE '%pg_stat_statements%'
+         ORDER BY total_exec_time DESC LIMIT 12",
+    )
+    .fetch_all(&db.pool)
+    .await
+    .expect("pg_stat_statements");
+    let mut table = Table::new(&[
+        "statement",
+        "calls",
+        "rows/call",
+        "total ms",
+        "mean ms",
+        "max ms",
+        "blocks/call",
+        "WAL B/call",
+    ]);
+    for (q, calls, rows, total, mean, max, blocks, wal) in rows {
+        table.row(vec![
+            statement_name(&q),
+            thousands(calls),
+            format!("{:.1}", rows as f64 / calls.max(1) as f64),
+            format!("{total:.0}"),
+            format!("{mean:.2}"),
+            format!("{max:.1}"),
+            format!("{blocks:.0}"),
+            format!("{wal:.0}"),
+        ]);
+    }
+    table.print();
+}
+
+/// A short name for a statement's text: the library function issuing it where
+/// recognisable, else its first words.
+fn statement_name(query: &str) -> String {
+    let q = query.split_whitespace().collect::<Vec<_>>().join(" ");
+    let has = |s: &str| q.contains(s);
+    let name = if has("SET state = 'running'") && has("SKIP LOCKED") {
+        "jobs_claim_batch"
+    } else if has("SET state = 'succeeded'") && has("WITH held") {
+        "jobs_complete_many"
+    } else if has("WITH claims AS") && has("heartbeat_at") {
+        "jobs_heartbeat_many"
+    } else if has("WITH stale AS") {
+        "jobs_reap_stale"
+    } else if has("WITH failed AS") {
+        "jobs_fail_many"
+    } else if has("INSERT INTO skiplock.jobs") && has("unnest") {
+        "jobs_insert_many"
+    } else if has("SELECT EXISTS") && has("state = 'running' OR") {
+        "jobs_any_active"
+    } else {
+        ""
+    };
+    if name.is_empty() {
+        let short: String = q.chars().take(60).collect();
+        format!("`{}…`", short.replace('|', "/"))
+    } else {
+        format!("`{name}`")
+    }
+}
+
+/// Machine and server facts, one per line, for the head of every report.
+pub async fn machine_facts(pool: &PgPool) -> String {
+    let mut out = String::new();
+    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split(':').nth(1))
+                .map(|m| m.trim().to_owned())
+        })
+        .unwrap_or_else(|| "unknown".into());
+    let mem_gib = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("MemTotal:"))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|kb| kb.parse::<f64>().ok())
+        })
+        .map_or(0.0, |kb| kb / 1024.0 / 1024.0);
+    let load = std::fs::read_to_string("/proc/loadavg")
+        .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_default();
+    let _ = writeln!(
+        out,
+        "machine: {cores} cores ({cpu}), {mem_gib:.1} GiB RAM, load average {load}"
+    );
+    let version: String = sqlx::query_scalar("SELECT version()")
+        .fetch_one(pool)
+        .await
+        .unwrap_or_default();
+    let _ = writeln!(out, "postgres: {version}");
+    let settings: Vec<(String, String)> = sqlx::query_as(
+        "SELECT name, setting || coalesce(' ' || unit, '') FROM pg_settings
+         WHERE name IN ('shared_buffers', 'synchronous_commit', 'fsync', 'wal_level',
+                        'max_wal_size', 'checkpoint_timeout', 'work_mem', 'jit',
+                        'shared_preload_libraries', 'max_connections', 'commit_delay',
+                        'wal_compression', 'full_page_writes', 'autovacuum')
+         ORDER BY name",
+    )
+    .fetch_all(pool)
+    .await
+    .unwrap_or_default();
+    let _ = writeln!(
+        out,
+        "settings: {}",
+        settings
+            .iter()
+            .map(|(n, v)| format!("{n}={}", if v.is_empty() { "''" } else { v }))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    let profile = if cfg!(debug_assertions) {
+        "debug (numbers meaningless: use cargo bench or --release)"
+    } else {
+        "release"
+    };
+    let _ = writeln!(out, "build: {profile}");
+    out
+}
+
+/// Prints the machine facts under a title.
+pub async fn print_header(title: &str, db: &BenchDb, opts: &Opts) {
+    println!("## {title}{}", if opts.quick { " (quick)" } else { "" });
+    println!();
+    for line in machine_facts(&db.pool).await.lines() {
+        println!("- {line}");
+    }
+    println!();
+}
+
+/// A table printed as Markdown with aligned columns.
+pub struct Table {
+    headers: Vec<String>,
+    rows: Vec<Vec<String>>,
+}
+
+impl Table {
+    pub fn new(headers: &[&str]) -> Self {
+        Self {
+            headers: headers.iter().map(|h| (*h).to_owned()).collect(),
+            rows: Vec::new(),
+        }
+    }
+
+    pub fn row(&mut self, cells: Vec<String>) {
+        self.rows.push(cells);
+    }
+
+    pub fn print(&self) {
+        let mut widths: Vec<usize> = self.headers.iter().map(|h| h.chars().count()).collect();
+        for row in &self.rows {
+            for (i, cell) in row.iter().enumerate() {
+                if i < widths.len() {
+                    widths[i] = widths[i].max(cell.chars().count());
+                }
+            }
+        }
+        let line = |cells: &[String]| {
+            let mut s = String::from("|");
+            for (i, w) in widths.iter().enumerate() {
+                let cell = cells.get(i).map_or("", String::as_str);
+                let pad = w - cell.chars().count();
+                let _ = write!(s, " {cell}{} |", " ".repeat(pad));
+            }
+            s
+        };
+        println!("{}", line(&self.headers));
+        let mut sep = String::from("|");
+        for w in &widths {
+            let _ = write!(sep, "{}|", "-".repeat(w + 2));
+        }
+        println!("{sep}");
+        for row in &self.rows {
+            println!("{}", line(row));
+        }
+        println!();
+    }
+}
+
+/// Formats a rate with thousands separators: `12,345/s`.
+pub fn rate(per_sec: f64) -> String {
+    format!("{}/s", thousands(per_sec.round() as i64))
+}
+
+/// `1234567` as `1,234,567`.
+pub fn thousands(n: i64) -> String {
+    let digits = n.unsigned_abs().to_string();
+    let mut out = String::new();
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    if n < 0 { format!("-{out}") } else { out }
+}
+
+/// The `q`-quantile (0..=1) of sorted values, nearest rank.
+pub fn quantile(sorted: &[f64], q: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    let rank = ((q * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len());
+    sorted[rank - 1]
+}
+
+/// Peak and current resident set size of this process, in KiB (`VmHWM`, `VmRSS`).
+pub fn rss_kib(pid: Option<u32>) -> Option<(u64, u64)> {
+    let path = match pid {
+        Some(pid) => format!("/proc/{pid}/status"),
+        None => "/proc/self/status".to_owned(),
+    };
+    let status = std::fs::read_to_string(path).ok()?;
+    let field = |name: &str| {
+        status
+            .lines()
+            .find(|l| l.starts_with(name))
+            .and_then(|l| l.split_whitespace().nth(1))
+            .and_then(|v| v.parse::<u64>().ok())
+    };
+    Some((field("VmHWM:")?, field("VmRSS:")?))
+}

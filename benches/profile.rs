@@ -8,6 +8,9 @@
 //!    plan) and eighth (after the plan cache may have switched to a generic plan); the claim
 //!    again after 50,000 claims without a vacuum, and with 1,000,000 finished rows; a
 //!    heartbeat of 256 claims; an `enqueue_many` of 1,000.
+//!    Then statements prepared while the table was empty (cached as generic plans after
+//!    five executions, as in a worker started on a fresh database) run on 200,000 rows,
+//!    against the same statements planned on a fresh connection.
 //! 2. Table statistics after those: updates, HOT updates, index sizes.
 //! 3. `pg_stat_statements` around a worker drain, when the server preloads it (it needs
 //!    `shared_preload_libraries`, so on a shared server it is usually skipped;
@@ -28,7 +31,9 @@ use std::time::{Duration, Instant};
 
 use skiplock::EnqueueOptions;
 use skiplock::builtin::Noop;
-use skiplock::db::jobs::{jobs_claim_batch, jobs_complete_many, jobs_heartbeat_many};
+use skiplock::db::jobs::{
+    jobs_any_active, jobs_claim_batch, jobs_complete_many, jobs_heartbeat_many, jobs_settle_waiting,
+};
 use sqlx::{Connection, PgConnection};
 use support::{BenchDb, DrainCfg, Opts, Table, drain_noop, progress, rate, thousands};
 use tracing::field::{Field, Visit};
@@ -162,6 +167,7 @@ async fn main() {
     support::print_header("Profile: claim and complete statements", &db, &opts).await;
 
     plans(&db).await;
+    cached_on_empty(&db).await;
     table_stats(&db).await;
     pg_stat_statements(&db, &opts).await;
     experiments(&db, &opts).await;
@@ -286,6 +292,89 @@ async fn plans(db: &BenchDb) {
         );
     }
     let _ = conn.close().await;
+}
+
+/// Section 1b: statements prepared (and after five executions cached as generic plans)
+/// while the table was empty, as in a worker started on a fresh database, then run on a
+/// table of 200,000 rows of which 180,000 finished; against the same statements on a fresh
+/// connection. Each gets at most 10 s.
+async fn cached_on_empty(db: &BenchDb) {
+    progress("statements cached on an empty table, then run on 200,000 rows");
+    println!("### Plans cached while the table was empty");
+    println!();
+    db.reset().await;
+    let mut cached = db.connection().await;
+    sqlx::raw_sql("SET statement_timeout = '10s'")
+        .execute(&mut cached)
+        .await
+        .expect("set");
+    for _ in 0..6 {
+        jobs_settle_waiting(&mut cached).await.expect("sweep");
+        jobs_claim_batch(&mut cached, &queues(), &kinds(), 32, "profile")
+            .await
+            .expect("claim");
+        jobs_any_active(&mut cached, &queues(), &kinds())
+            .await
+            .expect("idle check");
+    }
+    db.preload_noop_unanalyzed(200_000).await;
+    db.exec(
+        "UPDATE skiplock.jobs SET state = 'succeeded', attempt = 1, claimed_at = now(),
+                finished_at = now() WHERE id <= 180000",
+    )
+    .await;
+    let mut fresh = db.connection().await;
+    sqlx::raw_sql("SET statement_timeout = '10s'")
+        .execute(&mut fresh)
+        .await
+        .expect("set");
+    let mut table = Table::new(&[
+        "statement",
+        "cached on the empty table",
+        "fresh connection (planned now)",
+    ]);
+    async fn timed<T>(f: impl std::future::Future<Output = sqlx::Result<T>>) -> String {
+        let t = Instant::now();
+        match f.await {
+            Ok(_) => format!("{:.1} ms", t.elapsed().as_secs_f64() * 1000.0),
+            Err(e) if e.to_string().contains("statement timeout") => {
+                "> 10 s (cancelled by statement_timeout)".to_owned()
+            }
+            Err(e) => format!("error: {e}"),
+        }
+    }
+    table.row(vec![
+        "`jobs_settle_waiting` (dependency sweep, every second in every worker)".into(),
+        timed(jobs_settle_waiting(&mut cached)).await,
+        timed(jobs_settle_waiting(&mut fresh)).await,
+    ]);
+    table.row(vec![
+        "`jobs_claim_batch`, 32".into(),
+        timed(jobs_claim_batch(
+            &mut cached,
+            &queues(),
+            &kinds(),
+            32,
+            "profile",
+        ))
+        .await,
+        timed(jobs_claim_batch(
+            &mut fresh,
+            &queues(),
+            &kinds(),
+            32,
+            "profile",
+        ))
+        .await,
+    ]);
+    table.row(vec![
+        "`jobs_any_active` (idle check)".into(),
+        timed(jobs_any_active(&mut cached, &queues(), &kinds())).await,
+        timed(jobs_any_active(&mut fresh, &queues(), &kinds())).await,
+    ]);
+    table.print();
+    let _ = cached.close().await;
+    let _ = fresh.close().await;
 }
 
 fn fmt_list(values: &[f64]) -> String {

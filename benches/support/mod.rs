@@ -183,11 +183,34 @@ impl BenchDb {
     }
 
     /// Empties the jobs table and its identity, so each run starts from the same state.
+    /// Backends a killed worker left behind (a statement it started keeps running after
+    /// its runtime is dropped) are terminated first, or TRUNCATE would wait for them.
     pub async fn reset(&self) {
+        self.terminate_worker_backends().await;
         self.exec("TRUNCATE skiplock.jobs, skiplock.job_dependencies RESTART IDENTITY")
             .await;
         // Vacuum of an empty table is quick and resets the free space map.
         self.exec("VACUUM skiplock.jobs").await;
+    }
+
+    /// Terminates the backends of this bench's worker pools (tagged [`WORKER_APP_NAME`], in
+    /// this bench's own database), e.g. those a killed worker left running.
+    pub async fn terminate_worker_backends(&self) {
+        let ended: Vec<i32> = sqlx::query_scalar(
+            "SELECT pid FROM pg_stat_activity
+             WHERE datname = current_database() AND application_name = $1
+               AND pg_terminate_backend(pid)",
+        )
+        .bind(WORKER_APP_NAME)
+        .fetch_all(&self.pool)
+        .await
+        .unwrap_or_default();
+        if !ended.is_empty() {
+            progress(format!(
+                "  terminated {} leftover worker backend(s): {ended:?}",
+                ended.len()
+            ));
+        }
     }
 
     /// Highest job id so far (0 when empty): jobs inserted later have larger ids.
@@ -619,6 +642,9 @@ pub async fn drain_noop(db: &BenchDb, cfg: DrainCfg) -> DrainRun {
         }
     };
     let wall_secs = worker.elapsed().as_secs_f64();
+    if summary.is_none() {
+        db.terminate_worker_backends().await;
+    }
     db.wait_workers_gone().await;
     let after = db.counters().await;
     let wal_bytes = db.wal_between(&before, &after).await;
@@ -710,19 +736,26 @@ pub async fn pgss_print(db: &BenchDb) {
 fn statement_name(query: &str) -> String {
     let q = query.split_whitespace().collect::<Vec<_>>().join(" ");
     let has = |s: &str| q.contains(s);
-    let name = if has("SET state = 'running'") && has("SKIP LOCKED") {
+    // pg_stat_statements replaces constants with $n, so match on the statements' shape.
+    let name = if has("WITH picked AS") {
         "jobs_claim_batch"
-    } else if has("SET state = 'succeeded'") && has("WITH held") {
+    } else if has("WITH held AS") && has("released AS") {
+        "jobs_release_many"
+    } else if has("WITH held AS") {
         "jobs_complete_many"
-    } else if has("WITH claims AS") && has("heartbeat_at") {
+    } else if has("WITH failed AS") {
+        "jobs_fail_many"
+    } else if has("WITH claims AS") {
         "jobs_heartbeat_many"
     } else if has("WITH stale AS") {
         "jobs_reap_stale"
-    } else if has("WITH failed AS") {
-        "jobs_fail_many"
+    } else if has("WITH orphans AS") {
+        "jobs_settle_waiting"
+    } else if has("WITH doomed AS") {
+        "jobs_prune_finished"
     } else if has("INSERT INTO skiplock.jobs") && has("unnest") {
         "jobs_insert_many"
-    } else if has("SELECT EXISTS") && has("state = 'running' OR") {
+    } else if has("SELECT EXISTS") && has("queue = ANY") {
         "jobs_any_active"
     } else {
         ""

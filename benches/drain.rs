@@ -17,7 +17,9 @@
 //! come from `pg_stat_database` of the bench's own database; WAL bytes from
 //! `pg_current_wal_lsn()`, which is server-wide (other databases' writes count too).
 //!
-//! `cargo bench --bench drain -- --quick` (or `SKIPLOCK_BENCH_QUICK=1`).
+//! `cargo bench --bench drain -- --quick` (or `SKIPLOCK_BENCH_QUICK=1`); `--only
+//! headline,floor` runs some sections: `matrix`, `headline` (with the prefetch tuning),
+//! `scale` (runs the headline too) and `floor`.
 
 mod support;
 
@@ -61,6 +63,11 @@ async fn main() {
         "WAL B/job",
     ]);
     let mut best_runtime = 0.0f64;
+    let only = opts
+        .value("only")
+        .map(|o| o.split(',').map(str::to_owned).collect::<Vec<_>>());
+    let wants = |section: &str| only.as_ref().is_none_or(|o| o.iter().any(|s| s == section));
+    let sizes = if wants("matrix") { sizes } else { &[] };
     for &n in sizes {
         for c in [1, 16, 64, 256] {
             progress(format!("drain {n} jobs at concurrency {c}"));
@@ -84,255 +91,285 @@ async fn main() {
 
     // The issue's headline: 200,000 jobs, default settings.
     let headline_n = 200_000;
-    progress(format!(
-        "headline: drain {headline_n} jobs with default settings (concurrency {DEFAULT_CONCURRENCY})"
-    ));
-    db.reset().await;
-    db.preload_noop(headline_n).await;
-    let headline = drain_noop(
-        &db,
-        DrainCfg {
-            concurrency: None,
-            prefetch: None,
-            cap: Duration::from_secs(120),
-            after_id: 0,
-        },
-    )
-    .await;
-    report(&headline);
-    best_runtime = best_runtime.max(headline.drained.rate());
-    // Scale scenarios, each against the small-table rate; the small table runs again at
-    // the end and the comparison uses the mean of both runs, so a neighbour's load that
-    // comes or goes during the section shows as a gap between the two.
-    let mut scale_runs: Vec<(String, DrainRun)> = vec![(
-        format!("{} queued (small table)", thousands(headline_n)),
-        headline.clone(),
-    )];
-
-    // 1,000,000 finished rows under the same 200,000 queued jobs.
-    progress(format!(
-        "scale: {headline_n} queued jobs over 1,000,000 finished rows"
-    ));
-    db.reset().await;
-    db.preload_finished(1_000_000).await;
-    let history_end = db.max_id().await;
-    db.preload_noop(headline_n).await;
-    let finished = drain_noop(
-        &db,
-        DrainCfg {
-            concurrency: None,
-            prefetch: None,
-            cap: Duration::from_secs(120),
-            after_id: history_end,
-        },
-    )
-    .await;
-    report(&finished);
-    scale_runs.push((
-        format!("{} queued + 1,000,000 finished", thousands(headline_n)),
-        finished.clone(),
-    ));
-
-    // A 1,000,000-job backlog, drained for a fixed time.
-    let backlog_cap = Duration::from_secs(if opts.quick { 10 } else { 40 });
-    progress(format!(
-        "scale: 1,000,000-job backlog, drained for {backlog_cap:?}"
-    ));
-    db.reset().await;
-    db.preload_noop(1_000_000).await;
-    let backlog = drain_noop(
-        &db,
-        DrainCfg {
-            concurrency: None,
-            prefetch: None,
-            cap: backlog_cap,
-            after_id: 0,
-        },
-    )
-    .await;
-    report(&backlog);
-    scale_runs.push((
-        format!("1,000,000 backlog (first {backlog_cap:?})"),
-        backlog.clone(),
-    ));
-
-    // A worker that idled on an empty table, then a burst it has to drain.
-    let burst_cap = Duration::from_secs(if opts.quick { 30 } else { 60 });
-    progress(format!(
-        "scale: worker idle 8 s on an empty table, then {headline_n} jobs at once (no ANALYZE)"
-    ));
-    let burst = burst_after_idle(&db, headline_n, Duration::from_secs(8), burst_cap).await;
-    report(&burst);
-    scale_runs.push((
-        format!(
-            "{} inserted at once into a worker idle on an empty table",
-            thousands(headline_n)
-        ),
-        burst.clone(),
-    ));
-
-    progress(format!("scale: {headline_n} queued (small table), again"));
-    db.reset().await;
-    db.preload_noop(headline_n).await;
-    let again = drain_noop(
-        &db,
-        DrainCfg {
-            concurrency: None,
-            prefetch: None,
-            cap: Duration::from_secs(120),
-            after_id: 0,
-        },
-    )
-    .await;
-    report(&again);
-    best_runtime = best_runtime.max(again.drained.rate());
-    scale_runs.push((
-        format!("{} queued (small table), again", thousands(headline_n)),
-        again.clone(),
-    ));
-    let base = (headline.drained.rate() + again.drained.rate()) / 2.0;
-    let mut scale = Table::new(&[
-        "scenario",
-        "conc.",
-        "drained",
-        "db secs",
-        "jobs/s",
-        "vs. small table (mean of 2)",
-        "jobs/claim",
-        "jobs/complete",
-        "max running",
-        "commits/job",
-        "WAL B/job",
-    ]);
-    for (name, run) in &scale_runs {
-        let r = row("", &DEFAULT_CONCURRENCY.to_string(), run);
-        let mut cells = vec![name.clone()];
-        cells.extend_from_slice(&r[1..5]);
-        cells.push(format!("{:+.1} %", pct(run.drained.rate(), base)));
-        cells.extend_from_slice(&r[6..]);
-        scale.row(cells);
-    }
-
-    // Tuning that needs no code change: a larger local buffer, so claims are batches.
-    let mut tuning = Table::new(&[
-        "settings",
-        "conc.",
-        "drained",
-        "db secs",
-        "jobs/s",
-        "wall s",
-        "jobs/claim",
-        "jobs/complete",
-        "max running",
-        "commits/job",
-        "WAL B/job",
-    ]);
-    tuning.row(row(
-        &format!("defaults ({} jobs, above)", thousands(headline_n)),
-        &DEFAULT_CONCURRENCY.to_string(),
-        &headline,
-    ));
-    let prefetches: &[usize] = if opts.quick { &[1000] } else { &[256, 1000] };
-    for &prefetch in prefetches {
+    let headline = if wants("headline") || wants("scale") {
         progress(format!(
-            "tuning: drain {headline_n} jobs, concurrency {DEFAULT_CONCURRENCY}, prefetch {prefetch}"
+            "headline: drain {headline_n} jobs with default settings (concurrency {DEFAULT_CONCURRENCY})"
         ));
         db.reset().await;
         db.preload_noop(headline_n).await;
-        let run = drain_noop(
+        let headline = drain_noop(
             &db,
             DrainCfg {
                 concurrency: None,
-                prefetch: Some(prefetch),
-                cap: Duration::from_secs(if opts.quick { 60 } else { 120 }),
+                prefetch: None,
+                cap: Duration::from_secs(120),
                 after_id: 0,
             },
         )
         .await;
-        report(&run);
-        best_runtime = best_runtime.max(run.drained.rate());
-        tuning.row(row(
-            &format!("prefetch {prefetch}"),
-            &DEFAULT_CONCURRENCY.to_string(),
-            &run,
-        ));
-    }
+        report(&headline);
+        best_runtime = best_runtime.max(headline.drained.rate());
+        Some(headline)
+    } else {
+        None
+    };
+    let scale_section = match headline.as_ref().filter(|_| wants("scale")) {
+        None => None,
+        Some(headline) => {
+            // Scale scenarios, each against the small-table rate; the small table runs again at
+            // the end and the comparison uses the mean of both runs, so a neighbour's load that
+            // comes or goes during the section shows as a gap between the two.
+            let mut scale_runs: Vec<(String, DrainRun)> = vec![(
+                format!("{} queued (small table)", thousands(headline_n)),
+                (*headline).clone(),
+            )];
 
-    // The floor: the claim and complete statements in bare loops.
-    let floor_n: i64 = if opts.quick { 50_000 } else { 200_000 };
-    let floor_loops: &[usize] = if opts.quick { &[1, 2] } else { &[1, 2, 4] };
-    let mut floor_table = Table::new(&[
-        "batch",
-        "connections",
-        "jobs",
-        "db secs",
-        "jobs/s",
-        "claim ms/stmt",
-        "complete ms/stmt",
-        "commits/job",
-        "WAL B/job",
-    ]);
-    let mut best_floor = 0.0f64;
-    for batch in [100i64, 1000] {
-        for &loops in floor_loops {
+            // 1,000,000 finished rows under the same 200,000 queued jobs.
             progress(format!(
-                "floor: batch {batch} on {loops} connection(s), {floor_n} jobs"
+                "scale: {headline_n} queued jobs over 1,000,000 finished rows"
             ));
             db.reset().await;
-            db.preload_noop(floor_n).await;
-            let f = floor(&db, batch, loops).await;
-            progress(format!(
-                "  {} jobs/s; claim {:.2} ms, complete {:.2} ms per statement",
-                thousands(f.drained.rate() as i64),
-                f.claim_ms,
-                f.complete_ms
+            db.preload_finished(1_000_000).await;
+            let history_end = db.max_id().await;
+            db.preload_noop(headline_n).await;
+            let finished = drain_noop(
+                &db,
+                DrainCfg {
+                    concurrency: None,
+                    prefetch: None,
+                    cap: Duration::from_secs(120),
+                    after_id: history_end,
+                },
+            )
+            .await;
+            report(&finished);
+            scale_runs.push((
+                format!("{} queued + 1,000,000 finished", thousands(headline_n)),
+                finished.clone(),
             ));
-            best_floor = best_floor.max(f.drained.rate());
-            floor_table.row(vec![
-                batch.to_string(),
-                loops.to_string(),
-                thousands(f.drained.jobs),
-                format!("{:.2}", f.drained.secs),
-                rate(f.drained.rate()),
-                format!("{:.2}", f.claim_ms),
-                format!("{:.2}", f.complete_ms),
-                format!("{:.3}", f.commits as f64 / f.drained.jobs.max(1) as f64),
-                format!("{:.0}", f.wal_bytes as f64 / f.drained.jobs.max(1) as f64),
+
+            // A 1,000,000-job backlog, drained for a fixed time.
+            let backlog_cap = Duration::from_secs(if opts.quick { 10 } else { 40 });
+            progress(format!(
+                "scale: 1,000,000-job backlog, drained for {backlog_cap:?}"
+            ));
+            db.reset().await;
+            db.preload_noop(1_000_000).await;
+            let backlog = drain_noop(
+                &db,
+                DrainCfg {
+                    concurrency: None,
+                    prefetch: None,
+                    cap: backlog_cap,
+                    after_id: 0,
+                },
+            )
+            .await;
+            report(&backlog);
+            scale_runs.push((
+                format!("1,000,000 backlog (first {backlog_cap:?})"),
+                backlog.clone(),
+            ));
+
+            // A worker that idled on an empty table, then a burst it has to drain.
+            let burst_cap = Duration::from_secs(if opts.quick { 30 } else { 60 });
+            progress(format!(
+                "scale: worker idle 8 s on an empty table, then {headline_n} jobs at once (no ANALYZE)"
+            ));
+            let burst = burst_after_idle(&db, headline_n, Duration::from_secs(8), burst_cap).await;
+            report(&burst);
+            scale_runs.push((
+                format!(
+                    "{} inserted at once into a worker idle on an empty table",
+                    thousands(headline_n)
+                ),
+                burst.clone(),
+            ));
+
+            progress(format!("scale: {headline_n} queued (small table), again"));
+            db.reset().await;
+            db.preload_noop(headline_n).await;
+            let again = drain_noop(
+                &db,
+                DrainCfg {
+                    concurrency: None,
+                    prefetch: None,
+                    cap: Duration::from_secs(120),
+                    after_id: 0,
+                },
+            )
+            .await;
+            report(&again);
+            best_runtime = best_runtime.max(again.drained.rate());
+            scale_runs.push((
+                format!("{} queued (small table), again", thousands(headline_n)),
+                again.clone(),
+            ));
+            let base = (headline.drained.rate() + again.drained.rate()) / 2.0;
+            let mut scale = Table::new(&[
+                "scenario",
+                "conc.",
+                "drained",
+                "db secs",
+                "jobs/s",
+                "vs. small table (mean of 2)",
+                "jobs/claim",
+                "jobs/complete",
+                "max running",
+                "commits/job",
+                "WAL B/job",
             ]);
+            for (name, run) in &scale_runs {
+                let r = row("", &DEFAULT_CONCURRENCY.to_string(), run);
+                let mut cells = vec![name.clone()];
+                cells.extend_from_slice(&r[1..5]);
+                cells.push(format!("{:+.1} %", pct(run.drained.rate(), base)));
+                cells.extend_from_slice(&r[6..]);
+                scale.row(cells);
+            }
+            let targets = format!(
+                "Targets (issue 6): 200,000 noop jobs with default settings ≥ 60,000/s (measured {} \
+                 and {}); 1M backlog / 1M finished within 10 % of the small table (measured {:+.1} % / \
+                 {:+.1} % against the mean of both small-table runs).",
+                rate(headline.drained.rate()),
+                rate(again.drained.rate()),
+                pct(backlog.drained.rate(), base),
+                pct(finished.drained.rate(), base),
+            );
+            Some((scale, targets))
         }
+    };
+
+    let mut tuning = None;
+    if let Some(headline) = headline.as_ref().filter(|_| wants("headline")) {
+        // Tuning that needs no code change: a larger local buffer, so claims are batches.
+        let mut table = Table::new(&[
+            "settings",
+            "conc.",
+            "drained",
+            "db secs",
+            "jobs/s",
+            "wall s",
+            "jobs/claim",
+            "jobs/complete",
+            "max running",
+            "commits/job",
+            "WAL B/job",
+        ]);
+        table.row(row(
+            &format!("defaults ({} jobs, above)", thousands(headline_n)),
+            &DEFAULT_CONCURRENCY.to_string(),
+            headline,
+        ));
+        let prefetches: &[usize] = if opts.quick { &[1000] } else { &[256, 1000] };
+        for &prefetch in prefetches {
+            progress(format!(
+                "tuning: drain {headline_n} jobs, concurrency {DEFAULT_CONCURRENCY}, prefetch {prefetch}"
+            ));
+            db.reset().await;
+            db.preload_noop(headline_n).await;
+            let run = drain_noop(
+                &db,
+                DrainCfg {
+                    concurrency: None,
+                    prefetch: Some(prefetch),
+                    cap: Duration::from_secs(if opts.quick { 60 } else { 120 }),
+                    after_id: 0,
+                },
+            )
+            .await;
+            report(&run);
+            best_runtime = best_runtime.max(run.drained.rate());
+            table.row(row(
+                &format!("prefetch {prefetch}"),
+                &DEFAULT_CONCURRENCY.to_string(),
+                &run,
+            ));
+        }
+        tuning = Some(table);
     }
 
-    println!("### Matrix (time cap {cap:?} per run)");
-    println!();
-    matrix.print();
-    println!("### Scale: finished rows and backlog (default settings)");
-    println!();
-    scale.print();
-    println!("### Tuning without code changes: prefetch (default settings otherwise)");
-    println!();
-    tuning.print();
-    println!("### Floor: claim + complete statements in bare loops, no worker runtime");
-    println!();
-    floor_table.print();
-    println!(
-        "Best worker rate {} is {:.0} % of the best floor rate {}.",
-        rate(best_runtime),
-        if best_floor > 0.0 {
-            best_runtime / best_floor * 100.0
-        } else {
-            0.0
-        },
-        rate(best_floor)
-    );
-    println!(
-        "Targets (issue 6): 200,000 noop jobs with default settings ≥ 60,000/s (measured {} \
-         and {}); 1M backlog / 1M finished within 10 % of the small table (measured {:+.1} % / \
-         {:+.1} % against the mean of both small-table runs).",
-        rate(headline.drained.rate()),
-        rate(again.drained.rate()),
-        pct(backlog.drained.rate(), base),
-        pct(finished.drained.rate(), base),
-    );
+    let mut best_floor = 0.0f64;
+    let mut floor_table = None;
+    if wants("floor") {
+        // The floor: the claim and complete statements in bare loops.
+        let floor_n: i64 = if opts.quick { 50_000 } else { 200_000 };
+        let floor_loops: &[usize] = if opts.quick { &[1, 2] } else { &[1, 2, 4] };
+        let mut table = Table::new(&[
+            "batch",
+            "connections",
+            "jobs",
+            "db secs",
+            "jobs/s",
+            "claim ms/stmt",
+            "complete ms/stmt",
+            "commits/job",
+            "WAL B/job",
+        ]);
+        for batch in [100i64, 1000] {
+            for &loops in floor_loops {
+                progress(format!(
+                    "floor: batch {batch} on {loops} connection(s), {floor_n} jobs"
+                ));
+                db.reset().await;
+                db.preload_noop(floor_n).await;
+                let f = floor(&db, batch, loops).await;
+                progress(format!(
+                    "  {} jobs/s; claim {:.2} ms, complete {:.2} ms per statement",
+                    thousands(f.drained.rate() as i64),
+                    f.claim_ms,
+                    f.complete_ms
+                ));
+                best_floor = best_floor.max(f.drained.rate());
+                table.row(vec![
+                    batch.to_string(),
+                    loops.to_string(),
+                    thousands(f.drained.jobs),
+                    format!("{:.2}", f.drained.secs),
+                    rate(f.drained.rate()),
+                    format!("{:.2}", f.claim_ms),
+                    format!("{:.2}", f.complete_ms),
+                    format!("{:.3}", f.commits as f64 / f.drained.jobs.max(1) as f64),
+                    format!("{:.0}", f.wal_bytes as f64 / f.drained.jobs.max(1) as f64),
+                ]);
+            }
+        }
+        floor_table = Some(table);
+    }
+
+    if wants("matrix") {
+        println!("### Matrix (time cap {cap:?} per run)");
+        println!();
+        matrix.print();
+    }
+    if let Some((scale, _)) = &scale_section {
+        println!("### Scale: finished rows and backlog (default settings)");
+        println!();
+        scale.print();
+    }
+    if let Some(tuning) = &tuning {
+        println!("### Tuning without code changes: prefetch (default settings otherwise)");
+        println!();
+        tuning.print();
+    }
+    if let Some(floor_table) = &floor_table {
+        println!("### Floor: claim + complete statements in bare loops, no worker runtime");
+        println!();
+        floor_table.print();
+        println!(
+            "Best worker rate {} is {:.0} % of the best floor rate {}.",
+            rate(best_runtime),
+            if best_floor > 0.0 {
+                best_runtime / best_floor * 100.0
+            } else {
+                0.0
+            },
+            rate(best_floor)
+        );
+    }
+    if let Some((_, targets)) = &scale_section {
+        println!("{targets}");
+    }
     println!();
     db.drop_database().await;
 }

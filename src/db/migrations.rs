@@ -37,6 +37,11 @@ const MIGRATIONS: &[Migration] = &[
         name: "0004_history.sql",
         sql: include_str!("../../migrations/0004_history.sql"),
     },
+    Migration {
+        version: 5,
+        name: "0005_claim_path.sql",
+        sql: include_str!("../../migrations/0005_claim_path.sql"),
+    },
 ];
 
 /// The schema version this build of skiplock expects.

@@ -71,6 +71,9 @@ pub(super) async fn dispatch(
             },
         };
         space.notify_one();
+        shared.groups[group]
+            .started
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let shared = shared.clone();
         let outcomes = outcomes.clone();
         executors.spawn(async move {

@@ -60,6 +60,14 @@ pub const PRUNE_INTERVAL_DEFAULT: Duration = Duration::from_secs(30);
 pub const CRON_INTERVAL_DEFAULT: Duration = Duration::from_secs(1);
 /// Most claims or outcomes written by one statement.
 pub const BATCH_MAX_DEFAULT: usize = 1000;
+/// Most claimed jobs a worker keeps ready in its local buffer when its jobs are short
+/// (the buffer grows toward this from `prefetch`, see [`PREFETCH_HORIZON`]).
+pub const PREFETCH_MAX_DEFAULT: usize = 1000;
+/// How much work the local buffer holds, at the rate jobs are starting: the buffer grows
+/// until it covers this much (between `prefetch` and `prefetch_max` jobs), so short jobs
+/// are claimed in large batches and a claimed job waits about this long at most before
+/// it starts. 100 ms covers a claim round trip many times over.
+pub const PREFETCH_HORIZON: Duration = Duration::from_millis(100);
 
 /// How long finished jobs stay in `skiplock.jobs` before the pruner deletes them.
 /// Zero deletes them at the pruner's next pass.
@@ -99,8 +107,13 @@ pub struct WorkerConfig {
     /// busy queue cannot starve it and it cannot exceed its limit.
     pub queue_concurrency: BTreeMap<String, usize>,
     /// Claimed jobs kept ready in the local buffer so a freed slot never waits on a claim
-    /// round trip. Default: equal to `concurrency`.
+    /// round trip, at least. Default: equal to `concurrency`.
     pub prefetch: usize,
+    /// Claimed jobs kept ready at most. Between `prefetch` and this, the buffer follows
+    /// the start rate to hold [`PREFETCH_HORIZON`] of work: short jobs get large claim
+    /// batches, long jobs are not hoarded. Default [`PREFETCH_MAX_DEFAULT`] (never below
+    /// `prefetch`); [`WorkerBuilder::prefetch`] sets both to one fixed size.
+    pub prefetch_max: usize,
     /// Fallback poll interval.
     pub poll_interval: Duration,
     /// How often claims are extended.
@@ -134,6 +147,7 @@ impl Default for WorkerConfig {
             concurrency: CONCURRENCY_DEFAULT,
             queue_concurrency: BTreeMap::new(),
             prefetch: CONCURRENCY_DEFAULT,
+            prefetch_max: PREFETCH_MAX_DEFAULT,
             poll_interval: POLL_INTERVAL_DEFAULT,
             heartbeat_interval: HEARTBEAT_INTERVAL_DEFAULT,
             stale_after: STALE_AFTER_DEFAULT,
@@ -219,10 +233,19 @@ impl WorkerBuilder {
         self
     }
 
-    /// Sets how many claimed jobs wait in the local buffer.
+    /// Fixes how many claimed jobs wait in the local buffer (instead of a size that
+    /// follows the start rate between `concurrency` and [`PREFETCH_MAX_DEFAULT`]).
     pub fn prefetch(mut self, prefetch: usize) -> Self {
         self.config.prefetch = prefetch;
+        self.config.prefetch_max = prefetch;
         self.prefetch_set = true;
+        self
+    }
+
+    /// Sets the most claimed jobs the adaptive local buffer may hold (see
+    /// [`WorkerConfig::prefetch_max`]).
+    pub fn prefetch_max(mut self, prefetch_max: usize) -> Self {
+        self.config.prefetch_max = prefetch_max;
         self
     }
 
@@ -314,7 +337,11 @@ impl WorkerBuilder {
                 "per-queue concurrency needs a queue name and a limit of at least 1".into(),
             );
         }
-        if config.concurrency == 0 || config.prefetch == 0 || config.batch_max == 0 {
+        if config.concurrency == 0
+            || config.prefetch == 0
+            || config.prefetch_max == 0
+            || config.batch_max == 0
+        {
             return fail("concurrency, prefetch and batch size must be at least 1".into());
         }
         if config.heartbeat_interval.is_zero() || config.poll_interval.is_zero() {
@@ -344,10 +371,21 @@ impl WorkerBuilder {
                 shared_queues,
                 config.concurrency,
                 config.prefetch,
+                config.prefetch_max,
             ));
         }
         for (queue, &limit) in &config.queue_concurrency {
-            groups.push(QueueGroup::new(vec![queue.clone()], limit, limit));
+            let prefetch_max = if self.prefetch_set {
+                limit
+            } else {
+                config.prefetch_max
+            };
+            groups.push(QueueGroup::new(
+                vec![queue.clone()],
+                limit,
+                limit,
+                prefetch_max,
+            ));
             if !config.queues.contains(queue) {
                 config.queues.push(queue.clone());
             }
@@ -362,7 +400,7 @@ impl WorkerBuilder {
                 claims: HeldClaims::default(),
                 held_limit: 2 * groups
                     .iter()
-                    .map(|g| g.concurrency + g.prefetch)
+                    .map(|g| g.concurrency + g.prefetch_max)
                     .sum::<usize>(),
                 groups,
                 graceful: CancellationToken::new(),
@@ -398,7 +436,11 @@ pub(crate) struct Shared {
 pub(crate) struct QueueGroup {
     pub(crate) queues: Vec<String>,
     pub(crate) concurrency: usize,
+    /// Smallest and largest local buffer (see [`PREFETCH_HORIZON`]).
     pub(crate) prefetch: usize,
+    pub(crate) prefetch_max: usize,
+    /// Jobs the dispatcher has started: the producer sizes the buffer by their rate.
+    pub(crate) started: AtomicU64,
     /// Wakes this group's producer: a notification arrived or the listener reconnected.
     pub(crate) wake: Notify,
     /// Signalled by the completer after it settles a batch: claims were freed.
@@ -406,11 +448,13 @@ pub(crate) struct QueueGroup {
 }
 
 impl QueueGroup {
-    fn new(queues: Vec<String>, concurrency: usize, prefetch: usize) -> Self {
+    fn new(queues: Vec<String>, concurrency: usize, prefetch: usize, prefetch_max: usize) -> Self {
         Self {
             queues,
             concurrency,
             prefetch,
+            prefetch_max: prefetch_max.max(prefetch),
+            started: AtomicU64::new(0),
             wake: Notify::new(),
             settled: Notify::new(),
         }
@@ -584,7 +628,7 @@ impl Worker {
         let executors = TaskTracker::new();
         let mut pipelines = Vec::new();
         for group in 0..shared.groups.len() {
-            let (buffer_tx, buffer_rx) = mpsc::channel(shared.groups[group].prefetch);
+            let (buffer_tx, buffer_rx) = mpsc::channel(shared.groups[group].prefetch_max);
             let space = Arc::new(Notify::new());
             pipelines.push(tokio::spawn(producer::produce(
                 shared.clone(),

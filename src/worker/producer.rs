@@ -3,13 +3,19 @@
 //! It claims as many jobs as the buffer has room for, in one statement. When a claim
 //! comes back short the queue is drained for now, and it waits for a wake-up (a
 //! notification from the listener) or the jittered poll interval, whichever comes first.
+//!
+//! The buffer's size follows the rate at which jobs start: it holds about
+//! [`PREFETCH_HORIZON`] of work, between the group's `prefetch` and `prefetch_max`. Short
+//! jobs thus get claim batches of hundreds (one statement and one commit for many jobs);
+//! long jobs keep the buffer at `prefetch` and are not hoarded from other workers.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
 
 use tokio::sync::{Notify, mpsc};
 
-use super::{Shared, db_retry_delay, sleep_jittered};
+use super::{PREFETCH_HORIZON, Shared, db_retry_delay, sleep_jittered};
 use crate::db::jobs::{ClaimedJob, jobs_any_active, jobs_claim_batch};
 
 /// Runs until the graceful shutdown signal; dropping `buffer` on return tells the
@@ -22,15 +28,22 @@ pub(super) async fn produce(
 ) {
     let config = &shared.config;
     let group = &shared.groups[group];
-    // Refill once a quarter of the buffer is free, so claims are batches, not trickles.
-    let refill_at = (group.prefetch / 4).max(1);
+    let mut rate = StartRate::new(group.started.load(Ordering::Relaxed));
     let mut failures = 0u32;
     while !shared.graceful.is_cancelled() {
+        let target = rate.buffer_target(
+            group.started.load(Ordering::Relaxed),
+            group.prefetch,
+            group.prefetch_max,
+        );
+        // Refill once a quarter of the buffer is free, so claims are batches, not trickles.
+        let refill_at = (target / 4).max(1);
+        let buffered = buffer.max_capacity() - buffer.capacity();
         // Backpressure: claims held by the whole worker (buffered, running, or finished
         // and waiting for the completer) stay under a bound, so a completer that falls
         // behind slows claiming instead of piling up `running` rows and heartbeat work.
         let unsettled_room = shared.held_limit.saturating_sub(shared.claims.len());
-        let free = buffer.capacity().min(unsettled_room);
+        let free = target.saturating_sub(buffered).min(unsettled_room);
         if free < refill_at {
             tokio::select! {
                 () = shared.graceful.cancelled() => break,
@@ -86,6 +99,42 @@ pub(super) async fn produce(
             () = group.wake.notified() => {}
             () = sleep_jittered(config.poll_interval) => {}
         }
+    }
+}
+
+/// The rate at which the group's jobs start, measured over windows of at least
+/// [`StartRate::WINDOW`] and smoothed.
+struct StartRate {
+    since: Instant,
+    started_then: u64,
+    /// Jobs started per second, smoothed over the recent windows.
+    per_sec: f64,
+}
+
+impl StartRate {
+    /// Shortest window a rate sample covers.
+    const WINDOW: Duration = Duration::from_millis(50);
+
+    fn new(started: u64) -> Self {
+        Self {
+            since: Instant::now(),
+            started_then: started,
+            per_sec: 0.0,
+        }
+    }
+
+    /// The buffer size that holds [`PREFETCH_HORIZON`] of work at the current rate,
+    /// within `[min, max]`.
+    fn buffer_target(&mut self, started: u64, min: usize, max: usize) -> usize {
+        let elapsed = self.since.elapsed();
+        if elapsed >= Self::WINDOW {
+            let sample = (started - self.started_then) as f64 / elapsed.as_secs_f64();
+            self.per_sec = (self.per_sec + sample) / 2.0;
+            self.since = Instant::now();
+            self.started_then = started;
+        }
+        let wanted = (self.per_sec * PREFETCH_HORIZON.as_secs_f64()) as usize;
+        wanted.clamp(min, max)
     }
 }
 

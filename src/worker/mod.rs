@@ -59,10 +59,10 @@ pub const PRUNE_INTERVAL_DEFAULT: Duration = Duration::from_secs(30);
 /// How often each worker looks for due cron slots.
 pub const CRON_INTERVAL_DEFAULT: Duration = Duration::from_secs(1);
 /// Most claims or outcomes written by one statement.
-pub const BATCH_MAX_DEFAULT: usize = 1000;
+pub const BATCH_MAX_DEFAULT: usize = 2000;
 /// Most claimed jobs a worker keeps ready in its local buffer when its jobs are short
 /// (the buffer grows toward this from `prefetch`, see [`PREFETCH_HORIZON`]).
-pub const PREFETCH_MAX_DEFAULT: usize = 1000;
+pub const PREFETCH_MAX_DEFAULT: usize = 2000;
 /// How much work the local buffer holds, at the rate jobs are starting: the buffer grows
 /// until it covers this much (between `prefetch` and `prefetch_max` jobs), so short jobs
 /// are claimed in large batches and a claimed job waits about this long at most before

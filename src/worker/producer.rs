@@ -13,92 +13,157 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
+use futures_util::StreamExt;
+use futures_util::stream::FuturesUnordered;
 use tokio::sync::{Notify, mpsc};
 
 use super::{PREFETCH_HORIZON, Shared, db_retry_delay, sleep_jittered};
 use crate::db::jobs::{ClaimedJob, jobs_any_active, jobs_claim_batch};
 
-/// Runs until the graceful shutdown signal; dropping `buffer` on return tells the
-/// dispatcher that no more jobs will come.
+/// Claim statements one producer keeps in flight. With two, one claim's commit (its WAL
+/// flush) and round trip overlap the next one's work, and claiming is no longer a serial
+/// chain the executor waits on; `SKIP LOCKED` gives the two disjoint rows.
+const CLAIMS_IN_FLIGHT: usize = 2;
+
+/// Why the producer is not claiming right now.
+enum Pause {
+    /// Claim whenever the buffer has room.
+    No,
+    /// The last claim came back short: wait for a wake-up or the poll interval.
+    Drained,
+    /// The last claim failed: wait this long.
+    Failed(Duration),
+}
+
+/// Runs until the graceful shutdown signal and until the claims in flight have landed in
+/// the buffer; dropping `buffer` on return tells the dispatcher that no more jobs will
+/// come.
 pub(super) async fn produce(
     shared: Arc<Shared>,
-    group: usize,
+    group_index: usize,
     buffer: mpsc::Sender<ClaimedJob>,
     space: Arc<Notify>,
 ) {
     let config = &shared.config;
-    let group = &shared.groups[group];
+    let group = &shared.groups[group_index];
     let mut rate = StartRate::new(group.started.load(Ordering::Relaxed));
+    let mut in_flight = FuturesUnordered::new();
+    // Buffer room promised to the claims in flight.
+    let mut reserved = 0usize;
+    let mut pause = Pause::No;
     let mut failures = 0u32;
-    while !shared.graceful.is_cancelled() {
-        let target = rate.buffer_target(
-            group.started.load(Ordering::Relaxed),
-            group.prefetch,
-            group.prefetch_max,
-        );
-        // Refill once a quarter of the buffer is free, so claims are batches, not trickles.
-        let refill_at = (target / 4).max(1);
-        let buffered = buffer.max_capacity() - buffer.capacity();
-        // Backpressure: claims held by the whole worker (buffered, running, or finished
-        // and waiting for the completer) stay under a bound, so a completer that falls
-        // behind slows claiming instead of piling up `running` rows and heartbeat work.
-        let unsettled_room = shared.held_limit.saturating_sub(shared.claims.len());
-        let free = target.saturating_sub(buffered).min(unsettled_room);
-        if free < refill_at {
-            tokio::select! {
-                () = shared.graceful.cancelled() => break,
-                () = space.notified() => continue,
-                () = group.settled.notified() => continue,
-            }
-        }
-        let limit = free.min(config.batch_max);
-        let claimed = jobs_claim_batch(
-            &shared.pool,
-            &group.queues,
-            &shared.kinds,
-            limit as i64,
-            &config.worker_id,
-        )
-        .await;
-        let jobs = match claimed {
-            Ok(jobs) => {
-                failures = 0;
-                jobs
-            }
-            Err(e) => {
-                failures += 1;
-                tracing::warn!(error = %e, "claim failed; retrying");
-                tokio::select! {
-                    () = shared.graceful.cancelled() => break,
-                    () = tokio::time::sleep(db_retry_delay(failures)) => continue,
-                }
-            }
-        };
-        let count = jobs.len();
-        shared
-            .counters
-            .claimed
-            .fetch_add(count as u64, Ordering::Relaxed);
-        for job in jobs {
-            shared.claims.insert(job.id, job.claim_token);
-            // Only this task sends and it checked the capacity, so there is room.
-            if let Err(e) = buffer.try_send(job) {
-                tracing::error!(error = %e, "local buffer refused a claimed job");
-            }
-        }
-        if count == limit {
-            continue;
-        }
-        if config.exit_when_idle && count == 0 && shared.claims.len() == 0 && idle(&shared).await {
-            tracing::info!("no runnable or running job left; exiting as asked");
-            shared.graceful.cancel();
+    loop {
+        let stopping = shared.graceful.is_cancelled();
+        if stopping && in_flight.is_empty() {
             break;
         }
-        tokio::select! {
-            () = shared.graceful.cancelled() => break,
-            () = group.wake.notified() => {}
-            () = sleep_jittered(config.poll_interval) => {}
+        if !stopping && matches!(pause, Pause::No) && in_flight.len() < CLAIMS_IN_FLIGHT {
+            let target = rate.buffer_target(
+                group.started.load(Ordering::Relaxed),
+                group.prefetch,
+                group.prefetch_max,
+            );
+            // Refill once a quarter of the buffer is free: claims are batches, not trickles.
+            let refill_at = (target / 4).max(1);
+            let buffered = buffer.max_capacity() - buffer.capacity();
+            // Backpressure: claims held by the whole worker (buffered, running, or
+            // finished and waiting for the completer) stay under a bound, so a completer
+            // that falls behind slows claiming instead of piling up `running` rows.
+            let unsettled_room = shared
+                .held_limit
+                .saturating_sub(shared.claims.len() + reserved);
+            let free = target
+                .saturating_sub(buffered + reserved)
+                .min(unsettled_room);
+            if free >= refill_at {
+                let limit = free.min(config.batch_max);
+                reserved += limit;
+                in_flight.push(claim(shared.clone(), group_index, limit));
+                continue;
+            }
         }
+        let idle_wait = in_flight.is_empty() && !stopping;
+        tokio::select! {
+            Some((limit, claimed)) = in_flight.next(), if !in_flight.is_empty() => {
+                reserved -= limit;
+                let jobs = match claimed {
+                    Ok(jobs) => {
+                        failures = 0;
+                        jobs
+                    }
+                    Err(e) => {
+                        failures += 1;
+                        tracing::warn!(error = %e, "claim failed; retrying");
+                        pause = Pause::Failed(db_retry_delay(failures));
+                        continue;
+                    }
+                };
+                let count = jobs.len();
+                shared
+                    .counters
+                    .claimed
+                    .fetch_add(count as u64, Ordering::Relaxed);
+                for job in jobs {
+                    shared.claims.insert(job.id, job.claim_token);
+                    // Room was reserved for this claim before it was sent.
+                    if let Err(e) = buffer.try_send(job) {
+                        tracing::error!(error = %e, "local buffer refused a claimed job");
+                    }
+                }
+                if count < limit && matches!(pause, Pause::No) {
+                    pause = Pause::Drained;
+                }
+                if config.exit_when_idle
+                    && !stopping
+                    && count == 0
+                    && in_flight.is_empty()
+                    && shared.claims.len() == 0
+                    && idle(&shared).await
+                {
+                    tracing::info!("no runnable or running job left; exiting as asked");
+                    shared.graceful.cancel();
+                }
+            }
+            () = shared.graceful.cancelled(), if !stopping => {}
+            () = space.notified(), if matches!(pause, Pause::No) => {}
+            () = group.settled.notified(), if matches!(pause, Pause::No) => {}
+            () = group.wake.notified(), if idle_wait && matches!(pause, Pause::Drained) => {
+                pause = Pause::No;
+            }
+            () = sleep_jittered(config.poll_interval),
+                if idle_wait && matches!(pause, Pause::Drained) => {
+                pause = Pause::No;
+            }
+            () = wait_failed(&pause), if idle_wait && matches!(pause, Pause::Failed(_)) => {
+                pause = Pause::No;
+            }
+        }
+    }
+}
+
+/// One claim statement for `limit` jobs; returns the limit with the result so the
+/// producer can give back the room it reserved.
+async fn claim(
+    shared: Arc<Shared>,
+    group_index: usize,
+    limit: usize,
+) -> (usize, Result<Vec<ClaimedJob>, sqlx::Error>) {
+    let group = &shared.groups[group_index];
+    let claimed = jobs_claim_batch(
+        &shared.pool,
+        &group.queues,
+        &shared.kinds,
+        limit as i64,
+        &shared.config.worker_id,
+    )
+    .await;
+    (limit, claimed)
+}
+
+/// Sleeps out a failed claim's retry delay.
+async fn wait_failed(pause: &Pause) {
+    if let Pause::Failed(delay) = pause {
+        tokio::time::sleep(*delay).await;
     }
 }
 

@@ -18,7 +18,7 @@
 //! (1,000-job completions went from 11 ms to 128 ms, quadratic in the batch).
 //!
 //! The statements that finish or release claims lock their rows in id order (the claim
-//! list is sorted first, see [`ClaimList`]): locking in one global order means two of
+//! list is sorted by id first): locking in one global order means two of
 //! them touching overlapping rows queue behind each other instead of deadlocking (a
 //! deadlock costs `deadlock_timeout`, one second by default). `FOR UPDATE` re-checks the
 //! claim token on the newest row version after any wait, so a claim lost meanwhile drops

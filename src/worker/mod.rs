@@ -249,6 +249,14 @@ impl WorkerBuilder {
         self
     }
 
+    /// Sets the most claims or outcomes one statement carries (default
+    /// [`BATCH_MAX_DEFAULT`]); smaller batches mean shorter statements and locks, larger
+    /// ones fewer commits.
+    pub fn batch_max(mut self, batch_max: usize) -> Self {
+        self.config.batch_max = batch_max;
+        self
+    }
+
     /// Sets the worker identity written to `claimed_by`.
     pub fn worker_id(mut self, id: impl Into<String>) -> Self {
         self.config.worker_id = id.into();

@@ -232,6 +232,25 @@ struct Ledger {
     reported_lost: Vec<(i64, Uuid)>,
 }
 
+/// Runs `op` again when Postgres chose it as a deadlock victim. An operator's cancel locks
+/// its job and then the job's lane, while a batch locks its jobs in id order, so the two
+/// can deadlock; Postgres aborts one of them, and the caller retries (as the worker's
+/// completer does for every transient error). Nothing was written by the aborted attempt.
+async fn retry_deadlock<T, E, F, Fut>(mut op: F) -> Result<T, E>
+where
+    E: std::fmt::Display,
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, E>>,
+{
+    let mut attempts = 0;
+    loop {
+        match op().await {
+            Err(e) if attempts < 5 && e.to_string().contains("deadlock detected") => attempts += 1,
+            other => return other,
+        }
+    }
+}
+
 /// One randomized run of `claimers` concurrent claimers over `jobs` jobs; panics on any
 /// violated invariant, naming the seed.
 async fn claimers_run(pool: &PgPool, seed: u64, claimers: usize, steps: usize) {
@@ -320,7 +339,7 @@ async fn claimers_run(pool: &PgPool, seed: u64, claimers: usize, steps: usize) {
                         50..=64 => {
                             let part = pick(&mut rng, &mut held);
                             let (ids, tokens): (Vec<i64>, Vec<Uuid>) = part.iter().copied().unzip();
-                            let saved = jobs_complete_many(&pool, &ids, &tokens)
+                            let saved = retry_deadlock(|| jobs_complete_many(&pool, &ids, &tokens))
                                 .await
                                 .unwrap_or_else(|e| {
                                     panic!("{}", context(&format!("complete: {e}")))
@@ -338,7 +357,7 @@ async fn claimers_run(pool: &PgPool, seed: u64, claimers: usize, steps: usize) {
                                 };
                                 batch.push(*id, *token, "planned".into(), rng.i64(0..100), action);
                             }
-                            let saved = jobs_fail_many(&pool, &batch)
+                            let saved = retry_deadlock(|| jobs_fail_many(&pool, &batch))
                                 .await
                                 .unwrap_or_else(|e| panic!("{}", context(&format!("fail: {e}"))));
                             record_accepted(&ledger, "fail", &part, saved.iter().map(|s| s.id));
@@ -346,11 +365,12 @@ async fn claimers_run(pool: &PgPool, seed: u64, claimers: usize, steps: usize) {
                         75..=82 => {
                             let part = pick(&mut rng, &mut held);
                             let (ids, tokens): (Vec<i64>, Vec<Uuid>) = part.iter().copied().unzip();
-                            let released = jobs_release_many(&pool, &ids, &tokens)
-                                .await
-                                .unwrap_or_else(|e| {
-                                    panic!("{}", context(&format!("release: {e}")))
-                                });
+                            let released =
+                                retry_deadlock(|| jobs_release_many(&pool, &ids, &tokens))
+                                    .await
+                                    .unwrap_or_else(|e| {
+                                        panic!("{}", context(&format!("release: {e}")))
+                                    });
                             record_accepted(&ledger, "release", &part, released.into_iter());
                         }
                         83..=90 => {
@@ -364,7 +384,7 @@ async fn claimers_run(pool: &PgPool, seed: u64, claimers: usize, steps: usize) {
                         }
                         _ => {
                             let id = rng.i64(first..=last);
-                            skiplock::cancel(&pool, skiplock::JobId(id))
+                            retry_deadlock(|| skiplock::cancel(&pool, skiplock::JobId(id)))
                                 .await
                                 .unwrap_or_else(|e| panic!("{}", context(&format!("cancel: {e}"))));
                         }

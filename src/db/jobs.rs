@@ -611,6 +611,10 @@ pub async fn jobs_prune_finished(
 }
 
 /// Whether any job of these queues and kinds is runnable now or running anywhere.
+///
+/// Planned afresh at every call, like [`jobs_settle_waiting`]: it runs only when a worker
+/// with `exit_when_idle` finds nothing to claim, and a plan cached on an empty table cost
+/// 5 ms instead of 1 ms on 200,000 rows.
 pub async fn jobs_any_active(
     db: impl PgExecutor<'_>,
     queues: &[String],
@@ -625,6 +629,7 @@ pub async fn jobs_any_active(
     )
     .bind(queues)
     .bind(kinds)
+    .persistent(false)
     .fetch_one(db)
     .await
 }
@@ -654,6 +659,12 @@ pub async fn jobs_advance_lanes(db: impl PgExecutor<'_>, keys: &[String]) -> sql
 /// parent finished while the child's enqueue was still uncommitted) are settled, waiting
 /// jobs left without any parent row (parents pruned) are queued, and lanes whose head
 /// finished while a new lane job was being enqueued move on. Returns how many jobs moved.
+///
+/// Planned afresh at every call (an unnamed statement, not the connection's cache): it
+/// runs about once a second, and a plan cached while the table was empty (a worker that
+/// started on a fresh database, on a server where no ANALYZE or VACUUM ever invalidates
+/// the plan) joined the whole table with itself: over 10 s on 200,000 rows instead of 7 ms.
+/// Planning costs well under a millisecond.
 pub async fn jobs_settle_waiting(db: impl PgExecutor<'_>) -> sqlx::Result<i32> {
     sqlx::query_scalar(
         "WITH orphans AS (
@@ -675,6 +686,7 @@ pub async fn jobs_settle_waiting(db: impl PgExecutor<'_>) -> sqlx::Result<i32> {
                     WHERE c.state = 'waiting' AND p.state IN ('succeeded', 'dead', 'cancelled')
                 ))::int + (SELECT count(*) FROM orphans)::int + (SELECT moved FROM lanes)",
     )
+    .persistent(false)
     .fetch_one(db)
     .await
 }

@@ -26,8 +26,25 @@ pub async fn run(pool: &PgPool, args: CancelArgs) -> anyhow::Result<()> {
         pool,
         &args.ids,
         "cancelled",
-        |id| skiplock::cancel(pool, id),
+        |id| cancel_retrying(pool, id),
         |id, state| format!("job {id} already finished ({state}); nothing to cancel"),
     )
     .await
+}
+
+/// Cancels one job, retrying a transient failure a few times. Cancelling locks the job and
+/// then its lane or dependants, so under heavy completion traffic Postgres may pick it as
+/// a deadlock victim; nothing was written then, and trying again is safe (a retry after a
+/// lost reply finds the job cancelled already and says so).
+async fn cancel_retrying(pool: &PgPool, id: skiplock::JobId) -> skiplock::Result<bool> {
+    let mut failures = 0u32;
+    loop {
+        match skiplock::cancel(pool, id).await {
+            Err(e) if e.is_transient() && failures < 3 => {
+                failures += 1;
+                tokio::time::sleep(std::time::Duration::from_millis(50 << failures)).await;
+            }
+            outcome => return outcome,
+        }
+    }
 }

@@ -392,3 +392,47 @@ async fn shutdown_releases_jobs_still_in_the_local_buffer() {
         .unwrap();
     assert_eq!(spent, 0);
 }
+
+#[tokio::test]
+async fn long_jobs_are_not_hoarded_by_the_adaptive_buffer() {
+    // The buffer grows with the rate jobs start; 300 ms jobs on two slots start at about
+    // 7 a second, so it stays at its floor (prefetch = concurrency = 2): at most 2 running,
+    // 2 buffered and 2 finished whose outcome is being written (still `running` in the
+    // table), whatever the backlog, and another worker can take the rest.
+    let db = test_db().await;
+    skiplock::enqueue_many(
+        &db.pool,
+        &vec![Slow { ms: 300 }; 40],
+        EnqueueOptions::default(),
+    )
+    .await
+    .unwrap();
+    let recorder = Recorder::default();
+    let worker = fast_worker(&db.pool, &recorder)
+        .concurrency(2)
+        .build()
+        .unwrap();
+    let stop = worker.shutdown_handle();
+    let run = tokio::spawn(worker.run());
+    let mut most_held = 0;
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while count_in_state(&db.pool, JobState::Succeeded).await < 6 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "timed out waiting for six jobs"
+        );
+        most_held = most_held.max(count_in_state(&db.pool, JobState::Running).await);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    stop.shutdown();
+    run.await.unwrap().unwrap();
+    assert!(
+        most_held >= 2,
+        "the worker ran jobs ({most_held} held at most)"
+    );
+    assert!(
+        most_held <= 6,
+        "held {most_held} of 40 claims at once; two slots, a two-job buffer and two \
+         outcomes being written allow 6"
+    );
+}

@@ -60,12 +60,11 @@ LEFT JOIN skiplock.queues q ON q.name = j.queue
 GROUP BY j.queue, j.kind, q.paused;
 
 -- A queue table turns rows over fast: every job leaves two dead row versions behind, and
--- the claim index keeps entries for claimed rows until VACUUM removes them, so each claim
--- walks past the dead prefix of the backlog (the 1,000,000-job backlog drained 12 % slower
--- than a small table on a server with autovacuum off). Vacuum and analyze this table after
--- 2 % of it changed instead of the server-wide 20 % / 10 %; ANALYZE also refreshes the
--- statistics that cached plans were made from. (Not measured on the development server,
--- which runs with autovacuum = off; see docs/benchmarks.md.)
+-- the claim index keeps entries for claimed rows until VACUUM removes them, entries each
+-- claim then walks past. Vacuum and analyze this table after 2 % of it changed instead of
+-- the server-wide 20 % / 10 %; ANALYZE also refreshes the statistics that cached plans
+-- were made from. (Not measured with autovacuum on: the development server runs with
+-- autovacuum = off; see docs/benchmarks.md.)
 ALTER TABLE skiplock.jobs SET (
     autovacuum_vacuum_scale_factor = 0.02,
     autovacuum_analyze_scale_factor = 0.02

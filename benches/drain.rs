@@ -71,19 +71,15 @@ async fn main() {
     for &n in sizes {
         for c in [1, 16, 64, 256] {
             progress(format!("drain {n} jobs at concurrency {c}"));
-            db.reset().await;
-            db.preload_noop(n).await;
-            let run = drain_noop(
+            let run = drain_fresh(
                 &db,
+                n,
                 DrainCfg {
                     concurrency: Some(c),
-                    prefetch: None,
-                    cap,
-                    after_id: 0,
+                    ..DrainCfg::capped(cap)
                 },
             )
             .await;
-            report(&run);
             best_runtime = best_runtime.max(run.drained.rate());
             matrix.row(row(&thousands(n), &c.to_string(), &run));
         }
@@ -95,19 +91,8 @@ async fn main() {
         progress(format!(
             "headline: drain {headline_n} jobs with default settings (concurrency {DEFAULT_CONCURRENCY})"
         ));
-        db.reset().await;
-        db.preload_noop(headline_n).await;
-        let headline = drain_noop(
-            &db,
-            DrainCfg {
-                concurrency: None,
-                prefetch: None,
-                cap: Duration::from_secs(120),
-                after_id: 0,
-            },
-        )
-        .await;
-        report(&headline);
+        let headline =
+            drain_fresh(&db, headline_n, DrainCfg::capped(Duration::from_secs(120))).await;
         best_runtime = best_runtime.max(headline.drained.rate());
         Some(headline)
     } else {
@@ -135,10 +120,8 @@ async fn main() {
             let finished = drain_noop(
                 &db,
                 DrainCfg {
-                    concurrency: None,
-                    prefetch: None,
-                    cap: Duration::from_secs(120),
                     after_id: history_end,
+                    ..DrainCfg::capped(Duration::from_secs(120))
                 },
             )
             .await;
@@ -153,19 +136,7 @@ async fn main() {
             progress(format!(
                 "scale: 1,000,000-job backlog, drained for {backlog_cap:?}"
             ));
-            db.reset().await;
-            db.preload_noop(1_000_000).await;
-            let backlog = drain_noop(
-                &db,
-                DrainCfg {
-                    concurrency: None,
-                    prefetch: None,
-                    cap: backlog_cap,
-                    after_id: 0,
-                },
-            )
-            .await;
-            report(&backlog);
+            let backlog = drain_fresh(&db, 1_000_000, DrainCfg::capped(backlog_cap)).await;
             scale_runs.push((
                 format!("1,000,000 backlog (first {backlog_cap:?})"),
                 backlog.clone(),
@@ -187,19 +158,8 @@ async fn main() {
             ));
 
             progress(format!("scale: {headline_n} queued (small table), again"));
-            db.reset().await;
-            db.preload_noop(headline_n).await;
-            let again = drain_noop(
-                &db,
-                DrainCfg {
-                    concurrency: None,
-                    prefetch: None,
-                    cap: Duration::from_secs(120),
-                    after_id: 0,
-                },
-            )
-            .await;
-            report(&again);
+            let again =
+                drain_fresh(&db, headline_n, DrainCfg::capped(Duration::from_secs(120))).await;
             best_runtime = best_runtime.max(again.drained.rate());
             scale_runs.push((
                 format!("{} queued (small table), again", thousands(headline_n)),
@@ -266,19 +226,15 @@ async fn main() {
             progress(format!(
                 "tuning: drain {headline_n} jobs, concurrency {DEFAULT_CONCURRENCY}, prefetch {prefetch}"
             ));
-            db.reset().await;
-            db.preload_noop(headline_n).await;
-            let run = drain_noop(
+            let run = drain_fresh(
                 &db,
+                headline_n,
                 DrainCfg {
-                    concurrency: None,
                     prefetch: Some(prefetch),
-                    cap: Duration::from_secs(if opts.quick { 60 } else { 120 }),
-                    after_id: 0,
+                    ..DrainCfg::capped(Duration::from_secs(if opts.quick { 60 } else { 120 }))
                 },
             )
             .await;
-            report(&run);
             best_runtime = best_runtime.max(run.drained.rate());
             table.row(row(
                 &format!("prefetch {prefetch}"),
@@ -415,6 +371,16 @@ fn row(n: &str, c: &str, run: &DrainRun) -> Vec<String> {
         format!("{:.3}", run.per_job(run.commits)),
         format!("{:.0}", run.per_job(run.wal_bytes)),
     ]
+}
+
+/// Empties the table, preloads `jobs` queued `noop` jobs, drains them with `cfg` and
+/// prints the run.
+async fn drain_fresh(db: &BenchDb, jobs: i64, cfg: DrainCfg) -> DrainRun {
+    db.reset().await;
+    db.preload_noop(jobs).await;
+    let run = drain_noop(db, cfg).await;
+    report(&run);
+    run
 }
 
 /// A worker with default settings starts on an empty table (statistics of an empty table,

@@ -74,16 +74,7 @@ async fn main() {
             let n = if opts.quick { 100_000 } else { 200_000 };
             progress(format!("peak drain rate: {n} noop jobs, default settings"));
             db.preload_noop(n).await;
-            let run = drain_noop(
-                &db,
-                DrainCfg {
-                    concurrency: None,
-                    prefetch: None,
-                    cap: Duration::from_secs(60),
-                    after_id: 0,
-                },
-            )
-            .await;
+            let run = drain_noop(&db, DrainCfg::capped(Duration::from_secs(60))).await;
             progress(format!("  peak {}", rate(run.drained.rate())));
             run.drained.rate()
         }

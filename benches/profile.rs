@@ -468,16 +468,7 @@ async fn pg_stat_statements(db: &BenchDb, opts: &Opts) {
     db.reset().await;
     db.preload_noop(n).await;
     support::pgss_reset(db).await;
-    let run = drain_noop(
-        db,
-        DrainCfg {
-            concurrency: None,
-            prefetch: None,
-            cap: Duration::from_secs(120),
-            after_id: 0,
-        },
-    )
-    .await;
+    let run = drain_noop(db, DrainCfg::capped(Duration::from_secs(120))).await;
     println!(
         "Drain of {} jobs at default settings: {}, {:.1} jobs/claim, {:.1} jobs/complete.",
         thousands(run.drained.jobs),

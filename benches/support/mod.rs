@@ -484,6 +484,18 @@ pub struct DrainCfg {
     pub after_id: i64,
 }
 
+impl DrainCfg {
+    /// Default worker settings, every job counted, stopped after `cap`.
+    pub fn capped(cap: Duration) -> Self {
+        Self {
+            concurrency: None,
+            prefetch: None,
+            cap,
+            after_id: 0,
+        }
+    }
+}
+
 /// How long a worker may take to stop after the shutdown request before its runtime is
 /// dropped.
 pub const STOP_WAIT: Duration = Duration::from_secs(10);

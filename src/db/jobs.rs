@@ -8,19 +8,20 @@
 //!
 //! These statements visit their rows one primary-key lookup per claim, driven by the
 //! claim list (`unnest(...)` joined `LATERAL`), so their cost is O(batch) whatever the
-//! planner believes about the table. They update by id, not by the `ctid` the lock
-//! returned: a row updated after the statement's snapshot (a heartbeat that committed
-//! while we waited for its lock) has a new version the update's snapshot cannot see by
-//! ctid, and the outcome would be dropped. The claim alone updates by ctid (see
-//! [`jobs_claim_batch`]). They deliberately do not say `state = 'running'`:
+//! planner believes about the table. They deliberately do not say `state = 'running'`:
 //! that would let the planner scan the partial index `jobs_running_idx` for every claim
 //! in the list, which a cached generic plan did once statistics said "nothing runs"
 //! (1,000-job completions went from 11 ms to 128 ms, quadratic in the batch).
 //!
+//! They update by id, not by the `ctid` the lock returned: a row updated after the
+//! statement's snapshot (a heartbeat that committed while we waited for its lock) has a
+//! new version the update's snapshot cannot see by ctid, and the outcome would be
+//! dropped. The claim alone updates by ctid (see [`jobs_claim_batch`]).
+//!
 //! The statements that finish or release claims lock their rows in id order (the claim
-//! list is sorted by id first): locking in one global order means two of
-//! them touching overlapping rows queue behind each other instead of deadlocking (a
-//! deadlock costs `deadlock_timeout`, one second by default). `FOR UPDATE` re-checks the
+//! list is sorted by id first): locking in one global order means two of them touching
+//! overlapping rows queue behind each other instead of deadlocking (a deadlock costs
+//! `deadlock_timeout`, one second by default). `FOR UPDATE` re-checks the
 //! claim token on the newest row version after any wait, so a claim lost meanwhile drops
 //! out. The heartbeat never waits at all (see [`jobs_heartbeat_many`]).
 

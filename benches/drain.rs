@@ -30,8 +30,8 @@ use skiplock::builtin::Noop;
 use skiplock::db::jobs::{jobs_claim_batch, jobs_complete_many};
 use sqlx::Connection;
 use support::{
-    BenchDb, DrainCfg, DrainRun, Drained, Opts, Table, WORKER_APP_NAME, WorkerThread, drain_noop,
-    progress, rate, thousands,
+    BenchDb, Costs, DrainCfg, DrainRun, Drained, Opts, Table, WORKER_APP_NAME, WorkerThread,
+    drain_noop, progress, rate, thousands,
 };
 
 /// Concurrency the library uses when none is set (`skiplock::worker::CONCURRENCY_DEFAULT`).
@@ -61,6 +61,11 @@ async fn main() {
         "max running",
         "commits/job",
         "WAL B/job",
+        "FPI/1k jobs",
+        "reads/1k jobs",
+        "evictions/1k jobs",
+        "PG CPU µs/job",
+        "worker CPU µs/job",
     ]);
     let mut best_runtime = 0.0f64;
     let only = opts
@@ -178,6 +183,11 @@ async fn main() {
                 "max running",
                 "commits/job",
                 "WAL B/job",
+                "FPI/1k jobs",
+                "reads/1k jobs",
+                "evictions/1k jobs",
+                "PG CPU µs/job",
+                "worker CPU µs/job",
             ]);
             for (name, run) in &scale_runs {
                 let r = row("", &DEFAULT_CONCURRENCY.to_string(), run);
@@ -215,6 +225,11 @@ async fn main() {
             "max running",
             "commits/job",
             "WAL B/job",
+            "FPI/1k jobs",
+            "reads/1k jobs",
+            "evictions/1k jobs",
+            "PG CPU µs/job",
+            "worker CPU µs/job",
         ]);
         table.row(row(
             &format!("defaults ({} jobs, above)", thousands(headline_n)),
@@ -261,6 +276,11 @@ async fn main() {
             "complete ms/stmt",
             "commits/job",
             "WAL B/job",
+            "FPI/1k jobs",
+            "reads/1k jobs",
+            "evictions/1k jobs",
+            "PG CPU µs/job",
+            "client CPU µs/job",
         ]);
         for batch in [100i64, 1000] {
             for &loops in floor_loops {
@@ -277,17 +297,20 @@ async fn main() {
                     f.complete_ms
                 ));
                 best_floor = best_floor.max(f.drained.rate());
-                table.row(vec![
-                    batch.to_string(),
-                    loops.to_string(),
-                    thousands(f.drained.jobs),
-                    format!("{:.2}", f.drained.secs),
-                    rate(f.drained.rate()),
-                    format!("{:.2}", f.claim_ms),
-                    format!("{:.2}", f.complete_ms),
-                    format!("{:.3}", f.commits as f64 / f.drained.jobs.max(1) as f64),
-                    format!("{:.0}", f.wal_bytes as f64 / f.drained.jobs.max(1) as f64),
-                ]);
+                table.row(
+                    vec![
+                        batch.to_string(),
+                        loops.to_string(),
+                        thousands(f.drained.jobs),
+                        format!("{:.2}", f.drained.secs),
+                        rate(f.drained.rate()),
+                        format!("{:.2}", f.claim_ms),
+                        format!("{:.2}", f.complete_ms),
+                    ]
+                    .into_iter()
+                    .chain(cost_cells(&f.costs, f.drained.jobs))
+                    .collect(),
+                );
             }
         }
         floor_table = Some(table);
@@ -341,7 +364,8 @@ fn pct(x: f64, base: f64) -> f64 {
 fn report(run: &DrainRun) {
     progress(format!(
         "  {} jobs in {:.2} s (db) = {}; wall {:.2} s{}; {:.1} jobs/claim, {:.1} jobs/complete, \
-         at most {} running, {:.3} commits/job, {:.0} WAL B/job; summary {:?}",
+         at most {} running, {:.3} commits/job, {:.0} WAL B/job, Postgres CPU {:.1} µs/job, \
+         worker CPU {:.1} µs/job; summary {:?}",
         thousands(run.drained.jobs),
         run.drained.secs,
         rate(run.drained.rate()),
@@ -350,8 +374,10 @@ fn report(run: &DrainRun) {
         run.drained.jobs as f64 / run.drained.claim_statements.max(1) as f64,
         run.drained.jobs as f64 / run.drained.complete_statements.max(1) as f64,
         thousands(run.max_running),
-        run.per_job(run.commits),
-        run.per_job(run.wal_bytes),
+        run.per_job(run.costs.commits),
+        run.per_job(run.costs.wal_bytes),
+        run.costs.postgres_cpu_secs * 1e6 / run.drained.jobs.max(1) as f64,
+        run.costs.own_cpu_secs * 1e6 / run.drained.jobs.max(1) as f64,
         run.summary
     ));
 }
@@ -368,8 +394,24 @@ fn row(n: &str, c: &str, run: &DrainRun) -> Vec<String> {
         format!("{:.1}", d.jobs as f64 / d.claim_statements.max(1) as f64),
         format!("{:.1}", d.jobs as f64 / d.complete_statements.max(1) as f64),
         thousands(run.max_running),
-        format!("{:.3}", run.per_job(run.commits)),
-        format!("{:.0}", run.per_job(run.wal_bytes)),
+    ]
+    .into_iter()
+    .chain(cost_cells(&run.costs, d.jobs))
+    .collect()
+}
+
+/// The cost columns of a table row: commits, WAL bytes, full-page images, blocks read,
+/// evictions by backends, CPU of Postgres and of the worker (or bare loop), per job.
+fn cost_cells(costs: &Costs, jobs: i64) -> Vec<String> {
+    let per = |x: f64| x / jobs.max(1) as f64;
+    vec![
+        format!("{:.3}", per(costs.commits as f64)),
+        format!("{:.0}", per(costs.wal_bytes as f64)),
+        format!("{:.0}", per(costs.fpi as f64) * 1000.0),
+        format!("{:.0}", per(costs.blocks_read as f64) * 1000.0),
+        format!("{:.0}", per(costs.backend_writes as f64) * 1000.0),
+        format!("{:.1}", per(costs.postgres_cpu_secs) * 1e6),
+        format!("{:.1}", per(costs.own_cpu_secs) * 1e6),
     ]
 }
 
@@ -444,8 +486,7 @@ async fn burst_after_idle(db: &BenchDb, n: i64, idle: Duration, cap: Duration) -
         capped,
         killed: summary.is_none(),
         max_running,
-        commits: after.commits - before.commits,
-        wal_bytes: db.wal_between(&before, &after).await,
+        costs: Costs::between(db, &before, &after).await,
         summary,
     }
 }
@@ -455,8 +496,7 @@ struct Floor {
     drained: Drained,
     claim_ms: f64,
     complete_ms: f64,
-    commits: i64,
-    wal_bytes: i64,
+    costs: Costs,
 }
 
 /// Claims `batch` jobs and completes them, in a loop, on `loops` connections at once,
@@ -504,13 +544,12 @@ async fn floor(db: &BenchDb, batch: i64, loops: usize) -> Floor {
     }
     db.wait_workers_gone().await;
     let after = db.counters().await;
-    let wal_bytes = db.wal_between(&before, &after).await;
+    let costs = Costs::between(db, &before, &after).await;
     let n = f64::from(statements.max(1));
     Floor {
         drained: db.drained_since(0).await,
         claim_ms: claim.as_secs_f64() * 1000.0 / n,
         complete_ms: complete.as_secs_f64() * 1000.0 / n,
-        commits: after.commits - before.commits,
-        wal_bytes,
+        costs,
     }
 }

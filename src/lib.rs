@@ -90,6 +90,27 @@ pub async fn migrate(pool: &sqlx::PgPool) -> Result<i32> {
     db::migrations::migrations_apply(pool).await
 }
 
+/// Checks that the database holds exactly the schema version this build was written
+/// for. Workers call it before they start; so does `skiplock enqueue`, so a job is never
+/// written into a schema that no worker of this build would run.
+///
+/// # Errors
+///
+/// [`Error::SchemaOutdated`] (run [`migrate`]) or [`Error::SchemaTooNew`] (upgrade
+/// skiplock) when the versions differ, [`Error::Database`] if Postgres cannot be reached.
+pub async fn check_schema(pool: &sqlx::PgPool) -> Result<()> {
+    let found = db::migrations::schema_version(pool).await?;
+    let expected = db::migrations::SCHEMA_VERSION_LATEST;
+    match found.cmp(&expected) {
+        std::cmp::Ordering::Less => Err(Error::SchemaOutdated { found, expected }),
+        std::cmp::Ordering::Greater => Err(Error::SchemaTooNew {
+            found,
+            supported: expected,
+        }),
+        std::cmp::Ordering::Equal => Ok(()),
+    }
+}
+
 /// Pauses a queue: workers claim nothing from it until it is resumed; running jobs
 /// finish. Same as `SELECT skiplock.pause_queue(name)`.
 ///

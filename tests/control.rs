@@ -339,6 +339,75 @@ async fn cancelling_a_queued_job_means_it_never_runs() {
     assert_eq!(state_of(pool, id.0).await, JobState::Cancelled);
 }
 
+/// Fault: a transaction holds the next job of a lane, then waits for the lane's head,
+/// while an operator cancels that head (the cancel locks the head, then wants the next job
+/// to promote it): a deadlock, and Postgres picks the cancel as its victim (its
+/// `deadlock_timeout` is the shorter one).
+///
+/// Invariant: the cancel gives way (its locks go, so the other transaction finishes) and
+/// then succeeds on its own: it returns true, the head is cancelled and the next job is
+/// promoted. No caller sees "deadlock detected".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancel_chosen_as_deadlock_victim_retries_and_succeeds() {
+    let db = test_db().await;
+    let pool = &db.pool;
+    let lane = EnqueueOptions::new().ordering_key("lane");
+    let ids = skiplock::enqueue_many(pool, &[Record { n: 1 }, Record { n: 2 }], lane)
+        .await
+        .unwrap();
+    let (head, next) = (ids[0], ids[1]);
+    assert_eq!(state_of(pool, next.0).await, JobState::Waiting);
+
+    let mut holder = pool.begin().await.unwrap();
+    sqlx::query("SET LOCAL deadlock_timeout = '60s'")
+        .execute(&mut *holder)
+        .await
+        .unwrap();
+    sqlx::query("SELECT 1 FROM skiplock.jobs WHERE id = $1 FOR UPDATE")
+        .bind(next.0)
+        .execute(&mut *holder)
+        .await
+        .unwrap();
+
+    let mut canceller = pool.acquire().await.unwrap().detach();
+    sqlx::query("SET deadlock_timeout = '300ms'")
+        .execute(&mut canceller)
+        .await
+        .unwrap();
+    let canceller_pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
+        .fetch_one(&mut canceller)
+        .await
+        .unwrap();
+    let cancel = tokio::spawn(async move { skiplock::cancel(&mut canceller, head).await });
+    wait_for(
+        "the cancel to wait for the next job's lock",
+        Duration::from_secs(10),
+        || async {
+            sqlx::query_scalar::<_, bool>(
+            "SELECT coalesce(wait_event_type = 'Lock', false) FROM pg_stat_activity WHERE pid = $1",
+        )
+        .bind(canceller_pid)
+        .fetch_one(pool)
+        .await
+        .unwrap()
+        },
+    )
+    .await;
+
+    // Closes the cycle; returns once the cancel gave its lock on the head up.
+    sqlx::query("SELECT 1 FROM skiplock.jobs WHERE id = $1 FOR UPDATE")
+        .bind(head.0)
+        .execute(&mut *holder)
+        .await
+        .unwrap();
+    holder.commit().await.unwrap();
+
+    let cancelled = cancel.await.unwrap();
+    assert!(cancelled.unwrap(), "the cancel found the job unfinished");
+    assert_eq!(state_of(pool, head.0).await, JobState::Cancelled);
+    assert_eq!(state_of(pool, next.0).await, JobState::Queued);
+}
+
 #[tokio::test]
 async fn cancelling_a_running_job_stops_its_handler_at_once() {
     let db = test_db().await;

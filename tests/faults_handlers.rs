@@ -23,10 +23,11 @@ use skiplock::{EnqueueOptions, JobId, JobState};
 ///
 /// Fault: the misbehaving handlers themselves.
 ///
-/// Invariant: the never-returning and spinning jobs are stopped by their timeout and the
-/// panicking one fails, each exactly 3 times, then goes `dead` with the exact reason; the
-/// blocked thread starves nobody: no claim is ever reaped, so the blocking job and the 4 s
-/// job ran exactly once; the 200 short jobs all succeed once.
+/// Invariant: the never-returning and spinning jobs are stopped by their timeout (3 claims,
+/// 3 failures that say so) and the panicking one fails, each exactly 3 times, then goes
+/// `dead` with the exact reason; the blocked thread starves nobody: no claim is ever
+/// reaped, so the blocking job and the 4 s job ran exactly once; the 200 short jobs all
+/// succeed once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn misbehaving_handlers_are_tried_max_attempts_times_while_the_queue_flows() {
     let db = audited_db().await;
@@ -58,13 +59,35 @@ async fn misbehaving_handlers_are_tried_max_attempts_times_while_the_queue_flows
     drop(worker);
 
     let runs = runs_by_job(pool).await;
+    let log = audit(pool).await;
     for (id, kind) in [(never, "never_return"), (spin, "spin")] {
         let row = skiplock::job(pool, JobId(id)).await.unwrap().unwrap();
         assert_eq!((row.state, row.attempt), (JobState::Dead, 3), "{kind}");
-        assert_eq!(runs[&id].len(), 3, "{kind} ran exactly max_attempts times");
+        let timed_out = format!("timed out after 1s (kind `{kind}`)");
+        assert_eq!(row.last_error.as_deref(), Some(timed_out.as_str()));
+        // Attempts are counted from the database's own record: each claim started one,
+        // and each ended in a failure saying the timeout stopped it. (The handler's
+        // record of its run is its first statement, which a loaded machine may not finish
+        // inside the 1 s timeout, so it bounds the attempts from below only.)
+        let claims = log
+            .iter()
+            .filter(|r| r.job_id == id && r.is_claim())
+            .count();
+        assert_eq!(claims, 3, "{kind} was claimed exactly max_attempts times");
+        let stopped: Vec<_> = log
+            .iter()
+            .filter(|r| r.job_id == id && r.failure)
+            .map(|r| r.last_error.as_deref())
+            .collect();
         assert_eq!(
-            row.last_error.as_deref(),
-            Some(format!("timed out after 1s (kind `{kind}`)").as_str())
+            stopped,
+            vec![Some(timed_out.as_str()); 3],
+            "each attempt of {kind} was stopped by its timeout"
+        );
+        let recorded = runs.get(&id).map_or(0, Vec::len);
+        assert!(
+            (1..=3).contains(&recorded),
+            "{kind} recorded {recorded} runs"
         );
     }
     let row = skiplock::job(pool, JobId(panic)).await.unwrap().unwrap();
@@ -84,7 +107,6 @@ async fn misbehaving_handlers_are_tried_max_attempts_times_while_the_queue_flows
     for id in &short {
         assert_eq!(runs[id].len(), 1, "short job {id} ran once");
     }
-    let log = audit(pool).await;
     check_claim_discipline(&log, false);
     let reaped: Vec<_> = log.iter().filter(|r| r.is_reap()).collect();
     assert!(reaped.is_empty(), "heartbeats kept going: {reaped:?}");

@@ -379,8 +379,9 @@ async fn unreachable_and_wrong_database_urls_fail_with_one_clear_line() {
 /// Input: a database whose skiplock schema is one version older than the binary, then
 /// one that a newer skiplock migrated.
 ///
-/// Invariant: the worker refuses both with the exact versions and what to do; `migrate`
-/// upgrades the older one and refuses the newer one, changing nothing.
+/// Invariant: the worker and `enqueue` refuse both with the exact versions and what to do
+/// (the refused enqueue writes no job); `migrate` upgrades the older one and refuses the
+/// newer one, changing nothing.
 #[tokio::test]
 async fn schemas_older_or_newer_than_the_binary_are_refused_with_the_fix() {
     let db = test_db().await;
@@ -399,6 +400,22 @@ async fn schemas_older_or_newer_than_the_binary_are_refused_with_the_fix() {
             latest - 1
         )
     );
+    let jobs = || async {
+        sqlx::query_scalar::<_, i64>("SELECT count(*) FROM skiplock.jobs")
+            .fetch_one(&db.pool)
+            .await
+            .unwrap()
+    };
+    let run = skiplock(&db.url, &["enqueue", "noop"], &[]).await;
+    assert_eq!(run.code, Some(1), "{run:?}");
+    assert_eq!(
+        run.errors,
+        format!(
+            "error: the database schema is at version {}, this skiplock needs version {latest}; run `skiplock migrate` (or `skiplock::migrate(&pool)`)",
+            latest - 1
+        )
+    );
+    assert_eq!(jobs().await, 0, "the refused enqueue wrote nothing");
     sqlx::query("INSERT INTO skiplock.schema_migrations (version, name) VALUES (99, 'future.sql')")
         .execute(&db.pool)
         .await
@@ -424,4 +441,8 @@ async fn schemas_older_or_newer_than_the_binary_are_refused_with_the_fix() {
     let run = skiplock(&db.url, &["work", "--exit-when-idle"], &[]).await;
     assert_eq!(run.code, Some(1), "{run:?}");
     assert_eq!(run.errors, format!("error: worker failed: {expected}"));
+    let run = skiplock(&db.url, &["enqueue", "noop"], &[]).await;
+    assert_eq!(run.code, Some(1), "{run:?}");
+    assert_eq!(run.errors, format!("error: {expected}"));
+    assert_eq!(jobs().await, 0, "the refused enqueue wrote nothing");
 }

@@ -287,22 +287,35 @@ impl BenchDb {
         ));
     }
 
-    /// Server-wide WAL position and this database's commit count, for per-job costs.
+    /// Server-wide WAL position, full-page images and buffer traffic, this database's
+    /// commits and blocks read, and the CPU time of Postgres and of this process, for
+    /// per-job costs.
     pub async fn counters(&self) -> Counters {
         // Stats are flushed by backends at most once a second while busy, and at exit.
         let mut conn = self.connection().await;
         let _ = sqlx::query("SELECT pg_stat_clear_snapshot()")
             .execute(&mut conn)
             .await;
-        let (lsn, commits): (String, i64) = sqlx::query_as(
-            "SELECT pg_current_wal_lsn()::text, xact_commit
-             FROM pg_stat_database WHERE datname = current_database()",
-        )
-        .fetch_one(&mut conn)
-        .await
-        .expect("counters");
+        let (lsn, commits, blocks_read, fpi, backend_writes): (String, i64, i64, i64, i64) =
+            sqlx::query_as(
+                "SELECT pg_current_wal_lsn()::text, d.xact_commit, d.blks_read, w.wal_fpi,
+                        b.buffers_backend
+                 FROM pg_stat_database d, pg_stat_wal w, pg_stat_bgwriter b
+                 WHERE d.datname = current_database()",
+            )
+            .fetch_one(&mut conn)
+            .await
+            .expect("counters");
         let _ = conn.close().await;
-        Counters { lsn, commits }
+        Counters {
+            lsn,
+            commits,
+            blocks_read,
+            fpi,
+            backend_writes,
+            postgres_cpu_secs: postgres_cpu_secs(),
+            own_cpu_secs: process_cpu_secs("self").unwrap_or(0.0),
+        }
     }
 
     /// WAL bytes between two counter snapshots.
@@ -411,6 +424,108 @@ pub struct Counters {
     pub lsn: String,
     /// `pg_stat_database.xact_commit` of the bench database.
     pub commits: i64,
+    /// `pg_stat_database.blks_read` of the bench database: blocks not found in
+    /// `shared_buffers` (read from the OS page cache or the disk).
+    pub blocks_read: i64,
+    /// `pg_stat_wal.wal_fpi`, server-wide: full-page images (first change of a page after
+    /// a checkpoint).
+    pub fpi: i64,
+    /// `pg_stat_bgwriter.buffers_backend`, server-wide: dirty buffers a backend had to
+    /// write out itself to make room.
+    pub backend_writes: i64,
+    /// CPU seconds (user + system) of every Postgres process, exited backends included.
+    pub postgres_cpu_secs: f64,
+    /// CPU seconds of this bench process (the worker runs in it).
+    pub own_cpu_secs: f64,
+}
+
+/// What happened between two [`Counters`] snapshots, per job.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Costs {
+    pub commits: i64,
+    pub wal_bytes: i64,
+    pub blocks_read: i64,
+    pub fpi: i64,
+    pub backend_writes: i64,
+    pub postgres_cpu_secs: f64,
+    pub own_cpu_secs: f64,
+}
+
+impl Costs {
+    /// The difference between two snapshots (WAL bytes are computed by the server).
+    pub async fn between(db: &BenchDb, before: &Counters, after: &Counters) -> Self {
+        Self {
+            commits: after.commits - before.commits,
+            wal_bytes: db.wal_between(before, after).await,
+            blocks_read: after.blocks_read - before.blocks_read,
+            fpi: after.fpi - before.fpi,
+            backend_writes: after.backend_writes - before.backend_writes,
+            postgres_cpu_secs: after.postgres_cpu_secs - before.postgres_cpu_secs,
+            own_cpu_secs: after.own_cpu_secs - before.own_cpu_secs,
+        }
+    }
+}
+
+/// Clock ticks per second in `/proc/<pid>/stat` (`USER_HZ`, 100 on Linux).
+const USER_HZ: f64 = 100.0;
+
+/// CPU seconds of a process from `/proc/<pid>/stat`: its own user and system time, plus
+/// (with `children`) that of the children it has waited for.
+fn proc_stat_cpu_secs(pid: &str, children: bool) -> Option<(String, i64, f64)> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // `pid (comm) state ppid …`; comm may hold spaces, so split after the last ')'.
+    let open = stat.find('(')?;
+    let close = stat.rfind(')')?;
+    let comm = stat[open + 1..close].to_owned();
+    let fields: Vec<&str> = stat[close + 2..].split_whitespace().collect();
+    // Fields after comm, 0-based: 1 ppid, 11 utime, 12 stime, 13 cutime, 14 cstime.
+    let ppid = fields.get(1)?.parse().ok()?;
+    let tick = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|v| v.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    let mut ticks = tick(11) + tick(12);
+    if children {
+        ticks += tick(13) + tick(14);
+    }
+    Some((comm, ppid, ticks / USER_HZ))
+}
+
+/// CPU seconds of one process (`"self"` or a pid).
+pub fn process_cpu_secs(pid: &str) -> Option<f64> {
+    proc_stat_cpu_secs(pid, false).map(|(_, _, secs)| secs)
+}
+
+/// CPU seconds of the local Postgres server: every live `postgres` process, plus the
+/// postmaster's reaped children (backends that exited count in full, so a connection
+/// closed between two snapshots is not lost). 0 when the server is not on this machine.
+pub fn postgres_cpu_secs() -> f64 {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return 0.0;
+    };
+    let mut processes = Vec::new();
+    for entry in dir.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if !name.bytes().all(|b| b.is_ascii_digit()) {
+            continue;
+        }
+        if let Some((comm, ppid, _)) = proc_stat_cpu_secs(&name, false)
+            && comm == "postgres"
+        {
+            processes.push((name.parse::<i64>().unwrap_or(0), ppid, name));
+        }
+    }
+    let pids: std::collections::HashSet<i64> = processes.iter().map(|p| p.0).collect();
+    processes
+        .iter()
+        .map(|(_, ppid, name)| {
+            // The postmaster is the one postgres process whose parent is not postgres.
+            let postmaster = !pids.contains(ppid);
+            proc_stat_cpu_secs(name, postmaster).map_or(0.0, |(_, _, secs)| secs)
+        })
+        .sum()
 }
 
 /// What a drain did, measured in the database.
@@ -447,8 +562,7 @@ pub struct DrainRun {
     /// Most rows seen `running` at once (sampled every second): claims the worker held,
     /// buffered, running or waiting for their completion write.
     pub max_running: i64,
-    pub commits: i64,
-    pub wal_bytes: i64,
+    pub costs: Costs,
     /// `None` when the worker was killed.
     pub summary: Option<WorkerSummary>,
 }
@@ -659,7 +773,7 @@ pub async fn drain_noop(db: &BenchDb, cfg: DrainCfg) -> DrainRun {
     }
     db.wait_workers_gone().await;
     let after = db.counters().await;
-    let wal_bytes = db.wal_between(&before, &after).await;
+    let costs = Costs::between(db, &before, &after).await;
     let drained = db.drained_since(cfg.after_id).await;
     DrainRun {
         drained,
@@ -667,8 +781,7 @@ pub async fn drain_noop(db: &BenchDb, cfg: DrainCfg) -> DrainRun {
         capped: worker.capped,
         killed: summary.is_none(),
         max_running,
-        commits: after.commits - before.commits,
-        wal_bytes,
+        costs,
         summary,
     }
 }

@@ -16,7 +16,7 @@
 //! They update by id, not by the `ctid` the lock returned: a row updated after the
 //! statement's snapshot (a heartbeat that committed while we waited for its lock) has a
 //! new version the update's snapshot cannot see by ctid, and the outcome would be
-//! dropped. The claim alone updates by ctid (see [`jobs_claim_batch`]).
+//! dropped. The claim alone updates by ctid (see `skiplock.claim_batch`, migration 0006).
 //!
 //! The statements that finish or release claims lock their rows in id order (the claim
 //! list is sorted by id first): locking in one global order means two of them touching
@@ -224,12 +224,15 @@ async fn jobs_insert_each(
     Ok(rows.into_iter().map(|(_, id)| JobId(id)).collect())
 }
 
-/// Claims up to `limit` runnable jobs of the given queues and kinds, oldest first within
-/// priority, in one statement.
+/// Claims up to `limit` runnable jobs of the given queues and kinds, in claim order
+/// (priority, then `scheduled_at`, then id), in one statement.
 ///
-/// The CTE picks rows with `FOR UPDATE SKIP LOCKED`, so concurrent claimers never wait on
-/// each other and never pick the same row; the `UPDATE` stamps each picked row with its own
-/// fresh `claim_token`, the claimant and the database's `now()` as first heartbeat.
+/// It calls `skiplock.claim_batch` (migration 0006, where the statement and its reasons
+/// are): rows are picked with `FOR UPDATE SKIP LOCKED`, so concurrent claimers never wait
+/// on each other and never pick the same row, and each is stamped with its own fresh
+/// `claim_token`, the claimant and the database's `now()` as first heartbeat. The function
+/// fixes the plan to an ordered walk of the claim index, so the claim stays O(limit) even
+/// when the table's statistics are stale.
 pub async fn jobs_claim_batch(
     db: impl PgExecutor<'_>,
     queues: &[String],
@@ -237,42 +240,9 @@ pub async fn jobs_claim_batch(
     limit: i64,
     claimed_by: &str,
 ) -> sqlx::Result<Vec<ClaimedJob>> {
-    // Besides due, queued, of our queues and kinds, a job must be in a queue that is not
-    // paused: `NOT IN (subquery)` becomes a hashed subplan, built once per statement and
-    // probed in memory per row (`queue <> ALL (ARRAY(...))` made the planner expect one row
-    // and pay ~400 ms for JIT; `NOT EXISTS` cost an index probe per row). Lane
-    // backlogs wait in `waiting`, so only lane heads get here; the guard below skips a head
-    // whose lane still has a running job (after a manual retry), which the unique index
-    // jobs_ordering_key_running_idx would otherwise refuse.
-    //
-    // The update finds the locked rows by ctid (a TID scan, no second index descent per
-    // row: 2.5x faster on a table of 1,000,000 rows), so the result is sorted again into
-    // claim order. A row changed after our snapshot but before our lock (claimed,
-    // released and queued again meanwhile) has a new version this snapshot cannot see by
-    // ctid; it is then not claimed and stays queued for the next claim, which is harmless.
     sqlx::query_as(
-        "WITH picked AS (
-             SELECT ctid FROM skiplock.jobs j
-             WHERE state = 'queued' AND scheduled_at <= now()
-               AND queue = ANY($1) AND kind = ANY($2)
-               AND queue NOT IN (SELECT name FROM skiplock.queues WHERE paused)
-               AND (ordering_key IS NULL OR NOT EXISTS (
-                   SELECT 1 FROM skiplock.jobs h
-                   WHERE h.ordering_key = j.ordering_key AND h.state = 'running'
-               ))
-         ORDER BY priority, scheduled_at, id
-             LIMIT $3
-             FOR UPDATE SKIP LOCKED
-         ), claimed AS (
-             UPDATE skiplock.jobs j
-             SET state = 'running', claim_token = gen_random_uuid(), claimed_by = $4,
-                 claimed_at = now(), heartbeat_at = now(), attempt = j.attempt + 1
-             WHERE j.ctid = ANY(ARRAY(SELECT ctid FROM picked))
-             RETURNING j.id, j.queue, j.kind, j.args, j.attempt, j.max_attempts, j.claim_token,
-                       j.priority, j.scheduled_at
-         )
-         SELECT id, queue, kind, args, attempt, max_attempts, claim_token FROM claimed
-         ORDER BY priority, scheduled_at, id",
+        "SELECT id, queue, kind, args, attempt, max_attempts, claim_token
+         FROM skiplock.claim_batch($1, $2, $3, $4)",
     )
     .bind(queues)
     .bind(kinds)

@@ -42,6 +42,11 @@ const MIGRATIONS: &[Migration] = &[
         name: "0005_claim_path.sql",
         sql: include_str!("../../migrations/0005_claim_path.sql"),
     },
+    Migration {
+        version: 6,
+        name: "0006_claim_function.sql",
+        sql: include_str!("../../migrations/0006_claim_function.sql"),
+    },
 ];
 
 /// The schema version this build of skiplock expects.

@@ -34,7 +34,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::cron::CronSchedule;
-use crate::db;
+
 use crate::error::{Error, Result};
 use crate::job::{DataMap, Job, QUEUE_DEFAULT};
 use crate::maintenance::{cron, dependencies, pruner, reaper};
@@ -601,7 +601,7 @@ impl Worker {
     /// not match this build, [`Error::Database`] if the database cannot be reached at start.
     pub async fn run(self) -> Result<WorkerSummary> {
         let shared = self.shared;
-        check_schema(&shared.pool).await?;
+        crate::check_schema(&shared.pool).await?;
         let config = &shared.config;
         tracing::info!(
             worker_id = %config.worker_id,
@@ -699,20 +699,6 @@ impl Worker {
         };
         tracing::info!(worker_id = %config.worker_id, ?summary, "worker stopped");
         Ok(summary)
-    }
-}
-
-/// Refuses to run against a schema this build does not match.
-async fn check_schema(pool: &PgPool) -> Result<()> {
-    let found = db::migrations::schema_version(pool).await?;
-    let expected = db::migrations::SCHEMA_VERSION_LATEST;
-    match found.cmp(&expected) {
-        std::cmp::Ordering::Less => Err(Error::SchemaOutdated { found, expected }),
-        std::cmp::Ordering::Greater => Err(Error::SchemaTooNew {
-            found,
-            supported: expected,
-        }),
-        std::cmp::Ordering::Equal => Ok(()),
     }
 }
 

@@ -32,10 +32,10 @@ pub async fn run(pool: &PgPool, args: CancelArgs) -> anyhow::Result<()> {
     .await
 }
 
-/// Cancels one job, retrying a transient failure a few times. Cancelling locks the job and
-/// then its lane or dependants, so under heavy completion traffic Postgres may pick it as
-/// a deadlock victim; nothing was written then, and trying again is safe (a retry after a
-/// lost reply finds the job cancelled already and says so).
+/// Cancels one job, retrying a transient failure (a dropped connection, a server restart)
+/// a few times. `skiplock.cancel_job` already retries on its own when Postgres picks it as
+/// a deadlock victim; nothing was written by a failed attempt, and trying again is safe (a
+/// retry after a lost reply finds the job cancelled already and says so).
 async fn cancel_retrying(pool: &PgPool, id: skiplock::JobId) -> skiplock::Result<bool> {
     let mut failures = 0u32;
     loop {

@@ -122,6 +122,7 @@ impl EnqueueArgs {
 }
 
 pub async fn run(pool: &PgPool, args: EnqueueArgs) -> anyhow::Result<()> {
+    skiplock::check_schema(pool).await?;
     if let Some(path) = args.file.clone() {
         return enqueue_file(pool, &args, &path).await;
     }

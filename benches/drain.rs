@@ -15,7 +15,11 @@
 //! `claimed_at` to the last `finished_at`. Each statement has its own `now()`, so the
 //! number of distinct timestamps is the number of claim and complete statements. Commits
 //! come from `pg_stat_database` of the bench's own database; WAL bytes from
-//! `pg_current_wal_lsn()`, which is server-wide (other databases' writes count too).
+//! `pg_current_wal_lsn()`, which is server-wide (other databases' writes count too), as are
+//! full-page images (`pg_stat_wal`) and backend evictions (`pg_stat_bgwriter`). CPU per job
+//! is read from `/proc`: every Postgres process (exited backends through the postmaster's
+//! reaped-children times) and this process, where the worker runs. On a machine with steal
+//! time, CPU per job is steadier than a rate.
 //!
 //! `cargo bench --bench drain -- --quick` (or `SKIPLOCK_BENCH_QUICK=1`); `--only
 //! headline,floor` runs some sections: `matrix`, `headline` (with the prefetch tuning),

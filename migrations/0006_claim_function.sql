@@ -10,10 +10,13 @@
 -- migration, or ANALYZE between two bursts, and never refreshed when autovacuum is off or
 -- has not come round yet) made the planner expect one row, and the plain statement then
 -- sorted every queued row on each claim: 165 ms instead of 10 ms for 1,000 jobs out of
--- 200,000 queued, with the sort spilling to disk. Inside the function a sort or a bitmap
--- scan is not an option for the pick (the index scan is the only ordered path left), and
--- JIT is off, as the cost those two settings add would otherwise trigger it on every call.
--- PL/pgSQL caches the plan per connection, so a call costs no planning.
+-- 200,000 queued, with the sort spilling to disk. The same statistics let a cached plan
+-- check a lane head's running sibling with a sequential scan of the whole table. Inside
+-- the function sorts, bitmap scans and sequential scans are priced out, so the pick walks
+-- the claim index (the only ordered path left) and the lane check probes
+-- jobs_ordering_key_running_idx; JIT is off, as the cost those settings add would
+-- otherwise trigger it on every call. PL/pgSQL caches the plan per connection, so a call
+-- costs no planning.
 --
 -- How it picks: FOR UPDATE SKIP LOCKED, so concurrent claimers never wait on each other
 -- and never pick the same row. A paused queue is skipped with NOT IN (a hashed subplan,
@@ -32,6 +35,7 @@ RETURNS TABLE (id bigint, queue text, kind text, args jsonb, attempt int, max_at
 LANGUAGE plpgsql
 SET enable_sort = off
 SET enable_bitmapscan = off
+SET enable_seqscan = off
 SET jit = off
 AS $$
 BEGIN

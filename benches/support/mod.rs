@@ -1,6 +1,7 @@
 //! Shared support for the benchmarks: a fresh database per bench, machine facts, progress
-//! lines, database-side counters (WAL, commits), the preload statements, a drain runner that
-//! measures in the database, and a table printer.
+//! lines, server-side counters (WAL, full-page images, commits, blocks read, backend
+//! evictions, CPU time of Postgres and of the bench process), the preload statements, a
+//! drain runner that measures in the database, and a table printer.
 //!
 //! The benchmarks print numbers; none of them asserts anything, and none runs as a test.
 //! Every bench creates its own database on the server in `DATABASE_URL` (default

@@ -76,35 +76,13 @@ COMMENT ON FUNCTION skiplock.claim_batch(text[], text[], bigint, text) IS
 -- body runs in a subtransaction, so its row locks go too), which lets the other side
 -- finish, and tries again: at most three attempts, then the error reaches the caller.
 -- This works inside the caller's transaction as well, which a client-side retry cannot.
--- cancel_job_once is 0002's cancel_job unchanged, under a new name (migrations are
--- forward-only, so the old text stays where it was applied).
-CREATE FUNCTION skiplock.cancel_job_once(job_id bigint) RETURNS boolean
-LANGUAGE plpgsql AS $$
-DECLARE
-    previous skiplock.job_state;
-BEGIN
-    SELECT state INTO previous FROM skiplock.jobs WHERE id = job_id FOR UPDATE;
-    IF previous IS NULL OR previous NOT IN ('waiting', 'queued', 'running') THEN
-        RETURN false;
-    END IF;
-    UPDATE skiplock.jobs
-    SET state = 'cancelled', finished_at = now(), claim_token = NULL, heartbeat_at = NULL,
-        last_error = coalesce(last_error, 'cancelled by operator')
-    WHERE id = job_id;
-    IF previous = 'running' THEN
-        PERFORM pg_notify('skiplock_cancel', job_id::text);
-    END IF;
-    PERFORM skiplock.settle_dependants(ARRAY[job_id]);
-    PERFORM skiplock.advance_lanes(ARRAY(
-        SELECT ordering_key FROM skiplock.jobs WHERE id = job_id AND ordering_key IS NOT NULL));
-    RETURN true;
-END;
-$$;
+-- The body stays as 0002 wrote it, renamed to cancel_job_once; the new cancel_job wraps it.
+ALTER FUNCTION skiplock.cancel_job(bigint) RENAME TO cancel_job_once;
 
 COMMENT ON FUNCTION skiplock.cancel_job_once(bigint) IS
     'One attempt of skiplock.cancel_job, without the deadlock retry; call cancel_job instead.';
 
-CREATE OR REPLACE FUNCTION skiplock.cancel_job(job_id bigint) RETURNS boolean
+CREATE FUNCTION skiplock.cancel_job(job_id bigint) RETURNS boolean
 LANGUAGE plpgsql AS $$
 DECLARE
     attempts int := 0;

@@ -34,7 +34,6 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::cron::CronSchedule;
-
 use crate::error::{Error, Result};
 use crate::job::{DataMap, Job, QUEUE_DEFAULT};
 use crate::maintenance::{cron, dependencies, pruner, reaper};

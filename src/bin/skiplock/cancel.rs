@@ -3,7 +3,7 @@
 use clap::Args;
 use sqlx::PgPool;
 
-use crate::output::for_each_job;
+use crate::output::{Done, for_each_job};
 
 pub const EXAMPLES: &str = "\
 Examples:
@@ -25,7 +25,7 @@ pub async fn run(pool: &PgPool, args: CancelArgs) -> anyhow::Result<()> {
     for_each_job(
         pool,
         &args.ids,
-        "cancelled",
+        Done::Fixed("cancelled"),
         |id| cancel_retrying(pool, id),
         |id, state| format!("job {id} already finished ({state}); nothing to cancel"),
     )

@@ -24,6 +24,14 @@ impl fmt::Display for Reported {
 
 impl std::error::Error for Reported {}
 
+/// What `skiplock retry` or `skiplock cancel` prints after a job changed.
+pub enum Done {
+    /// The same words for every job: `job ID {words}`.
+    Fixed(&'static str),
+    /// Words chosen from the job as the change left it (its row, read afterwards).
+    ByRow(fn(&JobRow) -> String),
+}
+
 /// Applies `act` to each job in turn (`skiplock retry`, `skiplock cancel`), printing
 /// `job ID {done}` for each that changed and an `error:` line for each that did not: a
 /// missing job, or one whose state `refusal` explains. Fails, after trying them all, if
@@ -31,7 +39,7 @@ impl std::error::Error for Reported {}
 pub async fn for_each_job<F, Fut>(
     pool: &PgPool,
     ids: &[i64],
-    done: &str,
+    done: Done,
     act: F,
     refusal: fn(JobId, JobState) -> String,
 ) -> anyhow::Result<()>
@@ -44,7 +52,14 @@ where
         let id = JobId(id);
         let problem = match act(id).await {
             Ok(true) => {
-                println!("job {id} {done}");
+                let words = match &done {
+                    Done::Fixed(words) => (*words).to_owned(),
+                    Done::ByRow(describe) => match skiplock::job(pool, id).await? {
+                        Some(row) => describe(&row),
+                        None => "changed, and is gone since".to_owned(),
+                    },
+                };
+                println!("job {id} {words}");
                 continue;
             }
             Ok(false) => match jobs_get_state(pool, id).await? {

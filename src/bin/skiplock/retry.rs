@@ -4,10 +4,10 @@ use anyhow::Context;
 use clap::Args;
 use serde_json::json;
 use skiplock::db::admin::jobs_retry_dead;
-use skiplock::{JobId, JobState};
+use skiplock::{JobId, JobRow, JobState};
 use sqlx::PgPool;
 
-use crate::output::{for_each_job, print_json};
+use crate::output::{Done, for_each_job, print_json};
 
 pub const EXAMPLES: &str = "\
 Examples:
@@ -47,7 +47,7 @@ pub async fn run(pool: &PgPool, args: RetryArgs) -> anyhow::Result<()> {
         return for_each_job(
             pool,
             &args.ids,
-            "queued to run now",
+            Done::ByRow(retried),
             |id| skiplock::retry(pool, id),
             refusal,
         )
@@ -70,6 +70,23 @@ pub async fn run(pool: &PgPool, args: RetryArgs) -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+/// What became of a retried job: queued, back behind its lane or parents, or superseded
+/// by a pending job that took its unique key meanwhile.
+fn retried(row: &JobRow) -> String {
+    match row.state {
+        JobState::Queued => "queued to run now".to_owned(),
+        JobState::Waiting => {
+            "waits for its turn (its lane's older jobs, or its parent jobs, come first)".to_owned()
+        }
+        _ => format!(
+            "not requeued: {}",
+            row.last_error
+                .as_deref()
+                .unwrap_or("it changed state meanwhile")
+        ),
+    }
 }
 
 fn refusal(id: JobId, state: JobState) -> String {

@@ -1,0 +1,286 @@
+//! The invariants of "no single row stops the queue" (README, Guarantees), each checked on
+//! rows written by hand as an operator or another language would write them.
+
+mod cli_support;
+mod common;
+
+use std::time::Duration;
+
+use cli_support::skiplock;
+use common::fixtures::{Recorder, fast_worker, state_of, wait_for};
+use common::test_db;
+use serde_json::json;
+use skiplock::{EnqueueOptions, JobState, NewJob, UniquePolicy};
+use sqlx::PgPool;
+
+/// Longest wait for a worker to settle what the database holds.
+const PATIENCE: Duration = Duration::from_secs(30);
+
+/// A `record` job with unique key `k` (policy skip).
+fn keyed(n: u32) -> NewJob {
+    NewJob::new("record", json!({ "n": n }))
+        .with_options(EnqueueOptions::default().unique_key("k", UniquePolicy::Skip))
+}
+
+async fn insert(pool: &PgPool, sql: &'static str) -> i64 {
+    sqlx::query_scalar(sql).fetch_one(pool).await.unwrap()
+}
+
+/// Rows no API would write, side by side: an attempt at the `int` maximum, an `errors`
+/// value that is not a list, a lane whose three jobs were all set `queued` by hand, a job
+/// `waiting` for nothing, args that do not decode, a kind no worker knows. Every runnable
+/// job runs (the lane's in id order, one at a time), and none of them stops the others.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rows_written_by_hand_never_stop_the_others() {
+    let db = test_db().await;
+    let pool = &db.pool;
+    let overflow = insert(
+        pool,
+        "INSERT INTO skiplock.jobs (kind, args, attempt, max_attempts)
+         VALUES ('record', '{\"n\": 1}', 2147483647, 2147483647) RETURNING id",
+    )
+    .await;
+    let odd_errors = insert(
+        pool,
+        "INSERT INTO skiplock.jobs (kind, args, errors)
+         VALUES ('flaky', '{\"fail_until\": 1}', '{\"not\": \"a list\"}') RETURNING id",
+    )
+    .await;
+    let lane: Vec<i64> = sqlx::query_scalar(
+        "INSERT INTO skiplock.jobs (kind, args, ordering_key)
+         SELECT 'record', jsonb_build_object('n', i), 'h' FROM generate_series(1, 3) i
+         RETURNING id",
+    )
+    .fetch_all(pool)
+    .await
+    .unwrap();
+    sqlx::query("UPDATE skiplock.jobs SET state = 'queued' WHERE ordering_key = 'h'")
+        .execute(pool)
+        .await
+        .unwrap();
+    let waiting_for_nothing = insert(
+        pool,
+        "INSERT INTO skiplock.jobs (kind, args, state)
+         VALUES ('record', '{\"n\": 2}', 'waiting') RETURNING id",
+    )
+    .await;
+    let undecodable = insert(
+        pool,
+        "INSERT INTO skiplock.jobs (kind, args) VALUES ('record', '{\"n\": \"x\"}') RETURNING id",
+    )
+    .await;
+    let unknown = insert(
+        pool,
+        "INSERT INTO skiplock.jobs (kind, args) VALUES ('nobody', '{}') RETURNING id",
+    )
+    .await;
+
+    let recorder = Recorder::default();
+    let worker = fast_worker(pool, &recorder).build().unwrap();
+    let stop = worker.shutdown_handle();
+    let run = tokio::spawn(worker.run());
+    let mut succeeded = vec![overflow, odd_errors, waiting_for_nothing];
+    succeeded.extend(&lane);
+    for &id in &succeeded {
+        wait_for(&format!("job {id} to succeed"), PATIENCE, || async move {
+            state_of(pool, id).await == JobState::Succeeded
+        })
+        .await;
+    }
+    wait_for("the undecodable job to die", PATIENCE, || async {
+        state_of(pool, undecodable).await == JobState::Dead
+    })
+    .await;
+    stop.shutdown();
+    let summary = tokio::time::timeout(PATIENCE, run)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert_eq!(summary.lost, 0, "{summary:?}");
+    assert_eq!(state_of(pool, unknown).await, JobState::Queued);
+    let runs = recorder.runs();
+    assert_eq!(
+        runs[&overflow],
+        vec![i32::MAX],
+        "the attempt stays at the maximum"
+    );
+    assert_eq!(runs[&odd_errors], vec![1, 2]);
+    let errors: serde_json::Value =
+        sqlx::query_scalar("SELECT errors FROM skiplock.jobs WHERE id = $1")
+            .bind(odd_errors)
+            .fetch_one(pool)
+            .await
+            .unwrap();
+    assert!(
+        errors.as_array().is_some_and(|e| e.len() == 2),
+        "the odd value is kept and the failure appended: {errors}"
+    );
+    // The lane ran one job at a time, in id order.
+    let spans: Vec<(
+        i64,
+        chrono::DateTime<chrono::Utc>,
+        chrono::DateTime<chrono::Utc>,
+    )> = sqlx::query_as(
+        "SELECT id, claimed_at, finished_at FROM skiplock.jobs
+             WHERE ordering_key = 'h' ORDER BY claimed_at",
+    )
+    .fetch_all(pool)
+    .await
+    .unwrap();
+    assert_eq!(spans.iter().map(|s| s.0).collect::<Vec<_>>(), lane);
+    for pair in spans.windows(2) {
+        assert!(pair[0].2 <= pair[1].1, "lane h overlapped: {spans:?}");
+    }
+}
+
+/// A plain `INSERT` with a pending job's unique key follows the key's policy, as
+/// `skiplock.enqueue` does: skip leaves the pending job alone, replace gives it the new
+/// args, merge appends them; no second pending row appears.
+#[tokio::test]
+async fn a_plain_insert_with_a_pending_unique_key_follows_its_policy() {
+    let db = test_db().await;
+    let pool = &db.pool;
+    let first = insert(
+        pool,
+        "INSERT INTO skiplock.jobs (kind, args, unique_key, unique_policy)
+         VALUES ('record', '{\"n\": 1}', 'u', 'merge') RETURNING id",
+    )
+    .await;
+    for (args, policy) in [
+        (r#"{"n": 2}"#, "skip"),
+        (r#"{"n": 3}"#, "merge"),
+        (r#"{"n": 4}"#, "merge"),
+    ] {
+        let inserted = sqlx::query(
+            "INSERT INTO skiplock.jobs (kind, args, unique_key, unique_policy)
+             VALUES ('record', $1::jsonb, 'u', $2)",
+        )
+        .bind(args)
+        .bind(policy)
+        .execute(pool)
+        .await
+        .unwrap();
+        assert_eq!(inserted.rows_affected(), 0, "no second pending job");
+    }
+    let args: serde_json::Value =
+        sqlx::query_scalar("SELECT args FROM skiplock.jobs WHERE unique_key = 'u'")
+            .fetch_one(pool)
+            .await
+            .unwrap();
+    assert_eq!(args, json!([{"n": 1}, {"n": 3}, {"n": 4}]));
+    let via_function: i64 =
+        sqlx::query_scalar("SELECT skiplock.enqueue('record', '{\"n\": 5}', unique_key => 'u')")
+            .fetch_one(pool)
+            .await
+            .unwrap();
+    assert_eq!(via_function, first, "enqueue returns the pending job's id");
+}
+
+/// Inside REPEATABLE READ, a unique key taken by a job the snapshot cannot see is refused
+/// with a serialization failure (SQLSTATE 40001), which skiplock counts as transient: the
+/// caller retries the transaction, and the retry finds the pending job.
+#[tokio::test]
+async fn a_unique_key_taken_after_a_repeatable_read_snapshot_is_a_serialization_failure() {
+    let db = test_db().await;
+    let mut late = db.pool.begin().await.unwrap();
+    sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+        .execute(&mut *late)
+        .await
+        .unwrap();
+    let _: i64 = sqlx::query_scalar("SELECT count(*) FROM skiplock.jobs")
+        .fetch_one(&mut *late)
+        .await
+        .unwrap();
+    let first = skiplock::enqueue_raw(&db.pool, &[keyed(1)]).await.unwrap()[0];
+    let error = skiplock::enqueue_raw(&mut *late, &[keyed(2)])
+        .await
+        .unwrap_err();
+    assert!(error.is_transient(), "{error}");
+    late.rollback().await.unwrap();
+    let again = skiplock::enqueue_raw(&db.pool, &[keyed(2)]).await.unwrap()[0];
+    assert_eq!(again, first);
+}
+
+/// A dependency row written by hand means what `depends_on` means: the child waits for a
+/// parent that has not succeeded, is cancelled at once for a parent that died, and a
+/// parent cannot be added to a job that already started.
+#[tokio::test]
+async fn a_dependency_row_written_by_hand_makes_the_child_wait() {
+    let db = test_db().await;
+    let pool = &db.pool;
+    let parent = insert(
+        pool,
+        "INSERT INTO skiplock.jobs (kind, scheduled_at) VALUES ('record', now() + interval '1 day')
+         RETURNING id",
+    )
+    .await;
+    let dead = insert(
+        pool,
+        "INSERT INTO skiplock.jobs (kind, state, finished_at) VALUES ('record', 'dead', now())
+         RETURNING id",
+    )
+    .await;
+    let child = insert(
+        pool,
+        "INSERT INTO skiplock.jobs (kind) VALUES ('record') RETURNING id",
+    )
+    .await;
+    let doomed = insert(
+        pool,
+        "INSERT INTO skiplock.jobs (kind) VALUES ('record') RETURNING id",
+    )
+    .await;
+    let started = insert(
+        pool,
+        "INSERT INTO skiplock.jobs (kind, state, finished_at) VALUES ('record', 'succeeded', now())
+         RETURNING id",
+    )
+    .await;
+    let edge = "INSERT INTO skiplock.job_dependencies (job_id, parent_id) VALUES ($1, $2)";
+    for (job, parent) in [(child, parent), (doomed, dead)] {
+        sqlx::query(edge)
+            .bind(job)
+            .bind(parent)
+            .execute(pool)
+            .await
+            .unwrap();
+    }
+    assert_eq!(state_of(pool, child).await, JobState::Waiting);
+    assert_eq!(state_of(pool, doomed).await, JobState::Cancelled);
+    let refused = sqlx::query(edge)
+        .bind(started)
+        .bind(parent)
+        .execute(pool)
+        .await
+        .unwrap_err();
+    assert!(
+        refused.to_string().contains(&format!(
+            "job {started} already started; a dependency on job {parent} must be added before it runs"
+        )),
+        "{refused}"
+    );
+}
+
+/// `skiplock retry` of a dead job whose unique key a pending job took says that the job
+/// was superseded, and by which job, instead of failing or claiming it was queued.
+#[tokio::test]
+async fn the_cli_says_when_a_retry_is_superseded() {
+    let db = test_db().await;
+    let pool = &db.pool;
+    let dead = insert(
+        pool,
+        "INSERT INTO skiplock.jobs (kind, state, finished_at, unique_key)
+         VALUES ('record', 'dead', now(), 'k') RETURNING id",
+    )
+    .await;
+    let pending = skiplock::enqueue_raw(pool, &[keyed(1)]).await.unwrap()[0];
+    assert_eq!(
+        skiplock(&db, &["retry", &dead.to_string()]).await.ok(),
+        format!(
+            "job {dead} not requeued: superseded: pending job {pending} holds unique_key k and runs instead\n"
+        )
+    );
+    assert_eq!(state_of(pool, dead).await, JobState::Cancelled);
+    assert_eq!(state_of(pool, pending.0).await, JobState::Queued);
+}

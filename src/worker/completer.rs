@@ -258,7 +258,8 @@ where
         unsaved: Vec::new(),
         abandoned_to_reaper: Vec::new(),
     };
-    let mut parts = vec![0..ids.len()];
+    let mut parts: Vec<Range<usize>> = Vec::with_capacity(1);
+    parts.push(0..ids.len());
     while let Some(range) = parts.pop() {
         match write(shared, what, || statement(range.clone())).await {
             Ok(rows) => result.saved.extend(rows),

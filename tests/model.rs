@@ -29,7 +29,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use model_support::checks::{Evidence, check_all};
+use model_support::checks::{Evidence, check_all, check_merged};
 use model_support::workers::{Crew, start_pruner};
 use model_support::{Sim, actors, extend_audit, logs};
 
@@ -146,6 +146,7 @@ async fn run_seed(seed: u64, secs: u64) -> Vec<String> {
         violations.push("[drain] the queue did not drain within the limit".into());
     }
     violations.extend(check_all(&evidence));
+    violations.extend(check_merged(&db.pool).await);
 
     let jobs = evidence.events.iter().filter(|e| e.op == "insert").count();
     eprintln!(
@@ -216,6 +217,9 @@ fn report(seed: u64, violations: &[String]) {
         eprintln!("=== seed {seed}: [{category}] x{}", list.len());
         for v in list.iter().take(4) {
             eprintln!("{v}\n");
+        }
+        for v in list.iter().skip(4).take(40) {
+            eprintln!("  {}", v.lines().next().unwrap_or_default());
         }
     }
 }

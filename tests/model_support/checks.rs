@@ -319,6 +319,12 @@ fn check_claim_parents(
             continue;
         }
         let track = tracks.get(&parent).cloned().unwrap_or_default();
+        let born = evidence
+            .events
+            .iter()
+            .find(|e| e.job_id == ev.job_id && e.op == "insert")
+            .map(|e| format!("{} by {}", e.new_state.as_deref().unwrap_or("?"), e.app))
+            .unwrap_or_default();
         let ok = track.last_finished.as_deref() == Some("succeeded") && !track.deleted_unfinished;
         if !ok {
             let deleted = if track.state.is_none() {
@@ -327,8 +333,8 @@ fn check_claim_parents(
                 String::new()
             };
             found.push(format!(
-                "[deps: claimed early] job {} was claimed at seq {} by {:?} while its parent {parent} \
-                 was {} (last finished state {:?}{deleted})\n{}\n{}",
+                "[deps: claimed early] job {} (inserted {born}) was claimed at seq {} by {:?} while its \
+                 parent {parent} was {} (last finished state {:?}{deleted})\n{}\n{}",
                 ev.job_id,
                 ev.seq,
                 ev.new_holder,
@@ -372,10 +378,17 @@ fn check_drained(evidence: &Evidence, tracks: &HashMap<i64, Track>, found: &mut 
                         format!("{p}:{}", t.state.as_deref().unwrap_or("deleted"))
                     })
                     .collect();
+                let lane_mates: Vec<String> = tracks
+                    .iter()
+                    .filter(|(other, t)| **other != job && t.lane.is_some() && t.lane == track.lane)
+                    .filter(|(_, t)| t.state.as_deref().is_some_and(|s| !finished(s)))
+                    .map(|(other, t)| format!("{other}:{}", t.state.as_deref().unwrap_or("?")))
+                    .collect();
                 found.push(format!(
-                    "[drain: unfinished] job {job} is still {state} after the drain (lane {:?}, \
-                     unique key {:?}, parents [{}])\n{}",
+                    "[drain: unfinished] job {job} is still {state} after the drain (lane {:?} with \
+                     unfinished [{}], unique key {:?}, parents [{}])\n{}",
                     track.lane,
+                    lane_mates.join(", "),
                     track.unique,
                     parents.join(", "),
                     evidence.history(job)
@@ -543,4 +556,33 @@ fn check_logs(evidence: &Evidence, found: &mut Vec<String>) {
             defects.len()
         ));
     }
+}
+
+/// A job superseded under policy `merge` had its args folded into the job that holds
+/// its unique key (checked where both rows are still there: the pruner may have taken
+/// them).
+pub async fn check_merged(pool: &PgPool) -> Vec<String> {
+    let rows: Vec<(i64, String, i64, bool)> = sqlx::query_as(
+        "SELECT j.id, j.last_error, p.id,
+                p.args @> CASE WHEN jsonb_typeof(j.args) = 'array' THEN j.args
+                               ELSE jsonb_build_array(j.args) END
+         FROM skiplock.jobs j
+         CROSS JOIN LATERAL regexp_matches(j.last_error, '([0-9]+)', 'g') AS m(n)
+         JOIN skiplock.jobs p ON p.id = m.n[1]::bigint AND p.id <> j.id
+                             AND p.unique_key = j.unique_key
+         WHERE j.state = 'cancelled' AND j.unique_policy = 'merge'
+           AND j.last_error LIKE '%superseded%'",
+    )
+    .fetch_all(pool)
+    .await
+    .expect("read superseded merge jobs");
+    rows.into_iter()
+        .filter(|(_, _, _, folded)| !folded)
+        .map(|(job, error, holder, _)| {
+            format!(
+                "[unique: merge not folded] job {job} ({error:?}) was superseded under policy merge \
+                 but its args are not in job {holder}'s"
+            )
+        })
+        .collect()
 }

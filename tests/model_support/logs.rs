@@ -7,9 +7,22 @@ use std::sync::{Mutex, Once};
 static LINES: Mutex<Vec<String>> = Mutex::new(Vec::new());
 static INSTALL: Once = Once::new();
 
-/// Installs the capturing subscriber once per test process.
+/// Installs the capturing subscriber once per test process, and a panic hook that keeps
+/// the handlers' planned panics (caught by the worker) out of the test's output.
 pub fn install() {
     INSTALL.call_once(|| {
+        let default_hook = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            let payload = info.payload();
+            let message = payload
+                .downcast_ref::<String>()
+                .map(String::as_str)
+                .or_else(|| payload.downcast_ref::<&str>().copied())
+                .unwrap_or_default();
+            if !message.starts_with("model: planned panic") {
+                default_hook(info);
+            }
+        }));
         let _ = tracing_subscriber::fmt()
             .with_env_filter(tracing_subscriber::EnvFilter::new("skiplock=warn"))
             .with_ansi(false)

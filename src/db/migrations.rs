@@ -47,6 +47,11 @@ const MIGRATIONS: &[Migration] = &[
         name: "0006_claim_function.sql",
         sql: include_str!("../../migrations/0006_claim_function.sql"),
     },
+    Migration {
+        version: 7,
+        name: "0007_row_isolation.sql",
+        sql: include_str!("../../migrations/0007_row_isolation.sql"),
+    },
 ];
 
 /// The schema version this build of skiplock expects.

@@ -34,9 +34,9 @@ use model_support::workers::{Crew, start_pruner};
 use model_support::{Sim, actors, extend_audit, logs};
 
 /// Seeds run by default: the whole test stays within about two minutes on 2 cores.
-const SEEDS_DEFAULT: [u64; 3] = [1, 2, 3];
+const SEEDS_DEFAULT: [u64; 4] = [1, 2, 3, 4];
 /// Seconds of fault phase per seed by default.
-const SECS_DEFAULT: u64 = 10;
+const SECS_DEFAULT: u64 = 14;
 /// Longest the drain may take before the leftovers are reported.
 const DRAIN_LIMIT: Duration = Duration::from_secs(60);
 /// The drain gives up once nothing changed (no job moved) for this long.
@@ -150,11 +150,12 @@ async fn run_seed(seed: u64, secs: u64) -> Vec<String> {
 
     let jobs = evidence.events.iter().filter(|e| e.op == "insert").count();
     eprintln!(
-        "model: seed {seed}: {jobs} jobs, {} audit rows, {} model runs, {:.1} s; operations {:?}",
+        "model: seed {seed}: {jobs} jobs, {} audit rows, {} model runs, {:.1} s\n  operations {:?}\n  paths {:?}",
         evidence.events.len(),
         evidence.runs.len(),
         begun.elapsed().as_secs_f64(),
-        sim.counts()
+        sim.counts(),
+        coverage(&evidence)
     );
     report(seed, &violations);
     violations
@@ -199,6 +200,39 @@ async fn drain(sim: &Sim, pool: &sqlx::PgPool) -> bool {
         .expect("bring retries forward");
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+}
+
+/// How often the run went through the paths the invariants are about, from the audit.
+fn coverage(evidence: &Evidence) -> BTreeMap<&'static str, usize> {
+    let mut paths = BTreeMap::new();
+    let lanes: std::collections::HashSet<i64> = evidence
+        .events
+        .iter()
+        .filter(|e| e.ordering_key.is_some())
+        .map(|e| e.job_id)
+        .collect();
+    let children: std::collections::HashSet<i64> =
+        evidence.deps.iter().map(|&(_, child, _)| child).collect();
+    for e in &evidence.events {
+        let (old, new) = (e.old_state.as_deref(), e.new_state.as_deref());
+        let error = e.last_error.as_deref().unwrap_or_default();
+        let path = match (e.op.as_str(), old, new) {
+            ("update", Some("queued"), Some("running")) if lanes.contains(&e.job_id) => "claim of a lane job",
+            ("update", Some("queued"), Some("running")) if children.contains(&e.job_id) => "claim of a child",
+            ("update", Some("running"), Some(_)) if error.starts_with("no heartbeat") && e.failure => "reap",
+            ("update", Some("running"), Some("queued")) if e.old_attempt != e.new_attempt => "release",
+            ("update", Some("running"), Some("queued")) => "retry after failure",
+            ("update", Some("running"), Some("dead")) => "dead",
+            (_, _, Some("cancelled")) if error.contains("superseded") => "superseded",
+            (_, _, Some("cancelled")) if error.contains("parent") => "cancelled for a parent",
+            ("update", Some("succeeded" | "dead" | "cancelled"), Some("queued" | "waiting")) => "reopened by hand",
+            ("delete", Some("succeeded" | "dead" | "cancelled"), _) => "pruned",
+            ("delete", _, _) => "deleted unfinished",
+            _ => continue,
+        };
+        *paths.entry(path).or_default() += 1;
+    }
+    paths
 }
 
 /// Prints each category's count and its first few violations.

@@ -286,6 +286,8 @@ pub async fn operate_cli(sim: &Sim) {
         let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_skiplock"))
             .args([command, &id.to_string()])
             .env("DATABASE_URL", &sim.url)
+            // libpq's variable, which sqlx honours too: the audit's `app` says "model-cli".
+            .env("PGAPPNAME", "model-cli")
             .env("NO_COLOR", "1")
             .env_remove("RUST_LOG")
             .output()

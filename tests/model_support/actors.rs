@@ -55,12 +55,13 @@ pub fn random_spec(sim: &Sim, rng: &mut fastrand::Rng, via: &str) -> Spec {
     match rng.u8(0..100) {
         0..35 => spec.lane = Some(LANES[rng.usize(..LANES.len())]),
         // Merged args are arrays, which only `model` decodes.
-        35..55 if kind == "model" => {
+        35..60 if kind == "model" => {
             let policy = [UniquePolicy::Skip, UniquePolicy::Replace, UniquePolicy::Merge]
                 [rng.usize(..3)];
             spec.unique = Some((UNIQUE_KEYS[rng.usize(..UNIQUE_KEYS.len())], policy));
+            spec.args["flaky"] = json!(true);
         }
-        55..75 => {
+        60..78 => {
             let n = rng.usize(1..=2);
             spec.parents = sim.pick_known(rng, 30, n);
         }
@@ -170,10 +171,14 @@ pub async fn enqueue_insert(sim: &Sim, pool: PgPool) {
         let explicit_waiting = rng.bool();
         let result = insert_plain(&pool, &spec, explicit_waiting).await;
         match result {
-            Ok(id) => {
+            Ok(Some(id)) => {
                 sim.count("enqueue insert");
                 sim.remember([id]);
             }
+            // The insert trigger folded the row into the pending job holding its unique
+            // key (skip, replace or merge), as `skiplock.enqueue` would: no new row.
+            Ok(None) if spec.unique.is_some() => sim.count("enqueue insert: folded into pending job"),
+            Ok(None) => sim.violation(format!("[enqueue] plain INSERT of {spec:?} inserted no row")),
             Err(e) if parent_gone(&e.to_string()) => sim.count("enqueue insert: parent gone"),
             // A plain INSERT that hits a pending job's unique key may be refused (the
             // contract allows "a clear error").
@@ -185,10 +190,15 @@ pub async fn enqueue_insert(sim: &Sim, pool: PgPool) {
     }
 }
 
-async fn insert_plain(pool: &PgPool, spec: &Spec, explicit_waiting: bool) -> sqlx::Result<i64> {
+/// The new job's id; `None` when the insert stored no row (a unique key's conflict).
+async fn insert_plain(
+    pool: &PgPool,
+    spec: &Spec,
+    explicit_waiting: bool,
+) -> sqlx::Result<Option<i64>> {
     let mut tx = pool.begin().await?;
     let waiting = !spec.parents.is_empty() && explicit_waiting;
-    let id: i64 = sqlx::query_scalar(
+    let id: Option<i64> = sqlx::query_scalar(
         "INSERT INTO skiplock.jobs (kind, args, queue, priority, scheduled_at, max_attempts,
                                     ordering_key, unique_key, unique_policy, state)
          VALUES ($1, $2, $3, $4, now() + $5 * interval '1 millisecond', $6, $7, $8, $9,
@@ -205,8 +215,12 @@ async fn insert_plain(pool: &PgPool, spec: &Spec, explicit_waiting: bool) -> sql
     .bind(spec.unique.map(|(key, _)| key))
     .bind(spec.unique.map(|(_, policy)| policy.as_str()))
     .bind(waiting)
-    .fetch_one(&mut *tx)
+    .fetch_optional(&mut *tx)
     .await?;
+    let Some(id) = id else {
+        tx.commit().await?;
+        return Ok(None);
+    };
     if !spec.parents.is_empty() {
         sqlx::query(
             "INSERT INTO skiplock.job_dependencies (job_id, parent_id)
@@ -218,7 +232,7 @@ async fn insert_plain(pool: &PgPool, spec: &Spec, explicit_waiting: bool) -> sql
         .await?;
     }
     tx.commit().await?;
-    Ok(id)
+    Ok(Some(id))
 }
 
 /// The operator over SQL: `retry_job`, `cancel_job`, now and then `retry_dead_jobs` and

@@ -176,8 +176,12 @@ fn refused(error: sqlx::Error) -> Error {
     }
 }
 
-/// Default largest encoded `args` accepted by enqueue, in bytes (1 MiB). Big payloads
-/// belong in your own tables or object storage, with the job carrying a reference.
+/// Default largest encoded `args` accepted by enqueue, in bytes (1 MiB), measured as
+/// Postgres prints jsonb (`args::text`: compact JSON with a space after each `:` and `,`).
+/// Big payloads belong in your own tables or object storage, with the job carrying a
+/// reference. The database enforces the same default on every path (plain `INSERT`,
+/// `skiplock.enqueue`), configurable there with the setting `skiplock.args_max_bytes`;
+/// raising `SKIPLOCK_ARGS_MAX_BYTES` past it needs that setting raised too.
 pub const ARGS_MAX_BYTES_DEFAULT: usize = 1024 * 1024;
 
 /// 0 means "not set yet": read `SKIPLOCK_ARGS_MAX_BYTES` or use the default on first use.
@@ -220,16 +224,36 @@ impl std::io::Write for ByteCounter {
     }
 }
 
-/// Checks what the database would otherwise reject with a less helpful message.
-fn validate(job: &NewJob) -> std::result::Result<(), String> {
+/// Size of `args` as Postgres prints jsonb (`args::text`), the measure the database's own
+/// limit uses on every path (`skiplock.args_max_bytes()`, migration 0007): compact JSON
+/// plus the space Postgres writes after each `:` and each `,`.
+pub(crate) fn args_size(args: &serde_json::Value) -> usize {
+    fn separators(value: &serde_json::Value) -> usize {
+        match value {
+            serde_json::Value::Object(map) => {
+                map.len()
+                    + map.len().saturating_sub(1)
+                    + map.values().map(separators).sum::<usize>()
+            }
+            serde_json::Value::Array(items) => {
+                items.len().saturating_sub(1) + items.iter().map(separators).sum::<usize>()
+            }
+            _ => 0,
+        }
+    }
     let mut size = ByteCounter(0);
     // Writing a Value to a counter cannot fail.
-    let _ = serde_json::to_writer(&mut size, &job.args);
+    let _ = serde_json::to_writer(&mut size, args);
+    size.0 + separators(args)
+}
+
+/// Checks what the database would otherwise reject with a less helpful message.
+fn validate(job: &NewJob) -> std::result::Result<(), String> {
+    let size = args_size(&job.args);
     let limit = args_max_bytes();
-    if size.0 > limit {
+    if size > limit {
         return Err(format!(
-            "args are {} bytes, over the limit of {limit} bytes; store large data elsewhere and pass a reference, or raise SKIPLOCK_ARGS_MAX_BYTES",
-            size.0
+            "args are {size} bytes, over the limit of {limit} bytes; store large data elsewhere and pass a reference, or raise SKIPLOCK_ARGS_MAX_BYTES",
         ));
     }
     if job.kind.is_empty() {
@@ -267,4 +291,18 @@ fn validate(job: &NewJob) -> std::result::Result<(), String> {
 /// A duration in whole milliseconds, saturating at `i64::MAX`.
 pub(crate) fn duration_ms(duration: Duration) -> i64 {
     i64::try_from(duration.as_millis()).unwrap_or(i64::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::args_size;
+
+    /// The size is what Postgres prints for the value as jsonb (`args::text`).
+    #[test]
+    fn args_size_counts_the_spaces_postgres_prints() {
+        let args = serde_json::json!({"a": 1, "b": [1, 2], "c": {}, "d": []});
+        let printed = r#"{"a": 1, "b": [1, 2], "c": {}, "d": []}"#;
+        assert_eq!(args_size(&args), printed.len());
+        assert_eq!(args_size(&serde_json::json!("x\n")), r#""x\n""#.len());
+    }
 }

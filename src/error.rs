@@ -78,7 +78,8 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 impl Error {
     /// Whether retrying the same operation later may succeed: lost connections, pool
-    /// timeouts, serialization failures and deadlocks.
+    /// timeouts, serialization failures, deadlocks, a read-only server and a server short
+    /// of resources (SQLSTATE class 53).
     pub fn is_transient(&self) -> bool {
         match self {
             Error::Database(e) => is_transient_sqlx(e),
@@ -118,12 +119,19 @@ pub(crate) fn is_transient_sqlx(e: &sqlx::Error) -> bool {
         | sqlx::Error::Tls(_)
         | sqlx::Error::Protocol(_) => true,
         sqlx::Error::Database(db) => {
+            let code = db.code();
+            let code = code.as_deref().unwrap_or("");
             matches!(
-                db.code().as_deref(),
+                code,
                 // serialization_failure, deadlock_detected, admin/crash shutdown,
-                // cannot_connect_now, lock_not_available, query_canceled.
-                Some("40001" | "40P01" | "57P01" | "57P02" | "57P03" | "55P03" | "57014")
-            ) || db.code().is_some_and(|c| c.starts_with("08"))
+                // cannot_connect_now, lock_not_available, query_canceled,
+                // read_only_sql_transaction (a standby, or a primary mid-failover).
+                "40001" | "40P01" | "57P01" | "57P02" | "57P03" | "55P03" | "57014" | "25006"
+            )
+            // connection_exception, and insufficient_resources (disk full, out of memory,
+            // too many connections): conditions of the server, not of the data.
+            || code.starts_with("08")
+                || code.starts_with("53")
         }
         _ => false,
     }

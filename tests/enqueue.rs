@@ -226,7 +226,7 @@ async fn oversized_args_are_refused_with_the_limit_named() {
         error.to_string(),
         format!(
             "invalid job: args are {} bytes, over the limit of {limit} bytes; store large data elsewhere and pass a reference, or raise SKIPLOCK_ARGS_MAX_BYTES",
-            limit + 11
+            limit + 12
         )
     );
     let count: i64 = sqlx::query_scalar("SELECT count(*) FROM skiplock.jobs")

@@ -327,15 +327,15 @@ async fn claimers_run(pool: &PgPool, seed: u64, claimers: usize, steps: usize) {
                                 .unwrap_or_else(|e| {
                                     panic!("{}", context(&format!("heartbeat: {e}")))
                                 });
-                            let lost: HashSet<i64> = lost.into_iter().collect();
+                            let lost: HashSet<(i64, Uuid)> = lost.into_iter().collect();
                             let mut ledger = ledger.lock().unwrap();
-                            for (id, token) in &held {
-                                if lost.contains(id) {
-                                    ledger.reported_lost.push((*id, *token));
+                            for claim in &held {
+                                if lost.contains(claim) {
+                                    ledger.reported_lost.push(*claim);
                                 }
                             }
                             // A lost claim is gone for good: stop presenting it.
-                            held.retain(|(id, _)| !lost.contains(id));
+                            held.retain(|claim| !lost.contains(claim));
                         }
                         50..=64 => {
                             let part = pick(&mut rng, &mut held);

@@ -122,9 +122,10 @@ async fn payloads_over_the_size_limit_are_refused_exactly_at_the_limit() {
     let db = test_db().await;
     assert_eq!(skiplock::ARGS_MAX_BYTES_DEFAULT, 1024 * 1024);
     let limit = skiplock::args_max_bytes();
-    // {"blob":"…"} is 11 bytes around the string.
-    let at_limit = serde_json::json!({ "blob": "x".repeat(limit - 11) });
-    let over = serde_json::json!({ "blob": "x".repeat(limit - 10) });
+    // {"blob": "…"} (as Postgres prints jsonb, the measure of every path) is 12 bytes
+    // around the string.
+    let at_limit = serde_json::json!({ "blob": "x".repeat(limit - 12) });
+    let over = serde_json::json!({ "blob": "x".repeat(limit - 11) });
     skiplock::enqueue_raw(&db.pool, &[NewJob::new("noop", at_limit)])
         .await
         .expect("a payload at the limit is accepted");
@@ -147,8 +148,8 @@ async fn payloads_over_the_size_limit_are_refused_exactly_at_the_limit() {
     assert_eq!(job_count(&db).await, 1, "nothing of the refused batch");
 
     let env = [("SKIPLOCK_ARGS_MAX_BYTES", "100")];
-    let fits = format!(r#"{{"blob":"{}"}}"#, "x".repeat(89));
-    let too_big = format!(r#"{{"blob":"{}"}}"#, "x".repeat(90));
+    let fits = format!(r#"{{"blob":"{}"}}"#, "x".repeat(88));
+    let too_big = format!(r#"{{"blob":"{}"}}"#, "x".repeat(89));
     let run = skiplock(&db.url, &["enqueue", "noop", &fits], &env).await;
     assert_eq!(run.code, Some(0), "{run:?}");
     let run = skiplock(&db.url, &["enqueue", "noop", &too_big], &env).await;

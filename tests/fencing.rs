@@ -58,7 +58,7 @@ async fn a_reaped_and_reclaimed_job_ignores_its_former_holder() {
 
     // Worker A wakes up: its heartbeat learns the claim is gone, and none of its writes lands.
     let lost = jobs_heartbeat_many(pool, &[id.0], &[old]).await.unwrap();
-    assert_eq!(lost, vec![id.0]);
+    assert_eq!(lost, vec![(id.0, old)]);
     assert!(
         jobs_complete_many(pool, &[id.0], &[old])
             .await

@@ -341,7 +341,7 @@ impl FailBatch {
     ) {
         self.ids.push(id);
         self.tokens.push(token);
-        self.messages.push(message);
+        self.messages.push(sanitize_message(&message));
         self.delays_ms.push(delay_ms);
         self.actions.push(action.as_str());
     }
@@ -349,6 +349,22 @@ impl FailBatch {
     /// Whether the batch holds nothing.
     pub fn is_empty(&self) -> bool {
         self.ids.is_empty()
+    }
+
+    /// Number of failed attempts in the batch.
+    pub fn len(&self) -> usize {
+        self.ids.len()
+    }
+
+    /// The failures at `range`, as a batch of their own.
+    pub fn slice(&self, range: std::ops::Range<usize>) -> FailBatch {
+        FailBatch {
+            ids: self.ids[range.clone()].to_vec(),
+            tokens: self.tokens[range.clone()].to_vec(),
+            messages: self.messages[range.clone()].to_vec(),
+            delays_ms: self.delays_ms[range.clone()].to_vec(),
+            actions: self.actions[range].to_vec(),
+        }
     }
 
     /// The same failures ordered by job id, the order the statement locks rows in.
@@ -363,6 +379,27 @@ impl FailBatch {
             actions: order.iter().map(|&i| self.actions[i]).collect(),
         }
     }
+}
+
+/// Longest error message saved on a job, in bytes; longer ones are cut at a character
+/// boundary and marked. Bounds the row (and `errors`, which keeps 20 of them).
+pub const ERROR_MESSAGE_MAX_BYTES: usize = 8 * 1024;
+
+/// An error message as it can be saved: Postgres `text` cannot hold NUL bytes (a handler's
+/// or a program's output may contain them; the whole batch write used to fail on one), so
+/// they become U+FFFD, and the message is bounded to [`ERROR_MESSAGE_MAX_BYTES`].
+pub fn sanitize_message(message: &str) -> String {
+    let mut clean = message.replace('\0', "\u{FFFD}");
+    if clean.len() > ERROR_MESSAGE_MAX_BYTES {
+        const MARK: &str = "… (truncated)";
+        let mut end = ERROR_MESSAGE_MAX_BYTES - MARK.len();
+        while !clean.is_char_boundary(end) {
+            end -= 1;
+        }
+        clean.truncate(end);
+        clean.push_str(MARK);
+    }
+    clean
 }
 
 /// Claims (job id and token) sorted by job id: the statements that finish claims lock
@@ -458,8 +495,8 @@ pub async fn jobs_release_many(
 }
 
 /// Extends held claims with the database clock, in one statement per worker per
-/// heartbeat interval whatever the number of jobs; returns the ids whose claim is gone
-/// (reaped, cancelled, finished by someone else, deleted).
+/// heartbeat interval whatever the number of jobs; returns the claims (id and token) that
+/// are gone (reaped, cancelled, finished by someone else, deleted).
 ///
 /// Rows locked by another statement (most often this worker's own completer, saving the
 /// job's outcome right now) are skipped rather than waited on: a heartbeat must never
@@ -472,8 +509,8 @@ pub async fn jobs_heartbeat_many(
     db: impl PgExecutor<'_>,
     ids: &[i64],
     tokens: &[Uuid],
-) -> sqlx::Result<Vec<i64>> {
-    sqlx::query_scalar(
+) -> sqlx::Result<Vec<(i64, Uuid)>> {
+    sqlx::query_as(
         "WITH held AS (
              SELECT j.id FROM unnest($1::bigint[], $2::uuid[]) AS c(id, token),
              LATERAL (SELECT id FROM skiplock.jobs j
@@ -483,7 +520,7 @@ pub async fn jobs_heartbeat_many(
              UPDATE skiplock.jobs j SET heartbeat_at = clock_timestamp()
              WHERE j.id = ANY(ARRAY(SELECT id FROM held))
          )
-         SELECT c.id FROM unnest($1::bigint[], $2::uuid[]) AS c(id, token)
+         SELECT c.id, c.token FROM unnest($1::bigint[], $2::uuid[]) AS c(id, token)
          LEFT JOIN LATERAL (SELECT true AS holds FROM skiplock.jobs j
                             WHERE j.id = c.id AND j.claim_token = c.token) h ON true
          WHERE h.holds IS NULL",
@@ -514,16 +551,39 @@ pub struct ReapedJob {
 /// `SKIP LOCKED` lets every worker run this at once: a row being completed right now is
 /// locked by its completer and skipped, and a row completed after our snapshot fails the
 /// re-check of `state = 'running'`, so a finished job is never reset.
+///
+/// A job whose `unique_key` another pending job took meanwhile is superseded, not
+/// requeued (trigger `jobs_before_requeue`, migration 0007): it comes back `cancelled`.
 pub async fn jobs_reap_stale(
     db: impl PgExecutor<'_>,
     stale_after_ms: i64,
     limit: i64,
+) -> sqlx::Result<Vec<ReapedJob>> {
+    jobs_reap_stale_matching(db, stale_after_ms, limit, None).await
+}
+
+/// [`jobs_reap_stale`] for one job only, if its claim is stale: the reaper's way round a
+/// batch that failed on one row.
+pub async fn jobs_reap_stale_one(
+    db: impl PgExecutor<'_>,
+    stale_after_ms: i64,
+    id: i64,
+) -> sqlx::Result<Vec<ReapedJob>> {
+    jobs_reap_stale_matching(db, stale_after_ms, 1, Some(id)).await
+}
+
+async fn jobs_reap_stale_matching(
+    db: impl PgExecutor<'_>,
+    stale_after_ms: i64,
+    limit: i64,
+    only: Option<i64>,
 ) -> sqlx::Result<Vec<ReapedJob>> {
     sqlx::query_as(
         "WITH stale AS (
              SELECT id FROM skiplock.jobs
              WHERE state = 'running'
                AND heartbeat_at < now() - $1 * interval '1 millisecond'
+               AND ($3::bigint IS NULL OR id = $3)
              ORDER BY heartbeat_at
              LIMIT $2
              FOR UPDATE SKIP LOCKED
@@ -548,6 +608,66 @@ pub async fn jobs_reap_stale(
     )
     .bind(stale_after_ms)
     .bind(limit)
+    .bind(only)
+    .fetch_all(db)
+    .await
+}
+
+/// Claims of running jobs whose heartbeat is older than `stale_after_ms`, oldest first,
+/// without taking them: the reaper lists them to reap one at a time when a batch failed.
+pub async fn jobs_list_stale(
+    db: impl PgExecutor<'_>,
+    stale_after_ms: i64,
+    limit: i64,
+) -> sqlx::Result<Vec<(i64, Uuid)>> {
+    sqlx::query_as(
+        "SELECT id, claim_token FROM skiplock.jobs
+         WHERE state = 'running' AND heartbeat_at < now() - $1 * interval '1 millisecond'
+         ORDER BY heartbeat_at
+         LIMIT $2",
+    )
+    .bind(stale_after_ms)
+    .bind(limit)
+    .fetch_all(db)
+    .await
+}
+
+/// The last resort for a claim whose outcome cannot be saved as it is (the statement
+/// fails for this row alone, for a reason no retry will change): the job goes `dead` with
+/// `message` as its last error, its claim ends, and its lane and dependants move on as for
+/// any dead job. Matches the claim token like every claim-holder write. Returns the jobs
+/// whose claim was still valid.
+pub async fn jobs_abandon_many(
+    db: impl PgExecutor<'_>,
+    ids: &[i64],
+    tokens: &[Uuid],
+    message: &str,
+) -> sqlx::Result<Vec<SavedJob>> {
+    let claims = ClaimList::sorted(ids, tokens);
+    let message = sanitize_message(message);
+    sqlx::query_as(
+        "WITH held AS (
+             SELECT j.id FROM unnest($1::bigint[], $2::uuid[]) AS c(id, token),
+             LATERAL (SELECT id FROM skiplock.jobs j
+                      WHERE j.id = c.id AND j.claim_token = c.token
+                      FOR UPDATE) j
+         )
+         UPDATE skiplock.jobs j
+         SET state = 'dead', finished_at = now(), claim_token = NULL, heartbeat_at = NULL,
+             last_error = $3,
+             errors = CASE WHEN jsonb_typeof(j.errors) = 'array'
+                 THEN skiplock.append_error(j.errors, j.attempt, $3)
+                 ELSE jsonb_build_array(jsonb_build_object('attempt', j.attempt, 'at', now(), 'message', $3))
+                 END
+         WHERE j.id = ANY(ARRAY(SELECT id FROM held))
+         RETURNING j.id, j.state,
+                   EXISTS (SELECT 1 FROM skiplock.job_dependencies d WHERE d.parent_id = j.id)
+                       AS has_dependants,
+                   j.ordering_key",
+    )
+    .bind(&claims.ids)
+    .bind(&claims.tokens)
+    .bind(&message)
     .fetch_all(db)
     .await
 }
@@ -579,6 +699,44 @@ pub async fn jobs_prune_finished(
     .execute(db)
     .await?;
     Ok(result.rows_affected())
+}
+
+/// Ids of up to `limit` finished jobs older than their state's retention, as
+/// [`jobs_prune_finished`] would delete them: the pruner's list when a batch failed and it
+/// deletes one job at a time.
+pub async fn jobs_list_prunable(
+    db: impl PgExecutor<'_>,
+    succeeded_ms: i64,
+    cancelled_ms: i64,
+    dead_ms: i64,
+    limit: i64,
+) -> sqlx::Result<Vec<i64>> {
+    sqlx::query_scalar(
+        "SELECT id FROM skiplock.jobs
+         WHERE (state = 'succeeded' AND finished_at <= now() - $1 * interval '1 millisecond')
+            OR (state = 'cancelled' AND finished_at <= now() - $2 * interval '1 millisecond')
+            OR (state = 'dead' AND finished_at <= now() - $3 * interval '1 millisecond')
+         LIMIT $4",
+    )
+    .bind(succeeded_ms)
+    .bind(cancelled_ms)
+    .bind(dead_ms)
+    .bind(limit)
+    .fetch_all(db)
+    .await
+}
+
+/// Deletes one finished job without adding it to the history rollup: the pruner's last
+/// resort for a row whose rollup fails (an `errors` list written by hand that is not what
+/// skiplock writes). Returns whether it was deleted.
+pub async fn jobs_delete_finished_unrolled(db: impl PgExecutor<'_>, id: i64) -> sqlx::Result<bool> {
+    let deleted = sqlx::query(
+        "DELETE FROM skiplock.jobs WHERE id = $1 AND state IN ('succeeded', 'dead', 'cancelled')",
+    )
+    .bind(id)
+    .execute(db)
+    .await?;
+    Ok(deleted.rows_affected() == 1)
 }
 
 /// Whether any job of these queues and kinds is runnable now or running anywhere.

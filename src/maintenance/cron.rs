@@ -14,6 +14,7 @@ use crate::db::cron::{
     CronRow, cron_schedules_enabled, cron_schedules_enqueue_slot, cron_schedules_set_error,
     cron_schedules_skip_to, cron_schedules_upsert, db_now,
 };
+use crate::error::{describe_sqlx, is_transient_sqlx};
 use crate::worker::Shared;
 
 /// Writes the schedules defined in code, then checks for due slots every `interval`.
@@ -42,7 +43,10 @@ pub(crate) async fn schedule(
     }
 }
 
-/// One pass over the enabled schedules.
+/// One pass over the enabled schedules. Each schedule is handled on its own: one that
+/// cannot produce its job (a row written by hand that the jobs table refuses, say with
+/// `max_attempts = 0` or an empty queue) records why in its `last_error` and the pass goes
+/// on with the others.
 async fn tick(shared: &Shared) -> sqlx::Result<()> {
     let schedules = cron_schedules_enabled(&shared.pool).await?;
     if schedules.is_empty() {
@@ -50,21 +54,41 @@ async fn tick(shared: &Shared) -> sqlx::Result<()> {
     }
     let now = db_now(&shared.pool).await?;
     for schedule in schedules {
-        let expression = match CronExpression::parse(&schedule.expression, &schedule.timezone) {
-            Ok(expression) => expression,
-            Err(e) => {
-                if schedule.last_error.as_deref() != Some(&e.to_string()) {
-                    tracing::warn!(schedule = %schedule.name, error = %e, "cron schedule is invalid; skipping it");
-                    cron_schedules_set_error(&shared.pool, &schedule.name, &e.to_string()).await?;
-                }
+        if let Err(e) = run_schedule(shared, &schedule, now).await {
+            if is_transient_sqlx(&e) {
+                tracing::warn!(schedule = %schedule.name, error = %e, "cron schedule failed; will retry");
                 continue;
             }
-        };
-        if let Some(slot) = expression.due_slot(schedule.last_slot_at, now) {
-            run_slot(shared, &schedule, slot, now).await?;
+            record_error(shared, &schedule, &describe_sqlx(&e)).await;
         }
     }
     Ok(())
+}
+
+/// Enqueues the schedule's due slot, if any.
+async fn run_schedule(shared: &Shared, schedule: &CronRow, now: DateTime<Utc>) -> sqlx::Result<()> {
+    let expression = match CronExpression::parse(&schedule.expression, &schedule.timezone) {
+        Ok(expression) => expression,
+        Err(e) => {
+            record_error(shared, schedule, &e.to_string()).await;
+            return Ok(());
+        }
+    };
+    if let Some(slot) = expression.due_slot(schedule.last_slot_at, now) {
+        run_slot(shared, schedule, slot, now).await?;
+    }
+    Ok(())
+}
+
+/// Records on the schedule's row why workers cannot use it (logged once per new reason).
+async fn record_error(shared: &Shared, schedule: &CronRow, error: &str) {
+    if schedule.last_error.as_deref() == Some(error) {
+        return;
+    }
+    tracing::warn!(schedule = %schedule.name, error, "cron schedule cannot produce its job; skipping it");
+    if let Err(e) = cron_schedules_set_error(&shared.pool, &schedule.name, error).await {
+        tracing::warn!(schedule = %schedule.name, error = %e, "could not record the cron schedule's error");
+    }
 }
 
 async fn run_slot(

@@ -2,6 +2,11 @@
 //! locked rows, so it never blocks claims or completions. Each batch is added to the
 //! history rollup (`skiplock.job_history`) in the same statement, so pruning never erases
 //! history; hourly history older than a year is folded into lifetime totals.
+//!
+//! When a batch fails for a reason a retry will not change (one row whose numbers the
+//! rollup cannot read, say an `errors` list written by hand), the pruner deletes the due
+//! jobs one at a time; a job that still cannot be rolled up is deleted without its
+//! history, logged with its id. One row never stops pruning.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -9,10 +14,14 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 use crate::db::history::{
-    HISTORY_RETENTION_DEFAULT, job_history_prune_expired, jobs_prune_finished_rolled_up,
+    HISTORY_RETENTION_DEFAULT, job_history_prune_expired, jobs_delete_rolled_up,
+    jobs_prune_finished_rolled_up,
 };
+use crate::db::jobs::{jobs_delete_finished_unrolled, jobs_list_prunable};
 use crate::enqueue::duration_ms;
-use crate::worker::{Shared, sleep_jittered};
+use crate::error::{describe_sqlx, is_transient_sqlx};
+use crate::job::JobId;
+use crate::worker::{Retention, Shared, sleep_jittered};
 
 /// Rows deleted per statement: small enough that each delete is a short transaction.
 pub(crate) const PRUNE_BATCH: i64 = 1000;
@@ -43,8 +52,13 @@ pub(crate) async fn prune(shared: Arc<Shared>, interval: Duration, stop: Cancell
                         break;
                     }
                 }
-                Err(e) => {
+                Err(e) if is_transient_sqlx(&e) => {
                     tracing::warn!(error = %e, "pruner pass failed; will retry");
+                    break;
+                }
+                Err(e) => {
+                    tracing::warn!(error = %describe_sqlx(&e), "pruning a batch failed; pruning its jobs one at a time");
+                    prune_one_by_one(&shared, retention).await;
                     break;
                 }
             }
@@ -53,6 +67,43 @@ pub(crate) async fn prune(shared: Arc<Shared>, interval: Duration, stop: Cancell
             job_history_prune_expired(&shared.pool, duration_ms(HISTORY_RETENTION_DEFAULT)).await
         {
             tracing::warn!(error = %e, "folding old history failed; will retry");
+        }
+    }
+}
+
+/// Deletes up to one batch of due jobs, each in its own statement.
+async fn prune_one_by_one(shared: &Shared, retention: Retention) {
+    let due = jobs_list_prunable(
+        &shared.pool,
+        duration_ms(retention.succeeded),
+        duration_ms(retention.cancelled),
+        duration_ms(retention.dead),
+        PRUNE_BATCH,
+    )
+    .await;
+    let due = match due {
+        Ok(due) => due,
+        Err(e) => {
+            tracing::warn!(error = %e, "listing prunable jobs failed; will retry");
+            return;
+        }
+    };
+    for id in due {
+        match jobs_delete_rolled_up(&shared.pool, JobId(id)).await {
+            Ok(_) => {}
+            Err(e) if is_transient_sqlx(&e) => {
+                tracing::warn!(job_id = id, error = %e, "pruning a job failed; will retry");
+            }
+            Err(e) => {
+                tracing::error!(
+                    job_id = id,
+                    error = %describe_sqlx(&e),
+                    "cannot add a pruned job to the history; deleting it without its numbers"
+                );
+                if let Err(e) = jobs_delete_finished_unrolled(&shared.pool, id).await {
+                    tracing::error!(job_id = id, error = %describe_sqlx(&e), "could not prune the job");
+                }
+            }
         }
     }
 }

@@ -1,19 +1,27 @@
 //! The reaper: returns `running` jobs whose heartbeat went stale (a crashed, frozen or
 //! cut-off worker) to `queued` with backoff, or to `dead` when their attempts are spent.
+//!
+//! It reaps in batches. When a batch statement fails for a reason a retry will not change
+//! (one row the statement cannot write), it reaps the stale jobs one at a time instead,
+//! and a job that still cannot be reaped goes `dead` with the reason: one row never keeps
+//! the others `running` behind a dead worker.
 
 use std::sync::Arc;
 
 use tokio_util::sync::CancellationToken;
 
-use crate::db::jobs::{jobs_advance_lanes, jobs_reap_stale, jobs_settle_dependants};
+use crate::db::jobs::{
+    ReapedJob, jobs_abandon_many, jobs_advance_lanes, jobs_list_stale, jobs_reap_stale,
+    jobs_reap_stale_one, jobs_settle_dependants,
+};
 use crate::enqueue::duration_ms;
+use crate::error::{describe_sqlx, is_transient_sqlx};
 use crate::job::JobState;
 use crate::worker::{Shared, sleep_jittered};
 
 /// Reaps every `reap_interval` (jittered) until `stop`.
 pub(crate) async fn reap(shared: Arc<Shared>, stop: CancellationToken) {
     let config = &shared.config;
-    let stale_after_ms = duration_ms(config.stale_after);
     let limit = config.batch_max as i64;
     loop {
         tokio::select! {
@@ -21,46 +29,104 @@ pub(crate) async fn reap(shared: Arc<Shared>, stop: CancellationToken) {
             () = sleep_jittered(config.reap_interval) => {}
         }
         loop {
-            match jobs_reap_stale(&shared.pool, stale_after_ms, limit).await {
+            match jobs_reap_stale(&shared.pool, duration_ms(config.stale_after), limit).await {
                 Ok(reaped) => {
-                    for job in &reaped {
-                        tracing::warn!(
-                            job_id = job.id,
-                            holder = job.claimed_by.as_deref().unwrap_or("unknown"),
-                            state = %job.state,
-                            "took back a job whose heartbeat went stale"
-                        );
-                    }
-                    let dead: Vec<i64> = reaped
-                        .iter()
-                        .filter(|job| job.state == JobState::Dead)
-                        .map(|job| job.id)
-                        .collect();
-                    let lanes: Vec<String> = reaped
-                        .iter()
-                        .filter(|job| job.state == JobState::Dead)
-                        .filter_map(|job| job.ordering_key.clone())
-                        .collect();
-                    // On failure the periodic sweep settles them a little later.
-                    if !dead.is_empty()
-                        && let Err(e) = jobs_settle_dependants(&shared.pool, &dead).await
-                    {
-                        tracing::warn!(error = %e, "could not settle dependants of reaped jobs");
-                    }
-                    if !lanes.is_empty()
-                        && let Err(e) = jobs_advance_lanes(&shared.pool, &lanes).await
-                    {
-                        tracing::warn!(error = %e, "could not advance lanes of reaped jobs");
-                    }
+                    follow_up(&shared, &reaped).await;
                     if (reaped.len() as i64) < limit {
                         break;
                     }
                 }
-                Err(e) => {
+                Err(e) if is_transient_sqlx(&e) => {
                     tracing::warn!(error = %e, "reaper pass failed; will retry");
+                    break;
+                }
+                Err(e) => {
+                    tracing::warn!(
+                        error = %describe_sqlx(&e),
+                        "reaping a batch failed; reaping its jobs one at a time"
+                    );
+                    reap_one_by_one(&shared, limit).await;
                     break;
                 }
             }
         }
+    }
+}
+
+/// Reaps up to `limit` stale jobs, each in its own statement; a job whose reap fails for
+/// good goes `dead` with the reason.
+async fn reap_one_by_one(shared: &Shared, limit: i64) {
+    let stale_after_ms = duration_ms(shared.config.stale_after);
+    let stale = match jobs_list_stale(&shared.pool, stale_after_ms, limit).await {
+        Ok(stale) => stale,
+        Err(e) => {
+            tracing::warn!(error = %e, "listing stale jobs failed; will retry");
+            return;
+        }
+    };
+    for (id, token) in stale {
+        match jobs_reap_stale_one(&shared.pool, stale_after_ms, id).await {
+            Ok(reaped) => follow_up(shared, &reaped).await,
+            Err(e) if is_transient_sqlx(&e) => {
+                tracing::warn!(job_id = id, error = %e, "reaping a job failed; will retry");
+            }
+            Err(e) => {
+                let reason = describe_sqlx(&e);
+                tracing::error!(job_id = id, error = %reason, "a stale job cannot be requeued; marking it dead with the reason");
+                let message =
+                    format!("taken back from a stale claim, but could not be requeued: {reason}");
+                match jobs_abandon_many(&shared.pool, &[id], &[token], &message).await {
+                    Ok(saved) => {
+                        let parents: Vec<i64> = saved
+                            .iter()
+                            .filter(|j| j.has_dependants)
+                            .map(|j| j.id)
+                            .collect();
+                        let lanes: Vec<String> = saved
+                            .iter()
+                            .filter_map(|j| j.ordering_key.clone())
+                            .collect();
+                        settle(shared, &parents, &lanes).await;
+                    }
+                    Err(e) => {
+                        tracing::error!(job_id = id, error = %describe_sqlx(&e), "could not mark the stale job dead either")
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Logs what was reaped and moves on the lanes and dependants of jobs that finished
+/// (dead, or cancelled because a pending job took their unique key).
+async fn follow_up(shared: &Shared, reaped: &[ReapedJob]) {
+    for job in reaped {
+        tracing::warn!(
+            job_id = job.id,
+            holder = job.claimed_by.as_deref().unwrap_or("unknown"),
+            state = %job.state,
+            "took back a job whose heartbeat went stale"
+        );
+    }
+    let finished = || reaped.iter().filter(|job| job.state != JobState::Queued);
+    let parents: Vec<i64> = finished().map(|job| job.id).collect();
+    let lanes: Vec<String> = finished()
+        .filter_map(|job| job.ordering_key.clone())
+        .collect();
+    settle(shared, &parents, &lanes).await;
+}
+
+/// Settles dependants and advances lanes; on failure the periodic sweep does it a little
+/// later.
+async fn settle(shared: &Shared, parents: &[i64], lanes: &[String]) {
+    if !parents.is_empty()
+        && let Err(e) = jobs_settle_dependants(&shared.pool, parents).await
+    {
+        tracing::warn!(error = %e, "could not settle dependants of reaped jobs");
+    }
+    if !lanes.is_empty()
+        && let Err(e) = jobs_advance_lanes(&shared.pool, lanes).await
+    {
+        tracing::warn!(error = %e, "could not advance lanes of reaped jobs");
     }
 }

@@ -1,6 +1,12 @@
 //! The claims a worker holds: every job it claimed whose outcome is not yet saved, whether
 //! it waits in the local buffer, runs, or waits for the completer. The heartbeat extends
 //! exactly these.
+//!
+//! A claim is identified by its job id *and* its claim token, never by the id alone: the
+//! same worker can hold a stale claim of a job (an earlier attempt that was reaped or
+//! cancelled and retried, whose outcome is still on its way to the completer) and the live
+//! re-claim of the same job at once. Keyed by id alone, settling the stale one forgot the
+//! live one: its heartbeat stopped and the job was reaped while it ran.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -8,22 +14,24 @@ use std::sync::Mutex;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
+/// One claim: a job id and the fencing token the claim was made with.
+pub(crate) type ClaimKey = (i64, Uuid);
+
 struct HeldClaim {
-    token: Uuid,
     /// Stops the job's handler (lost claim, hard shutdown).
     stop: CancellationToken,
     /// The handler has returned; only the completer's write remains.
     finished: bool,
 }
 
-/// Held claims by job id.
+/// Held claims by (job id, claim token).
 #[derive(Default)]
 pub(crate) struct HeldClaims {
-    inner: Mutex<HashMap<i64, HeldClaim>>,
+    inner: Mutex<HashMap<ClaimKey, HeldClaim>>,
 }
 
 impl HeldClaims {
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<i64, HeldClaim>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<ClaimKey, HeldClaim>> {
         // A panic while holding this lock cannot leave the map half-updated: every
         // critical section is a single map operation.
         self.inner
@@ -32,12 +40,11 @@ impl HeldClaims {
     }
 
     /// Records a new claim and returns the token that stops its handler.
-    pub(crate) fn insert(&self, id: i64, token: Uuid) -> CancellationToken {
+    pub(crate) fn insert(&self, claim: ClaimKey) -> CancellationToken {
         let stop = CancellationToken::new();
         self.lock().insert(
-            id,
+            claim,
             HeldClaim {
-                token,
                 stop: stop.clone(),
                 finished: false,
             },
@@ -45,56 +52,109 @@ impl HeldClaims {
         stop
     }
 
-    /// The token that stops a held job's handler.
-    pub(crate) fn stop_token(&self, id: i64) -> Option<CancellationToken> {
-        self.lock().get(&id).map(|claim| claim.stop.clone())
+    /// The token that stops a held claim's handler.
+    pub(crate) fn stop_token(&self, claim: ClaimKey) -> Option<CancellationToken> {
+        self.lock().get(&claim).map(|held| held.stop.clone())
     }
 
-    /// Notes that a job's handler returned.
-    pub(crate) fn mark_finished(&self, id: i64) {
-        if let Some(claim) = self.lock().get_mut(&id) {
-            claim.finished = true;
+    /// Notes that a claim's handler returned.
+    pub(crate) fn mark_finished(&self, claim: ClaimKey) {
+        if let Some(held) = self.lock().get_mut(&claim) {
+            held.finished = true;
         }
     }
 
     /// Ids and tokens of every held claim, column-wise for the heartbeat statement.
     pub(crate) fn snapshot(&self) -> (Vec<i64>, Vec<Uuid>) {
-        self.lock()
-            .iter()
-            .map(|(id, claim)| (*id, claim.token))
-            .unzip()
+        self.lock().keys().copied().unzip()
     }
 
     /// Forgets claims whose outcome was saved or found stale.
-    pub(crate) fn remove_many(&self, ids: &[i64]) {
+    pub(crate) fn remove_many(&self, claims: &[ClaimKey]) {
         let mut map = self.lock();
-        for id in ids {
-            map.remove(id);
+        for claim in claims {
+            map.remove(claim);
         }
     }
 
     /// Stops the handlers of claims the database no longer honours; returns the ids whose
     /// handler was still running (the others only awaited their completion write).
-    pub(crate) fn stop_lost(&self, ids: &[i64]) -> Vec<i64> {
+    pub(crate) fn stop_lost(&self, claims: &[ClaimKey]) -> Vec<i64> {
         let map = self.lock();
-        ids.iter()
-            .filter_map(|id| {
-                let claim = map.get(id)?;
-                claim.stop.cancel();
-                (!claim.finished).then_some(*id)
+        claims
+            .iter()
+            .filter_map(|claim| {
+                let held = map.get(claim)?;
+                held.stop.cancel();
+                (!held.finished).then_some(claim.0)
+            })
+            .collect()
+    }
+
+    /// Stops the handlers of every claim of job `id` (the job was cancelled: whichever of
+    /// our claims of it is live, the database voided it). Returns the ids whose handler
+    /// was still running.
+    pub(crate) fn stop_job(&self, id: i64) -> Vec<i64> {
+        let map = self.lock();
+        map.iter()
+            .filter(|(claim, _)| claim.0 == id)
+            .filter_map(|(claim, held)| {
+                held.stop.cancel();
+                (!held.finished).then_some(claim.0)
             })
             .collect()
     }
 
     /// Stops every handler (hard shutdown).
     pub(crate) fn stop_all(&self) {
-        for claim in self.lock().values() {
-            claim.stop.cancel();
+        for held in self.lock().values() {
+            held.stop.cancel();
         }
     }
 
     /// Number of held claims.
     pub(crate) fn len(&self) -> usize {
         self.lock().len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A stale claim of a job settled while the same job's re-claim is live must leave the
+    /// live one held (heartbeated, stoppable).
+    #[test]
+    fn settling_a_stale_claim_keeps_the_live_reclaim_of_the_same_job() {
+        let claims = HeldClaims::default();
+        let (stale, live) = ((7, Uuid::new_v4()), (7, Uuid::new_v4()));
+        let stale_stop = claims.insert(stale);
+        let live_stop = claims.insert(live);
+        claims.mark_finished(stale);
+        claims.remove_many(&[stale]);
+        assert_eq!(claims.len(), 1);
+        assert_eq!(claims.snapshot(), (vec![7], vec![live.1]));
+        assert!(!claims.stop_token(live).unwrap().is_cancelled());
+        // A hard stop reaches every handler, the stale attempt's included while it is held.
+        claims.insert(stale);
+        claims.stop_all();
+        assert!(live_stop.is_cancelled());
+        assert!(
+            !stale_stop.is_cancelled(),
+            "the removed claim's token is its own"
+        );
+        assert!(claims.stop_token(stale).unwrap().is_cancelled());
+    }
+
+    /// A heartbeat that finds the stale claim lost stops only that claim's handler.
+    #[test]
+    fn a_lost_stale_claim_does_not_stop_the_live_reclaim() {
+        let claims = HeldClaims::default();
+        let (stale, live) = ((7, Uuid::new_v4()), (7, Uuid::new_v4()));
+        let stale_stop = claims.insert(stale);
+        let live_stop = claims.insert(live);
+        assert_eq!(claims.stop_lost(&[stale]), vec![7]);
+        assert!(stale_stop.is_cancelled());
+        assert!(!live_stop.is_cancelled());
     }
 }

@@ -7,25 +7,32 @@
 //! job is written at once. Each outcome is in exactly one batch, so concurrent writes
 //! never touch the same row.
 //!
-//! Transient database errors are retried until the write succeeds or the worker shuts
-//! down hard; an outcome that cannot be saved leaves its job `running`, and the reaper
-//! returns it to the queue once its heartbeat goes stale. Nothing is lost either way.
+//! Transient database errors (lost connections, deadlocks, serialization failures, class
+//! 53 resource errors, a read-only server during a failover) are retried until the write
+//! succeeds or the worker shuts down hard. A statement refused for good is split in halves
+//! down to single jobs, so the other outcomes of the batch are saved; a job whose own row
+//! still cannot be saved goes `dead` with the database's reason as its last error. Only a
+//! database that stays unreachable through a hard stop leaves jobs `running`, for the
+//! reaper, as a crash would.
 
 use std::collections::HashSet;
 use std::future::Future;
+use std::ops::Range;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use tokio::sync::{Semaphore, mpsc};
 use tokio::task::JoinSet;
+use uuid::Uuid;
 
+use super::claims::ClaimKey;
 use super::executor::{Finished, Outcome};
 use super::{Shared, db_retry_delay};
 use crate::db::jobs::{
-    FailAction, FailBatch, SavedJob, jobs_advance_lanes, jobs_complete_many, jobs_fail_many,
-    jobs_release_many, jobs_settle_dependants,
+    FailAction, FailBatch, SavedJob, jobs_abandon_many, jobs_advance_lanes, jobs_complete_many,
+    jobs_fail_many, jobs_release_many, jobs_settle_dependants,
 };
-use crate::error::is_transient_sqlx;
+use crate::error::{describe_sqlx, is_transient_sqlx};
 use crate::job::{Fate, JobState};
 
 /// Attempts at one write once the worker is shutting down hard.
@@ -84,7 +91,7 @@ async fn save(shared: &Shared, batch: &mut Vec<Finished>) {
     let mut done = (Vec::new(), Vec::new());
     let mut released = (Vec::new(), Vec::new());
     let mut failed = FailBatch::default();
-    let mut settled: Vec<i64> = Vec::with_capacity(batch.len());
+    let mut settled: Vec<ClaimKey> = Vec::with_capacity(batch.len());
     for finished in batch.drain(..) {
         let (id, token) = (finished.id, finished.token);
         match finished.outcome {
@@ -114,65 +121,73 @@ async fn save(shared: &Shared, batch: &mut Vec<Finished>) {
                     job_id = id,
                     "claim lost while running (reaped or cancelled); handler stopped"
                 );
-                settled.push(id);
+                settled.push((id, token));
             }
         }
     }
     let counters = &shared.counters;
-    let mut parents = Vec::new();
-    let mut lanes = Vec::new();
+    let mut follow_up = FollowUp::default();
     if !done.0.is_empty() {
-        let saved = write(shared, "complete", || {
-            jobs_complete_many(&shared.pool, &done.0, &done.1)
+        let (ids, tokens) = (&done.0, &done.1);
+        let saved = write_split(shared, "complete", ids, tokens, |range| {
+            jobs_complete_many(&shared.pool, &ids[range.clone()], &tokens[range])
         })
         .await;
-        let kept = saved.map(|rows| settled_ids(rows, &mut parents, &mut lanes));
         settle(
             shared,
-            &done.0,
-            kept.as_deref(),
+            saved,
+            &mut follow_up,
             &mut settled,
             &counters.succeeded,
-        );
+        )
+        .await;
     }
     if !failed.is_empty() {
-        let saved = write(shared, "fail", || jobs_fail_many(&shared.pool, &failed)).await;
-        let kept = saved.map(|rows| settled_ids(rows, &mut parents, &mut lanes));
+        let saved = write_split(shared, "fail", &failed.ids, &failed.tokens, |range| {
+            let part = failed.slice(range);
+            async move { jobs_fail_many(&shared.pool, &part).await }
+        })
+        .await;
         settle(
             shared,
-            &failed.ids,
-            kept.as_deref(),
+            saved,
+            &mut follow_up,
             &mut settled,
             &counters.failed,
-        );
+        )
+        .await;
     }
     if !released.0.is_empty() {
-        let kept = write(shared, "release", || {
-            jobs_release_many(&shared.pool, &released.0, &released.1)
+        let (ids, tokens) = (&released.0, &released.1);
+        let saved = write_split(shared, "release", ids, tokens, |range| {
+            jobs_release_many(&shared.pool, &ids[range.clone()], &tokens[range])
         })
         .await;
         settle(
             shared,
-            &released.0,
-            kept.as_deref(),
+            saved,
+            &mut follow_up,
             &mut settled,
             &counters.released,
-        );
+        )
+        .await;
     }
-    if !parents.is_empty() {
+    if !follow_up.parents.is_empty() {
         // Jobs waiting on these may run now (or are cancelled). Should this fail, the
         // periodic sweep (maintenance::dependencies) settles them a little later.
-        write(shared, "settle dependants", || {
-            jobs_settle_dependants(&shared.pool, &parents)
+        let parents = &follow_up.parents;
+        let _ = write(shared, "settle dependants", || {
+            jobs_settle_dependants(&shared.pool, parents)
         })
         .await;
     }
-    if !lanes.is_empty() {
+    if !follow_up.lanes.is_empty() {
         // The next job of each lane becomes its head (promotion notifies the workers).
+        let lanes = &mut follow_up.lanes;
         lanes.sort_unstable();
         lanes.dedup();
-        write(shared, "advance lanes", || {
-            jobs_advance_lanes(&shared.pool, &lanes)
+        let _ = write(shared, "advance lanes", || {
+            jobs_advance_lanes(&shared.pool, lanes)
         })
         .await;
     }
@@ -188,50 +203,190 @@ async fn save(shared: &Shared, batch: &mut Vec<Finished>) {
     }
 }
 
-/// Ids of saved jobs; those that finished go to `parents` when jobs depend on them and
-/// to `lanes` when they headed an ordering lane.
-fn settled_ids(rows: Vec<SavedJob>, parents: &mut Vec<i64>, lanes: &mut Vec<String>) -> Vec<i64> {
-    rows.into_iter()
-        .map(|row| {
-            if row.state != JobState::Queued
-                && let Some(key) = row.ordering_key
-            {
-                lanes.push(key);
-            }
-            if row.has_dependants && row.state != JobState::Queued {
-                parents.push(row.id);
-            }
-            row.id
-        })
-        .collect()
+/// What saved outcomes leave to do: dependants to settle, lanes to advance.
+#[derive(Default)]
+struct FollowUp {
+    parents: Vec<i64>,
+    lanes: Vec<String>,
 }
 
-/// Notes which outcomes were saved and warns about claims that had gone stale.
-fn settle(
+impl FollowUp {
+    /// Notes what a saved job's new state sets in motion.
+    fn note(&mut self, row: &SavedJob) {
+        if row.state == JobState::Queued {
+            return;
+        }
+        if let Some(key) = &row.ordering_key {
+            self.lanes.push(key.clone());
+        }
+        if row.has_dependants {
+            self.parents.push(row.id);
+        }
+    }
+}
+
+/// What [`write_split`] made of a list of claims.
+struct SplitWrite<T> {
+    /// The claims written to.
+    claims: Vec<ClaimKey>,
+    /// What the statements returned for them (the claims still valid).
+    saved: Vec<T>,
+    /// Claims whose row could not be saved as asked, each with the reason.
+    unsaved: Vec<(ClaimKey, String)>,
+    /// Claims left held because the database stayed unreachable during a hard stop.
+    abandoned_to_reaper: Vec<ClaimKey>,
+}
+
+/// Writes outcomes for the claims `ids`/`tokens` with `statement(range)`, retrying
+/// transient errors. When a statement fails for good on several claims, each half is
+/// written on its own, down to single claims, so one row that cannot be saved never holds
+/// back the others (a unique key, a byte Postgres refuses, a trigger of the user's).
+async fn write_split<T, F, Fut>(
     shared: &Shared,
+    what: &str,
     ids: &[i64],
-    kept: Option<&[i64]>,
-    settled: &mut Vec<i64>,
+    tokens: &[Uuid],
+    mut statement: F,
+) -> SplitWrite<T>
+where
+    F: FnMut(Range<usize>) -> Fut,
+    Fut: Future<Output = sqlx::Result<Vec<T>>>,
+{
+    let mut result = SplitWrite {
+        claims: ids.iter().copied().zip(tokens.iter().copied()).collect(),
+        saved: Vec::new(),
+        unsaved: Vec::new(),
+        abandoned_to_reaper: Vec::new(),
+    };
+    let mut parts = vec![0..ids.len()];
+    while let Some(range) = parts.pop() {
+        match write(shared, what, || statement(range.clone())).await {
+            Ok(rows) => result.saved.extend(rows),
+            Err(WriteError::GaveUp) => {
+                result
+                    .abandoned_to_reaper
+                    .extend(range.map(|i| (ids[i], tokens[i])));
+            }
+            Err(WriteError::Refused(e)) if range.len() > 1 => {
+                tracing::warn!(
+                    statement = what,
+                    jobs = range.len(),
+                    error = %describe_sqlx(&e),
+                    "saving outcomes failed for the batch; saving its halves separately"
+                );
+                let middle = range.start + range.len() / 2;
+                parts.push(middle..range.end);
+                parts.push(range.start..middle);
+            }
+            Err(WriteError::Refused(e)) => {
+                let i = range.start;
+                result
+                    .unsaved
+                    .push(((ids[i], tokens[i]), describe_sqlx(&e)));
+            }
+        }
+    }
+    result
+}
+
+/// Counts and settles what [`write_split`] did: saved claims are forgotten (their lanes
+/// and dependants noted), claims that were no longer ours are reported, and a row that
+/// could not be saved as asked goes `dead` with the reason, so that nothing stays
+/// `running` behind a finished handler.
+async fn settle<T: Into<SavedOrId>>(
+    shared: &Shared,
+    write: SplitWrite<T>,
+    follow_up: &mut FollowUp,
+    settled: &mut Vec<ClaimKey>,
     counter: &std::sync::atomic::AtomicU64,
 ) {
-    // A failed write leaves the claims held: the job stays `running` until it is reaped.
-    let Some(kept) = kept else { return };
+    let mut kept: HashSet<i64> = HashSet::with_capacity(write.saved.len());
+    for row in write.saved {
+        match row.into() {
+            SavedOrId::Saved(row) => {
+                follow_up.note(&row);
+                kept.insert(row.id);
+            }
+            SavedOrId::Id(id) => {
+                kept.insert(id);
+            }
+        }
+    }
     counter.fetch_add(kept.len() as u64, Ordering::Relaxed);
-    if kept.len() < ids.len() {
-        let kept: HashSet<i64> = kept.iter().copied().collect();
-        for id in ids.iter().filter(|id| !kept.contains(id)) {
-            shared.counters.lost.fetch_add(1, Ordering::Relaxed);
-            tracing::warn!(
+    for (claim, reason) in &write.unsaved {
+        let (id, token) = *claim;
+        tracing::error!(
+            job_id = id,
+            error = %reason,
+            "the job's outcome cannot be saved as it is; marking it dead with the reason"
+        );
+        let message = format!("the outcome of this attempt could not be saved: {reason}");
+        let (ids, tokens) = ([id], [token]);
+        let abandoned = write_split(shared, "mark unsavable", &ids, &tokens, |_| {
+            jobs_abandon_many(&shared.pool, &ids, &tokens, &message)
+        })
+        .await;
+        for row in &abandoned.saved {
+            follow_up.note(row);
+            kept.insert(row.id);
+        }
+        if let Some((_, why)) = abandoned.unsaved.first() {
+            tracing::error!(
                 job_id = id,
-                "outcome discarded: the claim is no longer ours (reaped, cancelled or deleted)"
+                error = %why,
+                "could not mark the job dead either; the reaper will take it back"
             );
         }
     }
-    settled.extend_from_slice(ids);
+    let unsaved: HashSet<ClaimKey> = write.unsaved.iter().map(|(claim, _)| *claim).collect();
+    let left_held: HashSet<ClaimKey> = write.abandoned_to_reaper.iter().copied().collect();
+    for claim in write.claims {
+        if left_held.contains(&claim) {
+            // The database stayed unreachable during a hard stop: the job stays `running`
+            // until the reaper returns it, as with a crash.
+            continue;
+        }
+        if !kept.contains(&claim.0) && !unsaved.contains(&claim) {
+            shared.counters.lost.fetch_add(1, Ordering::Relaxed);
+            tracing::warn!(
+                job_id = claim.0,
+                "outcome discarded: the claim is no longer ours (reaped, cancelled or deleted)"
+            );
+        }
+        // Saved, found stale, or given up on: the heartbeat stops either way (an unsavable
+        // job that could not be marked dead either is left to the reaper).
+        settled.push(claim);
+    }
 }
 
-/// Runs a write, retrying transient errors; `None` if it could not be saved.
-async fn write<T, F, Fut>(shared: &Shared, what: &str, mut statement: F) -> Option<T>
+/// A row a finishing statement returns: a saved job, or just its id (release).
+enum SavedOrId {
+    Saved(SavedJob),
+    Id(i64),
+}
+
+impl From<SavedJob> for SavedOrId {
+    fn from(row: SavedJob) -> Self {
+        SavedOrId::Saved(row)
+    }
+}
+
+impl From<i64> for SavedOrId {
+    fn from(id: i64) -> Self {
+        SavedOrId::Id(id)
+    }
+}
+
+/// Why a write did not happen.
+enum WriteError {
+    /// The database refused it for a reason a retry will not change.
+    Refused(sqlx::Error),
+    /// Transient errors went on during a hard stop; the worker is leaving.
+    GaveUp,
+}
+
+/// Runs a write, retrying transient errors (until the worker shuts down hard).
+async fn write<T, F, Fut>(shared: &Shared, what: &str, mut statement: F) -> Result<T, WriteError>
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = sqlx::Result<T>>,
@@ -239,14 +394,13 @@ where
     let mut failures = 0u32;
     loop {
         match statement().await {
-            Ok(value) => return Some(value),
+            Ok(value) => return Ok(value),
+            Err(e) if !is_transient_sqlx(&e) => return Err(WriteError::Refused(e)),
             Err(e) => {
                 failures += 1;
-                let give_up = !is_transient_sqlx(&e)
-                    || (shared.hard.is_cancelled() && failures >= WRITE_ATTEMPTS_AFTER_HARD_STOP);
-                if give_up {
-                    tracing::error!(statement = what, error = %e, "could not save job outcomes");
-                    return None;
+                if shared.hard.is_cancelled() && failures >= WRITE_ATTEMPTS_AFTER_HARD_STOP {
+                    tracing::error!(statement = what, error = %e, "could not save job outcomes before the hard stop");
+                    return Err(WriteError::GaveUp);
                 }
                 tracing::warn!(statement = what, error = %e, failures, "saving job outcomes failed; retrying");
                 tokio::time::sleep(db_retry_delay(failures)).await;

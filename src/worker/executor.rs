@@ -80,7 +80,7 @@ pub(super) async fn dispatch(
             let id = job.id;
             let token = job.claim_token;
             let outcome = execute(&shared, job).await;
-            shared.claims.mark_finished(id);
+            shared.claims.mark_finished((id, token));
             // The completer outlives every executor, so the send only fails if it crashed.
             let _ = outcomes.send(Finished { id, token, outcome });
             drop(permit);
@@ -164,8 +164,8 @@ fn stop_token(shared: &Shared, job: &ClaimedJob) -> CancellationToken {
     // stop signal even if that ever changes.
     shared
         .claims
-        .stop_token(job.id)
-        .unwrap_or_else(|| shared.claims.insert(job.id, job.claim_token))
+        .stop_token((job.id, job.claim_token))
+        .unwrap_or_else(|| shared.claims.insert((job.id, job.claim_token)))
 }
 
 fn panic_message(panic: &(dyn Any + Send)) -> String {

@@ -44,7 +44,7 @@ pub(super) async fn listen(shared: Arc<Shared>, stop: CancellationToken) {
                     Some(notification) if notification.channel() == CANCEL_CHANNEL => {
                         // The database already voided the claim; stop the handler now.
                         if let Ok(id) = notification.payload().parse::<i64>() {
-                            for id in shared.claims.stop_lost(&[id]) {
+                            for id in shared.claims.stop_job(id) {
                                 tracing::info!(job_id = id, "job cancelled; stopping its handler");
                             }
                         }

@@ -104,7 +104,7 @@ pub(super) async fn produce(
                     .claimed
                     .fetch_add(count as u64, Ordering::Relaxed);
                 for job in jobs {
-                    shared.claims.insert(job.id, job.claim_token);
+                    shared.claims.insert((job.id, job.claim_token));
                     // Room was reserved for this claim before it was sent.
                     if let Err(e) = buffer.try_send(job) {
                         tracing::error!(error = %e, "local buffer refused a claimed job");

@@ -53,13 +53,11 @@ pub async fn job(
     }
     let pool = &state.pool;
     let notice = match action.as_str() {
-        "retry" => match skiplock::retry(pool, JobId(id)).await {
-            Ok(true) => format!("Job {id} is queued to run now."),
-            Ok(false) => format!("Job {id} was not retried: it is running, waiting or gone."),
-            Err(e) if unique_violation(&e) => {
-                format!("Job {id} was not retried: another pending job holds its unique key.")
-            }
-            Err(e) => return Err(e.into()),
+        // A job whose unique key a pending job took meanwhile is superseded by it (the
+        // job page shows which); a job behind its lane or parents waits its turn.
+        "retry" => match skiplock::retry(pool, JobId(id)).await? {
+            true => format!("Job {id} is queued to run now (or waits for its lane or parents)."),
+            false => format!("Job {id} was not retried: it is running, waiting or gone."),
         },
         "cancel" => match skiplock::cancel(pool, JobId(id)).await? {
             true => format!("Job {id} is cancelled."),
@@ -130,15 +128,6 @@ pub async fn queue(
     };
     tracing::info!(%queue, action = %action, %notice, "dashboard action");
     Ok(back(&form.return_to, &notice))
-}
-
-fn unique_violation(error: &skiplock::Error) -> bool {
-    match error {
-        skiplock::Error::Database(sqlx::Error::Database(db)) => {
-            db.code().as_deref() == Some("23505")
-        }
-        _ => false,
-    }
 }
 
 /// 303 to `return_to` (a path of this site) with the notice in the query.

@@ -1,0 +1,979 @@
+//! Regression tests for the defects listed in issue 12. Each test pins the fixed
+//! behaviour; on the code before the fix each one fails (an assertion, or a bounded wait
+//! that runs out because a worker never finishes).
+//!
+//! Issue 12, item 4 (a worker's held claims keyed by job id only) has no test here: making
+//! a worker re-claim a job it still holds under an older token, before the older outcome
+//! is processed, depends on task scheduling inside the worker and cannot be forced from
+//! outside; the fix covers it with a unit test of the worker's claim map instead.
+
+mod common;
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use common::fixtures::{Record, Recorder, count_in_state, fast_worker, state_of, wait_for};
+use common::test_db;
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+use skiplock::{
+    EnqueueOptions, Job, JobContext, JobError, JobState, NewJob, Retention, UniquePolicy, Worker,
+    WorkerBuilder, WorkerSummary,
+};
+use sqlx::PgPool;
+
+/// Longest a worker run may take in these tests. With the fixes each run settles within a
+/// few seconds; before them, several workers never finish (a claim or an outcome write
+/// fails on every try), and this bound turns that into a test failure.
+const RUN_LIMIT: Duration = Duration::from_secs(30);
+
+/// Longest any database condition is awaited.
+const WAIT_LIMIT: Duration = Duration::from_secs(30);
+
+/// Start and end ticks of each run, by job id.
+type Runs = HashMap<i64, Vec<(u64, u64)>>;
+
+/// A global event counter and the (start, end) ticks of each run, by job id.
+#[derive(Default, Clone)]
+struct Timeline {
+    clock: Arc<AtomicU64>,
+    runs: Arc<Mutex<Runs>>,
+}
+
+impl Timeline {
+    fn tick(&self) -> u64 {
+        self.clock.fetch_add(1, Ordering::SeqCst)
+    }
+
+    fn runs(&self) -> Runs {
+        self.runs.lock().unwrap().clone()
+    }
+
+    fn ran(&self, id: i64) -> bool {
+        self.runs.lock().unwrap().contains_key(&id)
+    }
+}
+
+/// Kind `k`, the kind the plain-SQL rows of these tests use. Records its start and end
+/// ticks; it stays busy for 50 ms in between so that two runs that overlap show it (the
+/// pause widens a window, it synchronises nothing).
+#[derive(Serialize, Deserialize, Clone)]
+struct K {}
+
+impl Job for K {
+    const KIND: &'static str = "k";
+
+    async fn run(self, ctx: JobContext) -> Result<(), JobError> {
+        let timeline = ctx.data::<Timeline>().expect("worker was given a Timeline");
+        let start = timeline.tick();
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let end = timeline.tick();
+        timeline
+            .runs
+            .lock()
+            .unwrap()
+            .entry(ctx.id().0)
+            .or_default()
+            .push((start, end));
+        Ok(())
+    }
+}
+
+/// A worker on `pool` running kind `k` with short intervals.
+fn k_worker(pool: &PgPool, timeline: &Timeline) -> WorkerBuilder {
+    Worker::builder(pool.clone())
+        .data(timeline.clone())
+        .register::<K>()
+        .poll_interval(Duration::from_millis(100))
+        .heartbeat(Duration::from_millis(100), Duration::from_secs(3))
+        .reap_interval(Duration::from_millis(100))
+        .prune_interval(None)
+        .cron_interval(None)
+}
+
+/// Runs an `exit_when_idle` worker on `pool` to its end, failing the test if it takes
+/// longer than [`RUN_LIMIT`] (what a worker stuck on a failing claim or outcome write
+/// does); the failure lists the unfinished jobs.
+async fn run_to_idle(pool: &PgPool, builder: WorkerBuilder, what: &str) -> WorkerSummary {
+    let worker = builder.exit_when_idle(true).build().unwrap();
+    match tokio::time::timeout(RUN_LIMIT, worker.run()).await {
+        Ok(summary) => summary.unwrap(),
+        Err(_) => {
+            let unfinished: Vec<(i64, String, JobState)> = sqlx::query_as(
+                "SELECT id, kind, state FROM skiplock.jobs
+                 WHERE state IN ('waiting', 'queued', 'running') ORDER BY id",
+            )
+            .fetch_all(pool)
+            .await
+            .unwrap();
+            panic!(
+                "{what}: the worker did not finish within {RUN_LIMIT:?}; unfinished jobs \
+                 (id, kind, state): {unfinished:?}"
+            )
+        }
+    }
+}
+
+/// Runs a worker in the background until `done` holds (or [`WAIT_LIMIT`] runs out), then
+/// shuts it down and waits for it.
+async fn run_until<F, Fut>(builder: WorkerBuilder, what: &str, done: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let worker = builder.build().unwrap();
+    let stop = worker.shutdown_handle();
+    let running = tokio::spawn(worker.run());
+    wait_for(what, WAIT_LIMIT, done).await;
+    stop.shutdown();
+    tokio::time::timeout(RUN_LIMIT, running)
+        .await
+        .expect("the worker stops after shutdown")
+        .unwrap()
+        .unwrap();
+}
+
+async fn scalar_i64(pool: &PgPool, sql: &'static str) -> i64 {
+    sqlx::query_scalar(sql).fetch_one(pool).await.unwrap()
+}
+
+async fn last_error_of(pool: &PgPool, id: i64) -> Option<String> {
+    sqlx::query_scalar("SELECT last_error FROM skiplock.jobs WHERE id = $1")
+        .bind(id)
+        .fetch_one(pool)
+        .await
+        .unwrap()
+}
+
+async fn running_count(pool: &PgPool) -> i64 {
+    count_in_state(pool, JobState::Running).await
+}
+
+/// The ids `skiplock.claim_batch` hands out for kind `k` in queue `default`, sorted.
+async fn claim_k(pool: &PgPool, max: i64) -> sqlx::Result<Vec<i64>> {
+    let mut ids: Vec<i64> = sqlx::query_scalar(
+        "SELECT id FROM skiplock.claim_batch(ARRAY['default'], ARRAY['k'], $1, 'test-claimer')",
+    )
+    .bind(max)
+    .fetch_all(pool)
+    .await?;
+    ids.sort_unstable();
+    Ok(ids)
+}
+
+/// Finishes a claimed job as a worker's completer would, and moves its lane on.
+async fn complete_by_sql(pool: &PgPool, id: i64) {
+    let lane: Option<String> = sqlx::query_scalar(
+        "UPDATE skiplock.jobs SET state = 'succeeded', finished_at = now(), claim_token = NULL,
+                                  heartbeat_at = NULL
+         WHERE id = $1 AND state = 'running' RETURNING ordering_key",
+    )
+    .bind(id)
+    .fetch_one(pool)
+    .await
+    .unwrap();
+    if let Some(lane) = lane {
+        sqlx::query("SELECT skiplock.advance_lanes(ARRAY[$1])")
+            .bind(lane)
+            .execute(pool)
+            .await
+            .unwrap();
+    }
+}
+
+/// Inserts the plain-SQL lane rows of issue 12 item 1: two jobs of lane `a`, both
+/// `queued` (plain SQL knows nothing of `waiting`), and one job without a lane. Returns
+/// (first lane job, second lane job, lane-less job).
+async fn insert_plain_sql_lane(pool: &PgPool) -> (i64, i64, i64) {
+    let lane: Vec<i64> = sqlx::query_scalar(
+        "INSERT INTO skiplock.jobs (kind, args, ordering_key)
+         VALUES ('k', '{}', 'a'), ('k', '{}', 'a') RETURNING id",
+    )
+    .fetch_all(pool)
+    .await
+    .unwrap();
+    let plain: i64 = sqlx::query_scalar(
+        "INSERT INTO skiplock.jobs (kind, args) VALUES ('k', '{}') RETURNING id",
+    )
+    .fetch_one(pool)
+    .await
+    .unwrap();
+    let (first, second) = (lane[0].min(lane[1]), lane[0].max(lane[1]));
+    (first, second, plain)
+}
+
+// ---------------------------------------------------------------------------------------
+// Item 1: lanes written by plain SQL.
+
+/// Issue 12 item 1: two jobs of one lane inserted by plain SQL are both `queued`; the
+/// claim took both and failed on `jobs_ordering_key_running_idx`, so nothing ever ran.
+/// Fixed: all three jobs succeed, and the lane's jobs run one at a time, in id order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn plain_sql_lane_jobs_run_one_at_a_time_in_id_order() {
+    let db = test_db().await;
+    let (first, second, plain) = insert_plain_sql_lane(&db.pool).await;
+    let timeline = Timeline::default();
+
+    run_to_idle(&db.pool, k_worker(&db.pool, &timeline), "plain-SQL lane").await;
+
+    let runs = timeline.runs();
+    for id in [first, second, plain] {
+        assert_eq!(
+            runs.get(&id).map(Vec::len),
+            Some(1),
+            "job {id} ran exactly once: {runs:?}"
+        );
+        assert_eq!(
+            state_of(&db.pool, id).await,
+            JobState::Succeeded,
+            "job {id}"
+        );
+    }
+    let (a, b) = (runs[&first][0], runs[&second][0]);
+    assert!(
+        a.1 < b.0,
+        "lane a: job {first} (ticks {a:?}) must end before job {second} (ticks {b:?}) starts"
+    );
+}
+
+/// Issue 12 item 1, at the SQL level: `claim_batch` on two `queued` jobs of one lane
+/// raised a duplicate key error on `jobs_ordering_key_running_idx`. Fixed: the insert
+/// stores the second lane job `waiting`, and even when a hand-written UPDATE makes it
+/// `queued` again, the claim returns only the lane's lower-id job and the lane-less job,
+/// and leaves the second lane job queued.
+#[tokio::test]
+async fn claim_batch_takes_only_the_lowest_id_job_of_a_plain_sql_lane() {
+    let db = test_db().await;
+    let (first, second, plain) = insert_plain_sql_lane(&db.pool).await;
+    assert_eq!(state_of(&db.pool, second).await, JobState::Waiting);
+    sqlx::query("UPDATE skiplock.jobs SET state = 'queued' WHERE id = $1")
+        .bind(second)
+        .execute(&db.pool)
+        .await
+        .unwrap();
+
+    let claimed = claim_k(&db.pool, 10)
+        .await
+        .unwrap_or_else(|e| panic!("claim_batch failed: {e}"));
+
+    let mut expected = vec![first, plain];
+    expected.sort_unstable();
+    assert_eq!(
+        claimed, expected,
+        "claimed the lane head and the lane-less job"
+    );
+    assert_eq!(state_of(&db.pool, second).await, JobState::Queued);
+}
+
+/// Issue 12 item 1, the race: two REPEATABLE READ transactions whose snapshots predate
+/// each other's enqueue both see lane `b` empty, so both jobs go in `queued`; a claim then
+/// took both and failed. Fixed: successive claims (completing each job in between) never
+/// hand out two jobs of lane `b` at once, hand them out in id order, and never fail.
+///
+/// A fix may instead refuse the second enqueue with a serialization failure (SQLSTATE
+/// 40001, the usual answer of REPEATABLE READ); that is accepted, and the claims are then
+/// checked on the one job that went in.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn repeatable_read_enqueues_into_one_lane_are_claimed_one_at_a_time() {
+    let db = test_db().await;
+    let mut first = db.pool.begin().await.unwrap();
+    let mut second = db.pool.begin().await.unwrap();
+    for tx in [&mut first, &mut second] {
+        sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+            .execute(&mut **tx)
+            .await
+            .unwrap();
+    }
+    // The first statement of each transaction fixes its snapshot.
+    let _: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
+        .fetch_one(&mut *first)
+        .await
+        .unwrap();
+    let second_pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
+        .fetch_one(&mut *second)
+        .await
+        .unwrap();
+
+    let enqueue = "SELECT skiplock.enqueue('k', '{}', ordering_key => 'b')";
+    let first_id: i64 = sqlx::query_scalar(enqueue)
+        .fetch_one(&mut *first)
+        .await
+        .unwrap();
+    let second_enqueue = tokio::spawn(async move {
+        let result: sqlx::Result<i64> = sqlx::query_scalar(enqueue).fetch_one(&mut *second).await;
+        (second, result)
+    });
+    // The second enqueue waits for the first's lane lock (or, with a fix, may not wait at
+    // all): go on once it is blocked on a lock or has finished.
+    wait_for(
+        "the second enqueue to block on the lane lock or finish",
+        WAIT_LIMIT,
+        || async {
+            second_enqueue.is_finished()
+                || sqlx::query_scalar::<_, bool>(
+                    "SELECT EXISTS (SELECT 1 FROM pg_stat_activity
+                                    WHERE pid = $1 AND wait_event_type = 'Lock')",
+                )
+                .bind(second_pid)
+                .fetch_one(&db.pool)
+                .await
+                .unwrap()
+        },
+    )
+    .await;
+    first.commit().await.unwrap();
+    let (second, result) = second_enqueue.await.unwrap();
+    let mut lane_ids = vec![first_id];
+    match result {
+        Ok(id) => {
+            second.commit().await.unwrap();
+            lane_ids.push(id);
+        }
+        Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some("40001") => {
+            second.rollback().await.unwrap();
+        }
+        Err(e) => panic!("the second enqueue failed: {e}"),
+    }
+    lane_ids.sort_unstable();
+
+    let mut claim_order = Vec::new();
+    for round in 0..10 {
+        let claimed = claim_k(&db.pool, 10)
+            .await
+            .unwrap_or_else(|e| panic!("claim {round} failed: {e}"));
+        assert!(
+            claimed.len() <= 1,
+            "claim {round} handed out {claimed:?}, more than one job of lane b"
+        );
+        let Some(&id) = claimed.first() else { break };
+        claim_order.push(id);
+        complete_by_sql(&db.pool, id).await;
+    }
+    assert_eq!(
+        claim_order, lane_ids,
+        "every lane job claimed once, in id order"
+    );
+}
+
+// ---------------------------------------------------------------------------------------
+// Item 2: an outcome write that fails for one row must not leave the batch running.
+
+/// Ids of the successors that `Supersede` handlers enqueued.
+#[derive(Default, Clone)]
+struct Successors(Arc<Mutex<Vec<i64>>>);
+
+/// Kind `supersede`: enqueues a `successor` job with its own unique key `u` (allowed: the
+/// unique index covers only pending jobs, and this one runs), then fails retryably.
+#[derive(Serialize, Deserialize, Clone)]
+struct Supersede {}
+
+impl Job for Supersede {
+    const KIND: &'static str = "supersede";
+
+    async fn run(self, ctx: JobContext) -> Result<(), JobError> {
+        let successor = NewJob::new(Successor::KIND, json!({}))
+            .with_options(EnqueueOptions::new().unique_key("u", UniquePolicy::Skip));
+        let ids = skiplock::enqueue_raw(ctx.pool(), &[successor])
+            .await
+            .map_err(|e| JobError::permanent(format!("test setup: enqueue failed: {e}")))?;
+        ctx.data::<Successors>()
+            .unwrap()
+            .0
+            .lock()
+            .unwrap()
+            .push(ids[0].0);
+        Err(JobError::retry(
+            "planned failure after enqueueing a successor",
+        ))
+    }
+}
+
+/// Kind `successor`: succeeds.
+#[derive(Serialize, Deserialize, Clone)]
+struct Successor {}
+
+impl Job for Successor {
+    const KIND: &'static str = "successor";
+
+    async fn run(self, _ctx: JobContext) -> Result<(), JobError> {
+        Ok(())
+    }
+}
+
+/// Kind `fails_once`: fails its first attempt, asking to be retried at once (so a worker
+/// with `exit_when_idle` still sees it as runnable), then succeeds.
+#[derive(Serialize, Deserialize, Clone)]
+struct FailsOnce {}
+
+impl Job for FailsOnce {
+    const KIND: &'static str = "fails_once";
+
+    async fn run(self, ctx: JobContext) -> Result<(), JobError> {
+        if ctx.attempt() == 1 {
+            return Err(JobError::retry_after(
+                Duration::ZERO,
+                "planned first failure",
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// A worker running the fixtures' kinds and `FailsOnce` with short intervals.
+fn batch_worker(pool: &PgPool) -> WorkerBuilder {
+    fast_worker(pool, &Recorder::default()).register::<FailsOnce>()
+}
+
+/// Enqueues `n` `Record` jobs and `n` `FailsOnce` jobs, the "other jobs" of the batch
+/// tests, whose outcomes share the completer's batches with the job under test; returns
+/// their ids.
+async fn enqueue_bystanders(pool: &PgPool, n: u32) -> Vec<i64> {
+    let mut ids = Vec::new();
+    for i in 0..n {
+        ids.push(skiplock::enqueue(pool, &Record { n: i }).await.unwrap().0);
+        ids.push(skiplock::enqueue(pool, &FailsOnce {}).await.unwrap().0);
+    }
+    ids
+}
+
+async fn assert_all_succeeded(pool: &PgPool, ids: &[i64]) {
+    for &id in ids {
+        assert_eq!(state_of(pool, id).await, JobState::Succeeded, "job {id}");
+    }
+}
+
+/// Issue 12 item 2(a): a job whose handler enqueued a pending job with its own unique key,
+/// then failed retryably, could not go back to `queued` (the retry hit
+/// `jobs_unique_key_pending_idx`); the whole failure batch errored and the job stayed
+/// `running` (the worker never went idle). Fixed: the failing job ends `cancelled`,
+/// superseded by the pending holder of the key, which runs instead; the other jobs of the
+/// run are unaffected and nothing stays running.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retry_blocked_by_a_pending_unique_key_is_superseded_not_left_running() {
+    let db = test_db().await;
+    let a = skiplock::enqueue_with(
+        &db.pool,
+        &Supersede {},
+        EnqueueOptions::new().unique_key("u", UniquePolicy::Skip),
+    )
+    .await
+    .unwrap()
+    .0;
+    let others = enqueue_bystanders(&db.pool, 5).await;
+    let successors = Successors::default();
+
+    // This worker does not run `successor`, so B is still pending when A's failure is
+    // written, whatever the timing.
+    run_to_idle(
+        &db.pool,
+        batch_worker(&db.pool)
+            .data(successors.clone())
+            .register::<Supersede>(),
+        "worker running A",
+    )
+    .await;
+    let b = *successors
+        .0
+        .lock()
+        .unwrap()
+        .first()
+        .expect("A's handler enqueued B");
+
+    assert_eq!(state_of(&db.pool, a).await, JobState::Cancelled, "job A");
+    let message = last_error_of(&db.pool, a).await.unwrap_or_default();
+    assert!(
+        message.contains("superseded") && message.contains(&b.to_string()),
+        "A's last_error names the job that superseded it ({b}): {message:?}"
+    );
+    assert_all_succeeded(&db.pool, &others).await;
+
+    run_to_idle(
+        &db.pool,
+        fast_worker(&db.pool, &Recorder::default()).register::<Successor>(),
+        "worker running B",
+    )
+    .await;
+    assert_eq!(state_of(&db.pool, b).await, JobState::Succeeded, "job B");
+    assert_eq!(running_count(&db.pool).await, 0, "nothing stays running");
+}
+
+/// Kind `nul_error`: fails with a message holding a NUL byte, which Postgres text cannot
+/// store.
+#[derive(Serialize, Deserialize, Clone)]
+struct NulError {}
+
+impl Job for NulError {
+    const KIND: &'static str = "nul_error";
+    const MAX_ATTEMPTS: i32 = 1;
+
+    async fn run(self, _ctx: JobContext) -> Result<(), JobError> {
+        Err(JobError::retry("bad\0byte"))
+    }
+}
+
+/// Issue 12 item 2(b): a handler error containing a NUL byte made the failure write fail
+/// with "invalid byte sequence for encoding UTF8: 0x00", leaving the job (and every other
+/// job of that batch) `running`. Fixed: the job ends `dead` with a readable last_error
+/// (the NUL replaced), and the other jobs are unaffected.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_nul_byte_in_an_error_message_is_replaced_and_the_job_dies() {
+    let db = test_db().await;
+    let job = skiplock::enqueue(&db.pool, &NulError {}).await.unwrap().0;
+    let others = enqueue_bystanders(&db.pool, 5).await;
+
+    run_to_idle(
+        &db.pool,
+        batch_worker(&db.pool).register::<NulError>(),
+        "NUL in an error message",
+    )
+    .await;
+
+    assert_eq!(state_of(&db.pool, job).await, JobState::Dead);
+    let message = last_error_of(&db.pool, job)
+        .await
+        .expect("last_error is recorded");
+    assert!(
+        message.contains("bad") && !message.contains('\0'),
+        "readable last_error without NUL: {message:?}"
+    );
+    assert_all_succeeded(&db.pool, &others).await;
+    assert_eq!(running_count(&db.pool).await, 0, "nothing stays running");
+}
+
+/// Issue 12 item 2(c): SQLSTATE 53100 (disk full, class 53 "insufficient resources") on a
+/// completion was not retried: the completer gave up and the jobs stayed `running`.
+/// Fixed: the completer treats class 53 as transient, retries, and the jobs succeed.
+///
+/// A trigger raises the error on the first update to `succeeded` only; a sequence counts
+/// the calls, as it is not rolled back with the failed statement.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_one_off_disk_full_error_on_completion_is_retried() {
+    let db = test_db().await;
+    for statement in [
+        "CREATE SEQUENCE public.disk_full_calls",
+        "CREATE FUNCTION public.inject_disk_full() RETURNS trigger LANGUAGE plpgsql AS $$
+         BEGIN
+             IF NEW.state = 'succeeded' AND OLD.state = 'running' THEN
+                 IF nextval('public.disk_full_calls') = 1 THEN
+                     RAISE EXCEPTION 'disk full (injected)' USING ERRCODE = '53100';
+                 END IF;
+             END IF;
+             RETURN NEW;
+         END;
+         $$",
+        "CREATE TRIGGER inject_disk_full BEFORE UPDATE ON skiplock.jobs
+         FOR EACH ROW EXECUTE FUNCTION public.inject_disk_full()",
+    ] {
+        sqlx::query(statement).execute(&db.pool).await.unwrap();
+    }
+    let mut ids = Vec::new();
+    for n in 0..5 {
+        ids.push(skiplock::enqueue(&db.pool, &Record { n }).await.unwrap().0);
+    }
+
+    run_to_idle(
+        &db.pool,
+        fast_worker(&db.pool, &Recorder::default()),
+        "disk full on completion",
+    )
+    .await;
+
+    let injected: bool = sqlx::query_scalar("SELECT is_called FROM public.disk_full_calls")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert!(injected, "the trigger raised the injected error");
+    assert_all_succeeded(&db.pool, &ids).await;
+    assert_eq!(running_count(&db.pool).await, 0, "nothing stays running");
+}
+
+// ---------------------------------------------------------------------------------------
+// Item 3: the reaper with a unique-key conflict.
+
+/// Issue 12 item 3: the reaper returns stale jobs to `queued` in one statement; a stale
+/// job whose unique key is held by a pending job made that statement fail for every row,
+/// so no stale job was ever reaped. Fixed: the unrelated stale job is reaped and runs,
+/// and the conflicting one ends `cancelled`, superseded by the pending holder of its key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_reaper_supersedes_a_stale_job_whose_unique_key_is_pending() {
+    let db = test_db().await;
+    let insert_stale = "INSERT INTO skiplock.jobs
+             (kind, args, state, claim_token, claimed_by, claimed_at, heartbeat_at, attempt,
+              unique_key, unique_policy)
+         VALUES ('k', '{}', 'running', gen_random_uuid(), 'gone', now() - interval '1 hour',
+                 now() - interval '1 hour', 1, $1, CASE WHEN $1 IS NOT NULL THEN 'skip' END)
+         RETURNING id";
+    let a: i64 = sqlx::query_scalar(insert_stale)
+        .bind(Some("r"))
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    let b: i64 = sqlx::query_scalar(
+        "INSERT INTO skiplock.jobs (kind, args, scheduled_at, unique_key, unique_policy)
+         VALUES ('k', '{}', now() + interval '1 day', 'r', 'skip') RETURNING id",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    let c: i64 = sqlx::query_scalar(insert_stale)
+        .bind(None::<&str>)
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+
+    let timeline = Timeline::default();
+    let pool = db.pool.clone();
+    run_until(
+        k_worker(&db.pool, &timeline)
+            .heartbeat(Duration::from_millis(100), Duration::from_millis(500))
+            .reap_interval(Duration::from_millis(100)),
+        "stale job C to be reaped and succeed",
+        || {
+            let pool = pool.clone();
+            async move { state_of(&pool, c).await == JobState::Succeeded }
+        },
+    )
+    .await;
+
+    assert_eq!(state_of(&db.pool, a).await, JobState::Cancelled, "job A");
+    let message = last_error_of(&db.pool, a).await.unwrap_or_default();
+    assert!(
+        message.contains("superseded"),
+        "A's last_error says it was superseded: {message:?}"
+    );
+    assert_eq!(
+        state_of(&db.pool, b).await,
+        JobState::Queued,
+        "job B still pending"
+    );
+}
+
+// ---------------------------------------------------------------------------------------
+// Item 5: dependencies.
+
+/// A job of kind `k` enqueued with `skiplock.enqueue`, runnable now.
+async fn enqueue_now(pool: &PgPool) -> i64 {
+    sqlx::query_scalar("SELECT skiplock.enqueue('k', '{}')")
+        .fetch_one(pool)
+        .await
+        .unwrap()
+}
+
+/// A job of kind `k` enqueued with `skiplock.enqueue`, due only tomorrow.
+async fn enqueue_tomorrow(pool: &PgPool) -> i64 {
+    sqlx::query_scalar(
+        "SELECT skiplock.enqueue('k', '{}', scheduled_at => now() + interval '1 day')",
+    )
+    .fetch_one(pool)
+    .await
+    .unwrap()
+}
+
+/// A job of kind `k` enqueued with `skiplock.enqueue(…, depends_on => parents)`.
+async fn enqueue_child(pool: &PgPool, parents: &[i64]) -> i64 {
+    sqlx::query_scalar("SELECT skiplock.enqueue('k', '{}', depends_on => $1)")
+        .bind(parents)
+        .fetch_one(pool)
+        .await
+        .unwrap()
+}
+
+/// Issue 12 item 5(a): cancelling a parent cancelled its grandchildren through a child
+/// that had already succeeded (the recursion followed every edge, whatever the child's
+/// state). Fixed: the grandchild G, whose parents are the succeeded C and the pending Y,
+/// stays `waiting`.
+#[tokio::test]
+async fn cancelling_a_retried_parent_spares_grandchildren_of_a_succeeded_child() {
+    let db = test_db().await;
+    let pool = &db.pool;
+    let x = enqueue_now(pool).await;
+    let c = enqueue_child(pool, &[x]).await;
+    let y = enqueue_tomorrow(pool).await;
+    let g = enqueue_child(pool, &[c, y]).await;
+
+    for id in [x, c] {
+        sqlx::query(
+            "UPDATE skiplock.jobs SET state = 'succeeded', finished_at = now() WHERE id = $1",
+        )
+        .bind(id)
+        .execute(pool)
+        .await
+        .unwrap();
+        sqlx::query("SELECT skiplock.settle_dependants(ARRAY[$1::bigint])")
+            .bind(id)
+            .execute(pool)
+            .await
+            .unwrap();
+        if id == x {
+            assert_eq!(
+                state_of(pool, c).await,
+                JobState::Queued,
+                "C queued after X"
+            );
+        }
+    }
+    assert_eq!(state_of(pool, g).await, JobState::Waiting, "G waits for Y");
+
+    let retried: bool = sqlx::query_scalar("SELECT skiplock.retry_job($1)")
+        .bind(x)
+        .fetch_one(pool)
+        .await
+        .unwrap();
+    assert!(retried, "X retried");
+    let cancelled: bool = sqlx::query_scalar("SELECT skiplock.cancel_job($1)")
+        .bind(x)
+        .fetch_one(pool)
+        .await
+        .unwrap();
+    assert!(cancelled, "X cancelled");
+
+    assert_eq!(
+        state_of(pool, c).await,
+        JobState::Succeeded,
+        "C keeps its success"
+    );
+    assert_eq!(
+        state_of(pool, g).await,
+        JobState::Waiting,
+        "G still waits (C succeeded, Y pending); last_error: {:?}",
+        last_error_of(pool, g).await
+    );
+}
+
+/// Issue 12 item 5(b): deleting a parent removed the dependency row (ON DELETE CASCADE),
+/// and the sweep then queued the orphaned child as if every parent had succeeded, so it
+/// ran. Fixed: the child never runs and ends `cancelled`, its last_error naming the
+/// deleted parent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_child_of_a_deleted_parent_is_cancelled_not_run() {
+    let db = test_db().await;
+    let pool = &db.pool;
+    let p = enqueue_tomorrow(pool).await;
+    let c = enqueue_child(pool, &[p]).await;
+    assert_eq!(state_of(pool, c).await, JobState::Waiting);
+    sqlx::query("DELETE FROM skiplock.jobs WHERE id = $1")
+        .bind(p)
+        .execute(pool)
+        .await
+        .unwrap();
+
+    let timeline = Timeline::default();
+    let watched = pool.clone();
+    run_until(
+        k_worker(pool, &timeline),
+        "the child of the deleted parent to be settled",
+        || {
+            let pool = watched.clone();
+            async move {
+                !matches!(
+                    state_of(&pool, c).await,
+                    JobState::Waiting | JobState::Queued | JobState::Running
+                )
+            }
+        },
+    )
+    .await;
+
+    assert!(
+        !timeline.ran(c),
+        "C must never run: its parent {p} was deleted"
+    );
+    assert_eq!(state_of(pool, c).await, JobState::Cancelled, "job C");
+    let message = last_error_of(pool, c).await.unwrap_or_default();
+    assert!(
+        message.contains(&p.to_string()),
+        "C's last_error names the deleted parent {p}: {message:?}"
+    );
+}
+
+/// Issue 12 item 5(c): the pruner deleted a dead parent while a child still waited on it
+/// (its settle had not happened yet); the dependency row went with it and the sweep then
+/// queued the child, which ran. Fixed: the child does not run and ends `cancelled`.
+///
+/// The pruner runs every 50 ms and the dependency sweep only every 2 s, so before the fix
+/// the parent is pruned before any sweep could settle the child.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pruning_a_dead_parent_cancels_its_waiting_child() {
+    let db = test_db().await;
+    let pool = &db.pool;
+    let p: i64 = sqlx::query_scalar(
+        "INSERT INTO skiplock.jobs (kind, args, state, attempt, max_attempts, finished_at,
+                                    last_error)
+         VALUES ('k', '{}', 'dead', 1, 1, now() - interval '1 day', 'planned death')
+         RETURNING id",
+    )
+    .fetch_one(pool)
+    .await
+    .unwrap();
+    let c: i64 = sqlx::query_scalar(
+        "INSERT INTO skiplock.jobs (kind, args, state) VALUES ('k', '{}', 'waiting') RETURNING id",
+    )
+    .fetch_one(pool)
+    .await
+    .unwrap();
+    sqlx::query("INSERT INTO skiplock.job_dependencies (job_id, parent_id) VALUES ($1, $2)")
+        .bind(c)
+        .bind(p)
+        .execute(pool)
+        .await
+        .unwrap();
+
+    let timeline = Timeline::default();
+    let watched = pool.clone();
+    run_until(
+        k_worker(pool, &timeline)
+            .reap_interval(Duration::from_secs(2))
+            .prune_interval(Some(Duration::from_millis(50)))
+            // Cancelled jobs are kept so the test can read C's final state.
+            .retention(Retention {
+                succeeded: Duration::ZERO,
+                cancelled: Duration::from_secs(24 * 3600),
+                dead: Duration::ZERO,
+            }),
+        "the child of the pruned parent to be settled",
+        || {
+            let pool = watched.clone();
+            async move {
+                let state: Option<JobState> =
+                    sqlx::query_scalar("SELECT state FROM skiplock.jobs WHERE id = $1")
+                        .bind(c)
+                        .fetch_optional(&pool)
+                        .await
+                        .unwrap();
+                !matches!(
+                    state,
+                    Some(JobState::Waiting | JobState::Queued | JobState::Running)
+                )
+            }
+        },
+    )
+    .await;
+
+    assert!(!timeline.ran(c), "C must never run: its parent {p} died");
+    let state: Option<JobState> =
+        sqlx::query_scalar("SELECT state FROM skiplock.jobs WHERE id = $1")
+            .bind(c)
+            .fetch_optional(pool)
+            .await
+            .unwrap();
+    assert_eq!(state, Some(JobState::Cancelled), "job C");
+}
+
+/// Issue 12 item 5(d): `retry_job` put a cancelled child straight back in `queued`
+/// although its parent had not finished, so it would run before the parent. Fixed: it
+/// goes back to `waiting`.
+#[tokio::test]
+async fn retrying_a_cancelled_child_of_an_unfinished_parent_makes_it_wait() {
+    let db = test_db().await;
+    let pool = &db.pool;
+    let p = enqueue_tomorrow(pool).await;
+    let c = enqueue_child(pool, &[p]).await;
+    let cancelled: bool = sqlx::query_scalar("SELECT skiplock.cancel_job($1)")
+        .bind(c)
+        .fetch_one(pool)
+        .await
+        .unwrap();
+    assert!(cancelled);
+    let retried: bool = sqlx::query_scalar("SELECT skiplock.retry_job($1)")
+        .bind(c)
+        .fetch_one(pool)
+        .await
+        .unwrap();
+    assert!(retried, "C is back in line");
+
+    assert_eq!(state_of(pool, p).await, JobState::Queued, "P not finished");
+    assert_eq!(
+        state_of(pool, c).await,
+        JobState::Waiting,
+        "C waits for P again"
+    );
+}
+
+// ---------------------------------------------------------------------------------------
+// Item 6: cron.
+
+/// Issue 12 item 6: a schedule row written by SQL that cannot produce a valid job
+/// (max_attempts 0 violates `jobs_max_attempts_positive`) made the whole cron pass fail,
+/// so schedules after it (by name) never fired and the bad row got no last_error.
+/// Fixed: the good schedule fires, and the bad row records why it cannot.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bad_cron_row_does_not_stop_the_other_schedules() {
+    let db = test_db().await;
+    let pool = &db.pool;
+    sqlx::query(
+        "INSERT INTO skiplock.cron_schedules (name, expression, kind, max_attempts, last_slot_at)
+         VALUES ('bad', '* * * * * *', 'k', 0, now() - interval '1 hour'),
+                ('good', '* * * * * *', 'k', 1, now() - interval '1 hour')",
+    )
+    .execute(pool)
+    .await
+    .unwrap();
+
+    let timeline = Timeline::default();
+    let watched = pool.clone();
+    run_until(
+        k_worker(pool, &timeline).cron_interval(Some(Duration::from_millis(100))),
+        "the good schedule to enqueue a job and the bad one to record an error",
+        || {
+            let pool = watched.clone();
+            async move {
+                sqlx::query_scalar::<_, bool>(
+                    "SELECT EXISTS (SELECT 1 FROM skiplock.jobs WHERE kind = 'k')
+                        AND (SELECT last_error IS NOT NULL FROM skiplock.cron_schedules
+                             WHERE name = 'bad')",
+                )
+                .fetch_one(&pool)
+                .await
+                .unwrap()
+            }
+        },
+    )
+    .await;
+
+    let good_job: Option<i64> =
+        sqlx::query_scalar("SELECT last_job_id FROM skiplock.cron_schedules WHERE name = 'good'")
+            .fetch_one(pool)
+            .await
+            .unwrap();
+    assert!(good_job.is_some(), "the good schedule recorded its job");
+}
+
+// ---------------------------------------------------------------------------------------
+// Item 7: the args limit on the SQL paths.
+
+/// Issue 12 item 7: the 1 MiB limit on `args` (octet_length(args::text)) was enforced only
+/// by the Rust enqueue; `skiplock.enqueue` and a plain INSERT stored 3 MiB payloads.
+/// Fixed: both fail and leave no row.
+#[tokio::test]
+async fn sql_enqueue_and_plain_insert_refuse_args_over_one_mebibyte() {
+    let db = test_db().await;
+    let pool = &db.pool;
+
+    let through_function = sqlx::query(
+        "SELECT skiplock.enqueue('k', jsonb_build_object('blob', repeat('x', 3 * 1024 * 1024)))",
+    )
+    .execute(pool)
+    .await;
+    assert!(
+        through_function.is_err(),
+        "skiplock.enqueue accepted 3 MiB of args"
+    );
+    assert_eq!(
+        scalar_i64(pool, "SELECT count(*) FROM skiplock.jobs").await,
+        0
+    );
+
+    let plain_insert = sqlx::query(
+        "INSERT INTO skiplock.jobs (kind, args)
+         VALUES ('k', jsonb_build_object('blob', repeat('x', 3 * 1024 * 1024)))",
+    )
+    .execute(pool)
+    .await;
+    assert!(plain_insert.is_err(), "a plain INSERT stored 3 MiB of args");
+    assert_eq!(
+        scalar_i64(pool, "SELECT count(*) FROM skiplock.jobs").await,
+        0
+    );
+}

@@ -217,15 +217,27 @@ fn coverage(evidence: &Evidence) -> BTreeMap<&'static str, usize> {
         let (old, new) = (e.old_state.as_deref(), e.new_state.as_deref());
         let error = e.last_error.as_deref().unwrap_or_default();
         let path = match (e.op.as_str(), old, new) {
-            ("update", Some("queued"), Some("running")) if lanes.contains(&e.job_id) => "claim of a lane job",
-            ("update", Some("queued"), Some("running")) if children.contains(&e.job_id) => "claim of a child",
-            ("update", Some("running"), Some(_)) if error.starts_with("no heartbeat") && e.failure => "reap",
-            ("update", Some("running"), Some("queued")) if e.old_attempt != e.new_attempt => "release",
+            ("update", Some("queued"), Some("running")) if lanes.contains(&e.job_id) => {
+                "claim of a lane job"
+            }
+            ("update", Some("queued"), Some("running")) if children.contains(&e.job_id) => {
+                "claim of a child"
+            }
+            ("update", Some("running"), Some(_))
+                if error.starts_with("no heartbeat") && e.failure =>
+            {
+                "reap"
+            }
+            ("update", Some("running"), Some("queued")) if e.old_attempt != e.new_attempt => {
+                "release"
+            }
             ("update", Some("running"), Some("queued")) => "retry after failure",
             ("update", Some("running"), Some("dead")) => "dead",
             (_, _, Some("cancelled")) if error.contains("superseded") => "superseded",
             (_, _, Some("cancelled")) if error.contains("parent") => "cancelled for a parent",
-            ("update", Some("succeeded" | "dead" | "cancelled"), Some("queued" | "waiting")) => "reopened by hand",
+            ("update", Some("succeeded" | "dead" | "cancelled"), Some("queued" | "waiting")) => {
+                "reopened by hand"
+            }
             ("delete", Some("succeeded" | "dead" | "cancelled"), _) => "pruned",
             ("delete", _, _) => "deleted unfinished",
             _ => continue,
@@ -243,7 +255,12 @@ fn report(seed: u64, violations: &[String]) {
     }
     let mut by_category: BTreeMap<String, Vec<&String>> = BTreeMap::new();
     for v in violations {
-        let category = v.split(']').next().unwrap_or("").trim_start_matches('[').to_owned();
+        let category = v
+            .split(']')
+            .next()
+            .unwrap_or("")
+            .trim_start_matches('[')
+            .to_owned();
         by_category.entry(category).or_default().push(v);
     }
     eprintln!("model: seed {seed}: {} violations", violations.len());

@@ -47,7 +47,11 @@ pub fn random_spec(sim: &Sim, rng: &mut fastrand::Rng, via: &str) -> Spec {
         queue: QUEUES[rng.usize(..QUEUES.len())],
         priority: [0, 0, 0, -1, 1][rng.usize(..5)],
         max_attempts: rng.i32(1..=4),
-        delay_ms: if rng.u8(0..10) == 0 { rng.u64(0..400) } else { 0 },
+        delay_ms: if rng.u8(0..10) == 0 {
+            rng.u64(0..400)
+        } else {
+            0
+        },
         lane: None,
         unique: None,
         parents: Vec::new(),
@@ -56,8 +60,11 @@ pub fn random_spec(sim: &Sim, rng: &mut fastrand::Rng, via: &str) -> Spec {
         0..35 => spec.lane = Some(LANES[rng.usize(..LANES.len())]),
         // Merged args are arrays, which only `model` decodes.
         35..60 if kind == "model" => {
-            let policy = [UniquePolicy::Skip, UniquePolicy::Replace, UniquePolicy::Merge]
-                [rng.usize(..3)];
+            let policy = [
+                UniquePolicy::Skip,
+                UniquePolicy::Replace,
+                UniquePolicy::Merge,
+            ][rng.usize(..3)];
             spec.unique = Some((UNIQUE_KEYS[rng.usize(..UNIQUE_KEYS.len())], policy));
             spec.args["flaky"] = json!(true);
         }
@@ -155,7 +162,9 @@ pub async fn enqueue_sql(sim: &Sim, pool: PgPool) {
                 sim.remember([id]);
             }
             Err(e) if parent_gone(&e.to_string()) => sim.count("enqueue sql: parent gone"),
-            Err(e) => sim.violation(format!("[enqueue] SQL skiplock.enqueue of {spec:?} failed: {e}")),
+            Err(e) => sim.violation(format!(
+                "[enqueue] SQL skiplock.enqueue of {spec:?} failed: {e}"
+            )),
         }
     }
 }
@@ -177,12 +186,19 @@ pub async fn enqueue_insert(sim: &Sim, pool: PgPool) {
             }
             // The insert trigger folded the row into the pending job holding its unique
             // key (skip, replace or merge), as `skiplock.enqueue` would: no new row.
-            Ok(None) if spec.unique.is_some() => sim.count("enqueue insert: folded into pending job"),
-            Ok(None) => sim.violation(format!("[enqueue] plain INSERT of {spec:?} inserted no row")),
+            Ok(None) if spec.unique.is_some() => {
+                sim.count("enqueue insert: folded into pending job")
+            }
+            Ok(None) => sim.violation(format!(
+                "[enqueue] plain INSERT of {spec:?} inserted no row"
+            )),
             Err(e) if parent_gone(&e.to_string()) => sim.count("enqueue insert: parent gone"),
             // A plain INSERT that hits a pending job's unique key may be refused (the
             // contract allows "a clear error").
-            Err(e) if spec.unique.is_some() && e.to_string().contains("jobs_unique_key_pending_idx") => {
+            Err(e)
+                if spec.unique.is_some()
+                    && e.to_string().contains("jobs_unique_key_pending_idx") =>
+            {
                 sim.count("enqueue insert: unique key refused")
             }
             Err(e) => sim.violation(format!("[enqueue] plain INSERT of {spec:?} failed: {e}")),
@@ -262,12 +278,10 @@ pub async fn operate_sql(sim: &Sim, pool: PgPool) {
             ),
             85..93 => (
                 "retry_dead_jobs",
-                sqlx::query_scalar::<_, i64>(
-                    "SELECT count(*) FROM skiplock.retry_dead_jobs($1)",
-                )
-                .bind([None, Some("default"), Some("q2")][rng.usize(..3)])
-                .fetch_one(&pool)
-                .await,
+                sqlx::query_scalar::<_, i64>("SELECT count(*) FROM skiplock.retry_dead_jobs($1)")
+                    .bind([None, Some("default"), Some("q2")][rng.usize(..3)])
+                    .fetch_one(&pool)
+                    .await,
             ),
             _ => (
                 "delete",
@@ -281,7 +295,10 @@ pub async fn operate_sql(sim: &Sim, pool: PgPool) {
             ),
         };
         match result {
-            Ok(changed) => sim.count(&format!("{what} ({})", if changed > 0 { "changed" } else { "no-op" })),
+            Ok(changed) => sim.count(&format!(
+                "{what} ({})",
+                if changed > 0 { "changed" } else { "no-op" }
+            )),
             Err(e) => sim.violation(format!("[operator] {what}({id}) failed: {e}")),
         }
     }
@@ -351,7 +368,11 @@ pub async fn kill_connections(sim: &Sim, pool: PgPool) {
             0..6 => vec![backends[rng.usize(..backends.len())].0],
             6..8 => {
                 let app = &backends[rng.usize(..backends.len())].1;
-                backends.iter().filter(|b| &b.1 == app).map(|b| b.0).collect()
+                backends
+                    .iter()
+                    .filter(|b| &b.1 == app)
+                    .map(|b| b.0)
+                    .collect()
             }
             _ => backends
                 .iter()
@@ -386,7 +407,9 @@ pub async fn sample(sim: &Sim, pool: PgPool) {
         .await
         .expect("sample unique keys");
         for (key, ids) in pending {
-            sim.violation(format!("[sampler] unique key {key} has several pending jobs {ids:?}"));
+            sim.violation(format!(
+                "[sampler] unique key {key} has several pending jobs {ids:?}"
+            ));
         }
         let running: Vec<(String, Vec<i64>)> = sqlx::query_as(
             "SELECT ordering_key, array_agg(id ORDER BY id) FROM skiplock.jobs
@@ -397,7 +420,9 @@ pub async fn sample(sim: &Sim, pool: PgPool) {
         .await
         .expect("sample lanes");
         for (lane, ids) in running {
-            sim.violation(format!("[sampler] lane {lane} has several running jobs {ids:?}"));
+            sim.violation(format!(
+                "[sampler] lane {lane} has several running jobs {ids:?}"
+            ));
         }
         sim.count("samples");
     }

@@ -149,10 +149,11 @@ impl Evidence {
         .fetch_all(pool)
         .await
         .expect("read the audit");
-        let deps = sqlx::query_as("SELECT seq, job_id, parent_id FROM public.model_deps ORDER BY seq")
-            .fetch_all(pool)
-            .await
-            .expect("read the dependency edges");
+        let deps =
+            sqlx::query_as("SELECT seq, job_id, parent_id FROM public.model_deps ORDER BY seq")
+                .fetch_all(pool)
+                .await
+                .expect("read the dependency edges");
         Evidence {
             events,
             deps,
@@ -208,7 +209,15 @@ fn replay(evidence: &Evidence, found: &mut Vec<String>) -> HashMap<i64, Track> {
         let old = before.state.clone();
         let new = ev.new_state.clone();
         if ev.is_claim() {
-            check_claim_order(evidence, &tracks, &lane_unfinished, ev, &before, found, &mut reported);
+            check_claim_order(
+                evidence,
+                &tracks,
+                &lane_unfinished,
+                ev,
+                &before,
+                found,
+                &mut reported,
+            );
             check_claim_parents(evidence, &tracks, parents.get(&job), ev, found);
         }
         let track = tracks.entry(job).or_default();
@@ -218,8 +227,9 @@ fn replay(evidence: &Evidence, found: &mut Vec<String>) -> HashMap<i64, Track> {
         }
         match ev.op.as_str() {
             "insert" => track.entry_seq = ev.seq,
-            "update" if old.as_deref().is_some_and(finished)
-                && new.as_deref().is_some_and(|s| !finished(s)) =>
+            "update"
+                if old.as_deref().is_some_and(finished)
+                    && new.as_deref().is_some_and(|s| !finished(s)) =>
             {
                 track.entry_seq = ev.seq;
             }
@@ -237,7 +247,10 @@ fn replay(evidence: &Evidence, found: &mut Vec<String>) -> HashMap<i64, Track> {
         // Membership of lane and unique-key sets after this row.
         let unfinished = new.as_deref().is_some_and(|s| !finished(s));
         for lane in [&before.lane, &track.lane].into_iter().flatten() {
-            lane_unfinished.entry(lane.clone()).or_default().remove(&job);
+            lane_unfinished
+                .entry(lane.clone())
+                .or_default()
+                .remove(&job);
             lane_running.entry(lane.clone()).or_default().remove(&job);
         }
         for key in [&before.unique, &track.unique].into_iter().flatten() {
@@ -286,7 +299,9 @@ fn check_claim_order(
     reported: &mut HashSet<(String, i64)>,
 ) {
     let Some(lane) = &claimed.lane else { return };
-    let Some(members) = lane_unfinished.get(lane) else { return };
+    let Some(members) = lane_unfinished.get(lane) else {
+        return;
+    };
     let job = ev.job_id;
     for &older in members.range(..job) {
         let other = &tracks[&older];
@@ -359,7 +374,10 @@ fn check_drained(evidence: &Evidence, tracks: &HashMap<i64, Track>, found: &mut 
         let track = &tracks[&job];
         match track.state.as_deref() {
             None if track.deleted_unfinished
-                && !track.deleted_by.as_deref().is_some_and(|a| a == "model-ops") =>
+                && !track
+                    .deleted_by
+                    .as_deref()
+                    .is_some_and(|a| a == "model-ops") =>
             {
                 found.push(format!(
                     "[drain: deleted unfinished] job {job} was deleted unfinished by {:?}\n{}",
@@ -421,7 +439,10 @@ fn check_claim_discipline(evidence: &Evidence, found: &mut Vec<String>) {
                 problem = Some("a claim did not add exactly one attempt");
             } else if after > ev.max_attempts.unwrap_or(0) {
                 problem = Some("a claim went beyond max_attempts");
-            } else if !ev.new_token.is_some_and(|t| tokens.entry(job).or_default().insert(t)) {
+            } else if !ev
+                .new_token
+                .is_some_and(|t| tokens.entry(job).or_default().insert(t))
+            {
                 problem = Some("a claim reused a token (or set none)");
             }
         } else if old == "running" && new == "running" && !ev.heartbeat {
@@ -450,7 +471,9 @@ fn check_claim_discipline(evidence: &Evidence, found: &mut Vec<String>) {
 /// A job cancelled as superseded names the pending job that holds its unique key.
 fn check_superseded(evidence: &Evidence, tracks: &HashMap<i64, Track>, found: &mut Vec<String>) {
     for ev in &evidence.events {
-        let Some(error) = ev.last_error.as_deref() else { continue };
+        let Some(error) = ev.last_error.as_deref() else {
+            continue;
+        };
         if ev.new_state.as_deref() != Some("cancelled") || !error.contains("superseded") {
             continue;
         }
@@ -458,7 +481,11 @@ fn check_superseded(evidence: &Evidence, tracks: &HashMap<i64, Track>, found: &m
         let named = error
             .split(|c: char| !c.is_ascii_digit())
             .filter_map(|n| n.parse::<i64>().ok())
-            .any(|id| id != ev.job_id && key.is_some() && tracks.get(&id).and_then(|t| t.unique.clone()) == key);
+            .any(|id| {
+                id != ev.job_id
+                    && key.is_some()
+                    && tracks.get(&id).and_then(|t| t.unique.clone()) == key
+            });
         if !named {
             found.push(format!(
                 "[unique: superseded] job {} was cancelled as superseded without naming a job of its \
@@ -478,21 +505,29 @@ fn check_lane_runs(evidence: &Evidence, tracks: &HashMap<i64, Track>, found: &mu
     let mut lost: HashSet<Uuid> = HashSet::new();
     for ev in &evidence.events {
         if ev.is_claim()
-            && let (Some(attempt), Some(holder), Some(token)) = (ev.new_attempt, &ev.new_holder, ev.new_token)
+            && let (Some(attempt), Some(holder), Some(token)) =
+                (ev.new_attempt, &ev.new_holder, ev.new_token)
         {
-            claim_token.entry((ev.job_id, attempt, holder.clone())).or_default().push(token);
+            claim_token
+                .entry((ev.job_id, attempt, holder.clone()))
+                .or_default()
+                .push(token);
         }
         if ev.old_state.as_deref() == Some("running")
             && ev.new_state.as_deref() != Some("running")
             && let Some(token) = ev.old_token
-            && (ev.op == "delete" || Some(ev.app.as_str()) != ev.old_holder.as_deref() || ev.is_reap_or_superseded())
+            && (ev.op == "delete"
+                || Some(ev.app.as_str()) != ev.old_holder.as_deref()
+                || ev.is_reap_or_superseded())
         {
             lost.insert(token);
         }
     }
     let mut by_lane: HashMap<String, Vec<&Run>> = HashMap::new();
     for run in &evidence.runs {
-        let Some(lane) = tracks.get(&run.job_id).and_then(|t| t.lane.clone()) else { continue };
+        let Some(lane) = tracks.get(&run.job_id).and_then(|t| t.lane.clone()) else {
+            continue;
+        };
         let tokens = claim_token.get(&(run.job_id, run.attempt, run.worker.clone()));
         if tokens.is_none_or(|ts| ts.iter().any(|t| lost.contains(t))) {
             continue;
@@ -523,7 +558,8 @@ fn check_lane_runs(evidence: &Evidence, tracks: &HashMap<i64, Track>, found: &mu
                     evidence.history(run.job_id)
                 ));
             }
-            if latest.is_none_or(|p| p.end_ns.unwrap_or(u64::MAX) < run.end_ns.unwrap_or(u64::MAX)) {
+            if latest.is_none_or(|p| p.end_ns.unwrap_or(u64::MAX) < run.end_ns.unwrap_or(u64::MAX))
+            {
                 latest = Some(run);
             }
         }
@@ -533,8 +569,11 @@ fn check_lane_runs(evidence: &Evidence, tracks: &HashMap<i64, Track>, found: &mu
 /// No worker or maintenance statement failed on data.
 fn check_logs(evidence: &Evidence, found: &mut Vec<String>) {
     let mut seen: HashSet<String> = HashSet::new();
-    let defects: Vec<&(String, String)> =
-        evidence.logs.iter().filter(|(_, line)| is_defect(line)).collect();
+    let defects: Vec<&(String, String)> = evidence
+        .logs
+        .iter()
+        .filter(|(_, line)| is_defect(line))
+        .collect();
     for (source, line) in &defects {
         let line = strip_ansi(line);
         // One report per distinct message (timestamps and ids differ).

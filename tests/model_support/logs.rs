@@ -123,5 +123,6 @@ pub fn strip_ansi(line: &str) -> String {
 /// Whether `line` reports a statement that failed on data (not on a killed connection).
 pub fn is_defect(line: &str) -> bool {
     let lower = strip_ansi(line).to_lowercase();
-    STATEMENT_FAILED.iter().any(|p| lower.contains(p)) && !TRANSIENT.iter().any(|t| lower.contains(t))
+    STATEMENT_FAILED.iter().any(|p| lower.contains(p))
+        && !TRANSIENT.iter().any(|t| lower.contains(t))
 }

@@ -40,9 +40,15 @@ impl InProcess {
         }
         match tokio::time::timeout(Duration::from_secs(60), self.task).await {
             Ok(Ok(Ok(_summary))) => {}
-            Ok(Ok(Err(e))) => sim.violation(format!("[workers] worker {} returned an error: {e}", self.id)),
+            Ok(Ok(Err(e))) => sim.violation(format!(
+                "[workers] worker {} returned an error: {e}",
+                self.id
+            )),
             Ok(Err(e)) => sim.violation(format!("[workers] worker {} panicked: {e}", self.id)),
-            Err(_) => sim.violation(format!("[workers] worker {} did not stop within 60 s", self.id)),
+            Err(_) => sim.violation(format!(
+                "[workers] worker {} did not stop within 60 s",
+                self.id
+            )),
         }
         self.pool.close().await;
     }
@@ -183,7 +189,11 @@ impl Crew {
             if in_process && !self.in_process.is_empty() {
                 let slot = rng.usize(..self.in_process.len());
                 let now = rng.bool();
-                sim.count(if now { "worker stop now" } else { "worker stop graceful" });
+                sim.count(if now {
+                    "worker stop now"
+                } else {
+                    "worker stop graceful"
+                });
                 let old = self.in_process.remove(slot);
                 old.stop(sim, now).await;
                 let id = self.next_id("tb-ip", slot);

@@ -1,0 +1,276 @@
+//! The randomized model test (issue 12): several concurrent actors drive the real system
+//! through every entry point while workers are stopped, killed and cut off, then the
+//! queue drains and the invariants are checked over the whole audit log.
+//!
+//! Actors (tests/model_support/actors.rs, workers.rs): enqueuers through the Rust API
+//! (`enqueue_with`, `enqueue_many`, `enqueue_raw` with lanes, unique keys under each
+//! policy, dependencies), the SQL function `skiplock.enqueue` and plain `INSERT`s (with
+//! `job_dependencies` rows); an operator calling `retry_job`, `retry_dead_jobs`,
+//! `cancel_job` and deleting jobs; an operator running `skiplock retry ID` and
+//! `skiplock cancel ID`; two in-process workers (kind `model`: succeed, fail retryably or
+//! permanently, give up, time out, panic) and one `skiplock-testbed` process (kinds
+//! `record`, `panic`, `never_return`), restarted gracefully, at once, by SIGTERM or after
+//! `kill -9`; a pruning worker with zero retention; a killer of worker connections; and a
+//! sampler checking the "at most one" rules while the run goes on. The invariants are
+//! listed in tests/model_support/checks.rs.
+//!
+//! ```sh
+//! cargo test --all-features --test model -- --nocapture            # the default seeds
+//! SKIPLOCK_SIM_SEED=7 cargo test --all-features --test model -- --nocapture  # one seed
+//! SKIPLOCK_SIM_SECS=120 cargo test --all-features --test model -- --nocapture  # longer
+//! ```
+#![cfg(feature = "testbed")]
+
+mod common;
+mod fault_support;
+mod model_support;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use model_support::checks::{Evidence, check_all, check_merged};
+use model_support::workers::{Crew, start_pruner};
+use model_support::{Sim, actors, extend_audit, logs};
+
+/// Seeds run by default: the whole test stays within about two minutes on 2 cores.
+const SEEDS_DEFAULT: [u64; 4] = [1, 2, 3, 4];
+/// Seconds of fault phase per seed by default.
+const SECS_DEFAULT: u64 = 14;
+/// Longest the drain may take before the leftovers are reported.
+const DRAIN_LIMIT: Duration = Duration::from_secs(60);
+/// The drain gives up once nothing changed (no job moved) for this long.
+const STALL_LIMIT: Duration = Duration::from_secs(8);
+
+fn env_u64(name: &str) -> Option<u64> {
+    std::env::var(name).ok().and_then(|v| v.trim().parse().ok())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn randomized_model_of_the_whole_system() {
+    logs::install();
+    let seeds: Vec<u64> = match env_u64("SKIPLOCK_SIM_SEED") {
+        Some(seed) => vec![seed],
+        None => SEEDS_DEFAULT.to_vec(),
+    };
+    let secs = env_u64("SKIPLOCK_SIM_SECS").unwrap_or(SECS_DEFAULT);
+    let mut failed = Vec::new();
+    for seed in seeds {
+        let violations = run_seed(seed, secs).await;
+        if !violations.is_empty() {
+            failed.push((seed, violations));
+        }
+    }
+    if !failed.is_empty() {
+        let mut summary = String::new();
+        for (seed, violations) in &failed {
+            let mut by_category: BTreeMap<&str, usize> = BTreeMap::new();
+            for v in violations {
+                let category = v.split(']').next().unwrap_or("").trim_start_matches('[');
+                *by_category.entry(category).or_default() += 1;
+            }
+            summary.push_str(&format!(
+                "\n  seed {seed} (replay: SKIPLOCK_SIM_SEED={seed}): {by_category:?}"
+            ));
+        }
+        panic!("the model found violations (details above):{summary}");
+    }
+}
+
+/// One seed: set up, fault phase, drain, checks. Returns the violations.
+async fn run_seed(seed: u64, secs: u64) -> Vec<String> {
+    eprintln!("model: seed {seed}, fault phase {secs} s (replay: SKIPLOCK_SIM_SEED={seed})");
+    let begun = Instant::now();
+    let _ = logs::take();
+    let db = fault_support::audited_db().await;
+    extend_audit(&db.pool).await;
+    let sim = Arc::new(Sim::new(seed, db.url.clone()));
+
+    let mut crew = Crew::start(&sim, 2, 1).await;
+    let pruner = start_pruner(&sim, &crew.runs).await;
+    let sampler = tokio::spawn({
+        let (sim, pool) = (sim.clone(), sim.pool("model-sampler", 2).await);
+        async move { actors::sample(&sim, pool).await }
+    });
+    let mut actors = Vec::new();
+    macro_rules! actor {
+        ($app:expr, $f:path) => {{
+            let (sim, pool) = (sim.clone(), sim.pool($app, 3).await);
+            actors.push(tokio::spawn(async move { $f(&sim, pool).await }));
+        }};
+    }
+    actor!("model-enqueue-rust", actors::enqueue_rust);
+    actor!("model-enqueue-sql", actors::enqueue_sql);
+    actor!("model-enqueue-insert", actors::enqueue_insert);
+    actor!("model-ops", actors::operate_sql);
+    actor!("model-killer", actors::kill_connections);
+    actors.push(tokio::spawn({
+        let sim = sim.clone();
+        async move { actors::operate_cli(&sim).await }
+    }));
+
+    // The fault phase: the manager churns workers on this task until the time is up.
+    let stopper = tokio::spawn({
+        let sim = sim.clone();
+        async move {
+            tokio::time::sleep(Duration::from_secs(secs)).await;
+            sim.faults_over.cancel();
+        }
+    });
+    crew.churn(&sim).await;
+    stopper.await.unwrap();
+    for actor in actors {
+        if let Err(e) = actor.await {
+            sim.violation(format!("[actor] an actor panicked: {e}"));
+        }
+    }
+    pruner.stop(&sim, false).await;
+    eprintln!("model: seed {seed}: fault phase over, draining");
+
+    let drained = drain(&sim, &db.pool).await;
+    sim.sampling_over.cancel();
+    sampler.await.unwrap();
+    crew.stop_all(&sim).await;
+
+    let mut log_lines: Vec<(String, String)> = logs::take()
+        .into_iter()
+        .map(|line| ("in-process".to_owned(), line))
+        .collect();
+    for (id, text) in &crew.gone_logs {
+        log_lines.extend(text.lines().map(|l| (id.clone(), l.to_owned())));
+    }
+    let runs = crew.runs.lock().unwrap().clone();
+    let evidence = Evidence::load(&db.pool, runs, log_lines).await;
+    let mut violations = sim.violations();
+    if !drained {
+        violations.push("[drain] the queue did not drain within the limit".into());
+    }
+    violations.extend(check_all(&evidence));
+    violations.extend(check_merged(&db.pool).await);
+
+    let jobs = evidence.events.iter().filter(|e| e.op == "insert").count();
+    eprintln!(
+        "model: seed {seed}: {jobs} jobs, {} audit rows, {} model runs, {:.1} s\n  operations {:?}\n  paths {:?}",
+        evidence.events.len(),
+        evidence.runs.len(),
+        begun.elapsed().as_secs_f64(),
+        sim.counts(),
+        coverage(&evidence)
+    );
+    report(seed, &violations);
+    violations
+}
+
+/// Lets the workers finish everything (retries waiting out a backoff are brought
+/// forward, as an operator would); true once no job is waiting, queued or running.
+async fn drain(sim: &Sim, pool: &sqlx::PgPool) -> bool {
+    let deadline = Instant::now() + DRAIN_LIMIT;
+    let ops = sim.pool("model-drain", 1).await;
+    // (jobs left, last non-heartbeat audit row) and since when it has not moved.
+    let mut progress = (0i64, 0i64);
+    let mut still_since = Instant::now();
+    loop {
+        let left: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM skiplock.jobs WHERE state IN ('waiting', 'queued', 'running')",
+        )
+        .fetch_one(pool)
+        .await
+        .expect("count unfinished jobs");
+        if left == 0 {
+            return true;
+        }
+        let last_change: Option<i64> =
+            sqlx::query_scalar("SELECT max(seq) FROM public.job_audit WHERE NOT heartbeat")
+                .fetch_one(pool)
+                .await
+                .expect("read the audit's progress");
+        if (left, last_change.unwrap_or(0)) != progress {
+            progress = (left, last_change.unwrap_or(0));
+            still_since = Instant::now();
+        }
+        if Instant::now() > deadline || still_since.elapsed() > STALL_LIMIT {
+            return false;
+        }
+        sqlx::query(
+            "UPDATE skiplock.jobs SET scheduled_at = now()
+             WHERE state = 'queued' AND scheduled_at > now()",
+        )
+        .execute(&ops)
+        .await
+        .expect("bring retries forward");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// How often the run went through the paths the invariants are about, from the audit.
+fn coverage(evidence: &Evidence) -> BTreeMap<&'static str, usize> {
+    let mut paths = BTreeMap::new();
+    let lanes: std::collections::HashSet<i64> = evidence
+        .events
+        .iter()
+        .filter(|e| e.ordering_key.is_some())
+        .map(|e| e.job_id)
+        .collect();
+    let children: std::collections::HashSet<i64> =
+        evidence.deps.iter().map(|&(_, child, _)| child).collect();
+    for e in &evidence.events {
+        let (old, new) = (e.old_state.as_deref(), e.new_state.as_deref());
+        let error = e.last_error.as_deref().unwrap_or_default();
+        let path = match (e.op.as_str(), old, new) {
+            ("update", Some("queued"), Some("running")) if lanes.contains(&e.job_id) => {
+                "claim of a lane job"
+            }
+            ("update", Some("queued"), Some("running")) if children.contains(&e.job_id) => {
+                "claim of a child"
+            }
+            ("update", Some("running"), Some(_))
+                if error.starts_with("no heartbeat") && e.failure =>
+            {
+                "reap"
+            }
+            ("update", Some("running"), Some("queued")) if e.old_attempt != e.new_attempt => {
+                "release"
+            }
+            ("update", Some("running"), Some("queued")) => "retry after failure",
+            ("update", Some("running"), Some("dead")) => "dead",
+            (_, _, Some("cancelled")) if error.contains("superseded") => "superseded",
+            (_, _, Some("cancelled")) if error.contains("parent") => "cancelled for a parent",
+            ("update", Some("succeeded" | "dead" | "cancelled"), Some("queued" | "waiting")) => {
+                "reopened by hand"
+            }
+            ("delete", Some("succeeded" | "dead" | "cancelled"), _) => "pruned",
+            ("delete", _, _) => "deleted unfinished",
+            _ => continue,
+        };
+        *paths.entry(path).or_default() += 1;
+    }
+    paths
+}
+
+/// Prints each category's count and its first few violations.
+fn report(seed: u64, violations: &[String]) {
+    if violations.is_empty() {
+        eprintln!("model: seed {seed}: no violation");
+        return;
+    }
+    let mut by_category: BTreeMap<String, Vec<&String>> = BTreeMap::new();
+    for v in violations {
+        let category = v
+            .split(']')
+            .next()
+            .unwrap_or("")
+            .trim_start_matches('[')
+            .to_owned();
+        by_category.entry(category).or_default().push(v);
+    }
+    eprintln!("model: seed {seed}: {} violations", violations.len());
+    for (category, list) in by_category {
+        eprintln!("=== seed {seed}: [{category}] x{}", list.len());
+        for v in list.iter().take(4) {
+            eprintln!("{v}\n");
+        }
+        for v in list.iter().skip(4).take(40) {
+            eprintln!("  {}", v.lines().next().unwrap_or_default());
+        }
+    }
+}

@@ -1,0 +1,210 @@
+//! Support of the randomized model test (`tests/model.rs`): the simulation's shared state,
+//! the extended audit, and one module per concern.
+//!
+//! - [`kind`]: the in-process job kind `model`, whose every attempt picks its outcome from
+//!   its args and attempt number, and records its run (start and end on a monotonic
+//!   clock) in memory;
+//! - [`workers`]: in-process library workers and `skiplock-testbed` processes, started,
+//!   stopped, killed and replaced by the worker manager;
+//! - [`actors`]: everything else that acts on the queue while the fault phase lasts:
+//!   enqueuers (Rust API, SQL function, plain INSERT), operators (SQL and CLI retry,
+//!   cancel, delete), the connection killer and the sampler;
+//! - [`logs`]: the in-process workers' tracing output, and which lines are defects;
+//! - [`checks`]: the invariants, read from the audit log after the queue drained.
+#![allow(dead_code)]
+
+pub mod actors;
+pub mod checks;
+pub mod kind;
+pub mod logs;
+pub mod workers;
+
+use std::collections::BTreeMap;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use sqlx::PgPool;
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use tokio_util::sync::CancellationToken;
+
+/// Lanes (ordering keys) and unique keys are drawn from small sets so that they collide.
+pub const LANES: [&str; 4] = ["lane-a", "lane-b", "lane-c", "lane-d"];
+pub const UNIQUE_KEYS: [&str; 4] = ["uk-a", "uk-b", "uk-c", "uk-d"];
+/// Queues every worker claims from.
+pub const QUEUES: [&str; 2] = ["default", "q2"];
+
+/// What every actor shares during one seed's run.
+pub struct Sim {
+    pub seed: u64,
+    /// The test database's URL (for the CLI and the testbeds).
+    pub url: String,
+    /// Ends the fault phase: enqueuers, operators, chaos and the pruner stop.
+    pub faults_over: CancellationToken,
+    /// Ends the sampler (after the drain).
+    pub sampling_over: CancellationToken,
+    /// Ids of the jobs enqueued so far, oldest first: parents, retry and cancel targets.
+    known: Mutex<Vec<i64>>,
+    /// Violations seen while the run went on (actor errors, sampler), in order.
+    violations: Mutex<Vec<String>>,
+    /// How often each operation happened, for the run's summary.
+    counts: Mutex<BTreeMap<String, u64>>,
+    /// Origin of the in-process monotonic clock (handler runs).
+    pub started: Instant,
+}
+
+impl Sim {
+    pub fn new(seed: u64, url: String) -> Self {
+        Self {
+            seed,
+            url,
+            faults_over: CancellationToken::new(),
+            sampling_over: CancellationToken::new(),
+            known: Mutex::new(Vec::new()),
+            violations: Mutex::new(Vec::new()),
+            counts: Mutex::new(BTreeMap::new()),
+            started: Instant::now(),
+        }
+    }
+
+    /// A random generator for one actor, derived from the seed and the actor's name.
+    pub fn rng(&self, actor: &str) -> fastrand::Rng {
+        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+        for b in actor.bytes() {
+            h = (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
+        }
+        fastrand::Rng::with_seed(self.seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ h)
+    }
+
+    /// A small pool whose connections carry `app` as `application_name` (the audit's
+    /// `app` column; the connection killer spares everything not named `tb-…`).
+    pub async fn pool(&self, app: &str, size: u32) -> PgPool {
+        let options: PgConnectOptions = self.url.parse().expect("test database URL");
+        PgPoolOptions::new()
+            .max_connections(size)
+            .acquire_timeout(Duration::from_secs(30))
+            .connect_with(options.application_name(app))
+            .await
+            .unwrap_or_else(|e| panic!("connect pool {app}: {e}"))
+    }
+
+    pub fn remember(&self, ids: impl IntoIterator<Item = i64>) {
+        // A unique key's `skip` returns an existing id again: a repeat is harmless.
+        self.known.lock().unwrap().extend(ids);
+    }
+
+    /// Up to `n` distinct ids among the `window` most recently enqueued jobs.
+    pub fn pick_known(&self, rng: &mut fastrand::Rng, window: usize, n: usize) -> Vec<i64> {
+        let known = self.known.lock().unwrap();
+        let recent = &known[known.len().saturating_sub(window)..];
+        let mut picked = Vec::new();
+        for _ in 0..n {
+            if recent.is_empty() {
+                break;
+            }
+            let id = recent[rng.usize(..recent.len())];
+            if !picked.contains(&id) {
+                picked.push(id);
+            }
+        }
+        picked
+    }
+
+    pub fn violation(&self, what: impl Into<String>) {
+        let what = what.into();
+        eprintln!("model seed {}: VIOLATION {what}", self.seed);
+        self.violations.lock().unwrap().push(what);
+    }
+
+    pub fn violations(&self) -> Vec<String> {
+        self.violations.lock().unwrap().clone()
+    }
+
+    pub fn count(&self, what: &str) {
+        *self
+            .counts
+            .lock()
+            .unwrap()
+            .entry(what.to_owned())
+            .or_default() += 1;
+    }
+
+    pub fn counts(&self) -> BTreeMap<String, u64> {
+        self.counts.lock().unwrap().clone()
+    }
+
+    /// Nanoseconds on the simulation's monotonic clock.
+    pub fn now_ns(&self) -> u64 {
+        self.started.elapsed().as_nanos() as u64
+    }
+
+    /// Sleeps `ms`, or less if the fault phase ends meanwhile; false once it has ended.
+    pub async fn pace(&self, ms: u64) -> bool {
+        tokio::select! {
+            () = self.faults_over.cancelled() => false,
+            () = tokio::time::sleep(Duration::from_millis(ms)) => !self.faults_over.is_cancelled(),
+        }
+    }
+}
+
+/// Extends the audit of `tests/fault_support` (already installed): every row also records
+/// the job's ordering and unique keys, inserts record their `last_error` (a job enqueued
+/// behind a dead parent is born cancelled), and the edges of the dependency graph are
+/// recorded in `public.model_deps` numbered from the audit's own sequence, so a claim
+/// and an edge can be ordered, and edges survive the cascade when a parent is pruned.
+pub async fn extend_audit(pool: &PgPool) {
+    sqlx::raw_sql(
+        "ALTER TABLE public.job_audit ADD COLUMN ordering_key text, ADD COLUMN unique_key text;
+         CREATE OR REPLACE FUNCTION public.job_audit_record() RETURNS trigger
+         LANGUAGE plpgsql AS $$
+         BEGIN
+             IF TG_OP = 'INSERT' THEN
+                 INSERT INTO public.job_audit (job_id, op, new_state, new_attempt, max_attempts,
+                                               new_token, new_holder, heartbeat, claimed_at,
+                                               last_error, ordering_key, unique_key)
+                 VALUES (NEW.id, 'insert', NEW.state, NEW.attempt, NEW.max_attempts,
+                         NEW.claim_token, NEW.claimed_by, false, NEW.claimed_at,
+                         NEW.last_error, NEW.ordering_key, NEW.unique_key);
+             ELSIF TG_OP = 'UPDATE' THEN
+                 INSERT INTO public.job_audit (job_id, op, old_state, new_state, old_attempt,
+                                               new_attempt, max_attempts, old_token, new_token,
+                                               old_holder, new_holder, heartbeat, failure,
+                                               last_error, claimed_at, ordering_key, unique_key)
+                 VALUES (NEW.id, 'update', OLD.state, NEW.state, OLD.attempt, NEW.attempt,
+                         NEW.max_attempts, OLD.claim_token, NEW.claim_token, OLD.claimed_by,
+                         NEW.claimed_by,
+                         OLD.state = NEW.state
+                             AND OLD.claim_token IS NOT DISTINCT FROM NEW.claim_token
+                             AND OLD.heartbeat_at IS DISTINCT FROM NEW.heartbeat_at,
+                         OLD.errors IS DISTINCT FROM NEW.errors,
+                         NEW.last_error, NEW.claimed_at, NEW.ordering_key, NEW.unique_key);
+             ELSE
+                 INSERT INTO public.job_audit (job_id, op, old_state, old_attempt, old_token,
+                                               old_holder, heartbeat, last_error, ordering_key,
+                                               unique_key)
+                 VALUES (OLD.id, 'delete', OLD.state, OLD.attempt, OLD.claim_token,
+                         OLD.claimed_by, false, OLD.last_error, OLD.ordering_key,
+                         OLD.unique_key);
+             END IF;
+             RETURN NULL;
+         END;
+         $$;
+         CREATE TABLE public.model_deps (
+             seq       bigint NOT NULL DEFAULT nextval('public.job_audit_seq_seq'),
+             job_id    bigint NOT NULL,
+             parent_id bigint NOT NULL,
+             app       text   NOT NULL DEFAULT current_setting('application_name')
+         );
+         CREATE FUNCTION public.model_deps_record() RETURNS trigger
+         LANGUAGE plpgsql AS $$
+         BEGIN
+             INSERT INTO public.model_deps (job_id, parent_id) VALUES (NEW.job_id, NEW.parent_id);
+             RETURN NULL;
+         END;
+         $$;
+         CREATE TRIGGER job_dependencies_audit AFTER INSERT ON skiplock.job_dependencies
+             FOR EACH ROW EXECUTE FUNCTION public.model_deps_record();",
+    )
+    .execute(pool)
+    .await
+    .expect("extend the audit");
+}

@@ -150,10 +150,17 @@ CREATE TRIGGER jobs_before_requeue
     EXECUTE FUNCTION skiplock.jobs_before_requeue();
 
 -- Deleting a job that had not succeeded (by hand, or the pruner removing a dead or
--- cancelled one) must not release its waiting children: without it the dependency rows
+-- cancelled one) must not release its waiting children: without this the dependency rows
 -- cascade away and the children would look free to run. They are cancelled, transitively,
 -- with the reason. Succeeded rows (what the pruner mostly deletes) skip the call.
-CREATE FUNCTION skiplock.jobs_before_delete() RETURNS trigger
+--
+-- An AFTER trigger, so that a statement deleting a parent together with its waiting
+-- children (DELETE … WHERE queue = 'x') works: a BEFORE trigger's update of a child that
+-- the same statement then deletes is an error. It must still see the dependency rows,
+-- which the foreign key's cascade (an internal AFTER trigger named RI_ConstraintTrigger_…)
+-- deletes: triggers of one event fire in the byte order of their names, so this one's
+-- name starts with a capital letter before R.
+CREATE FUNCTION skiplock.jobs_after_delete() RETURNS trigger
 LANGUAGE plpgsql AS $$
 DECLARE
     children bigint[];
@@ -170,15 +177,15 @@ BEGIN
     IF children IS NOT NULL THEN
         PERFORM skiplock.settle_dependants(children);
     END IF;
-    RETURN OLD;
+    RETURN NULL;
 END;
 $$;
 
-CREATE TRIGGER jobs_before_delete
-    BEFORE DELETE ON skiplock.jobs
+CREATE TRIGGER "Jobs_after_delete_cancel_waiting_children"
+    AFTER DELETE ON skiplock.jobs
     FOR EACH ROW
     WHEN (OLD.state <> 'succeeded')
-    EXECUTE FUNCTION skiplock.jobs_before_delete();
+    EXECUTE FUNCTION skiplock.jobs_after_delete();
 
 -- A dependency row written by hand means what enqueue's depends_on means: a child that has
 -- not started waits for a parent that has not succeeded, and is cancelled at once when the

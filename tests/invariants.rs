@@ -284,3 +284,58 @@ async fn the_cli_says_when_a_retry_is_superseded() {
     assert_eq!(state_of(pool, dead).await, JobState::Cancelled);
     assert_eq!(state_of(pool, pending.0).await, JobState::Queued);
 }
+
+/// One `DELETE` that removes a parent together with its waiting child works (the child's
+/// cancellation must not collide with its own deletion), and deleting a parent alone
+/// cancels its waiting child and, through it, the grandchild.
+#[tokio::test]
+async fn deleting_parents_cancels_waiting_children_and_deletes_them_together() {
+    let db = test_db().await;
+    let pool = &db.pool;
+    let enqueue = "SELECT skiplock.enqueue('record', queue => $1,
+                          scheduled_at => now() + interval '1 day', depends_on => $2)";
+    let mut ids = Vec::new();
+    for queue in ["x", "y"] {
+        let parent: i64 = sqlx::query_scalar(enqueue)
+            .bind(queue)
+            .bind(Vec::<i64>::new())
+            .fetch_one(pool)
+            .await
+            .unwrap();
+        let child: i64 = sqlx::query_scalar(enqueue)
+            .bind(queue)
+            .bind(vec![parent])
+            .fetch_one(pool)
+            .await
+            .unwrap();
+        let grandchild: i64 = sqlx::query_scalar(enqueue)
+            .bind(queue)
+            .bind(vec![child])
+            .fetch_one(pool)
+            .await
+            .unwrap();
+        ids.push((parent, child, grandchild));
+    }
+    let deleted = sqlx::query("DELETE FROM skiplock.jobs WHERE queue = 'x'")
+        .execute(pool)
+        .await
+        .unwrap();
+    assert_eq!(deleted.rows_affected(), 3);
+    let (parent, child, grandchild) = ids[1];
+    sqlx::query("DELETE FROM skiplock.jobs WHERE id = $1")
+        .bind(parent)
+        .execute(pool)
+        .await
+        .unwrap();
+    assert_eq!(state_of(pool, child).await, JobState::Cancelled);
+    assert_eq!(state_of(pool, grandchild).await, JobState::Cancelled);
+    let reason: String = sqlx::query_scalar("SELECT last_error FROM skiplock.jobs WHERE id = $1")
+        .bind(child)
+        .fetch_one(pool)
+        .await
+        .unwrap();
+    assert_eq!(
+        reason,
+        format!("parent job {parent} was deleted while queued")
+    );
+}

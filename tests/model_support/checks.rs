@@ -374,10 +374,7 @@ fn check_drained(evidence: &Evidence, tracks: &HashMap<i64, Track>, found: &mut 
         let track = &tracks[&job];
         match track.state.as_deref() {
             None if track.deleted_unfinished
-                && !track
-                    .deleted_by
-                    .as_deref()
-                    .is_some_and(|a| a == "model-ops") =>
+                && track.deleted_by.as_deref() != Some("model-ops") =>
             {
                 found.push(format!(
                     "[drain: deleted unfinished] job {job} was deleted unfinished by {:?}\n{}",

@@ -8,9 +8,9 @@
 --     and never fails for a lane conflict;
 --   * an insert with an ordering_key behind an unfinished job of its lane waits; an insert
 --     with a pending unique_key applies the key's policy; args over the limit are refused;
---   * a requeue (retry after a failure, reap, release, manual retry, an UPDATE by hand) of a
---     job whose unique_key another pending job took meanwhile never fails: the requeued job
---     is superseded by the pending one (see skiplock.jobs_before_requeue);
+--   * a requeue (retry after a failure, reap, release, manual retry) of a job whose
+--     unique_key another pending job took meanwhile never fails: the requeued job is
+--     superseded by the pending one (see skiplock.fold_into_key_holder);
 --   * dependants are cancelled only while they still wait, and deleting or pruning a parent
 --     that had not succeeded cancels its waiting children instead of releasing them;
 --   * dependency rows written by hand make their child wait, as enqueue's depends_on does.
@@ -110,44 +110,47 @@ CREATE TRIGGER jobs_before_insert
           OR pg_column_size(NEW.args) > 4096)
     EXECUTE FUNCTION skiplock.jobs_before_insert();
 
--- A job with a unique_key going back to pending (waiting or queued) from anywhere else:
--- a retry after a failure, the reaper, a graceful release, skiplock.retry_job, an UPDATE
--- by hand. While it ran (or lay dead), the key was free and a new job may have taken it.
--- Then the requeue is superseded instead of failing on jobs_unique_key_pending_idx: the
--- pending job runs instead, with this job's payloads merged in first under the policy
--- `merge` (so none is lost), and this job ends `cancelled` with a last_error naming it.
--- One outcome on every path, and never an error that would fail a whole batch.
-CREATE FUNCTION skiplock.jobs_before_requeue() RETURNS trigger
+-- A job with a unique_key going back to pending (waiting or queued) from anywhere else: a
+-- retry after a failure, the reaper, a graceful release, skiplock.retry_job. While it ran
+-- (or lay dead) the key was free, and a new job may have taken it. The requeue is then
+-- superseded instead of failing on jobs_unique_key_pending_idx (which used to fail the
+-- whole batch it was part of): the pending job runs instead, with this job's payloads
+-- merged in first under the policy `merge` (so none is lost), and the caller ends this job
+-- `cancelled` with a last_error naming the pending job. Returns that job's id, or NULL
+-- when the key is free (the requeue goes ahead). Holds the key's advisory lock until
+-- commit, like an enqueue of the key.
+--
+-- The requeueing statements call it only for rows that have a unique_key and are about to
+-- go back to pending; not a trigger, because a row trigger on UPDATE costs every claim and
+-- every completion a second fetch and lock of the row (about 7 % of Postgres CPU per job
+-- in the drain benchmark) even when its WHEN clause is false. A plain UPDATE written by
+-- hand that requeues into a taken key is refused by jobs_unique_key_pending_idx.
+CREATE FUNCTION skiplock.fold_into_key_holder(job_id bigint) RETURNS bigint
 LANGUAGE plpgsql AS $$
 DECLARE
-    holder bigint := skiplock.unique_key_holder(NEW.unique_key, NEW.id);
-    payload jsonb := NEW.args;
+    job skiplock.jobs%ROWTYPE;
+    holder bigint;
+    payload jsonb;
 BEGIN
-    IF holder IS NULL THEN
-        RETURN NEW;
+    SELECT * INTO job FROM skiplock.jobs WHERE id = job_id;
+    IF job.unique_key IS NULL THEN
+        RETURN NULL;
     END IF;
-    IF NEW.unique_policy = 'merge' THEN
-        IF jsonb_typeof(payload) <> 'array' THEN
-            payload := jsonb_build_array(payload);
-        END IF;
+    holder := skiplock.unique_key_holder(job.unique_key, job_id);
+    IF holder IS NOT NULL AND job.unique_policy = 'merge' THEN
+        payload := CASE WHEN jsonb_typeof(job.args) = 'array' THEN job.args
+                        ELSE jsonb_build_array(job.args) END;
         UPDATE skiplock.jobs SET args = payload || args WHERE id = holder;
     END IF;
-    NEW.state := 'cancelled';
-    NEW.finished_at := now();
-    NEW.claim_token := NULL;
-    NEW.heartbeat_at := NULL;
-    NEW.last_error := format('superseded: pending job %s holds unique_key %s and runs instead',
-                             holder, NEW.unique_key);
-    RETURN NEW;
+    RETURN holder;
 END;
 $$;
 
-CREATE TRIGGER jobs_before_requeue
-    BEFORE UPDATE ON skiplock.jobs
-    FOR EACH ROW
-    WHEN (NEW.unique_key IS NOT NULL AND NEW.state IN ('waiting', 'queued')
-          AND OLD.state NOT IN ('waiting', 'queued'))
-    EXECUTE FUNCTION skiplock.jobs_before_requeue();
+-- The last_error of a requeue superseded by the pending job `holder`.
+CREATE FUNCTION skiplock.superseded_message(holder bigint, key text) RETURNS text
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT format('superseded: pending job %s holds unique_key %s and runs instead', holder, key);
+$$;
 
 -- Deleting a job that had not succeeded (by hand, or the pruner removing a dead or
 -- cancelled one) must not release its waiting children: without this the dependency rows
@@ -332,79 +335,79 @@ SET enable_bitmapscan = off
 SET enable_seqscan = off
 SET jit = off
 AS $$
+DECLARE
+    with_lanes boolean := true;
 BEGIN
-    BEGIN
-        RETURN QUERY SELECT * FROM skiplock.claim_batch_once(queues, kinds, max_jobs, worker, true);
-    EXCEPTION WHEN unique_violation THEN
-        RETURN QUERY SELECT * FROM skiplock.claim_batch_once(queues, kinds, max_jobs, worker, false);
-    END;
-END;
-$$;
-
--- One claim statement (see skiplock.claim_batch); with_lanes = false leaves lane jobs out.
--- The result is sorted (claim order) after the update has finished, so a failing update
--- returns no row.
-CREATE FUNCTION skiplock.claim_batch_once(queues text[], kinds text[], max_jobs bigint,
-                                          worker text, with_lanes boolean)
-RETURNS TABLE (id bigint, queue text, kind text, args jsonb, attempt int, max_attempts int,
-               claim_token uuid)
-LANGUAGE plpgsql
-SET enable_sort = off
-SET enable_bitmapscan = off
-SET enable_seqscan = off
-SET jit = off
-AS $$
-BEGIN
-    RETURN QUERY
-    WITH picked AS (
-        SELECT j.ctid FROM skiplock.jobs j
-        WHERE j.state = 'queued' AND j.scheduled_at <= now()
-          AND j.queue = ANY (queues) AND j.kind = ANY (kinds)
-          AND j.queue NOT IN (SELECT q.name FROM skiplock.queues q WHERE q.paused)
-          AND (j.ordering_key IS NULL OR (
-              with_lanes
-              AND NOT EXISTS (
-                  SELECT 1 FROM skiplock.jobs h
-                  WHERE h.ordering_key = j.ordering_key AND h.state = 'running')
-              AND NOT EXISTS (
-                  SELECT 1 FROM skiplock.jobs h
-                  WHERE h.ordering_key = j.ordering_key AND h.id < j.id
-                    AND h.state IN ('waiting', 'queued', 'running'))
-          ))
-        ORDER BY j.priority, j.scheduled_at, j.id
-        LIMIT max_jobs
-        FOR UPDATE SKIP LOCKED
-    ), claimed AS (
-        UPDATE skiplock.jobs j
-        SET state = 'running', claim_token = gen_random_uuid(), claimed_by = worker,
-            claimed_at = now(), heartbeat_at = now(),
-            attempt = least(j.attempt, 2147483646) + 1
-        WHERE j.ctid = ANY (ARRAY(SELECT p.ctid FROM picked p))
-        RETURNING j.id, j.queue, j.kind, j.args, j.attempt, j.max_attempts, j.claim_token,
-                  j.priority, j.scheduled_at
-    )
-    SELECT c.id, c.queue, c.kind, c.args, c.attempt, c.max_attempts, c.claim_token
-    FROM claimed c
-    ORDER BY c.priority, c.scheduled_at, c.id;
+    LOOP
+        BEGIN
+            -- The result is sorted (claim order) after the update has finished, so an
+            -- update that fails has returned no row yet.
+            RETURN QUERY
+            WITH picked AS (
+                SELECT j.ctid FROM skiplock.jobs j
+                WHERE j.state = 'queued' AND j.scheduled_at <= now()
+                  AND j.queue = ANY (queues) AND j.kind = ANY (kinds)
+                  AND j.queue NOT IN (SELECT q.name FROM skiplock.queues q WHERE q.paused)
+                  AND (j.ordering_key IS NULL OR (
+                      with_lanes
+                      AND NOT EXISTS (
+                          SELECT 1 FROM skiplock.jobs h
+                          WHERE h.ordering_key = j.ordering_key AND h.state = 'running')
+                      AND NOT EXISTS (
+                          SELECT 1 FROM skiplock.jobs h
+                          WHERE h.ordering_key = j.ordering_key AND h.id < j.id
+                            AND h.state IN ('waiting', 'queued', 'running'))
+                  ))
+                ORDER BY j.priority, j.scheduled_at, j.id
+                LIMIT max_jobs
+                FOR UPDATE SKIP LOCKED
+            ), claimed AS (
+                UPDATE skiplock.jobs j
+                SET state = 'running', claim_token = gen_random_uuid(), claimed_by = worker,
+                    claimed_at = now(), heartbeat_at = now(),
+                    attempt = least(j.attempt, 2147483646) + 1
+                WHERE j.ctid = ANY (ARRAY(SELECT p.ctid FROM picked p))
+                RETURNING j.id, j.queue, j.kind, j.args, j.attempt, j.max_attempts,
+                          j.claim_token, j.priority, j.scheduled_at
+            )
+            SELECT c.id, c.queue, c.kind, c.args, c.attempt, c.max_attempts, c.claim_token
+            FROM claimed c
+            ORDER BY c.priority, c.scheduled_at, c.id;
+            RETURN;
+        EXCEPTION WHEN unique_violation THEN
+            IF NOT with_lanes THEN
+                RAISE;
+            END IF;
+            with_lanes := false;
+        END;
+    END LOOP;
 END;
 $$;
 
 -- Manual retry: a child whose parents have not all succeeded goes back to `waiting` (not
 -- `queued` beside its unfinished parent); a job whose unique_key was taken meanwhile is
--- superseded (skiplock.jobs_before_requeue) instead of raising. Returns false only if the
--- job is running, waiting or missing.
+-- superseded (skiplock.fold_into_key_holder) instead of raising. Returns false only if
+-- the job is running, waiting or missing.
 CREATE OR REPLACE FUNCTION skiplock.retry_job(job_id bigint) RETURNS boolean
 LANGUAGE plpgsql AS $$
 DECLARE
     q text;
     lane text;
+    current skiplock.job_state;
+    holder bigint;
 BEGIN
     SELECT ordering_key INTO lane FROM skiplock.jobs WHERE id = job_id;
     IF lane IS NOT NULL THEN
         PERFORM pg_advisory_xact_lock(hashtextextended('skiplock.lane:' || lane, 0));
     END IF;
+    SELECT state INTO current FROM skiplock.jobs WHERE id = job_id FOR UPDATE;
+    IF current IS NULL OR current NOT IN ('queued', 'dead', 'cancelled', 'succeeded') THEN
+        RETURN false;
+    END IF;
+    holder := skiplock.fold_into_key_holder(job_id);
     UPDATE skiplock.jobs j
     SET state = CASE
+            WHEN holder IS NOT NULL THEN 'cancelled'
             WHEN lane IS NOT NULL AND EXISTS (
                 SELECT 1 FROM skiplock.jobs o
                 WHERE o.ordering_key = lane AND o.id <> job_id
@@ -418,7 +421,9 @@ BEGIN
             ELSE 'queued' END::skiplock.job_state,
         scheduled_at = now(),
         max_attempts = greatest(max_attempts, attempt + 1),
-        finished_at = NULL
+        finished_at = CASE WHEN holder IS NOT NULL THEN now() END,
+        last_error = CASE WHEN holder IS NOT NULL
+            THEN skiplock.superseded_message(holder, unique_key) ELSE last_error END
     WHERE id = job_id AND state IN ('queued', 'dead', 'cancelled', 'succeeded')
     RETURNING queue INTO q;
     IF q IS NULL THEN

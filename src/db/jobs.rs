@@ -420,6 +420,9 @@ impl ClaimList {
 
 /// Records failed attempts: each job goes back to `queued` with its delay, or `dead`, or
 /// `cancelled`, and its error is appended. Returns the jobs whose claim was still valid.
+///
+/// A retry whose `unique_key` another pending job took while this one ran is superseded
+/// by it (`skiplock.fold_into_key_holder`, migration 0007): the job ends `cancelled`.
 pub async fn jobs_fail_many(
     db: impl PgExecutor<'_>,
     batch: &FailBatch,
@@ -427,27 +430,33 @@ pub async fn jobs_fail_many(
     let batch = batch.sorted();
     sqlx::query_as(
         "WITH failed AS (
-             SELECT f.*, CASE
+             SELECT f.*, j.unique_key, CASE
                      WHEN f.action = 'cancel' THEN 'cancelled'
                      WHEN f.action = 'dead' OR j.attempt >= j.max_attempts THEN 'dead'
                      ELSE 'queued'
                  END::skiplock.job_state AS next_state
              FROM unnest($1::bigint[], $2::uuid[], $3::text[], $4::bigint[], $5::text[])
                   AS f(id, token, message, delay_ms, action),
-             LATERAL (SELECT id, attempt, max_attempts FROM skiplock.jobs j
+             LATERAL (SELECT id, attempt, max_attempts, unique_key FROM skiplock.jobs j
                       WHERE j.id = f.id AND j.claim_token = f.token
                       FOR UPDATE) j
+         ), folded AS (
+             SELECT f.*, CASE WHEN f.next_state = 'queued' AND f.unique_key IS NOT NULL
+                              THEN skiplock.fold_into_key_holder(f.id) END AS holder
+             FROM failed f
          )
          UPDATE skiplock.jobs j
-         SET state = f.next_state,
-             scheduled_at = CASE WHEN f.next_state = 'queued'
+         SET state = CASE WHEN f.holder IS NULL THEN f.next_state ELSE 'cancelled' END,
+             scheduled_at = CASE WHEN f.next_state = 'queued' AND f.holder IS NULL
                  THEN now() + f.delay_ms * interval '1 millisecond' ELSE j.scheduled_at END,
-             finished_at = CASE WHEN f.next_state = 'queued' THEN NULL ELSE now() END,
+             finished_at = CASE WHEN f.next_state = 'queued' AND f.holder IS NULL
+                 THEN NULL ELSE now() END,
              claim_token = NULL, heartbeat_at = NULL,
-             last_error = f.message,
+             last_error = CASE WHEN f.holder IS NULL THEN f.message
+                 ELSE skiplock.superseded_message(f.holder, f.unique_key) END,
              errors = skiplock.append_error(j.errors, j.attempt, f.message)
-         FROM failed f
-         WHERE j.id = ANY(ARRAY(SELECT id FROM failed)) AND j.id = f.id
+         FROM folded f
+         WHERE j.id = ANY(ARRAY(SELECT id FROM folded)) AND j.id = f.id
          RETURNING j.id, j.state,
                    EXISTS (SELECT 1 FROM skiplock.job_dependencies d WHERE d.parent_id = j.id)
                        AS has_dependants,
@@ -464,7 +473,8 @@ pub async fn jobs_fail_many(
 
 /// Gives held jobs back to the queue at once without counting the attempt (graceful
 /// shutdown). They keep their `scheduled_at` (they were due already), and so their place
-/// in line. Returns the ids whose claim was still valid.
+/// in line. A job whose `unique_key` another pending job took meanwhile is superseded by
+/// it and ends `cancelled`. Returns the ids whose claim was still valid.
 pub async fn jobs_release_many(
     db: impl PgExecutor<'_>,
     ids: &[i64],
@@ -473,18 +483,29 @@ pub async fn jobs_release_many(
     let claims = ClaimList::sorted(ids, tokens);
     sqlx::query_scalar(
         "WITH held AS (
-             SELECT j.id FROM unnest($1::bigint[], $2::uuid[]) AS c(id, token),
-             LATERAL (SELECT id FROM skiplock.jobs j
+             SELECT j.id, j.unique_key FROM unnest($1::bigint[], $2::uuid[]) AS c(id, token),
+             LATERAL (SELECT id, unique_key FROM skiplock.jobs j
                       WHERE j.id = c.id AND j.claim_token = c.token
                       FOR UPDATE) j
+         ), folded AS (
+             SELECT h.*, CASE WHEN h.unique_key IS NOT NULL
+                              THEN skiplock.fold_into_key_holder(h.id) END AS holder
+             FROM held h
          ), released AS (
              UPDATE skiplock.jobs j
-             SET state = 'queued', attempt = greatest(j.attempt - 1, 0),
-                 claim_token = NULL, heartbeat_at = NULL
-             WHERE j.id = ANY(ARRAY(SELECT id FROM held))
-             RETURNING j.id, j.queue
+             SET state = CASE WHEN f.holder IS NULL THEN 'queued' ELSE 'cancelled' END
+                     ::skiplock.job_state,
+                 attempt = greatest(j.attempt - 1, 0),
+                 claim_token = NULL, heartbeat_at = NULL,
+                 finished_at = CASE WHEN f.holder IS NULL THEN NULL ELSE now() END,
+                 last_error = CASE WHEN f.holder IS NULL THEN j.last_error
+                     ELSE skiplock.superseded_message(f.holder, f.unique_key) END
+             FROM folded f
+             WHERE j.id = ANY(ARRAY(SELECT id FROM folded)) AND j.id = f.id
+             RETURNING j.id, j.queue, j.state
          ), woken AS (
-             SELECT pg_notify('skiplock_jobs', queue) FROM (SELECT DISTINCT queue FROM released) q
+             SELECT pg_notify('skiplock_jobs', queue)
+             FROM (SELECT DISTINCT queue FROM released WHERE state = 'queued') q
          )
          SELECT id FROM released, (SELECT count(*) FROM woken) w",
     )
@@ -553,7 +574,7 @@ pub struct ReapedJob {
 /// re-check of `state = 'running'`, so a finished job is never reset.
 ///
 /// A job whose `unique_key` another pending job took meanwhile is superseded, not
-/// requeued (trigger `jobs_before_requeue`, migration 0007): it comes back `cancelled`.
+/// requeued (`skiplock.fold_into_key_holder`, migration 0007): it comes back `cancelled`.
 pub async fn jobs_reap_stale(
     db: impl PgExecutor<'_>,
     stale_after_ms: i64,
@@ -587,20 +608,27 @@ async fn jobs_reap_stale_matching(
              ORDER BY heartbeat_at
              LIMIT $2
              FOR UPDATE SKIP LOCKED
-         ), reaped AS (
-             SELECT j.id, j.attempt, format('no heartbeat from %s for over %s ms; claim taken back',
-                                           coalesce(j.claimed_by, 'unknown worker'), $1) AS message,
+         ), due AS (
+             SELECT j.id, j.attempt, j.unique_key,
+                    format('no heartbeat from %s for over %s ms; claim taken back',
+                           coalesce(j.claimed_by, 'unknown worker'), $1) AS message,
                     CASE WHEN j.attempt >= j.max_attempts THEN 'dead' ELSE 'queued' END
                         ::skiplock.job_state AS next_state
              FROM skiplock.jobs j JOIN stale USING (id)
+         ), reaped AS (
+             SELECT d.*, CASE WHEN d.next_state = 'queued' AND d.unique_key IS NOT NULL
+                              THEN skiplock.fold_into_key_holder(d.id) END AS holder
+             FROM due d
          )
          UPDATE skiplock.jobs j
-         SET state = r.next_state,
-             scheduled_at = CASE WHEN r.next_state = 'queued'
+         SET state = CASE WHEN r.holder IS NULL THEN r.next_state ELSE 'cancelled' END,
+             scheduled_at = CASE WHEN r.next_state = 'queued' AND r.holder IS NULL
                  THEN now() + skiplock.backoff(r.attempt) ELSE j.scheduled_at END,
-             finished_at = CASE WHEN r.next_state = 'queued' THEN NULL ELSE now() END,
+             finished_at = CASE WHEN r.next_state = 'queued' AND r.holder IS NULL
+                 THEN NULL ELSE now() END,
              claim_token = NULL, heartbeat_at = NULL,
-             last_error = r.message,
+             last_error = CASE WHEN r.holder IS NULL THEN r.message
+                 ELSE skiplock.superseded_message(r.holder, r.unique_key) END,
              errors = skiplock.append_error(j.errors, j.attempt, r.message)
          FROM reaped r
          WHERE j.id = r.id

@@ -21,7 +21,7 @@ use std::future::Future;
 use std::time::Instant;
 
 use skiplock::builtin::Noop;
-use skiplock::db::jobs::{InsertBatch, jobs_insert_many};
+use skiplock::db::enqueue::{InsertBatch, jobs_insert_many};
 use skiplock::{EnqueueOptions, QUEUE_DEFAULT};
 use sqlx::PgPool;
 use sqlx::types::Json;

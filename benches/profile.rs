@@ -31,9 +31,8 @@ use std::time::{Duration, Instant};
 
 use skiplock::EnqueueOptions;
 use skiplock::builtin::Noop;
-use skiplock::db::jobs::{
-    jobs_any_active, jobs_claim_batch, jobs_complete_many, jobs_heartbeat_many, jobs_settle_waiting,
-};
+use skiplock::db::jobs::{jobs_claim_batch, jobs_complete_many, jobs_heartbeat_many};
+use skiplock::db::maintenance::{jobs_any_active, jobs_settle_waiting};
 use sqlx::{Connection, PgConnection};
 use support::{BenchDb, DrainCfg, Opts, Table, drain_noop, progress, rate, thousands};
 use tracing::field::{Field, Visit};

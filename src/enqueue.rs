@@ -10,7 +10,7 @@ use serde_json::Value;
 use sqlx::PgExecutor;
 use sqlx::types::Json;
 
-use crate::db::jobs::{InsertBatch, jobs_insert_many};
+use crate::db::enqueue::{InsertBatch, jobs_insert_many};
 use crate::error::{Error, Result};
 use crate::job::{EnqueueOptions, Job, JobId, MAX_ATTEMPTS_DEFAULT, QUEUE_DEFAULT};
 

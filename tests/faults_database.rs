@@ -14,8 +14,9 @@ use common::test_db;
 use fault_support::{PATIENCE, audit, check_claim_discipline, install_audit, states, wait_until};
 use skiplock::db::jobs::{
     FailAction, FailBatch, jobs_claim_batch, jobs_complete_many, jobs_fail_many,
-    jobs_heartbeat_many, jobs_reap_stale, jobs_release_many,
+    jobs_heartbeat_many, jobs_release_many,
 };
+use skiplock::db::maintenance::jobs_reap_stale;
 use skiplock::{EnqueueOptions, NewJob};
 use sqlx::{Connection, PgPool};
 use uuid::Uuid;

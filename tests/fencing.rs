@@ -9,8 +9,9 @@ use common::fixtures::{Record, Recorder, Slow, count_in_state, fast_worker, stat
 use common::test_db;
 use skiplock::db::jobs::{
     FailAction, FailBatch, jobs_claim_batch, jobs_complete_many, jobs_fail_many,
-    jobs_heartbeat_many, jobs_reap_stale, jobs_release_many,
+    jobs_heartbeat_many, jobs_release_many,
 };
+use skiplock::db::maintenance::jobs_reap_stale;
 use skiplock::{EnqueueOptions, JobState};
 
 fn strings(values: &[&str]) -> Vec<String> {

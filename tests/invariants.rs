@@ -339,3 +339,55 @@ async fn deleting_parents_cancels_waiting_children_and_deletes_them_together() {
         format!("parent job {parent} was deleted while queued")
     );
 }
+
+/// Found by the 30-minute model run: a dead parent was pruned after its child had been
+/// cancelled for it, the child was then retried by hand, found no parent left, and ran.
+/// Now the pruner keeps a dead or cancelled job while jobs that depend on it remain, and
+/// the retried child is cancelled again for the parent that failed.
+#[tokio::test]
+async fn a_retried_child_of_a_pruned_dead_parent_does_not_run() {
+    let db = test_db().await;
+    let pool = &db.pool;
+    let parent: i64 = sqlx::query_scalar("SELECT skiplock.enqueue('record')")
+        .fetch_one(pool)
+        .await
+        .unwrap();
+    let child: i64 =
+        sqlx::query_scalar("SELECT skiplock.enqueue('record', depends_on => ARRAY[$1]::bigint[])")
+            .bind(parent)
+            .fetch_one(pool)
+            .await
+            .unwrap();
+    sqlx::query(
+        "UPDATE skiplock.jobs SET state = 'dead', finished_at = now() - interval '1 day'
+         WHERE id = $1",
+    )
+    .bind(parent)
+    .execute(pool)
+    .await
+    .unwrap();
+    sqlx::query("SELECT skiplock.settle_dependants(ARRAY[$1]::bigint[])")
+        .bind(parent)
+        .execute(pool)
+        .await
+        .unwrap();
+    assert_eq!(state_of(pool, child).await, JobState::Cancelled);
+    // Dead jobs at zero retention; the cancelled child is kept a day.
+    let pruned = skiplock::db::maintenance::jobs_prune_finished(pool, 0, 86_400_000, 0, 100)
+        .await
+        .unwrap();
+    assert_eq!(pruned, 0, "the dead parent stays while its child remains");
+    let retried: bool = sqlx::query_scalar("SELECT skiplock.retry_job($1)")
+        .bind(child)
+        .fetch_one(pool)
+        .await
+        .unwrap();
+    assert!(retried);
+    assert_eq!(state_of(pool, child).await, JobState::Cancelled);
+    let reason: String = sqlx::query_scalar("SELECT last_error FROM skiplock.jobs WHERE id = $1")
+        .bind(child)
+        .fetch_one(pool)
+        .await
+        .unwrap();
+    assert_eq!(reason, format!("parent job {parent} ended dead"));
+}

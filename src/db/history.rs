@@ -131,7 +131,7 @@ macro_rules! rolled_up {
 
 /// Deletes up to `limit` finished jobs older than their state's retention (milliseconds
 /// since `finished_at`) and adds them to the history rollup, in one statement; returns how
-/// many went. Deletes exactly the rows [`jobs_prune_finished`](super::jobs::jobs_prune_finished)
+/// many went. Deletes exactly the rows [`jobs_prune_finished`](super::maintenance::jobs_prune_finished)
 /// deletes. Locked rows are skipped, never waited on.
 ///
 /// A data-modifying CTE always runs to completion, so the rollup `INSERT` happens although
@@ -146,9 +146,11 @@ pub async fn jobs_prune_finished_rolled_up(
     let deleted: i64 = sqlx::query_scalar(rolled_up!(
         "WITH doomed AS (
              SELECT id FROM skiplock.jobs
-             WHERE (state = 'succeeded' AND finished_at <= now() - $1 * interval '1 millisecond')
-                OR (state = 'cancelled' AND finished_at <= now() - $2 * interval '1 millisecond')
-                OR (state = 'dead' AND finished_at <= now() - $3 * interval '1 millisecond')
+             WHERE ((state = 'succeeded' AND finished_at <= now() - $1 * interval '1 millisecond')
+                 OR (state = 'cancelled' AND finished_at <= now() - $2 * interval '1 millisecond')
+                 OR (state = 'dead' AND finished_at <= now() - $3 * interval '1 millisecond'))
+               AND (state = 'succeeded' OR NOT EXISTS (
+                   SELECT 1 FROM skiplock.job_dependencies d WHERE d.parent_id = jobs.id))
              LIMIT $4
              FOR UPDATE SKIP LOCKED
          ), gone AS (

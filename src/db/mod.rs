@@ -8,7 +8,9 @@
 pub mod admin;
 pub mod cron;
 pub mod dashboard;
+pub mod enqueue;
 pub mod history;
 pub mod jobs;
+pub mod maintenance;
 pub mod migrations;
 pub mod queues;

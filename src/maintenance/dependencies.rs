@@ -1,16 +1,21 @@
-//! The dependency sweep: settles waiting jobs that the fast path missed.
+//! Moving waiting jobs on: the fast path after jobs finish ([`move_on`]) and the sweep
+//! that settles what the fast path missed.
 //!
-//! Workers settle a finished job's dependants right after saving its outcome. A child
-//! enqueued in a transaction that commits *after* its parent finished is not seen by that
-//! fast path (its dependency row was not yet visible), so every worker also sweeps
-//! periodically: waiting jobs whose parents have all finished are queued or cancelled.
+//! The completer and the reaper settle a finished job's dependants and advance its lane
+//! right after saving its outcome. A child enqueued in a transaction that commits *after*
+//! its parent finished is not seen by that fast path (its dependency row was not yet
+//! visible), and a fast path can fail, so every worker also sweeps periodically: waiting
+//! jobs whose parents have all finished are queued or cancelled, and lanes whose head
+//! finished move on.
 
 use std::sync::Arc;
 
+use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 
-use crate::db::jobs::jobs_settle_waiting;
-use crate::worker::{Shared, sleep_jittered};
+use crate::db::maintenance::{jobs_advance_lanes, jobs_settle_dependants, jobs_settle_waiting};
+use crate::error::is_transient_sqlx;
+use crate::worker::{Shared, db_retry_delay, sleep_jittered};
 
 /// Sweeps every `reap_interval` (jittered) until `stop`.
 pub(crate) async fn sweep(shared: Arc<Shared>, stop: CancellationToken) {
@@ -23,6 +28,51 @@ pub(crate) async fn sweep(shared: Arc<Shared>, stop: CancellationToken) {
             Ok(0) => {}
             Ok(moved) => tracing::debug!(moved, "settled waiting jobs whose parents finished"),
             Err(e) => tracing::warn!(error = %e, "dependency sweep failed; will retry"),
+        }
+    }
+}
+
+/// What jobs that just finished set in motion, for the completer and the reaper: the
+/// waiting dependants of `parents` are queued or cancelled, and the next job of each of
+/// `lanes` becomes its head (promotion notifies the workers). Transient errors are retried
+/// a few times; then the failure is logged, and the periodic [`sweep`] does the same a
+/// little later.
+pub(crate) async fn move_on(pool: &PgPool, parents: &[i64], lanes: &mut Vec<String>) {
+    if !parents.is_empty() {
+        retrying("settle the dependants of finished jobs", || {
+            jobs_settle_dependants(pool, parents)
+        })
+        .await;
+    }
+    if !lanes.is_empty() {
+        lanes.sort_unstable();
+        lanes.dedup();
+        let lanes = &*lanes;
+        retrying("advance the lanes of finished jobs", || {
+            jobs_advance_lanes(pool, lanes)
+        })
+        .await;
+    }
+}
+
+/// Attempts at a follow-up statement before it is left to the sweep.
+const MOVE_ON_ATTEMPTS: u32 = 3;
+
+async fn retrying<F, Fut>(what: &str, mut statement: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = sqlx::Result<i32>>,
+{
+    for failures in 1..=MOVE_ON_ATTEMPTS {
+        match statement().await {
+            Ok(_) => return,
+            Err(e) if is_transient_sqlx(&e) && failures < MOVE_ON_ATTEMPTS => {
+                tokio::time::sleep(db_retry_delay(failures)).await;
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "could not {what}; the dependency sweep will");
+                return;
+            }
         }
     }
 }

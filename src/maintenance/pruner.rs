@@ -1,7 +1,9 @@
 //! The pruner: deletes finished jobs past their retention, in small batches that skip
 //! locked rows, so it never blocks claims or completions. Each batch is added to the
 //! history rollup (`skiplock.job_history`) in the same statement, so pruning never erases
-//! history; hourly history older than a year is folded into lifetime totals.
+//! history; hourly history older than a year is folded into lifetime totals. A dead or
+//! cancelled job is kept while jobs that depend on it remain, so a retried child still
+//! finds the parent that failed (and waits, then is cancelled again) instead of running.
 //!
 //! When a batch fails for a reason a retry will not change (one row whose numbers the
 //! rollup cannot read, say an `errors` list written by hand), the pruner deletes the due
@@ -17,7 +19,7 @@ use crate::db::history::{
     HISTORY_RETENTION_DEFAULT, job_history_prune_expired, jobs_delete_rolled_up,
     jobs_prune_finished_rolled_up,
 };
-use crate::db::jobs::{jobs_delete_finished_unrolled, jobs_list_prunable};
+use crate::db::maintenance::{jobs_delete_finished_unrolled, jobs_list_prunable};
 use crate::enqueue::duration_ms;
 use crate::error::{describe_sqlx, is_transient_sqlx};
 use crate::job::JobId;

@@ -10,13 +10,12 @@ use std::sync::Arc;
 
 use tokio_util::sync::CancellationToken;
 
-use crate::db::jobs::{
-    ReapedJob, jobs_abandon_many, jobs_advance_lanes, jobs_list_stale, jobs_reap_stale,
-    jobs_reap_stale_one, jobs_settle_dependants,
-};
+use crate::db::jobs::jobs_abandon_many;
+use crate::db::maintenance::{ReapedJob, jobs_list_stale, jobs_reap_stale, jobs_reap_stale_one};
 use crate::enqueue::duration_ms;
 use crate::error::{describe_sqlx, is_transient_sqlx};
 use crate::job::JobState;
+use crate::maintenance::dependencies::move_on;
 use crate::worker::{Shared, sleep_jittered};
 
 /// Reaps every `reap_interval` (jittered) until `stop`.
@@ -82,11 +81,11 @@ async fn reap_one_by_one(shared: &Shared, limit: i64) {
                             .filter(|j| j.has_dependants)
                             .map(|j| j.id)
                             .collect();
-                        let lanes: Vec<String> = saved
+                        let mut lanes: Vec<String> = saved
                             .iter()
                             .filter_map(|j| j.ordering_key.clone())
                             .collect();
-                        settle(shared, &parents, &lanes).await;
+                        move_on(&shared.pool, &parents, &mut lanes).await;
                     }
                     Err(e) => {
                         tracing::error!(job_id = id, error = %describe_sqlx(&e), "could not mark the stale job dead either")
@@ -110,23 +109,8 @@ async fn follow_up(shared: &Shared, reaped: &[ReapedJob]) {
     }
     let finished = || reaped.iter().filter(|job| job.state != JobState::Queued);
     let parents: Vec<i64> = finished().map(|job| job.id).collect();
-    let lanes: Vec<String> = finished()
+    let mut lanes: Vec<String> = finished()
         .filter_map(|job| job.ordering_key.clone())
         .collect();
-    settle(shared, &parents, &lanes).await;
-}
-
-/// Settles dependants and advances lanes; on failure the periodic sweep does it a little
-/// later.
-async fn settle(shared: &Shared, parents: &[i64], lanes: &[String]) {
-    if !parents.is_empty()
-        && let Err(e) = jobs_settle_dependants(&shared.pool, parents).await
-    {
-        tracing::warn!(error = %e, "could not settle dependants of reaped jobs");
-    }
-    if !lanes.is_empty()
-        && let Err(e) = jobs_advance_lanes(&shared.pool, lanes).await
-    {
-        tracing::warn!(error = %e, "could not advance lanes of reaped jobs");
-    }
+    move_on(&shared.pool, &parents, &mut lanes).await;
 }

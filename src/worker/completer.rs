@@ -29,11 +29,12 @@ use super::claims::ClaimKey;
 use super::executor::{Finished, Outcome};
 use super::{Shared, db_retry_delay};
 use crate::db::jobs::{
-    FailAction, FailBatch, SavedJob, jobs_abandon_many, jobs_advance_lanes, jobs_complete_many,
-    jobs_fail_many, jobs_release_many, jobs_settle_dependants,
+    FailAction, FailBatch, SavedJob, jobs_abandon_many, jobs_complete_many, jobs_fail_many,
+    jobs_release_many,
 };
 use crate::error::{describe_sqlx, is_transient_sqlx};
 use crate::job::{Fate, JobState};
+use crate::maintenance::dependencies;
 
 /// Attempts at one write once the worker is shutting down hard.
 const WRITE_ATTEMPTS_AFTER_HARD_STOP: u32 = 3;
@@ -172,25 +173,7 @@ async fn save(shared: &Shared, batch: &mut Vec<Finished>) {
         )
         .await;
     }
-    if !follow_up.parents.is_empty() {
-        // Jobs waiting on these may run now (or are cancelled). Should this fail, the
-        // periodic sweep (maintenance::dependencies) settles them a little later.
-        let parents = &follow_up.parents;
-        let _ = write(shared, "settle dependants", || {
-            jobs_settle_dependants(&shared.pool, parents)
-        })
-        .await;
-    }
-    if !follow_up.lanes.is_empty() {
-        // The next job of each lane becomes its head (promotion notifies the workers).
-        let lanes = &mut follow_up.lanes;
-        lanes.sort_unstable();
-        lanes.dedup();
-        let _ = write(shared, "advance lanes", || {
-            jobs_advance_lanes(&shared.pool, lanes)
-        })
-        .await;
-    }
+    dependencies::move_on(&shared.pool, &follow_up.parents, &mut follow_up.lanes).await;
     shared.claims.remove_many(&settled);
     // Producers held back by the claim bound may claim again (a stored permit covers a
     // producer that is about to wait).

@@ -18,7 +18,8 @@ use futures_util::stream::FuturesUnordered;
 use tokio::sync::{Notify, mpsc};
 
 use super::{PREFETCH_HORIZON, Shared, db_retry_delay, sleep_jittered};
-use crate::db::jobs::{ClaimedJob, jobs_any_active, jobs_claim_batch};
+use crate::db::jobs::{ClaimedJob, jobs_claim_batch};
+use crate::db::maintenance::jobs_any_active;
 
 /// Claim statements one producer keeps in flight. With two, one claim's commit (its WAL
 /// flush) and round trip overlap the next one's work, and claiming is no longer a serial

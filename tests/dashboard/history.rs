@@ -7,7 +7,7 @@ use skiplock::db::history::{
     Granularity, HistoryFilter, HistoryRow, job_history_list, job_history_prune_expired,
     job_history_totals, jobs_delete_rolled_up, jobs_prune_finished_rolled_up,
 };
-use skiplock::db::jobs::jobs_prune_finished;
+use skiplock::db::maintenance::jobs_prune_finished;
 use sqlx::PgPool;
 
 use crate::common::test_db;

@@ -14,7 +14,9 @@
 //!   is unfinished *and* entered the lane before J did. (A finished job retried by hand
 //!   re-enters behind the jobs already in line; it is not "older" than them.)
 //! - **dependencies**: when J is claimed, each parent's latest finished state before the
-//!   claim is `succeeded`, and the parent was not deleted while unfinished;
+//!   claim is `succeeded`, and the parent was not deleted while unfinished, or that held
+//!   when J last became `queued` (a child released once its parents succeeded stays
+//!   released when an operator retries a parent afterwards);
 //! - **unique keys**: at no point two pending (waiting or queued) jobs share a key;
 //! - **drained**: every job is finished or was deleted; a cancelled or dead job has a
 //!   `last_error`; only the operator deletes unfinished jobs;
@@ -126,6 +128,8 @@ struct Track {
     deleted_unfinished: bool,
     deleted_by: Option<String>,
     last_error: Option<String>,
+    /// When the job last became `queued` (was released), every parent had succeeded.
+    released_after_parents: bool,
 }
 
 /// Everything the checks read.
@@ -218,8 +222,10 @@ fn replay(evidence: &Evidence, found: &mut Vec<String>) -> HashMap<i64, Track> {
                 found,
                 &mut reported,
             );
-            check_claim_parents(evidence, &tracks, parents.get(&job), ev, found);
+            check_claim_parents(evidence, &tracks, parents.get(&job), ev, &before, found);
         }
+        let released = new.as_deref() == Some("queued") && old.as_deref() != Some("queued");
+        let released_after_parents = released && parents_done(&tracks, parents.get(&job), ev.seq);
         let track = tracks.entry(job).or_default();
         if ev.op != "delete" {
             track.lane = ev.ordering_key.clone();
@@ -244,6 +250,9 @@ fn replay(evidence: &Evidence, found: &mut Vec<String>) -> HashMap<i64, Track> {
         }
         track.state = new.clone();
         track.last_error = ev.last_error.clone();
+        if released {
+            track.released_after_parents = released_after_parents;
+        }
         // Membership of lane and unique-key sets after this row.
         let unfinished = new.as_deref().is_some_and(|s| !finished(s));
         for lane in [&before.lane, &track.lane].into_iter().flatten() {
@@ -321,14 +330,31 @@ fn check_claim_order(
     }
 }
 
+/// Whether every parent (edges written up to `seq`) has `succeeded` as its latest finished
+/// state and was not deleted unfinished.
+fn parents_done(tracks: &HashMap<i64, Track>, parents: Option<&Vec<(i64, i64)>>, seq: i64) -> bool {
+    parents.into_iter().flatten().all(|&(edge_seq, parent)| {
+        edge_seq > seq
+            || tracks.get(&parent).is_some_and(|track| {
+                track.last_finished.as_deref() == Some("succeeded") && !track.deleted_unfinished
+            })
+    })
+}
+
 /// Dependencies at a claim (see the module docs).
 fn check_claim_parents(
     evidence: &Evidence,
     tracks: &HashMap<i64, Track>,
     parents: Option<&Vec<(i64, i64)>>,
     ev: &Ev,
+    claimed: &Track,
     found: &mut Vec<String>,
 ) {
+    if claimed.released_after_parents {
+        // Released once every parent had succeeded; an operator retrying a parent later
+        // does not recall a child already released.
+        return;
+    }
     for &(edge_seq, parent) in parents.into_iter().flatten() {
         if edge_seq > ev.seq {
             continue;

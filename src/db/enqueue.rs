@@ -1,0 +1,130 @@
+//! Statements that insert jobs (the Rust API's `enqueue` family).
+
+use chrono::{DateTime, Utc};
+use serde_json::Value;
+use sqlx::PgExecutor;
+use sqlx::types::Json;
+
+use crate::job::JobId;
+
+/// Column-wise batch of jobs for [`jobs_insert_many`]; index `i` of every vector is job `i`.
+#[derive(Debug, Default)]
+pub struct InsertBatch {
+    /// Kinds.
+    pub kinds: Vec<String>,
+    /// Payloads.
+    pub args: Vec<Json<Value>>,
+    /// Queues.
+    pub queues: Vec<String>,
+    /// Priorities.
+    pub priorities: Vec<i16>,
+    /// Absolute run times; `None` means "now plus `delays_ms`" by the database clock.
+    pub run_at: Vec<Option<DateTime<Utc>>>,
+    /// Delays in milliseconds from the database's `now()`, used when `run_at` is `None`.
+    pub delays_ms: Vec<i64>,
+    /// Attempt budgets.
+    pub max_attempts: Vec<i32>,
+    /// Ordering lanes.
+    pub ordering_keys: Vec<Option<String>>,
+    /// Unique keys.
+    pub unique_keys: Vec<Option<String>>,
+    /// Conflict policy per job (`skip`, `replace`, `merge`), used with a unique key.
+    pub unique_policies: Vec<&'static str>,
+    /// Parent job ids per job, as a JSON array.
+    pub depends_on: Vec<Json<Vec<i64>>>,
+}
+
+impl InsertBatch {
+    /// Number of jobs in the batch.
+    pub fn len(&self) -> usize {
+        self.kinds.len()
+    }
+
+    /// Whether the batch holds no job.
+    pub fn is_empty(&self) -> bool {
+        self.kinds.is_empty()
+    }
+
+    /// Whether any job needs the per-job path (unique keys or dependencies).
+    pub fn needs_per_job_path(&self) -> bool {
+        self.unique_keys.iter().any(Option::is_some)
+            || self.ordering_keys.iter().any(Option::is_some)
+            || self.depends_on.iter().any(|parents| !parents.0.is_empty())
+    }
+}
+
+/// Inserts a batch and returns the ids in input order.
+///
+/// Plain jobs go in with one `INSERT … SELECT FROM unnest(…)`: rows are produced in input
+/// order, so the identity column hands out increasing ids and sorting them restores the
+/// input order. Batches with unique keys, ordering keys or dependencies call
+/// `skiplock.enqueue(…)` once per job, still in one statement and in input order, so a
+/// later job of the batch sees an earlier one with the same key.
+pub async fn jobs_insert_many(
+    db: impl PgExecutor<'_>,
+    batch: &InsertBatch,
+) -> sqlx::Result<Vec<JobId>> {
+    if batch.needs_per_job_path() {
+        return jobs_insert_each(db, batch).await;
+    }
+    let mut ids: Vec<i64> = sqlx::query_scalar(
+        "INSERT INTO skiplock.jobs (kind, args, queue, priority, scheduled_at, max_attempts,
+                                    ordering_key)
+         SELECT kind, args, queue, priority,
+                coalesce(run_at, now() + delay_ms * interval '1 millisecond'), max_attempts,
+                ordering_key
+         FROM unnest($1::text[], $2::jsonb[], $3::text[], $4::smallint[], $5::timestamptz[],
+                     $6::bigint[], $7::int[], $8::text[])
+              WITH ORDINALITY
+              AS j(kind, args, queue, priority, run_at, delay_ms, max_attempts, ordering_key, ord)
+         ORDER BY ord
+         RETURNING id",
+    )
+    .bind(&batch.kinds)
+    .bind(&batch.args)
+    .bind(&batch.queues)
+    .bind(&batch.priorities)
+    .bind(&batch.run_at)
+    .bind(&batch.delays_ms)
+    .bind(&batch.max_attempts)
+    .bind(&batch.ordering_keys)
+    .fetch_all(db)
+    .await?;
+    ids.sort_unstable();
+    Ok(ids.into_iter().map(JobId).collect())
+}
+
+async fn jobs_insert_each(
+    db: impl PgExecutor<'_>,
+    batch: &InsertBatch,
+) -> sqlx::Result<Vec<JobId>> {
+    // The function scan yields rows in array order and the target list is evaluated per
+    // row as it comes, so the calls happen in input order; `ord` maps results back.
+    let mut rows: Vec<(i64, i64)> = sqlx::query_as(
+        "SELECT ord, skiplock.enqueue(
+                    kind, args, queue, priority,
+                    coalesce(run_at, now() + delay_ms * interval '1 millisecond'), max_attempts,
+                    ordering_key, unique_key, coalesce(policy, 'skip'),
+                    ARRAY(SELECT jsonb_array_elements_text(parents)::bigint))
+         FROM unnest($1::text[], $2::jsonb[], $3::text[], $4::smallint[], $5::timestamptz[],
+                     $6::bigint[], $7::int[], $8::text[], $9::text[], $10::text[], $11::jsonb[])
+              WITH ORDINALITY
+              AS j(kind, args, queue, priority, run_at, delay_ms, max_attempts, ordering_key,
+                   unique_key, policy, parents, ord)",
+    )
+    .bind(&batch.kinds)
+    .bind(&batch.args)
+    .bind(&batch.queues)
+    .bind(&batch.priorities)
+    .bind(&batch.run_at)
+    .bind(&batch.delays_ms)
+    .bind(&batch.max_attempts)
+    .bind(&batch.ordering_keys)
+    .bind(&batch.unique_keys)
+    .bind(&batch.unique_policies)
+    .bind(&batch.depends_on)
+    .fetch_all(db)
+    .await?;
+    rows.sort_unstable_by_key(|(ord, _)| *ord);
+    Ok(rows.into_iter().map(|(_, id)| JobId(id)).collect())
+}

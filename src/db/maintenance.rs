@@ -1,0 +1,274 @@
+//! Statements of the maintenance services every worker runs (`src/maintenance/`): the
+//! reaper, the pruner, the dependency sweep, and the lane and dependant moves that follow a
+//! finished job. They take no claim token: they act on rows whose holder is gone (stale
+//! heartbeats) or that no one holds (finished, waiting), and skip locked rows so that any
+//! number of workers can run them at once.
+
+use sqlx::{FromRow, PgExecutor};
+use uuid::Uuid;
+
+use crate::job::JobState;
+
+/// A job the reaper took back from a vanished holder.
+#[derive(Debug, Clone, FromRow)]
+pub struct ReapedJob {
+    /// Job id.
+    pub id: i64,
+    /// `queued` (will run again) or `dead` (no attempt left).
+    pub state: JobState,
+    /// The holder that stopped heartbeating.
+    pub claimed_by: Option<String>,
+    /// Its ordering lane, if any.
+    pub ordering_key: Option<String>,
+}
+
+/// Returns up to `limit` running jobs whose heartbeat is older than `stale_after_ms` (by
+/// the database clock) to `queued` with the default backoff, or to `dead` when their
+/// attempts are exhausted.
+///
+/// `SKIP LOCKED` lets every worker run this at once: a row being completed right now is
+/// locked by its completer and skipped, and a row completed after our snapshot fails the
+/// re-check of `state = 'running'`, so a finished job is never reset.
+///
+/// A job whose `unique_key` another pending job took meanwhile is superseded, not
+/// requeued (`skiplock.fold_into_key_holder`, migration 0007): it comes back `cancelled`.
+pub async fn jobs_reap_stale(
+    db: impl PgExecutor<'_>,
+    stale_after_ms: i64,
+    limit: i64,
+) -> sqlx::Result<Vec<ReapedJob>> {
+    jobs_reap_stale_matching(db, stale_after_ms, limit, None).await
+}
+
+/// [`jobs_reap_stale`] for one job only, if its claim is stale: the reaper's way round a
+/// batch that failed on one row.
+pub async fn jobs_reap_stale_one(
+    db: impl PgExecutor<'_>,
+    stale_after_ms: i64,
+    id: i64,
+) -> sqlx::Result<Vec<ReapedJob>> {
+    jobs_reap_stale_matching(db, stale_after_ms, 1, Some(id)).await
+}
+
+async fn jobs_reap_stale_matching(
+    db: impl PgExecutor<'_>,
+    stale_after_ms: i64,
+    limit: i64,
+    only: Option<i64>,
+) -> sqlx::Result<Vec<ReapedJob>> {
+    sqlx::query_as(
+        "WITH stale AS (
+             SELECT id FROM skiplock.jobs
+             WHERE state = 'running'
+               AND heartbeat_at < now() - $1 * interval '1 millisecond'
+               AND ($3::bigint IS NULL OR id = $3)
+             ORDER BY heartbeat_at
+             LIMIT $2
+             FOR UPDATE SKIP LOCKED
+         ), due AS (
+             SELECT j.id, j.attempt, j.unique_key,
+                    format('no heartbeat from %s for over %s ms; claim taken back',
+                           coalesce(j.claimed_by, 'unknown worker'), $1) AS message,
+                    CASE WHEN j.attempt >= j.max_attempts THEN 'dead' ELSE 'queued' END
+                        ::skiplock.job_state AS next_state
+             FROM skiplock.jobs j JOIN stale USING (id)
+         ), reaped AS (
+             SELECT d.*, CASE WHEN d.next_state = 'queued' AND d.unique_key IS NOT NULL
+                              THEN skiplock.fold_into_key_holder(d.id) END AS holder
+             FROM due d
+         )
+         UPDATE skiplock.jobs j
+         SET state = CASE WHEN r.holder IS NULL THEN r.next_state ELSE 'cancelled' END,
+             scheduled_at = CASE WHEN r.next_state = 'queued' AND r.holder IS NULL
+                 THEN now() + skiplock.backoff(r.attempt) ELSE j.scheduled_at END,
+             finished_at = CASE WHEN r.next_state = 'queued' AND r.holder IS NULL
+                 THEN NULL ELSE now() END,
+             claim_token = NULL, heartbeat_at = NULL,
+             last_error = CASE WHEN r.holder IS NULL THEN r.message
+                 ELSE skiplock.superseded_message(r.holder, r.unique_key) END,
+             errors = skiplock.append_error(j.errors, j.attempt, r.message)
+         FROM reaped r
+         WHERE j.id = r.id
+         RETURNING j.id, j.state, j.claimed_by, j.ordering_key",
+    )
+    .bind(stale_after_ms)
+    .bind(limit)
+    .bind(only)
+    .fetch_all(db)
+    .await
+}
+
+/// Claims of running jobs whose heartbeat is older than `stale_after_ms`, oldest first,
+/// without taking them: the reaper lists them to reap one at a time when a batch failed.
+pub async fn jobs_list_stale(
+    db: impl PgExecutor<'_>,
+    stale_after_ms: i64,
+    limit: i64,
+) -> sqlx::Result<Vec<(i64, Uuid)>> {
+    sqlx::query_as(
+        "SELECT id, claim_token FROM skiplock.jobs
+         WHERE state = 'running' AND heartbeat_at < now() - $1 * interval '1 millisecond'
+         ORDER BY heartbeat_at
+         LIMIT $2",
+    )
+    .bind(stale_after_ms)
+    .bind(limit)
+    .fetch_all(db)
+    .await
+}
+
+/// Deletes up to `limit` finished jobs older than their state's retention (milliseconds
+/// since `finished_at`); returns how many went. Locked rows are skipped, never waited on.
+///
+/// A dead or cancelled job stays while jobs that depend on it remain (until they are
+/// pruned themselves): deleting it would take its dependency rows along, and a child
+/// retried afterwards would look free to run although its parent failed.
+pub async fn jobs_prune_finished(
+    db: impl PgExecutor<'_>,
+    succeeded_ms: i64,
+    cancelled_ms: i64,
+    dead_ms: i64,
+    limit: i64,
+) -> sqlx::Result<u64> {
+    let result = sqlx::query(
+        "WITH doomed AS (
+             SELECT id FROM skiplock.jobs
+             WHERE ((state = 'succeeded' AND finished_at <= now() - $1 * interval '1 millisecond')
+                 OR (state = 'cancelled' AND finished_at <= now() - $2 * interval '1 millisecond')
+                 OR (state = 'dead' AND finished_at <= now() - $3 * interval '1 millisecond'))
+               AND (state = 'succeeded' OR NOT EXISTS (
+                   SELECT 1 FROM skiplock.job_dependencies d WHERE d.parent_id = jobs.id))
+             LIMIT $4
+             FOR UPDATE SKIP LOCKED
+         )
+         DELETE FROM skiplock.jobs j USING doomed WHERE j.id = doomed.id",
+    )
+    .bind(succeeded_ms)
+    .bind(cancelled_ms)
+    .bind(dead_ms)
+    .bind(limit)
+    .execute(db)
+    .await?;
+    Ok(result.rows_affected())
+}
+
+/// Ids of up to `limit` finished jobs older than their state's retention, as
+/// [`jobs_prune_finished`] would delete them: the pruner's list when a batch failed and it
+/// deletes one job at a time.
+pub async fn jobs_list_prunable(
+    db: impl PgExecutor<'_>,
+    succeeded_ms: i64,
+    cancelled_ms: i64,
+    dead_ms: i64,
+    limit: i64,
+) -> sqlx::Result<Vec<i64>> {
+    sqlx::query_scalar(
+        "SELECT id FROM skiplock.jobs
+         WHERE ((state = 'succeeded' AND finished_at <= now() - $1 * interval '1 millisecond')
+             OR (state = 'cancelled' AND finished_at <= now() - $2 * interval '1 millisecond')
+             OR (state = 'dead' AND finished_at <= now() - $3 * interval '1 millisecond'))
+           AND (state = 'succeeded' OR NOT EXISTS (
+               SELECT 1 FROM skiplock.job_dependencies d WHERE d.parent_id = jobs.id))
+         LIMIT $4",
+    )
+    .bind(succeeded_ms)
+    .bind(cancelled_ms)
+    .bind(dead_ms)
+    .bind(limit)
+    .fetch_all(db)
+    .await
+}
+
+/// Deletes one finished job without adding it to the history rollup: the pruner's last
+/// resort for a row whose rollup fails (an `errors` list written by hand that is not what
+/// skiplock writes). Returns whether it was deleted.
+pub async fn jobs_delete_finished_unrolled(db: impl PgExecutor<'_>, id: i64) -> sqlx::Result<bool> {
+    let deleted = sqlx::query(
+        "DELETE FROM skiplock.jobs WHERE id = $1 AND state IN ('succeeded', 'dead', 'cancelled')",
+    )
+    .bind(id)
+    .execute(db)
+    .await?;
+    Ok(deleted.rows_affected() == 1)
+}
+
+/// Whether any job of these queues and kinds is runnable now or running anywhere.
+///
+/// Planned afresh at every call, like [`jobs_settle_waiting`]: it runs only when a worker
+/// with `exit_when_idle` finds nothing to claim, and a plan cached on an empty table cost
+/// 5 ms instead of 1 ms on 200,000 rows.
+pub async fn jobs_any_active(
+    db: impl PgExecutor<'_>,
+    queues: &[String],
+    kinds: &[String],
+) -> sqlx::Result<bool> {
+    sqlx::query_scalar(
+        "SELECT EXISTS (
+             SELECT 1 FROM skiplock.jobs
+             WHERE queue = ANY($1) AND kind = ANY($2)
+               AND (state = 'running' OR (state = 'queued' AND scheduled_at <= now()))
+         )",
+    )
+    .bind(queues)
+    .bind(kinds)
+    .persistent(false)
+    .fetch_one(db)
+    .await
+}
+
+/// Moves the waiting children of `parent_ids` on: `queued` once all their parents
+/// succeeded, `cancelled` (transitively) once one is dead or cancelled. Returns how many
+/// jobs moved.
+pub async fn jobs_settle_dependants(
+    db: impl PgExecutor<'_>,
+    parent_ids: &[i64],
+) -> sqlx::Result<i32> {
+    sqlx::query_scalar("SELECT skiplock.settle_dependants($1)")
+        .bind(parent_ids)
+        .fetch_one(db)
+        .await
+}
+
+/// Promotes the next job of each lane whose head finished. Returns how many moved.
+pub async fn jobs_advance_lanes(db: impl PgExecutor<'_>, keys: &[String]) -> sqlx::Result<i32> {
+    sqlx::query_scalar("SELECT skiplock.advance_lanes($1)")
+        .bind(keys)
+        .fetch_one(db)
+        .await
+}
+
+/// Repairs what a race may have left: waiting jobs whose parents have all finished (a
+/// parent finished while the child's enqueue was still uncommitted) are settled, waiting
+/// jobs left without any parent row (parents pruned) are queued, and lanes whose head
+/// finished while a new lane job was being enqueued move on. Returns how many jobs moved.
+///
+/// Planned afresh at every call (an unnamed statement, not the connection's cache): it
+/// runs about once a second, and a plan cached while the table was empty (a worker that
+/// started on a fresh database, on a server where no ANALYZE or VACUUM ever invalidates
+/// the plan) joined the whole table with itself: over 10 s on 200,000 rows instead of 7 ms.
+/// Planning costs well under a millisecond.
+pub async fn jobs_settle_waiting(db: impl PgExecutor<'_>) -> sqlx::Result<i32> {
+    sqlx::query_scalar(
+        "WITH orphans AS (
+             UPDATE skiplock.jobs c SET state = 'queued'
+             WHERE c.state = 'waiting' AND c.ordering_key IS NULL
+               AND NOT EXISTS (SELECT 1 FROM skiplock.job_dependencies d WHERE d.job_id = c.id)
+             RETURNING c.id
+         ), lanes AS (
+             SELECT skiplock.advance_lanes(ARRAY(
+                 SELECT DISTINCT ordering_key FROM skiplock.jobs
+                 WHERE state = 'waiting' AND ordering_key IS NOT NULL
+             )) AS moved
+         )
+         SELECT skiplock.settle_dependants(ARRAY(
+                    SELECT DISTINCT d.parent_id
+                    FROM skiplock.jobs c
+                    JOIN skiplock.job_dependencies d ON d.job_id = c.id
+                    JOIN skiplock.jobs p ON p.id = d.parent_id
+                    WHERE c.state = 'waiting' AND p.state IN ('succeeded', 'dead', 'cancelled')
+                ))::int + (SELECT count(*) FROM orphans)::int + (SELECT moved FROM lanes)",
+    )
+    .persistent(false)
+    .fetch_one(db)
+    .await
+}

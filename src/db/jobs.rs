@@ -16,7 +16,7 @@
 //! They update by id, not by the `ctid` the lock returned: a row updated after the
 //! statement's snapshot (a heartbeat that committed while we waited for its lock) has a
 //! new version the update's snapshot cannot see by ctid, and the outcome would be
-//! dropped. The claim alone updates by ctid (see `skiplock.claim_batch`, migration 0006).
+//! dropped. The claim alone updates by ctid (see `skiplock.claim_batch`, migration 0007).
 //!
 //! The statements that finish or release claims lock their rows in id order (the claim
 //! list is sorted by id first): locking in one global order means two of them touching
@@ -105,12 +105,14 @@ pub struct ClaimedJob {
 /// Claims up to `limit` runnable jobs of the given queues and kinds, in claim order
 /// (priority, then `scheduled_at`, then id), in one statement.
 ///
-/// It calls `skiplock.claim_batch` (migration 0006, where the statement and its reasons
-/// are): rows are picked with `FOR UPDATE SKIP LOCKED`, so concurrent claimers never wait
-/// on each other and never pick the same row, and each is stamped with its own fresh
+/// It calls `skiplock.claim_batch` (migrations 0006 and 0007, where the statement and its
+/// reasons are): rows are picked with `FOR UPDATE SKIP LOCKED`, so concurrent claimers never
+/// wait on each other and never pick the same row, and each is stamped with its own fresh
 /// `claim_token`, the claimant and the database's `now()` as first heartbeat. The function
 /// fixes the plan to an ordered walk of the claim index, so the claim stays O(limit) even
-/// when the table's statistics are stale.
+/// when the table's statistics are stale. It takes a lane's job only when it is the lane's
+/// oldest unfinished one and nothing of the lane runs, and never fails on what the rows
+/// hold (a lane conflict it could not see is retried without lane jobs).
 pub async fn jobs_claim_batch(
     db: impl PgExecutor<'_>,
     queues: &[String],

@@ -15,8 +15,9 @@
 //!   re-enters behind the jobs already in line; it is not "older" than them.)
 //! - **dependencies**: when J is claimed, each parent's latest finished state before the
 //!   claim is `succeeded`, and the parent was not deleted while unfinished, or that held
-//!   when J last became `queued` (a child released once its parents succeeded stays
-//!   released when an operator retries a parent afterwards);
+//!   when J was last released (inserted `queued`, promoted from `waiting` or retried by
+//!   hand; its own retries keep the release): a child released once its parents
+//!   succeeded stays released when an operator retries a parent afterwards;
 //! - **unique keys**: at no point two pending (waiting or queued) jobs share a key;
 //! - **drained**: every job is finished or was deleted; a cancelled or dead job has a
 //!   `last_error`; only the operator deletes unfinished jobs;
@@ -224,7 +225,10 @@ fn replay(evidence: &Evidence, found: &mut Vec<String>) -> HashMap<i64, Track> {
             );
             check_claim_parents(evidence, &tracks, parents.get(&job), ev, &before, found);
         }
-        let released = new.as_deref() == Some("queued") && old.as_deref() != Some("queued");
+        // Released: inserted queued, promoted from waiting, or retried by hand from a
+        // finished state. Its own retries (running -> queued) keep the release.
+        let released = new.as_deref() == Some("queued")
+            && !matches!(old.as_deref(), Some("queued" | "running"));
         let released_after_parents = released && parents_done(&tracks, parents.get(&job), ev.seq);
         let track = tracks.entry(job).or_default();
         if ev.op != "delete" {

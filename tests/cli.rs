@@ -208,7 +208,7 @@ async fn show_prints_everything_in_both_formats() {
     assert_eq!(shown["errors"][0]["message"], json!("boom"));
     assert_eq!(
         shown["dependencies"],
-        json!([{"relation": "parent", "id": parent, "state": "queued"}])
+        json!([{"relation": "parent", "id": parent, "state": "queued", "deleted": false}])
     );
     assert!(shown.get("output").is_some(), "every column is shown");
 }

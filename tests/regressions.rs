@@ -788,6 +788,89 @@ async fn a_child_of_a_deleted_parent_is_cancelled_not_run() {
     );
 }
 
+/// Issue 12, found by the third 30-minute model run: after an unfinished parent was
+/// deleted by hand and its waiting child cancelled, `retry_job` of the child found no
+/// dependency row (the foreign key's cascade had deleted it with the parent) and queued the
+/// child, which ran. Fixed (migration 0008): the row stays as a tombstone of the parent,
+/// the retried child is cancelled again with the reason, and `job_dependencies_of` lists
+/// the deleted parent.
+#[tokio::test]
+async fn retrying_a_child_of_a_deleted_unfinished_parent_cancels_it_again() {
+    let db = test_db().await;
+    let pool = &db.pool;
+    let p = enqueue_tomorrow(pool).await;
+    let c = enqueue_child(pool, &[p]).await;
+    sqlx::query("DELETE FROM skiplock.jobs WHERE id = $1")
+        .bind(p)
+        .execute(pool)
+        .await
+        .unwrap();
+    assert_eq!(
+        state_of(pool, c).await,
+        JobState::Cancelled,
+        "C after the delete"
+    );
+
+    let retried: bool = sqlx::query_scalar("SELECT skiplock.retry_job($1)")
+        .bind(c)
+        .fetch_one(pool)
+        .await
+        .unwrap();
+    assert!(retried, "retry_job accepts the cancelled child");
+    assert_eq!(
+        state_of(pool, c).await,
+        JobState::Cancelled,
+        "C after its retry: its parent can never succeed"
+    );
+    let message = last_error_of(pool, c).await.unwrap_or_default();
+    assert_eq!(
+        message,
+        format!("parent job {p} was deleted while queued"),
+        "C's last_error"
+    );
+    let parents = skiplock::db::admin::job_dependencies_of(pool, skiplock::JobId(c))
+        .await
+        .unwrap();
+    assert_eq!(parents.len(), 1, "C's dependencies: {parents:?}");
+    assert!(parents[0].deleted, "the parent is listed as deleted");
+    assert_eq!(
+        parents[0].state,
+        JobState::Queued,
+        "the parent's state when deleted"
+    );
+}
+
+/// The other side of the tombstones: a parent deleted after it succeeded (as the pruner
+/// deletes it) leaves a satisfied edge, so its child, retried later, runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_child_retried_after_its_succeeded_parent_was_pruned_runs() {
+    let db = test_db().await;
+    let pool = &db.pool;
+    let p = enqueue_now(pool).await;
+    let c = enqueue_child(pool, &[p]).await;
+    let timeline = Timeline::default();
+    run_to_idle(pool, k_worker(pool, &timeline), "parent and child").await;
+    assert_eq!(state_of(pool, c).await, JobState::Succeeded, "C");
+    sqlx::query("DELETE FROM skiplock.jobs WHERE id = $1")
+        .bind(p)
+        .execute(pool)
+        .await
+        .unwrap();
+    let retried: bool = sqlx::query_scalar("SELECT skiplock.retry_job($1)")
+        .bind(c)
+        .fetch_one(pool)
+        .await
+        .unwrap();
+    assert!(retried, "retry_job accepts the succeeded child");
+    assert_eq!(
+        state_of(pool, c).await,
+        JobState::Queued,
+        "C after its retry"
+    );
+    run_to_idle(pool, k_worker(pool, &timeline), "the retried child").await;
+    assert_eq!(state_of(pool, c).await, JobState::Succeeded, "C ran again");
+}
+
 /// Issue 12 item 5(c): the pruner deleted a dead parent while a child still waited on it
 /// (its settle had not happened yet); the dependency row went with it and the sweep then
 /// queued the child, which ran. Fixed: the child does not run and ends `cancelled`.

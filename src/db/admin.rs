@@ -63,18 +63,19 @@ pub async fn jobs_get_state(db: impl PgExecutor<'_>, id: JobId) -> sqlx::Result<
         .await
 }
 
-/// The jobs `id` depends on (its parents) and the jobs that depend on it (its dependants),
-/// each with its current state, parents first, by id.
+/// The jobs `id` depends on (its parents, deleted ones included) and the jobs that depend
+/// on it (its dependants), each with its current state, parents first, by id.
 pub async fn job_dependencies_of(
     db: impl PgExecutor<'_>,
     id: JobId,
 ) -> sqlx::Result<Vec<DependencyRow>> {
     sqlx::query_as(
-        "SELECT 'parent' AS relation, d.parent_id AS id, p.state
-         FROM skiplock.job_dependencies d JOIN skiplock.jobs p ON p.id = d.parent_id
+        "SELECT 'parent' AS relation, d.parent_id AS id,
+                coalesce(p.state, d.parent_state, 'succeeded') AS state, p.id IS NULL AS deleted
+         FROM skiplock.job_dependencies d LEFT JOIN skiplock.jobs p ON p.id = d.parent_id
          WHERE d.job_id = $1
          UNION ALL
-         SELECT 'dependant', d.job_id, c.state
+         SELECT 'dependant', d.job_id, c.state, false
          FROM skiplock.job_dependencies d JOIN skiplock.jobs c ON c.id = d.job_id
          WHERE d.parent_id = $1
          ORDER BY relation DESC, id",
@@ -91,8 +92,12 @@ pub struct DependencyRow {
     pub relation: String,
     /// The other job's id.
     pub id: i64,
-    /// The other job's state.
+    /// The other job's state; for a deleted parent, its state when it was deleted
+    /// (`succeeded` when it was pruned after succeeding).
     pub state: JobState,
+    /// Whether the other job (a parent) was deleted. A parent deleted before it succeeded
+    /// still blocks its dependants (see migration 0008).
+    pub deleted: bool,
 }
 
 /// Puts every dead job of `queue` (of all queues when `None`) back in line to run now

@@ -238,8 +238,9 @@ pub async fn jobs_advance_lanes(db: impl PgExecutor<'_>, keys: &[String]) -> sql
 }
 
 /// Repairs what a race may have left: waiting jobs whose parents have all finished (a
-/// parent finished while the child's enqueue was still uncommitted) are settled, waiting
-/// jobs left without any parent row (parents pruned) are queued, and lanes whose head
+/// parent finished while the child's enqueue was still uncommitted, or was deleted: pruned
+/// after it succeeded, or deleted by hand before, migration 0008) are settled, waiting jobs
+/// left without any dependency row (rows deleted by hand) are queued, and lanes whose head
 /// finished while a new lane job was being enqueued move on. Returns how many jobs moved.
 ///
 /// Planned afresh at every call (an unnamed statement, not the connection's cache): it
@@ -264,8 +265,9 @@ pub async fn jobs_settle_waiting(db: impl PgExecutor<'_>) -> sqlx::Result<i32> {
                     SELECT DISTINCT d.parent_id
                     FROM skiplock.jobs c
                     JOIN skiplock.job_dependencies d ON d.job_id = c.id
-                    JOIN skiplock.jobs p ON p.id = d.parent_id
-                    WHERE c.state = 'waiting' AND p.state IN ('succeeded', 'dead', 'cancelled')
+                    LEFT JOIN skiplock.jobs p ON p.id = d.parent_id
+                    WHERE c.state = 'waiting'
+                      AND (p.state IN ('succeeded', 'dead', 'cancelled') OR p.id IS NULL)
                 ))::int + (SELECT count(*) FROM orphans)::int + (SELECT moved FROM lanes)",
     )
     .persistent(false)

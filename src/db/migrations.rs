@@ -52,6 +52,11 @@ const MIGRATIONS: &[Migration] = &[
         name: "0007_row_isolation.sql",
         sql: include_str!("../../migrations/0007_row_isolation.sql"),
     },
+    Migration {
+        version: 8,
+        name: "0008_parent_tombstones.sql",
+        sql: include_str!("../../migrations/0008_parent_tombstones.sql"),
+    },
 ];
 
 /// The schema version this build of skiplock expects.

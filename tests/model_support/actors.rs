@@ -98,7 +98,7 @@ fn options(spec: &Spec) -> EnqueueOptions {
 /// Whether an enqueue error is one the contract allows: a parent that was pruned (or
 /// deleted) before the child was enqueued.
 fn parent_gone(error: &str) -> bool {
-    error.contains("does not exist") || error.contains("job_dependencies_parent_id_fkey")
+    error.contains("does not exist")
 }
 
 /// Enqueues through the Rust API: `enqueue_with` for one job, `enqueue_many` for a few

@@ -3,8 +3,8 @@
 use anyhow::Context;
 use clap::Args;
 use serde_json::{Map, Value};
-use skiplock::JobId;
 use skiplock::db::admin::{job_dependencies_of, jobs_get_json};
+use skiplock::{JobId, JobState};
 use sqlx::PgPool;
 
 use crate::output::print_json;
@@ -14,8 +14,9 @@ Examples:
   skiplock show 42
   skiplock show 42 --json | jq .errors
 
---json prints every column of skiplock.jobs, plus `dependencies`: [{relation, id, state}]
-where relation is `parent` (this job waits for it) or `dependant` (it waits for this job).";
+--json prints every column of skiplock.jobs, plus `dependencies`: [{relation, id, state, deleted}]
+where relation is `parent` (this job waits for it) or `dependant` (it waits for this job),
+and `deleted` says the parent was deleted (while `state`).";
 
 /// Columns shown first, in this order; the rest follow alphabetically.
 const LEADING_FIELDS: &[&str] = &[
@@ -101,7 +102,11 @@ pub async fn run(pool: &PgPool, args: ShowArgs) -> anyhow::Result<()> {
         let related: Vec<String> = dependencies
             .iter()
             .filter(|d| d.relation == relation)
-            .map(|d| format!("{} ({})", d.id, d.state))
+            .map(|d| match (d.deleted, d.state) {
+                (false, state) => format!("{} ({state})", d.id),
+                (true, JobState::Succeeded) => format!("{} (succeeded, deleted)", d.id),
+                (true, state) => format!("{} (deleted while {state}: never succeeds)", d.id),
+            })
             .collect();
         if !related.is_empty() {
             let label = if relation == "parent" {

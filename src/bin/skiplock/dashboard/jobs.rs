@@ -263,7 +263,10 @@ pub async fn detail(
                         tr {
                             td { @if dep.relation == "parent" { "waits for" } @else { "is waited on by" } }
                             td.num { a href={ "/jobs/" (dep.id) } { (dep.id) } }
-                            td { (state_badge(dep.state)) }
+                            td {
+                                (state_badge(dep.state))
+                                @if dep.deleted { " deleted" }
+                            }
                         }
                     }
                 }

@@ -8,6 +8,9 @@
 //!   backlog (drained for a fixed time), and as a burst into a worker that idled on an
 //!   empty table (its claim plan was cached for an empty table; no ANALYZE since); the
 //!   small table runs again at the end, and comparisons use the mean of both runs;
+//! - held snapshot: a backlog (1,000,000 jobs; 300,000 with `--quick`) drained clean, then
+//!   again while another session holds a REPEATABLE READ snapshot with an xid for the
+//!   whole drain, with the rate over time in 5-second windows;
 //! - the floor: the same claim and complete statements (`jobs_claim_batch`,
 //!   `jobs_complete_many`) in bare loops on 1, 2 or 4 connections, no worker runtime.
 //!
@@ -23,7 +26,7 @@
 //!
 //! `cargo bench --bench drain -- --quick` (or `SKIPLOCK_BENCH_QUICK=1`); `--only
 //! headline,floor` runs some sections: `matrix`, `headline` (with the prefetch tuning),
-//! `scale` (runs the headline too) and `floor`.
+//! `scale` (runs the headline too), `held` and `floor`.
 
 mod support;
 
@@ -214,6 +217,12 @@ async fn main() {
         }
     };
 
+    let held_section = if wants("held") {
+        Some(held_snapshot_section(&db, if opts.quick { 300_000 } else { 1_000_000 }).await)
+    } else {
+        None
+    };
+
     let mut tuning = None;
     if let Some(headline) = headline.as_ref().filter(|_| wants("headline")) {
         // Tuning that needs no code change: a larger local buffer, so claims are batches.
@@ -330,6 +339,11 @@ async fn main() {
         println!();
         scale.print();
     }
+    if let Some(held) = &held_section {
+        println!("### Held snapshot: a backlog drained while another session holds a snapshot");
+        println!();
+        held.print();
+    }
     if let Some(tuning) = &tuning {
         println!("### Tuning without code changes: prefetch (default settings otherwise)");
         println!();
@@ -417,6 +431,56 @@ fn cost_cells(costs: &Costs, jobs: i64) -> Vec<String> {
         format!("{:.1}", per(costs.postgres_cpu_secs) * 1e6),
         format!("{:.1}", per(costs.own_cpu_secs) * 1e6),
     ]
+}
+
+/// Drains a backlog of `n` jobs clean and then with a snapshot held through the drain
+/// (default settings, capped at 5 minutes each); the table gives each rate, the held
+/// run's share of the clean one, and the rate in 5-second windows.
+async fn held_snapshot_section(db: &BenchDb, n: i64) -> Table {
+    let cap = Duration::from_secs(300);
+    let mut table = Table::new(&[
+        "scenario",
+        "drained",
+        "db secs",
+        "jobs/s",
+        "of clean",
+        "jobs/s in 5 s windows",
+        "WAL B/job",
+        "PG CPU µs/job",
+    ]);
+    let mut clean_rate = None;
+    for hold in [false, true] {
+        let what = if hold { "snapshot held" } else { "clean" };
+        progress(format!("held: drain {} jobs, {what}", thousands(n)));
+        let run = drain_fresh(
+            db,
+            n,
+            DrainCfg {
+                hold_snapshot: hold,
+                ..DrainCfg::capped(cap)
+            },
+        )
+        .await;
+        let windows = support::rate_over_time(db, 0, 5.0).await;
+        let rate_now = run.drained.rate();
+        let base = *clean_rate.get_or_insert(rate_now);
+        let cells = cost_cells(&run.costs, run.drained.jobs);
+        table.row(vec![
+            format!("{} jobs, {what}{}", thousands(n), run.note()),
+            thousands(run.drained.jobs),
+            format!("{:.2}", run.drained.secs),
+            rate(rate_now),
+            format!("{:.0} %", 100.0 * rate_now / base),
+            windows
+                .iter()
+                .map(|r| format!("{:.0}k", r / 1000.0))
+                .collect::<Vec<_>>()
+                .join(" "),
+            cells[1].clone(),
+            cells[5].clone(),
+        ]);
+    }
+    table
 }
 
 /// Empties the table, preloads `jobs` queued `noop` jobs, drains them with `cfg` and

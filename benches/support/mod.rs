@@ -597,6 +597,10 @@ pub struct DrainCfg {
     pub cap: Duration,
     /// Only jobs with a larger id count.
     pub after_id: i64,
+    /// Hold a REPEATABLE READ snapshot with an xid (`BEGIN ISOLATION LEVEL REPEATABLE
+    /// READ; SELECT txid_current();`) in another session for the whole drain, as a long
+    /// report, `pg_dump` or a forgotten `BEGIN` in psql does.
+    pub hold_snapshot: bool,
 }
 
 impl DrainCfg {
@@ -607,6 +611,7 @@ impl DrainCfg {
             prefetch: None,
             cap,
             after_id: 0,
+            hold_snapshot: false,
         }
     }
 }
@@ -733,6 +738,11 @@ impl WorkerThread {
 /// `exit_when_idle`) until the table has nothing runnable left, or until the cap; measures
 /// the rate in the database, and commits and WAL around it.
 pub async fn drain_noop(db: &BenchDb, cfg: DrainCfg) -> DrainRun {
+    let held = if cfg.hold_snapshot {
+        Some(hold_snapshot(db).await)
+    } else {
+        None
+    };
     let before = db.counters().await;
     let mut worker = WorkerThread::spawn(db, move |pool| {
         let mut builder = Worker::builder(pool)
@@ -773,6 +783,12 @@ pub async fn drain_noop(db: &BenchDb, cfg: DrainCfg) -> DrainRun {
         db.terminate_worker_backends().await;
     }
     db.wait_workers_gone().await;
+    if let Some(mut held) = held {
+        sqlx::query("ROLLBACK")
+            .execute(&mut held)
+            .await
+            .expect("end the held snapshot");
+    }
     let after = db.counters().await;
     let costs = Costs::between(db, &before, &after).await;
     let drained = db.drained_since(cfg.after_id).await;
@@ -785,6 +801,54 @@ pub async fn drain_noop(db: &BenchDb, cfg: DrainCfg) -> DrainRun {
         costs,
         summary,
     }
+}
+
+/// A session of its own holding a REPEATABLE READ snapshot with an xid, so that no row
+/// version deleted or updated after this point can be removed (by VACUUM or by index scans
+/// marking entries dead) until it ends.
+pub async fn hold_snapshot(db: &BenchDb) -> PgConnection {
+    let mut held = PgConnection::connect(&db.url)
+        .await
+        .expect("connect the snapshot holder");
+    sqlx::query("BEGIN ISOLATION LEVEL REPEATABLE READ")
+        .execute(&mut held)
+        .await
+        .expect("begin");
+    sqlx::query("SELECT txid_current()")
+        .execute(&mut held)
+        .await
+        .expect("take an xid");
+    held
+}
+
+/// The drain's rate in consecutive windows of `window` seconds from the first claim: jobs
+/// that finished in each window, per second.
+pub async fn rate_over_time(db: &BenchDb, after_id: i64, window: f64) -> Vec<f64> {
+    // Two statements: joined with the table, the start's aggregate was re-run per row
+    // under statistics of an empty table (autovacuum off, no ANALYZE after the load).
+    let start: Option<chrono::DateTime<chrono::Utc>> = sqlx::query_scalar(
+        "SELECT min(claimed_at) FROM skiplock.jobs WHERE id > $1 AND state = 'succeeded'",
+    )
+    .bind(after_id)
+    .fetch_one(&db.pool)
+    .await
+    .expect("first claim");
+    let Some(start) = start else {
+        return Vec::new();
+    };
+    sqlx::query_scalar(
+        "SELECT (count(*) / $3)::float8
+         FROM skiplock.jobs
+         WHERE id > $1 AND state = 'succeeded'
+         GROUP BY floor(extract(epoch FROM finished_at - $2) / $3)
+         ORDER BY floor(extract(epoch FROM finished_at - $2) / $3)",
+    )
+    .bind(after_id)
+    .bind(start)
+    .bind(window)
+    .fetch_all(&db.pool)
+    .await
+    .expect("rate over time")
 }
 
 /// Whether the server preloads pg_stat_statements; if so, creates the extension in the

@@ -334,7 +334,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
         .connect_with(options.application_name(&worker_id))
         .await
         .context("cannot connect to the database")?;
-    create_runs_table(&pool).await?;
+    create_runs_table_retrying(&pool).await?;
     if args.prepare_only {
         return Ok(());
     }
@@ -391,6 +391,23 @@ async fn run(args: Args) -> anyhow::Result<()> {
         summary.claimed, summary.succeeded, summary.failed, summary.released, summary.lost
     );
     Ok(())
+}
+
+/// [`create_runs_table`], tried again (20 times, 100 ms apart) when it fails: fault tests
+/// kill testbed connections at random, a starting testbed's included.
+async fn create_runs_table_retrying(pool: &sqlx::PgPool) -> anyhow::Result<()> {
+    let mut tries = 0;
+    loop {
+        match create_runs_table(pool).await {
+            Ok(()) => return Ok(()),
+            Err(e) if tries < 20 => {
+                tries += 1;
+                eprintln!("testbed: creating testbed_runs failed ({e}); trying again");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Err(e) => return Err(e),
+        }
+    }
 }
 
 /// Creates `public.testbed_runs` unless it exists; several testbeds may start at once.

@@ -37,7 +37,7 @@ echo
 echo "- date: $(date -u +%Y-%m-%dT%H:%MZ), commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)$(git diff --quiet 2>/dev/null || echo ' (with uncommitted changes)')"
 echo "- command: benches/run-all.sh $*"
 echo
-for bench in enqueue drain latency workloads footprint profile; do
+for bench in enqueue drain latency steady workloads footprint profile; do
     echo "running bench $bench…" >&2
     cargo bench --quiet --bench "$bench" -- "${args[@]}"
 done

@@ -100,40 +100,12 @@ pub struct ClaimedJob {
     pub max_attempts: i32,
     /// The claim's fencing token.
     pub claim_token: Uuid,
-    /// Priority (lower runs first), part of the claim key.
-    pub priority: i16,
-    /// `scheduled_at` in microseconds since the Unix epoch, part of the claim key;
-    /// `i64::MIN` for a row scheduled at `-infinity`.
-    pub scheduled_at_us: i64,
-}
-
-impl ClaimedJob {
-    /// The job's place in claim order: a claim from this position takes only jobs after it.
-    pub fn position(&self) -> ClaimPosition {
-        ClaimPosition {
-            priority: self.priority,
-            scheduled_at_us: self.scheduled_at_us,
-            id: self.id,
-        }
-    }
-}
-
-/// A place in claim order, the key `(priority, scheduled_at, id)` of a claimed job,
-/// compared in that order (as `jobs_claim_idx` sorts). See [`jobs_claim_batch_after`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct ClaimPosition {
-    /// Priority.
-    pub priority: i16,
-    /// `scheduled_at` in microseconds since the Unix epoch (`i64::MIN`: `-infinity`).
-    pub scheduled_at_us: i64,
-    /// Job id.
-    pub id: i64,
 }
 
 /// Claims up to `limit` runnable jobs of the given queues and kinds, in claim order
 /// (priority, then `scheduled_at`, then id), in one statement.
 ///
-/// It calls `skiplock.claim_batch` (migrations 0006, 0007 and 0009, where the statement and its
+/// It calls `skiplock.claim_batch` (migrations 0006 and 0007, where the statement and its
 /// reasons are): rows are picked with `FOR UPDATE SKIP LOCKED`, so concurrent claimers never
 /// wait on each other and never pick the same row, and each is stamped with its own fresh
 /// `claim_token`, the claimant and the database's `now()` as first heartbeat. The function
@@ -148,38 +120,14 @@ pub async fn jobs_claim_batch(
     limit: i64,
     claimed_by: &str,
 ) -> sqlx::Result<Vec<ClaimedJob>> {
-    jobs_claim_batch_after(db, queues, kinds, limit, claimed_by, None).await
-}
-
-/// [`jobs_claim_batch`] from a position: only jobs after `after` in claim order are
-/// claimed (all of them with `None`, a full walk).
-///
-/// Claiming from the position of the caller's last claimed job steps over none of the
-/// index entries its own earlier claims left behind, which Postgres cannot remove while an
-/// older snapshot is held (migration 0009 has the measurements). Jobs that land behind the
-/// position (a higher priority, a job that waited and became queued) are claimed only by
-/// a full walk, so a caller must still do one now and then; the worker's producer does
-/// (`worker::claim_cursor`).
-pub async fn jobs_claim_batch_after(
-    db: impl PgExecutor<'_>,
-    queues: &[String],
-    kinds: &[String],
-    limit: i64,
-    claimed_by: &str,
-    after: Option<ClaimPosition>,
-) -> sqlx::Result<Vec<ClaimedJob>> {
     sqlx::query_as(
-        "SELECT id, queue, kind, args, attempt, max_attempts, claim_token, priority,
-                scheduled_at_us
-         FROM skiplock.claim_batch($1, $2, $3, $4, $5, $6, $7)",
+        "SELECT id, queue, kind, args, attempt, max_attempts, claim_token
+         FROM skiplock.claim_batch($1, $2, $3, $4)",
     )
     .bind(queues)
     .bind(kinds)
     .bind(limit)
     .bind(claimed_by)
-    .bind(after.map(|p| p.priority))
-    .bind(after.map(|p| p.scheduled_at_us))
-    .bind(after.map(|p| p.id))
     .fetch_all(db)
     .await
 }

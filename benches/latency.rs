@@ -189,7 +189,7 @@ async fn client(
         .expect("load pool");
     let running = Arc::new(AtomicBool::new(true));
     let inserted = Arc::new(AtomicI64::new(0));
-    let load = tokio::spawn(background_load(
+    let load = tokio::spawn(support::insert_noop_at_rate(
         load_pool.clone(),
         load_rate,
         running.clone(),
@@ -261,34 +261,6 @@ async fn probe(
         start,
         enqueue,
         timeouts,
-    }
-}
-
-/// Inserts noop jobs every 10 ms so that they add up to `per_sec`, until `running` clears.
-async fn background_load(
-    pool: sqlx::PgPool,
-    per_sec: f64,
-    running: Arc<AtomicBool>,
-    inserted: Arc<AtomicI64>,
-) {
-    let mut tick = tokio::time::interval(Duration::from_millis(10));
-    let mut owed = 0.0f64;
-    while running.load(Ordering::Relaxed) {
-        tick.tick().await;
-        owed += per_sec / 100.0;
-        let n = owed.floor() as i64;
-        if n == 0 {
-            continue;
-        }
-        owed -= n as f64;
-        sqlx::query(
-            "INSERT INTO skiplock.jobs (kind, args) SELECT 'noop', '{}' FROM generate_series(1, $1)",
-        )
-        .bind(n)
-        .execute(&pool)
-        .await
-        .expect("background insert");
-        inserted.fetch_add(n, Ordering::Relaxed);
     }
 }
 

@@ -95,7 +95,7 @@ async fn run_phase(
         .connect(&db.url)
         .await
         .expect("producer pool");
-    let producer = tokio::spawn(produce(
+    let producer = tokio::spawn(support::insert_noop_at_rate(
         producer_pool.clone(),
         per_sec,
         running.clone(),
@@ -130,11 +130,8 @@ async fn run_phase(
         .await;
     worker.stop().await;
     db.wait_workers_gone().await;
-    if let Some(mut held) = held {
-        sqlx::query("ROLLBACK")
-            .execute(&mut held)
-            .await
-            .expect("end the held snapshot");
+    if let Some(held) = held {
+        support::end_snapshot(held).await;
     }
     producer_pool.close().await;
 
@@ -177,32 +174,4 @@ async fn run_phase(
         format!("{:.1} MB", index_bytes as f64 / 1e6),
         thousands(dead),
     ]
-}
-
-/// Inserts noop jobs every 10 ms so that they add up to `per_sec`, until `running` clears.
-async fn produce(
-    pool: sqlx::PgPool,
-    per_sec: f64,
-    running: Arc<AtomicBool>,
-    inserted: Arc<AtomicI64>,
-) {
-    let mut tick = tokio::time::interval(Duration::from_millis(10));
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let started = Instant::now();
-    while running.load(Ordering::Relaxed) {
-        tick.tick().await;
-        let owed =
-            (started.elapsed().as_secs_f64() * per_sec) as i64 - inserted.load(Ordering::Relaxed);
-        if owed <= 0 {
-            continue;
-        }
-        sqlx::query(
-            "INSERT INTO skiplock.jobs (kind, args) SELECT 'noop', '{}' FROM generate_series(1, $1)",
-        )
-        .bind(owed)
-        .execute(&pool)
-        .await
-        .expect("insert");
-        inserted.fetch_add(owed, Ordering::Relaxed);
-    }
 }

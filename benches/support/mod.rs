@@ -783,11 +783,8 @@ pub async fn drain_noop(db: &BenchDb, cfg: DrainCfg) -> DrainRun {
         db.terminate_worker_backends().await;
     }
     db.wait_workers_gone().await;
-    if let Some(mut held) = held {
-        sqlx::query("ROLLBACK")
-            .execute(&mut held)
-            .await
-            .expect("end the held snapshot");
+    if let Some(held) = held {
+        end_snapshot(held).await;
     }
     let after = db.counters().await;
     let costs = Costs::between(db, &before, &after).await;
@@ -819,6 +816,45 @@ pub async fn hold_snapshot(db: &BenchDb) -> PgConnection {
         .await
         .expect("take an xid");
     held
+}
+
+/// Ends a snapshot taken by [`hold_snapshot`].
+pub async fn end_snapshot(mut held: PgConnection) {
+    sqlx::query("ROLLBACK")
+        .execute(&mut held)
+        .await
+        .expect("end the held snapshot");
+}
+
+/// Inserts `noop` jobs in one statement every 10 ms so that they add up to `per_sec`
+/// since the start (a late tick catches up), until `running` clears; counts them in
+/// `inserted`.
+pub async fn insert_noop_at_rate(
+    pool: PgPool,
+    per_sec: f64,
+    running: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    inserted: std::sync::Arc<std::sync::atomic::AtomicI64>,
+) {
+    use std::sync::atomic::Ordering;
+    let mut tick = tokio::time::interval(Duration::from_millis(10));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let started = Instant::now();
+    while running.load(Ordering::Relaxed) {
+        tick.tick().await;
+        let owed =
+            (started.elapsed().as_secs_f64() * per_sec) as i64 - inserted.load(Ordering::Relaxed);
+        if owed <= 0 {
+            continue;
+        }
+        sqlx::query(
+            "INSERT INTO skiplock.jobs (kind, args) SELECT 'noop', '{}' FROM generate_series(1, $1)",
+        )
+        .bind(owed)
+        .execute(&pool)
+        .await
+        .expect("insert");
+        inserted.fetch_add(owed, Ordering::Relaxed);
+    }
 }
 
 /// The drain's rate in consecutive windows of `window` seconds from the first claim: jobs

@@ -9,7 +9,7 @@
 //! transaction start times) as p50/p99/max overall and p99 per minute, claim statements,
 //! the claim index's size and the table's dead tuples at the end.
 //!
-//! `cargo bench --bench steady -- --quick`.
+//! `cargo bench --bench steady -- --quick` (`--only clean` or `--only held` for one phase).
 
 mod support;
 
@@ -49,7 +49,13 @@ async fn main() {
         "claim index at end",
         "dead tuples at end",
     ]);
-    for hold in [false, true] {
+    let phases: &[bool] = match opts.value("only") {
+        Some("clean") => &[false],
+        Some("held") => &[true],
+        Some(other) => panic!("--only {other}: expected clean or held"),
+        None => &[false, true],
+    };
+    for &hold in phases {
         let phase = if hold { "snapshot held" } else { "clean" };
         progress(format!(
             "{phase}: {} jobs/s for {secs} s",

@@ -38,6 +38,13 @@ pub struct Opts {
 
 impl Opts {
     pub fn parse() -> Self {
+        // RUST_LOG=skiplock=info shows the worker's own log lines on stderr.
+        if std::env::var_os("RUST_LOG").is_some() {
+            let _ = tracing_subscriber::fmt()
+                .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+                .with_writer(std::io::stderr)
+                .try_init();
+        }
         let mut quick =
             std::env::var("SKIPLOCK_BENCH_QUICK").is_ok_and(|v| v != "0" && !v.is_empty());
         let mut rest = Vec::new();

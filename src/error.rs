@@ -132,6 +132,10 @@ pub(crate) fn is_transient_sqlx(e: &sqlx::Error) -> bool {
             // too many connections): conditions of the server, not of the data.
             || code.starts_with("08")
                 || code.starts_with("53")
+                // invalid_sql_statement_name: a prepared statement the connection lost (a
+                // pooler between us and the server, DISCARD ALL, transact-rs/sqlx#4305);
+                // sending the statement again prepares it again.
+                || code == "26000"
         }
         _ => false,
     }

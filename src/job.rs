@@ -158,6 +158,14 @@ impl std::str::FromStr for JobState {
     }
 }
 
+impl TryFrom<String> for JobState {
+    type Error = String;
+
+    fn try_from(s: String) -> Result<Self, Self::Error> {
+        s.parse()
+    }
+}
+
 /// Options for one enqueued job. Unset fields fall back to the job type's constants
 /// (typed jobs) or the column defaults.
 #[derive(Debug, Clone, Default, PartialEq)]

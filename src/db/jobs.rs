@@ -6,9 +6,19 @@
 //! the job is `running` (constraint `jobs_claim_token_only_running`), so a matching token
 //! is also proof that the job still runs under that claim.
 //!
-//! These statements visit their rows one primary-key lookup per claim, driven by the
-//! claim list (`unnest(...)` joined `LATERAL`), so their cost is O(batch) whatever the
-//! planner believes about the table. They deliberately do not say `state = 'running'`:
+//! These statements find their rows one primary-key lookup per claim, driven by the
+//! claim list (`unnest(...)` joined `LATERAL`). The update that follows takes the locked
+//! ids as an array, and how it reaches them is the planner's choice: a plan cached while
+//! the table was nearly empty (a worker started on a fresh database, on a server where no
+//! ANALYZE ever invalidates it) scanned the whole table for every batch, which made a
+//! steady 5,000 jobs/s fall behind as the table grew (a 690-job completion took 313 ms,
+//! filtering 82,701 rows). So every statement here that works on a batch of claims is
+//! planned afresh at each call (an unnamed statement, `persistent(false)`), with the
+//! table's size as it is then; planning costs well under a millisecond per batch. Their
+//! columns and parameters are of built-in types only (a job state travels as text):
+//! sqlx 0.9 looks up a custom type's OID on a fresh connection between preparing and
+//! running an unnamed statement, which destroys it ("unnamed prepared statement does not
+//! exist", transact-rs/sqlx#4305). They deliberately do not say `state = 'running'`:
 //! that would let the planner scan the partial index `jobs_running_idx` for every claim
 //! in the list, which a cached generic plan did once statistics said "nothing runs"
 //! (1,000-job completions went from 11 ms to 128 ms, quadratic in the batch).
@@ -100,12 +110,40 @@ pub struct ClaimedJob {
     pub max_attempts: i32,
     /// The claim's fencing token.
     pub claim_token: Uuid,
+    /// Priority (lower runs first), part of the claim key.
+    pub priority: i16,
+    /// `scheduled_at` in microseconds since the Unix epoch, part of the claim key;
+    /// `i64::MIN` for a row scheduled at `-infinity`.
+    pub scheduled_at_us: i64,
+}
+
+impl ClaimedJob {
+    /// The job's place in claim order: a claim from this position takes only jobs after it.
+    pub fn position(&self) -> ClaimPosition {
+        ClaimPosition {
+            priority: self.priority,
+            scheduled_at_us: self.scheduled_at_us,
+            id: self.id,
+        }
+    }
+}
+
+/// A place in claim order, the key `(priority, scheduled_at, id)` of a claimed job,
+/// compared in that order (as `jobs_claim_idx` sorts). See [`jobs_claim_batch_after`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct ClaimPosition {
+    /// Priority.
+    pub priority: i16,
+    /// `scheduled_at` in microseconds since the Unix epoch (`i64::MIN`: `-infinity`).
+    pub scheduled_at_us: i64,
+    /// Job id.
+    pub id: i64,
 }
 
 /// Claims up to `limit` runnable jobs of the given queues and kinds, in claim order
 /// (priority, then `scheduled_at`, then id), in one statement.
 ///
-/// It calls `skiplock.claim_batch` (migrations 0006 and 0007, where the statement and its
+/// It calls `skiplock.claim_batch` (migrations 0006, 0007 and 0009, where the statement and its
 /// reasons are): rows are picked with `FOR UPDATE SKIP LOCKED`, so concurrent claimers never
 /// wait on each other and never pick the same row, and each is stamped with its own fresh
 /// `claim_token`, the claimant and the database's `now()` as first heartbeat. The function
@@ -120,14 +158,38 @@ pub async fn jobs_claim_batch(
     limit: i64,
     claimed_by: &str,
 ) -> sqlx::Result<Vec<ClaimedJob>> {
+    jobs_claim_batch_after(db, queues, kinds, limit, claimed_by, None).await
+}
+
+/// [`jobs_claim_batch`] from a position: only jobs after `after` in claim order are
+/// claimed (all of them with `None`, a full walk).
+///
+/// Claiming from the position of the caller's last claimed job steps over none of the
+/// index entries its own earlier claims left behind, which Postgres cannot remove while an
+/// older snapshot is held (migration 0009 has the measurements). Jobs that land behind the
+/// position (a higher priority, a job that waited and became queued) are claimed only by
+/// a full walk, so a caller must still do one now and then; the worker's producer does
+/// (`worker::claim_cursor`).
+pub async fn jobs_claim_batch_after(
+    db: impl PgExecutor<'_>,
+    queues: &[String],
+    kinds: &[String],
+    limit: i64,
+    claimed_by: &str,
+    after: Option<ClaimPosition>,
+) -> sqlx::Result<Vec<ClaimedJob>> {
     sqlx::query_as(
-        "SELECT id, queue, kind, args, attempt, max_attempts, claim_token
-         FROM skiplock.claim_batch($1, $2, $3, $4)",
+        "SELECT id, queue, kind, args, attempt, max_attempts, claim_token, priority,
+                scheduled_at_us
+         FROM skiplock.claim_batch($1, $2, $3, $4, $5, $6, $7)",
     )
     .bind(queues)
     .bind(kinds)
     .bind(limit)
     .bind(claimed_by)
+    .bind(after.map(|p| p.priority))
+    .bind(after.map(|p| p.scheduled_at_us))
+    .bind(after.map(|p| p.id))
     .fetch_all(db)
     .await
 }
@@ -137,7 +199,10 @@ pub async fn jobs_claim_batch(
 pub struct SavedJob {
     /// Job id.
     pub id: i64,
-    /// State it moved to.
+    /// State it moved to. Read as text: sqlx 0.9 loses an unnamed statement when it looks
+    /// up a custom type's OID on a fresh connection (transact-rs/sqlx#4305), and the
+    /// statements returning it are unnamed (see the module's doc).
+    #[sqlx(try_from = "String")]
     pub state: JobState,
     /// Whether `skiplock.job_dependencies` names it as a parent.
     pub has_dependants: bool,
@@ -162,13 +227,14 @@ pub async fn jobs_complete_many(
          UPDATE skiplock.jobs j
          SET state = 'succeeded', finished_at = now(), claim_token = NULL, heartbeat_at = NULL
          WHERE j.id = ANY(ARRAY(SELECT id FROM held))
-         RETURNING j.id, j.state,
+         RETURNING j.id, j.state::text AS state,
                    EXISTS (SELECT 1 FROM skiplock.job_dependencies d WHERE d.parent_id = j.id)
                        AS has_dependants,
                    j.ordering_key",
     )
     .bind(&claims.ids)
     .bind(&claims.tokens)
+    .persistent(false)
     .fetch_all(db)
     .await
 }
@@ -337,7 +403,7 @@ pub async fn jobs_fail_many(
              errors = skiplock.append_error(j.errors, j.attempt, f.message)
          FROM folded f
          WHERE j.id = ANY(ARRAY(SELECT id FROM folded)) AND j.id = f.id
-         RETURNING j.id, j.state,
+         RETURNING j.id, j.state::text AS state,
                    EXISTS (SELECT 1 FROM skiplock.job_dependencies d WHERE d.parent_id = j.id)
                        AS has_dependants,
                    j.ordering_key",
@@ -347,6 +413,7 @@ pub async fn jobs_fail_many(
     .bind(&batch.messages)
     .bind(&batch.delays_ms)
     .bind(&batch.actions)
+    .persistent(false)
     .fetch_all(db)
     .await
 }
@@ -391,6 +458,7 @@ pub async fn jobs_release_many(
     )
     .bind(&claims.ids)
     .bind(&claims.tokens)
+    .persistent(false)
     .fetch_all(db)
     .await
 }
@@ -405,7 +473,9 @@ pub async fn jobs_release_many(
 /// as held when the statement's snapshot shows it running under our token; the next
 /// heartbeat extends it or finds it gone. The time written is `clock_timestamp()`, taken
 /// when the row is written: a heartbeat that had to wait for a table lock records the end
-/// of the wait, not its start.
+/// of the wait, not its start. The claims gone are found by one primary-key probe per
+/// claim (`LIMIT 1` keeps the lookup from being flattened into a join, which the planner
+/// may run as a scan of the whole table).
 pub async fn jobs_heartbeat_many(
     db: impl PgExecutor<'_>,
     ids: &[i64],
@@ -423,11 +493,13 @@ pub async fn jobs_heartbeat_many(
          )
          SELECT c.id, c.token FROM unnest($1::bigint[], $2::uuid[]) AS c(id, token)
          LEFT JOIN LATERAL (SELECT true AS holds FROM skiplock.jobs j
-                            WHERE j.id = c.id AND j.claim_token = c.token) h ON true
+                            WHERE j.id = c.id AND j.claim_token = c.token
+                            LIMIT 1) h ON true
          WHERE h.holds IS NULL",
     )
     .bind(ids)
     .bind(tokens)
+    .persistent(false)
     .fetch_all(db)
     .await
 }
@@ -460,7 +532,7 @@ pub async fn jobs_abandon_many(
                  ELSE jsonb_build_array(jsonb_build_object('attempt', j.attempt, 'at', now(), 'message', $3))
                  END
          WHERE j.id = ANY(ARRAY(SELECT id FROM held))
-         RETURNING j.id, j.state,
+         RETURNING j.id, j.state::text AS state,
                    EXISTS (SELECT 1 FROM skiplock.job_dependencies d WHERE d.parent_id = j.id)
                        AS has_dependants,
                    j.ordering_key",
@@ -468,6 +540,7 @@ pub async fn jobs_abandon_many(
     .bind(&claims.ids)
     .bind(&claims.tokens)
     .bind(&message)
+    .persistent(false)
     .fetch_all(db)
     .await
 }

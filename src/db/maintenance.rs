@@ -14,7 +14,9 @@ use crate::job::JobState;
 pub struct ReapedJob {
     /// Job id.
     pub id: i64,
-    /// `queued` (will run again) or `dead` (no attempt left).
+    /// `queued` (will run again) or `dead` (no attempt left); read as text, as
+    /// [`crate::db::jobs::SavedJob::state`].
+    #[sqlx(try_from = "String")]
     pub state: JobState,
     /// The holder that stopped heartbeating.
     pub claimed_by: Option<String>,
@@ -89,11 +91,12 @@ async fn jobs_reap_stale_matching(
              errors = skiplock.append_error(j.errors, j.attempt, r.message)
          FROM reaped r
          WHERE j.id = r.id
-         RETURNING j.id, j.state, j.claimed_by, j.ordering_key",
+         RETURNING j.id, j.state::text AS state, j.claimed_by, j.ordering_key",
     )
     .bind(stale_after_ms)
     .bind(limit)
     .bind(only)
+    .persistent(false)
     .fetch_all(db)
     .await
 }
@@ -113,6 +116,7 @@ pub async fn jobs_list_stale(
     )
     .bind(stale_after_ms)
     .bind(limit)
+    .persistent(false)
     .fetch_all(db)
     .await
 }
@@ -147,6 +151,7 @@ pub async fn jobs_prune_finished(
     .bind(cancelled_ms)
     .bind(dead_ms)
     .bind(limit)
+    .persistent(false)
     .execute(db)
     .await?;
     Ok(result.rows_affected())
@@ -175,6 +180,7 @@ pub async fn jobs_list_prunable(
     .bind(cancelled_ms)
     .bind(dead_ms)
     .bind(limit)
+    .persistent(false)
     .fetch_all(db)
     .await
 }

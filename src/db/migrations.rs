@@ -57,6 +57,11 @@ const MIGRATIONS: &[Migration] = &[
         name: "0008_parent_tombstones.sql",
         sql: include_str!("../../migrations/0008_parent_tombstones.sql"),
     },
+    Migration {
+        version: 9,
+        name: "0009_claim_cursor.sql",
+        sql: include_str!("../../migrations/0009_claim_cursor.sql"),
+    },
 ];
 
 /// The schema version this build of skiplock expects.

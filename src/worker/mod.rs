@@ -15,6 +15,7 @@
 //! the remaining handlers are stopped and their jobs released. Released jobs go back to
 //! `queued` without losing an attempt.
 
+mod claim_cursor;
 mod claims;
 mod completer;
 mod executor;

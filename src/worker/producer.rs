@@ -1,8 +1,11 @@
 //! The producer: claims batches of runnable jobs into the local buffer.
 //!
-//! It claims as many jobs as the buffer has room for, in one statement. When a claim
-//! comes back short the queue is drained for now, and it waits for a wake-up (a
-//! notification from the listener) or the jittered poll interval, whichever comes first.
+//! It claims as many jobs as the buffer has room for, in one statement: from the start of
+//! claim order, or from just after the last job it claimed when walking from the start has
+//! become expensive (a held snapshot; see [`super::claim_cursor`], which chooses). When a
+//! claim comes back short, and the jobs behind that position were looked at too, the queue
+//! is drained for now, and it waits for a wake-up (a notification from the listener) or the
+//! jittered poll interval, whichever comes first.
 //!
 //! The buffer's size follows the rate at which jobs start: it holds about
 //! [`PREFETCH_HORIZON`] of work, between the group's `prefetch` and `prefetch_max`. Short
@@ -17,8 +20,9 @@ use futures_util::StreamExt;
 use futures_util::stream::FuturesUnordered;
 use tokio::sync::{Notify, mpsc};
 
+use super::claim_cursor::{ClaimCursor, Landing, Walk};
 use super::{PREFETCH_HORIZON, Shared, db_retry_delay, sleep_jittered};
-use crate::db::jobs::{ClaimedJob, jobs_claim_batch};
+use crate::db::jobs::{ClaimedJob, jobs_claim_batch_after};
 use crate::db::maintenance::jobs_any_active;
 
 /// Claim statements one producer keeps in flight. With two, one claim's commit (its WAL
@@ -30,8 +34,9 @@ const CLAIMS_IN_FLIGHT: usize = 2;
 enum Pause {
     /// Claim whenever the buffer has room.
     No,
-    /// The last claim came back short: wait for a wake-up or the poll interval.
-    Drained,
+    /// The last claim came back short: wait for a wake-up or the poll interval, or until
+    /// the full walk still owed may run.
+    Drained { look_behind_at: Option<Instant> },
     /// The last claim failed: wait this long.
     Failed(Duration),
 }
@@ -53,6 +58,7 @@ pub(super) async fn produce(
     let mut reserved = 0usize;
     let mut pause = Pause::No;
     let mut failures = 0u32;
+    let mut cursor = ClaimCursor::new(Instant::now());
     loop {
         let stopping = shared.graceful.is_cancelled();
         if stopping && in_flight.is_empty() {
@@ -79,13 +85,14 @@ pub(super) async fn produce(
             if free >= refill_at {
                 let limit = free.min(config.batch_max);
                 reserved += limit;
-                in_flight.push(claim(shared.clone(), group_index, limit));
+                let walk = cursor.next_walk(Instant::now());
+                in_flight.push(claim(shared.clone(), group_index, limit, walk));
                 continue;
             }
         }
         let idle_wait = in_flight.is_empty() && !stopping;
         tokio::select! {
-            Some((limit, claimed)) = in_flight.next(), if !in_flight.is_empty() => {
+            Some((limit, walk, claimed)) = in_flight.next(), if !in_flight.is_empty() => {
                 reserved -= limit;
                 let jobs = match claimed {
                     Ok(jobs) => {
@@ -93,6 +100,7 @@ pub(super) async fn produce(
                         jobs
                     }
                     Err(e) => {
+                        cursor.failed(walk, Instant::now());
                         failures += 1;
                         tracing::warn!(error = %e, "claim failed; retrying");
                         pause = Pause::Failed(db_retry_delay(failures));
@@ -100,6 +108,7 @@ pub(super) async fn produce(
                     }
                 };
                 let count = jobs.len();
+                let landing = cursor.landed(walk, limit, &jobs, Instant::now());
                 shared
                     .counters
                     .claimed
@@ -111,12 +120,15 @@ pub(super) async fn produce(
                         tracing::error!(error = %e, "local buffer refused a claimed job");
                     }
                 }
-                if count < limit && matches!(pause, Pause::No) {
-                    pause = Pause::Drained;
+                if let Landing::Drained { look_behind_at } = landing
+                    && matches!(pause, Pause::No)
+                {
+                    pause = Pause::Drained { look_behind_at };
                 }
                 if config.exit_when_idle
                     && !stopping
                     && count == 0
+                    && walk.from.is_none()
                     && in_flight.is_empty()
                     && shared.claims.len() == 0
                     && idle(&shared).await
@@ -128,11 +140,20 @@ pub(super) async fn produce(
             () = shared.graceful.cancelled(), if !stopping => {}
             () = space.notified(), if matches!(pause, Pause::No) => {}
             () = group.settled.notified(), if matches!(pause, Pause::No) => {}
-            () = group.wake.notified(), if idle_wait && matches!(pause, Pause::Drained) => {
+            // A wake-up does not wait for a claim in flight (a full walk can take a while
+            // under a held snapshot): the next claim starts beside it.
+            () = group.wake.notified(),
+                if !stopping
+                    && in_flight.len() < CLAIMS_IN_FLIGHT
+                    && matches!(pause, Pause::Drained { .. }) => {
                 pause = Pause::No;
             }
             () = sleep_jittered(config.poll_interval),
-                if idle_wait && matches!(pause, Pause::Drained) => {
+                if idle_wait && matches!(pause, Pause::Drained { .. }) => {
+                pause = Pause::No;
+            }
+            () = wait_look_behind(&pause),
+                if idle_wait && matches!(pause, Pause::Drained { look_behind_at: Some(_) }) => {
                 pause = Pause::No;
             }
             () = wait_failed(&pause), if idle_wait && matches!(pause, Pause::Failed(_)) => {
@@ -142,23 +163,36 @@ pub(super) async fn produce(
     }
 }
 
-/// One claim statement for `limit` jobs; returns the limit with the result so the
-/// producer can give back the room it reserved.
+/// One claim statement for `limit` jobs, walking as planned; returns the limit and the
+/// walk with the result so the producer can give back the room it reserved and move its
+/// cursor.
 async fn claim(
     shared: Arc<Shared>,
     group_index: usize,
     limit: usize,
-) -> (usize, Result<Vec<ClaimedJob>, sqlx::Error>) {
+    walk: Walk,
+) -> (usize, Walk, Result<Vec<ClaimedJob>, sqlx::Error>) {
     let group = &shared.groups[group_index];
-    let claimed = jobs_claim_batch(
+    let claimed = jobs_claim_batch_after(
         &shared.pool,
         &group.queues,
         &shared.kinds,
         limit as i64,
         &shared.config.worker_id,
+        walk.from,
     )
     .await;
-    (limit, claimed)
+    (limit, walk, claimed)
+}
+
+/// Sleeps until the full walk a drained producer still owes may run.
+async fn wait_look_behind(pause: &Pause) {
+    if let Pause::Drained {
+        look_behind_at: Some(at),
+    } = pause
+    {
+        tokio::time::sleep_until((*at).into()).await;
+    }
 }
 
 /// Sleeps out a failed claim's retry delay.

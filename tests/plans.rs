@@ -1,0 +1,175 @@
+//! The statements that work on a batch of claims stay O(batch) as the table grows.
+//!
+//! A worker's connections live long, and a plan cached while `skiplock.jobs` was nearly
+//! empty (a worker started on a fresh database, on a server where no ANALYZE invalidates
+//! it, as here with `autovacuum = off`) scanned the whole table for every completion: a
+//! steady 5,000 jobs/s fell behind as the table grew. Each test caches what it can on one
+//! connection while the table holds a few jobs, grows the table, and checks in
+//! `pg_stat_user_tables` that the statement did not scan `skiplock.jobs` sequentially. The
+//! first statement on the fresh connection also covers sqlx 0.9 losing an unnamed
+//! statement when it looks up a custom type (transact-rs/sqlx#4305): it used to fail there.
+
+mod common;
+
+use common::test_db;
+use skiplock::db::jobs::{
+    ClaimedJob, FailAction, FailBatch, jobs_claim_batch, jobs_complete_many, jobs_fail_many,
+    jobs_heartbeat_many, jobs_release_many,
+};
+use sqlx::pool::PoolConnection;
+use sqlx::postgres::PgPoolOptions;
+use sqlx::{PgPool, Postgres};
+use uuid::Uuid;
+
+/// Jobs in the table when the batch statement runs for real.
+const GROWN_TO: i64 = 20_000;
+
+/// Claims per warm-up run: more than the 10 rows the planner assumes for `unnest` of a
+/// parameter, so the generic plan looks no costlier than the custom ones and is kept.
+const WARM_UP_BATCH: i64 = 20;
+
+/// Executions of a statement before Postgres may switch a named statement to its generic
+/// plan (the plan cache tries five custom plans first).
+const WARM_UP_RUNS: usize = 6;
+
+fn strings(items: &[&str]) -> Vec<String> {
+    items.iter().map(|s| (*s).to_owned()).collect()
+}
+
+async fn insert_jobs(pool: &PgPool, count: i64) {
+    sqlx::query(
+        "INSERT INTO skiplock.jobs (kind, args)
+         SELECT 'noop', '{}' FROM generate_series(1, $1)",
+    )
+    .bind(count)
+    .execute(pool)
+    .await
+    .unwrap();
+}
+
+async fn claim(conn: &mut PoolConnection<Postgres>, limit: i64) -> (Vec<i64>, Vec<Uuid>) {
+    let jobs: Vec<ClaimedJob> = jobs_claim_batch(
+        &mut **conn,
+        &strings(&["default"]),
+        &strings(&["noop"]),
+        limit,
+        "plans-test",
+    )
+    .await
+    .unwrap();
+    assert_eq!(jobs.len() as i64, limit, "claimable jobs");
+    jobs.into_iter().map(|j| (j.id, j.claim_token)).unzip()
+}
+
+/// Sequential scans of `skiplock.jobs` so far, with this connection's pending counts
+/// flushed first.
+async fn seq_scans(conn: &mut PoolConnection<Postgres>, pool: &PgPool) -> i64 {
+    sqlx::query("SELECT pg_stat_force_next_flush()")
+        .execute(&mut **conn)
+        .await
+        .unwrap();
+    // Flushed when the connection's transaction ends: a statement of its own does that.
+    sqlx::query("SELECT 1").execute(&mut **conn).await.unwrap();
+    sqlx::query_scalar(
+        "SELECT seq_scan FROM pg_stat_user_tables
+         WHERE schemaname = 'skiplock' AND relname = 'jobs'",
+    )
+    .fetch_one(pool)
+    .await
+    .unwrap()
+}
+
+/// Runs `statement` on claims of one connection: [`WARM_UP_RUNS`] times with a few jobs
+/// in the table, then once on 100 claims with [`GROWN_TO`] jobs in it, and returns how many
+/// sequential scans of the jobs table that last run made and how many claims it matched.
+async fn scans_of_batch_statement<F, Fut>(statement: F) -> (i64, usize)
+where
+    F: Fn(PoolConnection<Postgres>, Vec<i64>, Vec<Uuid>) -> Fut,
+    Fut: std::future::Future<Output = (PoolConnection<Postgres>, usize)>,
+{
+    let db = test_db().await;
+    let one = PgPoolOptions::new()
+        .max_connections(1)
+        .connect(&db.url)
+        .await
+        .unwrap();
+    let mut conn = one.acquire().await.unwrap();
+    for _ in 0..WARM_UP_RUNS {
+        insert_jobs(&db.pool, WARM_UP_BATCH).await;
+        let (ids, tokens) = claim(&mut conn, WARM_UP_BATCH).await;
+        let (back, matched) = statement(conn, ids, tokens).await;
+        conn = back;
+        assert_eq!(
+            matched as i64, WARM_UP_BATCH,
+            "the warm-up claims are matched"
+        );
+    }
+    insert_jobs(&db.pool, GROWN_TO).await;
+    let (ids, tokens) = claim(&mut conn, 100).await;
+    let before = seq_scans(&mut conn, &db.pool).await;
+    let (mut conn, matched) = statement(conn, ids, tokens).await;
+    let after = seq_scans(&mut conn, &db.pool).await;
+    (after - before, matched)
+}
+
+#[tokio::test]
+async fn completing_a_batch_does_not_scan_the_table() {
+    let (scans, matched) = scans_of_batch_statement(|mut conn, ids, tokens| async move {
+        let saved = jobs_complete_many(&mut *conn, &ids, &tokens).await.unwrap();
+        (conn, saved.len())
+    })
+    .await;
+    assert_eq!(matched, 100);
+    assert_eq!(
+        scans, 0,
+        "sequential scans of skiplock.jobs by one completion"
+    );
+}
+
+#[tokio::test]
+async fn failing_a_batch_does_not_scan_the_table() {
+    let (scans, matched) = scans_of_batch_statement(|mut conn, ids, tokens| async move {
+        let mut batch = FailBatch::default();
+        for (id, token) in ids.iter().zip(&tokens) {
+            batch.push(*id, *token, "boom".to_owned(), 1_000, FailAction::Retry);
+        }
+        let saved = jobs_fail_many(&mut *conn, &batch).await.unwrap();
+        (conn, saved.len())
+    })
+    .await;
+    assert_eq!(matched, 100);
+    assert_eq!(
+        scans, 0,
+        "sequential scans of skiplock.jobs by one failure batch"
+    );
+}
+
+#[tokio::test]
+async fn releasing_a_batch_does_not_scan_the_table() {
+    let (scans, matched) = scans_of_batch_statement(|mut conn, ids, tokens| async move {
+        let released = jobs_release_many(&mut *conn, &ids, &tokens).await.unwrap();
+        (conn, released.len())
+    })
+    .await;
+    assert_eq!(matched, 100);
+    assert_eq!(scans, 0, "sequential scans of skiplock.jobs by one release");
+}
+
+#[tokio::test]
+async fn a_heartbeat_does_not_scan_the_table() {
+    let (scans, matched) = scans_of_batch_statement(|mut conn, ids, tokens| async move {
+        let gone = jobs_heartbeat_many(&mut *conn, &ids, &tokens)
+            .await
+            .unwrap();
+        assert!(gone.is_empty(), "claims reported gone: {gone:?}");
+        // Leave nothing running for the next warm-up claim to trip over.
+        let saved = jobs_complete_many(&mut *conn, &ids, &tokens).await.unwrap();
+        (conn, saved.len())
+    })
+    .await;
+    assert_eq!(matched, 100);
+    assert_eq!(
+        scans, 0,
+        "sequential scans of skiplock.jobs by one heartbeat"
+    );
+}

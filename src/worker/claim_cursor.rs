@@ -49,6 +49,9 @@ pub(super) struct ClaimCursor {
     /// Smoothed duration of the cursor walks (each new one weighs a quarter), and when
     /// the last one landed; `None` until one has.
     cursor_cost: Option<(Duration, Instant)>,
+    /// Whether the last full walk cost more than twice a cursor walk: the left edge is
+    /// crowded with entries nothing can remove yet (a held snapshot).
+    full_walks_expensive: bool,
 }
 
 /// One claim as planned by [`ClaimCursor::next_walk`].
@@ -80,6 +83,7 @@ impl ClaimCursor {
             full_walks_in_flight: 0,
             next_full_walk: now,
             cursor_cost: None,
+            full_walks_expensive: false,
         }
     }
 
@@ -157,10 +161,26 @@ impl ClaimCursor {
     fn full_walk_ended(&mut self, walk: Walk, now: Instant) {
         self.full_walks_in_flight = self.full_walks_in_flight.saturating_sub(1);
         let cost = now.saturating_duration_since(walk.started);
-        let extra = self
-            .cursor_cost
-            .map_or(Duration::ZERO, |(cursor, _)| cost.saturating_sub(cursor));
+        let cursor = self.cursor_cost.map_or(cost, |(cursor, _)| cursor);
+        let extra = cost.saturating_sub(cursor);
+        self.full_walks_expensive = extra > cursor;
         self.next_full_walk = now + extra * FULL_WALK_COST_FACTOR;
+    }
+
+    /// How many of `room` free buffer places a claim planned as `walk` should ask for.
+    ///
+    /// An expensive full walk runs for a while (a quarter of a second with a million
+    /// entries behind the position), and the room a claim asks for is reserved until it
+    /// lands: with all of it reserved, no cursor walk could start beside it, and new jobs
+    /// would wait for the full walk. Such a walk looks for the few jobs that landed behind
+    /// the position, so it asks for a quarter of the room; if it fills that, the position
+    /// moves back to where it stopped and cursor walks take the rest from there.
+    pub(super) fn claim_limit(&self, walk: &Walk, room: usize) -> usize {
+        if walk.from.is_none() && self.full_walks_expensive {
+            (room / 4).max(1)
+        } else {
+            room
+        }
     }
 
     fn cursor_walk_ended(&mut self, walk: Walk, now: Instant) {
@@ -331,6 +351,40 @@ mod tests {
         let next = cursor.next_walk(t0 + 2 * MS);
         assert_eq!(next.from, None);
         assert_eq!(cursor.next_walk(t0 + 2 * MS).from.map(|p| p.id), Some(2));
+    }
+
+    #[test]
+    fn an_expensive_full_walk_leaves_room_for_cursor_walks_beside_the_next() {
+        let t0 = Instant::now();
+        let (mut cursor, t1) = warmed_up(t0, MS);
+        let cheap = cursor.next_walk(t1);
+        assert_eq!(
+            cursor.claim_limit(&cheap, 400),
+            400,
+            "a cheap full walk asks for all"
+        );
+        cursor.landed(cheap, 2, &jobs(4..=5), t1 + 2 * MS);
+        let t2 = t1 + 20 * MS;
+        let expensive = cursor.next_walk(t2);
+        assert_eq!(expensive.from, None);
+        cursor.landed(expensive, 2, &jobs(6..=7), t2 + 250 * MS);
+        // 249 ms of extra cost: the next full walk after 2.49 s, the cursor cost measured
+        // again before it.
+        let t3 = t2 + Duration::from_secs(3);
+        let probe = cursor.next_walk(t3 - 10 * MS);
+        assert!(probe.from.is_some());
+        cursor.landed(probe, 1, &jobs(8..=8), t3 - 9 * MS);
+        let next = cursor.next_walk(t3);
+        assert_eq!(next.from, None);
+        assert_eq!(cursor.claim_limit(&next, 400), 100);
+        assert_eq!(cursor.claim_limit(&next, 3), 1);
+        let beside = cursor.next_walk(t3);
+        assert!(beside.from.is_some());
+        assert_eq!(
+            cursor.claim_limit(&beside, 300),
+            300,
+            "a cursor walk asks for all"
+        );
     }
 
     #[test]

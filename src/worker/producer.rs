@@ -83,9 +83,9 @@ pub(super) async fn produce(
                 .saturating_sub(buffered + reserved)
                 .min(unsettled_room);
             if free >= refill_at {
-                let limit = free.min(config.batch_max);
-                reserved += limit;
                 let walk = cursor.next_walk(Instant::now());
+                let limit = cursor.claim_limit(&walk, free.min(config.batch_max));
+                reserved += limit;
                 in_flight.push(claim(shared.clone(), group_index, limit, walk));
                 continue;
             }

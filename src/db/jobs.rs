@@ -14,7 +14,8 @@
 //! steady 5,000 jobs/s fall behind as the table grew (a 690-job completion took 313 ms,
 //! filtering 82,701 rows). So every statement here that works on a batch of claims is
 //! planned afresh at each call (an unnamed statement, `persistent(false)`), with the
-//! table's size as it is then; planning costs well under a millisecond per batch. Their
+//! table's size as it is then; that costs well under a millisecond and one more round
+//! trip per batch, and no drain measured slower for it (docs/benchmarks.md). Their
 //! columns and parameters are of built-in types only (a job state travels as text):
 //! sqlx 0.9 looks up a custom type's OID on a fresh connection between preparing and
 //! running an unnamed statement, which destroys it ("unnamed prepared statement does not

@@ -3,6 +3,10 @@
 //! finished job. They take no claim token: they act on rows whose holder is gone (stale
 //! heartbeats) or that no one holds (finished, waiting), and skip locked rows so that any
 //! number of workers can run them at once.
+//!
+//! The reaper's, pruner's and sweep's statements and the idle check are planned at every
+//! call (unnamed statements), for the reason given in [`crate::db::jobs`]: a plan cached
+//! while the table was small goes on scanning it whole once it is large.
 
 use sqlx::{FromRow, PgExecutor};
 use uuid::Uuid;

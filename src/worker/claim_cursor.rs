@@ -9,11 +9,9 @@
 //!
 //! Jobs can land behind the position (a higher priority, a job that waited for a parent or
 //! its lane and became queued with its old `scheduled_at`, an insert whose transaction
-//! committed late), and only a full walk finds them. Full walks also keep the left edge of
-//! the index and the heap pages behind it tidy: passing over a dead entry marks it dead
-//! and prunes its heap page, which a database without autovacuum (or with it behind)
-//! relies on. So full walks stay the rule and are paced only by what they cost beyond a
-//! cursor walk: one at a time, each no sooner than [`FULL_WALK_COST_FACTOR`] times its
+//! committed late), and only a full walk finds them. Full walks also mark the entries
+//! they pass dead once no snapshot needs them, so later walks skip them cheaply. So full
+//! walks stay the rule and are paced only by what they cost beyond a cursor walk: one at a time, each no sooner than [`FULL_WALK_COST_FACTOR`] times its
 //! extra cost after the last one. In a clean database that extra cost is about nothing,
 //! and nearly every claim is a full walk, as if there were no cursor; under a held
 //! snapshot it grows with every claim, full walks thin out, and they never take more than

@@ -436,3 +436,77 @@ async fn long_jobs_are_not_hoarded_by_the_adaptive_buffer() {
          outcomes being written allow 6"
     );
 }
+
+/// Uses the worker's pool (holding its only connection past a heartbeat tick, so the
+/// heartbeat waits for it), then blocks its runtime thread for `ms`, as a synchronous call
+/// in a handler does.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct QueryThenBlock {
+    ms: u64,
+}
+
+impl skiplock::Job for QueryThenBlock {
+    const KIND: &'static str = "query_then_block";
+
+    async fn run(self, ctx: skiplock::JobContext) -> Result<(), skiplock::JobError> {
+        let mut connection = ctx.pool().acquire().await?;
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        sqlx::query("SELECT 1").execute(&mut *connection).await?;
+        drop(connection);
+        // Deliberately blocking: the fault under test.
+        std::thread::sleep(Duration::from_millis(self.ms));
+        Ok(())
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handler_that_blocks_its_thread_after_using_the_pool_keeps_its_claim() {
+    // Regression: the heartbeat ran on the application's runtime and beat through the
+    // pool. Returning the handler's connection woke the heartbeat (waiting for it) on the
+    // handler's own thread, in the slot no other thread may take, and the handler then
+    // blocked that thread: no beat for the whole block, and the claim went stale.
+    let db = test_db().await;
+    let one_connection = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(1)
+        .acquire_timeout(Duration::from_secs(5))
+        .connect(db.url())
+        .await
+        .unwrap();
+    let id = skiplock::enqueue(&db.pool, &QueryThenBlock { ms: 3_000 })
+        .await
+        .unwrap();
+    let worker = skiplock::Worker::builder(one_connection)
+        .register::<QueryThenBlock>()
+        .poll_interval(Duration::from_millis(100))
+        .heartbeat(Duration::from_millis(100), Duration::from_secs(30))
+        .prune_interval(None)
+        .exit_when_idle(true)
+        .build()
+        .unwrap();
+    let run = tokio::spawn(worker.run());
+    // Watches the claim from outside until the job ends: its heartbeat must never be
+    // older than 1.5 s (15 intervals) while it runs.
+    let mut oldest_beat_ms = 0.0_f64;
+    loop {
+        let (state, beat_age_ms): (JobState, Option<f64>) = sqlx::query_as(
+            "SELECT state, extract(epoch FROM clock_timestamp() - heartbeat_at)::float8 * 1000
+             FROM skiplock.jobs WHERE id = $1",
+        )
+        .bind(id.0)
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+        oldest_beat_ms = oldest_beat_ms.max(beat_age_ms.unwrap_or(0.0));
+        if state != JobState::Running && state != JobState::Queued {
+            assert_eq!(state, JobState::Succeeded);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let summary = run.await.unwrap().unwrap();
+    assert_eq!(summary.claimed, 1);
+    assert!(
+        oldest_beat_ms < 1_500.0,
+        "the claim went {oldest_beat_ms:.0} ms without a heartbeat while its handler blocked"
+    );
+}

@@ -62,6 +62,11 @@ const MIGRATIONS: &[Migration] = &[
         name: "0009_claim_cursor.sql",
         sql: include_str!("../../migrations/0009_claim_cursor.sql"),
     },
+    Migration {
+        version: 10,
+        name: "0010_cancel_backoff.sql",
+        sql: include_str!("../../migrations/0010_cancel_backoff.sql"),
+    },
 ];
 
 /// The schema version this build of skiplock expects.

@@ -29,6 +29,13 @@ use crate::db::jobs::{ClaimPosition, ClaimedJob};
 /// about 1/(1 + factor) of the claim time.
 const FULL_WALK_COST_FACTOR: u32 = 10;
 
+/// The longest a full walk may be held back by the pacing. Jobs that land behind the
+/// position (a higher priority, a lane or a parent released) wait for a full walk, so a
+/// single slow one (a checkpoint, a stalled server) must not hold them back for ten times
+/// its duration; with walks that cost more than half a second beyond a cursor walk, this
+/// lets them take a larger share of the claim time instead.
+const FULL_WALK_GAP_MAX: Duration = Duration::from_secs(5);
+
 /// The measured cost of a cursor walk is trusted this long; after that the next claim is
 /// a cursor walk, to measure it again (at most one extra cursor walk a second when full
 /// walks are cheap).
@@ -57,8 +64,16 @@ pub(super) struct ClaimCursor {
 pub(super) struct Walk {
     /// Start after this position; `None` for a full walk.
     pub from: Option<ClaimPosition>,
-    /// When the claim was sent.
+    /// When the claim statement started: set again once it has a connection, so that a
+    /// wait for the pool is not taken for the cost of the walk.
     started: Instant,
+}
+
+impl Walk {
+    /// Marks the statement as starting now (it has its connection).
+    pub(super) fn start(&mut self, now: Instant) {
+        self.started = now;
+    }
 }
 
 /// What a landed claim says about the queue.
@@ -149,10 +164,11 @@ impl ClaimCursor {
         }
     }
 
-    /// Takes in a claim that failed.
-    pub(super) fn failed(&mut self, walk: Walk, now: Instant) {
+    /// Takes in a claim that failed. Its duration says nothing about the cost of a walk
+    /// (it may have waited for a timeout), so it does not pace the next full walk.
+    pub(super) fn failed(&mut self, walk: Walk) {
         if walk.from.is_none() {
-            self.full_walk_ended(walk, now);
+            self.full_walks_in_flight = self.full_walks_in_flight.saturating_sub(1);
         }
     }
 
@@ -162,7 +178,7 @@ impl ClaimCursor {
         let cursor = self.cursor_cost.map_or(cost, |(cursor, _)| cursor);
         let extra = cost.saturating_sub(cursor);
         self.full_walks_expensive = extra > cursor;
-        self.next_full_walk = now + extra * FULL_WALK_COST_FACTOR;
+        self.next_full_walk = now + (extra * FULL_WALK_COST_FACTOR).min(FULL_WALK_GAP_MAX);
     }
 
     /// How many of `room` free buffer places a claim planned as `walk` should ask for.
@@ -280,6 +296,35 @@ mod tests {
     }
 
     #[test]
+    fn one_slow_full_walk_holds_the_next_back_five_seconds_at_most() {
+        let t0 = Instant::now();
+        let (mut cursor, t1) = warmed_up(t0, MS);
+        let walk = cursor.next_walk(t1);
+        assert_eq!(walk.from, None);
+        // A 3 s full walk (a stalled server) would space the next by 30 s.
+        let t2 = t1 + Duration::from_secs(3);
+        cursor.landed(walk, 2, &jobs(4..=5), t2);
+        // Just before the gap ends: the cursor cost is measured again (it is old), and
+        // the pacing still holds full walks back.
+        let t3 = t2 + FULL_WALK_GAP_MAX - 10 * MS;
+        let probe = cursor.next_walk(t3);
+        assert!(probe.from.is_some(), "the cursor cost is seconds old");
+        cursor.landed(probe, 1, &jobs(6..=6), t3 + MS);
+        assert!(cursor.next_walk(t3 + MS).from.is_some(), "still paced");
+        assert_eq!(cursor.next_walk(t2 + FULL_WALK_GAP_MAX).from, None);
+    }
+
+    #[test]
+    fn a_failed_full_walk_does_not_pace_the_next() {
+        let t0 = Instant::now();
+        let (mut cursor, t1) = warmed_up(t0, MS);
+        let walk = cursor.next_walk(t1);
+        assert_eq!(walk.from, None);
+        cursor.failed(walk);
+        assert_eq!(cursor.next_walk(t1 + MS).from, None);
+    }
+
+    #[test]
     fn a_short_cursor_walk_looks_behind_before_the_queue_counts_as_drained() {
         let t0 = Instant::now();
         let (mut cursor, t1) = warmed_up(t0, MS);
@@ -390,7 +435,7 @@ mod tests {
         let t0 = Instant::now();
         let mut cursor = ClaimCursor::new(t0);
         let walk = cursor.next_walk(t0);
-        cursor.failed(walk, t0);
+        cursor.failed(walk);
         assert_eq!(cursor.full_walks_in_flight, 0);
         assert!(cursor.next_walk(t0).from.is_none(), "no position yet");
     }

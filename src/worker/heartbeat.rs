@@ -1,39 +1,160 @@
 //! The heartbeat: one statement per interval extends every claim the worker holds, and
 //! stops the handlers of claims the database no longer honours (reaped or cancelled).
+//!
+//! It runs on a thread of its own, with its own single-threaded runtime and its own
+//! connection. On the application's runtime it could be starved: a handler that blocks its
+//! runtime thread (synchronous I/O, a long computation) strands whatever task was woken on
+//! that thread just before (tokio's LIFO slot, which no other thread may steal), and a
+//! handler that does database work and then blocks wakes the next waiter for a pool
+//! connection on its own thread, often the heartbeat. Claims then went stale and live jobs
+//! were reaped and run twice. A busy pool (handlers using `ctx.pool()`) delayed beats the
+//! same way. Its own connection costs one more session per worker; when it cannot be
+//! opened, the beat goes through the worker's pool on the application's runtime until it
+//! can.
 
 use std::sync::Arc;
+use std::time::Duration;
 
+use sqlx::{ConnectOptions, Connection, PgConnection};
+use tokio::runtime::Handle;
+use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
 
 use super::Shared;
+use super::claims::ClaimKey;
 use crate::db::jobs::jobs_heartbeat_many;
 
 /// Beats until `stop`. Keeps going through the graceful shutdown: running jobs still need
 /// their claims extended while they finish.
 pub(super) async fn beat(shared: Arc<Shared>, stop: CancellationToken) {
-    let mut ticker = tokio::time::interval(shared.config.heartbeat_interval);
+    let (done_tx, done_rx) = oneshot::channel::<()>();
+    let application = Handle::current();
+    let thread = {
+        let (shared, stop) = (shared.clone(), stop.clone());
+        std::thread::Builder::new()
+            .name("skiplock-heartbeat".into())
+            .spawn(move || {
+                let runtime = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build();
+                match runtime {
+                    Ok(runtime) => runtime.block_on(beat_loop(shared, stop, Some(application))),
+                    Err(e) => tracing::warn!(
+                        error = %e,
+                        "cannot start the heartbeat's runtime; beating on the worker's runtime"
+                    ),
+                }
+                drop(done_tx);
+            })
+    };
+    match thread {
+        // The sender is dropped when the thread's loop ends (or could not start).
+        Ok(_) => {
+            let _ = done_rx.await;
+            if !stop.is_cancelled() {
+                beat_loop(shared, stop, None).await;
+            }
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot start the heartbeat thread; beating on the worker's runtime");
+            beat_loop(shared, stop, None).await;
+        }
+    }
+}
+
+/// The heartbeat's loop. On its own thread (`application` is the worker's runtime) it
+/// beats on its own connection, opened again when needed, and through the worker's pool
+/// on `application` while it cannot; without a thread (`None`) it beats through the pool.
+async fn beat_loop(shared: Arc<Shared>, stop: CancellationToken, application: Option<Handle>) {
+    let interval = shared.config.heartbeat_interval;
+    // A beat that takes this long is abandoned with its connection (a server gone
+    // without closing it, a failover): the next beat opens a fresh one in time to keep
+    // claims from going stale.
+    let beat_timeout = shared.config.stale_after / 2;
+    let options = shared.pool.connect_options();
+    let mut connection: Option<PgConnection> = None;
+    let mut ticker = tokio::time::interval(interval);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
-            () = stop.cancelled() => return,
+            () = stop.cancelled() => break,
             _ = ticker.tick() => {}
         }
         let (ids, tokens) = shared.claims.snapshot();
         if ids.is_empty() {
             continue;
         }
-        match jobs_heartbeat_many(&shared.pool, &ids, &tokens).await {
-            Ok(lost) => {
-                for id in shared.claims.stop_lost(&lost) {
-                    tracing::warn!(
-                        job_id = id,
-                        "claim lost (reaped or cancelled); stopping its handler"
-                    );
-                }
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, jobs = ids.len(), "heartbeat failed; will retry next interval")
+        if application.is_some() && connection.is_none() {
+            match tokio::time::timeout(beat_timeout, options.connect()).await {
+                Ok(Ok(opened)) => connection = Some(opened),
+                Ok(Err(e)) => tracing::warn!(
+                    error = %e,
+                    "cannot open the heartbeat's connection; beating through the worker's pool"
+                ),
+                Err(_) => tracing::warn!(
+                    timeout = ?beat_timeout,
+                    "opening the heartbeat's connection timed out; beating through the worker's pool"
+                ),
             }
         }
+        let outcome = match (connection.as_mut(), &application) {
+            (Some(own), _) => {
+                let beat =
+                    tokio::time::timeout(beat_timeout, jobs_heartbeat_many(own, &ids, &tokens));
+                match beat.await {
+                    Ok(Ok(lost)) => Ok(lost),
+                    Ok(Err(e)) => {
+                        connection = None;
+                        Err(e.to_string())
+                    }
+                    Err(_) => {
+                        connection = None;
+                        Err(format!("no reply within {beat_timeout:?}"))
+                    }
+                }
+            }
+            (None, Some(application)) => {
+                let pool = shared.pool.clone();
+                let (ids, tokens) = (ids.clone(), tokens.clone());
+                let beat = application
+                    .spawn(async move { jobs_heartbeat_many(&pool, &ids, &tokens).await });
+                match beat.await {
+                    Ok(result) => result.map_err(|e| e.to_string()),
+                    Err(e) => Err(e.to_string()),
+                }
+            }
+            (None, None) => jobs_heartbeat_many(&shared.pool, &ids, &tokens)
+                .await
+                .map_err(|e| e.to_string()),
+        };
+        settle_beat(&shared, outcome, ids.len(), interval);
+    }
+    if let Some(own) = connection {
+        let _ = own.close().await;
+    }
+}
+
+/// Stops the handlers of lost claims, or logs a failed beat (retried next interval).
+fn settle_beat(
+    shared: &Shared,
+    outcome: Result<Vec<ClaimKey>, String>,
+    jobs: usize,
+    interval: Duration,
+) {
+    match outcome {
+        Ok(lost) => {
+            for id in shared.claims.stop_lost(&lost) {
+                tracing::warn!(
+                    job_id = id,
+                    "claim lost (reaped or cancelled); stopping its handler"
+                );
+            }
+        }
+        Err(error) => tracing::warn!(
+            %error,
+            jobs,
+            retry_in = ?interval,
+            "heartbeat failed; will retry next interval"
+        ),
     }
 }

@@ -100,7 +100,7 @@ pub(super) async fn produce(
                         jobs
                     }
                     Err(e) => {
-                        cursor.failed(walk, Instant::now());
+                        cursor.failed(walk);
                         failures += 1;
                         tracing::warn!(error = %e, "claim failed; retrying");
                         pause = Pause::Failed(db_retry_delay(failures));
@@ -170,11 +170,18 @@ async fn claim(
     shared: Arc<Shared>,
     group_index: usize,
     limit: usize,
-    walk: Walk,
+    mut walk: Walk,
 ) -> (usize, Walk, Result<Vec<ClaimedJob>, sqlx::Error>) {
     let group = &shared.groups[group_index];
+    let mut connection = match shared.pool.acquire().await {
+        Ok(connection) => connection,
+        Err(e) => return (limit, walk, Err(e)),
+    };
+    // The walk's cost is what the statement takes, not the wait for a connection (a busy
+    // pool would otherwise hold full walks back for ten times that wait).
+    walk.start(Instant::now());
     let claimed = jobs_claim_batch_after(
-        &shared.pool,
+        &mut *connection,
         &group.queues,
         &shared.kinds,
         limit as i64,

@@ -670,3 +670,73 @@ async fn enqueue_file_reads_stdin() {
         .unwrap();
     assert_eq!(kinds, ["noop", "sleep"]);
 }
+
+/// Inserts, by plain SQL, rows whose timestamps the table accepts but `chrono` cannot
+/// hold or Postgres cannot subtract: `'-infinity'`, `'infinity'` and a year past 262143.
+/// Returns their ids: due first, never due, year 290000, finished at `'infinity'`.
+async fn insert_rows_with_extreme_timestamps(pool: &sqlx::PgPool) -> [i64; 4] {
+    let ids: Vec<i64> = sqlx::query_scalar(
+        "INSERT INTO skiplock.jobs (kind, args, scheduled_at) VALUES
+             ('noop', '{}', '-infinity'), ('noop', '{}', 'infinity'),
+             ('noop', '{}', '290000-01-01 00:00:00+00')
+         RETURNING id",
+    )
+    .fetch_all(pool)
+    .await
+    .unwrap();
+    let finished: i64 = sqlx::query_scalar(
+        "INSERT INTO skiplock.jobs (kind, args, state, attempt, claimed_by, claimed_at, finished_at)
+         VALUES ('noop', '{}', 'succeeded', 1, 'by-hand', '-infinity', 'infinity')
+         RETURNING id",
+    )
+    .fetch_one(pool)
+    .await
+    .unwrap();
+    [ids[0], ids[1], ids[2], finished]
+}
+
+#[tokio::test]
+async fn rows_with_infinite_timestamps_are_listed_shown_and_counted() {
+    // Regression: `skiplock jobs` panicked (chrono overflow, exit 101) on such a row, and
+    // `skiplock stats` failed for every queue ("cannot subtract infinite timestamps").
+    let db = test_db().await;
+    let [due, never, far, finished] = insert_rows_with_extreme_timestamps(&db.pool).await;
+
+    let list = skiplock(&db, &["jobs"]).await.ok();
+    assert!(
+        list.contains("-infinity") && list.contains(" infinity"),
+        "{list}"
+    );
+    let listed = skiplock(&db, &["jobs", "--json"]).await.json();
+    assert_eq!(listed.as_array().map(Vec::len), Some(4), "{listed}");
+    for id in [due, never, far, finished] {
+        let shown = skiplock(&db, &["show", &id.to_string()]).await.ok();
+        assert!(shown.contains(&format!("{id}")), "{shown}");
+        skiplock(&db, &["show", &id.to_string(), "--json"])
+            .await
+            .json();
+    }
+    let stats = skiplock(&db, &["stats", "--json"]).await.json();
+    assert_eq!(stats["total"]["runnable"], json!(1), "{stats}");
+    assert_eq!(stats["total"]["scheduled"], json!(2), "{stats}");
+    skiplock(&db, &["stats"]).await.ok();
+
+    // The library reads them saturated to what chrono holds.
+    use chrono::{DateTime, Utc};
+    for (id, expected) in [
+        (never, DateTime::<Utc>::MAX_UTC),
+        (due, DateTime::<Utc>::MIN_UTC),
+        (far, DateTime::<Utc>::MAX_UTC),
+    ] {
+        let row = skiplock::job(&db.pool, skiplock::JobId(id)).await.unwrap();
+        assert_eq!(row.map(|row| row.scheduled_at), Some(expected), "job {id}");
+    }
+
+    // The operator views answer too.
+    let lag: f64 =
+        sqlx::query_scalar("SELECT coalesce(max(lag_seconds), 0) FROM skiplock.queue_lag")
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+    assert!(lag.is_finite());
+}

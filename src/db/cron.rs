@@ -1,5 +1,6 @@
 //! Statements on `skiplock.cron_schedules`.
 
+use super::timestamp::Timestamp;
 use chrono::{DateTime, Utc};
 use serde_json::Value;
 use sqlx::types::Json;
@@ -32,6 +33,7 @@ pub struct CronRow {
     /// Whether workers act on it.
     pub enabled: bool,
     /// Slots up to here are done.
+    #[sqlx(try_from = "Timestamp")]
     pub last_slot_at: DateTime<Utc>,
     /// The job its latest slot produced.
     pub last_job_id: Option<i64>,

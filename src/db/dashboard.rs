@@ -6,6 +6,7 @@
 //! Every query here reads only unfinished jobs, recently finished ones or one page of
 //! jobs, so its cost follows the backlog and the recent traffic, not the retained history.
 
+use super::timestamp::{MaybeTimestamp, Timestamp};
 use chrono::{DateTime, Utc};
 use sqlx::types::Json;
 use sqlx::{FromRow, PgExecutor, Postgres, QueryBuilder};
@@ -58,10 +59,16 @@ pub struct JobSummary {
     /// Attempt budget.
     pub max_attempts: i32,
     /// Not run before this.
+    #[sqlx(try_from = "Timestamp")]
+    #[serde(deserialize_with = "super::timestamp::deserialize_saturated")]
     pub scheduled_at: DateTime<Utc>,
     /// Enqueued at.
+    #[sqlx(try_from = "Timestamp")]
+    #[serde(deserialize_with = "super::timestamp::deserialize_saturated")]
     pub created_at: DateTime<Utc>,
     /// Finished at.
+    #[sqlx(try_from = "MaybeTimestamp")]
+    #[serde(deserialize_with = "super::timestamp::deserialize_saturated_option")]
     pub finished_at: Option<DateTime<Utc>>,
     /// The first 120 characters of the args as JSON text.
     pub args_preview: String,
@@ -180,6 +187,7 @@ pub struct WorkerRow {
     /// Running jobs it holds.
     pub jobs: i64,
     /// Its most recent heartbeat on any of them.
+    #[sqlx(try_from = "Timestamp")]
     pub last_heartbeat_at: DateTime<Utc>,
     /// Seconds since that heartbeat, by the database clock.
     pub heartbeat_age_seconds: f64,
@@ -195,7 +203,9 @@ pub async fn dashboard_workers(db: impl PgExecutor<'_>) -> sqlx::Result<Vec<Work
     sqlx::query_as(
         "SELECT coalesce(claimed_by, 'unknown') AS identity, count(*) AS jobs,
                 max(heartbeat_at) AS last_heartbeat_at,
-                extract(epoch FROM now() - max(heartbeat_at))::float8 AS heartbeat_age_seconds,
+                -- Not now() - max(heartbeat_at): an 'infinity' written by hand fails that.
+                (extract(epoch FROM now()) - extract(epoch FROM max(heartbeat_at)))::float8
+                    AS heartbeat_age_seconds,
                 array_agg(DISTINCT queue ORDER BY queue) AS queues,
                 array_agg(DISTINCT kind ORDER BY kind) AS kinds
          FROM skiplock.jobs
@@ -232,6 +242,7 @@ pub async fn dashboard_throughput(db: impl PgExecutor<'_>, since: i64) -> sqlx::
              SELECT floor(extract(epoch FROM finished_at))::bigint AS second, count(*) AS n
              FROM skiplock.jobs
              WHERE state = 'succeeded' AND finished_at > to_timestamp($1)
+               AND isfinite(finished_at)
              GROUP BY 1
          ),
          failed AS (
@@ -244,6 +255,7 @@ pub async fn dashboard_throughput(db: impl PgExecutor<'_>, since: i64) -> sqlx::
                     OR (j.state = 'queued' AND j.last_error IS NOT NULL
                         AND j.scheduled_at > to_timestamp($1)))
                AND (e ->> 'at')::timestamptz > to_timestamp($1)
+               AND isfinite((e ->> 'at')::timestamptz)
              GROUP BY 1
          )
          SELECT floor(extract(epoch FROM now()))::bigint AS now,

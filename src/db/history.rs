@@ -7,6 +7,7 @@
 //! ever counted twice or lost. History queries add both halves up, counting the live half
 //! with the very SQL that rolls rows up. The completion path writes nothing here.
 
+use super::timestamp::Timestamp;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
@@ -81,8 +82,10 @@ macro_rules! history_of {
                  FROM ", $from, " j,
                       LATERAL (SELECT
                           CASE WHEN j.state IN ('succeeded', 'dead') AND j.finished_at >= j.claimed_at
+                                    AND isfinite(j.finished_at) AND isfinite(j.claimed_at)
                                THEN date_part('epoch', j.finished_at - j.claimed_at) END AS run,
                           CASE WHEN j.state IN ('succeeded', 'dead') AND j.claimed_at >= j.scheduled_at
+                                    AND isfinite(j.claimed_at) AND isfinite(j.scheduled_at)
                                THEN date_part('epoch', j.claimed_at - j.scheduled_at) END AS wait
                       ) r
                  WHERE j.finished_at IS NOT NULL ", $filter, "
@@ -245,6 +248,7 @@ impl Granularity {
 #[derive(Debug, Clone, PartialEq, FromRow, serde::Serialize)]
 pub struct HistoryRow {
     /// Start of the hour or day (UTC).
+    #[sqlx(try_from = "Timestamp")]
     pub bucket: DateTime<Utc>,
     /// Queue name.
     pub queue: String,

@@ -36,6 +36,7 @@
 //! claim token on the newest row version after any wait, so a claim lost meanwhile drops
 //! out. The heartbeat never waits at all (see [`jobs_heartbeat_many`]).
 
+use super::timestamp::{MaybeTimestamp, Timestamp};
 use chrono::{DateTime, Utc};
 use serde_json::Value;
 use sqlx::types::Json;
@@ -61,6 +62,7 @@ pub struct JobRow {
     /// Lower runs first.
     pub priority: i16,
     /// Not run before this.
+    #[sqlx(try_from = "Timestamp")]
     pub scheduled_at: DateTime<Utc>,
     /// Attempts started so far.
     pub attempt: i32,
@@ -71,8 +73,10 @@ pub struct JobRow {
     /// Worker that holds or last held the job.
     pub claimed_by: Option<String>,
     /// When the current or last claim was taken.
+    #[sqlx(try_from = "MaybeTimestamp")]
     pub claimed_at: Option<DateTime<Utc>>,
     /// Last heartbeat of the current claim.
+    #[sqlx(try_from = "MaybeTimestamp")]
     pub heartbeat_at: Option<DateTime<Utc>>,
     /// Strict FIFO lane.
     pub ordering_key: Option<String>,
@@ -89,8 +93,10 @@ pub struct JobRow {
     /// Recent failures: `{attempt, at, message}`, oldest first.
     pub errors: Json<Value>,
     /// When the job was enqueued.
+    #[sqlx(try_from = "Timestamp")]
     pub created_at: DateTime<Utc>,
     /// When the job reached a final state.
+    #[sqlx(try_from = "MaybeTimestamp")]
     pub finished_at: Option<DateTime<Utc>>,
 }
 

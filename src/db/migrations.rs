@@ -67,6 +67,11 @@ const MIGRATIONS: &[Migration] = &[
         name: "0010_cancel_backoff.sql",
         sql: include_str!("../../migrations/0010_cancel_backoff.sql"),
     },
+    Migration {
+        version: 11,
+        name: "0011_infinite_timestamps.sql",
+        sql: include_str!("../../migrations/0011_infinite_timestamps.sql"),
+    },
 ];
 
 /// The schema version this build of skiplock expects.

@@ -14,3 +14,4 @@ pub mod jobs;
 pub mod maintenance;
 pub mod migrations;
 pub mod queues;
+pub mod timestamp;

@@ -467,3 +467,48 @@ async fn assets_headers_and_unknown_routes() {
     let get_action = dashboard.get("/jobs/1/retry").await;
     assert_eq!(get_action.status(), 405, "actions are POST only");
 }
+
+#[tokio::test]
+async fn every_page_answers_with_rows_holding_infinite_timestamps() {
+    // Regression: such rows (accepted by the table, written by hand) made the pages that
+    // list them panic in the decoder, and the overview's statements fail.
+    let db = test_db().await;
+    let ids: Vec<i64> = sqlx::query_scalar(
+        "INSERT INTO skiplock.jobs (kind, args, scheduled_at) VALUES
+             ('noop', '{}', '-infinity'), ('noop', '{}', 'infinity')
+         RETURNING id",
+    )
+    .fetch_all(&db.pool)
+    .await
+    .unwrap();
+    for insert in [
+        "INSERT INTO skiplock.jobs (kind, args, state, attempt, claimed_by, claimed_at,
+                                    heartbeat_at, claim_token)
+         VALUES ('noop', '{}', 'running', 1, 'by-hand', '-infinity', 'infinity',
+                 gen_random_uuid())",
+        "INSERT INTO skiplock.jobs (kind, args, state, attempt, claimed_at, finished_at)
+         VALUES ('noop', '{}', 'succeeded', 1, '-infinity', 'infinity')",
+    ] {
+        sqlx::query(insert).execute(&db.pool).await.unwrap();
+    }
+    let dashboard = Dashboard::start(&db, &[]).await;
+    let mut paths = vec![
+        "/".to_owned(),
+        "/overview/live?part=cards".to_owned(),
+        "/overview/live?part=tables".to_owned(),
+        "/jobs".to_owned(),
+        "/history".to_owned(),
+        "/api/v1/stats".to_owned(),
+        "/api/v1/throughput".to_owned(),
+        "/metrics".to_owned(),
+    ];
+    paths.extend(ids.iter().map(|id| format!("/jobs/{id}")));
+    for path in &paths {
+        let response = dashboard.get(path).await;
+        let status = response.status();
+        let body = response.text().await.unwrap_or_default();
+        assert_eq!(status, 200, "{path}: {body}");
+    }
+    let list = dashboard.page("/jobs").await;
+    assert!(list.contains("-infinity"), "{list}");
+}

@@ -134,8 +134,15 @@ impl fmt::Display for Table {
     }
 }
 
-/// `t` relative to `now`, compactly: `12s ago`, `in 5m`, `3d ago`.
+/// `t` relative to `now`, compactly: `12s ago`, `in 5m`, `3d ago`; `infinity` and
+/// `-infinity` for the saturated values the library reads those timestamps as.
 pub fn relative(t: DateTime<Utc>, now: DateTime<Utc>) -> String {
+    if t == DateTime::<Utc>::MAX_UTC {
+        return "infinity".to_owned();
+    }
+    if t == DateTime::<Utc>::MIN_UTC {
+        return "-infinity".to_owned();
+    }
     let seconds = (t - now).num_seconds();
     let span = compact_seconds(seconds.unsigned_abs());
     if seconds > 0 {

@@ -132,6 +132,13 @@ pub fn state_badge(state: JobState) -> Markup {
 }
 
 pub fn timestamp(at: DateTime<Utc>) -> Markup {
+    // The library reads 'infinity' and '-infinity' (rows written by hand) as these.
+    if at == DateTime::<Utc>::MAX_UTC {
+        return html! { span { "infinity" } };
+    }
+    if at == DateTime::<Utc>::MIN_UTC {
+        return html! { span { "-infinity" } };
+    }
     html! { time datetime=(at.to_rfc3339()) title=(at.to_rfc3339()) { (at.format("%Y-%m-%d %H:%M:%S")) } }
 }
 

@@ -53,7 +53,7 @@ async fn a_claim_from_a_position_takes_only_the_jobs_after_it_in_claim_order() {
     assert_eq!(at_a.priority, 0);
     assert_eq!(at_a.id, a);
 
-    let rest = jobs_claim_batch_after(pool, &queues, &kinds, 10, "w", Some(at_a))
+    let rest = jobs_claim_batch_after(pool, &queues, &kinds, 10, "w", Some(at_a), None)
         .await
         .unwrap();
     let ids: Vec<i64> = rest.iter().map(|j| j.id).collect();
@@ -61,9 +61,17 @@ async fn a_claim_from_a_position_takes_only_the_jobs_after_it_in_claim_order() {
 
     // A job landing behind the position is not taken from it, only by a full walk.
     let behind = insert(pool, 0, early).await;
-    let from_end = jobs_claim_batch_after(pool, &queues, &kinds, 10, "w", Some(rest[2].position()))
-        .await
-        .unwrap();
+    let from_end = jobs_claim_batch_after(
+        pool,
+        &queues,
+        &kinds,
+        10,
+        "w",
+        Some(rest[2].position()),
+        None,
+    )
+    .await
+    .unwrap();
     assert!(from_end.is_empty(), "nothing after d: {from_end:?}");
     let full = jobs_claim_batch(pool, &queues, &kinds, 10, "w")
         .await
@@ -94,9 +102,17 @@ async fn jobs_scheduled_at_minus_infinity_are_claimed_and_their_position_round_t
             id: first
         }
     );
-    let rest = jobs_claim_batch_after(pool, &queues, &kinds, 10, "w", Some(claimed[0].position()))
-        .await
-        .unwrap();
+    let rest = jobs_claim_batch_after(
+        pool,
+        &queues,
+        &kinds,
+        10,
+        "w",
+        Some(claimed[0].position()),
+        None,
+    )
+    .await
+    .unwrap();
     assert_eq!(
         rest.iter().map(|j| j.id).collect::<Vec<_>>(),
         [second, normal]

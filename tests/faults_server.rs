@@ -100,14 +100,35 @@ async fn postgres_restarts_during_enqueue_and_work_lose_nothing_and_strand_nothi
     let stop = Arc::new(AtomicBool::new(false));
     let enqueuer = tokio::spawn(enqueue_until(pool.clone(), stop.clone()));
 
-    for mode in [Restart::Immediate, Restart::Fast] {
+    // Besides whatever the enqueuer has in flight, each restart strikes one transaction
+    // known to be open across it (numbered -1, -2), so the fault surely hits one.
+    let mut straddlers = Vec::new();
+    for (n, mode) in [(-1, Restart::Immediate), (-2, Restart::Fast)] {
         let before = run_count(&pool).await;
         wait_until("the workers to make progress", PATIENCE, || async {
             (run_count(&pool).await >= before + 100).then_some(())
         })
         .await;
+        let mut straddler = pool.begin().await.unwrap();
+        sqlx::query("INSERT INTO public.orders (tx) VALUES ($1)")
+            .bind(n)
+            .execute(&mut *straddler)
+            .await
+            .unwrap();
+        let jobs: Vec<NewJob> = (0..20)
+            .map(|_| NewJob::new("record", json!({"ms": 20, "tx": n})))
+            .collect();
+        skiplock::enqueue_raw(&mut *straddler, &jobs).await.unwrap();
         server.restart(mode).await;
         eprintln!("restarted the server ({mode:?})");
+        assert!(
+            straddler.commit().await.is_err(),
+            "a transaction open across the restart cannot commit"
+        );
+        straddlers.push(Outcome {
+            tx: n,
+            committed: false,
+        });
     }
     let before = run_count(&pool).await;
     wait_until("work to go on after the restarts", PATIENCE, || async {
@@ -115,7 +136,8 @@ async fn postgres_restarts_during_enqueue_and_work_lose_nothing_and_strand_nothi
     })
     .await;
     stop.store(true, Ordering::Relaxed);
-    let outcomes = enqueuer.await.unwrap();
+    let mut outcomes = enqueuer.await.unwrap();
+    outcomes.extend(straddlers);
     wait_until("every job to succeed", PATIENCE, || async {
         let states = states(&pool).await;
         (states.len() == 1 && states.contains_key("succeeded")).then_some(())
@@ -313,4 +335,83 @@ async fn a_worker_with_a_one_connection_pool_drains_or_refuses_to_start() {
             "the worker hung for a minute with a one-connection pool ({succeeded} of 5 jobs done)"
         ),
     }
+}
+
+/// Does nothing; for the lost-reply test's worker.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct Nothing {}
+
+impl skiplock::Job for Nothing {
+    const KIND: &'static str = "nothing";
+
+    async fn run(self, _ctx: skiplock::JobContext) -> Result<(), skiplock::JobError> {
+        Ok(())
+    }
+}
+
+/// Workload: 30 jobs, one worker connected through a proxy (stale timeout 3 s).
+///
+/// Fault: the reply to the worker's first claim is lost after the claim committed (the
+/// proxy swallows it and closes the connection once the server is ready for the next
+/// query), as when Postgres restarts or the network cuts between a commit and its reply.
+///
+/// Invariant: the worker, which chose the claim's token, finds the jobs that claim took
+/// and releases them at once: nothing is reaped, every job succeeds once on attempt 1.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_whose_reply_is_lost_is_released_at_once_without_spending_an_attempt() {
+    let db = audited_db().await;
+    let pool = &db.pool;
+    let ids = enqueue_n(pool, "nothing", json!({}), 30, EnqueueOptions::new()).await;
+    let direct: sqlx::postgres::PgConnectOptions = db.url.parse().unwrap();
+    let server = tokio::net::lookup_host((direct.get_host(), direct.get_port()))
+        .await
+        .unwrap()
+        .next()
+        .unwrap();
+    let cutter = fault_support::ReplyCutter::start(server, b"claim_batch").await;
+    let through_proxy = direct
+        .host("127.0.0.1")
+        .port(cutter.addr.port())
+        .ssl_mode(sqlx::postgres::PgSslMode::Disable);
+    let worker_pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(4)
+        .connect_with(through_proxy)
+        .await
+        .unwrap();
+    let worker = skiplock::Worker::builder(worker_pool)
+        .register::<Nothing>()
+        .concurrency(8)
+        .poll_interval(Duration::from_millis(100))
+        .heartbeat(Duration::from_millis(100), Duration::from_secs(3))
+        .reap_interval(Duration::from_millis(100))
+        .prune_interval(None)
+        .exit_when_idle(true)
+        .build()
+        .unwrap();
+    let summary = tokio::time::timeout(PATIENCE, worker.run())
+        .await
+        .expect("the worker drains and exits")
+        .unwrap();
+    assert!(cutter.has_cut(), "the proxy lost a claim's reply");
+
+    let log = audit(pool).await;
+    let reaped: Vec<_> = log.iter().filter(|r| r.is_reap()).collect();
+    assert!(
+        reaped.is_empty(),
+        "jobs were left to the reaper: {reaped:?}"
+    );
+    assert!(
+        log.iter().any(|r| r.is_release()),
+        "the lost claim's jobs were released"
+    );
+    let attempts: Vec<(i64, String, i32)> =
+        sqlx::query_as("SELECT id, state::text, attempt FROM skiplock.jobs ORDER BY id")
+            .fetch_all(pool)
+            .await
+            .unwrap();
+    assert_eq!(attempts.len(), ids.len());
+    for (id, state, attempt) in &attempts {
+        assert_eq!((state.as_str(), *attempt), ("succeeded", 1), "job {id}");
+    }
+    assert_eq!(summary.succeeded, 30);
 }

@@ -40,7 +40,7 @@ use super::timestamp::{MaybeTimestamp, Timestamp};
 use chrono::{DateTime, Utc};
 use serde_json::Value;
 use sqlx::types::Json;
-use sqlx::{FromRow, PgExecutor};
+use sqlx::{FromRow, PgExecutor, PgPool};
 use uuid::Uuid;
 
 use crate::job::{JobId, JobState};
@@ -165,7 +165,7 @@ pub async fn jobs_claim_batch(
     limit: i64,
     claimed_by: &str,
 ) -> sqlx::Result<Vec<ClaimedJob>> {
-    jobs_claim_batch_after(db, queues, kinds, limit, claimed_by, None).await
+    jobs_claim_batch_after(db, queues, kinds, limit, claimed_by, None, None).await
 }
 
 /// [`jobs_claim_batch`] from a position: only jobs after `after` in claim order are
@@ -177,6 +177,11 @@ pub async fn jobs_claim_batch(
 /// position (a higher priority, a job that waited and became queued) are claimed only by
 /// a full walk, so a caller must still do one now and then; the worker's producer does
 /// (`worker::claim_cursor`).
+///
+/// With `claim_with`, every job the claim takes holds it as its claim token, so a caller
+/// whose reply was lost can find them with [`jobs_release_claimed_with`]; use a fresh
+/// token for every claim, as it is the fence of each job's claim. Without it, each job
+/// gets a random token of its own.
 pub async fn jobs_claim_batch_after(
     db: impl PgExecutor<'_>,
     queues: &[String],
@@ -184,11 +189,12 @@ pub async fn jobs_claim_batch_after(
     limit: i64,
     claimed_by: &str,
     after: Option<ClaimPosition>,
+    claim_with: Option<Uuid>,
 ) -> sqlx::Result<Vec<ClaimedJob>> {
     sqlx::query_as(
         "SELECT id, queue, kind, args, attempt, max_attempts, claim_token, priority,
                 scheduled_at_us
-         FROM skiplock.claim_batch($1, $2, $3, $4, $5, $6, $7)",
+         FROM skiplock.claim_batch($1, $2, $3, $4, $5, $6, $7, $8)",
     )
     .bind(queues)
     .bind(kinds)
@@ -197,8 +203,25 @@ pub async fn jobs_claim_batch_after(
     .bind(after.map(|p| p.priority))
     .bind(after.map(|p| p.scheduled_at_us))
     .bind(after.map(|p| p.id))
+    .bind(claim_with)
     .fetch_all(db)
     .await
+}
+
+/// Releases, as [`jobs_release_many`] does, every job still held by the claim made with
+/// `claim_with` (see [`jobs_claim_batch_after`]): for a claim whose reply was lost, whose
+/// jobs nobody runs. Returns their ids. Reads only `running` rows (`jobs_running_idx`).
+pub async fn jobs_release_claimed_with(pool: &PgPool, claim_with: Uuid) -> sqlx::Result<Vec<i64>> {
+    let ids: Vec<i64> = sqlx::query_scalar(
+        "SELECT id FROM skiplock.jobs WHERE state = 'running' AND claim_token = $1",
+    )
+    .bind(claim_with)
+    .fetch_all(pool)
+    .await?;
+    if ids.is_empty() {
+        return Ok(ids);
+    }
+    jobs_release_many(pool, &ids, &vec![claim_with; ids.len()]).await
 }
 
 /// A job whose outcome was saved, and whether other jobs wait on it.

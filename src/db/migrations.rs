@@ -72,6 +72,11 @@ const MIGRATIONS: &[Migration] = &[
         name: "0011_infinite_timestamps.sql",
         sql: include_str!("../../migrations/0011_infinite_timestamps.sql"),
     },
+    Migration {
+        version: 12,
+        name: "0012_claim_token_chosen.sql",
+        sql: include_str!("../../migrations/0012_claim_token_chosen.sql"),
+    },
 ];
 
 /// The schema version this build of skiplock expects.

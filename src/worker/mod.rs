@@ -453,6 +453,8 @@ pub(crate) struct QueueGroup {
     pub(crate) wake: Notify,
     /// Signalled by the completer after it settles a batch: claims were freed.
     pub(crate) settled: Notify,
+    /// Claims of this group whose reply was lost, until their jobs are released.
+    pub(crate) lost_claims: producer::LostClaims,
 }
 
 impl QueueGroup {
@@ -465,6 +467,7 @@ impl QueueGroup {
             started: AtomicU64::new(0),
             wake: Notify::new(),
             settled: Notify::new(),
+            lost_claims: producer::LostClaims::default(),
         }
     }
 }

@@ -12,17 +12,18 @@
 //! jobs thus get claim batches of hundreds (one statement and one commit for many jobs);
 //! long jobs keep the buffer at `prefetch` and are not hoarded from other workers.
 
-use std::sync::Arc;
 use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
 use futures_util::stream::FuturesUnordered;
 use tokio::sync::{Notify, mpsc};
+use uuid::Uuid;
 
 use super::claim_cursor::{ClaimCursor, Landing, Walk};
 use super::{PREFETCH_HORIZON, Shared, db_retry_delay, sleep_jittered};
-use crate::db::jobs::{ClaimedJob, jobs_claim_batch_after};
+use crate::db::jobs::{ClaimedJob, jobs_claim_batch_after, jobs_release_claimed_with};
 use crate::db::maintenance::jobs_any_active;
 
 /// Claim statements one producer keeps in flight. With two, one claim's commit (its WAL
@@ -173,6 +174,9 @@ async fn claim(
     mut walk: Walk,
 ) -> (usize, Walk, Result<Vec<ClaimedJob>, sqlx::Error>) {
     let group = &shared.groups[group_index];
+    if group.lost_claims.any() {
+        release_lost_claims(&shared, &group.lost_claims).await;
+    }
     let mut connection = match shared.pool.acquire().await {
         Ok(connection) => connection,
         Err(e) => return (limit, walk, Err(e)),
@@ -180,6 +184,7 @@ async fn claim(
     // The walk's cost is what the statement takes, not the wait for a connection (a busy
     // pool would otherwise hold full walks back for ten times that wait).
     walk.start(Instant::now());
+    let token = Uuid::new_v4();
     let claimed = jobs_claim_batch_after(
         &mut *connection,
         &group.queues,
@@ -187,9 +192,118 @@ async fn claim(
         limit as i64,
         &shared.config.worker_id,
         walk.from,
+        Some(token),
     )
     .await;
+    if let Err(e) = &claimed
+        && reply_lost(e)
+    {
+        group.lost_claims.add(token, Instant::now());
+    }
     (limit, walk, claimed)
+}
+
+/// Whether a failed statement may have committed: the connection failed before its reply
+/// came (a server restart, a failover, a network cut). An error the server sent means it
+/// rolled back; a reply that came but could not be decoded is left to the reaper, which
+/// spends an attempt, so a job whose row cannot be read does not loop forever.
+fn reply_lost(e: &sqlx::Error) -> bool {
+    matches!(
+        e,
+        sqlx::Error::Io(_)
+            | sqlx::Error::Protocol(_)
+            | sqlx::Error::Tls(_)
+            | sqlx::Error::WorkerCrashed
+    )
+}
+
+/// Claims whose reply was lost. The worker knows their tokens (it chose them), so it finds
+/// the jobs they took, if they committed, and releases them at once without spending the
+/// attempt, instead of leaving them `running` with no heartbeat until the reaper takes them
+/// back a stale timeout later with an attempt spent.
+#[derive(Default)]
+pub(crate) struct LostClaims {
+    pending: Mutex<Vec<LostClaim>>,
+}
+
+struct LostClaim {
+    token: Uuid,
+    lost_at: Instant,
+    next_look: Instant,
+}
+
+/// How often a lost claim's jobs are looked for while none are found: the statement may
+/// still commit after its connection is gone (the server finishes it before it notices).
+const LOST_CLAIM_LOOK_INTERVAL: Duration = Duration::from_secs(1);
+
+impl LostClaims {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<LostClaim>> {
+        self.pending
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn add(&self, token: Uuid, now: Instant) {
+        self.lock().push(LostClaim {
+            token,
+            lost_at: now,
+            next_look: now,
+        });
+    }
+
+    fn any(&self) -> bool {
+        !self.lock().is_empty()
+    }
+
+    /// Tokens to look for now; each is looked for again no sooner than
+    /// [`LOST_CLAIM_LOOK_INTERVAL`] later.
+    fn due(&self, now: Instant) -> Vec<Uuid> {
+        let mut pending = self.lock();
+        pending
+            .iter_mut()
+            .filter(|lost| lost.next_look <= now)
+            .map(|lost| {
+                lost.next_look = now + LOST_CLAIM_LOOK_INTERVAL;
+                lost.token
+            })
+            .collect()
+    }
+
+    /// Forgets `token`: its jobs were released, or it was looked for until `give_up_after`
+    /// passed (by then the reaper takes back whatever it held).
+    fn settle(&self, token: Uuid, released: bool, give_up_after: Duration, now: Instant) {
+        self.lock().retain(|lost| {
+            lost.token != token
+                || (!released && now.saturating_duration_since(lost.lost_at) < give_up_after)
+        });
+    }
+}
+
+/// Releases the jobs of lost claims that committed; see [`LostClaims`].
+async fn release_lost_claims(shared: &Shared, lost: &LostClaims) {
+    for token in lost.due(Instant::now()) {
+        match jobs_release_claimed_with(&shared.pool, token).await {
+            Ok(ids) => {
+                if !ids.is_empty() {
+                    tracing::info!(
+                        jobs = ids.len(),
+                        ?ids,
+                        "released the jobs of a claim whose reply was lost; no attempt spent"
+                    );
+                }
+                lost.settle(
+                    token,
+                    !ids.is_empty(),
+                    shared.config.stale_after,
+                    Instant::now(),
+                );
+            }
+            Err(e) => tracing::warn!(
+                error = %e,
+                "cannot look for the jobs of a claim whose reply was lost; will try again"
+            ),
+        }
+    }
 }
 
 /// Sleeps until the full walk a drained producer still owes may run.

@@ -9,6 +9,9 @@ mod server;
 #[cfg(feature = "embedded")]
 #[allow(unused_imports)]
 pub use server::*;
+mod reply_cutter;
+#[allow(unused_imports)]
+pub use reply_cutter::*;
 #[cfg(feature = "testbed")]
 mod testbed;
 #[cfg(feature = "testbed")]

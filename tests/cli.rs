@@ -234,6 +234,8 @@ async fn an_unreachable_database_fails_at_once_naming_it() {
         .args([
             "--database-url",
             "postgres://app:secret@127.0.0.1:1/app",
+            "--connect-retry",
+            "0s",
             "jobs",
         ])
         .output()

@@ -338,7 +338,7 @@ async fn malformed_cron_schedules_are_refused_with_the_bad_part_named() {
 /// and that are not URLs at all.
 ///
 /// Invariant: every command fails with exit status 1 and one line naming the URL and
-/// the cause, without hanging.
+/// the cause, without hanging (`work --exit-when-idle` gives up like a one-shot command).
 #[tokio::test]
 async fn unreachable_and_wrong_database_urls_fail_with_one_clear_line() {
     let server = common::server_url();
@@ -365,9 +365,10 @@ async fn unreachable_and_wrong_database_urls_fail_with_one_clear_line() {
             &["work", "--exit-when-idle"],
             &["enqueue", "noop"],
         ] {
+            // Refusals that may pass are retried for --connect-retry (10 s by default).
             let run = tokio::time::timeout(
                 std::time::Duration::from_secs(60),
-                skiplock(&url, command, &[]),
+                skiplock(&url, command, &[("SKIPLOCK_CONNECT_RETRY", "1s")]),
             )
             .await
             .expect("fails without hanging");

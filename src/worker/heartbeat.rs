@@ -13,7 +13,7 @@
 //! can.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use sqlx::{ConnectOptions, Connection, PgConnection};
 use tokio::runtime::Handle;
@@ -23,6 +23,9 @@ use tokio_util::sync::CancellationToken;
 use super::Shared;
 use super::claims::ClaimKey;
 use crate::db::jobs::jobs_heartbeat_many;
+
+/// How long the heartbeat keeps its connection open with no claim to extend.
+const CONNECTION_IDLE_MAX: Duration = Duration::from_secs(30);
 
 /// Beats until `stop`. Keeps going through the graceful shutdown: running jobs still need
 /// their claims extended while they finish.
@@ -73,6 +76,7 @@ async fn beat_loop(shared: Arc<Shared>, stop: CancellationToken, application: Op
     let beat_timeout = shared.config.stale_after / 2;
     let options = shared.pool.connect_options();
     let mut connection: Option<PgConnection> = None;
+    let mut last_beat = Instant::now();
     let mut ticker = tokio::time::interval(interval);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -82,8 +86,15 @@ async fn beat_loop(shared: Arc<Shared>, stop: CancellationToken, application: Op
         }
         let (ids, tokens) = shared.claims.snapshot();
         if ids.is_empty() {
+            // A quiet worker gives the session back; the next claim opens it again.
+            if last_beat.elapsed() >= CONNECTION_IDLE_MAX
+                && let Some(own) = connection.take()
+            {
+                let _ = own.close().await;
+            }
             continue;
         }
+        last_beat = Instant::now();
         if application.is_some() && connection.is_none() {
             match tokio::time::timeout(beat_timeout, options.connect()).await {
                 Ok(Ok(opened)) => connection = Some(opened),

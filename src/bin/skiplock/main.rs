@@ -4,6 +4,7 @@
 //! 2 usage error (clap's message and usage).
 
 mod cancel;
+mod connect;
 mod cron;
 mod dashboard;
 mod demo;
@@ -20,13 +21,9 @@ mod work;
 
 use std::process::ExitCode;
 
-use anyhow::Context;
 use clap::{CommandFactory, Parser, Subcommand, ValueEnum};
-use sqlx::Connection;
-use sqlx::postgres::{PgConnectOptions, PgConnection, PgPoolOptions};
 
-/// How long connecting to the database may take before the command gives up.
-const CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+use connect::{Database, Patience};
 
 /// Postgres-backed job queue: enqueue in your transaction, run workers anywhere.
 #[derive(Parser)]
@@ -46,6 +43,19 @@ struct Cli {
     /// Log format on stderr. Verbosity follows RUST_LOG (default: info).
     #[arg(long, value_enum, default_value_t = LogFormat::Human, global = true)]
     log_format: LogFormat,
+
+    /// How long a command keeps trying when the server refuses a connection for a reason
+    /// that may pass (too many clients, starting up) or does not answer, e.g. 30s or 0s.
+    /// `work` (without --exit-when-idle) and `dashboard` keep trying until stopped.
+    #[arg(
+        long,
+        env = "SKIPLOCK_CONNECT_RETRY",
+        global = true,
+        value_name = "DURATION",
+        default_value = "10s",
+        value_parser = humantime::parse_duration
+    )]
+    connect_retry: std::time::Duration,
 
     #[command(subcommand)]
     command: Command,
@@ -140,24 +150,36 @@ fn main() -> ExitCode {
 }
 
 async fn run(cli: Cli) -> anyhow::Result<()> {
-    let url = cli.database_url.as_deref();
+    let db = Database {
+        url: cli.database_url,
+        connect_retry: cli.connect_retry,
+    };
+    // One-shot commands need no more than one session (statements that could run side by
+    // side take turns), so they still work on a server with one slot left.
+    let one_shot = |command: &'static str| db.pool(command, 1, Patience::OneShot);
     match cli.command {
-        Command::Migrate => migrate::run(&connect(url, 2).await?).await,
+        Command::Migrate => migrate::run(&one_shot("migrate").await?).await,
         Command::Work(args) => {
-            let pool = connect(url, args.pool_size()).await?;
+            // A worker that drains and exits is a one-shot command too.
+            let patience = if args.exits_when_idle() {
+                Patience::OneShot
+            } else {
+                Patience::UntilStopped
+            };
+            let pool = db.pool("work", args.pool_size(), patience).await?;
             work::run(pool, args).await
         }
-        Command::Enqueue(args) => enqueue::run(&connect(url, 2).await?, args).await,
-        Command::Jobs(args) => jobs::run(&connect(url, 2).await?, args).await,
-        Command::Show(args) => show::run(&connect(url, 2).await?, args).await,
-        Command::Retry(args) => retry::run(&connect(url, 2).await?, args).await,
-        Command::Cancel(args) => cancel::run(&connect(url, 2).await?, args).await,
-        Command::Stats(args) => stats::run(&connect(url, 2).await?, args).await,
-        Command::Prune(args) => prune::run(&connect(url, 2).await?, args).await,
-        Command::Dashboard(args) => dashboard::run(url, args).await,
-        Command::Cron(args) => cron::run(&connect(url, 2).await?, args).await,
-        Command::Queue(args) => queue::run(&connect(url, 2).await?, args).await,
-        Command::Demo => demo::run(url).await,
+        Command::Enqueue(args) => enqueue::run(&one_shot("enqueue").await?, args).await,
+        Command::Jobs(args) => jobs::run(&one_shot("jobs").await?, args).await,
+        Command::Show(args) => show::run(&one_shot("show").await?, args).await,
+        Command::Retry(args) => retry::run(&one_shot("retry").await?, args).await,
+        Command::Cancel(args) => cancel::run(&one_shot("cancel").await?, args).await,
+        Command::Stats(args) => stats::run(&one_shot("stats").await?, args).await,
+        Command::Prune(args) => prune::run(&one_shot("prune").await?, args).await,
+        Command::Dashboard(args) => dashboard::run(&db, args).await,
+        Command::Cron(args) => cron::run(&one_shot("cron").await?, args).await,
+        Command::Queue(args) => queue::run(&one_shot("queue").await?, args).await,
+        Command::Demo => demo::run(db.url.as_deref()).await,
     }
 }
 
@@ -198,6 +220,19 @@ fn hint(error: &anyhow::Error) -> &'static str {
         };
         db.code().map(|c| c.into_owned())
     });
+    let pool_timed_out = error.chain().any(|cause| {
+        matches!(
+            cause.downcast_ref::<skiplock::Error>(),
+            Some(skiplock::Error::Database(sqlx::Error::PoolTimedOut))
+        ) || matches!(
+            cause.downcast_ref::<sqlx::Error>(),
+            Some(sqlx::Error::PoolTimedOut)
+        )
+    });
+    if pool_timed_out {
+        return "; no connection could be opened in time: the server may be at its connection \
+                limit (see `skiplock work --max-connections`) or unreachable";
+    }
     match code.as_deref() {
         // undefined_table, undefined_function, invalid_schema_name
         Some("42P01" | "42883" | "3F000") => {
@@ -211,63 +246,13 @@ fn hint(error: &anyhow::Error) -> &'static str {
 fn init_logging(format: LogFormat, default_level: &str) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_level));
+    // No colour codes where nobody reads them as colour (a file, a pipe, a log collector).
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_writer(std::io::stderr);
     match format {
         LogFormat::Human => builder.init(),
         LogFormat::Json => builder.json().init(),
-    }
-}
-
-/// Connects a pool to the given URL, or to the local server when none is given.
-///
-/// One connection is opened first, on its own, so that a refused connection or a bad
-/// password is reported at once with its own message instead of as a pool timeout.
-async fn connect(url: Option<&str>, max_connections: u32) -> anyhow::Result<sqlx::PgPool> {
-    let url = url.unwrap_or(skiplock::embedded::LOCAL_URL);
-    let options: PgConnectOptions = url
-        .parse()
-        .with_context(|| "the database URL is malformed; expected postgres://user@host:port/db")?;
-    let unreachable = || {
-        format!(
-            "cannot connect to the database at {}; check --database-url / DATABASE_URL and that Postgres is running",
-            redact(url)
-        )
-    };
-    let first = tokio::time::timeout(CONNECT_TIMEOUT, PgConnection::connect_with(&options))
-        .await
-        .map_err(|_| anyhow::anyhow!("no answer within {CONNECT_TIMEOUT:?}"))
-        .with_context(unreachable)?;
-    let first = match first {
-        Ok(connection) => connection,
-        // The server answered, but the database is not there: say so, not "is it running?".
-        Err(sqlx::Error::Database(db)) if db.code().as_deref() == Some("3D000") => {
-            let name = options.get_database().unwrap_or("postgres");
-            anyhow::bail!(
-                "the database `{name}` does not exist on the server at {}; create it (createdb {name}) and run `skiplock migrate`",
-                redact(url)
-            );
-        }
-        Err(e) => return Err(e).with_context(unreachable),
-    };
-    let _ = first.close().await;
-    Ok(PgPoolOptions::new()
-        .max_connections(max_connections)
-        .acquire_timeout(CONNECT_TIMEOUT)
-        .connect_lazy_with(options))
-}
-
-/// The URL without its password, for messages.
-fn redact(url: &str) -> String {
-    match (url.find("://"), url.rfind('@')) {
-        (Some(scheme), Some(at)) if at > scheme => {
-            let credentials = &url[scheme + 3..at];
-            match credentials.split_once(':') {
-                Some((user, _)) => format!("{}{user}:***{}", &url[..scheme + 3], &url[at..]),
-                None => url.to_owned(),
-            }
-        }
-        _ => url.to_owned(),
     }
 }

@@ -65,15 +65,34 @@ pub struct WorkArgs {
     /// Seconds a graceful shutdown waits for running jobs before releasing them.
     #[arg(long, value_name = "SECONDS", default_value_t = skiplock::worker::SHUTDOWN_GRACE_DEFAULT.as_secs())]
     shutdown_grace: u64,
+
+    /// Most pooled connections this worker opens (default: 4 plus one per 4 job slots, at
+    /// most 32). The worker holds two sessions more: its LISTEN connection and its
+    /// heartbeat's. Idle pooled connections are closed after 30 s.
+    #[arg(
+        long,
+        env = "SKIPLOCK_MAX_CONNECTIONS",
+        value_name = "N",
+        value_parser = clap::value_parser!(u32).range(1..)
+    )]
+    max_connections: Option<u32>,
 }
 
 impl WorkArgs {
-    /// Connections the worker needs: 8 for claims, heartbeats, completions, the listener
-    /// and maintenance, plus one per 4 job slots for handlers that record their output
-    /// (`http`, `command`: one short UPDATE each), at most 64 in all.
+    /// Whether the worker drains and exits rather than runs until stopped.
+    pub fn exits_when_idle(&self) -> bool {
+        self.exit_when_idle
+    }
+
+    /// Pooled connections the worker may open: `--max-connections`, or 4 for claims (two
+    /// in flight), completions and maintenance, plus one per 4 job slots for handlers
+    /// that record their output (`http`, `command`: one short UPDATE each), at most 32.
+    /// The listener and the heartbeat have a connection each outside the pool.
     pub fn pool_size(&self) -> u32 {
-        let slots = u32::try_from(self.concurrency).unwrap_or(u32::MAX);
-        8u32.saturating_add(slots.div_ceil(4)).min(64)
+        self.max_connections.unwrap_or_else(|| {
+            let slots = u32::try_from(self.concurrency).unwrap_or(u32::MAX);
+            4u32.saturating_add(slots.div_ceil(4)).min(32)
+        })
     }
 }
 

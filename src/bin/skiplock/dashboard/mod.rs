@@ -103,7 +103,7 @@ pub struct AppState {
 pub type State = Arc<AppState>;
 
 /// Checks the arguments, connects, and serves until SIGINT or SIGTERM.
-pub async fn run(database_url: Option<&str>, args: DashboardArgs) -> anyhow::Result<()> {
+pub async fn run(db: &crate::Database, args: DashboardArgs) -> anyhow::Result<()> {
     let auth = Auth::from_args(args.token.as_deref(), args.basic_auth.as_deref())
         .unwrap_or_else(|message| crate::usage_error(message));
     let addr = resolve_bind(&args.bind).await?;
@@ -114,7 +114,9 @@ pub async fn run(database_url: Option<&str>, args: DashboardArgs) -> anyhow::Res
              Pass --token TOKEN or --basic-auth USER:PASS, or bind to 127.0.0.1"
         ));
     }
-    let pool = crate::connect(database_url, POOL_SIZE).await?;
+    let pool = db
+        .pool("dashboard", POOL_SIZE, crate::Patience::UntilStopped)
+        .await?;
     let state = Arc::new(AppState {
         pool,
         loopback_hosts_only: matches!(auth, Auth::None),

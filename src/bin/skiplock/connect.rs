@@ -1,0 +1,168 @@
+//! Connecting to the database: the pool every command uses, and what to do when the
+//! server refuses or does not answer.
+//!
+//! A refusal that may pass (too many clients, the server starting up or shutting down,
+//! nothing answering yet) is retried with backoff, each retry logged with its cause:
+//! one-shot commands (and `work --exit-when-idle`) for `--connect-retry` (10 s by
+//! default), `work` and `dashboard` until stopped. A refusal that will not pass (a bad password, a missing database) fails at
+//! once. The final message quotes the server when it answered and says what to do; only
+//! when nothing answered does it suggest that Postgres may not be running.
+
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use sqlx::Connection;
+use sqlx::postgres::{PgConnectOptions, PgConnection, PgPoolOptions};
+
+/// How long one connection attempt may take before it counts as unanswered.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How long a pool connection may sit idle before the pool closes it: a quiet worker or
+/// dashboard gives its sessions back to the server.
+const IDLE_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// First delay between connection attempts; it doubles up to [`RETRY_DELAY_MAX`].
+const RETRY_DELAY_FIRST: Duration = Duration::from_millis(250);
+const RETRY_DELAY_MAX: Duration = Duration::from_secs(5);
+
+/// Where and how patiently to connect, from the global options.
+pub struct Database {
+    /// The URL given, or `None` for the local server.
+    pub url: Option<String>,
+    /// How long one-shot commands retry a refused or unanswered connection.
+    pub connect_retry: Duration,
+}
+
+/// How long to keep trying.
+#[derive(Clone, Copy)]
+pub enum Patience {
+    /// A one-shot command (or a worker that exits when idle): `--connect-retry`.
+    OneShot,
+    /// A long-running command (`work`, `dashboard`): until stopped.
+    UntilStopped,
+}
+
+/// Why one connection attempt failed.
+enum Failure {
+    /// Retrying may help; the message for when the retries run out.
+    Passing(anyhow::Error),
+    /// Retrying will not help.
+    Lasting(anyhow::Error),
+}
+
+impl Database {
+    /// A pool of at most `max_connections`, once one connection to the server works. Its
+    /// sessions show as `skiplock <command>` in `pg_stat_activity`.
+    ///
+    /// One connection is opened first, on its own, so that a refusal is reported with its
+    /// own cause instead of as a pool timeout.
+    pub async fn pool(
+        &self,
+        command: &str,
+        max_connections: u32,
+        patience: Patience,
+    ) -> anyhow::Result<sqlx::PgPool> {
+        let url = self.url.as_deref().unwrap_or(skiplock::embedded::LOCAL_URL);
+        let options: PgConnectOptions = url.parse().with_context(
+            || "the database URL is malformed; expected postgres://user@host:port/db",
+        )?;
+        let options = options.application_name(&format!("skiplock {command}"));
+        let started = Instant::now();
+        let mut delay = RETRY_DELAY_FIRST;
+        loop {
+            let attempt =
+                tokio::time::timeout(CONNECT_TIMEOUT, PgConnection::connect_with(&options)).await;
+            let failure = match attempt {
+                Ok(Ok(first)) => {
+                    let _ = first.close().await;
+                    break;
+                }
+                Ok(Err(e)) => classify(e, url, &options),
+                Err(_) => Failure::Passing(
+                    anyhow::anyhow!("no answer within {CONNECT_TIMEOUT:?}")
+                        .context(unreachable(url)),
+                ),
+            };
+            let error = match failure {
+                Failure::Lasting(error) => return Err(error),
+                Failure::Passing(error) => error,
+            };
+            let out_of_patience = match patience {
+                Patience::OneShot => started.elapsed() + delay > self.connect_retry,
+                Patience::UntilStopped => false,
+            };
+            if out_of_patience {
+                return Err(error);
+            }
+            tracing::warn!(
+                "{}; trying again in {}",
+                crate::message(&error),
+                humantime::format_duration(delay)
+            );
+            tokio::time::sleep(delay).await;
+            delay = (delay * 2).min(RETRY_DELAY_MAX);
+        }
+        Ok(PgPoolOptions::new()
+            .max_connections(max_connections)
+            .idle_timeout(IDLE_TIMEOUT)
+            .acquire_timeout(CONNECT_TIMEOUT)
+            .connect_lazy_with(options))
+    }
+}
+
+/// The message for a server that did not answer.
+fn unreachable(url: &str) -> String {
+    format!(
+        "cannot connect to the database at {}; check --database-url / DATABASE_URL and that Postgres is running",
+        redact(url)
+    )
+}
+
+/// Sorts a failed connection attempt, with the message to give if it is the last.
+fn classify(error: sqlx::Error, url: &str, options: &PgConnectOptions) -> Failure {
+    let sqlx::Error::Database(db) = &error else {
+        // No answer, or not one we could read (refused, reset, TLS): the server may be
+        // down or restarting.
+        return Failure::Passing(anyhow::Error::new(error).context(unreachable(url)));
+    };
+    let code = db.code().map(|c| c.into_owned()).unwrap_or_default();
+    let said = format!("{} (SQLSTATE {code})", db.message());
+    let server = redact(url);
+    match code.as_str() {
+        "3D000" => {
+            let name = options.get_database().unwrap_or("postgres");
+            Failure::Lasting(anyhow::anyhow!(
+                "the database `{name}` does not exist on the server at {server}; create it (createdb {name}) and run `skiplock migrate`"
+            ))
+        }
+        // too_many_connections, and the rest of class 53 (out of memory, disk full…).
+        c if c.starts_with("53") => Failure::Passing(anyhow::anyhow!(
+            "the server at {server} refused the connection: {said}; close idle clients, cap the workers' pools (skiplock work --max-connections) or raise the server's max_connections"
+        )),
+        // cannot_connect_now (starting up, in recovery), admin or crash shutdown.
+        "57P03" | "57P01" | "57P02" => Failure::Passing(anyhow::anyhow!(
+            "the server at {server} is not accepting connections yet: {said}; wait until it has started"
+        )),
+        // invalid_password, invalid_authorization_specification.
+        "28P01" | "28000" => Failure::Lasting(anyhow::anyhow!(
+            "the server at {server} refused the login: {said}; check the user and password in --database-url / DATABASE_URL"
+        )),
+        _ => Failure::Lasting(anyhow::anyhow!(
+            "the server at {server} refused the connection: {said}"
+        )),
+    }
+}
+
+/// The URL without its password, for messages.
+pub fn redact(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(scheme), Some(at)) if at > scheme => {
+            let credentials = &url[scheme + 3..at];
+            match credentials.split_once(':') {
+                Some((user, _)) => format!("{}{user}:***{}", &url[..scheme + 3], &url[at..]),
+                None => url.to_owned(),
+            }
+        }
+        _ => url.to_owned(),
+    }
+}

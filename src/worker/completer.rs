@@ -27,7 +27,7 @@ use uuid::Uuid;
 
 use super::claims::ClaimKey;
 use super::executor::{Finished, Outcome};
-use super::{Shared, db_retry_delay};
+use super::{Shared, db_retry_delay, schema_mismatch, stop_if_schema_outgrown};
 use crate::db::jobs::{
     FailAction, FailBatch, SavedJob, jobs_abandon_many, jobs_complete_many, jobs_fail_many,
     jobs_release_many,
@@ -379,6 +379,13 @@ where
     loop {
         match statement().await {
             Ok(value) => return Ok(value),
+            // A database migrated past this build: its jobs stay held until the worker
+            // exits, then a worker of the new version reaps and runs them. Marking them
+            // dead for a statement only this old build gets wrong would lose them.
+            Err(e) if schema_mismatch(&e) && stop_if_schema_outgrown(shared).await => {
+                tracing::error!(statement = what, error = %e, "cannot save job outcomes with the upgraded schema; leaving the jobs to the reaper");
+                return Err(WriteError::GaveUp);
+            }
             Err(e) if !is_transient_sqlx(&e) => return Err(WriteError::Refused(e)),
             Err(e) => {
                 failures += 1;

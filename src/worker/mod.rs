@@ -414,6 +414,7 @@ impl WorkerBuilder {
                 graceful: CancellationToken::new(),
                 hard: CancellationToken::new(),
                 counters: Counters::default(),
+                schema_outgrown: std::sync::OnceLock::new(),
             }),
         })
     }
@@ -438,6 +439,10 @@ pub(crate) struct Shared {
     /// Phase two: stop handlers and release their jobs now.
     pub(crate) hard: CancellationToken,
     pub(crate) counters: Counters,
+    /// Set when the database was migrated past this build while the worker ran: the
+    /// schema version found. The worker stops claiming and [`Worker::run`] returns
+    /// [`Error::SchemaTooNew`] once its running jobs are settled.
+    pub(crate) schema_outgrown: std::sync::OnceLock<i32>,
 }
 
 /// Queues claimed by one producer into one buffer, sharing one pool of slots.
@@ -569,8 +574,11 @@ pub struct Worker {
 
 impl Worker {
     /// Starts building a worker on `pool`. The worker runs at most a handful of statements
-    /// at once (claim, completion, heartbeat, maintenance), so a few connections suffice;
-    /// handlers that use `ctx.pool()` need more. The LISTEN connection is separate.
+    /// at once (two claims, two completion batches, maintenance), so a few connections
+    /// suffice; handlers that use `ctx.pool()` need more. Two sessions are opened outside
+    /// the pool with its connect options: the LISTEN connection and the heartbeat's (the
+    /// heartbeat runs on a thread of its own so that busy or blocked handlers cannot delay
+    /// it; it closes its connection after 30 s without claims).
     pub fn builder(pool: PgPool) -> WorkerBuilder {
         WorkerBuilder {
             pool,
@@ -701,8 +709,51 @@ impl Worker {
             lost: counters.lost.load(Ordering::Relaxed),
         };
         tracing::info!(worker_id = %config.worker_id, ?summary, "worker stopped");
+        if let Some(&found) = shared.schema_outgrown.get() {
+            return Err(Error::SchemaTooNew {
+                found,
+                supported: crate::db::migrations::SCHEMA_VERSION_LATEST,
+            });
+        }
         Ok(summary)
     }
+}
+
+/// Whether a failed statement says the schema changed under the worker: an object it uses
+/// is gone or changed (class 42: an undefined function, column or table, a mismatched
+/// type) or a cached plan's result type changed (0A000).
+pub(crate) fn schema_mismatch(error: &sqlx::Error) -> bool {
+    match error {
+        sqlx::Error::Database(db) => db
+            .code()
+            .is_some_and(|code| code.starts_with("42") || code == "0A000"),
+        _ => false,
+    }
+}
+
+/// After a statement failed on a changed schema: if the database was migrated past what
+/// this build supports (`skiplock migrate` of a newer version while this worker ran), stops
+/// claiming (the graceful shutdown: running jobs finish, buffered ones are released) and
+/// returns true. Migrations that stay compatible never get here: the worker's statements
+/// go on working.
+pub(crate) async fn stop_if_schema_outgrown(shared: &Shared) -> bool {
+    let Ok(found) = crate::db::migrations::schema_version(&shared.pool).await else {
+        return false;
+    };
+    let supported = crate::db::migrations::SCHEMA_VERSION_LATEST;
+    if found <= supported {
+        return false;
+    }
+    if shared.schema_outgrown.set(found).is_ok() {
+        tracing::error!(
+            found,
+            supported,
+            "the database schema was upgraded past this skiplock while it ran; the worker \
+             stops claiming, lets its running jobs finish and exits: upgrade skiplock"
+        );
+    }
+    shared.graceful.cancel();
+    true
 }
 
 async fn join_logged(name: &str, handle: tokio::task::JoinHandle<()>) {

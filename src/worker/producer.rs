@@ -22,7 +22,10 @@ use tokio::sync::{Notify, mpsc};
 use uuid::Uuid;
 
 use super::claim_cursor::{ClaimCursor, Landing, Walk};
-use super::{PREFETCH_HORIZON, Shared, db_retry_delay, sleep_jittered};
+use super::{
+    PREFETCH_HORIZON, Shared, db_retry_delay, schema_mismatch, sleep_jittered,
+    stop_if_schema_outgrown,
+};
 use crate::db::jobs::{ClaimedJob, jobs_claim_batch_after, jobs_release_claimed_with};
 use crate::db::maintenance::jobs_any_active;
 
@@ -102,6 +105,9 @@ pub(super) async fn produce(
                     }
                     Err(e) => {
                         cursor.failed(walk);
+                        if schema_mismatch(&e) && stop_if_schema_outgrown(&shared).await {
+                            continue;
+                        }
                         failures += 1;
                         tracing::warn!(error = %e, "claim failed; retrying");
                         pause = Pause::Failed(db_retry_delay(failures));

@@ -349,26 +349,19 @@ impl skiplock::Job for Nothing {
     }
 }
 
-/// Workload: 30 jobs, one worker connected through a proxy (stale timeout 3 s).
-///
-/// Fault: the reply to the worker's first claim is lost after the claim committed (the
-/// proxy swallows it and closes the connection once the server is ready for the next
-/// query), as when Postgres restarts or the network cuts between a commit and its reply.
-///
-/// Invariant: the worker, which chose the claim's token, finds the jobs that claim took
-/// and releases them at once: nothing is reaped, every job succeeds once on attempt 1.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_claim_whose_reply_is_lost_is_released_at_once_without_spending_an_attempt() {
-    let db = audited_db().await;
-    let pool = &db.pool;
-    let ids = enqueue_n(pool, "nothing", json!({}), 30, EnqueueOptions::new()).await;
-    let direct: sqlx::postgres::PgConnectOptions = db.url.parse().unwrap();
+/// Runs a worker of `Nothing` jobs (stale timeout 3 s) through a [`ReplyCutter`] that loses
+/// the reply of the first statement containing `needle`, until it is idle.
+async fn drain_through_reply_cutter(
+    url: &str,
+    needle: &'static [u8],
+) -> (fault_support::ReplyCutter, skiplock::WorkerSummary) {
+    let direct: sqlx::postgres::PgConnectOptions = url.parse().unwrap();
     let server = tokio::net::lookup_host((direct.get_host(), direct.get_port()))
         .await
         .unwrap()
         .next()
         .unwrap();
-    let cutter = fault_support::ReplyCutter::start(server, b"claim_batch").await;
+    let cutter = fault_support::ReplyCutter::start(server, needle).await;
     let through_proxy = direct
         .host("127.0.0.1")
         .port(cutter.addr.port())
@@ -392,6 +385,23 @@ async fn a_claim_whose_reply_is_lost_is_released_at_once_without_spending_an_att
         .await
         .expect("the worker drains and exits")
         .unwrap();
+    (cutter, summary)
+}
+
+/// Workload: 30 jobs, one worker connected through a proxy (stale timeout 3 s).
+///
+/// Fault: the reply to the worker's first claim is lost after the claim committed (the
+/// proxy swallows it and closes the connection once the server is ready for the next
+/// query), as when Postgres restarts or the network cuts between a commit and its reply.
+///
+/// Invariant: the worker, which chose the claim's token, finds the jobs that claim took
+/// and releases them at once: nothing is reaped, every job succeeds once on attempt 1.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_whose_reply_is_lost_is_released_at_once_without_spending_an_attempt() {
+    let db = audited_db().await;
+    let pool = &db.pool;
+    let ids = enqueue_n(pool, "nothing", json!({}), 30, EnqueueOptions::new()).await;
+    let (cutter, summary) = drain_through_reply_cutter(&db.url, b"claim_batch").await;
     assert!(cutter.has_cut(), "the proxy lost a claim's reply");
 
     let log = audit(pool).await;
@@ -414,4 +424,27 @@ async fn a_claim_whose_reply_is_lost_is_released_at_once_without_spending_an_att
         assert_eq!((state.as_str(), *attempt), ("succeeded", 1), "job {id}");
     }
     assert_eq!(summary.succeeded, 30);
+}
+
+/// Workload: 30 jobs, one worker connected through a proxy.
+///
+/// Fault: the reply to a completion write is lost after it committed; the completer
+/// retries the write, which finds those claims already settled.
+///
+/// Invariant: the worker recognises its own saved completions: every job succeeded once
+/// and the worker counts 30 successes and no lost claim (before, they were reported as
+/// "outcome discarded: the claim is no longer ours").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_completion_whose_reply_is_lost_is_known_as_saved() {
+    let db = audited_db().await;
+    let pool = &db.pool;
+    enqueue_n(pool, "nothing", json!({}), 30, EnqueueOptions::new()).await;
+    let (cutter, summary) =
+        drain_through_reply_cutter(&db.url, b"SET state = 'succeeded', finished_at = now()").await;
+    assert!(cutter.has_cut(), "the proxy lost a completion's reply");
+    assert_eq!((summary.succeeded, summary.lost), (30, 0), "{summary:?}");
+    let states = states(pool).await;
+    assert_eq!(states.get("succeeded"), Some(&30), "{states:?}");
+    let log = audit(pool).await;
+    assert!(!log.iter().any(|r| r.is_reap()), "nothing was reaped");
 }

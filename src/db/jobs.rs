@@ -269,6 +269,28 @@ pub async fn jobs_complete_many(
     .await
 }
 
+/// Of `ids`, the jobs `succeeded` under `worker`'s name, as [`jobs_complete_many`] returns
+/// them: for a completion write whose reply was lost, the jobs it did complete.
+pub async fn jobs_completed_by(
+    db: impl PgExecutor<'_>,
+    ids: &[i64],
+    worker: &str,
+) -> sqlx::Result<Vec<SavedJob>> {
+    sqlx::query_as(
+        "SELECT j.id, j.state::text AS state,
+                EXISTS (SELECT 1 FROM skiplock.job_dependencies d WHERE d.parent_id = j.id)
+                    AS has_dependants,
+                j.ordering_key
+         FROM skiplock.jobs j
+         WHERE j.id = ANY($1) AND j.state = 'succeeded' AND j.claimed_by = $2",
+    )
+    .bind(ids)
+    .bind(worker)
+    .persistent(false)
+    .fetch_all(db)
+    .await
+}
+
 /// What a failed attempt asks for, as [`jobs_fail_many`] takes it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FailAction {

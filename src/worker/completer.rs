@@ -29,8 +29,8 @@ use super::claims::ClaimKey;
 use super::executor::{Finished, Outcome};
 use super::{Shared, db_retry_delay, schema_mismatch, stop_if_schema_outgrown};
 use crate::db::jobs::{
-    FailAction, FailBatch, SavedJob, jobs_abandon_many, jobs_complete_many, jobs_fail_many,
-    jobs_release_many,
+    FailAction, FailBatch, SavedJob, jobs_abandon_many, jobs_complete_many, jobs_completed_by,
+    jobs_fail_many, jobs_release_many,
 };
 use crate::error::{describe_sqlx, is_transient_sqlx};
 use crate::job::{Fate, JobState};
@@ -130,10 +130,13 @@ async fn save(shared: &Shared, batch: &mut Vec<Finished>) {
     let mut follow_up = FollowUp::default();
     if !done.0.is_empty() {
         let (ids, tokens) = (&done.0, &done.1);
-        let saved = write_split(shared, "complete", ids, tokens, |range| {
+        let mut saved = write_split(shared, "complete", ids, tokens, |range| {
             jobs_complete_many(&shared.pool, &ids[range.clone()], &tokens[range])
         })
         .await;
+        if saved.reply_lost {
+            find_completions_saved_unseen(shared, &mut saved).await;
+        }
         settle(
             shared,
             saved,
@@ -186,6 +189,39 @@ async fn save(shared: &Shared, batch: &mut Vec<Finished>) {
     }
 }
 
+/// After a completion write whose reply was lost: the claims the successful retry did not
+/// find (their token was already cleared) were completed by the lost write if their row
+/// is `succeeded` under this worker's name (the reaper never completes a job, and another
+/// worker's completion carries its own name). Those count as saved, with their follow-up,
+/// instead of being reported as discarded.
+async fn find_completions_saved_unseen(shared: &Shared, write: &mut SplitWrite<SavedJob>) {
+    let found: HashSet<i64> = write.saved.iter().map(|row| row.id).collect();
+    let unseen: Vec<i64> = write
+        .claims
+        .iter()
+        .map(|claim| claim.0)
+        .filter(|id| !found.contains(id))
+        .collect();
+    if unseen.is_empty() {
+        return;
+    }
+    match jobs_completed_by(&shared.pool, &unseen, &shared.config.worker_id).await {
+        Ok(rows) => {
+            if !rows.is_empty() {
+                tracing::info!(
+                    jobs = rows.len(),
+                    "completions saved by an earlier write whose reply was lost"
+                );
+            }
+            write.saved.extend(rows);
+        }
+        Err(e) => tracing::warn!(
+            error = %e,
+            "cannot check whether a write whose reply was lost saved its completions"
+        ),
+    }
+}
+
 /// What saved outcomes leave to do: dependants to settle, lanes to advance.
 #[derive(Default)]
 struct FollowUp {
@@ -218,6 +254,9 @@ struct SplitWrite<T> {
     unsaved: Vec<(ClaimKey, String)>,
     /// Claims left held because the database stayed unreachable during a hard stop.
     abandoned_to_reaper: Vec<ClaimKey>,
+    /// Whether an attempt lost its reply before a later one succeeded: claims the later
+    /// one did not find may have been saved by it.
+    reply_lost: bool,
 }
 
 /// Writes outcomes for the claims `ids`/`tokens` with `statement(range)`, retrying
@@ -240,12 +279,16 @@ where
         saved: Vec::new(),
         unsaved: Vec::new(),
         abandoned_to_reaper: Vec::new(),
+        reply_lost: false,
     };
     let mut parts: Vec<Range<usize>> = Vec::with_capacity(1);
     parts.push(0..ids.len());
     while let Some(range) = parts.pop() {
         match write(shared, what, || statement(range.clone())).await {
-            Ok(rows) => result.saved.extend(rows),
+            Ok((rows, reply_lost)) => {
+                result.saved.extend(rows);
+                result.reply_lost |= reply_lost;
+            }
             Err(WriteError::GaveUp) => {
                 result
                     .abandoned_to_reaper
@@ -369,16 +412,23 @@ enum WriteError {
     GaveUp,
 }
 
-/// Runs a write, retrying transient errors (until the worker shuts down hard).
-async fn write<T, F, Fut>(shared: &Shared, what: &str, mut statement: F) -> Result<T, WriteError>
+/// Runs a write, retrying transient errors (until the worker shuts down hard). Also says
+/// whether an attempt before the one that succeeded lost its reply: that one may have
+/// committed, and saved some of the outcomes the successful one found already settled.
+async fn write<T, F, Fut>(
+    shared: &Shared,
+    what: &str,
+    mut statement: F,
+) -> Result<(T, bool), WriteError>
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = sqlx::Result<T>>,
 {
     let mut failures = 0u32;
+    let mut reply_lost = false;
     loop {
         match statement().await {
-            Ok(value) => return Ok(value),
+            Ok(value) => return Ok((value, reply_lost)),
             // A database migrated past this build: its jobs stay held until the worker
             // exits, then a worker of the new version reaps and runs them. Marking them
             // dead for a statement only this old build gets wrong would lose them.
@@ -389,6 +439,7 @@ where
             Err(e) if !is_transient_sqlx(&e) => return Err(WriteError::Refused(e)),
             Err(e) => {
                 failures += 1;
+                reply_lost |= super::reply_lost(&e);
                 if shared.hard.is_cancelled() && failures >= WRITE_ATTEMPTS_AFTER_HARD_STOP {
                     tracing::error!(statement = what, error = %e, "could not save job outcomes before the hard stop");
                     return Err(WriteError::GaveUp);

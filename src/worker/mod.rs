@@ -719,6 +719,20 @@ impl Worker {
     }
 }
 
+/// Whether a failed statement may have committed: the connection failed before its reply
+/// came (a server restart, a failover, a network cut). An error the server sent means it
+/// rolled back. (A claim whose reply came but could not be decoded is left to the reaper,
+/// which spends an attempt, so a job whose row cannot be read does not loop forever.)
+pub(crate) fn reply_lost(error: &sqlx::Error) -> bool {
+    matches!(
+        error,
+        sqlx::Error::Io(_)
+            | sqlx::Error::Protocol(_)
+            | sqlx::Error::Tls(_)
+            | sqlx::Error::WorkerCrashed
+    )
+}
+
 /// Whether a failed statement says the schema changed under the worker: an object it uses
 /// is gone or changed (class 42: an undefined function, column or table, a mismatched
 /// type) or a cached plan's result type changed (0A000).

@@ -23,7 +23,7 @@ use uuid::Uuid;
 
 use super::claim_cursor::{ClaimCursor, Landing, Walk};
 use super::{
-    PREFETCH_HORIZON, Shared, db_retry_delay, schema_mismatch, sleep_jittered,
+    PREFETCH_HORIZON, Shared, db_retry_delay, reply_lost, schema_mismatch, sleep_jittered,
     stop_if_schema_outgrown,
 };
 use crate::db::jobs::{ClaimedJob, jobs_claim_batch_after, jobs_release_claimed_with};
@@ -207,20 +207,6 @@ async fn claim(
         group.lost_claims.add(token, Instant::now());
     }
     (limit, walk, claimed)
-}
-
-/// Whether a failed statement may have committed: the connection failed before its reply
-/// came (a server restart, a failover, a network cut). An error the server sent means it
-/// rolled back; a reply that came but could not be decoded is left to the reaper, which
-/// spends an attempt, so a job whose row cannot be read does not loop forever.
-fn reply_lost(e: &sqlx::Error) -> bool {
-    matches!(
-        e,
-        sqlx::Error::Io(_)
-            | sqlx::Error::Protocol(_)
-            | sqlx::Error::Tls(_)
-            | sqlx::Error::WorkerCrashed
-    )
 }
 
 /// Claims whose reply was lost. The worker knows their tokens (it chose them), so it finds

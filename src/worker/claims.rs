@@ -22,6 +22,9 @@ struct HeldClaim {
     stop: CancellationToken,
     /// The handler has returned; only the completer's write remains.
     finished: bool,
+    /// Stopped because the job was cancelled (a notification from `cancel_job`), not
+    /// because the claim was found lost.
+    cancelled: bool,
 }
 
 /// Held claims by (job id, claim token).
@@ -47,6 +50,7 @@ impl HeldClaims {
             HeldClaim {
                 stop: stop.clone(),
                 finished: false,
+                cancelled: false,
             },
         );
         stop
@@ -95,14 +99,20 @@ impl HeldClaims {
     /// our claims of it is live, the database voided it). Returns the ids whose handler
     /// was still running.
     pub(crate) fn stop_job(&self, id: i64) -> Vec<i64> {
-        let map = self.lock();
-        map.iter()
+        let mut map = self.lock();
+        map.iter_mut()
             .filter(|(claim, _)| claim.0 == id)
             .filter_map(|(claim, held)| {
+                held.cancelled = true;
                 held.stop.cancel();
                 (!held.finished).then_some(claim.0)
             })
             .collect()
+    }
+
+    /// Whether a claim's handler was stopped because its job was cancelled.
+    pub(crate) fn was_cancelled(&self, claim: ClaimKey) -> bool {
+        self.lock().get(&claim).is_some_and(|held| held.cancelled)
     }
 
     /// Stops every handler (hard shutdown).

@@ -118,10 +118,15 @@ async fn save(shared: &Shared, batch: &mut Vec<Finished>) {
             }
             Outcome::Lost => {
                 shared.counters.lost.fetch_add(1, Ordering::Relaxed);
-                tracing::warn!(
-                    job_id = id,
-                    "claim lost while running (reaped or cancelled); handler stopped"
-                );
+                if shared.claims.was_cancelled((id, token)) {
+                    // An operator's cancel: expected, not a warning.
+                    tracing::info!(job_id = id, "job cancelled while running; handler stopped");
+                } else {
+                    tracing::warn!(
+                        job_id = id,
+                        "claim lost while running (reaped or cancelled); handler stopped"
+                    );
+                }
                 settled.push((id, token));
             }
         }

@@ -4,11 +4,13 @@
 use std::any::Any;
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
+use std::time::Duration;
 
 use futures_util::FutureExt;
 use tokio::sync::{Notify, Semaphore, mpsc};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
+use tracing::Instrument;
 use uuid::Uuid;
 
 use super::Shared;
@@ -76,15 +78,30 @@ pub(super) async fn dispatch(
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let shared = shared.clone();
         let outcomes = outcomes.clone();
-        executors.spawn(async move {
-            let id = job.id;
-            let token = job.claim_token;
-            let outcome = execute(&shared, job).await;
-            shared.claims.mark_finished((id, token));
-            // The completer outlives every executor, so the send only fails if it crashed.
-            let _ = outcomes.send(Finished { id, token, outcome });
-            drop(permit);
-        });
+        // Every job runs in a span naming it, so the handler's own log lines carry it.
+        let span = tracing::info_span!(
+            "job",
+            job_id = job.id,
+            kind = %job.kind,
+            queue = %job.queue,
+            attempt = job.attempt
+        );
+        executors.spawn(
+            async move {
+                let id = job.id;
+                let token = job.claim_token;
+                let (attempt, max_attempts) = (job.attempt, job.max_attempts);
+                let started = std::time::Instant::now();
+                let outcome = execute(&shared, job).await;
+                log_outcome(&outcome, attempt, max_attempts, started.elapsed());
+                shared.claims.mark_finished((id, token));
+                // The completer outlives every executor, so the send only fails if it
+                // crashed.
+                let _ = outcomes.send(Finished { id, token, outcome });
+                drop(permit);
+            }
+            .instrument(span),
+        );
     }
     // The producer stops on the same signal; once it has, the buffer closes and drains.
     while let Some(job) = buffer.recv().await {
@@ -155,6 +172,43 @@ async fn execute(shared: &Shared, job: ClaimedJob) -> Outcome {
         ),
         Some(Ok(Ok(()))) => Outcome::Succeeded,
         Some(Ok(Err(error))) => failed(error.message().to_owned(), error.fate()),
+    }
+}
+
+/// Logs what became of a job, once, inside its span (id, kind, queue, attempt), at the
+/// level an operator expects: a success at debug, a retry or a stop by cancellation at
+/// info and warn, a job that goes `dead` at error. The completer reports a claim lost to
+/// the reaper or to a cancellation.
+fn log_outcome(outcome: &Outcome, attempt: i32, max_attempts: i32, took: Duration) {
+    let took_ms = took.as_millis() as u64;
+    match outcome {
+        Outcome::Succeeded => tracing::debug!(took_ms, "job succeeded"),
+        Outcome::Released => tracing::debug!("job released: back in line, attempt given back"),
+        Outcome::Lost => {}
+        Outcome::Failed {
+            message,
+            fate,
+            delay_ms,
+        } => match fate {
+            Fate::Cancel => {
+                tracing::info!(error = %message, took_ms, "job cancelled by its handler")
+            }
+            Fate::Dead => {
+                tracing::error!(error = %message, took_ms, "job failed and is dead: its handler gave up")
+            }
+            Fate::Retry | Fate::RetryAfter(_) if attempt >= max_attempts => tracing::error!(
+                error = %message,
+                took_ms,
+                max_attempts,
+                "job failed and is dead: no attempt left"
+            ),
+            Fate::Retry | Fate::RetryAfter(_) => tracing::warn!(
+                error = %message,
+                took_ms,
+                retry_in_ms = delay_ms,
+                "job failed; will retry"
+            ),
+        },
     }
 }
 

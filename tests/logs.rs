@@ -1,0 +1,129 @@
+//! What a worker logs about its jobs: every job runs in a span naming it (so a handler's
+//! own lines carry its id, kind, queue and attempt), and every outcome but a success is
+//! logged once at the level an operator expects.
+
+mod common;
+
+use std::io::Write;
+use std::sync::{Arc, Mutex};
+
+use common::fixtures::{Flaky, Panics, Recorder, fast_worker};
+use common::test_db;
+use skiplock::{EnqueueOptions, Job, JobContext, JobError};
+
+/// Log output captured in memory.
+#[derive(Clone, Default)]
+struct Captured(Arc<Mutex<Vec<u8>>>);
+
+impl Captured {
+    fn lines(&self) -> Vec<String> {
+        let bytes = self.0.lock().unwrap().clone();
+        String::from_utf8_lossy(&bytes)
+            .lines()
+            .map(str::to_owned)
+            .collect()
+    }
+}
+
+impl Write for Captured {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(bytes);
+        Ok(bytes.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for Captured {
+    type Writer = Captured;
+
+    fn make_writer(&'a self) -> Self::Writer {
+        self.clone()
+    }
+}
+
+/// Logs one line of its own, then succeeds.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct Greets {}
+
+impl Job for Greets {
+    const KIND: &'static str = "greets";
+
+    async fn run(self, _ctx: JobContext) -> Result<(), JobError> {
+        tracing::info!("hello from the handler");
+        Ok(())
+    }
+}
+
+#[tokio::test]
+async fn jobs_log_in_their_span_and_each_failure_once_at_its_level() {
+    let db = test_db().await;
+    let pool = &db.pool;
+    let captured = Captured::default();
+    let subscriber = tracing_subscriber::fmt()
+        .with_writer(captured.clone())
+        .with_ansi(false)
+        .with_max_level(tracing::Level::INFO)
+        .finish();
+    // A current-thread runtime: every task of the worker logs through this subscriber.
+    let _default = tracing::subscriber::set_default(subscriber);
+
+    let greets = skiplock::enqueue(pool, &Greets {}).await.unwrap();
+    let flaky = skiplock::enqueue_with(
+        pool,
+        &Flaky { fail_until: 100 },
+        EnqueueOptions::new().max_attempts(2),
+    )
+    .await
+    .unwrap();
+    let panics = skiplock::enqueue_with(pool, &Panics {}, EnqueueOptions::new().max_attempts(1))
+        .await
+        .unwrap();
+    let recorder = Recorder::default();
+    fast_worker(pool, &recorder)
+        .register::<Greets>()
+        .exit_when_idle(true)
+        .build()
+        .unwrap()
+        .run()
+        .await
+        .unwrap();
+
+    let lines = captured.lines();
+    let of = |id: skiplock::JobId, kind: &str, attempt: i32| {
+        let span = format!("job{{job_id={id} kind={kind} queue=default attempt={attempt}}}");
+        lines
+            .iter()
+            .filter(|line| line.contains(&span))
+            .cloned()
+            .collect::<Vec<_>>()
+    };
+    let greeting = of(greets, "greets", 1);
+    assert_eq!(greeting.len(), 1, "{lines:#?}");
+    assert!(greeting[0].contains("hello from the handler"));
+
+    let first = of(flaky, "flaky", 1);
+    assert_eq!(first.len(), 1, "{lines:#?}");
+    assert!(
+        first[0].contains(" WARN ")
+            && first[0].contains("job failed; will retry")
+            && first[0].contains("planned failure on attempt 1")
+            && first[0].contains("retry_in_ms="),
+        "{first:?}"
+    );
+    let last = of(flaky, "flaky", 2);
+    assert_eq!(last.len(), 1, "{lines:#?}");
+    assert!(
+        last[0].contains(" ERROR ") && last[0].contains("job failed and is dead: no attempt left"),
+        "{last:?}"
+    );
+    let panicked = of(panics, "panics", 1);
+    assert_eq!(panicked.len(), 1, "{lines:#?}");
+    assert!(
+        panicked[0].contains(" ERROR ")
+            && panicked[0].contains("handler panicked: boom from a test handler"),
+        "{panicked:?}"
+    );
+}

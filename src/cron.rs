@@ -170,6 +170,18 @@ const FIELDS_6: [&str; 6] = [
     "day-of-week",
 ];
 
+/// What a field of a cron expression accepts, for error messages (the parser's own words,
+/// such as "Component error: Number out of bounds.", say neither which values nor how).
+fn field_rule(field: &str) -> &'static str {
+    match field {
+        "second" | "minute" => "use 0-59, a list (0,30), a range (10-20), a step (*/15) or *",
+        "hour" => "use 0-23, a list (9,17), a range (9-17), a step (*/2) or *",
+        "day-of-month" => "use 1-31, L, a list (1,15), a range (1-7), a step (*/2) or *",
+        "month" => "use 1-12 or JAN-DEC, a list, a range, a step or *",
+        _ => "use 0-7 (0 and 7 are Sunday) or SUN-SAT, a list, a range, a step or *",
+    }
+}
+
 impl CronExpression {
     /// Parses `expression` (5 fields, or 6 with seconds first) in the IANA `timezone`.
     ///
@@ -206,12 +218,13 @@ impl CronExpression {
                     let probe: Vec<&str> = (0..fields.len())
                         .map(|i| if i == index { *text } else { "*" })
                         .collect();
-                    if let Err(e) = parser.parse(&probe.join(" ")) {
+                    if parser.parse(&probe.join(" ")).is_err() {
                         return Err(Error::InvalidCron(format!(
-                            "invalid cron expression `{expression}`: {} field `{text}` (characters {}-{}) is wrong: {e}",
+                            "invalid cron expression `{expression}`: {} field `{text}` (characters {}-{}) is wrong: {}",
                             names[index],
                             start + 1,
-                            start + text.chars().count()
+                            start + text.chars().count(),
+                            field_rule(names[index])
                         )));
                     }
                 }

@@ -742,3 +742,72 @@ async fn rows_with_infinite_timestamps_are_listed_shown_and_counted() {
             .unwrap();
     assert!(lag.is_finite());
 }
+
+#[tokio::test]
+async fn bad_input_gets_one_clear_line_and_the_documented_exit_code() {
+    let db = test_db().await;
+    // Usage errors: exit 2 with clap's message.
+    for (args, says) in [
+        (&["queue", "pause", ""][..], "a queue name cannot be empty"),
+        (&["queue", "resume", " mail"], "has spaces around it"),
+        (
+            &["stats", "--watch", "--interval", "0s"],
+            "is too short to refresh at; use 100ms or more",
+        ),
+        (
+            &["cron", "add", "nightly", "0 3 * * *", "noop", "{bad"],
+            "not valid JSON",
+        ),
+    ] {
+        let run = skiplock(&db, args).await;
+        assert_eq!(run.code, Some(2), "{args:?}: {run:?}");
+        assert!(run.stderr.contains(says), "{args:?}: {}", run.stderr);
+    }
+    // Failures: exit 1, one line that names the problem and the fix.
+    let run = skiplock(&db, &["cron", "add", "nightly", "0 99 * * *", "noop"]).await;
+    assert_eq!(run.code, Some(1));
+    assert_eq!(
+        run.stderr,
+        "error: invalid cron expression `0 99 * * *`: hour field `99` (characters 3-4) is wrong: \
+         use 0-23, a list (9,17), a range (9-17), a step (*/2) or *\n"
+    );
+    let other_url = |url: &'static str, args: &'static [&'static str]| async move {
+        let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_skiplock"))
+            .env_remove("DATABASE_URL")
+            .args(["--database-url", url, "--connect-retry", "0s"])
+            .args(args)
+            .output()
+            .await
+            .unwrap();
+        (
+            output.status.code(),
+            String::from_utf8_lossy(&output.stderr).into_owned(),
+        )
+    };
+    let (code, stderr) = other_url("mysql://root:secret@127.0.0.1/app", &["jobs"]).await;
+    assert_eq!(code, Some(1));
+    assert_eq!(
+        stderr,
+        "error: the database URL mysql://root:***@127.0.0.1/app is not a Postgres URL; \
+         skiplock needs postgres://user@host:port/db\n"
+    );
+    // An IPv6 host is an address, not a name to look up (nothing listens on port 1).
+    let (code, stderr) = other_url("postgres://postgres@[::1]:1/app", &["jobs"]).await;
+    assert_eq!(code, Some(1));
+    assert!(
+        !stderr.contains("lookup") && stderr.contains("os error"),
+        "{stderr}"
+    );
+    // A database without the schema: the server's message without its C source line.
+    sqlx::query("DROP SCHEMA skiplock CASCADE")
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    let run = skiplock(&db, &["stats"]).await;
+    assert_eq!(run.code, Some(1));
+    assert_eq!(
+        run.stderr,
+        "error: cannot read the stats: database error: relation \"skiplock.stats\" does not \
+         exist; is the skiplock schema missing or old? run `skiplock migrate`\n"
+    );
+}

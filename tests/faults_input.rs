@@ -45,19 +45,8 @@ async fn skiplock(url: &str, args: &[&str], env: &[(&str, &str)]) -> Run {
         errors: stderr
             .lines()
             .filter(|l| l.starts_with("error"))
-            .map(without_server_source_line)
             .collect::<Vec<_>>()
             .join("\n"),
-    }
-}
-
-/// Drops the " at line N" that sqlx appends to every Postgres error: N is a line of the
-/// server's C source (it varies with the Postgres version), not of anything the user
-/// wrote. Reported as noise; the rest of the message is asserted exactly.
-fn without_server_source_line(line: &str) -> &str {
-    match line.rfind(" at line ") {
-        Some(at) if line[at + 9..].chars().all(|c| c.is_ascii_digit()) => &line[..at],
-        _ => line,
     }
 }
 

@@ -512,3 +512,16 @@ async fn every_page_answers_with_rows_holding_infinite_timestamps() {
     let list = dashboard.page("/jobs").await;
     assert!(list.contains("-infinity"), "{list}");
 }
+
+#[tokio::test]
+async fn a_job_path_that_is_not_an_id_is_a_clear_404() {
+    let db = test_db().await;
+    let dashboard = Dashboard::start(&db, &[]).await;
+    let response = dashboard.get("/jobs/abc").await;
+    assert_eq!(response.status(), 404);
+    let body = response.text().await.unwrap();
+    assert!(
+        body.contains("`abc` is not a job id; job ids are whole numbers, like /jobs/42"),
+        "{body}"
+    );
+}

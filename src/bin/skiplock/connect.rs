@@ -63,9 +63,27 @@ impl Database {
         patience: Patience,
     ) -> anyhow::Result<sqlx::PgPool> {
         let url = self.url.as_deref().unwrap_or(skiplock::embedded::LOCAL_URL);
-        let options: PgConnectOptions = url.parse().with_context(
+        if let Some((scheme, _)) = url.split_once("://")
+            && !matches!(scheme, "postgres" | "postgresql")
+        {
+            anyhow::bail!(
+                "the database URL {} is not a Postgres URL; skiplock needs postgres://user@host:port/db",
+                redact(url)
+            );
+        }
+        let mut options: PgConnectOptions = url.parse().with_context(
             || "the database URL is malformed; expected postgres://user@host:port/db",
         )?;
+        // An IPv6 address keeps the URL's brackets in its host name, which no resolver
+        // knows: postgres://user@[::1]:5432/db.
+        if let Some(address) = options
+            .get_host()
+            .strip_prefix('[')
+            .and_then(|host| host.strip_suffix(']'))
+        {
+            let address = address.to_owned();
+            options = options.host(&address);
+        }
         let options = options.application_name(&format!("skiplock {command}"));
         let started = Instant::now();
         let mut delay = RETRY_DELAY_FIRST;

@@ -1,6 +1,5 @@
 //! `skiplock cron`: define, list and remove cron schedules.
 
-use anyhow::Context;
 use clap::{Args, Subcommand};
 use skiplock::cron::{CronSchedule, MissedSlots};
 use sqlx::PgPool;
@@ -43,8 +42,8 @@ struct AddArgs {
     /// Kind of the jobs it produces.
     kind: String,
     /// Args of the jobs it produces (JSON).
-    #[arg(default_value = "{}")]
-    args: String,
+    #[arg(default_value = "{}", value_parser = crate::enqueue::parse_json)]
+    args: serde_json::Value,
     /// IANA time zone the expression is read in.
     #[arg(long, default_value = "UTC")]
     timezone: String,
@@ -69,10 +68,8 @@ fn parse_missed(value: &str) -> Result<MissedSlots, String> {
 pub async fn run(pool: &PgPool, args: CronArgs) -> anyhow::Result<()> {
     match args.action {
         CronAction::Add(add) => {
-            let json: serde_json::Value = serde_json::from_str(&add.args)
-                .with_context(|| format!("args are not valid JSON: {}", add.args))?;
             let mut schedule = CronSchedule::new(&add.name, &add.expression, &add.kind)
-                .args(json)
+                .args(add.args)
                 .timezone(&add.timezone)
                 .queue(&add.queue)
                 .missed(add.missed);

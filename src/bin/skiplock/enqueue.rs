@@ -98,7 +98,8 @@ pub struct EnqueueArgs {
     json: bool,
 }
 
-fn parse_json(text: &str) -> Result<Value, String> {
+/// Parses args given as JSON on the command line (clap value parser: exit 2 when bad).
+pub fn parse_json(text: &str) -> Result<Value, String> {
     serde_json::from_str(text).map_err(|e| format!("not valid JSON: {e}"))
 }
 

@@ -189,6 +189,12 @@ fn message(error: &anyhow::Error) -> String {
     let mut line = String::new();
     for cause in error.chain() {
         let text = cause.to_string();
+        let text = without_server_source_line(&text);
+        // sqlx wraps the server's message; the line usually holds it already.
+        let text = text
+            .strip_prefix("error returned from database: ")
+            .unwrap_or(text)
+            .to_owned();
         if line.contains(&text) {
             continue;
         }
@@ -198,6 +204,17 @@ fn message(error: &anyhow::Error) -> String {
         line.push_str(&text);
     }
     line
+}
+
+/// `text` without the " at line N" that sqlx appends to a Postgres error: N is a line of
+/// the server's C source, not of anything the user wrote.
+fn without_server_source_line(text: &str) -> &str {
+    match text.rfind(" at line ") {
+        Some(at) if text.len() > at + 9 && text[at + 9..].chars().all(|c| c.is_ascii_digit()) => {
+            &text[..at]
+        }
+        _ => text,
+    }
 }
 
 /// Exits with status 2 and clap's usage message, for argument combinations clap's

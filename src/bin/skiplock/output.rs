@@ -181,6 +181,33 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
     })
 }
 
+/// Shortest `--interval` of `stats --watch`: faster refreshes only load the database.
+pub const REFRESH_INTERVAL_MIN: Duration = Duration::from_millis(100);
+
+/// Parses a refresh interval like [`parse_duration`], at least [`REFRESH_INTERVAL_MIN`].
+pub fn parse_refresh_interval(text: &str) -> Result<Duration, String> {
+    let interval = parse_duration(text)?;
+    if interval < REFRESH_INTERVAL_MIN {
+        return Err(format!(
+            "`{text}` is too short to refresh at; use 100ms or more, like 2s"
+        ));
+    }
+    Ok(interval)
+}
+
+/// Parses a queue name: not empty, no space around it (clap value parser).
+pub fn parse_queue_name(text: &str) -> Result<String, String> {
+    if text.trim().is_empty() {
+        return Err("a queue name cannot be empty".to_owned());
+    }
+    if text.trim() != text {
+        return Err(format!(
+            "`{text}` has spaces around it; write the queue name without them"
+        ));
+    }
+    Ok(text.to_owned())
+}
+
 /// Parses an RFC 3339 time such as `2026-01-31T09:00:00Z` or `2026-01-31T10:00:00+01:00`.
 pub fn parse_time(text: &str) -> Result<DateTime<Utc>, String> {
     DateTime::parse_from_rfc3339(text)

@@ -19,11 +19,13 @@ enum QueueAction {
     /// Stop claiming from a queue; running jobs finish.
     Pause {
         /// Queue name.
+        #[arg(value_parser = crate::output::parse_queue_name)]
         queue: String,
     },
     /// Resume a paused queue and wake its workers.
     Resume {
         /// Queue name.
+        #[arg(value_parser = crate::output::parse_queue_name)]
         queue: String,
     },
     /// List paused queues.

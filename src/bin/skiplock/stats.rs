@@ -9,7 +9,7 @@ use serde_json::json;
 use skiplock::stats::{Counts, Stats};
 use sqlx::PgPool;
 
-use crate::output::{Table, compact_seconds, parse_duration};
+use crate::output::{Table, compact_seconds, parse_refresh_interval};
 
 pub const EXAMPLES: &str = "\
 Examples:
@@ -34,7 +34,7 @@ pub struct StatsArgs {
     watch: bool,
 
     /// With --watch: time between refreshes, e.g. 1s, 10s.
-    #[arg(long, value_name = "DURATION", default_value = "2s", value_parser = parse_duration, requires = "watch")]
+    #[arg(long, value_name = "DURATION", default_value = "2s", value_parser = parse_refresh_interval, requires = "watch")]
     interval: Duration,
 }
 

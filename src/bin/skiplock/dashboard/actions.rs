@@ -32,10 +32,11 @@ pub struct ActionForm {
 /// `POST /jobs/{id}/{retry|cancel|delete}`.
 pub async fn job(
     StateExtractor(state): StateExtractor<State>,
-    Path((id, action)): Path<(i64, String)>,
+    Path((id, action)): Path<(String, String)>,
     headers: HeaderMap,
     Form(form): Form<ActionForm>,
 ) -> AppResult<Response> {
+    let id = super::job_id_in_path(&id)?;
     let question = match action.as_str() {
         "retry" => format!("Retry job {id} now?"),
         "cancel" => format!("Cancel job {id}? Jobs that wait for it are cancelled too."),

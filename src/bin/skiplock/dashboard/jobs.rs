@@ -193,9 +193,10 @@ pub struct DetailQuery {
 
 pub async fn detail(
     StateExtractor(state): StateExtractor<State>,
-    Path(id): Path<i64>,
+    Path(id): Path<String>,
     Query(query): Query<DetailQuery>,
 ) -> AppResult<Markup> {
+    let id = super::job_id_in_path(&id)?;
     let job = skiplock::job(&state.pool, JobId(id))
         .await?
         .ok_or_else(|| AppError::NotFound(format!("job {id} does not exist (or was pruned)")))?;

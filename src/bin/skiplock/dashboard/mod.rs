@@ -213,6 +213,16 @@ pub enum AppError {
     Internal(anyhow::Error),
 }
 
+/// A job id from a URL path: `abc` or `1.5` is a page that does not exist, not a parser
+/// message.
+pub fn job_id_in_path(text: &str) -> Result<i64, AppError> {
+    text.parse().map_err(|_| {
+        AppError::NotFound(format!(
+            "`{text}` is not a job id; job ids are whole numbers, like /jobs/42"
+        ))
+    })
+}
+
 impl From<sqlx::Error> for AppError {
     fn from(e: sqlx::Error) -> Self {
         AppError::Internal(e.into())

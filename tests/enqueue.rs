@@ -235,3 +235,30 @@ async fn oversized_args_are_refused_with_the_limit_named() {
         .unwrap();
     assert_eq!(count, 0);
 }
+
+#[tokio::test]
+async fn sql_enqueue_takes_a_plain_integer_priority_and_refuses_one_out_of_range() {
+    // Regression: `priority => 5` failed ("function skiplock.enqueue(...) does not exist")
+    // unless written `5::smallint`.
+    let db = test_db().await;
+    let id: i64 = sqlx::query_scalar("SELECT skiplock.enqueue('k', '{}', priority => 5)")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    let priority: i16 = sqlx::query_scalar("SELECT priority FROM skiplock.jobs WHERE id = $1")
+        .bind(id)
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(priority, 5);
+    let refused =
+        sqlx::query_scalar::<_, i64>("SELECT skiplock.enqueue('k', '{}', priority => 40000)")
+            .fetch_one(&db.pool)
+            .await
+            .unwrap_err();
+    let message = refused.as_database_error().unwrap().message().to_owned();
+    assert_eq!(
+        message,
+        "priority must be between -32768 and 32767 (lower runs first), not 40000"
+    );
+}

@@ -43,9 +43,10 @@ fn libfaketime() -> Option<PathBuf> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_worker_whose_clock_is_10_minutes_off_claims_and_reaps_by_the_database_clock() {
     let Some(lib) = libfaketime() else {
-        eprintln!(
-            "skipped: libfaketime is not installed (apt-get install faketime); the clock-skew \
-             test checked nothing"
+        common::missing_tool(
+            "the clock-skew fault test",
+            "libfaketime",
+            "apt-get install -y faketime",
         );
         return;
     };

@@ -6,10 +6,11 @@ mod common;
 
 use std::io::Write;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
-use common::fixtures::{Flaky, Panics, Recorder, fast_worker};
+use common::fixtures::{Flaky, Panics, Recorder, fast_worker, state_of, wait_for};
 use common::test_db;
-use skiplock::{EnqueueOptions, Job, JobContext, JobError};
+use skiplock::{EnqueueOptions, Job, JobContext, JobError, JobState};
 
 /// Log output captured in memory.
 #[derive(Clone, Default)]
@@ -82,14 +83,21 @@ async fn jobs_log_in_their_span_and_each_failure_once_at_its_level() {
         .await
         .unwrap();
     let recorder = Recorder::default();
-    fast_worker(pool, &recorder)
+    let worker = fast_worker(pool, &recorder)
         .register::<Greets>()
-        .exit_when_idle(true)
         .build()
-        .unwrap()
-        .run()
-        .await
         .unwrap();
+    let stop = worker.shutdown_handle();
+    let run = tokio::spawn(worker.run());
+    // Not exit_when_idle: the flaky job's retry is scheduled, not runnable, in between.
+    wait_for("every job to end", Duration::from_secs(30), || async {
+        state_of(pool, flaky.0).await == JobState::Dead
+            && state_of(pool, panics.0).await == JobState::Dead
+            && state_of(pool, greets.0).await == JobState::Succeeded
+    })
+    .await;
+    stop.shutdown();
+    run.await.unwrap().unwrap();
 
     let lines = captured.lines();
     let of = |id: skiplock::JobId, kind: &str, attempt: i32| {

@@ -77,6 +77,11 @@ const MIGRATIONS: &[Migration] = &[
         name: "0012_claim_token_chosen.sql",
         sql: include_str!("../../migrations/0012_claim_token_chosen.sql"),
     },
+    Migration {
+        version: 13,
+        name: "0013_enqueue_int_priority.sql",
+        sql: include_str!("../../migrations/0013_enqueue_int_priority.sql"),
+    },
 ];
 
 /// The schema version this build of skiplock expects.

@@ -197,3 +197,14 @@ fn with_database_replaces_only_the_path() {
         "postgres:///t1?host=/run/postgresql"
     );
 }
+
+/// A test whose tool is missing: in CI (`CI=true`, which `.ci/run` sets) it fails, so a
+/// test that checked nothing never passes there; elsewhere it says on stderr that it
+/// skipped (shown with `--nocapture`).
+pub fn missing_tool(what_is_skipped: &str, tool: &str, install: &str) {
+    let message = format!("{what_is_skipped} needs {tool}, which is missing: {install}");
+    if std::env::var("CI").is_ok_and(|v| v == "true" || v == "1") {
+        panic!("{message}");
+    }
+    eprintln!("skipped: {message}");
+}

@@ -20,9 +20,10 @@ use crate::support::{Dashboard, seed, state_of};
 #[tokio::test]
 async fn overview_counts_and_retrying_a_dead_job_by_clicking() {
     let Some(chromium) = chromium_path() else {
-        eprintln!(
-            "note: skipping the dashboard browser test: no Chromium at /usr/bin/chromium \
-             (install it with `apt-get install -y chromium`, or set SKIPLOCK_CHROMIUM)"
+        crate::common::missing_tool(
+            "the dashboard browser test",
+            "Chromium (/usr/bin/chromium or SKIPLOCK_CHROMIUM)",
+            "apt-get install -y chromium",
         );
         return;
     };

@@ -514,11 +514,11 @@ async fn every_page_answers_with_rows_holding_infinite_timestamps() {
 }
 
 #[tokio::test]
-async fn a_job_path_that_is_not_an_id_is_a_clear_404() {
+async fn a_job_path_that_is_not_an_id_is_a_clear_400() {
     let db = test_db().await;
     let dashboard = Dashboard::start(&db, &[]).await;
     let response = dashboard.get("/jobs/abc").await;
-    assert_eq!(response.status(), 404);
+    assert_eq!(response.status(), 400);
     let body = response.text().await.unwrap();
     assert!(
         body.contains("`abc` is not a job id; job ids are whole numbers, like /jobs/42"),

@@ -213,11 +213,11 @@ pub enum AppError {
     Internal(anyhow::Error),
 }
 
-/// A job id from a URL path: `abc` or `1.5` is a page that does not exist, not a parser
-/// message.
+/// A job id from a URL path: `abc` or `1.5` gets a 400 that says what a job id is, not a
+/// parser message.
 pub fn job_id_in_path(text: &str) -> Result<i64, AppError> {
     text.parse().map_err(|_| {
-        AppError::NotFound(format!(
+        AppError::BadRequest(format!(
             "`{text}` is not a job id; job ids are whole numbers, like /jobs/42"
         ))
     })

@@ -811,3 +811,81 @@ async fn bad_input_gets_one_clear_line_and_the_documented_exit_code() {
          exist; is the skiplock schema missing or old? run `skiplock migrate`\n"
     );
 }
+
+#[tokio::test]
+async fn work_serves_its_metrics_as_prometheus_text() {
+    let db = test_db().await;
+    for _ in 0..5 {
+        enqueue(&db, "noop", &json!({}), &[]).await;
+    }
+    // Args of the wrong type: a permanent failure, dead at once.
+    let dead = enqueue(&db, "sleep", &json!({"ms": "soon"}), &[]).await;
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let addr = format!("127.0.0.1:{port}");
+    let mut worker = cli_support::command(&db)
+        .args(["work", "--metrics-addr", &addr])
+        .spawn()
+        .unwrap();
+    common::fixtures::wait_for("every job to end", Duration::from_secs(60), || async {
+        let unfinished: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM skiplock.jobs WHERE state NOT IN ('succeeded', 'dead')",
+        )
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+        unfinished == 0
+    })
+    .await;
+    assert_eq!(
+        job_json(&db.pool, dead).await["state"],
+        json!("dead"),
+        "the sleep job died"
+    );
+    // The last outcome is counted just after its row is written: poll the endpoint.
+    let url = format!("http://{addr}/metrics");
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let client = reqwest::Client::new();
+    let mut text = String::new();
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while std::time::Instant::now() < deadline {
+        if let Ok(response) = client.get(&url).send().await {
+            text = response.text().await.unwrap_or_default();
+            if text.contains("outcome=\"dead\"") && text.contains("outcome=\"succeeded\"") {
+                break;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    worker.kill().await.unwrap();
+    let series = |name: &str, labels: &[&str]| -> Option<f64> {
+        text.lines()
+            .filter(|line| line.starts_with(name) && labels.iter().all(|l| line.contains(l)))
+            .find_map(|line| line.rsplit(' ').next()?.parse().ok())
+    };
+    assert_eq!(
+        series(
+            "skiplock_jobs_total",
+            &["kind=\"noop\"", "queue=\"default\"", "outcome=\"succeeded\""]
+        ),
+        Some(5.0),
+        "{text}"
+    );
+    assert_eq!(
+        series("skiplock_jobs_total", &["kind=\"sleep\"", "outcome=\"dead\""]),
+        Some(1.0),
+        "{text}"
+    );
+    assert_eq!(series("skiplock_jobs_running", &[]), Some(0.0), "{text}");
+    assert!(
+        series("skiplock_claim_duration_seconds_count", &[]).is_some_and(|n| n >= 1.0),
+        "{text}"
+    );
+    assert!(
+        series("skiplock_job_duration_seconds_count", &["kind=\"noop\""]) == Some(5.0),
+        "{text}"
+    );
+}

@@ -34,6 +34,7 @@ pub(crate) async fn schedule(
     }
     loop {
         if let Err(e) = tick(&shared).await {
+            crate::worker::metrics::maintenance_failed("cron");
             tracing::warn!(error = %e, "cron pass failed; will retry");
         }
         tokio::select! {

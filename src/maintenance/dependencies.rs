@@ -27,7 +27,10 @@ pub(crate) async fn sweep(shared: Arc<Shared>, stop: CancellationToken) {
         match jobs_settle_waiting(&shared.pool).await {
             Ok(0) => {}
             Ok(moved) => tracing::debug!(moved, "settled waiting jobs whose parents finished"),
-            Err(e) => tracing::warn!(error = %e, "dependency sweep failed; will retry"),
+            Err(e) => {
+                crate::worker::metrics::maintenance_failed("dependencies");
+                tracing::warn!(error = %e, "dependency sweep failed; will retry");
+            }
         }
     }
 }

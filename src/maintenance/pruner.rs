@@ -55,6 +55,7 @@ pub(crate) async fn prune(shared: Arc<Shared>, interval: Duration, stop: Cancell
                     }
                 }
                 Err(e) if is_transient_sqlx(&e) => {
+                    crate::worker::metrics::maintenance_failed("pruner");
                     tracing::warn!(error = %e, "pruner pass failed; will retry");
                     break;
                 }
@@ -68,6 +69,7 @@ pub(crate) async fn prune(shared: Arc<Shared>, interval: Duration, stop: Cancell
         if let Err(e) =
             job_history_prune_expired(&shared.pool, duration_ms(HISTORY_RETENTION_DEFAULT)).await
         {
+            crate::worker::metrics::maintenance_failed("pruner");
             tracing::warn!(error = %e, "folding old history failed; will retry");
         }
     }

@@ -30,12 +30,14 @@ pub(crate) async fn reap(shared: Arc<Shared>, stop: CancellationToken) {
         loop {
             match jobs_reap_stale(&shared.pool, duration_ms(config.stale_after), limit).await {
                 Ok(reaped) => {
+                    crate::worker::metrics::reaped(reaped.len());
                     follow_up(&shared, &reaped).await;
                     if (reaped.len() as i64) < limit {
                         break;
                     }
                 }
                 Err(e) if is_transient_sqlx(&e) => {
+                    crate::worker::metrics::maintenance_failed("reaper");
                     tracing::warn!(error = %e, "reaper pass failed; will retry");
                     break;
                 }

@@ -74,6 +74,11 @@ impl Walk {
     pub(super) fn start(&mut self, now: Instant) {
         self.started = now;
     }
+
+    /// Time since the statement started.
+    pub(super) fn elapsed(&self) -> Duration {
+        self.started.elapsed()
+    }
 }
 
 /// What a landed claim says about the queue.

@@ -13,7 +13,7 @@ use tokio_util::task::TaskTracker;
 use tracing::Instrument;
 use uuid::Uuid;
 
-use super::Shared;
+use super::{Shared, metrics};
 use crate::db::jobs::ClaimedJob;
 use crate::enqueue::duration_ms;
 use crate::job::{Fate, JobContext, JobId};
@@ -73,6 +73,7 @@ pub(super) async fn dispatch(
             },
         };
         space.notify_one();
+        metrics::buffered(-1.0);
         shared.groups[group]
             .started
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -91,9 +92,19 @@ pub(super) async fn dispatch(
                 let id = job.id;
                 let token = job.claim_token;
                 let (attempt, max_attempts) = (job.attempt, job.max_attempts);
+                let (kind, queue) = (job.kind.clone(), job.queue.clone());
                 let started = std::time::Instant::now();
+                metrics::running(1.0);
                 let outcome = execute(&shared, job).await;
-                log_outcome(&outcome, attempt, max_attempts, started.elapsed());
+                metrics::running(-1.0);
+                let took = started.elapsed();
+                let ended = report_outcome(&outcome, attempt, max_attempts, took);
+                let ended = if shared.claims.was_cancelled((id, token)) {
+                    "cancelled"
+                } else {
+                    ended
+                };
+                metrics::job_ended(&kind, &queue, ended, took);
                 shared.claims.mark_finished((id, token));
                 // The completer outlives every executor, so the send only fails if it
                 // crashed.
@@ -105,6 +116,8 @@ pub(super) async fn dispatch(
     }
     // The producer stops on the same signal; once it has, the buffer closes and drains.
     while let Some(job) = buffer.recv().await {
+        metrics::buffered(-1.0);
+        metrics::job_released_unstarted(&job.kind, &job.queue);
         let _ = outcomes.send(Finished {
             id: job.id,
             token: job.claim_token,
@@ -177,38 +190,62 @@ async fn execute(shared: &Shared, job: ClaimedJob) -> Outcome {
 
 /// Logs what became of a job, once, inside its span (id, kind, queue, attempt), at the
 /// level an operator expects: a success at debug, a retry or a stop by cancellation at
-/// info and warn, a job that goes `dead` at error. The completer reports a claim lost to
-/// the reaper or to a cancellation.
-fn log_outcome(outcome: &Outcome, attempt: i32, max_attempts: i32, took: Duration) {
+/// info and warn, a job that goes `dead` at error (the completer reports a claim lost to
+/// the reaper or to a cancellation). Returns the outcome's name for [`metrics::JOBS`].
+fn report_outcome(
+    outcome: &Outcome,
+    attempt: i32,
+    max_attempts: i32,
+    took: Duration,
+) -> &'static str {
     let took_ms = took.as_millis() as u64;
-    match outcome {
-        Outcome::Succeeded => tracing::debug!(took_ms, "job succeeded"),
-        Outcome::Released => tracing::debug!("job released: back in line, attempt given back"),
-        Outcome::Lost => {}
+    let (message, fate, delay_ms) = match outcome {
+        Outcome::Succeeded => {
+            tracing::debug!(took_ms, "job succeeded");
+            return "succeeded";
+        }
+        Outcome::Released => {
+            tracing::debug!("job released: back in line, attempt given back");
+            return "released";
+        }
+        Outcome::Lost => return "lost",
         Outcome::Failed {
             message,
             fate,
             delay_ms,
-        } => match fate {
-            Fate::Cancel => {
-                tracing::info!(error = %message, took_ms, "job cancelled by its handler")
-            }
-            Fate::Dead => {
-                tracing::error!(error = %message, took_ms, "job failed and is dead: its handler gave up")
-            }
-            Fate::Retry | Fate::RetryAfter(_) if attempt >= max_attempts => tracing::error!(
+        } => (message, fate, delay_ms),
+    };
+    match fate {
+        Fate::Cancel => {
+            tracing::info!(error = %message, took_ms, "job cancelled by its handler");
+            "cancelled"
+        }
+        Fate::Dead => {
+            tracing::error!(
+                error = %message,
+                took_ms,
+                "job failed and is dead: its handler gave up"
+            );
+            "dead"
+        }
+        Fate::Retry | Fate::RetryAfter(_) if attempt >= max_attempts => {
+            tracing::error!(
                 error = %message,
                 took_ms,
                 max_attempts,
                 "job failed and is dead: no attempt left"
-            ),
-            Fate::Retry | Fate::RetryAfter(_) => tracing::warn!(
+            );
+            "dead"
+        }
+        Fate::Retry | Fate::RetryAfter(_) => {
+            tracing::warn!(
                 error = %message,
                 took_ms,
                 retry_in_ms = delay_ms,
                 "job failed; will retry"
-            ),
-        },
+            );
+            "retried"
+        }
     }
 }
 

@@ -161,11 +161,14 @@ fn settle_beat(
                 );
             }
         }
-        Err(error) => tracing::warn!(
-            %error,
-            jobs,
-            retry_in = ?interval,
-            "heartbeat failed; will retry next interval"
-        ),
+        Err(error) => {
+            super::metrics::heartbeat_failed();
+            tracing::warn!(
+                %error,
+                jobs,
+                retry_in = ?interval,
+                "heartbeat failed; will retry next interval"
+            );
+        }
     }
 }

@@ -22,6 +22,7 @@ mod executor;
 mod handler;
 mod heartbeat;
 mod listener;
+pub mod metrics;
 mod producer;
 
 use std::collections::{BTreeMap, HashMap};

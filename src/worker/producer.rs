@@ -23,7 +23,7 @@ use uuid::Uuid;
 
 use super::claim_cursor::{ClaimCursor, Landing, Walk};
 use super::{
-    PREFETCH_HORIZON, Shared, db_retry_delay, reply_lost, schema_mismatch, sleep_jittered,
+    PREFETCH_HORIZON, Shared, db_retry_delay, metrics, reply_lost, schema_mismatch, sleep_jittered,
     stop_if_schema_outgrown,
 };
 use crate::db::jobs::{ClaimedJob, jobs_claim_batch_after, jobs_release_claimed_with};
@@ -104,6 +104,7 @@ pub(super) async fn produce(
                         jobs
                     }
                     Err(e) => {
+                        metrics::claim_failed();
                         cursor.failed(walk);
                         if schema_mismatch(&e) && stop_if_schema_outgrown(&shared).await {
                             continue;
@@ -115,6 +116,8 @@ pub(super) async fn produce(
                     }
                 };
                 let count = jobs.len();
+                metrics::claimed(walk.elapsed(), count);
+                metrics::buffered(count as f64);
                 let landing = cursor.landed(walk, limit, &jobs, Instant::now());
                 shared
                     .counters

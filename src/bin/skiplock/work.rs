@@ -76,6 +76,11 @@ pub struct WorkArgs {
         value_parser = clap::value_parser!(u32).range(1..)
     )]
     max_connections: Option<u32>,
+
+    /// Serve this worker's metrics as Prometheus text on ADDR (e.g. 127.0.0.1:9464; any
+    /// path). The series are listed in docs/metrics.md.
+    #[arg(long, value_name = "ADDR")]
+    metrics_addr: Option<std::net::SocketAddr>,
 }
 
 impl WorkArgs {
@@ -97,6 +102,13 @@ impl WorkArgs {
 }
 
 pub async fn run(pool: sqlx::PgPool, args: WorkArgs) -> anyhow::Result<()> {
+    if let Some(addr) = args.metrics_addr {
+        metrics_exporter_prometheus::PrometheusBuilder::new()
+            .with_http_listener(addr)
+            .install()
+            .with_context(|| format!("cannot serve metrics on {addr}"))?;
+        tracing::info!(%addr, "serving metrics (Prometheus text)");
+    }
     let mut builder = Worker::builder(pool)
         .concurrency(args.concurrency)
         .exit_when_idle(args.exit_when_idle)

@@ -869,13 +869,20 @@ async fn work_serves_its_metrics_as_prometheus_text() {
     assert_eq!(
         series(
             "skiplock_jobs_total",
-            &["kind=\"noop\"", "queue=\"default\"", "outcome=\"succeeded\""]
+            &[
+                "kind=\"noop\"",
+                "queue=\"default\"",
+                "outcome=\"succeeded\""
+            ]
         ),
         Some(5.0),
         "{text}"
     );
     assert_eq!(
-        series("skiplock_jobs_total", &["kind=\"sleep\"", "outcome=\"dead\""]),
+        series(
+            "skiplock_jobs_total",
+            &["kind=\"sleep\"", "outcome=\"dead\""]
+        ),
         Some(1.0),
         "{text}"
     );
@@ -888,4 +895,36 @@ async fn work_serves_its_metrics_as_prometheus_text() {
         series("skiplock_job_duration_seconds_count", &["kind=\"noop\""]) == Some(5.0),
         "{text}"
     );
+}
+
+#[tokio::test]
+async fn demo_never_touches_the_database_it_is_given() {
+    // Regression: with DATABASE_URL exported (as sqlx users keep it), the demo wrote its
+    // jobs into that database and its worker ran the application's own jobs.
+    let db = test_db().await;
+    let app_job = enqueue(&db, "noop", &json!({}), &[]).await;
+    sqlx::query("CREATE TABLE public.orders (id int)")
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    let output = cli_support::command(&db)
+        .arg("demo")
+        .output()
+        .await
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{output:?}");
+    assert!(
+        stdout.contains(&format!(
+            "database `skiplock_demo` (recreated); database `{}` is not touched",
+            db.name
+        )),
+        "{stdout}"
+    );
+    let jobs: Vec<(i64, String)> =
+        sqlx::query_as("SELECT id, state::text FROM skiplock.jobs ORDER BY id")
+            .fetch_all(&db.pool)
+            .await
+            .unwrap();
+    assert_eq!(jobs, vec![(app_job, "queued".to_owned())]);
 }

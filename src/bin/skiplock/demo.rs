@@ -8,7 +8,7 @@ use skiplock::builtin::{Noop, Sleep};
 use skiplock::embedded::{DatabaseSource, resolve_database_url};
 use skiplock::{EnqueueOptions, JobState, NewJob, Worker};
 use sqlx::PgPool;
-use sqlx::postgres::PgPoolOptions;
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 
 /// Database the demo creates (and recreates) on a local server.
 const DEMO_DATABASE: &str = "skiplock_demo";
@@ -18,28 +18,35 @@ pub async fn run(explicit_url: Option<&str>) -> anyhow::Result<()> {
     let source = tokio::task::spawn_blocking(move || resolve_database_url(explicit.as_deref()))
         .await?
         .context("no database for the demo")?;
-    let url = match &source {
+    let options = match &source {
         DatabaseSource::Given(url) => {
-            println!("Using the database you gave.");
-            url.clone()
+            let given: PgConnectOptions = url
+                .parse()
+                .context("the database URL is malformed; expected postgres://user@host:port/db")?;
+            // Never the database given: it may hold an application's jobs and data.
+            println!(
+                "Using the server you gave, database `{DEMO_DATABASE}` (recreated); database `{}` is not touched.",
+                given.get_database().unwrap_or("postgres")
+            );
+            recreate_database(&given).await?
         }
         DatabaseSource::Local(url) => {
             println!(
                 "Using the local Postgres on 127.0.0.1:5432, database `{DEMO_DATABASE}` (recreated)."
             );
-            recreate_database(url).await?
+            recreate_database(&url.parse()?).await?
         }
         DatabaseSource::Embedded(server) => {
             println!(
                 "No Postgres answered on 127.0.0.1:5432: started a throwaway one on port {} (removed on exit).",
                 server.port()
             );
-            server.url().to_owned()
+            server.url().parse()?
         }
     };
     let pool = PgPoolOptions::new()
         .max_connections(8)
-        .connect(&url)
+        .connect_with(options)
         .await
         .context("cannot connect to the demo database")?;
     let version = skiplock::migrate(&pool).await.context("migration failed")?;
@@ -143,26 +150,69 @@ async fn print_states(pool: &PgPool) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Drops and recreates the demo database on the server behind `server_url`; returns its URL.
-async fn recreate_database(server_url: &str) -> anyhow::Result<String> {
+/// What marks a database as the demo's own, so that the demo drops only what it created.
+const DEMO_MARK: &str = "created by skiplock demo; dropped and recreated by each run";
+
+/// Creates the demo's database on the server `server` points at (after dropping the one
+/// an earlier demo left) and returns the options that reach it. A database of that name
+/// that the demo did not create is left alone, and the demo stops.
+async fn recreate_database(server: &PgConnectOptions) -> anyhow::Result<PgConnectOptions> {
     let admin = PgPoolOptions::new()
         .max_connections(1)
-        .connect(server_url)
+        .connect_with(server.clone())
         .await
-        .context("cannot connect to the local Postgres")?;
-    // Two statements: DROP DATABASE cannot share an implicit transaction.
-    for statement in [
-        "DROP DATABASE IF EXISTS skiplock_demo WITH (FORCE)",
-        "CREATE DATABASE skiplock_demo",
-    ] {
-        sqlx::raw_sql(statement)
+        .context("cannot connect to the server for the demo")?;
+    let mark: Option<Option<String>> = sqlx::query_scalar(
+        "SELECT shobj_description(oid, 'pg_database') FROM pg_database WHERE datname = $1",
+    )
+    .bind(DEMO_DATABASE)
+    .fetch_optional(&admin)
+    .await?;
+    if let Some(found) = mark {
+        let ours = found.as_deref() == Some(DEMO_MARK)
+            || (found.is_none()
+                && holds_only_skiplock(&server.clone().database(DEMO_DATABASE)).await?);
+        if !ours {
+            anyhow::bail!(
+                "the server already has a database `{DEMO_DATABASE}` that skiplock demo did not create; \
+                 the demo leaves it alone: drop or rename it, or point the demo at another server"
+            );
+        }
+        // Two statements: DROP DATABASE cannot share an implicit transaction.
+        sqlx::raw_sql("DROP DATABASE skiplock_demo WITH (FORCE)")
             .execute(&admin)
             .await
-            .context("cannot recreate the demo database")?;
+            .context("cannot drop the previous demo database")?;
+    }
+    for statement in [
+        "CREATE DATABASE skiplock_demo".to_owned(),
+        format!("COMMENT ON DATABASE skiplock_demo IS '{DEMO_MARK}'"),
+    ] {
+        sqlx::raw_sql(sqlx::AssertSqlSafe(statement))
+            .execute(&admin)
+            .await
+            .context(
+                "cannot create the demo database; give a server where you may create databases",
+            )?;
     }
     admin.close().await;
-    let base = server_url
-        .rsplit_once('/')
-        .map_or(server_url, |(base, _)| base);
-    Ok(format!("{base}/{DEMO_DATABASE}"))
+    Ok(server.clone().database(DEMO_DATABASE))
+}
+
+/// Whether a database holds no table outside the `skiplock` schema: what a demo of an
+/// earlier version (which left no mark) created.
+async fn holds_only_skiplock(database: &PgConnectOptions) -> anyhow::Result<bool> {
+    let mut connection = <sqlx::PgConnection as sqlx::Connection>::connect_with(database)
+        .await
+        .context("cannot look into the existing demo database")?;
+    let others: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+         WHERE c.relkind IN ('r', 'p', 'v', 'm', 'f') AND n.nspname <> 'skiplock'
+           AND n.nspname NOT IN ('pg_catalog', 'information_schema')
+           AND n.nspname NOT LIKE 'pg_toast%'",
+    )
+    .fetch_one(&mut connection)
+    .await?;
+    let _ = sqlx::Connection::close(connection).await;
+    Ok(others == 0)
 }

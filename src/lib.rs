@@ -76,6 +76,7 @@ pub use job::{
     EnqueueOptions, Fate, Job, JobContext, JobError, JobId, JobState, MAX_ATTEMPTS_DEFAULT,
     QUEUE_DEFAULT, UniquePolicy,
 };
+pub use worker::events::{JobEvent, JobEventOutcome, JobEvents};
 pub use worker::{Retention, ShutdownHandle, Worker, WorkerBuilder, WorkerConfig, WorkerSummary};
 
 /// Brings the `skiplock` schema up to date; safe to call at every start and from many

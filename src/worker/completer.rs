@@ -15,7 +15,7 @@
 //! database that stays unreachable through a hard stop leaves jobs `running`, for the
 //! reaper, as a crash would.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::future::Future;
 use std::ops::Range;
 use std::sync::Arc;
@@ -26,6 +26,7 @@ use tokio::task::JoinSet;
 use uuid::Uuid;
 
 use super::claims::ClaimKey;
+use super::events::{JobEvent, JobEventOutcome};
 use super::executor::{Finished, Outcome};
 use super::{Shared, db_retry_delay, schema_mismatch, stop_if_schema_outgrown};
 use crate::db::jobs::{
@@ -93,8 +94,12 @@ async fn save(shared: &Shared, batch: &mut Vec<Finished>) {
     let mut released = (Vec::new(), Vec::new());
     let mut failed = FailBatch::default();
     let mut settled: Vec<ClaimKey> = Vec::with_capacity(batch.len());
+    let mut events: HashMap<ClaimKey, JobEvent> = HashMap::new();
     for finished in batch.drain(..) {
         let (id, token) = (finished.id, finished.token);
+        if let Some(event) = finished.event {
+            events.insert((id, token), event);
+        }
         match finished.outcome {
             Outcome::Succeeded => {
                 done.0.push(id);
@@ -127,6 +132,7 @@ async fn save(shared: &Shared, batch: &mut Vec<Finished>) {
                         "claim lost while running (reaped or cancelled); handler stopped"
                     );
                 }
+                publish(shared, events.remove(&(id, token)));
                 settled.push((id, token));
             }
         }
@@ -147,6 +153,7 @@ async fn save(shared: &Shared, batch: &mut Vec<Finished>) {
             saved,
             &mut follow_up,
             &mut settled,
+            &mut events,
             &counters.succeeded,
         )
         .await;
@@ -162,6 +169,7 @@ async fn save(shared: &Shared, batch: &mut Vec<Finished>) {
             saved,
             &mut follow_up,
             &mut settled,
+            &mut events,
             &counters.failed,
         )
         .await;
@@ -177,6 +185,7 @@ async fn save(shared: &Shared, batch: &mut Vec<Finished>) {
             saved,
             &mut follow_up,
             &mut settled,
+            &mut events,
             &counters.released,
         )
         .await;
@@ -330,6 +339,7 @@ async fn settle<T: Into<SavedOrId>>(
     write: SplitWrite<T>,
     follow_up: &mut FollowUp,
     settled: &mut Vec<ClaimKey>,
+    events: &mut HashMap<ClaimKey, JobEvent>,
     counter: &std::sync::atomic::AtomicU64,
 ) {
     let mut kept: HashSet<i64> = HashSet::with_capacity(write.saved.len());
@@ -361,6 +371,13 @@ async fn settle<T: Into<SavedOrId>>(
         for row in &abandoned.saved {
             follow_up.note(row);
             kept.insert(row.id);
+            let event = events.remove(claim).map(|event| JobEvent {
+                outcome: JobEventOutcome::Dead {
+                    error: message.clone(),
+                },
+                ..event
+            });
+            publish(shared, event);
         }
         if let Some((_, why)) = abandoned.unsaved.first() {
             tracing::error!(
@@ -384,10 +401,25 @@ async fn settle<T: Into<SavedOrId>>(
                 job_id = claim.0,
                 "outcome discarded: the claim is no longer ours (reaped, cancelled or deleted)"
             );
+            let event = events.remove(&claim).map(|event| JobEvent {
+                outcome: JobEventOutcome::Lost,
+                ..event
+            });
+            publish(shared, event);
+        } else if kept.contains(&claim.0) {
+            publish(shared, events.remove(&claim));
         }
         // Saved, found stale, or given up on: the heartbeat stops either way (an unsavable
         // job that could not be marked dead either is left to the reaper).
         settled.push(claim);
+    }
+}
+
+/// Publishes a saved outcome's event to the subscribers, if it was built (someone was
+/// subscribed) and anyone still is. Never waits: a subscriber that lags loses the oldest.
+fn publish(shared: &Shared, event: Option<JobEvent>) {
+    if let Some(event) = event {
+        let _ = shared.events.send(event);
     }
 }
 

@@ -13,6 +13,7 @@ use tokio_util::task::TaskTracker;
 use tracing::Instrument;
 use uuid::Uuid;
 
+use super::events::{JobEvent, JobEventOutcome};
 use super::{Shared, metrics};
 use crate::db::jobs::ClaimedJob;
 use crate::enqueue::duration_ms;
@@ -42,6 +43,8 @@ pub(super) struct Finished {
     pub(super) id: i64,
     pub(super) token: Uuid,
     pub(super) outcome: Outcome,
+    /// The event to publish once the outcome is saved; `None` while nobody subscribes.
+    pub(super) event: Option<JobEvent>,
 }
 
 /// Starts buffered jobs while slots are free, until the graceful shutdown; then releases
@@ -105,10 +108,22 @@ pub(super) async fn dispatch(
                     ended
                 };
                 metrics::job_ended(&kind, &queue, ended, took);
+                let event = (shared.events.receiver_count() > 0).then(|| JobEvent {
+                    id: JobId(id),
+                    kind,
+                    queue,
+                    attempt,
+                    outcome: event_outcome(&outcome, ended, took),
+                });
                 shared.claims.mark_finished((id, token));
                 // The completer outlives every executor, so the send only fails if it
                 // crashed.
-                let _ = outcomes.send(Finished { id, token, outcome });
+                let _ = outcomes.send(Finished {
+                    id,
+                    token,
+                    outcome,
+                    event,
+                });
                 drop(permit);
             }
             .instrument(span),
@@ -122,6 +137,7 @@ pub(super) async fn dispatch(
             id: job.id,
             token: job.claim_token,
             outcome: Outcome::Released,
+            event: None,
         });
     }
 }
@@ -246,6 +262,28 @@ fn report_outcome(
             );
             "retried"
         }
+    }
+}
+
+/// The event an outcome named `ended` (see [`report_outcome`]) publishes once saved.
+fn event_outcome(outcome: &Outcome, ended: &str, took: Duration) -> JobEventOutcome {
+    match (outcome, ended) {
+        (_, "cancelled") => JobEventOutcome::Cancelled,
+        (Outcome::Succeeded, _) => JobEventOutcome::Completed { took },
+        (Outcome::Released, _) => JobEventOutcome::Released,
+        (Outcome::Lost, _) => JobEventOutcome::Lost,
+        (Outcome::Failed { message, .. }, "dead") => JobEventOutcome::Dead {
+            error: message.clone(),
+        },
+        (
+            Outcome::Failed {
+                message, delay_ms, ..
+            },
+            _,
+        ) => JobEventOutcome::Retried {
+            error: message.clone(),
+            retry_in: Duration::from_millis(u64::try_from(*delay_ms).unwrap_or(0)),
+        },
     }
 }
 

@@ -18,6 +18,7 @@
 mod claim_cursor;
 mod claims;
 mod completer;
+pub mod events;
 mod executor;
 mod handler;
 mod heartbeat;
@@ -416,6 +417,7 @@ impl WorkerBuilder {
                 hard: CancellationToken::new(),
                 counters: Counters::default(),
                 schema_outgrown: std::sync::OnceLock::new(),
+                events: tokio::sync::broadcast::Sender::new(events::EVENTS_BUFFERED),
             }),
         })
     }
@@ -444,6 +446,8 @@ pub(crate) struct Shared {
     /// schema version found. The worker stops claiming and [`Worker::run`] returns
     /// [`Error::SchemaTooNew`] once its running jobs are settled.
     pub(crate) schema_outgrown: std::sync::OnceLock<i32>,
+    /// Job events for subscribers ([`Worker::subscribe`]).
+    pub(crate) events: tokio::sync::broadcast::Sender<events::JobEvent>,
 }
 
 /// Queues claimed by one producer into one buffer, sharing one pool of slots.
@@ -594,6 +598,13 @@ impl Worker {
     /// The configuration in force.
     pub fn config(&self) -> &WorkerConfig {
         &self.shared.config
+    }
+
+    /// A subscription to what becomes of every job this worker runs, once each outcome is
+    /// saved (see [`events`]). Subscribe before [`run`](Worker::run); events of jobs that
+    /// ended before a subscription are not replayed.
+    pub fn subscribe(&self) -> events::JobEvents {
+        events::JobEvents::new(self.shared.events.subscribe())
     }
 
     /// A handle that stops this worker.

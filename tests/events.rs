@@ -1,0 +1,115 @@
+//! In-process job events (`Worker::subscribe`): one per attempt that ended in the worker,
+//! published once its outcome is saved, and a subscriber that falls behind loses the oldest
+//! without slowing the worker.
+
+mod common;
+
+use std::time::Duration;
+
+use common::fixtures::{Flaky, Record, Recorder, Slow, fast_worker, flaky_delay, wait_for};
+use common::test_db;
+use skiplock::{EnqueueOptions, JobEvent, JobEventOutcome, JobId};
+
+#[tokio::test]
+async fn each_saved_outcome_is_published_once() {
+    let db = test_db().await;
+    let pool = &db.pool;
+    let record = skiplock::enqueue(pool, &Record { n: 1 }).await.unwrap();
+    let flaky = skiplock::enqueue_with(
+        pool,
+        &Flaky { fail_until: 100 },
+        EnqueueOptions::new().max_attempts(2),
+    )
+    .await
+    .unwrap();
+    let slow = skiplock::enqueue(pool, &Slow { ms: 600_000 })
+        .await
+        .unwrap();
+    let recorder = Recorder::default();
+    let worker = fast_worker(pool, &recorder).build().unwrap();
+    let mut events = worker.subscribe();
+    let stop = worker.shutdown_handle();
+    let run = tokio::spawn(worker.run());
+
+    let mut seen: Vec<JobEvent> = Vec::new();
+    let mut cancelled = false;
+    while seen.len() < 4 {
+        let event = tokio::time::timeout(Duration::from_secs(30), events.recv())
+            .await
+            .unwrap_or_else(|_| panic!("four events within 30 s; got {seen:#?}"))
+            .expect("the worker is running");
+        seen.push(event);
+        // Cancel the slow job once it runs (the other three are quick).
+        if !cancelled && seen.len() == 3 {
+            wait_for("the slow job to run", Duration::from_secs(30), || async {
+                recorder.runs().contains_key(&slow.0)
+            })
+            .await;
+            assert!(skiplock::cancel(pool, slow).await.unwrap());
+            cancelled = true;
+        }
+    }
+    stop.shutdown();
+    run.await.unwrap().unwrap();
+
+    let of = |id: JobId| seen.iter().filter(|e| e.id == id).collect::<Vec<_>>();
+    let done = of(record);
+    assert_eq!(done.len(), 1, "{seen:#?}");
+    assert!(matches!(done[0].outcome, JobEventOutcome::Completed { .. }));
+    assert_eq!(
+        (done[0].kind.as_str(), done[0].queue.as_str()),
+        ("record", "default")
+    );
+    let flaky_events = of(flaky);
+    assert_eq!(flaky_events.len(), 2, "{seen:#?}");
+    assert_eq!(
+        flaky_events[0].outcome,
+        JobEventOutcome::Retried {
+            error: "planned failure on attempt 1".into(),
+            retry_in: flaky_delay(1)
+        }
+    );
+    assert_eq!(
+        (flaky_events[1].attempt, &flaky_events[1].outcome),
+        (
+            2,
+            &JobEventOutcome::Dead {
+                error: "planned failure on attempt 2".into()
+            }
+        )
+    );
+    let slow_events = of(slow);
+    assert_eq!(slow_events.len(), 1, "{seen:#?}");
+    assert_eq!(slow_events[0].outcome, JobEventOutcome::Cancelled);
+    assert_eq!(events.dropped(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_subscriber_that_never_reads_loses_the_oldest_and_the_worker_goes_on() {
+    let db = test_db().await;
+    let pool = &db.pool;
+    let jobs: Vec<Record> = (0..1_500).map(|n| Record { n }).collect();
+    skiplock::enqueue_many(pool, &jobs, EnqueueOptions::default())
+        .await
+        .unwrap();
+    let recorder = Recorder::default();
+    let worker = fast_worker(pool, &recorder)
+        .exit_when_idle(true)
+        .build()
+        .unwrap();
+    let mut idle = worker.subscribe();
+    let summary = tokio::time::timeout(Duration::from_secs(120), worker.run())
+        .await
+        .expect("the worker drains although nobody reads its events")
+        .unwrap();
+    assert_eq!(summary.succeeded, 1_500);
+    let mut read = 0;
+    while idle.recv().await.is_some() {
+        read += 1;
+    }
+    assert_eq!(read, skiplock::worker::events::EVENTS_BUFFERED);
+    assert_eq!(
+        idle.dropped(),
+        1_500 - skiplock::worker::events::EVENTS_BUFFERED as u64
+    );
+}

@@ -928,3 +928,29 @@ async fn demo_never_touches_the_database_it_is_given() {
             .unwrap();
     assert_eq!(jobs, vec![(app_job, "queued".to_owned())]);
 }
+
+#[tokio::test]
+async fn json_logs_carry_the_job_span_fields() {
+    let db = test_db().await;
+    // Args of the wrong type: the job dies at once, logged at ERROR in its span.
+    let id = enqueue(&db, "sleep", &json!({"ms": "soon"}), &[]).await;
+    let run = skiplock(&db, &["--log-format", "json", "work", "--exit-when-idle"]).await;
+    assert_eq!(run.code, Some(0), "{run:#?}");
+    let dead: Value = run
+        .stderr
+        .lines()
+        .filter_map(|line| serde_json::from_str::<Value>(line).ok())
+        .find(|line| line["level"] == json!("ERROR"))
+        .unwrap_or_else(|| panic!("an ERROR line in JSON: {}", run.stderr));
+    assert_eq!(dead["span"]["name"], json!("job"), "{dead}");
+    assert_eq!(dead["span"]["job_id"], json!(id), "{dead}");
+    assert_eq!(dead["span"]["kind"], json!("sleep"), "{dead}");
+    assert_eq!(dead["span"]["queue"], json!("default"), "{dead}");
+    assert_eq!(dead["span"]["attempt"], json!(1), "{dead}");
+    assert!(
+        dead["fields"]["message"]
+            .as_str()
+            .is_some_and(|m| m.starts_with("job failed and is dead")),
+        "{dead}"
+    );
+}

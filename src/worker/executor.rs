@@ -82,8 +82,10 @@ pub(super) async fn dispatch(
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let shared = shared.clone();
         let outcomes = outcomes.clone();
-        // Every job runs in a span naming it, so the handler's own log lines carry it.
-        let span = tracing::info_span!(
+        // Every job runs in a span naming it, so the handler's own log lines carry it. At
+        // ERROR level so that it is enabled whenever any line is: with RUST_LOG=warn an INFO
+        // span is filtered out and a job's WARN and ERROR lines lost their context.
+        let span = tracing::error_span!(
             "job",
             job_id = job.id,
             kind = %job.kind,

@@ -66,6 +66,21 @@ impl FullRole {
     }
 }
 
+/// Waits for the child's first stderr line, which must be a retry after the role's
+/// refusal; returns the rest of its stderr.
+async fn wait_for_refusal(
+    child: &mut tokio::process::Child,
+) -> tokio::io::Lines<BufReader<tokio::process::ChildStderr>> {
+    let mut stderr = BufReader::new(child.stderr.take().unwrap()).lines();
+    let first = tokio::time::timeout(Duration::from_secs(30), stderr.next_line())
+        .await
+        .expect("a retry line within 30 s")
+        .unwrap()
+        .unwrap_or_default();
+    assert!(first.contains("too many connections for role"), "{first}");
+    stderr
+}
+
 /// The binary as `role`, with stderr piped.
 fn command_as(role: &FullRole, args: &[&str]) -> tokio::process::Command {
     let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_skiplock"));
@@ -125,13 +140,7 @@ async fn a_one_shot_command_gets_in_once_a_connection_is_free() {
     )
     .spawn()
     .unwrap();
-    let mut stderr = BufReader::new(child.stderr.take().unwrap()).lines();
-    let first = tokio::time::timeout(Duration::from_secs(30), stderr.next_line())
-        .await
-        .expect("a retry line within 30 s")
-        .unwrap()
-        .unwrap_or_default();
-    assert!(first.contains("too many connections for role"), "{first}");
+    let mut stderr = wait_for_refusal(&mut child).await;
     role.release().await;
     let mut rest = Vec::new();
     while let Some(line) = stderr.next_line().await.unwrap() {
@@ -167,13 +176,7 @@ async fn work_waits_for_a_connection_then_stays_within_its_cap() {
     .env("RUST_LOG", "info")
     .spawn()
     .unwrap();
-    let mut stderr = BufReader::new(child.stderr.take().unwrap()).lines();
-    let first = tokio::time::timeout(Duration::from_secs(30), stderr.next_line())
-        .await
-        .expect("a retry line within 30 s")
-        .unwrap()
-        .unwrap_or_default();
-    assert!(first.contains("too many connections for role"), "{first}");
+    let mut stderr = wait_for_refusal(&mut child).await;
     role.release().await;
     let mut rest = Vec::new();
     while let Some(line) = tokio::time::timeout(Duration::from_secs(90), stderr.next_line())

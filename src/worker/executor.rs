@@ -104,7 +104,11 @@ pub(super) async fn dispatch(
                 metrics::running(-1.0);
                 let took = started.elapsed();
                 let ended = report_outcome(&outcome, attempt, max_attempts, took);
-                let ended = if shared.claims.was_cancelled((id, token)) {
+                // Only a stopped handler can have been stopped by a cancel: no lock per
+                // job otherwise.
+                let ended = if matches!(outcome, Outcome::Lost)
+                    && shared.claims.was_cancelled((id, token))
+                {
                     "cancelled"
                 } else {
                     ended

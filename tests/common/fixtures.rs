@@ -9,11 +9,13 @@ use serde::{Deserialize, Serialize};
 use skiplock::{Job, JobContext, JobError, JobState, Worker, WorkerBuilder};
 use sqlx::PgPool;
 
-/// Records which jobs ran, with which attempt numbers. Shared with handlers through
+/// Records which jobs ran, with which attempt numbers, and when `record` jobs started and
+/// ended on one counter shared by all handlers. Shared with handlers through
 /// `WorkerBuilder::data`.
 #[derive(Default, Clone)]
 pub struct Recorder {
     runs: Arc<Mutex<HashMap<i64, Vec<i32>>>>,
+    ticks: Arc<Mutex<(u64, HashMap<i64, Vec<(u64, u64)>>)>>,
 }
 
 impl Recorder {
@@ -24,6 +26,26 @@ impl Recorder {
             .entry(ctx.id().0)
             .or_default()
             .push(ctx.attempt());
+    }
+
+    /// The next tick of the shared counter.
+    fn tick(&self) -> u64 {
+        let mut ticks = self.ticks.lock().unwrap();
+        ticks.0 += 1;
+        ticks.0
+    }
+
+    /// Ends the run of job `id` that started at tick `start`.
+    fn end(&self, id: i64, start: u64) {
+        let end = self.tick();
+        let mut ticks = self.ticks.lock().unwrap();
+        ticks.1.entry(id).or_default().push((start, end));
+    }
+
+    /// The (start, end) ticks of each `record` job's runs: in-process, so two runs that
+    /// overlapped show it whatever the database's clock says.
+    pub fn spans(&self) -> HashMap<i64, Vec<(u64, u64)>> {
+        self.ticks.lock().unwrap().1.clone()
     }
 
     /// Attempt numbers seen for each job id.
@@ -40,7 +62,7 @@ fn recorder(ctx: &JobContext) -> &Recorder {
     ctx.data::<Recorder>().expect("worker was given a Recorder")
 }
 
-/// Succeeds at once, recording the run.
+/// Succeeds at once (after a few yields), recording the run and its ticks.
 #[derive(Serialize, Deserialize, Clone)]
 pub struct Record {
     pub n: u32,
@@ -50,7 +72,14 @@ impl Job for Record {
     const KIND: &'static str = "record";
 
     async fn run(self, ctx: JobContext) -> Result<(), JobError> {
-        recorder(&ctx).record(&ctx);
+        let recorder = recorder(&ctx);
+        recorder.record(&ctx);
+        let start = recorder.tick();
+        // Yield so that a run overlapping this one would take a tick in between.
+        for _ in 0..3 {
+            tokio::task::yield_now().await;
+        }
+        recorder.end(ctx.id().0, start);
         Ok(())
     }
 }

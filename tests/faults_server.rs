@@ -20,7 +20,7 @@ use fault_support::{
 };
 use serde_json::json;
 use skiplock::{EnqueueOptions, NewJob};
-use sqlx::PgPool;
+use sqlx::{AssertSqlSafe, PgPool};
 
 /// What the enqueuer saw of one transaction.
 struct Outcome {
@@ -349,12 +349,45 @@ impl skiplock::Job for Nothing {
     }
 }
 
-/// Runs a worker of `Nothing` jobs (stale timeout 3 s) through a [`ReplyCutter`] that loses
-/// the reply of the first statement containing `needle`, until it is idle.
-async fn drain_through_reply_cutter(
+/// Fails its first attempt; the retry comes 2 s later, after a worker run with
+/// `exit_when_idle` has stopped.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct FailsOnce {}
+
+impl skiplock::Job for FailsOnce {
+    const KIND: &'static str = "fails_once";
+
+    async fn run(self, ctx: skiplock::JobContext) -> Result<(), skiplock::JobError> {
+        if ctx.attempt() == 1 {
+            return Err(skiplock::JobError::retry("planned first failure"));
+        }
+        Ok(())
+    }
+
+    fn retry_delay(_attempt: i32) -> Duration {
+        Duration::from_secs(2)
+    }
+}
+
+/// Takes 200 ms, so that a worker of concurrency 1 holds claims it has not started.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct Takes200Ms {}
+
+impl skiplock::Job for Takes200Ms {
+    const KIND: &'static str = "takes_200ms";
+
+    async fn run(self, _ctx: skiplock::JobContext) -> Result<(), skiplock::JobError> {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        Ok(())
+    }
+}
+
+/// A worker (stale timeout 3 s) connected through a [`ReplyCutter`] that loses the reply
+/// of the first statement containing `needle`.
+async fn worker_through_reply_cutter(
     url: &str,
     needle: &'static [u8],
-) -> (fault_support::ReplyCutter, skiplock::WorkerSummary) {
+) -> (fault_support::ReplyCutter, skiplock::WorkerBuilder) {
     let direct: sqlx::postgres::PgConnectOptions = url.parse().unwrap();
     let server = tokio::net::lookup_host((direct.get_host(), direct.get_port()))
         .await
@@ -373,14 +406,23 @@ async fn drain_through_reply_cutter(
         .unwrap();
     let worker = skiplock::Worker::builder(worker_pool)
         .register::<Nothing>()
+        .register::<FailsOnce>()
+        .register::<Takes200Ms>()
         .concurrency(8)
         .poll_interval(Duration::from_millis(100))
         .heartbeat(Duration::from_millis(100), Duration::from_secs(3))
         .reap_interval(Duration::from_millis(100))
-        .prune_interval(None)
-        .exit_when_idle(true)
-        .build()
-        .unwrap();
+        .prune_interval(None);
+    (cutter, worker)
+}
+
+/// Runs [`worker_through_reply_cutter`] until it is idle.
+async fn drain_through_reply_cutter(
+    url: &str,
+    needle: &'static [u8],
+) -> (fault_support::ReplyCutter, skiplock::WorkerSummary) {
+    let (cutter, worker) = worker_through_reply_cutter(url, needle).await;
+    let worker = worker.exit_when_idle(true).build().unwrap();
     let summary = tokio::time::timeout(PATIENCE, worker.run())
         .await
         .expect("the worker drains and exits")
@@ -447,4 +489,166 @@ async fn a_completion_whose_reply_is_lost_is_known_as_saved() {
     assert_eq!(states.get("succeeded"), Some(&30), "{states:?}");
     let log = audit(pool).await;
     assert!(!log.iter().any(|r| r.is_reap()), "nothing was reaped");
+}
+
+/// Workload: 30 jobs, one worker connected through a proxy (stale timeout 3 s); a trigger
+/// of the user's refuses to give back the first job's attempt.
+///
+/// Fault: the reply to the worker's first claim is lost after the claim committed.
+///
+/// Invariant: the lost claim's release is split as every batch write is: the row that
+/// refuses it is left to the reaper, and every other job of the claim is released at once
+/// and runs on attempt 1 (before, the whole release failed and every job of the claim
+/// waited for the reaper).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_claims_release_refused_by_one_row_releases_the_others() {
+    let db = audited_db().await;
+    let pool = &db.pool;
+    let ids = enqueue_n(pool, "nothing", json!({}), 30, EnqueueOptions::new()).await;
+    let stubborn = ids[0];
+    sqlx::raw_sql(AssertSqlSafe(format!(
+        "CREATE FUNCTION public.keep_attempt() RETURNS trigger LANGUAGE plpgsql AS $$
+         BEGIN
+             IF NEW.id = {stubborn} AND NEW.attempt < OLD.attempt THEN
+                 RAISE EXCEPTION 'job {stubborn} keeps its attempt';
+             END IF;
+             RETURN NEW;
+         END $$;
+         CREATE TRIGGER keep_attempt BEFORE UPDATE ON skiplock.jobs
+             FOR EACH ROW EXECUTE FUNCTION public.keep_attempt();"
+    )))
+    .execute(pool)
+    .await
+    .unwrap();
+    let (cutter, summary) = drain_through_reply_cutter(&db.url, b"claim_batch").await;
+    assert!(cutter.has_cut(), "the proxy lost a claim's reply");
+
+    let log = audit(pool).await;
+    let reaped: Vec<i64> = log
+        .iter()
+        .filter(|r| r.is_reap())
+        .map(|r| r.job_id)
+        .collect();
+    assert_eq!(
+        reaped,
+        vec![stubborn],
+        "only the refusing row waited for the reaper"
+    );
+    let released: Vec<i64> = log
+        .iter()
+        .filter(|r| r.is_release())
+        .map(|r| r.job_id)
+        .collect();
+    assert!(!released.is_empty(), "the others were released");
+    let attempts: Vec<(i64, String, i32)> =
+        sqlx::query_as("SELECT id, state::text, attempt FROM skiplock.jobs ORDER BY id")
+            .fetch_all(pool)
+            .await
+            .unwrap();
+    for (id, state, attempt) in &attempts {
+        // The reaped job waits for its retry's backoff; the worker exits before it.
+        let expected = if *id == stubborn {
+            "queued"
+        } else {
+            "succeeded"
+        };
+        assert_eq!((state.as_str(), *attempt), (expected, 1), "job {id}");
+    }
+    assert_eq!(summary.succeeded, 29);
+}
+
+/// Workload: 30 jobs that fail their first attempt, one worker connected through a proxy.
+///
+/// Fault: the reply to a failure write is lost after it committed; the completer retries
+/// the write, which finds those claims already settled.
+///
+/// Invariant: the worker recognises its own saved failures: it counts 30 failures and no
+/// lost claim (before, the lost write's jobs were reported as "outcome discarded: the
+/// claim is no longer ours"), and every job waits for its retry with one attempt spent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failure_whose_reply_is_lost_is_known_as_saved() {
+    let db = audited_db().await;
+    let pool = &db.pool;
+    enqueue_n(pool, "fails_once", json!({}), 30, EnqueueOptions::new()).await;
+    let (cutter, summary) =
+        drain_through_reply_cutter(&db.url, b"WHEN f.action = 'cancel' THEN 'cancelled'").await;
+    assert!(cutter.has_cut(), "the proxy lost a failure's reply");
+    assert_eq!(
+        (summary.failed, summary.succeeded, summary.lost),
+        (30, 0, 0),
+        "{summary:?}"
+    );
+    let attempts: Vec<(i64, String, i32)> =
+        sqlx::query_as("SELECT id, state::text, attempt FROM skiplock.jobs ORDER BY id")
+            .fetch_all(pool)
+            .await
+            .unwrap();
+    assert_eq!(attempts.len(), 30);
+    for (id, state, attempt) in &attempts {
+        assert_eq!((state.as_str(), *attempt), ("queued", 1), "job {id}");
+    }
+    assert!(
+        !audit(pool).await.iter().any(|r| r.is_reap()),
+        "nothing was reaped"
+    );
+}
+
+/// Workload: 20 jobs of 200 ms, one worker of concurrency 1 connected through a proxy,
+/// shut down while it holds claims it has not started.
+///
+/// Fault: the reply to the shutdown's release is lost after it committed.
+///
+/// Invariant: the worker recognises its own saved releases: no lost claim (before, the
+/// released jobs were reported as "outcome discarded"), every job it did not run is
+/// `queued` with no attempt spent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_whose_reply_is_lost_is_known_as_saved() {
+    let db = audited_db().await;
+    let pool = &db.pool;
+    enqueue_n(pool, "takes_200ms", json!({}), 20, EnqueueOptions::new()).await;
+    let (cutter, worker) =
+        worker_through_reply_cutter(&db.url, b"attempt = greatest(j.attempt - 1, 0)").await;
+    let worker = worker.concurrency(1).build().unwrap();
+    let stop = worker.shutdown_handle();
+    let run = tokio::spawn(worker.run());
+    // One job runs and others are claimed behind it.
+    wait_until(
+        "the worker to hold claims it has not started",
+        PATIENCE,
+        || async {
+            let running: i64 =
+                sqlx::query_scalar("SELECT count(*) FROM skiplock.jobs WHERE state = 'running'")
+                    .fetch_one(pool)
+                    .await
+                    .unwrap();
+            (running >= 2).then_some(())
+        },
+    )
+    .await;
+    stop.shutdown();
+    let summary = tokio::time::timeout(PATIENCE, run)
+        .await
+        .expect("the worker stops")
+        .unwrap()
+        .unwrap();
+    assert!(cutter.has_cut(), "the proxy lost a release's reply");
+    assert!(summary.released >= 1, "{summary:?}");
+    assert_eq!(summary.lost, 0, "{summary:?}");
+    let states = states(pool).await;
+    assert_eq!(states.get("running"), None, "{states:?}");
+    let unspent: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM skiplock.jobs WHERE state = 'queued' AND attempt = 0",
+    )
+    .fetch_one(pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        unspent as u64,
+        20 - summary.succeeded,
+        "released and unclaimed jobs have no attempt spent"
+    );
+    assert!(
+        !audit(pool).await.iter().any(|r| r.is_reap()),
+        "nothing was reaped"
+    );
 }

@@ -179,7 +179,7 @@ pub async fn jobs_claim_batch(
 /// (`worker::claim_cursor`).
 ///
 /// With `claim_with`, every job the claim takes holds it as its claim token, so a caller
-/// whose reply was lost can find them with [`jobs_release_claimed_with`]; use a fresh
+/// whose reply was lost can find them with [`jobs_claimed_with`]; use a fresh
 /// token for every claim, as it is the fence of each job's claim. Without it, each job
 /// gets a random token of its own.
 pub async fn jobs_claim_batch_after(
@@ -208,20 +208,15 @@ pub async fn jobs_claim_batch_after(
     .await
 }
 
-/// Releases, as [`jobs_release_many`] does, every job still held by the claim made with
-/// `claim_with` (see [`jobs_claim_batch_after`]): for a claim whose reply was lost, whose
-/// jobs nobody runs. Returns their ids. Reads only `running` rows (`jobs_running_idx`).
-pub async fn jobs_release_claimed_with(pool: &PgPool, claim_with: Uuid) -> sqlx::Result<Vec<i64>> {
-    let ids: Vec<i64> = sqlx::query_scalar(
-        "SELECT id FROM skiplock.jobs WHERE state = 'running' AND claim_token = $1",
-    )
-    .bind(claim_with)
-    .fetch_all(pool)
-    .await?;
-    if ids.is_empty() {
-        return Ok(ids);
-    }
-    jobs_release_many(pool, &ids, &vec![claim_with; ids.len()]).await
+/// The jobs still held by the claim made with `claim_with` (see
+/// [`jobs_claim_batch_after`]): for a claim whose reply was lost, whose jobs nobody runs
+/// and which the caller releases with [`jobs_release_many`]. Reads only `running` rows
+/// (`jobs_running_idx`).
+pub async fn jobs_claimed_with(pool: &PgPool, claim_with: Uuid) -> sqlx::Result<Vec<i64>> {
+    sqlx::query_scalar("SELECT id FROM skiplock.jobs WHERE state = 'running' AND claim_token = $1")
+        .bind(claim_with)
+        .fetch_all(pool)
+        .await
 }
 
 /// A job whose outcome was saved, and whether other jobs wait on it.
@@ -285,6 +280,64 @@ pub async fn jobs_completed_by(
          WHERE j.id = ANY($1) AND j.state = 'succeeded' AND j.claimed_by = $2",
     )
     .bind(ids)
+    .bind(worker)
+    .persistent(false)
+    .fetch_all(db)
+    .await
+}
+
+/// Of the failed attempts `ids` (each with the `message` its failure wrote), the jobs a
+/// failure write of `worker` settled, as [`jobs_fail_many`] returns them: for a failure
+/// write whose reply was lost, the failures it did save. Such a row is no longer held, is
+/// still named after `worker`, and its last error is that message for its current attempt
+/// (the reaper writes its own message; a new claim moves the attempt on).
+pub async fn jobs_failed_by(
+    db: impl PgExecutor<'_>,
+    ids: &[i64],
+    messages: &[String],
+    worker: &str,
+) -> sqlx::Result<Vec<SavedJob>> {
+    sqlx::query_as(
+        "SELECT j.id, j.state::text AS state,
+                EXISTS (SELECT 1 FROM skiplock.job_dependencies d WHERE d.parent_id = j.id)
+                    AS has_dependants,
+                j.ordering_key
+         FROM unnest($1::bigint[], $2::text[]) AS f(id, message)
+         JOIN skiplock.jobs j ON j.id = f.id
+         WHERE j.claimed_by = $3 AND j.claim_token IS NULL
+           AND j.state IN ('queued', 'dead', 'cancelled')
+           AND j.errors -> -1 -> 'message' = to_jsonb(f.message)
+           AND j.errors -> -1 -> 'attempt' = to_jsonb(j.attempt)",
+    )
+    .bind(ids)
+    .bind(messages)
+    .bind(worker)
+    .persistent(false)
+    .fetch_all(db)
+    .await
+}
+
+/// Of the claims `ids` (each held at attempt `attempts`), the jobs a release of `worker`
+/// gave back, as [`jobs_release_many`] returns them: for a release whose reply was lost,
+/// the jobs it did release. Such a row is no longer held, is still named after `worker`,
+/// and is one attempt behind the claim (a release gives the attempt back; the reaper keeps
+/// it, and a new claim moves it on).
+pub async fn jobs_released_by(
+    db: impl PgExecutor<'_>,
+    ids: &[i64],
+    attempts: &[i32],
+    worker: &str,
+) -> sqlx::Result<Vec<i64>> {
+    sqlx::query_scalar(
+        "SELECT j.id
+         FROM unnest($1::bigint[], $2::int[]) AS f(id, attempt)
+         JOIN skiplock.jobs j ON j.id = f.id
+         WHERE j.claimed_by = $3 AND j.claim_token IS NULL
+           AND j.state IN ('queued', 'cancelled')
+           AND j.attempt = greatest(f.attempt - 1, 0)",
+    )
+    .bind(ids)
+    .bind(attempts)
     .bind(worker)
     .persistent(false)
     .fetch_all(db)

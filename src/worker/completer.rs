@@ -31,7 +31,7 @@ use super::executor::{Finished, Outcome};
 use super::{Shared, db_retry_delay, schema_mismatch, stop_if_schema_outgrown};
 use crate::db::jobs::{
     FailAction, FailBatch, SavedJob, jobs_abandon_many, jobs_complete_many, jobs_completed_by,
-    jobs_fail_many, jobs_release_many,
+    jobs_fail_many, jobs_failed_by, jobs_release_many, jobs_released_by,
 };
 use crate::error::{describe_sqlx, is_transient_sqlx};
 use crate::job::{Fate, JobState};
@@ -91,7 +91,7 @@ fn log_write_panic(done: Result<(), tokio::task::JoinError>) {
 /// Writes one batch of outcomes and forgets their claims.
 async fn save(shared: &Shared, batch: &mut Vec<Finished>) {
     let mut done = (Vec::new(), Vec::new());
-    let mut released = (Vec::new(), Vec::new());
+    let mut released = (Vec::new(), Vec::new(), Vec::new());
     let mut failed = FailBatch::default();
     let mut settled: Vec<ClaimKey> = Vec::with_capacity(batch.len());
     let mut events: HashMap<ClaimKey, JobEvent> = HashMap::new();
@@ -108,6 +108,7 @@ async fn save(shared: &Shared, batch: &mut Vec<Finished>) {
             Outcome::Released => {
                 released.0.push(id);
                 released.1.push(token);
+                released.2.push(finished.attempt);
             }
             Outcome::Failed {
                 message,
@@ -146,7 +147,10 @@ async fn save(shared: &Shared, batch: &mut Vec<Finished>) {
         })
         .await;
         if saved.reply_lost {
-            find_completions_saved_unseen(shared, &mut saved).await;
+            find_saved_unseen("completions", &mut saved, |unseen| async move {
+                jobs_completed_by(&shared.pool, &unseen, &shared.config.worker_id).await
+            })
+            .await;
         }
         settle(
             shared,
@@ -159,11 +163,22 @@ async fn save(shared: &Shared, batch: &mut Vec<Finished>) {
         .await;
     }
     if !failed.is_empty() {
-        let saved = write_split(shared, "fail", &failed.ids, &failed.tokens, |range| {
+        let mut saved = write_split(shared, "fail", &failed.ids, &failed.tokens, |range| {
             let part = failed.slice(range);
             async move { jobs_fail_many(&shared.pool, &part).await }
         })
         .await;
+        if saved.reply_lost {
+            let messages: HashMap<i64, &String> =
+                failed.ids.iter().copied().zip(&failed.messages).collect();
+            find_saved_unseen("failures", &mut saved, |unseen| {
+                let messages: Vec<String> = unseen.iter().map(|id| messages[id].clone()).collect();
+                async move {
+                    jobs_failed_by(&shared.pool, &unseen, &messages, &shared.config.worker_id).await
+                }
+            })
+            .await;
+        }
         settle(
             shared,
             saved,
@@ -175,11 +190,23 @@ async fn save(shared: &Shared, batch: &mut Vec<Finished>) {
         .await;
     }
     if !released.0.is_empty() {
-        let (ids, tokens) = (&released.0, &released.1);
-        let saved = write_split(shared, "release", ids, tokens, |range| {
+        let (ids, tokens, attempts) = (&released.0, &released.1, &released.2);
+        let mut saved = write_split(shared, "release", ids, tokens, |range| {
             jobs_release_many(&shared.pool, &ids[range.clone()], &tokens[range])
         })
         .await;
+        if saved.reply_lost {
+            let attempts: HashMap<i64, i32> =
+                ids.iter().copied().zip(attempts.iter().copied()).collect();
+            find_saved_unseen("releases", &mut saved, |unseen| {
+                let attempts: Vec<i32> = unseen.iter().map(|id| attempts[id]).collect();
+                async move {
+                    jobs_released_by(&shared.pool, &unseen, &attempts, &shared.config.worker_id)
+                        .await
+                }
+            })
+            .await;
+        }
         settle(
             shared,
             saved,
@@ -203,36 +230,59 @@ async fn save(shared: &Shared, batch: &mut Vec<Finished>) {
     }
 }
 
-/// After a completion write whose reply was lost: the claims the successful retry did not
-/// find (their token was already cleared) were completed by the lost write if their row
-/// is `succeeded` under this worker's name (the reaper never completes a job, and another
-/// worker's completion carries its own name). Those count as saved, with their follow-up,
-/// instead of being reported as discarded.
-async fn find_completions_saved_unseen(shared: &Shared, write: &mut SplitWrite<SavedJob>) {
-    let found: HashSet<i64> = write.saved.iter().map(|row| row.id).collect();
+/// After a write whose reply was lost: the claims the successful retry did not find (their
+/// token was already cleared) may have been settled by the lost write. `look(unseen)`
+/// returns those it did settle, recognised by what only this worker's write leaves on the
+/// row (see `jobs_completed_by`, `jobs_failed_by`, `jobs_released_by`); they count as
+/// saved, with their follow-up, instead of being reported as discarded.
+async fn find_saved_unseen<T, F, Fut>(what: &str, write: &mut SplitWrite<T>, look: F)
+where
+    T: SavedRow,
+    F: FnOnce(Vec<i64>) -> Fut,
+    Fut: Future<Output = sqlx::Result<Vec<T>>>,
+{
+    let found: HashSet<i64> = write.saved.iter().map(SavedRow::id).collect();
+    let unsaved: HashSet<i64> = write.unsaved.iter().map(|(claim, _)| claim.0).collect();
     let unseen: Vec<i64> = write
         .claims
         .iter()
         .map(|claim| claim.0)
-        .filter(|id| !found.contains(id))
+        .filter(|id| !found.contains(id) && !unsaved.contains(id))
         .collect();
     if unseen.is_empty() {
         return;
     }
-    match jobs_completed_by(&shared.pool, &unseen, &shared.config.worker_id).await {
+    match look(unseen).await {
         Ok(rows) => {
             if !rows.is_empty() {
                 tracing::info!(
                     jobs = rows.len(),
-                    "completions saved by an earlier write whose reply was lost"
+                    "{what} saved by an earlier write whose reply was lost"
                 );
             }
             write.saved.extend(rows);
         }
         Err(e) => tracing::warn!(
             error = %e,
-            "cannot check whether a write whose reply was lost saved its completions"
+            "cannot check whether a write whose reply was lost saved its {what}"
         ),
+    }
+}
+
+/// A row a finishing statement returns, by job id.
+trait SavedRow {
+    fn id(&self) -> i64;
+}
+
+impl SavedRow for SavedJob {
+    fn id(&self) -> i64 {
+        self.id
+    }
+}
+
+impl SavedRow for i64 {
+    fn id(&self) -> i64 {
+        *self
     }
 }
 
@@ -259,13 +309,13 @@ impl FollowUp {
 }
 
 /// What [`write_split`] made of a list of claims.
-struct SplitWrite<T> {
+pub(super) struct SplitWrite<T> {
     /// The claims written to.
     claims: Vec<ClaimKey>,
     /// What the statements returned for them (the claims still valid).
-    saved: Vec<T>,
+    pub(super) saved: Vec<T>,
     /// Claims whose row could not be saved as asked, each with the reason.
-    unsaved: Vec<(ClaimKey, String)>,
+    pub(super) unsaved: Vec<(ClaimKey, String)>,
     /// Claims left held because the database stayed unreachable during a hard stop.
     abandoned_to_reaper: Vec<ClaimKey>,
     /// Whether an attempt lost its reply before a later one succeeded: claims the later
@@ -277,7 +327,7 @@ struct SplitWrite<T> {
 /// transient errors. When a statement fails for good on several claims, each half is
 /// written on its own, down to single claims, so one row that cannot be saved never holds
 /// back the others (a unique key, a byte Postgres refuses, a trigger of the user's).
-async fn write_split<T, F, Fut>(
+pub(super) async fn write_split<T, F, Fut>(
     shared: &Shared,
     what: &str,
     ids: &[i64],

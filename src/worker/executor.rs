@@ -42,6 +42,9 @@ pub(super) enum Outcome {
 pub(super) struct Finished {
     pub(super) id: i64,
     pub(super) token: Uuid,
+    /// The attempt the claim held: a release gives it back, which is how a release whose
+    /// reply was lost is recognised as saved.
+    pub(super) attempt: i32,
     pub(super) outcome: Outcome,
     /// The event to publish once the outcome is saved; `None` while nobody subscribes.
     pub(super) event: Option<JobEvent>,
@@ -127,6 +130,7 @@ pub(super) async fn dispatch(
                 let _ = outcomes.send(Finished {
                     id,
                     token,
+                    attempt,
                     outcome,
                     event,
                 });
@@ -142,6 +146,7 @@ pub(super) async fn dispatch(
         let _ = outcomes.send(Finished {
             id: job.id,
             token: job.claim_token,
+            attempt: job.attempt,
             outcome: Outcome::Released,
             event: None,
         });

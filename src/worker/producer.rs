@@ -22,11 +22,12 @@ use tokio::sync::{Notify, mpsc};
 use uuid::Uuid;
 
 use super::claim_cursor::{ClaimCursor, Landing, Walk};
+use super::completer::write_split;
 use super::{
     PREFETCH_HORIZON, Shared, db_retry_delay, metrics, reply_lost, schema_mismatch, sleep_jittered,
     stop_if_schema_outgrown,
 };
-use crate::db::jobs::{ClaimedJob, jobs_claim_batch_after, jobs_release_claimed_with};
+use crate::db::jobs::{ClaimedJob, jobs_claim_batch_after, jobs_claimed_with, jobs_release_many};
 use crate::db::maintenance::jobs_any_active;
 
 /// Claim statements one producer keeps in flight. With two, one claim's commit (its WAL
@@ -274,30 +275,48 @@ impl LostClaims {
     }
 }
 
-/// Releases the jobs of lost claims that committed; see [`LostClaims`].
+/// Releases the jobs of lost claims that committed; see [`LostClaims`]. The release is
+/// written as the completer writes outcomes: a row that refuses it (a trigger of the
+/// user's, say) is split off and left to the reaper, and the others are released now.
 async fn release_lost_claims(shared: &Shared, lost: &LostClaims) {
     for token in lost.due(Instant::now()) {
-        match jobs_release_claimed_with(&shared.pool, token).await {
-            Ok(ids) => {
-                if !ids.is_empty() {
-                    tracing::info!(
-                        jobs = ids.len(),
-                        ?ids,
-                        "released the jobs of a claim whose reply was lost; no attempt spent"
-                    );
-                }
-                lost.settle(
-                    token,
-                    !ids.is_empty(),
-                    shared.config.stale_after,
-                    Instant::now(),
+        let ids = match jobs_claimed_with(&shared.pool, token).await {
+            Ok(ids) => ids,
+            Err(e) => {
+                tracing::warn!(
+                    error = %e,
+                    "cannot look for the jobs of a claim whose reply was lost; will try again"
+                );
+                continue;
+            }
+        };
+        if !ids.is_empty() {
+            let tokens = vec![token; ids.len()];
+            let write = write_split(shared, "release lost claim", &ids, &tokens, |range| {
+                jobs_release_many(&shared.pool, &ids[range.clone()], &tokens[range])
+            })
+            .await;
+            if !write.saved.is_empty() {
+                tracing::info!(
+                    jobs = write.saved.len(),
+                    ids = ?write.saved,
+                    "released the jobs of a claim whose reply was lost; no attempt spent"
                 );
             }
-            Err(e) => tracing::warn!(
-                error = %e,
-                "cannot look for the jobs of a claim whose reply was lost; will try again"
-            ),
+            for ((id, _), reason) in &write.unsaved {
+                tracing::error!(
+                    job_id = id,
+                    error = %reason,
+                    "cannot release a job of a claim whose reply was lost; the reaper will take it back"
+                );
+            }
         }
+        lost.settle(
+            token,
+            !ids.is_empty(),
+            shared.config.stale_after,
+            Instant::now(),
+        );
     }
 }
 

@@ -397,7 +397,12 @@ pub enum Fate {
 
 /// A handler's failure: a message for `last_error` and the job's [`Fate`].
 ///
-/// Any `std::error::Error` converts into a retryable `JobError`, so `?` works in handlers.
+/// Every error a Rust developer has at hand converts into a retryable `JobError`, so `?`
+/// works in handlers: any `std::error::Error + Send + Sync`, `anyhow::Error`,
+/// `Box<dyn Error + Send + Sync>`, `String` and `&str` (whatever converts into
+/// `Box<dyn Error + Send + Sync>`). The message keeps the cause chain, each cause after a
+/// `": "` as anyhow's `{:#}` prints it (a cause the message already ends with is not
+/// repeated).
 #[derive(Debug)]
 pub struct JobError {
     message: String,
@@ -449,8 +454,27 @@ impl fmt::Display for JobError {
     }
 }
 
-impl<E: std::error::Error + Send + Sync + 'static> From<E> for JobError {
+impl<E> From<E> for JobError
+where
+    E: Into<Box<dyn std::error::Error + Send + Sync + 'static>>,
+{
     fn from(error: E) -> Self {
-        JobError::retry(error)
+        let error: Box<dyn std::error::Error + Send + Sync + 'static> = error.into();
+        JobError::retry(with_causes(&*error))
     }
+}
+
+/// `error`'s message followed by each of its causes.
+fn with_causes(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut message = error.to_string();
+    let mut cause = error.source();
+    while let Some(next) = cause {
+        let text = next.to_string();
+        if !message.ends_with(&text) {
+            message.push_str(": ");
+            message.push_str(&text);
+        }
+        cause = next.source();
+    }
+    message
 }

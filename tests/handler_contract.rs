@@ -1,0 +1,106 @@
+//! The handler contract: what a handler may return and what becomes of its job.
+
+mod common;
+
+use std::time::Duration;
+
+use common::fixtures::{Recorder, fast_worker, state_of, wait_for};
+use common::test_db;
+use serde::{Deserialize, Serialize};
+use skiplock::{EnqueueOptions, Job, JobContext, JobError, JobState};
+
+/// Longest wait for a worker to settle what the database holds.
+const PATIENCE: Duration = Duration::from_secs(30);
+
+/// An error with a cause, as a library would return it.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot read the invoice")]
+struct ReadInvoice(#[source] std::io::Error);
+
+/// Fails with `?` on the error type named by `with`.
+#[derive(Serialize, Deserialize)]
+struct FailsWith {
+    with: String,
+}
+
+fn read_invoice() -> Result<(), ReadInvoice> {
+    Err(ReadInvoice(std::io::Error::other("disk on fire")))
+}
+
+fn with_anyhow() -> anyhow::Result<()> {
+    use anyhow::Context;
+    read_invoice().context("billing run 7 failed")
+}
+
+fn with_box() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+    read_invoice()?;
+    Ok(())
+}
+
+impl Job for FailsWith {
+    const KIND: &'static str = "fails_with";
+
+    async fn run(self, _ctx: JobContext) -> Result<(), JobError> {
+        match self.with.as_str() {
+            "anyhow" => with_anyhow()?,
+            "box" => with_box()?,
+            "std" => read_invoice()?,
+            "str" => Err("no invoice number")?,
+            _ => Err(format!("unknown case {}", self.with))?,
+        }
+        Ok(())
+    }
+}
+
+/// `?` works on `anyhow::Error`, `Box<dyn Error + Send + Sync>`, a `std::error::Error` and
+/// a `&str` in a handler, and `last_error` and `errors` keep the whole cause chain.
+#[tokio::test]
+async fn question_mark_works_on_every_error_and_keeps_the_causes() {
+    let db = test_db().await;
+    let pool = &db.pool;
+    let cases = [
+        (
+            "anyhow",
+            "billing run 7 failed: cannot read the invoice: disk on fire",
+        ),
+        ("box", "cannot read the invoice: disk on fire"),
+        ("std", "cannot read the invoice: disk on fire"),
+        ("str", "no invoice number"),
+    ];
+    let mut ids = Vec::new();
+    for (with, _) in cases {
+        let job = FailsWith {
+            with: with.to_owned(),
+        };
+        let id = skiplock::enqueue_with(pool, &job, EnqueueOptions::new().max_attempts(1))
+            .await
+            .unwrap();
+        ids.push(id.0);
+    }
+    let recorder = Recorder::default();
+    let worker = fast_worker(pool, &recorder)
+        .register::<FailsWith>()
+        .build()
+        .unwrap();
+    let stop = worker.shutdown_handle();
+    let run = tokio::spawn(worker.run());
+    for &id in &ids {
+        wait_for(&format!("job {id} to die"), PATIENCE, || async move {
+            state_of(pool, id).await == JobState::Dead
+        })
+        .await;
+    }
+    stop.shutdown();
+    run.await.unwrap().unwrap();
+    for (&id, (with, expected)) in ids.iter().zip(cases) {
+        let (last_error, first): (String, String) = sqlx::query_as(
+            "SELECT last_error, errors -> 0 ->> 'message' FROM skiplock.jobs WHERE id = $1",
+        )
+        .bind(id)
+        .fetch_one(pool)
+        .await
+        .unwrap();
+        assert_eq!(last_error, expected, "{with}");
+        assert_eq!(first, expected, "{with}");
+    }
+}

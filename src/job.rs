@@ -393,6 +393,9 @@ pub enum Fate {
     Dead,
     /// Go `cancelled` now.
     Cancel,
+    /// Not a failure: run again after this delay, without spending the attempt and without
+    /// an entry in `errors` (see [`JobError::snooze`]).
+    Snooze(Duration),
 }
 
 /// A handler's failure: a message for `last_error` and the job's [`Fate`].
@@ -428,6 +431,15 @@ impl JobError {
     /// Gives up on the job: it goes `cancelled`.
     pub fn cancel(message: impl fmt::Display) -> Self {
         Self::with_fate(message, Fate::Cancel)
+    }
+
+    /// Not a failure: the job goes back to `queued`, due `delay` from when the worker saves
+    /// it, with its attempt given back and nothing added to `errors` or `last_error`. For
+    /// work that is not ready yet (an upstream still processing, a rate limit's window).
+    /// A lane's next job still waits behind a snoozed one. `delay` is saved in whole
+    /// milliseconds, at most 100 years (as every retry delay).
+    pub fn snooze(delay: Duration) -> Self {
+        Self::with_fate(format!("snoozed for {delay:?}"), Fate::Snooze(delay))
     }
 
     fn with_fate(message: impl fmt::Display, fate: Fate) -> Self {

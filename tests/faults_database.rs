@@ -367,12 +367,12 @@ async fn claimers_run(pool: &PgPool, seed: u64, claimers: usize, steps: usize) {
                         75..=82 => {
                             let part = pick(&mut rng, &mut held);
                             let (ids, tokens): (Vec<i64>, Vec<Uuid>) = part.iter().copied().unzip();
-                            let released =
-                                retry_deadlock(|| jobs_release_many(&pool, &ids, &tokens))
-                                    .await
-                                    .unwrap_or_else(|e| {
-                                        panic!("{}", context(&format!("release: {e}")))
-                                    });
+                            let delays_ms = vec![0; ids.len()];
+                            let released = retry_deadlock(|| {
+                                jobs_release_many(&pool, &ids, &tokens, &delays_ms)
+                            })
+                            .await
+                            .unwrap_or_else(|e| panic!("{}", context(&format!("release: {e}"))));
                             record_accepted(&ledger, "release", &part, released.into_iter());
                         }
                         83..=90 => {

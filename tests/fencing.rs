@@ -70,7 +70,7 @@ async fn a_reaped_and_reclaimed_job_ignores_its_former_holder() {
     failure.push(id.0, old, "late failure".into(), 0, FailAction::Dead);
     assert!(jobs_fail_many(pool, &failure).await.unwrap().is_empty());
     assert!(
-        jobs_release_many(pool, &[id.0], &[old])
+        jobs_release_many(pool, &[id.0], &[old], &[0])
             .await
             .unwrap()
             .is_empty()

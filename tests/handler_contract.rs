@@ -104,3 +104,94 @@ async fn question_mark_works_on_every_error_and_keeps_the_causes() {
         assert_eq!(first, expected, "{with}");
     }
 }
+
+/// Snoozes its first `times` runs for 50 ms, then succeeds; records each run's ticks.
+#[derive(Serialize, Deserialize)]
+struct Snoozes {
+    times: usize,
+}
+
+impl Job for Snoozes {
+    const KIND: &'static str = "snoozes";
+
+    async fn run(self, ctx: JobContext) -> Result<(), JobError> {
+        let recorder = ctx.data::<Recorder>().unwrap();
+        recorder.record(&ctx);
+        let start = recorder.tick();
+        tokio::task::yield_now().await;
+        recorder.end(ctx.id().0, start);
+        if recorder.runs()[&ctx.id().0].len() <= self.times {
+            return Err(JobError::snooze(Duration::from_millis(50)));
+        }
+        Ok(())
+    }
+}
+
+/// A snoozed job runs again after its delay without spending an attempt and without an
+/// error: three runs, each attempt 1, nothing in `errors`; a snooze event per snooze; and
+/// the next job of its lane waits until it succeeded.
+#[tokio::test]
+async fn a_snooze_runs_the_job_again_without_spending_an_attempt() {
+    let db = test_db().await;
+    let pool = &db.pool;
+    let lane = EnqueueOptions::new().ordering_key("l").max_attempts(1);
+    let snoozer = skiplock::enqueue_with(pool, &Snoozes { times: 2 }, lane.clone())
+        .await
+        .unwrap();
+    let next = skiplock::enqueue_with(pool, &common::fixtures::Record { n: 1 }, lane)
+        .await
+        .unwrap();
+    let recorder = Recorder::default();
+    let worker = fast_worker(pool, &recorder)
+        .register::<Snoozes>()
+        .build()
+        .unwrap();
+    let mut events = worker.subscribe();
+    let stop = worker.shutdown_handle();
+    let run = tokio::spawn(worker.run());
+    wait_for("the lane to finish", PATIENCE, || async {
+        state_of(pool, next.0).await == JobState::Succeeded
+    })
+    .await;
+    stop.shutdown();
+    let summary = run.await.unwrap().unwrap();
+    assert_eq!(
+        (summary.snoozed, summary.succeeded, summary.failed),
+        (2, 2, 0),
+        "{summary:?}"
+    );
+
+    assert_eq!(
+        recorder.runs()[&snoozer.0],
+        vec![1, 1, 1],
+        "attempt 1 each time"
+    );
+    let (state, attempt, errors, last_error): (String, i32, serde_json::Value, Option<String>) =
+        sqlx::query_as(
+            "SELECT state::text, attempt, errors, last_error FROM skiplock.jobs WHERE id = $1",
+        )
+        .bind(snoozer.0)
+        .fetch_one(pool)
+        .await
+        .unwrap();
+    assert_eq!((state.as_str(), attempt), ("succeeded", 1));
+    assert_eq!(errors, serde_json::json!([]));
+    assert_eq!(last_error, None);
+    let spans = recorder.spans();
+    let snoozer_end = spans[&snoozer.0].iter().map(|s| s.1).max().unwrap();
+    assert!(
+        snoozer_end < spans[&next.0][0].0,
+        "the lane's next job waited: {spans:?}"
+    );
+    let mut snoozes = 0;
+    // The worker stopped: the subscription yields what was published, then ends.
+    while let Some(event) = tokio::time::timeout(PATIENCE, events.recv()).await.unwrap() {
+        if let skiplock::JobEventOutcome::Snoozed { snooze_for } = event.outcome
+            && event.id == snoozer
+        {
+            assert_eq!(snooze_for, Duration::from_millis(50));
+            snoozes += 1;
+        }
+    }
+    assert_eq!(snoozes, 2);
+}

@@ -147,7 +147,9 @@ async fn failing_a_batch_does_not_scan_the_table() {
 #[tokio::test]
 async fn releasing_a_batch_does_not_scan_the_table() {
     let (scans, matched) = scans_of_batch_statement(|mut conn, ids, tokens| async move {
-        let released = jobs_release_many(&mut *conn, &ids, &tokens).await.unwrap();
+        let released = jobs_release_many(&mut *conn, &ids, &tokens, &vec![0; ids.len()])
+            .await
+            .unwrap();
         (conn, released.len())
     })
     .await;

@@ -523,19 +523,26 @@ pub async fn jobs_fail_many(
     .await
 }
 
-/// Gives held jobs back to the queue at once without counting the attempt (graceful
-/// shutdown). They keep their `scheduled_at` (they were due already), and so their place
-/// in line. A job whose `unique_key` another pending job took meanwhile is superseded by
-/// it and ends `cancelled`. Returns the ids whose claim was still valid.
+/// Gives held jobs back to the queue without counting the attempt: a graceful shutdown
+/// (`delays_ms` 0: they keep their `scheduled_at`, they were due already, and so their
+/// place in line) or a handler's snooze (due again `delays_ms` milliseconds from now). A
+/// job whose `unique_key` another pending job took meanwhile is superseded by it and ends
+/// `cancelled`. Returns the ids whose claim was still valid.
 pub async fn jobs_release_many(
     db: impl PgExecutor<'_>,
     ids: &[i64],
     tokens: &[Uuid],
+    delays_ms: &[i64],
 ) -> sqlx::Result<Vec<i64>> {
-    let claims = ClaimList::sorted(ids, tokens);
+    let mut order: Vec<usize> = (0..ids.len()).collect();
+    order.sort_unstable_by_key(|&i| ids[i]);
+    let ids: Vec<i64> = order.iter().map(|&i| ids[i]).collect();
+    let tokens: Vec<Uuid> = order.iter().map(|&i| tokens[i]).collect();
+    let delays_ms: Vec<i64> = order.iter().map(|&i| delays_ms[i]).collect();
     sqlx::query_scalar(
         "WITH held AS (
-             SELECT j.id, j.unique_key FROM unnest($1::bigint[], $2::uuid[]) AS c(id, token),
+             SELECT j.id, j.unique_key, c.delay_ms
+             FROM unnest($1::bigint[], $2::uuid[], $3::bigint[]) AS c(id, token, delay_ms),
              LATERAL (SELECT id, unique_key FROM skiplock.jobs j
                       WHERE j.id = c.id AND j.claim_token = c.token
                       FOR UPDATE) j
@@ -548,21 +555,26 @@ pub async fn jobs_release_many(
              SET state = CASE WHEN f.holder IS NULL THEN 'queued' ELSE 'cancelled' END
                      ::skiplock.job_state,
                  attempt = greatest(j.attempt - 1, 0),
+                 scheduled_at = CASE WHEN f.holder IS NULL AND f.delay_ms > 0
+                     THEN now() + f.delay_ms * interval '1 millisecond'
+                     ELSE j.scheduled_at END,
                  claim_token = NULL, heartbeat_at = NULL,
                  finished_at = CASE WHEN f.holder IS NULL THEN NULL ELSE now() END,
                  last_error = CASE WHEN f.holder IS NULL THEN j.last_error
                      ELSE skiplock.superseded_message(f.holder, f.unique_key) END
              FROM folded f
              WHERE j.id = ANY(ARRAY(SELECT id FROM folded)) AND j.id = f.id
-             RETURNING j.id, j.queue, j.state
+             RETURNING j.id, j.queue, j.state, f.delay_ms
          ), woken AS (
              SELECT pg_notify('skiplock_jobs', queue)
-             FROM (SELECT DISTINCT queue FROM released WHERE state = 'queued') q
+             FROM (SELECT DISTINCT queue FROM released
+                   WHERE state = 'queued' AND delay_ms <= 0) q
          )
          SELECT id FROM released, (SELECT count(*) FROM woken) w",
     )
-    .bind(&claims.ids)
-    .bind(&claims.tokens)
+    .bind(&ids)
+    .bind(&tokens)
+    .bind(&delays_ms)
     .persistent(false)
     .fetch_all(db)
     .await

@@ -91,7 +91,8 @@ fn log_write_panic(done: Result<(), tokio::task::JoinError>) {
 /// Writes one batch of outcomes and forgets their claims.
 async fn save(shared: &Shared, batch: &mut Vec<Finished>) {
     let mut done = (Vec::new(), Vec::new());
-    let mut released = (Vec::new(), Vec::new(), Vec::new());
+    let mut released = Releases::default();
+    let mut snoozed = Releases::default();
     let mut failed = FailBatch::default();
     let mut settled: Vec<ClaimKey> = Vec::with_capacity(batch.len());
     let mut events: HashMap<ClaimKey, JobEvent> = HashMap::new();
@@ -105,10 +106,9 @@ async fn save(shared: &Shared, batch: &mut Vec<Finished>) {
                 done.0.push(id);
                 done.1.push(token);
             }
-            Outcome::Released => {
-                released.0.push(id);
-                released.1.push(token);
-                released.2.push(finished.attempt);
+            Outcome::Released => released.push(id, token, finished.attempt, 0),
+            Outcome::Snoozed { delay_ms } => {
+                snoozed.push(id, token, finished.attempt, delay_ms);
             }
             Outcome::Failed {
                 message,
@@ -189,16 +189,30 @@ async fn save(shared: &Shared, batch: &mut Vec<Finished>) {
         )
         .await;
     }
-    if !released.0.is_empty() {
-        let (ids, tokens, attempts) = (&released.0, &released.1, &released.2);
-        let mut saved = write_split(shared, "release", ids, tokens, |range| {
-            jobs_release_many(&shared.pool, &ids[range.clone()], &tokens[range])
+    for (releases, what, counter) in [
+        (&released, "release", &counters.released),
+        (&snoozed, "snooze", &counters.snoozed),
+    ] {
+        if releases.ids.is_empty() {
+            continue;
+        }
+        let (ids, tokens, delays_ms) = (&releases.ids, &releases.tokens, &releases.delays_ms);
+        let mut saved = write_split(shared, what, ids, tokens, |range| {
+            jobs_release_many(
+                &shared.pool,
+                &ids[range.clone()],
+                &tokens[range.clone()],
+                &delays_ms[range],
+            )
         })
         .await;
         if saved.reply_lost {
-            let attempts: HashMap<i64, i32> =
-                ids.iter().copied().zip(attempts.iter().copied()).collect();
-            find_saved_unseen("releases", &mut saved, |unseen| {
+            let attempts: HashMap<i64, i32> = ids
+                .iter()
+                .copied()
+                .zip(releases.attempts.iter().copied())
+                .collect();
+            find_saved_unseen(what, &mut saved, |unseen| {
                 let attempts: Vec<i32> = unseen.iter().map(|id| attempts[id]).collect();
                 async move {
                     jobs_released_by(&shared.pool, &unseen, &attempts, &shared.config.worker_id)
@@ -213,7 +227,7 @@ async fn save(shared: &Shared, batch: &mut Vec<Finished>) {
             &mut follow_up,
             &mut settled,
             &mut events,
-            &counters.released,
+            counter,
         )
         .await;
     }
@@ -283,6 +297,26 @@ impl SavedRow for SavedJob {
 impl SavedRow for i64 {
     fn id(&self) -> i64 {
         *self
+    }
+}
+
+/// Claims to give back without spending their attempt, each due again after its delay (0:
+/// keep its place in line).
+#[derive(Default)]
+struct Releases {
+    ids: Vec<i64>,
+    tokens: Vec<Uuid>,
+    /// The attempt each claim held (see `jobs_released_by`).
+    attempts: Vec<i32>,
+    delays_ms: Vec<i64>,
+}
+
+impl Releases {
+    fn push(&mut self, id: i64, token: Uuid, attempt: i32, delay_ms: i64) {
+        self.ids.push(id);
+        self.tokens.push(token);
+        self.attempts.push(attempt);
+        self.delays_ms.push(delay_ms);
     }
 }
 

@@ -57,6 +57,12 @@ pub enum JobEventOutcome {
     Cancelled,
     /// Given back to the queue without spending the attempt (a shutdown).
     Released,
+    /// The handler snoozed ([`crate::JobError::snooze`]): the job runs again `snooze_for`
+    /// after this was saved, with its attempt given back.
+    Snoozed {
+        /// The snooze delay.
+        snooze_for: Duration,
+    },
     /// The claim was taken away (reaped after missed heartbeats) before the outcome could
     /// be saved; another worker runs the job.
     Lost,

@@ -33,6 +33,9 @@ pub(super) enum Outcome {
     },
     /// Give the job back without counting the attempt.
     Released,
+    /// The handler snoozed: give the job back without counting the attempt, due again in
+    /// `delay_ms` milliseconds.
+    Snoozed { delay_ms: i64 },
     /// The claim was taken from us; there is nothing to save.
     Lost,
 }
@@ -173,7 +176,7 @@ async fn execute(shared: &Shared, job: ClaimedJob) -> Outcome {
         data: shared.data.clone(),
     };
     let timeout = handler.timeout();
-    let policy_delay_ms = duration_ms(handler.retry_delay(job.attempt));
+    let policy_delay_ms = delay_ms(handler.retry_delay(job.attempt));
     let args = job.args.0;
     let run = AssertUnwindSafe(async move { handler.call(args, ctx).await }).catch_unwind();
     let timed = async {
@@ -193,7 +196,7 @@ async fn execute(shared: &Shared, job: ClaimedJob) -> Outcome {
         message,
         fate,
         delay_ms: match fate {
-            Fate::RetryAfter(delay) => duration_ms(delay),
+            Fate::RetryAfter(delay) => delay_ms(delay),
             _ => policy_delay_ms,
         },
     };
@@ -211,8 +214,22 @@ async fn execute(shared: &Shared, job: ClaimedJob) -> Outcome {
             Fate::Retry,
         ),
         Some(Ok(Ok(()))) => Outcome::Succeeded,
-        Some(Ok(Err(error))) => failed(error.message().to_owned(), error.fate()),
+        Some(Ok(Err(error))) => match error.fate() {
+            Fate::Snooze(delay) => Outcome::Snoozed {
+                delay_ms: delay_ms(delay),
+            },
+            fate => failed(error.message().to_owned(), fate),
+        },
     }
+}
+
+/// Longest retry or snooze delay saved, in milliseconds: 100 years. A longer one (say
+/// `Duration::MAX`) would overflow Postgres's interval and the outcome could not be saved.
+const DELAY_MAX_MS: i64 = 100 * 366 * 24 * 3600 * 1000;
+
+/// `delay` in milliseconds, at most [`DELAY_MAX_MS`].
+fn delay_ms(delay: Duration) -> i64 {
+    duration_ms(delay).min(DELAY_MAX_MS)
 }
 
 /// Logs what became of a job, once, inside its span (id, kind, queue, attempt), at the
@@ -236,6 +253,14 @@ fn report_outcome(
             return "released";
         }
         Outcome::Lost => return "lost",
+        Outcome::Snoozed { delay_ms } => {
+            tracing::debug!(
+                took_ms,
+                snooze_ms = delay_ms,
+                "job snoozed; attempt given back"
+            );
+            return "snoozed";
+        }
         Outcome::Failed {
             message,
             fate,
@@ -255,7 +280,7 @@ fn report_outcome(
             );
             "dead"
         }
-        Fate::Retry | Fate::RetryAfter(_) if attempt >= max_attempts => {
+        Fate::Retry | Fate::RetryAfter(_) | Fate::Snooze(_) if attempt >= max_attempts => {
             tracing::error!(
                 error = %message,
                 took_ms,
@@ -264,7 +289,7 @@ fn report_outcome(
             );
             "dead"
         }
-        Fate::Retry | Fate::RetryAfter(_) => {
+        Fate::Retry | Fate::RetryAfter(_) | Fate::Snooze(_) => {
             tracing::warn!(
                 error = %message,
                 took_ms,
@@ -282,6 +307,9 @@ fn event_outcome(outcome: &Outcome, ended: &str, took: Duration) -> JobEventOutc
         (_, "cancelled") => JobEventOutcome::Cancelled,
         (Outcome::Succeeded, _) => JobEventOutcome::Completed { took },
         (Outcome::Released, _) => JobEventOutcome::Released,
+        (Outcome::Snoozed { delay_ms }, _) => JobEventOutcome::Snoozed {
+            snooze_for: Duration::from_millis(u64::try_from(*delay_ms).unwrap_or(0)),
+        },
         (Outcome::Lost, _) => JobEventOutcome::Lost,
         (Outcome::Failed { message, .. }, "dead") => JobEventOutcome::Dead {
             error: message.clone(),

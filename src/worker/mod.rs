@@ -509,6 +509,7 @@ pub(crate) struct Counters {
     pub(crate) succeeded: AtomicU64,
     pub(crate) failed: AtomicU64,
     pub(crate) released: AtomicU64,
+    pub(crate) snoozed: AtomicU64,
     pub(crate) lost: AtomicU64,
 }
 
@@ -524,6 +525,8 @@ pub struct WorkerSummary {
     pub failed: u64,
     /// Jobs given back without counting the attempt (shutdown).
     pub released: u64,
+    /// Jobs whose handler snoozed them ([`crate::JobError::snooze`]).
+    pub snoozed: u64,
     /// Outcomes discarded because the claim was no longer ours (reaped or cancelled).
     pub lost: u64,
 }
@@ -718,6 +721,7 @@ impl Worker {
             succeeded: counters.succeeded.load(Ordering::Relaxed),
             failed: counters.failed.load(Ordering::Relaxed),
             released: counters.released.load(Ordering::Relaxed),
+            snoozed: counters.snoozed.load(Ordering::Relaxed),
             lost: counters.lost.load(Ordering::Relaxed),
         };
         tracing::info!(worker_id = %config.worker_id, ?summary, "worker stopped");

@@ -292,8 +292,14 @@ async fn release_lost_claims(shared: &Shared, lost: &LostClaims) {
         };
         if !ids.is_empty() {
             let tokens = vec![token; ids.len()];
+            let delays_ms = vec![0; ids.len()];
             let write = write_split(shared, "release lost claim", &ids, &tokens, |range| {
-                jobs_release_many(&shared.pool, &ids[range.clone()], &tokens[range])
+                jobs_release_many(
+                    &shared.pool,
+                    &ids[range.clone()],
+                    &tokens[range.clone()],
+                    &delays_ms[range],
+                )
             })
             .await;
             if !write.saved.is_empty() {

@@ -32,14 +32,14 @@ impl Recorder {
     }
 
     /// The next tick of the shared counter.
-    fn tick(&self) -> u64 {
+    pub fn tick(&self) -> u64 {
         let mut ticks = self.ticks.lock().unwrap();
         ticks.0 += 1;
         ticks.0
     }
 
     /// Ends the run of job `id` that started at tick `start`.
-    fn end(&self, id: i64, start: u64) {
+    pub fn end(&self, id: i64, start: u64) {
         let end = self.tick();
         let mut ticks = self.ticks.lock().unwrap();
         ticks.1.entry(id).or_default().push((start, end));

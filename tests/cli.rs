@@ -954,3 +954,44 @@ async fn json_logs_carry_the_job_span_fields() {
         "{dead}"
     );
 }
+
+/// A reader that stops early (`skiplock jobs | head -1`, `skiplock stats --watch | head`)
+/// ends the command quietly with exit 0: before, `jobs` panicked (exit 101, "failed
+/// printing to stdout: Broken pipe") and `stats` said `error: Broken pipe` and exited 1.
+#[tokio::test]
+async fn a_reader_that_stops_early_ends_the_command_quietly() {
+    let db = test_db().await;
+    sqlx::query(
+        "INSERT INTO skiplock.jobs (kind, args)
+         SELECT 'noop', jsonb_build_object('padding', repeat('x', 200))
+         FROM generate_series(1, 2000)",
+    )
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    // `jobs` writes more than a pipe holds (2,000 rows); `stats --watch` writes again and
+    // again.
+    for args in [
+        &["jobs", "--limit", "2000", "--json"][..],
+        &["stats", "--watch", "--interval", "100ms"][..],
+    ] {
+        let mut child = cli_support::command(&db)
+            .args(args)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut stdout = BufReader::new(child.stdout.take().unwrap());
+        let mut first = String::new();
+        stdout.read_line(&mut first).await.unwrap();
+        assert!(!first.is_empty(), "{args:?} printed something");
+        drop(stdout);
+        let output = tokio::time::timeout(Duration::from_secs(30), child.wait_with_output())
+            .await
+            .expect("the command ends once its reader is gone")
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(0), "{args:?}: {stderr}");
+        assert_eq!(stderr, "", "{args:?}");
+    }
+}

@@ -76,21 +76,21 @@ pub async fn run(pool: &PgPool, args: CronArgs) -> anyhow::Result<()> {
             schedule.priority = add.priority;
             schedule.max_attempts = add.max_attempts;
             skiplock::cron::upsert(pool, &schedule).await?;
-            println!("cron schedule `{}` saved", add.name);
+            outln!("cron schedule `{}` saved", add.name);
         }
         CronAction::List { json } => {
             let rows = skiplock::cron::list(pool).await?;
             if json {
-                println!("{}", serde_json::to_string_pretty(&rows)?);
+                outln!("{}", serde_json::to_string_pretty(&rows)?);
             } else if rows.is_empty() {
-                println!("no cron schedules");
+                outln!("no cron schedules");
             } else {
-                println!(
+                outln!(
                     "{:<20} {:<18} {:<16} {:<12} {:<10} {:<7} {:<25} ERROR",
                     "NAME", "EXPRESSION", "TIMEZONE", "KIND", "QUEUE", "MISSED", "LAST SLOT"
                 );
                 for row in rows {
-                    println!(
+                    outln!(
                         "{:<20} {:<18} {:<16} {:<12} {:<10} {:<7} {:<25} {}",
                         row.name,
                         row.expression,
@@ -110,7 +110,7 @@ pub async fn run(pool: &PgPool, args: CronArgs) -> anyhow::Result<()> {
                     "no cron schedule named `{name}`; list them with `skiplock cron list`"
                 );
             }
-            println!("cron schedule `{name}` removed");
+            outln!("cron schedule `{name}` removed");
         }
     }
     Ok(())

@@ -24,20 +24,20 @@ pub async fn run(explicit_url: Option<&str>) -> anyhow::Result<()> {
                 .parse()
                 .context("the database URL is malformed; expected postgres://user@host:port/db")?;
             // Never the database given: it may hold an application's jobs and data.
-            println!(
+            outln!(
                 "Using the server you gave, database `{DEMO_DATABASE}` (recreated); database `{}` is not touched.",
                 given.get_database().unwrap_or("postgres")
             );
             recreate_database(&given).await?
         }
         DatabaseSource::Local(url) => {
-            println!(
+            outln!(
                 "Using the local Postgres on 127.0.0.1:5432, database `{DEMO_DATABASE}` (recreated)."
             );
             recreate_database(&url.parse()?).await?
         }
         DatabaseSource::Embedded(server) => {
-            println!(
+            outln!(
                 "No Postgres answered on 127.0.0.1:5432: started a throwaway one on port {} (removed on exit).",
                 server.port()
             );
@@ -50,11 +50,11 @@ pub async fn run(explicit_url: Option<&str>) -> anyhow::Result<()> {
         .await
         .context("cannot connect to the demo database")?;
     let version = skiplock::migrate(&pool).await.context("migration failed")?;
-    println!("Schema migrated to version {version}.\n");
+    outln!("Schema migrated to version {version}.\n");
 
     enqueue_examples(&pool).await?;
 
-    println!(
+    outln!(
         "\nRunning a worker (kinds noop and sleep, concurrency 16) until nothing is left to do…"
     );
     let started = Instant::now();
@@ -66,7 +66,7 @@ pub async fn run(explicit_url: Option<&str>) -> anyhow::Result<()> {
         .build()?
         .run()
         .await?;
-    println!(
+    outln!(
         "Worker finished in {:.2?}: {} claimed, {} succeeded, {} failed.\n",
         started.elapsed(),
         summary.claimed,
@@ -75,8 +75,8 @@ pub async fn run(explicit_url: Option<&str>) -> anyhow::Result<()> {
     );
 
     print_states(&pool).await?;
-    println!("\nskiplock stats (SELECT * FROM skiplock.stats):");
-    println!(
+    outln!("\nskiplock stats (SELECT * FROM skiplock.stats):");
+    outln!(
         "{}",
         crate::stats::render(&skiplock::stats::stats(&pool).await?)
     );
@@ -89,38 +89,38 @@ async fn enqueue_examples(pool: &PgPool) -> anyhow::Result<()> {
     // 1. A batch of typed jobs in one statement.
     let noops = vec![Noop {}; 500];
     skiplock::enqueue_many(pool, &noops, EnqueueOptions::default()).await?;
-    println!("Enqueued 500 `noop` jobs in one statement.");
+    outln!("Enqueued 500 `noop` jobs in one statement.");
 
     // 2. Jobs that take a while, run concurrently.
     let sleeps: Vec<Sleep> = (0..20).map(|_| Sleep { ms: 200 }).collect();
     skiplock::enqueue_many(pool, &sleeps, EnqueueOptions::default()).await?;
-    println!("Enqueued 20 `sleep` jobs of 200 ms each.");
+    outln!("Enqueued 20 `sleep` jobs of 200 ms each.");
 
     // 3. Transactional enqueue: a rolled-back transaction leaves no job behind.
     let mut tx = pool.begin().await?;
     let ghost = skiplock::enqueue(&mut *tx, &Noop {}).await?;
     tx.rollback().await?;
     let exists = skiplock::job(pool, ghost).await?.is_some();
-    println!("Enqueued job {ghost} inside a transaction, then rolled back: job exists = {exists}.");
+    outln!("Enqueued job {ghost} inside a transaction, then rolled back: job exists = {exists}.");
 
     // 4. Plain SQL, as any language would.
     let id: i64 = sqlx::query_scalar("SELECT skiplock.enqueue('sleep', '{\"ms\": 50}')")
         .fetch_one(pool)
         .await?;
-    println!(
+    outln!(
         "Enqueued job {id} with plain SQL: SELECT skiplock.enqueue('sleep', '{{\"ms\": 50}}')."
     );
 
     // 5. Bad args: the job goes `dead` with a clear error instead of retrying forever.
     let bad = skiplock::enqueue_raw(pool, &[NewJob::new("sleep", json!({"ms": "soon"}))]).await?[0];
-    println!(
+    outln!(
         "Enqueued job {bad} of kind `sleep` with args {{\"ms\": \"soon\"}} (they cannot decode)."
     );
 
     // 6. A kind no worker here knows: it waits, untouched.
     let unknown =
         skiplock::enqueue_raw(pool, &[NewJob::new("resize_image", json!({"w": 64}))]).await?[0];
-    println!("Enqueued job {unknown} of kind `resize_image`, which this worker does not run.");
+    outln!("Enqueued job {unknown} of kind `resize_image`, which this worker does not run.");
 
     // 7. A job scheduled for later.
     let later = skiplock::enqueue_raw(
@@ -129,14 +129,14 @@ async fn enqueue_examples(pool: &PgPool) -> anyhow::Result<()> {
             .with_options(EnqueueOptions::new().run_after(Duration::from_secs(3600)))],
     )
     .await?[0];
-    println!("Enqueued job {later} to run in one hour.");
+    outln!("Enqueued job {later} to run in one hour.");
     Ok(())
 }
 
 async fn print_states(pool: &PgPool) -> anyhow::Result<()> {
-    println!("Jobs by state (SELECT state, count(*) FROM skiplock.jobs GROUP BY state):");
+    outln!("Jobs by state (SELECT state, count(*) FROM skiplock.jobs GROUP BY state):");
     for (state, count) in skiplock::db::jobs::jobs_count_by_state(pool).await? {
-        println!("  {state:<10} {count:>6}");
+        outln!("  {state:<10} {count:>6}");
     }
     let dead: Vec<(i64, String, Option<String>)> = sqlx::query_as(
         "SELECT id, kind, last_error FROM skiplock.jobs WHERE state = $1 ORDER BY id",
@@ -145,7 +145,7 @@ async fn print_states(pool: &PgPool) -> anyhow::Result<()> {
     .fetch_all(pool)
     .await?;
     for (id, kind, error) in dead {
-        println!("  dead job {id} ({kind}): {}", error.unwrap_or_default());
+        outln!("  dead job {id} ({kind}): {}", error.unwrap_or_default());
     }
     Ok(())
 }

@@ -136,7 +136,7 @@ pub async fn run(pool: &PgPool, args: EnqueueArgs) -> anyhow::Result<()> {
     if args.json {
         print_json(&json!({ "id": id }))
     } else {
-        println!("{id}");
+        outln!("{id}");
         Ok(())
     }
 }
@@ -282,7 +282,7 @@ async fn enqueue_file(
         eprintln!("skipped {name} line {}: {}", bad.line, bad.error);
     }
     let rate = enqueued as f64 / elapsed.as_secs_f64().max(1e-3);
-    println!(
+    outln!(
         "enqueued {enqueued} jobs from {name} in {:.2}s ({rate:.0} jobs/s){}",
         elapsed.as_secs_f64(),
         if invalid.is_empty() {

@@ -59,7 +59,7 @@ pub async fn run(pool: &PgPool, args: JobsArgs) -> anyhow::Result<()> {
         return print_json(&shaped);
     }
     if jobs.is_empty() {
-        println!("no jobs match");
+        outln!("no jobs match");
         return Ok(());
     }
     let now = Utc::now();
@@ -88,6 +88,6 @@ pub async fn run(pool: &PgPool, args: JobsArgs) -> anyhow::Result<()> {
                 .unwrap_or_default(),
         ]);
     }
-    print!("{table}");
+    out!("{table}");
     Ok(())
 }

@@ -3,6 +3,21 @@
 //! Exit codes: 0 success, 1 failure (the message on stderr says what and what to do),
 //! 2 usage error (clap's message and usage).
 
+/// `println!` for the command's output: a reader that went away (`skiplock jobs | head`)
+/// ends the command quietly instead of panicking (see [`output::write_stdout`]).
+macro_rules! outln {
+    ($($arg:tt)*) => {
+        $crate::output::write_stdout(format_args!("{}\n", format_args!($($arg)*)))
+    };
+}
+
+/// `print!` for the command's output; see [`outln!`].
+macro_rules! out {
+    ($($arg:tt)*) => {
+        $crate::output::write_stdout(format_args!($($arg)*))
+    };
+}
+
 mod cancel;
 mod connect;
 mod cron;
@@ -143,6 +158,8 @@ fn main() -> ExitCode {
     match runtime.block_on(run(cli)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) if e.downcast_ref::<output::Reported>().is_some() => ExitCode::FAILURE,
+        // The reader of our output went away (`| head`): nothing is wrong.
+        Err(e) if output::is_broken_pipe(&e) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {}{}", message(&e), hint(&e));
             ExitCode::FAILURE

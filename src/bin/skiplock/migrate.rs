@@ -4,6 +4,6 @@ use anyhow::Context;
 
 pub async fn run(pool: &sqlx::PgPool) -> anyhow::Result<()> {
     let version = skiplock::migrate(pool).await.context("migration failed")?;
-    println!("skiplock schema is at version {version}");
+    outln!("skiplock schema is at version {version}");
     Ok(())
 }

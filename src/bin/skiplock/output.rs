@@ -11,6 +11,31 @@ use skiplock::db::admin::jobs_get_state;
 use skiplock::{JobId, JobRow, JobState};
 use sqlx::PgPool;
 
+/// Writes the command's output to stdout. When the reader went away (a closed pipe, as in
+/// `skiplock jobs | head -1`) the command has nothing left to do: it exits 0 at once, as
+/// a program killed by SIGPIPE would stop (Rust ignores SIGPIPE, and `println!` panics
+/// instead). Another write error (a full disk behind a redirect) exits 1 with its message.
+pub fn write_stdout(text: fmt::Arguments<'_>) {
+    use std::io::Write;
+    let mut stdout = std::io::stdout().lock();
+    if let Err(e) = stdout.write_fmt(text).and_then(|()| stdout.flush()) {
+        if e.kind() == std::io::ErrorKind::BrokenPipe {
+            std::process::exit(0);
+        }
+        eprintln!("error: cannot write the output: {e}");
+        std::process::exit(1);
+    }
+}
+
+/// Whether `error` comes from writing to a reader that went away (see [`write_stdout`]).
+pub fn is_broken_pipe(error: &anyhow::Error) -> bool {
+    error.chain().any(|cause| {
+        cause
+            .downcast_ref::<std::io::Error>()
+            .is_some_and(|e| e.kind() == std::io::ErrorKind::BrokenPipe)
+    })
+}
+
 /// A failure whose details were already written to stderr; `main` exits 1 without
 /// printing it again.
 #[derive(Debug)]
@@ -59,7 +84,7 @@ where
                         None => "changed, and is gone since".to_owned(),
                     },
                 };
-                println!("job {id} {words}");
+                outln!("job {id} {words}");
                 continue;
             }
             Ok(false) => match jobs_get_state(pool, id).await? {
@@ -219,7 +244,7 @@ pub fn parse_time(text: &str) -> Result<DateTime<Utc>, String> {
 
 /// Prints `value` as pretty JSON on stdout.
 pub fn print_json(value: &impl Serialize) -> anyhow::Result<()> {
-    println!("{}", serde_json::to_string_pretty(value)?);
+    outln!("{}", serde_json::to_string_pretty(value)?);
     Ok(())
 }
 

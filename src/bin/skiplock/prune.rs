@@ -68,6 +68,6 @@ pub async fn run(pool: &PgPool, args: PruneArgs) -> anyhow::Result<()> {
         Some(age) => format!("more than {} ago", humantime::format_duration(age)),
         None => "past the default retention".to_owned(),
     };
-    println!("pruned {pruned} jobs that finished {age}");
+    outln!("pruned {pruned} jobs that finished {age}");
     Ok(())
 }

@@ -36,15 +36,15 @@ pub async fn run(pool: &PgPool, args: QueueArgs) -> anyhow::Result<()> {
     match args.action {
         QueueAction::Pause { queue } => {
             skiplock::pause_queue(pool, &queue).await?;
-            println!("queue `{queue}` paused");
+            outln!("queue `{queue}` paused");
         }
         QueueAction::Resume { queue } => {
             skiplock::resume_queue(pool, &queue).await?;
-            println!("queue `{queue}` resumed");
+            outln!("queue `{queue}` resumed");
         }
         QueueAction::Paused => {
             for queue in skiplock::db::queues::queues_paused(pool).await? {
-                println!("{queue}");
+                outln!("{queue}");
             }
         }
     }

@@ -63,10 +63,10 @@ pub async fn run(pool: &PgPool, args: RetryArgs) -> anyhow::Result<()> {
         .queue
         .map_or_else(String::new, |queue| format!(" in queue {queue}"));
     match ids.len() {
-        0 => println!("no dead jobs{scope} to retry"),
+        0 => outln!("no dead jobs{scope} to retry"),
         n => {
             let list: Vec<String> = ids.iter().map(ToString::to_string).collect();
-            println!("retried {n} dead jobs{scope}: {}", list.join(", "));
+            outln!("retried {n} dead jobs{scope}: {}", list.join(", "));
         }
     }
     Ok(())

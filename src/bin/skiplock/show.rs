@@ -117,7 +117,7 @@ pub async fn run(pool: &PgPool, args: ShowArgs) -> anyhow::Result<()> {
             lines.push(format!("{label}: {}", related.join(", ")));
         }
     }
-    println!("{}", lines.join("\n"));
+    outln!("{}", lines.join("\n"));
     Ok(())
 }
 

@@ -927,6 +927,24 @@ async fn demo_never_touches_the_database_it_is_given() {
             .await
             .unwrap();
     assert_eq!(jobs, vec![(app_job, "queued".to_owned())]);
+
+    // Pointed at the demo's own database (as after a first demo), it recreates it: before,
+    // its session in that database kept it from being dropped. One test for both runs:
+    // two demos at once would drop each other's database.
+    let demo_url = db.url().replace(&format!("/{}", db.name), "/skiplock_demo");
+    let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_skiplock"))
+        .env_remove("DATABASE_URL")
+        .env("RUST_LOG", "warn")
+        .args(["--database-url", &demo_url, "demo"])
+        .output()
+        .await
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{output:?}");
+    assert!(
+        stdout.contains("database `skiplock_demo` (recreated).\n"),
+        "{stdout}"
+    );
 }
 
 #[tokio::test]

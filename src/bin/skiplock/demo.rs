@@ -23,11 +23,16 @@ pub async fn run(explicit_url: Option<&str>) -> anyhow::Result<()> {
             let given: PgConnectOptions = url
                 .parse()
                 .context("the database URL is malformed; expected postgres://user@host:port/db")?;
-            // Never the database given: it may hold an application's jobs and data.
-            outln!(
-                "Using the server you gave, database `{DEMO_DATABASE}` (recreated); database `{}` is not touched.",
-                given.get_database().unwrap_or("postgres")
-            );
+            // Never the database given: it may hold an application's jobs and data (unless
+            // it is the demo's own, which the demo recreates as ever).
+            match given.get_database().unwrap_or("postgres") {
+                DEMO_DATABASE => outln!(
+                    "Using the server you gave, database `{DEMO_DATABASE}` (recreated)."
+                ),
+                other => outln!(
+                    "Using the server you gave, database `{DEMO_DATABASE}` (recreated); database `{other}` is not touched."
+                ),
+            }
             recreate_database(&given).await?
         }
         DatabaseSource::Local(url) => {
@@ -157,9 +162,16 @@ const DEMO_MARK: &str = "created by skiplock demo; dropped and recreated by each
 /// an earlier demo left) and returns the options that reach it. A database of that name
 /// that the demo did not create is left alone, and the demo stops.
 async fn recreate_database(server: &PgConnectOptions) -> anyhow::Result<PgConnectOptions> {
+    // A session in the demo database itself would keep it from being dropped: work from
+    // the server's `postgres` database then.
+    let admin_options = if server.get_database() == Some(DEMO_DATABASE) {
+        server.clone().database("postgres")
+    } else {
+        server.clone()
+    };
     let admin = PgPoolOptions::new()
         .max_connections(1)
-        .connect_with(server.clone())
+        .connect_with(admin_options)
         .await
         .context("cannot connect to the server for the demo")?;
     let mark: Option<Option<String>> = sqlx::query_scalar(

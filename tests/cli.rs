@@ -1013,3 +1013,175 @@ async fn a_reader_that_stops_early_ends_the_command_quietly() {
         assert_eq!(stderr, "", "{args:?}");
     }
 }
+
+/// `skiplock work`'s production settings, from flags and from their environment
+/// variables, reach the worker: its start line reports each of them.
+#[tokio::test]
+async fn work_settings_reach_the_worker() {
+    let db = test_db().await;
+    let output = cli_support::command(&db)
+        .env("SKIPLOCK_RETAIN_SUCCEEDED", "1h")
+        .env("SKIPLOCK_QUEUES", "default,mail")
+        .args([
+            "--log-format",
+            "json",
+            "work",
+            "--exit-when-idle",
+            "--concurrency",
+            "5",
+            "--queue-concurrency",
+            "reports=3",
+            "--prefetch",
+            "7",
+            "--heartbeat",
+            "500ms",
+            "--stale-after",
+            "3s",
+            "--poll-interval",
+            "250ms",
+            "--prune-interval",
+            "0s",
+            "--retain-dead",
+            "2d",
+        ])
+        .env("RUST_LOG", "info")
+        .output()
+        .await
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(0), "{stderr}");
+    let started: Value = stderr
+        .lines()
+        .filter_map(|line| serde_json::from_str::<Value>(line).ok())
+        .find(|line| line["fields"]["message"] == json!("worker started"))
+        .unwrap_or_else(|| panic!("a start line: {stderr}"));
+    let fields = &started["fields"];
+    assert_eq!(
+        fields["queues"],
+        json!("[\"default\", \"mail\", \"reports\"]"),
+        "{fields}"
+    );
+    assert_eq!(
+        fields["queue_concurrency"],
+        json!("{\"reports\": 3}"),
+        "{fields}"
+    );
+    assert_eq!(fields["concurrency"], json!(5), "{fields}");
+    assert_eq!(fields["prefetch"], json!(7), "{fields}");
+    assert_eq!(fields["prefetch_max"], json!(7), "{fields}");
+    assert_eq!(fields["heartbeat_ms"], json!(500), "{fields}");
+    assert_eq!(fields["stale_after_ms"], json!(3000), "{fields}");
+    assert_eq!(fields["poll_interval_ms"], json!(250), "{fields}");
+    assert_eq!(
+        fields.get("prune_interval_ms"),
+        None,
+        "pruning off: {fields}"
+    );
+    assert_eq!(fields["retain_succeeded_s"], json!(3600), "{fields}");
+    assert_eq!(fields["retain_cancelled_s"], json!(86400), "{fields}");
+    assert_eq!(fields["retain_dead_s"], json!(2 * 86400), "{fields}");
+}
+
+/// Settings that cannot work are usage errors (exit 2) naming the problem.
+#[tokio::test]
+async fn work_refuses_settings_that_cannot_work() {
+    let db = test_db().await;
+    for (args, expected) in [
+        (
+            &["work", "--heartbeat", "2s", "--stale-after", "3s"][..],
+            "stale_after (3s) must exceed twice the heartbeat interval (2s)",
+        ),
+        (
+            &["work", "--queue-concurrency", "mail"][..],
+            "`mail` has no `=`; write QUEUE=SLOTS, like mail=4",
+        ),
+        (
+            &["work", "--queue-concurrency", "mail=0"][..],
+            "`0` is not a number of slots (1 or more)",
+        ),
+        (
+            &["work", "--heartbeat", "soon"][..],
+            "`soon` is not a duration",
+        ),
+        (&["work", "--prefetch", "0"][..], "0 is not in 1.."),
+    ] {
+        let run = skiplock(&db, args).await;
+        assert_eq!(run.code, Some(2), "{args:?}: {run:#?}");
+        assert!(run.stderr.contains(expected), "{args:?}: {}", run.stderr);
+    }
+}
+
+/// `--stale-after` is the reaper's: a claim whose heartbeat stopped 10 s ago is taken back
+/// by a worker told 5 s (under the default 30 s it would still be `running`), and its
+/// error says so; the job waits for its retry's backoff.
+#[tokio::test]
+async fn work_stale_after_sets_when_claims_are_taken_back() {
+    let db = test_db().await;
+    let id: i64 = sqlx::query_scalar(
+        "INSERT INTO skiplock.jobs (kind, args, state, attempt, claim_token, claimed_by,
+                                    claimed_at, heartbeat_at)
+         VALUES ('noop', '{}', 'running', 1, gen_random_uuid(), 'gone',
+                 now() - interval '10 s', now() - interval '10 s')
+         RETURNING id",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    work_until_idle(&db, &["--stale-after", "5s", "--heartbeat", "1s"]).await;
+    let (state, first_error): (String, String) = sqlx::query_as(
+        "SELECT state::text, errors -> 0 ->> 'message' FROM skiplock.jobs WHERE id = $1",
+    )
+    .bind(id)
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(state, "queued");
+    assert!(
+        first_error.contains("no heartbeat from gone for over 5000 ms"),
+        "{first_error}"
+    );
+}
+
+/// `--retain-succeeded` and `--prune-interval` are the pruner's: a job that succeeded 2 h
+/// ago is deleted under a 1 h retention, one that succeeded 10 min ago is kept.
+#[tokio::test]
+async fn work_retention_sets_what_the_pruner_deletes() {
+    let db = test_db().await;
+    let ids: Vec<i64> = sqlx::query_scalar(
+        "INSERT INTO skiplock.jobs (kind, args, state, attempt, finished_at)
+         VALUES ('noop', '{}', 'succeeded', 1, now() - interval '2 h'),
+                ('noop', '{}', 'succeeded', 1, now() - interval '10 min')
+         RETURNING id",
+    )
+    .fetch_all(&db.pool)
+    .await
+    .unwrap();
+    let _worker = cli_support::command(&db)
+        .args([
+            "work",
+            "--retain-succeeded",
+            "1h",
+            "--prune-interval",
+            "100ms",
+        ])
+        .spawn()
+        .unwrap();
+    common::fixtures::wait_for(
+        "the pruner to delete the old job",
+        Duration::from_secs(30),
+        || async {
+            sqlx::query_scalar::<_, i64>("SELECT count(*) FROM skiplock.jobs WHERE id = $1")
+                .bind(ids[0])
+                .fetch_one(&db.pool)
+                .await
+                .unwrap()
+                == 0
+        },
+    )
+    .await;
+    let left: Vec<i64> = sqlx::query_scalar("SELECT id FROM skiplock.jobs ORDER BY id")
+        .fetch_all(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(left, vec![ids[1]]);
+}

@@ -634,6 +634,16 @@ impl Worker {
             queues = ?config.queues,
             kinds = ?shared.kinds,
             concurrency = config.concurrency,
+            queue_concurrency = ?config.queue_concurrency,
+            prefetch = config.prefetch,
+            prefetch_max = config.prefetch_max,
+            poll_interval_ms = config.poll_interval.as_millis() as u64,
+            heartbeat_ms = config.heartbeat_interval.as_millis() as u64,
+            stale_after_ms = config.stale_after.as_millis() as u64,
+            prune_interval_ms = config.prune_interval.map(|i| i.as_millis() as u64),
+            retain_succeeded_s = config.retention.succeeded.as_secs(),
+            retain_cancelled_s = config.retention.cancelled.as_secs(),
+            retain_dead_s = config.retention.dead.as_secs(),
             "worker started"
         );
 

@@ -87,7 +87,13 @@ pub async fn run(pool: &PgPool, args: CronArgs) -> anyhow::Result<()> {
             } else {
                 outln!(
                     "{:<20} {:<18} {:<16} {:<12} {:<10} {:<7} {:<25} ERROR",
-                    "NAME", "EXPRESSION", "TIMEZONE", "KIND", "QUEUE", "MISSED", "LAST SLOT"
+                    "NAME",
+                    "EXPRESSION",
+                    "TIMEZONE",
+                    "KIND",
+                    "QUEUE",
+                    "MISSED",
+                    "LAST SLOT"
                 );
                 for row in rows {
                     outln!(

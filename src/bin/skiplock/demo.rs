@@ -26,9 +26,9 @@ pub async fn run(explicit_url: Option<&str>) -> anyhow::Result<()> {
             // Never the database given: it may hold an application's jobs and data (unless
             // it is the demo's own, which the demo recreates as ever).
             match given.get_database().unwrap_or("postgres") {
-                DEMO_DATABASE => outln!(
-                    "Using the server you gave, database `{DEMO_DATABASE}` (recreated)."
-                ),
+                DEMO_DATABASE => {
+                    outln!("Using the server you gave, database `{DEMO_DATABASE}` (recreated).")
+                }
                 other => outln!(
                     "Using the server you gave, database `{DEMO_DATABASE}` (recreated); database `{other}` is not touched."
                 ),
@@ -112,9 +112,7 @@ async fn enqueue_examples(pool: &PgPool) -> anyhow::Result<()> {
     let id: i64 = sqlx::query_scalar("SELECT skiplock.enqueue('sleep', '{\"ms\": 50}')")
         .fetch_one(pool)
         .await?;
-    outln!(
-        "Enqueued job {id} with plain SQL: SELECT skiplock.enqueue('sleep', '{{\"ms\": 50}}')."
-    );
+    outln!("Enqueued job {id} with plain SQL: SELECT skiplock.enqueue('sleep', '{{\"ms\": 50}}').");
 
     // 5. Bad args: the job goes `dead` with a clear error instead of retrying forever.
     let bad = skiplock::enqueue_raw(pool, &[NewJob::new("sleep", json!({"ms": "soon"}))]).await?[0];

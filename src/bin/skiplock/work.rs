@@ -3,9 +3,13 @@
 use std::time::Duration;
 
 use anyhow::Context;
+use clap::builder::TypedValueParser;
 use clap::{Args, ValueEnum};
 use skiplock::builtin::{Command, CommandConfig, Http, HttpConfig, Noop, Sleep};
+use skiplock::worker::Retention;
 use skiplock::{ShutdownHandle, Worker};
+
+use crate::output::parse_duration;
 
 pub const EXAMPLES: &str = "\
 Examples:
@@ -29,9 +33,16 @@ enum Kind {
 
 #[derive(Args)]
 pub struct WorkArgs {
-    /// Queue to claim from; repeat for several (default: default).
-    #[arg(long = "queue", value_name = "Q")]
+    /// Queue to claim from; repeat for several (default: default). The environment
+    /// variable takes a comma-separated list.
+    #[arg(long = "queue", value_name = "Q", env = "SKIPLOCK_QUEUES", value_delimiter = ',', value_parser = crate::output::parse_queue_name)]
     queues: Vec<String>,
+
+    /// Gives queue Q its own N job slots, beside --concurrency (repeat for several): a
+    /// flood in another queue cannot take them, and Q never runs more than N at once.
+    /// Q is claimed from whether or not --queue names it.
+    #[arg(long = "queue-concurrency", value_name = "Q=N", value_parser = parse_queue_slots)]
+    queue_concurrency: Vec<(String, usize)>,
 
     /// Kinds to run, comma-separated (default: all built-in kinds).
     #[arg(
@@ -54,16 +65,61 @@ pub struct WorkArgs {
     #[arg(long = "allow-command", value_name = "PROGRAM")]
     allow_commands: Vec<String>,
 
-    /// Jobs run at once.
-    #[arg(long, default_value_t = skiplock::worker::CONCURRENCY_DEFAULT)]
+    /// Jobs run at once (across the queues without slots of their own).
+    #[arg(
+        long,
+        env = "SKIPLOCK_CONCURRENCY",
+        default_value_t = skiplock::worker::CONCURRENCY_DEFAULT,
+        value_parser = clap::value_parser!(u32).range(1..).map(|n| n as usize)
+    )]
     concurrency: usize,
+
+    /// Claimed jobs kept ready beside the running ones, fixed (default: follows the start
+    /// rate, between --concurrency and 2000).
+    #[arg(
+        long,
+        env = "SKIPLOCK_PREFETCH",
+        value_name = "N",
+        value_parser = clap::value_parser!(u32).range(1..).map(|n| n as usize)
+    )]
+    prefetch: Option<usize>,
+
+    /// How often the worker extends its claims [default: 2s].
+    #[arg(long, env = "SKIPLOCK_HEARTBEAT", value_name = "DURATION", value_parser = parse_duration)]
+    heartbeat: Option<Duration>,
+
+    /// Heartbeat age after which any worker's reaper takes a claim back and the job runs
+    /// again; more than twice --heartbeat [default: 30s].
+    #[arg(long, env = "SKIPLOCK_STALE_AFTER", value_name = "DURATION", value_parser = parse_duration)]
+    stale_after: Option<Duration>,
+
+    /// How often the worker looks for jobs when no notification came [default: 1s].
+    #[arg(long, env = "SKIPLOCK_POLL_INTERVAL", value_name = "DURATION", value_parser = parse_duration)]
+    poll_interval: Option<Duration>,
+
+    /// How often this worker deletes finished jobs past their retention; 0s leaves pruning
+    /// to other workers [default: 30s].
+    #[arg(long, env = "SKIPLOCK_PRUNE_INTERVAL", value_name = "DURATION", value_parser = parse_duration)]
+    prune_interval: Option<Duration>,
+
+    /// How long `succeeded` jobs are kept [default: 1d].
+    #[arg(long, env = "SKIPLOCK_RETAIN_SUCCEEDED", value_name = "DURATION", value_parser = parse_duration)]
+    retain_succeeded: Option<Duration>,
+
+    /// How long `cancelled` jobs are kept [default: 1d].
+    #[arg(long, env = "SKIPLOCK_RETAIN_CANCELLED", value_name = "DURATION", value_parser = parse_duration)]
+    retain_cancelled: Option<Duration>,
+
+    /// How long `dead` jobs are kept [default: 14d].
+    #[arg(long, env = "SKIPLOCK_RETAIN_DEAD", value_name = "DURATION", value_parser = parse_duration)]
+    retain_dead: Option<Duration>,
 
     /// Exit (status 0) once no job of this worker's kinds and queues is runnable or running.
     #[arg(long)]
     exit_when_idle: bool,
 
     /// Seconds a graceful shutdown waits for running jobs before releasing them.
-    #[arg(long, value_name = "SECONDS", default_value_t = skiplock::worker::SHUTDOWN_GRACE_DEFAULT.as_secs())]
+    #[arg(long, env = "SKIPLOCK_SHUTDOWN_GRACE", value_name = "SECONDS", default_value_t = skiplock::worker::SHUTDOWN_GRACE_DEFAULT.as_secs())]
     shutdown_grace: u64,
 
     /// Most pooled connections this worker opens (default: 4 plus one per 4 job slots, at
@@ -79,8 +135,24 @@ pub struct WorkArgs {
 
     /// Serve this worker's metrics as Prometheus text on ADDR (e.g. 127.0.0.1:9464; any
     /// path). The series are listed in docs/metrics.md.
-    #[arg(long, value_name = "ADDR")]
+    #[arg(long, env = "SKIPLOCK_METRICS_ADDR", value_name = "ADDR")]
     metrics_addr: Option<std::net::SocketAddr>,
+}
+
+/// Parses `Q=N` (`--queue-concurrency`).
+fn parse_queue_slots(text: &str) -> Result<(String, usize), String> {
+    let rule = "write QUEUE=SLOTS, like mail=4";
+    let (queue, slots) = text
+        .split_once('=')
+        .ok_or_else(|| format!("`{text}` has no `=`; {rule}"))?;
+    let queue = crate::output::parse_queue_name(queue)?;
+    let slots = slots
+        .trim()
+        .parse::<usize>()
+        .ok()
+        .filter(|&n| n > 0)
+        .ok_or_else(|| format!("`{slots}` is not a number of slots (1 or more); {rule}"))?;
+    Ok((queue, slots))
 }
 
 impl WorkArgs {
@@ -158,12 +230,48 @@ pub async fn run(pool: sqlx::PgPool, args: WorkArgs) -> anyhow::Result<()> {
     if !args.queues.is_empty() {
         builder = builder.queues(args.queues);
     }
-    let worker = builder.build().context("invalid worker settings")?;
+    for (queue, slots) in args.queue_concurrency {
+        builder = builder.queue_concurrency(queue, slots);
+    }
+    if let Some(prefetch) = args.prefetch {
+        builder = builder.prefetch(prefetch);
+    }
+    let defaults = skiplock::worker::WorkerConfig::default();
+    builder = builder
+        .heartbeat(
+            args.heartbeat.unwrap_or(defaults.heartbeat_interval),
+            args.stale_after.unwrap_or(defaults.stale_after),
+        )
+        .poll_interval(args.poll_interval.unwrap_or(defaults.poll_interval))
+        .retention(Retention {
+            succeeded: args
+                .retain_succeeded
+                .unwrap_or(defaults.retention.succeeded),
+            cancelled: args
+                .retain_cancelled
+                .unwrap_or(defaults.retention.cancelled),
+            dead: args.retain_dead.unwrap_or(defaults.retention.dead),
+        });
+    if let Some(interval) = args.prune_interval {
+        builder = builder.prune_interval((!interval.is_zero()).then_some(interval));
+    }
+    let worker = match builder.build() {
+        Ok(worker) => worker,
+        Err(skiplock::Error::Config(why)) => {
+            crate::usage_error(format!("invalid worker settings: {why}"))
+        }
+        Err(e) => return Err(e).context("invalid worker settings"),
+    };
     tokio::spawn(forward_signals(worker.shutdown_handle()));
     let summary = worker.run().await.context("worker failed")?;
     eprintln!(
-        "worker done: {} claimed, {} succeeded, {} failed, {} released",
-        summary.claimed, summary.succeeded, summary.failed, summary.released
+        "worker done: {} claimed, {} succeeded, {} failed, {} snoozed, {} released, {} lost",
+        summary.claimed,
+        summary.succeeded,
+        summary.failed,
+        summary.snoozed,
+        summary.released,
+        summary.lost
     );
     Ok(())
 }

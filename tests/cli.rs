@@ -1022,6 +1022,7 @@ async fn work_settings_reach_the_worker() {
     let output = cli_support::command(&db)
         .env("SKIPLOCK_RETAIN_SUCCEEDED", "1h")
         .env("SKIPLOCK_QUEUES", "default,mail")
+        .env("SKIPLOCK_QUEUE_WEIGHTS", "mail=3")
         .args([
             "--log-format",
             "json",
@@ -1067,6 +1068,7 @@ async fn work_settings_reach_the_worker() {
         "{fields}"
     );
     assert_eq!(fields["concurrency"], json!(5), "{fields}");
+    assert_eq!(fields["queue_weights"], json!("{\"mail\": 3}"), "{fields}");
     assert_eq!(fields["prefetch"], json!(7), "{fields}");
     assert_eq!(fields["prefetch_max"], json!(7), "{fields}");
     assert_eq!(fields["heartbeat_ms"], json!(500), "{fields}");
@@ -1098,6 +1100,14 @@ async fn work_refuses_settings_that_cannot_work() {
         (
             &["work", "--queue-concurrency", "mail=0"][..],
             "`0` is not a number of slots (1 or more)",
+        ),
+        (
+            &["work", "--queue-weight", "mail=2"][..],
+            "queue `mail` has a weight but this worker does not claim from it",
+        ),
+        (
+            &["work", "--queue", "mail", "--queue-weight", "mail=1001"][..],
+            "`1001` is not a weight (1 to 1000)",
         ),
         (
             &["work", "--heartbeat", "soon"][..],

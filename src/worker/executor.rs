@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::FutureExt;
-use tokio::sync::{Notify, Semaphore, mpsc};
+use tokio::sync::{Notify, mpsc};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::Instrument;
@@ -63,16 +63,11 @@ pub(super) async fn dispatch(
     outcomes: mpsc::UnboundedSender<Finished>,
     executors: TaskTracker,
 ) {
-    let slots = Arc::new(Semaphore::new(shared.groups[group].concurrency));
+    let slots = shared.groups[group].slots.clone();
+    let member = shared.groups[group].member;
     loop {
-        let permit = tokio::select! {
-            biased;
-            () = shared.graceful.cancelled() => break,
-            permit = slots.clone().acquire_owned() => match permit {
-                Ok(permit) => permit,
-                Err(_) => break,
-            },
-        };
+        // A job in hand first, then a slot: a queue waits for a slot only when it has work,
+        // so an idle queue lends its share of the pool to the others (see `slots`).
         let job = tokio::select! {
             biased;
             () = shared.graceful.cancelled() => break,
@@ -80,6 +75,14 @@ pub(super) async fn dispatch(
                 Some(job) => job,
                 None => break,
             },
+        };
+        let permit = tokio::select! {
+            biased;
+            () = shared.graceful.cancelled() => {
+                release_unstarted(job, &outcomes);
+                break;
+            }
+            slot = slots.acquire(member) => slot,
         };
         space.notify_one();
         metrics::buffered(-1.0);
@@ -144,16 +147,21 @@ pub(super) async fn dispatch(
     }
     // The producer stops on the same signal; once it has, the buffer closes and drains.
     while let Some(job) = buffer.recv().await {
-        metrics::buffered(-1.0);
-        metrics::job_released_unstarted(&job.kind, &job.queue);
-        let _ = outcomes.send(Finished {
-            id: job.id,
-            token: job.claim_token,
-            attempt: job.attempt,
-            outcome: Outcome::Released,
-            event: None,
-        });
+        release_unstarted(job, &outcomes);
     }
+}
+
+/// Gives a claimed job that never started back to the queue (through the completer).
+fn release_unstarted(job: ClaimedJob, outcomes: &mpsc::UnboundedSender<Finished>) {
+    metrics::buffered(-1.0);
+    metrics::job_released_unstarted(&job.kind, &job.queue);
+    let _ = outcomes.send(Finished {
+        id: job.id,
+        token: job.claim_token,
+        attempt: job.attempt,
+        outcome: Outcome::Released,
+        event: None,
+    });
 }
 
 /// Runs one job to its outcome: decode, run with the kind's timeout, catch panics, and

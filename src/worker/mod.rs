@@ -25,6 +25,7 @@ mod heartbeat;
 mod listener;
 pub mod metrics;
 mod producer;
+mod slots;
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -62,6 +63,8 @@ pub const PRUNE_INTERVAL_DEFAULT: Duration = Duration::from_secs(30);
 pub const CRON_INTERVAL_DEFAULT: Duration = Duration::from_secs(1);
 /// Most claims or outcomes written by one statement.
 pub const BATCH_MAX_DEFAULT: usize = 2000;
+/// Largest queue weight ([`WorkerBuilder::queue_weight`]).
+pub const QUEUE_WEIGHT_MAX: u32 = 1000;
 /// Most claimed jobs a worker keeps ready in its local buffer when its jobs are short
 /// (the buffer grows toward this from `prefetch`, see [`PREFETCH_HORIZON`]).
 pub const PREFETCH_MAX_DEFAULT: usize = 2000;
@@ -100,11 +103,16 @@ impl Default for Retention {
 pub struct WorkerConfig {
     /// Identity written to `claimed_by`: host, pid and a random suffix by default.
     pub worker_id: String,
-    /// Queues to claim from. Default `["default"]`. They share `concurrency` slots, except
-    /// those named in `queue_concurrency`.
+    /// Queues to claim from. Default `["default"]`. They share `concurrency` slots by
+    /// weight, except those named in `queue_concurrency`.
     pub queues: Vec<String>,
     /// Jobs run at once (1 or more) across the shared queues.
     pub concurrency: usize,
+    /// Weights of the queues that share `concurrency` (1 when not named; 1 to 1,000). Each
+    /// queue has its own claims and buffer; while several have work, a freed slot goes to
+    /// the one running the fewest jobs per unit of weight, so their running jobs follow
+    /// the weights; a queue with nothing to do lends its share to the others.
+    pub queue_weights: BTreeMap<String, u32>,
     /// Queues with slots of their own: each gets its own producer, buffer and limit, so a
     /// busy queue cannot starve it and it cannot exceed its limit.
     pub queue_concurrency: BTreeMap<String, usize>,
@@ -147,6 +155,7 @@ impl Default for WorkerConfig {
             worker_id: default_worker_id(),
             queues: vec![QUEUE_DEFAULT.to_owned()],
             concurrency: CONCURRENCY_DEFAULT,
+            queue_weights: BTreeMap::new(),
             queue_concurrency: BTreeMap::new(),
             prefetch: CONCURRENCY_DEFAULT,
             prefetch_max: PREFETCH_MAX_DEFAULT,
@@ -224,6 +233,14 @@ impl WorkerBuilder {
         if !self.prefetch_set {
             self.config.prefetch = concurrency;
         }
+        self
+    }
+
+    /// Sets the weight of `queue` among the queues that share `concurrency` (default 1;
+    /// 1 to [`QUEUE_WEIGHT_MAX`]): while they all have work, their running jobs follow
+    /// their weights. See [`WorkerConfig::queue_weights`].
+    pub fn queue_weight(mut self, queue: impl Into<String>, weight: u32) -> Self {
+        self.config.queue_weights.insert(queue.into(), weight);
         self
     }
 
@@ -347,6 +364,23 @@ impl WorkerBuilder {
                 "per-queue concurrency needs a queue name and a limit of at least 1".into(),
             );
         }
+        for (queue, &weight) in &config.queue_weights {
+            if !(1..=QUEUE_WEIGHT_MAX).contains(&weight) {
+                return fail(format!(
+                    "the weight of queue `{queue}` is {weight}; weights go from 1 to {QUEUE_WEIGHT_MAX}"
+                ));
+            }
+            if config.queue_concurrency.contains_key(queue) {
+                return fail(format!(
+                    "queue `{queue}` has slots of its own (queue_concurrency); a weight applies only to queues sharing `concurrency`"
+                ));
+            }
+            if !config.queues.contains(queue) {
+                return fail(format!(
+                    "queue `{queue}` has a weight but this worker does not claim from it; add it to the queues"
+                ));
+            }
+        }
         if config.concurrency == 0
             || config.prefetch == 0
             || config.prefetch_max == 0
@@ -376,12 +410,22 @@ impl WorkerBuilder {
             .cloned()
             .collect();
         let mut groups = Vec::new();
-        if !shared_queues.is_empty() {
+        // One producer and buffer per queue; the shared queues draw their slots from one
+        // pool by weight. Each buffer's floor is the queue's part of `prefetch`.
+        let weights: Vec<u32> = shared_queues
+            .iter()
+            .map(|q| config.queue_weights.get(q).copied().unwrap_or(1))
+            .collect();
+        let total_weight: u64 = weights.iter().map(|&w| u64::from(w)).sum();
+        let shared_slots = Arc::new(slots::SlotPool::new(config.concurrency, weights.clone()));
+        for (member, (queue, &weight)) in shared_queues.iter().zip(&weights).enumerate() {
+            let prefetch = (config.prefetch as u64 * u64::from(weight)).div_ceil(total_weight);
             groups.push(QueueGroup::new(
-                shared_queues,
-                config.concurrency,
-                config.prefetch,
+                queue.clone(),
+                (prefetch as usize).max(1),
                 config.prefetch_max,
+                shared_slots.clone(),
+                member,
             ));
         }
         for (queue, &limit) in &config.queue_concurrency {
@@ -391,15 +435,22 @@ impl WorkerBuilder {
                 config.prefetch_max
             };
             groups.push(QueueGroup::new(
-                vec![queue.clone()],
-                limit,
+                queue.clone(),
                 limit,
                 prefetch_max,
+                Arc::new(slots::SlotPool::new(limit, vec![1])),
+                0,
             ));
             if !config.queues.contains(queue) {
                 config.queues.push(queue.clone());
             }
         }
+        let shared_slots_total = if shared_queues.is_empty() {
+            0
+        } else {
+            config.concurrency
+        };
+        let slots_total = shared_slots_total + config.queue_concurrency.values().sum::<usize>();
         Ok(Worker {
             shared: Arc::new(Shared {
                 pool: self.pool,
@@ -408,10 +459,8 @@ impl WorkerBuilder {
                 handlers: self.handlers,
                 data: Arc::new(self.data),
                 claims: HeldClaims::default(),
-                held_limit: 2 * groups
-                    .iter()
-                    .map(|g| g.concurrency + g.prefetch_max)
-                    .sum::<usize>(),
+                held_limit: 2
+                    * (slots_total + groups.iter().map(|g| g.prefetch_max).sum::<usize>()),
                 groups,
                 graceful: CancellationToken::new(),
                 hard: CancellationToken::new(),
@@ -450,10 +499,14 @@ pub(crate) struct Shared {
     pub(crate) events: tokio::sync::broadcast::Sender<events::JobEvent>,
 }
 
-/// Queues claimed by one producer into one buffer, sharing one pool of slots.
+/// One queue: its producer's claims, its buffer, and where its job slots come from.
 pub(crate) struct QueueGroup {
+    /// The queue, as the claim's one-element filter.
     pub(crate) queues: Vec<String>,
-    pub(crate) concurrency: usize,
+    /// The pool its slots come from (shared with the other queues sharing `concurrency`),
+    /// and its member number there.
+    pub(crate) slots: Arc<slots::SlotPool>,
+    pub(crate) member: usize,
     /// Smallest and largest local buffer (see [`PREFETCH_HORIZON`]).
     pub(crate) prefetch: usize,
     pub(crate) prefetch_max: usize,
@@ -468,10 +521,17 @@ pub(crate) struct QueueGroup {
 }
 
 impl QueueGroup {
-    fn new(queues: Vec<String>, concurrency: usize, prefetch: usize, prefetch_max: usize) -> Self {
+    fn new(
+        queue: String,
+        prefetch: usize,
+        prefetch_max: usize,
+        slots: Arc<slots::SlotPool>,
+        member: usize,
+    ) -> Self {
         Self {
-            queues,
-            concurrency,
+            queues: vec![queue],
+            slots,
+            member,
             prefetch,
             prefetch_max: prefetch_max.max(prefetch),
             started: AtomicU64::new(0),
@@ -634,6 +694,7 @@ impl Worker {
             queues = ?config.queues,
             kinds = ?shared.kinds,
             concurrency = config.concurrency,
+            queue_weights = ?config.queue_weights,
             queue_concurrency = ?config.queue_concurrency,
             prefetch = config.prefetch,
             prefetch_max = config.prefetch_max,

@@ -44,6 +44,12 @@ pub struct WorkArgs {
     #[arg(long = "queue-concurrency", value_name = "Q=N", value_parser = parse_queue_slots)]
     queue_concurrency: Vec<(String, usize)>,
 
+    /// Weight W (1 to 1000; default 1) of queue Q among the queues sharing --concurrency
+    /// (repeat for several): while they all have work, their running jobs follow their
+    /// weights; a queue with nothing to do lends its share to the others.
+    #[arg(long = "queue-weight", value_name = "Q=W", env = "SKIPLOCK_QUEUE_WEIGHTS", value_delimiter = ',', value_parser = parse_queue_weight)]
+    queue_weights: Vec<(String, u32)>,
+
     /// Kinds to run, comma-separated (default: all built-in kinds).
     #[arg(
         long,
@@ -141,18 +147,45 @@ pub struct WorkArgs {
 
 /// Parses `Q=N` (`--queue-concurrency`).
 fn parse_queue_slots(text: &str) -> Result<(String, usize), String> {
-    let rule = "write QUEUE=SLOTS, like mail=4";
-    let (queue, slots) = text
+    parse_queue_number(
+        text,
+        "QUEUE=SLOTS, like mail=4",
+        "a number of slots (1 or more)",
+        1..=usize::MAX,
+    )
+}
+
+/// Parses `Q=W` (`--queue-weight`).
+fn parse_queue_weight(text: &str) -> Result<(String, u32), String> {
+    parse_queue_number(
+        text,
+        "QUEUE=WEIGHT, like mail=3",
+        "a weight (1 to 1000)",
+        1..=skiplock::worker::QUEUE_WEIGHT_MAX,
+    )
+}
+
+/// Parses `QUEUE=NUMBER` with the number in `range`.
+fn parse_queue_number<N>(
+    text: &str,
+    form: &str,
+    what: &str,
+    range: std::ops::RangeInclusive<N>,
+) -> Result<(String, N), String>
+where
+    N: std::str::FromStr + PartialOrd,
+{
+    let (queue, number) = text
         .split_once('=')
-        .ok_or_else(|| format!("`{text}` has no `=`; {rule}"))?;
+        .ok_or_else(|| format!("`{text}` has no `=`; write {form}"))?;
     let queue = crate::output::parse_queue_name(queue)?;
-    let slots = slots
+    let number = number
         .trim()
-        .parse::<usize>()
+        .parse::<N>()
         .ok()
-        .filter(|&n| n > 0)
-        .ok_or_else(|| format!("`{slots}` is not a number of slots (1 or more); {rule}"))?;
-    Ok((queue, slots))
+        .filter(|n| range.contains(n))
+        .ok_or_else(|| format!("`{number}` is not {what}; write {form}"))?;
+    Ok((queue, number))
 }
 
 impl WorkArgs {
@@ -232,6 +265,9 @@ pub async fn run(pool: sqlx::PgPool, args: WorkArgs) -> anyhow::Result<()> {
     }
     for (queue, slots) in args.queue_concurrency {
         builder = builder.queue_concurrency(queue, slots);
+    }
+    for (queue, weight) in args.queue_weights {
+        builder = builder.queue_weight(queue, weight);
     }
     if let Some(prefetch) = args.prefetch {
         builder = builder.prefetch(prefetch);

@@ -15,8 +15,11 @@ use sqlx::PgPool;
 #[derive(Default, Clone)]
 pub struct Recorder {
     runs: Arc<Mutex<HashMap<i64, Vec<i32>>>>,
-    ticks: Arc<Mutex<(u64, HashMap<i64, Vec<(u64, u64)>>)>>,
+    ticks: Arc<Mutex<Ticks>>,
 }
+
+/// The shared counter and each job's (start, end) ticks.
+type Ticks = (u64, HashMap<i64, Vec<(u64, u64)>>);
 
 impl Recorder {
     pub fn record(&self, ctx: &JobContext) {

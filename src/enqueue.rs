@@ -225,7 +225,7 @@ impl std::io::Write for ByteCounter {
 }
 
 /// Size of `args` as Postgres prints jsonb (`args::text`), the measure the database's own
-/// limit uses on every path (`skiplock.args_max_bytes()`, migration 0007): compact JSON
+/// limit uses on every path (`skiplock.args_max_bytes()` in the schema): compact JSON
 /// plus the space Postgres writes after each `:` and each `,`.
 pub(crate) fn args_size(args: &serde_json::Value) -> usize {
     fn separators(value: &serde_json::Value) -> usize {

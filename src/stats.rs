@@ -160,7 +160,7 @@ impl Stats {
 /// # Errors
 ///
 /// [`Error::Database`](crate::Error::Database) if the query fails (for example on a
-/// schema older than version 3: run `skiplock migrate`).
+/// database skiplock never migrated: run `skiplock migrate`).
 pub async fn stats<'e>(db: impl PgExecutor<'e>) -> Result<Stats> {
     let (at, rows) = stats_by_queue_kind(db).await?;
     Ok(Stats {

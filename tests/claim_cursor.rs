@@ -1,4 +1,4 @@
-//! The claim from a position (migration 0009, `worker::claim_cursor`): what a claim after
+//! The claim from a position (`claim_batch`, `worker::claim_cursor`): what a claim after
 //! a position takes, and that jobs landing behind a worker's position still run.
 
 mod common;

@@ -236,7 +236,7 @@ struct Ledger {
 /// Runs `op` again when Postgres chose it as a deadlock victim. An operator's cancel locks
 /// its job and then the job's lane, while a batch locks its jobs in id order, so the two
 /// can deadlock; Postgres aborts one of them. A cancel retries by itself
-/// (`skiplock.cancel_job`, migration 0006); a batch is retried here, as the worker's
+/// (`skiplock.cancel_job`); a batch is retried here, as the worker's
 /// completer does for every transient error. Nothing was written by the aborted attempt.
 async fn retry_deadlock<T, E, F, Fut>(mut op: F) -> Result<T, E>
 where

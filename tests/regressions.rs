@@ -791,7 +791,7 @@ async fn a_child_of_a_deleted_parent_is_cancelled_not_run() {
 /// Issue 12, found by the third 30-minute model run: after an unfinished parent was
 /// deleted by hand and its waiting child cancelled, `retry_job` of the child found no
 /// dependency row (the foreign key's cascade had deleted it with the parent) and queued the
-/// child, which ran. Fixed (migration 0008): the row stays as a tombstone of the parent,
+/// child, which ran. Fixed: the row stays as a tombstone of the parent,
 /// the retried child is cancelled again with the reason, and `job_dependencies_of` lists
 /// the deleted parent.
 #[tokio::test]

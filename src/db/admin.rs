@@ -1,7 +1,7 @@
 //! Statements operators run: listing and inspecting jobs, stats from the operator views,
 //! bulk retry and pruning on demand. Used by the `skiplock` binary and by [`crate::stats`].
 //!
-//! The views and `skiplock.retry_dead_jobs` come from `migrations/0003_operator_views.sql`.
+//! The views and `skiplock.retry_dead_jobs` are defined in `migrations/0001_schema.sql`.
 
 use chrono::{DateTime, Utc};
 use serde_json::Value;
@@ -96,7 +96,7 @@ pub struct DependencyRow {
     /// (`succeeded` when it was pruned after succeeding).
     pub state: JobState,
     /// Whether the other job (a parent) was deleted. A parent deleted before it succeeded
-    /// still blocks its dependants (see migration 0008).
+    /// still blocks its dependants (a tombstone; see `skiplock.job_dependencies`).
     pub deleted: bool,
 }
 

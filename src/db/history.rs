@@ -1,5 +1,5 @@
 //! Statements on `skiplock.job_history`, the hourly rollup that keeps the numbers of
-//! finished jobs after the pruner deleted them (`migrations/0004_history.sql`).
+//! finished jobs after the pruner deleted them (`migrations/0001_schema.sql`).
 //!
 //! A finished job is counted live in `skiplock.jobs` until a statement of this file deletes
 //! it, and in the rollup from then on: the delete and the rollup happen in one statement

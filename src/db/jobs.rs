@@ -27,7 +27,7 @@
 //! They update by id, not by the `ctid` the lock returned: a row updated after the
 //! statement's snapshot (a heartbeat that committed while we waited for its lock) has a
 //! new version the update's snapshot cannot see by ctid, and the outcome would be
-//! dropped. The claim alone updates by ctid (see `skiplock.claim_batch`, migration 0007).
+//! dropped. The claim alone updates by ctid (see `skiplock.claim_batch` in the schema).
 //!
 //! The statements that finish or release claims lock their rows in id order (the claim
 //! list is sorted by id first): locking in one global order means two of them touching
@@ -150,7 +150,7 @@ pub struct ClaimPosition {
 /// Claims up to `limit` runnable jobs of the given queues and kinds, in claim order
 /// (priority, then `scheduled_at`, then id), in one statement.
 ///
-/// It calls `skiplock.claim_batch` (migrations 0006, 0007 and 0009, where the statement and its
+/// It calls `skiplock.claim_batch` (`migrations/0001_schema.sql`, where the statement and its
 /// reasons are): rows are picked with `FOR UPDATE SKIP LOCKED`, so concurrent claimers never
 /// wait on each other and never pick the same row, and each is stamped with its own fresh
 /// `claim_token`, the claimant and the database's `now()` as first heartbeat. The function
@@ -173,7 +173,7 @@ pub async fn jobs_claim_batch(
 ///
 /// Claiming from the position of the caller's last claimed job steps over none of the
 /// index entries its own earlier claims left behind, which Postgres cannot remove while an
-/// older snapshot is held (migration 0009 has the measurements). Jobs that land behind the
+/// older snapshot is held (`claim_batch` has the measurements). Jobs that land behind the
 /// position (a higher priority, a job that waited and became queued) are claimed only by
 /// a full walk, so a caller must still do one now and then; the worker's producer does
 /// (`worker::claim_cursor`).
@@ -473,7 +473,7 @@ impl ClaimList {
 /// `cancelled`, and its error is appended. Returns the jobs whose claim was still valid.
 ///
 /// A retry whose `unique_key` another pending job took while this one ran is superseded
-/// by it (`skiplock.fold_into_key_holder`, migration 0007): the job ends `cancelled`.
+/// by it (`skiplock.fold_into_key_holder`): the job ends `cancelled`.
 pub async fn jobs_fail_many(
     db: impl PgExecutor<'_>,
     batch: &FailBatch,

@@ -37,7 +37,7 @@ pub struct ReapedJob {
 /// re-check of `state = 'running'`, so a finished job is never reset.
 ///
 /// A job whose `unique_key` another pending job took meanwhile is superseded, not
-/// requeued (`skiplock.fold_into_key_holder`, migration 0007): it comes back `cancelled`.
+/// requeued (`skiplock.fold_into_key_holder`): it comes back `cancelled`.
 pub async fn jobs_reap_stale(
     db: impl PgExecutor<'_>,
     stale_after_ms: i64,
@@ -249,7 +249,7 @@ pub async fn jobs_advance_lanes(db: impl PgExecutor<'_>, keys: &[String]) -> sql
 
 /// Repairs what a race may have left: waiting jobs whose parents have all finished (a
 /// parent finished while the child's enqueue was still uncommitted, or was deleted: pruned
-/// after it succeeded, or deleted by hand before, migration 0008) are settled, waiting jobs
+/// after it succeeded, or deleted by hand before: a tombstone) are settled, waiting jobs
 /// left without any dependency row (rows deleted by hand) are queued, and lanes whose head
 /// finished while a new lane job was being enqueued move on. Returns how many jobs moved.
 ///

@@ -1,6 +1,13 @@
 //! Schema migrations: plain forward-only SQL files in `migrations/`, compiled into the
 //! library and recorded in `skiplock.schema_migrations`.
 //!
+//! `migrations/0001_schema.sql` is the whole schema, in one file to read (before any
+//! release, the earlier files that patched one another were folded into it). From now on
+//! migrations only move forward: a change is a new file with the next version, appended
+//! to `MIGRATIONS`; an applied file is never edited, and nothing is ever rolled back.
+//! `schema/skiplock.sql` is the schema those files produce, as `pg_dump` prints it, and
+//! `schema/check.sh` (run by CI) fails when the two disagree.
+//!
 //! skiplock keeps its own ledger instead of sqlx's `_sqlx_migrations` so that it never
 //! collides with the application's own sqlx migrations in the same database.
 
@@ -16,73 +23,11 @@ struct Migration {
 }
 
 /// Every migration, in order. Append only: an applied migration never changes.
-const MIGRATIONS: &[Migration] = &[
-    Migration {
-        version: 1,
-        name: "0001_jobs.sql",
-        sql: include_str!("../../migrations/0001_jobs.sql"),
-    },
-    Migration {
-        version: 2,
-        name: "0002_semantics.sql",
-        sql: include_str!("../../migrations/0002_semantics.sql"),
-    },
-    Migration {
-        version: 3,
-        name: "0003_operator_views.sql",
-        sql: include_str!("../../migrations/0003_operator_views.sql"),
-    },
-    Migration {
-        version: 4,
-        name: "0004_history.sql",
-        sql: include_str!("../../migrations/0004_history.sql"),
-    },
-    Migration {
-        version: 5,
-        name: "0005_claim_path.sql",
-        sql: include_str!("../../migrations/0005_claim_path.sql"),
-    },
-    Migration {
-        version: 6,
-        name: "0006_claim_function.sql",
-        sql: include_str!("../../migrations/0006_claim_function.sql"),
-    },
-    Migration {
-        version: 7,
-        name: "0007_row_isolation.sql",
-        sql: include_str!("../../migrations/0007_row_isolation.sql"),
-    },
-    Migration {
-        version: 8,
-        name: "0008_parent_tombstones.sql",
-        sql: include_str!("../../migrations/0008_parent_tombstones.sql"),
-    },
-    Migration {
-        version: 9,
-        name: "0009_claim_cursor.sql",
-        sql: include_str!("../../migrations/0009_claim_cursor.sql"),
-    },
-    Migration {
-        version: 10,
-        name: "0010_cancel_backoff.sql",
-        sql: include_str!("../../migrations/0010_cancel_backoff.sql"),
-    },
-    Migration {
-        version: 11,
-        name: "0011_infinite_timestamps.sql",
-        sql: include_str!("../../migrations/0011_infinite_timestamps.sql"),
-    },
-    Migration {
-        version: 12,
-        name: "0012_claim_token_chosen.sql",
-        sql: include_str!("../../migrations/0012_claim_token_chosen.sql"),
-    },
-    Migration {
-        version: 13,
-        name: "0013_enqueue_int_priority.sql",
-        sql: include_str!("../../migrations/0013_enqueue_int_priority.sql"),
-    },
-];
+const MIGRATIONS: &[Migration] = &[Migration {
+    version: 1,
+    name: "0001_schema.sql",
+    sql: include_str!("../../migrations/0001_schema.sql"),
+}];
 
 /// The schema version this build of skiplock expects.
 pub const SCHEMA_VERSION_LATEST: i32 = MIGRATIONS[MIGRATIONS.len() - 1].version;

@@ -4,7 +4,7 @@
 //! A claimed job leaves its entry in `jobs_claim_idx` until no snapshot can see the row
 //! as `queued`. While another transaction holds an older snapshot (a long report,
 //! `pg_dump`, a forgotten `BEGIN`), a full walk steps over the entries of every job
-//! claimed since, and a drain becomes quadratic (migration 0009 has the measurements). A
+//! claimed since, and a drain becomes quadratic (`claim_batch` has the measurements). A
 //! cursor walk steps only over what other claimers took since this producer's last claim.
 //!
 //! Jobs can land behind the position (a higher priority, a job that waited for a parent or

@@ -1,0 +1,1211 @@
+--
+-- PostgreSQL database dump
+--
+
+--
+-- Name: skiplock; Type: SCHEMA; Schema: -; Owner: -
+--
+
+CREATE SCHEMA skiplock;
+
+--
+-- Name: job_state; Type: TYPE; Schema: skiplock; Owner: -
+--
+
+CREATE TYPE skiplock.job_state AS ENUM (
+    'waiting',
+    'queued',
+    'running',
+    'succeeded',
+    'dead',
+    'cancelled'
+);
+
+--
+-- Name: advance_lanes(text[]); Type: FUNCTION; Schema: skiplock; Owner: -
+--
+
+CREATE FUNCTION skiplock.advance_lanes(keys text[]) RETURNS integer
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    promoted_queues text[];
+    promoted int;
+BEGIN
+    WITH heads AS (
+        SELECT DISTINCT ON (ordering_key) id, state
+        FROM skiplock.jobs
+        WHERE ordering_key = ANY (keys) AND state IN ('waiting', 'queued', 'running')
+        ORDER BY ordering_key, id
+    ), ready AS (
+        UPDATE skiplock.jobs j SET state = 'queued'
+        FROM heads
+        WHERE j.id = heads.id AND heads.state = 'waiting' AND j.state = 'waiting'
+          AND NOT EXISTS (
+              SELECT 1 FROM skiplock.jobs o
+              WHERE o.ordering_key = j.ordering_key AND o.state = 'running'
+          )
+          AND NOT skiplock.has_unmet_parent(j.id)
+        RETURNING j.queue
+    )
+    SELECT array_agg(DISTINCT queue), count(*) INTO promoted_queues, promoted FROM ready;
+    PERFORM pg_notify('skiplock_jobs', q) FROM unnest(promoted_queues) AS q;
+    RETURN promoted;
+END;
+$$;
+
+--
+-- Name: append_error(jsonb, integer, text); Type: FUNCTION; Schema: skiplock; Owner: -
+--
+
+CREATE FUNCTION skiplock.append_error(errors jsonb, attempt integer, message text) RETURNS jsonb
+    LANGUAGE sql IMMUTABLE
+    AS $$
+    SELECT coalesce(jsonb_agg(e ORDER BY n), '[]'::jsonb)
+    FROM (
+        SELECT e, n
+        FROM jsonb_array_elements(
+            errors || jsonb_build_array(jsonb_build_object(
+                'attempt', attempt, 'at', now(), 'message', message))
+        ) WITH ORDINALITY AS t(e, n)
+        ORDER BY n DESC
+        LIMIT 20
+    ) recent;
+$$;
+
+--
+-- Name: args_max_bytes(); Type: FUNCTION; Schema: skiplock; Owner: -
+--
+
+CREATE FUNCTION skiplock.args_max_bytes() RETURNS bigint
+    LANGUAGE sql STABLE
+    AS $$
+    SELECT coalesce(nullif(current_setting('skiplock.args_max_bytes', true), '')::bigint, 1048576);
+$$;
+
+--
+-- Name: backoff(integer); Type: FUNCTION; Schema: skiplock; Owner: -
+--
+
+CREATE FUNCTION skiplock.backoff(attempt integer) RETURNS interval
+    LANGUAGE sql
+    AS $$
+    SELECT make_interval(secs => least(power(2, least(attempt, 30)), 3600) * (0.75 + random() * 0.5));
+$$;
+
+--
+-- Name: cancel_job(bigint); Type: FUNCTION; Schema: skiplock; Owner: -
+--
+
+CREATE FUNCTION skiplock.cancel_job(job_id bigint) RETURNS boolean
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    attempts int := 0;
+BEGIN
+    LOOP
+        BEGIN
+            RETURN skiplock.cancel_job_once(job_id);
+        EXCEPTION WHEN deadlock_detected THEN
+            attempts := attempts + 1;
+            IF attempts >= 6 THEN
+                RAISE;
+            END IF;
+        END;
+        -- Outside the subtransaction: its locks are gone while this sleeps.
+        PERFORM pg_sleep(0.01 * power(2, attempts - 1) * (1 + random()));
+    END LOOP;
+END;
+$$;
+
+--
+-- Name: FUNCTION cancel_job(job_id bigint); Type: COMMENT; Schema: skiplock; Owner: -
+--
+
+COMMENT ON FUNCTION skiplock.cancel_job(job_id bigint) IS 'Cancels a job that has not finished; retries a deadlock after a short jittered wait. Returns false if the job had finished or does not exist.';
+
+--
+-- Name: cancel_job_once(bigint); Type: FUNCTION; Schema: skiplock; Owner: -
+--
+
+CREATE FUNCTION skiplock.cancel_job_once(job_id bigint) RETURNS boolean
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    previous skiplock.job_state;
+BEGIN
+    SELECT state INTO previous FROM skiplock.jobs WHERE id = job_id FOR UPDATE;
+    IF previous IS NULL OR previous NOT IN ('waiting', 'queued', 'running') THEN
+        RETURN false;
+    END IF;
+    UPDATE skiplock.jobs
+    SET state = 'cancelled', finished_at = now(), claim_token = NULL, heartbeat_at = NULL,
+        last_error = coalesce(last_error, 'cancelled by operator')
+    WHERE id = job_id;
+    IF previous = 'running' THEN
+        PERFORM pg_notify('skiplock_cancel', job_id::text);
+    END IF;
+    PERFORM skiplock.settle_dependants(ARRAY[job_id]);
+    PERFORM skiplock.advance_lanes(ARRAY(
+        SELECT ordering_key FROM skiplock.jobs WHERE id = job_id AND ordering_key IS NOT NULL));
+    RETURN true;
+END;
+$$;
+
+--
+-- Name: FUNCTION cancel_job_once(job_id bigint); Type: COMMENT; Schema: skiplock; Owner: -
+--
+
+COMMENT ON FUNCTION skiplock.cancel_job_once(job_id bigint) IS 'One attempt of skiplock.cancel_job, without the deadlock retry; call cancel_job instead.';
+
+--
+-- Name: check_args_size(jsonb); Type: FUNCTION; Schema: skiplock; Owner: -
+--
+
+CREATE FUNCTION skiplock.check_args_size(args jsonb) RETURNS void
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    size bigint := octet_length(args::text);
+    limit_bytes bigint := skiplock.args_max_bytes();
+BEGIN
+    IF size > limit_bytes THEN
+        RAISE EXCEPTION 'args are % bytes, over the limit of % bytes', size, limit_bytes
+            USING ERRCODE = 'program_limit_exceeded',
+                  HINT = 'store large data elsewhere and pass a reference, or raise the setting skiplock.args_max_bytes';
+    END IF;
+END;
+$$;
+
+--
+-- Name: claim_batch(text[], text[], bigint, text, smallint, bigint, bigint, uuid); Type: FUNCTION; Schema: skiplock; Owner: -
+--
+
+CREATE FUNCTION skiplock.claim_batch(queues text[], kinds text[], max_jobs bigint, worker text, after_priority smallint DEFAULT NULL::smallint, after_scheduled_at_us bigint DEFAULT NULL::bigint, after_id bigint DEFAULT NULL::bigint, claim_with uuid DEFAULT NULL::uuid) RETURNS TABLE(id bigint, queue text, kind text, args jsonb, attempt integer, max_attempts integer, claim_token uuid, priority smallint, scheduled_at_us bigint)
+    LANGUAGE plpgsql
+    SET enable_sort TO 'off'
+    SET enable_bitmapscan TO 'off'
+    SET enable_seqscan TO 'off'
+    SET jit TO 'off'
+    AS $$
+DECLARE
+    with_lanes boolean := true;
+    from_priority smallint := -32768;
+    from_scheduled_at timestamptz := '-infinity';
+    from_id bigint := -9223372036854775808;
+BEGIN
+    -- Without a position, a key before every row: the full walk.
+    IF after_priority IS NOT NULL AND after_scheduled_at_us IS NOT NULL
+       AND after_id IS NOT NULL THEN
+        from_priority := after_priority;
+        from_scheduled_at := CASE WHEN after_scheduled_at_us = -9223372036854775808
+            THEN '-infinity'::timestamptz
+            ELSE 'epoch'::timestamptz + after_scheduled_at_us * interval '1 microsecond' END;
+        from_id := after_id;
+    END IF;
+    LOOP
+        BEGIN
+            -- From the position on, with the caller's token when it gives one. The result
+            -- is sorted (claim order) after the update has finished, so an update that
+            -- fails has returned no row yet.
+            RETURN QUERY
+            WITH picked AS (
+                SELECT j.ctid FROM skiplock.jobs j
+                WHERE j.state = 'queued' AND j.scheduled_at <= now()
+                  AND (j.priority, j.scheduled_at, j.id) > (from_priority, from_scheduled_at, from_id)
+                  AND j.queue = ANY (queues) AND j.kind = ANY (kinds)
+                  AND j.queue NOT IN (SELECT q.name FROM skiplock.queues q WHERE q.paused)
+                  AND (j.ordering_key IS NULL OR (
+                      with_lanes
+                      AND NOT EXISTS (
+                          SELECT 1 FROM skiplock.jobs h
+                          WHERE h.ordering_key = j.ordering_key AND h.state = 'running')
+                      AND NOT EXISTS (
+                          SELECT 1 FROM skiplock.jobs h
+                          WHERE h.ordering_key = j.ordering_key AND h.id < j.id
+                            AND h.state IN ('waiting', 'queued', 'running'))
+                  ))
+                ORDER BY j.priority, j.scheduled_at, j.id
+                LIMIT max_jobs
+                FOR UPDATE SKIP LOCKED
+            ), claimed AS (
+                UPDATE skiplock.jobs j
+                SET state = 'running', claim_token = coalesce(claim_with, gen_random_uuid()), claimed_by = worker,
+                    claimed_at = now(), heartbeat_at = now(),
+                    attempt = least(j.attempt, 2147483646) + 1
+                WHERE j.ctid = ANY (ARRAY(SELECT p.ctid FROM picked p))
+                RETURNING j.id, j.queue, j.kind, j.args, j.attempt, j.max_attempts,
+                          j.claim_token, j.priority, j.scheduled_at
+            )
+            SELECT c.id, c.queue, c.kind, c.args, c.attempt, c.max_attempts, c.claim_token,
+                   c.priority,
+                   -- A claimed row is due, so its scheduled_at is finite or '-infinity'.
+                   CASE WHEN isfinite(c.scheduled_at)
+                        THEN (extract(epoch FROM c.scheduled_at) * 1000000)::bigint
+                        ELSE -9223372036854775808 END
+            FROM claimed c
+            ORDER BY c.priority, c.scheduled_at, c.id;
+            RETURN;
+        EXCEPTION WHEN unique_violation THEN
+            IF NOT with_lanes THEN
+                RAISE;
+            END IF;
+            with_lanes := false;
+        END;
+    END LOOP;
+END;
+$$;
+
+--
+-- Name: FUNCTION claim_batch(queues text[], kinds text[], max_jobs bigint, worker text, after_priority smallint, after_scheduled_at_us bigint, after_id bigint, claim_with uuid); Type: COMMENT; Schema: skiplock; Owner: -
+--
+
+COMMENT ON FUNCTION skiplock.claim_batch(queues text[], kinds text[], max_jobs bigint, worker text, after_priority smallint, after_scheduled_at_us bigint, after_id bigint, claim_with uuid) IS 'Claims up to max_jobs runnable jobs (what a worker runs), after the given claim key if any; each comes back with its fencing claim_token (claim_with when given).';
+
+--
+-- Name: enqueue(text, jsonb, text, integer, timestamp with time zone, integer, text, text, text, bigint[]); Type: FUNCTION; Schema: skiplock; Owner: -
+--
+
+CREATE FUNCTION skiplock.enqueue(kind text, args jsonb DEFAULT '{}'::jsonb, queue text DEFAULT 'default'::text, priority integer DEFAULT 0, scheduled_at timestamp with time zone DEFAULT now(), max_attempts integer DEFAULT 25, ordering_key text DEFAULT NULL::text, unique_key text DEFAULT NULL::text, on_conflict text DEFAULT 'skip'::text, depends_on bigint[] DEFAULT '{}'::bigint[]) RETURNS bigint
+    LANGUAGE plpgsql
+    AS $$
+#variable_conflict use_column
+DECLARE
+    new_id bigint;
+    initial skiplock.job_state := 'queued';
+    reason text;
+    missing bigint;
+BEGIN
+    IF priority NOT BETWEEN -32768 AND 32767 THEN
+        RAISE EXCEPTION 'priority must be between -32768 and 32767 (lower runs first), not %',
+            priority USING ERRCODE = 'numeric_value_out_of_range';
+    END IF;
+    IF unique_key IS NOT NULL AND on_conflict NOT IN ('skip', 'replace', 'merge') THEN
+        RAISE EXCEPTION 'on_conflict must be skip, replace or merge, not %', on_conflict
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF unique_key IS NOT NULL AND cardinality(depends_on) > 0 THEN
+        RAISE EXCEPTION 'a job cannot have both a unique_key and dependencies'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF ordering_key IS NOT NULL AND cardinality(depends_on) > 0 THEN
+        RAISE EXCEPTION 'a job cannot have both an ordering_key and dependencies'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF cardinality(depends_on) > 0 THEN
+        SELECT d INTO missing FROM unnest(depends_on) AS d
+        WHERE NOT EXISTS (SELECT 1 FROM skiplock.jobs p WHERE p.id = d) LIMIT 1;
+        IF missing IS NOT NULL THEN
+            RAISE EXCEPTION 'parent job % does not exist', missing
+                USING ERRCODE = 'foreign_key_violation';
+        END IF;
+        SELECT format('parent job %s ended %s', p.id, p.state) INTO reason
+        FROM skiplock.jobs p
+        WHERE p.id = ANY (depends_on) AND p.state IN ('dead', 'cancelled') LIMIT 1;
+        IF reason IS NOT NULL THEN
+            initial := 'cancelled';
+        ELSIF EXISTS (SELECT 1 FROM skiplock.jobs p
+                      WHERE p.id = ANY (depends_on) AND p.state <> 'succeeded') THEN
+            initial := 'waiting';
+        END IF;
+    END IF;
+    PERFORM set_config('skiplock.unique_holder', '', true);
+    INSERT INTO skiplock.jobs AS j (kind, args, queue, priority, scheduled_at, max_attempts,
+                                    ordering_key, unique_key, unique_policy, state,
+                                    finished_at, last_error)
+    VALUES (enqueue.kind, enqueue.args, enqueue.queue, enqueue.priority::smallint,
+            enqueue.scheduled_at,
+            enqueue.max_attempts, enqueue.ordering_key, enqueue.unique_key,
+            CASE WHEN enqueue.unique_key IS NOT NULL THEN on_conflict END, initial,
+            CASE WHEN initial = 'cancelled' THEN now() END, reason)
+    ON CONFLICT (unique_key) WHERE unique_key IS NOT NULL AND state IN ('waiting', 'queued')
+    DO UPDATE SET args = CASE excluded.unique_policy
+        WHEN 'replace' THEN excluded.args
+        WHEN 'merge' THEN j.args || excluded.args
+        ELSE j.args END
+    RETURNING j.id INTO new_id;
+    IF new_id IS NULL THEN
+        -- The insert trigger applied the key's policy to the pending job instead.
+        new_id := nullif(current_setting('skiplock.unique_holder', true), '')::bigint;
+    END IF;
+    IF cardinality(depends_on) > 0 THEN
+        INSERT INTO skiplock.job_dependencies (job_id, parent_id)
+        SELECT new_id, d FROM unnest(depends_on) AS d ON CONFLICT DO NOTHING;
+    END IF;
+    RETURN new_id;
+END;
+$$;
+
+--
+-- Name: FUNCTION enqueue(kind text, args jsonb, queue text, priority integer, scheduled_at timestamp with time zone, max_attempts integer, ordering_key text, unique_key text, on_conflict text, depends_on bigint[]); Type: COMMENT; Schema: skiplock; Owner: -
+--
+
+COMMENT ON FUNCTION skiplock.enqueue(kind text, args jsonb, queue text, priority integer, scheduled_at timestamp with time zone, max_attempts integer, ordering_key text, unique_key text, on_conflict text, depends_on bigint[]) IS 'Enqueues a job from any language and returns its id (or, for a unique_key already pending, that job''s id). Example: SELECT skiplock.enqueue(''send_email'', ''{"to": "a@example.com"}'', priority => -1);';
+
+--
+-- Name: fold_into_key_holder(bigint); Type: FUNCTION; Schema: skiplock; Owner: -
+--
+
+CREATE FUNCTION skiplock.fold_into_key_holder(job_id bigint) RETURNS bigint
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    job skiplock.jobs%ROWTYPE;
+    holder bigint;
+    payload jsonb;
+BEGIN
+    SELECT * INTO job FROM skiplock.jobs WHERE id = job_id;
+    IF job.unique_key IS NULL THEN
+        RETURN NULL;
+    END IF;
+    holder := skiplock.unique_key_holder(job.unique_key, job_id);
+    IF holder IS NOT NULL AND job.unique_policy = 'merge' THEN
+        payload := CASE WHEN jsonb_typeof(job.args) = 'array' THEN job.args
+                        ELSE jsonb_build_array(job.args) END;
+        UPDATE skiplock.jobs SET args = payload || args WHERE id = holder;
+    END IF;
+    RETURN holder;
+END;
+$$;
+
+--
+-- Name: has_unmet_parent(bigint); Type: FUNCTION; Schema: skiplock; Owner: -
+--
+
+CREATE FUNCTION skiplock.has_unmet_parent(job bigint) RETURNS boolean
+    LANGUAGE sql STABLE
+    AS $$
+    SELECT EXISTS (
+        SELECT 1 FROM skiplock.job_dependencies d
+        LEFT JOIN skiplock.jobs p ON p.id = d.parent_id
+        WHERE d.job_id = job
+          AND p.state IS DISTINCT FROM 'succeeded'
+          AND (p.id IS NOT NULL OR d.parent_state IS NOT NULL)
+    );
+$$;
+
+--
+-- Name: job_dependencies_after_insert(); Type: FUNCTION; Schema: skiplock; Owner: -
+--
+
+CREATE FUNCTION skiplock.job_dependencies_after_insert() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    parent_now skiplock.job_state;
+    child_now skiplock.job_state;
+BEGIN
+    IF NEW.parent_state IS NOT NULL THEN
+        RAISE EXCEPTION 'job_dependencies.parent_state is written by skiplock when a parent is deleted; insert the edge with parent_state NULL'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    SELECT state INTO parent_now FROM skiplock.jobs WHERE id = NEW.parent_id FOR KEY SHARE;
+    IF parent_now IS NULL THEN
+        RAISE EXCEPTION 'parent job % does not exist', NEW.parent_id
+            USING ERRCODE = 'foreign_key_violation';
+    END IF;
+    SELECT state INTO child_now FROM skiplock.jobs WHERE id = NEW.job_id FOR UPDATE;
+    IF parent_now = 'succeeded' THEN
+        RETURN NULL;
+    END IF;
+    IF child_now IN ('running', 'succeeded', 'dead') THEN
+        RAISE EXCEPTION 'job % already started; a dependency on job % must be added before it runs',
+            NEW.job_id, NEW.parent_id
+            USING ERRCODE = 'object_not_in_prerequisite_state';
+    END IF;
+    IF child_now = 'queued' THEN
+        IF parent_now IN ('dead', 'cancelled') THEN
+            UPDATE skiplock.jobs
+            SET state = 'cancelled', finished_at = now(),
+                last_error = format('parent job %s ended %s', NEW.parent_id, parent_now)
+            WHERE id = NEW.job_id;
+        ELSE
+            UPDATE skiplock.jobs SET state = 'waiting' WHERE id = NEW.job_id;
+        END IF;
+    END IF;
+    RETURN NULL;
+END;
+$$;
+
+--
+-- Name: job_history_array_add(bigint[], bigint[]); Type: FUNCTION; Schema: skiplock; Owner: -
+--
+
+CREATE FUNCTION skiplock.job_history_array_add(a bigint[], b bigint[]) RETURNS bigint[]
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    AS $$
+    SELECT coalesce(array_agg(coalesce(x, 0) + coalesce(y, 0) ORDER BY n), '{}')
+    FROM unnest(coalesce(a, '{}'), coalesce(b, '{}')) WITH ORDINALITY AS t(x, y, n);
+$$;
+
+--
+-- Name: job_history_run_bounds(); Type: FUNCTION; Schema: skiplock; Owner: -
+--
+
+CREATE FUNCTION skiplock.job_history_run_bounds() RETURNS double precision[]
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    AS $$
+    SELECT '{0.005,0.01,0.025,0.05,0.1,0.25,0.5,1,2.5,5,10,30,60,300,900,3600}'::float8[];
+$$;
+
+--
+-- Name: jobs_after_delete(); Type: FUNCTION; Schema: skiplock; Owner: -
+--
+
+CREATE FUNCTION skiplock.jobs_after_delete() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    children bigint[];
+BEGIN
+    UPDATE skiplock.job_dependencies SET parent_state = OLD.state WHERE parent_id = OLD.id;
+    WITH cancelled AS (
+        UPDATE skiplock.jobs c
+        SET state = 'cancelled', finished_at = now(),
+            last_error = format('parent job %s was deleted while %s', OLD.id, OLD.state)
+        WHERE c.state = 'waiting'
+          AND c.id IN (SELECT d.job_id FROM skiplock.job_dependencies d WHERE d.parent_id = OLD.id)
+        RETURNING c.id
+    )
+    SELECT array_agg(id) INTO children FROM cancelled;
+    IF children IS NOT NULL THEN
+        PERFORM skiplock.settle_dependants(children);
+    END IF;
+    RETURN NULL;
+END;
+$$;
+
+--
+-- Name: jobs_before_insert(); Type: FUNCTION; Schema: skiplock; Owner: -
+--
+
+CREATE FUNCTION skiplock.jobs_before_insert() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    holder bigint;
+    policy text := coalesce(NEW.unique_policy, 'skip');
+    merged jsonb;
+BEGIN
+    IF pg_column_size(NEW.args) > 4096 THEN
+        PERFORM skiplock.check_args_size(NEW.args);
+    END IF;
+    IF NEW.ordering_key IS NOT NULL AND NEW.state = 'queued' THEN
+        -- Lane order: a job behind an unfinished job of its lane waits for its turn.
+        -- Enqueues into one lane take turns until commit, so each sees the one before it.
+        PERFORM pg_advisory_xact_lock(hashtextextended('skiplock.lane:' || NEW.ordering_key, 0));
+        IF EXISTS (SELECT 1 FROM skiplock.jobs o
+                   WHERE o.ordering_key = NEW.ordering_key
+                     AND o.state IN ('waiting', 'queued', 'running')) THEN
+            NEW.state := 'waiting';
+        END IF;
+    END IF;
+    IF NEW.unique_key IS NOT NULL AND NEW.state IN ('waiting', 'queued') THEN
+        IF policy = 'merge' AND jsonb_typeof(NEW.args) <> 'array' THEN
+            NEW.args := jsonb_build_array(NEW.args);
+        END IF;
+        holder := skiplock.unique_key_holder(NEW.unique_key, NEW.id);
+        IF holder IS NOT NULL THEN
+            -- The key's policy, as skiplock.enqueue documents it; no new row.
+            IF policy = 'replace' THEN
+                UPDATE skiplock.jobs SET args = NEW.args WHERE id = holder;
+            ELSIF policy = 'merge' THEN
+                UPDATE skiplock.jobs SET args = args || NEW.args WHERE id = holder
+                RETURNING args INTO merged;
+                IF pg_column_size(merged) > 4096 THEN
+                    PERFORM skiplock.check_args_size(merged);
+                END IF;
+            END IF;
+            -- skiplock.enqueue returns the holder's id.
+            PERFORM set_config('skiplock.unique_holder', holder::text, true);
+            RETURN NULL;
+        END IF;
+    END IF;
+    RETURN NEW;
+END;
+$$;
+
+--
+-- Name: notify_jobs_inserted(); Type: FUNCTION; Schema: skiplock; Owner: -
+--
+
+CREATE FUNCTION skiplock.notify_jobs_inserted() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    q text;
+BEGIN
+    FOR q IN
+        SELECT DISTINCT queue FROM inserted
+        WHERE state = 'queued' AND scheduled_at <= now()
+    LOOP
+        PERFORM pg_notify('skiplock_jobs', q);
+    END LOOP;
+    RETURN NULL;
+END;
+$$;
+
+--
+-- Name: pause_queue(text); Type: FUNCTION; Schema: skiplock; Owner: -
+--
+
+CREATE FUNCTION skiplock.pause_queue(queue_name text) RETURNS void
+    LANGUAGE sql
+    AS $$
+    INSERT INTO skiplock.queues (name, paused) VALUES (queue_name, true)
+    ON CONFLICT (name) DO UPDATE SET paused = true, updated_at = now();
+$$;
+
+--
+-- Name: resume_queue(text); Type: FUNCTION; Schema: skiplock; Owner: -
+--
+
+CREATE FUNCTION skiplock.resume_queue(queue_name text) RETURNS void
+    LANGUAGE sql
+    AS $$
+    INSERT INTO skiplock.queues (name, paused) VALUES (queue_name, false)
+    ON CONFLICT (name) DO UPDATE SET paused = false, updated_at = now();
+    SELECT pg_notify('skiplock_jobs', queue_name);
+$$;
+
+--
+-- Name: retry_dead_jobs(text); Type: FUNCTION; Schema: skiplock; Owner: -
+--
+
+CREATE FUNCTION skiplock.retry_dead_jobs(queue_name text DEFAULT NULL::text) RETURNS SETOF bigint
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    dead_id bigint;
+BEGIN
+    FOR dead_id IN
+        SELECT id FROM skiplock.jobs
+        WHERE state = 'dead' AND (queue_name IS NULL OR queue = queue_name)
+        ORDER BY id
+    LOOP
+        BEGIN
+            IF skiplock.retry_job(dead_id) THEN
+                RETURN NEXT dead_id;
+            END IF;
+        EXCEPTION WHEN OTHERS THEN
+            RAISE WARNING 'skiplock.retry_dead_jobs: job % left dead: %', dead_id, SQLERRM;
+        END;
+    END LOOP;
+END;
+$$;
+
+--
+-- Name: retry_job(bigint); Type: FUNCTION; Schema: skiplock; Owner: -
+--
+
+CREATE FUNCTION skiplock.retry_job(job_id bigint) RETURNS boolean
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    q text;
+    lane text;
+    current skiplock.job_state;
+    holder bigint;
+BEGIN
+    SELECT ordering_key INTO lane FROM skiplock.jobs WHERE id = job_id;
+    IF lane IS NOT NULL THEN
+        PERFORM pg_advisory_xact_lock(hashtextextended('skiplock.lane:' || lane, 0));
+    END IF;
+    SELECT state INTO current FROM skiplock.jobs WHERE id = job_id FOR UPDATE;
+    IF current IS NULL OR current NOT IN ('queued', 'dead', 'cancelled', 'succeeded') THEN
+        RETURN false;
+    END IF;
+    holder := skiplock.fold_into_key_holder(job_id);
+    UPDATE skiplock.jobs j
+    SET state = CASE
+            WHEN holder IS NOT NULL THEN 'cancelled'
+            WHEN lane IS NOT NULL AND EXISTS (
+                SELECT 1 FROM skiplock.jobs o
+                WHERE o.ordering_key = lane AND o.id <> job_id
+                  AND o.state IN ('waiting', 'queued', 'running'))
+            THEN 'waiting'
+            WHEN skiplock.has_unmet_parent(j.id) THEN 'waiting'
+            ELSE 'queued' END::skiplock.job_state,
+        scheduled_at = now(),
+        max_attempts = greatest(max_attempts, attempt + 1),
+        finished_at = CASE WHEN holder IS NOT NULL THEN now() END,
+        last_error = CASE WHEN holder IS NOT NULL
+            THEN skiplock.superseded_message(holder, unique_key) ELSE last_error END
+    WHERE id = job_id AND state IN ('queued', 'dead', 'cancelled', 'succeeded')
+    RETURNING queue INTO q;
+    IF q IS NULL THEN
+        RETURN false;
+    END IF;
+    IF lane IS NOT NULL THEN
+        PERFORM skiplock.advance_lanes(ARRAY[lane]);
+    END IF;
+    -- A child of a dead, cancelled or deleted parent is cancelled again at once, with the
+    -- reason.
+    PERFORM skiplock.settle_dependants(ARRAY(
+        SELECT d.parent_id FROM skiplock.job_dependencies d WHERE d.job_id = retry_job.job_id));
+    PERFORM pg_notify('skiplock_jobs', q);
+    RETURN true;
+END;
+$$;
+
+--
+-- Name: settle_dependants(bigint[]); Type: FUNCTION; Schema: skiplock; Owner: -
+--
+
+CREATE FUNCTION skiplock.settle_dependants(parent_ids bigint[]) RETURNS integer
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    promoted_queues text[];
+    promoted int := 0;
+    cancelled int := 0;
+BEGIN
+    WITH RECURSIVE doomed (id, reason) AS (
+        SELECT d.job_id,
+               CASE WHEN p.id IS NULL
+                    THEN format('parent job %s was deleted while %s', d.parent_id, d.parent_state)
+                    ELSE format('parent job %s ended %s', p.id, p.state) END
+        FROM skiplock.job_dependencies d
+        LEFT JOIN skiplock.jobs p ON p.id = d.parent_id
+        JOIN skiplock.jobs c ON c.id = d.job_id
+        WHERE d.parent_id = ANY (parent_ids)
+          AND (p.state IN ('dead', 'cancelled') OR (p.id IS NULL AND d.parent_state IS NOT NULL))
+          AND c.state = 'waiting'
+        UNION
+        SELECT d.job_id, format('parent job %s was cancelled', d.parent_id)
+        FROM skiplock.job_dependencies d
+        JOIN doomed ON d.parent_id = doomed.id
+        JOIN skiplock.jobs c ON c.id = d.job_id
+        WHERE c.state = 'waiting'
+    )
+    UPDATE skiplock.jobs j
+    SET state = 'cancelled', finished_at = now(), last_error = doomed.reason
+    FROM doomed
+    WHERE j.id = doomed.id AND j.state = 'waiting';
+    GET DIAGNOSTICS cancelled = ROW_COUNT;
+
+    WITH ready AS (
+        UPDATE skiplock.jobs c
+        SET state = 'queued'
+        WHERE c.state = 'waiting'
+          AND c.id IN (SELECT job_id FROM skiplock.job_dependencies WHERE parent_id = ANY (parent_ids))
+          AND NOT skiplock.has_unmet_parent(c.id)
+        RETURNING c.queue
+    )
+    SELECT array_agg(DISTINCT queue), count(*) INTO promoted_queues, promoted FROM ready;
+    PERFORM pg_notify('skiplock_jobs', q) FROM unnest(promoted_queues) AS q;
+    RETURN promoted + cancelled;
+END;
+$$;
+
+--
+-- Name: superseded_message(bigint, text); Type: FUNCTION; Schema: skiplock; Owner: -
+--
+
+CREATE FUNCTION skiplock.superseded_message(holder bigint, key text) RETURNS text
+    LANGUAGE sql IMMUTABLE
+    AS $$
+    SELECT format('superseded: pending job %s holds unique_key %s and runs instead', holder, key);
+$$;
+
+--
+-- Name: unique_key_holder(text, bigint); Type: FUNCTION; Schema: skiplock; Owner: -
+--
+
+CREATE FUNCTION skiplock.unique_key_holder(key text, self bigint) RETURNS bigint
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    holder bigint;
+BEGIN
+    PERFORM pg_advisory_xact_lock(hashtextextended('skiplock.unique:' || key, 0));
+    SELECT o.id INTO holder FROM skiplock.jobs o
+    WHERE o.unique_key = key AND o.state IN ('waiting', 'queued') AND o.id <> self
+    ORDER BY o.id LIMIT 1
+    FOR UPDATE;
+    RETURN holder;
+END;
+$$;
+
+--
+-- Name: job_history_array_sum(bigint[]); Type: AGGREGATE; Schema: skiplock; Owner: -
+--
+
+CREATE AGGREGATE skiplock.job_history_array_sum(bigint[]) (
+    SFUNC = skiplock.job_history_array_add,
+    STYPE = bigint[],
+    INITCOND = '{}'
+);
+
+--
+-- Name: cron_schedules; Type: TABLE; Schema: skiplock; Owner: -
+--
+
+CREATE TABLE skiplock.cron_schedules (
+    name text NOT NULL,
+    expression text NOT NULL,
+    timezone text DEFAULT 'UTC'::text NOT NULL,
+    kind text NOT NULL,
+    args jsonb DEFAULT '{}'::jsonb NOT NULL,
+    queue text DEFAULT 'default'::text NOT NULL,
+    priority smallint DEFAULT 0 NOT NULL,
+    max_attempts integer DEFAULT 25 NOT NULL,
+    missed text DEFAULT 'latest'::text NOT NULL,
+    enabled boolean DEFAULT true NOT NULL,
+    last_slot_at timestamp with time zone DEFAULT now() NOT NULL,
+    last_job_id bigint,
+    last_error text,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    updated_at timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT cron_schedules_kind_not_empty CHECK ((kind <> ''::text)),
+    CONSTRAINT cron_schedules_missed_known CHECK ((missed = ANY (ARRAY['latest'::text, 'skip'::text])))
+);
+
+--
+-- Name: COLUMN cron_schedules.missed; Type: COMMENT; Schema: skiplock; Owner: -
+--
+
+COMMENT ON COLUMN skiplock.cron_schedules.missed IS 'Slots missed while no worker ran: latest = run the most recent missed slot once; skip = run none of them.';
+
+--
+-- Name: jobs; Type: TABLE; Schema: skiplock; Owner: -
+--
+
+CREATE TABLE skiplock.jobs (
+    id bigint NOT NULL,
+    queue text DEFAULT 'default'::text NOT NULL,
+    kind text NOT NULL,
+    args jsonb DEFAULT '{}'::jsonb NOT NULL,
+    state skiplock.job_state DEFAULT 'queued'::skiplock.job_state NOT NULL,
+    priority smallint DEFAULT 0 NOT NULL,
+    scheduled_at timestamp with time zone DEFAULT now() NOT NULL,
+    attempt integer DEFAULT 0 NOT NULL,
+    max_attempts integer DEFAULT 25 NOT NULL,
+    claim_token uuid,
+    claimed_by text,
+    claimed_at timestamp with time zone,
+    heartbeat_at timestamp with time zone,
+    ordering_key text,
+    unique_key text,
+    last_error text,
+    errors jsonb DEFAULT '[]'::jsonb NOT NULL,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    finished_at timestamp with time zone,
+    unique_policy text,
+    progress jsonb,
+    output jsonb,
+    CONSTRAINT jobs_attempt_not_negative CHECK ((attempt >= 0)),
+    CONSTRAINT jobs_claim_token_only_running CHECK (((claim_token IS NULL) OR (state = 'running'::skiplock.job_state))),
+    CONSTRAINT jobs_kind_not_empty CHECK ((kind <> ''::text)),
+    CONSTRAINT jobs_max_attempts_positive CHECK ((max_attempts >= 1)),
+    CONSTRAINT jobs_queue_not_empty CHECK ((queue <> ''::text)),
+    CONSTRAINT jobs_running_has_claim CHECK (((state <> 'running'::skiplock.job_state) OR ((claim_token IS NOT NULL) AND (heartbeat_at IS NOT NULL)))),
+    CONSTRAINT jobs_unique_policy_known CHECK ((unique_policy = ANY (ARRAY['skip'::text, 'replace'::text, 'merge'::text])))
+)
+WITH (autovacuum_vacuum_scale_factor='0.02', autovacuum_analyze_scale_factor='0.02');
+
+--
+-- Name: TABLE jobs; Type: COMMENT; Schema: skiplock; Owner: -
+--
+
+COMMENT ON TABLE skiplock.jobs IS 'Every skiplock job, finished ones included until the pruner removes them.';
+
+--
+-- Name: COLUMN jobs.claim_token; Type: COMMENT; Schema: skiplock; Owner: -
+--
+
+COMMENT ON COLUMN skiplock.jobs.claim_token IS 'Fencing token of the current claim: only a write that presents it may heartbeat, complete or fail the job.';
+
+--
+-- Name: COLUMN jobs.errors; Type: COMMENT; Schema: skiplock; Owner: -
+--
+
+COMMENT ON COLUMN skiplock.jobs.errors IS 'The most recent failures (at most 20), oldest first: {attempt, at, message}.';
+
+--
+-- Name: COLUMN jobs.unique_policy; Type: COMMENT; Schema: skiplock; Owner: -
+--
+
+COMMENT ON COLUMN skiplock.jobs.unique_policy IS 'What a second enqueue with the same unique_key does while this job is pending: skip, replace (new args) or merge (append args).';
+
+--
+-- Name: COLUMN jobs.progress; Type: COMMENT; Schema: skiplock; Owner: -
+--
+
+COMMENT ON COLUMN skiplock.jobs.progress IS 'Latest progress reported by the handler (any JSON).';
+
+--
+-- Name: COLUMN jobs.output; Type: COMMENT; Schema: skiplock; Owner: -
+--
+
+COMMENT ON COLUMN skiplock.jobs.output IS 'Output recorded by the handler (any JSON).';
+
+--
+-- Name: dead_jobs; Type: VIEW; Schema: skiplock; Owner: -
+--
+
+CREATE VIEW skiplock.dead_jobs AS
+ SELECT jobs.id,
+    jobs.queue,
+    jobs.kind,
+    jobs.args,
+    jobs.attempt,
+    jobs.max_attempts,
+    jobs.last_error,
+    jobs.errors,
+    jobs.created_at,
+    jobs.finished_at
+   FROM skiplock.jobs
+  WHERE (jobs.state = 'dead'::skiplock.job_state)
+  ORDER BY jobs.finished_at DESC, jobs.id DESC;
+
+--
+-- Name: VIEW dead_jobs; Type: COMMENT; Schema: skiplock; Owner: -
+--
+
+COMMENT ON VIEW skiplock.dead_jobs IS 'Dead jobs with their last error, newest first. Example: SELECT id, kind, last_error FROM skiplock.dead_jobs LIMIT 20;';
+
+--
+-- Name: job_dependencies; Type: TABLE; Schema: skiplock; Owner: -
+--
+
+CREATE TABLE skiplock.job_dependencies (
+    job_id bigint NOT NULL,
+    parent_id bigint NOT NULL,
+    parent_state skiplock.job_state,
+    CONSTRAINT job_dependencies_not_self CHECK ((job_id <> parent_id)),
+    CONSTRAINT job_dependencies_tombstone_unfinished CHECK ((parent_state IS DISTINCT FROM 'succeeded'::skiplock.job_state))
+);
+
+--
+-- Name: TABLE job_dependencies; Type: COMMENT; Schema: skiplock; Owner: -
+--
+
+COMMENT ON TABLE skiplock.job_dependencies IS 'Edges of the dependency graph: job_id runs only after parent_id succeeded. An edge whose parent row is gone is satisfied when parent_state is NULL (the parent succeeded and was pruned) and never satisfied when parent_state is set (the parent was deleted in that state before it succeeded).';
+
+--
+-- Name: COLUMN job_dependencies.parent_state; Type: COMMENT; Schema: skiplock; Owner: -
+--
+
+COMMENT ON COLUMN skiplock.job_dependencies.parent_state IS 'NULL while the parent exists or after it was deleted as succeeded; the parent''s state when it was deleted before it succeeded (written by skiplock, never by hand).';
+
+--
+-- Name: job_history; Type: TABLE; Schema: skiplock; Owner: -
+--
+
+CREATE TABLE skiplock.job_history (
+    bucket timestamp with time zone NOT NULL,
+    queue text NOT NULL,
+    kind text NOT NULL,
+    succeeded bigint DEFAULT 0 NOT NULL,
+    failed bigint DEFAULT 0 NOT NULL,
+    dead bigint DEFAULT 0 NOT NULL,
+    cancelled bigint DEFAULT 0 NOT NULL,
+    run_count bigint DEFAULT 0 NOT NULL,
+    run_seconds double precision DEFAULT 0 NOT NULL,
+    wait_count bigint DEFAULT 0 NOT NULL,
+    wait_seconds double precision DEFAULT 0 NOT NULL,
+    run_histogram bigint[] DEFAULT '{}'::bigint[] NOT NULL
+);
+
+--
+-- Name: TABLE job_history; Type: COMMENT; Schema: skiplock; Owner: -
+--
+
+COMMENT ON TABLE skiplock.job_history IS 'Hourly (UTC) numbers of pruned jobs per queue and kind; bucket -infinity holds everything older than the retention. Live (not yet pruned) jobs are not in it.';
+
+--
+-- Name: COLUMN job_history.failed; Type: COMMENT; Schema: skiplock; Owner: -
+--
+
+COMMENT ON COLUMN skiplock.job_history.failed IS 'Failed attempts (entries of the jobs'' errors lists), in the hour each failure happened.';
+
+--
+-- Name: COLUMN job_history.run_histogram; Type: COMMENT; Schema: skiplock; Owner: -
+--
+
+COMMENT ON COLUMN skiplock.job_history.run_histogram IS 'Run times counted per interval of skiplock.job_history_run_bounds() (16 bounds, 17 elements): element 1 counts run times under bounds[1], element i+1 those from bounds[i] up to bounds[i+1], element 17 those from bounds[16] on.';
+
+--
+-- Name: jobs_id_seq; Type: SEQUENCE; Schema: skiplock; Owner: -
+--
+
+ALTER TABLE skiplock.jobs ALTER COLUMN id ADD GENERATED ALWAYS AS IDENTITY (
+    SEQUENCE NAME skiplock.jobs_id_seq
+    START WITH 1
+    INCREMENT BY 1
+    NO MINVALUE
+    NO MAXVALUE
+    CACHE 1
+);
+
+--
+-- Name: queues; Type: TABLE; Schema: skiplock; Owner: -
+--
+
+CREATE TABLE skiplock.queues (
+    name text NOT NULL,
+    paused boolean DEFAULT false NOT NULL,
+    updated_at timestamp with time zone DEFAULT now() NOT NULL
+);
+
+--
+-- Name: queue_counts; Type: VIEW; Schema: skiplock; Owner: -
+--
+
+CREATE VIEW skiplock.queue_counts AS
+ SELECT j.queue,
+    COALESCE(q.paused, false) AS paused,
+    count(*) FILTER (WHERE (j.state = 'waiting'::skiplock.job_state)) AS waiting,
+    count(*) FILTER (WHERE (j.state = 'queued'::skiplock.job_state)) AS queued,
+    count(*) FILTER (WHERE (j.state = 'running'::skiplock.job_state)) AS running,
+    count(*) FILTER (WHERE (j.state = 'succeeded'::skiplock.job_state)) AS succeeded,
+    count(*) FILTER (WHERE (j.state = 'dead'::skiplock.job_state)) AS dead,
+    count(*) FILTER (WHERE (j.state = 'cancelled'::skiplock.job_state)) AS cancelled,
+    count(*) AS total
+   FROM (skiplock.jobs j
+     LEFT JOIN skiplock.queues q ON ((q.name = j.queue)))
+  GROUP BY j.queue, q.paused;
+
+--
+-- Name: VIEW queue_counts; Type: COMMENT; Schema: skiplock; Owner: -
+--
+
+COMMENT ON VIEW skiplock.queue_counts IS 'Per queue: how many retained jobs are in each state. Example: SELECT queue, queued, dead FROM skiplock.queue_counts WHERE dead > 0;';
+
+--
+-- Name: queue_lag; Type: VIEW; Schema: skiplock; Owner: -
+--
+
+CREATE VIEW skiplock.queue_lag AS
+ SELECT jobs.queue,
+    min(jobs.scheduled_at) FILTER (WHERE (jobs.scheduled_at <= now())) AS oldest_runnable_at,
+    COALESCE((now() - min(jobs.scheduled_at) FILTER (WHERE ((jobs.scheduled_at <= now()) AND isfinite(jobs.scheduled_at)))), '00:00:00'::interval) AS lag,
+    (COALESCE(EXTRACT(epoch FROM (now() - min(jobs.scheduled_at) FILTER (WHERE ((jobs.scheduled_at <= now()) AND isfinite(jobs.scheduled_at))))), (0)::numeric))::double precision AS lag_seconds
+   FROM skiplock.jobs
+  WHERE (jobs.state = 'queued'::skiplock.job_state)
+  GROUP BY jobs.queue;
+
+--
+-- Name: VIEW queue_lag; Type: COMMENT; Schema: skiplock; Owner: -
+--
+
+COMMENT ON VIEW skiplock.queue_lag IS 'Per queue with queued jobs: how long the oldest runnable job has been due (zero when none is due). Example: SELECT queue, lag FROM skiplock.queue_lag WHERE lag > interval ''1 minute'';';
+
+--
+-- Name: schema_migrations; Type: TABLE; Schema: skiplock; Owner: -
+--
+
+CREATE TABLE skiplock.schema_migrations (
+    version integer NOT NULL,
+    name text NOT NULL,
+    applied_at timestamp with time zone DEFAULT now() NOT NULL
+);
+
+--
+-- Name: stats; Type: VIEW; Schema: skiplock; Owner: -
+--
+
+CREATE VIEW skiplock.stats AS
+ WITH recent AS (
+         SELECT jobs.queue,
+            jobs.kind,
+            jobs.state,
+            jobs.scheduled_at,
+            jobs.finished_at
+           FROM skiplock.jobs
+          WHERE (jobs.state = 'queued'::skiplock.job_state)
+        UNION ALL
+         SELECT jobs.queue,
+            jobs.kind,
+            jobs.state,
+            jobs.scheduled_at,
+            jobs.finished_at
+           FROM skiplock.jobs
+          WHERE (jobs.state = 'waiting'::skiplock.job_state)
+        UNION ALL
+         SELECT jobs.queue,
+            jobs.kind,
+            jobs.state,
+            jobs.scheduled_at,
+            jobs.finished_at
+           FROM skiplock.jobs
+          WHERE (jobs.state = 'running'::skiplock.job_state)
+        UNION ALL
+         SELECT jobs.queue,
+            jobs.kind,
+            jobs.state,
+            jobs.scheduled_at,
+            jobs.finished_at
+           FROM skiplock.jobs
+          WHERE ((jobs.state = ANY (ARRAY['succeeded'::skiplock.job_state, 'dead'::skiplock.job_state])) AND (jobs.finished_at > (now() - '01:00:00'::interval)))
+        )
+ SELECT j.queue,
+    j.kind,
+    COALESCE(q.paused, false) AS paused,
+    count(*) FILTER (WHERE ((j.state = 'queued'::skiplock.job_state) AND (j.scheduled_at <= now()))) AS runnable,
+    count(*) FILTER (WHERE ((j.state = 'queued'::skiplock.job_state) AND (j.scheduled_at > now()))) AS scheduled,
+    count(*) FILTER (WHERE (j.state = 'waiting'::skiplock.job_state)) AS waiting,
+    count(*) FILTER (WHERE (j.state = 'running'::skiplock.job_state)) AS running,
+    count(*) FILTER (WHERE ((j.state = 'succeeded'::skiplock.job_state) AND (j.finished_at > (now() - '01:00:00'::interval)))) AS succeeded_last_hour,
+    count(*) FILTER (WHERE ((j.state = 'dead'::skiplock.job_state) AND (j.finished_at > (now() - '01:00:00'::interval)))) AS dead_last_hour,
+    count(*) FILTER (WHERE ((j.state = 'succeeded'::skiplock.job_state) AND (j.finished_at > (now() - '00:01:00'::interval)))) AS succeeded_last_minute,
+    (COALESCE(EXTRACT(epoch FROM (now() - min(j.scheduled_at) FILTER (WHERE ((j.state = 'queued'::skiplock.job_state) AND (j.scheduled_at <= now()) AND isfinite(j.scheduled_at))))), (0)::numeric))::double precision AS lag_seconds,
+    (((count(*) FILTER (WHERE ((j.state = 'succeeded'::skiplock.job_state) AND (j.finished_at > (now() - '00:01:00'::interval)))))::numeric / 60.0))::double precision AS per_second
+   FROM (recent j
+     LEFT JOIN skiplock.queues q ON ((q.name = j.queue)))
+  GROUP BY j.queue, j.kind, q.paused;
+
+--
+-- Name: VIEW stats; Type: COMMENT; Schema: skiplock; Owner: -
+--
+
+COMMENT ON VIEW skiplock.stats IS 'Per queue and kind: runnable (queued, due), scheduled (queued, not yet due), waiting, running, succeeded and dead in the last hour, lag_seconds (age of the oldest runnable job) and per_second (successes over the last minute / 60). Example: SELECT * FROM skiplock.stats ORDER BY lag_seconds DESC;';
+
+--
+-- Name: throughput; Type: VIEW; Schema: skiplock; Owner: -
+--
+
+CREATE VIEW skiplock.throughput AS
+ SELECT jobs.queue,
+    jobs.kind,
+    count(*) FILTER (WHERE ((jobs.state = 'succeeded'::skiplock.job_state) AND (jobs.finished_at > (now() - '00:01:00'::interval)))) AS succeeded_last_minute,
+    count(*) FILTER (WHERE (jobs.state = 'succeeded'::skiplock.job_state)) AS succeeded_last_hour,
+    count(*) FILTER (WHERE ((jobs.state = 'dead'::skiplock.job_state) AND (jobs.finished_at > (now() - '00:01:00'::interval)))) AS dead_last_minute,
+    count(*) FILTER (WHERE (jobs.state = 'dead'::skiplock.job_state)) AS dead_last_hour,
+    (((count(*) FILTER (WHERE ((jobs.state = 'succeeded'::skiplock.job_state) AND (jobs.finished_at > (now() - '00:01:00'::interval)))))::numeric / 60.0))::double precision AS per_second_last_minute,
+    (((count(*) FILTER (WHERE (jobs.state = 'succeeded'::skiplock.job_state)))::numeric / 3600.0))::double precision AS per_second_last_hour
+   FROM skiplock.jobs
+  WHERE ((jobs.state = ANY (ARRAY['succeeded'::skiplock.job_state, 'dead'::skiplock.job_state])) AND (jobs.finished_at > (now() - '01:00:00'::interval)))
+  GROUP BY jobs.queue, jobs.kind;
+
+--
+-- Name: VIEW throughput; Type: COMMENT; Schema: skiplock; Owner: -
+--
+
+COMMENT ON VIEW skiplock.throughput IS 'Per queue and kind: jobs that succeeded or died in the last minute and hour, and successes per second. Example: SELECT * FROM skiplock.throughput WHERE queue = ''mail'';';
+
+--
+-- Name: cron_schedules cron_schedules_pkey; Type: CONSTRAINT; Schema: skiplock; Owner: -
+--
+
+ALTER TABLE ONLY skiplock.cron_schedules
+    ADD CONSTRAINT cron_schedules_pkey PRIMARY KEY (name);
+
+--
+-- Name: job_dependencies job_dependencies_pkey; Type: CONSTRAINT; Schema: skiplock; Owner: -
+--
+
+ALTER TABLE ONLY skiplock.job_dependencies
+    ADD CONSTRAINT job_dependencies_pkey PRIMARY KEY (job_id, parent_id);
+
+--
+-- Name: job_history job_history_pkey; Type: CONSTRAINT; Schema: skiplock; Owner: -
+--
+
+ALTER TABLE ONLY skiplock.job_history
+    ADD CONSTRAINT job_history_pkey PRIMARY KEY (bucket, queue, kind);
+
+--
+-- Name: jobs jobs_pkey; Type: CONSTRAINT; Schema: skiplock; Owner: -
+--
+
+ALTER TABLE ONLY skiplock.jobs
+    ADD CONSTRAINT jobs_pkey PRIMARY KEY (id);
+
+--
+-- Name: queues queues_pkey; Type: CONSTRAINT; Schema: skiplock; Owner: -
+--
+
+ALTER TABLE ONLY skiplock.queues
+    ADD CONSTRAINT queues_pkey PRIMARY KEY (name);
+
+--
+-- Name: schema_migrations schema_migrations_pkey; Type: CONSTRAINT; Schema: skiplock; Owner: -
+--
+
+ALTER TABLE ONLY skiplock.schema_migrations
+    ADD CONSTRAINT schema_migrations_pkey PRIMARY KEY (version);
+
+--
+-- Name: job_dependencies_parent_idx; Type: INDEX; Schema: skiplock; Owner: -
+--
+
+CREATE INDEX job_dependencies_parent_idx ON skiplock.job_dependencies USING btree (parent_id);
+
+--
+-- Name: jobs_claim_idx; Type: INDEX; Schema: skiplock; Owner: -
+--
+
+CREATE INDEX jobs_claim_idx ON skiplock.jobs USING btree (priority, scheduled_at, id) WHERE (state = 'queued'::skiplock.job_state);
+
+--
+-- Name: jobs_finished_idx; Type: INDEX; Schema: skiplock; Owner: -
+--
+
+CREATE INDEX jobs_finished_idx ON skiplock.jobs USING btree (state, finished_at) WHERE (finished_at IS NOT NULL);
+
+--
+-- Name: jobs_ordering_key_lane_idx; Type: INDEX; Schema: skiplock; Owner: -
+--
+
+CREATE INDEX jobs_ordering_key_lane_idx ON skiplock.jobs USING btree (ordering_key, id) WHERE ((ordering_key IS NOT NULL) AND (state = ANY (ARRAY['waiting'::skiplock.job_state, 'queued'::skiplock.job_state, 'running'::skiplock.job_state])));
+
+--
+-- Name: jobs_ordering_key_running_idx; Type: INDEX; Schema: skiplock; Owner: -
+--
+
+CREATE UNIQUE INDEX jobs_ordering_key_running_idx ON skiplock.jobs USING btree (ordering_key) WHERE ((state = 'running'::skiplock.job_state) AND (ordering_key IS NOT NULL));
+
+--
+-- Name: jobs_running_idx; Type: INDEX; Schema: skiplock; Owner: -
+--
+
+CREATE INDEX jobs_running_idx ON skiplock.jobs USING btree (heartbeat_at) WHERE (state = 'running'::skiplock.job_state);
+
+--
+-- Name: jobs_unique_key_pending_idx; Type: INDEX; Schema: skiplock; Owner: -
+--
+
+CREATE UNIQUE INDEX jobs_unique_key_pending_idx ON skiplock.jobs USING btree (unique_key) WHERE ((unique_key IS NOT NULL) AND (state = ANY (ARRAY['waiting'::skiplock.job_state, 'queued'::skiplock.job_state])));
+
+--
+-- Name: jobs_waiting_idx; Type: INDEX; Schema: skiplock; Owner: -
+--
+
+CREATE INDEX jobs_waiting_idx ON skiplock.jobs USING btree (id) WHERE (state = 'waiting'::skiplock.job_state);
+
+--
+-- Name: jobs Jobs_after_delete_cancel_waiting_children; Type: TRIGGER; Schema: skiplock; Owner: -
+--
+
+CREATE TRIGGER "Jobs_after_delete_cancel_waiting_children" AFTER DELETE ON skiplock.jobs FOR EACH ROW WHEN ((old.state <> 'succeeded'::skiplock.job_state)) EXECUTE FUNCTION skiplock.jobs_after_delete();
+
+--
+-- Name: job_dependencies job_dependencies_after_insert; Type: TRIGGER; Schema: skiplock; Owner: -
+--
+
+CREATE TRIGGER job_dependencies_after_insert AFTER INSERT ON skiplock.job_dependencies FOR EACH ROW EXECUTE FUNCTION skiplock.job_dependencies_after_insert();
+
+--
+-- Name: jobs jobs_before_insert; Type: TRIGGER; Schema: skiplock; Owner: -
+--
+
+CREATE TRIGGER jobs_before_insert BEFORE INSERT ON skiplock.jobs FOR EACH ROW WHEN (((new.ordering_key IS NOT NULL) OR (new.unique_key IS NOT NULL) OR (pg_column_size(new.args) > 4096))) EXECUTE FUNCTION skiplock.jobs_before_insert();
+
+--
+-- Name: jobs jobs_notify_inserted; Type: TRIGGER; Schema: skiplock; Owner: -
+--
+
+CREATE TRIGGER jobs_notify_inserted AFTER INSERT ON skiplock.jobs REFERENCING NEW TABLE AS inserted FOR EACH STATEMENT EXECUTE FUNCTION skiplock.notify_jobs_inserted();
+
+--
+-- Name: job_dependencies job_dependencies_job_id_fkey; Type: FK CONSTRAINT; Schema: skiplock; Owner: -
+--
+
+ALTER TABLE ONLY skiplock.job_dependencies
+    ADD CONSTRAINT job_dependencies_job_id_fkey FOREIGN KEY (job_id) REFERENCES skiplock.jobs(id) ON DELETE CASCADE;
+
+--
+-- PostgreSQL database dump complete
+--

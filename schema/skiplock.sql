@@ -210,24 +210,31 @@ BEGIN
             -- fails has returned no row yet.
             RETURN QUERY
             WITH picked AS (
-                SELECT j.ctid FROM skiplock.jobs j
-                WHERE j.state = 'queued' AND j.scheduled_at <= now()
-                  AND (j.priority, j.scheduled_at, j.id) > (from_priority, from_scheduled_at, from_id)
-                  AND j.queue = ANY (queues) AND j.kind = ANY (kinds)
-                  AND j.queue NOT IN (SELECT q.name FROM skiplock.queues q WHERE q.paused)
-                  AND (j.ordering_key IS NULL OR (
-                      with_lanes
-                      AND NOT EXISTS (
-                          SELECT 1 FROM skiplock.jobs h
-                          WHERE h.ordering_key = j.ordering_key AND h.state = 'running')
-                      AND NOT EXISTS (
-                          SELECT 1 FROM skiplock.jobs h
-                          WHERE h.ordering_key = j.ordering_key AND h.id < j.id
-                            AND h.state IN ('waiting', 'queued', 'running'))
-                  ))
-                ORDER BY j.priority, j.scheduled_at, j.id
+                SELECT p.ctid
+                FROM unnest(queues) AS qn(name)
+                CROSS JOIN LATERAL (
+                    SELECT j.ctid, j.priority, j.scheduled_at, j.id FROM skiplock.jobs j
+                    WHERE j.queue = qn.name AND j.state = 'queued' AND j.scheduled_at <= now()
+                      AND (j.priority, j.scheduled_at, j.id) > (from_priority, from_scheduled_at, from_id)
+                      AND j.kind = ANY (kinds)
+                      AND (j.ordering_key IS NULL OR (
+                          with_lanes
+                          AND NOT EXISTS (
+                              SELECT 1 FROM skiplock.jobs h
+                              WHERE h.ordering_key = j.ordering_key AND h.state = 'running')
+                          AND NOT EXISTS (
+                              SELECT 1 FROM skiplock.jobs h
+                              WHERE h.ordering_key = j.ordering_key AND h.id < j.id
+                                AND h.state IN ('waiting', 'queued', 'running'))
+                      ))
+                    ORDER BY j.priority, j.scheduled_at, j.id
+                    LIMIT max_jobs
+                    FOR UPDATE OF j SKIP LOCKED
+                ) p
+                WHERE NOT EXISTS (
+                    SELECT 1 FROM skiplock.queues q WHERE q.name = qn.name AND q.paused)
+                ORDER BY p.priority, p.scheduled_at, p.id
                 LIMIT max_jobs
-                FOR UPDATE SKIP LOCKED
             ), claimed AS (
                 UPDATE skiplock.jobs j
                 SET state = 'running', claim_token = coalesce(claim_with, gen_random_uuid()), claimed_by = worker,
@@ -1137,7 +1144,7 @@ CREATE INDEX job_dependencies_parent_idx ON skiplock.job_dependencies USING btre
 -- Name: jobs_claim_idx; Type: INDEX; Schema: skiplock; Owner: -
 --
 
-CREATE INDEX jobs_claim_idx ON skiplock.jobs USING btree (priority, scheduled_at, id) WHERE (state = 'queued'::skiplock.job_state);
+CREATE INDEX jobs_claim_idx ON skiplock.jobs USING btree (queue, priority, scheduled_at, id) WHERE (state = 'queued'::skiplock.job_state);
 
 --
 -- Name: jobs_finished_idx; Type: INDEX; Schema: skiplock; Owner: -

@@ -136,7 +136,7 @@ impl ClaimedJob {
 }
 
 /// A place in claim order, the key `(priority, scheduled_at, id)` of a claimed job,
-/// compared in that order (as `jobs_claim_idx` sorts). See [`jobs_claim_batch_after`].
+/// compared in that order (as `jobs_claim_idx` sorts within a queue). See [`jobs_claim_batch_after`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct ClaimPosition {
     /// Priority.

@@ -23,11 +23,18 @@ struct Migration {
 }
 
 /// Every migration, in order. Append only: an applied migration never changes.
-const MIGRATIONS: &[Migration] = &[Migration {
-    version: 1,
-    name: "0001_schema.sql",
-    sql: include_str!("../../migrations/0001_schema.sql"),
-}];
+const MIGRATIONS: &[Migration] = &[
+    Migration {
+        version: 1,
+        name: "0001_schema.sql",
+        sql: include_str!("../../migrations/0001_schema.sql"),
+    },
+    Migration {
+        version: 2,
+        name: "0002_claim_per_queue.sql",
+        sql: include_str!("../../migrations/0002_claim_per_queue.sql"),
+    },
+];
 
 /// The schema version this build of skiplock expects.
 pub const SCHEMA_VERSION_LATEST: i32 = MIGRATIONS[MIGRATIONS.len() - 1].version;

@@ -59,8 +59,12 @@ struct Phase {
 async fn main() {
     let opts = Opts::parse();
     let db = BenchDb::create("fair_share").await;
-    support::print_header("Fair share: a backlog in one queue, a trickle in another", &db, &opts)
-        .await;
+    support::print_header(
+        "Fair share: a backlog in one queue, a trickle in another",
+        &db,
+        &opts,
+    )
+    .await;
     let (backlog, window) = if opts.quick {
         (600_000, Duration::from_secs(8))
     } else {
@@ -98,7 +102,11 @@ async fn main() {
         table.row(vec![
             name.to_owned(),
             thousands(n),
-            if n > 0 { rate(p.a_rate) } else { "–".to_owned() },
+            if n > 0 {
+                rate(p.a_rate)
+            } else {
+                "–".to_owned()
+            },
             p.pickup.len().to_string(),
             q(0.5),
             q(0.9),
@@ -136,7 +144,10 @@ async fn phase(db: &BenchDb, backlog: i64, window: Duration, probes: bool) -> Ph
             done += chunk;
         }
         db.exec("VACUUM ANALYZE skiplock.jobs").await;
-        progress(format!("  preloaded {} jobs into queue a", thousands(backlog)));
+        progress(format!(
+            "  preloaded {} jobs into queue a",
+            thousands(backlog)
+        ));
     }
     progress(format!(
         "phase: a backlog {}, probes into b: {probes}",

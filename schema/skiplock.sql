@@ -557,10 +557,17 @@ $$;
 --
 
 CREATE FUNCTION skiplock.pause_queue(queue_name text) RETURNS void
-    LANGUAGE sql
+    LANGUAGE plpgsql
     AS $$
+BEGIN
+    IF queue_name IS NULL OR queue_name = '' THEN
+        RAISE EXCEPTION 'a queue name cannot be empty'
+            USING ERRCODE = 'check_violation',
+                  HINT = 'pass the queue''s name as its jobs have it in skiplock.jobs.queue';
+    END IF;
     INSERT INTO skiplock.queues (name, paused) VALUES (queue_name, true)
     ON CONFLICT (name) DO UPDATE SET paused = true, updated_at = now();
+END;
 $$;
 
 --
@@ -568,11 +575,18 @@ $$;
 --
 
 CREATE FUNCTION skiplock.resume_queue(queue_name text) RETURNS void
-    LANGUAGE sql
+    LANGUAGE plpgsql
     AS $$
+BEGIN
+    IF queue_name IS NULL OR queue_name = '' THEN
+        RAISE EXCEPTION 'a queue name cannot be empty'
+            USING ERRCODE = 'check_violation',
+                  HINT = 'pass the queue''s name as its jobs have it in skiplock.jobs.queue';
+    END IF;
     INSERT INTO skiplock.queues (name, paused) VALUES (queue_name, false)
     ON CONFLICT (name) DO UPDATE SET paused = false, updated_at = now();
-    SELECT pg_notify('skiplock_jobs', queue_name);
+    PERFORM pg_notify('skiplock_jobs', queue_name);
+END;
 $$;
 
 --
@@ -953,7 +967,8 @@ ALTER TABLE skiplock.jobs ALTER COLUMN id ADD GENERATED ALWAYS AS IDENTITY (
 CREATE TABLE skiplock.queues (
     name text NOT NULL,
     paused boolean DEFAULT false NOT NULL,
-    updated_at timestamp with time zone DEFAULT now() NOT NULL
+    updated_at timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT queues_name_not_empty CHECK ((name <> ''::text))
 );
 
 --

@@ -484,3 +484,41 @@ async fn handlers_record_progress_and_output_for_operators() {
     assert_eq!(progress, json!({"done": 1, "of": 2}));
     assert_eq!(output, json!({"rows": 42}));
 }
+
+/// An empty queue name is refused by `pause_queue` and `resume_queue` with a message that
+/// says so, and by `skiplock.queues` itself (before, `pause_queue('')` paused a queue no
+/// job can be in and the dashboard showed a blank queue).
+#[tokio::test]
+async fn an_empty_queue_name_is_refused_in_sql() {
+    let db = test_db().await;
+    for statement in [
+        "SELECT skiplock.pause_queue('')",
+        "SELECT skiplock.resume_queue('')",
+        "SELECT skiplock.pause_queue(NULL)",
+    ] {
+        let error = sqlx::query(statement)
+            .execute(&db.pool)
+            .await
+            .expect_err(statement);
+        let db_error = error.as_database_error().expect("a database error");
+        assert_eq!(
+            db_error.message(),
+            "a queue name cannot be empty",
+            "{statement}"
+        );
+        assert_eq!(db_error.code().as_deref(), Some("23514"), "{statement}");
+    }
+    let error = sqlx::query("INSERT INTO skiplock.queues (name, paused) VALUES ('', true)")
+        .execute(&db.pool)
+        .await
+        .expect_err("a plain insert");
+    assert_eq!(
+        error.as_database_error().and_then(|e| e.constraint()),
+        Some("queues_name_not_empty")
+    );
+    let paused: i64 = sqlx::query_scalar("SELECT count(*) FROM skiplock.queues")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(paused, 0);
+}

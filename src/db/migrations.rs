@@ -34,6 +34,11 @@ const MIGRATIONS: &[Migration] = &[
         name: "0002_claim_per_queue.sql",
         sql: include_str!("../../migrations/0002_claim_per_queue.sql"),
     },
+    Migration {
+        version: 3,
+        name: "0003_queue_name_not_empty.sql",
+        sql: include_str!("../../migrations/0003_queue_name_not_empty.sql"),
+    },
 ];
 
 /// The schema version this build of skiplock expects.

@@ -68,6 +68,17 @@ pub enum Error {
         expected: i32,
     },
 
+    /// The database's skiplock schema was made by a development build from before the
+    /// migrations were folded into one (its ledger names `0001_jobs.sql`); it cannot be
+    /// upgraded in place.
+    #[error(
+        "the database's skiplock schema (version {found}) was made by a development build of skiplock from before its migrations were folded into one, and cannot be upgraded; use a new database, or drop the schema (`DROP SCHEMA skiplock CASCADE`, which deletes its jobs) and run `skiplock migrate`"
+    )]
+    SchemaFromBeforeFold {
+        /// Version found in `skiplock.schema_migrations` (of the old numbering).
+        found: i32,
+    },
+
     /// A worker or enqueue setting is out of range or contradictory.
     #[error("invalid configuration: {0}")]
     Config(String),

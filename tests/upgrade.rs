@@ -133,3 +133,36 @@ async fn an_incompatible_migration_stops_workers_cleanly_and_loses_nothing() {
     assert_eq!(runs.len(), 40);
     assert!(runs.values().all(|runs| runs == &vec![1]), "{runs:?}");
 }
+
+/// A database migrated by a development build from before the migrations were folded into
+/// one (its ledger at version 13, version 1 named `0001_jobs.sql`) is refused with what to
+/// do, by `migrate` and by the start-up check: before, "newer than this skiplock
+/// understands; upgrade skiplock" pointed the wrong way.
+#[tokio::test]
+async fn a_schema_from_before_the_fold_is_refused_with_what_to_do() {
+    let db = test_db().await;
+    sqlx::raw_sql(
+        "DELETE FROM skiplock.schema_migrations;
+         INSERT INTO skiplock.schema_migrations (version, name)
+         SELECT v, format('%s_old.sql', lpad(v::text, 4, '0')) FROM generate_series(2, 13) v;
+         INSERT INTO skiplock.schema_migrations (version, name) VALUES (1, '0001_jobs.sql');",
+    )
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    for error in [
+        skiplock::migrate(&db.pool).await.unwrap_err(),
+        skiplock::check_schema(&db.pool).await.unwrap_err(),
+    ] {
+        assert!(
+            matches!(error, Error::SchemaFromBeforeFold { found: 13 }),
+            "{error:?}"
+        );
+        assert!(
+            error.to_string().contains(
+                "use a new database, or drop the schema (`DROP SCHEMA skiplock CASCADE`, which deletes its jobs) and run `skiplock migrate`"
+            ),
+            "{error}"
+        );
+    }
+}

@@ -41,6 +41,10 @@ const MIGRATIONS: &[Migration] = &[
     },
 ];
 
+/// What the ledger names version 1 in a database migrated by a development build from
+/// before the migrations were folded into `0001_schema.sql`.
+const FIRST_MIGRATION_BEFORE_FOLD: &str = "0001_jobs.sql";
+
 /// The schema version this build of skiplock expects.
 pub const SCHEMA_VERSION_LATEST: i32 = MIGRATIONS[MIGRATIONS.len() - 1].version;
 
@@ -119,9 +123,18 @@ async fn schema_version_in(conn: &mut PgConnection) -> Result<i32> {
     if !exists {
         return Ok(0);
     }
-    let version: Option<i32> =
-        sqlx::query_scalar("SELECT max(version) FROM skiplock.schema_migrations")
-            .fetch_one(&mut *conn)
-            .await?;
+    let (version, first): (Option<i32>, Option<String>) = sqlx::query_as(
+        "SELECT max(version), min(name) FILTER (WHERE version = 1)
+         FROM skiplock.schema_migrations",
+    )
+    .fetch_one(&mut *conn)
+    .await?;
+    // The first migration of the numbering before the fold; its versions mean other
+    // schemas than today's.
+    if first.as_deref() == Some(FIRST_MIGRATION_BEFORE_FOLD) {
+        return Err(Error::SchemaFromBeforeFold {
+            found: version.unwrap_or(0),
+        });
+    }
     Ok(version.unwrap_or(0))
 }

@@ -15,6 +15,11 @@
 -- its commit: concurrent claims skip them meanwhile, which is harmless. A paused queue is
 -- not walked at all.
 --
+-- The function's statement is planned once per connection (a generic plan): a plan made
+-- for the given array of queues was costed lower than the generic one (one queue against
+-- the ten rows the planner assumes for unnest of a parameter), so Postgres re-planned the
+-- claim on every call, 0.3 ms of a 0.6 ms idle claim.
+--
 -- On a large table, building the index blocks writes to skiplock.jobs for the time it
 -- takes (about 1 s per million queued jobs here); see docs/operating.md, Upgrades.
 
@@ -37,6 +42,7 @@ SET enable_sort = off
 SET enable_bitmapscan = off
 SET enable_seqscan = off
 SET jit = off
+SET plan_cache_mode = force_generic_plan
 AS $$
 DECLARE
     with_lanes boolean := true;

@@ -187,6 +187,7 @@ CREATE FUNCTION skiplock.claim_batch(queues text[], kinds text[], max_jobs bigin
     SET enable_bitmapscan TO 'off'
     SET enable_seqscan TO 'off'
     SET jit TO 'off'
+    SET plan_cache_mode TO 'force_generic_plan'
     AS $$
 DECLARE
     with_lanes boolean := true;

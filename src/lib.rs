@@ -64,6 +64,8 @@ mod job;
 mod maintenance;
 pub mod retry;
 pub mod stats;
+#[cfg(feature = "testing")]
+pub mod testing;
 pub mod worker;
 
 pub use db::jobs::JobRow;

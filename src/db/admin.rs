@@ -46,6 +46,47 @@ pub async fn jobs_list(db: impl PgExecutor<'_>, filter: &JobFilter) -> sqlx::Res
     .await
 }
 
+/// A job of the kind [`jobs_of_kind`] looked for, and whether it matches the rest.
+#[derive(Debug, Clone, FromRow)]
+pub struct KindJob {
+    /// The job.
+    #[sqlx(flatten)]
+    pub job: JobRow,
+    /// Whether its args contain the given args and its queue and priority are the given
+    /// ones (those given).
+    pub matches: bool,
+}
+
+/// Jobs of `kind` in one of `states`, oldest first, each with whether its args contain
+/// `args` (JSON containment, `@>`) and its queue and priority are the given ones, when
+/// given (`skiplock::testing`: the jobs that match, and the others to show when none does).
+pub async fn jobs_of_kind(
+    db: impl PgExecutor<'_>,
+    kind: &str,
+    states: &[JobState],
+    args: Option<&Value>,
+    queue: Option<&str>,
+    priority: Option<i16>,
+) -> sqlx::Result<Vec<KindJob>> {
+    let states: Vec<&str> = states.iter().map(|s| s.as_str()).collect();
+    sqlx::query_as(
+        "SELECT *,
+                ($3::jsonb IS NULL OR args @> $3)
+                AND ($4::text IS NULL OR queue = $4)
+                AND ($5::smallint IS NULL OR priority = $5) AS matches
+         FROM skiplock.jobs
+         WHERE kind = $1 AND state = ANY ($2::text[]::skiplock.job_state[])
+         ORDER BY id",
+    )
+    .bind(kind)
+    .bind(&states)
+    .bind(args)
+    .bind(queue)
+    .bind(priority)
+    .fetch_all(db)
+    .await
+}
+
 /// One job as a JSON object with every column of `skiplock.jobs`, including columns this
 /// build does not model in [`JobRow`] (so `skiplock show` never hides one).
 pub async fn jobs_get_json(db: impl PgExecutor<'_>, id: JobId) -> sqlx::Result<Option<Value>> {

@@ -208,6 +208,34 @@ pub async fn jobs_claim_batch_after(
     .await
 }
 
+/// Claims job `id` alone, now, whatever its `scheduled_at`, if it is `queued`, with the
+/// token `claim_with`: for running one chosen job through a worker (`skiplock::testing`).
+/// Lane and unique-key rules hold as for any claim (a lane whose job runs refuses it with
+/// `jobs_ordering_key_running_idx`).
+pub async fn jobs_claim_one(
+    db: impl PgExecutor<'_>,
+    id: i64,
+    claimed_by: &str,
+    claim_with: Uuid,
+) -> sqlx::Result<Vec<ClaimedJob>> {
+    sqlx::query_as(
+        "UPDATE skiplock.jobs
+         SET state = 'running', claim_token = $3, claimed_by = $2, claimed_at = now(),
+             heartbeat_at = now(), attempt = least(attempt, 2147483646) + 1
+         WHERE id = $1 AND state = 'queued'
+         RETURNING id, queue, kind, args, attempt, max_attempts, claim_token, priority,
+                   CASE WHEN isfinite(scheduled_at)
+                        THEN (extract(epoch FROM scheduled_at) * 1000000)::bigint
+                        ELSE -9223372036854775808 END AS scheduled_at_us",
+    )
+    .bind(id)
+    .bind(claimed_by)
+    .bind(claim_with)
+    .persistent(false)
+    .fetch_all(db)
+    .await
+}
+
 /// The jobs still held by the claim made with `claim_with` (see
 /// [`jobs_claim_batch_after`]): for a claim whose reply was lost, whose jobs nobody runs
 /// and which the caller releases with [`jobs_release_many`]. Reads only `running` rows

@@ -147,6 +147,8 @@ pub struct WorkerConfig {
     pub cron_schedules: Vec<CronSchedule>,
     /// How often the cron scheduler runs; `None` disables it in this worker.
     pub cron_interval: Option<Duration>,
+    /// Claim this job alone, once, then stop when it is settled (`skiplock::testing`).
+    pub(crate) only_job: Option<i64>,
 }
 
 impl Default for WorkerConfig {
@@ -170,6 +172,7 @@ impl Default for WorkerConfig {
             batch_max: BATCH_MAX_DEFAULT,
             cron_schedules: Vec::new(),
             cron_interval: Some(CRON_INTERVAL_DEFAULT),
+            only_job: None,
         }
     }
 }
@@ -280,6 +283,25 @@ impl WorkerBuilder {
     pub fn worker_id(mut self, id: impl Into<String>) -> Self {
         self.config.worker_id = id.into();
         self
+    }
+
+    /// Makes the worker claim job `id` alone, now, and stop once it is settled.
+    #[cfg(feature = "testing")]
+    pub(crate) fn only_job(mut self, id: i64) -> Self {
+        self.config.only_job = Some(id);
+        self
+    }
+
+    /// The pool the worker will use.
+    #[cfg(feature = "testing")]
+    pub(crate) fn pool(&self) -> &PgPool {
+        &self.pool
+    }
+
+    /// Whether a handler for `kind` is registered.
+    #[cfg(feature = "testing")]
+    pub(crate) fn handles(&self, kind: &str) -> bool {
+        self.handlers.contains_key(kind)
     }
 
     /// Sets the fallback poll interval.
@@ -467,6 +489,7 @@ impl WorkerBuilder {
                 counters: Counters::default(),
                 schema_outgrown: std::sync::OnceLock::new(),
                 events: tokio::sync::broadcast::Sender::new(events::EVENTS_BUFFERED),
+                only_job_claimed: std::sync::atomic::AtomicBool::new(false),
             }),
         })
     }
@@ -497,6 +520,8 @@ pub(crate) struct Shared {
     pub(crate) schema_outgrown: std::sync::OnceLock<i32>,
     /// Job events for subscribers ([`Worker::subscribe`]).
     pub(crate) events: tokio::sync::broadcast::Sender<events::JobEvent>,
+    /// Set once the claim of [`WorkerConfig::only_job`] was sent.
+    pub(crate) only_job_claimed: std::sync::atomic::AtomicBool,
 }
 
 /// One queue: its producer's claims, its buffer, and where its job slots come from.

@@ -27,7 +27,9 @@ use super::{
     PREFETCH_HORIZON, Shared, db_retry_delay, metrics, reply_lost, schema_mismatch, sleep_jittered,
     stop_if_schema_outgrown,
 };
-use crate::db::jobs::{ClaimedJob, jobs_claim_batch_after, jobs_claimed_with, jobs_release_many};
+use crate::db::jobs::{
+    ClaimedJob, jobs_claim_batch_after, jobs_claim_one, jobs_claimed_with, jobs_release_many,
+};
 use crate::db::maintenance::jobs_any_active;
 
 /// Claim statements one producer keeps in flight. With two, one claim's commit (its WAL
@@ -136,13 +138,15 @@ pub(super) async fn produce(
                 {
                     pause = Pause::Drained { look_behind_at };
                 }
+                // One chosen job: done once it was claimed and settled (or was not there).
+                let only_job_done = config.only_job.is_some()
+                    && shared.only_job_claimed.load(Ordering::SeqCst);
                 if config.exit_when_idle
                     && !stopping
                     && count == 0
-                    && walk.from.is_none()
                     && in_flight.is_empty()
                     && shared.claims.len() == 0
-                    && idle(&shared).await
+                    && (only_job_done || (walk.from.is_none() && idle(&shared).await))
                 {
                     tracing::info!("no runnable or running job left; exiting as asked");
                     shared.graceful.cancel();
@@ -195,16 +199,25 @@ async fn claim(
     // pool would otherwise hold full walks back for ten times that wait).
     walk.start(Instant::now());
     let token = Uuid::new_v4();
-    let claimed = jobs_claim_batch_after(
-        &mut *connection,
-        &group.queues,
-        &shared.kinds,
-        limit as i64,
-        &shared.config.worker_id,
-        walk.from,
-        Some(token),
-    )
-    .await;
+    let claimed = match shared.config.only_job {
+        // One chosen job, claimed once (`skiplock::testing`).
+        Some(id) if !shared.only_job_claimed.swap(true, Ordering::SeqCst) => {
+            jobs_claim_one(&mut *connection, id, &shared.config.worker_id, token).await
+        }
+        Some(_) => Ok(Vec::new()),
+        None => {
+            jobs_claim_batch_after(
+                &mut *connection,
+                &group.queues,
+                &shared.kinds,
+                limit as i64,
+                &shared.config.worker_id,
+                walk.from,
+                Some(token),
+            )
+            .await
+        }
+    };
     if let Err(e) = &claimed
         && reply_lost(e)
     {

@@ -275,11 +275,30 @@ COMMENT ON FUNCTION skiplock.claim_batch(queues text[], kinds text[], max_jobs b
 --
 
 CREATE FUNCTION skiplock.enqueue(kind text, args jsonb DEFAULT '{}'::jsonb, queue text DEFAULT 'default'::text, priority integer DEFAULT 0, scheduled_at timestamp with time zone DEFAULT now(), max_attempts integer DEFAULT 25, ordering_key text DEFAULT NULL::text, unique_key text DEFAULT NULL::text, on_conflict text DEFAULT 'skip'::text, depends_on bigint[] DEFAULT '{}'::bigint[]) RETURNS bigint
+    LANGUAGE sql
+    AS $$
+    SELECT e.id FROM skiplock.enqueue_job(kind, args, queue, priority, scheduled_at,
+                                          max_attempts, ordering_key, unique_key,
+                                          on_conflict, depends_on) e;
+$$;
+
+--
+-- Name: FUNCTION enqueue(kind text, args jsonb, queue text, priority integer, scheduled_at timestamp with time zone, max_attempts integer, ordering_key text, unique_key text, on_conflict text, depends_on bigint[]); Type: COMMENT; Schema: skiplock; Owner: -
+--
+
+COMMENT ON FUNCTION skiplock.enqueue(kind text, args jsonb, queue text, priority integer, scheduled_at timestamp with time zone, max_attempts integer, ordering_key text, unique_key text, on_conflict text, depends_on bigint[]) IS 'Enqueues a job from any language and returns its id (or, for a unique_key already pending, that job''s id). Example: SELECT skiplock.enqueue(''send_email'', ''{"to": "a@example.com"}'', priority => -1);';
+
+--
+-- Name: enqueue_job(text, jsonb, text, integer, timestamp with time zone, integer, text, text, text, bigint[]); Type: FUNCTION; Schema: skiplock; Owner: -
+--
+
+CREATE FUNCTION skiplock.enqueue_job(kind text, args jsonb DEFAULT '{}'::jsonb, queue text DEFAULT 'default'::text, priority integer DEFAULT 0, scheduled_at timestamp with time zone DEFAULT now(), max_attempts integer DEFAULT 25, ordering_key text DEFAULT NULL::text, unique_key text DEFAULT NULL::text, on_conflict text DEFAULT 'skip'::text, depends_on bigint[] DEFAULT '{}'::bigint[]) RETURNS TABLE(id bigint, outcome text)
     LANGUAGE plpgsql
     AS $$
 #variable_conflict use_column
 DECLARE
     new_id bigint;
+    inserted boolean;
     initial skiplock.job_state := 'queued';
     reason text;
     missing bigint;
@@ -321,17 +340,17 @@ BEGIN
     INSERT INTO skiplock.jobs AS j (kind, args, queue, priority, scheduled_at, max_attempts,
                                     ordering_key, unique_key, unique_policy, state,
                                     finished_at, last_error)
-    VALUES (enqueue.kind, enqueue.args, enqueue.queue, enqueue.priority::smallint,
-            enqueue.scheduled_at,
-            enqueue.max_attempts, enqueue.ordering_key, enqueue.unique_key,
-            CASE WHEN enqueue.unique_key IS NOT NULL THEN on_conflict END, initial,
+    VALUES (enqueue_job.kind, enqueue_job.args, enqueue_job.queue, enqueue_job.priority::smallint,
+            enqueue_job.scheduled_at,
+            enqueue_job.max_attempts, enqueue_job.ordering_key, enqueue_job.unique_key,
+            CASE WHEN enqueue_job.unique_key IS NOT NULL THEN on_conflict END, initial,
             CASE WHEN initial = 'cancelled' THEN now() END, reason)
     ON CONFLICT (unique_key) WHERE unique_key IS NOT NULL AND state IN ('waiting', 'queued')
     DO UPDATE SET args = CASE excluded.unique_policy
         WHEN 'replace' THEN excluded.args
         WHEN 'merge' THEN j.args || excluded.args
         ELSE j.args END
-    RETURNING j.id INTO new_id;
+    RETURNING j.id, j.xmax = 0 INTO new_id, inserted;
     IF new_id IS NULL THEN
         -- The insert trigger applied the key's policy to the pending job instead.
         new_id := nullif(current_setting('skiplock.unique_holder', true), '')::bigint;
@@ -340,15 +359,22 @@ BEGIN
         INSERT INTO skiplock.job_dependencies (job_id, parent_id)
         SELECT new_id, d FROM unnest(depends_on) AS d ON CONFLICT DO NOTHING;
     END IF;
-    RETURN new_id;
+    id := new_id;
+    -- A new row, or the pending job of the key, folded by the key's policy (through ON
+    -- CONFLICT, or by the insert trigger, which leaves no row to return).
+    outcome := CASE WHEN inserted THEN 'inserted'
+                    WHEN on_conflict = 'replace' THEN 'replaced'
+                    WHEN on_conflict = 'merge' THEN 'merged'
+                    ELSE 'skipped' END;
+    RETURN NEXT;
 END;
 $$;
 
 --
--- Name: FUNCTION enqueue(kind text, args jsonb, queue text, priority integer, scheduled_at timestamp with time zone, max_attempts integer, ordering_key text, unique_key text, on_conflict text, depends_on bigint[]); Type: COMMENT; Schema: skiplock; Owner: -
+-- Name: FUNCTION enqueue_job(kind text, args jsonb, queue text, priority integer, scheduled_at timestamp with time zone, max_attempts integer, ordering_key text, unique_key text, on_conflict text, depends_on bigint[]); Type: COMMENT; Schema: skiplock; Owner: -
 --
 
-COMMENT ON FUNCTION skiplock.enqueue(kind text, args jsonb, queue text, priority integer, scheduled_at timestamp with time zone, max_attempts integer, ordering_key text, unique_key text, on_conflict text, depends_on bigint[]) IS 'Enqueues a job from any language and returns its id (or, for a unique_key already pending, that job''s id). Example: SELECT skiplock.enqueue(''send_email'', ''{"to": "a@example.com"}'', priority => -1);';
+COMMENT ON FUNCTION skiplock.enqueue_job(kind text, args jsonb, queue text, priority integer, scheduled_at timestamp with time zone, max_attempts integer, ordering_key text, unique_key text, on_conflict text, depends_on bigint[]) IS 'As skiplock.enqueue, and says what it did: the job''s id with inserted, or, for a unique_key already pending, that job''s id with skipped, replaced or merged. Example: SELECT * FROM skiplock.enqueue_job(''send_email'', ''{"to": "a@example.com"}'', unique_key => ''welcome-42'');';
 
 --
 -- Name: fold_into_key_holder(bigint); Type: FUNCTION; Schema: skiplock; Owner: -

@@ -10,7 +10,7 @@ use serde_json::Value;
 use sqlx::PgExecutor;
 use sqlx::types::Json;
 
-use crate::db::enqueue::{InsertBatch, jobs_insert_many};
+use crate::db::enqueue::{InsertBatch, InsertedJobs, jobs_insert_reporting};
 use crate::error::{Error, Result};
 use crate::job::{EnqueueOptions, Job, JobId, MAX_ATTEMPTS_DEFAULT, QUEUE_DEFAULT};
 
@@ -101,6 +101,67 @@ pub async fn enqueue_with<'e, J: Job>(
     Ok(ids[0])
 }
 
+/// What an enqueue did with a job: a new job, or one folded by its unique key into the
+/// pending job of that key (whose id comes back), by the key's policy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum EnqueueOutcome {
+    /// A new job was written.
+    Inserted,
+    /// A job with the same `unique_key` was pending; it was left as it was (policy skip).
+    Skipped,
+    /// A job with the same `unique_key` was pending; it took the new args (replace).
+    Replaced,
+    /// A job with the same `unique_key` was pending; the new args were appended (merge).
+    Merged,
+}
+
+impl EnqueueOutcome {
+    /// The outcome's name, as `skiplock.enqueue_job` and `skiplock enqueue --json` give it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Inserted => "inserted",
+            Self::Skipped => "skipped",
+            Self::Replaced => "replaced",
+            Self::Merged => "merged",
+        }
+    }
+
+    fn from_sql(outcome: &str) -> Self {
+        match outcome {
+            "skipped" => Self::Skipped,
+            "replaced" => Self::Replaced,
+            "merged" => Self::Merged,
+            _ => Self::Inserted,
+        }
+    }
+}
+
+/// A job's id and what its enqueue did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EnqueueResult {
+    /// The new job's id, or the id of the pending job its unique key folded it into.
+    pub id: JobId,
+    /// What happened.
+    pub outcome: EnqueueOutcome,
+}
+
+/// As [`enqueue_with`], and says whether a new job was written or its unique key folded it
+/// into a pending one (River's `UniqueSkippedAsDuplicate`).
+///
+/// # Errors
+///
+/// As [`enqueue_with`].
+pub async fn enqueue_with_result<'e, J: Job>(
+    db: impl PgExecutor<'e>,
+    job: &J,
+    options: EnqueueOptions,
+) -> Result<EnqueueResult> {
+    let new_job = NewJob::from_job(job, options)?;
+    let results = enqueue_raw_with_results(db, std::slice::from_ref(&new_job)).await?;
+    Ok(results[0])
+}
+
 /// Enqueues many typed jobs of one type in a single statement; ids come back in input order.
 ///
 /// # Errors
@@ -126,8 +187,46 @@ pub async fn enqueue_many<'e, 'j, J: Job>(
 /// or a delay too large to represent; [`Error::Database`] if the insert fails. On error no
 /// job of the batch is inserted.
 pub async fn enqueue_raw<'e>(db: impl PgExecutor<'e>, jobs: &[NewJob]) -> Result<Vec<JobId>> {
+    Ok(insert(db, jobs).await?.ids)
+}
+
+/// As [`enqueue_raw`], and says what each enqueue did.
+///
+/// # Errors
+///
+/// As [`enqueue_raw`].
+pub async fn enqueue_raw_with_results<'e>(
+    db: impl PgExecutor<'e>,
+    jobs: &[NewJob],
+) -> Result<Vec<EnqueueResult>> {
+    let inserted = insert(db, jobs).await?;
+    Ok(match inserted.outcomes {
+        None => inserted
+            .ids
+            .into_iter()
+            .map(|id| EnqueueResult {
+                id,
+                outcome: EnqueueOutcome::Inserted,
+            })
+            .collect(),
+        Some(outcomes) => inserted
+            .ids
+            .into_iter()
+            .zip(outcomes)
+            .map(|(id, outcome)| EnqueueResult {
+                id,
+                outcome: EnqueueOutcome::from_sql(&outcome),
+            })
+            .collect(),
+    })
+}
+
+async fn insert<'e>(db: impl PgExecutor<'e>, jobs: &[NewJob]) -> Result<InsertedJobs> {
     if jobs.is_empty() {
-        return Ok(Vec::new());
+        return Ok(InsertedJobs {
+            ids: Vec::new(),
+            outcomes: None,
+        });
     }
     let mut batch = InsertBatch::default();
     for (index, job) in jobs.iter().enumerate() {
@@ -162,7 +261,7 @@ pub async fn enqueue_raw<'e>(db: impl PgExecutor<'e>, jobs: &[NewJob]) -> Result
             .depends_on
             .push(Json(options.depends_on.iter().map(|id| id.0).collect()));
     }
-    jobs_insert_many(db, &batch).await.map_err(refused)
+    jobs_insert_reporting(db, &batch).await.map_err(refused)
 }
 
 /// Turns the refusals of `skiplock.enqueue(…)` (missing parent, bad option) into

@@ -161,6 +161,25 @@ async fn enqueue_with_a_unique_key_skips_or_replaces() {
     assert_eq!(job_json(&db.pool, first).await["args"], json!({"v": 3}));
     let printed = skiplock(&db, &["enqueue", "noop", "--json"]).await.json();
     assert!(printed["id"].as_i64().unwrap() > first);
+    assert_eq!(printed["outcome"], json!("inserted"));
+    // A duplicate says so: in --json, and on stderr beside the id on stdout.
+    let duplicate = skiplock(
+        &db,
+        &["enqueue", "noop", "{}", "--unique-key", "k", "--json"],
+    )
+    .await
+    .json();
+    assert_eq!(duplicate, json!({ "id": first, "outcome": "skipped" }));
+    let run = skiplock(&db, &["enqueue", "noop", "{}", "--unique-key", "k"]).await;
+    assert_eq!(run.code, Some(0), "{run:#?}");
+    assert_eq!(run.stdout, format!("{first}\n"));
+    assert!(
+        run.stderr.contains(&format!(
+            "job {first} with this unique key was pending: skipped (no new job)"
+        )),
+        "{}",
+        run.stderr
+    );
 }
 
 #[tokio::test]

@@ -262,3 +262,67 @@ async fn sql_enqueue_takes_a_plain_integer_priority_and_refuses_one_out_of_range
         "priority must be between -32768 and 32767 (lower runs first), not 40000"
     );
 }
+
+/// An enqueue says what it did, in Rust and in SQL: a new job, or one its unique key folded
+/// into the pending job of that key by the key's policy (before, both returned an id alone
+/// and a duplicate looked like a new job).
+#[tokio::test]
+async fn an_enqueue_tells_a_new_job_from_a_unique_key_duplicate() {
+    use skiplock::{EnqueueOutcome, UniquePolicy};
+    let db = test_db().await;
+    let pool = &db.pool;
+    let keyed = |policy| EnqueueOptions::new().unique_key("k", policy);
+    let first = skiplock::enqueue_with_result(pool, &Record { n: 1 }, keyed(UniquePolicy::Skip))
+        .await
+        .unwrap();
+    assert_eq!(first.outcome, EnqueueOutcome::Inserted);
+    for (policy, expected) in [
+        (UniquePolicy::Skip, EnqueueOutcome::Skipped),
+        (UniquePolicy::Replace, EnqueueOutcome::Replaced),
+        (UniquePolicy::Merge, EnqueueOutcome::Merged),
+    ] {
+        let again = skiplock::enqueue_with_result(pool, &Record { n: 2 }, keyed(policy))
+            .await
+            .unwrap();
+        assert_eq!((again.id, again.outcome), (first.id, expected));
+    }
+    let plain = skiplock::enqueue_with_result(pool, &Record { n: 3 }, EnqueueOptions::new())
+        .await
+        .unwrap();
+    assert_eq!(plain.outcome, EnqueueOutcome::Inserted);
+    assert_ne!(plain.id, first.id);
+    // A batch: the second job of the batch meets the first one's key.
+    let batch = [json!({"n": 4}), json!({"n": 5})].map(|args| {
+        NewJob::new("record", args)
+            .with_options(EnqueueOptions::new().unique_key("b", UniquePolicy::Skip))
+    });
+    let results = skiplock::enqueue_raw_with_results(pool, &batch)
+        .await
+        .unwrap();
+    assert_eq!(
+        results.iter().map(|r| r.outcome).collect::<Vec<_>>(),
+        vec![EnqueueOutcome::Inserted, EnqueueOutcome::Skipped]
+    );
+    assert_eq!(results[0].id, results[1].id);
+
+    // In SQL: skiplock.enqueue_job returns the id and the outcome; skiplock.enqueue the id.
+    let (id, outcome): (i64, String) = sqlx::query_as(
+        "SELECT * FROM skiplock.enqueue_job('record', '{\"n\": 6}', unique_key => 'k')",
+    )
+    .fetch_one(pool)
+    .await
+    .unwrap();
+    assert_eq!((id, outcome.as_str()), (first.id.0, "skipped"));
+    let (_, outcome): (i64, String) =
+        sqlx::query_as("SELECT * FROM skiplock.enqueue_job('record', '{\"n\": 7}')")
+            .fetch_one(pool)
+            .await
+            .unwrap();
+    assert_eq!(outcome, "inserted");
+    let id: i64 =
+        sqlx::query_scalar("SELECT skiplock.enqueue('record', '{\"n\": 8}', unique_key => 'k')")
+            .fetch_one(pool)
+            .await
+            .unwrap();
+    assert_eq!(id, first.id.0);
+}

@@ -58,12 +58,31 @@ impl InsertBatch {
 /// Plain jobs go in with one `INSERT … SELECT FROM unnest(…)`: rows are produced in input
 /// order, so the identity column hands out increasing ids and sorting them restores the
 /// input order. Batches with unique keys, ordering keys or dependencies call
-/// `skiplock.enqueue(…)` once per job, still in one statement and in input order, so a
+/// `skiplock.enqueue_job(…)` once per job, still in one statement and in input order, so a
 /// later job of the batch sees an earlier one with the same key.
 pub async fn jobs_insert_many(
     db: impl PgExecutor<'_>,
     batch: &InsertBatch,
 ) -> sqlx::Result<Vec<JobId>> {
+    Ok(jobs_insert_reporting(db, batch).await?.ids)
+}
+
+/// Ids of an inserted batch, in input order, and what each enqueue did.
+#[derive(Debug)]
+pub struct InsertedJobs {
+    /// Ids in input order: new jobs, or the pending jobs a unique key folded them into.
+    pub ids: Vec<JobId>,
+    /// What each enqueue did, as `skiplock.enqueue_job` says it (`inserted`, `skipped`,
+    /// `replaced`, `merged`); `None` when the batch took the plain path, where every job
+    /// is inserted.
+    pub outcomes: Option<Vec<String>>,
+}
+
+/// As [`jobs_insert_many`], and says what each enqueue did.
+pub async fn jobs_insert_reporting(
+    db: impl PgExecutor<'_>,
+    batch: &InsertBatch,
+) -> sqlx::Result<InsertedJobs> {
     if batch.needs_per_job_path() {
         return jobs_insert_each(db, batch).await;
     }
@@ -91,26 +110,30 @@ pub async fn jobs_insert_many(
     .fetch_all(db)
     .await?;
     ids.sort_unstable();
-    Ok(ids.into_iter().map(JobId).collect())
+    Ok(InsertedJobs {
+        ids: ids.into_iter().map(JobId).collect(),
+        outcomes: None,
+    })
 }
 
 async fn jobs_insert_each(
     db: impl PgExecutor<'_>,
     batch: &InsertBatch,
-) -> sqlx::Result<Vec<JobId>> {
-    // The function scan yields rows in array order and the target list is evaluated per
-    // row as it comes, so the calls happen in input order; `ord` maps results back.
-    let mut rows: Vec<(i64, i64)> = sqlx::query_as(
-        "SELECT ord, skiplock.enqueue(
-                    kind, args, queue, priority,
-                    coalesce(run_at, now() + delay_ms * interval '1 millisecond'), max_attempts,
-                    ordering_key, unique_key, coalesce(policy, 'skip'),
-                    ARRAY(SELECT jsonb_array_elements_text(parents)::bigint))
+) -> sqlx::Result<InsertedJobs> {
+    // The function scan yields rows in array order and the lateral call runs per row as
+    // it comes, so the calls happen in input order; `ord` maps results back.
+    let mut rows: Vec<(i64, i64, String)> = sqlx::query_as(
+        "SELECT ord, e.id, e.outcome
          FROM unnest($1::text[], $2::jsonb[], $3::text[], $4::smallint[], $5::timestamptz[],
                      $6::bigint[], $7::int[], $8::text[], $9::text[], $10::text[], $11::jsonb[])
               WITH ORDINALITY
               AS j(kind, args, queue, priority, run_at, delay_ms, max_attempts, ordering_key,
-                   unique_key, policy, parents, ord)",
+                   unique_key, policy, parents, ord),
+              LATERAL skiplock.enqueue_job(
+                    kind, args, queue, priority,
+                    coalesce(run_at, now() + delay_ms * interval '1 millisecond'), max_attempts,
+                    ordering_key, unique_key, coalesce(policy, 'skip'),
+                    ARRAY(SELECT jsonb_array_elements_text(parents)::bigint)) e",
     )
     .bind(&batch.kinds)
     .bind(&batch.args)
@@ -125,6 +148,13 @@ async fn jobs_insert_each(
     .bind(&batch.depends_on)
     .fetch_all(db)
     .await?;
-    rows.sort_unstable_by_key(|(ord, _)| *ord);
-    Ok(rows.into_iter().map(|(_, id)| JobId(id)).collect())
+    rows.sort_unstable_by_key(|(ord, _, _)| *ord);
+    let (ids, outcomes) = rows
+        .into_iter()
+        .map(|(_, id, outcome)| (JobId(id), outcome))
+        .unzip();
+    Ok(InsertedJobs {
+        ids,
+        outcomes: Some(outcomes),
+    })
 }

@@ -39,6 +39,11 @@ const MIGRATIONS: &[Migration] = &[
         name: "0003_queue_name_not_empty.sql",
         sql: include_str!("../../migrations/0003_queue_name_not_empty.sql"),
     },
+    Migration {
+        version: 4,
+        name: "0004_enqueue_outcome.sql",
+        sql: include_str!("../../migrations/0004_enqueue_outcome.sql"),
+    },
 ];
 
 /// What the ledger names version 1 in a database migrated by a development build from

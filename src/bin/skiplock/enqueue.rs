@@ -130,15 +130,22 @@ pub async fn run(pool: &PgPool, args: EnqueueArgs) -> anyhow::Result<()> {
     let kind = args.kind.clone().unwrap_or_default();
     let job = NewJob::new(kind, args.args.clone().unwrap_or_else(|| json!({})))
         .with_options(args.options());
-    let id = skiplock::enqueue_raw(pool, &[job])
+    let result = skiplock::enqueue_raw_with_results(pool, &[job])
         .await
         .context("cannot enqueue the job")?[0];
+    let id = result.id;
     if args.json {
-        print_json(&json!({ "id": id }))
-    } else {
-        outln!("{id}");
-        Ok(())
+        return print_json(&json!({ "id": id, "outcome": result.outcome.as_str() }));
     }
+    if result.outcome != skiplock::EnqueueOutcome::Inserted {
+        // stdout stays the id alone, for scripts; the note goes to stderr.
+        eprintln!(
+            "job {id} with this unique key was pending: {} (no new job)",
+            result.outcome.as_str()
+        );
+    }
+    outln!("{id}");
+    Ok(())
 }
 
 /// One line of an NDJSON file.

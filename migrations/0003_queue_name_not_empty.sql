@@ -11,7 +11,8 @@ DELETE FROM skiplock.queues WHERE name = '';
 
 ALTER TABLE skiplock.queues ADD CONSTRAINT queues_name_not_empty CHECK (name <> '');
 
-CREATE OR REPLACE FUNCTION skiplock.pause_queue(queue_name text) RETURNS void
+-- Pausing and resuming write the same row; one function checks the name and writes it.
+CREATE FUNCTION skiplock.set_queue_paused(queue_name text, paused boolean) RETURNS void
 LANGUAGE plpgsql AS $$
 BEGIN
     IF queue_name IS NULL OR queue_name = '' THEN
@@ -19,21 +20,18 @@ BEGIN
             USING ERRCODE = 'check_violation',
                   HINT = 'pass the queue''s name as its jobs have it in skiplock.jobs.queue';
     END IF;
-    INSERT INTO skiplock.queues (name, paused) VALUES (queue_name, true)
-    ON CONFLICT (name) DO UPDATE SET paused = true, updated_at = now();
+    INSERT INTO skiplock.queues AS q (name, paused) VALUES (queue_name, set_queue_paused.paused)
+    ON CONFLICT (name) DO UPDATE SET paused = excluded.paused, updated_at = now();
 END;
 $$;
 
+CREATE OR REPLACE FUNCTION skiplock.pause_queue(queue_name text) RETURNS void
+LANGUAGE sql AS $$
+    SELECT skiplock.set_queue_paused(queue_name, true);
+$$;
+
 CREATE OR REPLACE FUNCTION skiplock.resume_queue(queue_name text) RETURNS void
-LANGUAGE plpgsql AS $$
-BEGIN
-    IF queue_name IS NULL OR queue_name = '' THEN
-        RAISE EXCEPTION 'a queue name cannot be empty'
-            USING ERRCODE = 'check_violation',
-                  HINT = 'pass the queue''s name as its jobs have it in skiplock.jobs.queue';
-    END IF;
-    INSERT INTO skiplock.queues (name, paused) VALUES (queue_name, false)
-    ON CONFLICT (name) DO UPDATE SET paused = false, updated_at = now();
-    PERFORM pg_notify('skiplock_jobs', queue_name);
-END;
+LANGUAGE sql AS $$
+    SELECT skiplock.set_queue_paused(queue_name, false);
+    SELECT pg_notify('skiplock_jobs', queue_name);
 $$;

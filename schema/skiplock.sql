@@ -584,17 +584,9 @@ $$;
 --
 
 CREATE FUNCTION skiplock.pause_queue(queue_name text) RETURNS void
-    LANGUAGE plpgsql
+    LANGUAGE sql
     AS $$
-BEGIN
-    IF queue_name IS NULL OR queue_name = '' THEN
-        RAISE EXCEPTION 'a queue name cannot be empty'
-            USING ERRCODE = 'check_violation',
-                  HINT = 'pass the queue''s name as its jobs have it in skiplock.jobs.queue';
-    END IF;
-    INSERT INTO skiplock.queues (name, paused) VALUES (queue_name, true)
-    ON CONFLICT (name) DO UPDATE SET paused = true, updated_at = now();
-END;
+    SELECT skiplock.set_queue_paused(queue_name, true);
 $$;
 
 --
@@ -602,18 +594,10 @@ $$;
 --
 
 CREATE FUNCTION skiplock.resume_queue(queue_name text) RETURNS void
-    LANGUAGE plpgsql
+    LANGUAGE sql
     AS $$
-BEGIN
-    IF queue_name IS NULL OR queue_name = '' THEN
-        RAISE EXCEPTION 'a queue name cannot be empty'
-            USING ERRCODE = 'check_violation',
-                  HINT = 'pass the queue''s name as its jobs have it in skiplock.jobs.queue';
-    END IF;
-    INSERT INTO skiplock.queues (name, paused) VALUES (queue_name, false)
-    ON CONFLICT (name) DO UPDATE SET paused = false, updated_at = now();
-    PERFORM pg_notify('skiplock_jobs', queue_name);
-END;
+    SELECT skiplock.set_queue_paused(queue_name, false);
+    SELECT pg_notify('skiplock_jobs', queue_name);
 $$;
 
 --
@@ -693,6 +677,24 @@ BEGIN
         SELECT d.parent_id FROM skiplock.job_dependencies d WHERE d.job_id = retry_job.job_id));
     PERFORM pg_notify('skiplock_jobs', q);
     RETURN true;
+END;
+$$;
+
+--
+-- Name: set_queue_paused(text, boolean); Type: FUNCTION; Schema: skiplock; Owner: -
+--
+
+CREATE FUNCTION skiplock.set_queue_paused(queue_name text, paused boolean) RETURNS void
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    IF queue_name IS NULL OR queue_name = '' THEN
+        RAISE EXCEPTION 'a queue name cannot be empty'
+            USING ERRCODE = 'check_violation',
+                  HINT = 'pass the queue''s name as its jobs have it in skiplock.jobs.queue';
+    END IF;
+    INSERT INTO skiplock.queues AS q (name, paused) VALUES (queue_name, set_queue_paused.paused)
+    ON CONFLICT (name) DO UPDATE SET paused = excluded.paused, updated_at = now();
 END;
 $$;
 

@@ -205,7 +205,7 @@ const PATIENCE: Duration = Duration::from_secs(300);
 /// registered, or it could not be claimed (a job of its lane runs); what
 /// [`Worker::run`](crate::Worker::run) returns otherwise.
 pub async fn perform_job(builder: WorkerBuilder, id: i64) -> Result<JobEvent> {
-    let job = jobs_get(&builder_pool(&builder), JobId(id))
+    let job = jobs_get(builder.pool(), JobId(id))
         .await?
         .ok_or_else(|| Error::InvalidJob(format!("job {id} does not exist")))?;
     if job.state != JobState::Queued {
@@ -268,10 +268,6 @@ fn fast(builder: WorkerBuilder) -> WorkerBuilder {
         .poll_interval(Duration::from_millis(50))
         .prune_interval(None)
         .cron_interval(None)
-}
-
-fn builder_pool(builder: &WorkerBuilder) -> sqlx::PgPool {
-    builder.pool().clone()
 }
 
 #[cfg(doctest)]

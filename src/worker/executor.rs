@@ -103,13 +103,16 @@ pub(super) async fn dispatch(
         );
         executors.spawn(
             async move {
+                let mut job = job;
                 let id = job.id;
                 let token = job.claim_token;
                 let (attempt, max_attempts) = (job.attempt, job.max_attempts);
-                let (kind, queue) = (job.kind.clone(), job.queue.clone());
+                // The args go to the handler; the job's kind and queue stay here for the
+                // metrics and the event, without a copy per job.
+                let args = std::mem::take(&mut job.args.0);
                 let started = std::time::Instant::now();
                 metrics::running(1.0);
-                let outcome = execute(&shared, job).await;
+                let outcome = execute(&shared, &job, args).await;
                 metrics::running(-1.0);
                 let took = started.elapsed();
                 let ended = report_outcome(&outcome, attempt, max_attempts, took);
@@ -122,11 +125,11 @@ pub(super) async fn dispatch(
                 } else {
                     ended
                 };
-                metrics::job_ended(&kind, &queue, ended, took);
+                metrics::job_ended(&job.kind, &job.queue, ended, took);
                 let event = (shared.events.receiver_count() > 0).then(|| JobEvent {
                     id: JobId(id),
-                    kind,
-                    queue,
+                    kind: job.kind,
+                    queue: job.queue,
                     attempt,
                     outcome: event_outcome(&outcome, ended, took),
                 });
@@ -166,12 +169,12 @@ fn release_unstarted(job: ClaimedJob, outcomes: &mpsc::UnboundedSender<Finished>
 
 /// Runs one job to its outcome: decode, run with the kind's timeout, catch panics, and
 /// stop early if the claim is lost or the worker shuts down hard.
-async fn execute(shared: &Shared, job: ClaimedJob) -> Outcome {
+async fn execute(shared: &Shared, job: &ClaimedJob, args: serde_json::Value) -> Outcome {
     let Some(handler) = shared.handlers.get(&job.kind).cloned() else {
         // Unreachable: the claim filters on registered kinds. Give the job back untouched.
         return Outcome::Released;
     };
-    let stop = stop_token(shared, &job);
+    let stop = stop_token(shared, job);
     let ctx = JobContext {
         id: JobId(job.id),
         kind: job.kind.clone(),
@@ -185,7 +188,6 @@ async fn execute(shared: &Shared, job: ClaimedJob) -> Outcome {
     };
     let timeout = handler.timeout();
     let policy_delay_ms = delay_ms(handler.retry_delay(job.attempt));
-    let args = job.args.0;
     let run = AssertUnwindSafe(async move { handler.call(args, ctx).await }).catch_unwind();
     let timed = async {
         match timeout {

@@ -272,21 +272,20 @@ pub async fn run(pool: sqlx::PgPool, args: WorkArgs) -> anyhow::Result<()> {
     if let Some(prefetch) = args.prefetch {
         builder = builder.prefetch(prefetch);
     }
-    let defaults = skiplock::worker::WorkerConfig::default();
+    use skiplock::worker::{
+        HEARTBEAT_INTERVAL_DEFAULT, POLL_INTERVAL_DEFAULT, STALE_AFTER_DEFAULT,
+    };
+    let retention = Retention::default();
     builder = builder
         .heartbeat(
-            args.heartbeat.unwrap_or(defaults.heartbeat_interval),
-            args.stale_after.unwrap_or(defaults.stale_after),
+            args.heartbeat.unwrap_or(HEARTBEAT_INTERVAL_DEFAULT),
+            args.stale_after.unwrap_or(STALE_AFTER_DEFAULT),
         )
-        .poll_interval(args.poll_interval.unwrap_or(defaults.poll_interval))
+        .poll_interval(args.poll_interval.unwrap_or(POLL_INTERVAL_DEFAULT))
         .retention(Retention {
-            succeeded: args
-                .retain_succeeded
-                .unwrap_or(defaults.retention.succeeded),
-            cancelled: args
-                .retain_cancelled
-                .unwrap_or(defaults.retention.cancelled),
-            dead: args.retain_dead.unwrap_or(defaults.retention.dead),
+            succeeded: args.retain_succeeded.unwrap_or(retention.succeeded),
+            cancelled: args.retain_cancelled.unwrap_or(retention.cancelled),
+            dead: args.retain_dead.unwrap_or(retention.dead),
         });
     if let Some(interval) = args.prune_interval {
         builder = builder.prune_interval((!interval.is_zero()).then_some(interval));

@@ -65,6 +65,8 @@ pub(super) async fn dispatch(
 ) {
     let slots = shared.groups[group].slots.clone();
     let member = shared.groups[group].member;
+    // A job taken from the buffer that never got a slot before the shutdown.
+    let mut in_hand = None;
     loop {
         // A job in hand first, then a slot: a queue waits for a slot only when it has work,
         // so an idle queue lends its share of the pool to the others (see `slots`).
@@ -79,7 +81,7 @@ pub(super) async fn dispatch(
         let permit = tokio::select! {
             biased;
             () = shared.graceful.cancelled() => {
-                release_unstarted(job, &outcomes);
+                in_hand = Some(job);
                 break;
             }
             slot = slots.acquire(member) => slot,
@@ -148,8 +150,14 @@ pub(super) async fn dispatch(
             .instrument(span),
         );
     }
-    // The producer stops on the same signal; once it has, the buffer closes and drains.
+    // The producer stops on the same signal; once its claims in flight have landed, the
+    // buffer closes. Nothing is released before then: a release committed earlier could be
+    // claimed again by one of those claims, and the job released twice.
+    let mut unstarted: Vec<ClaimedJob> = in_hand.into_iter().collect();
     while let Some(job) = buffer.recv().await {
+        unstarted.push(job);
+    }
+    for job in unstarted {
         release_unstarted(job, &outcomes);
     }
 }

@@ -79,6 +79,16 @@ pub enum Error {
         found: i32,
     },
 
+    /// A write of a running job's claim holder found the claim gone: the job was reaped
+    /// (its heartbeat went stale), cancelled or deleted, and may run elsewhere now.
+    #[error(
+        "the claim on job {id} is no longer held (reaped, cancelled or deleted); roll back the transaction"
+    )]
+    ClaimLost {
+        /// The job.
+        id: crate::JobId,
+    },
+
     /// A worker or enqueue setting is out of range or contradictory.
     #[error("invalid configuration: {0}")]
     Config(String),

@@ -300,6 +300,9 @@ pub struct JobContext {
     pub(crate) pool: PgPool,
     pub(crate) claim_token: uuid::Uuid,
     pub(crate) stop: CancellationToken,
+    /// Set once [`complete_in`](JobContext::complete_in) wrote the completion (see
+    /// `worker::claims`).
+    pub(crate) completed_in_tx: Arc<std::sync::atomic::AtomicBool>,
     pub(crate) data: Arc<DataMap>,
 }
 
@@ -365,6 +368,57 @@ impl JobContext {
     /// [`Error::Database`](crate::Error::Database) if the write fails.
     pub async fn set_output(&self, output: serde_json::Value) -> crate::Result<()> {
         crate::db::jobs::jobs_set_output(&self.pool, self.id.0, self.claim_token, &output).await?;
+        Ok(())
+    }
+
+    /// Completes the job inside `tx`, the handler's own transaction: the handler's writes
+    /// and the job's `succeeded` commit together or not at all. This is the path to an
+    /// exactly-once *effect* for work that stays in this database (the job itself still
+    /// runs at least once: a crash before the commit runs it again, and the rolled-back
+    /// writes are as if that attempt never happened).
+    ///
+    /// Fenced by the claim token like every completion: if the claim was lost (the job
+    /// was reaped, cancelled or deleted), this returns [`Error::ClaimLost`] and the
+    /// handler must roll back (`?` does, by dropping the transaction). Once the
+    /// transaction commits the job has succeeded, whatever the handler returns after; if
+    /// it rolls back, the handler's result decides as usual. Lanes and dependants move on
+    /// after the handler returns, as for any completion.
+    ///
+    /// ```no_run
+    /// # use skiplock::{Job, JobContext, JobError};
+    /// # #[derive(serde::Serialize, serde::Deserialize)]
+    /// # struct Credit { account: i64, cents: i64 }
+    /// # impl Job for Credit {
+    /// #     const KIND: &'static str = "credit";
+    /// async fn run(self, ctx: JobContext) -> Result<(), JobError> {
+    ///     let mut tx = ctx.pool().begin().await?;
+    ///     sqlx::query("UPDATE accounts SET cents = cents + $2 WHERE id = $1")
+    ///         .bind(self.account)
+    ///         .bind(self.cents)
+    ///         .execute(&mut *tx)
+    ///         .await?;
+    ///     ctx.complete_in(&mut tx).await?;
+    ///     tx.commit().await?;
+    ///     Ok(())
+    /// }
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`Error::ClaimLost`] if the claim is no longer held;
+    /// [`Error::Database`](crate::Error::Database) if the write fails.
+    ///
+    /// [`Error::ClaimLost`]: crate::Error::ClaimLost
+    pub async fn complete_in(&self, tx: &mut sqlx::PgConnection) -> crate::Result<()> {
+        let saved =
+            crate::db::jobs::jobs_complete_many(&mut *tx, &[self.id.0], &[self.claim_token])
+                .await?;
+        if saved.is_empty() {
+            return Err(crate::Error::ClaimLost { id: self.id });
+        }
+        self.completed_in_tx
+            .store(true, std::sync::atomic::Ordering::Release);
         Ok(())
     }
 

@@ -195,3 +195,291 @@ async fn a_snooze_runs_the_job_again_without_spending_an_attempt() {
     }
     assert_eq!(snoozes, 2);
 }
+
+/// The application's table that `complete_in` handlers write to.
+async fn create_ledger(pool: &sqlx::PgPool) {
+    sqlx::query("CREATE TABLE ledger (job_id bigint NOT NULL, attempt int NOT NULL)")
+        .execute(pool)
+        .await
+        .unwrap();
+}
+
+/// The handler's own write: one ledger row for this attempt.
+async fn write_ledger(tx: &mut sqlx::PgConnection, ctx: &JobContext) -> sqlx::Result<()> {
+    sqlx::query("INSERT INTO ledger (job_id, attempt) VALUES ($1, $2)")
+        .bind(ctx.id().0)
+        .bind(ctx.attempt())
+        .execute(tx)
+        .await?;
+    Ok(())
+}
+
+/// How a [`Credits`] handler ends, after writing its ledger row and completing its job in
+/// the same transaction.
+#[derive(Serialize, Deserialize, Clone, Copy, PartialEq, Eq, Debug)]
+enum CreditEnd {
+    /// Commits and returns `Ok`.
+    Commit,
+    /// On attempt 1, returns an error without committing (the transaction rolls back);
+    /// then commits.
+    FailBeforeCommitOnce,
+    /// Commits, then returns an error.
+    FailAfterCommit,
+    /// Commits, then waits for a heartbeat of the worker (another job's `heartbeat_at`
+    /// moving past the commit) before it returns `Ok`.
+    OutliveAHeartbeat,
+}
+
+/// Writes a ledger row and completes its job in one transaction, then ends as told.
+#[derive(Serialize, Deserialize)]
+struct Credits {
+    end: CreditEnd,
+}
+
+/// What [`Credits`] handlers saw: whether each was stopped while it ran.
+#[derive(Default, Clone)]
+struct CreditLog(std::sync::Arc<std::sync::Mutex<Vec<(i64, bool)>>>);
+
+impl Job for Credits {
+    const KIND: &'static str = "credits";
+
+    async fn run(self, ctx: JobContext) -> Result<(), JobError> {
+        let mut tx = ctx.pool().begin().await?;
+        write_ledger(&mut tx, &ctx).await?;
+        ctx.complete_in(&mut tx).await?;
+        if self.end == CreditEnd::FailBeforeCommitOnce && ctx.attempt() == 1 {
+            return Err(JobError::retry("failed before the commit"));
+        }
+        let committed: chrono::DateTime<chrono::Utc> =
+            sqlx::query_scalar("SELECT clock_timestamp()")
+                .fetch_one(&mut *tx)
+                .await?;
+        tx.commit().await?;
+        if self.end == CreditEnd::OutliveAHeartbeat {
+            wait_for("a heartbeat after the commit", PATIENCE, || async {
+                let beat: Option<chrono::DateTime<chrono::Utc>> = sqlx::query_scalar(
+                    "SELECT max(heartbeat_at) FROM skiplock.jobs WHERE kind = 'holds'",
+                )
+                .fetch_one(ctx.pool())
+                .await
+                .unwrap();
+                beat.is_some_and(|beat| beat > committed)
+            })
+            .await;
+        }
+        let log = ctx.data::<CreditLog>().unwrap();
+        log.0.lock().unwrap().push((ctx.id().0, ctx.is_stopped()));
+        if self.end == CreditEnd::FailAfterCommit {
+            return Err(JobError::retry("failed after the commit"));
+        }
+        Ok(())
+    }
+
+    fn retry_delay(_attempt: i32) -> Duration {
+        Duration::from_millis(10)
+    }
+}
+
+/// Runs until every `credits` job has succeeded, so that the worker heartbeats a claim
+/// while a [`Credits`] handler outlives its own.
+#[derive(Serialize, Deserialize)]
+struct Holds;
+
+impl Job for Holds {
+    const KIND: &'static str = "holds";
+
+    async fn run(self, ctx: JobContext) -> Result<(), JobError> {
+        wait_for("the credits to succeed", PATIENCE, || async {
+            let left: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM skiplock.jobs WHERE kind = 'credits' AND state <> 'succeeded'",
+            )
+            .fetch_one(ctx.pool())
+            .await
+            .unwrap();
+            left == 0
+        })
+        .await;
+        Ok(())
+    }
+}
+
+/// `JobContext::complete_in`: the handler's writes and its job's completion commit
+/// together or roll back together. A rollback leaves the claim held and the handler's
+/// result decides (here a retry, whose second attempt commits); after a commit the job
+/// stays succeeded whatever the handler returns, the heartbeat that finds the claim gone
+/// does not stop the handler, and nothing is reported lost.
+#[tokio::test]
+async fn a_completion_in_the_handlers_transaction_commits_and_rolls_back_with_it() {
+    let db = test_db().await;
+    let pool = &db.pool;
+    create_ledger(pool).await;
+    let ends = [
+        CreditEnd::Commit,
+        CreditEnd::FailBeforeCommitOnce,
+        CreditEnd::FailAfterCommit,
+        CreditEnd::OutliveAHeartbeat,
+    ];
+    let mut ids = Vec::new();
+    for end in ends {
+        ids.push(skiplock::enqueue(pool, &Credits { end }).await.unwrap().0);
+    }
+    skiplock::enqueue(pool, &Holds).await.unwrap();
+    let recorder = Recorder::default();
+    let log = CreditLog::default();
+    let worker = fast_worker(pool, &recorder)
+        .register::<Credits>()
+        .register::<Holds>()
+        .data(log.clone())
+        .concurrency(8)
+        .build()
+        .unwrap();
+    let mut events = worker.subscribe();
+    let stop = worker.shutdown_handle();
+    let run = tokio::spawn(worker.run());
+    wait_for("every job to succeed", PATIENCE, || async {
+        common::fixtures::count_in_state(pool, JobState::Succeeded).await == 5
+    })
+    .await;
+    stop.shutdown();
+    let summary = run.await.unwrap().unwrap();
+    assert_eq!(
+        (summary.succeeded, summary.failed, summary.lost),
+        (5, 1, 0),
+        "{summary:?}"
+    );
+
+    let ledger: Vec<(i64, i32)> =
+        sqlx::query_as("SELECT job_id, attempt FROM ledger ORDER BY job_id")
+            .fetch_all(pool)
+            .await
+            .unwrap();
+    assert_eq!(
+        ledger,
+        vec![(ids[0], 1), (ids[1], 2), (ids[2], 1), (ids[3], 1)],
+        "one row per job: the first attempt of the second rolled back"
+    );
+    for (&id, end) in ids.iter().zip(ends) {
+        let (attempt, errors): (i32, serde_json::Value) =
+            sqlx::query_as("SELECT attempt, errors FROM skiplock.jobs WHERE id = $1")
+                .bind(id)
+                .fetch_one(pool)
+                .await
+                .unwrap();
+        let failures = errors.as_array().unwrap().len();
+        let expected = if end == CreditEnd::FailBeforeCommitOnce {
+            (2, 1)
+        } else {
+            (1, 0)
+        };
+        assert_eq!((attempt, failures), expected, "{end:?}");
+    }
+    let mut log = log.0.lock().unwrap().clone();
+    log.sort_unstable();
+    assert_eq!(
+        log,
+        ids.iter().map(|&id| (id, false)).collect::<Vec<_>>(),
+        "every committed handler ran to its end, unstopped"
+    );
+    let mut completed = Vec::new();
+    while let Some(event) = tokio::time::timeout(PATIENCE, events.recv()).await.unwrap() {
+        match event.outcome {
+            skiplock::JobEventOutcome::Completed { .. } => completed.push(event.id.0),
+            skiplock::JobEventOutcome::Retried { .. } => {
+                assert_eq!(event.id.0, ids[1], "only the rolled-back attempt retried");
+            }
+            other => panic!("unexpected event {other:?} for job {}", event.id),
+        }
+    }
+    completed.sort_unstable();
+    assert!(ids.iter().all(|id| completed.contains(id)), "{completed:?}");
+}
+
+/// Waits in its handler until told to go on, then writes a ledger row and completes its
+/// job in one transaction.
+#[derive(Serialize, Deserialize)]
+struct CreditsWhenTold;
+
+/// Tells [`CreditsWhenTold`] handlers to go on, and keeps what their `complete_in` said.
+#[derive(Default, Clone)]
+struct Go {
+    go: std::sync::Arc<tokio::sync::Notify>,
+    said: std::sync::Arc<std::sync::Mutex<Option<String>>>,
+}
+
+impl Job for CreditsWhenTold {
+    const KIND: &'static str = "credits_when_told";
+
+    async fn run(self, ctx: JobContext) -> Result<(), JobError> {
+        let go = ctx.data::<Go>().unwrap();
+        go.go.notified().await;
+        let mut tx = ctx.pool().begin().await?;
+        write_ledger(&mut tx, &ctx).await?;
+        let completed = ctx.complete_in(&mut tx).await;
+        *go.said.lock().unwrap() = Some(match &completed {
+            Ok(()) => "completed".to_owned(),
+            Err(e) => e.to_string(),
+        });
+        completed?;
+        tx.commit().await?;
+        Ok(())
+    }
+}
+
+/// `complete_in` is fenced: once the claim is gone (here taken by hand, as a reap and a
+/// new claim elsewhere would), it refuses with `Error::ClaimLost`, and the handler's
+/// writes roll back with its transaction.
+#[tokio::test]
+async fn a_completion_in_the_handlers_transaction_is_refused_once_the_claim_is_gone() {
+    let db = test_db().await;
+    let pool = &db.pool;
+    create_ledger(pool).await;
+    let id = skiplock::enqueue(pool, &CreditsWhenTold).await.unwrap().0;
+    let go = Go::default();
+    // No heartbeat during the test: it would find the claim gone and stop the handler
+    // before it could try.
+    let worker = skiplock::Worker::builder(pool.clone())
+        .register::<CreditsWhenTold>()
+        .data(go.clone())
+        .heartbeat(Duration::from_secs(600), Duration::from_secs(1800))
+        .prune_interval(None)
+        .build()
+        .unwrap();
+    let stop = worker.shutdown_handle();
+    let run = tokio::spawn(worker.run());
+    wait_for("the job to run", PATIENCE, || async {
+        state_of(pool, id).await == JobState::Running
+    })
+    .await;
+    sqlx::query("UPDATE skiplock.jobs SET claim_token = gen_random_uuid() WHERE id = $1")
+        .bind(id)
+        .execute(pool)
+        .await
+        .unwrap();
+    go.go.notify_one();
+    wait_for("the handler to try", PATIENCE, || async {
+        go.said.lock().unwrap().is_some()
+    })
+    .await;
+    stop.shutdown();
+    let summary = run.await.unwrap().unwrap();
+    assert_eq!(
+        go.said.lock().unwrap().as_deref(),
+        Some(
+            format!(
+                "the claim on job {id} is no longer held (reaped, cancelled or deleted); roll back the transaction"
+            )
+            .as_str()
+        )
+    );
+    let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM ledger")
+        .fetch_one(pool)
+        .await
+        .unwrap();
+    assert_eq!(rows, 0, "the handler's write rolled back");
+    assert_eq!(
+        state_of(pool, id).await,
+        JobState::Running,
+        "not ours to finish"
+    );
+    assert_eq!((summary.succeeded, summary.lost), (0, 1), "{summary:?}");
+}

@@ -9,7 +9,8 @@
 //! live one: its heartbeat stopped and the job was reaped while it ran.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
@@ -25,6 +26,18 @@ struct HeldClaim {
     /// Stopped because the job was cancelled (a notification from `cancel_job`), not
     /// because the claim was found lost.
     cancelled: bool,
+    /// Set by [`JobContext::complete_in`](crate::JobContext::complete_in): the handler
+    /// completed its job inside its own transaction, so once that commits the claim is
+    /// gone by our own hand and the handler must not be stopped for it.
+    completed_in_tx: Arc<AtomicBool>,
+}
+
+/// What a handler gets from its claim: the signal that stops it and the flag its
+/// in-transaction completion sets.
+#[derive(Clone)]
+pub(crate) struct ClaimHandles {
+    pub(crate) stop: CancellationToken,
+    pub(crate) completed_in_tx: Arc<AtomicBool>,
 }
 
 /// Held claims by (job id, claim token).
@@ -42,23 +55,30 @@ impl HeldClaims {
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    /// Records a new claim and returns the token that stops its handler.
-    pub(crate) fn insert(&self, claim: ClaimKey) -> CancellationToken {
-        let stop = CancellationToken::new();
+    /// Records a new claim and returns what its handler gets.
+    pub(crate) fn insert(&self, claim: ClaimKey) -> ClaimHandles {
+        let handles = ClaimHandles {
+            stop: CancellationToken::new(),
+            completed_in_tx: Arc::default(),
+        };
         self.lock().insert(
             claim,
             HeldClaim {
-                stop: stop.clone(),
+                stop: handles.stop.clone(),
                 finished: false,
                 cancelled: false,
+                completed_in_tx: handles.completed_in_tx.clone(),
             },
         );
-        stop
+        handles
     }
 
-    /// The token that stops a held claim's handler.
-    pub(crate) fn stop_token(&self, claim: ClaimKey) -> Option<CancellationToken> {
-        self.lock().get(&claim).map(|held| held.stop.clone())
+    /// What a held claim's handler gets.
+    pub(crate) fn handles(&self, claim: ClaimKey) -> Option<ClaimHandles> {
+        self.lock().get(&claim).map(|held| ClaimHandles {
+            stop: held.stop.clone(),
+            completed_in_tx: held.completed_in_tx.clone(),
+        })
     }
 
     /// Notes that a claim's handler returned.
@@ -82,13 +102,18 @@ impl HeldClaims {
     }
 
     /// Stops the handlers of claims the database no longer honours; returns the ids whose
-    /// handler was still running (the others only awaited their completion write).
+    /// handler was still running (the others only awaited their completion write). A
+    /// claim its handler completed in its own transaction is left alone: it is gone
+    /// because that transaction committed.
     pub(crate) fn stop_lost(&self, claims: &[ClaimKey]) -> Vec<i64> {
         let map = self.lock();
         claims
             .iter()
             .filter_map(|claim| {
                 let held = map.get(claim)?;
+                if held.completed_in_tx.load(Ordering::Acquire) {
+                    return None;
+                }
                 held.stop.cancel();
                 (!held.finished).then_some(claim.0)
             })
@@ -138,13 +163,13 @@ mod tests {
     fn settling_a_stale_claim_keeps_the_live_reclaim_of_the_same_job() {
         let claims = HeldClaims::default();
         let (stale, live) = ((7, Uuid::new_v4()), (7, Uuid::new_v4()));
-        let stale_stop = claims.insert(stale);
-        let live_stop = claims.insert(live);
+        let stale_stop = claims.insert(stale).stop;
+        let live_stop = claims.insert(live).stop;
         claims.mark_finished(stale);
         claims.remove_many(&[stale]);
         assert_eq!(claims.len(), 1);
         assert_eq!(claims.snapshot(), (vec![7], vec![live.1]));
-        assert!(!claims.stop_token(live).unwrap().is_cancelled());
+        assert!(!claims.handles(live).unwrap().stop.is_cancelled());
         // A hard stop reaches every handler, the stale attempt's included while it is held.
         claims.insert(stale);
         claims.stop_all();
@@ -153,7 +178,7 @@ mod tests {
             !stale_stop.is_cancelled(),
             "the removed claim's token is its own"
         );
-        assert!(claims.stop_token(stale).unwrap().is_cancelled());
+        assert!(claims.handles(stale).unwrap().stop.is_cancelled());
     }
 
     /// A heartbeat that finds the stale claim lost stops only that claim's handler.
@@ -161,10 +186,24 @@ mod tests {
     fn a_lost_stale_claim_does_not_stop_the_live_reclaim() {
         let claims = HeldClaims::default();
         let (stale, live) = ((7, Uuid::new_v4()), (7, Uuid::new_v4()));
-        let stale_stop = claims.insert(stale);
-        let live_stop = claims.insert(live);
+        let stale_stop = claims.insert(stale).stop;
+        let live_stop = claims.insert(live).stop;
         assert_eq!(claims.stop_lost(&[stale]), vec![7]);
         assert!(stale_stop.is_cancelled());
         assert!(!live_stop.is_cancelled());
+    }
+
+    /// A claim its handler completed in its own transaction is gone by our own hand: the
+    /// heartbeat that finds it gone must not stop the handler.
+    #[test]
+    fn a_claim_completed_in_the_handlers_transaction_is_not_stopped() {
+        let claims = HeldClaims::default();
+        let (done, lost) = ((7, Uuid::new_v4()), (8, Uuid::new_v4()));
+        let done_handles = claims.insert(done);
+        let lost_stop = claims.insert(lost).stop;
+        done_handles.completed_in_tx.store(true, Ordering::Release);
+        assert_eq!(claims.stop_lost(&[done, lost]), vec![8]);
+        assert!(!done_handles.stop.is_cancelled());
+        assert!(lost_stop.is_cancelled());
     }
 }

@@ -96,8 +96,33 @@ async fn save(shared: &Shared, batch: &mut Vec<Finished>) {
     let mut failed = FailBatch::default();
     let mut settled: Vec<ClaimKey> = Vec::with_capacity(batch.len());
     let mut events: HashMap<ClaimKey, JobEvent> = HashMap::new();
+    let mut follow_up = FollowUp::default();
+    let completed_in_tx = completed_in_handler_tx(shared, batch).await;
     for finished in batch.drain(..) {
         let (id, token) = (finished.id, finished.token);
+        if finished.completed_in_tx
+            && let Some(row) = completed_in_tx.get(&id)
+        {
+            // Saved already, by the handler's own transaction.
+            follow_up.note(row);
+            shared.counters.succeeded.fetch_add(1, Ordering::Relaxed);
+            if !matches!(finished.outcome, Outcome::Succeeded) {
+                tracing::info!(
+                    job_id = id,
+                    "the handler completed the job in its transaction before it returned \
+                     another outcome; the job stays succeeded"
+                );
+            }
+            let event = finished.event.map(|event| JobEvent {
+                outcome: JobEventOutcome::Completed {
+                    took: finished.took,
+                },
+                ..event
+            });
+            publish(shared, event);
+            settled.push((id, token));
+            continue;
+        }
         if let Some(event) = finished.event {
             events.insert((id, token), event);
         }
@@ -139,7 +164,6 @@ async fn save(shared: &Shared, batch: &mut Vec<Finished>) {
         }
     }
     let counters = &shared.counters;
-    let mut follow_up = FollowUp::default();
     if !done.0.is_empty() {
         let (ids, tokens) = (&done.0, &done.1);
         let mut saved = write_split(shared, "complete", ids, tokens, |range| {
@@ -241,6 +265,32 @@ async fn save(shared: &Shared, batch: &mut Vec<Finished>) {
     if shared.config.exit_when_idle && shared.claims.len() == 0 {
         // The producer may be waiting only to notice that the worker went idle.
         shared.wake_all();
+    }
+}
+
+/// Of the finished jobs whose handler completed them in its own transaction
+/// ([`JobContext::complete_in`](crate::JobContext::complete_in)), those that transaction
+/// did complete (it committed), by id. The handler has returned, so its transaction has
+/// ended; one that rolled back left the claim held, and the handler's outcome is saved as
+/// usual. If the database cannot say, the outcomes are written as usual too: a job the
+/// transaction completed is then reported lost, the worst case being a wrong count.
+async fn completed_in_handler_tx(shared: &Shared, batch: &[Finished]) -> HashMap<i64, SavedJob> {
+    let ids: Vec<i64> = batch
+        .iter()
+        .filter(|finished| finished.completed_in_tx)
+        .map(|finished| finished.id)
+        .collect();
+    if ids.is_empty() {
+        return HashMap::new();
+    }
+    let look = || jobs_completed_by(&shared.pool, &ids, &shared.config.worker_id);
+    match write(shared, "find completions in handlers' transactions", look).await {
+        Ok((rows, _)) => rows.into_iter().map(|row| (row.id, row)).collect(),
+        Err(WriteError::Refused(e)) => {
+            tracing::warn!(error = %describe_sqlx(&e), "cannot check which jobs their handler completed in its own transaction");
+            HashMap::new()
+        }
+        Err(WriteError::GaveUp) => HashMap::new(),
     }
 }
 

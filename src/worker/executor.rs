@@ -8,11 +8,11 @@ use std::time::Duration;
 
 use futures_util::FutureExt;
 use tokio::sync::{Notify, mpsc};
-use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::Instrument;
 use uuid::Uuid;
 
+use super::claims::ClaimHandles;
 use super::events::{JobEvent, JobEventOutcome};
 use super::{Shared, metrics};
 use crate::db::jobs::ClaimedJob;
@@ -51,6 +51,12 @@ pub(super) struct Finished {
     pub(super) outcome: Outcome,
     /// The event to publish once the outcome is saved; `None` while nobody subscribes.
     pub(super) event: Option<JobEvent>,
+    /// How long the handler ran.
+    pub(super) took: Duration,
+    /// The handler completed the job in its own transaction
+    /// ([`JobContext::complete_in`]): if that transaction committed, the job succeeded
+    /// whatever `outcome` says.
+    pub(super) completed_in_tx: bool,
 }
 
 /// Starts buffered jobs while slots are free, until the graceful shutdown; then releases
@@ -114,7 +120,11 @@ pub(super) async fn dispatch(
                 let args = std::mem::take(&mut job.args.0);
                 let started = std::time::Instant::now();
                 metrics::running(1.0);
-                let outcome = execute(&shared, &job, args).await;
+                let handles = claim_handles(&shared, &job);
+                let outcome = execute(&shared, &job, args, &handles).await;
+                let completed_in_tx = handles
+                    .completed_in_tx
+                    .load(std::sync::atomic::Ordering::Acquire);
                 metrics::running(-1.0);
                 let took = started.elapsed();
                 let ended = report_outcome(&outcome, attempt, max_attempts, took);
@@ -144,6 +154,8 @@ pub(super) async fn dispatch(
                     attempt,
                     outcome,
                     event,
+                    took,
+                    completed_in_tx,
                 });
                 drop(permit);
             }
@@ -172,17 +184,24 @@ fn release_unstarted(job: ClaimedJob, outcomes: &mpsc::UnboundedSender<Finished>
         attempt: job.attempt,
         outcome: Outcome::Released,
         event: None,
+        took: Duration::ZERO,
+        completed_in_tx: false,
     });
 }
 
 /// Runs one job to its outcome: decode, run with the kind's timeout, catch panics, and
 /// stop early if the claim is lost or the worker shuts down hard.
-async fn execute(shared: &Shared, job: &ClaimedJob, args: serde_json::Value) -> Outcome {
+async fn execute(
+    shared: &Shared,
+    job: &ClaimedJob,
+    args: serde_json::Value,
+    handles: &ClaimHandles,
+) -> Outcome {
     let Some(handler) = shared.handlers.get(&job.kind).cloned() else {
         // Unreachable: the claim filters on registered kinds. Give the job back untouched.
         return Outcome::Released;
     };
-    let stop = stop_token(shared, job);
+    let stop = handles.stop.clone();
     let ctx = JobContext {
         id: JobId(job.id),
         kind: job.kind.clone(),
@@ -192,6 +211,7 @@ async fn execute(shared: &Shared, job: &ClaimedJob, args: serde_json::Value) -> 
         pool: shared.pool.clone(),
         claim_token: job.claim_token,
         stop: stop.clone(),
+        completed_in_tx: handles.completed_in_tx.clone(),
         data: shared.data.clone(),
     };
     let timeout = handler.timeout();
@@ -344,13 +364,13 @@ fn event_outcome(outcome: &Outcome, ended: &str, took: Duration) -> JobEventOutc
     }
 }
 
-/// The token that stops this job's handler, registered when the job was claimed.
-fn stop_token(shared: &Shared, job: &ClaimedJob) -> CancellationToken {
+/// What this job's handler gets from its claim, registered when the job was claimed.
+fn claim_handles(shared: &Shared, job: &ClaimedJob) -> ClaimHandles {
     // The producer registered the claim before buffering it; re-registering keeps a
     // stop signal even if that ever changes.
     shared
         .claims
-        .stop_token((job.id, job.claim_token))
+        .handles((job.id, job.claim_token))
         .unwrap_or_else(|| shared.claims.insert((job.id, job.claim_token)))
 }
 

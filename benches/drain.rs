@@ -26,7 +26,9 @@
 //!
 //! `cargo bench --bench drain -- --quick` (or `SKIPLOCK_BENCH_QUICK=1`); `--only
 //! headline,floor` runs some sections: `matrix`, `headline` (with the prefetch tuning),
-//! `scale` (runs the headline too), `held` and `floor`.
+//! `scale` (runs the headline too), `held` and `floor`. `--observed` runs every worker
+//! with an event subscriber and a Prometheus recorder installed (compare with a run
+//! without it; the recorder is process-wide, so the two are separate invocations).
 
 mod support;
 
@@ -47,6 +49,7 @@ const DEFAULT_CONCURRENCY: usize = skiplock::worker::CONCURRENCY_DEFAULT;
 #[tokio::main]
 async fn main() {
     let opts = Opts::parse();
+    let metrics = opts.flag("observed").then(support::observe);
     let db = BenchDb::create("drain").await;
     support::print_header("Drain: noop jobs", &db, &opts).await;
 
@@ -366,6 +369,16 @@ async fn main() {
     }
     if let Some((_, targets)) = &scale_section {
         println!("{targets}");
+    }
+    if let Some(metrics) = metrics {
+        // Proof that the recorder saw the jobs: the succeeded counters it holds.
+        let rendered = metrics.render();
+        let counted: f64 = rendered
+            .lines()
+            .filter(|line| line.starts_with("skiplock_jobs_total{") && line.contains("succeeded"))
+            .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum();
+        println!("Observed: the recorder counted {counted} succeeded jobs; every event was read.");
     }
     println!();
     db.drop_database().await;

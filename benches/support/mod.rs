@@ -59,6 +59,12 @@ impl Opts {
         Self { quick, rest }
     }
 
+    /// Whether `--name` is among the remaining arguments.
+    pub fn flag(&self, name: &str) -> bool {
+        let flag = format!("--{name}");
+        self.rest.contains(&flag)
+    }
+
     /// The value after `--name` in the remaining arguments.
     pub fn value(&self, name: &str) -> Option<&str> {
         let flag = format!("--{name}");
@@ -71,6 +77,20 @@ impl Opts {
 }
 
 static START: OnceLock<Instant> = OnceLock::new();
+
+/// Set by `--observed`: every drained worker has an event subscriber that reads every
+/// event, and a Prometheus recorder is installed for the process (see [`observe`]).
+pub static OBSERVED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Installs a Prometheus recorder for the whole process (a recorder cannot be removed, so
+/// the observed and plain runs are separate invocations) and makes [`drain_noop`]'s
+/// workers subscribe to their events. Returns the handle that renders the metrics.
+pub fn observe() -> metrics_exporter_prometheus::PrometheusHandle {
+    OBSERVED.store(true, std::sync::atomic::Ordering::Relaxed);
+    metrics_exporter_prometheus::PrometheusBuilder::new()
+        .install_recorder()
+        .expect("install the Prometheus recorder")
+}
 
 /// Prints a progress line to stderr, stamped with seconds since the first call.
 pub fn progress(message: impl AsRef<str>) {
@@ -761,7 +781,13 @@ pub async fn drain_noop(db: &BenchDb, cfg: DrainCfg) -> DrainRun {
         if let Some(p) = cfg.prefetch {
             builder = builder.prefetch(p);
         }
-        builder.build().expect("worker")
+        let worker = builder.build().expect("worker");
+        if OBSERVED.load(std::sync::atomic::Ordering::Relaxed) {
+            // A subscriber that keeps up, as an application's would.
+            let mut events = worker.subscribe();
+            tokio::spawn(async move { while events.recv().await.is_some() {} });
+        }
+        worker
     });
     let mut last_report = Instant::now();
     let mut max_running = 0i64;

@@ -137,7 +137,9 @@ pub(super) async fn dispatch(
                 } else {
                     ended
                 };
-                metrics::job_ended(&job.kind, &job.queue, ended, took);
+                shared.groups[group]
+                    .series
+                    .job_ended(&job.kind, ended, took);
                 let event = (shared.events.receiver_count() > 0).then(|| JobEvent {
                     id: JobId(id),
                     kind: job.kind,
@@ -170,14 +172,18 @@ pub(super) async fn dispatch(
         unstarted.push(job);
     }
     for job in unstarted {
-        release_unstarted(job, &outcomes);
+        release_unstarted(job, &shared.groups[group].series, &outcomes);
     }
 }
 
 /// Gives a claimed job that never started back to the queue (through the completer).
-fn release_unstarted(job: ClaimedJob, outcomes: &mpsc::UnboundedSender<Finished>) {
+fn release_unstarted(
+    job: ClaimedJob,
+    series: &metrics::JobSeries,
+    outcomes: &mpsc::UnboundedSender<Finished>,
+) {
     metrics::buffered(-1.0);
-    metrics::job_released_unstarted(&job.kind, &job.queue);
+    series.job_released_unstarted(&job.kind);
     let _ = outcomes.send(Finished {
         id: job.id,
         token: job.claim_token,

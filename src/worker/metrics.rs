@@ -3,7 +3,11 @@
 //! Prometheus one). Every series is named here; docs/metrics.md lists them with their
 //! type, labels and unit.
 
+use std::collections::HashMap;
+use std::sync::{Arc, OnceLock, RwLock};
 use std::time::Duration;
+
+use metrics::{Counter, Histogram};
 
 /// Counter, labels `kind`, `queue`, `outcome`: jobs that ended an attempt in this worker.
 /// `outcome` is `succeeded`, `retried` (failed, will run again), `dead`, `cancelled`
@@ -31,20 +35,92 @@ pub const MAINTENANCE_ERRORS: &str = "skiplock_maintenance_errors_total";
 /// Counter: stale jobs this worker's reaper took back.
 pub const JOBS_REAPED: &str = "skiplock_jobs_reaped_total";
 
-/// A job's attempt ended with `outcome` after running `took`.
-pub(crate) fn job_ended(kind: &str, queue: &str, outcome: &'static str, took: Duration) {
-    metrics::counter!(JOBS, "kind" => kind.to_owned(), "queue" => queue.to_owned(), "outcome" => outcome)
-        .increment(1);
-    metrics::histogram!(JOB_DURATION, "kind" => kind.to_owned()).record(took.as_secs_f64());
+/// Every `outcome` label of [`JOBS`].
+const OUTCOMES: [&str; 8] = [
+    "succeeded",
+    "retried",
+    "dead",
+    "cancelled",
+    "released",
+    "snoozed",
+    "lost",
+    "unknown",
+];
+
+/// The per-job series of one queue, by kind: their handles are registered with the
+/// recorder once per kind and outcome, so a job's end costs a read lock and two atomic
+/// updates instead of building three owned labels and looking the series up (measured in
+/// docs/benchmarks.md, "What the event hook and the metrics cost"). A recorder installed
+/// after a kind's first job in this worker is not seen by that kind's series: install it
+/// before starting the worker, as `skiplock work --metrics-addr` does.
+pub(crate) struct JobSeries {
+    queue: String,
+    by_kind: RwLock<HashMap<String, Arc<KindSeries>>>,
 }
 
-/// A job of `kind`/`queue` ended without running (given back from the buffer).
-pub(crate) fn job_released_unstarted(kind: &str, queue: &str) {
-    metrics::counter!(JOBS, "kind" => kind.to_owned(), "queue" => queue.to_owned(), "outcome" => "released")
-        .increment(1);
+/// One kind's series in one queue.
+struct KindSeries {
+    /// [`JOBS`] by outcome (index in [`OUTCOMES`]), registered on first use so that only
+    /// outcomes that happened are exported.
+    jobs: [OnceLock<Counter>; OUTCOMES.len()],
+    duration: Histogram,
 }
 
-/// A handler started (`+1`) or returned (`-1`).
+impl JobSeries {
+    pub(crate) fn new(queue: &str) -> Self {
+        JobSeries {
+            queue: queue.to_owned(),
+            by_kind: RwLock::default(),
+        }
+    }
+
+    fn kind(&self, kind: &str) -> Arc<KindSeries> {
+        let found = self
+            .by_kind
+            .read()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .get(kind)
+            .cloned();
+        found.unwrap_or_else(|| {
+            let series = Arc::new(KindSeries {
+                jobs: Default::default(),
+                duration: metrics::histogram!(JOB_DURATION, "kind" => kind.to_owned()),
+            });
+            self.by_kind
+                .write()
+                .unwrap_or_else(|poisoned| poisoned.into_inner())
+                .entry(kind.to_owned())
+                .or_insert(series)
+                .clone()
+        })
+    }
+
+    fn count(&self, kind: &str, series: &KindSeries, outcome: &'static str) {
+        let index = OUTCOMES
+            .iter()
+            .position(|known| *known == outcome)
+            .unwrap_or(OUTCOMES.len() - 1);
+        series.jobs[index]
+            .get_or_init(|| {
+                metrics::counter!(JOBS, "kind" => kind.to_owned(), "queue" => self.queue.clone(), "outcome" => OUTCOMES[index])
+            })
+            .increment(1);
+    }
+
+    /// A job's attempt ended with `outcome` after running `took`.
+    pub(crate) fn job_ended(&self, kind: &str, outcome: &'static str, took: Duration) {
+        let series = self.kind(kind);
+        self.count(kind, &series, outcome);
+        series.duration.record(took.as_secs_f64());
+    }
+
+    /// A claimed job was given back before it started (shutdown).
+    pub(crate) fn job_released_unstarted(&self, kind: &str) {
+        let series = self.kind(kind);
+        self.count(kind, &series, "released");
+    }
+}
+
 pub(crate) fn running(change: f64) {
     metrics::gauge!(JOBS_RUNNING).increment(change);
 }

@@ -543,6 +543,8 @@ pub(crate) struct QueueGroup {
     pub(crate) settled: Notify,
     /// Claims of this group whose reply was lost, until their jobs are released.
     pub(crate) lost_claims: producer::LostClaims,
+    /// The queue's per-job metrics.
+    pub(crate) series: metrics::JobSeries,
 }
 
 impl QueueGroup {
@@ -554,6 +556,7 @@ impl QueueGroup {
         member: usize,
     ) -> Self {
         Self {
+            series: metrics::JobSeries::new(&queue),
             queues: vec![queue],
             slots,
             member,

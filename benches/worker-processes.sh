@@ -5,7 +5,7 @@
 #
 # Usage: benches/worker-processes.sh [JOBS] [PROCESSES...]
 #   DATABASE_URL: the server (a database `skiplock_bench_procs` is recreated on it).
-#   Uses target/release/skiplock (built by `cargo build --release` if missing).
+#   Uses target/release/skiplock (built by `cargo build --release --features cli` if missing).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -16,7 +16,7 @@ counts=("$@")
 server="${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/postgres}"
 db="${server%/*}/skiplock_bench_procs"
 bin=target/release/skiplock
-[ -x "$bin" ] || cargo build --release --bin skiplock >&2
+[ -x "$bin" ] || cargo build --release --features cli --bin skiplock >&2
 
 psql "$server" -qc "DROP DATABASE IF EXISTS skiplock_bench_procs WITH (FORCE)" \
     -c "CREATE DATABASE skiplock_bench_procs" >/dev/null

@@ -53,9 +53,23 @@
 //! Other languages enqueue with plain SQL: `SELECT skiplock.enqueue('send_welcome',
 //! '{"user_id": 42}')` or `INSERT INTO skiplock.jobs (kind, args) VALUES (…)`.
 
+// The public surface is what users need: an item `pub` inside a private module must be
+// exported, or be `pub(crate)`.
+#![warn(unreachable_pub)]
+
+pub mod admin;
 pub mod builtin;
 pub mod cron;
+// Every statement skiplock runs. Private, so that an application cannot run one that only
+// the runtime may (a claim, a heartbeat, a reap); the operator's reads and actions are
+// public in `admin`. The `internals` feature, for skiplock's own tests and benchmarks,
+// makes it public; it is not part of the API.
+#[cfg(feature = "internals")]
+#[doc(hidden)]
 pub mod db;
+#[cfg(not(feature = "internals"))]
+#[allow(unreachable_pub)] // its items are `pub` for the `internals` build
+mod db;
 #[cfg(feature = "embedded")]
 pub mod embedded;
 mod enqueue;

@@ -1,9 +1,9 @@
 //! Job kinds built into the `skiplock` binary, usable by library users too.
 //!
 //! - [`Noop`] (`noop`) and [`Sleep`] (`sleep`): for smoke tests and benchmarks.
-//! - [`Http`] (`http`, feature `http-kind`): one HTTP request; configure with [`HttpConfig`].
-//! - [`Command`] (`command`, feature `command-kind`): runs a program; it runs nothing
-//!   unless the worker is given a [`CommandConfig`] allow-list.
+//! - `Http` (`http`, feature `http-kind`): one HTTP request; configure with `HttpConfig`.
+//! - `Command` (`command`, feature `command-kind`): runs a program; it runs nothing
+//!   unless the worker is given a `CommandConfig` allow-list.
 
 #[cfg(feature = "command-kind")]
 mod command;

@@ -46,6 +46,7 @@ pub async fn jobs_list(db: impl PgExecutor<'_>, filter: &JobFilter) -> sqlx::Res
     .await
 }
 
+#[cfg(any(feature = "testing", feature = "internals"))]
 /// A job of the kind [`jobs_of_kind`] looked for, and whether it matches the rest.
 #[derive(Debug, Clone, FromRow)]
 pub struct KindJob {
@@ -57,6 +58,7 @@ pub struct KindJob {
     pub matches: bool,
 }
 
+#[cfg(any(feature = "testing", feature = "internals"))]
 /// Jobs of `kind` in one of `states`, oldest first, each with whether its args contain
 /// `args` (JSON containment, `@>`) and its queue and priority are the given ones, when
 /// given (`skiplock::testing`: the jobs that match, and the others to show when none does).

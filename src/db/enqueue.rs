@@ -36,11 +36,13 @@ pub struct InsertBatch {
 
 impl InsertBatch {
     /// Number of jobs in the batch.
+    #[cfg(feature = "internals")]
     pub fn len(&self) -> usize {
         self.kinds.len()
     }
 
     /// Whether the batch holds no job.
+    #[cfg(feature = "internals")]
     pub fn is_empty(&self) -> bool {
         self.kinds.is_empty()
     }
@@ -53,6 +55,7 @@ impl InsertBatch {
     }
 }
 
+#[cfg(feature = "internals")]
 /// Inserts a batch and returns the ids in input order.
 ///
 /// Plain jobs go in with one `INSERT … SELECT FROM unnest(…)`: rows are produced in input

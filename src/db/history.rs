@@ -134,8 +134,8 @@ macro_rules! rolled_up {
 
 /// Deletes up to `limit` finished jobs older than their state's retention (milliseconds
 /// since `finished_at`) and adds them to the history rollup, in one statement; returns how
-/// many went. Deletes exactly the rows [`jobs_prune_finished`](super::maintenance::jobs_prune_finished)
-/// deletes. Locked rows are skipped, never waited on.
+/// many went. Deletes exactly the rows `maintenance::jobs_prune_finished` (the tests'
+/// reference) deletes. Locked rows are skipped, never waited on.
 ///
 /// A data-modifying CTE always runs to completion, so the rollup `INSERT` happens although
 /// the final `SELECT` reads only the deleted rows.

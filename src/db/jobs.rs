@@ -147,6 +147,7 @@ pub struct ClaimPosition {
     pub id: i64,
 }
 
+#[cfg(feature = "internals")]
 /// Claims up to `limit` runnable jobs of the given queues and kinds, in claim order
 /// (priority, then `scheduled_at`, then id), in one statement.
 ///
@@ -431,6 +432,7 @@ impl FailBatch {
     }
 
     /// Number of failed attempts in the batch.
+    #[cfg(feature = "internals")]
     pub fn len(&self) -> usize {
         self.ids.len()
     }

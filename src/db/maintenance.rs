@@ -125,6 +125,7 @@ pub async fn jobs_list_stale(
     .await
 }
 
+#[cfg(feature = "internals")]
 /// Deletes up to `limit` finished jobs older than their state's retention (milliseconds
 /// since `finished_at`); returns how many went. Locked rows are skipped, never waited on.
 ///

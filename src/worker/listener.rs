@@ -12,12 +12,12 @@ use super::{Shared, db_retry_delay};
 
 /// The channel the insert trigger and the release statement notify, with the queue name
 /// as payload.
-pub const NOTIFY_CHANNEL: &str = "skiplock_jobs";
+pub(crate) const NOTIFY_CHANNEL: &str = "skiplock_jobs";
 
 /// The channel `skiplock.cancel_job` notifies when it cancels a running job, with the job
 /// id as payload: the worker holding it stops the handler at once instead of at its next
 /// heartbeat.
-pub const CANCEL_CHANNEL: &str = "skiplock_cancel";
+pub(crate) const CANCEL_CHANNEL: &str = "skiplock_cancel";
 
 /// Listens until `stop`, reconnecting with backoff whenever the connection drops.
 ///

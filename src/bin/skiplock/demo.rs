@@ -138,7 +138,7 @@ async fn enqueue_examples(pool: &PgPool) -> anyhow::Result<()> {
 
 async fn print_states(pool: &PgPool) -> anyhow::Result<()> {
     outln!("Jobs by state (SELECT state, count(*) FROM skiplock.jobs GROUP BY state):");
-    for (state, count) in skiplock::db::jobs::jobs_count_by_state(pool).await? {
+    for (state, count) in skiplock::admin::jobs_count_by_state(pool).await? {
         outln!("  {state:<10} {count:>6}");
     }
     let dead: Vec<(i64, String, Option<String>)> = sqlx::query_as(

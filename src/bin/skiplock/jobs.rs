@@ -3,7 +3,7 @@
 use chrono::Utc;
 use clap::Args;
 use skiplock::JobState;
-use skiplock::db::admin::{JobFilter, jobs_list};
+use skiplock::admin::{JobFilter, jobs_list};
 use sqlx::PgPool;
 
 use crate::output::{JobJson, Table, clip, print_json, relative};

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use serde::Serialize;
-use skiplock::db::admin::jobs_get_state;
+use skiplock::admin::jobs_get_state;
 use skiplock::{JobId, JobRow, JobState};
 use sqlx::PgPool;
 

@@ -6,7 +6,7 @@ use anyhow::Context;
 use clap::Args;
 use serde_json::json;
 use skiplock::Retention;
-use skiplock::db::history::jobs_prune_finished_rolled_up;
+use skiplock::admin::jobs_prune_finished_rolled_up;
 use sqlx::PgPool;
 
 use crate::output::{parse_duration, print_json};

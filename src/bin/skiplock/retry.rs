@@ -3,7 +3,7 @@
 use anyhow::Context;
 use clap::Args;
 use serde_json::json;
-use skiplock::db::admin::jobs_retry_dead;
+use skiplock::admin::jobs_retry_dead;
 use skiplock::{JobId, JobRow, JobState};
 use sqlx::PgPool;
 

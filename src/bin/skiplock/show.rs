@@ -3,7 +3,7 @@
 use anyhow::Context;
 use clap::Args;
 use serde_json::{Map, Value};
-use skiplock::db::admin::{job_dependencies_of, jobs_get_json};
+use skiplock::admin::{job_dependencies_of, jobs_get_json};
 use skiplock::{JobId, JobState};
 use sqlx::PgPool;
 

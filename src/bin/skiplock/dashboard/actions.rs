@@ -11,8 +11,8 @@ use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Redirect, Response};
 use maud::html;
 use skiplock::JobId;
-use skiplock::db::admin::jobs_retry_dead;
-use skiplock::db::history::jobs_delete_rolled_up;
+use skiplock::admin::jobs_delete_rolled_up;
+use skiplock::admin::jobs_retry_dead;
 
 use super::layout::{self, Nav, encode};
 use super::security::{self, local_path};

@@ -9,8 +9,8 @@ use axum::extract::{Query, State as StateExtractor};
 use axum::http::header;
 use axum::response::IntoResponse;
 use serde_json::{Value, json};
-use skiplock::db::dashboard::{Throughput, dashboard_throughput};
-use skiplock::db::history::{HistoryTotals, job_history_run_bounds, job_history_totals};
+use skiplock::admin::{HistoryTotals, job_history_run_bounds, job_history_totals};
+use skiplock::admin::{Throughput, dashboard_throughput};
 
 use super::overview::Overview;
 use super::{AppError, AppResult, State};

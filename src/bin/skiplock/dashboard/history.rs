@@ -1,14 +1,14 @@
 //! `GET /history`: per day or hour, per queue and kind, how many jobs succeeded, failed
 //! attempts, died and were cancelled, with average run and wait times; and a chart of the
 //! last 30 days. The numbers come from the rollup plus the jobs not pruned yet
-//! ([`skiplock::db::history`]), so pruning finished jobs does not change them.
+//! ([`skiplock::admin`]), so pruning finished jobs does not change them.
 
 use std::collections::BTreeMap;
 
 use axum::extract::{Query, State as StateExtractor};
 use chrono::{DateTime, Duration, DurationRound, Utc};
 use maud::{Markup, html};
-use skiplock::db::history::{Granularity, HistoryFilter, HistoryRow, job_history_list};
+use skiplock::admin::{Granularity, HistoryFilter, HistoryRow, job_history_list};
 
 use super::layout::{self, Nav, count, duration, encode, given};
 use super::{AppError, AppResult, State};

@@ -4,8 +4,8 @@
 use axum::extract::{Path, Query, State as StateExtractor};
 use maud::{Markup, html};
 use serde_json::Value;
-use skiplock::db::admin::job_dependencies_of;
-use skiplock::db::dashboard::{
+use skiplock::admin::job_dependencies_of;
+use skiplock::admin::{
     Cursor, JobsPageFilter, TEXT_SEARCH_SCAN, dashboard_jobs_page, dashboard_lane,
 };
 use skiplock::{JobId, JobRow, JobState};

@@ -6,8 +6,8 @@ use std::collections::BTreeMap;
 
 use axum::extract::{Query, State as StateExtractor};
 use maud::{Markup, html};
-use skiplock::db::dashboard::{EndedCounts, WorkerRow, dashboard_ended_counts, dashboard_workers};
-use skiplock::db::queues::queues_paused;
+use skiplock::admin::queues_paused;
+use skiplock::admin::{EndedCounts, WorkerRow, dashboard_ended_counts, dashboard_workers};
 use skiplock::stats::{Counts, Stats};
 
 use super::layout::{self, Nav, count, duration, jobs_link};

@@ -1,0 +1,22 @@
+//! The operator's reads and actions: the statements behind `skiplock jobs`, `show`,
+//! `retry`, `prune`, `queue list`, `stats` and the dashboard, for tools of your own. None
+//! of them can take or settle a claim: what only a worker may do (claim, heartbeat,
+//! complete, reap) is not public. Cancelling and retrying one job and pausing a queue are
+//! at the crate root ([`cancel`](crate::cancel), [`retry`](crate::retry()),
+//! [`pause_queue`](crate::pause_queue)) and in the schema as SQL functions.
+
+pub use crate::db::admin::{
+    JobFilter, job_dependencies_of, jobs_get_json, jobs_get_state, jobs_list, jobs_retry_dead,
+};
+pub use crate::db::dashboard::{
+    Cursor, EndedCounts, JobsPageFilter, TEXT_SEARCH_SCAN, Throughput, WorkerRow,
+    dashboard_ended_counts, dashboard_jobs_page, dashboard_lane, dashboard_throughput,
+    dashboard_workers,
+};
+pub use crate::db::history::{
+    Granularity, HISTORY_RETENTION_DEFAULT, HistoryFilter, HistoryRow, HistoryTotals,
+    job_history_list, job_history_run_bounds, job_history_totals, jobs_delete_rolled_up,
+    jobs_prune_finished_rolled_up,
+};
+pub use crate::db::jobs::jobs_count_by_state;
+pub use crate::db::queues::queues_paused;

@@ -279,7 +279,7 @@ async fn usage_errors_exit_2_with_clap_messages() {
     assert_eq!(malformed.code, Some(2));
     assert_eq!(
         malformed.stderr,
-        "error: invalid value '{not json' for '[ARGS_JSON]': not valid JSON: key must be a string at line 1 column 2\n\nFor more information, try '--help'.\n"
+        "error: invalid value '{not json' for '[ARGS_JSON]': not valid JSON: key must be a string at line 1 column 2; write JSON in single quotes, like '{\"ms\": 500}'\n\nFor more information, try '--help'.\n"
     );
     let unknown = skiplock(&db, &["jobs", "--bogus"]).await;
     assert_eq!(unknown.code, Some(2));
@@ -817,7 +817,7 @@ async fn bad_input_gets_one_clear_line_and_the_documented_exit_code() {
         !stderr.contains("lookup") && stderr.contains("os error"),
         "{stderr}"
     );
-    // A database without the schema: the server's message without its C source line.
+    // A database without the schema: named, with the fix (more in tests/cli_bad_input.rs).
     sqlx::query("DROP SCHEMA skiplock CASCADE")
         .execute(&db.pool)
         .await
@@ -826,8 +826,10 @@ async fn bad_input_gets_one_clear_line_and_the_documented_exit_code() {
     assert_eq!(run.code, Some(1));
     assert_eq!(
         run.stderr,
-        "error: cannot read the stats: database error: relation \"skiplock.stats\" does not \
-         exist; is the skiplock schema missing or old? run `skiplock migrate`\n"
+        format!(
+            "error: the database `{}` has no skiplock schema; run `skiplock migrate` on it first\n",
+            db.name
+        )
     );
 }
 
@@ -1132,7 +1134,10 @@ async fn work_refuses_settings_that_cannot_work() {
             &["work", "--heartbeat", "soon"][..],
             "`soon` is not a duration",
         ),
-        (&["work", "--prefetch", "0"][..], "0 is not in 1.."),
+        (
+            &["work", "--prefetch", "0"][..],
+            "`0` is not a number of jobs to keep ready; use a whole number from 1 up",
+        ),
     ] {
         let run = skiplock(&db, args).await;
         assert_eq!(run.code, Some(2), "{args:?}: {run:#?}");

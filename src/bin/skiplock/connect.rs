@@ -51,18 +51,15 @@ enum Failure {
 }
 
 impl Database {
-    /// A pool of at most `max_connections`, once one connection to the server works. Its
-    /// sessions show as `skiplock <command>` in `pg_stat_activity`.
-    ///
-    /// One connection is opened first, on its own, so that a refusal is reported with its
-    /// own cause instead of as a pool timeout.
-    pub async fn pool(
-        &self,
-        command: &str,
-        max_connections: u32,
-        patience: Patience,
-    ) -> anyhow::Result<sqlx::PgPool> {
-        let url = self.url.as_deref().unwrap_or(skiplock::embedded::LOCAL_URL);
+    /// The URL given, or the local server's.
+    fn url(&self) -> &str {
+        self.url.as_deref().unwrap_or(skiplock::embedded::LOCAL_URL)
+    }
+
+    /// The URL as connect options, refused with what to write when it is not a Postgres
+    /// URL.
+    fn connect_options(&self) -> anyhow::Result<PgConnectOptions> {
+        let url = self.url();
         if let Some((scheme, _)) = url.split_once("://")
             && !matches!(scheme, "postgres" | "postgresql")
         {
@@ -84,7 +81,50 @@ impl Database {
             let address = address.to_owned();
             options = options.host(&address);
         }
-        let options = options.application_name(&format!("skiplock {command}"));
+        Ok(options)
+    }
+
+    /// `error`, which says that a skiplock table, function or schema is missing (or that
+    /// the schema is older than this build), told as what it means for this database: it
+    /// has no skiplock schema, or an older one, and `skiplock migrate` is the fix. Any
+    /// other case, or a failure to look, keeps `error`.
+    pub async fn explain_schema(&self, error: anyhow::Error) -> anyhow::Error {
+        let Ok(options) = self.connect_options() else {
+            return error;
+        };
+        let name = database_name(&options).to_owned();
+        let Ok(pool) = self.pool("schema check", 1, Patience::OneShot).await else {
+            return error;
+        };
+        let found = skiplock::db::migrations::schema_version(&pool).await;
+        pool.close().await;
+        let expected = skiplock::db::migrations::SCHEMA_VERSION_LATEST;
+        match found {
+            Ok(0) => anyhow::anyhow!(
+                "the database `{name}` has no skiplock schema; run `skiplock migrate` on it first"
+            ),
+            Ok(found) if found < expected => anyhow::anyhow!(
+                "the skiplock schema of the database `{name}` is at version {found}, this skiplock needs version {expected}; run `skiplock migrate` to upgrade it"
+            ),
+            _ => error,
+        }
+    }
+
+    /// A pool of at most `max_connections`, once one connection to the server works. Its
+    /// sessions show as `skiplock <command>` in `pg_stat_activity`.
+    ///
+    /// One connection is opened first, on its own, so that a refusal is reported with its
+    /// own cause instead of as a pool timeout.
+    pub async fn pool(
+        &self,
+        command: &str,
+        max_connections: u32,
+        patience: Patience,
+    ) -> anyhow::Result<sqlx::PgPool> {
+        let url = self.url();
+        let options = self
+            .connect_options()?
+            .application_name(&format!("skiplock {command}"));
         let started = Instant::now();
         let mut delay = RETRY_DELAY_FIRST;
         loop {
@@ -139,6 +179,17 @@ fn unreachable(url: &str) -> String {
 /// Sorts a failed connection attempt, with the message to give if it is the last.
 fn classify(error: sqlx::Error, url: &str, options: &PgConnectOptions) -> Failure {
     let sqlx::Error::Database(db) = &error else {
+        // A name no resolver knows is not a server that is down. It may still pass (a
+        // container's name before its network is up), so it is retried like one.
+        if let sqlx::Error::Io(io) = &error
+            && io.to_string().contains("failed to lookup address")
+        {
+            return Failure::Passing(anyhow::anyhow!(
+                "cannot find the host `{}` of the database URL {} ({io}); check the host name in --database-url / DATABASE_URL",
+                options.get_host(),
+                redact(url)
+            ));
+        }
         // No answer, or not one we could read (refused, reset, TLS): the server may be
         // down or restarting.
         return Failure::Passing(anyhow::Error::new(error).context(unreachable(url)));
@@ -148,7 +199,7 @@ fn classify(error: sqlx::Error, url: &str, options: &PgConnectOptions) -> Failur
     let server = redact(url);
     match code.as_str() {
         "3D000" => {
-            let name = options.get_database().unwrap_or("postgres");
+            let name = database_name(options);
             Failure::Lasting(anyhow::anyhow!(
                 "the database `{name}` does not exist on the server at {server}; create it (createdb {name}) and run `skiplock migrate`"
             ))
@@ -169,6 +220,13 @@ fn classify(error: sqlx::Error, url: &str, options: &PgConnectOptions) -> Failur
             "the server at {server} refused the connection: {said}"
         )),
     }
+}
+
+/// The database the options name; without one, Postgres takes the user's name.
+pub fn database_name(options: &PgConnectOptions) -> &str {
+    options
+        .get_database()
+        .unwrap_or_else(|| options.get_username())
 }
 
 /// The URL without its password, for messages.

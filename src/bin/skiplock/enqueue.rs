@@ -14,7 +14,10 @@ use serde_json::{Value, json};
 use skiplock::{EnqueueOptions, JobId, NewJob, UniquePolicy};
 use sqlx::{Acquire, PgConnection, PgPool};
 
-use crate::output::{parse_duration, parse_time, print_json};
+use crate::output::{
+    parse_count, parse_duration, parse_job_id, parse_non_empty, parse_priority, parse_queue_name,
+    parse_time, print_json,
+};
 
 pub const EXAMPLES: &str = r#"Examples:
   skiplock enqueue noop
@@ -36,7 +39,11 @@ const FILE_BATCH: usize = 1000;
 #[derive(Args)]
 pub struct EnqueueArgs {
     /// Job kind: the handler that runs it (e.g. noop, sleep, http, command).
-    #[arg(required_unless_present = "file", conflicts_with = "file")]
+    #[arg(
+        required_unless_present = "file",
+        conflicts_with = "file",
+        value_parser = |text: &str| parse_non_empty(text, "the job kind cannot be empty; name the handler that runs the job, like noop")
+    )]
     kind: Option<String>,
 
     /// Job args as JSON (default: {}).
@@ -44,11 +51,11 @@ pub struct EnqueueArgs {
     args: Option<Value>,
 
     /// Queue (default: default).
-    #[arg(long, value_name = "Q")]
+    #[arg(long, value_name = "Q", value_parser = parse_queue_name)]
     queue: Option<String>,
 
     /// Priority; lower runs first (default: 0).
-    #[arg(long, value_name = "P", allow_negative_numbers = true)]
+    #[arg(long, value_name = "P", allow_negative_numbers = true, value_parser = parse_priority)]
     priority: Option<i16>,
 
     /// Run no earlier than this RFC 3339 time, e.g. 2026-01-31T09:00:00Z.
@@ -60,15 +67,30 @@ pub struct EnqueueArgs {
     delay: Option<Duration>,
 
     /// Attempts before the job goes dead (default: 25).
-    #[arg(long, value_name = "N", value_parser = clap::value_parser!(i32).range(1..))]
+    #[arg(
+        long,
+        value_name = "N",
+        allow_negative_numbers = true,
+        value_parser = |text: &str| parse_count::<i32>(text, "attempts")
+    )]
     max_attempts: Option<i32>,
 
     /// Strict FIFO lane: jobs with the same key run one at a time, in enqueue order.
-    #[arg(long, value_name = "K", conflicts_with = "file")]
+    #[arg(
+        long,
+        value_name = "K",
+        conflicts_with_all = ["file", "depends_on"],
+        value_parser = |text: &str| parse_non_empty(text, "an ordering key cannot be empty; leave --ordering-key out instead")
+    )]
     ordering_key: Option<String>,
 
     /// Deduplication key: at most one pending job per key.
-    #[arg(long, value_name = "K", conflicts_with = "file")]
+    #[arg(
+        long,
+        value_name = "K",
+        conflicts_with_all = ["file", "depends_on"],
+        value_parser = |text: &str| parse_non_empty(text, "a unique key cannot be empty; leave --unique-key out instead")
+    )]
     unique_key: Option<String>,
 
     /// What a second enqueue with the same unique key does while the first is pending.
@@ -80,7 +102,8 @@ pub struct EnqueueArgs {
         long,
         value_name = "IDS",
         value_delimiter = ',',
-        conflicts_with = "file"
+        conflicts_with = "file",
+        value_parser = parse_job_id
     )]
     depends_on: Vec<i64>,
 
@@ -100,7 +123,9 @@ pub struct EnqueueArgs {
 
 /// Parses args given as JSON on the command line (clap value parser: exit 2 when bad).
 pub fn parse_json(text: &str) -> Result<Value, String> {
-    serde_json::from_str(text).map_err(|e| format!("not valid JSON: {e}"))
+    serde_json::from_str(text).map_err(|e| {
+        format!("not valid JSON: {e}; write JSON in single quotes, like '{{\"ms\": 500}}'")
+    })
 }
 
 impl EnqueueArgs {

@@ -25,7 +25,9 @@ pub struct RetryArgs {
     #[arg(
         value_name = "ID",
         required_unless_present = "dead",
-        conflicts_with = "dead"
+        conflicts_with = "dead",
+        allow_negative_numbers = true,
+        value_parser = crate::output::parse_job_id
     )]
     ids: Vec<i64>,
 

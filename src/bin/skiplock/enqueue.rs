@@ -11,7 +11,7 @@ use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::Deserialize;
 use serde_json::{Value, json};
-use skiplock::{EnqueueOptions, JobId, NewJob, UniquePolicy};
+use skiplock::{EnqueueOptions, EnqueueResult, JobId, NewJob, UniquePolicy};
 use sqlx::{Acquire, PgConnection, PgPool};
 
 use crate::output::{
@@ -31,7 +31,9 @@ An NDJSON line is an object with `kind`, optional `args`, and optionally the enq
 by their column names: queue, priority, scheduled_at (RFC 3339), max_attempts, ordering_key,
 unique_key, on_conflict (skip|replace|merge), depends_on (array of ids). Options given on
 the command line apply to lines that do not set them. The whole file is enqueued in one
-transaction: if any line is bad, nothing is enqueued (unless --skip-invalid)."#;
+transaction: if any line is bad, nothing is enqueued (unless --skip-invalid). With --json it
+prints one object per line: {"line", "id", "outcome"} (outcome: inserted, skipped, replaced,
+merged), or {"line", "error"} for a line --skip-invalid skipped."#;
 
 /// Jobs inserted per statement when enqueuing a file.
 const FILE_BATCH: usize = 1000;
@@ -116,7 +118,8 @@ pub struct EnqueueArgs {
     #[arg(long, requires = "file")]
     skip_invalid: bool,
 
-    /// Print the result as JSON.
+    /// Print the result as JSON: {"id", "outcome"}; with --file, one such object (with its
+    /// "line") per line of the file.
     #[arg(long)]
     json: bool,
 }
@@ -226,6 +229,19 @@ impl Line {
     }
 }
 
+/// A line that was enqueued, and what its enqueue did.
+struct Enqueued {
+    line: usize,
+    result: EnqueueResult,
+}
+
+/// What became of a file's lines so far.
+#[derive(Default)]
+struct Lines {
+    enqueued: Vec<Enqueued>,
+    invalid: Vec<Invalid>,
+}
+
 /// A line that could not be enqueued.
 struct Invalid {
     line: usize,
@@ -261,8 +277,7 @@ async fn enqueue_file(
     let mut conn = pool.acquire().await?;
     let mut tx = conn.begin().await?;
     let mut batch: Vec<(usize, NewJob)> = Vec::with_capacity(FILE_BATCH);
-    let mut invalid: Vec<Invalid> = Vec::new();
-    let mut enqueued = 0usize;
+    let mut lines = Lines::default();
     for (index, line) in reader.lines().enumerate() {
         let number = index + 1;
         let text = line.with_context(|| format!("cannot read {name} at line {number}"))?;
@@ -284,17 +299,17 @@ async fn enqueue_file(
                     progress.finish_and_clear();
                     return Err(nothing_enqueued(&name, &bad));
                 }
-                invalid.push(bad);
+                lines.invalid.push(bad);
             }
         }
         if batch.len() == FILE_BATCH {
-            enqueued += insert_batch(&mut tx, &mut batch, args.skip_invalid, &mut invalid)
+            insert_batch(&mut tx, &mut batch, args.skip_invalid, &mut lines)
                 .await
                 .map_err(|bad| nothing_enqueued(&name, &bad))?;
-            progress.set_message(format!("{enqueued} jobs"));
+            progress.set_message(format!("{} jobs", lines.enqueued.len()));
         }
     }
-    enqueued += insert_batch(&mut tx, &mut batch, args.skip_invalid, &mut invalid)
+    insert_batch(&mut tx, &mut batch, args.skip_invalid, &mut lines)
         .await
         .map_err(|bad| nothing_enqueued(&name, &bad))?;
     tx.commit()
@@ -304,13 +319,11 @@ async fn enqueue_file(
 
     let elapsed = started.elapsed();
     if args.json {
-        let skipped: Vec<Value> = invalid
-            .iter()
-            .map(|bad| json!({ "line": bad.line, "error": bad.error }))
-            .collect();
-        return print_json(&json!({ "enqueued": enqueued, "skipped": skipped }));
+        print_outcomes(&lines);
+        return Ok(());
     }
-    for bad in &invalid {
+    let (enqueued, invalid) = (lines.enqueued.len(), &lines.invalid);
+    for bad in invalid {
         eprintln!("skipped {name} line {}: {}", bad.line, bad.error);
     }
     let rate = enqueued as f64 / elapsed.as_secs_f64().max(1e-3);
@@ -324,6 +337,34 @@ async fn enqueue_file(
         }
     );
     Ok(())
+}
+
+/// `--file --json`: one JSON object per line of the file that held a job, in the file's
+/// order: `{"line", "id", "outcome"}` for an enqueued one, `{"line", "error"}` for one
+/// that `--skip-invalid` skipped.
+fn print_outcomes(lines: &Lines) {
+    let mut outcomes: Vec<(usize, Value)> = lines
+        .enqueued
+        .iter()
+        .map(|done| {
+            let outcome = json!({
+                "line": done.line,
+                "id": done.result.id,
+                "outcome": done.result.outcome.as_str(),
+            });
+            (done.line, outcome)
+        })
+        .chain(
+            lines
+                .invalid
+                .iter()
+                .map(|bad| (bad.line, json!({ "line": bad.line, "error": bad.error }))),
+        )
+        .collect();
+    outcomes.sort_unstable_by_key(|(line, _)| *line);
+    for (_, outcome) in outcomes {
+        outln!("{outcome}");
+    }
 }
 
 fn nothing_enqueued(name: &str, bad: &Invalid) -> anyhow::Error {
@@ -347,45 +388,57 @@ fn describe_json_error(error: serde_json::Error) -> String {
     }
 }
 
-/// Inserts `batch` in one statement under a savepoint and empties it; returns how many
-/// jobs went in. When the database refuses the batch (say a `depends_on` id that does not
-/// exist), it retries the lines one by one to name the bad one: with `skip_invalid` the
-/// bad lines are recorded and skipped, otherwise the first is returned as the error.
+/// Inserts `batch` in one statement under a savepoint and empties it, adding each line's
+/// outcome to `lines`. When the database refuses the batch (say a `depends_on` id that
+/// does not exist), it retries the lines one by one to name the bad one: with
+/// `skip_invalid` the bad lines are recorded and skipped, otherwise the first is returned
+/// as the error.
 async fn insert_batch(
     tx: &mut PgConnection,
     batch: &mut Vec<(usize, NewJob)>,
     skip_invalid: bool,
-    invalid: &mut Vec<Invalid>,
-) -> Result<usize, Invalid> {
+    lines: &mut Lines,
+) -> Result<(), Invalid> {
     if batch.is_empty() {
-        return Ok(0);
+        return Ok(());
     }
-    let lines: Vec<usize> = batch.iter().map(|(line, _)| *line).collect();
+    let numbers: Vec<usize> = batch.iter().map(|(line, _)| *line).collect();
     let jobs: Vec<NewJob> = batch.drain(..).map(|(_, job)| job).collect();
-    if try_insert(tx, &jobs).await.is_ok() {
-        return Ok(jobs.len());
+    if let Ok(results) = try_insert(tx, &jobs).await {
+        lines.enqueued.extend(
+            numbers
+                .into_iter()
+                .zip(results)
+                .map(|(line, result)| Enqueued { line, result }),
+        );
+        return Ok(());
     }
-    let mut inserted = 0;
-    for (line, job) in lines.into_iter().zip(jobs) {
+    for (line, job) in numbers.into_iter().zip(jobs) {
         match try_insert(tx, std::slice::from_ref(&job)).await {
-            Ok(()) => inserted += 1,
+            Ok(results) => lines
+                .enqueued
+                .extend(results.into_iter().map(|result| Enqueued { line, result })),
             Err(error) => {
                 let bad = Invalid { line, error };
                 if !skip_invalid {
                     return Err(bad);
                 }
-                invalid.push(bad);
+                lines.invalid.push(bad);
             }
         }
     }
-    Ok(inserted)
+    Ok(())
 }
 
-/// Inserts jobs under a savepoint, so a refusal leaves the transaction usable.
-async fn try_insert(tx: &mut PgConnection, jobs: &[NewJob]) -> Result<(), String> {
+/// Inserts jobs under a savepoint, so a refusal leaves the transaction usable; returns
+/// what each enqueue did, in input order.
+async fn try_insert(tx: &mut PgConnection, jobs: &[NewJob]) -> Result<Vec<EnqueueResult>, String> {
     let mut savepoint = tx.begin().await.map_err(|e| e.to_string())?;
-    match skiplock::enqueue_raw(&mut *savepoint, jobs).await {
-        Ok(_) => savepoint.commit().await.map_err(|e| e.to_string()),
+    match skiplock::enqueue_raw_with_results(&mut *savepoint, jobs).await {
+        Ok(results) => {
+            savepoint.commit().await.map_err(|e| e.to_string())?;
+            Ok(results)
+        }
         Err(e) => {
             let _ = savepoint.rollback().await;
             Err(e.to_string())

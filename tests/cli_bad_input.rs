@@ -158,6 +158,14 @@ const CASES: &[Case] = &[
         "error: invalid value '-1' for '<ID>...': `-1` is not a job id; job ids are whole numbers from 1 up, like 42 (list them with `skiplock jobs`)",
     ),
     usage(
+        &["jobs", "--queue", ""],
+        "error: invalid value '' for '--queue <Q>': a queue name cannot be empty; name one, like mail",
+    ),
+    usage(
+        &["prune", "--older-than", "20000y"],
+        "error: invalid value '20000y' for '--older-than <DURATION>': `20000y` is longer than skiplock can schedule or keep; use at most 1000y",
+    ),
+    usage(
         &["prune", "--older-than", "-5m"],
         "error: invalid value '-5m' for '--older-than <DURATION>': `-5m` is not a duration; write a number and a unit, like 30s, 5m, 2h or 1d",
     ),
@@ -189,6 +197,14 @@ const CASES: &[Case] = &[
     usage(
         &["work", "--shutdown-grace", "abc"],
         "error: invalid value 'abc' for '--shutdown-grace <SECONDS>': `abc` is not a number of seconds; write a whole number, like 30",
+    ),
+    usage(
+        &["work", "--allow-http-host", ""],
+        "error: invalid --allow-http-host: invalid configuration: http allow-list entry `` is not a host name; expected host, host:port, *.domain or [ipv6]:port",
+    ),
+    usage(
+        &["dashboard", "--bind", "127.0.0.1"],
+        "error: --bind 127.0.0.1: expected host:port, e.g. 127.0.0.1:7433",
     ),
     usage(
         &["work", "--metrics-addr", "localhost"],
@@ -226,6 +242,10 @@ const CASES: &[Case] = &[
     usage(
         &["enqueue", "noop", "--in", "soon"],
         "error: invalid value 'soon' for '--in <DURATION>': `soon` is not a duration; write a number and a unit, like 30s, 5m, 2h or 1d",
+    ),
+    usage(
+        &["enqueue", "noop", "--in", "100000000y"],
+        "error: invalid value '100000000y' for '--in <DURATION>': `100000000y` is longer than skiplock can schedule or keep; use at most 1000y",
     ),
     usage(
         &["enqueue", "noop", "--depends-on", "7,x"],

@@ -30,7 +30,7 @@ pub struct JobsArgs {
     states: Vec<JobState>,
 
     /// Only jobs of this queue.
-    #[arg(long, value_name = "Q")]
+    #[arg(long, value_name = "Q", value_parser = crate::output::parse_queue_name)]
     queue: Option<String>,
 
     /// Only jobs of this kind.

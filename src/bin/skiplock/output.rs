@@ -206,11 +206,22 @@ pub fn clip(text: &str, max: usize) -> String {
     clipped
 }
 
-/// Parses `30s`, `5m`, `2h`, `1d`, `1h 30m` (clap value parser).
+/// Longest duration accepted: 1,000 years (of 365.25 days, as humantime counts them).
+/// Postgres timestamps end long before the durations humantime can write (`now() - 9000y`
+/// is before 4713 BC, their first day).
+pub const DURATION_MAX: Duration = Duration::from_secs(1_000 * 31_557_600);
+
+/// Parses `30s`, `5m`, `2h`, `1d`, `1h 30m`, at most [`DURATION_MAX`] (clap value parser).
 pub fn parse_duration(text: &str) -> Result<Duration, String> {
-    humantime::parse_duration(text).map_err(|_| {
+    let duration = humantime::parse_duration(text).map_err(|_| {
         format!("`{text}` is not a duration; write a number and a unit, like 30s, 5m, 2h or 1d")
-    })
+    })?;
+    if duration > DURATION_MAX {
+        return Err(format!(
+            "`{text}` is longer than skiplock can schedule or keep; use at most 1000y"
+        ));
+    }
+    Ok(duration)
 }
 
 /// Shortest `--interval` of `stats --watch`: faster refreshes only load the database.

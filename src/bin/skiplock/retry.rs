@@ -36,7 +36,7 @@ pub struct RetryArgs {
     dead: bool,
 
     /// With --dead: only this queue.
-    #[arg(long, value_name = "Q", requires = "dead")]
+    #[arg(long, value_name = "Q", requires = "dead", value_parser = crate::output::parse_queue_name)]
     queue: Option<String>,
 
     /// With --dead: print the retried ids as JSON.

@@ -256,9 +256,9 @@ pub async fn run(pool: sqlx::PgPool, args: WorkArgs) -> anyhow::Result<()> {
                 } else {
                     HttpConfig::allow_hosts(&args.allow_http_hosts)
                 };
-                builder
-                    .register::<Http>()
-                    .data(config.context("invalid --allow-http-host")?)
+                builder.register::<Http>().data(config.unwrap_or_else(|e| {
+                    crate::usage_error(format!("invalid --allow-http-host: {e}"))
+                }))
             }
             Kind::Command => {
                 if args.allow_commands.is_empty() {

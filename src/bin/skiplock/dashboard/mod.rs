@@ -143,9 +143,22 @@ async fn resolve_bind(bind: &str) -> anyhow::Result<SocketAddr> {
     if let Ok(addr) = bind.parse() {
         return Ok(addr);
     }
+    // No port, or not one: the address is malformed, whatever the name.
+    if bind
+        .rsplit_once(':')
+        .is_none_or(|(_, port)| port.parse::<u16>().is_err())
+    {
+        crate::usage_error(format!(
+            "--bind {bind}: expected host:port, e.g. 127.0.0.1:7433"
+        ));
+    }
     let addrs: Vec<SocketAddr> = tokio::net::lookup_host(bind)
         .await
-        .with_context(|| format!("--bind {bind}: expected host:port, e.g. 127.0.0.1:7433"))?
+        .with_context(|| {
+            format!(
+                "--bind {bind}: cannot resolve the host name; use an IP address, like 127.0.0.1:7433, or a name this machine resolves"
+            )
+        })?
         .collect();
     // A name counts as loopback only if every address it has is.
     match addrs.iter().find(|a| !a.ip().is_loopback()) {

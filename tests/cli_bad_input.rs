@@ -75,6 +75,21 @@ const CASES: &[Case] = &[
         Target::Url("postgres://postgres@no-such-host.invalid:5432/app"),
         "error: cannot find the host `no-such-host.invalid` of the database URL postgres://postgres@no-such-host.invalid:5432/app (failed to lookup address information: Name or service not known); check the host name in --database-url / DATABASE_URL",
     ),
+    failure(
+        &["jobs"],
+        Target::Url(""),
+        "error: the database URL is empty; set --database-url / DATABASE_URL to postgres://user@host:port/db, or leave both out for the local server",
+    ),
+    failure(
+        &["jobs"],
+        Target::Url("postgres://postgres@127.0.0.1:5432/app?sslmode=bogus"),
+        "error: the database URL is malformed (unknown value \"bogus\" for `ssl_mode`); write it like postgres://user@host:port/db",
+    ),
+    failure(
+        &["jobs"],
+        Target::Url("postgres://postgres@127.0.0.1:port/app"),
+        "error: the database URL is malformed (invalid port number); write it like postgres://user@host:port/db",
+    ),
     usage(
         &["--connect-retry", "soon", "jobs"],
         "error: invalid value 'soon' for '--connect-retry <DURATION>': `soon` is not a duration; write a number and a unit, like 30s, 5m, 2h or 1d",

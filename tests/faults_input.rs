@@ -338,7 +338,7 @@ async fn unreachable_and_wrong_database_urls_fail_with_one_clear_line() {
         ),
         (
             "not a url".to_owned(),
-            "error: the database URL is malformed; expected postgres://user@host:port/db: error with configuration: relative URL without a base".to_owned(),
+            "error: the database URL is not a URL; write it like postgres://user@host:port/db (key=value connection strings are not supported)".to_owned(),
         ),
     ];
     for (url, expected) in cases {

@@ -10,7 +10,6 @@
 
 use std::time::{Duration, Instant};
 
-use anyhow::Context;
 use sqlx::Connection;
 use sqlx::postgres::{PgConnectOptions, PgConnection, PgPoolOptions};
 
@@ -68,9 +67,28 @@ impl Database {
                 redact(url)
             );
         }
-        let mut options: PgConnectOptions = url.parse().with_context(
-            || "the database URL is malformed; expected postgres://user@host:port/db",
-        )?;
+        if url.trim().is_empty() {
+            anyhow::bail!(
+                "the database URL is empty; set --database-url / DATABASE_URL to postgres://user@host:port/db, or leave both out for the local server"
+            );
+        }
+        // Not echoed: a key=value connection string may hold a password.
+        if !url.contains("://") {
+            anyhow::bail!(
+                "the database URL is not a URL; write it like postgres://user@host:port/db (key=value connection strings are not supported)"
+            );
+        }
+        let mut options: PgConnectOptions = url.parse().map_err(|e: sqlx::Error| {
+            // sqlx says "error with configuration: " once per layer.
+            let text = e.to_string();
+            let mut why = text.as_str();
+            while let Some(rest) = why.strip_prefix("error with configuration: ") {
+                why = rest;
+            }
+            anyhow::anyhow!(
+                "the database URL is malformed ({why}); write it like postgres://user@host:port/db"
+            )
+        })?;
         // An IPv6 address keeps the URL's brackets in its host name, which no resolver
         // knows: postgres://user@[::1]:5432/db.
         if let Some(address) = options

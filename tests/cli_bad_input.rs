@@ -25,7 +25,11 @@ enum Target {
     Migrated,
     /// A database with no skiplock schema.
     NoSchema,
-    /// This URL (with `{role}` replaced by a role that does not exist).
+    /// The test's own database, as a role that does not exist.
+    UnknownRole,
+    /// The test's own database, as a role that may log in and nothing more.
+    PowerlessRole,
+    /// This URL.
     Url(&'static str),
 }
 
@@ -34,7 +38,7 @@ struct Case {
     args: &'static [&'static str],
     target: Target,
     code: i32,
-    /// The exact line; `{db}` stands for the database's name, `{role}` for the missing role.
+    /// The exact line; `{db}` stands for the database's name, `{url}` for its URL.
     line: &'static str,
 }
 
@@ -60,8 +64,8 @@ const CASES: &[Case] = &[
     // Connections.
     failure(
         &["jobs"],
-        Target::Url("postgres://{role}@127.0.0.1:5432/postgres"),
-        "error: the server at postgres://{role}@127.0.0.1:5432/postgres refused the login: role \"{role}\" does not exist (SQLSTATE 28000); check the user and password in --database-url / DATABASE_URL",
+        Target::UnknownRole,
+        "error: the server at {url} refused the login: role \"nobody_{db}\" does not exist (SQLSTATE 28000); check the user and password in --database-url / DATABASE_URL",
     ),
     // An IPv6 address is connected to, not looked up; nothing listens on port 1.
     failure(
@@ -119,6 +123,17 @@ const CASES: &[Case] = &[
         &["work", "--exit-when-idle"],
         Target::NoSchema,
         "error: the database `{db}` has no skiplock schema; run `skiplock migrate` on it first",
+    ),
+    // A role without the privileges.
+    failure(
+        &["jobs"],
+        Target::PowerlessRole,
+        "error: permission denied for schema skiplock; the role in --database-url / DATABASE_URL may not do this: connect as one that may (such as the one that ran `skiplock migrate`), or GRANT it the privilege",
+    ),
+    failure(
+        &["cancel", "1", "2"],
+        Target::PowerlessRole,
+        "error: permission denied for schema skiplock; the role in --database-url / DATABASE_URL may not do this: connect as one that may (such as the one that ran `skiplock migrate`), or GRANT it the privilege",
     ),
     // Queues.
     usage(
@@ -310,15 +325,28 @@ async fn every_bad_input_gets_one_line_naming_the_problem_and_the_fix() {
         .execute(&bare.pool)
         .await
         .unwrap();
-    let role = format!("nobody_{}", db.name);
+    let powerless = format!("powerless_{}", db.name);
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "DROP ROLE IF EXISTS {powerless}; CREATE ROLE {powerless} LOGIN"
+    )))
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    let as_role = |role: &str| {
+        let url = db.url().replacen("postgres@", &format!("{role}@"), 1);
+        assert_ne!(url, db.url(), "the test URL names the user postgres");
+        url
+    };
     let mut wrong = Vec::new();
     for case in CASES {
         let (url, name) = match case.target {
             Target::Migrated => (db.url().to_owned(), db.name.as_str()),
             Target::NoSchema => (bare.url().to_owned(), bare.name.as_str()),
-            Target::Url(url) => (url.replace("{role}", &role), ""),
+            Target::UnknownRole => (as_role(&format!("nobody_{}", db.name)), db.name.as_str()),
+            Target::PowerlessRole => (as_role(&powerless), db.name.as_str()),
+            Target::Url(url) => (url.to_owned(), ""),
         };
-        let expected = case.line.replace("{db}", name).replace("{role}", &role);
+        let expected = case.line.replace("{db}", name).replace("{url}", &url);
         let (code, stderr) = run(&url, case.args).await;
         let mut lines = stderr.trim_end().lines();
         let line = lines.next().unwrap_or_default();
@@ -334,6 +362,11 @@ async fn every_bad_input_gets_one_line_naming_the_problem_and_the_fix() {
             ));
         }
     }
+    // The role's sessions ended with the commands; nothing else holds it.
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!("DROP ROLE {powerless}")))
+        .execute(&db.pool)
+        .await
+        .unwrap();
     assert!(wrong.is_empty(), "\n{}", wrong.join("\n"));
     assert_eq!(db.job_count().await, 0, "no bad input enqueued anything");
     let schedules: i64 = sqlx::query_scalar("SELECT count(*) FROM skiplock.cron_schedules")

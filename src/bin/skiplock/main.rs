@@ -202,6 +202,12 @@ fn lacks_schema(error: &anyhow::Error) -> bool {
         )
 }
 
+/// Whether `error` is about the database rather than the one job a command was acting on
+/// (a missing schema, a missing privilege), so that going on with the next job is futile.
+fn about_the_database(error: &anyhow::Error) -> bool {
+    lacks_schema(error) || sqlstate(error).as_deref() == Some("42501")
+}
+
 /// The SQLSTATE of the first database error in `error`'s chain.
 fn sqlstate(error: &anyhow::Error) -> Option<String> {
     error.chain().find_map(|cause| {
@@ -253,9 +259,11 @@ fn message(error: &anyhow::Error) -> String {
     for cause in error.chain() {
         let text = cause.to_string();
         let text = without_server_source_line(&text);
-        // sqlx wraps the server's message; the line usually holds it already.
+        // sqlx and skiplock::Error::Database wrap the server's message, which says well
+        // enough that it comes from the database.
         let text = text
             .strip_prefix("error returned from database: ")
+            .or_else(|| text.strip_prefix("database error: "))
             .unwrap_or(text)
             .to_owned();
         if line.contains(&text) {
@@ -308,6 +316,10 @@ fn hint(error: &anyhow::Error) -> &'static str {
         // undefined_table, undefined_function, invalid_schema_name
         Some("42P01" | "42883" | "3F000") => {
             "; is the skiplock schema missing or old? run `skiplock migrate`"
+        }
+        // insufficient_privilege
+        Some("42501") => {
+            "; the role in --database-url / DATABASE_URL may not do this: connect as one that may (such as the one that ran `skiplock migrate`), or GRANT it the privilege"
         }
         _ => "",
     }

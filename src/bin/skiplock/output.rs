@@ -94,7 +94,7 @@ where
             Err(e) => {
                 let e = anyhow::Error::from(e);
                 // Not this job's problem but the database's: `main` explains it once.
-                if crate::lacks_schema(&e) {
+                if crate::about_the_database(&e) {
                     return Err(e);
                 }
                 format!("job {id}: {e}")

@@ -124,6 +124,11 @@ const CASES: &[Case] = &[
         Target::NoSchema,
         "error: the database `{db}` has no skiplock schema; run `skiplock migrate` on it first",
     ),
+    failure(
+        &["dashboard", "--bind", "127.0.0.1:0"],
+        Target::NoSchema,
+        "error: the database `{db}` has no skiplock schema; run `skiplock migrate` on it first",
+    ),
     // A role without the privileges.
     failure(
         &["jobs"],
@@ -299,7 +304,8 @@ fn is_clap_trailer(line: &str) -> bool {
 
 /// Runs `skiplock --database-url URL ARGS…` without `DATABASE_URL`, with only error logs
 /// and no retrying of connections (`SKIPLOCK_CONNECT_RETRY=0s`, which `--connect-retry`
-/// overrides); returns the exit code and stderr.
+/// overrides); returns the exit code and stderr. A command still running after a minute
+/// (a dashboard that started serving) is killed and counts as wrong.
 async fn run(url: &str, args: &[&str]) -> (Option<i32>, String) {
     let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_skiplock"))
         .env_remove("DATABASE_URL")
@@ -308,9 +314,12 @@ async fn run(url: &str, args: &[&str]) -> (Option<i32>, String) {
         .args(["--database-url", url])
         .args(args)
         .stdin(Stdio::null())
-        .output()
-        .await
-        .expect("run skiplock");
+        .kill_on_drop(true)
+        .output();
+    let Ok(output) = tokio::time::timeout(std::time::Duration::from_secs(60), output).await else {
+        return (None, "still running after 60 s".to_owned());
+    };
+    let output = output.expect("run skiplock");
     (
         output.status.code(),
         String::from_utf8_lossy(&output.stderr).into_owned(),

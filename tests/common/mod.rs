@@ -54,6 +54,14 @@ impl TestDb {
     pub fn url(&self) -> &str {
         &self.url
     }
+
+    /// How many rows `skiplock.jobs` holds, finished ones included.
+    pub async fn job_count(&self) -> i64 {
+        sqlx::query_scalar("SELECT count(*) FROM skiplock.jobs")
+            .fetch_one(&self.pool)
+            .await
+            .unwrap()
+    }
 }
 
 #[cfg(feature = "embedded")]

@@ -17,7 +17,12 @@ SELECT skiplock.cancel_job(42).";
 #[derive(Args)]
 pub struct CancelArgs {
     /// Ids of the jobs to cancel.
-    #[arg(value_name = "ID", required = true)]
+    #[arg(
+        value_name = "ID",
+        required = true,
+        allow_negative_numbers = true,
+        value_parser = crate::output::parse_job_id
+    )]
     ids: Vec<i64>,
 }
 

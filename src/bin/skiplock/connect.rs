@@ -10,7 +10,6 @@
 
 use std::time::{Duration, Instant};
 
-use anyhow::Context;
 use sqlx::Connection;
 use sqlx::postgres::{PgConnectOptions, PgConnection, PgPoolOptions};
 
@@ -51,6 +50,83 @@ enum Failure {
 }
 
 impl Database {
+    /// The URL given, or the local server's.
+    fn url(&self) -> &str {
+        self.url.as_deref().unwrap_or(skiplock::embedded::LOCAL_URL)
+    }
+
+    /// The URL as connect options, refused with what to write when it is not a Postgres
+    /// URL.
+    fn connect_options(&self) -> anyhow::Result<PgConnectOptions> {
+        let url = self.url();
+        if let Some((scheme, _)) = url.split_once("://")
+            && !matches!(scheme, "postgres" | "postgresql")
+        {
+            anyhow::bail!(
+                "the database URL {} is not a Postgres URL; skiplock needs postgres://user@host:port/db",
+                redact(url)
+            );
+        }
+        if url.trim().is_empty() {
+            anyhow::bail!(
+                "the database URL is empty; set --database-url / DATABASE_URL to postgres://user@host:port/db, or leave both out for the local server"
+            );
+        }
+        // Not echoed: a key=value connection string may hold a password.
+        if !url.contains("://") {
+            anyhow::bail!(
+                "the database URL is not a URL; write it like postgres://user@host:port/db (key=value connection strings are not supported)"
+            );
+        }
+        let mut options: PgConnectOptions = url.parse().map_err(|e: sqlx::Error| {
+            // sqlx says "error with configuration: " once per layer.
+            let text = e.to_string();
+            let mut why = text.as_str();
+            while let Some(rest) = why.strip_prefix("error with configuration: ") {
+                why = rest;
+            }
+            anyhow::anyhow!(
+                "the database URL is malformed ({why}); write it like postgres://user@host:port/db"
+            )
+        })?;
+        // An IPv6 address keeps the URL's brackets in its host name, which no resolver
+        // knows: postgres://user@[::1]:5432/db.
+        if let Some(address) = options
+            .get_host()
+            .strip_prefix('[')
+            .and_then(|host| host.strip_suffix(']'))
+        {
+            let address = address.to_owned();
+            options = options.host(&address);
+        }
+        Ok(options)
+    }
+
+    /// `error`, which says that a skiplock table, function or schema is missing (or that
+    /// the schema is older than this build), told as what it means for this database: it
+    /// has no skiplock schema, or an older one, and `skiplock migrate` is the fix. Any
+    /// other case, or a failure to look, keeps `error`.
+    pub async fn explain_schema(&self, error: anyhow::Error) -> anyhow::Error {
+        let Ok(options) = self.connect_options() else {
+            return error;
+        };
+        let name = database_name(&options).to_owned();
+        let Ok(pool) = self.pool("schema check", 1, Patience::OneShot).await else {
+            return error;
+        };
+        let found = skiplock::check_schema(&pool).await;
+        pool.close().await;
+        match found {
+            Err(skiplock::Error::SchemaOutdated { found: 0, .. }) => anyhow::anyhow!(
+                "the database `{name}` has no skiplock schema; run `skiplock migrate` on it first"
+            ),
+            Err(skiplock::Error::SchemaOutdated { found, expected }) => anyhow::anyhow!(
+                "the skiplock schema of the database `{name}` is at version {found}, this skiplock needs version {expected}; run `skiplock migrate` to upgrade it"
+            ),
+            _ => error,
+        }
+    }
+
     /// A pool of at most `max_connections`, once one connection to the server works. Its
     /// sessions show as `skiplock <command>` in `pg_stat_activity`.
     ///
@@ -62,29 +138,10 @@ impl Database {
         max_connections: u32,
         patience: Patience,
     ) -> anyhow::Result<sqlx::PgPool> {
-        let url = self.url.as_deref().unwrap_or(skiplock::embedded::LOCAL_URL);
-        if let Some((scheme, _)) = url.split_once("://")
-            && !matches!(scheme, "postgres" | "postgresql")
-        {
-            anyhow::bail!(
-                "the database URL {} is not a Postgres URL; skiplock needs postgres://user@host:port/db",
-                redact(url)
-            );
-        }
-        let mut options: PgConnectOptions = url.parse().with_context(
-            || "the database URL is malformed; expected postgres://user@host:port/db",
-        )?;
-        // An IPv6 address keeps the URL's brackets in its host name, which no resolver
-        // knows: postgres://user@[::1]:5432/db.
-        if let Some(address) = options
-            .get_host()
-            .strip_prefix('[')
-            .and_then(|host| host.strip_suffix(']'))
-        {
-            let address = address.to_owned();
-            options = options.host(&address);
-        }
-        let options = options.application_name(&format!("skiplock {command}"));
+        let url = self.url();
+        let options = self
+            .connect_options()?
+            .application_name(&format!("skiplock {command}"));
         let started = Instant::now();
         let mut delay = RETRY_DELAY_FIRST;
         loop {
@@ -139,6 +196,17 @@ fn unreachable(url: &str) -> String {
 /// Sorts a failed connection attempt, with the message to give if it is the last.
 fn classify(error: sqlx::Error, url: &str, options: &PgConnectOptions) -> Failure {
     let sqlx::Error::Database(db) = &error else {
+        // A name no resolver knows is not a server that is down. It may still pass (a
+        // container's name before its network is up), so it is retried like one.
+        if let sqlx::Error::Io(io) = &error
+            && io.to_string().contains("failed to lookup address")
+        {
+            return Failure::Passing(anyhow::anyhow!(
+                "cannot find the host `{}` of the database URL {} ({io}); check the host name in --database-url / DATABASE_URL",
+                options.get_host(),
+                redact(url)
+            ));
+        }
         // No answer, or not one we could read (refused, reset, TLS): the server may be
         // down or restarting.
         return Failure::Passing(anyhow::Error::new(error).context(unreachable(url)));
@@ -148,7 +216,7 @@ fn classify(error: sqlx::Error, url: &str, options: &PgConnectOptions) -> Failur
     let server = redact(url);
     match code.as_str() {
         "3D000" => {
-            let name = options.get_database().unwrap_or("postgres");
+            let name = database_name(options);
             Failure::Lasting(anyhow::anyhow!(
                 "the database `{name}` does not exist on the server at {server}; create it (createdb {name}) and run `skiplock migrate`"
             ))
@@ -169,6 +237,13 @@ fn classify(error: sqlx::Error, url: &str, options: &PgConnectOptions) -> Failur
             "the server at {server} refused the connection: {said}"
         )),
     }
+}
+
+/// The database the options name; without one, Postgres takes the user's name.
+pub fn database_name(options: &PgConnectOptions) -> &str {
+    options
+        .get_database()
+        .unwrap_or_else(|| options.get_username())
 }
 
 /// The URL without its password, for messages.

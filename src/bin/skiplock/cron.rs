@@ -4,6 +4,8 @@ use clap::{Args, Subcommand};
 use skiplock::cron::{CronSchedule, MissedSlots};
 use sqlx::PgPool;
 
+use crate::output::{parse_count, parse_non_empty, parse_priority, parse_queue_name};
+
 pub const EXAMPLES: &str = "Examples:
   skiplock cron add nightly-report '0 3 * * *' http '{\"url\": \"http://reports/run\"}' --timezone Europe/Paris
   skiplock cron add heartbeat '*/10 * * * * *' noop            # 6 fields: seconds first
@@ -36,10 +38,12 @@ enum CronAction {
 #[derive(Args)]
 struct AddArgs {
     /// Unique schedule name.
+    #[arg(value_parser = |text: &str| parse_non_empty(text, "a schedule name cannot be empty; name it, like nightly-report"))]
     name: String,
     /// Cron expression: 5 fields (minute hour day-of-month month day-of-week) or 6 (seconds first).
     expression: String,
     /// Kind of the jobs it produces.
+    #[arg(value_parser = |text: &str| parse_non_empty(text, "the job kind cannot be empty; name the handler that runs the jobs, like noop"))]
     kind: String,
     /// Args of the jobs it produces (JSON).
     #[arg(default_value = "{}", value_parser = crate::enqueue::parse_json)]
@@ -48,13 +52,18 @@ struct AddArgs {
     #[arg(long, default_value = "UTC")]
     timezone: String,
     /// Queue of the jobs it produces.
-    #[arg(long, default_value = skiplock::QUEUE_DEFAULT)]
+    #[arg(long, default_value = skiplock::QUEUE_DEFAULT, value_parser = parse_queue_name)]
     queue: String,
     /// Priority of the jobs it produces (lower runs first).
-    #[arg(long, default_value_t = 0, allow_negative_numbers = true)]
+    #[arg(long, default_value_t = 0, allow_negative_numbers = true, value_parser = parse_priority)]
     priority: i16,
     /// Attempt budget of the jobs it produces.
-    #[arg(long, default_value_t = skiplock::MAX_ATTEMPTS_DEFAULT)]
+    #[arg(
+        long,
+        default_value_t = skiplock::MAX_ATTEMPTS_DEFAULT,
+        allow_negative_numbers = true,
+        value_parser = |text: &str| parse_count::<i32>(text, "attempts")
+    )]
     max_attempts: i32,
     /// Slots missed while no worker ran: `latest` runs the most recent once, `skip` none.
     #[arg(long, default_value = "latest", value_parser = parse_missed)]

@@ -11,10 +11,13 @@ use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::Deserialize;
 use serde_json::{Value, json};
-use skiplock::{EnqueueOptions, JobId, NewJob, UniquePolicy};
+use skiplock::{EnqueueOptions, EnqueueResult, JobId, NewJob, UniquePolicy};
 use sqlx::{Acquire, PgConnection, PgPool};
 
-use crate::output::{parse_duration, parse_time, print_json};
+use crate::output::{
+    parse_count, parse_duration, parse_job_id, parse_non_empty, parse_priority, parse_queue_name,
+    parse_time, print_json,
+};
 
 pub const EXAMPLES: &str = r#"Examples:
   skiplock enqueue noop
@@ -28,7 +31,9 @@ An NDJSON line is an object with `kind`, optional `args`, and optionally the enq
 by their column names: queue, priority, scheduled_at (RFC 3339), max_attempts, ordering_key,
 unique_key, on_conflict (skip|replace|merge), depends_on (array of ids). Options given on
 the command line apply to lines that do not set them. The whole file is enqueued in one
-transaction: if any line is bad, nothing is enqueued (unless --skip-invalid)."#;
+transaction: if any line is bad, nothing is enqueued (unless --skip-invalid). With --json it
+prints one object per line: {"line", "id", "outcome"} (outcome: inserted, skipped, replaced,
+merged), or {"line", "error"} for a line --skip-invalid skipped."#;
 
 /// Jobs inserted per statement when enqueuing a file.
 const FILE_BATCH: usize = 1000;
@@ -36,7 +41,11 @@ const FILE_BATCH: usize = 1000;
 #[derive(Args)]
 pub struct EnqueueArgs {
     /// Job kind: the handler that runs it (e.g. noop, sleep, http, command).
-    #[arg(required_unless_present = "file", conflicts_with = "file")]
+    #[arg(
+        required_unless_present = "file",
+        conflicts_with = "file",
+        value_parser = |text: &str| parse_non_empty(text, "the job kind cannot be empty; name the handler that runs the job, like noop")
+    )]
     kind: Option<String>,
 
     /// Job args as JSON (default: {}).
@@ -44,11 +53,11 @@ pub struct EnqueueArgs {
     args: Option<Value>,
 
     /// Queue (default: default).
-    #[arg(long, value_name = "Q")]
+    #[arg(long, value_name = "Q", value_parser = parse_queue_name)]
     queue: Option<String>,
 
     /// Priority; lower runs first (default: 0).
-    #[arg(long, value_name = "P", allow_negative_numbers = true)]
+    #[arg(long, value_name = "P", allow_negative_numbers = true, value_parser = parse_priority)]
     priority: Option<i16>,
 
     /// Run no earlier than this RFC 3339 time, e.g. 2026-01-31T09:00:00Z.
@@ -60,15 +69,30 @@ pub struct EnqueueArgs {
     delay: Option<Duration>,
 
     /// Attempts before the job goes dead (default: 25).
-    #[arg(long, value_name = "N", value_parser = clap::value_parser!(i32).range(1..))]
+    #[arg(
+        long,
+        value_name = "N",
+        allow_negative_numbers = true,
+        value_parser = |text: &str| parse_count::<i32>(text, "attempts")
+    )]
     max_attempts: Option<i32>,
 
     /// Strict FIFO lane: jobs with the same key run one at a time, in enqueue order.
-    #[arg(long, value_name = "K", conflicts_with = "file")]
+    #[arg(
+        long,
+        value_name = "K",
+        conflicts_with_all = ["file", "depends_on"],
+        value_parser = |text: &str| parse_non_empty(text, "an ordering key cannot be empty; leave --ordering-key out instead")
+    )]
     ordering_key: Option<String>,
 
     /// Deduplication key: at most one pending job per key.
-    #[arg(long, value_name = "K", conflicts_with = "file")]
+    #[arg(
+        long,
+        value_name = "K",
+        conflicts_with_all = ["file", "depends_on"],
+        value_parser = |text: &str| parse_non_empty(text, "a unique key cannot be empty; leave --unique-key out instead")
+    )]
     unique_key: Option<String>,
 
     /// What a second enqueue with the same unique key does while the first is pending.
@@ -80,7 +104,8 @@ pub struct EnqueueArgs {
         long,
         value_name = "IDS",
         value_delimiter = ',',
-        conflicts_with = "file"
+        conflicts_with = "file",
+        value_parser = parse_job_id
     )]
     depends_on: Vec<i64>,
 
@@ -93,14 +118,17 @@ pub struct EnqueueArgs {
     #[arg(long, requires = "file")]
     skip_invalid: bool,
 
-    /// Print the result as JSON.
+    /// Print the result as JSON: {"id", "outcome"}; with --file, one such object (with its
+    /// "line") per line of the file.
     #[arg(long)]
     json: bool,
 }
 
 /// Parses args given as JSON on the command line (clap value parser: exit 2 when bad).
 pub fn parse_json(text: &str) -> Result<Value, String> {
-    serde_json::from_str(text).map_err(|e| format!("not valid JSON: {e}"))
+    serde_json::from_str(text).map_err(|e| {
+        format!("not valid JSON: {e}; write JSON in single quotes, like '{{\"ms\": 500}}'")
+    })
 }
 
 impl EnqueueArgs {
@@ -201,6 +229,19 @@ impl Line {
     }
 }
 
+/// A line that was enqueued, and what its enqueue did.
+struct Enqueued {
+    line: usize,
+    result: EnqueueResult,
+}
+
+/// What became of a file's lines so far.
+#[derive(Default)]
+struct Lines {
+    enqueued: Vec<Enqueued>,
+    invalid: Vec<Invalid>,
+}
+
 /// A line that could not be enqueued.
 struct Invalid {
     line: usize,
@@ -236,8 +277,7 @@ async fn enqueue_file(
     let mut conn = pool.acquire().await?;
     let mut tx = conn.begin().await?;
     let mut batch: Vec<(usize, NewJob)> = Vec::with_capacity(FILE_BATCH);
-    let mut invalid: Vec<Invalid> = Vec::new();
-    let mut enqueued = 0usize;
+    let mut lines = Lines::default();
     for (index, line) in reader.lines().enumerate() {
         let number = index + 1;
         let text = line.with_context(|| format!("cannot read {name} at line {number}"))?;
@@ -259,17 +299,17 @@ async fn enqueue_file(
                     progress.finish_and_clear();
                     return Err(nothing_enqueued(&name, &bad));
                 }
-                invalid.push(bad);
+                lines.invalid.push(bad);
             }
         }
         if batch.len() == FILE_BATCH {
-            enqueued += insert_batch(&mut tx, &mut batch, args.skip_invalid, &mut invalid)
+            insert_batch(&mut tx, &mut batch, args.skip_invalid, &mut lines)
                 .await
                 .map_err(|bad| nothing_enqueued(&name, &bad))?;
-            progress.set_message(format!("{enqueued} jobs"));
+            progress.set_message(format!("{} jobs", lines.enqueued.len()));
         }
     }
-    enqueued += insert_batch(&mut tx, &mut batch, args.skip_invalid, &mut invalid)
+    insert_batch(&mut tx, &mut batch, args.skip_invalid, &mut lines)
         .await
         .map_err(|bad| nothing_enqueued(&name, &bad))?;
     tx.commit()
@@ -279,13 +319,11 @@ async fn enqueue_file(
 
     let elapsed = started.elapsed();
     if args.json {
-        let skipped: Vec<Value> = invalid
-            .iter()
-            .map(|bad| json!({ "line": bad.line, "error": bad.error }))
-            .collect();
-        return print_json(&json!({ "enqueued": enqueued, "skipped": skipped }));
+        print_outcomes(&lines);
+        return Ok(());
     }
-    for bad in &invalid {
+    let (enqueued, invalid) = (lines.enqueued.len(), &lines.invalid);
+    for bad in invalid {
         eprintln!("skipped {name} line {}: {}", bad.line, bad.error);
     }
     let rate = enqueued as f64 / elapsed.as_secs_f64().max(1e-3);
@@ -299,6 +337,34 @@ async fn enqueue_file(
         }
     );
     Ok(())
+}
+
+/// `--file --json`: one JSON object per line of the file that held a job, in the file's
+/// order: `{"line", "id", "outcome"}` for an enqueued one, `{"line", "error"}` for one
+/// that `--skip-invalid` skipped.
+fn print_outcomes(lines: &Lines) {
+    let mut outcomes: Vec<(usize, Value)> = lines
+        .enqueued
+        .iter()
+        .map(|done| {
+            let outcome = json!({
+                "line": done.line,
+                "id": done.result.id,
+                "outcome": done.result.outcome.as_str(),
+            });
+            (done.line, outcome)
+        })
+        .chain(
+            lines
+                .invalid
+                .iter()
+                .map(|bad| (bad.line, json!({ "line": bad.line, "error": bad.error }))),
+        )
+        .collect();
+    outcomes.sort_unstable_by_key(|(line, _)| *line);
+    for (_, outcome) in outcomes {
+        outln!("{outcome}");
+    }
 }
 
 fn nothing_enqueued(name: &str, bad: &Invalid) -> anyhow::Error {
@@ -322,45 +388,57 @@ fn describe_json_error(error: serde_json::Error) -> String {
     }
 }
 
-/// Inserts `batch` in one statement under a savepoint and empties it; returns how many
-/// jobs went in. When the database refuses the batch (say a `depends_on` id that does not
-/// exist), it retries the lines one by one to name the bad one: with `skip_invalid` the
-/// bad lines are recorded and skipped, otherwise the first is returned as the error.
+/// Inserts `batch` in one statement under a savepoint and empties it, adding each line's
+/// outcome to `lines`. When the database refuses the batch (say a `depends_on` id that
+/// does not exist), it retries the lines one by one to name the bad one: with
+/// `skip_invalid` the bad lines are recorded and skipped, otherwise the first is returned
+/// as the error.
 async fn insert_batch(
     tx: &mut PgConnection,
     batch: &mut Vec<(usize, NewJob)>,
     skip_invalid: bool,
-    invalid: &mut Vec<Invalid>,
-) -> Result<usize, Invalid> {
+    lines: &mut Lines,
+) -> Result<(), Invalid> {
     if batch.is_empty() {
-        return Ok(0);
+        return Ok(());
     }
-    let lines: Vec<usize> = batch.iter().map(|(line, _)| *line).collect();
+    let numbers: Vec<usize> = batch.iter().map(|(line, _)| *line).collect();
     let jobs: Vec<NewJob> = batch.drain(..).map(|(_, job)| job).collect();
-    if try_insert(tx, &jobs).await.is_ok() {
-        return Ok(jobs.len());
+    if let Ok(results) = try_insert(tx, &jobs).await {
+        lines.enqueued.extend(
+            numbers
+                .into_iter()
+                .zip(results)
+                .map(|(line, result)| Enqueued { line, result }),
+        );
+        return Ok(());
     }
-    let mut inserted = 0;
-    for (line, job) in lines.into_iter().zip(jobs) {
+    for (line, job) in numbers.into_iter().zip(jobs) {
         match try_insert(tx, std::slice::from_ref(&job)).await {
-            Ok(()) => inserted += 1,
+            Ok(results) => lines
+                .enqueued
+                .extend(results.into_iter().map(|result| Enqueued { line, result })),
             Err(error) => {
                 let bad = Invalid { line, error };
                 if !skip_invalid {
                     return Err(bad);
                 }
-                invalid.push(bad);
+                lines.invalid.push(bad);
             }
         }
     }
-    Ok(inserted)
+    Ok(())
 }
 
-/// Inserts jobs under a savepoint, so a refusal leaves the transaction usable.
-async fn try_insert(tx: &mut PgConnection, jobs: &[NewJob]) -> Result<(), String> {
+/// Inserts jobs under a savepoint, so a refusal leaves the transaction usable; returns
+/// what each enqueue did, in input order.
+async fn try_insert(tx: &mut PgConnection, jobs: &[NewJob]) -> Result<Vec<EnqueueResult>, String> {
     let mut savepoint = tx.begin().await.map_err(|e| e.to_string())?;
-    match skiplock::enqueue_raw(&mut *savepoint, jobs).await {
-        Ok(_) => savepoint.commit().await.map_err(|e| e.to_string()),
+    match skiplock::enqueue_raw_with_results(&mut *savepoint, jobs).await {
+        Ok(results) => {
+            savepoint.commit().await.map_err(|e| e.to_string())?;
+            Ok(results)
+        }
         Err(e) => {
             let _ = savepoint.rollback().await;
             Err(e.to_string())

@@ -30,7 +30,7 @@ pub struct JobsArgs {
     states: Vec<JobState>,
 
     /// Only jobs of this queue.
-    #[arg(long, value_name = "Q")]
+    #[arg(long, value_name = "Q", value_parser = crate::output::parse_queue_name)]
     queue: Option<String>,
 
     /// Only jobs of this kind.
@@ -38,7 +38,13 @@ pub struct JobsArgs {
     kind: Option<String>,
 
     /// At most this many jobs, newest first.
-    #[arg(long, value_name = "N", default_value_t = 50, value_parser = clap::value_parser!(i64).range(1..))]
+    #[arg(
+        long,
+        value_name = "N",
+        default_value_t = 50,
+        allow_negative_numbers = true,
+        value_parser = |text: &str| crate::output::parse_count::<i64>(text, "jobs to list")
+    )]
     limit: i64,
 
     /// Print JSON instead of a table.

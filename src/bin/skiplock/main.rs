@@ -68,7 +68,7 @@ struct Cli {
         global = true,
         value_name = "DURATION",
         default_value = "10s",
-        value_parser = humantime::parse_duration
+        value_parser = output::parse_duration
     )]
     connect_retry: std::time::Duration,
 
@@ -172,10 +172,61 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         url: cli.database_url,
         connect_retry: cli.connect_retry,
     };
+    // `migrate` makes the schema, the demo uses a database of its own, and the dashboard
+    // shows its errors on its pages.
+    let needs_schema = !matches!(
+        cli.command,
+        Command::Migrate | Command::Demo | Command::Dashboard(_)
+    );
+    match run_command(&db, cli.command).await {
+        Err(error) if needs_schema && lacks_schema(&error) => Err(db.explain_schema(error).await),
+        result => result,
+    }
+}
+
+/// Whether `error` says that a skiplock table, function or schema is missing, or that the
+/// schema is older than this build: a database that `skiplock migrate` would fix.
+fn lacks_schema(error: &anyhow::Error) -> bool {
+    // An older schema's message says so already; version 0 is no schema at all.
+    let never_migrated = error.chain().any(|cause| {
+        matches!(
+            cause.downcast_ref::<skiplock::Error>(),
+            Some(skiplock::Error::SchemaOutdated { found: 0, .. })
+        )
+    });
+    // undefined_table, undefined_function, invalid_schema_name
+    never_migrated
+        || matches!(
+            sqlstate(error).as_deref(),
+            Some("42P01" | "42883" | "3F000")
+        )
+}
+
+/// Whether `error` is about the database rather than the one job a command was acting on
+/// (a missing schema, a missing privilege), so that going on with the next job is futile.
+fn about_the_database(error: &anyhow::Error) -> bool {
+    lacks_schema(error) || sqlstate(error).as_deref() == Some("42501")
+}
+
+/// The SQLSTATE of the first database error in `error`'s chain.
+fn sqlstate(error: &anyhow::Error) -> Option<String> {
+    error.chain().find_map(|cause| {
+        let db = match cause.downcast_ref::<skiplock::Error>() {
+            Some(skiplock::Error::Database(sqlx::Error::Database(db))) => db,
+            _ => match cause.downcast_ref::<sqlx::Error>() {
+                Some(sqlx::Error::Database(db)) => db,
+                _ => return None,
+            },
+        };
+        db.code().map(|c| c.into_owned())
+    })
+}
+
+async fn run_command(db: &Database, command: Command) -> anyhow::Result<()> {
     // One-shot commands need no more than one session (statements that could run side by
     // side take turns), so they still work on a server with one slot left.
     let one_shot = |command: &'static str| db.pool(command, 1, Patience::OneShot);
-    match cli.command {
+    match command {
         Command::Migrate => migrate::run(&one_shot("migrate").await?).await,
         Command::Work(args) => {
             // A worker that drains and exits is a one-shot command too.
@@ -194,7 +245,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Cancel(args) => cancel::run(&one_shot("cancel").await?, args).await,
         Command::Stats(args) => stats::run(&one_shot("stats").await?, args).await,
         Command::Prune(args) => prune::run(&one_shot("prune").await?, args).await,
-        Command::Dashboard(args) => dashboard::run(&db, args).await,
+        Command::Dashboard(args) => dashboard::run(db, args).await,
         Command::Cron(args) => cron::run(&one_shot("cron").await?, args).await,
         Command::Queue(args) => queue::run(&one_shot("queue").await?, args).await,
         Command::Demo => demo::run(db.url.as_deref()).await,
@@ -208,9 +259,11 @@ fn message(error: &anyhow::Error) -> String {
     for cause in error.chain() {
         let text = cause.to_string();
         let text = without_server_source_line(&text);
-        // sqlx wraps the server's message; the line usually holds it already.
+        // sqlx and skiplock::Error::Database wrap the server's message, which says well
+        // enough that it comes from the database.
         let text = text
             .strip_prefix("error returned from database: ")
+            .or_else(|| text.strip_prefix("database error: "))
             .unwrap_or(text)
             .to_owned();
         if line.contains(&text) {
@@ -245,16 +298,7 @@ pub fn usage_error(message: impl std::fmt::Display) -> ! {
 
 /// What to do about errors that mean "this database has no (current) skiplock schema".
 fn hint(error: &anyhow::Error) -> &'static str {
-    let code = error.chain().find_map(|cause| {
-        let db = match cause.downcast_ref::<skiplock::Error>() {
-            Some(skiplock::Error::Database(sqlx::Error::Database(db))) => db,
-            _ => match cause.downcast_ref::<sqlx::Error>() {
-                Some(sqlx::Error::Database(db)) => db,
-                _ => return None,
-            },
-        };
-        db.code().map(|c| c.into_owned())
-    });
+    let code = sqlstate(error);
     let pool_timed_out = error.chain().any(|cause| {
         matches!(
             cause.downcast_ref::<skiplock::Error>(),
@@ -272,6 +316,10 @@ fn hint(error: &anyhow::Error) -> &'static str {
         // undefined_table, undefined_function, invalid_schema_name
         Some("42P01" | "42883" | "3F000") => {
             "; is the skiplock schema missing or old? run `skiplock migrate`"
+        }
+        // insufficient_privilege
+        Some("42501") => {
+            "; the role in --database-url / DATABASE_URL may not do this: connect as one that may (such as the one that ran `skiplock migrate`), or GRANT it the privilege"
         }
         _ => "",
     }

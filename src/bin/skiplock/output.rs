@@ -91,7 +91,14 @@ where
                 None => format!("job {id} does not exist; list jobs with `skiplock jobs`"),
                 Some(state) => refusal(id, state),
             },
-            Err(e) => format!("job {id}: {e}"),
+            Err(e) => {
+                let e = anyhow::Error::from(e);
+                // Not this job's problem but the database's: `main` explains it once.
+                if crate::about_the_database(&e) {
+                    return Err(e);
+                }
+                format!("job {id}: {e}")
+            }
         };
         eprintln!("error: {problem}");
         failed += 1;
@@ -199,11 +206,22 @@ pub fn clip(text: &str, max: usize) -> String {
     clipped
 }
 
-/// Parses `30s`, `5m`, `2h`, `1d`, `1h 30m` (clap value parser).
+/// Longest duration accepted: 1,000 years (of 365.25 days, as humantime counts them).
+/// Postgres timestamps end long before the durations humantime can write (`now() - 9000y`
+/// is before 4713 BC, their first day).
+pub const DURATION_MAX: Duration = Duration::from_secs(1_000 * 31_557_600);
+
+/// Parses `30s`, `5m`, `2h`, `1d`, `1h 30m`, at most [`DURATION_MAX`] (clap value parser).
 pub fn parse_duration(text: &str) -> Result<Duration, String> {
-    humantime::parse_duration(text).map_err(|_| {
+    let duration = humantime::parse_duration(text).map_err(|_| {
         format!("`{text}` is not a duration; write a number and a unit, like 30s, 5m, 2h or 1d")
-    })
+    })?;
+    if duration > DURATION_MAX {
+        return Err(format!(
+            "`{text}` is longer than skiplock can schedule or keep; use at most 1000y"
+        ));
+    }
+    Ok(duration)
 }
 
 /// Shortest `--interval` of `stats --watch`: faster refreshes only load the database.
@@ -223,7 +241,7 @@ pub fn parse_refresh_interval(text: &str) -> Result<Duration, String> {
 /// Parses a queue name: not empty, no space around it (clap value parser).
 pub fn parse_queue_name(text: &str) -> Result<String, String> {
     if text.trim().is_empty() {
-        return Err("a queue name cannot be empty".to_owned());
+        return Err("a queue name cannot be empty; name one, like mail".to_owned());
     }
     if text.trim() != text {
         return Err(format!(
@@ -231,6 +249,48 @@ pub fn parse_queue_name(text: &str) -> Result<String, String> {
         ));
     }
     Ok(text.to_owned())
+}
+
+/// Parses a name that must not be empty, such as a job kind or a unique key (clap value
+/// parser); `refusal` is the message for an empty one.
+pub fn parse_non_empty(text: &str, refusal: &str) -> Result<String, String> {
+    if text.is_empty() {
+        return Err(refusal.to_owned());
+    }
+    Ok(text.to_owned())
+}
+
+/// Parses a job id: a whole number of at least 1 (clap value parser).
+pub fn parse_job_id(text: &str) -> Result<i64, String> {
+    match text.trim().parse::<i64>() {
+        Ok(id) if id >= 1 => Ok(id),
+        _ => Err(format!(
+            "`{text}` is not a job id; job ids are whole numbers from 1 up, like 42 (list them with `skiplock jobs`)"
+        )),
+    }
+}
+
+/// Parses a priority: a whole number from -32768 to 32767, lower first (clap value parser).
+pub fn parse_priority(text: &str) -> Result<i16, String> {
+    text.trim().parse().map_err(|_| {
+        format!(
+            "`{text}` is not a priority; use a whole number from -32768 to 32767 (lower runs first)"
+        )
+    })
+}
+
+/// Parses a count of at least 1, such as `--concurrency` (clap value parser); `what`
+/// names what is counted, e.g. "job slots".
+pub fn parse_count<N>(text: &str, what: &str) -> Result<N, String>
+where
+    N: std::str::FromStr + PartialOrd + From<u8>,
+{
+    match text.trim().parse::<N>() {
+        Ok(n) if n >= N::from(1) => Ok(n),
+        _ => Err(format!(
+            "`{text}` is not a number of {what}; use a whole number from 1 up"
+        )),
+    }
 }
 
 /// Parses an RFC 3339 time such as `2026-01-31T09:00:00Z` or `2026-01-31T10:00:00+01:00`.

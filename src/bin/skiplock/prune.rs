@@ -27,7 +27,7 @@ const PRUNE_BATCH: i64 = 1000;
 pub struct PruneArgs {
     /// Delete jobs that finished (succeeded, cancelled or dead) longer ago than this,
     /// e.g. 30m, 12h, 7d.
-    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration, allow_hyphen_values = true)]
     older_than: Option<Duration>,
 
     /// Print the result as JSON.

@@ -25,7 +25,9 @@ pub struct RetryArgs {
     #[arg(
         value_name = "ID",
         required_unless_present = "dead",
-        conflicts_with = "dead"
+        conflicts_with = "dead",
+        allow_negative_numbers = true,
+        value_parser = crate::output::parse_job_id
     )]
     ids: Vec<i64>,
 
@@ -34,7 +36,7 @@ pub struct RetryArgs {
     dead: bool,
 
     /// With --dead: only this queue.
-    #[arg(long, value_name = "Q", requires = "dead")]
+    #[arg(long, value_name = "Q", requires = "dead", value_parser = crate::output::parse_queue_name)]
     queue: Option<String>,
 
     /// With --dead: print the retried ids as JSON.

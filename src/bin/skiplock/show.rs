@@ -46,6 +46,7 @@ const JSON_FIELDS: &[&str] = &["args", "progress", "output"];
 #[derive(Args)]
 pub struct ShowArgs {
     /// Job id.
+    #[arg(allow_negative_numbers = true, value_parser = crate::output::parse_job_id)]
     id: i64,
 
     /// Print JSON instead of text.

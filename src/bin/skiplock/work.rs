@@ -3,13 +3,12 @@
 use std::time::Duration;
 
 use anyhow::Context;
-use clap::builder::TypedValueParser;
 use clap::{Args, ValueEnum};
 use skiplock::builtin::{Command, CommandConfig, Http, HttpConfig, Noop, Sleep};
 use skiplock::worker::Retention;
 use skiplock::{ShutdownHandle, Worker};
 
-use crate::output::parse_duration;
+use crate::output::{parse_count, parse_duration};
 
 pub const EXAMPLES: &str = "\
 Examples:
@@ -76,7 +75,8 @@ pub struct WorkArgs {
         long,
         env = "SKIPLOCK_CONCURRENCY",
         default_value_t = skiplock::worker::CONCURRENCY_DEFAULT,
-        value_parser = clap::value_parser!(u32).range(1..).map(|n| n as usize)
+        allow_negative_numbers = true,
+        value_parser = |text: &str| parse_count::<usize>(text, "job slots")
     )]
     concurrency: usize,
 
@@ -86,7 +86,8 @@ pub struct WorkArgs {
         long,
         env = "SKIPLOCK_PREFETCH",
         value_name = "N",
-        value_parser = clap::value_parser!(u32).range(1..).map(|n| n as usize)
+        allow_negative_numbers = true,
+        value_parser = |text: &str| parse_count::<usize>(text, "jobs to keep ready")
     )]
     prefetch: Option<usize>,
 
@@ -125,7 +126,7 @@ pub struct WorkArgs {
     exit_when_idle: bool,
 
     /// Seconds a graceful shutdown waits for running jobs before releasing them.
-    #[arg(long, env = "SKIPLOCK_SHUTDOWN_GRACE", value_name = "SECONDS", default_value_t = skiplock::worker::SHUTDOWN_GRACE_DEFAULT.as_secs())]
+    #[arg(long, env = "SKIPLOCK_SHUTDOWN_GRACE", value_name = "SECONDS", default_value_t = skiplock::worker::SHUTDOWN_GRACE_DEFAULT.as_secs(), value_parser = parse_seconds)]
     shutdown_grace: u64,
 
     /// Most pooled connections this worker opens (default: 4 plus one per 4 job slots, at
@@ -135,13 +136,14 @@ pub struct WorkArgs {
         long,
         env = "SKIPLOCK_MAX_CONNECTIONS",
         value_name = "N",
-        value_parser = clap::value_parser!(u32).range(1..)
+        allow_negative_numbers = true,
+        value_parser = |text: &str| parse_count::<u32>(text, "connections")
     )]
     max_connections: Option<u32>,
 
     /// Serve this worker's metrics as Prometheus text on ADDR (e.g. 127.0.0.1:9464; any
     /// path). The series are listed in docs/metrics.md.
-    #[arg(long, env = "SKIPLOCK_METRICS_ADDR", value_name = "ADDR")]
+    #[arg(long, env = "SKIPLOCK_METRICS_ADDR", value_name = "ADDR", value_parser = parse_listen_addr)]
     metrics_addr: Option<std::net::SocketAddr>,
 }
 
@@ -153,6 +155,20 @@ fn parse_queue_slots(text: &str) -> Result<(String, usize), String> {
         "a number of slots (1 or more)",
         1..=usize::MAX,
     )
+}
+
+/// Parses a whole number of seconds (`--shutdown-grace`).
+fn parse_seconds(text: &str) -> Result<u64, String> {
+    text.trim()
+        .parse()
+        .map_err(|_| format!("`{text}` is not a number of seconds; write a whole number, like 30"))
+}
+
+/// Parses the address to serve metrics on (`--metrics-addr`).
+fn parse_listen_addr(text: &str) -> Result<std::net::SocketAddr, String> {
+    text.trim().parse().map_err(|_| {
+        format!("`{text}` is not an address to listen on; write IP:PORT, like 127.0.0.1:9464")
+    })
 }
 
 /// Parses `Q=W` (`--queue-weight`).
@@ -240,9 +256,9 @@ pub async fn run(pool: sqlx::PgPool, args: WorkArgs) -> anyhow::Result<()> {
                 } else {
                     HttpConfig::allow_hosts(&args.allow_http_hosts)
                 };
-                builder
-                    .register::<Http>()
-                    .data(config.context("invalid --allow-http-host")?)
+                builder.register::<Http>().data(config.unwrap_or_else(|e| {
+                    crate::usage_error(format!("invalid --allow-http-host: {e}"))
+                }))
             }
             Kind::Command => {
                 if args.allow_commands.is_empty() {

@@ -117,6 +117,11 @@ pub async fn run(db: &crate::Database, args: DashboardArgs) -> anyhow::Result<()
     let pool = db
         .pool("dashboard", POOL_SIZE, crate::Patience::UntilStopped)
         .await?;
+    // Every page reads the schema: without it (or with another version) each would be
+    // an error page, so the dashboard says what to do before it starts.
+    if let Err(error) = skiplock::check_schema(&pool).await {
+        return Err(db.explain_schema(error.into()).await);
+    }
     let state = Arc::new(AppState {
         pool,
         loopback_hosts_only: matches!(auth, Auth::None),
@@ -143,9 +148,22 @@ async fn resolve_bind(bind: &str) -> anyhow::Result<SocketAddr> {
     if let Ok(addr) = bind.parse() {
         return Ok(addr);
     }
+    // No port, or not one: the address is malformed, whatever the name.
+    if bind
+        .rsplit_once(':')
+        .is_none_or(|(_, port)| port.parse::<u16>().is_err())
+    {
+        crate::usage_error(format!(
+            "--bind {bind}: expected host:port, e.g. 127.0.0.1:7433"
+        ));
+    }
     let addrs: Vec<SocketAddr> = tokio::net::lookup_host(bind)
         .await
-        .with_context(|| format!("--bind {bind}: expected host:port, e.g. 127.0.0.1:7433"))?
+        .with_context(|| {
+            format!(
+                "--bind {bind}: cannot resolve the host name; use an IP address, like 127.0.0.1:7433, or a name this machine resolves"
+            )
+        })?
         .collect();
     // A name counts as loopback only if every address it has is.
     match addrs.iter().find(|a| !a.ip().is_loopback()) {
@@ -242,8 +260,10 @@ impl IntoResponse for AppError {
             AppError::BadRequest(m) => (StatusCode::BAD_REQUEST, m),
             AppError::Forbidden(m) => (StatusCode::FORBIDDEN, m),
             AppError::Internal(e) => {
-                tracing::error!(error = format!("{e:#}"), "dashboard request failed");
-                (StatusCode::INTERNAL_SERVER_ERROR, format!("{e:#}"))
+                // One line, without the server's C source line numbers.
+                let message = crate::message(&e);
+                tracing::error!(error = message, "dashboard request failed");
+                (StatusCode::INTERNAL_SERVER_ERROR, message)
             }
         };
         (status, layout::error_page(status, &message)).into_response()

@@ -3,7 +3,6 @@
 //! Because every function takes `impl PgExecutor`, "enqueue inside my transaction" needs no
 //! special API: pass `&mut *tx`, and the job exists if and only if the transaction commits.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use serde_json::Value;
@@ -264,97 +263,36 @@ async fn insert<'e>(db: impl PgExecutor<'e>, jobs: &[NewJob]) -> Result<Inserted
     jobs_insert_reporting(db, &batch).await.map_err(refused)
 }
 
-/// Turns the refusals of `skiplock.enqueue(…)` (missing parent, bad option) into
-/// [`Error::InvalidJob`] with the database's message; other errors stay database errors.
+/// Turns the refusals of `skiplock.enqueue(…)` (missing parent, bad option, args over
+/// the database's limit) into [`Error::InvalidJob`] with the database's message (and hint);
+/// other errors stay database errors.
 fn refused(error: sqlx::Error) -> Error {
     match &error {
         sqlx::Error::Database(db) if matches!(db.code().as_deref(), Some("23503" | "22023")) => {
             Error::InvalidJob(db.message().to_owned())
         }
+        // The hint says what to do: pass a reference, or raise the setting.
+        sqlx::Error::Database(db) if db.code().as_deref() == Some("54000") => {
+            Error::InvalidJob(crate::error::describe_sqlx(&error))
+        }
         _ => Error::Database(error),
     }
 }
 
-/// Default largest encoded `args` accepted by enqueue, in bytes (1 MiB), measured as
-/// Postgres prints jsonb (`args::text`: compact JSON with a space after each `:` and `,`).
-/// Big payloads belong in your own tables or object storage, with the job carrying a
-/// reference. The database enforces the same default on every path (plain `INSERT`,
-/// `skiplock.enqueue`), configurable there with the setting `skiplock.args_max_bytes`;
-/// raising `SKIPLOCK_ARGS_MAX_BYTES` past it needs that setting raised too.
+/// Default largest `args` the database accepts, in bytes (1 MiB), measured as Postgres
+/// prints jsonb (`octet_length(args::text)`). Big payloads belong in your own tables or
+/// object storage, with the job carrying a reference.
+///
+/// The limit is the database's, enforced on every path (the Rust API, plain `INSERT`,
+/// `skiplock.enqueue`) and read from the setting `skiplock.args_max_bytes`: per database
+/// (`ALTER DATABASE app SET skiplock.args_max_bytes = 4194304`), per role, or per pool (a
+/// session setting in the connect options, as `skiplock --args-max-bytes` does), at least
+/// 4096: the database checks only args over 4 KiB. An enqueue over it fails with
+/// [`Error::InvalidJob`] and writes nothing.
 pub const ARGS_MAX_BYTES_DEFAULT: usize = 1024 * 1024;
-
-/// 0 means "not set yet": read `SKIPLOCK_ARGS_MAX_BYTES` or use the default on first use.
-static ARGS_MAX_BYTES: AtomicUsize = AtomicUsize::new(0);
-
-/// The largest encoded `args` enqueue accepts, in bytes: set with [`set_args_max_bytes`],
-/// else the `SKIPLOCK_ARGS_MAX_BYTES` environment variable, else
-/// [`ARGS_MAX_BYTES_DEFAULT`].
-pub fn args_max_bytes() -> usize {
-    match ARGS_MAX_BYTES.load(Ordering::Relaxed) {
-        0 => {
-            let limit = std::env::var("SKIPLOCK_ARGS_MAX_BYTES")
-                .ok()
-                .and_then(|v| v.trim().parse::<usize>().ok())
-                .filter(|&n| n > 0)
-                .unwrap_or(ARGS_MAX_BYTES_DEFAULT);
-            ARGS_MAX_BYTES.store(limit, Ordering::Relaxed);
-            limit
-        }
-        limit => limit,
-    }
-}
-
-/// Sets the process-wide limit on encoded `args`, in bytes (at least 1).
-pub fn set_args_max_bytes(limit: usize) {
-    ARGS_MAX_BYTES.store(limit.max(1), Ordering::Relaxed);
-}
-
-/// Counts bytes without keeping them.
-struct ByteCounter(usize);
-
-impl std::io::Write for ByteCounter {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0 += buf.len();
-        Ok(buf.len())
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-/// Size of `args` as Postgres prints jsonb (`args::text`), the measure the database's own
-/// limit uses on every path (`skiplock.args_max_bytes()` in the schema): compact JSON
-/// plus the space Postgres writes after each `:` and each `,`.
-pub(crate) fn args_size(args: &serde_json::Value) -> usize {
-    fn separators(value: &serde_json::Value) -> usize {
-        match value {
-            serde_json::Value::Object(map) => {
-                map.len()
-                    + map.len().saturating_sub(1)
-                    + map.values().map(separators).sum::<usize>()
-            }
-            serde_json::Value::Array(items) => {
-                items.len().saturating_sub(1) + items.iter().map(separators).sum::<usize>()
-            }
-            _ => 0,
-        }
-    }
-    let mut size = ByteCounter(0);
-    // Writing a Value to a counter cannot fail.
-    let _ = serde_json::to_writer(&mut size, args);
-    size.0 + separators(args)
-}
 
 /// Checks what the database would otherwise reject with a less helpful message.
 fn validate(job: &NewJob) -> std::result::Result<(), String> {
-    let size = args_size(&job.args);
-    let limit = args_max_bytes();
-    if size > limit {
-        return Err(format!(
-            "args are {size} bytes, over the limit of {limit} bytes; store large data elsewhere and pass a reference, or raise SKIPLOCK_ARGS_MAX_BYTES",
-        ));
-    }
     if job.kind.is_empty() {
         return Err("the kind is empty; name the handler that runs this job".into());
     }
@@ -390,18 +328,4 @@ fn validate(job: &NewJob) -> std::result::Result<(), String> {
 /// A duration in whole milliseconds, saturating at `i64::MAX`.
 pub(crate) fn duration_ms(duration: Duration) -> i64 {
     i64::try_from(duration.as_millis()).unwrap_or(i64::MAX)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::args_size;
-
-    /// The size is what Postgres prints for the value as jsonb (`args::text`).
-    #[test]
-    fn args_size_counts_the_spaces_postgres_prints() {
-        let args = serde_json::json!({"a": 1, "b": [1, 2], "c": {}, "d": []});
-        let printed = r#"{"a": 1, "b": [1, 2], "c": {}, "d": []}"#;
-        assert_eq!(args_size(&args), printed.len());
-        assert_eq!(args_size(&serde_json::json!("x\n")), r#""x\n""#.len());
-    }
 }

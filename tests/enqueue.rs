@@ -213,11 +213,14 @@ async fn a_worker_refuses_an_unmigrated_database() {
     );
 }
 
+/// The limit is the database's, per pool when the pool's sessions set
+/// `skiplock.args_max_bytes` (no process-wide setting in the library): a pool limited to
+/// 5000 bytes refuses 5001 while the default pool, on the same database, takes it.
 #[tokio::test]
-async fn oversized_args_are_refused_with_the_limit_named() {
+async fn oversized_args_are_refused_with_the_limit_of_the_pools_sessions() {
     let db = test_db().await;
     assert_eq!(skiplock::ARGS_MAX_BYTES_DEFAULT, 1024 * 1024);
-    let limit = skiplock::args_max_bytes();
+    let limit = skiplock::ARGS_MAX_BYTES_DEFAULT;
     let big = json!({ "blob": "x".repeat(limit) });
     let error = skiplock::enqueue_raw(&db.pool, &[NewJob::new("noop", big)])
         .await
@@ -225,15 +228,34 @@ async fn oversized_args_are_refused_with_the_limit_named() {
     assert_eq!(
         error.to_string(),
         format!(
-            "invalid job: args are {} bytes, over the limit of {limit} bytes; store large data elsewhere and pass a reference, or raise SKIPLOCK_ARGS_MAX_BYTES",
+            "invalid job: args are {} bytes, over the limit of {limit} bytes; hint: store large data elsewhere and pass a reference, or raise the setting skiplock.args_max_bytes",
             limit + 12
         )
+    );
+
+    let options: sqlx::postgres::PgConnectOptions = db.url().parse().unwrap();
+    let small = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(1)
+        .connect_with(options.options([("skiplock.args_max_bytes", "5000")]))
+        .await
+        .unwrap();
+    // {"blob": "…"} is 12 bytes around the string.
+    let over = json!({ "blob": "x".repeat(4989) });
+    let error = skiplock::enqueue_raw(&small, &[NewJob::new("noop", over.clone())])
+        .await
+        .unwrap_err();
+    assert_eq!(
+        error.to_string(),
+        "invalid job: args are 5001 bytes, over the limit of 5000 bytes; hint: store large data elsewhere and pass a reference, or raise the setting skiplock.args_max_bytes"
     );
     let count: i64 = sqlx::query_scalar("SELECT count(*) FROM skiplock.jobs")
         .fetch_one(&db.pool)
         .await
         .unwrap();
     assert_eq!(count, 0);
+    skiplock::enqueue_raw(&db.pool, &[NewJob::new("noop", over)])
+        .await
+        .expect("the default pool takes it");
 }
 
 #[tokio::test]

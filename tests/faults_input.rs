@@ -103,7 +103,7 @@ async fn args_that_do_not_match_the_kind_die_at_once_with_the_decode_error() {
 async fn payloads_over_the_size_limit_are_refused_exactly_at_the_limit() {
     let db = test_db().await;
     assert_eq!(skiplock::ARGS_MAX_BYTES_DEFAULT, 1024 * 1024);
-    let limit = skiplock::args_max_bytes();
+    let limit = skiplock::ARGS_MAX_BYTES_DEFAULT;
     // {"blob": "…"} (as Postgres prints jsonb, the measure of every path) is 12 bytes
     // around the string.
     let at_limit = serde_json::json!({ "blob": "x".repeat(limit - 12) });
@@ -123,24 +123,31 @@ async fn payloads_over_the_size_limit_are_refused_exactly_at_the_limit() {
     assert_eq!(
         error.to_string(),
         format!(
-            "invalid job: job 2 of the batch: args are {} bytes, over the limit of {limit} bytes; store large data elsewhere and pass a reference, or raise SKIPLOCK_ARGS_MAX_BYTES",
+            "invalid job: args are {} bytes, over the limit of {limit} bytes; hint: store large data elsewhere and pass a reference, or raise the setting skiplock.args_max_bytes",
             limit + 1
         )
     );
     assert_eq!(db.job_count().await, 1, "nothing of the refused batch");
 
-    let env = [("SKIPLOCK_ARGS_MAX_BYTES", "100")];
-    let fits = format!(r#"{{"blob":"{}"}}"#, "x".repeat(88));
-    let too_big = format!(r#"{{"blob":"{}"}}"#, "x".repeat(89));
+    let env = [("SKIPLOCK_ARGS_MAX_BYTES", "5000")];
+    let fits = format!(r#"{{"blob":"{}"}}"#, "x".repeat(4988));
+    let too_big = format!(r#"{{"blob":"{}"}}"#, "x".repeat(4989));
     let run = skiplock(&db.url, &["enqueue", "noop", &fits], &env).await;
     assert_eq!(run.code, Some(0), "{run:?}");
     let run = skiplock(&db.url, &["enqueue", "noop", &too_big], &env).await;
     assert_eq!(run.code, Some(1), "{run:?}");
     assert_eq!(
         run.errors,
-        "error: cannot enqueue the job: invalid job: args are 101 bytes, over the limit of 100 bytes; store large data elsewhere and pass a reference, or raise SKIPLOCK_ARGS_MAX_BYTES"
+        "error: cannot enqueue the job: invalid job: args are 5001 bytes, over the limit of 5000 bytes; hint: store large data elsewhere and pass a reference, or raise the setting skiplock.args_max_bytes"
     );
     assert_eq!(db.job_count().await, 2);
+    let run = skiplock(
+        &db.url,
+        &["--args-max-bytes", "100", "enqueue", "noop", &fits],
+        &[],
+    )
+    .await;
+    assert_eq!(run.code, Some(2), "{run:?}");
 }
 
 /// A kind whose name is hostile SQL: quotes, a semicolon, a comment, unicode.

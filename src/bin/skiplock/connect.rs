@@ -30,6 +30,9 @@ pub struct Database {
     pub url: Option<String>,
     /// How long one-shot commands retry a refused or unanswered connection.
     pub connect_retry: Duration,
+    /// `--args-max-bytes`: the session setting `skiplock.args_max_bytes` of every
+    /// connection, if given.
+    pub args_max_bytes: Option<u64>,
 }
 
 /// How long to keep trying.
@@ -98,6 +101,9 @@ impl Database {
         {
             let address = address.to_owned();
             options = options.host(&address);
+        }
+        if let Some(limit) = self.args_max_bytes {
+            options = options.options([("skiplock.args_max_bytes", limit.to_string())]);
         }
         Ok(options)
     }

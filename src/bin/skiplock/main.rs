@@ -72,6 +72,21 @@ struct Cli {
     )]
     connect_retry: std::time::Duration,
 
+    /// Largest job args this command's sessions accept, in bytes (measured as Postgres
+    /// prints jsonb), for the jobs it writes: enqueue, cron, and what a worker's handlers
+    /// enqueue. Sets the session setting skiplock.args_max_bytes; at least 4096 (the
+    /// database checks only args over 4 KiB). Default: the database's (1 MiB unless ALTER
+    /// DATABASE … SET skiplock.args_max_bytes). Behind PgBouncer, set it per database or
+    /// role instead.
+    #[arg(
+        long,
+        env = "SKIPLOCK_ARGS_MAX_BYTES",
+        global = true,
+        value_name = "BYTES",
+        value_parser = output::parse_args_max_bytes
+    )]
+    args_max_bytes: Option<u64>,
+
     #[command(subcommand)]
     command: Command,
 }
@@ -171,6 +186,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     let db = Database {
         url: cli.database_url,
         connect_retry: cli.connect_retry,
+        args_max_bytes: cli.args_max_bytes,
     };
     // `migrate` makes the schema, the demo uses a database of its own, and the dashboard
     // shows its errors on its pages.

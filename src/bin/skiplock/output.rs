@@ -293,6 +293,20 @@ where
     }
 }
 
+/// Smallest `--args-max-bytes`: the database checks the size of args over 4 KiB only (a
+/// cheap `pg_column_size` test first), so a smaller limit would not hold for small args.
+const ARGS_MAX_BYTES_FLOOR: u64 = 4096;
+
+/// Parses `--args-max-bytes` (clap value parser).
+pub fn parse_args_max_bytes(text: &str) -> Result<u64, String> {
+    match text.trim().parse::<u64>() {
+        Ok(n) if n >= ARGS_MAX_BYTES_FLOOR => Ok(n),
+        _ => Err(format!(
+            "`{text}` is not a limit on args the database can hold to; use a number of bytes from {ARGS_MAX_BYTES_FLOOR} up"
+        )),
+    }
+}
+
 /// Parses an RFC 3339 time such as `2026-01-31T09:00:00Z` or `2026-01-31T10:00:00+01:00`.
 pub fn parse_time(text: &str) -> Result<DateTime<Utc>, String> {
     DateTime::parse_from_rfc3339(text)

@@ -172,8 +172,26 @@ where
     F: FnMut() -> Fut,
     Fut: Future<Output = bool>,
 {
+    wait_until(what, limit, || {
+        let done = check();
+        async move { done.await.then_some(()) }
+    })
+    .await
+}
+
+/// The tests' one polling loop: polls `check` every 20 ms until it returns `Some`, and
+/// returns that value; panics naming `what` after `limit`. For what has no event to wait
+/// on (a row's state written by another process, a log line, a port).
+pub async fn wait_until<T, F, Fut>(what: &str, limit: Duration, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
     let deadline = Instant::now() + limit;
-    while !check().await {
+    loop {
+        if let Some(value) = check().await {
+            return value;
+        }
         assert!(
             Instant::now() < deadline,
             "timed out after {limit:?} waiting for {what}"

@@ -19,7 +19,7 @@ mod testbed;
 pub use testbed::*;
 
 use std::collections::{HashMap, HashSet};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use sqlx::PgPool;
 use uuid::Uuid;
@@ -307,24 +307,8 @@ pub async fn enqueue_n(
         .collect()
 }
 
-/// Polls `check` every 25 ms until it returns `Some`; panics naming `what` after `limit`.
-pub async fn wait_until<T, F, Fut>(what: &str, limit: Duration, mut check: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Option<T>>,
-{
-    let deadline = Instant::now() + limit;
-    loop {
-        if let Some(value) = check().await {
-            return value;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "timed out after {limit:?} waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
-}
+#[allow(unused_imports)]
+pub use crate::common::fixtures::wait_until;
 
 /// The database clock now.
 pub async fn db_now(pool: &PgPool) -> chrono::DateTime<chrono::Utc> {

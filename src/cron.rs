@@ -87,6 +87,21 @@ pub struct CronSchedule {
 }
 
 impl CronSchedule {
+    /// The columns the schedule is written with.
+    pub(crate) fn columns(&self) -> sql::ScheduleColumns<'_> {
+        sql::ScheduleColumns {
+            name: &self.name,
+            expression: &self.expression,
+            timezone: &self.timezone,
+            kind: &self.kind,
+            args: &self.args,
+            queue: &self.queue,
+            priority: self.priority,
+            max_attempts: self.max_attempts,
+            missed: self.missed.as_str(),
+        }
+    }
+
     /// A schedule with UTC, empty args, the default queue and policy.
     pub fn new(
         name: impl Into<String>,
@@ -275,7 +290,7 @@ fn field_spans(expression: &str) -> Vec<(usize, &str)> {
 /// [`Error::InvalidCron`] for a bad schedule, [`Error::Database`] if the write fails.
 pub async fn upsert<'e>(db: impl PgExecutor<'e>, schedule: &CronSchedule) -> Result<()> {
     schedule.validate()?;
-    sql::cron_schedules_upsert(db, schedule, schedule.missed.as_str()).await?;
+    sql::cron_schedules_upsert(db, &schedule.columns()).await?;
     Ok(())
 }
 

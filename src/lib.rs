@@ -77,6 +77,7 @@ mod error;
 mod job;
 mod maintenance;
 pub mod retry;
+mod state;
 pub mod stats;
 #[cfg(feature = "testing")]
 pub mod testing;

@@ -9,7 +9,7 @@ use sqlx::types::Json;
 use sqlx::{FromRow, PgExecutor};
 
 use crate::db::jobs::JobRow;
-use crate::job::{JobId, JobState};
+use crate::state::{JobId, JobState};
 
 /// Which jobs [`jobs_list`] returns. Empty filters match everything.
 #[derive(Debug, Clone, Default)]

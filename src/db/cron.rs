@@ -6,8 +6,6 @@ use serde_json::Value;
 use sqlx::types::Json;
 use sqlx::{FromRow, PgExecutor};
 
-use crate::cron::CronSchedule;
-
 /// A row of `skiplock.cron_schedules`.
 #[derive(Debug, Clone, FromRow, serde::Serialize)]
 #[non_exhaustive]
@@ -41,11 +39,25 @@ pub struct CronRow {
     pub last_error: Option<String>,
 }
 
+/// The columns a schedule is written with (see `crate::cron::CronSchedule`, which
+/// validates them first).
+pub struct ScheduleColumns<'a> {
+    pub name: &'a str,
+    pub expression: &'a str,
+    pub timezone: &'a str,
+    pub kind: &'a str,
+    pub args: &'a Value,
+    pub queue: &'a str,
+    pub priority: i16,
+    pub max_attempts: i32,
+    /// `skip` or `run_once`.
+    pub missed: &'a str,
+}
+
 /// Creates or updates a schedule.
 pub async fn cron_schedules_upsert(
     db: impl PgExecutor<'_>,
-    s: &CronSchedule,
-    missed: &str,
+    s: &ScheduleColumns<'_>,
 ) -> sqlx::Result<()> {
     sqlx::query(
         "INSERT INTO skiplock.cron_schedules AS c
@@ -60,15 +72,15 @@ pub async fn cron_schedules_upsert(
                  WHEN (c.expression, c.timezone) IS DISTINCT FROM (excluded.expression, excluded.timezone)
                  THEN now() ELSE c.last_slot_at END",
     )
-    .bind(&s.name)
-    .bind(&s.expression)
-    .bind(&s.timezone)
-    .bind(&s.kind)
-    .bind(Json(&s.args))
-    .bind(&s.queue)
+    .bind(s.name)
+    .bind(s.expression)
+    .bind(s.timezone)
+    .bind(s.kind)
+    .bind(Json(s.args))
+    .bind(s.queue)
     .bind(s.priority)
     .bind(s.max_attempts)
-    .bind(missed)
+    .bind(s.missed)
     .execute(db)
     .await?;
     Ok(())

@@ -11,7 +11,7 @@ use chrono::{DateTime, Utc};
 use sqlx::types::Json;
 use sqlx::{FromRow, PgExecutor, Postgres, QueryBuilder};
 
-use crate::job::JobState;
+use crate::state::JobState;
 
 /// Which jobs [`dashboard_jobs_page`] returns.
 #[derive(Debug, Clone, Default)]

@@ -5,7 +5,7 @@ use serde_json::Value;
 use sqlx::PgExecutor;
 use sqlx::types::Json;
 
-use crate::job::JobId;
+use crate::state::JobId;
 
 /// Column-wise batch of jobs for [`jobs_insert_many`]; index `i` of every vector is job `i`.
 #[derive(Debug, Default)]

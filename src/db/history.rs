@@ -13,7 +13,7 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use sqlx::{FromRow, PgExecutor};
 
-use crate::job::JobId;
+use crate::state::JobId;
 
 /// How long the hourly rollup keeps its detail by default: 365 days. Older hours are folded
 /// into lifetime totals by [`job_history_prune_expired`].

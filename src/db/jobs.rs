@@ -43,7 +43,7 @@ use sqlx::types::Json;
 use sqlx::{FromRow, PgExecutor, PgPool};
 use uuid::Uuid;
 
-use crate::job::{JobId, JobState};
+use crate::state::{JobId, JobState};
 
 /// A full row of `skiplock.jobs`, as operators see it.
 #[derive(Debug, Clone, FromRow, serde::Serialize)]
@@ -692,41 +692,39 @@ pub async fn jobs_abandon_many(
     .await
 }
 
-/// Records a running job's progress, if `token` still holds its claim.
-pub async fn jobs_set_progress(
-    db: impl PgExecutor<'_>,
-    id: i64,
-    token: Uuid,
-    progress: &Value,
-) -> sqlx::Result<bool> {
-    let updated = sqlx::query(
-        "UPDATE skiplock.jobs SET progress = $3
-         WHERE id = $1 AND claim_token = $2 AND state = 'running'",
-    )
-    .bind(id)
-    .bind(token)
-    .bind(Json(progress))
-    .execute(db)
-    .await?;
-    Ok(updated.rows_affected() == 1)
+/// What a running job's handler may record on its row ([`jobs_set_note`]).
+#[derive(Debug, Clone, Copy)]
+pub enum RunningNote {
+    /// `progress`: how far it got.
+    Progress,
+    /// `output`: what it produced.
+    Output,
 }
 
-/// Records a running job's output, if `token` still holds its claim.
-pub async fn jobs_set_output(
+/// Records a running job's progress or output, if `token` still holds its claim.
+pub async fn jobs_set_note(
     db: impl PgExecutor<'_>,
     id: i64,
     token: Uuid,
-    output: &Value,
+    note: RunningNote,
+    value: &Value,
 ) -> sqlx::Result<bool> {
-    let updated = sqlx::query(
-        "UPDATE skiplock.jobs SET output = $3
-         WHERE id = $1 AND claim_token = $2 AND state = 'running'",
-    )
-    .bind(id)
-    .bind(token)
-    .bind(Json(output))
-    .execute(db)
-    .await?;
+    let statement = match note {
+        RunningNote::Progress => {
+            "UPDATE skiplock.jobs SET progress = $3
+             WHERE id = $1 AND claim_token = $2 AND state = 'running'"
+        }
+        RunningNote::Output => {
+            "UPDATE skiplock.jobs SET output = $3
+             WHERE id = $1 AND claim_token = $2 AND state = 'running'"
+        }
+    };
+    let updated = sqlx::query(statement)
+        .bind(id)
+        .bind(token)
+        .bind(Json(value))
+        .execute(db)
+        .await?;
     Ok(updated.rows_affected() == 1)
 }
 

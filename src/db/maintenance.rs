@@ -11,7 +11,7 @@
 use sqlx::{FromRow, PgExecutor};
 use uuid::Uuid;
 
-use crate::job::JobState;
+use crate::state::JobState;
 
 /// A job the reaper took back from a vanished holder.
 #[derive(Debug, Clone, FromRow)]

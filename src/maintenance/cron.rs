@@ -26,9 +26,7 @@ pub(crate) async fn schedule(
 ) {
     for schedule in &defined {
         // Validated when the worker was built.
-        if let Err(e) =
-            cron_schedules_upsert(&shared.pool, schedule, schedule.missed.as_str()).await
-        {
+        if let Err(e) = cron_schedules_upsert(&shared.pool, &schedule.columns()).await {
             tracing::warn!(schedule = %schedule.name, error = %e, "could not save cron schedule");
         }
     }

@@ -1,0 +1,103 @@
+//! The words a job row is written in: its id and its state. A leaf module: the SQL layer
+//! (`db`) and the job API (`job`) both use it, and it uses neither, so that neither imports
+//! the other's types in a circle.
+
+use std::fmt;
+
+use serde::Serialize;
+
+/// A job's id: `skiplock.jobs.id`.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, serde::Deserialize,
+)]
+#[serde(transparent)]
+pub struct JobId(pub i64);
+
+impl fmt::Display for JobId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+/// The state of a job, mirrored by the Postgres enum `skiplock.job_state`.
+///
+/// ```text
+///  waiting ──parents succeeded──▶ queued ◀──────── retry (backoff) / reaper / manual retry
+///                                   │  claim (SKIP LOCKED, new claim_token, attempt+1)
+///                                   ▼
+///                                running ──ok──▶ succeeded
+///                                   │
+///                                   ├─error, attempts left──▶ queued (scheduled_at = now + backoff)
+///                                   ├─error, none left / non-retryable──▶ dead
+///                                   └─cancel──▶ cancelled
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, sqlx::Type, Serialize, serde::Deserialize)]
+#[sqlx(type_name = "skiplock.job_state", rename_all = "lowercase")]
+#[serde(rename_all = "lowercase")]
+pub enum JobState {
+    /// Waits for parent jobs to succeed.
+    Waiting,
+    /// Runnable once `scheduled_at` has passed.
+    Queued,
+    /// Claimed by a worker; `claim_token` names the claim.
+    Running,
+    /// Finished successfully.
+    Succeeded,
+    /// Failed permanently or ran out of attempts; an operator may retry it.
+    Dead,
+    /// Cancelled before it could finish.
+    Cancelled,
+}
+
+impl JobState {
+    /// Every state, in lifecycle order.
+    pub const ALL: [JobState; 6] = [
+        JobState::Waiting,
+        JobState::Queued,
+        JobState::Running,
+        JobState::Succeeded,
+        JobState::Dead,
+        JobState::Cancelled,
+    ];
+
+    /// The name used in SQL and on the command line.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            JobState::Waiting => "waiting",
+            JobState::Queued => "queued",
+            JobState::Running => "running",
+            JobState::Succeeded => "succeeded",
+            JobState::Dead => "dead",
+            JobState::Cancelled => "cancelled",
+        }
+    }
+}
+
+impl fmt::Display for JobState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.pad(self.as_str())
+    }
+}
+
+impl std::str::FromStr for JobState {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        JobState::ALL
+            .into_iter()
+            .find(|state| state.as_str() == s)
+            .ok_or_else(|| {
+                format!(
+                    "unknown job state `{s}`; expected one of: waiting, queued, running, succeeded, dead, cancelled"
+                )
+            })
+    }
+}
+
+impl TryFrom<String> for JobState {
+    type Error = String;
+
+    fn try_from(s: String) -> Result<Self, Self::Error> {
+        s.parse()
+    }
+}

@@ -62,6 +62,7 @@ mod enqueue;
 mod error;
 mod job;
 mod maintenance;
+mod pool;
 pub mod retry;
 pub mod stats;
 #[cfg(feature = "testing")]
@@ -79,6 +80,7 @@ pub use job::{
     EnqueueOptions, Fate, Job, JobContext, JobError, JobId, JobState, MAX_ATTEMPTS_DEFAULT,
     QUEUE_DEFAULT, UniquePolicy,
 };
+pub use pool::DbPool;
 pub use worker::events::{JobEvent, JobEventOutcome, JobEvents};
 pub use worker::{Retention, ShutdownHandle, Worker, WorkerBuilder, WorkerConfig, WorkerSummary};
 

@@ -11,6 +11,7 @@
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
+use skiplock::DbPool;
 use sqlx::Connection;
 use sqlx::postgres::{PgConnectOptions, PgConnection, PgPoolOptions};
 
@@ -31,6 +32,8 @@ pub struct Database {
     pub url: Option<String>,
     /// How long one-shot commands retry a refused or unanswered connection.
     pub connect_retry: Duration,
+    /// The URL goes through PgBouncer in transaction-pooling mode (`--pgbouncer`).
+    pub pgbouncer: bool,
 }
 
 /// How long to keep trying.
@@ -61,7 +64,7 @@ impl Database {
         command: &str,
         max_connections: u32,
         patience: Patience,
-    ) -> anyhow::Result<sqlx::PgPool> {
+    ) -> anyhow::Result<DbPool> {
         let url = self.url.as_deref().unwrap_or(skiplock::embedded::LOCAL_URL);
         if let Some((scheme, _)) = url.split_once("://")
             && !matches!(scheme, "postgres" | "postgresql")
@@ -84,7 +87,12 @@ impl Database {
             let address = address.to_owned();
             options = options.host(&address);
         }
-        let options = options.application_name(&format!("skiplock {command}"));
+        let mut options = options.application_name(&format!("skiplock {command}"));
+        if self.pgbouncer {
+            // PgBouncer refuses startup parameters it does not track unless told to
+            // ignore them (`ignore_startup_parameters`); sqlx's extra_float_digits is one.
+            options = options.extra_float_digits(None);
+        }
         let started = Instant::now();
         let mut delay = RETRY_DELAY_FIRST;
         loop {
@@ -120,11 +128,16 @@ impl Database {
             tokio::time::sleep(delay).await;
             delay = (delay * 2).min(RETRY_DELAY_MAX);
         }
-        Ok(PgPoolOptions::new()
+        let pool = PgPoolOptions::new()
             .max_connections(max_connections)
             .idle_timeout(IDLE_TIMEOUT)
             .acquire_timeout(CONNECT_TIMEOUT)
-            .connect_lazy_with(options))
+            .connect_lazy_with(options);
+        Ok(if self.pgbouncer {
+            DbPool::pgbouncer(pool)
+        } else {
+            DbPool::direct(pool)
+        })
     }
 }
 

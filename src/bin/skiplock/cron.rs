@@ -1,8 +1,8 @@
 //! `skiplock cron`: define, list and remove cron schedules.
 
 use clap::{Args, Subcommand};
+use skiplock::DbPool;
 use skiplock::cron::{CronSchedule, MissedSlots};
-use sqlx::PgPool;
 
 pub const EXAMPLES: &str = "Examples:
   skiplock cron add nightly-report '0 3 * * *' http '{\"url\": \"http://reports/run\"}' --timezone Europe/Paris
@@ -65,7 +65,7 @@ fn parse_missed(value: &str) -> Result<MissedSlots, String> {
     value.parse()
 }
 
-pub async fn run(pool: &PgPool, args: CronArgs) -> anyhow::Result<()> {
+pub async fn run(pool: &DbPool, args: CronArgs) -> anyhow::Result<()> {
     match args.action {
         CronAction::Add(add) => {
             let mut schedule = CronSchedule::new(&add.name, &add.expression, &add.kind)

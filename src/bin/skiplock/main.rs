@@ -72,6 +72,19 @@ struct Cli {
     )]
     connect_retry: std::time::Duration,
 
+    /// The database URL goes through PgBouncer in transaction-pooling mode: each
+    /// statement runs in a transaction of its own, unnamed, so PgBouncer keeps it on one
+    /// server connection. `work` then LISTENs on --listen-url or polls. Not needed for
+    /// session pooling. SKIPLOCK_PGBOUNCER=1 (or true) sets it too.
+    #[arg(
+        long,
+        env = "SKIPLOCK_PGBOUNCER",
+        global = true,
+        value_parser = clap::builder::BoolishValueParser::new(),
+        action = clap::ArgAction::SetTrue
+    )]
+    pgbouncer: bool,
+
     #[command(subcommand)]
     command: Command,
 }
@@ -171,6 +184,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     let db = Database {
         url: cli.database_url,
         connect_retry: cli.connect_retry,
+        pgbouncer: cli.pgbouncer,
     };
     // One-shot commands need no more than one session (statements that could run side by
     // side take turns), so they still work on a server with one slot left.

@@ -33,7 +33,7 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use clap::Args;
-use sqlx::PgPool;
+use skiplock::DbPool;
 
 use self::security::Auth;
 
@@ -88,7 +88,7 @@ pub struct DashboardArgs {
 
 /// What every handler shares.
 pub struct AppState {
-    pub pool: PgPool,
+    pub pool: DbPool,
     pub auth: Auth,
     /// Token every form carries back on POST; random per process.
     pub csrf_token: String,

@@ -13,12 +13,13 @@
 mod common;
 #[path = "model_support/logs.rs"]
 mod logs;
+#[path = "common/pgbouncer.rs"]
+mod pgbouncer;
 #[allow(dead_code)]
 #[path = "dashboard/support.rs"]
 mod support;
 
 use std::collections::HashMap;
-use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -26,130 +27,53 @@ use serde::{Deserialize, Serialize};
 use skiplock::{DbPool, Job, JobContext, JobError, NewJob, Worker};
 use sqlx::PgPool;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
-use tokio::io::{AsyncBufReadExt, BufReader};
-use tokio::process::{Child, Command};
 
 use common::{TestDb, test_db};
+use pgbouncer::PgBouncer;
 use support::Dashboard;
-
-const PGBOUNCER: &str = "/usr/sbin/pgbouncer";
 
 /// Server connections PgBouncer keeps per database and user: far fewer than the clients.
 const SERVER_POOL_SIZE: u32 = 3;
 
-/// How long PgBouncer or the dashboard may take to start listening.
-const START_LIMIT: Duration = Duration::from_secs(20);
+/// PgBouncer in front of `db`'s server; `None` (after [`common::missing_tool`]) when it is
+/// not installed.
+async fn bouncer(db: &TestDb) -> Option<Bouncer> {
+    if !PgBouncer::installed() {
+        common::missing_tool(
+            "the PgBouncer test",
+            "pgbouncer",
+            "apt-get install pgbouncer (.ci/run does)",
+        );
+        return None;
+    }
+    let direct: PgConnectOptions = db.url().parse().expect("test database URL");
+    let pgbouncer = PgBouncer::start(&direct, SERVER_POOL_SIZE).await;
+    Some(Bouncer {
+        options: pgbouncer.options(&direct),
+        url: format!(
+            "postgres://{}@127.0.0.1:{}/{}",
+            direct.get_username(),
+            pgbouncer.port,
+            db.name
+        ),
+        _pgbouncer: pgbouncer,
+    })
+}
 
-/// A PgBouncer in transaction-pooling mode in front of the test server; killed when
-/// dropped.
+/// The test database through PgBouncer.
 struct Bouncer {
-    port: u16,
-    _child: Child,
-    _dir: tempfile::TempDir,
+    options: PgConnectOptions,
+    url: String,
+    _pgbouncer: PgBouncer,
 }
 
 impl Bouncer {
-    /// Starts PgBouncer on a free port and waits until it says it listens; `None` (after
-    /// [`common::missing_tool`]) when it is not installed.
-    async fn start(db: &TestDb) -> Option<Bouncer> {
-        if !std::path::Path::new(PGBOUNCER).exists() {
-            common::missing_tool(
-                "the PgBouncer test",
-                "pgbouncer",
-                "apt-get install pgbouncer (.ci/run does)",
-            );
-            return None;
-        }
-        let server: PgConnectOptions = db.url().parse().expect("test database URL");
-        let dir = tempfile::tempdir().expect("temporary directory");
-        // The free port is found by binding it and letting it go; nothing else on this
-        // machine takes ports from the ephemeral range on purpose.
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .expect("a free port")
-            .port();
-        let ini = format!(
-            "[databases]\n\
-             * = host={host} port={server_port} user={user}\n\
-             [pgbouncer]\n\
-             listen_addr = 127.0.0.1\n\
-             listen_port = {port}\n\
-             unix_socket_dir =\n\
-             auth_type = any\n\
-             pool_mode = transaction\n\
-             default_pool_size = {SERVER_POOL_SIZE}\n\
-             max_client_conn = 1000\n",
-            host = server.get_host(),
-            server_port = server.get_port(),
-            user = server.get_username(),
-        );
-        let path = dir.path().join("pgbouncer.ini");
-        std::fs::write(&path, ini).expect("write pgbouncer.ini");
-        let mut command = Command::new(PGBOUNCER);
-        // PgBouncer refuses to run as root; as root it is told to become `postgres`.
-        if running_as_root() {
-            command.args(["-u", "postgres"]);
-        }
-        let mut child = command
-            .arg(&path)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .kill_on_drop(true)
-            .spawn()
-            .expect("start pgbouncer");
-        let stderr = child.stderr.take().expect("piped stderr");
-        let mut lines = BufReader::new(stderr).lines();
-        let listening = format!("listening on 127.0.0.1:{port}");
-        let mut said = Vec::new();
-        let started = tokio::time::timeout(START_LIMIT, async {
-            while let Some(line) = lines.next_line().await.expect("read pgbouncer's log") {
-                if line.contains(&listening) {
-                    return true;
-                }
-                said.push(line);
-            }
-            false
-        })
-        .await;
-        assert!(
-            started == Ok(true),
-            "pgbouncer did not start listening: {}",
-            said.join("\n")
-        );
-        // Keep reading its log so that it never blocks on a full pipe.
-        tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
-        Some(Bouncer {
-            port,
-            _child: child,
-            _dir: dir,
-        })
-    }
-
-    /// The URL of `db` through this PgBouncer.
-    fn url(&self, db: &TestDb) -> String {
-        format!("postgres://postgres@127.0.0.1:{}/{}", self.port, db.name)
-    }
-
-    /// A pool of `max` connections to `db` through this PgBouncer. PgBouncer refuses the
-    /// startup parameter `extra_float_digits` that sqlx sends by default unless its
-    /// `ignore_startup_parameters` names it, so it is not sent.
-    fn pool(&self, db: &TestDb, max: u32) -> PgPool {
-        let options: PgConnectOptions = self.url(db).parse().expect("PgBouncer URL");
+    /// A pool of `max` connections to the test database through PgBouncer.
+    fn pool(&self, max: u32) -> PgPool {
         PgPoolOptions::new()
             .max_connections(max)
-            .connect_lazy_with(options.extra_float_digits(None))
+            .connect_lazy_with(self.options.clone())
     }
-}
-
-fn running_as_root() -> bool {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|status| {
-            let line = status.lines().find(|l| l.starts_with("Uid:"))?.to_owned();
-            Some(line.split_whitespace().nth(1) == Some("0"))
-        })
-        .unwrap_or(false)
 }
 
 /// Counts its runs per job id.
@@ -182,10 +106,10 @@ fn failed_statements() -> Vec<String> {
 async fn a_worker_drains_through_pgbouncer_in_transaction_mode() {
     logs::install();
     let db = test_db().await;
-    let Some(bouncer) = Bouncer::start(&db).await else {
+    let Some(bouncer) = bouncer(&db).await else {
         return;
     };
-    let pool = bouncer.pool(&db, 40);
+    let pool = bouncer.pool(40);
     let through = DbPool::pgbouncer(pool.clone());
 
     // Rust enqueue through PgBouncer: one batch, and single jobs from many clients at once.
@@ -260,10 +184,10 @@ async fn a_worker_drains_through_pgbouncer_in_transaction_mode() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_worker_behind_pgbouncer_listens_on_its_direct_url() {
     let db = test_db().await;
-    let Some(bouncer) = Bouncer::start(&db).await else {
+    let Some(bouncer) = bouncer(&db).await else {
         return;
     };
-    let pool = bouncer.pool(&db, 8);
+    let pool = bouncer.pool(8);
     let direct: PgConnectOptions = db.url().parse().unwrap();
     // Polling once an hour: only a notification can start the job in time.
     let worker = Worker::builder(pool.clone())
@@ -315,10 +239,10 @@ async fn state_of(db: &TestDb, id: &str) -> String {
 #[tokio::test]
 async fn the_cli_runs_through_pgbouncer() {
     let db = test_db().await;
-    let Some(bouncer) = Bouncer::start(&db).await else {
+    let Some(bouncer) = bouncer(&db).await else {
         return;
     };
-    let url = bouncer.url(&db);
+    let url = bouncer.url.clone();
     cli(&url, &["migrate"]).await;
 
     let file = tempfile::NamedTempFile::new().unwrap();
@@ -370,16 +294,16 @@ async fn the_cli_runs_through_pgbouncer() {
 #[tokio::test]
 async fn the_dashboard_answers_through_pgbouncer() {
     let db = test_db().await;
-    let Some(bouncer) = Bouncer::start(&db).await else {
+    let Some(bouncer) = bouncer(&db).await else {
         return;
     };
     skiplock::enqueue_raw(
-        &DbPool::pgbouncer(bouncer.pool(&db, 2)),
+        &DbPool::pgbouncer(bouncer.pool(2)),
         &[NewJob::new("noop", serde_json::json!({}))],
     )
     .await
     .unwrap();
-    let dashboard = Dashboard::start_at(&bouncer.url(&db), &["--pgbouncer"]).await;
+    let dashboard = Dashboard::start_at(&bouncer.url.clone(), &["--pgbouncer"]).await;
     for path in ["/", "/jobs?state=queued", "/history", "/api/v1/stats"] {
         let response = dashboard.get(path).await;
         let status = response.status();

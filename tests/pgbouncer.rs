@@ -131,7 +131,30 @@ async fn a_worker_drains_through_pgbouncer_in_transaction_mode() {
                 .expect("enqueue one job through PgBouncer"),
         );
     }
-    let total = (BATCH + SINGLE) as usize;
+    // Inside the application's own transactions: sqlx names and caches the enqueue
+    // statement on the connection, so it is closed before COMMIT (docs/operating.md).
+    const IN_TRANSACTION: u32 = 20;
+    let in_transactions = (0..IN_TRANSACTION).map(|n| {
+        let pool = pool.clone();
+        tokio::spawn(async move {
+            let mut tx = pool.begin().await.expect("begin through PgBouncer");
+            let job = Counted {
+                n: BATCH + SINGLE + n,
+            };
+            let id = skiplock::enqueue(&mut *tx, &job)
+                .await
+                .expect("enqueue in a transaction through PgBouncer");
+            sqlx::Connection::clear_cached_statements(&mut *tx)
+                .await
+                .expect("close the named statements");
+            tx.commit().await.expect("commit through PgBouncer");
+            id
+        })
+    });
+    for job in in_transactions {
+        ids.push(job.await.unwrap());
+    }
+    let total = (BATCH + SINGLE + IN_TRANSACTION) as usize;
     assert_eq!(ids.len(), total);
 
     // Concurrency far above PgBouncer's server pool; short heartbeats so that beats run

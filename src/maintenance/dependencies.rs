@@ -10,9 +10,9 @@
 
 use std::sync::Arc;
 
-use crate::DbPool;
 use tokio_util::sync::CancellationToken;
 
+use crate::DbPool;
 use crate::db::maintenance::{jobs_advance_lanes, jobs_settle_dependants, jobs_settle_waiting};
 use crate::error::is_transient_sqlx;
 use crate::worker::{Shared, db_retry_delay, sleep_jittered};

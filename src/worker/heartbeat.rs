@@ -17,8 +17,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use sqlx::{ConnectOptions, Connection, PgConnection};
-
-use crate::pool::DbConnection;
 use tokio::runtime::Handle;
 use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
@@ -26,6 +24,7 @@ use tokio_util::sync::CancellationToken;
 use super::Shared;
 use super::claims::ClaimKey;
 use crate::db::jobs::jobs_heartbeat_many;
+use crate::pool::DbConnection;
 
 /// How long the heartbeat keeps its connection open with no claim to extend.
 const CONNECTION_IDLE_MAX: Duration = Duration::from_secs(30);

@@ -203,7 +203,7 @@ pub struct JobContext {
     pub(crate) queue: String,
     pub(crate) attempt: i32,
     pub(crate) max_attempts: i32,
-    pub(crate) pool: PgPool,
+    pub(crate) pool: crate::DbPool,
     pub(crate) claim_token: uuid::Uuid,
     pub(crate) stop: CancellationToken,
     /// Set once [`complete_in`](JobContext::complete_in) wrote the completion (see
@@ -244,7 +244,7 @@ impl JobContext {
 
     /// The worker's connection pool, for handlers that write to the database.
     pub fn pool(&self) -> &PgPool {
-        &self.pool
+        self.pool.pool()
     }
 
     /// The value of type `T` given to the worker with

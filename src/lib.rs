@@ -76,6 +76,7 @@ mod enqueue;
 mod error;
 mod job;
 mod maintenance;
+mod pool;
 pub mod retry;
 mod state;
 pub mod stats;
@@ -93,6 +94,7 @@ pub use job::{
     EnqueueOptions, Fate, Job, JobContext, JobError, JobId, JobState, MAX_ATTEMPTS_DEFAULT,
     QUEUE_DEFAULT, UniquePolicy,
 };
+pub use pool::DbPool;
 pub use worker::events::{JobEvent, JobEventOutcome, JobEvents};
 pub use worker::{Retention, ShutdownHandle, Worker, WorkerBuilder, WorkerConfig, WorkerSummary};
 

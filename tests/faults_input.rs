@@ -7,8 +7,6 @@
 
 mod common;
 
-use std::process::Stdio;
-
 use common::fixtures::{Recorder, fast_worker, wait_for};
 use common::test_db;
 use serde::{Deserialize, Serialize};
@@ -27,17 +25,7 @@ struct Run {
 /// Runs `skiplock ARGS…` with `--database-url URL`, no `DATABASE_URL` inherited and the
 /// given extra environment.
 async fn skiplock(url: &str, args: &[&str], env: &[(&str, &str)]) -> Run {
-    let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_skiplock"))
-        .env_remove("DATABASE_URL")
-        .env("RUST_LOG", "error")
-        .envs(env.iter().copied())
-        .arg("--database-url")
-        .arg(url)
-        .args(args)
-        .stdin(Stdio::null())
-        .output()
-        .await
-        .expect("run skiplock");
+    let output = common::skiplock_at(url, args, "error", env).await;
     let stderr = String::from_utf8_lossy(&output.stderr);
     Run {
         code: output.status.code(),

@@ -628,6 +628,9 @@ pub struct DrainCfg {
     /// READ; SELECT txid_current();`) in another session for the whole drain, as a long
     /// report, `pg_dump` or a forgotten `BEGIN` in psql does.
     pub hold_snapshot: bool,
+    /// Connect the worker through the PgBouncer (transaction pooling) listening on this
+    /// port of 127.0.0.1, in the worker's PgBouncer mode, instead of directly.
+    pub pgbouncer_port: Option<u16>,
 }
 
 impl DrainCfg {
@@ -639,6 +642,7 @@ impl DrainCfg {
             cap,
             after_id: 0,
             hold_snapshot: false,
+            pgbouncer_port: None,
         }
     }
 }
@@ -664,7 +668,17 @@ pub struct WorkerThread {
 impl WorkerThread {
     /// Builds the worker with `build` on a fresh pool and runs it.
     pub fn spawn(db: &BenchDb, build: impl FnOnce(PgPool) -> Worker + Send + 'static) -> Self {
-        let options = db.connect_options().application_name(WORKER_APP_NAME);
+        Self::spawn_with(
+            db.connect_options().application_name(WORKER_APP_NAME),
+            build,
+        )
+    }
+
+    /// As [`spawn`](Self::spawn), with the pool connecting with `options`.
+    pub fn spawn_with(
+        options: PgConnectOptions,
+        build: impl FnOnce(PgPool) -> Worker + Send + 'static,
+    ) -> Self {
         let (stop_tx, stop_rx) = std::sync::mpsc::channel::<skiplock::ShutdownHandle>();
         let (kill_tx, kill_rx) = tokio::sync::oneshot::channel::<()>();
         let (done_tx, done_rx) = tokio::sync::oneshot::channel::<Option<WorkerSummary>>();
@@ -771,8 +785,18 @@ pub async fn drain_noop(db: &BenchDb, cfg: DrainCfg) -> DrainRun {
         None
     };
     let before = db.counters().await;
-    let mut worker = WorkerThread::spawn(db, move |pool| {
+    let options = match cfg.pgbouncer_port {
+        None => db.connect_options().application_name(WORKER_APP_NAME),
+        Some(port) => db
+            .connect_options()
+            .host("127.0.0.1")
+            .port(port)
+            .extra_float_digits(None)
+            .application_name(WORKER_APP_NAME),
+    };
+    let mut worker = WorkerThread::spawn_with(options, move |pool| {
         let mut builder = Worker::builder(pool)
+            .pgbouncer(cfg.pgbouncer_port.is_some())
             .register::<Noop>()
             .exit_when_idle(true);
         if let Some(c) = cfg.concurrency {
@@ -812,7 +836,10 @@ pub async fn drain_noop(db: &BenchDb, cfg: DrainCfg) -> DrainRun {
         }
     };
     let wall_secs = worker.elapsed().as_secs_f64();
-    if summary.is_none() {
+    // PgBouncer keeps its server connections (named after the worker, PgBouncer passes
+    // application_name on) once the worker is gone; they flush their statistics (the
+    // commits counted) only when they end.
+    if summary.is_none() || cfg.pgbouncer_port.is_some() {
         db.terminate_worker_backends().await;
     }
     db.wait_workers_gone().await;

@@ -16,7 +16,7 @@ use sqlx::{FromRow, PgExecutor};
 use crate::state::JobId;
 
 /// How long the hourly rollup keeps its detail by default: 365 days. Older hours are folded
-/// into lifetime totals by [`job_history_prune_expired`].
+/// into lifetime totals by each worker's pruner.
 pub const HISTORY_RETENTION_DEFAULT: Duration = Duration::from_secs(365 * 24 * 3600);
 
 /// Adds a row to the rollup row of its bucket, queue and kind (alias `h`), or inserts it.

@@ -40,7 +40,7 @@ use super::timestamp::{MaybeTimestamp, Timestamp};
 use chrono::{DateTime, Utc};
 use serde_json::Value;
 use sqlx::types::Json;
-use sqlx::{FromRow, PgExecutor, PgPool};
+use sqlx::{FromRow, PgExecutor};
 use uuid::Uuid;
 
 use crate::state::{JobId, JobState};
@@ -241,10 +241,13 @@ pub async fn jobs_claim_one(
 /// [`jobs_claim_batch_after`]): for a claim whose reply was lost, whose jobs nobody runs
 /// and which the caller releases with [`jobs_release_many`]. Reads only `running` rows
 /// (`jobs_running_idx`).
-pub async fn jobs_claimed_with(pool: &PgPool, claim_with: Uuid) -> sqlx::Result<Vec<i64>> {
+pub async fn jobs_claimed_with(
+    db: impl PgExecutor<'_>,
+    claim_with: Uuid,
+) -> sqlx::Result<Vec<i64>> {
     sqlx::query_scalar("SELECT id FROM skiplock.jobs WHERE state = 'running' AND claim_token = $1")
         .bind(claim_with)
-        .fetch_all(pool)
+        .fetch_all(db)
         .await
 }
 

@@ -10,6 +10,10 @@
 //!
 //! skiplock keeps its own ledger instead of sqlx's `_sqlx_migrations` so that it never
 //! collides with the application's own sqlx migrations in the same database.
+//!
+//! Every statement here runs inside a transaction and unnamed (`persistent(false)`), so
+//! `migrate` and the schema check also work through PgBouncer in transaction-pooling
+//! mode: the advisory lock is transaction-scoped and the migration holds one transaction.
 
 use sqlx::{Connection, PgConnection, PgPool};
 
@@ -69,6 +73,7 @@ pub async fn migrations_apply(pool: &PgPool) -> Result<i32> {
     let mut tx = conn.begin().await?;
     sqlx::query("SELECT pg_advisory_xact_lock($1)")
         .bind(MIGRATION_LOCK_KEY)
+        .persistent(false)
         .execute(&mut *tx)
         .await?;
     sqlx::raw_sql(
@@ -102,6 +107,7 @@ pub async fn migrations_apply(pool: &PgPool) -> Result<i32> {
         sqlx::query("INSERT INTO skiplock.schema_migrations (version, name) VALUES ($1, $2)")
             .bind(migration.version)
             .bind(migration.name)
+            .persistent(false)
             .execute(&mut *tx)
             .await
             .map_err(failed)?;
@@ -116,13 +122,16 @@ pub async fn migrations_apply(pool: &PgPool) -> Result<i32> {
 ///
 /// [`Error::Database`] if the query fails.
 pub async fn schema_version(pool: &PgPool) -> Result<i32> {
-    let mut conn = pool.acquire().await?;
-    schema_version_in(&mut conn).await
+    let mut tx = pool.begin().await?;
+    let version = schema_version_in(&mut tx).await?;
+    tx.commit().await?;
+    Ok(version)
 }
 
 async fn schema_version_in(conn: &mut PgConnection) -> Result<i32> {
     let exists: bool =
         sqlx::query_scalar("SELECT to_regclass('skiplock.schema_migrations') IS NOT NULL")
+            .persistent(false)
             .fetch_one(&mut *conn)
             .await?;
     if !exists {
@@ -132,6 +141,7 @@ async fn schema_version_in(conn: &mut PgConnection) -> Result<i32> {
         "SELECT max(version), min(name) FILTER (WHERE version = 1)
          FROM skiplock.schema_migrations",
     )
+    .persistent(false)
     .fetch_one(&mut *conn)
     .await?;
     // The first migration of the numbering before the fold; its versions mean other

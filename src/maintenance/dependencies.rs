@@ -10,9 +10,9 @@
 
 use std::sync::Arc;
 
-use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 
+use crate::DbPool;
 use crate::db::maintenance::{jobs_advance_lanes, jobs_settle_dependants, jobs_settle_waiting};
 use crate::error::is_transient_sqlx;
 use crate::worker::{Shared, db_retry_delay, sleep_jittered};
@@ -40,7 +40,7 @@ pub(crate) async fn sweep(shared: Arc<Shared>, stop: CancellationToken) {
 /// `lanes` becomes its head (promotion notifies the workers). Transient errors are retried
 /// a few times; then the failure is logged, and the periodic [`sweep`] does the same a
 /// little later.
-pub(crate) async fn move_on(pool: &PgPool, parents: &[i64], lanes: &mut Vec<String>) {
+pub(crate) async fn move_on(pool: &DbPool, parents: &[i64], lanes: &mut Vec<String>) {
     if !parents.is_empty() {
         retrying("settle the dependants of finished jobs", || {
             jobs_settle_dependants(pool, parents)

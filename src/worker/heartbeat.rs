@@ -10,7 +10,8 @@
 //! were reaped and run twice. A busy pool (handlers using `ctx.pool()`) delayed beats the
 //! same way. Its own connection costs one more session per worker; when it cannot be
 //! opened, the beat goes through the worker's pool on the application's runtime until it
-//! can.
+//! can. Behind PgBouncer in transaction mode the session goes through PgBouncer like the
+//! pool, and each beat runs in a transaction of its own ([`DbConnection`]).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -23,6 +24,7 @@ use tokio_util::sync::CancellationToken;
 use super::Shared;
 use super::claims::ClaimKey;
 use crate::db::jobs::jobs_heartbeat_many;
+use crate::pool::DbConnection;
 
 /// How long the heartbeat keeps its connection open with no claim to extend.
 const CONNECTION_IDLE_MAX: Duration = Duration::from_secs(30);
@@ -74,8 +76,9 @@ async fn beat_loop(shared: Arc<Shared>, stop: CancellationToken, application: Op
     // without closing it, a failover): the next beat opens a fresh one in time to keep
     // claims from going stale.
     let beat_timeout = shared.config.stale_after / 2;
-    let options = shared.pool.connect_options();
-    let mut connection: Option<PgConnection> = None;
+    let options = shared.pool.pool().connect_options();
+    let pgbouncer = shared.pool.is_pgbouncer();
+    let mut connection: Option<DbConnection<Box<PgConnection>>> = None;
     let mut last_beat = Instant::now();
     let mut ticker = tokio::time::interval(interval);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -90,14 +93,14 @@ async fn beat_loop(shared: Arc<Shared>, stop: CancellationToken, application: Op
             if last_beat.elapsed() >= CONNECTION_IDLE_MAX
                 && let Some(own) = connection.take()
             {
-                let _ = own.close().await;
+                let _ = (*own.into_inner()).close().await;
             }
             continue;
         }
         last_beat = Instant::now();
         if application.is_some() && connection.is_none() {
             match tokio::time::timeout(beat_timeout, options.connect()).await {
-                Ok(Ok(opened)) => connection = Some(opened),
+                Ok(Ok(opened)) => connection = Some(DbConnection::new(Box::new(opened), pgbouncer)),
                 Ok(Err(e)) => tracing::warn!(
                     error = %e,
                     "cannot open the heartbeat's connection; beating through the worker's pool"
@@ -141,7 +144,7 @@ async fn beat_loop(shared: Arc<Shared>, stop: CancellationToken, application: Op
         settle_beat(&shared, outcome, ids.len(), interval);
     }
     if let Some(own) = connection {
-        let _ = own.close().await;
+        let _ = (*own.into_inner()).close().await;
     }
 }
 

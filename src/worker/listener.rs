@@ -24,11 +24,27 @@ pub(crate) const CANCEL_CHANNEL: &str = "skiplock_cancel";
 /// The listener holds its connection for as long as it listens, so it gets one of its own
 /// (same connect options as the worker's pool) rather than taking one of the pool's: a
 /// small pool must stay free for claims, heartbeats and completions.
+///
+/// Behind PgBouncer in transaction mode, LISTEN cannot work (the session it needs ends
+/// with each transaction): the listener connects with the worker's listen options (a
+/// direct URL) or does not run, and the producer finds new jobs by polling.
 pub(super) async fn listen(shared: Arc<Shared>, stop: CancellationToken) {
+    let options = match (&shared.listen_options, shared.pool.is_pgbouncer()) {
+        (Some(options), _) => options.clone(),
+        (None, false) => (*shared.pool.pool().connect_options()).clone(),
+        (None, true) => {
+            tracing::info!(
+                poll_interval_ms = shared.config.poll_interval.as_millis() as u64,
+                "behind PgBouncer with no direct URL to LISTEN on: polling for new jobs, \
+                 cancellations reach running jobs at the next heartbeat"
+            );
+            return;
+        }
+    };
     let own_connection = PgPoolOptions::new()
         .max_connections(1)
         .min_connections(0)
-        .connect_lazy_with((*shared.pool.connect_options()).clone());
+        .connect_lazy_with(options);
     let mut failures = 0u32;
     loop {
         let session = async {

@@ -33,10 +33,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use sqlx::PgPool;
+use sqlx::postgres::PgConnectOptions;
 use tokio::sync::{Notify, mpsc};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use crate::DbPool;
 use crate::cron::CronSchedule;
 use crate::error::{Error, Result};
 use crate::job::{DataMap, Job, QUEUE_DEFAULT};
@@ -147,6 +149,10 @@ pub struct WorkerConfig {
     pub cron_schedules: Vec<CronSchedule>,
     /// How often the cron scheduler runs; `None` disables it in this worker.
     pub cron_interval: Option<Duration>,
+    /// The pool goes through PgBouncer in transaction-pooling mode: every statement runs
+    /// in a transaction of its own, unnamed (see [`DbPool::pgbouncer`]), and LISTEN needs
+    /// [`WorkerBuilder::listen_options`] or is replaced by polling every `poll_interval`.
+    pub pgbouncer: bool,
     /// Claim this job alone, once, then stop when it is settled (`skiplock::testing`).
     pub(crate) only_job: Option<i64>,
 }
@@ -172,6 +178,7 @@ impl Default for WorkerConfig {
             batch_max: BATCH_MAX_DEFAULT,
             cron_schedules: Vec::new(),
             cron_interval: Some(CRON_INTERVAL_DEFAULT),
+            pgbouncer: false,
             only_job: None,
         }
     }
@@ -191,6 +198,7 @@ fn default_worker_id() -> String {
 /// Builds a [`Worker`].
 pub struct WorkerBuilder {
     pool: PgPool,
+    listen_options: Option<PgConnectOptions>,
     config: WorkerConfig,
     prefetch_set: bool,
     handlers: HashMap<String, Arc<dyn Handler>>,
@@ -307,6 +315,26 @@ impl WorkerBuilder {
     /// Sets the fallback poll interval.
     pub fn poll_interval(mut self, interval: Duration) -> Self {
         self.config.poll_interval = interval;
+        self
+    }
+
+    /// Says that the pool's connections go through PgBouncer in transaction-pooling mode
+    /// (the usual mode of managed Postgres poolers). Each statement of the worker then
+    /// runs in a transaction of its own and unnamed, so PgBouncer keeps it on one server
+    /// connection (two more round trips per statement). LISTEN cannot work through
+    /// transaction pooling: give the worker a direct connection for it with
+    /// [`listen_options`](Self::listen_options), or it polls every `poll_interval`.
+    /// The heartbeat's own session goes through PgBouncer too, with the same wrapping.
+    pub fn pgbouncer(mut self, pgbouncer: bool) -> Self {
+        self.config.pgbouncer = pgbouncer;
+        self
+    }
+
+    /// Where the worker's LISTEN session connects (wake-ups for new jobs and
+    /// cancellations), instead of the pool's connect options: a direct connection to
+    /// Postgres when the pool goes through PgBouncer in transaction mode.
+    pub fn listen_options(mut self, options: PgConnectOptions) -> Self {
+        self.listen_options = Some(options);
         self
     }
 
@@ -475,7 +503,12 @@ impl WorkerBuilder {
         let slots_total = shared_slots_total + config.queue_concurrency.values().sum::<usize>();
         Ok(Worker {
             shared: Arc::new(Shared {
-                pool: self.pool,
+                pool: if config.pgbouncer {
+                    DbPool::pgbouncer(self.pool)
+                } else {
+                    DbPool::direct(self.pool)
+                },
+                listen_options: self.listen_options,
                 config,
                 kinds,
                 handlers: self.handlers,
@@ -497,7 +530,11 @@ impl WorkerBuilder {
 
 /// State shared by a worker's tasks.
 pub(crate) struct Shared {
-    pub(crate) pool: PgPool,
+    /// The pool, in its mode (direct or through PgBouncer).
+    pub(crate) pool: DbPool,
+    /// Where the LISTEN session connects; `None`: the pool's connect options, or no
+    /// LISTEN at all behind PgBouncer.
+    pub(crate) listen_options: Option<PgConnectOptions>,
     pub(crate) config: WorkerConfig,
     /// Registered kinds, sorted; bound as the claim's kind filter.
     pub(crate) kinds: Vec<String>,
@@ -672,12 +709,15 @@ impl Worker {
     /// Starts building a worker on `pool`. The worker runs at most a handful of statements
     /// at once (two claims, two completion batches, maintenance), so a few connections
     /// suffice; handlers that use `ctx.pool()` need more. Two sessions are opened outside
-    /// the pool with its connect options: the LISTEN connection and the heartbeat's (the
-    /// heartbeat runs on a thread of its own so that busy or blocked handlers cannot delay
-    /// it; it closes its connection after 30 s without claims).
+    /// the pool with its connect options: the LISTEN connection (with
+    /// [`WorkerBuilder::listen_options`] when given; none behind PgBouncer without them)
+    /// and the heartbeat's (the heartbeat runs on a thread of its own so that busy or
+    /// blocked handlers cannot delay it; it closes its connection after 30 s without
+    /// claims).
     pub fn builder(pool: PgPool) -> WorkerBuilder {
         WorkerBuilder {
             pool,
+            listen_options: None,
             config: WorkerConfig::default(),
             prefetch_set: false,
             handlers: HashMap::new(),
@@ -715,7 +755,7 @@ impl Worker {
     /// not match this build, [`Error::Database`] if the database cannot be reached at start.
     pub async fn run(self) -> Result<WorkerSummary> {
         let shared = self.shared;
-        crate::check_schema(&shared.pool).await?;
+        crate::check_schema(shared.pool.pool()).await?;
         let config = &shared.config;
         tracing::info!(
             worker_id = %config.worker_id,
@@ -733,6 +773,7 @@ impl Worker {
             retain_succeeded_s = config.retention.succeeded.as_secs(),
             retain_cancelled_s = config.retention.cancelled.as_secs(),
             retain_dead_s = config.retention.dead.as_secs(),
+            pgbouncer = config.pgbouncer,
             "worker started"
         );
 
@@ -866,7 +907,7 @@ pub(crate) fn schema_mismatch(error: &sqlx::Error) -> bool {
 /// returns true. Migrations that stay compatible never get here: the worker's statements
 /// go on working.
 pub(crate) async fn stop_if_schema_outgrown(shared: &Shared) -> bool {
-    let Ok(found) = crate::db::migrations::schema_version(&shared.pool).await else {
+    let Ok(found) = crate::db::migrations::schema_version(shared.pool.pool()).await else {
         return false;
     };
     let supported = crate::db::migrations::SCHEMA_VERSION_LATEST;

@@ -202,12 +202,12 @@ async fn claim(
     let claimed = match shared.config.only_job {
         // One chosen job, claimed once (`skiplock::testing`).
         Some(id) if !shared.only_job_claimed.swap(true, Ordering::SeqCst) => {
-            jobs_claim_one(&mut *connection, id, &shared.config.worker_id, token).await
+            jobs_claim_one(&mut connection, id, &shared.config.worker_id, token).await
         }
         Some(_) => Ok(Vec::new()),
         None => {
             jobs_claim_batch_after(
-                &mut *connection,
+                &mut connection,
                 &group.queues,
                 &shared.kinds,
                 limit as i64,

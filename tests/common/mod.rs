@@ -206,6 +206,28 @@ fn with_database_replaces_only_the_path() {
     );
 }
 
+/// Runs `skiplock ARGS…` with `--database-url URL`, no inherited `DATABASE_URL`,
+/// `RUST_LOG=log` and the extra environment `env`, and waits for it to exit.
+#[cfg(feature = "cli")]
+pub async fn skiplock_at(
+    url: &str,
+    args: &[&str],
+    log: &str,
+    env: &[(&str, &str)],
+) -> std::process::Output {
+    tokio::process::Command::new(env!("CARGO_BIN_EXE_skiplock"))
+        .env_remove("DATABASE_URL")
+        .env("RUST_LOG", log)
+        .envs(env.iter().copied())
+        .arg("--database-url")
+        .arg(url)
+        .args(args)
+        .stdin(std::process::Stdio::null())
+        .output()
+        .await
+        .expect("run skiplock")
+}
+
 /// A test whose tool is missing: in CI (`CI=true`, which `.ci/run` sets) it fails, so a
 /// test that checked nothing never passes there; elsewhere it says on stderr that it
 /// skipped (shown with `--nocapture`).

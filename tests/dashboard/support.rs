@@ -24,6 +24,11 @@ pub struct Dashboard {
 
 /// The binary with `--database-url` for `db` and the given dashboard arguments.
 pub fn command(db: &TestDb, args: &[&str]) -> Command {
+    command_at(db.url(), args)
+}
+
+/// The binary with `--database-url URL` and the given dashboard arguments.
+pub fn command_at(url: &str, args: &[&str]) -> Command {
     let mut command = Command::new(env!("CARGO_BIN_EXE_skiplock"));
     command
         .env_remove("DATABASE_URL")
@@ -31,7 +36,7 @@ pub fn command(db: &TestDb, args: &[&str]) -> Command {
         .env_remove("SKIPLOCK_DASHBOARD_BASIC_AUTH")
         .env("RUST_LOG", "warn")
         .arg("--database-url")
-        .arg(db.url())
+        .arg(url)
         .arg("dashboard")
         .args(args)
         .stdin(Stdio::null())
@@ -43,12 +48,17 @@ impl Dashboard {
     /// Starts `skiplock dashboard ARGS…` (on `--bind 127.0.0.1:0` unless ARGS bind) and
     /// waits for its address.
     pub async fn start(db: &TestDb, args: &[&str]) -> Dashboard {
+        Self::start_at(db.url(), args).await
+    }
+
+    /// As [`start`](Self::start), on the database at `url`.
+    pub async fn start_at(url: &str, args: &[&str]) -> Dashboard {
         let bind: &[&str] = if args.contains(&"--bind") {
             &[]
         } else {
             &["--bind", "127.0.0.1:0"]
         };
-        let mut child = command(db, bind)
+        let mut child = command_at(url, bind)
             .args(args)
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())

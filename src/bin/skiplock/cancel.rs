@@ -1,7 +1,7 @@
 //! `skiplock cancel`: cancel jobs that have not finished.
 
 use clap::Args;
-use sqlx::PgPool;
+use skiplock::DbPool;
 
 use crate::output::{Done, for_each_job};
 
@@ -26,7 +26,7 @@ pub struct CancelArgs {
     ids: Vec<i64>,
 }
 
-pub async fn run(pool: &PgPool, args: CancelArgs) -> anyhow::Result<()> {
+pub async fn run(pool: &DbPool, args: CancelArgs) -> anyhow::Result<()> {
     for_each_job(
         pool,
         &args.ids,
@@ -41,7 +41,7 @@ pub async fn run(pool: &PgPool, args: CancelArgs) -> anyhow::Result<()> {
 /// a few times. `skiplock.cancel_job` already retries on its own when Postgres picks it as
 /// a deadlock victim; nothing was written by a failed attempt, and trying again is safe (a
 /// retry after a lost reply finds the job cancelled already and says so).
-async fn cancel_retrying(pool: &PgPool, id: skiplock::JobId) -> skiplock::Result<bool> {
+async fn cancel_retrying(pool: &DbPool, id: skiplock::JobId) -> skiplock::Result<bool> {
     let mut failures = 0u32;
     loop {
         match skiplock::cancel(pool, id).await {

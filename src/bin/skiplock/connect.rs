@@ -10,6 +10,7 @@
 
 use std::time::{Duration, Instant};
 
+use skiplock::DbPool;
 use sqlx::Connection;
 use sqlx::postgres::{PgConnectOptions, PgConnection, PgPoolOptions};
 
@@ -33,6 +34,8 @@ pub struct Database {
     /// `--args-max-bytes`: the session setting `skiplock.args_max_bytes` of every
     /// connection, if given.
     pub args_max_bytes: Option<u64>,
+    /// The URL goes through PgBouncer in transaction-pooling mode (`--pgbouncer`).
+    pub pgbouncer: bool,
 }
 
 /// How long to keep trying.
@@ -102,6 +105,17 @@ impl Database {
             let address = address.to_owned();
             options = options.host(&address);
         }
+        if self.pgbouncer {
+            // PgBouncer refuses startup parameters it does not track unless told to
+            // ignore them (`ignore_startup_parameters`); sqlx's extra_float_digits is one,
+            // and so are the session settings of `options`.
+            options = options.extra_float_digits(None);
+            if self.args_max_bytes.is_some() {
+                anyhow::bail!(
+                    "--args-max-bytes cannot reach the server through PgBouncer (it refuses session options); set it per database or role instead: ALTER DATABASE … SET skiplock.args_max_bytes = …"
+                );
+            }
+        }
         if let Some(limit) = self.args_max_bytes {
             options = options.options([("skiplock.args_max_bytes", limit.to_string())]);
         }
@@ -120,8 +134,8 @@ impl Database {
         let Ok(pool) = self.pool("schema check", 1, Patience::OneShot).await else {
             return error;
         };
-        let found = skiplock::check_schema(&pool).await;
-        pool.close().await;
+        let found = skiplock::check_schema(pool.pool()).await;
+        pool.pool().close().await;
         match found {
             Err(skiplock::Error::SchemaOutdated { found: 0, .. }) => anyhow::anyhow!(
                 "the database `{name}` has no skiplock schema; run `skiplock migrate` on it first"
@@ -143,7 +157,7 @@ impl Database {
         command: &str,
         max_connections: u32,
         patience: Patience,
-    ) -> anyhow::Result<sqlx::PgPool> {
+    ) -> anyhow::Result<DbPool> {
         let url = self.url();
         let options = self
             .connect_options()?
@@ -183,11 +197,16 @@ impl Database {
             tokio::time::sleep(delay).await;
             delay = (delay * 2).min(RETRY_DELAY_MAX);
         }
-        Ok(PgPoolOptions::new()
+        let pool = PgPoolOptions::new()
             .max_connections(max_connections)
             .idle_timeout(IDLE_TIMEOUT)
             .acquire_timeout(CONNECT_TIMEOUT)
-            .connect_lazy_with(options))
+            .connect_lazy_with(options);
+        Ok(if self.pgbouncer {
+            DbPool::pgbouncer(pool)
+        } else {
+            DbPool::direct(pool)
+        })
     }
 }
 

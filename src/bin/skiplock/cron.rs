@@ -1,8 +1,8 @@
 //! `skiplock cron`: define, list and remove cron schedules.
 
 use clap::{Args, Subcommand};
+use skiplock::DbPool;
 use skiplock::cron::{CronSchedule, MissedSlots};
-use sqlx::PgPool;
 
 use crate::output::{parse_count, parse_non_empty, parse_priority, parse_queue_name};
 
@@ -74,7 +74,7 @@ fn parse_missed(value: &str) -> Result<MissedSlots, String> {
     value.parse()
 }
 
-pub async fn run(pool: &PgPool, args: CronArgs) -> anyhow::Result<()> {
+pub async fn run(pool: &DbPool, args: CronArgs) -> anyhow::Result<()> {
     match args.action {
         CronAction::Add(add) => {
             let mut schedule = CronSchedule::new(&add.name, &add.expression, &add.kind)

@@ -11,8 +11,9 @@ use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::Deserialize;
 use serde_json::{Value, json};
+use skiplock::DbPool;
 use skiplock::{EnqueueOptions, EnqueueResult, JobId, NewJob, UniquePolicy};
-use sqlx::{Acquire, PgConnection, PgPool};
+use sqlx::{Acquire, PgConnection};
 
 use crate::output::{
     parse_count, parse_duration, parse_job_id, parse_non_empty, parse_priority, parse_queue_name,
@@ -150,8 +151,8 @@ impl EnqueueArgs {
     }
 }
 
-pub async fn run(pool: &PgPool, args: EnqueueArgs) -> anyhow::Result<()> {
-    skiplock::check_schema(pool).await?;
+pub async fn run(pool: &DbPool, args: EnqueueArgs) -> anyhow::Result<()> {
+    skiplock::check_schema(pool.pool()).await?;
     if let Some(path) = args.file.clone() {
         return enqueue_file(pool, &args, &path).await;
     }
@@ -258,7 +259,7 @@ fn shown(path: &std::path::Path) -> String {
 }
 
 async fn enqueue_file(
-    pool: &PgPool,
+    pool: &DbPool,
     args: &EnqueueArgs,
     path: &std::path::Path,
 ) -> anyhow::Result<()> {
@@ -274,7 +275,7 @@ async fn enqueue_file(
     let started = Instant::now();
     let defaults = args.options();
 
-    let mut conn = pool.acquire().await?;
+    let mut conn = pool.pool().acquire().await?;
     let mut tx = conn.begin().await?;
     let mut batch: Vec<(usize, NewJob)> = Vec::with_capacity(FILE_BATCH);
     let mut lines = Lines::default();
@@ -312,6 +313,11 @@ async fn enqueue_file(
     insert_batch(&mut tx, &mut batch, args.skip_invalid, &mut lines)
         .await
         .map_err(|bad| nothing_enqueued(&name, &bad))?;
+    if pool.is_pgbouncer() {
+        // Behind PgBouncer, close the statements sqlx named on this server connection
+        // while the transaction still holds it: they would clash with the next client's.
+        sqlx::Connection::clear_cached_statements(&mut *tx).await?;
+    }
     tx.commit()
         .await
         .context("cannot commit the enqueued jobs")?;

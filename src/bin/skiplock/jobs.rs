@@ -2,9 +2,9 @@
 
 use chrono::Utc;
 use clap::Args;
+use skiplock::DbPool;
 use skiplock::JobState;
 use skiplock::admin::{JobFilter, jobs_list};
-use sqlx::PgPool;
 
 use crate::output::{JobJson, Table, clip, print_json, relative};
 
@@ -52,7 +52,7 @@ pub struct JobsArgs {
     json: bool,
 }
 
-pub async fn run(pool: &PgPool, args: JobsArgs) -> anyhow::Result<()> {
+pub async fn run(pool: &DbPool, args: JobsArgs) -> anyhow::Result<()> {
     let filter = JobFilter {
         states: args.states,
         queue: args.queue,

@@ -87,6 +87,19 @@ struct Cli {
     )]
     args_max_bytes: Option<u64>,
 
+    /// The database URL goes through PgBouncer in transaction-pooling mode: each
+    /// statement runs in a transaction of its own, unnamed, so PgBouncer keeps it on one
+    /// server connection. `work` then LISTENs on --listen-url or polls. Not needed for
+    /// session pooling. SKIPLOCK_PGBOUNCER=1 (or true) sets it too.
+    #[arg(
+        long,
+        env = "SKIPLOCK_PGBOUNCER",
+        global = true,
+        value_parser = clap::builder::BoolishValueParser::new(),
+        action = clap::ArgAction::SetTrue
+    )]
+    pgbouncer: bool,
+
     #[command(subcommand)]
     command: Command,
 }
@@ -187,6 +200,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         url: cli.database_url,
         connect_retry: cli.connect_retry,
         args_max_bytes: cli.args_max_bytes,
+        pgbouncer: cli.pgbouncer,
     };
     // `migrate` makes the schema, the demo uses a database of its own, and the dashboard
     // shows its errors on its pages.

@@ -2,8 +2,10 @@
 
 use anyhow::Context;
 
-pub async fn run(pool: &sqlx::PgPool) -> anyhow::Result<()> {
-    let version = skiplock::migrate(pool).await.context("migration failed")?;
+pub async fn run(pool: &skiplock::DbPool) -> anyhow::Result<()> {
+    let version = skiplock::migrate(pool.pool())
+        .await
+        .context("migration failed")?;
     outln!("skiplock schema is at version {version}");
     Ok(())
 }

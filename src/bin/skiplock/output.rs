@@ -7,9 +7,9 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use serde::Serialize;
+use skiplock::DbPool;
 use skiplock::admin::jobs_get_state;
 use skiplock::{JobId, JobRow, JobState};
-use sqlx::PgPool;
 
 /// Writes the command's output to stdout. When the reader went away (a closed pipe, as in
 /// `skiplock jobs | head -1`) the command has nothing left to do: it exits 0 at once, as
@@ -62,7 +62,7 @@ pub enum Done {
 /// missing job, or one whose state `refusal` explains. Fails, after trying them all, if
 /// any did not change.
 pub async fn for_each_job<F, Fut>(
-    pool: &PgPool,
+    pool: &DbPool,
     ids: &[i64],
     done: Done,
     act: F,

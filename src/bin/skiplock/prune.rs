@@ -5,9 +5,9 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::Args;
 use serde_json::json;
+use skiplock::DbPool;
 use skiplock::Retention;
 use skiplock::admin::jobs_prune_finished_rolled_up;
-use sqlx::PgPool;
 
 use crate::output::{parse_duration, print_json};
 
@@ -35,7 +35,7 @@ pub struct PruneArgs {
     json: bool,
 }
 
-pub async fn run(pool: &PgPool, args: PruneArgs) -> anyhow::Result<()> {
+pub async fn run(pool: &DbPool, args: PruneArgs) -> anyhow::Result<()> {
     let retention = match args.older_than {
         Some(age) => Retention {
             succeeded: age,

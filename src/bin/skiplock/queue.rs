@@ -1,7 +1,7 @@
 //! `skiplock queue`: pause and resume queues.
 
 use clap::{Args, Subcommand};
-use sqlx::PgPool;
+use skiplock::DbPool;
 
 pub const EXAMPLES: &str = "Examples:
   skiplock queue pause mail     # workers claim nothing from `mail`; running jobs finish
@@ -32,7 +32,7 @@ enum QueueAction {
     Paused,
 }
 
-pub async fn run(pool: &PgPool, args: QueueArgs) -> anyhow::Result<()> {
+pub async fn run(pool: &DbPool, args: QueueArgs) -> anyhow::Result<()> {
     match args.action {
         QueueAction::Pause { queue } => {
             skiplock::pause_queue(pool, &queue).await?;

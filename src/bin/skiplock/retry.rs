@@ -3,9 +3,9 @@
 use anyhow::Context;
 use clap::Args;
 use serde_json::json;
+use skiplock::DbPool;
 use skiplock::admin::jobs_retry_dead;
 use skiplock::{JobId, JobRow, JobState};
-use sqlx::PgPool;
 
 use crate::output::{Done, for_each_job, print_json};
 
@@ -44,7 +44,7 @@ pub struct RetryArgs {
     json: bool,
 }
 
-pub async fn run(pool: &PgPool, args: RetryArgs) -> anyhow::Result<()> {
+pub async fn run(pool: &DbPool, args: RetryArgs) -> anyhow::Result<()> {
     if !args.dead {
         return for_each_job(
             pool,

@@ -3,9 +3,9 @@
 use anyhow::Context;
 use clap::Args;
 use serde_json::{Map, Value};
+use skiplock::DbPool;
 use skiplock::admin::{job_dependencies_of, jobs_get_json};
 use skiplock::{JobId, JobState};
-use sqlx::PgPool;
 
 use crate::output::print_json;
 
@@ -54,7 +54,7 @@ pub struct ShowArgs {
     json: bool,
 }
 
-pub async fn run(pool: &PgPool, args: ShowArgs) -> anyhow::Result<()> {
+pub async fn run(pool: &DbPool, args: ShowArgs) -> anyhow::Result<()> {
     let id = JobId(args.id);
     let Some(job) = jobs_get_json(pool, id)
         .await

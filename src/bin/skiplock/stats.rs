@@ -6,8 +6,8 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::Args;
 use serde_json::json;
+use skiplock::DbPool;
 use skiplock::stats::{Counts, Stats};
-use sqlx::PgPool;
 
 use crate::output::{Table, compact_seconds, parse_refresh_interval};
 
@@ -38,7 +38,7 @@ pub struct StatsArgs {
     interval: Duration,
 }
 
-pub async fn run(pool: &PgPool, args: StatsArgs) -> anyhow::Result<()> {
+pub async fn run(pool: &DbPool, args: StatsArgs) -> anyhow::Result<()> {
     let redraw = args.watch && !args.json && std::io::stdout().is_terminal();
     loop {
         let stats = skiplock::stats::stats(pool)

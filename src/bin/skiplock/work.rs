@@ -125,6 +125,18 @@ pub struct WorkArgs {
     #[arg(long)]
     exit_when_idle: bool,
 
+    /// Postgres URL for the worker's LISTEN session, which wakes it when jobs arrive: a
+    /// direct connection (not through PgBouncer in transaction mode, where LISTEN cannot
+    /// work). Default: the database URL, or none with --pgbouncer (the worker then polls
+    /// every --poll-interval and sees cancellations at its next heartbeat).
+    #[arg(
+        long,
+        env = "SKIPLOCK_LISTEN_URL",
+        value_name = "URL",
+        hide_env_values = true
+    )]
+    listen_url: Option<String>,
+
     /// Seconds a graceful shutdown waits for running jobs before releasing them.
     #[arg(long, env = "SKIPLOCK_SHUTDOWN_GRACE", value_name = "SECONDS", default_value_t = skiplock::worker::SHUTDOWN_GRACE_DEFAULT.as_secs(), value_parser = parse_seconds)]
     shutdown_grace: u64,
@@ -222,7 +234,7 @@ impl WorkArgs {
     }
 }
 
-pub async fn run(pool: sqlx::PgPool, args: WorkArgs) -> anyhow::Result<()> {
+pub async fn run(pool: skiplock::DbPool, args: WorkArgs) -> anyhow::Result<()> {
     if let Some(addr) = args.metrics_addr {
         metrics_exporter_prometheus::PrometheusBuilder::new()
             .with_http_listener(addr)
@@ -230,7 +242,8 @@ pub async fn run(pool: sqlx::PgPool, args: WorkArgs) -> anyhow::Result<()> {
             .with_context(|| format!("cannot serve metrics on {addr}"))?;
         tracing::info!(%addr, "serving metrics (Prometheus text)");
     }
-    let mut builder = Worker::builder(pool)
+    let mut builder = Worker::builder(pool.pool().clone())
+        .pgbouncer(pool.is_pgbouncer())
         .concurrency(args.concurrency)
         .exit_when_idle(args.exit_when_idle)
         .shutdown_grace(Duration::from_secs(args.shutdown_grace));
@@ -287,6 +300,12 @@ pub async fn run(pool: sqlx::PgPool, args: WorkArgs) -> anyhow::Result<()> {
     }
     if let Some(prefetch) = args.prefetch {
         builder = builder.prefetch(prefetch);
+    }
+    if let Some(url) = &args.listen_url {
+        let options: sqlx::postgres::PgConnectOptions = url
+            .parse()
+            .context("--listen-url is malformed; expected postgres://user@host:port/db")?;
+        builder = builder.listen_options(options.application_name("skiplock work (listen)"));
     }
     use skiplock::worker::{
         HEARTBEAT_INTERVAL_DEFAULT, POLL_INTERVAL_DEFAULT, STALE_AFTER_DEFAULT,

@@ -33,7 +33,7 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use clap::Args;
-use sqlx::PgPool;
+use skiplock::DbPool;
 
 use self::security::Auth;
 
@@ -88,7 +88,7 @@ pub struct DashboardArgs {
 
 /// What every handler shares.
 pub struct AppState {
-    pub pool: PgPool,
+    pub pool: DbPool,
     pub auth: Auth,
     /// Token every form carries back on POST; random per process.
     pub csrf_token: String,
@@ -119,7 +119,7 @@ pub async fn run(db: &crate::Database, args: DashboardArgs) -> anyhow::Result<()
         .await?;
     // Every page reads the schema: without it (or with another version) each would be
     // an error page, so the dashboard says what to do before it starts.
-    if let Err(error) = skiplock::check_schema(&pool).await {
+    if let Err(error) = skiplock::check_schema(pool.pool()).await {
         return Err(db.explain_schema(error.into()).await);
     }
     let state = Arc::new(AppState {

@@ -1,0 +1,342 @@
+//! skiplock behind PgBouncer in transaction-pooling mode, as managed Postgres runs it.
+//!
+//! Each test starts the distribution's PgBouncer (1.18 on Debian 12, which does not track
+//! named prepared statements across server connections) on a free port, in front of its
+//! own test database, with a server pool (3 connections) far smaller than the number of
+//! clients, so that server connections really are passed from client to client between
+//! transactions. Without PgBouncer mode the same runs fail with "prepared statement
+//! sqlx_s_N does not exist / already exists" and "unnamed prepared statement does not
+//! exist" (SQLSTATE 26000, 42P05).
+
+#![cfg(feature = "cli")]
+
+mod common;
+#[path = "model_support/logs.rs"]
+mod logs;
+#[path = "common/pgbouncer.rs"]
+mod pgbouncer;
+#[allow(dead_code)]
+#[path = "dashboard/support.rs"]
+mod support;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use skiplock::{DbPool, Job, JobContext, JobError, NewJob, Worker};
+use sqlx::PgPool;
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+
+use common::{TestDb, test_db};
+use pgbouncer::PgBouncer;
+use support::Dashboard;
+
+/// Server connections PgBouncer keeps per database and user: far fewer than the clients.
+const SERVER_POOL_SIZE: u32 = 3;
+
+/// PgBouncer in front of `db`'s server; `None` (after [`common::missing_tool`]) when it is
+/// not installed.
+async fn bouncer(db: &TestDb) -> Option<Bouncer> {
+    if !PgBouncer::installed() {
+        common::missing_tool(
+            "the PgBouncer test",
+            "pgbouncer",
+            "apt-get install pgbouncer (.ci/run does)",
+        );
+        return None;
+    }
+    let direct: PgConnectOptions = db.url().parse().expect("test database URL");
+    let pgbouncer = PgBouncer::start(&direct, SERVER_POOL_SIZE).await;
+    Some(Bouncer {
+        options: pgbouncer.options(&direct),
+        url: format!(
+            "postgres://{}@127.0.0.1:{}/{}",
+            direct.get_username(),
+            pgbouncer.port,
+            db.name
+        ),
+        _pgbouncer: pgbouncer,
+    })
+}
+
+/// The test database through PgBouncer.
+struct Bouncer {
+    options: PgConnectOptions,
+    url: String,
+    _pgbouncer: PgBouncer,
+}
+
+impl Bouncer {
+    /// A pool of `max` connections to the test database through PgBouncer.
+    fn pool(&self, max: u32) -> PgPool {
+        PgPoolOptions::new()
+            .max_connections(max)
+            .connect_lazy_with(self.options.clone())
+    }
+}
+
+/// Counts its runs per job id.
+#[derive(Serialize, Deserialize)]
+struct Counted {
+    n: u32,
+}
+
+type Runs = Arc<Mutex<HashMap<i64, u32>>>;
+
+impl Job for Counted {
+    const KIND: &'static str = "counted";
+
+    async fn run(self, ctx: JobContext) -> Result<(), JobError> {
+        let runs = ctx.data::<Runs>().expect("runs map");
+        *runs.lock().unwrap().entry(ctx.id().0).or_default() += 1;
+        Ok(())
+    }
+}
+
+/// Lines the worker logged at WARN or above that report a failed statement.
+fn failed_statements() -> Vec<String> {
+    logs::take()
+        .into_iter()
+        .filter(|line| logs::is_defect(line) || line.contains("prepared statement"))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_worker_drains_through_pgbouncer_in_transaction_mode() {
+    logs::install();
+    let db = test_db().await;
+    let Some(bouncer) = bouncer(&db).await else {
+        return;
+    };
+    let pool = bouncer.pool(40);
+    let through = DbPool::pgbouncer(pool.clone());
+
+    // Rust enqueue through PgBouncer: one batch, and single jobs from many clients at once.
+    const BATCH: u32 = 3000;
+    const SINGLE: u32 = 200;
+    let batch: Vec<Counted> = (0..BATCH).map(|n| Counted { n }).collect();
+    let mut ids = skiplock::enqueue_many(&through, &batch, Default::default())
+        .await
+        .expect("enqueue a batch through PgBouncer");
+    let singles = (0..SINGLE).map(|n| {
+        let through = through.clone();
+        tokio::spawn(async move { skiplock::enqueue(&through, &Counted { n: BATCH + n }).await })
+    });
+    for single in singles {
+        ids.push(
+            single
+                .await
+                .unwrap()
+                .expect("enqueue one job through PgBouncer"),
+        );
+    }
+    // Inside the application's own transactions: sqlx names and caches the enqueue
+    // statement on the connection, so it is closed before COMMIT (docs/operating.md).
+    const IN_TRANSACTION: u32 = 20;
+    let in_transactions = (0..IN_TRANSACTION).map(|n| {
+        let pool = pool.clone();
+        tokio::spawn(async move {
+            let mut tx = pool.begin().await.expect("begin through PgBouncer");
+            let job = Counted {
+                n: BATCH + SINGLE + n,
+            };
+            let id = skiplock::enqueue(&mut *tx, &job)
+                .await
+                .expect("enqueue in a transaction through PgBouncer");
+            sqlx::Connection::clear_cached_statements(&mut *tx)
+                .await
+                .expect("close the named statements");
+            tx.commit().await.expect("commit through PgBouncer");
+            id
+        })
+    });
+    for job in in_transactions {
+        ids.push(job.await.unwrap());
+    }
+    let total = (BATCH + SINGLE + IN_TRANSACTION) as usize;
+    assert_eq!(ids.len(), total);
+
+    // Concurrency far above PgBouncer's server pool; short heartbeats so that beats run
+    // through PgBouncer during the drain too.
+    let runs: Runs = Arc::default();
+    let summary = Worker::builder(pool)
+        .pgbouncer(true)
+        .register::<Counted>()
+        .concurrency(64)
+        .heartbeat(Duration::from_millis(50), Duration::from_secs(30))
+        .poll_interval(Duration::from_millis(100))
+        .data(runs.clone())
+        .exit_when_idle(true)
+        .build()
+        .unwrap()
+        .run()
+        .await
+        .expect("the worker runs through PgBouncer");
+
+    assert_eq!(summary.succeeded as usize, total, "{summary:?}");
+    assert_eq!(
+        summary.failed + summary.lost + summary.released,
+        0,
+        "{summary:?}"
+    );
+    let runs = runs.lock().unwrap().clone();
+    for id in &ids {
+        assert_eq!(
+            runs.get(&id.0),
+            Some(&1),
+            "job {} ran {:?} times",
+            id.0,
+            runs.get(&id.0)
+        );
+    }
+    assert_eq!(runs.len(), total);
+    let succeeded: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM skiplock.jobs WHERE state = 'succeeded'")
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+    assert_eq!(succeeded as usize, total);
+    let failed = failed_statements();
+    assert!(
+        failed.is_empty(),
+        "statements failed through PgBouncer: {failed:#?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_behind_pgbouncer_listens_on_its_direct_url() {
+    let db = test_db().await;
+    let Some(bouncer) = bouncer(&db).await else {
+        return;
+    };
+    let pool = bouncer.pool(8);
+    let direct: PgConnectOptions = db.url().parse().unwrap();
+    // Polling once an hour: only a notification can start the job in time.
+    let worker = Worker::builder(pool.clone())
+        .pgbouncer(true)
+        .listen_options(direct)
+        .register::<Counted>()
+        .poll_interval(Duration::from_secs(3600))
+        .data(Runs::default())
+        .build()
+        .unwrap();
+    let mut events = worker.subscribe();
+    let stop = worker.shutdown_handle();
+    let running = tokio::spawn(worker.run());
+    let id = skiplock::enqueue(&DbPool::pgbouncer(pool), &Counted { n: 1 })
+        .await
+        .unwrap();
+    let event = tokio::time::timeout(Duration::from_secs(30), events.recv())
+        .await
+        .expect("the job was not run: no notification reached the worker")
+        .expect("event stream");
+    assert_eq!(event.id, id);
+    stop.shutdown();
+    running.await.unwrap().expect("worker ends cleanly");
+}
+
+/// `skiplock ARGS… --pgbouncer` on `url`, with its stdout; fails the test when it fails.
+async fn cli(url: &str, args: &[&str]) -> String {
+    let output = common::skiplock_at(url, args, "warn", &[("SKIPLOCK_PGBOUNCER", "1")]).await;
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        output.status.success(),
+        "skiplock {args:?} failed: {stderr}"
+    );
+    assert!(
+        !stderr.contains("prepared statement") && !stderr.contains("WARN"),
+        "skiplock {args:?} warned: {stderr}"
+    );
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+async fn state_of(db: &TestDb, id: &str) -> String {
+    sqlx::query_scalar("SELECT state::text FROM skiplock.jobs WHERE id = $1")
+        .bind(id.trim().parse::<i64>().unwrap())
+        .fetch_one(&db.pool)
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn the_cli_runs_through_pgbouncer() {
+    let db = test_db().await;
+    let Some(bouncer) = bouncer(&db).await else {
+        return;
+    };
+    let url = bouncer.url.clone();
+    cli(&url, &["migrate"]).await;
+
+    let file = tempfile::NamedTempFile::new().unwrap();
+    let lines: String = (0..2000)
+        .map(|n| format!("{{\"kind\":\"noop\",\"args\":{{\"n\":{n}}}}}\n"))
+        .collect();
+    std::fs::write(file.path(), lines).unwrap();
+    // Twice: the second run may land on the server connection of the first.
+    for _ in 0..2 {
+        cli(&url, &["enqueue", "--file", file.path().to_str().unwrap()]).await;
+    }
+    for _ in 0..10 {
+        cli(&url, &["enqueue", "noop"]).await;
+    }
+    let later = cli(&url, &["enqueue", "noop", "--in", "1h"]).await;
+    let other = cli(&url, &["enqueue", "noop", "--in", "1h"]).await;
+    cli(
+        &url,
+        &[
+            "work",
+            "--kinds",
+            "noop",
+            "--exit-when-idle",
+            "--concurrency",
+            "32",
+            "--max-connections",
+            "8",
+        ],
+    )
+    .await;
+    let succeeded: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM skiplock.jobs WHERE state = 'succeeded'")
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+    assert_eq!(succeeded, 4010);
+
+    cli(&url, &["cancel", later.trim()]).await;
+    assert_eq!(state_of(&db, &later).await, "cancelled");
+    cli(&url, &["retry", later.trim()]).await;
+    assert_eq!(state_of(&db, &later).await, "queued");
+    cli(&url, &["retry", other.trim()]).await;
+    let stats: serde_json::Value =
+        serde_json::from_str(&cli(&url, &["stats", "--json"]).await).unwrap();
+    assert_eq!(stats["queues"][0]["succeeded_last_hour"], 4010, "{stats}");
+    cli(&url, &["jobs", "--state", "queued"]).await;
+}
+
+#[tokio::test]
+async fn the_dashboard_answers_through_pgbouncer() {
+    let db = test_db().await;
+    let Some(bouncer) = bouncer(&db).await else {
+        return;
+    };
+    skiplock::enqueue_raw(
+        &DbPool::pgbouncer(bouncer.pool(2)),
+        &[NewJob::new("noop", serde_json::json!({}))],
+    )
+    .await
+    .unwrap();
+    let dashboard = Dashboard::start_at(&bouncer.url.clone(), &["--pgbouncer"]).await;
+    for path in ["/", "/jobs?state=queued", "/history", "/api/v1/stats"] {
+        let response = dashboard.get(path).await;
+        let status = response.status();
+        let body = response.text().await.unwrap();
+        assert!(status.is_success(), "GET {path}: {status}: {body}");
+        if path == "/" {
+            assert!(
+                body.contains("noop"),
+                "the overview shows the queued job: {body}"
+            );
+        }
+    }
+}

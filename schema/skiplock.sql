@@ -377,6 +377,36 @@ $$;
 COMMENT ON FUNCTION skiplock.enqueue_job(kind text, args jsonb, queue text, priority integer, scheduled_at timestamp with time zone, max_attempts integer, ordering_key text, unique_key text, on_conflict text, depends_on bigint[]) IS 'As skiplock.enqueue, and says what it did: the job''s id with inserted, or, for a unique_key already pending, that job''s id with skipped, replaced or merged. Example: SELECT * FROM skiplock.enqueue_job(''send_email'', ''{"to": "a@example.com"}'', unique_key => ''welcome-42'');';
 
 --
+-- Name: error_time(jsonb); Type: FUNCTION; Schema: skiplock; Owner: -
+--
+
+CREATE FUNCTION skiplock.error_time(entry jsonb) RETURNS timestamp with time zone
+    LANGUAGE plpgsql STABLE
+    AS $$
+DECLARE
+    at text := CASE WHEN jsonb_typeof(entry) = 'object' THEN entry ->> 'at' END;
+    t timestamptz;
+BEGIN
+    IF at IS NULL THEN
+        RETURN NULL;
+    END IF;
+    BEGIN
+        t := at::timestamptz;
+    EXCEPTION WHEN data_exception THEN
+        -- invalid_datetime_format, datetime_field_overflow and the rest of class 22.
+        RETURN NULL;
+    END;
+    RETURN CASE WHEN isfinite(t) THEN t END;
+END;
+$$;
+
+--
+-- Name: FUNCTION error_time(entry jsonb); Type: COMMENT; Schema: skiplock; Owner: -
+--
+
+COMMENT ON FUNCTION skiplock.error_time(entry jsonb) IS 'The time (`at`) of an entry of skiplock.jobs.errors, or NULL when it has no valid, finite one: statements over many rows read it with this so that one entry written by hand cannot fail them.';
+
+--
 -- Name: fold_into_key_holder(bigint); Type: FUNCTION; Schema: skiplock; Owner: -
 --
 

@@ -389,3 +389,106 @@ async fn a_retried_child_of_a_pruned_dead_parent_does_not_run() {
         .unwrap();
     assert_eq!(reason, format!("parent job {parent} ended dead"));
 }
+
+/// A `running` row whose `heartbeat_at` was written by hand far in the future (a year on)
+/// is taken back like a stale one, with a reason saying so, and runs: heartbeats use the
+/// database clock, so no live claim can be there, and waiting for it would keep the job
+/// `running` for a year.
+#[tokio::test]
+async fn a_heartbeat_written_in_the_future_is_taken_back() {
+    let db = test_db().await;
+    let pool = &db.pool;
+    let id = skiplock::enqueue_raw(pool, &[NewJob::new("record", json!({ "n": 1 }))])
+        .await
+        .unwrap()[0]
+        .0;
+    sqlx::query(
+        "UPDATE skiplock.jobs
+         SET state = 'running', attempt = 1, claim_token = gen_random_uuid(),
+             claimed_by = 'ghost', claimed_at = now(),
+             heartbeat_at = now() + interval '1 year'
+         WHERE id = $1",
+    )
+    .bind(id)
+    .execute(pool)
+    .await
+    .unwrap();
+    let recorder = Recorder::default();
+    let worker = fast_worker(pool, &recorder).build().unwrap();
+    let stop = worker.shutdown_handle();
+    let run = tokio::spawn(worker.run());
+    wait_for("the job to be taken back and run", PATIENCE, || async {
+        state_of(pool, id).await == JobState::Succeeded
+    })
+    .await;
+    stop.shutdown();
+    run.await.unwrap().unwrap();
+    let first_error: String =
+        sqlx::query_scalar("SELECT errors -> 0 ->> 'message' FROM skiplock.jobs WHERE id = $1")
+            .bind(id)
+            .fetch_one(pool)
+            .await
+            .unwrap();
+    assert!(
+        first_error.contains(
+            "of ghost is in the future by the database clock (written by hand?); claim taken back"
+        ),
+        "{first_error}"
+    );
+    assert_eq!(recorder.runs()[&id], vec![2]);
+}
+
+/// `errors` entries written by hand whose `at` is not a time ('soon', February 30th, a
+/// number, an entry that is not an object), and an `errors` that is not a list, stop
+/// neither the dashboard's throughput (its chart) nor the pruner's history rollup: both
+/// count the entries they can place in time and skip the rest.
+#[tokio::test]
+async fn bad_error_entries_stop_neither_the_throughput_nor_the_pruner() {
+    let db = test_db().await;
+    let pool = &db.pool;
+    let ids = skiplock::enqueue_raw(
+        pool,
+        &[
+            NewJob::new("record", json!({ "n": 1 })),
+            NewJob::new("record", json!({ "n": 2 })),
+        ],
+    )
+    .await
+    .unwrap();
+    sqlx::query(
+        "UPDATE skiplock.jobs
+         SET state = 'dead', attempt = 4, finished_at = now(), last_error = 'by hand',
+             errors = CASE WHEN id = $1
+                 THEN jsonb_build_array(
+                     jsonb_build_object('attempt', 1, 'at', now(), 'message', 'a real one'),
+                     '{\"attempt\": 2, \"at\": \"soon\", \"message\": \"x\"}'::jsonb,
+                     '{\"attempt\": 3, \"at\": \"2026-02-30T00:00:00Z\", \"message\": \"x\"}'::jsonb,
+                     '5'::jsonb)
+                 ELSE '{\"not\": \"a list\"}'::jsonb END
+         WHERE id = ANY($2)",
+    )
+    .bind(ids[0].0)
+    .bind(ids.iter().map(|id| id.0).collect::<Vec<_>>())
+    .execute(pool)
+    .await
+    .unwrap();
+    let since = chrono::Utc::now().timestamp() - 3600;
+    let throughput = skiplock::admin::dashboard_throughput(pool, since)
+        .await
+        .expect("the throughput reads past the bad entries");
+    let failed: i64 = throughput.failed.0.iter().map(|(_, n)| n).sum();
+    assert_eq!(failed, 1, "only the entry with a real time counts");
+
+    let pruned = skiplock::admin::jobs_prune_finished_rolled_up(pool, 0, 0, 0, 100)
+        .await
+        .expect("the pruner rolls up past the bad entries");
+    assert_eq!(pruned, 2);
+    let (dead, failures): (i64, i64) = sqlx::query_as(
+        "SELECT coalesce(sum(dead), 0)::bigint, coalesce(sum(failed), 0)::bigint
+         FROM skiplock.job_history",
+    )
+    .fetch_one(pool)
+    .await
+    .unwrap();
+    assert_eq!((dead, failures), (2, 1));
+}

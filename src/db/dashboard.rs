@@ -246,16 +246,17 @@ pub async fn dashboard_throughput(db: impl PgExecutor<'_>, since: i64) -> sqlx::
              GROUP BY 1
          ),
          failed AS (
-             SELECT floor(extract(epoch FROM (e ->> 'at')::timestamptz))::bigint AS second,
+             SELECT floor(extract(epoch FROM skiplock.error_time(e)))::bigint AS second,
                     count(*) AS n
-             FROM skiplock.jobs j, jsonb_array_elements(j.errors) e
+             FROM skiplock.jobs j,
+                  jsonb_array_elements(CASE WHEN jsonb_typeof(j.errors) = 'array'
+                                            THEN j.errors ELSE '[]' END) e
              WHERE ((j.state IN ('succeeded', 'dead', 'cancelled')
                      AND j.finished_at > to_timestamp($1))
                     OR (j.state = 'running' AND j.heartbeat_at > to_timestamp($1))
                     OR (j.state = 'queued' AND j.last_error IS NOT NULL
                         AND j.scheduled_at > to_timestamp($1)))
-               AND (e ->> 'at')::timestamptz > to_timestamp($1)
-               AND isfinite((e ->> 'at')::timestamptz)
+               AND skiplock.error_time(e) > to_timestamp($1)
              GROUP BY 1
          )
          SELECT floor(extract(epoch FROM now()))::bigint AS now,

@@ -93,11 +93,14 @@ macro_rules! history_of {
              ) t
              GROUP BY 1, 2, 3
              UNION ALL
-             SELECT to_timestamp(floor(date_part('epoch', (e ->> 'at')::timestamptz) / 3600) * 3600),
+             SELECT to_timestamp(floor(date_part('epoch', skiplock.error_time(e)) / 3600) * 3600),
                     j.queue, j.kind,
                     0, count(*), 0, 0, 0, 0, 0, 0, '{}'::bigint[]
-             FROM ", $from, " j, jsonb_array_elements(j.errors) e
-             WHERE j.finished_at IS NOT NULL AND j.errors <> '[]' AND e ? 'at' ", $filter, "
+             FROM ", $from, " j,
+                  jsonb_array_elements(CASE WHEN jsonb_typeof(j.errors) = 'array'
+                                            THEN j.errors ELSE '[]' END) e
+             WHERE j.finished_at IS NOT NULL AND j.errors <> '[]'
+               AND skiplock.error_time(e) IS NOT NULL ", $filter, "
              GROUP BY 1, 2, 3"
         )
     };

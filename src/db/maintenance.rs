@@ -30,7 +30,9 @@ pub struct ReapedJob {
 
 /// Returns up to `limit` running jobs whose heartbeat is older than `stale_after_ms` (by
 /// the database clock) to `queued` with the default backoff, or to `dead` when their
-/// attempts are exhausted.
+/// attempts are exhausted. A heartbeat more than `stale_after_ms` in the future counts as
+/// stale too: heartbeats are written with the database clock, so only a hand-written
+/// `heartbeat_at` can be there, and such a job would otherwise stay `running` for good.
 ///
 /// `SKIP LOCKED` lets every worker run this at once: a row being completed right now is
 /// locked by its completer and skipped, and a row completed after our snapshot fails the
@@ -66,15 +68,20 @@ async fn jobs_reap_stale_matching(
         "WITH stale AS (
              SELECT id FROM skiplock.jobs
              WHERE state = 'running'
-               AND heartbeat_at < now() - $1 * interval '1 millisecond'
+               AND (heartbeat_at < now() - $1 * interval '1 millisecond'
+                    OR heartbeat_at > now() + $1 * interval '1 millisecond')
                AND ($3::bigint IS NULL OR id = $3)
              ORDER BY heartbeat_at
              LIMIT $2
              FOR UPDATE SKIP LOCKED
          ), due AS (
              SELECT j.id, j.attempt, j.unique_key,
-                    format('no heartbeat from %s for over %s ms; claim taken back',
-                           coalesce(j.claimed_by, 'unknown worker'), $1) AS message,
+                    CASE WHEN j.heartbeat_at > now()
+                        THEN format('heartbeat_at %s of %s is in the future by the database clock (written by hand?); claim taken back',
+                                    j.heartbeat_at, coalesce(j.claimed_by, 'unknown worker'))
+                        ELSE format('no heartbeat from %s for over %s ms; claim taken back',
+                                    coalesce(j.claimed_by, 'unknown worker'), $1)
+                    END AS message,
                     CASE WHEN j.attempt >= j.max_attempts THEN 'dead' ELSE 'queued' END
                         ::skiplock.job_state AS next_state
              FROM skiplock.jobs j JOIN stale USING (id)
@@ -105,7 +112,8 @@ async fn jobs_reap_stale_matching(
     .await
 }
 
-/// Claims of running jobs whose heartbeat is older than `stale_after_ms`, oldest first,
+/// Claims of running jobs whose heartbeat is older than `stale_after_ms` (or as far in the
+/// future, see [`jobs_reap_stale`]), oldest first,
 /// without taking them: the reaper lists them to reap one at a time when a batch failed.
 pub async fn jobs_list_stale(
     db: impl PgExecutor<'_>,
@@ -114,7 +122,9 @@ pub async fn jobs_list_stale(
 ) -> sqlx::Result<Vec<(i64, Uuid)>> {
     sqlx::query_as(
         "SELECT id, claim_token FROM skiplock.jobs
-         WHERE state = 'running' AND heartbeat_at < now() - $1 * interval '1 millisecond'
+         WHERE state = 'running'
+           AND (heartbeat_at < now() - $1 * interval '1 millisecond'
+                OR heartbeat_at > now() + $1 * interval '1 millisecond')
          ORDER BY heartbeat_at
          LIMIT $2",
     )

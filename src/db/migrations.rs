@@ -48,6 +48,11 @@ const MIGRATIONS: &[Migration] = &[
         name: "0004_enqueue_outcome.sql",
         sql: include_str!("../../migrations/0004_enqueue_outcome.sql"),
     },
+    Migration {
+        version: 5,
+        name: "0005_error_time.sql",
+        sql: include_str!("../../migrations/0005_error_time.sql"),
+    },
 ];
 
 /// What the ledger names version 1 in a database migrated by a development build from

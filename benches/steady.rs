@@ -9,6 +9,13 @@
 //! transaction start times) as p50/p99/max overall and p99 per minute, claim statements,
 //! the claim index's size and the table's dead tuples at the end.
 //!
+//! A second table gives each phase's footprint per 1,000,000 jobs processed: the table's
+//! and its indexes' size, live and dead tuples, and the autovacuum passes, read at the end
+//! of the phase. Every job succeeded and stays until the pruner's retention (1 day by
+//! default) has passed, so the live rows are what the finished-row retention keeps; with
+//! autovacuum on (a private server with defaults, `benches/with-private-server.sh`), the
+//! dead tuples are what vacuum has not reclaimed yet.
+//!
 //! `cargo bench --bench steady -- --quick` (`--only clean` or `--only held` for one phase).
 
 mod support;
@@ -55,6 +62,17 @@ async fn main() {
         Some(other) => panic!("--only {other}: expected clean or held"),
         None => &[false, true],
     };
+    let mut footprint = Table::new(&[
+        "phase",
+        "jobs processed",
+        "table MB",
+        "indexes MB",
+        "live tuples",
+        "dead tuples",
+        "autovacuums",
+        "per 1M jobs: table + indexes MB",
+        "per 1M jobs: dead tuples",
+    ]);
     for &hold in phases {
         let phase = if hold { "snapshot held" } else { "clean" };
         progress(format!(
@@ -62,11 +80,16 @@ async fn main() {
             thousands(per_sec as i64)
         ));
         db.reset().await;
-        table.row(run_phase(&db, phase, hold, per_sec, Duration::from_secs(secs)).await);
+        let (row, sizes) = run_phase(&db, phase, hold, per_sec, Duration::from_secs(secs)).await;
+        table.row(row);
+        footprint.row(sizes);
     }
     println!("### Steady producer into one worker (default settings)");
     println!();
     table.print();
+    println!("### Footprint at the end of each phase, and per 1,000,000 jobs processed");
+    println!();
+    footprint.print();
     println!(
         "Targets (issue 13): with a snapshot held, the worker keeps up and claim p99 stays \
          within 2x of the clean run's (here: the pickup wait, which contains the claim)."
@@ -82,7 +105,7 @@ async fn run_phase(
     hold: bool,
     per_sec: f64,
     length: Duration,
-) -> Vec<String> {
+) -> (Vec<String>, Vec<String>) {
     let held = if hold {
         Some(support::hold_snapshot(db).await)
     } else {
@@ -128,12 +151,15 @@ async fn run_phase(
     let index_bytes = db
         .scalar_i64("SELECT pg_relation_size('skiplock.jobs_claim_idx')")
         .await;
-    let dead = db
-        .scalar_i64(
-            "SELECT n_dead_tup FROM pg_stat_user_tables \
-             WHERE schemaname = 'skiplock' AND relname = 'jobs'",
+    let (table_bytes, index_bytes_all, live, dead, autovacuums): (i64, i64, i64, i64, i64) =
+        sqlx::query_as(
+            "SELECT pg_table_size('skiplock.jobs'), pg_indexes_size('skiplock.jobs'),
+                    n_live_tup, n_dead_tup, autovacuum_count
+             FROM pg_stat_user_tables WHERE schemaname = 'skiplock' AND relname = 'jobs'",
         )
-        .await;
+        .fetch_one(&db.pool)
+        .await
+        .expect("footprint");
     worker.stop().await;
     db.wait_workers_gone().await;
     if let Some(held) = held {
@@ -162,7 +188,22 @@ async fn run_phase(
     .await
     .expect("waits by minute");
     let inserted = inserted.load(Ordering::Relaxed);
-    vec![
+    let per_million = |n: f64| n * 1e6 / (drained.max(1) as f64);
+    let sizes = vec![
+        phase.to_owned(),
+        thousands(drained),
+        format!("{:.1}", table_bytes as f64 / 1e6),
+        format!("{:.1}", index_bytes_all as f64 / 1e6),
+        thousands(live),
+        thousands(dead),
+        autovacuums.to_string(),
+        format!(
+            "{:.0}",
+            per_million((table_bytes + index_bytes_all) as f64) / 1e6
+        ),
+        thousands(per_million(dead as f64) as i64),
+    ];
+    let row = vec![
         phase.to_owned(),
         format!("{elapsed:.0}"),
         rate(inserted as f64 / elapsed),
@@ -179,5 +220,6 @@ async fn run_phase(
         thousands(claims),
         format!("{:.1} MB", index_bytes as f64 / 1e6),
         thousands(dead),
-    ]
+    ];
+    (row, sizes)
 }

@@ -10,25 +10,24 @@
 
 use std::sync::Arc;
 
-use tokio_util::sync::CancellationToken;
-
 use crate::DbPool;
 use crate::db::maintenance::{jobs_advance_lanes, jobs_settle_dependants, jobs_settle_waiting};
 use crate::error::is_transient_sqlx;
-use crate::worker::{Shared, db_retry_delay, sleep_jittered};
+use crate::maintenance::Maintenance;
+use crate::pacing::{db_retry_delay, sleep_jittered};
 
 /// Sweeps every `reap_interval` (jittered) until `stop`.
-pub(crate) async fn sweep(shared: Arc<Shared>, stop: CancellationToken) {
+pub(crate) async fn sweep(context: Arc<Maintenance>) {
     loop {
         tokio::select! {
-            () = stop.cancelled() => return,
-            () = sleep_jittered(shared.config.reap_interval) => {}
+            () = context.stop.cancelled() => return,
+            () = sleep_jittered(context.reap_interval) => {}
         }
-        match jobs_settle_waiting(&shared.pool).await {
+        match jobs_settle_waiting(&context.pool).await {
             Ok(0) => {}
             Ok(moved) => tracing::debug!(moved, "settled waiting jobs whose parents finished"),
             Err(e) => {
-                crate::worker::metrics::maintenance_failed("dependencies");
+                crate::metrics::maintenance_failed("dependencies");
                 tracing::warn!(error = %e, "dependency sweep failed; will retry");
             }
         }

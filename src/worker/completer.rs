@@ -28,7 +28,7 @@ use uuid::Uuid;
 use super::claims::ClaimKey;
 use super::events::{JobEvent, JobEventOutcome};
 use super::executor::{Finished, Outcome};
-use super::{Shared, db_retry_delay, schema_mismatch, stop_if_schema_outgrown};
+use super::{Shared, schema_mismatch, stop_if_schema_outgrown};
 use crate::db::jobs::{
     FailAction, FailBatch, SavedJob, jobs_abandon_many, jobs_complete_many, jobs_completed_by,
     jobs_fail_many, jobs_failed_by, jobs_release_many, jobs_released_by,
@@ -36,6 +36,7 @@ use crate::db::jobs::{
 use crate::error::{describe_sqlx, is_transient_sqlx};
 use crate::job::{Fate, JobState};
 use crate::maintenance::dependencies;
+use crate::pacing::db_retry_delay;
 
 /// Attempts at one write once the worker is shutting down hard.
 const WRITE_ATTEMPTS_AFTER_HARD_STOP: u32 = 3;

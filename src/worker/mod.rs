@@ -42,7 +42,9 @@ use crate::DbPool;
 use crate::cron::CronSchedule;
 use crate::error::{Error, Result};
 use crate::job::{DataMap, Job, QUEUE_DEFAULT};
-use crate::maintenance::{cron, dependencies, pruner, reaper};
+use crate::maintenance::{self, Maintenance};
+
+pub use crate::maintenance::pruner::Retention;
 
 use claims::HeldClaims;
 use handler::{Handler, TypedHandler};
@@ -75,29 +77,6 @@ pub const PREFETCH_MAX_DEFAULT: usize = 2000;
 /// are claimed in large batches and a claimed job waits about this long at most before
 /// it starts. 100 ms covers a claim round trip many times over.
 pub const PREFETCH_HORIZON: Duration = Duration::from_millis(100);
-
-/// How long finished jobs stay in `skiplock.jobs` before the pruner deletes them.
-/// Zero deletes them at the pruner's next pass.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Retention {
-    /// For `succeeded` jobs. Default one day.
-    pub succeeded: Duration,
-    /// For `cancelled` jobs. Default one day.
-    pub cancelled: Duration,
-    /// For `dead` jobs. Default 14 days.
-    pub dead: Duration,
-}
-
-impl Default for Retention {
-    fn default() -> Self {
-        const DAY: Duration = Duration::from_secs(24 * 3600);
-        Self {
-            succeeded: DAY,
-            cancelled: DAY,
-            dead: DAY * 14,
-        }
-    }
-}
 
 /// Everything a worker can be told. Build it with [`Worker::builder`].
 #[derive(Debug, Clone)]
@@ -581,7 +560,7 @@ pub(crate) struct QueueGroup {
     /// Claims of this group whose reply was lost, until their jobs are released.
     pub(crate) lost_claims: producer::LostClaims,
     /// The queue's per-job metrics.
-    pub(crate) series: metrics::JobSeries,
+    pub(crate) series: crate::metrics::JobSeries,
 }
 
 impl QueueGroup {
@@ -593,7 +572,7 @@ impl QueueGroup {
         member: usize,
     ) -> Self {
         Self {
-            series: metrics::JobSeries::new(&queue),
+            series: crate::metrics::JobSeries::new(&queue),
             queues: vec![queue],
             slots,
             member,
@@ -782,20 +761,20 @@ impl Worker {
         let tasks = TaskTracker::new();
         tasks.spawn(listener::listen(shared.clone(), background.clone()));
         tasks.spawn(heartbeat::beat(shared.clone(), background.clone()));
-        tasks.spawn(reaper::reap(shared.clone(), background.clone()));
-        tasks.spawn(dependencies::sweep(shared.clone(), background.clone()));
-        if let Some(interval) = config.cron_interval {
-            let defined = config.cron_schedules.clone();
-            tasks.spawn(cron::schedule(
-                shared.clone(),
-                defined,
-                interval,
-                background.clone(),
-            ));
-        }
-        if let Some(interval) = config.prune_interval {
-            tasks.spawn(pruner::prune(shared.clone(), interval, background.clone()));
-        }
+        maintenance::spawn(
+            Maintenance {
+                pool: shared.pool.clone(),
+                reap_interval: config.reap_interval,
+                stale_after: config.stale_after,
+                batch_max: config.batch_max,
+                retention: config.retention,
+                stop: background.clone(),
+            },
+            &tasks,
+            config.cron_schedules.clone(),
+            config.cron_interval,
+            config.prune_interval,
+        );
 
         let (outcome_tx, outcome_rx) = mpsc::unbounded_channel();
         let completer = tokio::spawn(completer::complete(shared.clone(), outcome_rx));
@@ -930,16 +909,4 @@ async fn join_logged(name: &str, handle: tokio::task::JoinHandle<()>) {
     if let Err(e) = handle.await {
         tracing::error!(task = name, error = %e, "worker task ended abnormally");
     }
-}
-
-/// Sleeps for `base` scaled by a random factor in [0.8, 1.2), so that many workers started
-/// together do not poll in lockstep.
-pub(crate) async fn sleep_jittered(base: Duration) {
-    tokio::time::sleep(base.mul_f64(0.8 + fastrand::f64() * 0.4)).await;
-}
-
-/// Delay before retrying a failed database call for the `failures`-th time in a row:
-/// 100 ms doubling up to 5 s.
-pub(crate) fn db_retry_delay(failures: u32) -> Duration {
-    Duration::from_millis(100u64.saturating_mul(1 << failures.min(6)).min(5_000))
 }

@@ -3,7 +3,7 @@
 //!
 //! They know nothing of the worker's pipeline: the worker builds a [`Maintenance`] context
 //! (the pool, the settings they need, a stop token) and spawns them with [`spawn`]. The
-//! completer calls [`dependencies::move_on`] after saving outcomes; nothing here calls back
+//! completer settles what finished jobs set in motion with [`dependencies::MoveOn`]; nothing here calls back
 //! into the worker.
 
 pub(crate) mod cron;

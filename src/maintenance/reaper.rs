@@ -12,9 +12,8 @@ use crate::db::jobs::jobs_abandon_many;
 use crate::db::maintenance::{ReapedJob, jobs_list_stale, jobs_reap_stale, jobs_reap_stale_one};
 use crate::enqueue::duration_ms;
 use crate::error::{describe_sqlx, is_transient_sqlx};
-use crate::job::JobState;
 use crate::maintenance::Maintenance;
-use crate::maintenance::dependencies::move_on;
+use crate::maintenance::dependencies::MoveOn;
 use crate::pacing::sleep_jittered;
 
 /// Reaps every `reap_interval` (jittered) until `stop`.
@@ -76,16 +75,9 @@ async fn reap_one_by_one(context: &Maintenance, limit: i64) {
                     format!("taken back from a stale claim, but could not be requeued: {reason}");
                 match jobs_abandon_many(&context.pool, &[id], &[token], &message).await {
                     Ok(saved) => {
-                        let parents: Vec<i64> = saved
-                            .iter()
-                            .filter(|j| j.has_dependants)
-                            .map(|j| j.id)
-                            .collect();
-                        let mut lanes: Vec<String> = saved
-                            .iter()
-                            .filter_map(|j| j.ordering_key.clone())
-                            .collect();
-                        move_on(&context.pool, &parents, &mut lanes).await;
+                        let mut move_on = MoveOn::default();
+                        saved.iter().for_each(|job| move_on.note(job));
+                        move_on.run(&context.pool).await;
                     }
                     Err(e) => {
                         tracing::error!(job_id = id, error = %describe_sqlx(&e), "could not mark the stale job dead either")
@@ -107,10 +99,7 @@ async fn follow_up(context: &Maintenance, reaped: &[ReapedJob]) {
             "took back a job whose heartbeat went stale"
         );
     }
-    let finished = || reaped.iter().filter(|job| job.state != JobState::Queued);
-    let parents: Vec<i64> = finished().map(|job| job.id).collect();
-    let mut lanes: Vec<String> = finished()
-        .filter_map(|job| job.ordering_key.clone())
-        .collect();
-    move_on(&context.pool, &parents, &mut lanes).await;
+    let mut move_on = MoveOn::default();
+    reaped.iter().for_each(|job| move_on.note_reaped(job));
+    move_on.run(&context.pool).await;
 }

@@ -20,3 +20,14 @@ pub use crate::db::history::{
 };
 pub use crate::db::jobs::jobs_count_by_state;
 pub use crate::db::queues::queues_paused;
+
+/// The statements of `skiplock demo` (feature `cli`): the plain-SQL enqueue it shows, and
+/// the demo's own database, which it drops only when the demo created it.
+#[cfg(feature = "cli")]
+pub mod demo {
+    pub use crate::db::demo::{
+        DEMO_DATABASE, DEMO_MARK, ENQUEUE_BY_SQL_FUNCTION, database_tables_outside_skiplock,
+        demo_database_comment, demo_database_create, demo_database_drop,
+        jobs_enqueue_by_sql_function,
+    };
+}

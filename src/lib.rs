@@ -76,6 +76,8 @@ mod enqueue;
 mod error;
 mod job;
 mod maintenance;
+mod metrics;
+mod pacing;
 mod pool;
 pub mod retry;
 mod state;

@@ -8,6 +8,9 @@
 //! `postgres://postgres@127.0.0.1:5432/postgres`) and drops it when done.
 #![allow(dead_code)]
 
+#[path = "../../tests/common/scratch_db.rs"]
+mod scratch_db;
+
 use std::fmt::Write as _;
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
@@ -15,7 +18,10 @@ use std::time::{Duration, Instant};
 use skiplock::builtin::Noop;
 use skiplock::{Worker, WorkerSummary};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
-use sqlx::{AssertSqlSafe, Connection, Executor, PgConnection, PgPool};
+use sqlx::{AssertSqlSafe, Connection, PgConnection, PgPool};
+
+pub use scratch_db::with_database;
+use scratch_db::{connect_pool, create_database, drop_database, drop_database_blocking};
 
 /// The server used when `DATABASE_URL` is not set.
 pub const DEFAULT_URL: &str = "postgres://postgres@127.0.0.1:5432/postgres";
@@ -107,20 +113,6 @@ pub fn admin_url() -> String {
     std::env::var("DATABASE_URL").unwrap_or_else(|_| DEFAULT_URL.to_owned())
 }
 
-/// `url` with its database (the path) replaced by `database`.
-pub fn with_database(url: &str, database: &str) -> String {
-    let (scheme, rest) = match url.find("://") {
-        Some(i) => (&url[..i + 3], &url[i + 3..]),
-        None => ("", url),
-    };
-    let (before_query, query) = match rest.find('?') {
-        Some(i) => (&rest[..i], &rest[i..]),
-        None => (rest, ""),
-    };
-    let authority = before_query.split('/').next().unwrap_or(before_query);
-    format!("{scheme}{authority}/{database}{query}")
-}
-
 /// A fresh, migrated database for one bench; dropped by [`BenchDb::drop_database`] or,
 /// failing that, when this value is dropped.
 pub struct BenchDb {
@@ -139,20 +131,9 @@ impl BenchDb {
     pub async fn create(what: &str) -> Self {
         let admin_url = admin_url();
         let name = format!("skiplock_bench_{what}_{:08x}", fastrand::u32(..));
-        let mut admin = PgConnection::connect(&admin_url)
-            .await
-            .unwrap_or_else(|e| panic!("connect to {admin_url}: {e} (set DATABASE_URL)"));
-        admin
-            .execute(AssertSqlSafe(format!("CREATE DATABASE \"{name}\"")))
-            .await
-            .unwrap_or_else(|e| panic!("create database {name}: {e}"));
-        let _ = admin.close().await;
+        create_database(&admin_url, &name).await;
         let url = with_database(&admin_url, &name);
-        let pool = PgPoolOptions::new()
-            .max_connections(4)
-            .connect(&url)
-            .await
-            .unwrap_or_else(|e| panic!("connect to {name}: {e}"));
+        let pool = connect_pool(&url, &name, 4).await;
         let db = Self {
             pool,
             url,
@@ -407,15 +388,7 @@ impl BenchDb {
     /// Drops the database (forcing any leftover connection out).
     pub async fn drop_database(mut self) {
         self.pool.close().await;
-        if let Ok(mut admin) = PgConnection::connect(&self.admin_url).await {
-            let _ = admin
-                .execute(AssertSqlSafe(format!(
-                    "DROP DATABASE IF EXISTS \"{}\" WITH (FORCE)",
-                    self.name
-                )))
-                .await;
-            let _ = admin.close().await;
-        }
+        drop_database(&self.admin_url, &self.name).await;
         progress(format!("dropped database {}", self.name));
         self.dropped = true;
     }
@@ -427,21 +400,7 @@ impl Drop for BenchDb {
         if self.dropped {
             return;
         }
-        let admin_url = self.admin_url.clone();
-        let sql = format!("DROP DATABASE IF EXISTS \"{}\" WITH (FORCE)", self.name);
-        let handle = std::thread::spawn(move || {
-            if let Ok(rt) = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-            {
-                rt.block_on(async move {
-                    if let Ok(mut admin) = PgConnection::connect(&admin_url).await {
-                        let _ = admin.execute(AssertSqlSafe(sql)).await;
-                    }
-                });
-            }
-        });
-        let _ = handle.join();
+        drop_database_blocking(self.admin_url.clone(), self.name.clone());
     }
 }
 

@@ -17,6 +17,7 @@ use anyhow::Context;
 use clap::{Parser, ValueEnum};
 use serde::{Deserialize, Serialize};
 use skiplock::builtin::{Noop, Sleep};
+use skiplock::db::testbed::{testbed_runs_create, testbed_runs_insert};
 use skiplock::{Job, JobContext, JobError, ShutdownHandle, Worker};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 
@@ -150,19 +151,16 @@ async fn record(ctx: &JobContext) -> Result<(), JobError> {
     let identity = ctx
         .data::<Identity>()
         .ok_or_else(|| JobError::permanent("testbed identity missing"))?;
-    sqlx::query(
-        "INSERT INTO public.testbed_runs (job_id, attempt, pid, worker_id, local_clock)
-         VALUES ($1, $2, $3, $4, $5)",
+    testbed_runs_insert(
+        ctx.pool(),
+        ctx.id().0,
+        ctx.attempt(),
+        identity.pid,
+        &identity.worker_id,
+        chrono::Utc::now(),
     )
-    .bind(ctx.id().0)
-    .bind(ctx.attempt())
-    .bind(identity.pid)
-    .bind(&identity.worker_id)
-    .bind(chrono::Utc::now())
-    .execute(ctx.pool())
     .await
-    .map_err(|e| JobError::retry(format!("could not record the run: {e}")))?;
-    Ok(())
+    .map_err(|e| JobError::retry(format!("could not record the run: {e}")))
 }
 
 /// Records its run, sleeps `ms`, succeeds.
@@ -393,47 +391,21 @@ async fn run(args: Args) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// [`create_runs_table`], tried again (20 times, 100 ms apart) when it fails: fault tests
+/// [`testbed_runs_create`], tried again (20 times, 100 ms apart) when it fails: fault tests
 /// kill testbed connections at random, a starting testbed's included.
 async fn create_runs_table_retrying(pool: &sqlx::PgPool) -> anyhow::Result<()> {
     let mut tries = 0;
     loop {
-        match create_runs_table(pool).await {
+        match testbed_runs_create(pool).await {
             Ok(()) => return Ok(()),
             Err(e) if tries < 20 => {
                 tries += 1;
                 eprintln!("testbed: creating testbed_runs failed ({e}); trying again");
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }
-            Err(e) => return Err(e),
+            Err(e) => return Err(e).context("cannot create public.testbed_runs"),
         }
     }
-}
-
-/// Creates `public.testbed_runs` unless it exists; several testbeds may start at once.
-async fn create_runs_table(pool: &sqlx::PgPool) -> anyhow::Result<()> {
-    let mut tx = pool.begin().await?;
-    // "testbed" in ASCII: serialises concurrent creators.
-    sqlx::query("SELECT pg_advisory_xact_lock(x'74657374626564'::bigint)")
-        .execute(&mut *tx)
-        .await?;
-    sqlx::query(
-        "CREATE TABLE IF NOT EXISTS public.testbed_runs (
-             seq         bigserial PRIMARY KEY,
-             job_id      bigint      NOT NULL,
-             attempt     int         NOT NULL,
-             pid         int         NOT NULL,
-             worker_id   text        NOT NULL,
-             local_clock timestamptz NOT NULL,
-             db_clock    timestamptz NOT NULL DEFAULT clock_timestamp()
-         )",
-    )
-    .execute(&mut *tx)
-    .await?;
-    tx.commit()
-        .await
-        .context("cannot create public.testbed_runs")?;
-    Ok(())
 }
 
 /// First SIGINT/SIGTERM: graceful shutdown. Second: release everything now.

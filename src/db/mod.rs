@@ -8,10 +8,14 @@
 pub mod admin;
 pub mod cron;
 pub mod dashboard;
+#[cfg(feature = "cli")]
+pub mod demo;
 pub mod enqueue;
 pub mod history;
 pub mod jobs;
 pub mod maintenance;
 pub mod migrations;
 pub mod queues;
+#[cfg(feature = "testbed")]
+pub mod testbed;
 pub mod timestamp;

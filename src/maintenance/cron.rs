@@ -6,37 +6,34 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use chrono::{DateTime, Utc};
-use tokio_util::sync::CancellationToken;
-
 use crate::cron::{CRON_LATE_TOLERANCE, CronExpression, CronSchedule};
 use crate::db::cron::{
     CronRow, cron_schedules_enabled, cron_schedules_enqueue_slot, cron_schedules_set_error,
     cron_schedules_skip_to, cron_schedules_upsert, db_now,
 };
 use crate::error::{describe_sqlx, is_transient_sqlx};
-use crate::worker::Shared;
+use crate::maintenance::Maintenance;
+use chrono::{DateTime, Utc};
 
 /// Writes the schedules defined in code, then checks for due slots every `interval`.
 pub(crate) async fn schedule(
-    shared: Arc<Shared>,
+    context: Arc<Maintenance>,
     defined: Vec<CronSchedule>,
     interval: Duration,
-    stop: CancellationToken,
 ) {
     for schedule in &defined {
         // Validated when the worker was built.
-        if let Err(e) = cron_schedules_upsert(&shared.pool, &schedule.columns()).await {
+        if let Err(e) = cron_schedules_upsert(&context.pool, &schedule.columns()).await {
             tracing::warn!(schedule = %schedule.name, error = %e, "could not save cron schedule");
         }
     }
     loop {
-        if let Err(e) = tick(&shared).await {
-            crate::worker::metrics::maintenance_failed("cron");
+        if let Err(e) = tick(&context).await {
+            crate::metrics::maintenance_failed("cron");
             tracing::warn!(error = %e, "cron pass failed; will retry");
         }
         tokio::select! {
-            () = stop.cancelled() => return,
+            () = context.stop.cancelled() => return,
             () = tokio::time::sleep(interval) => {}
         }
     }
@@ -46,52 +43,56 @@ pub(crate) async fn schedule(
 /// cannot produce its job (a row written by hand that the jobs table refuses, say with
 /// `max_attempts = 0` or an empty queue) records why in its `last_error` and the pass goes
 /// on with the others.
-async fn tick(shared: &Shared) -> sqlx::Result<()> {
-    let schedules = cron_schedules_enabled(&shared.pool).await?;
+async fn tick(context: &Maintenance) -> sqlx::Result<()> {
+    let schedules = cron_schedules_enabled(&context.pool).await?;
     if schedules.is_empty() {
         return Ok(());
     }
-    let now = db_now(&shared.pool).await?;
+    let now = db_now(&context.pool).await?;
     for schedule in schedules {
-        if let Err(e) = run_schedule(shared, &schedule, now).await {
+        if let Err(e) = run_schedule(context, &schedule, now).await {
             if is_transient_sqlx(&e) {
                 tracing::warn!(schedule = %schedule.name, error = %e, "cron schedule failed; will retry");
                 continue;
             }
-            record_error(shared, &schedule, &describe_sqlx(&e)).await;
+            record_error(context, &schedule, &describe_sqlx(&e)).await;
         }
     }
     Ok(())
 }
 
 /// Enqueues the schedule's due slot, if any.
-async fn run_schedule(shared: &Shared, schedule: &CronRow, now: DateTime<Utc>) -> sqlx::Result<()> {
+async fn run_schedule(
+    context: &Maintenance,
+    schedule: &CronRow,
+    now: DateTime<Utc>,
+) -> sqlx::Result<()> {
     let expression = match CronExpression::parse(&schedule.expression, &schedule.timezone) {
         Ok(expression) => expression,
         Err(e) => {
-            record_error(shared, schedule, &e.to_string()).await;
+            record_error(context, schedule, &e.to_string()).await;
             return Ok(());
         }
     };
     if let Some(slot) = expression.due_slot(schedule.last_slot_at, now) {
-        run_slot(shared, schedule, slot, now).await?;
+        run_slot(context, schedule, slot, now).await?;
     }
     Ok(())
 }
 
 /// Records on the schedule's row why workers cannot use it (logged once per new reason).
-async fn record_error(shared: &Shared, schedule: &CronRow, error: &str) {
+async fn record_error(context: &Maintenance, schedule: &CronRow, error: &str) {
     if schedule.last_error.as_deref() == Some(error) {
         return;
     }
     tracing::warn!(schedule = %schedule.name, error, "cron schedule cannot produce its job; skipping it");
-    if let Err(e) = cron_schedules_set_error(&shared.pool, &schedule.name, error).await {
+    if let Err(e) = cron_schedules_set_error(&context.pool, &schedule.name, error).await {
         tracing::warn!(schedule = %schedule.name, error = %e, "could not record the cron schedule's error");
     }
 }
 
 async fn run_slot(
-    shared: &Shared,
+    context: &Maintenance,
     schedule: &CronRow,
     slot: DateTime<Utc>,
     now: DateTime<Utc>,
@@ -99,9 +100,9 @@ async fn run_slot(
     let late = (now - slot).to_std().unwrap_or_default();
     if schedule.missed == "skip" && late > CRON_LATE_TOLERANCE {
         tracing::info!(schedule = %schedule.name, %slot, "skipping a missed cron slot");
-        return cron_schedules_skip_to(&shared.pool, &schedule.name, slot).await;
+        return cron_schedules_skip_to(&context.pool, &schedule.name, slot).await;
     }
-    if let Some(job_id) = cron_schedules_enqueue_slot(&shared.pool, &schedule.name, slot).await? {
+    if let Some(job_id) = cron_schedules_enqueue_slot(&context.pool, &schedule.name, slot).await? {
         tracing::debug!(schedule = %schedule.name, %slot, job_id, "enqueued cron job");
     }
     Ok(())

@@ -1,4 +1,4 @@
-//! Moving waiting jobs on: the fast path after jobs finish ([`move_on`]) and the sweep
+//! Moving waiting jobs on: the fast path after jobs finish ([`MoveOn`]) and the sweep
 //! that settles what the fast path missed.
 //!
 //! The completer and the reaper settle a finished job's dependants and advance its lane
@@ -10,37 +10,84 @@
 
 use std::sync::Arc;
 
-use tokio_util::sync::CancellationToken;
-
 use crate::DbPool;
-use crate::db::maintenance::{jobs_advance_lanes, jobs_settle_dependants, jobs_settle_waiting};
+use crate::db::jobs::SavedJob;
+use crate::db::maintenance::{
+    ReapedJob, jobs_advance_lanes, jobs_settle_dependants, jobs_settle_waiting,
+};
 use crate::error::is_transient_sqlx;
-use crate::worker::{Shared, db_retry_delay, sleep_jittered};
+use crate::job::JobState;
+use crate::maintenance::Maintenance;
+use crate::pacing::{db_retry_delay, sleep_jittered};
 
 /// Sweeps every `reap_interval` (jittered) until `stop`.
-pub(crate) async fn sweep(shared: Arc<Shared>, stop: CancellationToken) {
+pub(crate) async fn sweep(context: Arc<Maintenance>) {
     loop {
         tokio::select! {
-            () = stop.cancelled() => return,
-            () = sleep_jittered(shared.config.reap_interval) => {}
+            () = context.stop.cancelled() => return,
+            () = sleep_jittered(context.reap_interval) => {}
         }
-        match jobs_settle_waiting(&shared.pool).await {
+        match jobs_settle_waiting(&context.pool).await {
             Ok(0) => {}
             Ok(moved) => tracing::debug!(moved, "settled waiting jobs whose parents finished"),
             Err(e) => {
-                crate::worker::metrics::maintenance_failed("dependencies");
+                crate::metrics::maintenance_failed("dependencies");
                 tracing::warn!(error = %e, "dependency sweep failed; will retry");
             }
         }
     }
 }
 
-/// What jobs that just finished set in motion, for the completer and the reaper: the
-/// waiting dependants of `parents` are queued or cancelled, and the next job of each of
-/// `lanes` becomes its head (promotion notifies the workers). Transient errors are retried
-/// a few times; then the failure is logged, and the periodic [`sweep`] does the same a
-/// little later.
-pub(crate) async fn move_on(pool: &DbPool, parents: &[i64], lanes: &mut Vec<String>) {
+/// What jobs that just finished set in motion, gathered by the completer and the reaper
+/// as they save outcomes, then [`run`](Self::run) once per batch: the waiting dependants
+/// of the parents are queued or cancelled, and the next job of each lane becomes its head.
+#[derive(Default)]
+pub(crate) struct MoveOn {
+    /// Finished jobs that other jobs wait on.
+    parents: Vec<i64>,
+    /// Lanes whose head finished (repeats allowed; removed before the statement).
+    lanes: Vec<String>,
+}
+
+impl MoveOn {
+    /// Notes a job whose outcome was saved. One back in `queued` (a retry, a snooze, a
+    /// release) still holds its lane and its dependants' wait: it sets nothing in motion.
+    pub(crate) fn note(&mut self, job: &SavedJob) {
+        if job.state == JobState::Queued {
+            return;
+        }
+        if let Some(key) = &job.ordering_key {
+            self.lanes.push(key.clone());
+        }
+        if job.has_dependants {
+            self.parents.push(job.id);
+        }
+    }
+
+    /// Notes a job the reaper took back. The reaper does not know whether other jobs wait
+    /// on it, so every finished one is a parent to settle (the statement finds none when
+    /// nothing waits).
+    pub(crate) fn note_reaped(&mut self, job: &ReapedJob) {
+        if job.state == JobState::Queued {
+            return;
+        }
+        if let Some(key) = &job.ordering_key {
+            self.lanes.push(key.clone());
+        }
+        self.parents.push(job.id);
+    }
+
+    /// Settles the dependants and advances the lanes noted.
+    pub(crate) async fn run(mut self, pool: &DbPool) {
+        move_on(pool, &self.parents, &mut self.lanes).await;
+    }
+}
+
+/// The waiting dependants of `parents` are queued or cancelled, and the next job of each
+/// of `lanes` becomes its head (promotion notifies the workers). Transient errors are
+/// retried a few times; then the failure is logged, and the periodic [`sweep`] does the
+/// same a little later.
+async fn move_on(pool: &DbPool, parents: &[i64], lanes: &mut Vec<String>) {
     if !parents.is_empty() {
         retrying("settle the dependants of finished jobs", || {
             jobs_settle_dependants(pool, parents)

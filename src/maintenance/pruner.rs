@@ -13,8 +13,6 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio_util::sync::CancellationToken;
-
 use crate::db::history::{
     HISTORY_RETENTION_DEFAULT, job_history_prune_expired, jobs_delete_rolled_up,
     jobs_prune_finished_rolled_up,
@@ -23,14 +21,39 @@ use crate::db::maintenance::{jobs_delete_finished_unrolled, jobs_list_prunable};
 use crate::enqueue::duration_ms;
 use crate::error::{describe_sqlx, is_transient_sqlx};
 use crate::job::JobId;
-use crate::worker::{Retention, Shared, sleep_jittered};
+use crate::maintenance::Maintenance;
+use crate::pacing::sleep_jittered;
+
+/// How long finished jobs stay in `skiplock.jobs` before the pruner deletes them.
+/// Zero deletes them at the pruner's next pass.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Retention {
+    /// For `succeeded` jobs. Default one day.
+    pub succeeded: Duration,
+    /// For `cancelled` jobs. Default one day.
+    pub cancelled: Duration,
+    /// For `dead` jobs. Default 14 days.
+    pub dead: Duration,
+}
+
+impl Default for Retention {
+    fn default() -> Self {
+        const DAY: Duration = Duration::from_secs(24 * 3600);
+        Self {
+            succeeded: DAY,
+            cancelled: DAY,
+            dead: DAY * 14,
+        }
+    }
+}
 
 /// Rows deleted per statement: small enough that each delete is a short transaction.
 pub(crate) const PRUNE_BATCH: i64 = 1000;
 
 /// Prunes every `interval` (jittered) until `stop`.
-pub(crate) async fn prune(shared: Arc<Shared>, interval: Duration, stop: CancellationToken) {
-    let retention = shared.config.retention;
+pub(crate) async fn prune(context: Arc<Maintenance>, interval: Duration) {
+    let retention = context.retention;
+    let stop = &context.stop;
     loop {
         tokio::select! {
             () = stop.cancelled() => return,
@@ -38,7 +61,7 @@ pub(crate) async fn prune(shared: Arc<Shared>, interval: Duration, stop: Cancell
         }
         loop {
             let pass = jobs_prune_finished_rolled_up(
-                &shared.pool,
+                &context.pool,
                 duration_ms(retention.succeeded),
                 duration_ms(retention.cancelled),
                 duration_ms(retention.dead),
@@ -55,30 +78,30 @@ pub(crate) async fn prune(shared: Arc<Shared>, interval: Duration, stop: Cancell
                     }
                 }
                 Err(e) if is_transient_sqlx(&e) => {
-                    crate::worker::metrics::maintenance_failed("pruner");
+                    crate::metrics::maintenance_failed("pruner");
                     tracing::warn!(error = %e, "pruner pass failed; will retry");
                     break;
                 }
                 Err(e) => {
                     tracing::warn!(error = %describe_sqlx(&e), "pruning a batch failed; pruning its jobs one at a time");
-                    prune_one_by_one(&shared, retention).await;
+                    prune_one_by_one(&context, retention).await;
                     break;
                 }
             }
         }
         if let Err(e) =
-            job_history_prune_expired(&shared.pool, duration_ms(HISTORY_RETENTION_DEFAULT)).await
+            job_history_prune_expired(&context.pool, duration_ms(HISTORY_RETENTION_DEFAULT)).await
         {
-            crate::worker::metrics::maintenance_failed("pruner");
+            crate::metrics::maintenance_failed("pruner");
             tracing::warn!(error = %e, "folding old history failed; will retry");
         }
     }
 }
 
 /// Deletes up to one batch of due jobs, each in its own statement.
-async fn prune_one_by_one(shared: &Shared, retention: Retention) {
+async fn prune_one_by_one(context: &Maintenance, retention: Retention) {
     let due = jobs_list_prunable(
-        &shared.pool,
+        &context.pool,
         duration_ms(retention.succeeded),
         duration_ms(retention.cancelled),
         duration_ms(retention.dead),
@@ -93,7 +116,7 @@ async fn prune_one_by_one(shared: &Shared, retention: Retention) {
         }
     };
     for id in due {
-        match jobs_delete_rolled_up(&shared.pool, JobId(id)).await {
+        match jobs_delete_rolled_up(&context.pool, JobId(id)).await {
             Ok(_) => {}
             Err(e) if is_transient_sqlx(&e) => {
                 tracing::warn!(job_id = id, error = %e, "pruning a job failed; will retry");
@@ -104,7 +127,7 @@ async fn prune_one_by_one(shared: &Shared, retention: Retention) {
                     error = %describe_sqlx(&e),
                     "cannot add a pruned job to the history; deleting it without its numbers"
                 );
-                if let Err(e) = jobs_delete_finished_unrolled(&shared.pool, id).await {
+                if let Err(e) = jobs_delete_finished_unrolled(&context.pool, id).await {
                     tracing::error!(job_id = id, error = %describe_sqlx(&e), "could not prune the job");
                 }
             }

@@ -8,36 +8,33 @@
 
 use std::sync::Arc;
 
-use tokio_util::sync::CancellationToken;
-
 use crate::db::jobs::jobs_abandon_many;
 use crate::db::maintenance::{ReapedJob, jobs_list_stale, jobs_reap_stale, jobs_reap_stale_one};
 use crate::enqueue::duration_ms;
 use crate::error::{describe_sqlx, is_transient_sqlx};
-use crate::job::JobState;
-use crate::maintenance::dependencies::move_on;
-use crate::worker::{Shared, sleep_jittered};
+use crate::maintenance::Maintenance;
+use crate::maintenance::dependencies::MoveOn;
+use crate::pacing::sleep_jittered;
 
 /// Reaps every `reap_interval` (jittered) until `stop`.
-pub(crate) async fn reap(shared: Arc<Shared>, stop: CancellationToken) {
-    let config = &shared.config;
-    let limit = config.batch_max as i64;
+pub(crate) async fn reap(context: Arc<Maintenance>) {
+    let limit = context.batch_max as i64;
     loop {
         tokio::select! {
-            () = stop.cancelled() => return,
-            () = sleep_jittered(config.reap_interval) => {}
+            () = context.stop.cancelled() => return,
+            () = sleep_jittered(context.reap_interval) => {}
         }
         loop {
-            match jobs_reap_stale(&shared.pool, duration_ms(config.stale_after), limit).await {
+            match jobs_reap_stale(&context.pool, duration_ms(context.stale_after), limit).await {
                 Ok(reaped) => {
-                    crate::worker::metrics::reaped(reaped.len());
-                    follow_up(&shared, &reaped).await;
+                    crate::metrics::reaped(reaped.len());
+                    follow_up(&context, &reaped).await;
                     if (reaped.len() as i64) < limit {
                         break;
                     }
                 }
                 Err(e) if is_transient_sqlx(&e) => {
-                    crate::worker::metrics::maintenance_failed("reaper");
+                    crate::metrics::maintenance_failed("reaper");
                     tracing::warn!(error = %e, "reaper pass failed; will retry");
                     break;
                 }
@@ -46,7 +43,7 @@ pub(crate) async fn reap(shared: Arc<Shared>, stop: CancellationToken) {
                         error = %describe_sqlx(&e),
                         "reaping a batch failed; reaping its jobs one at a time"
                     );
-                    reap_one_by_one(&shared, limit).await;
+                    reap_one_by_one(&context, limit).await;
                     break;
                 }
             }
@@ -56,9 +53,9 @@ pub(crate) async fn reap(shared: Arc<Shared>, stop: CancellationToken) {
 
 /// Reaps up to `limit` stale jobs, each in its own statement; a job whose reap fails for
 /// good goes `dead` with the reason.
-async fn reap_one_by_one(shared: &Shared, limit: i64) {
-    let stale_after_ms = duration_ms(shared.config.stale_after);
-    let stale = match jobs_list_stale(&shared.pool, stale_after_ms, limit).await {
+async fn reap_one_by_one(context: &Maintenance, limit: i64) {
+    let stale_after_ms = duration_ms(context.stale_after);
+    let stale = match jobs_list_stale(&context.pool, stale_after_ms, limit).await {
         Ok(stale) => stale,
         Err(e) => {
             tracing::warn!(error = %e, "listing stale jobs failed; will retry");
@@ -66,8 +63,8 @@ async fn reap_one_by_one(shared: &Shared, limit: i64) {
         }
     };
     for (id, token) in stale {
-        match jobs_reap_stale_one(&shared.pool, stale_after_ms, id).await {
-            Ok(reaped) => follow_up(shared, &reaped).await,
+        match jobs_reap_stale_one(&context.pool, stale_after_ms, id).await {
+            Ok(reaped) => follow_up(context, &reaped).await,
             Err(e) if is_transient_sqlx(&e) => {
                 tracing::warn!(job_id = id, error = %e, "reaping a job failed; will retry");
             }
@@ -76,18 +73,11 @@ async fn reap_one_by_one(shared: &Shared, limit: i64) {
                 tracing::error!(job_id = id, error = %reason, "a stale job cannot be requeued; marking it dead with the reason");
                 let message =
                     format!("taken back from a stale claim, but could not be requeued: {reason}");
-                match jobs_abandon_many(&shared.pool, &[id], &[token], &message).await {
+                match jobs_abandon_many(&context.pool, &[id], &[token], &message).await {
                     Ok(saved) => {
-                        let parents: Vec<i64> = saved
-                            .iter()
-                            .filter(|j| j.has_dependants)
-                            .map(|j| j.id)
-                            .collect();
-                        let mut lanes: Vec<String> = saved
-                            .iter()
-                            .filter_map(|j| j.ordering_key.clone())
-                            .collect();
-                        move_on(&shared.pool, &parents, &mut lanes).await;
+                        let mut move_on = MoveOn::default();
+                        saved.iter().for_each(|job| move_on.note(job));
+                        move_on.run(&context.pool).await;
                     }
                     Err(e) => {
                         tracing::error!(job_id = id, error = %describe_sqlx(&e), "could not mark the stale job dead either")
@@ -100,7 +90,7 @@ async fn reap_one_by_one(shared: &Shared, limit: i64) {
 
 /// Logs what was reaped and moves on the lanes and dependants of jobs that finished
 /// (dead, or cancelled because a pending job took their unique key).
-async fn follow_up(shared: &Shared, reaped: &[ReapedJob]) {
+async fn follow_up(context: &Maintenance, reaped: &[ReapedJob]) {
     for job in reaped {
         tracing::warn!(
             job_id = job.id,
@@ -109,10 +99,7 @@ async fn follow_up(shared: &Shared, reaped: &[ReapedJob]) {
             "took back a job whose heartbeat went stale"
         );
     }
-    let finished = || reaped.iter().filter(|job| job.state != JobState::Queued);
-    let parents: Vec<i64> = finished().map(|job| job.id).collect();
-    let mut lanes: Vec<String> = finished()
-        .filter_map(|job| job.ordering_key.clone())
-        .collect();
-    move_on(&shared.pool, &parents, &mut lanes).await;
+    let mut move_on = MoveOn::default();
+    reaped.iter().for_each(|job| move_on.note_reaped(job));
+    move_on.run(&context.pool).await;
 }

@@ -28,14 +28,15 @@ use uuid::Uuid;
 use super::claims::ClaimKey;
 use super::events::{JobEvent, JobEventOutcome};
 use super::executor::{Finished, Outcome};
-use super::{Shared, db_retry_delay, schema_mismatch, stop_if_schema_outgrown};
+use super::{Shared, schema_mismatch, stop_if_schema_outgrown};
 use crate::db::jobs::{
     FailAction, FailBatch, SavedJob, jobs_abandon_many, jobs_complete_many, jobs_completed_by,
     jobs_fail_many, jobs_failed_by, jobs_release_many, jobs_released_by,
 };
 use crate::error::{describe_sqlx, is_transient_sqlx};
-use crate::job::{Fate, JobState};
-use crate::maintenance::dependencies;
+use crate::job::Fate;
+use crate::maintenance::dependencies::MoveOn;
+use crate::pacing::db_retry_delay;
 
 /// Attempts at one write once the worker is shutting down hard.
 const WRITE_ATTEMPTS_AFTER_HARD_STOP: u32 = 3;
@@ -96,7 +97,7 @@ async fn save(shared: &Shared, batch: &mut Vec<Finished>) {
     let mut failed = FailBatch::default();
     let mut settled: Vec<ClaimKey> = Vec::with_capacity(batch.len());
     let mut events: HashMap<ClaimKey, JobEvent> = HashMap::new();
-    let mut follow_up = FollowUp::default();
+    let mut follow_up = MoveOn::default();
     let completed_in_tx = completed_in_handler_tx(shared, batch).await;
     for finished in batch.drain(..) {
         let (id, token) = (finished.id, finished.token);
@@ -255,7 +256,7 @@ async fn save(shared: &Shared, batch: &mut Vec<Finished>) {
         )
         .await;
     }
-    dependencies::move_on(&shared.pool, &follow_up.parents, &mut follow_up.lanes).await;
+    follow_up.run(&shared.pool).await;
     shared.claims.remove_many(&settled);
     // Producers held back by the claim bound may claim again (a stored permit covers a
     // producer that is about to wait).
@@ -370,28 +371,6 @@ impl Releases {
     }
 }
 
-/// What saved outcomes leave to do: dependants to settle, lanes to advance.
-#[derive(Default)]
-struct FollowUp {
-    parents: Vec<i64>,
-    lanes: Vec<String>,
-}
-
-impl FollowUp {
-    /// Notes what a saved job's new state sets in motion.
-    fn note(&mut self, row: &SavedJob) {
-        if row.state == JobState::Queued {
-            return;
-        }
-        if let Some(key) = &row.ordering_key {
-            self.lanes.push(key.clone());
-        }
-        if row.has_dependants {
-            self.parents.push(row.id);
-        }
-    }
-}
-
 /// What [`write_split`] made of a list of claims.
 pub(super) struct SplitWrite<T> {
     /// The claims written to.
@@ -471,7 +450,7 @@ where
 async fn settle<T: Into<SavedOrId>>(
     shared: &Shared,
     write: SplitWrite<T>,
-    follow_up: &mut FollowUp,
+    follow_up: &mut MoveOn,
     settled: &mut Vec<ClaimKey>,
     events: &mut HashMap<ClaimKey, JobEvent>,
     counter: &std::sync::atomic::AtomicU64,

@@ -12,12 +12,13 @@ use tokio_util::task::TaskTracker;
 use tracing::Instrument;
 use uuid::Uuid;
 
+use super::Shared;
 use super::claims::ClaimHandles;
 use super::events::{JobEvent, JobEventOutcome};
-use super::{Shared, metrics};
 use crate::db::jobs::ClaimedJob;
 use crate::enqueue::duration_ms;
 use crate::job::{Fate, JobContext, JobId};
+use crate::metrics;
 
 /// What became of one claimed job, for the completer to save.
 #[derive(Debug)]

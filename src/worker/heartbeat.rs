@@ -165,7 +165,7 @@ fn settle_beat(
             }
         }
         Err(error) => {
-            super::metrics::heartbeat_failed();
+            crate::metrics::heartbeat_failed();
             tracing::warn!(
                 %error,
                 jobs,

@@ -8,7 +8,8 @@ use std::sync::Arc;
 use sqlx::postgres::{PgListener, PgPoolOptions};
 use tokio_util::sync::CancellationToken;
 
-use super::{Shared, db_retry_delay};
+use super::Shared;
+use crate::pacing::db_retry_delay;
 
 /// The channel the insert trigger and the release statement notify, with the queue name
 /// as payload.

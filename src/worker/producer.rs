@@ -23,14 +23,13 @@ use uuid::Uuid;
 
 use super::claim_cursor::{ClaimCursor, Landing, Walk};
 use super::completer::write_split;
-use super::{
-    PREFETCH_HORIZON, Shared, db_retry_delay, metrics, reply_lost, schema_mismatch, sleep_jittered,
-    stop_if_schema_outgrown,
-};
+use super::{PREFETCH_HORIZON, Shared, reply_lost, schema_mismatch, stop_if_schema_outgrown};
 use crate::db::jobs::{
     ClaimedJob, jobs_claim_batch_after, jobs_claim_one, jobs_claimed_with, jobs_release_many,
 };
 use crate::db::maintenance::jobs_any_active;
+use crate::metrics;
+use crate::pacing::{db_retry_delay, sleep_jittered};
 
 /// Claim statements one producer keeps in flight. With two, one claim's commit (its WAL
 /// flush) and round trip overlap the next one's work, and claiming is no longer a serial

@@ -18,12 +18,14 @@
 #![allow(dead_code)]
 
 pub mod fixtures;
+pub mod scratch_db;
 
 use std::sync::OnceLock;
-use std::time::Duration;
 
-use sqlx::postgres::PgPoolOptions;
-use sqlx::{AssertSqlSafe, Connection, Executor, PgConnection, PgPool};
+use sqlx::PgPool;
+
+pub use scratch_db::with_database;
+use scratch_db::{connect_pool, create_database, drop_database_blocking};
 
 /// The server every test in this process uses, resolved once.
 static SERVER: OnceLock<Result<Server, String>> = OnceLock::new();
@@ -114,22 +116,11 @@ pub async fn test_db() -> TestDb {
         .to_owned();
     let name = format!("skiplock_test_{:016x}", fastrand::u64(..));
 
-    let mut admin = PgConnection::connect(&admin_url)
-        .await
-        .unwrap_or_else(|e| panic!("connect to the test server: {e}"));
-    admin
-        .execute(AssertSqlSafe(format!("CREATE DATABASE \"{name}\"")))
-        .await
-        .unwrap_or_else(|e| panic!("create test database {name}: {e}"));
-    let _ = admin.close().await;
+    create_database(&admin_url, &name).await;
 
     // From here on, a panic drops `db` and with it the database.
     let url = with_database(&admin_url, &name);
-    let pool = PgPoolOptions::new()
-        .max_connections(20)
-        .connect(&url)
-        .await
-        .unwrap_or_else(|e| panic!("connect to test database {name}: {e}"));
+    let pool = connect_pool(&url, &name, 20).await;
     let db = TestDb {
         pool,
         url,
@@ -141,52 +132,12 @@ pub async fn test_db() -> TestDb {
 }
 
 impl Drop for TestDb {
-    /// Best effort: drops the database on a separate thread with its own
-    /// runtime (the test's runtime may be single-threaded and is busy
-    /// dropping us), waiting at most 15 s. `WITH (FORCE)` ends the pool's
-    /// and any spawned binaries' connections. Errors are ignored.
+    /// Best effort: drops the database, waiting at most 15 s (see
+    /// [`drop_database_blocking`]). `WITH (FORCE)` ends the pool's and any spawned
+    /// binaries' connections. Errors are ignored.
     fn drop(&mut self) {
-        let admin_url = self.admin_url.clone();
-        let sql = format!("DROP DATABASE IF EXISTS \"{}\" WITH (FORCE)", self.name);
-        let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
-        let spawned = std::thread::Builder::new()
-            .name("drop-test-db".into())
-            .spawn(move || {
-                if let Ok(rt) = tokio::runtime::Builder::new_current_thread()
-                    .enable_all()
-                    .build()
-                {
-                    rt.block_on(async move {
-                        if let Ok(mut admin) = PgConnection::connect(&admin_url).await {
-                            let _ = admin.execute(AssertSqlSafe(sql)).await;
-                            let _ = admin.close().await;
-                        }
-                    });
-                }
-                let _ = done_tx.send(());
-            });
-        if spawned.is_ok() {
-            let _ = done_rx.recv_timeout(Duration::from_secs(15));
-        }
+        drop_database_blocking(self.admin_url.clone(), self.name.clone());
     }
-}
-
-/// `url` with its database (the path) replaced by `database`, keeping the
-/// scheme, credentials, host, port and query parameters.
-pub fn with_database(url: &str, database: &str) -> String {
-    let (scheme, rest) = match url.find("://") {
-        Some(i) => (&url[..i + 3], &url[i + 3..]),
-        None => ("", url),
-    };
-    let (before_query, query) = match rest.find('?') {
-        Some(i) => (&rest[..i], &rest[i..]),
-        None => (rest, ""),
-    };
-    let authority = match before_query.find('/') {
-        Some(i) => &before_query[..i],
-        None => before_query,
-    };
-    format!("{scheme}{authority}/{database}{query}")
 }
 
 #[test]

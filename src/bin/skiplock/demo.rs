@@ -4,14 +4,13 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use serde_json::json;
+use skiplock::admin::JobFilter;
+use skiplock::admin::demo::{self, DEMO_DATABASE, DEMO_MARK};
 use skiplock::builtin::{Noop, Sleep};
 use skiplock::embedded::{DatabaseSource, resolve_database_url};
 use skiplock::{EnqueueOptions, JobState, NewJob, Worker};
 use sqlx::PgPool;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
-
-/// Database the demo creates (and recreates) on a local server.
-const DEMO_DATABASE: &str = "skiplock_demo";
 
 pub async fn run(explicit_url: Option<&str>) -> anyhow::Result<()> {
     let explicit = explicit_url.map(str::to_owned);
@@ -109,10 +108,11 @@ async fn enqueue_examples(pool: &PgPool) -> anyhow::Result<()> {
     outln!("Enqueued job {ghost} inside a transaction, then rolled back: job exists = {exists}.");
 
     // 4. Plain SQL, as any language would.
-    let id: i64 = sqlx::query_scalar("SELECT skiplock.enqueue('sleep', '{\"ms\": 50}')")
-        .fetch_one(pool)
-        .await?;
-    outln!("Enqueued job {id} with plain SQL: SELECT skiplock.enqueue('sleep', '{{\"ms\": 50}}').");
+    let id = demo::jobs_enqueue_by_sql_function(pool).await?;
+    outln!(
+        "Enqueued job {id} with plain SQL: {}.",
+        demo::ENQUEUE_BY_SQL_FUNCTION
+    );
 
     // 5. Bad args: the job goes `dead` with a clear error instead of retrying forever.
     let bad = skiplock::enqueue_raw(pool, &[NewJob::new("sleep", json!({"ms": "soon"}))]).await?[0];
@@ -141,20 +141,26 @@ async fn print_states(pool: &PgPool) -> anyhow::Result<()> {
     for (state, count) in skiplock::admin::jobs_count_by_state(pool).await? {
         outln!("  {state:<10} {count:>6}");
     }
-    let dead: Vec<(i64, String, Option<String>)> = sqlx::query_as(
-        "SELECT id, kind, last_error FROM skiplock.jobs WHERE state = $1 ORDER BY id",
-    )
-    .bind(JobState::Dead)
-    .fetch_all(pool)
-    .await?;
-    for (id, kind, error) in dead {
-        outln!("  dead job {id} ({kind}): {}", error.unwrap_or_default());
+    let dead = JobFilter {
+        states: vec![JobState::Dead],
+        limit: i64::MAX,
+        ..JobFilter::default()
+    };
+    // Oldest first: the list comes newest first.
+    for job in skiplock::admin::jobs_list(pool, &dead)
+        .await?
+        .into_iter()
+        .rev()
+    {
+        outln!(
+            "  dead job {} ({}): {}",
+            job.id,
+            job.kind,
+            job.last_error.unwrap_or_default()
+        );
     }
     Ok(())
 }
-
-/// What marks a database as the demo's own, so that the demo drops only what it created.
-const DEMO_MARK: &str = "created by skiplock demo; dropped and recreated by each run";
 
 /// Creates the demo's database on the server `server` points at (after dropping the one
 /// an earlier demo left) and returns the options that reach it. A database of that name
@@ -172,12 +178,7 @@ async fn recreate_database(server: &PgConnectOptions) -> anyhow::Result<PgConnec
         .connect_with(admin_options)
         .await
         .context("cannot connect to the server for the demo")?;
-    let mark: Option<Option<String>> = sqlx::query_scalar(
-        "SELECT shobj_description(oid, 'pg_database') FROM pg_database WHERE datname = $1",
-    )
-    .bind(DEMO_DATABASE)
-    .fetch_optional(&admin)
-    .await?;
+    let mark = demo::demo_database_comment(&admin).await?;
     if let Some(found) = mark {
         let ours = found.as_deref() == Some(DEMO_MARK)
             || (found.is_none()
@@ -188,23 +189,13 @@ async fn recreate_database(server: &PgConnectOptions) -> anyhow::Result<PgConnec
                  the demo leaves it alone: drop or rename it, or point the demo at another server"
             );
         }
-        // Two statements: DROP DATABASE cannot share an implicit transaction.
-        sqlx::raw_sql("DROP DATABASE skiplock_demo WITH (FORCE)")
-            .execute(&admin)
+        demo::demo_database_drop(&admin)
             .await
             .context("cannot drop the previous demo database")?;
     }
-    for statement in [
-        "CREATE DATABASE skiplock_demo".to_owned(),
-        format!("COMMENT ON DATABASE skiplock_demo IS '{DEMO_MARK}'"),
-    ] {
-        sqlx::raw_sql(sqlx::AssertSqlSafe(statement))
-            .execute(&admin)
-            .await
-            .context(
-                "cannot create the demo database; give a server where you may create databases",
-            )?;
-    }
+    demo::demo_database_create(&admin)
+        .await
+        .context("cannot create the demo database; give a server where you may create databases")?;
     admin.close().await;
     Ok(server.clone().database(DEMO_DATABASE))
 }
@@ -215,14 +206,7 @@ async fn holds_only_skiplock(database: &PgConnectOptions) -> anyhow::Result<bool
     let mut connection = <sqlx::PgConnection as sqlx::Connection>::connect_with(database)
         .await
         .context("cannot look into the existing demo database")?;
-    let others: i64 = sqlx::query_scalar(
-        "SELECT count(*) FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
-         WHERE c.relkind IN ('r', 'p', 'v', 'm', 'f') AND n.nspname <> 'skiplock'
-           AND n.nspname NOT IN ('pg_catalog', 'information_schema')
-           AND n.nspname NOT LIKE 'pg_toast%'",
-    )
-    .fetch_one(&mut connection)
-    .await?;
+    let others = demo::database_tables_outside_skiplock(&mut connection).await?;
     let _ = sqlx::Connection::close(connection).await;
     Ok(others == 0)
 }

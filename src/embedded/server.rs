@@ -1,53 +1,16 @@
-//! The "embedded default": a throwaway PostgreSQL server for demos and tests.
-//!
-//! When no database URL is given and nothing answers on `127.0.0.1:5432`,
-//! `resolve_database_url` starts a private server from the PostgreSQL
-//! binaries installed on the machine (`initdb` and `pg_ctl`, found on `PATH`
-//! or under `/usr/lib/postgresql/*/bin`, highest version first) in a
-//! temporary directory, on a free port, and removes it again afterwards.
-//!
-//! Cleanup happens twice over:
-//!
-//! * dropping `EmbeddedPostgres` stops the server (`pg_ctl stop -m
-//!   immediate`) and deletes its directory;
-//! * every server also has a small watchdog process (`sh`) whose standard
-//!   input is a pipe held by this process. When this process exits for any
-//!   reason (normal exit with the server still alive in a `static`, panic
-//!   with `panic = "abort"`, `SIGKILL`, Ctrl-C), the kernel closes the pipe,
-//!   and the watchdog sends the postmaster `SIGQUIT` (an immediate shutdown)
-//!   and deletes the directory. Keeping an `EmbeddedPostgres` in a `static`
-//!   that is never dropped is therefore fine.
-//!
-//! The functions here block (they run `initdb` and wait for the server);
-//! call them before building an async runtime or from
-//! `tokio::task::spawn_blocking`.
-//!
-//! When the process runs as root (euid 0), PostgreSQL refuses to run, so
-//! `initdb`, `pg_ctl` and the server run as the `postgres` OS user and the
-//! temporary directory is handed to that user.
+//! The throwaway server's lifecycle: a temporary directory, `initdb`, `pg_ctl start` on a
+//! free port, the cleanup watchdog, and the stop when it is dropped.
 
-use std::ffi::{OsStr, OsString};
 use std::fmt;
 use std::fs;
 use std::io;
-use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
-use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::net::{Ipv4Addr, TcpListener};
+use std::os::unix::fs::MetadataExt;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, ChildStdin, Command, Output, Stdio};
-use std::time::Duration;
+use std::process::{Child, ChildStdin, Command, Stdio};
 
-/// Where PostgreSQL server packages install their binaries on Debian-like
-/// systems, one directory per major version (`/usr/lib/postgresql/15/bin`).
-const VERSIONED_ROOT: &str = "/usr/lib/postgresql";
-
-/// The URL of a server on the default local port, as used by
-/// [`DatabaseSource::Local`].
-pub const LOCAL_URL: &str = "postgres://postgres@127.0.0.1:5432/postgres";
-
-/// How long [`resolve_database_url`] waits for `127.0.0.1:5432` to accept a
-/// TCP connection before it starts an embedded server.
-const LOCAL_PROBE_TIMEOUT: Duration = Duration::from_secs(1);
+use super::{EmbeddedError, PgBinaries, one_line, output_text, tail_lines};
 
 /// How long `pg_ctl -w` may wait for the server to start, in seconds.
 const START_TIMEOUT_SECS: u32 = 60;
@@ -55,149 +18,6 @@ const START_TIMEOUT_SECS: u32 = 60;
 /// How many free ports to try when another process grabs the chosen port
 /// between probing it and the server binding it.
 const START_ATTEMPTS: usize = 3;
-
-/// At most this many characters of a tool's output go into an error message.
-const MAX_DETAIL_CHARS: usize = 1500;
-
-/// Why an embedded PostgreSQL server could not be started.
-///
-/// Every message is one line that says what happened and what to do about
-/// it; any output of `initdb` or `pg_ctl` is folded into that line.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum EmbeddedError {
-    /// Neither `PATH` nor `/usr/lib/postgresql/*/bin` has both `initdb` and
-    /// `pg_ctl`.
-    #[error(
-        "no PostgreSQL server binaries (initdb, pg_ctl) found on PATH or under \
-         /usr/lib/postgresql/*/bin; install PostgreSQL or run `docker compose up -d` \
-         and set DATABASE_URL=postgres://postgres@127.0.0.1:5432/postgres"
-    )]
-    BinariesNotFound,
-
-    /// The process runs as root, PostgreSQL refuses to, and there is no
-    /// `postgres` OS user to run it as instead.
-    #[error(
-        "running as root, which PostgreSQL refuses, and no `postgres` OS user exists to run \
-         the throwaway server as; create one (`useradd --system postgres`), run as a normal \
-         user, or set DATABASE_URL"
-    )]
-    NoPostgresUser,
-
-    /// A file-system or process operation failed.
-    #[error(
-        "could not {action} for the throwaway PostgreSQL server: {error}; check that the \
-         temporary directory is writable, or set DATABASE_URL"
-    )]
-    Io {
-        /// What was being done, e.g. "create a temporary directory".
-        action: String,
-        /// The underlying error.
-        error: io::Error,
-    },
-
-    /// `initdb` exited unsuccessfully.
-    #[error(
-        "initdb ({program}) failed: {detail}; fix the problem it reports, or set \
-         DATABASE_URL to an existing server"
-    )]
-    Initdb {
-        /// The `initdb` that was run.
-        program: PathBuf,
-        /// Its output, folded into one line.
-        detail: String,
-    },
-
-    /// `pg_ctl start` did not bring the server up.
-    #[error(
-        "pg_ctl ({program}) could not start the throwaway server: {detail}; fix the problem \
-         it reports, or set DATABASE_URL to an existing server"
-    )]
-    Start {
-        /// The `pg_ctl` that was run.
-        program: PathBuf,
-        /// Its output and the end of the server log, folded into one line.
-        detail: String,
-    },
-}
-
-impl EmbeddedError {
-    fn io(action: impl Into<String>, error: io::Error) -> Self {
-        EmbeddedError::Io {
-            action: action.into(),
-            error,
-        }
-    }
-}
-
-/// A pair of PostgreSQL server tools from one installation.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PgBinaries {
-    /// Path of `initdb`.
-    pub initdb: PathBuf,
-    /// Path of `pg_ctl` (from the same directory as `initdb`).
-    pub pg_ctl: PathBuf,
-}
-
-impl PgBinaries {
-    /// Finds `initdb` and `pg_ctl` in one directory: first on `PATH`, in
-    /// `PATH` order, then under `/usr/lib/postgresql/*/bin`, highest major
-    /// version first. Returns `None` when no directory has both.
-    pub fn find() -> Option<Self> {
-        find_binaries(
-            std::env::var_os("PATH").as_deref(),
-            Path::new(VERSIONED_ROOT),
-        )
-    }
-}
-
-/// Searches `path_var` (a `PATH`-style list) and then `versioned_root/*/bin`
-/// in descending version order for a directory holding both tools.
-fn find_binaries(path_var: Option<&OsStr>, versioned_root: &Path) -> Option<PgBinaries> {
-    let on_path = path_var
-        .map(|p| std::env::split_paths(p).collect::<Vec<_>>())
-        .unwrap_or_default();
-    on_path
-        .into_iter()
-        .chain(versioned_bin_dirs(versioned_root))
-        .find_map(|dir| {
-            let initdb = dir.join("initdb");
-            let pg_ctl = dir.join("pg_ctl");
-            (is_executable(&initdb) && is_executable(&pg_ctl))
-                .then_some(PgBinaries { initdb, pg_ctl })
-        })
-}
-
-/// `root/*/bin`, sorted by the numeric version in `*`, highest first.
-fn versioned_bin_dirs(root: &Path) -> Vec<PathBuf> {
-    let Ok(entries) = fs::read_dir(root) else {
-        return Vec::new();
-    };
-    let mut versions: Vec<(Vec<u64>, OsString)> = entries
-        .filter_map(Result::ok)
-        .map(|e| {
-            let name = e.file_name();
-            (version_key(&name.to_string_lossy()), name)
-        })
-        .collect();
-    versions.sort_by(|a, b| b.cmp(a));
-    versions
-        .into_iter()
-        .map(|(_, name)| root.join(name).join("bin"))
-        .collect()
-}
-
-/// "9.6" -> [9, 6], "15" -> [15]; anything non-numeric sorts lowest.
-fn version_key(name: &str) -> Vec<u64> {
-    name.split('.')
-        .map(|part| part.parse::<u64>())
-        .collect::<Result<Vec<_>, _>>()
-        .unwrap_or_default()
-}
-
-fn is_executable(path: &Path) -> bool {
-    fs::metadata(path).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
-}
 
 /// The OS user the server runs as when this process is root.
 #[derive(Debug, Clone, Copy)]
@@ -245,44 +65,6 @@ fn parse_passwd(passwd: &str, user: &str) -> Option<RunAs> {
     })
 }
 
-/// Folds tool output into one trimmed line, keeping the end if it is long.
-fn one_line(text: &str) -> String {
-    let joined = text
-        .lines()
-        .map(str::trim)
-        .filter(|l| !l.is_empty())
-        .collect::<Vec<_>>()
-        .join(" | ");
-    let count = joined.chars().count();
-    if count <= MAX_DETAIL_CHARS {
-        joined
-    } else {
-        let tail: String = joined.chars().skip(count - MAX_DETAIL_CHARS).collect();
-        format!("...{tail}")
-    }
-}
-
-fn output_text(out: &Output) -> String {
-    let mut text = String::from_utf8_lossy(&out.stderr).into_owned();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    if text.trim().is_empty() {
-        text = stdout.into_owned();
-    }
-    if text.trim().is_empty() {
-        text = format!("exited with {}", out.status);
-    }
-    text
-}
-
-/// Last `n` lines of a file, or nothing if it cannot be read.
-fn tail_lines(path: &Path, n: usize) -> String {
-    let Ok(text) = fs::read_to_string(path) else {
-        return String::new();
-    };
-    let lines: Vec<&str> = text.lines().collect();
-    lines[lines.len().saturating_sub(n)..].join("\n")
-}
-
 /// A port on 127.0.0.1 that was free a moment ago.
 fn free_port() -> io::Result<u16> {
     let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))?;
@@ -318,7 +100,7 @@ rm -rf "$2"
 ///
 /// Dropping it stops the server and deletes the directory. If it is never
 /// dropped (say it lives in a `static`), a watchdog process does the same
-/// when this process exits; see the [module docs](self).
+/// when this process exits; see the [module docs](crate::embedded).
 pub struct EmbeddedPostgres {
     url: String,
     port: u16,
@@ -577,121 +359,12 @@ impl Drop for EmbeddedPostgres {
     }
 }
 
-/// Where the database URL a demo or test command uses came from.
-#[derive(Debug)]
-pub enum DatabaseSource {
-    /// Given explicitly (`--database-url` or `DATABASE_URL`).
-    Given(String),
-    /// A server already answering on `127.0.0.1:5432`, used as
-    /// `postgres://postgres@127.0.0.1:5432/postgres` (trust authentication
-    /// assumed).
-    Local(String),
-    /// A throwaway server started for this process; it is stopped and
-    /// removed when this value is dropped or the process exits.
-    Embedded(EmbeddedPostgres),
-}
-
-impl DatabaseSource {
-    /// The database URL to connect to.
-    pub fn url(&self) -> &str {
-        match self {
-            DatabaseSource::Given(url) | DatabaseSource::Local(url) => url,
-            DatabaseSource::Embedded(server) => server.url(),
-        }
-    }
-}
-
-/// Decides which database to use, in this order:
-///
-/// 1. `explicit`, when given and not empty (the caller passes
-///    `--database-url` or `DATABASE_URL`);
-/// 2. a server on `127.0.0.1:5432`, if a TCP connection succeeds within
-///    about a second ([`DatabaseSource::Local`] with [`LOCAL_URL`]);
-/// 3. a new [`EmbeddedPostgres`].
-///
-/// Blocks for up to a second probing the port, and for a few seconds more
-/// when it starts an embedded server.
-pub fn resolve_database_url(explicit: Option<&str>) -> Result<DatabaseSource, EmbeddedError> {
-    if let Some(url) = explicit.map(str::trim).filter(|u| !u.is_empty()) {
-        return Ok(DatabaseSource::Given(url.to_owned()));
-    }
-    let local = SocketAddr::from((Ipv4Addr::LOCALHOST, 5432));
-    if TcpStream::connect_timeout(&local, LOCAL_PROBE_TIMEOUT).is_ok() {
-        return Ok(DatabaseSource::Local(LOCAL_URL.to_owned()));
-    }
-    EmbeddedPostgres::start().map(DatabaseSource::Embedded)
-}
-
 #[cfg(test)]
 mod tests {
+    use std::net::{SocketAddr, TcpStream};
+    use std::time::Duration;
+
     use super::*;
-
-    fn make_tool(dir: &Path, name: &str, mode: u32) {
-        fs::create_dir_all(dir).unwrap();
-        let path = dir.join(name);
-        fs::write(&path, "#!/bin/sh\n").unwrap();
-        fs::set_permissions(&path, fs::Permissions::from_mode(mode)).unwrap();
-    }
-
-    #[test]
-    fn version_keys_sort_numerically() {
-        assert!(version_key("10") > version_key("9.6"));
-        assert!(version_key("16") > version_key("15"));
-        assert!(version_key("9.6") > version_key("9.5"));
-        assert!(version_key("15") > version_key("beta"));
-    }
-
-    #[test]
-    fn finds_highest_version_with_both_tools() {
-        let root = tempfile::tempdir().unwrap();
-        let versions = root.path().join("postgresql");
-        for v in ["9.6", "10", "15"] {
-            make_tool(&versions.join(v).join("bin"), "initdb", 0o755);
-            make_tool(&versions.join(v).join("bin"), "pg_ctl", 0o755);
-        }
-        // 16 is incomplete (no pg_ctl), 17 has a non-executable pg_ctl.
-        make_tool(&versions.join("16").join("bin"), "initdb", 0o755);
-        make_tool(&versions.join("17").join("bin"), "initdb", 0o755);
-        make_tool(&versions.join("17").join("bin"), "pg_ctl", 0o644);
-
-        let found = find_binaries(None, &versions).expect("found");
-        assert_eq!(found.initdb, versions.join("15/bin/initdb"));
-        assert_eq!(found.pg_ctl, versions.join("15/bin/pg_ctl"));
-    }
-
-    #[test]
-    fn path_wins_over_versioned_dirs() {
-        let root = tempfile::tempdir().unwrap();
-        let versions = root.path().join("postgresql");
-        make_tool(&versions.join("15/bin"), "initdb", 0o755);
-        make_tool(&versions.join("15/bin"), "pg_ctl", 0o755);
-        let empty = root.path().join("empty");
-        fs::create_dir_all(&empty).unwrap();
-        let custom = root.path().join("custom");
-        make_tool(&custom, "initdb", 0o755);
-        make_tool(&custom, "pg_ctl", 0o755);
-
-        let path = std::env::join_paths([&empty, &custom]).unwrap();
-        let found = find_binaries(Some(&path), &versions).expect("found");
-        assert_eq!(found.initdb, custom.join("initdb"));
-
-        let path = std::env::join_paths([&empty]).unwrap();
-        let found = find_binaries(Some(&path), &versions).expect("found");
-        assert_eq!(found.pg_ctl, versions.join("15/bin/pg_ctl"));
-    }
-
-    #[test]
-    fn nothing_found_gives_the_docker_hint() {
-        let root = tempfile::tempdir().unwrap();
-        let path = std::env::join_paths([root.path()]).unwrap();
-        assert_eq!(
-            find_binaries(Some(&path), &root.path().join("missing")),
-            None
-        );
-        let msg = EmbeddedError::BinariesNotFound.to_string();
-        assert!(msg.contains("docker compose up -d"), "{msg}");
-        assert!(!msg.contains('\n'), "{msg}");
-    }
 
     #[test]
     fn parses_passwd() {
@@ -700,20 +373,6 @@ mod tests {
         let user = parse_passwd(passwd, "postgres").expect("postgres");
         assert_eq!((user.uid, user.gid), (101, 104));
         assert!(parse_passwd(passwd, "nobody").is_none());
-    }
-
-    #[test]
-    fn one_line_folds_and_truncates() {
-        assert_eq!(one_line("  a\n\n b \n"), "a | b");
-        let long = "x".repeat(MAX_DETAIL_CHARS * 2);
-        assert_eq!(one_line(&long).chars().count(), MAX_DETAIL_CHARS + 3);
-    }
-
-    #[test]
-    fn explicit_url_wins() {
-        let source = resolve_database_url(Some("postgres://example/db")).unwrap();
-        assert!(matches!(source, DatabaseSource::Given(_)));
-        assert_eq!(source.url(), "postgres://example/db");
     }
 
     #[test]

@@ -1,0 +1,158 @@
+//! Claim statements: a worker takes queued jobs (a batch, the next batch after a position,
+//! or one job by id), and finds what a claim whose reply was lost took.
+
+use serde_json::Value;
+use sqlx::types::Json;
+use sqlx::{FromRow, PgExecutor};
+use uuid::Uuid;
+
+/// A job as a claim hands it to a worker.
+#[derive(Debug, Clone, FromRow)]
+pub struct ClaimedJob {
+    /// Job id.
+    pub id: i64,
+    /// Queue name.
+    pub queue: String,
+    /// Handler kind.
+    pub kind: String,
+    /// Payload.
+    pub args: Json<Value>,
+    /// This attempt's number (already incremented by the claim).
+    pub attempt: i32,
+    /// Attempt budget.
+    pub max_attempts: i32,
+    /// The claim's fencing token.
+    pub claim_token: Uuid,
+    /// Priority (lower runs first), part of the claim key.
+    pub priority: i16,
+    /// `scheduled_at` in microseconds since the Unix epoch, part of the claim key;
+    /// `i64::MIN` for a row scheduled at `-infinity`.
+    pub scheduled_at_us: i64,
+}
+
+impl ClaimedJob {
+    /// The job's place in claim order: a claim from this position takes only jobs after it.
+    pub fn position(&self) -> ClaimPosition {
+        ClaimPosition {
+            priority: self.priority,
+            scheduled_at_us: self.scheduled_at_us,
+            id: self.id,
+        }
+    }
+}
+
+/// A place in claim order, the key `(priority, scheduled_at, id)` of a claimed job,
+/// compared in that order (as `jobs_claim_idx` sorts within a queue). See [`jobs_claim_batch_after`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct ClaimPosition {
+    /// Priority.
+    pub priority: i16,
+    /// `scheduled_at` in microseconds since the Unix epoch (`i64::MIN`: `-infinity`).
+    pub scheduled_at_us: i64,
+    /// Job id.
+    pub id: i64,
+}
+
+#[cfg(feature = "internals")]
+/// Claims up to `limit` runnable jobs of the given queues and kinds, in claim order
+/// (priority, then `scheduled_at`, then id), in one statement.
+///
+/// It calls `skiplock.claim_batch` (`migrations/0001_schema.sql`, where the statement and its
+/// reasons are): rows are picked with `FOR UPDATE SKIP LOCKED`, so concurrent claimers never
+/// wait on each other and never pick the same row, and each is stamped with its own fresh
+/// `claim_token`, the claimant and the database's `now()` as first heartbeat. The function
+/// fixes the plan to an ordered walk of the claim index, so the claim stays O(limit) even
+/// when the table's statistics are stale. It takes a lane's job only when it is the lane's
+/// oldest unfinished one and nothing of the lane runs, and never fails on what the rows
+/// hold (a lane conflict it could not see is retried without lane jobs).
+pub async fn jobs_claim_batch(
+    db: impl PgExecutor<'_>,
+    queues: &[String],
+    kinds: &[String],
+    limit: i64,
+    claimed_by: &str,
+) -> sqlx::Result<Vec<ClaimedJob>> {
+    jobs_claim_batch_after(db, queues, kinds, limit, claimed_by, None, None).await
+}
+
+/// [`jobs_claim_batch`] from a position: only jobs after `after` in claim order are
+/// claimed (all of them with `None`, a full walk).
+///
+/// Claiming from the position of the caller's last claimed job steps over none of the
+/// index entries its own earlier claims left behind, which Postgres cannot remove while an
+/// older snapshot is held (`claim_batch` has the measurements). Jobs that land behind the
+/// position (a higher priority, a job that waited and became queued) are claimed only by
+/// a full walk, so a caller must still do one now and then; the worker's producer does
+/// (`worker::claim_cursor`).
+///
+/// With `claim_with`, every job the claim takes holds it as its claim token, so a caller
+/// whose reply was lost can find them with [`jobs_claimed_with`]; use a fresh
+/// token for every claim, as it is the fence of each job's claim. Without it, each job
+/// gets a random token of its own.
+pub async fn jobs_claim_batch_after(
+    db: impl PgExecutor<'_>,
+    queues: &[String],
+    kinds: &[String],
+    limit: i64,
+    claimed_by: &str,
+    after: Option<ClaimPosition>,
+    claim_with: Option<Uuid>,
+) -> sqlx::Result<Vec<ClaimedJob>> {
+    sqlx::query_as(
+        "SELECT id, queue, kind, args, attempt, max_attempts, claim_token, priority,
+                scheduled_at_us
+         FROM skiplock.claim_batch($1, $2, $3, $4, $5, $6, $7, $8)",
+    )
+    .bind(queues)
+    .bind(kinds)
+    .bind(limit)
+    .bind(claimed_by)
+    .bind(after.map(|p| p.priority))
+    .bind(after.map(|p| p.scheduled_at_us))
+    .bind(after.map(|p| p.id))
+    .bind(claim_with)
+    .fetch_all(db)
+    .await
+}
+
+/// Claims job `id` alone, now, whatever its `scheduled_at`, if it is `queued`, with the
+/// token `claim_with`: for running one chosen job through a worker (`skiplock::testing`).
+/// Lane and unique-key rules hold as for any claim (a lane whose job runs refuses it with
+/// `jobs_ordering_key_running_idx`).
+pub async fn jobs_claim_one(
+    db: impl PgExecutor<'_>,
+    id: i64,
+    claimed_by: &str,
+    claim_with: Uuid,
+) -> sqlx::Result<Vec<ClaimedJob>> {
+    sqlx::query_as(
+        "UPDATE skiplock.jobs
+         SET state = 'running', claim_token = $3, claimed_by = $2, claimed_at = now(),
+             heartbeat_at = now(), attempt = least(attempt, 2147483646) + 1
+         WHERE id = $1 AND state = 'queued'
+         RETURNING id, queue, kind, args, attempt, max_attempts, claim_token, priority,
+                   CASE WHEN isfinite(scheduled_at)
+                        THEN (extract(epoch FROM scheduled_at) * 1000000)::bigint
+                        ELSE -9223372036854775808 END AS scheduled_at_us",
+    )
+    .bind(id)
+    .bind(claimed_by)
+    .bind(claim_with)
+    .persistent(false)
+    .fetch_all(db)
+    .await
+}
+
+/// The jobs still held by the claim made with `claim_with` (see
+/// [`jobs_claim_batch_after`]): for a claim whose reply was lost, whose jobs nobody runs
+/// and which the caller releases with [`jobs_release_many`](super::jobs_release_many).
+/// Reads only `running` rows (`jobs_running_idx`).
+pub async fn jobs_claimed_with(
+    db: impl PgExecutor<'_>,
+    claim_with: Uuid,
+) -> sqlx::Result<Vec<i64>> {
+    sqlx::query_scalar("SELECT id FROM skiplock.jobs WHERE state = 'running' AND claim_token = $1")
+        .bind(claim_with)
+        .fetch_all(db)
+        .await
+}

@@ -1,0 +1,146 @@
+//! Statements on `skiplock.jobs`.
+//!
+//! Every statement that finishes, fails, extends or releases a claim matches both the job
+//! id and its `claim_token`: a holder whose claim was reaped, cancelled or re-claimed
+//! changes nothing, and learns so from the ids that come back. A token is set only while
+//! the job is `running` (constraint `jobs_claim_token_only_running`), so a matching token
+//! is also proof that the job still runs under that claim.
+//!
+//! These statements find their rows one primary-key lookup per claim, driven by the
+//! claim list (`unnest(...)` joined `LATERAL`). The update that follows takes the locked
+//! ids as an array, and how it reaches them is the planner's choice: a plan cached while
+//! the table was nearly empty (a worker started on a fresh database, on a server where no
+//! ANALYZE ever invalidates it) scanned the whole table for every batch, which made a
+//! steady 5,000 jobs/s fall behind as the table grew (a 690-job completion took 313 ms,
+//! filtering 82,701 rows). So every statement here that works on a batch of claims is
+//! planned afresh at each call (an unnamed statement, `persistent(false)`), with the
+//! table's size as it is then; that costs well under a millisecond and one more round
+//! trip per batch, and no drain measured slower for it (docs/benchmarks.md). Their
+//! columns and parameters are of built-in types only (a job state travels as text):
+//! sqlx 0.9 looks up a custom type's OID on a fresh connection between preparing and
+//! running an unnamed statement, which destroys it ("unnamed prepared statement does not
+//! exist", transact-rs/sqlx#4305). They deliberately do not say `state = 'running'`:
+//! that would let the planner scan the partial index `jobs_running_idx` for every claim
+//! in the list, which a cached generic plan did once statistics said "nothing runs"
+//! (1,000-job completions went from 11 ms to 128 ms, quadratic in the batch).
+//!
+//! They update by id, not by the `ctid` the lock returned: a row updated after the
+//! statement's snapshot (a heartbeat that committed while we waited for its lock) has a
+//! new version the update's snapshot cannot see by ctid, and the outcome would be
+//! dropped. The claim alone updates by ctid (see `skiplock.claim_batch` in the schema).
+//!
+//! The statements that finish or release claims lock their rows in id order (the claim
+//! list is sorted by id first): locking in one global order means two of them touching
+//! overlapping rows queue behind each other instead of deadlocking (a deadlock costs
+//! `deadlock_timeout`, one second by default). `FOR UPDATE` re-checks the
+//! claim token on the newest row version after any wait, so a claim lost meanwhile drops
+//! out. The heartbeat never waits at all (see [`jobs_heartbeat_many`]).
+
+mod claim;
+mod outcome;
+
+pub use claim::*;
+pub use outcome::*;
+
+use super::timestamp::{MaybeTimestamp, Timestamp};
+use chrono::{DateTime, Utc};
+use serde_json::Value;
+use sqlx::types::Json;
+use sqlx::{FromRow, PgExecutor};
+use uuid::Uuid;
+
+use crate::state::{JobId, JobState};
+
+/// A full row of `skiplock.jobs`, as operators see it.
+#[derive(Debug, Clone, FromRow, serde::Serialize)]
+#[non_exhaustive]
+pub struct JobRow {
+    /// Job id.
+    pub id: i64,
+    /// Queue name.
+    pub queue: String,
+    /// Handler kind.
+    pub kind: String,
+    /// Payload.
+    pub args: Json<Value>,
+    /// Lifecycle state.
+    pub state: JobState,
+    /// Lower runs first.
+    pub priority: i16,
+    /// Not run before this.
+    #[sqlx(try_from = "Timestamp")]
+    pub scheduled_at: DateTime<Utc>,
+    /// Attempts started so far.
+    pub attempt: i32,
+    /// Attempt budget.
+    pub max_attempts: i32,
+    /// Current claim's fencing token (running jobs only).
+    pub claim_token: Option<Uuid>,
+    /// Worker that holds or last held the job.
+    pub claimed_by: Option<String>,
+    /// When the current or last claim was taken.
+    #[sqlx(try_from = "MaybeTimestamp")]
+    pub claimed_at: Option<DateTime<Utc>>,
+    /// Last heartbeat of the current claim.
+    #[sqlx(try_from = "MaybeTimestamp")]
+    pub heartbeat_at: Option<DateTime<Utc>>,
+    /// Strict FIFO lane.
+    pub ordering_key: Option<String>,
+    /// Deduplication key.
+    pub unique_key: Option<String>,
+    /// What a second enqueue with the same pending unique key does.
+    pub unique_policy: Option<String>,
+    /// Latest progress reported by the handler.
+    pub progress: Option<Json<Value>>,
+    /// Output recorded by the handler.
+    pub output: Option<Json<Value>>,
+    /// Message of the latest failure.
+    pub last_error: Option<String>,
+    /// Recent failures: `{attempt, at, message}`, oldest first.
+    pub errors: Json<Value>,
+    /// When the job was enqueued.
+    #[sqlx(try_from = "Timestamp")]
+    pub created_at: DateTime<Utc>,
+    /// When the job reached a final state.
+    #[sqlx(try_from = "MaybeTimestamp")]
+    pub finished_at: Option<DateTime<Utc>>,
+}
+
+/// One job by id.
+pub async fn jobs_get(db: impl PgExecutor<'_>, id: JobId) -> sqlx::Result<Option<JobRow>> {
+    sqlx::query_as("SELECT * FROM skiplock.jobs WHERE id = $1")
+        .bind(id.0)
+        .fetch_optional(db)
+        .await
+}
+
+/// Puts a finished or scheduled job back in line to run now (`skiplock.retry_job`).
+/// Returns false if the job is running, waiting or missing.
+pub async fn jobs_retry(db: impl PgExecutor<'_>, id: JobId) -> sqlx::Result<bool> {
+    sqlx::query_scalar("SELECT skiplock.retry_job($1)")
+        .bind(id.0)
+        .fetch_one(db)
+        .await
+}
+
+/// Cancels an unfinished job (`skiplock.cancel_job`). Returns false if it had finished or
+/// does not exist.
+pub async fn jobs_cancel(db: impl PgExecutor<'_>, id: JobId) -> sqlx::Result<bool> {
+    sqlx::query_scalar("SELECT skiplock.cancel_job($1)")
+        .bind(id.0)
+        .fetch_one(db)
+        .await
+}
+
+/// Number of jobs in each state, every state listed (zero included).
+pub async fn jobs_count_by_state(db: impl PgExecutor<'_>) -> sqlx::Result<Vec<(JobState, i64)>> {
+    sqlx::query_as(
+        "SELECT s.state, count(j.id)
+         FROM unnest(enum_range(NULL::skiplock.job_state)) AS s(state)
+         LEFT JOIN skiplock.jobs j ON j.state = s.state
+         GROUP BY s.state
+         ORDER BY s.state",
+    )
+    .fetch_all(db)
+    .await
+}

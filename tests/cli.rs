@@ -870,12 +870,13 @@ async fn bad_input_gets_one_clear_line_and_the_documented_exit_code() {
         assert!(run.stderr.contains(says), "{args:?}: {}", run.stderr);
     }
     // Failures: exit 1, one line that names the problem and the fix.
+    // A malformed expression is a usage error: exit 2, its own line first.
     let run = skiplock(&db, &["cron", "add", "nightly", "0 99 * * *", "noop"]).await;
-    assert_eq!(run.code, Some(1));
+    assert_eq!(run.code, Some(2));
     assert_eq!(
-        run.stderr,
+        run.stderr.lines().next().unwrap_or_default(),
         "error: invalid cron expression `0 99 * * *`: hour field `99` (characters 3-4) is wrong: \
-         use 0-23, a list (9,17), a range (9-17), a step (*/2) or *\n"
+         use 0-23, a list (9,17), a range (9-17), a step (*/2) or *"
     );
     let other_url = |url: &'static str, args: &'static [&'static str]| async move {
         let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_skiplock"))

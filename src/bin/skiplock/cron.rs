@@ -84,6 +84,10 @@ pub async fn run(pool: &DbPool, args: CronArgs) -> anyhow::Result<()> {
                 .missed(add.missed);
             schedule.priority = add.priority;
             schedule.max_attempts = add.max_attempts;
+            // A malformed expression or an unknown time zone is a bad argument: exit 2.
+            if let Err(why) = schedule.validate() {
+                crate::usage_error(why);
+            }
             skiplock::cron::upsert(pool, &schedule).await?;
             outln!("cron schedule `{}` saved", add.name);
         }

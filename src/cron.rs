@@ -221,6 +221,24 @@ impl CronExpression {
                 )));
             }
         };
+        let field_error = |index: usize| {
+            let (start, text) = fields[index];
+            Error::InvalidCron(format!(
+                "invalid cron expression `{expression}`: {} field `{text}` (characters {}-{}) is wrong: {}",
+                names[index],
+                start + 1,
+                start + text.chars().count(),
+                field_rule(names[index])
+            ))
+        };
+        // The parser takes a list with an empty item (`1,,5`, `1,`) as if it were not
+        // there: refused here, as a typo whose meaning nobody can know.
+        if let Some(index) = fields
+            .iter()
+            .position(|(_, text)| text.split(',').any(str::is_empty))
+        {
+            return Err(field_error(index));
+        }
         let parser = CronParser::builder()
             .seconds(Seconds::Optional)
             .year(Year::Disallowed)
@@ -229,18 +247,12 @@ impl CronExpression {
             Ok(cron) => Ok(Self { cron, timezone }),
             Err(whole) => {
                 // Find the first field that fails on its own, everything else a wildcard.
-                for (index, (start, text)) in fields.iter().enumerate() {
+                for (index, (_, text)) in fields.iter().enumerate() {
                     let probe: Vec<&str> = (0..fields.len())
                         .map(|i| if i == index { *text } else { "*" })
                         .collect();
                     if parser.parse(&probe.join(" ")).is_err() {
-                        return Err(Error::InvalidCron(format!(
-                            "invalid cron expression `{expression}`: {} field `{text}` (characters {}-{}) is wrong: {}",
-                            names[index],
-                            start + 1,
-                            start + text.chars().count(),
-                            field_rule(names[index])
-                        )));
+                        return Err(field_error(index));
                     }
                 }
                 Err(Error::InvalidCron(format!(
@@ -352,6 +364,21 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.starts_with("unknown time zone `Mars/Olympus`"), "{e}");
+    }
+
+    /// A list with an empty item is a typo, not a list: the parser alone took `1,,` as `1`.
+    #[test]
+    fn a_list_with_an_empty_item_is_refused() {
+        let e = error_of("0 0 1,, * *");
+        assert!(
+            e.starts_with(
+                "invalid cron expression `0 0 1,, * *`: day-of-month field `1,,` (characters 5-7) is wrong"
+            ),
+            "{e}"
+        );
+        let e = error_of(",5 * * * *");
+        assert!(e.contains("minute field `,5`"), "{e}");
+        CronExpression::parse("0 0 1,15 * *", "UTC").unwrap();
     }
 
     #[test]

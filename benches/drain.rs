@@ -414,21 +414,12 @@ fn report(run: &DrainRun) {
 }
 
 fn row(n: &str, c: &str, run: &DrainRun) -> Vec<String> {
-    let d = &run.drained;
-    vec![
-        n.to_owned(),
-        c.to_owned(),
-        format!("{}{}", thousands(d.jobs), run.note()),
-        format!("{:.2}", d.secs),
-        rate(d.rate()),
-        format!("{:.1}", run.wall_secs),
-        format!("{:.1}", d.jobs as f64 / d.claim_statements.max(1) as f64),
-        format!("{:.1}", d.jobs as f64 / d.complete_statements.max(1) as f64),
-        thousands(run.max_running),
-    ]
-    .into_iter()
-    .chain(cost_cells(&run.costs, d.jobs))
-    .collect()
+    [n.to_owned(), c.to_owned()]
+        .into_iter()
+        .chain(support::drained_cells(run))
+        .chain([thousands(run.max_running)])
+        .chain(cost_cells(&run.costs, run.drained.jobs))
+        .collect()
 }
 
 /// The cost columns of a table row: commits, WAL bytes, full-page images, blocks read,

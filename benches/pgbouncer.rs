@@ -85,20 +85,21 @@ async fn main() {
             let d = &run.drained;
             let per_job = |x: f64| x / d.jobs.max(1) as f64;
             progress(format!("  {} = {}", thousands(d.jobs), rate(d.rate())));
-            table.row(vec![
-                (*path).to_owned(),
-                server_conns.to_string(),
-                round.to_string(),
-                format!("{}{}", thousands(d.jobs), run.note()),
-                format!("{:.2}", d.secs),
-                rate(d.rate()),
-                format!("{:.1}", run.wall_secs),
-                format!("{:.1}", d.jobs as f64 / d.claim_statements.max(1) as f64),
-                format!("{:.1}", d.jobs as f64 / d.complete_statements.max(1) as f64),
-                format!("{:.3}", per_job(run.costs.commits as f64)),
-                format!("{:.1}", per_job(run.costs.postgres_cpu_secs) * 1e6),
-                format!("{:.1}", per_job(run.costs.own_cpu_secs) * 1e6),
-            ]);
+            table.row(
+                [
+                    (*path).to_owned(),
+                    server_conns.to_string(),
+                    round.to_string(),
+                ]
+                .into_iter()
+                .chain(support::drained_cells(&run))
+                .chain([
+                    format!("{:.3}", per_job(run.costs.commits as f64)),
+                    format!("{:.1}", per_job(run.costs.postgres_cpu_secs) * 1e6),
+                    format!("{:.1}", per_job(run.costs.own_cpu_secs) * 1e6),
+                ])
+                .collect(),
+            );
         }
     }
     table.print();

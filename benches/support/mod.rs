@@ -1178,3 +1178,18 @@ pub fn rss_kib(pid: Option<u32>) -> Option<(u64, u64)> {
     };
     Some((field("VmHWM:")?, field("VmRSS:")?))
 }
+
+/// The cells every drain table starts its measures with: jobs drained (with the run's
+/// note), database seconds, rate, wall seconds, jobs per claim and per completion
+/// statement.
+pub fn drained_cells(run: &DrainRun) -> Vec<String> {
+    let d = &run.drained;
+    vec![
+        format!("{}{}", thousands(d.jobs), run.note()),
+        format!("{:.2}", d.secs),
+        rate(d.rate()),
+        format!("{:.1}", run.wall_secs),
+        format!("{:.1}", d.jobs as f64 / d.claim_statements.max(1) as f64),
+        format!("{:.1}", d.jobs as f64 / d.complete_statements.max(1) as f64),
+    ]
+}

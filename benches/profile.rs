@@ -258,7 +258,7 @@ async fn plans(db: &BenchDb) {
     .expect("held");
     let (ids, tokens): (Vec<i64>, Vec<uuid::Uuid>) = held.into_iter().unzip();
     take_notices();
-    jobs_heartbeat_many(&mut conn, &ids, &tokens)
+    jobs_heartbeat_many(&mut conn, &ids, &tokens, &[])
         .await
         .expect("heartbeat");
     print_plan(

@@ -323,7 +323,7 @@ async fn claimers_run(pool: &PgPool, seed: u64, claimers: usize, steps: usize) {
                         }
                         35..=49 => {
                             let (ids, tokens): (Vec<i64>, Vec<Uuid>) = held.iter().copied().unzip();
-                            let lost = jobs_heartbeat_many(&pool, &ids, &tokens)
+                            let lost = jobs_heartbeat_many(&pool, &ids, &tokens, &[])
                                 .await
                                 .unwrap_or_else(|e| {
                                     panic!("{}", context(&format!("heartbeat: {e}")))

@@ -105,7 +105,12 @@ async fn misbehaving_handlers_are_tried_max_attempts_times_while_the_queue_flows
         assert_eq!(runs[&id].len(), 1);
     }
     for id in &short {
-        assert_eq!(runs[id].len(), 1, "short job {id} ran once");
+        let history: Vec<_> = log.iter().filter(|r| r.job_id == *id).collect();
+        assert_eq!(
+            runs[id].len(),
+            1,
+            "short job {id} ran once; its history: {history:#?}"
+        );
     }
     check_claim_discipline(&log, false);
     let reaped: Vec<_> = log.iter().filter(|r| r.is_reap()).collect();
@@ -213,4 +218,135 @@ async fn a_handler_that_aborts_its_process_is_tried_max_attempts_times() {
         *reran.entry(runs.len()).or_default() += 1;
     }
     eprintln!("short jobs by number of runs: {reran:?}");
+}
+
+/// Workload: one worker with a single runtime thread (heartbeat 100 ms, stale after
+/// 1 s; its own reaper kept out of the way so the test decides when to reap) runs one
+/// `block` job that blocks that thread for 3 s, and 20 short jobs.
+///
+/// Fault: the block strands every task of the runtime, the producer included, right after
+/// it sent the claim of the short jobs: that claim commits, so its jobs are `running`, but
+/// the worker has not read the reply and does not hold them yet. The test arranges it with
+/// two table locks: one holds the block job's first statement until the claim is waiting;
+/// the other holds the claim until the thread is blocked.
+///
+/// Invariant: the heartbeat, on its own thread, extends the stranded claim's jobs by the
+/// claim's token while the reply waits: a reaper run after the stale timeout, while the
+/// thread is still blocked, takes nothing back, and every job runs once. Before, those jobs kept their claim-time heartbeat and
+/// the reaper took them back, so they ran twice (the test above failed so about one run
+/// in ten).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_whose_reply_is_stranded_by_a_blocked_thread_is_not_reaped() {
+    const WORKER: &str = "tb-stranded";
+    const STALE_MS: i64 = 1_000;
+    let db = audited_db().await;
+    let pool = &db.pool;
+    let waiting_on_lock = |statement: &'static str| async move {
+        let waiting: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM pg_stat_activity
+             WHERE application_name = $1 AND wait_event_type = 'Lock'
+               AND query LIKE '%' || $2 || '%'",
+        )
+        .bind(WORKER)
+        .bind(statement)
+        .fetch_one(pool)
+        .await
+        .unwrap();
+        (waiting > 0).then_some(())
+    };
+
+    // The block job records its run first: hold that until the claim is waiting.
+    let mut runs_lock = pool.begin().await.unwrap();
+    sqlx::query("LOCK TABLE public.testbed_runs IN EXCLUSIVE MODE")
+        .execute(&mut *runs_lock)
+        .await
+        .unwrap();
+    let once = EnqueueOptions::new().max_attempts(1);
+    let block = enqueue_n(pool, "block", json!({"ms": 3000}), 1, once.clone()).await[0];
+    let worker = Testbed::start(
+        &db.url,
+        WORKER,
+        &TestbedArgs::new()
+            .set("concurrency", 8)
+            .set("worker-threads", 1)
+            .set("heartbeat-ms", 100)
+            .set("stale-ms", STALE_MS)
+            .set("poll-ms", 100)
+            .set("reap-ms", 3_600_000)
+            .set("timeout-ms", 60_000),
+    )
+    .await;
+    wait_until("the block job to wait for its record", PATIENCE, || {
+        waiting_on_lock("testbed_runs")
+    })
+    .await;
+    // Hold the next claim: it reads `skiplock.queues` (paused queues) before it picks its
+    // jobs, so it waits there and picks them once let go.
+    let mut claim_lock = pool.begin().await.unwrap();
+    sqlx::query("LOCK TABLE skiplock.queues IN ACCESS EXCLUSIVE MODE")
+        .execute(&mut *claim_lock)
+        .await
+        .unwrap();
+    let short = enqueue_n(pool, "record", json!({}), 20, once).await;
+    wait_until("the short jobs' claim to wait", PATIENCE, || {
+        waiting_on_lock("claim_batch")
+    })
+    .await;
+    // The block job records its run and blocks the runtime's only thread.
+    runs_lock.commit().await.unwrap();
+    wait_until("the block job to record its run", PATIENCE, || async {
+        runs_by_job(pool).await.contains_key(&block).then_some(())
+    })
+    .await;
+    // Between its record and its block the handler does no I/O; this only leaves the
+    // thread time to get there, so the claim's reply cannot be read before it blocks.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    claim_lock.commit().await.unwrap();
+    wait_until("the short jobs' claim to commit", PATIENCE, || async {
+        let running: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM skiplock.jobs WHERE id = ANY($1) AND state = 'running'",
+        )
+        .bind(&short)
+        .fetch_one(pool)
+        .await
+        .unwrap();
+        (running > 0).then_some(())
+    })
+    .await;
+    // Past the stale timeout since that claim, with the thread still blocked.
+    wait_until("the stale timeout to pass", PATIENCE, || async {
+        let claimed_ms: f64 = sqlx::query_scalar(
+            "SELECT (extract(epoch FROM now() - max(claimed_at)) * 1000)::float8
+             FROM skiplock.jobs WHERE id = ANY($1) AND state = 'running'",
+        )
+        .bind(&short)
+        .fetch_one(pool)
+        .await
+        .unwrap();
+        (claimed_ms > (STALE_MS + 200) as f64).then_some(())
+    })
+    .await;
+    let reaped = skiplock::db::maintenance::jobs_reap_stale(pool, STALE_MS, 1_000)
+        .await
+        .unwrap();
+    let block_row = skiplock::job(pool, JobId(block)).await.unwrap().unwrap();
+    assert!(
+        block_row.finished_at.is_none(),
+        "the thread was still blocked when the reaper ran: {block_row:?}"
+    );
+    assert!(
+        reaped.is_empty(),
+        "the stranded claim's jobs were reaped: {reaped:?}"
+    );
+
+    wait_until("every job to succeed", PATIENCE, || async {
+        (states(pool).await.get("succeeded") == Some(&21)).then_some(())
+    })
+    .await;
+    drop(worker);
+    let runs = runs_by_job(pool).await;
+    for id in short.iter().chain([&block]) {
+        assert_eq!(runs[id].len(), 1, "job {id} ran once");
+    }
+    check_claim_discipline(&audit(pool).await, false);
 }

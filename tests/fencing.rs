@@ -58,7 +58,9 @@ async fn a_reaped_and_reclaimed_job_ignores_its_former_holder() {
     assert_eq!(second[0].attempt, 2);
 
     // Worker A wakes up: its heartbeat learns the claim is gone, and none of its writes lands.
-    let lost = jobs_heartbeat_many(pool, &[id.0], &[old]).await.unwrap();
+    let lost = jobs_heartbeat_many(pool, &[id.0], &[old], &[])
+        .await
+        .unwrap();
     assert_eq!(lost, vec![(id.0, old)]);
     assert!(
         jobs_complete_many(pool, &[id.0], &[old])
@@ -91,7 +93,9 @@ async fn a_reaped_and_reclaimed_job_ignores_its_former_holder() {
         .unwrap()
     };
     let before = heartbeat_at().await;
-    let lost = jobs_heartbeat_many(pool, &[id.0], &[new]).await.unwrap();
+    let lost = jobs_heartbeat_many(pool, &[id.0], &[new], &[])
+        .await
+        .unwrap();
     assert!(lost.is_empty(), "B's claim holds");
     assert!(heartbeat_at().await > before, "B's heartbeat extended it");
     let saved = jobs_complete_many(pool, &[id.0], &[new]).await.unwrap();

@@ -160,7 +160,7 @@ async fn releasing_a_batch_does_not_scan_the_table() {
 #[tokio::test]
 async fn a_heartbeat_does_not_scan_the_table() {
     let (scans, matched) = scans_of_batch_statement(|mut conn, ids, tokens| async move {
-        let gone = jobs_heartbeat_many(&mut *conn, &ids, &tokens)
+        let gone = jobs_heartbeat_many(&mut *conn, &ids, &tokens, &[])
             .await
             .unwrap();
         assert!(gone.is_empty(), "claims reported gone: {gone:?}");

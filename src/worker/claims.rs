@@ -1,6 +1,7 @@
 //! The claims a worker holds: every job it claimed whose outcome is not yet saved, whether
 //! it waits in the local buffer, runs, or waits for the completer. The heartbeat extends
-//! exactly these.
+//! exactly these, and the jobs of claim statements still in flight (see
+//! [`ClaimInFlight`]).
 //!
 //! A claim is identified by its job id *and* its claim token, never by the id alone: the
 //! same worker can hold a stale claim of a job (an earlier attempt that was reaped or
@@ -11,6 +12,7 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
@@ -44,15 +46,63 @@ pub(crate) struct ClaimHandles {
 #[derive(Default)]
 pub(crate) struct HeldClaims {
     inner: Mutex<HashMap<ClaimKey, HeldClaim>>,
+    /// Claim statements sent and not yet landed, by the token their jobs hold, with the
+    /// moment each was sent.
+    in_flight: Arc<Mutex<HashMap<Uuid, Instant>>>,
+}
+
+/// A claim statement between the moment it is sent and the moment its jobs are held
+/// (recorded in [`HeldClaims`]); dropping it ends that span.
+///
+/// The jobs of a claim are `running` from its commit, but the worker learns them only
+/// when the producer reads the reply. A handler that blocks its runtime thread can strand
+/// the producer for longer than the stale timeout (tokio's LIFO slot, which no other
+/// thread may steal): the claim's jobs then went unbeaten, the reaper took them back and
+/// they ran twice. The heartbeat, on its own thread, extends the jobs of a claim that has
+/// been in flight for a beat interval by the claim's token, which every job of that claim
+/// holds and which fences it like any claim token.
+pub(crate) struct ClaimInFlight {
+    token: Uuid,
+    registry: Arc<Mutex<HashMap<Uuid, Instant>>>,
+}
+
+impl Drop for ClaimInFlight {
+    fn drop(&mut self) {
+        lock(&self.registry).remove(&self.token);
+    }
+}
+
+/// Locks a registry; every critical section is a single map operation, so a panic while
+/// holding the lock cannot leave the map half-updated.
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 impl HeldClaims {
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<ClaimKey, HeldClaim>> {
-        // A panic while holding this lock cannot leave the map half-updated: every
-        // critical section is a single map operation.
-        self.inner
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
+        lock(&self.inner)
+    }
+
+    /// Notes a claim statement about to be sent whose jobs will hold `token`. Drop the
+    /// result once those jobs are recorded with [`insert`](Self::insert), or once the
+    /// claim failed.
+    pub(crate) fn claim_sent(&self, token: Uuid) -> ClaimInFlight {
+        lock(&self.in_flight).insert(token, Instant::now());
+        ClaimInFlight {
+            token,
+            registry: self.in_flight.clone(),
+        }
+    }
+
+    /// Tokens of the claims in flight for at least `age`.
+    pub(crate) fn in_flight_for(&self, age: Duration) -> Vec<Uuid> {
+        lock(&self.in_flight)
+            .iter()
+            .filter(|(_, sent)| sent.elapsed() >= age)
+            .map(|(token, _)| *token)
+            .collect()
     }
 
     /// Records a new claim and returns what its handler gets.
@@ -179,6 +229,19 @@ mod tests {
             "the removed claim's token is its own"
         );
         assert!(claims.handles(stale).unwrap().stop.is_cancelled());
+    }
+
+    /// A claim in flight is listed once it is old enough, and forgotten when its guard
+    /// drops, whether it landed or failed.
+    #[test]
+    fn a_claim_in_flight_is_listed_until_its_guard_drops() {
+        let claims = HeldClaims::default();
+        let token = Uuid::new_v4();
+        let guard = claims.claim_sent(token);
+        assert_eq!(claims.in_flight_for(Duration::ZERO), vec![token]);
+        assert!(claims.in_flight_for(Duration::from_secs(3600)).is_empty());
+        drop(guard);
+        assert!(claims.in_flight_for(Duration::ZERO).is_empty());
     }
 
     /// A heartbeat that finds the stale claim lost stops only that claim's handler.

@@ -1,5 +1,6 @@
-//! The heartbeat: one statement per interval extends every claim the worker holds, and
-//! stops the handlers of claims the database no longer honours (reaped or cancelled).
+//! The heartbeat: one statement per interval extends every claim the worker holds (and the
+//! jobs of claims still in flight, see [`ClaimInFlight`](super::claims::ClaimInFlight)),
+//! and stops the handlers of claims the database no longer honours (reaped or cancelled).
 //!
 //! It runs on a thread of its own, with its own single-threaded runtime and its own
 //! connection. On the application's runtime it could be starved: a handler that blocks its
@@ -88,7 +89,11 @@ async fn beat_loop(shared: Arc<Shared>, stop: CancellationToken, application: Op
             _ = ticker.tick() => {}
         }
         let (ids, tokens) = shared.claims.snapshot();
-        if ids.is_empty() {
+        // Claims in flight for a whole interval: their producer is late reading the reply
+        // (stranded on a blocked thread, or the statement is slow); extend their jobs by
+        // token meanwhile.
+        let in_flight = shared.claims.in_flight_for(interval);
+        if ids.is_empty() && in_flight.is_empty() {
             // A quiet worker gives the session back; the next claim opens it again.
             if last_beat.elapsed() >= CONNECTION_IDLE_MAX
                 && let Some(own) = connection.take()
@@ -113,8 +118,10 @@ async fn beat_loop(shared: Arc<Shared>, stop: CancellationToken, application: Op
         }
         let outcome = match (connection.as_mut(), &application) {
             (Some(own), _) => {
-                let beat =
-                    tokio::time::timeout(beat_timeout, jobs_heartbeat_many(own, &ids, &tokens));
+                let beat = tokio::time::timeout(
+                    beat_timeout,
+                    jobs_heartbeat_many(own, &ids, &tokens, &in_flight),
+                );
                 match beat.await {
                     Ok(Ok(lost)) => Ok(lost),
                     Ok(Err(e)) => {
@@ -130,14 +137,15 @@ async fn beat_loop(shared: Arc<Shared>, stop: CancellationToken, application: Op
             (None, Some(application)) => {
                 let pool = shared.pool.clone();
                 let (ids, tokens) = (ids.clone(), tokens.clone());
-                let beat = application
-                    .spawn(async move { jobs_heartbeat_many(&pool, &ids, &tokens).await });
+                let beat = application.spawn(async move {
+                    jobs_heartbeat_many(&pool, &ids, &tokens, &in_flight).await
+                });
                 match beat.await {
                     Ok(result) => result.map_err(|e| e.to_string()),
                     Err(e) => Err(e.to_string()),
                 }
             }
-            (None, None) => jobs_heartbeat_many(&shared.pool, &ids, &tokens)
+            (None, None) => jobs_heartbeat_many(&shared.pool, &ids, &tokens, &in_flight)
                 .await
                 .map_err(|e| e.to_string()),
         };

@@ -22,6 +22,7 @@ use tokio::sync::{Notify, mpsc};
 use uuid::Uuid;
 
 use super::claim_cursor::{ClaimCursor, Landing, Walk};
+use super::claims::ClaimInFlight;
 use super::completer::write_split;
 use super::{PREFETCH_HORIZON, Shared, reply_lost, schema_mismatch, stop_if_schema_outgrown};
 use crate::db::jobs::{
@@ -98,7 +99,7 @@ pub(super) async fn produce(
         }
         let idle_wait = in_flight.is_empty() && !stopping;
         tokio::select! {
-            Some((limit, walk, claimed)) = in_flight.next(), if !in_flight.is_empty() => {
+            Some((limit, walk, claimed, sent)) = in_flight.next(), if !in_flight.is_empty() => {
                 reserved -= limit;
                 let jobs = match claimed {
                     Ok(jobs) => {
@@ -132,6 +133,8 @@ pub(super) async fn produce(
                         tracing::error!(error = %e, "local buffer refused a claimed job");
                     }
                 }
+                // Its jobs are held now: the heartbeat extends them by id and token.
+                drop(sent);
                 if let Landing::Drained { look_behind_at } = landing
                     && matches!(pause, Pause::No)
                 {
@@ -179,25 +182,31 @@ pub(super) async fn produce(
 
 /// One claim statement for `limit` jobs, walking as planned; returns the limit and the
 /// walk with the result so the producer can give back the room it reserved and move its
-/// cursor.
+/// cursor, and the claim's [`ClaimInFlight`], to drop once its jobs are held.
 async fn claim(
     shared: Arc<Shared>,
     group_index: usize,
     limit: usize,
     mut walk: Walk,
-) -> (usize, Walk, Result<Vec<ClaimedJob>, sqlx::Error>) {
+) -> (
+    usize,
+    Walk,
+    Result<Vec<ClaimedJob>, sqlx::Error>,
+    Option<ClaimInFlight>,
+) {
     let group = &shared.groups[group_index];
     if group.lost_claims.any() {
         release_lost_claims(&shared, &group.lost_claims).await;
     }
     let mut connection = match shared.pool.acquire().await {
         Ok(connection) => connection,
-        Err(e) => return (limit, walk, Err(e)),
+        Err(e) => return (limit, walk, Err(e), None),
     };
     // The walk's cost is what the statement takes, not the wait for a connection (a busy
     // pool would otherwise hold full walks back for ten times that wait).
     walk.start(Instant::now());
     let token = Uuid::new_v4();
+    let sent = shared.claims.claim_sent(token);
     let claimed = match shared.config.only_job {
         // One chosen job, claimed once (`skiplock::testing`).
         Some(id) if !shared.only_job_claimed.swap(true, Ordering::SeqCst) => {
@@ -222,7 +231,7 @@ async fn claim(
     {
         group.lost_claims.add(token, Instant::now());
     }
-    (limit, walk, claimed)
+    (limit, walk, claimed, Some(sent))
 }
 
 /// Claims whose reply was lost. The worker knows their tokens (it chose them), so it finds

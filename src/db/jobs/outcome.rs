@@ -384,32 +384,57 @@ pub async fn jobs_release_many(
 /// of the wait, not its start. The claims gone are found by one primary-key probe per
 /// claim (`LIMIT 1` keeps the lookup from being flattened into a join, which the planner
 /// may run as a scan of the whole table).
+///
+/// `claims_in_flight` are the tokens of claim statements the worker sent and has not yet
+/// read the reply of: the jobs holding one of them are extended too (they are this
+/// worker's, fenced by the token, though it does not know their ids yet). Usually empty;
+/// the extra update then costs nothing. When not, it walks the running jobs' index.
 pub async fn jobs_heartbeat_many(
     db: impl PgExecutor<'_>,
     ids: &[i64],
     tokens: &[Uuid],
+    claims_in_flight: &[Uuid],
 ) -> sqlx::Result<Vec<(i64, Uuid)>> {
-    sqlx::query_as(
-        "WITH held AS (
-             SELECT j.id FROM unnest($1::bigint[], $2::uuid[]) AS c(id, token),
-             LATERAL (SELECT id FROM skiplock.jobs j
-                      WHERE j.id = c.id AND j.claim_token = c.token
-                      FOR UPDATE SKIP LOCKED) j
-         ), beat AS (
+    // One statement text with the extra update and one without; `$extra` is spliced
+    // between the held claims' update and the lookup of the claims gone.
+    macro_rules! heartbeat {
+        ($extra:literal) => {
+            concat!(
+                "WITH held AS (
+                     SELECT j.id FROM unnest($1::bigint[], $2::uuid[]) AS c(id, token),
+                     LATERAL (SELECT id FROM skiplock.jobs j
+                              WHERE j.id = c.id AND j.claim_token = c.token
+                              FOR UPDATE SKIP LOCKED) j
+                 ), beat AS (
+                     UPDATE skiplock.jobs j SET heartbeat_at = clock_timestamp()
+                     WHERE j.id = ANY(ARRAY(SELECT id FROM held))
+                 )",
+                $extra,
+                " SELECT c.id, c.token FROM unnest($1::bigint[], $2::uuid[]) AS c(id, token)
+                 LEFT JOIN LATERAL (SELECT true AS holds FROM skiplock.jobs j
+                                    WHERE j.id = c.id AND j.claim_token = c.token
+                                    LIMIT 1) h ON true
+                 WHERE h.holds IS NULL"
+            )
+        };
+    }
+    const HELD: &str = heartbeat!("");
+    const HELD_AND_IN_FLIGHT: &str = heartbeat!(
+        ", in_flight AS (
              UPDATE skiplock.jobs j SET heartbeat_at = clock_timestamp()
-             WHERE j.id = ANY(ARRAY(SELECT id FROM held))
-         )
-         SELECT c.id, c.token FROM unnest($1::bigint[], $2::uuid[]) AS c(id, token)
-         LEFT JOIN LATERAL (SELECT true AS holds FROM skiplock.jobs j
-                            WHERE j.id = c.id AND j.claim_token = c.token
-                            LIMIT 1) h ON true
-         WHERE h.holds IS NULL",
-    )
-    .bind(ids)
-    .bind(tokens)
-    .persistent(false)
-    .fetch_all(db)
-    .await
+             WHERE j.state = 'running' AND j.claim_token = ANY($3::uuid[])
+               AND j.id <> ALL(ARRAY(SELECT id FROM held))
+         )"
+    );
+    let query = if claims_in_flight.is_empty() {
+        sqlx::query_as(HELD).bind(ids).bind(tokens)
+    } else {
+        sqlx::query_as(HELD_AND_IN_FLIGHT)
+            .bind(ids)
+            .bind(tokens)
+            .bind(claims_in_flight)
+    };
+    query.persistent(false).fetch_all(db).await
 }
 
 /// The last resort for a claim whose outcome cannot be saved as it is (the statement

@@ -715,6 +715,48 @@ async fn enqueue_file_reads_stdin() {
     assert_eq!(kinds, ["noop", "sleep"]);
 }
 
+/// A file whose lines a unique key folds into pending jobs: a skip, a replace, a merge; one
+/// invalid line; three new jobs.
+const UNIQUE_KEY_LINES: [&str; 8] = [
+    r#"{"kind": "noop", "unique_key": "a", "args": {"n": 1}}"#,
+    r#"{"kind": "noop", "unique_key": "a", "args": {"n": 2}}"#,
+    "",
+    r#"{"kind": "noop", "unique_key": "a", "args": {"n": 3}, "on_conflict": "replace"}"#,
+    r#"{"kind": "noop", "unique_key": "b", "args": {"n": 4}, "on_conflict": "merge"}"#,
+    r#"{"kind": "noop", "unique_key": "b", "args": {"n": 5}, "on_conflict": "merge"}"#,
+    r#"{"kind": "noop", "priority": "high"}"#,
+    r#"{"kind": "noop"}"#,
+];
+
+/// `enqueue --file` without `--json` counts as enqueued only the new jobs, and says how
+/// many lines a unique key folded into pending jobs, by policy (they were counted as
+/// enqueued jobs).
+#[tokio::test]
+async fn enqueue_file_summary_counts_lines_folded_by_a_unique_key_apart() {
+    let db = test_db().await;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("jobs.ndjson");
+    std::fs::write(&path, UNIQUE_KEY_LINES.join("\n")).unwrap();
+    let path = path.to_str().unwrap();
+    let out = skiplock(&db, &["enqueue", "--file", path, "--skip-invalid"])
+        .await
+        .ok();
+    let (head, tail) = out.trim_end().split_once(" in ").expect("a summary line");
+    assert_eq!(head, format!("enqueued 3 jobs from {path}"));
+    let tail = tail.split_once("; ").map(|(_, rest)| rest).unwrap_or("");
+    assert_eq!(
+        tail,
+        "1 skipped: a pending job has the same unique key; \
+         1 replaced the args of the pending job of their unique key; \
+         1 merged into the pending job of their unique key; skipped 1 invalid lines"
+    );
+    let jobs: i64 = sqlx::query_scalar("SELECT count(*) FROM skiplock.jobs")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(jobs, 3);
+}
+
 /// `enqueue --file --json` prints one object per line of the file, in the file's order:
 /// the job's id and what the enqueue did, told apart for every unique-key policy, and the
 /// error of a line that `--skip-invalid` skipped. Blank lines are no jobs and print
@@ -724,17 +766,7 @@ async fn enqueue_file_json_reports_each_lines_outcome() {
     let db = test_db().await;
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("jobs.ndjson");
-    let lines = [
-        r#"{"kind": "noop", "unique_key": "a", "args": {"n": 1}}"#,
-        r#"{"kind": "noop", "unique_key": "a", "args": {"n": 2}}"#,
-        "",
-        r#"{"kind": "noop", "unique_key": "a", "args": {"n": 3}, "on_conflict": "replace"}"#,
-        r#"{"kind": "noop", "unique_key": "b", "args": {"n": 4}, "on_conflict": "merge"}"#,
-        r#"{"kind": "noop", "unique_key": "b", "args": {"n": 5}, "on_conflict": "merge"}"#,
-        r#"{"kind": "noop", "priority": "high"}"#,
-        r#"{"kind": "noop"}"#,
-    ];
-    std::fs::write(&path, lines.join("\n")).unwrap();
+    std::fs::write(&path, UNIQUE_KEY_LINES.join("\n")).unwrap();
     let stdout = skiplock(
         &db,
         &[

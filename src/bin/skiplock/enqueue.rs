@@ -12,7 +12,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use serde::Deserialize;
 use serde_json::{Value, json};
 use skiplock::DbPool;
-use skiplock::{EnqueueOptions, EnqueueResult, JobId, NewJob, UniquePolicy};
+use skiplock::{EnqueueOptions, EnqueueOutcome, EnqueueResult, JobId, NewJob, UniquePolicy};
 use sqlx::{Acquire, PgConnection};
 
 use crate::output::{
@@ -328,21 +328,52 @@ async fn enqueue_file(
         print_outcomes(&lines);
         return Ok(());
     }
-    let (enqueued, invalid) = (lines.enqueued.len(), &lines.invalid);
-    for bad in invalid {
+    for bad in &lines.invalid {
         eprintln!("skipped {name} line {}: {}", bad.line, bad.error);
     }
-    let rate = enqueued as f64 / elapsed.as_secs_f64().max(1e-3);
-    outln!(
-        "enqueued {enqueued} jobs from {name} in {:.2}s ({rate:.0} jobs/s){}",
-        elapsed.as_secs_f64(),
-        if invalid.is_empty() {
-            String::new()
-        } else {
-            format!("; skipped {} invalid lines", invalid.len())
-        }
-    );
+    outln!("{}", summary(&lines, &name, elapsed));
     Ok(())
+}
+
+/// The last line of `enqueue --file`: the new jobs, then each line a unique key folded
+/// into a pending job (which is not a new job), then the invalid lines skipped.
+fn summary(lines: &Lines, name: &str, elapsed: Duration) -> String {
+    let count = |outcome: EnqueueOutcome| {
+        lines
+            .enqueued
+            .iter()
+            .filter(|e| e.result.outcome == outcome)
+            .count()
+    };
+    let inserted = count(EnqueueOutcome::Inserted);
+    let rate = inserted as f64 / elapsed.as_secs_f64().max(1e-3);
+    let mut line = format!(
+        "enqueued {inserted} jobs from {name} in {:.2}s ({rate:.0} jobs/s)",
+        elapsed.as_secs_f64()
+    );
+    for (outcome, what) in [
+        (
+            EnqueueOutcome::Skipped,
+            "skipped: a pending job has the same unique key",
+        ),
+        (
+            EnqueueOutcome::Replaced,
+            "replaced the args of the pending job of their unique key",
+        ),
+        (
+            EnqueueOutcome::Merged,
+            "merged into the pending job of their unique key",
+        ),
+    ] {
+        let n = count(outcome);
+        if n > 0 {
+            line.push_str(&format!("; {n} {what}"));
+        }
+    }
+    if !lines.invalid.is_empty() {
+        line.push_str(&format!("; skipped {} invalid lines", lines.invalid.len()));
+    }
+    line
 }
 
 /// `--file --json`: one JSON object per line of the file that held a job, in the file's

@@ -222,7 +222,7 @@ async fn a_handler_that_aborts_its_process_is_tried_max_attempts_times() {
 
 /// Workload: one worker with a single runtime thread (heartbeat 100 ms, stale after
 /// 1 s; its own reaper kept out of the way so the test decides when to reap) runs one
-/// `block` job that blocks that thread for 3 s, and 20 short jobs.
+/// `block` job that blocks that thread for 4 s, and 20 short jobs.
 ///
 /// Fault: the block strands every task of the runtime, the producer included, right after
 /// it sent the claim of the short jobs: that claim commits, so its jobs are `running`, but
@@ -262,7 +262,7 @@ async fn a_claim_whose_reply_is_stranded_by_a_blocked_thread_is_not_reaped() {
         .await
         .unwrap();
     let once = EnqueueOptions::new().max_attempts(1);
-    let block = enqueue_n(pool, "block", json!({"ms": 3000}), 1, once.clone()).await[0];
+    let block = enqueue_n(pool, "block", json!({"ms": 4000}), 1, once.clone()).await[0];
     let worker = Testbed::start(
         &db.url,
         WORKER,
@@ -299,8 +299,9 @@ async fn a_claim_whose_reply_is_stranded_by_a_blocked_thread_is_not_reaped() {
     })
     .await;
     // Between its record and its block the handler does no I/O; this only leaves the
-    // thread time to get there, so the claim's reply cannot be read before it blocks.
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    // thread time to get there (a loaded machine may not run it at once), so the claim's
+    // reply is not read before it blocks.
+    tokio::time::sleep(Duration::from_secs(1)).await;
     claim_lock.commit().await.unwrap();
     wait_until("the short jobs' claim to commit", PATIENCE, || async {
         let running: i64 = sqlx::query_scalar(
@@ -315,7 +316,7 @@ async fn a_claim_whose_reply_is_stranded_by_a_blocked_thread_is_not_reaped() {
     .await;
     // Past the stale timeout since that claim, with the thread still blocked.
     wait_until("the stale timeout to pass", PATIENCE, || async {
-        let claimed_ms: f64 = sqlx::query_scalar(
+        let claimed_ms: Option<f64> = sqlx::query_scalar(
             "SELECT (extract(epoch FROM now() - max(claimed_at)) * 1000)::float8
              FROM skiplock.jobs WHERE id = ANY($1) AND state = 'running'",
         )
@@ -323,6 +324,10 @@ async fn a_claim_whose_reply_is_stranded_by_a_blocked_thread_is_not_reaped() {
         .fetch_one(pool)
         .await
         .unwrap();
+        let claimed_ms = claimed_ms.expect(
+            "the short jobs ran before the stale timeout: the worker read the claim's reply \
+             before its thread blocked, so the scenario did not happen",
+        );
         (claimed_ms > (STALE_MS + 200) as f64).then_some(())
     })
     .await;

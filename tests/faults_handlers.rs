@@ -221,8 +221,8 @@ async fn a_handler_that_aborts_its_process_is_tried_max_attempts_times() {
 }
 
 /// Workload: one worker with a single runtime thread (heartbeat 100 ms, stale after
-/// 1 s; its own reaper kept out of the way so the test decides when to reap) runs one
-/// `block` job that blocks that thread for 4 s, and 20 short jobs.
+/// 2 s; its own reaper kept out of the way so the test decides when to reap) runs one
+/// `block` job that blocks that thread for 5 s, and 20 short jobs.
 ///
 /// Fault: the block strands every task of the runtime, the producer included, right after
 /// it sent the claim of the short jobs: that claim commits, so its jobs are `running`, but
@@ -238,7 +238,7 @@ async fn a_handler_that_aborts_its_process_is_tried_max_attempts_times() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_claim_whose_reply_is_stranded_by_a_blocked_thread_is_not_reaped() {
     const WORKER: &str = "tb-stranded";
-    const STALE_MS: i64 = 1_000;
+    const STALE_MS: i64 = 2_000;
     let db = audited_db().await;
     let pool = &db.pool;
     let waiting_on_lock = |statement: &'static str| async move {
@@ -262,7 +262,7 @@ async fn a_claim_whose_reply_is_stranded_by_a_blocked_thread_is_not_reaped() {
         .await
         .unwrap();
     let once = EnqueueOptions::new().max_attempts(1);
-    let block = enqueue_n(pool, "block", json!({"ms": 4000}), 1, once.clone()).await[0];
+    let block = enqueue_n(pool, "block", json!({"ms": 5000}), 1, once.clone()).await[0];
     let worker = Testbed::start(
         &db.url,
         WORKER,
@@ -298,10 +298,10 @@ async fn a_claim_whose_reply_is_stranded_by_a_blocked_thread_is_not_reaped() {
         runs_by_job(pool).await.contains_key(&block).then_some(())
     })
     .await;
-    // Between its record and its block the handler does no I/O; this only leaves the
-    // thread time to get there (a loaded machine may not run it at once), so the claim's
-    // reply is not read before it blocks.
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    wait_until("the block job to block its thread", PATIENCE, || async {
+        a_thread_sleeps(worker.pid()).then_some(())
+    })
+    .await;
     claim_lock.commit().await.unwrap();
     wait_until("the short jobs' claim to commit", PATIENCE, || async {
         let running: i64 = sqlx::query_scalar(
@@ -324,10 +324,7 @@ async fn a_claim_whose_reply_is_stranded_by_a_blocked_thread_is_not_reaped() {
         .fetch_one(pool)
         .await
         .unwrap();
-        let claimed_ms = claimed_ms.expect(
-            "the short jobs ran before the stale timeout: the worker read the claim's reply \
-             before its thread blocked, so the scenario did not happen",
-        );
+        let claimed_ms = claimed_ms.expect("the short jobs ran while the thread was blocked");
         (claimed_ms > (STALE_MS + 200) as f64).then_some(())
     })
     .await;
@@ -341,7 +338,8 @@ async fn a_claim_whose_reply_is_stranded_by_a_blocked_thread_is_not_reaped() {
     );
     assert!(
         reaped.is_empty(),
-        "the stranded claim's jobs were reaped: {reaped:?}"
+        "the stranded claim's jobs were reaped: {reaped:?}\nthe worker's log:\n{}",
+        worker.log_text()
     );
 
     wait_until("every job to succeed", PATIENCE, || async {
@@ -354,4 +352,16 @@ async fn a_claim_whose_reply_is_stranded_by_a_blocked_thread_is_not_reaped() {
         assert_eq!(runs[id].len(), 1, "job {id} ran once");
     }
     check_claim_discipline(&audit(pool).await, false);
+}
+
+/// Whether a thread of process `pid` sleeps in `nanosleep`, as the `block` handler's
+/// `std::thread::sleep` does (Linux's `/proc`; tokio's idle threads wait in `epoll` or on a
+/// futex, never there).
+fn a_thread_sleeps(pid: u32) -> bool {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return false;
+    };
+    tasks.flatten().any(|task| {
+        std::fs::read_to_string(task.path().join("wchan")).is_ok_and(|w| w.contains("nanosleep"))
+    })
 }

@@ -4,24 +4,29 @@
 # run it; the shared server on 5432 is never touched or restarted. The command gets
 # DATABASE_URL pointing at the private server, which is stopped and deleted afterwards.
 #
-#   benches/with-private-server.sh [-c name=value]... -- COMMAND [ARG]...
+#   benches/with-private-server.sh [-c name=value]... [--cpus LIST] -- COMMAND [ARG]...
 #
 #   -c name=value   a server setting on top of the defaults (repeatable), for example
 #                   -c shared_preload_libraries=pg_stat_statements
+#   --cpus LIST     run the server on these CPUs only (taskset), for example 0: with the
+#                   clients on the others, as workers on other hosts would be
 #
 #   benches/with-private-server.sh -- cargo bench --bench drain -- --only held
 set -euo pipefail
 
 settings=()
+pin=()
+usage="usage: $0 [-c name=value]... [--cpus LIST] -- COMMAND [ARG]..."
 while [ $# -gt 0 ]; do
     case "$1" in
         -c) settings+=(-c "$2"); shift 2 ;;
+        --cpus) pin=(taskset -c "$2"); shift 2 ;;
         --) shift; break ;;
-        *) echo "usage: $0 [-c name=value]... -- COMMAND [ARG]..." >&2; exit 2 ;;
+        *) echo "$usage" >&2; exit 2 ;;
     esac
 done
 if [ $# -eq 0 ]; then
-    echo "usage: $0 [-c name=value]... -- COMMAND [ARG]..." >&2
+    echo "$usage" >&2
     exit 2
 fi
 
@@ -41,7 +46,7 @@ stop_private() {
 trap stop_private EXIT
 echo "starting a private server ($pgbin, initdb defaults${settings[*]:+, ${settings[*]}}) on port $port…" >&2
 as_pg "$pgbin/initdb" -D "$dir/data" -U postgres -A trust -E UTF8 >/dev/null
-as_pg "$pgbin/pg_ctl" -D "$dir/data" -l "$dir/server.log" -w -o \
+as_pg "${pin[@]}" "$pgbin/pg_ctl" -D "$dir/data" -l "$dir/server.log" -w -o \
     "-c port=$port -c listen_addresses=127.0.0.1 -c unix_socket_directories=$dir ${settings[*]}" \
     start >/dev/null
 DATABASE_URL="postgres://postgres@127.0.0.1:$port/postgres" "$@"

@@ -79,6 +79,8 @@ async function drain(name, workerPreset) {
 
 console.log("| worker | conc. | jobs | secs | jobs/s |");
 console.log("|---|---|---|---|---|");
+// PEER_TUNED_ONLY=1 skips the defaults (minutes on a preloaded queue) for side-by-side runs.
 for (const [name, preset] of configurations) {
+  if (process.env.PEER_TUNED_ONLY && name === "defaults") continue;
   await drain(name, preset);
 }

@@ -16,6 +16,7 @@ use skiplock::db::jobs::{
     ClaimedJob, FailAction, FailBatch, jobs_claim_batch, jobs_complete_many, jobs_fail_many,
     jobs_heartbeat_many, jobs_release_many,
 };
+use skiplock::db::maintenance::{jobs_reap_stale, jobs_reap_stale_since, jobs_stale_threshold};
 use sqlx::pool::PoolConnection;
 use sqlx::postgres::PgPoolOptions;
 use sqlx::{PgPool, Postgres};
@@ -174,4 +175,67 @@ async fn a_heartbeat_does_not_scan_the_table() {
         scans, 0,
         "sequential scans of skiplock.jobs by one heartbeat"
     );
+}
+
+/// Index entries of `jobs_running_idx` read so far, with this connection's pending counts
+/// flushed first.
+async fn running_index_reads(conn: &mut PoolConnection<Postgres>, pool: &PgPool) -> i64 {
+    sqlx::query("SELECT pg_stat_force_next_flush()")
+        .execute(&mut **conn)
+        .await
+        .unwrap();
+    sqlx::query("SELECT 1").execute(&mut **conn).await.unwrap();
+    sqlx::query_scalar(
+        "SELECT idx_tup_read FROM pg_stat_user_indexes
+         WHERE schemaname = 'skiplock' AND indexrelname = 'jobs_running_idx'",
+    )
+    .fetch_one(pool)
+    .await
+    .unwrap()
+}
+
+/// While another session holds a snapshot with an xid, every job that ran since keeps its
+/// entry in `jobs_running_idx`, and a full reaper pass reads every one of them (a pass
+/// grew without bound through a held snapshot: 21 ms after 300,000 jobs). The reaper's
+/// window, from the previous pass's threshold on, reads none of them.
+#[tokio::test]
+async fn a_reaper_window_steps_over_none_of_the_entries_a_held_snapshot_keeps() {
+    const JOBS: i64 = 2_000;
+    let db = test_db().await;
+    let pool = &db.pool;
+    let mut held = pool.begin().await.unwrap();
+    sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+        .execute(&mut *held)
+        .await
+        .unwrap();
+    sqlx::query("SELECT txid_current()")
+        .execute(&mut *held)
+        .await
+        .unwrap();
+    insert_jobs(pool, JOBS).await;
+    let mut conn = pool.acquire().await.unwrap();
+    let (ids, tokens) = claim(&mut conn, JOBS).await;
+    let done = jobs_complete_many(&mut *conn, &ids, &tokens).await.unwrap();
+    assert_eq!(done.len() as i64, JOBS);
+    // Stale after 0 ms: every heartbeat so far is before the threshold.
+    let since = jobs_stale_threshold(&mut *conn, 0).await.unwrap();
+
+    let before = running_index_reads(&mut conn, pool).await;
+    let reaped = jobs_reap_stale_since(&mut *conn, 0, 1_000, since)
+        .await
+        .unwrap();
+    assert!(reaped.is_empty());
+    let window = running_index_reads(&mut conn, pool).await - before;
+
+    let before = running_index_reads(&mut conn, pool).await;
+    let reaped = jobs_reap_stale(&mut *conn, 0, 1_000).await.unwrap();
+    assert!(reaped.is_empty());
+    let full = running_index_reads(&mut conn, pool).await - before;
+    held.rollback().await.unwrap();
+
+    assert!(
+        full >= JOBS,
+        "a full pass reads every kept entry: {full} of {JOBS}"
+    );
+    assert!(window < 10, "the window read {window} entries");
 }

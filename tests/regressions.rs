@@ -650,6 +650,53 @@ async fn the_reaper_supersedes_a_stale_job_whose_unique_key_is_pending() {
     );
 }
 
+/// Between its full passes the reaper looks only at heartbeats since its previous pass
+/// (so a held snapshot does not make every pass walk every job processed meanwhile). A
+/// `running` row written by hand with an hour-old heartbeat after the reaper started lies
+/// below every window: a full pass, which comes at least every 12 reap intervals, takes
+/// it back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stale_row_written_below_the_reapers_window_is_reaped_by_a_full_pass() {
+    let db = test_db().await;
+    let insert_stale = "INSERT INTO skiplock.jobs
+             (kind, args, state, claim_token, claimed_by, claimed_at, heartbeat_at, attempt)
+         VALUES ('k', '{}', 'running', gen_random_uuid(), 'gone', now() - interval '1 hour',
+                 now() - interval '1 hour', 1)
+         RETURNING id";
+    let first: i64 = sqlx::query_scalar(insert_stale)
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    let timeline = Timeline::default();
+    let pool = db.pool.clone();
+    run_until(
+        k_worker(&db.pool, &timeline)
+            .heartbeat(Duration::from_millis(100), Duration::from_millis(500))
+            .reap_interval(Duration::from_millis(100)),
+        "both hand-written stale rows to be reaped and succeed",
+        || {
+            let pool = pool.clone();
+            async move {
+                if state_of(&pool, first).await != JobState::Succeeded {
+                    return false;
+                }
+                // The first full pass is done: the reaper works in windows now.
+                static SECOND: tokio::sync::OnceCell<i64> = tokio::sync::OnceCell::const_new();
+                let second = *SECOND
+                    .get_or_init(|| async {
+                        sqlx::query_scalar(insert_stale)
+                            .fetch_one(&pool)
+                            .await
+                            .unwrap()
+                    })
+                    .await;
+                state_of(&pool, second).await == JobState::Succeeded
+            }
+        },
+    )
+    .await;
+}
+
 // ---------------------------------------------------------------------------------------
 // Item 5: dependencies.
 

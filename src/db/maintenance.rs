@@ -8,6 +8,7 @@
 //! call (unnamed statements), for the reason given in [`crate::db::jobs`]: a plan cached
 //! while the table was small goes on scanning it whole once it is large.
 
+use chrono::{DateTime, Utc};
 use sqlx::{FromRow, PgExecutor};
 use uuid::Uuid;
 
@@ -45,7 +46,40 @@ pub async fn jobs_reap_stale(
     stale_after_ms: i64,
     limit: i64,
 ) -> sqlx::Result<Vec<ReapedJob>> {
-    jobs_reap_stale_matching(db, stale_after_ms, limit, None).await
+    jobs_reap_stale_matching(db, stale_after_ms, limit, None, None).await
+}
+
+/// [`jobs_reap_stale`] over the heartbeats from `since` on only (and those in the future):
+/// the reaper's pass between its full passes, where `since` is where the previous pass's
+/// stale range ended.
+///
+/// A full pass walks `jobs_running_idx` from its left edge. Every job that was ever
+/// `running` left an entry there with its last heartbeat time, and while another session
+/// holds a snapshot with an xid (a long report, `pg_dump`, a forgotten `BEGIN`) none of
+/// them can be removed: the full pass then fetches a heap row for every job processed
+/// since the snapshot began (300,000 jobs into a held snapshot: 6,772 buffers and 21 ms a
+/// pass, growing without bound). From `since` on, it steps over the entries of one reaper
+/// interval only.
+pub async fn jobs_reap_stale_since(
+    db: impl PgExecutor<'_>,
+    stale_after_ms: i64,
+    limit: i64,
+    since: DateTime<Utc>,
+) -> sqlx::Result<Vec<ReapedJob>> {
+    jobs_reap_stale_matching(db, stale_after_ms, limit, None, Some(since)).await
+}
+
+/// Where a reaper pass's stale range ends: the database's `now() - stale_after_ms`. A
+/// pass that starts after this statement reaps every heartbeat before it.
+pub async fn jobs_stale_threshold(
+    db: impl PgExecutor<'_>,
+    stale_after_ms: i64,
+) -> sqlx::Result<DateTime<Utc>> {
+    sqlx::query_scalar("SELECT now() - $1 * interval '1 millisecond'")
+        .bind(stale_after_ms)
+        .persistent(false)
+        .fetch_one(db)
+        .await
 }
 
 /// [`jobs_reap_stale`] for one job only, if its claim is stale: the reaper's way round a
@@ -55,7 +89,7 @@ pub async fn jobs_reap_stale_one(
     stale_after_ms: i64,
     id: i64,
 ) -> sqlx::Result<Vec<ReapedJob>> {
-    jobs_reap_stale_matching(db, stale_after_ms, 1, Some(id)).await
+    jobs_reap_stale_matching(db, stale_after_ms, 1, Some(id), None).await
 }
 
 async fn jobs_reap_stale_matching(
@@ -63,12 +97,16 @@ async fn jobs_reap_stale_matching(
     stale_after_ms: i64,
     limit: i64,
     only: Option<i64>,
+    since: Option<DateTime<Utc>>,
 ) -> sqlx::Result<Vec<ReapedJob>> {
+    // Planned at each call with its parameters' values (an unnamed statement), so a
+    // missing `since` folds away and a given one bounds the index range.
     sqlx::query_as(
         "WITH stale AS (
              SELECT id FROM skiplock.jobs
              WHERE state = 'running'
-               AND (heartbeat_at < now() - $1 * interval '1 millisecond'
+               AND ((heartbeat_at < now() - $1 * interval '1 millisecond'
+                     AND ($4::timestamptz IS NULL OR heartbeat_at >= $4))
                     OR heartbeat_at > now() + $1 * interval '1 millisecond')
                AND ($3::bigint IS NULL OR id = $3)
              ORDER BY heartbeat_at
@@ -107,6 +145,7 @@ async fn jobs_reap_stale_matching(
     .bind(stale_after_ms)
     .bind(limit)
     .bind(only)
+    .bind(since)
     .persistent(false)
     .fetch_all(db)
     .await

@@ -62,22 +62,31 @@ async fn claim(conn: &mut PoolConnection<Postgres>, limit: i64) -> (Vec<i64>, Ve
     jobs.into_iter().map(|j| (j.id, j.claim_token)).unzip()
 }
 
-/// Sequential scans of `skiplock.jobs` so far, with this connection's pending counts
-/// flushed first.
-async fn seq_scans(conn: &mut PoolConnection<Postgres>, pool: &PgPool) -> i64 {
+/// A statistics counter (`query`), read after this connection's pending counts were
+/// flushed.
+async fn flushed_stat(
+    conn: &mut PoolConnection<Postgres>,
+    pool: &PgPool,
+    query: &'static str,
+) -> i64 {
     sqlx::query("SELECT pg_stat_force_next_flush()")
         .execute(&mut **conn)
         .await
         .unwrap();
     // Flushed when the connection's transaction ends: a statement of its own does that.
     sqlx::query("SELECT 1").execute(&mut **conn).await.unwrap();
-    sqlx::query_scalar(
+    sqlx::query_scalar(query).fetch_one(pool).await.unwrap()
+}
+
+/// Sequential scans of `skiplock.jobs` so far.
+async fn seq_scans(conn: &mut PoolConnection<Postgres>, pool: &PgPool) -> i64 {
+    flushed_stat(
+        conn,
+        pool,
         "SELECT seq_scan FROM pg_stat_user_tables
          WHERE schemaname = 'skiplock' AND relname = 'jobs'",
     )
-    .fetch_one(pool)
     .await
-    .unwrap()
 }
 
 /// Runs `statement` on claims of one connection: [`WARM_UP_RUNS`] times with a few jobs
@@ -177,21 +186,15 @@ async fn a_heartbeat_does_not_scan_the_table() {
     );
 }
 
-/// Index entries of `jobs_running_idx` read so far, with this connection's pending counts
-/// flushed first.
+/// Index entries of `jobs_running_idx` read so far.
 async fn running_index_reads(conn: &mut PoolConnection<Postgres>, pool: &PgPool) -> i64 {
-    sqlx::query("SELECT pg_stat_force_next_flush()")
-        .execute(&mut **conn)
-        .await
-        .unwrap();
-    sqlx::query("SELECT 1").execute(&mut **conn).await.unwrap();
-    sqlx::query_scalar(
+    flushed_stat(
+        conn,
+        pool,
         "SELECT idx_tup_read FROM pg_stat_user_indexes
          WHERE schemaname = 'skiplock' AND indexrelname = 'jobs_running_idx'",
     )
-    .fetch_one(pool)
     .await
-    .unwrap()
 }
 
 /// While another session holds a snapshot with an xid, every job that ran since keeps its

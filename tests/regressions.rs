@@ -592,6 +592,15 @@ async fn a_one_off_disk_full_error_on_completion_is_retried() {
 // ---------------------------------------------------------------------------------------
 // Item 3: the reaper with a unique-key conflict.
 
+/// A `running` row of kind `k` written by hand, held by a worker gone an hour ago, with the
+/// unique key `$1` (skip policy) if not null.
+const INSERT_STALE: &str = "INSERT INTO skiplock.jobs
+         (kind, args, state, claim_token, claimed_by, claimed_at, heartbeat_at, attempt,
+          unique_key, unique_policy)
+     VALUES ('k', '{}', 'running', gen_random_uuid(), 'gone', now() - interval '1 hour',
+             now() - interval '1 hour', 1, $1, CASE WHEN $1 IS NOT NULL THEN 'skip' END)
+     RETURNING id";
+
 /// Issue 12 item 3: the reaper returns stale jobs to `queued` in one statement; a stale
 /// job whose unique key is held by a pending job made that statement fail for every row,
 /// so no stale job was ever reaped. Fixed: the unrelated stale job is reaped and runs,
@@ -599,13 +608,7 @@ async fn a_one_off_disk_full_error_on_completion_is_retried() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_reaper_supersedes_a_stale_job_whose_unique_key_is_pending() {
     let db = test_db().await;
-    let insert_stale = "INSERT INTO skiplock.jobs
-             (kind, args, state, claim_token, claimed_by, claimed_at, heartbeat_at, attempt,
-              unique_key, unique_policy)
-         VALUES ('k', '{}', 'running', gen_random_uuid(), 'gone', now() - interval '1 hour',
-                 now() - interval '1 hour', 1, $1, CASE WHEN $1 IS NOT NULL THEN 'skip' END)
-         RETURNING id";
-    let a: i64 = sqlx::query_scalar(insert_stale)
+    let a: i64 = sqlx::query_scalar(INSERT_STALE)
         .bind(Some("r"))
         .fetch_one(&db.pool)
         .await
@@ -617,7 +620,7 @@ async fn the_reaper_supersedes_a_stale_job_whose_unique_key_is_pending() {
     .fetch_one(&db.pool)
     .await
     .unwrap();
-    let c: i64 = sqlx::query_scalar(insert_stale)
+    let c: i64 = sqlx::query_scalar(INSERT_STALE)
         .bind(None::<&str>)
         .fetch_one(&db.pool)
         .await
@@ -658,12 +661,8 @@ async fn the_reaper_supersedes_a_stale_job_whose_unique_key_is_pending() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stale_row_written_below_the_reapers_window_is_reaped_by_a_full_pass() {
     let db = test_db().await;
-    let insert_stale = "INSERT INTO skiplock.jobs
-             (kind, args, state, claim_token, claimed_by, claimed_at, heartbeat_at, attempt)
-         VALUES ('k', '{}', 'running', gen_random_uuid(), 'gone', now() - interval '1 hour',
-                 now() - interval '1 hour', 1)
-         RETURNING id";
-    let first: i64 = sqlx::query_scalar(insert_stale)
+    let first: i64 = sqlx::query_scalar(INSERT_STALE)
+        .bind(None::<&str>)
         .fetch_one(&db.pool)
         .await
         .unwrap();
@@ -684,7 +683,8 @@ async fn a_stale_row_written_below_the_reapers_window_is_reaped_by_a_full_pass()
                 static SECOND: tokio::sync::OnceCell<i64> = tokio::sync::OnceCell::const_new();
                 let second = *SECOND
                     .get_or_init(|| async {
-                        sqlx::query_scalar(insert_stale)
+                        sqlx::query_scalar(INSERT_STALE)
+                            .bind(None::<&str>)
                             .fetch_one(&pool)
                             .await
                             .unwrap()

@@ -299,3 +299,66 @@ async fn concurrent_claimers_never_share_a_job() {
     all.dedup();
     assert_eq!((total, all.len()), (2000, 2000), "every job claimed once");
 }
+
+/// The heartbeat extends the jobs of a claim whose reply the worker has not read yet by the
+/// claim's token, and only those; like the beat of held claims, it skips a row another
+/// session holds locked (an operator's `SELECT … FOR UPDATE`, a commit in flight) instead
+/// of queueing behind it, where the whole beat would wait and every claim go stale.
+#[tokio::test]
+async fn a_heartbeat_of_a_claim_in_flight_extends_its_jobs_and_skips_locked_rows() {
+    let db = test_db().await;
+    let pool = &db.pool;
+    for n in 0..3 {
+        skiplock::enqueue(pool, &Record { n }).await.unwrap();
+    }
+    let (queues, kinds) = (strings(&["default"]), strings(&["record"]));
+    let token = uuid::Uuid::new_v4();
+    let claimed = skiplock::db::jobs::jobs_claim_batch_after(
+        pool,
+        &queues,
+        &kinds,
+        2,
+        "worker-a",
+        None,
+        Some(token),
+    )
+    .await
+    .unwrap();
+    let other = jobs_claim_batch(pool, &queues, &kinds, 1, "worker-b")
+        .await
+        .unwrap();
+    let (locked, beaten, others) = (claimed[0].id, claimed[1].id, other[0].id);
+    sqlx::query("UPDATE skiplock.jobs SET heartbeat_at = now() - interval '1 minute'")
+        .execute(pool)
+        .await
+        .unwrap();
+    let mut operator = pool.begin().await.unwrap();
+    sqlx::query("SELECT 1 FROM skiplock.jobs WHERE id = $1 FOR UPDATE")
+        .bind(locked)
+        .execute(&mut *operator)
+        .await
+        .unwrap();
+
+    let mut conn = pool.acquire().await.unwrap();
+    // A beat that waited for the lock would fail here instead of hanging.
+    sqlx::query("SET lock_timeout = '2s'")
+        .execute(&mut *conn)
+        .await
+        .unwrap();
+    let lost = jobs_heartbeat_many(&mut *conn, &[], &[], &[token])
+        .await
+        .unwrap();
+    assert!(lost.is_empty());
+    operator.rollback().await.unwrap();
+
+    let fresh: Vec<(i64, bool)> = sqlx::query_as(
+        "SELECT id, heartbeat_at > now() - interval '30 seconds' FROM skiplock.jobs
+         WHERE state = 'running' ORDER BY id",
+    )
+    .fetch_all(pool)
+    .await
+    .unwrap();
+    let mut expected = vec![(locked, false), (beaten, true), (others, false)];
+    expected.sort_unstable();
+    assert_eq!(fresh, expected);
+}

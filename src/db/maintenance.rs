@@ -70,7 +70,8 @@ pub async fn jobs_reap_stale_since(
 }
 
 /// Where a reaper pass's stale range ends: the database's `now() - stale_after_ms`. A
-/// pass that starts after this statement reaps every heartbeat before it.
+/// pass that starts after this statement looks at every heartbeat before it (and reaps
+/// those it can lock).
 pub async fn jobs_stale_threshold(
     db: impl PgExecutor<'_>,
     stale_after_ms: i64,

@@ -37,15 +37,21 @@ const FULL_PASS_EVERY_INTERVALS: u32 = 12;
 /// snapshot began, and its cost stays a tenth of the reaper's time at most.
 const FULL_PASS_COST_FACTOR: u32 = 10;
 
+/// The longest gap between full passes, whatever the last one cost: its cost is measured
+/// by the clock, so a pass that waited behind a lock (a migration, `VACUUM FULL`) must
+/// not hold the next one back for ten times that wait.
+const FULL_PASS_GAP_MAX: Duration = Duration::from_secs(600);
+
 /// How far before the previous pass's threshold a window starts. The thresholds are the
 /// database's `now()` (its transaction start) and heartbeats its `clock_timestamp()`; the
 /// overlap covers a statement's duration between the two.
 const WINDOW_OVERLAP: TimeDelta = TimeDelta::seconds(1);
 
 /// Where the reaper's next pass starts in heartbeat time. A pass reaps the heartbeats
-/// older than its threshold (`now() - stale_after`); the next one needs to look only from
-/// that threshold on, since everything before it was reaped (or was running again and
-/// beaten since). Such a window steps over the `jobs_running_idx` entries of one reap
+/// older than its threshold (`now() - stale_after`) that it can see and lock; the next one
+/// looks only from that threshold on. What a pass left below it (a row locked by a holder
+/// that then rolled back, a claim that committed long after it began, a heartbeat written
+/// by hand far in the past) waits for the next full pass. Such a window steps over the `jobs_running_idx` entries of one reap
 /// interval instead of every entry a held snapshot keeps (see
 /// [`jobs_reap_stale_since`]). Full passes still run, paced, for what a window misses.
 #[derive(Debug)]
@@ -86,8 +92,11 @@ impl ReapWindow {
         self.since = Some(threshold - WINDOW_OVERLAP);
         if bound.is_none() {
             let cost = ended.saturating_duration_since(started);
-            self.next_full =
-                ended + (interval * FULL_PASS_EVERY_INTERVALS).max(cost * FULL_PASS_COST_FACTOR);
+            let gap = interval
+                .saturating_mul(FULL_PASS_EVERY_INTERVALS)
+                .max(cost.saturating_mul(FULL_PASS_COST_FACTOR))
+                .min(FULL_PASS_GAP_MAX);
+            self.next_full = ended + gap;
         }
     }
 }
@@ -230,6 +239,17 @@ mod tests {
         assert_eq!(window.bound(next + INTERVAL), Some(at(104)));
         // A window does not move the next full pass.
         assert_eq!(window.bound(ended + INTERVAL * 12), None);
+    }
+
+    /// A full pass that waited an hour (behind a lock) holds the next back ten minutes at
+    /// most.
+    #[test]
+    fn the_gap_between_full_passes_is_capped() {
+        let t0 = Instant::now();
+        let mut window = ReapWindow::new(t0);
+        let ended = t0 + Duration::from_secs(3600);
+        window.completed(None, at(0), t0, ended, INTERVAL);
+        assert_eq!(window.bound(ended + FULL_PASS_GAP_MAX), None);
     }
 
     /// A full pass that took long (a held snapshot) spaces the next by ten times its cost.

@@ -96,11 +96,14 @@ impl HeldClaims {
         }
     }
 
-    /// Tokens of the claims in flight for at least `age`.
-    pub(crate) fn in_flight_for(&self, age: Duration) -> Vec<Uuid> {
+    /// Tokens of the claims in flight for at least `min` and at most `max`. Past `max` a
+    /// claim's jobs are no longer extended: a reply that never comes (a connection gone
+    /// silent after the commit) must not keep them alive for as long as the process
+    /// lives; the reaper takes them back as it did before claims in flight were beaten.
+    pub(crate) fn in_flight_for(&self, min: Duration, max: Duration) -> Vec<Uuid> {
         lock(&self.in_flight)
             .iter()
-            .filter(|(_, sent)| sent.elapsed() >= age)
+            .filter(|(_, sent)| (min..=max).contains(&sent.elapsed()))
             .map(|(token, _)| *token)
             .collect()
     }
@@ -231,17 +234,25 @@ mod tests {
         assert!(claims.handles(stale).unwrap().stop.is_cancelled());
     }
 
-    /// A claim in flight is listed once it is old enough, and forgotten when its guard
-    /// drops, whether it landed or failed.
+    /// A claim in flight is listed once it is old enough and until it is too old, and
+    /// forgotten when its guard drops, whether it landed or failed.
     #[test]
     fn a_claim_in_flight_is_listed_until_its_guard_drops() {
         let claims = HeldClaims::default();
         let token = Uuid::new_v4();
         let guard = claims.claim_sent(token);
-        assert_eq!(claims.in_flight_for(Duration::ZERO), vec![token]);
-        assert!(claims.in_flight_for(Duration::from_secs(3600)).is_empty());
+        let hour = Duration::from_secs(3600);
+        assert_eq!(claims.in_flight_for(Duration::ZERO, hour), vec![token]);
+        assert!(claims.in_flight_for(hour, 2 * hour).is_empty(), "too young");
+        std::thread::sleep(Duration::from_millis(2));
+        assert!(
+            claims
+                .in_flight_for(Duration::ZERO, Duration::from_millis(1))
+                .is_empty(),
+            "too old"
+        );
         drop(guard);
-        assert!(claims.in_flight_for(Duration::ZERO).is_empty());
+        assert!(claims.in_flight_for(Duration::ZERO, hour).is_empty());
     }
 
     /// A heartbeat that finds the stale claim lost stops only that claim's handler.

@@ -88,11 +88,15 @@ async fn beat_loop(shared: Arc<Shared>, stop: CancellationToken, application: Op
             () = stop.cancelled() => break,
             _ = ticker.tick() => {}
         }
-        let (ids, tokens) = shared.claims.snapshot();
         // Claims in flight for a whole interval: their producer is late reading the reply
         // (stranded on a blocked thread, or the statement is slow); extend their jobs by
-        // token meanwhile.
-        let in_flight = shared.claims.in_flight_for(interval);
+        // token meanwhile, for at most twice the stale timeout. Read before the held
+        // claims: a claim that lands in between is then in one list or both, never in
+        // neither.
+        let in_flight = shared
+            .claims
+            .in_flight_for(interval, shared.config.stale_after.saturating_mul(2));
+        let (ids, tokens) = shared.claims.snapshot();
         if ids.is_empty() && in_flight.is_empty() {
             // A quiet worker gives the session back; the next claim opens it again.
             if last_beat.elapsed() >= CONNECTION_IDLE_MAX

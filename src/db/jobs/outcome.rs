@@ -387,8 +387,9 @@ pub async fn jobs_release_many(
 ///
 /// `claims_in_flight` are the tokens of claim statements the worker sent and has not yet
 /// read the reply of: the jobs holding one of them are extended too (they are this
-/// worker's, fenced by the token, though it does not know their ids yet). Usually empty;
-/// the extra update then costs nothing. When not, it walks the running jobs' index.
+/// worker's, fenced by the token, though it does not know their ids yet); locked rows are
+/// skipped there too. Usually empty; the extra update then costs nothing. When not, it
+/// walks the running jobs' index.
 pub async fn jobs_heartbeat_many(
     db: impl PgExecutor<'_>,
     ids: &[i64],
@@ -421,9 +422,13 @@ pub async fn jobs_heartbeat_many(
     const HELD: &str = heartbeat!("");
     const HELD_AND_IN_FLIGHT: &str = heartbeat!(
         ", in_flight AS (
-             UPDATE skiplock.jobs j SET heartbeat_at = clock_timestamp()
+             SELECT j.id FROM skiplock.jobs j
              WHERE j.state = 'running' AND j.claim_token = ANY($3::uuid[])
                AND j.id <> ALL(ARRAY(SELECT id FROM held))
+             FOR UPDATE SKIP LOCKED
+         ), beat_in_flight AS (
+             UPDATE skiplock.jobs j SET heartbeat_at = clock_timestamp()
+             WHERE j.id = ANY(ARRAY(SELECT id FROM in_flight))
          )"
     );
     let query = if claims_in_flight.is_empty() {

@@ -25,6 +25,17 @@ pub struct SavedJob {
     pub ordering_key: Option<String>,
 }
 
+/// The columns of a [`SavedJob`], read from the row `j`: every statement that returns one
+/// lists them, so they change together.
+macro_rules! saved_job_columns {
+    () => {
+        "j.id, j.state::text AS state,
+         EXISTS (SELECT 1 FROM skiplock.job_dependencies d WHERE d.parent_id = j.id)
+             AS has_dependants,
+         j.ordering_key"
+    };
+}
+
 /// Marks held jobs `succeeded`; returns those whose claim was still valid.
 pub async fn jobs_complete_many(
     db: impl PgExecutor<'_>,
@@ -32,7 +43,7 @@ pub async fn jobs_complete_many(
     tokens: &[Uuid],
 ) -> sqlx::Result<Vec<SavedJob>> {
     let claims = ClaimList::sorted(ids, tokens);
-    sqlx::query_as(
+    sqlx::query_as(concat!(
         "WITH held AS (
              SELECT j.id FROM unnest($1::bigint[], $2::uuid[]) AS c(id, token),
              LATERAL (SELECT id FROM skiplock.jobs j
@@ -42,11 +53,9 @@ pub async fn jobs_complete_many(
          UPDATE skiplock.jobs j
          SET state = 'succeeded', finished_at = now(), claim_token = NULL, heartbeat_at = NULL
          WHERE j.id = ANY(ARRAY(SELECT id FROM held))
-         RETURNING j.id, j.state::text AS state,
-                   EXISTS (SELECT 1 FROM skiplock.job_dependencies d WHERE d.parent_id = j.id)
-                       AS has_dependants,
-                   j.ordering_key",
-    )
+         RETURNING ",
+        saved_job_columns!()
+    ))
     .bind(&claims.ids)
     .bind(&claims.tokens)
     .persistent(false)
@@ -61,14 +70,13 @@ pub async fn jobs_completed_by(
     ids: &[i64],
     worker: &str,
 ) -> sqlx::Result<Vec<SavedJob>> {
-    sqlx::query_as(
-        "SELECT j.id, j.state::text AS state,
-                EXISTS (SELECT 1 FROM skiplock.job_dependencies d WHERE d.parent_id = j.id)
-                    AS has_dependants,
-                j.ordering_key
+    sqlx::query_as(concat!(
+        "SELECT ",
+        saved_job_columns!(),
+        "
          FROM skiplock.jobs j
-         WHERE j.id = ANY($1) AND j.state = 'succeeded' AND j.claimed_by = $2",
-    )
+         WHERE j.id = ANY($1) AND j.state = 'succeeded' AND j.claimed_by = $2"
+    ))
     .bind(ids)
     .bind(worker)
     .persistent(false)
@@ -87,18 +95,17 @@ pub async fn jobs_failed_by(
     messages: &[String],
     worker: &str,
 ) -> sqlx::Result<Vec<SavedJob>> {
-    sqlx::query_as(
-        "SELECT j.id, j.state::text AS state,
-                EXISTS (SELECT 1 FROM skiplock.job_dependencies d WHERE d.parent_id = j.id)
-                    AS has_dependants,
-                j.ordering_key
+    sqlx::query_as(concat!(
+        "SELECT ",
+        saved_job_columns!(),
+        "
          FROM unnest($1::bigint[], $2::text[]) AS f(id, message)
          JOIN skiplock.jobs j ON j.id = f.id
          WHERE j.claimed_by = $3 AND j.claim_token IS NULL
            AND j.state IN ('queued', 'dead', 'cancelled')
            AND j.errors -> -1 -> 'message' = to_jsonb(f.message)
-           AND j.errors -> -1 -> 'attempt' = to_jsonb(j.attempt)",
-    )
+           AND j.errors -> -1 -> 'attempt' = to_jsonb(j.attempt)"
+    ))
     .bind(ids)
     .bind(messages)
     .bind(worker)
@@ -270,7 +277,7 @@ pub async fn jobs_fail_many(
     batch: &FailBatch,
 ) -> sqlx::Result<Vec<SavedJob>> {
     let batch = batch.sorted();
-    sqlx::query_as(
+    sqlx::query_as(concat!(
         "WITH failed AS (
              SELECT f.*, j.unique_key, CASE
                      WHEN f.action = 'cancel' THEN 'cancelled'
@@ -299,11 +306,9 @@ pub async fn jobs_fail_many(
              errors = skiplock.append_error(j.errors, j.attempt, f.message)
          FROM folded f
          WHERE j.id = ANY(ARRAY(SELECT id FROM folded)) AND j.id = f.id
-         RETURNING j.id, j.state::text AS state,
-                   EXISTS (SELECT 1 FROM skiplock.job_dependencies d WHERE d.parent_id = j.id)
-                       AS has_dependants,
-                   j.ordering_key",
-    )
+         RETURNING ",
+        saved_job_columns!()
+    ))
     .bind(&batch.ids)
     .bind(&batch.tokens)
     .bind(&batch.messages)
@@ -456,7 +461,8 @@ pub async fn jobs_abandon_many(
     let claims = ClaimList::sorted(ids, tokens);
     let message = sanitize_message(message);
     sqlx::query_as(
-        "WITH held AS (
+        concat!(
+            "WITH held AS (
              SELECT j.id FROM unnest($1::bigint[], $2::uuid[]) AS c(id, token),
              LATERAL (SELECT id FROM skiplock.jobs j
                       WHERE j.id = c.id AND j.claim_token = c.token
@@ -470,10 +476,9 @@ pub async fn jobs_abandon_many(
                  ELSE jsonb_build_array(jsonb_build_object('attempt', j.attempt, 'at', now(), 'message', $3))
                  END
          WHERE j.id = ANY(ARRAY(SELECT id FROM held))
-         RETURNING j.id, j.state::text AS state,
-                   EXISTS (SELECT 1 FROM skiplock.job_dependencies d WHERE d.parent_id = j.id)
-                       AS has_dependants,
-                   j.ordering_key",
+         RETURNING ",
+            saved_job_columns!()
+        ),
     )
     .bind(&claims.ids)
     .bind(&claims.tokens)

@@ -280,8 +280,10 @@ impl Job for Credits {
     }
 }
 
-/// Runs until every `credits` job has succeeded, so that the worker heartbeats a claim
-/// while a [`Credits`] handler outlives its own.
+/// Runs until every `credits` handler has returned (each logs itself in [`CreditLog`]), so
+/// that the worker heartbeats a claim while a [`Credits`] handler outlives its own. (It
+/// waited for the `credits` rows to succeed, which the outliving handler's own commit
+/// makes true: it could end, and its heartbeat with it, before that handler saw a beat.)
 #[derive(Serialize, Deserialize)]
 struct Holds;
 
@@ -289,14 +291,14 @@ impl Job for Holds {
     const KIND: &'static str = "holds";
 
     async fn run(self, ctx: JobContext) -> Result<(), JobError> {
-        wait_for("the credits to succeed", PATIENCE, || async {
-            let left: i64 = sqlx::query_scalar(
-                "SELECT count(*) FROM skiplock.jobs WHERE kind = 'credits' AND state <> 'succeeded'",
-            )
-            .fetch_one(ctx.pool())
-            .await
-            .unwrap();
-            left == 0
+        let log = ctx.data::<CreditLog>().unwrap();
+        wait_for("the credits handlers to return", PATIENCE, || async {
+            let credits: i64 =
+                sqlx::query_scalar("SELECT count(*) FROM skiplock.jobs WHERE kind = 'credits'")
+                    .fetch_one(ctx.pool())
+                    .await
+                    .unwrap();
+            log.0.lock().unwrap().len() as i64 == credits
         })
         .await;
         Ok(())

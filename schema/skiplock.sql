@@ -239,7 +239,7 @@ BEGIN
             ), claimed AS (
                 UPDATE skiplock.jobs j
                 SET state = 'running', claim_token = coalesce(claim_with, gen_random_uuid()), claimed_by = worker,
-                    claimed_at = now(), heartbeat_at = now(),
+                    claimed_at = now(), heartbeat_at = clock_timestamp(),
                     attempt = least(j.attempt, 2147483646) + 1
                 WHERE j.ctid = ANY (ARRAY(SELECT p.ctid FROM picked p))
                 RETURNING j.id, j.queue, j.kind, j.args, j.attempt, j.max_attempts,

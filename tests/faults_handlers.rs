@@ -303,6 +303,12 @@ async fn a_claim_whose_reply_is_stranded_by_a_blocked_thread_is_not_reaped() {
     })
     .await;
     claim_lock.commit().await.unwrap();
+    // The claim stamps its first heartbeat when it takes the rows, after the lock is let
+    // go: from this moment on, only the heartbeat of claims in flight keeps them fresh.
+    let let_go: f64 = sqlx::query_scalar("SELECT extract(epoch FROM clock_timestamp())::float8")
+        .fetch_one(pool)
+        .await
+        .unwrap();
     wait_until("the short jobs' claim to commit", PATIENCE, || async {
         let running: i64 = sqlx::query_scalar(
             "SELECT count(*) FROM skiplock.jobs WHERE id = ANY($1) AND state = 'running'",
@@ -316,16 +322,20 @@ async fn a_claim_whose_reply_is_stranded_by_a_blocked_thread_is_not_reaped() {
     .await;
     // Past the stale timeout since that claim, with the thread still blocked.
     wait_until("the stale timeout to pass", PATIENCE, || async {
-        let claimed_ms: Option<f64> = sqlx::query_scalar(
-            "SELECT (extract(epoch FROM now() - max(claimed_at)) * 1000)::float8
-             FROM skiplock.jobs WHERE id = ANY($1) AND state = 'running'",
+        let (since_ms, running): (f64, i64) = sqlx::query_as(
+            "SELECT ((extract(epoch FROM clock_timestamp()) - $2) * 1000)::float8,
+                    (SELECT count(*) FROM skiplock.jobs WHERE id = ANY($1) AND state = 'running')",
         )
         .bind(&short)
+        .bind(let_go)
         .fetch_one(pool)
         .await
         .unwrap();
-        let claimed_ms = claimed_ms.expect("the short jobs ran while the thread was blocked");
-        (claimed_ms > (STALE_MS + 200) as f64).then_some(())
+        assert!(
+            running > 0,
+            "the short jobs ran while the thread was blocked"
+        );
+        (since_ms > (STALE_MS + 200) as f64).then_some(())
     })
     .await;
     let reaped = skiplock::db::maintenance::jobs_reap_stale(pool, STALE_MS, 1_000)

@@ -362,3 +362,61 @@ async fn a_heartbeat_of_a_claim_in_flight_extends_its_jobs_and_skips_locked_rows
     expected.sort_unstable();
     assert_eq!(fresh, expected);
 }
+
+/// A claim that waited behind a lock (an operator's `LOCK TABLE`, a migration) for longer
+/// than the stale timeout must not commit its jobs already stale: their first heartbeat is
+/// the time the claim took them, not the time its transaction began. Before the fix the
+/// claim stamped `now()`, its transaction's start, and the next reaper pass took the jobs
+/// back while their worker was starting them, so they ran twice.
+#[tokio::test]
+async fn a_claim_that_waited_on_a_lock_does_not_commit_its_jobs_stale() {
+    const STALE_MS: i64 = 1_000;
+    let db = test_db().await;
+    let pool = &db.pool;
+    for n in 0..2 {
+        skiplock::enqueue(pool, &Record { n }).await.unwrap();
+    }
+    let mut operator = pool.begin().await.unwrap();
+    sqlx::query("LOCK TABLE skiplock.queues IN ACCESS EXCLUSIVE MODE")
+        .execute(&mut *operator)
+        .await
+        .unwrap();
+    let claim = tokio::spawn({
+        let pool = pool.clone();
+        async move {
+            let (queues, kinds) = (strings(&["default"]), strings(&["record"]));
+            jobs_claim_batch(&pool, &queues, &kinds, 10, "worker-a")
+                .await
+                .unwrap()
+        }
+    });
+    // The claim waits for the lock until its transaction is older than the stale timeout.
+    wait_for(
+        "the claim to wait past the stale timeout",
+        Duration::from_secs(30),
+        || async {
+            let waited: Option<bool> = sqlx::query_scalar(
+                "SELECT now() - xact_start > $1 * interval '1 millisecond' + interval '200 ms'
+             FROM pg_stat_activity
+             WHERE wait_event_type = 'Lock' AND query LIKE '%claim_batch%'
+               AND pid <> pg_backend_pid()",
+            )
+            .bind(STALE_MS as f64)
+            .fetch_optional(pool)
+            .await
+            .unwrap();
+            waited == Some(true)
+        },
+    )
+    .await;
+    operator.commit().await.unwrap();
+    let claimed = claim.await.unwrap();
+    assert_eq!(claimed.len(), 2);
+
+    let reaped = jobs_reap_stale(pool, STALE_MS, 100).await.unwrap();
+    assert!(
+        reaped.is_empty(),
+        "jobs claimed a moment ago were reaped as stale: {reaped:?}"
+    );
+    assert_eq!(count_in_state(pool, JobState::Running).await, 2);
+}

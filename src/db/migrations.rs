@@ -53,6 +53,11 @@ const MIGRATIONS: &[Migration] = &[
         name: "0005_error_time.sql",
         sql: include_str!("../../migrations/0005_error_time.sql"),
     },
+    Migration {
+        version: 6,
+        name: "0006_claim_heartbeat_time.sql",
+        sql: include_str!("../../migrations/0006_claim_heartbeat_time.sql"),
+    },
 ];
 
 /// What the ledger names version 1 in a database migrated by a development build from

@@ -57,10 +57,12 @@ pub struct ClaimPosition {
 /// Claims up to `limit` runnable jobs of the given queues and kinds, in claim order
 /// (priority, then `scheduled_at`, then id), in one statement.
 ///
-/// It calls `skiplock.claim_batch` (`migrations/0001_schema.sql`, where the statement and its
-/// reasons are): rows are picked with `FOR UPDATE SKIP LOCKED`, so concurrent claimers never
-/// wait on each other and never pick the same row, and each is stamped with its own fresh
-/// `claim_token`, the claimant and the database's `now()` as first heartbeat. The function
+/// It calls `skiplock.claim_batch` (`migrations/0002_claim_per_queue.sql`, where the
+/// statement and its reasons are, and `0006_claim_heartbeat_time.sql`): rows are picked
+/// with `FOR UPDATE SKIP LOCKED`, so concurrent claimers never wait on each other and never
+/// pick the same row, and each is stamped with its own fresh `claim_token`, the claimant and
+/// the database's `clock_timestamp()` at the update as first heartbeat (not the
+/// transaction's start: a claim that waited behind a lock would commit its jobs stale). The function
 /// fixes the plan to an ordered walk of the claim index, so the claim stays O(limit) even
 /// when the table's statistics are stale. It takes a lane's job only when it is the lane's
 /// oldest unfinished one and nothing of the lane runs, and never fails on what the rows
@@ -128,7 +130,7 @@ pub async fn jobs_claim_one(
     sqlx::query_as(
         "UPDATE skiplock.jobs
          SET state = 'running', claim_token = $3, claimed_by = $2, claimed_at = now(),
-             heartbeat_at = now(), attempt = least(attempt, 2147483646) + 1
+             heartbeat_at = clock_timestamp(), attempt = least(attempt, 2147483646) + 1
          WHERE id = $1 AND state = 'queued'
          RETURNING id, queue, kind, args, attempt, max_attempts, claim_token, priority,
                    CASE WHEN isfinite(scheduled_at)

@@ -232,9 +232,9 @@ async fn a_handler_that_aborts_its_process_is_tried_max_attempts_times() {
 ///
 /// Invariant: the heartbeat, on its own thread, extends the stranded claim's jobs by the
 /// claim's token while the reply waits: a reaper run after the stale timeout, while the
-/// thread is still blocked, takes nothing back, and every job runs once. Before, those jobs kept their claim-time heartbeat and
-/// the reaper took them back, so they ran twice (the test above failed so about one run
-/// in ten).
+/// thread is still blocked, takes nothing back, and every job runs once. Before, those
+/// jobs kept their claim-time heartbeat and the reaper took them back, so they ran twice
+/// (the test above failed so about one run in ten).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_claim_whose_reply_is_stranded_by_a_blocked_thread_is_not_reaped() {
     const WORKER: &str = "tb-stranded";

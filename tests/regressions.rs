@@ -601,6 +601,16 @@ const INSERT_STALE: &str = "INSERT INTO skiplock.jobs
              now() - interval '1 hour', 1, $1, CASE WHEN $1 IS NOT NULL THEN 'skip' END)
      RETURNING id";
 
+/// Writes a `running` row by hand whose heartbeat is an hour old (its worker is gone),
+/// with `unique_key` if given; returns its id.
+async fn insert_stale(pool: &PgPool, unique_key: Option<&str>) -> i64 {
+    sqlx::query_scalar(INSERT_STALE)
+        .bind(unique_key)
+        .fetch_one(pool)
+        .await
+        .unwrap()
+}
+
 /// Issue 12 item 3: the reaper returns stale jobs to `queued` in one statement; a stale
 /// job whose unique key is held by a pending job made that statement fail for every row,
 /// so no stale job was ever reaped. Fixed: the unrelated stale job is reaped and runs,
@@ -608,11 +618,7 @@ const INSERT_STALE: &str = "INSERT INTO skiplock.jobs
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_reaper_supersedes_a_stale_job_whose_unique_key_is_pending() {
     let db = test_db().await;
-    let a: i64 = sqlx::query_scalar(INSERT_STALE)
-        .bind(Some("r"))
-        .fetch_one(&db.pool)
-        .await
-        .unwrap();
+    let a = insert_stale(&db.pool, Some("r")).await;
     let b: i64 = sqlx::query_scalar(
         "INSERT INTO skiplock.jobs (kind, args, scheduled_at, unique_key, unique_policy)
          VALUES ('k', '{}', now() + interval '1 day', 'r', 'skip') RETURNING id",
@@ -620,11 +626,7 @@ async fn the_reaper_supersedes_a_stale_job_whose_unique_key_is_pending() {
     .fetch_one(&db.pool)
     .await
     .unwrap();
-    let c: i64 = sqlx::query_scalar(INSERT_STALE)
-        .bind(None::<&str>)
-        .fetch_one(&db.pool)
-        .await
-        .unwrap();
+    let c = insert_stale(&db.pool, None).await;
 
     let timeline = Timeline::default();
     let pool = db.pool.clone();
@@ -661,11 +663,7 @@ async fn the_reaper_supersedes_a_stale_job_whose_unique_key_is_pending() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stale_row_written_below_the_reapers_window_is_reaped_by_a_full_pass() {
     let db = test_db().await;
-    let first: i64 = sqlx::query_scalar(INSERT_STALE)
-        .bind(None::<&str>)
-        .fetch_one(&db.pool)
-        .await
-        .unwrap();
+    let first = insert_stale(&db.pool, None).await;
     let timeline = Timeline::default();
     let pool = db.pool.clone();
     run_until(
@@ -681,15 +679,7 @@ async fn a_stale_row_written_below_the_reapers_window_is_reaped_by_a_full_pass()
                 }
                 // The first full pass is done: the reaper works in windows now.
                 static SECOND: tokio::sync::OnceCell<i64> = tokio::sync::OnceCell::const_new();
-                let second = *SECOND
-                    .get_or_init(|| async {
-                        sqlx::query_scalar(INSERT_STALE)
-                            .bind(None::<&str>)
-                            .fetch_one(&pool)
-                            .await
-                            .unwrap()
-                    })
-                    .await;
+                let second = *SECOND.get_or_init(|| insert_stale(&pool, None)).await;
                 state_of(&pool, second).await == JobState::Succeeded
             }
         },

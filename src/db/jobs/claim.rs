@@ -62,11 +62,11 @@ pub struct ClaimPosition {
 /// with `FOR UPDATE SKIP LOCKED`, so concurrent claimers never wait on each other and never
 /// pick the same row, and each is stamped with its own fresh `claim_token`, the claimant and
 /// the database's `clock_timestamp()` at the update as first heartbeat (not the
-/// transaction's start: a claim that waited behind a lock would commit its jobs stale). The function
-/// fixes the plan to an ordered walk of the claim index, so the claim stays O(limit) even
-/// when the table's statistics are stale. It takes a lane's job only when it is the lane's
-/// oldest unfinished one and nothing of the lane runs, and never fails on what the rows
-/// hold (a lane conflict it could not see is retried without lane jobs).
+/// transaction's start: a claim that waited behind a lock would commit its jobs stale).
+/// The function fixes the plan to an ordered walk of the claim index, so the claim stays
+/// O(limit) even when the table's statistics are stale. It takes a lane's job only when it
+/// is the lane's oldest unfinished one and nothing of the lane runs, and never fails on
+/// what the rows hold (a lane conflict it could not see is retried without lane jobs).
 pub async fn jobs_claim_batch(
     db: impl PgExecutor<'_>,
     queues: &[String],

@@ -590,6 +590,20 @@ END;
 $$;
 
 --
+-- Name: notify_job_runnable(); Type: FUNCTION; Schema: skiplock; Owner: -
+--
+
+CREATE FUNCTION skiplock.notify_job_runnable() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    PERFORM pg_notify('skiplock_runnable',
+                      skiplock.runnable_payload(NEW.queue, NEW.priority, NEW.scheduled_at));
+    RETURN NULL;
+END;
+$$;
+
+--
 -- Name: notify_jobs_inserted(); Type: FUNCTION; Schema: skiplock; Owner: -
 --
 
@@ -598,11 +612,15 @@ CREATE FUNCTION skiplock.notify_jobs_inserted() RETURNS trigger
     AS $$
 DECLARE
     q text;
+    p smallint;
+    s timestamptz;
 BEGIN
-    FOR q IN
-        SELECT DISTINCT queue FROM inserted
+    FOR q, p, s IN
+        SELECT queue, priority, min(scheduled_at) FROM inserted
         WHERE state = 'queued' AND scheduled_at <= now()
+        GROUP BY queue, priority
     LOOP
+        PERFORM pg_notify('skiplock_runnable', skiplock.runnable_payload(q, p, s));
         PERFORM pg_notify('skiplock_jobs', q);
     END LOOP;
     RETURN NULL;
@@ -627,6 +645,7 @@ CREATE FUNCTION skiplock.resume_queue(queue_name text) RETURNS void
     LANGUAGE sql
     AS $$
     SELECT skiplock.set_queue_paused(queue_name, false);
+    SELECT pg_notify('skiplock_runnable', E'-\t-\t' || queue_name);
     SELECT pg_notify('skiplock_jobs', queue_name);
 $$;
 
@@ -709,6 +728,26 @@ BEGIN
     RETURN true;
 END;
 $$;
+
+--
+-- Name: runnable_payload(text, smallint, timestamp with time zone); Type: FUNCTION; Schema: skiplock; Owner: -
+--
+
+CREATE FUNCTION skiplock.runnable_payload(queue text, priority smallint, scheduled_at timestamp with time zone) RETURNS text
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    AS $$
+    SELECT priority::text || E'\t'
+        || CASE WHEN isfinite(scheduled_at)
+                THEN ((extract(epoch FROM scheduled_at) * 1000000)::bigint)::text
+                ELSE '-9223372036854775808' END
+        || E'\t' || queue;
+$$;
+
+--
+-- Name: FUNCTION runnable_payload(queue text, priority smallint, scheduled_at timestamp with time zone); Type: COMMENT; Schema: skiplock; Owner: -
+--
+
+COMMENT ON FUNCTION skiplock.runnable_payload(queue text, priority smallint, scheduled_at timestamp with time zone) IS 'Payload of a skiplock_runnable notification: where in claim order a job became runnable.';
 
 --
 -- Name: set_queue_paused(text, boolean); Type: FUNCTION; Schema: skiplock; Owner: -
@@ -1279,6 +1318,12 @@ CREATE TRIGGER jobs_before_insert BEFORE INSERT ON skiplock.jobs FOR EACH ROW WH
 --
 
 CREATE TRIGGER jobs_notify_inserted AFTER INSERT ON skiplock.jobs REFERENCING NEW TABLE AS inserted FOR EACH STATEMENT EXECUTE FUNCTION skiplock.notify_jobs_inserted();
+
+--
+-- Name: jobs jobs_notify_runnable; Type: TRIGGER; Schema: skiplock; Owner: -
+--
+
+CREATE TRIGGER jobs_notify_runnable AFTER UPDATE ON skiplock.jobs FOR EACH ROW WHEN (((new.state = 'queued'::skiplock.job_state) AND (new.scheduled_at <= now()) AND ((old.state <> 'queued'::skiplock.job_state) OR (new.priority < old.priority) OR (new.scheduled_at < old.scheduled_at) OR (old.scheduled_at > now()) OR (new.queue <> old.queue) OR (new.kind <> old.kind)))) EXECUTE FUNCTION skiplock.notify_job_runnable();
 
 --
 -- Name: job_dependencies job_dependencies_job_id_fkey; Type: FK CONSTRAINT; Schema: skiplock; Owner: -

@@ -5,7 +5,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::fixtures::{Recorder, fast_worker};
+use common::fixtures::{Recorder, fast_worker, wait_for, wait_until};
 use common::test_db;
 use serde::{Deserialize, Serialize};
 use skiplock::db::jobs::{ClaimPosition, jobs_claim_batch, jobs_claim_batch_after};
@@ -204,4 +204,262 @@ async fn a_job_landing_behind_the_workers_position_still_runs() {
             .unwrap();
     assert_eq!(unfinished, 0);
     assert_eq!(recorder.total(), 2001, "{summary:?}");
+}
+
+/// The `skiplock_runnable` notifications a transaction sends, in order, after running
+/// `sql` (one or more statements) in it.
+async fn runnable_notifications(db: &common::TestDb, sql: &str) -> Vec<String> {
+    let mut listener = sqlx::postgres::PgListener::connect(db.url()).await.unwrap();
+    listener.listen("skiplock_runnable").await.unwrap();
+    sqlx::raw_sql(sqlx::AssertSqlSafe(sql.to_owned()))
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    // A marker sent after the statements ends the list: notifications arrive in order.
+    sqlx::query("SELECT pg_notify('skiplock_runnable', 'end')")
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    let mut received = Vec::new();
+    loop {
+        let notification = tokio::time::timeout(Duration::from_secs(10), listener.recv())
+            .await
+            .expect("the end marker arrives")
+            .unwrap();
+        if notification.payload() == "end" {
+            return received;
+        }
+        received.push(notification.payload().to_owned());
+    }
+}
+
+/// Every write that makes a job runnable says where in claim order, whoever writes it:
+/// inserts (one message per queue and priority, at the earliest time), a release,
+/// `retry_job`, an operator's UPDATE (a new priority, an earlier time), `resume_queue`
+/// (from the start). Claims, completions and jobs that are not due say nothing. (Lanes'
+/// and parents' promotions are updates from `waiting` to `queued`, as `retry_job`'s is
+/// from `dead`: the same trigger.)
+#[tokio::test]
+async fn every_write_that_makes_a_job_runnable_notifies_its_claim_key() {
+    let db = test_db().await;
+    let at = |us: i64| format!("to_timestamp({us} / 1000000.0)");
+    let (t1, t2) = (1_767_225_600_000_000_i64, 1_767_225_601_000_000_i64);
+
+    let inserted = runnable_notifications(
+        &db,
+        &format!(
+            "INSERT INTO skiplock.jobs (kind, args, queue, priority, scheduled_at) VALUES
+                 ('record', '{{}}', 'a', 0, {t2}), ('record', '{{}}', 'a', 0, {t1}),
+                 ('record', '{{}}', 'a', -3, {t2}), ('record', '{{}}', 'b\tc', 0, '-infinity'),
+                 ('record', '{{}}', 'a', -9, now() + interval '1 hour')",
+            t1 = at(t1),
+            t2 = at(t2)
+        ),
+    )
+    .await;
+    let mut sorted = inserted.clone();
+    sorted.sort();
+    assert_eq!(
+        sorted,
+        [
+            format!("-3\t{t2}\ta"),
+            "0\t-9223372036854775808\tb\tc".to_owned(),
+            format!("0\t{t1}\ta"),
+        ],
+        "one per queue and priority, none for the job not yet due"
+    );
+
+    // A claim and a completion make nothing runnable.
+    let quiet = runnable_notifications(
+        &db,
+        "UPDATE skiplock.jobs SET state = 'running', claim_token = gen_random_uuid(),
+                claimed_by = 'w', claimed_at = now(), heartbeat_at = now(),
+                attempt = attempt + 1
+         WHERE queue = 'a' AND priority = 0;
+         UPDATE skiplock.jobs SET state = 'succeeded', finished_at = now(),
+                claim_token = NULL, heartbeat_at = NULL
+         WHERE queue = 'a' AND priority = 0 AND scheduled_at > $$2026-01-01 00:00:00.5+00$$",
+    )
+    .await;
+    assert_eq!(quiet, Vec::<String>::new());
+
+    // A release of the job still running (by its token, as a worker does) keeps its time.
+    let (id, token): (i64, uuid::Uuid) =
+        sqlx::query_as("SELECT id, claim_token FROM skiplock.jobs WHERE state = 'running'")
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+    let mut listener = sqlx::postgres::PgListener::connect(db.url()).await.unwrap();
+    listener.listen("skiplock_runnable").await.unwrap();
+    skiplock::db::jobs::jobs_release_many(&db.pool, &[id], &[token], &[0])
+        .await
+        .unwrap();
+    let released = listener.recv().await.unwrap();
+    assert_eq!(released.payload(), format!("0\t{t1}\ta"));
+    drop(listener);
+
+    // An operator's UPDATE: a higher priority, an earlier time, a job coming due.
+    let updated = runnable_notifications(
+        &db,
+        &format!(
+            "UPDATE skiplock.jobs SET priority = -5 WHERE queue = 'b\tc';
+             UPDATE skiplock.jobs SET scheduled_at = {t1} WHERE priority = -9;
+             UPDATE skiplock.jobs SET args = '{{\"x\": 1}}' WHERE queue = 'a';",
+            t1 = at(t1)
+        ),
+    )
+    .await;
+    assert_eq!(
+        updated,
+        [
+            "-5\t-9223372036854775808\tb\tc".to_owned(),
+            format!("-9\t{t1}\ta"),
+        ],
+        "a change that moves no job earlier says nothing"
+    );
+
+    // A dead job retried by hand.
+    let dead: i64 = sqlx::query_scalar(
+        "INSERT INTO skiplock.jobs (kind, args, state, queue, finished_at)
+         VALUES ('record', '{}', 'dead', 'd', now()) RETURNING id",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    let retried = runnable_notifications(&db, &format!("SELECT skiplock.retry_job({dead})")).await;
+    assert_eq!(retried.len(), 1, "{retried:?}");
+    assert!(retried[0].ends_with("\td") && retried[0].starts_with("0\t"));
+
+    let resumed = runnable_notifications(
+        &db,
+        "SELECT skiplock.pause_queue('a'); SELECT skiplock.resume_queue('a');",
+    )
+    .await;
+    assert_eq!(
+        resumed,
+        ["-\t-\ta"],
+        "a resumed queue is looked at from the start"
+    );
+}
+
+/// Wraps `skiplock.claim_batch` so that each call is logged (whether it walked from the
+/// left edge, and the ids it claimed) in `claim_log`, and so that walks from the left
+/// edge cost 200 ms more than walks from a position, as they do under a held snapshot
+/// with a large backlog behind the position.
+async fn observe_claims(pool: &PgPool) {
+    sqlx::raw_sql(
+        "CREATE TABLE claim_log (n bigserial, full_walk boolean NOT NULL, ids bigint[] NOT NULL);
+         ALTER FUNCTION skiplock.claim_batch(text[], text[], bigint, text, smallint, bigint,
+                                             bigint, uuid)
+             RENAME TO claim_batch_observed;
+         CREATE FUNCTION skiplock.claim_batch(queues text[], kinds text[], max_jobs bigint,
+                 worker text, after_priority smallint DEFAULT NULL,
+                 after_scheduled_at_us bigint DEFAULT NULL, after_id bigint DEFAULT NULL,
+                 claim_with uuid DEFAULT NULL)
+         RETURNS TABLE (id bigint, queue text, kind text, args jsonb, attempt int,
+                        max_attempts int, claim_token uuid, priority smallint,
+                        scheduled_at_us bigint)
+         LANGUAGE plpgsql AS $$
+         #variable_conflict use_column
+         BEGIN
+             IF after_id IS NULL THEN
+                 PERFORM pg_sleep(0.2);
+             END IF;
+             RETURN QUERY
+             WITH c AS (
+                 SELECT * FROM skiplock.claim_batch_observed(queues, kinds, max_jobs, worker,
+                     after_priority, after_scheduled_at_us, after_id, claim_with)
+             ), logged AS (
+                 INSERT INTO claim_log (full_walk, ids)
+                 SELECT after_id IS NULL, coalesce(array_agg(c.id), '{}') FROM c
+             )
+             SELECT * FROM c ORDER BY c.priority, c.scheduled_at_us, c.id;
+         END;
+         $$;",
+    )
+    .execute(pool)
+    .await
+    .unwrap();
+}
+
+/// Whether `id` was claimed by a walk from the left edge (`None`: not claimed yet).
+async fn claimed_by_full_walk(pool: &PgPool, id: i64) -> Option<bool> {
+    sqlx::query_scalar("SELECT full_walk FROM claim_log WHERE $1 = ANY (ids)")
+        .bind(id)
+        .fetch_optional(pool)
+        .await
+        .unwrap()
+}
+
+/// A job that lands behind the worker's position is claimed by a walk from the key its
+/// write announced, not by a walk from the left edge: full walks that cost 200 ms more
+/// than a walk from a position are held back for tens of seconds while notifications
+/// arrive, and the job runs at once. Before schema version 7 such a job waited for a
+/// full walk (5 s at most); this test failed then, with the job claimed by a full walk.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_announced_behind_the_position_is_claimed_without_a_full_walk() {
+    let db = test_db().await;
+    let pool = &db.pool;
+    observe_claims(pool).await;
+    let recorder = Recorder::default();
+    let worker = fast_worker(pool, &recorder).build().unwrap();
+    let shutdown = worker.shutdown_handle();
+    let running = tokio::spawn(worker.run());
+
+    // A position: the worker has claimed jobs scheduled now.
+    let first = insert(pool, 0, "now").await;
+    wait_for("the first job to run", Duration::from_secs(20), || async {
+        claimed_by_full_walk(pool, first).await.is_some()
+    })
+    .await;
+    let later = insert(pool, 0, "now").await;
+    wait_for(
+        "a job ahead of the position to run",
+        Duration::from_secs(20),
+        || async { claimed_by_full_walk(pool, later).await.is_some() },
+    )
+    .await;
+
+    // Once a full walk has landed after a walk from the position (whose cost it is
+    // measured against), the next is paced tens of seconds later.
+    let later = insert(pool, 0, "now").await;
+    wait_for("a paced full walk", Duration::from_secs(20), || async {
+        sqlx::query_scalar(
+            "SELECT EXISTS (SELECT 1 FROM claim_log f, claim_log c
+                            WHERE f.full_walk AND NOT c.full_walk AND f.n > c.n)",
+        )
+        .fetch_one(pool)
+        .await
+        .unwrap()
+    })
+    .await;
+    wait_for("the job to run", Duration::from_secs(20), || async {
+        claimed_by_full_walk(pool, later).await.is_some()
+    })
+    .await;
+
+    // Behind it: a higher priority, and a job an operator moves to an earlier time.
+    let higher = insert(pool, -5, "now").await;
+    let moved = insert(pool, 0, "2100-01-01").await;
+    sqlx::query("UPDATE skiplock.jobs SET scheduled_at = '2020-01-01' WHERE id = $1")
+        .bind(moved)
+        .execute(pool)
+        .await
+        .unwrap();
+    for (what, id) in [("the higher priority", higher), ("the moved job", moved)] {
+        let full_walk = wait_until(what, Duration::from_secs(20), || async {
+            claimed_by_full_walk(pool, id).await
+        })
+        .await;
+        assert!(
+            !full_walk,
+            "{what} was claimed by a walk from the left edge"
+        );
+    }
+    wait_for("both to run", Duration::from_secs(20), || async {
+        recorder.runs().contains_key(&higher) && recorder.runs().contains_key(&moved)
+    })
+    .await;
+    shutdown.shutdown();
+    running.await.unwrap().unwrap();
 }

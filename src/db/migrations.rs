@@ -58,6 +58,11 @@ const MIGRATIONS: &[Migration] = &[
         name: "0006_claim_heartbeat_time.sql",
         sql: include_str!("../../migrations/0006_claim_heartbeat_time.sql"),
     },
+    Migration {
+        version: 7,
+        name: "0007_runnable_notify.sql",
+        sql: include_str!("../../migrations/0007_runnable_notify.sql"),
+    },
 ];
 
 /// What the ledger names version 1 in a database migrated by a development build from

@@ -372,6 +372,7 @@ impl WorkerBuilder {
                 schema_outgrown: std::sync::OnceLock::new(),
                 events: tokio::sync::broadcast::Sender::new(events::EVENTS_BUFFERED),
                 only_job_claimed: std::sync::atomic::AtomicBool::new(false),
+                listening: std::sync::atomic::AtomicBool::new(false),
             }),
         })
     }

@@ -1,5 +1,6 @@
 //! Where the producer's next claim starts: just after the last job it claimed (a cursor
-//! walk), or at the left edge of the claim index (a full walk).
+//! walk), at a key a notification or a stopped batch left owed (a walk from behind), or at
+//! the left edge of the claim index (a full walk).
 //!
 //! A claimed job leaves its entry in `jobs_claim_idx` until no snapshot can see the row
 //! as `queued`. While another transaction holds an older snapshot (a long report,
@@ -7,49 +8,114 @@
 //! claimed since, and a drain becomes quadratic (`claim_batch` has the measurements). A
 //! cursor walk steps only over what other claimers took since this producer's last claim.
 //!
-//! Jobs can land behind the position (a higher priority, a job that waited for a parent or
-//! its lane and became queued with its old `scheduled_at`, an insert whose transaction
-//! committed late), and only a full walk finds them. Full walks also mark the entries
-//! they pass dead once no snapshot needs them, so later walks skip them cheaply. So full
-//! walks stay the rule and are paced only by what they cost beyond a cursor walk: one at a time, each no sooner than [`FULL_WALK_COST_FACTOR`] times its
-//! extra cost after the last one. In a clean database that extra cost is about nothing,
-//! and nearly every claim is a full walk, as if there were no cursor; under a held
-//! snapshot it grows with every claim, full walks thin out, and they never take more than
-//! about a tenth of the producer's claim time. The cost of a cursor walk is measured
-//! by the cursor walks themselves: one runs at least every [`CURSOR_COST_MAX_AGE`]. A
-//! cursor walk that comes back short is followed by a full walk (as soon as the pacing
-//! allows) before the producer calls the queue drained.
+//! Jobs can land behind the position: a higher priority, a job that waited for a parent
+//! or its lane and became queued with its old `scheduled_at`, a released job, an insert
+//! whose transaction committed late, a row written by hand. Every such write notifies the
+//! lowest claim key it made runnable (`skiplock_runnable`, schema version 7), and the
+//! listener hands it here ([`ClaimCursor::notified`]): a key behind the position owes a
+//! walk from that key, which steps only over the entries between it and the position. A
+//! key ahead of the position needs nothing, unless a claim planned before the
+//! notification is still in flight: that claim did not see the row and may move the
+//! position past it, so the key is kept until it is known to be covered.
+//!
+//! Full walks remain, as a backstop for what no write announces (a higher-priority job
+//! whose `scheduled_at` comes while the producer works through lower priorities, a row a
+//! rolled-back transaction held locked when a claim skipped it) and as the rule when they
+//! are cheap. They are paced by what they cost beyond a cursor walk: one at a time, each
+//! no sooner than a factor times its extra cost after the last one, and never held back
+//! longer than a bound ([`Pacing`]). In a clean database that extra cost is about
+//! nothing, and nearly every other claim is a full walk; under a held snapshot it grows
+//! with every claim and full walks thin out. While notifications arrive (the listener is
+//! subscribed) they are spaced far apart; without them (behind PgBouncer with no direct
+//! URL to LISTEN on, or while the listener reconnects) they are the only way to find jobs
+//! behind the position and stay frequent. The cost of a cursor walk is measured by the
+//! cursor walks themselves: one runs at least every [`CURSOR_COST_MAX_AGE`].
 
 use std::time::{Duration, Instant};
 
 use crate::db::jobs::{ClaimPosition, ClaimedJob};
 
-/// A full walk starts no sooner than this many times its extra cost (its duration beyond
-/// a cursor walk's) after the last one ended: the extra cost of full walks takes at most
-/// about 1/(1 + factor) of the claim time.
-const FULL_WALK_COST_FACTOR: u32 = 10;
+/// How full walks are spaced: each starts no sooner than `cost_factor` times its extra
+/// cost (its duration beyond a cursor walk's) after the last one ended, so their extra
+/// cost takes at most about 1/(1 + `cost_factor`) of the claim time; and no later than
+/// `gap_max` after it, so one slow walk (a checkpoint, a stalled server) does not hold
+/// the next back for `cost_factor` times its duration.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Pacing {
+    cost_factor: u32,
+    gap_max: Duration,
+}
 
-/// The longest a full walk may be held back by the pacing. Jobs that land behind the
-/// position (a higher priority, a lane or a parent released) wait for a full walk, so a
-/// single slow one (a checkpoint, a stalled server) must not hold them back for ten times
-/// its duration; with walks that cost more than half a second beyond a cursor walk, this
-/// lets them take a larger share of the claim time instead.
-const FULL_WALK_GAP_MAX: Duration = Duration::from_secs(5);
+/// Pacing while notifications say where jobs become runnable: full walks are only the
+/// backstop for what no write announces. At 200 times its extra cost, a full walk of half
+/// a second (a million entries a held snapshot keeps) runs about every 60 s and takes 0.5 %
+/// of the claim time; jobs no write announces wait that long at most.
+const PACING_NOTIFIED: Pacing = Pacing {
+    cost_factor: 200,
+    gap_max: Duration::from_secs(60),
+};
+
+/// Pacing without notifications: full walks are the only way to find jobs that land
+/// behind the position, so they take up to a tenth of the claim time and are never more
+/// than 5 s apart.
+const PACING_POLLED: Pacing = Pacing {
+    cost_factor: 10,
+    gap_max: Duration::from_secs(5),
+};
 
 /// The measured cost of a cursor walk is trusted this long; after that the next claim is
 /// a cursor walk, to measure it again (at most one extra cursor walk a second when full
 /// walks are cheap).
 const CURSOR_COST_MAX_AGE: Duration = Duration::from_secs(1);
 
-/// The producer's position in claim order and the pacing of its full walks.
+/// Where a walk owed by a notification or by a batch that stopped behind the position
+/// starts. `Start` sorts first: it covers any key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) enum LookFrom {
+    /// The left edge of claim order: a full walk.
+    Start,
+    /// Just after this key: with `id: i64::MIN`, every job of that priority and
+    /// `scheduled_at`.
+    After(ClaimPosition),
+}
+
+impl LookFrom {
+    /// The lowest key a notification made runnable: every job with this priority and
+    /// `scheduled_at`, whatever its id.
+    pub(crate) fn at(priority: i16, scheduled_at_us: i64) -> Self {
+        Self::After(ClaimPosition {
+            priority,
+            scheduled_at_us,
+            id: i64::MIN,
+        })
+    }
+
+    /// The earlier of two, for merging what is owed.
+    pub(crate) fn min_with(self, other: Option<Self>) -> Self {
+        other.map_or(self, |other| self.min(other))
+    }
+}
+
+/// The producer's position in claim order, what it still owes to look at behind it, and
+/// the pacing of its full walks.
 #[derive(Debug)]
 pub(super) struct ClaimCursor {
-    /// Key of the last job claimed by a cursor walk, or where a full walk stopped; `None`
-    /// until the first job is claimed.
+    /// Key of the last job claimed from the position onwards, the furthest any claim
+    /// got; `None` until the first job is claimed.
     after: Option<ClaimPosition>,
-    /// Full walks sent and not landed.
+    /// A walk owed from behind the position: a notified key behind it, or where a full
+    /// batch from behind it stopped.
+    owed: Option<LookFrom>,
+    /// Notified keys at or after the position while claims planned before the
+    /// notification were in flight (see [`Unsure`]).
+    unsure: Option<Unsure>,
+    /// Claims planned and not landed, of each kind.
+    walks_in_flight: usize,
     full_walks_in_flight: usize,
-    /// Earliest start of the next full walk.
+    behind_walks_in_flight: usize,
+    /// Claims planned so far: each walk's sequence number.
+    planned: u64,
+    /// Earliest start of the next paced full walk.
     next_full_walk: Instant,
     /// Smoothed duration of the cursor walks (each new one weighs a quarter), and when
     /// the last one landed; `None` until one has.
@@ -57,6 +123,32 @@ pub(super) struct ClaimCursor {
     /// Whether the last full walk cost more than twice a cursor walk: the left edge is
     /// crowded with entries nothing can remove yet (a held snapshot).
     full_walks_expensive: bool,
+    /// Whether notifications of runnable jobs arrive (the listener is subscribed).
+    notified: bool,
+}
+
+/// Keys notified at or after the position while claims planned before the notification
+/// were in flight: such a claim did not see the rows, and when it lands it may move the
+/// position past them. Settled when a claim planned after the notification walks over all
+/// of them, or turned into an owed walk when the position passes the lowest.
+#[derive(Debug, Clone, Copy)]
+struct Unsure {
+    lowest: ClaimPosition,
+    highest: ClaimPosition,
+    /// Claims with a sequence number from this one on were planned after the last
+    /// notification merged in.
+    planned_from: u64,
+}
+
+/// What kind of walk a claim makes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum WalkKind {
+    /// From the left edge.
+    Full,
+    /// From an owed key behind the position.
+    Behind,
+    /// From the position.
+    Cursor,
 }
 
 /// One claim as planned by [`ClaimCursor::next_walk`].
@@ -64,6 +156,9 @@ pub(super) struct ClaimCursor {
 pub(super) struct Walk {
     /// Start after this position; `None` for a full walk.
     pub from: Option<ClaimPosition>,
+    kind: WalkKind,
+    /// Its sequence number among the producer's claims.
+    sequence: u64,
     /// When the claim statement started: set again once it has a connection, so that a
     /// wait for the pool is not taken for the cost of the walk.
     started: Instant,
@@ -79,6 +174,12 @@ impl Walk {
     pub(super) fn elapsed(&self) -> Duration {
         self.started.elapsed()
     }
+
+    /// Whether it walks from the left edge: when it comes back empty, nothing of the
+    /// queue was runnable for this worker when it started.
+    pub(super) fn is_full(&self) -> bool {
+        self.kind == WalkKind::Full
+    }
 }
 
 /// What a landed claim says about the queue.
@@ -86,11 +187,11 @@ impl Walk {
 pub(super) enum Landing {
     /// It claimed as many as asked: claim again when there is room.
     More,
-    /// A cursor walk came back short and a full walk may run now: claim again at once
-    /// (the next walk is a full one).
+    /// It came back short, and a walk behind the position is owed and may run now: claim
+    /// again at once.
     LookBehind,
-    /// Nothing more for now. `look_behind_at`: a full walk is still owed (a cursor walk
-    /// came back short while the pacing held full walks back) and may run then.
+    /// Nothing more for now. `look_behind_at`: a paced full walk is still owed (a cursor
+    /// walk came back short while the pacing held full walks back) and may run then.
     Drained { look_behind_at: Option<Instant> },
 }
 
@@ -98,14 +199,75 @@ impl ClaimCursor {
     pub(super) fn new(now: Instant) -> Self {
         Self {
             after: None,
+            owed: None,
+            unsure: None,
+            walks_in_flight: 0,
             full_walks_in_flight: 0,
+            behind_walks_in_flight: 0,
+            planned: 0,
             next_full_walk: now,
             cursor_cost: None,
             full_walks_expensive: false,
+            notified: false,
         }
     }
 
-    /// Whether a full walk may start now.
+    /// Says whether notifications of runnable jobs arrive, which sets the pacing of the
+    /// full walks from the next one on.
+    pub(super) fn set_notified(&mut self, notified: bool) {
+        self.notified = notified;
+    }
+
+    fn pacing(&self) -> Pacing {
+        if self.notified {
+            PACING_NOTIFIED
+        } else {
+            PACING_POLLED
+        }
+    }
+
+    /// Takes in a notification: jobs became runnable from `from` on (or anywhere, for
+    /// [`LookFrom::Start`]) in a transaction that has committed.
+    pub(super) fn notified(&mut self, from: LookFrom) {
+        let key = match from {
+            LookFrom::Start => {
+                self.owe(LookFrom::Start);
+                return;
+            }
+            LookFrom::After(key) => key,
+        };
+        if self.after.is_some_and(|after| key < after) {
+            self.owe(from);
+        } else if self.walks_in_flight > 0 {
+            self.unsure = Some(match self.unsure {
+                Some(unsure) => Unsure {
+                    lowest: unsure.lowest.min(key),
+                    highest: unsure.highest.max(key),
+                    planned_from: self.planned + 1,
+                },
+                None => Unsure {
+                    lowest: key,
+                    highest: key,
+                    planned_from: self.planned + 1,
+                },
+            });
+        }
+        // Otherwise the next claim starts at or before the key, and it sees the rows.
+    }
+
+    fn owe(&mut self, from: LookFrom) {
+        self.owed = Some(from.min_with(self.owed));
+    }
+
+    /// The owed walk, if one may start now (one of each kind at a time).
+    fn owed_walk_ready(&self) -> Option<LookFrom> {
+        match self.owed? {
+            LookFrom::Start => (self.full_walks_in_flight == 0).then_some(LookFrom::Start),
+            after => (self.behind_walks_in_flight == 0).then_some(after),
+        }
+    }
+
+    /// Whether a paced full walk may start now.
     fn full_walk_allowed(&self, now: Instant) -> bool {
         self.full_walks_in_flight == 0 && now >= self.next_full_walk
     }
@@ -116,20 +278,48 @@ impl ClaimCursor {
             .is_none_or(|(_, at)| now.saturating_duration_since(at) >= CURSOR_COST_MAX_AGE)
     }
 
-    /// Plans the next claim: a full walk when no position is known or the pacing allows
-    /// one (and the cost of a cursor walk is known), a cursor walk otherwise.
+    /// Plans the next claim: a full walk when no position is known; an owed walk when
+    /// one may start; a paced full walk when the pacing allows one (and the cost of a
+    /// cursor walk is known); a cursor walk otherwise.
     pub(super) fn next_walk(&mut self, now: Instant) -> Walk {
-        if self.after.is_none() || (self.full_walk_allowed(now) && !self.cursor_cost_stale(now)) {
-            self.full_walks_in_flight += 1;
-            Walk {
-                from: None,
-                started: now,
+        let (kind, from) = if self.after.is_none() {
+            (WalkKind::Full, None)
+        } else if let Some(owed) = self.owed_walk_ready() {
+            self.owed = None;
+            match owed {
+                LookFrom::Start => (WalkKind::Full, None),
+                LookFrom::After(key) => (WalkKind::Behind, Some(key)),
             }
+        } else if self.full_walk_allowed(now) && !self.cursor_cost_stale(now) {
+            (WalkKind::Full, None)
         } else {
-            Walk {
-                from: self.after,
-                started: now,
+            (WalkKind::Cursor, self.after)
+        };
+        self.walks_in_flight += 1;
+        match kind {
+            WalkKind::Full => self.full_walks_in_flight += 1,
+            WalkKind::Behind => self.behind_walks_in_flight += 1,
+            WalkKind::Cursor => {}
+        }
+        self.planned += 1;
+        Walk {
+            from,
+            kind,
+            sequence: self.planned,
+            started: now,
+        }
+    }
+
+    fn walk_ended(&mut self, walk: &Walk) {
+        self.walks_in_flight = self.walks_in_flight.saturating_sub(1);
+        match walk.kind {
+            WalkKind::Full => {
+                self.full_walks_in_flight = self.full_walks_in_flight.saturating_sub(1);
             }
+            WalkKind::Behind => {
+                self.behind_walks_in_flight = self.behind_walks_in_flight.saturating_sub(1);
+            }
+            WalkKind::Cursor => {}
         }
     }
 
@@ -141,25 +331,35 @@ impl ClaimCursor {
         jobs: &[ClaimedJob],
         now: Instant,
     ) -> Landing {
+        self.walk_ended(&walk);
+        match walk.kind {
+            WalkKind::Full => self.full_walk_ended(walk, now),
+            WalkKind::Behind => {}
+            WalkKind::Cursor => self.cursor_walk_ended(walk, now),
+        }
         let last = jobs.last().map(ClaimedJob::position);
         let full = jobs.len() >= limit;
-        if walk.from.is_none() {
-            self.full_walk_ended(walk, now);
-            // A full batch from the left edge may have stopped behind the position: go
-            // on from where it stopped. A short one took everything there was.
-            self.after = if full { last } else { self.after.max(last) };
-            return if full {
-                Landing::More
-            } else {
-                Landing::Drained {
-                    look_behind_at: None,
-                }
-            };
+        match (walk.kind, last, self.after) {
+            // A full batch from behind the position stopped behind it: there may be more
+            // between there and the position.
+            (WalkKind::Full | WalkKind::Behind, Some(last), Some(after))
+                if full && last < after =>
+            {
+                self.owe(LookFrom::After(last));
+            }
+            _ => self.after = self.after.max(last),
         }
-        self.cursor_walk_ended(walk, now);
-        self.after = self.after.max(last);
+        self.settle_unsure(&walk, last, full);
         if full {
             Landing::More
+        } else if self.owed_walk_ready().is_some() {
+            Landing::LookBehind
+        } else if walk.kind != WalkKind::Cursor || self.owed.is_some() {
+            // A short walk from behind took everything from its start on; an owed walk
+            // waits for the one of its kind in flight, whose landing asks for it.
+            Landing::Drained {
+                look_behind_at: None,
+            }
         } else if self.full_walk_allowed(now) {
             Landing::LookBehind
         } else {
@@ -169,33 +369,63 @@ impl ClaimCursor {
         }
     }
 
-    /// Takes in a claim that failed. Its duration says nothing about the cost of a walk
-    /// (it may have waited for a timeout), so it does not pace the next full walk.
-    pub(super) fn failed(&mut self, walk: Walk) {
-        if walk.from.is_none() {
-            self.full_walks_in_flight = self.full_walks_in_flight.saturating_sub(1);
+    /// Settles the notified keys a landed claim covers, or owes a walk for them if the
+    /// position passed them.
+    fn settle_unsure(&mut self, walk: &Walk, last: Option<ClaimPosition>, full: bool) {
+        let Some(unsure) = self.unsure else {
+            return;
+        };
+        let walked_over = walk.sequence >= unsure.planned_from
+            && walk.from.is_none_or(|from| from < unsure.lowest)
+            && (!full || last.is_some_and(|last| last >= unsure.highest));
+        if walked_over {
+            self.unsure = None;
+        } else if self.after.is_some_and(|after| after > unsure.lowest) {
+            self.owe(LookFrom::After(unsure.lowest));
+            self.unsure = None;
+        } else if self.walks_in_flight == 0 {
+            // Everything planned before the notification has landed without passing the
+            // keys: the next claim starts at or before them.
+            self.unsure = None;
         }
     }
 
+    /// Takes in a claim that failed. Its duration says nothing about the cost of a walk
+    /// (it may have waited for a timeout), so it does not pace the next full walk; what
+    /// it was to look at is owed again.
+    pub(super) fn failed(&mut self, walk: Walk) {
+        self.walk_ended(&walk);
+        match walk.kind {
+            WalkKind::Full if self.after.is_some() => self.owe(LookFrom::Start),
+            WalkKind::Behind => {
+                if let Some(from) = walk.from {
+                    self.owe(LookFrom::After(from));
+                }
+            }
+            _ => {}
+        }
+        self.settle_unsure(&walk, None, true);
+    }
+
     fn full_walk_ended(&mut self, walk: Walk, now: Instant) {
-        self.full_walks_in_flight = self.full_walks_in_flight.saturating_sub(1);
         let cost = now.saturating_duration_since(walk.started);
         let cursor = self.cursor_cost.map_or(cost, |(cursor, _)| cursor);
         let extra = cost.saturating_sub(cursor);
         self.full_walks_expensive = extra > cursor;
-        self.next_full_walk = now + (extra * FULL_WALK_COST_FACTOR).min(FULL_WALK_GAP_MAX);
+        let pacing = self.pacing();
+        self.next_full_walk = now + (extra * pacing.cost_factor).min(pacing.gap_max);
     }
 
     /// How many of `room` free buffer places a claim planned as `walk` should ask for.
     ///
-    /// An expensive full walk runs for a while (a quarter of a second with a million
-    /// entries behind the position), and the room a claim asks for is reserved until it
-    /// lands: with all of it reserved, no cursor walk could start beside it, and new jobs
-    /// would wait for the full walk. Such a walk looks for the few jobs that landed behind
-    /// the position, so it asks for a quarter of the room; if it fills that, the position
-    /// moves back to where it stopped and cursor walks take the rest from there.
+    /// An expensive walk from behind runs for a while (a quarter of a second with a
+    /// million entries behind the position), and the room a claim asks for is reserved
+    /// until it lands: with all of it reserved, no cursor walk could start beside it, and
+    /// new jobs would wait for it. Such a walk looks for the few jobs that landed behind
+    /// the position, so it asks for a quarter of the room; if it fills that, a walk from
+    /// where it stopped is owed, and cursor walks take new jobs beside it.
     pub(super) fn claim_limit(&self, walk: &Walk, room: usize) -> usize {
-        if walk.from.is_none() && self.full_walks_expensive {
+        if walk.kind != WalkKind::Cursor && self.full_walks_expensive {
             (room / 4).max(1)
         } else {
             room
@@ -311,12 +541,12 @@ mod tests {
         cursor.landed(walk, 2, &jobs(4..=5), t2);
         // Just before the gap ends: the cursor cost is measured again (it is old), and
         // the pacing still holds full walks back.
-        let t3 = t2 + FULL_WALK_GAP_MAX - 10 * MS;
+        let t3 = t2 + PACING_POLLED.gap_max - 10 * MS;
         let probe = cursor.next_walk(t3);
         assert!(probe.from.is_some(), "the cursor cost is seconds old");
         cursor.landed(probe, 1, &jobs(6..=6), t3 + MS);
         assert!(cursor.next_walk(t3 + MS).from.is_some(), "still paced");
-        assert_eq!(cursor.next_walk(t2 + FULL_WALK_GAP_MAX).from, None);
+        assert_eq!(cursor.next_walk(t2 + PACING_POLLED.gap_max).from, None);
     }
 
     #[test]
@@ -387,18 +617,29 @@ mod tests {
         let probe = cursor.next_walk(t0);
         cursor.landed(probe, 2, &jobs(12..=13), t0 + MS);
         let full = cursor.next_walk(t0 + MS);
-        assert_eq!(full.from, None);
+        assert!(full.is_full());
         // Jobs 1 and 2 landed behind position 13 (say, a higher priority); the batch was
         // full, so there may be more there.
         assert_eq!(
             cursor.landed(full, 2, &jobs(1..=2), t0 + 2 * MS),
             Landing::More
         );
-        assert!(cursor.full_walk_allowed(t0 + 2 * MS));
-        // Both claims in flight: the second is a cursor walk from where the first stopped.
-        let next = cursor.next_walk(t0 + 2 * MS);
-        assert_eq!(next.from, None);
-        assert_eq!(cursor.next_walk(t0 + 2 * MS).from.map(|p| p.id), Some(2));
+        let behind = cursor.next_walk(t0 + 2 * MS);
+        assert_eq!(behind.kind, WalkKind::Behind);
+        assert_eq!(behind.from.map(|p| p.id), Some(2));
+        // Beside it, the position is where the furthest claim got.
+        let beside = cursor.next_walk(t0 + 2 * MS);
+        assert!(beside.is_full(), "cheap full walks are still the rule");
+        let third = cursor.next_walk(t0 + 2 * MS);
+        assert_eq!(third.from.map(|p| p.id), Some(13));
+        // The walk from behind comes back short: it took everything from 2 on.
+        assert_eq!(
+            cursor.landed(behind, 2, &jobs(3..=3), t0 + 3 * MS),
+            Landing::Drained {
+                look_behind_at: None
+            }
+        );
+        assert_eq!(cursor.after.map(|p| p.id), Some(13));
     }
 
     #[test]
@@ -443,5 +684,163 @@ mod tests {
         cursor.failed(walk);
         assert_eq!(cursor.full_walks_in_flight, 0);
         assert!(cursor.next_walk(t0).from.is_none(), "no position yet");
+    }
+
+    fn key(priority: i16, scheduled_at_us: i64) -> LookFrom {
+        LookFrom::at(priority, scheduled_at_us)
+    }
+
+    /// A notified cursor at position 3 (scheduled at 1,000 µs) with nothing in flight.
+    fn notified_at_3(t0: Instant) -> (ClaimCursor, Instant) {
+        let (mut cursor, t1) = warmed_up(t0, MS);
+        cursor.set_notified(true);
+        (cursor, t1)
+    }
+
+    #[test]
+    fn a_key_notified_behind_the_position_owes_a_walk_from_it() {
+        let t0 = Instant::now();
+        let (mut cursor, t1) = notified_at_3(t0);
+        cursor.notified(key(-1, 5_000));
+        let walk = cursor.next_walk(t1);
+        assert_eq!(walk.kind, WalkKind::Behind);
+        assert_eq!(
+            walk.from,
+            Some(ClaimPosition {
+                priority: -1,
+                scheduled_at_us: 5_000,
+                id: i64::MIN
+            }),
+            "every job of that priority and time, whatever its id"
+        );
+        assert_eq!(
+            cursor.claim_limit(&walk, 40),
+            40,
+            "full walks are cheap here"
+        );
+        let next = cursor.next_walk(t1);
+        assert_ne!(
+            next.kind,
+            WalkKind::Behind,
+            "one walk from behind at a time"
+        );
+    }
+
+    #[test]
+    fn a_key_notified_ahead_of_an_idle_cursor_needs_nothing() {
+        let t0 = Instant::now();
+        let (mut cursor, t1) = notified_at_3(t0);
+        cursor.notified(key(0, 2_000));
+        assert!(cursor.owed.is_none() && cursor.unsure.is_none());
+        let walk = cursor.next_walk(t1);
+        assert_ne!(walk.kind, WalkKind::Behind);
+    }
+
+    #[test]
+    fn a_key_passed_by_a_claim_planned_before_its_notification_is_owed() {
+        let t0 = Instant::now();
+        let (mut cursor, t1) = notified_at_3(t0);
+        let t = t1 + CURSOR_COST_MAX_AGE;
+        let before = cursor.next_walk(t);
+        assert_eq!(before.kind, WalkKind::Cursor);
+        // A job at 2,000 µs commits: ahead of position 3, but the claim in flight did not
+        // see it and lands past it.
+        cursor.notified(key(0, 2_000));
+        let mut past = job(50);
+        past.scheduled_at_us = 3_000;
+        assert_eq!(
+            cursor.landed(before, 5, &[past], t + MS),
+            Landing::LookBehind
+        );
+        let walk = cursor.next_walk(t + MS);
+        assert_eq!(walk.kind, WalkKind::Behind);
+        assert_eq!(walk.from.map(|p| p.scheduled_at_us), Some(2_000));
+    }
+
+    #[test]
+    fn a_key_walked_over_by_a_claim_planned_after_its_notification_is_settled() {
+        let t0 = Instant::now();
+        let (mut cursor, t1) = notified_at_3(t0);
+        let t = t1 + CURSOR_COST_MAX_AGE;
+        let before = cursor.next_walk(t);
+        cursor.notified(key(0, 2_000));
+        let after = cursor.next_walk(t);
+        assert_eq!(after.kind, WalkKind::Cursor);
+        // The later claim took the job (short: everything from the position on); the
+        // earlier one lands past the key afterwards.
+        let mut taken = job(40);
+        taken.scheduled_at_us = 2_000;
+        cursor.landed(after, 5, &[taken], t + MS);
+        let mut past = job(50);
+        past.scheduled_at_us = 3_000;
+        cursor.landed(before, 5, &[past], t + 2 * MS);
+        assert!(cursor.owed.is_none(), "{cursor:?}");
+        assert!(cursor.unsure.is_none());
+    }
+
+    #[test]
+    fn a_key_stays_unsure_while_a_full_batch_stops_short_of_it() {
+        let t0 = Instant::now();
+        let (mut cursor, t1) = notified_at_3(t0);
+        let t = t1 + CURSOR_COST_MAX_AGE;
+        let before = cursor.next_walk(t);
+        cursor.notified(key(0, 9_000));
+        let after = cursor.next_walk(t);
+        // The later claim filled its batch before the key: it did not walk over it.
+        cursor.landed(after, 1, &jobs(4..=4), t + MS);
+        assert!(cursor.unsure.is_some());
+        let mut past = job(50);
+        past.scheduled_at_us = 10_000;
+        cursor.landed(before, 5, &[past], t + 2 * MS);
+        assert_eq!(cursor.owed, Some(key(0, 9_000)));
+    }
+
+    #[test]
+    fn a_notified_start_owes_a_full_walk_whatever_the_pacing() {
+        let t0 = Instant::now();
+        let (mut cursor, t1) = notified_at_3(t0);
+        let full = cursor.next_walk(t1);
+        assert!(full.is_full());
+        cursor.landed(full, 2, &[], t1 + 500 * MS);
+        assert!(!cursor.full_walk_allowed(t1 + Duration::from_secs(30)));
+        cursor.notified(LookFrom::Start);
+        assert!(cursor.next_walk(t1 + Duration::from_secs(1)).is_full());
+    }
+
+    #[test]
+    fn notified_full_walks_are_spaced_by_200_times_their_extra_cost_up_to_a_minute() {
+        let t0 = Instant::now();
+        let (mut cursor, t1) = notified_at_3(t0);
+        let full = cursor.next_walk(t1);
+        assert!(full.is_full());
+        // 101 ms against 1 ms: 100 ms extra, 20 s until the next one.
+        let t2 = t1 + 101 * MS;
+        cursor.landed(full, 2, &[], t2);
+        assert!(!cursor.full_walk_allowed(t2 + Duration::from_secs(19)));
+        assert!(cursor.full_walk_allowed(t2 + Duration::from_secs(20)));
+        // The cursor cost is measured again first (it is seconds old).
+        let probe = cursor.next_walk(t2 + Duration::from_secs(20));
+        assert_eq!(probe.kind, WalkKind::Cursor);
+        cursor.landed(probe, 2, &[], t2 + Duration::from_secs(20) + MS);
+        let full = cursor.next_walk(t2 + Duration::from_secs(20) + MS);
+        assert!(full.is_full());
+        // A 2 s walk would space the next by 400 s: a minute at most.
+        let t3 = t2 + Duration::from_secs(22) + MS;
+        cursor.landed(full, 2, &[], t3);
+        assert!(!cursor.full_walk_allowed(t3 + Duration::from_secs(59)));
+        assert!(cursor.full_walk_allowed(t3 + PACING_NOTIFIED.gap_max));
+    }
+
+    #[test]
+    fn a_failed_walk_from_behind_is_owed_again() {
+        let t0 = Instant::now();
+        let (mut cursor, t1) = notified_at_3(t0);
+        cursor.notified(key(-1, 5_000));
+        let walk = cursor.next_walk(t1);
+        assert_eq!(walk.kind, WalkKind::Behind);
+        cursor.failed(walk);
+        let again = cursor.next_walk(t1 + MS);
+        assert_eq!(again.kind, WalkKind::Behind);
+        assert_eq!(again.from, walk.from);
     }
 }

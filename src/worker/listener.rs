@@ -1,19 +1,25 @@
-//! The listener: LISTEN on `skiplock_jobs` and wake the producer when a job for one of our
-//! queues arrives. Notifications are a latency optimisation only; the producer also polls,
-//! so a lost listener delays work by at most one poll interval. After a reconnect the
-//! producer is woken once to catch up on anything inserted while the listener was down.
+//! The listener: LISTEN on `skiplock_runnable` and tell the producer of a queue where, in
+//! claim order, jobs became runnable (which wakes it). Notifications make pickup fast and
+//! let the producer claim from its position without losing the jobs that land behind it
+//! (see [`super::claim_cursor`]); they are not needed for correctness. The producer also
+//! polls, and while the listener is not subscribed it finds jobs behind its position with
+//! frequent full walks. After each (re)subscription every producer looks at its queue
+//! from the start once, to catch up on anything written while the listener was down.
 
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 
 use sqlx::postgres::{PgListener, PgPoolOptions};
 use tokio_util::sync::CancellationToken;
 
 use super::Shared;
+use super::claim_cursor::LookFrom;
 use crate::pacing::db_retry_delay;
 
-/// The channel the insert trigger and the release statement notify, with the queue name
-/// as payload.
-pub(crate) const NOTIFY_CHANNEL: &str = "skiplock_jobs";
+/// The channel every write that makes jobs runnable notifies (schema version 7): the
+/// insert trigger and the `jobs_notify_runnable` update trigger. Payload: see
+/// [`parse_runnable`].
+pub(crate) const RUNNABLE_CHANNEL: &str = "skiplock_runnable";
 
 /// The channel `skiplock.cancel_job` notifies when it cancels a running job, with the job
 /// id as payload: the worker holding it stops the handler at once instead of at its next
@@ -51,41 +57,95 @@ pub(super) async fn listen(shared: Arc<Shared>, stop: CancellationToken) {
         let session = async {
             let mut listener = PgListener::connect_with(&own_connection).await?;
             listener
-                .listen_all([NOTIFY_CHANNEL, CANCEL_CHANNEL])
+                .listen_all([RUNNABLE_CHANNEL, CANCEL_CHANNEL])
                 .await?;
-            // Anything inserted before LISTEN took effect would otherwise wait for a poll.
-            shared.wake_all();
+            shared.listening.store(true, Ordering::Relaxed);
+            // Anything written before LISTEN took effect was not announced.
+            shared.look_from_start_all();
             failures = 0;
             loop {
-                match listener.try_recv().await? {
-                    Some(notification) if notification.channel() == CANCEL_CHANNEL => {
-                        // The database already voided the claim; stop the handler now.
-                        if let Ok(id) = notification.payload().parse::<i64>() {
-                            for id in shared.claims.stop_job(id) {
-                                tracing::info!(job_id = id, "job cancelled; stopping its handler");
-                            }
+                // `None`: the connection was lost. The session ends here rather than
+                // letting `try_recv` reconnect, so that the catch-up above runs only once
+                // LISTEN is in effect again.
+                let Some(notification) = listener.try_recv().await? else {
+                    return Ok(());
+                };
+                if notification.channel() == CANCEL_CHANNEL {
+                    // The database already voided the claim; stop the handler now.
+                    if let Ok(id) = notification.payload().parse::<i64>() {
+                        for id in shared.claims.stop_job(id) {
+                            tracing::info!(job_id = id, "job cancelled; stopping its handler");
                         }
                     }
-                    Some(notification) => shared.wake_queue(notification.payload()),
-                    // Connection lost: catch up, then `try_recv` reconnects.
-                    None => shared.wake_all(),
+                } else if let Some((queue, from)) = parse_runnable(notification.payload()) {
+                    shared.runnable(queue, from);
+                } else {
+                    tracing::warn!(
+                        payload = notification.payload(),
+                        "unreadable {RUNNABLE_CHANNEL} notification; looking at every queue \
+                         from the start"
+                    );
+                    shared.look_from_start_all();
                 }
             }
-            #[allow(unreachable_code)]
-            Ok::<(), sqlx::Error>(())
         };
-        tokio::select! {
-            () = stop.cancelled() => return,
-            result = session => {
-                if let Err(e) = result {
-                    failures += 1;
-                    tracing::warn!(error = %e, "listener connection failed; polling until it reconnects");
-                }
+        let ended: Option<Result<(), sqlx::Error>> = tokio::select! {
+            () = stop.cancelled() => None,
+            result = session => Some(result),
+        };
+        shared.listening.store(false, Ordering::Relaxed);
+        match ended {
+            None => return,
+            Some(Ok(())) => tracing::warn!("listener connection lost; reconnecting"),
+            Some(Err(e)) => {
+                failures += 1;
+                tracing::warn!(error = %e, "listener connection failed; polling until it reconnects");
             }
         }
         tokio::select! {
             () = stop.cancelled() => return,
             () = tokio::time::sleep(db_retry_delay(failures)) => {}
+        }
+    }
+}
+
+/// Reads a `skiplock_runnable` payload: `priority<TAB>scheduled_at_us<TAB>queue`, the
+/// lowest claim key made runnable in the queue (`scheduled_at` in microseconds since the
+/// Unix epoch, `i64::MIN` for `-infinity`), or `-<TAB>-<TAB>queue`: look from the start.
+/// The queue comes last and may hold any character, tabs included. `None` for anything
+/// else.
+fn parse_runnable(payload: &str) -> Option<(&str, LookFrom)> {
+    let mut fields = payload.splitn(3, '\t');
+    let (priority, scheduled_at_us, queue) = (fields.next()?, fields.next()?, fields.next()?);
+    if (priority, scheduled_at_us) == ("-", "-") {
+        return Some((queue, LookFrom::Start));
+    }
+    Some((
+        queue,
+        LookFrom::at(priority.parse().ok()?, scheduled_at_us.parse().ok()?),
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn runnable_payloads_are_read_with_the_queue_last() {
+        assert_eq!(
+            parse_runnable("-3\t1795607926369988\tmail"),
+            Some(("mail", LookFrom::at(-3, 1_795_607_926_369_988)))
+        );
+        assert_eq!(
+            parse_runnable("0\t-9223372036854775808\tq\twith\ttabs"),
+            Some(("q\twith\ttabs", LookFrom::at(0, i64::MIN)))
+        );
+        assert_eq!(
+            parse_runnable("-\t-\tdefault"),
+            Some(("default", LookFrom::Start))
+        );
+        for bad in ["default", "0\t12", "x\t1\tq", "0\t1.5\tq", "40000\t1\tq"] {
+            assert_eq!(parse_runnable(bad), None, "{bad:?}");
         }
     }
 }

@@ -86,6 +86,9 @@ pub(crate) struct Shared {
     pub(crate) events: tokio::sync::broadcast::Sender<events::JobEvent>,
     /// Set once the claim of [`WorkerConfig::only_job`] was sent.
     pub(crate) only_job_claimed: std::sync::atomic::AtomicBool,
+    /// Whether the listener is subscribed to the runnable-job notifications: the
+    /// producers pace their full walks by it (see [`claim_cursor`]).
+    pub(crate) listening: std::sync::atomic::AtomicBool,
 }
 
 /// One queue: its producer's claims, its buffer, and where its job slots come from.
@@ -103,6 +106,9 @@ pub(crate) struct QueueGroup {
     pub(crate) started: AtomicU64,
     /// Wakes this group's producer: a notification arrived or the listener reconnected.
     pub(crate) wake: Notify,
+    /// Where notifications said jobs became runnable since the producer last looked, the
+    /// lowest; the producer hands it to its [`claim_cursor::ClaimCursor`].
+    pub(crate) runnable: std::sync::Mutex<Option<claim_cursor::LookFrom>>,
     /// Signalled by the completer after it settles a batch: claims were freed.
     pub(crate) settled: Notify,
     /// Claims of this group whose reply was lost, until their jobs are released.
@@ -128,6 +134,7 @@ impl QueueGroup {
             prefetch_max: prefetch_max.max(prefetch),
             started: AtomicU64::new(0),
             wake: Notify::new(),
+            runnable: std::sync::Mutex::new(None),
             settled: Notify::new(),
             lost_claims: producer::LostClaims::default(),
         }
@@ -142,15 +149,44 @@ impl Shared {
         }
     }
 
-    /// Wakes the producer that claims from `queue`, if any.
-    pub(crate) fn wake_queue(&self, queue: &str) {
+    /// Tells every producer to look at its queue from the start of claim order, and wakes
+    /// it: notifications may have been missed (the listener was down).
+    pub(crate) fn look_from_start_all(&self) {
+        for group in &self.groups {
+            group.note_runnable(claim_cursor::LookFrom::Start);
+        }
+    }
+
+    /// Tells the producer that claims from `queue`, if any, that jobs became runnable
+    /// there from `from` on, and wakes it.
+    pub(crate) fn runnable(&self, queue: &str, from: claim_cursor::LookFrom) {
         if let Some(group) = self
             .groups
             .iter()
             .find(|g| g.queues.iter().any(|q| q == queue))
         {
-            group.wake.notify_one();
+            group.note_runnable(from);
         }
+    }
+}
+
+impl QueueGroup {
+    fn note_runnable(&self, from: claim_cursor::LookFrom) {
+        let mut runnable = self
+            .runnable
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        *runnable = Some(from.min_with(*runnable));
+        drop(runnable);
+        self.wake.notify_one();
+    }
+
+    /// Where jobs became runnable since the last call, the lowest.
+    pub(crate) fn take_runnable(&self) -> Option<claim_cursor::LookFrom> {
+        self.runnable
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take()
     }
 }
 

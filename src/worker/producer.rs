@@ -21,7 +21,7 @@ use futures_util::stream::FuturesUnordered;
 use tokio::sync::{Notify, mpsc};
 use uuid::Uuid;
 
-use super::claim_cursor::{ClaimCursor, Landing, Walk};
+use super::claim_cursor::{ClaimCursor, Landing, LookFrom, Walk};
 use super::claims::ClaimInFlight;
 use super::completer::write_split;
 use super::{PREFETCH_HORIZON, Shared, reply_lost, schema_mismatch, stop_if_schema_outgrown};
@@ -70,6 +70,10 @@ pub(super) async fn produce(
         let stopping = shared.graceful.is_cancelled();
         if stopping && in_flight.is_empty() {
             break;
+        }
+        cursor.set_notified(shared.listening.load(Ordering::Relaxed));
+        if let Some(from) = group.take_runnable() {
+            cursor.notified(from);
         }
         if !stopping && matches!(pause, Pause::No) && in_flight.len() < CLAIMS_IN_FLIGHT {
             let target = rate.buffer_target(
@@ -135,10 +139,30 @@ pub(super) async fn produce(
                 }
                 // Its jobs are held now: the heartbeat extends them by id and token.
                 drop(sent);
-                if let Landing::Drained { look_behind_at } = landing
-                    && matches!(pause, Pause::No)
+                match (landing, &pause) {
+                    (Landing::Drained { look_behind_at }, Pause::No) => {
+                        pause = Pause::Drained { look_behind_at };
+                    }
+                    // A claim that landed after another came back short may still find
+                    // more, or owe a walk from behind: claim again.
+                    (Landing::More | Landing::LookBehind, Pause::Drained { .. }) => {
+                        pause = Pause::No;
+                    }
+                    _ => {}
+                }
+                if config.exit_when_idle
+                    && !stopping
+                    && count == 0
+                    && in_flight.is_empty()
+                    && shared.claims.len() == 0
+                    && config.only_job.is_none()
+                    && !walk.is_full()
                 {
-                    pause = Pause::Drained { look_behind_at };
+                    // Idleness is decided after a full walk (jobs may wait behind the
+                    // position that no write announced): walk from the start now rather
+                    // than when the pacing allows.
+                    cursor.notified(LookFrom::Start);
+                    pause = Pause::No;
                 }
                 // One chosen job: done once it was claimed and settled (or was not there).
                 let only_job_done = config.only_job.is_some()
@@ -148,7 +172,7 @@ pub(super) async fn produce(
                     && count == 0
                     && in_flight.is_empty()
                     && shared.claims.len() == 0
-                    && (only_job_done || (walk.from.is_none() && idle(&shared).await))
+                    && (only_job_done || (walk.is_full() && idle(&shared).await))
                 {
                     tracing::info!("no runnable or running job left; exiting as asked");
                     shared.graceful.cancel();

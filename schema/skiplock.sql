@@ -50,6 +50,14 @@ BEGIN
     )
     SELECT array_agg(DISTINCT queue), count(*) INTO promoted_queues, promoted FROM ready;
     PERFORM pg_notify('skiplock_jobs', q) FROM unnest(promoted_queues) AS q;
+    -- Each lane's head, promoted now or queued before (its turn came when the job before
+    -- it ended; claims skipped it while that job was unfinished).
+    PERFORM skiplock.notify_runnable(h.queue, h.priority, h.scheduled_at)
+    FROM (SELECT DISTINCT ON (ordering_key) state, queue, priority, scheduled_at
+          FROM skiplock.jobs
+          WHERE ordering_key = ANY (keys) AND state IN ('waiting', 'queued', 'running')
+          ORDER BY ordering_key, id) h
+    WHERE h.state = 'queued';
     RETURN promoted;
 END;
 $$;
@@ -457,13 +465,22 @@ CREATE FUNCTION skiplock.job_dependencies_after_insert() RETURNS trigger
     AS $$
 DECLARE
     parent_now skiplock.job_state;
+    parent_queue text;
+    parent_priority smallint;
+    parent_scheduled_at timestamptz;
     child_now skiplock.job_state;
 BEGIN
     IF NEW.parent_state IS NOT NULL THEN
         RAISE EXCEPTION 'job_dependencies.parent_state is written by skiplock when a parent is deleted; insert the edge with parent_state NULL'
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    SELECT state INTO parent_now FROM skiplock.jobs WHERE id = NEW.parent_id FOR KEY SHARE;
+    SELECT state, queue, priority, scheduled_at
+    INTO parent_now, parent_queue, parent_priority, parent_scheduled_at
+    FROM skiplock.jobs WHERE id = NEW.parent_id FOR KEY SHARE;
+    -- Claims skip the parent while this transaction holds it locked.
+    IF parent_now = 'queued' THEN
+        PERFORM skiplock.notify_runnable(parent_queue, parent_priority, parent_scheduled_at);
+    END IF;
     IF parent_now IS NULL THEN
         RAISE EXCEPTION 'parent job % does not exist', NEW.parent_id
             USING ERRCODE = 'foreign_key_violation';
@@ -590,20 +607,6 @@ END;
 $$;
 
 --
--- Name: notify_job_runnable(); Type: FUNCTION; Schema: skiplock; Owner: -
---
-
-CREATE FUNCTION skiplock.notify_job_runnable() RETURNS trigger
-    LANGUAGE plpgsql
-    AS $$
-BEGIN
-    PERFORM pg_notify('skiplock_runnable',
-                      skiplock.runnable_payload(NEW.queue, NEW.priority, NEW.scheduled_at));
-    RETURN NULL;
-END;
-$$;
-
---
 -- Name: notify_jobs_inserted(); Type: FUNCTION; Schema: skiplock; Owner: -
 --
 
@@ -626,6 +629,23 @@ BEGIN
     RETURN NULL;
 END;
 $$;
+
+--
+-- Name: notify_runnable(text, smallint, timestamp with time zone); Type: FUNCTION; Schema: skiplock; Owner: -
+--
+
+CREATE FUNCTION skiplock.notify_runnable(queue text, priority smallint, scheduled_at timestamp with time zone) RETURNS void
+    LANGUAGE sql
+    AS $$
+    SELECT pg_notify('skiplock_runnable', skiplock.runnable_payload(queue, priority, scheduled_at))
+    WHERE scheduled_at <= now();
+$$;
+
+--
+-- Name: FUNCTION notify_runnable(queue text, priority smallint, scheduled_at timestamp with time zone); Type: COMMENT; Schema: skiplock; Owner: -
+--
+
+COMMENT ON FUNCTION skiplock.notify_runnable(queue text, priority smallint, scheduled_at timestamp with time zone) IS 'Tells workers that jobs of this queue became runnable from this priority and time on (at commit, if due): call it after requeuing jobs with a plain UPDATE.';
 
 --
 -- Name: pause_queue(text); Type: FUNCTION; Schema: skiplock; Owner: -
@@ -684,6 +704,9 @@ CREATE FUNCTION skiplock.retry_job(job_id bigint) RETURNS boolean
     AS $$
 DECLARE
     q text;
+    p smallint;
+    s timestamptz;
+    now_state skiplock.job_state;
     lane text;
     current skiplock.job_state;
     holder bigint;
@@ -713,7 +736,7 @@ BEGIN
         last_error = CASE WHEN holder IS NOT NULL
             THEN skiplock.superseded_message(holder, unique_key) ELSE last_error END
     WHERE id = job_id AND state IN ('queued', 'dead', 'cancelled', 'succeeded')
-    RETURNING queue INTO q;
+    RETURNING queue, priority, scheduled_at, state INTO q, p, s, now_state;
     IF q IS NULL THEN
         RETURN false;
     END IF;
@@ -725,6 +748,9 @@ BEGIN
     PERFORM skiplock.settle_dependants(ARRAY(
         SELECT d.parent_id FROM skiplock.job_dependencies d WHERE d.job_id = retry_job.job_id));
     PERFORM pg_notify('skiplock_jobs', q);
+    IF now_state = 'queued' THEN
+        PERFORM skiplock.notify_runnable(q, p, s);
+    END IF;
     RETURN true;
 END;
 $$;
@@ -776,6 +802,7 @@ CREATE FUNCTION skiplock.settle_dependants(parent_ids bigint[]) RETURNS integer
     AS $$
 DECLARE
     promoted_queues text[];
+    promoted_keys text[];
     promoted int := 0;
     cancelled int := 0;
 BEGIN
@@ -809,10 +836,14 @@ BEGIN
         WHERE c.state = 'waiting'
           AND c.id IN (SELECT job_id FROM skiplock.job_dependencies WHERE parent_id = ANY (parent_ids))
           AND NOT skiplock.has_unmet_parent(c.id)
-        RETURNING c.queue
+        RETURNING c.queue, c.priority, c.scheduled_at
     )
-    SELECT array_agg(DISTINCT queue), count(*) INTO promoted_queues, promoted FROM ready;
+    SELECT array_agg(DISTINCT queue), count(*),
+           array_agg(DISTINCT skiplock.runnable_payload(queue, priority, scheduled_at))
+               FILTER (WHERE scheduled_at <= now())
+    INTO promoted_queues, promoted, promoted_keys FROM ready;
     PERFORM pg_notify('skiplock_jobs', q) FROM unnest(promoted_queues) AS q;
+    PERFORM pg_notify('skiplock_runnable', k) FROM unnest(promoted_keys) AS k;
     RETURN promoted + cancelled;
 END;
 $$;
@@ -836,12 +867,22 @@ CREATE FUNCTION skiplock.unique_key_holder(key text, self bigint) RETURNS bigint
     AS $$
 DECLARE
     holder bigint;
+    holder_state skiplock.job_state;
+    holder_queue text;
+    holder_priority smallint;
+    holder_scheduled_at timestamptz;
 BEGIN
     PERFORM pg_advisory_xact_lock(hashtextextended('skiplock.unique:' || key, 0));
-    SELECT o.id INTO holder FROM skiplock.jobs o
+    SELECT o.id, o.state, o.queue, o.priority, o.scheduled_at
+    INTO holder, holder_state, holder_queue, holder_priority, holder_scheduled_at
+    FROM skiplock.jobs o
     WHERE o.unique_key = key AND o.state IN ('waiting', 'queued') AND o.id <> self
     ORDER BY o.id LIMIT 1
     FOR UPDATE;
+    -- Claims skip the holder while this transaction holds it locked.
+    IF holder_state = 'queued' THEN
+        PERFORM skiplock.notify_runnable(holder_queue, holder_priority, holder_scheduled_at);
+    END IF;
     RETURN holder;
 END;
 $$;
@@ -1318,12 +1359,6 @@ CREATE TRIGGER jobs_before_insert BEFORE INSERT ON skiplock.jobs FOR EACH ROW WH
 --
 
 CREATE TRIGGER jobs_notify_inserted AFTER INSERT ON skiplock.jobs REFERENCING NEW TABLE AS inserted FOR EACH STATEMENT EXECUTE FUNCTION skiplock.notify_jobs_inserted();
-
---
--- Name: jobs jobs_notify_runnable; Type: TRIGGER; Schema: skiplock; Owner: -
---
-
-CREATE TRIGGER jobs_notify_runnable AFTER UPDATE ON skiplock.jobs FOR EACH ROW WHEN (((new.state = 'queued'::skiplock.job_state) AND (new.scheduled_at <= now()) AND ((old.state <> 'queued'::skiplock.job_state) OR (new.priority < old.priority) OR (new.scheduled_at < old.scheduled_at) OR (old.scheduled_at > now()) OR (new.queue <> old.queue) OR (new.kind <> old.kind)))) EXECUTE FUNCTION skiplock.notify_job_runnable();
 
 --
 -- Name: job_dependencies job_dependencies_job_id_fkey; Type: FK CONSTRAINT; Schema: skiplock; Owner: -

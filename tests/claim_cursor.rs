@@ -5,11 +5,11 @@ mod common;
 
 use std::time::Duration;
 
-use common::fixtures::{Recorder, fast_worker, wait_for, wait_until};
+use common::fixtures::{Recorder, fast_worker, state_of, wait_for, wait_until};
 use common::test_db;
 use serde::{Deserialize, Serialize};
 use skiplock::db::jobs::{ClaimPosition, jobs_claim_batch, jobs_claim_batch_after};
-use skiplock::{Job, JobContext, JobError};
+use skiplock::{Job, JobContext, JobError, JobState};
 use sqlx::{Connection, PgPool};
 
 fn strings(items: &[&str]) -> Vec<String> {
@@ -233,12 +233,11 @@ async fn runnable_notifications(db: &common::TestDb, sql: &str) -> Vec<String> {
     }
 }
 
-/// Every write that makes a job runnable says where in claim order, whoever writes it:
-/// inserts (one message per queue and priority, at the earliest time), a release,
-/// `retry_job`, an operator's UPDATE (a new priority, an earlier time), `resume_queue`
-/// (from the start). Claims, completions and jobs that are not due say nothing. (Lanes'
-/// and parents' promotions are updates from `waiting` to `queued`, as `retry_job`'s is
-/// from `dead`: the same trigger.)
+/// Every write that makes a job runnable says where in claim order: inserts, by any
+/// client (one message per queue and priority, at the earliest time), a release, a lane
+/// head's turn, `retry_job`, `resume_queue` (from the start), and the enqueues that hold a
+/// queued job locked while claims skip it (its unique key's holder, a child's parent).
+/// Claims, completions and jobs that are not due say nothing.
 #[tokio::test]
 async fn every_write_that_makes_a_job_runnable_notifies_its_claim_key() {
     let db = test_db().await;
@@ -298,25 +297,49 @@ async fn every_write_that_makes_a_job_runnable_notifies_its_claim_key() {
     assert_eq!(released.payload(), format!("0\t{t1}\ta"));
     drop(listener);
 
-    // An operator's UPDATE: a higher priority, an earlier time, a job coming due.
-    let updated = runnable_notifications(
+    // A lane's head that is already queued, when the job before it ends; a queued job
+    // that an enqueue of its unique key, or of a child depending on it, holds locked
+    // (claims skip it until that transaction ends).
+    let lane_head: i64 = sqlx::query_scalar(
+        "INSERT INTO skiplock.jobs (kind, args, queue, ordering_key, scheduled_at)
+         VALUES ('record', '{}', 'lane', 'L', '2026-01-01') RETURNING id",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(state_of(&db.pool, lane_head).await, JobState::Queued);
+    sqlx::query(
+        "INSERT INTO skiplock.jobs (kind, args, queue, unique_key, scheduled_at)
+         VALUES ('record', '{}', 'held', 'k', '2026-01-02')",
+    )
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    let (jan1, jan2) = (1_767_225_600_000_000_i64, 1_767_312_000_000_000_i64);
+    let lane = runnable_notifications(&db, "SELECT skiplock.advance_lanes(ARRAY['L'])").await;
+    assert_eq!(lane, [format!("0\t{jan1}\tlane")]);
+    let holder = runnable_notifications(&db, "SELECT skiplock.unique_key_holder('k', 0)").await;
+    assert_eq!(holder, [format!("0\t{jan2}\theld")]);
+    let parent = runnable_notifications(
         &db,
-        &format!(
-            "UPDATE skiplock.jobs SET priority = -5 WHERE queue = 'b\tc';
-             UPDATE skiplock.jobs SET scheduled_at = {t1} WHERE priority = -9;
-             UPDATE skiplock.jobs SET args = '{{\"x\": 1}}' WHERE queue = 'a';",
-            t1 = at(t1)
-        ),
+        "BEGIN;
+         INSERT INTO skiplock.jobs (kind, args, queue) VALUES ('record', '{}', 'c');
+         INSERT INTO skiplock.job_dependencies (job_id, parent_id)
+             SELECT (SELECT id FROM skiplock.jobs WHERE queue = 'c'), id
+             FROM skiplock.jobs WHERE queue = 'held';
+         COMMIT;",
     )
     .await;
-    assert_eq!(
-        updated,
-        [
-            "-5\t-9223372036854775808\tb\tc".to_owned(),
-            format!("-9\t{t1}\ta"),
-        ],
-        "a change that moves no job earlier says nothing"
-    );
+    assert_eq!(parent.len(), 2, "{parent:?}");
+    assert!(parent[0].ends_with("\tc"), "the child's insert: {parent:?}");
+    assert_eq!(parent[1], format!("0\t{jan2}\theld"), "the locked parent");
+    // An operator's plain UPDATE says nothing (a walk from the left edge finds it).
+    let updated = runnable_notifications(
+        &db,
+        "UPDATE skiplock.jobs SET priority = -5 WHERE queue = 'held'",
+    )
+    .await;
+    assert_eq!(updated, Vec::<String>::new());
 
     // A dead job retried by hand.
     let dead: i64 = sqlx::query_scalar(
@@ -391,10 +414,10 @@ async fn claimed_by_full_walk(pool: &PgPool, id: i64) -> Option<bool> {
         .unwrap()
 }
 
-/// A job that lands behind the worker's position is claimed by a walk from the key its
-/// write announced, not by a walk from the left edge: full walks that cost 200 ms more
-/// than a walk from a position are held back for tens of seconds while notifications
-/// arrive, and the job runs at once. Before schema version 7 such a job waited for a
+/// A job that lands behind the worker's position (a higher priority; a child with an old
+/// `scheduled_at` whose parent succeeds) is claimed by a walk from the key its write announced, not by a walk from the left edge: full walks that keep costing 200
+/// ms more than a walk from a position are held back for tens of seconds while
+/// notifications arrive, and the job runs at once. Before schema version 7 such a job waited for a
 /// full walk (5 s at most); this test failed then, with the job claimed by a full walk.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_job_announced_behind_the_position_is_claimed_without_a_full_walk() {
@@ -420,33 +443,53 @@ async fn a_job_announced_behind_the_position_is_claimed_without_a_full_walk() {
     )
     .await;
 
-    // Once a full walk has landed after a walk from the position (whose cost it is
-    // measured against), the next is paced tens of seconds later.
+    // Once two full walks in a row have cost 200 ms more than a walk from the position
+    // (whose cost they are measured against), the next is paced tens of seconds later.
     let later = insert(pool, 0, "now").await;
-    wait_for("a paced full walk", Duration::from_secs(20), || async {
-        sqlx::query_scalar(
-            "SELECT EXISTS (SELECT 1 FROM claim_log f, claim_log c
-                            WHERE f.full_walk AND NOT c.full_walk AND f.n > c.n)",
-        )
-        .fetch_one(pool)
-        .await
-        .unwrap()
-    })
+    wait_for(
+        "two expensive full walks",
+        Duration::from_secs(20),
+        || async {
+            sqlx::query_scalar(
+                "SELECT count(*) >= 2 FROM claim_log
+             WHERE full_walk AND n > (SELECT min(n) FROM claim_log WHERE NOT full_walk)",
+            )
+            .fetch_one(pool)
+            .await
+            .unwrap()
+        },
+    )
     .await;
     wait_for("the job to run", Duration::from_secs(20), || async {
         claimed_by_full_walk(pool, later).await.is_some()
     })
     .await;
 
-    // Behind it: a higher priority, and a job an operator moves to an earlier time.
+    // Behind it: a higher priority, and a child scheduled long ago whose parent (ahead of
+    // the position) runs first; the child becomes queued when the parent succeeds.
     let higher = insert(pool, -5, "now").await;
-    let moved = insert(pool, 0, "2100-01-01").await;
-    sqlx::query("UPDATE skiplock.jobs SET scheduled_at = '2020-01-01' WHERE id = $1")
-        .bind(moved)
-        .execute(pool)
+    let mut tx = pool.begin().await.unwrap();
+    let parent: i64 = sqlx::query_scalar(
+        "INSERT INTO skiplock.jobs (kind, args) VALUES ('record', '{\"n\": 0}') RETURNING id",
+    )
+    .fetch_one(&mut *tx)
+    .await
+    .unwrap();
+    let child: i64 = sqlx::query_scalar(
+        "INSERT INTO skiplock.jobs (kind, args, scheduled_at)
+         VALUES ('record', '{\"n\": 0}', '2020-01-01') RETURNING id",
+    )
+    .fetch_one(&mut *tx)
+    .await
+    .unwrap();
+    sqlx::query("INSERT INTO skiplock.job_dependencies (job_id, parent_id) VALUES ($1, $2)")
+        .bind(child)
+        .bind(parent)
+        .execute(&mut *tx)
         .await
         .unwrap();
-    for (what, id) in [("the higher priority", higher), ("the moved job", moved)] {
+    tx.commit().await.unwrap();
+    for (what, id) in [("the higher priority", higher), ("the child", child)] {
         let full_walk = wait_until(what, Duration::from_secs(20), || async {
             claimed_by_full_walk(pool, id).await
         })
@@ -457,7 +500,7 @@ async fn a_job_announced_behind_the_position_is_claimed_without_a_full_walk() {
         );
     }
     wait_for("both to run", Duration::from_secs(20), || async {
-        recorder.runs().contains_key(&higher) && recorder.runs().contains_key(&moved)
+        recorder.runs().contains_key(&higher) && recorder.runs().contains_key(&child)
     })
     .await;
     shutdown.shutdown();

@@ -315,7 +315,9 @@ pub async fn jobs_settle_waiting(db: impl PgExecutor<'_>) -> sqlx::Result<i32> {
              UPDATE skiplock.jobs c SET state = 'queued'
              WHERE c.state = 'waiting' AND c.ordering_key IS NULL
                AND NOT EXISTS (SELECT 1 FROM skiplock.job_dependencies d WHERE d.job_id = c.id)
-             RETURNING c.id
+             RETURNING c.id, c.queue, c.priority, c.scheduled_at
+         ), orphans_announced AS (
+             SELECT skiplock.notify_runnable(queue, priority, scheduled_at) FROM orphans
          ), lanes AS (
              SELECT skiplock.advance_lanes(ARRAY(
                  SELECT DISTINCT ordering_key FROM skiplock.jobs
@@ -329,7 +331,8 @@ pub async fn jobs_settle_waiting(db: impl PgExecutor<'_>) -> sqlx::Result<i32> {
                     LEFT JOIN skiplock.jobs p ON p.id = d.parent_id
                     WHERE c.state = 'waiting'
                       AND (p.state IN ('succeeded', 'dead', 'cancelled') OR p.id IS NULL)
-                ))::int + (SELECT count(*) FROM orphans)::int + (SELECT moved FROM lanes)",
+                ))::int + (SELECT count(*) FROM orphans_announced)::int
+                + (SELECT moved FROM lanes)",
     )
     .persistent(false)
     .fetch_one(db)

@@ -46,22 +46,31 @@ struct Pacing {
     gap_max: Duration,
 }
 
-/// Pacing while notifications say where jobs become runnable: full walks are only the
-/// backstop for what no write announces. At 200 times its extra cost, a full walk of half
-/// a second (a million entries a held snapshot keeps) runs about every 60 s and takes 0.5 %
-/// of the claim time; jobs no write announces wait that long at most.
-const PACING_NOTIFIED: Pacing = Pacing {
+/// Pacing while notifications say where jobs become runnable and full walks keep costing
+/// more than twice a cursor walk ([`EXPENSIVE_IN_A_ROW`] of them): the entries they step
+/// over cannot be removed (a held snapshot keeps them), so each walk costs as much as the
+/// last and cleans nothing, and they are only the backstop for what no write announces.
+/// At 200 times its extra cost, a full walk of half a second (a million kept entries)
+/// runs about once a minute and takes 0.5 % of the claim time; jobs no write announces
+/// wait that long at most.
+const PACING_BACKSTOP: Pacing = Pacing {
     cost_factor: 200,
     gap_max: Duration::from_secs(60),
 };
 
-/// Pacing without notifications: full walks are the only way to find jobs that land
-/// behind the position, so they take up to a tenth of the claim time and are never more
-/// than 5 s apart.
-const PACING_POLLED: Pacing = Pacing {
+/// Pacing otherwise: full walks take up to a tenth of the claim time and are never more
+/// than 5 s apart. Without notifications they are the only way to find jobs that land
+/// behind the position; in a clean database they also mark the entries of claimed jobs
+/// dead as they pass them, which keeps the next walk cheap (spaced out further, those
+/// entries pile up between vacuums and every claim index scan pays for them).
+const PACING_CLEANING: Pacing = Pacing {
     cost_factor: 10,
     gap_max: Duration::from_secs(5),
 };
+
+/// Full walks in a row that cost more than twice a cursor walk before they are paced as a
+/// backstop: one can be a burst or a stall; a second means the first removed nothing.
+const EXPENSIVE_IN_A_ROW: u32 = 2;
 
 /// The measured cost of a cursor walk is trusted this long; after that the next claim is
 /// a cursor walk, to measure it again (at most one extra cursor walk a second when full
@@ -123,6 +132,8 @@ pub(super) struct ClaimCursor {
     /// Whether the last full walk cost more than twice a cursor walk: the left edge is
     /// crowded with entries nothing can remove yet (a held snapshot).
     full_walks_expensive: bool,
+    /// Full walks in a row that cost more than twice a cursor walk.
+    expensive_in_a_row: u32,
     /// Whether notifications of runnable jobs arrive (the listener is subscribed).
     notified: bool,
 }
@@ -208,21 +219,26 @@ impl ClaimCursor {
             next_full_walk: now,
             cursor_cost: None,
             full_walks_expensive: false,
+            expensive_in_a_row: 0,
             notified: false,
         }
     }
 
     /// Says whether notifications of runnable jobs arrive, which sets the pacing of the
     /// full walks from the next one on.
-    pub(super) fn set_notified(&mut self, notified: bool) {
+    pub(super) fn set_notified(&mut self, notified: bool, now: Instant) {
+        if self.notified && !notified {
+            // Paced for notifications that no longer come: not later than without them.
+            self.next_full_walk = self.next_full_walk.min(now + PACING_CLEANING.gap_max);
+        }
         self.notified = notified;
     }
 
     fn pacing(&self) -> Pacing {
-        if self.notified {
-            PACING_NOTIFIED
+        if self.notified && self.expensive_in_a_row >= EXPENSIVE_IN_A_ROW {
+            PACING_BACKSTOP
         } else {
-            PACING_POLLED
+            PACING_CLEANING
         }
     }
 
@@ -283,6 +299,8 @@ impl ClaimCursor {
     /// cursor walk is known); a cursor walk otherwise.
     pub(super) fn next_walk(&mut self, now: Instant) -> Walk {
         let (kind, from) = if self.after.is_none() {
+            // It walks everything, after whatever was owed.
+            self.owed = None;
             (WalkKind::Full, None)
         } else if let Some(owed) = self.owed_walk_ready() {
             self.owed = None;
@@ -412,6 +430,11 @@ impl ClaimCursor {
         let cursor = self.cursor_cost.map_or(cost, |(cursor, _)| cursor);
         let extra = cost.saturating_sub(cursor);
         self.full_walks_expensive = extra > cursor;
+        self.expensive_in_a_row = if self.full_walks_expensive {
+            self.expensive_in_a_row.saturating_add(1)
+        } else {
+            0
+        };
         let pacing = self.pacing();
         self.next_full_walk = now + (extra * pacing.cost_factor).min(pacing.gap_max);
     }
@@ -541,12 +564,12 @@ mod tests {
         cursor.landed(walk, 2, &jobs(4..=5), t2);
         // Just before the gap ends: the cursor cost is measured again (it is old), and
         // the pacing still holds full walks back.
-        let t3 = t2 + PACING_POLLED.gap_max - 10 * MS;
+        let t3 = t2 + PACING_CLEANING.gap_max - 10 * MS;
         let probe = cursor.next_walk(t3);
         assert!(probe.from.is_some(), "the cursor cost is seconds old");
         cursor.landed(probe, 1, &jobs(6..=6), t3 + MS);
         assert!(cursor.next_walk(t3 + MS).from.is_some(), "still paced");
-        assert_eq!(cursor.next_walk(t2 + PACING_POLLED.gap_max).from, None);
+        assert_eq!(cursor.next_walk(t2 + PACING_CLEANING.gap_max).from, None);
     }
 
     #[test]
@@ -693,7 +716,7 @@ mod tests {
     /// A notified cursor at position 3 (scheduled at 1,000 µs) with nothing in flight.
     fn notified_at_3(t0: Instant) -> (ClaimCursor, Instant) {
         let (mut cursor, t1) = warmed_up(t0, MS);
-        cursor.set_notified(true);
+        cursor.set_notified(true, t0);
         (cursor, t1)
     }
 
@@ -802,33 +825,57 @@ mod tests {
         let full = cursor.next_walk(t1);
         assert!(full.is_full());
         cursor.landed(full, 2, &[], t1 + 500 * MS);
-        assert!(!cursor.full_walk_allowed(t1 + Duration::from_secs(30)));
+        assert!(!cursor.full_walk_allowed(t1 + Duration::from_secs(1)));
         cursor.notified(LookFrom::Start);
         assert!(cursor.next_walk(t1 + Duration::from_secs(1)).is_full());
     }
 
+    /// Runs a full walk costing `cost` at `t` after measuring a 1 ms cursor walk just
+    /// before it; returns when it landed.
+    fn full_walk_costing(cursor: &mut ClaimCursor, t: Instant, cost: Duration) -> Instant {
+        let probe = cursor.next_walk(t);
+        assert_eq!(
+            probe.kind,
+            WalkKind::Cursor,
+            "the cursor cost is measured first"
+        );
+        cursor.landed(probe, 2, &[], t + MS);
+        let full = cursor.next_walk(t + MS);
+        assert!(full.is_full());
+        cursor.landed(full, 2, &[], t + MS + cost);
+        t + MS + cost
+    }
+
     #[test]
-    fn notified_full_walks_are_spaced_by_200_times_their_extra_cost_up_to_a_minute() {
+    fn notified_full_walks_that_stay_expensive_are_spaced_by_200_times_their_extra_cost() {
         let t0 = Instant::now();
         let (mut cursor, t1) = notified_at_3(t0);
-        let full = cursor.next_walk(t1);
-        assert!(full.is_full());
-        // 101 ms against 1 ms: 100 ms extra, 20 s until the next one.
-        let t2 = t1 + 101 * MS;
-        cursor.landed(full, 2, &[], t2);
-        assert!(!cursor.full_walk_allowed(t2 + Duration::from_secs(19)));
-        assert!(cursor.full_walk_allowed(t2 + Duration::from_secs(20)));
-        // The cursor cost is measured again first (it is seconds old).
-        let probe = cursor.next_walk(t2 + Duration::from_secs(20));
-        assert_eq!(probe.kind, WalkKind::Cursor);
-        cursor.landed(probe, 2, &[], t2 + Duration::from_secs(20) + MS);
-        let full = cursor.next_walk(t2 + Duration::from_secs(20) + MS);
-        assert!(full.is_full());
+        // 101 ms against 1 ms: 100 ms extra. The first expensive walk may have been a
+        // burst: the next one 1 s later (10x).
+        let t2 = full_walk_costing(&mut cursor, t1 + CURSOR_COST_MAX_AGE, 101 * MS);
+        assert!(!cursor.full_walk_allowed(t2 + 999 * MS));
+        assert!(cursor.full_walk_allowed(t2 + Duration::from_secs(1)));
+        // The second in a row removed nothing: 20 s until the next one (200x).
+        let t3 = full_walk_costing(&mut cursor, t2 + Duration::from_secs(1), 101 * MS);
+        assert!(!cursor.full_walk_allowed(t3 + Duration::from_secs(19)));
+        assert!(cursor.full_walk_allowed(t3 + Duration::from_secs(20)));
         // A 2 s walk would space the next by 400 s: a minute at most.
-        let t3 = t2 + Duration::from_secs(22) + MS;
-        cursor.landed(full, 2, &[], t3);
-        assert!(!cursor.full_walk_allowed(t3 + Duration::from_secs(59)));
-        assert!(cursor.full_walk_allowed(t3 + PACING_NOTIFIED.gap_max));
+        let t4 = full_walk_costing(&mut cursor, t3 + Duration::from_secs(20), 2001 * MS);
+        assert!(!cursor.full_walk_allowed(t4 + Duration::from_secs(59)));
+        assert!(cursor.full_walk_allowed(t4 + PACING_BACKSTOP.gap_max));
+        // A cheap one (the snapshot was let go) brings the 10x pacing back.
+        let t5 = full_walk_costing(&mut cursor, t4 + PACING_BACKSTOP.gap_max, MS);
+        let t6 = full_walk_costing(&mut cursor, t5 + CURSOR_COST_MAX_AGE, 101 * MS);
+        assert!(cursor.full_walk_allowed(t6 + Duration::from_secs(1)));
+    }
+
+    #[test]
+    fn without_notifications_expensive_full_walks_stay_within_5_s() {
+        let t0 = Instant::now();
+        let (mut cursor, t1) = warmed_up(t0, MS);
+        let t2 = full_walk_costing(&mut cursor, t1 + CURSOR_COST_MAX_AGE, 101 * MS);
+        let t3 = full_walk_costing(&mut cursor, t2 + Duration::from_secs(1), 2001 * MS);
+        assert!(cursor.full_walk_allowed(t3 + PACING_CLEANING.gap_max));
     }
 
     #[test]
@@ -842,5 +889,34 @@ mod tests {
         let again = cursor.next_walk(t1 + MS);
         assert_eq!(again.kind, WalkKind::Behind);
         assert_eq!(again.from, walk.from);
+    }
+
+    #[test]
+    fn a_look_from_the_start_before_any_job_is_taken_by_the_first_full_walk() {
+        let t0 = Instant::now();
+        let mut cursor = ClaimCursor::new(t0);
+        cursor.set_notified(true, t0);
+        cursor.notified(LookFrom::Start);
+        let walk = cursor.next_walk(t0);
+        assert!(walk.is_full());
+        // An empty queue: nothing owed is left, so the producer waits instead of walking
+        // again at once.
+        assert_eq!(
+            cursor.landed(walk, 10, &[], t0 + MS),
+            Landing::Drained {
+                look_behind_at: None
+            }
+        );
+    }
+
+    #[test]
+    fn full_walks_paced_for_notifications_come_within_5_s_once_they_stop() {
+        let t0 = Instant::now();
+        let (mut cursor, t1) = notified_at_3(t0);
+        let t2 = full_walk_costing(&mut cursor, t1 + CURSOR_COST_MAX_AGE, 101 * MS);
+        let t3 = full_walk_costing(&mut cursor, t2 + Duration::from_secs(1), 101 * MS);
+        assert!(!cursor.full_walk_allowed(t3 + Duration::from_secs(10)));
+        cursor.set_notified(false, t3);
+        assert!(cursor.full_walk_allowed(t3 + PACING_CLEANING.gap_max));
     }
 }

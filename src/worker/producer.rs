@@ -71,7 +71,7 @@ pub(super) async fn produce(
         if stopping && in_flight.is_empty() {
             break;
         }
-        cursor.set_notified(shared.listening.load(Ordering::Relaxed));
+        cursor.set_notified(shared.listening.load(Ordering::Relaxed), Instant::now());
         if let Some(from) = group.take_runnable() {
             cursor.notified(from);
         }
@@ -142,6 +142,20 @@ pub(super) async fn produce(
                 match (landing, &pause) {
                     (Landing::Drained { look_behind_at }, Pause::No) => {
                         pause = Pause::Drained { look_behind_at };
+                    }
+                    // The paced full walk owed by this landing is kept, whichever landed
+                    // first.
+                    (
+                        Landing::Drained {
+                            look_behind_at: Some(at),
+                        },
+                        Pause::Drained {
+                            look_behind_at: earlier,
+                        },
+                    ) => {
+                        pause = Pause::Drained {
+                            look_behind_at: Some(earlier.map_or(at, |earlier| earlier.min(at))),
+                        };
                     }
                     // A claim that landed after another came back short may still find
                     // more, or owe a walk from behind: claim again.

@@ -360,13 +360,20 @@ pub async fn jobs_release_many(
                      ELSE skiplock.superseded_message(f.holder, f.unique_key) END
              FROM folded f
              WHERE j.id = ANY(ARRAY(SELECT id FROM folded)) AND j.id = f.id
-             RETURNING j.id, j.queue, j.state, f.delay_ms
+             RETURNING j.id, j.queue, j.state, f.delay_ms, j.priority, j.scheduled_at
          ), woken AS (
              SELECT pg_notify('skiplock_jobs', queue)
              FROM (SELECT DISTINCT queue FROM released
                    WHERE state = 'queued' AND delay_ms <= 0) q
+         ), runnable AS (
+             -- Released jobs keep their scheduled_at: behind the workers' positions.
+             SELECT skiplock.notify_runnable(queue, priority, min(scheduled_at))
+             FROM released
+             WHERE state = 'queued' AND delay_ms <= 0
+             GROUP BY queue, priority
          )
-         SELECT id FROM released, (SELECT count(*) FROM woken) w",
+         SELECT id FROM released, (SELECT count(*) FROM woken) w,
+                (SELECT count(*) FROM runnable) r",
     )
     .bind(&ids)
     .bind(&tokens)

@@ -67,6 +67,9 @@ BEGIN
 END;
 $$;
 
+-- A job's place in claim order, as settle_dependants collects those it promotes.
+CREATE TYPE skiplock.runnable_key AS (queue text, priority smallint, scheduled_at timestamptz);
+
 -- Notifies where a job (or jobs from this key on) became runnable, if it is due.
 CREATE FUNCTION skiplock.notify_runnable(queue text, priority smallint,
                                          scheduled_at timestamptz) RETURNS void
@@ -132,7 +135,7 @@ CREATE OR REPLACE FUNCTION skiplock.settle_dependants(parent_ids bigint[]) RETUR
 LANGUAGE plpgsql AS $$
 DECLARE
     promoted_queues text[];
-    promoted_keys text[];
+    promoted_keys skiplock.runnable_key[];
     promoted int := 0;
     cancelled int := 0;
 BEGIN
@@ -169,11 +172,13 @@ BEGIN
         RETURNING c.queue, c.priority, c.scheduled_at
     )
     SELECT array_agg(DISTINCT queue), count(*),
-           array_agg(DISTINCT skiplock.runnable_payload(queue, priority, scheduled_at))
-               FILTER (WHERE scheduled_at <= now())
+           array_agg(DISTINCT ROW(queue, priority, scheduled_at)::skiplock.runnable_key)
     INTO promoted_queues, promoted, promoted_keys FROM ready;
     PERFORM pg_notify('skiplock_jobs', q) FROM unnest(promoted_queues) AS q;
-    PERFORM pg_notify('skiplock_runnable', k) FROM unnest(promoted_keys) AS k;
+    -- The lowest key per queue and priority: one message, not one per child.
+    PERFORM skiplock.notify_runnable(k.queue, k.priority, min(k.scheduled_at))
+    FROM unnest(promoted_keys) AS k
+    GROUP BY k.queue, k.priority;
     RETURN promoted + cancelled;
 END;
 $$;
@@ -267,6 +272,9 @@ DECLARE
     parent_queue text;
     parent_priority smallint;
     parent_scheduled_at timestamptz;
+    child_queue text;
+    child_priority smallint;
+    child_scheduled_at timestamptz;
     child_now skiplock.job_state;
 BEGIN
     IF NEW.parent_state IS NOT NULL THEN
@@ -284,8 +292,14 @@ BEGIN
         RAISE EXCEPTION 'parent job % does not exist', NEW.parent_id
             USING ERRCODE = 'foreign_key_violation';
     END IF;
-    SELECT state INTO child_now FROM skiplock.jobs WHERE id = NEW.job_id FOR UPDATE;
+    SELECT state, queue, priority, scheduled_at
+    INTO child_now, child_queue, child_priority, child_scheduled_at
+    FROM skiplock.jobs WHERE id = NEW.job_id FOR UPDATE;
     IF parent_now = 'succeeded' THEN
+        -- The child stays as it was; claims skipped it while it was locked.
+        IF child_now = 'queued' THEN
+            PERFORM skiplock.notify_runnable(child_queue, child_priority, child_scheduled_at);
+        END IF;
         RETURN NULL;
     END IF;
     IF child_now IN ('running', 'succeeded', 'dead') THEN

@@ -319,9 +319,16 @@ pub async fn jobs_settle_waiting(db: impl PgExecutor<'_>) -> sqlx::Result<i32> {
          ), orphans_announced AS (
              SELECT skiplock.notify_runnable(queue, priority, scheduled_at) FROM orphans
          ), lanes AS (
+             -- Only lanes whose head waits: advance_lanes can move nothing else, and it
+             -- announces every queued head it is given.
              SELECT skiplock.advance_lanes(ARRAY(
-                 SELECT DISTINCT ordering_key FROM skiplock.jobs
-                 WHERE state = 'waiting' AND ordering_key IS NOT NULL
+                 SELECT h.ordering_key
+                 FROM (SELECT DISTINCT ON (ordering_key) ordering_key, state
+                       FROM skiplock.jobs
+                       WHERE ordering_key IS NOT NULL
+                         AND state IN ('waiting', 'queued', 'running')
+                       ORDER BY ordering_key, id) h
+                 WHERE h.state = 'waiting'
              )) AS moved
          )
          SELECT skiplock.settle_dependants(ARRAY(

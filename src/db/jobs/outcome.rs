@@ -293,7 +293,7 @@ pub async fn jobs_fail_many(
              SELECT f.*, CASE WHEN f.next_state = 'queued' AND f.unique_key IS NOT NULL
                               THEN skiplock.fold_into_key_holder(f.id) END AS holder
              FROM failed f
-         )
+         ), saved AS (
          UPDATE skiplock.jobs j
          SET state = CASE WHEN f.holder IS NULL THEN f.next_state ELSE 'cancelled' END,
              scheduled_at = CASE WHEN f.next_state = 'queued' AND f.holder IS NULL
@@ -307,7 +307,16 @@ pub async fn jobs_fail_many(
          FROM folded f
          WHERE j.id = ANY(ARRAY(SELECT id FROM folded)) AND j.id = f.id
          RETURNING ",
-        saved_job_columns!()
+        saved_job_columns!(),
+        ", j.queue, j.priority, j.scheduled_at
+         ), runnable AS (
+             -- A retry with no delay is runnable at once, and may be behind a position.
+             SELECT skiplock.notify_runnable(queue, priority, min(scheduled_at))
+             FROM saved WHERE state = 'queued'
+             GROUP BY queue, priority
+         )
+         SELECT id, state, has_dependants, ordering_key
+         FROM saved, (SELECT count(*) FROM runnable) r"
     ))
     .bind(&batch.ids)
     .bind(&batch.tokens)

@@ -8,7 +8,9 @@ use std::time::Duration;
 use common::fixtures::{Recorder, fast_worker, state_of, wait_for, wait_until};
 use common::test_db;
 use serde::{Deserialize, Serialize};
-use skiplock::db::jobs::{ClaimPosition, jobs_claim_batch, jobs_claim_batch_after};
+use skiplock::db::jobs::{
+    ClaimPosition, FailAction, FailBatch, jobs_claim_batch, jobs_claim_batch_after, jobs_fail_many,
+};
 use skiplock::{Job, JobContext, JobError, JobState};
 use sqlx::{Connection, PgPool};
 
@@ -293,9 +295,89 @@ async fn every_write_that_makes_a_job_runnable_notifies_its_claim_key() {
     skiplock::db::jobs::jobs_release_many(&db.pool, &[id], &[token], &[0])
         .await
         .unwrap();
-    let released = listener.recv().await.unwrap();
+    let released = tokio::time::timeout(Duration::from_secs(10), listener.recv())
+        .await
+        .expect("the release is announced")
+        .unwrap();
     assert_eq!(released.payload(), format!("0\t{t1}\ta"));
+
+    // A failed attempt retried with no delay is runnable at once, with a new time; one
+    // retried later says nothing.
+    sqlx::query(
+        "UPDATE skiplock.jobs SET state = 'running', claim_token = gen_random_uuid(),
+                claimed_by = 'w', claimed_at = now(), heartbeat_at = now(),
+                attempt = attempt + 1
+         WHERE id = $1",
+    )
+    .bind(id)
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    let token: uuid::Uuid =
+        sqlx::query_scalar("SELECT claim_token FROM skiplock.jobs WHERE id = $1")
+            .bind(id)
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+    let mut later = FailBatch::default();
+    later.push(id, token, "later".into(), 60_000, FailAction::Retry);
+    jobs_fail_many(&db.pool, &later).await.unwrap();
+    sqlx::query(
+        "UPDATE skiplock.jobs SET state = 'running', claim_token = $2, heartbeat_at = now()
+         WHERE id = $1",
+    )
+    .bind(id)
+    .bind(token)
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    let mut now = FailBatch::default();
+    now.push(id, token, "now".into(), 0, FailAction::Retry);
+    jobs_fail_many(&db.pool, &now).await.unwrap();
+    let retried = tokio::time::timeout(Duration::from_secs(10), listener.recv())
+        .await
+        .expect("the retry is announced")
+        .unwrap();
+    assert!(
+        retried.payload().starts_with("0\t") && retried.payload().ends_with("\ta"),
+        "{}",
+        retried.payload()
+    );
+    assert_ne!(
+        retried.payload(),
+        released.payload(),
+        "the retry's own time"
+    );
     drop(listener);
+
+    // Children promoted together: one message per queue and priority, at the lowest key.
+    sqlx::raw_sql(
+        "BEGIN;
+         INSERT INTO skiplock.jobs (kind, args, queue) VALUES ('record', '{}', 'parents');
+         INSERT INTO skiplock.jobs (kind, args, queue, scheduled_at)
+             VALUES ('record', '{}', 'kids', '2020-01-02'), ('record', '{}', 'kids', '2020-01-01');
+         INSERT INTO skiplock.job_dependencies (job_id, parent_id)
+             SELECT k.id, p.id FROM skiplock.jobs k, skiplock.jobs p
+             WHERE k.queue = 'kids' AND p.queue = 'parents';
+         COMMIT;",
+    )
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    let promoted = runnable_notifications(
+        &db,
+        "UPDATE skiplock.jobs SET state = 'succeeded', finished_at = now()
+             WHERE queue = 'parents';
+         SELECT skiplock.settle_dependants(ARRAY(
+             SELECT id FROM skiplock.jobs WHERE queue = 'parents'));",
+    )
+    .await;
+    let kids: Vec<&String> = promoted.iter().filter(|n| n.ends_with("\tkids")).collect();
+    assert_eq!(
+        kids,
+        [&"0\t1577836800000000\tkids".to_owned()],
+        "{promoted:?}"
+    );
 
     // A lane's head that is already queued, when the job before it ends; a queued job
     // that an enqueue of its unique key, or of a child depending on it, holds locked

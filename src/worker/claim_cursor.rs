@@ -129,10 +129,9 @@ pub(super) struct ClaimCursor {
     /// Smoothed duration of the cursor walks (each new one weighs a quarter), and when
     /// the last one landed; `None` until one has.
     cursor_cost: Option<(Duration, Instant)>,
-    /// Whether the last full walk cost more than twice a cursor walk: the left edge is
-    /// crowded with entries nothing can remove yet (a held snapshot).
-    full_walks_expensive: bool,
-    /// Full walks in a row that cost more than twice a cursor walk.
+    /// Full walks in a row that cost more than twice a cursor walk (the left edge is
+    /// crowded with entries nothing can remove yet, a held snapshot); 0 when the last one
+    /// did not.
     expensive_in_a_row: u32,
     /// Whether notifications of runnable jobs arrive (the listener is subscribed).
     notified: bool,
@@ -218,7 +217,6 @@ impl ClaimCursor {
             planned: 0,
             next_full_walk: now,
             cursor_cost: None,
-            full_walks_expensive: false,
             expensive_in_a_row: 0,
             notified: false,
         }
@@ -429,8 +427,7 @@ impl ClaimCursor {
         let cost = now.saturating_duration_since(walk.started);
         let cursor = self.cursor_cost.map_or(cost, |(cursor, _)| cursor);
         let extra = cost.saturating_sub(cursor);
-        self.full_walks_expensive = extra > cursor;
-        self.expensive_in_a_row = if self.full_walks_expensive {
+        self.expensive_in_a_row = if extra > cursor {
             self.expensive_in_a_row.saturating_add(1)
         } else {
             0
@@ -448,7 +445,7 @@ impl ClaimCursor {
     /// the position, so it asks for a quarter of the room; if it fills that, a walk from
     /// where it stopped is owed, and cursor walks take new jobs beside it.
     pub(super) fn claim_limit(&self, walk: &Walk, room: usize) -> usize {
-        if walk.kind != WalkKind::Cursor && self.full_walks_expensive {
+        if walk.kind != WalkKind::Cursor && self.expensive_in_a_row > 0 {
             (room / 4).max(1)
         } else {
             room

@@ -939,7 +939,8 @@ CREATE TABLE skiplock.cron_schedules (
     created_at timestamp with time zone DEFAULT now() NOT NULL,
     updated_at timestamp with time zone DEFAULT now() NOT NULL,
     CONSTRAINT cron_schedules_kind_not_empty CHECK ((kind <> ''::text)),
-    CONSTRAINT cron_schedules_missed_known CHECK ((missed = ANY (ARRAY['latest'::text, 'skip'::text])))
+    CONSTRAINT cron_schedules_missed_known CHECK ((missed = ANY (ARRAY['latest'::text, 'skip'::text]))),
+    CONSTRAINT cron_schedules_queue_name_length CHECK ((octet_length(queue) <= 1000))
 );
 
 --
@@ -947,6 +948,12 @@ CREATE TABLE skiplock.cron_schedules (
 --
 
 COMMENT ON COLUMN skiplock.cron_schedules.missed IS 'Slots missed while no worker ran: latest = run the most recent missed slot once; skip = run none of them.';
+
+--
+-- Name: CONSTRAINT cron_schedules_queue_name_length ON cron_schedules; Type: COMMENT; Schema: skiplock; Owner: -
+--
+
+COMMENT ON CONSTRAINT cron_schedules_queue_name_length ON skiplock.cron_schedules IS 'A queue name is at most 1,000 bytes, as in skiplock.jobs (jobs_queue_name_length).';
 
 --
 -- Name: jobs; Type: TABLE; Schema: skiplock; Owner: -
@@ -979,6 +986,7 @@ CREATE TABLE skiplock.jobs (
     CONSTRAINT jobs_claim_token_only_running CHECK (((claim_token IS NULL) OR (state = 'running'::skiplock.job_state))),
     CONSTRAINT jobs_kind_not_empty CHECK ((kind <> ''::text)),
     CONSTRAINT jobs_max_attempts_positive CHECK ((max_attempts >= 1)),
+    CONSTRAINT jobs_queue_name_length CHECK ((octet_length(queue) <= 1000)),
     CONSTRAINT jobs_queue_not_empty CHECK ((queue <> ''::text)),
     CONSTRAINT jobs_running_has_claim CHECK (((state <> 'running'::skiplock.job_state) OR ((claim_token IS NOT NULL) AND (heartbeat_at IS NOT NULL)))),
     CONSTRAINT jobs_unique_policy_known CHECK ((unique_policy = ANY (ARRAY['skip'::text, 'replace'::text, 'merge'::text])))
@@ -1020,6 +1028,12 @@ COMMENT ON COLUMN skiplock.jobs.progress IS 'Latest progress reported by the han
 --
 
 COMMENT ON COLUMN skiplock.jobs.output IS 'Output recorded by the handler (any JSON).';
+
+--
+-- Name: CONSTRAINT jobs_queue_name_length ON jobs; Type: COMMENT; Schema: skiplock; Owner: -
+--
+
+COMMENT ON CONSTRAINT jobs_queue_name_length ON skiplock.jobs IS 'A queue name is at most 1,000 bytes: workers are told of runnable jobs by notifications that carry it, and Postgres caps their payload at 8,000 bytes.';
 
 --
 -- Name: dead_jobs; Type: VIEW; Schema: skiplock; Owner: -
@@ -1128,8 +1142,15 @@ CREATE TABLE skiplock.queues (
     name text NOT NULL,
     paused boolean DEFAULT false NOT NULL,
     updated_at timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT queues_name_length CHECK ((octet_length(name) <= 1000)),
     CONSTRAINT queues_name_not_empty CHECK ((name <> ''::text))
 );
+
+--
+-- Name: CONSTRAINT queues_name_length ON queues; Type: COMMENT; Schema: skiplock; Owner: -
+--
+
+COMMENT ON CONSTRAINT queues_name_length ON skiplock.queues IS 'A queue name is at most 1,000 bytes, as in skiplock.jobs (jobs_queue_name_length).';
 
 --
 -- Name: queue_counts; Type: VIEW; Schema: skiplock; Owner: -

@@ -182,8 +182,9 @@ pub async fn enqueue_many<'e, 'j, J: Job>(
 ///
 /// # Errors
 ///
-/// [`Error::InvalidJob`] if a job has an empty kind or queue, a non-positive attempt budget,
-/// or a delay too large to represent; [`Error::Database`] if the insert fails. On error no
+/// [`Error::InvalidJob`] if a job has an empty kind or queue, a queue name over
+/// [`QUEUE_NAME_MAX_BYTES`], a non-positive attempt budget, or a delay too large to
+/// represent; [`Error::Database`] if the insert fails. On error no
 /// job of the batch is inserted.
 pub async fn enqueue_raw<'e>(db: impl PgExecutor<'e>, jobs: &[NewJob]) -> Result<Vec<JobId>> {
     Ok(insert(db, jobs).await?.ids)
@@ -291,6 +292,13 @@ fn refused(error: sqlx::Error) -> Error {
 /// [`Error::InvalidJob`] and writes nothing.
 pub const ARGS_MAX_BYTES_DEFAULT: usize = 1024 * 1024;
 
+/// Longest queue name, in bytes of UTF-8. Workers learn of runnable jobs from
+/// notifications that carry the queue's name, and Postgres caps a notification at 8,000
+/// bytes; the table refuses a longer name on every path (`jobs_queue_name_length`,
+/// `queues_name_length`), and an enqueue of one fails with [`Error::InvalidJob`] and
+/// writes nothing.
+pub const QUEUE_NAME_MAX_BYTES: usize = 1000;
+
 /// Checks what the database would otherwise reject with a less helpful message.
 fn validate(job: &NewJob) -> std::result::Result<(), String> {
     if job.kind.is_empty() {
@@ -298,6 +306,14 @@ fn validate(job: &NewJob) -> std::result::Result<(), String> {
     }
     if job.options.queue.as_deref() == Some("") {
         return Err("the queue name is empty; omit it to use `default`".into());
+    }
+    if let Some(queue) = job.options.queue.as_deref()
+        && queue.len() > QUEUE_NAME_MAX_BYTES
+    {
+        return Err(format!(
+            "the queue name is {} bytes; it must be at most {QUEUE_NAME_MAX_BYTES}",
+            queue.len()
+        ));
     }
     if let Some(max) = job.options.max_attempts
         && max < 1

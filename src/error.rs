@@ -31,9 +31,12 @@ pub enum Error {
     #[error("{0}")]
     InvalidCron(String),
 
-    /// A migration file failed to apply; nothing of it was kept.
+    /// A migration file failed to apply; nothing of it was kept. The message carries the
+    /// server's detail and hint, which say what to fix (a migration that refuses the data
+    /// it finds says how to mend it).
     #[error(
-        "migration {version} ({name}) failed: {source}; the schema is unchanged from version {previous}"
+        "migration {version} ({name}) failed: {}; the schema is unchanged from version {previous}",
+        describe_sqlx(source)
     )]
     Migration {
         /// Version of the failing migration.

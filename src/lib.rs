@@ -88,8 +88,8 @@ pub mod worker;
 
 pub use db::jobs::JobRow;
 pub use enqueue::{
-    ARGS_MAX_BYTES_DEFAULT, EnqueueOutcome, EnqueueResult, NewJob, enqueue, enqueue_many,
-    enqueue_raw, enqueue_raw_with_results, enqueue_with, enqueue_with_result,
+    ARGS_MAX_BYTES_DEFAULT, EnqueueOutcome, EnqueueResult, NewJob, QUEUE_NAME_MAX_BYTES, enqueue,
+    enqueue_many, enqueue_raw, enqueue_raw_with_results, enqueue_with, enqueue_with_result,
 };
 pub use error::{Error, Result};
 pub use job::{

@@ -138,6 +138,141 @@ async fn payloads_over_the_size_limit_are_refused_exactly_at_the_limit() {
     assert_eq!(run.code, Some(2), "{run:?}");
 }
 
+/// Input: a queue name over [`skiplock::QUEUE_NAME_MAX_BYTES`] (1,000 bytes), by every
+/// path: the Rust API, a plain `INSERT`, `skiplock.enqueue`, an `UPDATE` of a queued job,
+/// `skiplock.pause_queue`, a cron schedule written by hand, and the binary's `enqueue`.
+///
+/// Invariant: a name exactly at the limit is accepted; one byte over is refused on each
+/// path with the limit or the constraint named, and writes nothing. (Before schema version
+/// 8 the `INSERT` failed on a notification's payload, naming nothing, at 8,000 bytes; and
+/// the `UPDATE` was let in, after which every write announcing that job failed.)
+#[tokio::test]
+async fn queue_names_over_the_limit_are_refused_on_every_path() {
+    let db = test_db().await;
+    let pool = &db.pool;
+    assert_eq!(skiplock::QUEUE_NAME_MAX_BYTES, 1000);
+    // Four-byte characters: the limit is in bytes.
+    let at_limit = "🦀".repeat(250);
+    let over = format!("{at_limit}q");
+    let job = |queue: &str| {
+        NewJob::new("noop", serde_json::json!({}))
+            .with_options(skiplock::EnqueueOptions::new().queue(queue))
+    };
+    skiplock::enqueue_raw(pool, &[job(&at_limit)])
+        .await
+        .expect("a name at the limit is accepted");
+    let error = skiplock::enqueue_raw(pool, &[job("default"), job(&over)])
+        .await
+        .unwrap_err();
+    assert_eq!(
+        error.to_string(),
+        "invalid job: job 2 of the batch: the queue name is 1001 bytes; it must be at most 1000"
+    );
+
+    let refused = |result: Result<sqlx::postgres::PgQueryResult, sqlx::Error>, constraint: &str| {
+        let error = result.expect_err("refused");
+        let db_error = error.as_database_error().expect("a database error");
+        assert_eq!(db_error.code().as_deref(), Some("23514"), "{db_error}");
+        assert_eq!(db_error.constraint(), Some(constraint), "{db_error}");
+    };
+    refused(
+        sqlx::query("INSERT INTO skiplock.jobs (kind, queue) VALUES ('noop', $1)")
+            .bind(&over)
+            .execute(pool)
+            .await,
+        "jobs_queue_name_length",
+    );
+    refused(
+        sqlx::query("SELECT skiplock.enqueue('noop', queue => $1)")
+            .bind(&over)
+            .execute(pool)
+            .await,
+        "jobs_queue_name_length",
+    );
+    refused(
+        sqlx::query("UPDATE skiplock.jobs SET queue = $1")
+            .bind(&over)
+            .execute(pool)
+            .await,
+        "jobs_queue_name_length",
+    );
+    refused(
+        sqlx::query("SELECT skiplock.pause_queue($1)")
+            .bind(&over)
+            .execute(pool)
+            .await,
+        "queues_name_length",
+    );
+    refused(
+        sqlx::query(
+            "INSERT INTO skiplock.cron_schedules (name, expression, kind, queue)
+             VALUES ('long', '* * * * *', 'noop', $1)",
+        )
+        .bind(&over)
+        .execute(pool)
+        .await,
+        "cron_schedules_queue_name_length",
+    );
+
+    let run = skiplock(&db.url, &["enqueue", "noop", "{}", "--queue", &over], &[]).await;
+    assert_eq!(run.code, Some(2), "{run:?}");
+    assert!(
+        run.errors
+            .contains("the queue name is 1001 bytes; it must be at most 1000"),
+        "{run:?}"
+    );
+    let queues: Vec<String> = sqlx::query_scalar("SELECT queue FROM skiplock.jobs")
+        .fetch_all(pool)
+        .await
+        .unwrap();
+    assert_eq!(
+        queues,
+        vec![at_limit],
+        "only the job at the limit was written"
+    );
+    let schedules: i64 = sqlx::query_scalar("SELECT count(*) FROM skiplock.cron_schedules")
+        .fetch_one(pool)
+        .await
+        .unwrap();
+    assert_eq!(schedules, 0);
+
+    // A database of schema version 7 whose jobs include one with a longer name (an UPDATE
+    // let it in): the migration stops before changing anything, with what to do.
+    sqlx::raw_sql(
+        "ALTER TABLE skiplock.jobs DROP CONSTRAINT jobs_queue_name_length;
+         ALTER TABLE skiplock.queues DROP CONSTRAINT queues_name_length;
+         ALTER TABLE skiplock.cron_schedules DROP CONSTRAINT cron_schedules_queue_name_length;
+         DELETE FROM skiplock.schema_migrations WHERE version = 8;",
+    )
+    .execute(pool)
+    .await
+    .unwrap();
+    sqlx::query("UPDATE skiplock.jobs SET queue = $1")
+        .bind(&over)
+        .execute(pool)
+        .await
+        .unwrap();
+    let run = skiplock(&db.url, &["migrate"], &[]).await;
+    assert_eq!(run.code, Some(1), "{run:?}");
+    assert_eq!(
+        run.errors,
+        "error: migration failed: migration 8 (0008_queue_name_length.sql) failed: 1 job(s) have a queue name over 1,000 bytes; hint: give them a shorter queue (UPDATE skiplock.jobs SET queue = ... WHERE octet_length(queue) > 1000), then run skiplock migrate again; the schema is unchanged from version 7"
+    );
+    sqlx::query("UPDATE skiplock.jobs SET queue = 'short'")
+        .execute(pool)
+        .await
+        .unwrap();
+    let run = skiplock(&db.url, &["migrate"], &[]).await;
+    assert_eq!(run.code, Some(0), "{run:?}");
+    refused(
+        sqlx::query("UPDATE skiplock.jobs SET queue = $1")
+            .bind(&over)
+            .execute(pool)
+            .await,
+        "jobs_queue_name_length",
+    );
+}
+
 /// A kind whose name is hostile SQL: quotes, a semicolon, a comment, unicode.
 #[derive(Serialize, Deserialize)]
 struct Hostile {

@@ -63,6 +63,11 @@ const MIGRATIONS: &[Migration] = &[
         name: "0007_runnable_notify.sql",
         sql: include_str!("../../migrations/0007_runnable_notify.sql"),
     },
+    Migration {
+        version: 8,
+        name: "0008_queue_name_length.sql",
+        sql: include_str!("../../migrations/0008_queue_name_length.sql"),
+    },
 ];
 
 /// What the ledger names version 1 in a database migrated by a development build from

@@ -238,7 +238,8 @@ pub fn parse_refresh_interval(text: &str) -> Result<Duration, String> {
     Ok(interval)
 }
 
-/// Parses a queue name: not empty, no space around it (clap value parser).
+/// Parses a queue name: not empty, no space around it, at most
+/// [`skiplock::QUEUE_NAME_MAX_BYTES`] bytes (clap value parser).
 pub fn parse_queue_name(text: &str) -> Result<String, String> {
     if text.trim().is_empty() {
         return Err("a queue name cannot be empty; name one, like mail".to_owned());
@@ -246,6 +247,13 @@ pub fn parse_queue_name(text: &str) -> Result<String, String> {
     if text.trim() != text {
         return Err(format!(
             "`{text}` has spaces around it; write the queue name without them"
+        ));
+    }
+    if text.len() > skiplock::QUEUE_NAME_MAX_BYTES {
+        return Err(format!(
+            "the queue name is {} bytes; it must be at most {}",
+            text.len(),
+            skiplock::QUEUE_NAME_MAX_BYTES
         ));
     }
     Ok(text.to_owned())

@@ -289,6 +289,33 @@ $$;
 COMMENT ON FUNCTION skiplock.claim_batch(queues text[], kinds text[], max_jobs bigint, worker text, after_priority smallint, after_scheduled_at_us bigint, after_id bigint, claim_with uuid) IS 'Claims up to max_jobs runnable jobs (what a worker runs), after the given claim key if any; each comes back with its fencing claim_token (claim_with when given).';
 
 --
+-- Name: complete_claims(bigint[], uuid[]); Type: FUNCTION; Schema: skiplock; Owner: -
+--
+
+CREATE FUNCTION skiplock.complete_claims(ids bigint[], tokens uuid[]) RETURNS TABLE(id bigint, state text, has_dependants boolean, ordering_key text)
+    LANGUAGE sql
+    SET enable_hashjoin TO 'off'
+    SET enable_mergejoin TO 'off'
+    SET enable_seqscan TO 'off'
+    SET enable_bitmapscan TO 'off'
+    SET jit TO 'off'
+    AS $$
+    UPDATE skiplock.jobs j
+    SET state = 'succeeded', finished_at = now(), claim_token = NULL, heartbeat_at = NULL
+    FROM unnest(ids, tokens) AS c(id, token)
+    WHERE j.id = c.id AND j.claim_token = c.token
+    RETURNING j.id, j.state::text,
+              EXISTS (SELECT 1 FROM skiplock.job_dependencies d WHERE d.parent_id = j.id),
+              j.ordering_key;
+$$;
+
+--
+-- Name: FUNCTION complete_claims(ids bigint[], tokens uuid[]); Type: COMMENT; Schema: skiplock; Owner: -
+--
+
+COMMENT ON FUNCTION skiplock.complete_claims(ids bigint[], tokens uuid[]) IS 'Marks the given running jobs succeeded, each only if it still holds the given claim token, locking them in the order given (a worker sorts them by id); returns those it changed, with what the worker does next for each (its dependants, its lane). What a worker calls.';
+
+--
 -- Name: enqueue(text, jsonb, text, integer, timestamp with time zone, integer, text, text, text, bigint[]); Type: FUNCTION; Schema: skiplock; Owner: -
 --
 

@@ -68,6 +68,11 @@ const MIGRATIONS: &[Migration] = &[
         name: "0008_queue_name_length.sql",
         sql: include_str!("../../migrations/0008_queue_name_length.sql"),
     },
+    Migration {
+        version: 9,
+        name: "0009_complete_claims.sql",
+        sql: include_str!("../../migrations/0009_complete_claims.sql"),
+    },
 ];
 
 /// What the ledger names version 1 in a database migrated by a development build from

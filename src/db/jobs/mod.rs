@@ -32,7 +32,10 @@
 //! The statements that finish or release claims lock their rows in id order (the claim
 //! list is sorted by id first): locking in one global order means two of them touching
 //! overlapping rows queue behind each other instead of deadlocking (a deadlock costs
-//! `deadlock_timeout`, one second by default). `FOR UPDATE` re-checks the
+//! `deadlock_timeout`, one second by default). The completion, the most frequent of them,
+//! is one update joined to the claim list (`skiplock.complete_claims`), whose planner
+//! settings leave it only a nested loop driven by the list: it locks each row as it
+//! updates it, in the list's order, with one lookup and no separate lock record. `FOR UPDATE` re-checks the
 //! claim token on the newest row version after any wait, so a claim lost meanwhile drops
 //! out. The heartbeat never waits at all (see [`jobs_heartbeat_many`]).
 

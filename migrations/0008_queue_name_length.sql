@@ -15,7 +15,12 @@
 -- migration fail with what to do, before anything changes: the checks are validated, so
 -- that no later update of such a row (its claim, its completion) fails on them. Adding
 -- them reads each table once under an exclusive lock: claims and enqueues wait for that
--- read (about a second per few million jobs) and then go on.
+-- read (about a second per few million jobs) and then go on. The locks are taken first,
+-- in the order the running system takes them (a cron pass locks cron_schedules, then
+-- jobs; a claim jobs, then queues), so that the migration queues behind them instead of
+-- closing a deadlock with them.
+
+LOCK TABLE skiplock.cron_schedules, skiplock.jobs, skiplock.queues IN ACCESS EXCLUSIVE MODE;
 
 DO $$
 DECLARE

@@ -313,7 +313,7 @@ $$;
 -- Name: FUNCTION complete_claims(ids bigint[], tokens uuid[]); Type: COMMENT; Schema: skiplock; Owner: -
 --
 
-COMMENT ON FUNCTION skiplock.complete_claims(ids bigint[], tokens uuid[]) IS 'Marks the given running jobs succeeded, each only if it still holds the given claim token, locking them in the order given (a worker sorts them by id); returns those it changed, with what the worker does next for each (its dependants, its lane). What a worker calls.';
+COMMENT ON FUNCTION skiplock.complete_claims(ids bigint[], tokens uuid[]) IS 'Marks the given running jobs succeeded, each only if it still holds the given claim token, locking them in the order given (pass them sorted by id, as a worker does); returns those it changed, with what the worker does next for each (its dependants, its lane). What a worker calls.';
 
 --
 -- Name: enqueue(text, jsonb, text, integer, timestamp with time zone, integer, text, text, text, bigint[]); Type: FUNCTION; Schema: skiplock; Owner: -
@@ -516,7 +516,7 @@ BEGIN
     END IF;
     SELECT state, queue, priority, scheduled_at
     INTO parent_now, parent_queue, parent_priority, parent_scheduled_at
-    FROM skiplock.jobs WHERE id = NEW.parent_id FOR KEY SHARE;
+    FROM skiplock.jobs WHERE id = NEW.parent_id FOR SHARE;
     -- Claims skip the parent while this transaction holds it locked.
     IF parent_now = 'queued' THEN
         PERFORM skiplock.notify_runnable(parent_queue, parent_priority, parent_scheduled_at);

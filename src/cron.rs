@@ -157,6 +157,14 @@ impl CronSchedule {
                 self.name
             )));
         }
+        if self.queue.len() > crate::QUEUE_NAME_MAX_BYTES {
+            return Err(Error::InvalidCron(format!(
+                "schedule `{}`: the queue name is {} bytes; it must be at most {}",
+                self.name,
+                self.queue.len(),
+                crate::QUEUE_NAME_MAX_BYTES
+            )));
+        }
         if self.max_attempts < 1 {
             return Err(Error::InvalidCron(format!(
                 "schedule `{}`: max_attempts must be at least 1",

@@ -121,8 +121,9 @@ pub(crate) fn describe_sqlx(error: &sqlx::Error) -> String {
     let mut line = db.message().to_owned();
     if let Some(pg) = db.try_downcast_ref::<sqlx::postgres::PgDatabaseError>() {
         if let Some(detail) = pg.detail() {
+            // One line: a deadlock's detail has a line per process.
             line.push_str("; ");
-            line.push_str(detail);
+            line.push_str(&detail.replace('\n', " "));
         }
         if let Some(hint) = pg.hint() {
             line.push_str("; hint: ");

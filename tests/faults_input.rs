@@ -140,7 +140,8 @@ async fn payloads_over_the_size_limit_are_refused_exactly_at_the_limit() {
 
 /// Input: a queue name over [`skiplock::QUEUE_NAME_MAX_BYTES`] (1,000 bytes), by every
 /// path: the Rust API, a plain `INSERT`, `skiplock.enqueue`, an `UPDATE` of a queued job,
-/// `skiplock.pause_queue`, a cron schedule written by hand, and the binary's `enqueue`.
+/// `skiplock.pause_queue`, a cron schedule written by hand or by the library, and the
+/// binary's `enqueue`.
 ///
 /// Invariant: a name exactly at the limit is accepted; one byte over is refused on each
 /// path with the limit or the constraint named, and writes nothing. (Before schema version
@@ -212,6 +213,21 @@ async fn queue_names_over_the_limit_are_refused_on_every_path() {
         .execute(pool)
         .await,
         "cron_schedules_queue_name_length",
+    );
+
+    let error = skiplock::cron::upsert(
+        pool,
+        &skiplock::cron::CronSchedule::new("long", "* * * * *", "noop").queue(over.clone()),
+    )
+    .await
+    .expect_err("refused");
+    assert!(
+        matches!(error, skiplock::Error::InvalidCron(_)),
+        "{error:?}"
+    );
+    assert_eq!(
+        error.to_string(),
+        "schedule `long`: the queue name is 1001 bytes; it must be at most 1000"
     );
 
     let run = skiplock(&db.url, &["enqueue", "noop", "{}", "--queue", &over], &[]).await;

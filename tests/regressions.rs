@@ -1097,3 +1097,65 @@ async fn sql_enqueue_and_plain_insert_refuse_args_over_one_mebibyte() {
         0
     );
 }
+
+/// A dependency added while its parent's completion is in flight. The completion
+/// (`skiplock.complete_claims`, schema version 9) locks the parent as an update does,
+/// `FOR NO KEY UPDATE`, which the edge trigger's `FOR KEY SHARE` read of the parent did not
+/// wait for: the trigger saw the parent still running and made the child wait, and the
+/// completion, whose snapshot predates the edge, did not release it (only the sweep did,
+/// seconds later). Fixed: the trigger reads the parent `FOR SHARE`, waits for the
+/// completion, sees it succeeded, and leaves the child queued.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dependency_added_during_its_parents_completion_leaves_the_child_runnable() {
+    let db = test_db().await;
+    let pool = &db.pool;
+    let parent = enqueue_now(pool).await;
+    let (claimed, token): (i64, uuid::Uuid) = sqlx::query_as(
+        "SELECT id, claim_token
+         FROM skiplock.claim_batch(ARRAY['default'], ARRAY['k'], 1, 'test-claimer')",
+    )
+    .fetch_one(pool)
+    .await
+    .unwrap();
+    assert_eq!(claimed, parent);
+    let child = enqueue_now(pool).await;
+
+    let mut completion = pool.begin().await.unwrap();
+    let completed: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM skiplock.complete_claims(ARRAY[$1], ARRAY[$2])")
+            .bind(parent)
+            .bind(token)
+            .fetch_one(&mut *completion)
+            .await
+            .unwrap();
+    assert_eq!(completed, 1);
+    let edge = tokio::spawn({
+        let pool = pool.clone();
+        async move {
+            sqlx::query("INSERT INTO skiplock.job_dependencies (job_id, parent_id) VALUES ($1, $2)")
+                .bind(child)
+                .bind(parent)
+                .execute(&pool)
+                .await
+        }
+    });
+    wait_for(
+        "the edge insert to wait for the completion, or to end",
+        Duration::from_secs(20),
+        || async {
+            let waiting: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM pg_stat_activity
+                 WHERE datname = current_database() AND wait_event_type = 'Lock'
+                   AND query LIKE 'INSERT INTO skiplock.job_dependencies%'",
+            )
+            .fetch_one(pool)
+            .await
+            .unwrap();
+            waiting == 1 || edge.is_finished()
+        },
+    )
+    .await;
+    completion.commit().await.unwrap();
+    edge.await.unwrap().unwrap();
+    assert_eq!(state_of(pool, child).await, JobState::Queued);
+}

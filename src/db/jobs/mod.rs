@@ -34,8 +34,11 @@
 //! overlapping rows queue behind each other instead of deadlocking (a deadlock costs
 //! `deadlock_timeout`, one second by default). The completion, the most frequent of them,
 //! is one update joined to the claim list (`skiplock.complete_claims`), whose planner
-//! settings leave it only a nested loop driven by the list: it locks each row as it
-//! updates it, in the list's order, with one lookup and no separate lock record. `FOR UPDATE` re-checks the
+//! settings hold it to a nested loop driven by the list: it locks each row as it updates
+//! it, in the list's order, with one lookup and no separate lock record, and re-checks
+//! the token on the newest row version after any wait as `FOR UPDATE` does. Its lock is
+//! the update's `FOR NO KEY UPDATE`, so the dependency trigger reads a parent `FOR SHARE`
+//! to wait for it (`migrations/0009_complete_claims.sql`). `FOR UPDATE` re-checks the
 //! claim token on the newest row version after any wait, so a claim lost meanwhile drops
 //! out. The heartbeat never waits at all (see [`jobs_heartbeat_many`]).
 

@@ -39,7 +39,7 @@ macro_rules! saved_job_columns {
 /// Marks held jobs `succeeded`; returns those whose claim was still valid.
 ///
 /// One update joined to the claim list, in `skiplock.complete_claims`
-/// (`migrations/0009_complete_claims.sql`), whose planner settings leave it only a nested
+/// (`migrations/0009_complete_claims.sql`), whose planner settings hold it to a nested
 /// loop driven by the list, so that it locks rows in id order as the other statements
 /// here do; it returns the columns of `saved_job_columns!`. Before, a lateral lock per
 /// claim fixed that order and the update looked each row up again: 5 % more Postgres CPU

@@ -140,8 +140,8 @@ async fn payloads_over_the_size_limit_are_refused_exactly_at_the_limit() {
 
 /// Input: a queue name over [`skiplock::QUEUE_NAME_MAX_BYTES`] (1,000 bytes), by every
 /// path: the Rust API, a plain `INSERT`, `skiplock.enqueue`, an `UPDATE` of a queued job,
-/// `skiplock.pause_queue`, a cron schedule written by hand or by the library, and the
-/// binary's `enqueue`.
+/// `skiplock.pause_queue`, a cron schedule written by hand or by the library, a worker
+/// built to serve such a queue, and the binary's `enqueue`.
 ///
 /// Invariant: a name exactly at the limit is accepted; one byte over is refused on each
 /// path with the limit or the constraint named, and writes nothing. (Before schema version
@@ -228,6 +228,18 @@ async fn queue_names_over_the_limit_are_refused_on_every_path() {
     assert_eq!(
         error.to_string(),
         "schedule `long`: the queue name is 1001 bytes; it must be at most 1000"
+    );
+
+    let error = skiplock::Worker::builder(pool.clone())
+        .register::<Hostile>()
+        .queues([over.as_str()])
+        .build()
+        .err()
+        .expect("refused");
+    assert!(
+        matches!(&error, skiplock::Error::Config(why)
+            if why == "a queue name is 1001 bytes; it must be at most 1000"),
+        "{error:?}"
     );
 
     let run = skiplock(&db.url, &["enqueue", "noop", "{}", "--queue", &over], &[]).await;

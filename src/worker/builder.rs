@@ -242,7 +242,8 @@ impl WorkerBuilder {
     ///
     /// # Errors
     ///
-    /// [`Error::Config`] when no kind is registered, a kind is registered twice, or a
+    /// [`Error::Config`] when no kind is registered, a kind is registered twice, a queue
+    /// name is empty or over [`QUEUE_NAME_MAX_BYTES`](crate::QUEUE_NAME_MAX_BYTES), or a
     /// setting is out of range; [`Error::InvalidCron`] for a malformed cron schedule.
     pub fn build(self) -> Result<Worker> {
         let config = self.config;
@@ -255,6 +256,18 @@ impl WorkerBuilder {
         }
         if config.queues.is_empty() || config.queues.iter().any(String::is_empty) {
             return fail("queue names must be non-empty and at least one queue is needed".into());
+        }
+        if let Some(queue) = config
+            .queues
+            .iter()
+            .find(|q| q.len() > crate::QUEUE_NAME_MAX_BYTES)
+        {
+            // No job can be in it: the table refuses such a name.
+            return fail(format!(
+                "a queue name is {} bytes; it must be at most {}",
+                queue.len(),
+                crate::QUEUE_NAME_MAX_BYTES
+            ));
         }
         if config.queue_concurrency.keys().any(String::is_empty)
             || config.queue_concurrency.values().any(|&n| n == 0)

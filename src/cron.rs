@@ -157,12 +157,10 @@ impl CronSchedule {
                 self.name
             )));
         }
-        if self.queue.len() > crate::QUEUE_NAME_MAX_BYTES {
+        if let Some(why) = crate::enqueue::queue_name_over_limit(&self.queue) {
             return Err(Error::InvalidCron(format!(
-                "schedule `{}`: the queue name is {} bytes; it must be at most {}",
-                self.name,
-                self.queue.len(),
-                crate::QUEUE_NAME_MAX_BYTES
+                "schedule `{}`: the queue name {why}",
+                self.name
             )));
         }
         if self.max_attempts < 1 {

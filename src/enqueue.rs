@@ -299,6 +299,18 @@ pub const ARGS_MAX_BYTES_DEFAULT: usize = 1024 * 1024;
 /// writes nothing.
 pub const QUEUE_NAME_MAX_BYTES: usize = 1000;
 
+/// What is wrong with the length of queue name `queue`, to follow "the queue name ":
+/// `None` while it is within [`QUEUE_NAME_MAX_BYTES`]. One check for every Rust path that
+/// takes a queue name (enqueue, cron schedules, the worker's queues).
+pub(crate) fn queue_name_over_limit(queue: &str) -> Option<String> {
+    (queue.len() > QUEUE_NAME_MAX_BYTES).then(|| {
+        format!(
+            "is {} bytes; it must be at most {QUEUE_NAME_MAX_BYTES}",
+            queue.len()
+        )
+    })
+}
+
 /// Checks what the database would otherwise reject with a less helpful message.
 fn validate(job: &NewJob) -> std::result::Result<(), String> {
     if job.kind.is_empty() {
@@ -307,13 +319,8 @@ fn validate(job: &NewJob) -> std::result::Result<(), String> {
     if job.options.queue.as_deref() == Some("") {
         return Err("the queue name is empty; omit it to use `default`".into());
     }
-    if let Some(queue) = job.options.queue.as_deref()
-        && queue.len() > QUEUE_NAME_MAX_BYTES
-    {
-        return Err(format!(
-            "the queue name is {} bytes; it must be at most {QUEUE_NAME_MAX_BYTES}",
-            queue.len()
-        ));
+    if let Some(why) = job.options.queue.as_deref().and_then(queue_name_over_limit) {
+        return Err(format!("the queue name {why}"));
     }
     if let Some(max) = job.options.max_attempts
         && max < 1

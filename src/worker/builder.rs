@@ -257,17 +257,13 @@ impl WorkerBuilder {
         if config.queues.is_empty() || config.queues.iter().any(String::is_empty) {
             return fail("queue names must be non-empty and at least one queue is needed".into());
         }
-        if let Some(queue) = config
+        // No job can be in such a queue: the table refuses its name.
+        if let Some(why) = config
             .queues
             .iter()
-            .find(|q| q.len() > crate::QUEUE_NAME_MAX_BYTES)
+            .find_map(|q| crate::enqueue::queue_name_over_limit(q))
         {
-            // No job can be in it: the table refuses such a name.
-            return fail(format!(
-                "a queue name is {} bytes; it must be at most {}",
-                queue.len(),
-                crate::QUEUE_NAME_MAX_BYTES
-            ));
+            return fail(format!("a queue name {why}"));
         }
         if config.queue_concurrency.keys().any(String::is_empty)
             || config.queue_concurrency.values().any(|&n| n == 0)

@@ -196,10 +196,10 @@ END;
 $$;
 
 --
--- Name: claim_batch(text[], text[], bigint, text, smallint, bigint, bigint, uuid); Type: FUNCTION; Schema: skiplock; Owner: -
+-- Name: claim_batch(text[], text[], bigint, text, smallint, bigint, bigint, uuid, boolean, boolean, boolean); Type: FUNCTION; Schema: skiplock; Owner: -
 --
 
-CREATE FUNCTION skiplock.claim_batch(queues text[], kinds text[], max_jobs bigint, worker text, after_priority smallint DEFAULT NULL::smallint, after_scheduled_at_us bigint DEFAULT NULL::bigint, after_id bigint DEFAULT NULL::bigint, claim_with uuid DEFAULT NULL::uuid) RETURNS TABLE(id bigint, queue text, kind text, args jsonb, attempt integer, max_attempts integer, claim_token uuid, priority smallint, scheduled_at_us bigint)
+CREATE FUNCTION skiplock.claim_batch(queues text[], kinds text[], max_jobs bigint, worker text, after_priority smallint DEFAULT NULL::smallint, after_scheduled_at_us bigint DEFAULT NULL::bigint, after_id bigint DEFAULT NULL::bigint, claim_with uuid DEFAULT NULL::uuid, skip_in_flight boolean DEFAULT false, take_lanes boolean DEFAULT true, retry_lane_conflict boolean DEFAULT true) RETURNS TABLE(id bigint, queue text, kind text, args jsonb, attempt integer, max_attempts integer, claim_token uuid, priority smallint, scheduled_at_us bigint)
     LANGUAGE plpgsql
     SET enable_sort TO 'off'
     SET enable_bitmapscan TO 'off'
@@ -208,11 +208,30 @@ CREATE FUNCTION skiplock.claim_batch(queues text[], kinds text[], max_jobs bigin
     SET plan_cache_mode TO 'force_generic_plan'
     AS $$
 DECLARE
-    with_lanes boolean := true;
     from_priority smallint := -32768;
     from_scheduled_at timestamptz := '-infinity';
     from_id bigint := -9223372036854775808;
+    snapshot pg_snapshot;
+    -- Transactions running when the claim began, and the next id then (as the low 32
+    -- bits that xmax holds).
+    in_flight xid[] := '{}';
+    next_xid bigint := 0;
 BEGIN
+    IF retry_lane_conflict AND take_lanes THEN
+        -- The claim inside a subtransaction: a lane conflict it could not see rolls back
+        -- only that, and the claim runs again without lane jobs.
+        BEGIN
+            RETURN QUERY SELECT * FROM skiplock.claim_batch(queues, kinds, max_jobs, worker,
+                after_priority, after_scheduled_at_us, after_id, claim_with, skip_in_flight,
+                true, false);
+            RETURN;
+        EXCEPTION WHEN unique_violation THEN
+            RETURN QUERY SELECT * FROM skiplock.claim_batch(queues, kinds, max_jobs, worker,
+                after_priority, after_scheduled_at_us, after_id, claim_with, skip_in_flight,
+                false, false);
+            RETURN;
+        END;
+    END IF;
     -- Without a position, a key before every row: the full walk.
     IF after_priority IS NOT NULL AND after_scheduled_at_us IS NOT NULL
        AND after_id IS NOT NULL THEN
@@ -222,71 +241,69 @@ BEGIN
             ELSE 'epoch'::timestamptz + after_scheduled_at_us * interval '1 microsecond' END;
         from_id := after_id;
     END IF;
-    LOOP
-        BEGIN
-            -- From the position on, with the caller's token when it gives one. The result
-            -- is sorted (claim order) after the update has finished, so an update that
-            -- fails has returned no row yet.
-            RETURN QUERY
-            WITH picked AS (
-                SELECT p.ctid
-                FROM unnest(queues) AS qn(name)
-                CROSS JOIN LATERAL (
-                    SELECT j.ctid, j.priority, j.scheduled_at, j.id FROM skiplock.jobs j
-                    WHERE j.queue = qn.name AND j.state = 'queued' AND j.scheduled_at <= now()
-                      AND (j.priority, j.scheduled_at, j.id) > (from_priority, from_scheduled_at, from_id)
-                      AND j.kind = ANY (kinds)
-                      AND (j.ordering_key IS NULL OR (
-                          with_lanes
-                          AND NOT EXISTS (
-                              SELECT 1 FROM skiplock.jobs h
-                              WHERE h.ordering_key = j.ordering_key AND h.state = 'running')
-                          AND NOT EXISTS (
-                              SELECT 1 FROM skiplock.jobs h
-                              WHERE h.ordering_key = j.ordering_key AND h.id < j.id
-                                AND h.state IN ('waiting', 'queued', 'running'))
-                      ))
-                    ORDER BY j.priority, j.scheduled_at, j.id
-                    LIMIT max_jobs
-                    FOR UPDATE OF j SKIP LOCKED
-                ) p
-                WHERE NOT EXISTS (
-                    SELECT 1 FROM skiplock.queues q WHERE q.name = qn.name AND q.paused)
-                ORDER BY p.priority, p.scheduled_at, p.id
-                LIMIT max_jobs
-            ), claimed AS (
-                UPDATE skiplock.jobs j
-                SET state = 'running', claim_token = coalesce(claim_with, gen_random_uuid()), claimed_by = worker,
-                    claimed_at = now(), heartbeat_at = clock_timestamp(),
-                    attempt = least(j.attempt, 2147483646) + 1
-                WHERE j.ctid = ANY (ARRAY(SELECT p.ctid FROM picked p))
-                RETURNING j.id, j.queue, j.kind, j.args, j.attempt, j.max_attempts,
-                          j.claim_token, j.priority, j.scheduled_at
-            )
-            SELECT c.id, c.queue, c.kind, c.args, c.attempt, c.max_attempts, c.claim_token,
-                   c.priority,
-                   -- A claimed row is due, so its scheduled_at is finite or '-infinity'.
-                   CASE WHEN isfinite(c.scheduled_at)
-                        THEN (extract(epoch FROM c.scheduled_at) * 1000000)::bigint
-                        ELSE -9223372036854775808 END
-            FROM claimed c
-            ORDER BY c.priority, c.scheduled_at, c.id;
-            RETURN;
-        EXCEPTION WHEN unique_violation THEN
-            IF NOT with_lanes THEN
-                RAISE;
-            END IF;
-            with_lanes := false;
-        END;
-    END LOOP;
+    IF skip_in_flight THEN
+        snapshot := pg_current_snapshot();
+        in_flight := ARRAY(SELECT x::xid FROM pg_snapshot_xip(snapshot) AS x);
+        next_xid := pg_snapshot_xmax(snapshot)::text::bigint % 4294967296;
+    END IF;
+    -- From the position on, with the caller's token when it gives one. The result is
+    -- sorted (claim order) after the update has finished, so an update that fails has
+    -- returned no row yet.
+    RETURN QUERY
+    WITH picked AS (
+        SELECT p.ctid
+        FROM unnest(queues) AS qn(name)
+        CROSS JOIN LATERAL (
+            SELECT j.ctid, j.priority, j.scheduled_at, j.id FROM skiplock.jobs j
+            WHERE j.queue = qn.name AND j.state = 'queued' AND j.scheduled_at <= now()
+              AND (j.priority, j.scheduled_at, j.id) > (from_priority, from_scheduled_at, from_id)
+              AND j.kind = ANY (kinds)
+              AND (NOT skip_in_flight OR j.xmax = '0'::xid OR (
+                  NOT j.xmax = ANY (in_flight)
+                  AND (j.xmax::text::bigint - next_xid + 4294967296) % 4294967296 >= 1048576))
+              AND (j.ordering_key IS NULL OR (
+                  take_lanes
+                  AND NOT EXISTS (
+                      SELECT 1 FROM skiplock.jobs h
+                      WHERE h.ordering_key = j.ordering_key AND h.state = 'running')
+                  AND NOT EXISTS (
+                      SELECT 1 FROM skiplock.jobs h
+                      WHERE h.ordering_key = j.ordering_key AND h.id < j.id
+                        AND h.state IN ('waiting', 'queued', 'running'))
+              ))
+            ORDER BY j.priority, j.scheduled_at, j.id
+            LIMIT max_jobs
+            FOR UPDATE OF j SKIP LOCKED
+        ) p
+        WHERE NOT EXISTS (
+            SELECT 1 FROM skiplock.queues q WHERE q.name = qn.name AND q.paused)
+        ORDER BY p.priority, p.scheduled_at, p.id
+        LIMIT max_jobs
+    ), claimed AS (
+        UPDATE skiplock.jobs j
+        SET state = 'running', claim_token = coalesce(claim_with, gen_random_uuid()), claimed_by = worker,
+            claimed_at = now(), heartbeat_at = clock_timestamp(),
+            attempt = least(j.attempt, 2147483646) + 1
+        WHERE j.ctid = ANY (ARRAY(SELECT p.ctid FROM picked p))
+        RETURNING j.id, j.queue, j.kind, j.args, j.attempt, j.max_attempts,
+                  j.claim_token, j.priority, j.scheduled_at
+    )
+    SELECT c.id, c.queue, c.kind, c.args, c.attempt, c.max_attempts, c.claim_token,
+           c.priority,
+           -- A claimed row is due, so its scheduled_at is finite or '-infinity'.
+           CASE WHEN isfinite(c.scheduled_at)
+                THEN (extract(epoch FROM c.scheduled_at) * 1000000)::bigint
+                ELSE -9223372036854775808 END
+    FROM claimed c
+    ORDER BY c.priority, c.scheduled_at, c.id;
 END;
 $$;
 
 --
--- Name: FUNCTION claim_batch(queues text[], kinds text[], max_jobs bigint, worker text, after_priority smallint, after_scheduled_at_us bigint, after_id bigint, claim_with uuid); Type: COMMENT; Schema: skiplock; Owner: -
+-- Name: FUNCTION claim_batch(queues text[], kinds text[], max_jobs bigint, worker text, after_priority smallint, after_scheduled_at_us bigint, after_id bigint, claim_with uuid, skip_in_flight boolean, take_lanes boolean, retry_lane_conflict boolean); Type: COMMENT; Schema: skiplock; Owner: -
 --
 
-COMMENT ON FUNCTION skiplock.claim_batch(queues text[], kinds text[], max_jobs bigint, worker text, after_priority smallint, after_scheduled_at_us bigint, after_id bigint, claim_with uuid) IS 'Claims up to max_jobs runnable jobs (what a worker runs), after the given claim key if any; each comes back with its fencing claim_token (claim_with when given).';
+COMMENT ON FUNCTION skiplock.claim_batch(queues text[], kinds text[], max_jobs bigint, worker text, after_priority smallint, after_scheduled_at_us bigint, after_id bigint, claim_with uuid, skip_in_flight boolean, take_lanes boolean, retry_lane_conflict boolean) IS 'Claims up to max_jobs runnable jobs (what a worker runs), after the given claim key if any; each comes back with its fencing claim_token (claim_with when given). skip_in_flight passes over rows other claims are taking without the lock manager (off by default: see migrations/0010); with retry_lane_conflict => false a lane conflict raises unique_violation instead of being retried with take_lanes => false.';
 
 --
 -- Name: complete_claims(bigint[], uuid[]); Type: FUNCTION; Schema: skiplock; Owner: -

@@ -1,5 +1,6 @@
 //! The claim from a position (`claim_batch`, `worker::claim_cursor`): what a claim after
-//! a position takes, and that jobs landing behind a worker's position still run.
+//! a position takes, and that jobs landing behind a worker's position still run; and the
+//! claim's modes (schema version 10): the in-flight filter and lane conflicts.
 
 mod common;
 
@@ -9,7 +10,8 @@ use common::fixtures::{Recorder, fast_worker, state_of, wait_for, wait_until};
 use common::test_db;
 use serde::{Deserialize, Serialize};
 use skiplock::db::jobs::{
-    ClaimPosition, FailAction, FailBatch, jobs_claim_batch, jobs_claim_batch_after, jobs_fail_many,
+    ClaimArgs, ClaimMode, ClaimPosition, FailAction, FailBatch, jobs_claim, jobs_claim_batch,
+    jobs_claim_batch_after, jobs_fail_many, lane_conflict,
 };
 use skiplock::{Job, JobContext, JobError, JobState};
 use sqlx::{Connection, PgPool};
@@ -454,13 +456,12 @@ async fn every_write_that_makes_a_job_runnable_notifies_its_claim_key() {
 async fn observe_claims(pool: &PgPool) {
     sqlx::raw_sql(
         "CREATE TABLE claim_log (n bigserial, full_walk boolean NOT NULL, ids bigint[] NOT NULL);
-         ALTER FUNCTION skiplock.claim_batch(text[], text[], bigint, text, smallint, bigint,
-                                             bigint, uuid)
-             RENAME TO claim_batch_observed;
+         ALTER FUNCTION skiplock.claim_batch RENAME TO claim_batch_observed;
          CREATE FUNCTION skiplock.claim_batch(queues text[], kinds text[], max_jobs bigint,
                  worker text, after_priority smallint DEFAULT NULL,
                  after_scheduled_at_us bigint DEFAULT NULL, after_id bigint DEFAULT NULL,
-                 claim_with uuid DEFAULT NULL)
+                 claim_with uuid DEFAULT NULL, skip_in_flight boolean DEFAULT false,
+                 take_lanes boolean DEFAULT true, retry_lane_conflict boolean DEFAULT true)
          RETURNS TABLE (id bigint, queue text, kind text, args jsonb, attempt int,
                         max_attempts int, claim_token uuid, priority smallint,
                         scheduled_at_us bigint)
@@ -473,7 +474,8 @@ async fn observe_claims(pool: &PgPool) {
              RETURN QUERY
              WITH c AS (
                  SELECT * FROM skiplock.claim_batch_observed(queues, kinds, max_jobs, worker,
-                     after_priority, after_scheduled_at_us, after_id, claim_with)
+                     after_priority, after_scheduled_at_us, after_id, claim_with,
+                     skip_in_flight, take_lanes, retry_lane_conflict)
              ), logged AS (
                  INSERT INTO claim_log (full_walk, ids)
                  SELECT after_id IS NULL, coalesce(array_agg(c.id), '{}') FROM c
@@ -587,4 +589,186 @@ async fn a_job_announced_behind_the_position_is_claimed_without_a_full_walk() {
     .await;
     shutdown.shutdown();
     running.await.unwrap().unwrap();
+}
+
+/// Claims `record` jobs of `default` in the given mode, with no position.
+async fn claim_in_mode(
+    db: impl sqlx::PgExecutor<'_>,
+    mode: ClaimMode,
+) -> Result<Vec<i64>, sqlx::Error> {
+    let (queues, kinds) = (strings(&["default"]), strings(&["record"]));
+    let jobs = jobs_claim(
+        db,
+        &ClaimArgs {
+            queues: &queues,
+            kinds: &kinds,
+            limit: 10,
+            claimed_by: "w",
+            after: None,
+            claim_with: None,
+            mode,
+        },
+    )
+    .await?;
+    Ok(jobs.into_iter().map(|job| job.id).collect())
+}
+
+const FILTERED: ClaimMode = ClaimMode {
+    skip_in_flight: true,
+    take_lanes: true,
+    retry_lane_conflict: false,
+};
+
+/// The in-flight filter (schema version 10) passes over a row only while the transaction
+/// in its `xmax` runs. Rows whose `xmax` names a locker that has finished (a lock rolled
+/// back, a committed foreign-key style `FOR KEY SHARE`) are claimed at once; a plain
+/// `xmax = 0` filter would pass over them until something else updated them. A row an
+/// open transaction holds is passed over and claimed once it ends.
+#[tokio::test]
+async fn the_in_flight_filter_passes_over_only_rows_a_running_transaction_holds() {
+    let db = test_db().await;
+    let pool = &db.pool;
+    let now = "2026-01-01 00:00:00+00";
+    let rolled_back = insert(pool, 0, now).await;
+    let key_shared = insert(pool, 0, now).await;
+    let held = insert(pool, 0, now).await;
+    let untouched = insert(pool, 0, now).await;
+
+    let mut tx = pool.begin().await.unwrap();
+    sqlx::query("SELECT id FROM skiplock.jobs WHERE id = $1 FOR UPDATE")
+        .bind(rolled_back)
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    tx.rollback().await.unwrap();
+    let mut tx = pool.begin().await.unwrap();
+    sqlx::query("SELECT id FROM skiplock.jobs WHERE id = $1 FOR KEY SHARE")
+        .bind(key_shared)
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+    let stale: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM skiplock.jobs WHERE id = ANY ($1) AND xmax <> '0'::xid",
+    )
+    .bind([rolled_back, key_shared])
+    .fetch_one(pool)
+    .await
+    .unwrap();
+    assert_eq!(stale, 2, "both finished lockers left their id in xmax");
+
+    let mut holder = pool.begin().await.unwrap();
+    sqlx::query("SELECT id FROM skiplock.jobs WHERE id = $1 FOR UPDATE")
+        .bind(held)
+        .execute(&mut *holder)
+        .await
+        .unwrap();
+
+    let claimed = claim_in_mode(pool, FILTERED).await.unwrap();
+    assert_eq!(claimed, vec![rolled_back, key_shared, untouched]);
+    assert_eq!(state_of(pool, held).await, JobState::Queued);
+
+    holder.commit().await.unwrap();
+    let claimed = claim_in_mode(pool, FILTERED).await.unwrap();
+    assert_eq!(claimed, vec![held], "claimed once its holder ended");
+}
+
+/// Holds lane `k` with a hand-written running job in an open transaction, starts a claim
+/// in `mode` (which sees no running job of the lane and takes its queued head, then waits
+/// on `jobs_ordering_key_running_idx`), lets the holder commit and returns what the claim
+/// returned, with the ids of the lane's queued head and of a job outside any lane.
+async fn claim_against_a_lane_taken_meanwhile(
+    pool: &PgPool,
+    mode: ClaimMode,
+) -> (Result<Vec<i64>, sqlx::Error>, i64, i64) {
+    let enqueue = "SELECT skiplock.enqueue('record', '{\"n\": 0}', ordering_key => $1)";
+    let head: i64 = sqlx::query_scalar(enqueue)
+        .bind("k")
+        .fetch_one(pool)
+        .await
+        .unwrap();
+    let next: i64 = sqlx::query_scalar(enqueue)
+        .bind("k")
+        .fetch_one(pool)
+        .await
+        .unwrap();
+    let plain: i64 = sqlx::query_scalar(enqueue)
+        .bind(None::<String>)
+        .fetch_one(pool)
+        .await
+        .unwrap();
+    let mut holder = pool.begin().await.unwrap();
+    sqlx::query(
+        "UPDATE skiplock.jobs SET state = 'running', claim_token = gen_random_uuid(),
+             claimed_by = 'by hand', claimed_at = now(), heartbeat_at = now(), attempt = 1
+         WHERE id = $1",
+    )
+    .bind(next)
+    .execute(&mut *holder)
+    .await
+    .unwrap();
+    let mut claimer = pool.acquire().await.unwrap().detach();
+    let claimer_pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
+        .fetch_one(&mut claimer)
+        .await
+        .unwrap();
+    let claim = tokio::spawn(async move { claim_in_mode(&mut claimer, mode).await });
+    wait_for(
+        "the claim to wait for the lane's holder",
+        Duration::from_secs(30),
+        || async {
+            sqlx::query_scalar::<_, bool>(
+                "SELECT EXISTS (SELECT 1 FROM pg_locks WHERE pid = $1 AND NOT granted)",
+            )
+            .bind(claimer_pid)
+            .fetch_one(pool)
+            .await
+            .unwrap()
+        },
+    )
+    .await;
+    holder.commit().await.unwrap();
+    (claim.await.unwrap(), head, plain)
+}
+
+/// A lane conflict the claim could not see in its snapshot: without the in-statement
+/// retry (`retry_lane_conflict: false`, as the worker claims since schema version 10) the
+/// claim fails with a `unique_violation` the worker recognises and claims nothing; by
+/// default it is retried inside, without lane jobs, as it always was.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lane_conflict_fails_a_claim_without_retry_and_is_retried_inside_by_default() {
+    let db = test_db().await;
+    let pool = &db.pool;
+    let (raised, head, plain) = claim_against_a_lane_taken_meanwhile(pool, FILTERED).await;
+    let error = raised.expect_err("the claim meets the lane's new running job");
+    assert!(lane_conflict(&error), "{error}");
+    assert!(
+        error.to_string().contains("jobs_ordering_key_running_idx"),
+        "{error}"
+    );
+    for id in [head, plain] {
+        assert_eq!(state_of(pool, id).await, JobState::Queued, "job {id}");
+    }
+    let without_lanes = ClaimMode {
+        take_lanes: false,
+        ..FILTERED
+    };
+    assert_eq!(
+        claim_in_mode(pool, without_lanes).await.unwrap(),
+        vec![plain],
+        "the caller's retry without lane jobs takes the rest"
+    );
+
+    sqlx::query("TRUNCATE skiplock.jobs CASCADE")
+        .execute(pool)
+        .await
+        .unwrap();
+    let (retried, head, plain) =
+        claim_against_a_lane_taken_meanwhile(pool, ClaimMode::default()).await;
+    assert_eq!(
+        retried.unwrap(),
+        vec![plain],
+        "retried inside, without lanes"
+    );
+    assert_eq!(state_of(pool, head).await, JobState::Queued);
 }

@@ -77,9 +77,7 @@ async fn an_incompatible_migration_stops_workers_cleanly_and_loses_nothing() {
     // The next version renamed the claim function.
     migrate_to_next_version(
         pool,
-        "ALTER FUNCTION skiplock.claim_batch(text[], text[], bigint, text, smallint, bigint,
-                                             bigint, uuid)
-             RENAME TO claim_batch_next",
+        "ALTER FUNCTION skiplock.claim_batch RENAME TO claim_batch_next",
     )
     .await;
     let result = tokio::time::timeout(Duration::from_secs(60), run)
@@ -113,9 +111,7 @@ async fn an_incompatible_migration_stops_workers_cleanly_and_loses_nothing() {
 
     // Upgraded (here: the change undone), a worker runs the rest.
     sqlx::raw_sql(
-        "ALTER FUNCTION skiplock.claim_batch_next(text[], text[], bigint, text, smallint,
-                                                  bigint, bigint, uuid)
-             RENAME TO claim_batch;
+        "ALTER FUNCTION skiplock.claim_batch_next RENAME TO claim_batch;
          DELETE FROM skiplock.schema_migrations WHERE version > (
              SELECT max(version) - 1 FROM skiplock.schema_migrations)",
     )

@@ -73,6 +73,11 @@ const MIGRATIONS: &[Migration] = &[
         name: "0009_complete_claims.sql",
         sql: include_str!("../../migrations/0009_complete_claims.sql"),
     },
+    Migration {
+        version: 10,
+        name: "0010_claim_skip_in_flight.sql",
+        sql: include_str!("../../migrations/0010_claim_skip_in_flight.sql"),
+    },
 ];
 
 /// What the ledger names version 1 in a database migrated by a development build from

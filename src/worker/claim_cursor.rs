@@ -30,6 +30,13 @@
 //! URL to LISTEN on, or while the listener reconnects) they are the only way to find jobs
 //! behind the position and stay frequent. The cost of a cursor walk is measured by the
 //! cursor walks themselves: one runs at least every [`CURSOR_COST_MAX_AGE`].
+//!
+//! Walks pass over rows that other claims in flight hold before the lock manager sees
+//! them (`skip_in_flight`, schema version 10), which is what makes claims of several
+//! worker processes cheap. That filter can take a row for one in flight when its `xmax`
+//! is a multixact (two transactions that locked it together), for as long as the number
+//! looks like a running or brand-new transaction's; a full walk without it runs at least
+//! every [`UNFILTERED_WALK_INTERVAL`], so such a row waits about that long at most.
 
 use std::time::{Duration, Instant};
 
@@ -76,6 +83,12 @@ const EXPENSIVE_IN_A_ROW: u32 = 2;
 /// a cursor walk, to measure it again (at most one extra cursor walk a second when full
 /// walks are cheap).
 const CURSOR_COST_MAX_AGE: Duration = Duration::from_secs(1);
+
+/// How often a full walk goes without the in-flight filter, at least: the bound on how
+/// long a row the filter passes over by mistake waits (module docs). Full walks are never
+/// more than a minute apart, so the wait is at most about 90 s; it costs nothing but that
+/// one walk's filter.
+const UNFILTERED_WALK_INTERVAL: Duration = Duration::from_secs(30);
 
 /// Where a walk owed by a notification or by a batch that stopped behind the position
 /// starts. `Start` sorts first: it covers any key.
@@ -135,6 +148,8 @@ pub(super) struct ClaimCursor {
     expensive_in_a_row: u32,
     /// Whether notifications of runnable jobs arrive (the listener is subscribed).
     notified: bool,
+    /// Earliest start of the next full walk without the in-flight filter.
+    next_unfiltered: Instant,
 }
 
 /// Keys notified at or after the position while claims planned before the notification
@@ -172,6 +187,10 @@ pub(super) struct Walk {
     /// When the claim statement started: set again once it has a connection, so that a
     /// wait for the pool is not taken for the cost of the walk.
     started: Instant,
+    /// Whether it passes over rows other claims in flight hold (see the module docs).
+    skip_in_flight: bool,
+    /// Whether it was claimed again without lane jobs after a lane conflict.
+    lanes_skipped: bool,
 }
 
 impl Walk {
@@ -189,6 +208,17 @@ impl Walk {
     /// queue was runnable for this worker when it started.
     pub(super) fn is_full(&self) -> bool {
         self.kind == WalkKind::Full
+    }
+
+    /// Whether the claim should pass over rows other claims in flight hold.
+    pub(super) fn skips_in_flight(&self) -> bool {
+        self.skip_in_flight
+    }
+
+    /// Marks the walk as claimed again without lane jobs (after a lane conflict): the lane
+    /// jobs it passed over are owed a walk from its start when it lands.
+    pub(super) fn skipped_lanes(&mut self) {
+        self.lanes_skipped = true;
     }
 }
 
@@ -219,6 +249,7 @@ impl ClaimCursor {
             cursor_cost: None,
             expensive_in_a_row: 0,
             notified: false,
+            next_unfiltered: now,
         }
     }
 
@@ -323,6 +354,8 @@ impl ClaimCursor {
             kind,
             sequence: self.planned,
             started: now,
+            skip_in_flight: kind != WalkKind::Full || now < self.next_unfiltered,
+            lanes_skipped: false,
         }
     }
 
@@ -352,6 +385,12 @@ impl ClaimCursor {
             WalkKind::Full => self.full_walk_ended(walk, now),
             WalkKind::Behind => {}
             WalkKind::Cursor => self.cursor_walk_ended(walk, now),
+        }
+        if !walk.skip_in_flight {
+            self.next_unfiltered = now + UNFILTERED_WALK_INTERVAL;
+        }
+        if walk.lanes_skipped {
+            self.owe(walk.from.map_or(LookFrom::Start, LookFrom::After));
         }
         let last = jobs.last().map(ClaimedJob::position);
         let full = jobs.len() >= limit;
@@ -915,5 +954,60 @@ mod tests {
         assert!(!cursor.full_walk_allowed(t3 + Duration::from_secs(10)));
         cursor.set_notified(false, t3);
         assert!(cursor.full_walk_allowed(t3 + PACING_CLEANING.gap_max));
+    }
+
+    #[test]
+    fn a_full_walk_goes_without_the_in_flight_filter_every_30_s() {
+        let t0 = Instant::now();
+        let mut cursor = ClaimCursor::new(t0);
+        let first = cursor.next_walk(t0);
+        assert!(
+            first.is_full() && !first.skips_in_flight(),
+            "the first walk"
+        );
+        cursor.landed(first, 2, &jobs(1..=2), t0);
+        let mut t = t0;
+        let mut id = 3;
+        while t < t0 + UNFILTERED_WALK_INTERVAL {
+            let walk = cursor.next_walk(t);
+            assert!(walk.skips_in_flight(), "{:?} after: {walk:?}", t - t0);
+            cursor.landed(walk, 1, &jobs(id..=id), t + MS);
+            id += 1;
+            t += 100 * MS;
+        }
+        let mut walk = cursor.next_walk(t);
+        while !walk.is_full() {
+            assert!(walk.skips_in_flight(), "a cursor walk always filters");
+            cursor.landed(walk, 1, &jobs(id..=id), t + MS);
+            id += 1;
+            t += 100 * MS;
+            walk = cursor.next_walk(t);
+        }
+        assert!(!walk.skips_in_flight(), "the first full walk 30 s on");
+        cursor.landed(walk, 1, &jobs(id..=id), t + MS);
+        let walk = cursor.next_walk(t + Duration::from_secs(1));
+        assert!(walk.skips_in_flight(), "filtered again after it");
+    }
+
+    #[test]
+    fn a_walk_claimed_again_without_lanes_owes_a_walk_from_its_start() {
+        let t0 = Instant::now();
+        let (mut cursor, t1) = warmed_up(t0, 5 * MS);
+        // Full walks cost a second: the next claims are cursor walks.
+        let full = cursor.next_walk(t1);
+        assert!(full.is_full());
+        let t2 = t1 + Duration::from_secs(1);
+        cursor.landed(full, 1, &jobs(4..=4), t2);
+        let mut walk = cursor.next_walk(t2);
+        assert_eq!(walk.from.map(|p| p.id), Some(4));
+        walk.skipped_lanes();
+        // It came back short: the lane jobs it passed over may be behind the position.
+        assert_eq!(
+            cursor.landed(walk, 10, &jobs(5..=6), t2 + MS),
+            Landing::LookBehind
+        );
+        let behind = cursor.next_walk(t2 + MS);
+        assert!(!behind.is_full());
+        assert_eq!(behind.from.map(|p| p.id), Some(4), "from where it started");
     }
 }

@@ -26,7 +26,8 @@ use super::claims::ClaimInFlight;
 use super::completer::write_split;
 use super::{PREFETCH_HORIZON, Shared, reply_lost, schema_mismatch, stop_if_schema_outgrown};
 use crate::db::jobs::{
-    ClaimedJob, jobs_claim_batch_after, jobs_claim_one, jobs_claimed_with, jobs_release_many,
+    ClaimArgs, ClaimMode, ClaimedJob, jobs_claim, jobs_claim_one, jobs_claimed_with,
+    jobs_release_many, lane_conflict,
 };
 use crate::db::maintenance::jobs_any_active;
 use crate::metrics;
@@ -252,16 +253,31 @@ async fn claim(
         }
         Some(_) => Ok(Vec::new()),
         None => {
-            jobs_claim_batch_after(
-                &mut connection,
-                &group.queues,
-                &shared.kinds,
-                limit as i64,
-                &shared.config.worker_id,
-                walk.from,
-                Some(token),
-            )
-            .await
+            // Outside a subtransaction, so that the filter sees what other claims in
+            // flight hold; a lane conflict (rare: two claims took jobs of one lane at
+            // once) failed the statement, having claimed nothing, and it is claimed again
+            // without lane jobs, as `claim_batch` itself would.
+            let mut args = ClaimArgs {
+                queues: &group.queues,
+                kinds: &shared.kinds,
+                limit: limit as i64,
+                claimed_by: &shared.config.worker_id,
+                after: walk.from,
+                claim_with: Some(token),
+                mode: ClaimMode {
+                    skip_in_flight: walk.skips_in_flight(),
+                    take_lanes: true,
+                    retry_lane_conflict: false,
+                },
+            };
+            match jobs_claim(&mut connection, &args).await {
+                Err(e) if lane_conflict(&e) => {
+                    walk.skipped_lanes();
+                    args.mode.take_lanes = false;
+                    jobs_claim(&mut connection, &args).await
+                }
+                claimed => claimed,
+            }
         }
     };
     if let Err(e) = &claimed

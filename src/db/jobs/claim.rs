@@ -58,7 +58,8 @@ pub struct ClaimPosition {
 /// (priority, then `scheduled_at`, then id), in one statement.
 ///
 /// It calls `skiplock.claim_batch` (`migrations/0002_claim_per_queue.sql`, where the
-/// statement and its reasons are, and `0006_claim_heartbeat_time.sql`): rows are picked
+/// statement and its reasons are, `0006_claim_heartbeat_time.sql` and
+/// `0010_claim_skip_in_flight.sql`): rows are picked
 /// with `FOR UPDATE SKIP LOCKED`, so concurrent claimers never wait on each other and never
 /// pick the same row, and each is stamped with its own fresh `claim_token`, the claimant and
 /// the database's `clock_timestamp()` at the update as first heartbeat (not the
@@ -91,6 +92,7 @@ pub async fn jobs_claim_batch(
 /// whose reply was lost can find them with [`jobs_claimed_with`]; use a fresh
 /// token for every claim, as it is the fence of each job's claim. Without it, each job
 /// gets a random token of its own.
+#[cfg(feature = "internals")]
 pub async fn jobs_claim_batch_after(
     db: impl PgExecutor<'_>,
     queues: &[String],
@@ -100,19 +102,97 @@ pub async fn jobs_claim_batch_after(
     after: Option<ClaimPosition>,
     claim_with: Option<Uuid>,
 ) -> sqlx::Result<Vec<ClaimedJob>> {
+    jobs_claim(
+        db,
+        &ClaimArgs {
+            queues,
+            kinds,
+            limit,
+            claimed_by,
+            after,
+            claim_with,
+            mode: ClaimMode::default(),
+        },
+    )
+    .await
+}
+
+/// How a claim treats the rows other claims are taking and a lane conflict
+/// (`skiplock.claim_batch`, `migrations/0010_claim_skip_in_flight.sql`). The default is
+/// the function's own: no filter, lane jobs taken, a lane conflict retried inside.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ClaimMode {
+    /// Pass over rows that transactions running when the claim began (or begun since)
+    /// hold, before `FOR UPDATE SKIP LOCKED` takes them to the lock manager. A row whose
+    /// `xmax` is a multixact can be passed over by mistake while that lasts, so a caller
+    /// that sets it must also claim without it now and then.
+    pub skip_in_flight: bool,
+    /// Take jobs of lanes (`ordering_key`).
+    pub take_lanes: bool,
+    /// Retry a lane conflict inside the statement, in a subtransaction (whose row locks
+    /// `skip_in_flight` cannot see). Without it a lane conflict fails the statement with a
+    /// `unique_violation` ([`lane_conflict`]), having claimed nothing, and the caller
+    /// claims again with `take_lanes: false`.
+    pub retry_lane_conflict: bool,
+}
+
+impl Default for ClaimMode {
+    fn default() -> Self {
+        Self {
+            skip_in_flight: false,
+            take_lanes: true,
+            retry_lane_conflict: true,
+        }
+    }
+}
+
+/// Whether a failed claim was a lane conflict: two claims took jobs of one lane at once
+/// (a `unique_violation`, SQLSTATE 23505, which only `jobs_ordering_key_running_idx` can
+/// raise in a claim). See [`ClaimMode::retry_lane_conflict`].
+pub fn lane_conflict(error: &sqlx::Error) -> bool {
+    matches!(error, sqlx::Error::Database(db) if db.code().as_deref() == Some("23505"))
+}
+
+/// What one claim statement asks for: see [`jobs_claim_batch_after`] and [`ClaimMode`].
+#[derive(Debug, Clone, Copy)]
+pub struct ClaimArgs<'a> {
+    /// Queues to claim from.
+    pub queues: &'a [String],
+    /// Kinds the caller runs.
+    pub kinds: &'a [String],
+    /// At most this many jobs.
+    pub limit: i64,
+    /// The claimant, stored in `claimed_by`.
+    pub claimed_by: &'a str,
+    /// Only jobs after this key in claim order (`None`: a full walk).
+    pub after: Option<ClaimPosition>,
+    /// The claim token every job gets (`None`: a random one each).
+    pub claim_with: Option<Uuid>,
+    /// Filter and lane handling.
+    pub mode: ClaimMode,
+}
+
+/// One claim statement as `args` says ([`jobs_claim_batch_after`] with a [`ClaimMode`]).
+pub async fn jobs_claim(
+    db: impl PgExecutor<'_>,
+    args: &ClaimArgs<'_>,
+) -> sqlx::Result<Vec<ClaimedJob>> {
     sqlx::query_as(
         "SELECT id, queue, kind, args, attempt, max_attempts, claim_token, priority,
                 scheduled_at_us
-         FROM skiplock.claim_batch($1, $2, $3, $4, $5, $6, $7, $8)",
+         FROM skiplock.claim_batch($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
     )
-    .bind(queues)
-    .bind(kinds)
-    .bind(limit)
-    .bind(claimed_by)
-    .bind(after.map(|p| p.priority))
-    .bind(after.map(|p| p.scheduled_at_us))
-    .bind(after.map(|p| p.id))
-    .bind(claim_with)
+    .bind(args.queues)
+    .bind(args.kinds)
+    .bind(args.limit)
+    .bind(args.claimed_by)
+    .bind(args.after.map(|p| p.priority))
+    .bind(args.after.map(|p| p.scheduled_at_us))
+    .bind(args.after.map(|p| p.id))
+    .bind(args.claim_with)
+    .bind(args.mode.skip_in_flight)
+    .bind(args.mode.take_lanes)
+    .bind(args.mode.retry_lane_conflict)
     .fetch_all(db)
     .await
 }

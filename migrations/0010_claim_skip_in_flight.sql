@@ -16,9 +16,13 @@
 -- The filter can be fooled only by a MultiXactId in xmax (two transactions that locked
 -- the row together), whose number is read as if it were a transaction id: if it equals a
 -- running transaction's, or lies just ahead of the next one, the row is passed over
--- until that changes. That is why the filter is the caller's choice and off by default;
--- the worker uses it on most walks and makes a walk without it at least every 30 s
--- (src/worker/claim_cursor.rs), so such a row waits that long at most.
+-- until that changes, which on a quiet database can take days. That is why the filter is
+-- the caller's choice and off by default; the worker uses it on most walks and walks
+-- from the left edge to its position without it at least every 30 s
+-- (src/worker/claim_cursor.rs). The filter is also off, whatever the caller asks, in a
+-- transaction that already has an id (its own locks would look like a claim begun since)
+-- and outside READ COMMITTED (a transaction snapshot would keep listing lockers that have
+-- finished).
 --
 -- Row locks taken inside a subtransaction carry the subtransaction's id, which
 -- pg_current_snapshot() does not list, so the filter only sees what claims hold that
@@ -33,6 +37,13 @@
 -- The signature grows by three parameters with defaults, so the function is dropped and
 -- created again; calls with the old arguments resolve to it unchanged. (Both statements
 -- may run again on a schema that has them, as a ledger repaired by hand would ask.)
+
+-- The old function's privileges and owner, to give the new one (a dropped function takes
+-- its grants with it).
+CREATE TEMPORARY TABLE claim_batch_before ON COMMIT DROP AS
+    SELECT proacl, proowner::regrole AS owner FROM pg_proc
+    WHERE oid = to_regprocedure(
+        'skiplock.claim_batch(text[], text[], bigint, text, smallint, bigint, bigint, uuid)');
 
 DROP FUNCTION IF EXISTS skiplock.claim_batch(text[], text[], bigint, text, smallint, bigint, bigint, uuid);
 
@@ -62,6 +73,8 @@ DECLARE
     -- bits that xmax holds).
     in_flight xid[] := '{}';
     next_xid bigint := 0;
+    filtering boolean := skip_in_flight AND pg_current_xact_id_if_assigned() IS NULL
+        AND current_setting('transaction_isolation') = 'read committed';
 BEGIN
     IF retry_lane_conflict AND take_lanes THEN
         -- The claim inside a subtransaction: a lane conflict it could not see rolls back
@@ -87,7 +100,7 @@ BEGIN
             ELSE 'epoch'::timestamptz + after_scheduled_at_us * interval '1 microsecond' END;
         from_id := after_id;
     END IF;
-    IF skip_in_flight THEN
+    IF filtering THEN
         snapshot := pg_current_snapshot();
         in_flight := ARRAY(SELECT x::xid FROM pg_snapshot_xip(snapshot) AS x);
         next_xid := pg_snapshot_xmax(snapshot)::text::bigint % 4294967296;
@@ -104,7 +117,7 @@ BEGIN
             WHERE j.queue = qn.name AND j.state = 'queued' AND j.scheduled_at <= now()
               AND (j.priority, j.scheduled_at, j.id) > (from_priority, from_scheduled_at, from_id)
               AND j.kind = ANY (kinds)
-              AND (NOT skip_in_flight OR j.xmax = '0'::xid OR (
+              AND (NOT filtering OR j.xmax = '0'::xid OR (
                   NOT j.xmax = ANY (in_flight)
                   AND (j.xmax::text::bigint - next_xid + 4294967296) % 4294967296 >= 1048576))
               AND (j.ordering_key IS NULL OR (
@@ -147,3 +160,32 @@ $$;
 
 COMMENT ON FUNCTION skiplock.claim_batch(text[], text[], bigint, text, smallint, bigint, bigint, uuid, boolean, boolean, boolean) IS
     'Claims up to max_jobs runnable jobs (what a worker runs), after the given claim key if any; each comes back with its fencing claim_token (claim_with when given). skip_in_flight passes over rows other claims are taking without the lock manager (off by default: see migrations/0010); with retry_lane_conflict => false a lane conflict raises unique_violation instead of being retried with take_lanes => false.';
+
+DO $$
+DECLARE
+    before record;
+    grant_to record;
+BEGIN
+    SELECT * INTO before FROM claim_batch_before;
+    IF NOT FOUND THEN
+        RETURN;
+    END IF;
+    EXECUTE format('ALTER FUNCTION skiplock.claim_batch(text[], text[], bigint, text, smallint, '
+        'bigint, bigint, uuid, boolean, boolean, boolean) OWNER TO %s', before.owner);
+    IF before.proacl IS NULL THEN
+        RETURN;  -- the defaults, as the new function has
+    END IF;
+    REVOKE ALL ON FUNCTION skiplock.claim_batch(text[], text[], bigint, text, smallint, bigint,
+        bigint, uuid, boolean, boolean, boolean) FROM PUBLIC;
+    FOR grant_to IN
+        SELECT CASE WHEN a.grantee = 0 THEN 'PUBLIC' ELSE quote_ident(r.rolname) END AS name,
+               a.is_grantable
+        FROM aclexplode(before.proacl) a LEFT JOIN pg_roles r ON r.oid = a.grantee
+        WHERE a.privilege_type = 'EXECUTE'
+    LOOP
+        EXECUTE format('GRANT EXECUTE ON FUNCTION skiplock.claim_batch(text[], text[], bigint, '
+            'text, smallint, bigint, bigint, uuid, boolean, boolean, boolean) TO %s%s',
+            grant_to.name, CASE WHEN grant_to.is_grantable THEN ' WITH GRANT OPTION' ELSE '' END);
+    END LOOP;
+END;
+$$;

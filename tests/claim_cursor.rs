@@ -623,7 +623,8 @@ const FILTERED: ClaimMode = ClaimMode {
 /// in its `xmax` runs. Rows whose `xmax` names a locker that has finished (a lock rolled
 /// back, a committed foreign-key style `FOR KEY SHARE`) are claimed at once; a plain
 /// `xmax = 0` filter would pass over them until something else updated them. A row an
-/// open transaction holds is passed over and claimed once it ends.
+/// open transaction holds is passed over by others, claimed by that transaction itself,
+/// and claimed by others once it ends.
 #[tokio::test]
 async fn the_in_flight_filter_passes_over_only_rows_a_running_transaction_holds() {
     let db = test_db().await;
@@ -668,7 +669,11 @@ async fn the_in_flight_filter_passes_over_only_rows_a_running_transaction_holds(
     assert_eq!(claimed, vec![rolled_back, key_shared, untouched]);
     assert_eq!(state_of(pool, held).await, JobState::Queued);
 
-    holder.commit().await.unwrap();
+    // The holder's own claim: the filter is off in a transaction that has an id, whose
+    // own locks would look like a claim begun since.
+    let claimed = claim_in_mode(&mut *holder, FILTERED).await.unwrap();
+    assert_eq!(claimed, vec![held], "the holder claims the row it holds");
+    holder.rollback().await.unwrap();
     let claimed = claim_in_mode(pool, FILTERED).await.unwrap();
     assert_eq!(claimed, vec![held], "claimed once its holder ended");
 }

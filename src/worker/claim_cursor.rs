@@ -35,8 +35,10 @@
 //! them (`skip_in_flight`, schema version 10), which is what makes claims of several
 //! worker processes cheap. That filter can take a row for one in flight when its `xmax`
 //! is a multixact (two transactions that locked it together), for as long as the number
-//! looks like a running or brand-new transaction's; a full walk without it runs at least
-//! every [`UNFILTERED_WALK_INTERVAL`], so such a row waits about that long at most.
+//! looks like a running or brand-new transaction's, which on a quiet database can be
+//! days. So at least every [`UNFILTERED_WALK_INTERVAL`] a full walk goes without it, and
+//! so do the walks it owes when it fills its batch before the position, until one gets
+//! there: everything behind the position is looked at without the filter.
 
 use std::time::{Duration, Instant};
 
@@ -84,10 +86,10 @@ const EXPENSIVE_IN_A_ROW: u32 = 2;
 /// walks are cheap).
 const CURSOR_COST_MAX_AGE: Duration = Duration::from_secs(1);
 
-/// How often a full walk goes without the in-flight filter, at least: the bound on how
-/// long a row the filter passes over by mistake waits (module docs). Full walks are never
-/// more than a minute apart, so the wait is at most about 90 s; it costs nothing but that
-/// one walk's filter.
+/// How often a full walk goes without the in-flight filter (with the walks it owes up to
+/// the position), at least: what bounds how long a row the filter passes over by mistake
+/// waits (module docs), with the pacing of full walks (a minute apart at most) and the
+/// jobs ahead of it in claim order. It costs nothing but those walks' filter.
 const UNFILTERED_WALK_INTERVAL: Duration = Duration::from_secs(30);
 
 /// Where a walk owed by a notification or by a batch that stopped behind the position
@@ -150,6 +152,8 @@ pub(super) struct ClaimCursor {
     notified: bool,
     /// Earliest start of the next full walk without the in-flight filter.
     next_unfiltered: Instant,
+    /// Whether such a walk has started and its owed walks have not reached the position.
+    unfiltered_pass: bool,
 }
 
 /// Keys notified at or after the position while claims planned before the notification
@@ -250,6 +254,7 @@ impl ClaimCursor {
             expensive_in_a_row: 0,
             notified: false,
             next_unfiltered: now,
+            unfiltered_pass: false,
         }
     }
 
@@ -349,12 +354,20 @@ impl ClaimCursor {
             WalkKind::Cursor => {}
         }
         self.planned += 1;
+        let skip_in_flight = match kind {
+            WalkKind::Full if self.unfiltered_pass || now >= self.next_unfiltered => {
+                self.unfiltered_pass = true;
+                false
+            }
+            WalkKind::Behind => !self.unfiltered_pass,
+            WalkKind::Full | WalkKind::Cursor => true,
+        };
         Walk {
             from,
             kind,
             sequence: self.planned,
             started: now,
-            skip_in_flight: kind != WalkKind::Full || now < self.next_unfiltered,
+            skip_in_flight,
             lanes_skipped: false,
         }
     }
@@ -386,23 +399,29 @@ impl ClaimCursor {
             WalkKind::Behind => {}
             WalkKind::Cursor => self.cursor_walk_ended(walk, now),
         }
-        if !walk.skip_in_flight {
-            self.next_unfiltered = now + UNFILTERED_WALK_INTERVAL;
-        }
         if walk.lanes_skipped {
             self.owe(walk.from.map_or(LookFrom::Start, LookFrom::After));
         }
         let last = jobs.last().map(ClaimedJob::position);
         let full = jobs.len() >= limit;
-        match (walk.kind, last, self.after) {
+        let stopped_behind = match (walk.kind, last, self.after) {
             // A full batch from behind the position stopped behind it: there may be more
             // between there and the position.
             (WalkKind::Full | WalkKind::Behind, Some(last), Some(after))
                 if full && last < after =>
             {
                 self.owe(LookFrom::After(last));
+                true
             }
-            _ => self.after = self.after.max(last),
+            _ => {
+                self.after = self.after.max(last);
+                false
+            }
+        };
+        if !walk.skip_in_flight && !stopped_behind && !walk.lanes_skipped {
+            // The unfiltered pass got to the position.
+            self.unfiltered_pass = false;
+            self.next_unfiltered = now + UNFILTERED_WALK_INTERVAL;
         }
         self.settle_unsure(&walk, last, full);
         if full {
@@ -1009,5 +1028,41 @@ mod tests {
         let behind = cursor.next_walk(t2 + MS);
         assert!(!behind.is_full());
         assert_eq!(behind.from.map(|p| p.id), Some(4), "from where it started");
+    }
+
+    #[test]
+    fn the_unfiltered_pass_goes_on_behind_until_it_reaches_the_position() {
+        let t0 = Instant::now();
+        let (mut cursor, t1) = warmed_up(t0, MS);
+        let mut t = t1 + UNFILTERED_WALK_INTERVAL;
+        // The position is at job 3 (claim key of ids 1..=3 at one time); make it 100.
+        let walk = cursor.next_walk(t);
+        cursor.landed(walk, 1, &jobs(100..=100), t + MS);
+        t += 2 * MS;
+        let mut walk = cursor.next_walk(t);
+        while !walk.is_full() {
+            cursor.landed(walk, 1, &jobs(101..=101), t + MS);
+            t += 100 * MS;
+            walk = cursor.next_walk(t);
+        }
+        assert!(!walk.skips_in_flight(), "due: {walk:?}");
+        // It fills its batch behind the position: the walk it owes goes on unfiltered.
+        assert_eq!(cursor.landed(walk, 2, &jobs(4..=5), t + MS), Landing::More);
+        let behind = cursor.next_walk(t + MS);
+        assert_eq!(behind.from.map(|p| p.id), Some(5));
+        assert!(!behind.skips_in_flight(), "the pass goes on: {behind:?}");
+        // A walk beside it filters if it is a cursor walk; a full walk is part of the pass.
+        let beside = cursor.next_walk(t + MS);
+        assert_eq!(beside.skips_in_flight(), !beside.is_full(), "{beside:?}");
+        cursor.landed(beside, 1, &jobs(102..=102), t + 2 * MS);
+        // Short: it got to the position, and the pass is over.
+        cursor.landed(behind, 10, &jobs(6..=7), t + 2 * MS);
+        let mut t = t + 3 * MS;
+        for _ in 0..50 {
+            let walk = cursor.next_walk(t);
+            assert!(walk.skips_in_flight(), "after the pass: {walk:?}");
+            cursor.landed(walk, 1, &jobs(200..=200), t + MS);
+            t += 100 * MS;
+        }
     }
 }

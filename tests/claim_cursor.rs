@@ -777,3 +777,89 @@ async fn a_lane_conflict_fails_a_claim_without_retry_and_is_retried_inside_by_de
     );
     assert_eq!(state_of(pool, head).await, JobState::Queued);
 }
+
+/// The worker's own retry of a lane conflict (schema version 10: it claims without the
+/// function's subtransaction): its first claim takes the head of lane `k` while a
+/// hand-written running job of the lane is not yet committed, waits for it and fails on
+/// `jobs_ordering_key_running_idx`. The worker claims again without lane jobs, runs the
+/// job outside the lane at once; the lane's head waits while the hand-written claim holds
+/// the lane and runs once that claim has gone stale and been reaped; each job runs once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_worker_retries_a_lane_conflict_without_lane_jobs_and_loses_nothing() {
+    let db = test_db().await;
+    let pool = &db.pool;
+    let enqueue = "SELECT skiplock.enqueue('record', '{\"n\": 0}', ordering_key => $1)";
+    let mut ids = Vec::new();
+    for key in [Some("k"), Some("k"), None] {
+        let id: i64 = sqlx::query_scalar(enqueue)
+            .bind(key)
+            .fetch_one(pool)
+            .await
+            .unwrap();
+        ids.push(id);
+    }
+    let (head, next, plain) = (ids[0], ids[1], ids[2]);
+    let mut holder = pool.begin().await.unwrap();
+    sqlx::query(
+        "UPDATE skiplock.jobs SET state = 'running', claim_token = gen_random_uuid(),
+             claimed_by = 'by hand', claimed_at = now(),
+             heartbeat_at = now() + interval '1 hour', attempt = 1
+         WHERE id = $1",
+    )
+    .bind(next)
+    .execute(&mut *holder)
+    .await
+    .unwrap();
+
+    let recorder = Recorder::default();
+    let worker = fast_worker(pool, &recorder)
+        .exit_when_idle(true)
+        .build()
+        .unwrap();
+    let run = tokio::spawn(worker.run());
+    wait_for(
+        "the worker's claim to wait for the lane's holder",
+        Duration::from_secs(30),
+        || async {
+            sqlx::query_scalar::<_, bool>(
+                "SELECT EXISTS (SELECT 1 FROM pg_stat_activity
+                                WHERE wait_event_type = 'Lock' AND query LIKE '%claim_batch%'
+                                  AND pid <> pg_backend_pid())",
+            )
+            .fetch_one(pool)
+            .await
+            .unwrap()
+        },
+    )
+    .await;
+    holder.commit().await.unwrap();
+    wait_for(
+        "the job outside the lane to run",
+        Duration::from_secs(30),
+        || async { state_of(pool, plain).await == JobState::Succeeded },
+    )
+    .await;
+    assert_eq!(
+        state_of(pool, head).await,
+        JobState::Queued,
+        "the lane's head waits while the lane runs"
+    );
+    // The hand-written claim goes stale: the reaper takes it back and the lane moves on.
+    sqlx::query("UPDATE skiplock.jobs SET heartbeat_at = now() - interval '1 hour' WHERE id = $1")
+        .bind(next)
+        .execute(pool)
+        .await
+        .unwrap();
+
+    let summary = tokio::time::timeout(Duration::from_secs(60), run)
+        .await
+        .expect("the worker drains what is runnable and exits")
+        .unwrap()
+        .unwrap();
+    for id in [head, plain] {
+        assert_eq!(state_of(pool, id).await, JobState::Succeeded, "job {id}");
+    }
+    // The hand-written claim was reaped, to run again after its backoff.
+    assert_eq!(state_of(pool, next).await, JobState::Queued);
+    assert_eq!(recorder.total(), 2, "{summary:?}");
+}

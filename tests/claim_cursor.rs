@@ -678,6 +678,21 @@ async fn the_in_flight_filter_passes_over_only_rows_a_running_transaction_holds(
     assert_eq!(claimed, vec![held], "claimed once its holder ended");
 }
 
+/// Marks job `id` running by hand in `tx`, as a claim would, with a heartbeat an hour
+/// ahead (the reaper leaves it alone until the test makes it stale).
+async fn run_by_hand(tx: &mut sqlx::PgTransaction<'_>, id: i64) {
+    sqlx::query(
+        "UPDATE skiplock.jobs SET state = 'running', claim_token = gen_random_uuid(),
+             claimed_by = 'by hand', claimed_at = now(),
+             heartbeat_at = now() + interval '1 hour', attempt = 1
+         WHERE id = $1",
+    )
+    .bind(id)
+    .execute(&mut **tx)
+    .await
+    .unwrap();
+}
+
 /// Holds lane `k` with a hand-written running job in an open transaction, starts a claim
 /// in `mode` (which sees no running job of the lane and takes its queued head, then waits
 /// on `jobs_ordering_key_running_idx`), lets the holder commit and returns what the claim
@@ -703,15 +718,7 @@ async fn claim_against_a_lane_taken_meanwhile(
         .await
         .unwrap();
     let mut holder = pool.begin().await.unwrap();
-    sqlx::query(
-        "UPDATE skiplock.jobs SET state = 'running', claim_token = gen_random_uuid(),
-             claimed_by = 'by hand', claimed_at = now(), heartbeat_at = now(), attempt = 1
-         WHERE id = $1",
-    )
-    .bind(next)
-    .execute(&mut *holder)
-    .await
-    .unwrap();
+    run_by_hand(&mut holder, next).await;
     let mut claimer = pool.acquire().await.unwrap().detach();
     let claimer_pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
         .fetch_one(&mut claimer)
@@ -800,16 +807,7 @@ async fn the_worker_retries_a_lane_conflict_without_lane_jobs_and_loses_nothing(
     }
     let (head, next, plain) = (ids[0], ids[1], ids[2]);
     let mut holder = pool.begin().await.unwrap();
-    sqlx::query(
-        "UPDATE skiplock.jobs SET state = 'running', claim_token = gen_random_uuid(),
-             claimed_by = 'by hand', claimed_at = now(),
-             heartbeat_at = now() + interval '1 hour', attempt = 1
-         WHERE id = $1",
-    )
-    .bind(next)
-    .execute(&mut *holder)
-    .await
-    .unwrap();
+    run_by_hand(&mut holder, next).await;
 
     let recorder = Recorder::default();
     let worker = fast_worker(pool, &recorder)

@@ -162,3 +162,78 @@ async fn a_schema_from_before_the_fold_is_refused_with_what_to_do() {
         );
     }
 }
+
+/// One job claimed the way a worker of schema version 9 claims: eight arguments, a
+/// prepared statement.
+async fn claim_as_version_9(conn: &mut sqlx::PgConnection) -> sqlx::Result<Vec<i64>> {
+    sqlx::query_scalar("SELECT id FROM skiplock.claim_batch($1, $2, $3, $4, $5, $6, $7, $8)")
+        .bind(["default"])
+        .bind(["record"])
+        .bind(1_i64)
+        .bind("version 9")
+        .bind(None::<i16>)
+        .bind(None::<i64>)
+        .bind(None::<i64>)
+        .bind(None::<uuid::Uuid>)
+        .fetch_all(conn)
+        .await
+}
+
+/// Schema version 10 drops `skiplock.claim_batch` and creates it with three more
+/// parameters. What a worker of version 9 (or an application) had prepared before the
+/// migration still runs after it, with the old arguments, on the new function; and the new
+/// function keeps the old one's owner and `EXECUTE` grants, not Postgres's defaults.
+#[tokio::test]
+async fn claim_batch_replaced_by_version_10_keeps_old_callers_and_grants() {
+    let db = test_db().await;
+    let pool = &db.pool;
+    let role = format!("{}_caller", db.name);
+    // Back to version 9's function, with grants of its own.
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "DROP FUNCTION skiplock.claim_batch(text[], text[], bigint, text, smallint, bigint,
+                                            bigint, uuid, boolean, boolean, boolean);
+         {}
+         DELETE FROM skiplock.schema_migrations WHERE version = 10;
+         CREATE ROLE {role};
+         REVOKE ALL ON FUNCTION skiplock.claim_batch FROM PUBLIC;
+         GRANT EXECUTE ON FUNCTION skiplock.claim_batch TO {role};",
+        include_str!("../migrations/0006_claim_heartbeat_time.sql")
+    )))
+    .execute(pool)
+    .await
+    .unwrap();
+    let acl = "SELECT proacl::text FROM pg_proc WHERE oid = 'skiplock.claim_batch'::regproc";
+    let before: String = sqlx::query_scalar(acl).fetch_one(pool).await.unwrap();
+    sqlx::query("INSERT INTO skiplock.jobs (kind, args) VALUES ('record', '{}'), ('record', '{}')")
+        .execute(pool)
+        .await
+        .unwrap();
+    let mut version_9 = pool.acquire().await.unwrap();
+    assert_eq!(
+        claim_as_version_9(&mut version_9).await.unwrap().len(),
+        1,
+        "prepared"
+    );
+
+    skiplock::migrate(pool).await.unwrap();
+
+    assert_eq!(
+        claim_as_version_9(&mut version_9).await.unwrap().len(),
+        1,
+        "the statement prepared before the migration runs on the new function"
+    );
+    let after: Option<String> = sqlx::query_scalar(acl).fetch_one(pool).await.unwrap();
+    assert_eq!(
+        after.as_deref(),
+        Some(before.as_str()),
+        "the grants are the old function's, not the defaults (NULL)"
+    );
+    assert!(before.contains(&role), "{before}");
+    drop(version_9);
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "REVOKE ALL ON FUNCTION skiplock.claim_batch FROM {role}; DROP ROLE {role};"
+    )))
+    .execute(pool)
+    .await
+    .unwrap();
+}

@@ -216,6 +216,8 @@ DECLARE
     -- bits that xmax holds).
     in_flight xid[] := '{}';
     next_xid bigint := 0;
+    filtering boolean := skip_in_flight AND pg_current_xact_id_if_assigned() IS NULL
+        AND current_setting('transaction_isolation') = 'read committed';
 BEGIN
     IF retry_lane_conflict AND take_lanes THEN
         -- The claim inside a subtransaction: a lane conflict it could not see rolls back
@@ -241,7 +243,7 @@ BEGIN
             ELSE 'epoch'::timestamptz + after_scheduled_at_us * interval '1 microsecond' END;
         from_id := after_id;
     END IF;
-    IF skip_in_flight THEN
+    IF filtering THEN
         snapshot := pg_current_snapshot();
         in_flight := ARRAY(SELECT x::xid FROM pg_snapshot_xip(snapshot) AS x);
         next_xid := pg_snapshot_xmax(snapshot)::text::bigint % 4294967296;
@@ -258,7 +260,7 @@ BEGIN
             WHERE j.queue = qn.name AND j.state = 'queued' AND j.scheduled_at <= now()
               AND (j.priority, j.scheduled_at, j.id) > (from_priority, from_scheduled_at, from_id)
               AND j.kind = ANY (kinds)
-              AND (NOT skip_in_flight OR j.xmax = '0'::xid OR (
+              AND (NOT filtering OR j.xmax = '0'::xid OR (
                   NOT j.xmax = ANY (in_flight)
                   AND (j.xmax::text::bigint - next_xid + 4294967296) % 4294967296 >= 1048576))
               AND (j.ordering_key IS NULL OR (

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Drain N noop jobs with 1, 2 and 4 `skiplock work` processes against one Postgres, and
+# Drain N jobs (noop unless JOB_KIND says otherwise) with 1, 2 and 4 `skiplock work` processes against one Postgres, and
 # print the rate for each: does throughput hold or grow as worker processes are added
 # (claims, heartbeats and maintenance running in every process), or collapse?
 #
@@ -14,7 +14,11 @@
 #   WORKER_CPUS:  a CPU list (taskset) to run the worker processes on, for example 1, with
 #                 the server pinned elsewhere (benches/with-private-server.sh --cpus 0).
 #   WORKER_ARGS:  more `skiplock work` arguments for every process, for example
-#                 "--prefetch 2000".
+#                 "--prefetch 2000" or "--concurrency 100".
+#   JOB_KIND, JOB_ARGS: the built-in kind the jobs run and its arguments (default `noop`
+#                 and `{}`). With `sleep` and `{"ms": 10}` one process is bounded by its
+#                 slots, not by the database, so the rate shows whether throughput grows
+#                 with processes until the database saturates.
 #   Uses target/release/skiplock (built by `cargo build --release --features cli` if missing).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -25,6 +29,8 @@ counts=("$@")
 [ "${#counts[@]}" -gt 0 ] || counts=(1 2 4)
 server="${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/postgres}"
 db="${server%/*}/skiplock_bench_procs"
+kind="${JOB_KIND:-noop}"
+job_args="${JOB_ARGS:-{\}}"
 bin=target/release/skiplock
 [ -x "$bin" ] || cargo build --release --features cli --bin skiplock >&2
 pin=()
@@ -56,9 +62,13 @@ printf '|---|---|---|---|---|---|---|---|\n'
 times=$(mktemp -d)
 trap 'rm -rf "$times"' EXIT
 for n in "${counts[@]}"; do
-    psql "$db" -qc "SET client_min_messages = warning" -c "TRUNCATE skiplock.jobs CASCADE" \
-        -c "INSERT INTO skiplock.jobs (kind, args) SELECT 'noop', '{}' FROM generate_series(1, $jobs)" \
-        -c "VACUUM ANALYZE skiplock.jobs" >/dev/null
+    # From standard input, where psql fills in its variables (it does not in -c).
+    psql "$db" -q -v ON_ERROR_STOP=1 -v kind="$kind" -v job_args="$job_args" >/dev/null <<SQL
+SET client_min_messages = warning;
+TRUNCATE skiplock.jobs CASCADE;
+INSERT INTO skiplock.jobs (kind, args) SELECT :'kind', :'job_args'::jsonb FROM generate_series(1, $jobs);
+VACUUM ANALYZE skiplock.jobs;
+SQL
     # Statistics reach pg_stat_database when a session ends or every 500 ms or so.
     sleep 1
     commits_before=$(commits)
@@ -67,7 +77,7 @@ for n in "${counts[@]}"; do
     pids=()
     for ((i = 0; i < n; i++)); do
         RUST_LOG=warn "${pin[@]}" /usr/bin/time -f '%U %S' -o "$times/$i" \
-            "$bin" --database-url "$db" work --kinds noop --exit-when-idle ${WORKER_ARGS:-} >/dev/null 2>&1 &
+            "$bin" --database-url "$db" work --kinds "$kind" --exit-when-idle ${WORKER_ARGS:-} >/dev/null 2>&1 &
         pids+=($!)
     done
     for pid in "${pids[@]}"; do wait "$pid"; done

@@ -533,7 +533,8 @@ const LEAN_CLAIM: &str = "WITH picked AS (
          claimed_at = now(), heartbeat_at = now(), attempt = j.attempt + 1
      FROM picked
      WHERE j.id = picked.id
-     RETURNING j.id, j.queue, j.kind, j.args, j.attempt, j.max_attempts, j.claim_token";
+     RETURNING j.id, j.queue, j.kind, j.args, j.attempt, j.max_attempts, j.claim_token,
+               j.priority, (extract(epoch FROM j.scheduled_at) * 1000000)::bigint";
 
 /// Bench-only complete: the library's statement with `j.id = ANY($1)` in place of
 /// `j.state = 'running'` in the locking scan. The planner then reaches the rows through the

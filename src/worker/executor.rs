@@ -60,12 +60,19 @@ pub(super) struct Finished {
     pub(super) completed_in_tx: bool,
 }
 
+/// A claimed job in the local buffer, with what its handler gets from the claim
+/// (registered by the producer when the claim landed).
+pub(super) struct BufferedJob {
+    pub(super) job: ClaimedJob,
+    pub(super) handles: ClaimHandles,
+}
+
 /// Starts buffered jobs while slots are free, until the graceful shutdown; then releases
 /// whatever is still buffered.
 pub(super) async fn dispatch(
     shared: Arc<Shared>,
     group: usize,
-    mut buffer: mpsc::Receiver<ClaimedJob>,
+    mut buffer: mpsc::Receiver<BufferedJob>,
     space: Arc<Notify>,
     outcomes: mpsc::UnboundedSender<Finished>,
     executors: TaskTracker,
@@ -77,22 +84,23 @@ pub(super) async fn dispatch(
     loop {
         // A job in hand first, then a slot: a queue waits for a slot only when it has work,
         // so an idle queue lends its share of the pool to the others (see `slots`).
-        let job = tokio::select! {
+        let buffered = tokio::select! {
             biased;
             () = shared.graceful.cancelled() => break,
             job = buffer.recv() => match job {
-                Some(job) => job,
+                Some(buffered) => buffered,
                 None => break,
             },
         };
         let permit = tokio::select! {
             biased;
             () = shared.graceful.cancelled() => {
-                in_hand = Some(job);
+                in_hand = Some(buffered);
                 break;
             }
             slot = slots.acquire(member) => slot,
         };
+        let BufferedJob { job, handles } = buffered;
         space.notify_one();
         metrics::buffered(-1.0);
         shared.groups[group]
@@ -121,7 +129,6 @@ pub(super) async fn dispatch(
                 let args = std::mem::take(&mut job.args.0);
                 let started = std::time::Instant::now();
                 metrics::running(1.0);
-                let handles = claim_handles(&shared, &job);
                 let outcome = execute(&shared, &job, args, &handles).await;
                 let completed_in_tx = handles
                     .completed_in_tx
@@ -168,12 +175,12 @@ pub(super) async fn dispatch(
     // The producer stops on the same signal; once its claims in flight have landed, the
     // buffer closes. Nothing is released before then: a release committed earlier could be
     // claimed again by one of those claims, and the job released twice.
-    let mut unstarted: Vec<ClaimedJob> = in_hand.into_iter().collect();
-    while let Some(job) = buffer.recv().await {
-        unstarted.push(job);
+    let mut unstarted: Vec<BufferedJob> = in_hand.into_iter().collect();
+    while let Some(buffered) = buffer.recv().await {
+        unstarted.push(buffered);
     }
-    for job in unstarted {
-        release_unstarted(job, &shared.groups[group].series, &outcomes);
+    for buffered in unstarted {
+        release_unstarted(buffered.job, &shared.groups[group].series, &outcomes);
     }
 }
 
@@ -372,15 +379,6 @@ fn event_outcome(outcome: &Outcome, ended: &str, took: Duration) -> JobEventOutc
 }
 
 /// What this job's handler gets from its claim, registered when the job was claimed.
-fn claim_handles(shared: &Shared, job: &ClaimedJob) -> ClaimHandles {
-    // The producer registered the claim before buffering it; re-registering keeps a
-    // stop signal even if that ever changes.
-    shared
-        .claims
-        .handles((job.id, job.claim_token))
-        .unwrap_or_else(|| shared.claims.insert((job.id, job.claim_token)))
-}
-
 fn panic_message(panic: &(dyn Any + Send)) -> String {
     panic
         .downcast_ref::<&str>()

@@ -24,6 +24,7 @@ use uuid::Uuid;
 use super::claim_cursor::{ClaimCursor, Landing, LookFrom, Walk};
 use super::claims::ClaimInFlight;
 use super::completer::write_split;
+use super::executor::BufferedJob;
 use super::{PREFETCH_HORIZON, Shared, reply_lost, schema_mismatch, stop_if_schema_outgrown};
 use crate::db::jobs::{
     ClaimArgs, ClaimMode, ClaimedJob, jobs_claim, jobs_claim_one, jobs_claimed_with,
@@ -55,7 +56,7 @@ enum Pause {
 pub(super) async fn produce(
     shared: Arc<Shared>,
     group_index: usize,
-    buffer: mpsc::Sender<ClaimedJob>,
+    buffer: mpsc::Sender<BufferedJob>,
     space: Arc<Notify>,
 ) {
     let config = &shared.config;
@@ -132,9 +133,9 @@ pub(super) async fn produce(
                     .claimed
                     .fetch_add(count as u64, Ordering::Relaxed);
                 for job in jobs {
-                    shared.claims.insert((job.id, job.claim_token));
+                    let handles = shared.claims.insert((job.id, job.claim_token));
                     // Room was reserved for this claim before it was sent.
-                    if let Err(e) = buffer.try_send(job) {
+                    if let Err(e) = buffer.try_send(BufferedJob { job, handles }) {
                         tracing::error!(error = %e, "local buffer refused a claimed job");
                     }
                 }

@@ -2,12 +2,17 @@
 //! or one job by id), and finds what a claim whose reply was lost took.
 
 use serde_json::Value;
+use sqlx::postgres::PgRow;
 use sqlx::types::Json;
-use sqlx::{FromRow, PgExecutor};
+use sqlx::{FromRow, PgExecutor, Row};
 use uuid::Uuid;
 
 /// A job as a claim hands it to a worker.
-#[derive(Debug, Clone, FromRow)]
+///
+/// Read from a row by position, in the order of its fields (every claim statement lists
+/// its columns so): a claim returns hundreds of rows, and looking each column up by name
+/// cost about 3 % of a worker's CPU in a drain.
+#[derive(Debug, Clone)]
 pub struct ClaimedJob {
     /// Job id.
     pub id: i64,
@@ -28,6 +33,22 @@ pub struct ClaimedJob {
     /// `scheduled_at` in microseconds since the Unix epoch, part of the claim key;
     /// `i64::MIN` for a row scheduled at `-infinity`.
     pub scheduled_at_us: i64,
+}
+
+impl<'r> FromRow<'r, PgRow> for ClaimedJob {
+    fn from_row(row: &'r PgRow) -> sqlx::Result<Self> {
+        Ok(Self {
+            id: row.try_get(0)?,
+            queue: row.try_get(1)?,
+            kind: row.try_get(2)?,
+            args: row.try_get(3)?,
+            attempt: row.try_get(4)?,
+            max_attempts: row.try_get(5)?,
+            claim_token: row.try_get(6)?,
+            priority: row.try_get(7)?,
+            scheduled_at_us: row.try_get(8)?,
+        })
+    }
 }
 
 impl ClaimedJob {

@@ -3,26 +3,46 @@
 //! for how they find and lock their rows).
 
 use serde_json::Value;
+use sqlx::postgres::PgRow;
 use sqlx::types::Json;
-use sqlx::{FromRow, PgExecutor};
+use sqlx::{FromRow, PgExecutor, Row};
 use uuid::Uuid;
 
 use crate::state::JobState;
 
 /// A job whose outcome was saved, and whether other jobs wait on it.
-#[derive(Debug, Clone, FromRow)]
+///
+/// Read from a row by position, in the order of `saved_job_columns!` (a completion
+/// returns hundreds of rows; by name, each column was a lookup of its own).
+#[derive(Debug, Clone)]
 pub struct SavedJob {
     /// Job id.
     pub id: i64,
     /// State it moved to. Read as text: sqlx 0.9 loses an unnamed statement when it looks
     /// up a custom type's OID on a fresh connection (transact-rs/sqlx#4305), and the
     /// statements returning it are unnamed (see the module's doc).
-    #[sqlx(try_from = "String")]
     pub state: JobState,
     /// Whether `skiplock.job_dependencies` names it as a parent.
     pub has_dependants: bool,
     /// Its ordering lane, if any: the next job of the lane may be promoted now.
     pub ordering_key: Option<String>,
+}
+
+impl<'r> FromRow<'r, PgRow> for SavedJob {
+    fn from_row(row: &'r PgRow) -> sqlx::Result<Self> {
+        let state: &str = row.try_get(1)?;
+        Ok(Self {
+            id: row.try_get(0)?,
+            state: state
+                .parse()
+                .map_err(|e: String| sqlx::Error::ColumnDecode {
+                    index: "1 (state)".into(),
+                    source: e.into(),
+                })?,
+            has_dependants: row.try_get(2)?,
+            ordering_key: row.try_get(3)?,
+        })
+    }
 }
 
 /// The columns of a [`SavedJob`], read from the row `j`: every statement that returns one

@@ -81,7 +81,7 @@ pub struct WorkArgs {
     concurrency: usize,
 
     /// Claimed jobs kept ready beside the running ones, fixed (default: follows the start
-    /// rate, between --concurrency and 2000).
+    /// rate, between --concurrency and 4000).
     #[arg(
         long,
         env = "SKIPLOCK_PREFETCH",

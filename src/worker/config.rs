@@ -28,14 +28,15 @@ pub const SHUTDOWN_GRACE_DEFAULT: Duration = Duration::from_secs(30);
 pub const PRUNE_INTERVAL_DEFAULT: Duration = Duration::from_secs(30);
 /// How often each worker looks for due cron slots.
 pub const CRON_INTERVAL_DEFAULT: Duration = Duration::from_secs(1);
-/// Most claims or outcomes written by one statement. Each statement has a fixed cost
-/// (a plan, a commit); at 2,000 a drain of short jobs ran 8 % slower (docs/benchmarks.md).
-pub const BATCH_MAX_DEFAULT: usize = 4000;
+/// Most claims or outcomes written by one statement: bounds how long one statement holds
+/// its rows locked and its snapshot open.
+pub const BATCH_MAX_DEFAULT: usize = 2000;
 /// Largest queue weight ([`WorkerBuilder::queue_weight`]).
 pub const QUEUE_WEIGHT_MAX: u32 = 1000;
 /// Most claimed jobs a worker keeps ready in its local buffer when its jobs are short
 /// (the buffer grows toward this from `prefetch`, see [`PREFETCH_HORIZON`]): it binds
-/// only above 40,000 jobs started per second.
+/// only above 40,000 jobs started per second. Each claim has a fixed cost (a plan, a
+/// commit); with a cap of 2,000 a drain of short jobs ran 8 % slower (docs/benchmarks.md).
 pub const PREFETCH_MAX_DEFAULT: usize = 4000;
 /// How much work the local buffer holds, at the rate jobs are starting: the buffer grows
 /// until it covers this much (between `prefetch` and `prefetch_max` jobs), so short jobs

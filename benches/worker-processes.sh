@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Drain N jobs (noop unless JOB_KIND says otherwise) with 1, 2 and 4 `skiplock work` processes against one Postgres, and
-# print the rate for each: does throughput hold or grow as worker processes are added
-# (claims, heartbeats and maintenance running in every process), or collapse?
+# Drain N jobs (noop unless JOB_KIND says otherwise) with 1, 2 and 4 `skiplock work`
+# processes against one Postgres, and print the rate for each: does throughput hold or
+# grow as worker processes are added (claims, heartbeats and maintenance running in every
+# process), or collapse?
 #
 # Beside the rate it prints where the CPU went, per job: the workers' own CPU (from
 # /usr/bin/time), Postgres's (every process of the server, from /proc: the postmaster,
@@ -30,7 +31,7 @@ counts=("$@")
 server="${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/postgres}"
 db="${server%/*}/skiplock_bench_procs"
 kind="${JOB_KIND:-noop}"
-job_args="${JOB_ARGS:-{\}}"
+job_args=${JOB_ARGS:-'{}'}
 bin=target/release/skiplock
 [ -x "$bin" ] || cargo build --release --features cli --bin skiplock >&2
 pin=()

@@ -44,7 +44,7 @@ pub(crate) struct ClaimHandles {
 }
 
 /// Hashes the keys of held claims: a multiply-rotate mix of their words (the scheme of
-/// rustc's FxHasher). The map sees every job three times (claimed, started, settled); with
+/// rustc's FxHasher). The map sees every job three times (claimed, finished, settled); with
 /// std's SipHash it took 13 % of a worker's CPU in a drain, much of it hashing. Job ids
 /// and claim tokens come from the database and the worker, not from whoever could aim
 /// for collisions.

@@ -378,7 +378,6 @@ fn event_outcome(outcome: &Outcome, ended: &str, took: Duration) -> JobEventOutc
     }
 }
 
-/// What this job's handler gets from its claim, registered when the job was claimed.
 fn panic_message(panic: &(dyn Any + Send)) -> String {
     panic
         .downcast_ref::<&str>()

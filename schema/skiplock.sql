@@ -196,10 +196,10 @@ END;
 $$;
 
 --
--- Name: claim_batch(text[], text[], bigint, text, smallint, bigint, bigint, uuid, boolean, boolean, boolean); Type: FUNCTION; Schema: skiplock; Owner: -
+-- Name: claim_batch(text[], text[], bigint, text, smallint, bigint, bigint, uuid, boolean, boolean, boolean, boolean); Type: FUNCTION; Schema: skiplock; Owner: -
 --
 
-CREATE FUNCTION skiplock.claim_batch(queues text[], kinds text[], max_jobs bigint, worker text, after_priority smallint DEFAULT NULL::smallint, after_scheduled_at_us bigint DEFAULT NULL::bigint, after_id bigint DEFAULT NULL::bigint, claim_with uuid DEFAULT NULL::uuid, skip_in_flight boolean DEFAULT false, take_lanes boolean DEFAULT true, retry_lane_conflict boolean DEFAULT true) RETURNS TABLE(id bigint, queue text, kind text, args jsonb, attempt integer, max_attempts integer, claim_token uuid, priority smallint, scheduled_at_us bigint)
+CREATE FUNCTION skiplock.claim_batch(queues text[], kinds text[], max_jobs bigint, worker text, after_priority smallint DEFAULT NULL::smallint, after_scheduled_at_us bigint DEFAULT NULL::bigint, after_id bigint DEFAULT NULL::bigint, claim_with uuid DEFAULT NULL::uuid, skip_in_flight boolean DEFAULT false, take_lanes boolean DEFAULT true, retry_lane_conflict boolean DEFAULT true, share_position boolean DEFAULT false) RETURNS TABLE(id bigint, queue text, kind text, args jsonb, attempt integer, max_attempts integer, claim_token uuid, priority smallint, scheduled_at_us bigint)
     LANGUAGE plpgsql
     SET enable_sort TO 'off'
     SET enable_bitmapscan TO 'off'
@@ -216,8 +216,24 @@ DECLARE
     -- bits that xmax holds).
     in_flight xid[] := '{}';
     next_xid bigint := 0;
-    filtering boolean := skip_in_flight AND pg_current_xact_id_if_assigned() IS NULL
+    -- Whether this claim's snapshot can tell the rows claims in flight hold: what the
+    -- filter and the reading of a hint need.
+    snapshot_usable boolean := pg_current_xact_id_if_assigned() IS NULL
         AND current_setting('transaction_isolation') = 'read committed';
+    filtering boolean := skip_in_flight AND snapshot_usable;
+    -- The group (queues and kinds, each sorted) by its hash: its hint sequence and check.
+    group_hash bigint;
+    hint_sequence regclass;
+    group_check bigint;
+    hint bigint;
+    hint_priority smallint;
+    hint_scheduled_at timestamptz;
+    hint_id bigint;
+    -- The rows this claim locked, in claim order.
+    picked_rows tid[];
+    picked_ids bigint[];
+    picked_attempts int[];
+    picked_count int;
 BEGIN
     IF retry_lane_conflict AND take_lanes THEN
         -- The claim inside a subtransaction: a lane conflict it could not see rolls back
@@ -225,12 +241,12 @@ BEGIN
         BEGIN
             RETURN QUERY SELECT * FROM skiplock.claim_batch(queues, kinds, max_jobs, worker,
                 after_priority, after_scheduled_at_us, after_id, claim_with, skip_in_flight,
-                true, false);
+                true, false, share_position);
             RETURN;
         EXCEPTION WHEN unique_violation THEN
             RETURN QUERY SELECT * FROM skiplock.claim_batch(queues, kinds, max_jobs, worker,
                 after_priority, after_scheduled_at_us, after_id, claim_with, skip_in_flight,
-                false, false);
+                false, false, share_position);
             RETURN;
         END;
     END IF;
@@ -243,20 +259,57 @@ BEGIN
             ELSE 'epoch'::timestamptz + after_scheduled_at_us * interval '1 microsecond' END;
         from_id := after_id;
     END IF;
-    IF filtering THEN
+    IF filtering OR (share_position AND snapshot_usable) THEN
         snapshot := pg_current_snapshot();
         in_flight := ARRAY(SELECT x::xid FROM pg_snapshot_xip(snapshot) AS x);
         next_xid := pg_snapshot_xmax(snapshot)::text::bigint % 4294967296;
     END IF;
-    -- From the position on, with the caller's token when it gives one. The result is
-    -- sorted (claim order) after the update has finished, so an update that fails has
-    -- returned no row yet.
-    RETURN QUERY
-    WITH picked AS (
-        SELECT p.ctid
+    IF share_position THEN
+        group_hash := hashtextextended(
+            ARRAY(SELECT DISTINCT q FROM unnest(queues) AS q ORDER BY 1)::text || ' '
+            || ARRAY(SELECT DISTINCT k FROM unnest(kinds) AS k ORDER BY 1)::text, 0);
+        hint_sequence := to_regclass('skiplock.claim_hint_' || (group_hash & 15));
+        group_check := (group_hash >> 4) & 255;
+    END IF;
+    -- From the hint the group's last claim wrote, when it is further on and still names the
+    -- job that claim took (see the top of migrations/0011_claim_hint.sql).
+    IF share_position AND snapshot_usable AND after_id IS NOT NULL
+       AND hint_sequence IS NOT NULL AND has_sequence_privilege(hint_sequence, 'SELECT') THEN
+        hint := pg_sequence_last_value(hint_sequence);
+        IF hint >> 55 = group_check THEN
+            SELECT h.priority, h.scheduled_at, h.id
+            INTO hint_priority, hint_scheduled_at, hint_id
+            FROM skiplock.jobs h
+            WHERE h.id = hint & 140737488355327
+              AND h.queue = ANY (queues) AND h.kind = ANY (kinds)
+              AND CASE h.state
+                  WHEN 'queued' THEN h.xmax <> '0'::xid AND (h.xmax = ANY (in_flight)
+                      OR (h.xmax::text::bigint - next_xid + 4294967296) % 4294967296 < 1048576)
+                      AND (least(h.attempt, 2147483646) + 1) & 255 = (hint >> 47) & 255
+                  WHEN 'waiting' THEN false
+                  ELSE h.attempt & 255 = (hint >> 47) & 255
+                  END;
+            IF FOUND AND (hint_priority, hint_scheduled_at, hint_id)
+                         > (from_priority, from_scheduled_at, from_id) THEN
+                from_priority := hint_priority;
+                from_scheduled_at := hint_scheduled_at;
+                from_id := hint_id;
+            END IF;
+        END IF;
+    END IF;
+    -- From the position on: lock the rows (in claim order, so the last is where the claim
+    -- gets to), say where it got to, then take them with the caller's token when it gives
+    -- one. The hint is written once the rows are locked rather than after the update, so
+    -- claims starting beside this one spend less time stepping over its rows; should the
+    -- update fail (a lane conflict), a claim that followed the hint meanwhile has passed
+    -- over rows that are queued again, which the caller's retry takes (the worker's does).
+    SELECT array_agg(p.ctid), array_agg(p.id), array_agg(p.attempt)
+    INTO picked_rows, picked_ids, picked_attempts
+    FROM (
+        SELECT p.ctid, p.id, p.attempt
         FROM unnest(queues) AS qn(name)
         CROSS JOIN LATERAL (
-            SELECT j.ctid, j.priority, j.scheduled_at, j.id FROM skiplock.jobs j
+            SELECT j.ctid, j.priority, j.scheduled_at, j.id, j.attempt FROM skiplock.jobs j
             WHERE j.queue = qn.name AND j.state = 'queued' AND j.scheduled_at <= now()
               AND (j.priority, j.scheduled_at, j.id) > (from_priority, from_scheduled_at, from_id)
               AND j.kind = ANY (kinds)
@@ -281,12 +334,28 @@ BEGIN
             SELECT 1 FROM skiplock.queues q WHERE q.name = qn.name AND q.paused)
         ORDER BY p.priority, p.scheduled_at, p.id
         LIMIT max_jobs
-    ), claimed AS (
+    ) p;
+    picked_count := coalesce(cardinality(picked_ids), 0);
+    IF picked_count = 0 THEN
+        RETURN;
+    END IF;
+    -- (Postgres gives <<, >>, & and | one precedence, left to right: hence the parentheses.)
+    IF share_position AND hint_sequence IS NOT NULL
+       AND picked_ids[picked_count] BETWEEN 1 AND 140737488355327
+       AND has_sequence_privilege(hint_sequence, 'UPDATE') THEN
+        PERFORM setval(hint_sequence, (group_check << 55)
+            | (((least(picked_attempts[picked_count], 2147483646) + 1) & 255)::bigint << 47)
+            | picked_ids[picked_count]);
+    END IF;
+    -- The result is sorted (claim order) after the update has finished, so an update that
+    -- fails has returned no row yet.
+    RETURN QUERY
+    WITH claimed AS (
         UPDATE skiplock.jobs j
         SET state = 'running', claim_token = coalesce(claim_with, gen_random_uuid()), claimed_by = worker,
             claimed_at = now(), heartbeat_at = clock_timestamp(),
             attempt = least(j.attempt, 2147483646) + 1
-        WHERE j.ctid = ANY (ARRAY(SELECT p.ctid FROM picked p))
+        WHERE j.ctid = ANY (picked_rows)
         RETURNING j.id, j.queue, j.kind, j.args, j.attempt, j.max_attempts,
                   j.claim_token, j.priority, j.scheduled_at
     )
@@ -302,10 +371,10 @@ END;
 $$;
 
 --
--- Name: FUNCTION claim_batch(queues text[], kinds text[], max_jobs bigint, worker text, after_priority smallint, after_scheduled_at_us bigint, after_id bigint, claim_with uuid, skip_in_flight boolean, take_lanes boolean, retry_lane_conflict boolean); Type: COMMENT; Schema: skiplock; Owner: -
+-- Name: FUNCTION claim_batch(queues text[], kinds text[], max_jobs bigint, worker text, after_priority smallint, after_scheduled_at_us bigint, after_id bigint, claim_with uuid, skip_in_flight boolean, take_lanes boolean, retry_lane_conflict boolean, share_position boolean); Type: COMMENT; Schema: skiplock; Owner: -
 --
 
-COMMENT ON FUNCTION skiplock.claim_batch(queues text[], kinds text[], max_jobs bigint, worker text, after_priority smallint, after_scheduled_at_us bigint, after_id bigint, claim_with uuid, skip_in_flight boolean, take_lanes boolean, retry_lane_conflict boolean) IS 'Claims up to max_jobs runnable jobs (what a worker runs), after the given claim key if any; each comes back with its fencing claim_token (claim_with when given). skip_in_flight passes over rows other claims are taking without the lock manager (off by default: see migrations/0010); with retry_lane_conflict => false a lane conflict raises unique_violation instead of being retried with take_lanes => false.';
+COMMENT ON FUNCTION skiplock.claim_batch(queues text[], kinds text[], max_jobs bigint, worker text, after_priority smallint, after_scheduled_at_us bigint, after_id bigint, claim_with uuid, skip_in_flight boolean, take_lanes boolean, retry_lane_conflict boolean, share_position boolean) IS 'Claims up to max_jobs runnable jobs (what a worker runs), after the given claim key if any; each comes back with its fencing claim_token (claim_with when given). skip_in_flight passes over rows other claims are taking without the lock manager (off by default: see migrations/0010); with retry_lane_conflict => false a lane conflict raises unique_violation instead of being retried with take_lanes => false; with share_position => true a claim from a position starts where the last claim of its group (same queues and kinds) got to, when that is further on, and writes where it got to (see migrations/0011).';
 
 --
 -- Name: complete_claims(bigint[], uuid[]); Type: FUNCTION; Schema: skiplock; Owner: -
@@ -963,6 +1032,278 @@ CREATE AGGREGATE skiplock.job_history_array_sum(bigint[]) (
     STYPE = bigint[],
     INITCOND = '{}'
 );
+
+--
+-- Name: claim_hint_0; Type: SEQUENCE; Schema: skiplock; Owner: -
+--
+
+CREATE SEQUENCE skiplock.claim_hint_0
+    START WITH 0
+    INCREMENT BY 1
+    MINVALUE 0
+    NO MAXVALUE
+    CACHE 1;
+
+--
+-- Name: SEQUENCE claim_hint_0; Type: COMMENT; Schema: skiplock; Owner: -
+--
+
+COMMENT ON SEQUENCE skiplock.claim_hint_0 IS 'Where the last claim of a group of worker processes got to: a hint for the group''s next claims, never state (skiplock.claim_batch with share_position; migrations/0011_claim_hint.sql).';
+
+--
+-- Name: claim_hint_1; Type: SEQUENCE; Schema: skiplock; Owner: -
+--
+
+CREATE SEQUENCE skiplock.claim_hint_1
+    START WITH 0
+    INCREMENT BY 1
+    MINVALUE 0
+    NO MAXVALUE
+    CACHE 1;
+
+--
+-- Name: SEQUENCE claim_hint_1; Type: COMMENT; Schema: skiplock; Owner: -
+--
+
+COMMENT ON SEQUENCE skiplock.claim_hint_1 IS 'Where the last claim of a group of worker processes got to: a hint for the group''s next claims, never state (skiplock.claim_batch with share_position; migrations/0011_claim_hint.sql).';
+
+--
+-- Name: claim_hint_10; Type: SEQUENCE; Schema: skiplock; Owner: -
+--
+
+CREATE SEQUENCE skiplock.claim_hint_10
+    START WITH 0
+    INCREMENT BY 1
+    MINVALUE 0
+    NO MAXVALUE
+    CACHE 1;
+
+--
+-- Name: SEQUENCE claim_hint_10; Type: COMMENT; Schema: skiplock; Owner: -
+--
+
+COMMENT ON SEQUENCE skiplock.claim_hint_10 IS 'Where the last claim of a group of worker processes got to: a hint for the group''s next claims, never state (skiplock.claim_batch with share_position; migrations/0011_claim_hint.sql).';
+
+--
+-- Name: claim_hint_11; Type: SEQUENCE; Schema: skiplock; Owner: -
+--
+
+CREATE SEQUENCE skiplock.claim_hint_11
+    START WITH 0
+    INCREMENT BY 1
+    MINVALUE 0
+    NO MAXVALUE
+    CACHE 1;
+
+--
+-- Name: SEQUENCE claim_hint_11; Type: COMMENT; Schema: skiplock; Owner: -
+--
+
+COMMENT ON SEQUENCE skiplock.claim_hint_11 IS 'Where the last claim of a group of worker processes got to: a hint for the group''s next claims, never state (skiplock.claim_batch with share_position; migrations/0011_claim_hint.sql).';
+
+--
+-- Name: claim_hint_12; Type: SEQUENCE; Schema: skiplock; Owner: -
+--
+
+CREATE SEQUENCE skiplock.claim_hint_12
+    START WITH 0
+    INCREMENT BY 1
+    MINVALUE 0
+    NO MAXVALUE
+    CACHE 1;
+
+--
+-- Name: SEQUENCE claim_hint_12; Type: COMMENT; Schema: skiplock; Owner: -
+--
+
+COMMENT ON SEQUENCE skiplock.claim_hint_12 IS 'Where the last claim of a group of worker processes got to: a hint for the group''s next claims, never state (skiplock.claim_batch with share_position; migrations/0011_claim_hint.sql).';
+
+--
+-- Name: claim_hint_13; Type: SEQUENCE; Schema: skiplock; Owner: -
+--
+
+CREATE SEQUENCE skiplock.claim_hint_13
+    START WITH 0
+    INCREMENT BY 1
+    MINVALUE 0
+    NO MAXVALUE
+    CACHE 1;
+
+--
+-- Name: SEQUENCE claim_hint_13; Type: COMMENT; Schema: skiplock; Owner: -
+--
+
+COMMENT ON SEQUENCE skiplock.claim_hint_13 IS 'Where the last claim of a group of worker processes got to: a hint for the group''s next claims, never state (skiplock.claim_batch with share_position; migrations/0011_claim_hint.sql).';
+
+--
+-- Name: claim_hint_14; Type: SEQUENCE; Schema: skiplock; Owner: -
+--
+
+CREATE SEQUENCE skiplock.claim_hint_14
+    START WITH 0
+    INCREMENT BY 1
+    MINVALUE 0
+    NO MAXVALUE
+    CACHE 1;
+
+--
+-- Name: SEQUENCE claim_hint_14; Type: COMMENT; Schema: skiplock; Owner: -
+--
+
+COMMENT ON SEQUENCE skiplock.claim_hint_14 IS 'Where the last claim of a group of worker processes got to: a hint for the group''s next claims, never state (skiplock.claim_batch with share_position; migrations/0011_claim_hint.sql).';
+
+--
+-- Name: claim_hint_15; Type: SEQUENCE; Schema: skiplock; Owner: -
+--
+
+CREATE SEQUENCE skiplock.claim_hint_15
+    START WITH 0
+    INCREMENT BY 1
+    MINVALUE 0
+    NO MAXVALUE
+    CACHE 1;
+
+--
+-- Name: SEQUENCE claim_hint_15; Type: COMMENT; Schema: skiplock; Owner: -
+--
+
+COMMENT ON SEQUENCE skiplock.claim_hint_15 IS 'Where the last claim of a group of worker processes got to: a hint for the group''s next claims, never state (skiplock.claim_batch with share_position; migrations/0011_claim_hint.sql).';
+
+--
+-- Name: claim_hint_2; Type: SEQUENCE; Schema: skiplock; Owner: -
+--
+
+CREATE SEQUENCE skiplock.claim_hint_2
+    START WITH 0
+    INCREMENT BY 1
+    MINVALUE 0
+    NO MAXVALUE
+    CACHE 1;
+
+--
+-- Name: SEQUENCE claim_hint_2; Type: COMMENT; Schema: skiplock; Owner: -
+--
+
+COMMENT ON SEQUENCE skiplock.claim_hint_2 IS 'Where the last claim of a group of worker processes got to: a hint for the group''s next claims, never state (skiplock.claim_batch with share_position; migrations/0011_claim_hint.sql).';
+
+--
+-- Name: claim_hint_3; Type: SEQUENCE; Schema: skiplock; Owner: -
+--
+
+CREATE SEQUENCE skiplock.claim_hint_3
+    START WITH 0
+    INCREMENT BY 1
+    MINVALUE 0
+    NO MAXVALUE
+    CACHE 1;
+
+--
+-- Name: SEQUENCE claim_hint_3; Type: COMMENT; Schema: skiplock; Owner: -
+--
+
+COMMENT ON SEQUENCE skiplock.claim_hint_3 IS 'Where the last claim of a group of worker processes got to: a hint for the group''s next claims, never state (skiplock.claim_batch with share_position; migrations/0011_claim_hint.sql).';
+
+--
+-- Name: claim_hint_4; Type: SEQUENCE; Schema: skiplock; Owner: -
+--
+
+CREATE SEQUENCE skiplock.claim_hint_4
+    START WITH 0
+    INCREMENT BY 1
+    MINVALUE 0
+    NO MAXVALUE
+    CACHE 1;
+
+--
+-- Name: SEQUENCE claim_hint_4; Type: COMMENT; Schema: skiplock; Owner: -
+--
+
+COMMENT ON SEQUENCE skiplock.claim_hint_4 IS 'Where the last claim of a group of worker processes got to: a hint for the group''s next claims, never state (skiplock.claim_batch with share_position; migrations/0011_claim_hint.sql).';
+
+--
+-- Name: claim_hint_5; Type: SEQUENCE; Schema: skiplock; Owner: -
+--
+
+CREATE SEQUENCE skiplock.claim_hint_5
+    START WITH 0
+    INCREMENT BY 1
+    MINVALUE 0
+    NO MAXVALUE
+    CACHE 1;
+
+--
+-- Name: SEQUENCE claim_hint_5; Type: COMMENT; Schema: skiplock; Owner: -
+--
+
+COMMENT ON SEQUENCE skiplock.claim_hint_5 IS 'Where the last claim of a group of worker processes got to: a hint for the group''s next claims, never state (skiplock.claim_batch with share_position; migrations/0011_claim_hint.sql).';
+
+--
+-- Name: claim_hint_6; Type: SEQUENCE; Schema: skiplock; Owner: -
+--
+
+CREATE SEQUENCE skiplock.claim_hint_6
+    START WITH 0
+    INCREMENT BY 1
+    MINVALUE 0
+    NO MAXVALUE
+    CACHE 1;
+
+--
+-- Name: SEQUENCE claim_hint_6; Type: COMMENT; Schema: skiplock; Owner: -
+--
+
+COMMENT ON SEQUENCE skiplock.claim_hint_6 IS 'Where the last claim of a group of worker processes got to: a hint for the group''s next claims, never state (skiplock.claim_batch with share_position; migrations/0011_claim_hint.sql).';
+
+--
+-- Name: claim_hint_7; Type: SEQUENCE; Schema: skiplock; Owner: -
+--
+
+CREATE SEQUENCE skiplock.claim_hint_7
+    START WITH 0
+    INCREMENT BY 1
+    MINVALUE 0
+    NO MAXVALUE
+    CACHE 1;
+
+--
+-- Name: SEQUENCE claim_hint_7; Type: COMMENT; Schema: skiplock; Owner: -
+--
+
+COMMENT ON SEQUENCE skiplock.claim_hint_7 IS 'Where the last claim of a group of worker processes got to: a hint for the group''s next claims, never state (skiplock.claim_batch with share_position; migrations/0011_claim_hint.sql).';
+
+--
+-- Name: claim_hint_8; Type: SEQUENCE; Schema: skiplock; Owner: -
+--
+
+CREATE SEQUENCE skiplock.claim_hint_8
+    START WITH 0
+    INCREMENT BY 1
+    MINVALUE 0
+    NO MAXVALUE
+    CACHE 1;
+
+--
+-- Name: SEQUENCE claim_hint_8; Type: COMMENT; Schema: skiplock; Owner: -
+--
+
+COMMENT ON SEQUENCE skiplock.claim_hint_8 IS 'Where the last claim of a group of worker processes got to: a hint for the group''s next claims, never state (skiplock.claim_batch with share_position; migrations/0011_claim_hint.sql).';
+
+--
+-- Name: claim_hint_9; Type: SEQUENCE; Schema: skiplock; Owner: -
+--
+
+CREATE SEQUENCE skiplock.claim_hint_9
+    START WITH 0
+    INCREMENT BY 1
+    MINVALUE 0
+    NO MAXVALUE
+    CACHE 1;
+
+--
+-- Name: SEQUENCE claim_hint_9; Type: COMMENT; Schema: skiplock; Owner: -
+--
+
+COMMENT ON SEQUENCE skiplock.claim_hint_9 IS 'Where the last claim of a group of worker processes got to: a hint for the group''s next claims, never state (skiplock.claim_batch with share_position; migrations/0011_claim_hint.sql).';
 
 --
 -- Name: cron_schedules; Type: TABLE; Schema: skiplock; Owner: -

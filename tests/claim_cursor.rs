@@ -461,7 +461,8 @@ async fn observe_claims(pool: &PgPool) {
                  worker text, after_priority smallint DEFAULT NULL,
                  after_scheduled_at_us bigint DEFAULT NULL, after_id bigint DEFAULT NULL,
                  claim_with uuid DEFAULT NULL, skip_in_flight boolean DEFAULT false,
-                 take_lanes boolean DEFAULT true, retry_lane_conflict boolean DEFAULT true)
+                 take_lanes boolean DEFAULT true, retry_lane_conflict boolean DEFAULT true,
+                 share_position boolean DEFAULT false)
          RETURNS TABLE (id bigint, queue text, kind text, args jsonb, attempt int,
                         max_attempts int, claim_token uuid, priority smallint,
                         scheduled_at_us bigint)
@@ -475,7 +476,7 @@ async fn observe_claims(pool: &PgPool) {
              WITH c AS (
                  SELECT * FROM skiplock.claim_batch_observed(queues, kinds, max_jobs, worker,
                      after_priority, after_scheduled_at_us, after_id, claim_with,
-                     skip_in_flight, take_lanes, retry_lane_conflict)
+                     skip_in_flight, take_lanes, retry_lane_conflict, share_position)
              ), logged AS (
                  INSERT INTO claim_log (full_walk, ids)
                  SELECT after_id IS NULL, coalesce(array_agg(c.id), '{}') FROM c
@@ -617,6 +618,7 @@ const FILTERED: ClaimMode = ClaimMode {
     skip_in_flight: true,
     take_lanes: true,
     retry_lane_conflict: false,
+    share_position: false,
 };
 
 /// The in-flight filter (schema version 10) passes over a row only while the transaction

@@ -78,6 +78,11 @@ const MIGRATIONS: &[Migration] = &[
         name: "0010_claim_skip_in_flight.sql",
         sql: include_str!("../../migrations/0010_claim_skip_in_flight.sql"),
     },
+    Migration {
+        version: 11,
+        name: "0011_claim_hint.sql",
+        sql: include_str!("../../migrations/0011_claim_hint.sql"),
+    },
 ];
 
 /// What the ledger names version 1 in a database migrated by a development build from

@@ -39,6 +39,17 @@
 //! days. So at least every [`UNFILTERED_WALK_INTERVAL`] a full walk goes without it, and
 //! so do the walks it owes when it fills its batch before the position, until one gets
 //! there: everything behind the position is looked at without the filter.
+//!
+//! A cursor walk still steps over what other worker processes claimed since this one's
+//! last claim: entries nothing can mark dead while statements older than those claims
+//! run. So the processes of one group (the same queues and kinds) share where their claims
+//! got to (`share_position`, schema version 11): each claim leaves a hint, and a cursor
+//! walk starts at the group's hint when it is further on than its own position. What lies
+//! between was walked by the claim that left the hint, in the same group (a cursor walk,
+//! or a full walk, which leaves hints too); a job that became runnable there while that
+//! claim ran is announced to the process that left it too, which walks back for it as for
+//! its own claims. Walks from behind neither follow nor leave hints: they start where they
+//! must look and walk nothing before it.
 
 use std::time::{Duration, Instant};
 
@@ -217,6 +228,14 @@ impl Walk {
     /// Whether the claim should pass over rows other claims in flight hold.
     pub(super) fn skips_in_flight(&self) -> bool {
         self.skip_in_flight
+    }
+
+    /// Whether the claim shares its position with the group (see the module docs): a
+    /// cursor walk may start where the group's last claim got to, and it and a full walk
+    /// (which walks everything before its end) say where they got to. A walk from behind
+    /// does neither: it starts where it must look, and did not walk what lies before that.
+    pub(super) fn shares_position(&self) -> bool {
+        matches!(self.kind, WalkKind::Cursor | WalkKind::Full)
     }
 
     /// Marks the walk as claimed again without lane jobs (after a lane conflict): the lane

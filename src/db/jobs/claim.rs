@@ -138,9 +138,10 @@ pub async fn jobs_claim_batch_after(
     .await
 }
 
-/// How a claim treats the rows other claims are taking and a lane conflict
-/// (`skiplock.claim_batch`, `migrations/0010_claim_skip_in_flight.sql`). The default is
-/// the function's own: no filter, lane jobs taken, a lane conflict retried inside.
+/// How a claim treats the rows other claims are taking, a lane conflict and the position
+/// of its group (`skiplock.claim_batch`, `migrations/0010_claim_skip_in_flight.sql` and
+/// `migrations/0011_claim_hint.sql`). The default is the function's own: no filter, lane
+/// jobs taken, a lane conflict retried inside, no hint read or written.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ClaimMode {
     /// Pass over rows that transactions running when the claim began (or begun since)
@@ -155,6 +156,13 @@ pub struct ClaimMode {
     /// `unique_violation` ([`lane_conflict`]), having claimed nothing, and the caller
     /// claims again with `take_lanes: false`.
     pub retry_lane_conflict: bool,
+    /// Share where claims got to with the other claimers of the same queues and kinds (a
+    /// hint kept in a sequence): a claim from a position starts at the group's hint when
+    /// that is further on, so that one worker process does not step over the entries the
+    /// others claimed since its last claim; and every claim writes where it got to. Only
+    /// for walks from a position the caller's claims advance: a walk owed from behind that
+    /// position must start where it says.
+    pub share_position: bool,
 }
 
 impl Default for ClaimMode {
@@ -163,6 +171,7 @@ impl Default for ClaimMode {
             skip_in_flight: false,
             take_lanes: true,
             retry_lane_conflict: true,
+            share_position: false,
         }
     }
 }
@@ -201,7 +210,7 @@ pub async fn jobs_claim(
     sqlx::query_as(
         "SELECT id, queue, kind, args, attempt, max_attempts, claim_token, priority,
                 scheduled_at_us
-         FROM skiplock.claim_batch($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
+         FROM skiplock.claim_batch($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)",
     )
     .bind(args.queues)
     .bind(args.kinds)
@@ -214,6 +223,7 @@ pub async fn jobs_claim(
     .bind(args.mode.skip_in_flight)
     .bind(args.mode.take_lanes)
     .bind(args.mode.retry_lane_conflict)
+    .bind(args.mode.share_position)
     .fetch_all(db)
     .await
 }

@@ -15,20 +15,23 @@
 -- for hours leave no dead row versions behind under a held snapshot. Claimers are grouped
 -- by their queues and kinds: a claim may only start from a hint its own group wrote, as a
 -- claimer that runs other kinds passes over rows this one must take. The group's hash
--- picks one of sixteen sequences (claim_hint_0 .. claim_hint_15) and eight more of its
--- bits are checked; the value is
+-- picks one of sixteen sequences (claim_hint_0 .. claim_hint_15) and ten more of its bits
+-- are checked (two groups on one queue, one running kinds the other does not, share hints
+-- by mistake once in 16,384 such pairs); the value is
 --
---     group check (8 bits) << 55 | claim check (8 bits) << 47 | job id (47 bits)
+--     group check (10 bits) << 53 | claim check (8 bits) << 45 | job id (45 bits)
 --
--- where the claim check is the low byte of the attempt the claim gave the job (every claim
--- counts one more). Jobs with an id outside 1 .. 2^47 - 1 are not written. A claim follows
--- a hint only if the job is still where that claim took it, at the key it was claimed at
--- (a claim does not change the key; a retry, say, does):
+-- where the claim check (skiplock.claim_hint_check) hashes the attempt the claim gave the
+-- job (every claim counts one more) with the job's claim key. Jobs with an id outside
+-- 1 .. 2^45 - 1 are not written. A claim follows a hint only if the job is still where that
+-- claim took it, at the key it was claimed at (a claim does not change the key; a retry, a
+-- snooze or an UPDATE by hand may):
 --   * it is queued, its xmax is a transaction running when this claim began or begun
---     since, and its attempt is one short of the check: the claim that wrote the hint has
---     locked it and not committed yet; or
---   * it is neither queued nor waiting and its attempt matches the check: that claim
---     committed and the job has not been claimed again since (it may have finished).
+--     since, and its attempt (one more) and key match the check: the claim that wrote the
+--     hint has locked it and not committed yet; or
+--   * it is neither queued nor waiting and its attempt and key match the check: that claim
+--     committed and the job has not been claimed again or moved since (it may have
+--     finished). A job moved and claimed again passes the check by chance once in 256.
 -- A claim that rolled back (a lane conflict, a lost connection) leaves its jobs queued with
 -- an xmax no longer running, and a job retried since is queued, or was claimed again with
 -- a higher attempt: neither is followed. (A claim that followed the hint while that claim
@@ -45,9 +48,11 @@
 -- start from but walk everything before where they get to; not on the walks it owes from
 -- behind its position, which start where they must look and walk nothing before that.
 --
--- A claimer without privileges on the hint sequences (SELECT to read, UPDATE to write)
--- claims without hints, and so does one whose sequence is missing: nothing about a hint
--- fails a claim. The migration grants both to every role that may update skiplock.jobs.
+-- Claims of several queues at once neither read nor write hints: each queue's walk locks up
+-- to max_jobs rows and the claim keeps max_jobs of them all, so rows it locked lie past the
+-- last row it takes. A claimer without privileges on the hint sequences (SELECT to read,
+-- UPDATE to write) claims without hints, and so does one whose sequence is missing: nothing
+-- about a hint fails a claim. The migration grants both to every role that may update skiplock.jobs.
 --
 -- The signature grows by one parameter with a default, so the function is dropped and
 -- created again, keeping its owner and EXECUTE grants as version 10 did; calls with the old
@@ -86,6 +91,17 @@ BEGIN
     END LOOP;
 END;
 $$;
+
+-- The claim check of a hint: the attempt a claim gave the job and the job's claim key.
+CREATE OR REPLACE FUNCTION skiplock.claim_hint_check(attempt int, priority smallint,
+                                                    scheduled_at timestamptz)
+RETURNS bigint
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+RETURN hashtextextended(attempt::text || ' ' || priority::text || ' '
+                        || extract(epoch FROM scheduled_at)::text, 0) & 255;
+
+COMMENT ON FUNCTION skiplock.claim_hint_check(int, smallint, timestamptz) IS
+    'Eight bits of a claim hint: a hash of the attempt a claim gave a job and the job''s claim key (migrations/0011_claim_hint.sql).';
 
 -- The old function's privileges and owner, to give the new one (a dropped function takes
 -- its grants with it).
@@ -139,7 +155,9 @@ DECLARE
     -- The rows this claim locked, in claim order.
     picked_rows tid[];
     picked_ids bigint[];
-    picked_attempts int[];
+    last_attempt int;
+    last_priority smallint;
+    last_scheduled_at timestamptz;
     picked_count int;
 BEGIN
     IF retry_lane_conflict AND take_lanes THEN
@@ -166,6 +184,8 @@ BEGIN
             ELSE 'epoch'::timestamptz + after_scheduled_at_us * interval '1 microsecond' END;
         from_id := after_id;
     END IF;
+    -- Claims of several queues at once keep no hints (see the top of the file).
+    share_position := share_position AND cardinality(queues) = 1;
     IF filtering OR (share_position AND snapshot_usable) THEN
         snapshot := pg_current_snapshot();
         in_flight := ARRAY(SELECT x::xid FROM pg_snapshot_xip(snapshot) AS x);
@@ -176,25 +196,28 @@ BEGIN
             ARRAY(SELECT DISTINCT q FROM unnest(queues) AS q ORDER BY 1)::text || ' '
             || ARRAY(SELECT DISTINCT k FROM unnest(kinds) AS k ORDER BY 1)::text, 0);
         hint_sequence := to_regclass('skiplock.claim_hint_' || (group_hash & 15));
-        group_check := (group_hash >> 4) & 255;
+        group_check := (group_hash >> 4) & 1023;
     END IF;
     -- From the hint the group's last claim wrote, when it is further on and still names the
     -- job that claim took (see the top of migrations/0011_claim_hint.sql).
     IF share_position AND snapshot_usable AND after_id IS NOT NULL
        AND hint_sequence IS NOT NULL AND has_sequence_privilege(hint_sequence, 'SELECT') THEN
         hint := pg_sequence_last_value(hint_sequence);
-        IF hint >> 55 = group_check THEN
+        IF hint >> 53 = group_check THEN
             SELECT h.priority, h.scheduled_at, h.id
             INTO hint_priority, hint_scheduled_at, hint_id
             FROM skiplock.jobs h
-            WHERE h.id = hint & 140737488355327
+            WHERE h.id = hint & 35184372088831
               AND h.queue = ANY (queues) AND h.kind = ANY (kinds)
               AND CASE h.state
                   WHEN 'queued' THEN h.xmax <> '0'::xid AND (h.xmax = ANY (in_flight)
                       OR (h.xmax::text::bigint - next_xid + 4294967296) % 4294967296 < 1048576)
-                      AND (least(h.attempt, 2147483646) + 1) & 255 = (hint >> 47) & 255
+                      AND skiplock.claim_hint_check(least(h.attempt, 2147483646) + 1,
+                                                    h.priority, h.scheduled_at)
+                          = (hint >> 45) & 255
                   WHEN 'waiting' THEN false
-                  ELSE h.attempt & 255 = (hint >> 47) & 255
+                  ELSE skiplock.claim_hint_check(h.attempt, h.priority, h.scheduled_at)
+                       = (hint >> 45) & 255
                   END;
             IF FOUND AND (hint_priority, hint_scheduled_at, hint_id)
                          > (from_priority, from_scheduled_at, from_id) THEN
@@ -210,13 +233,13 @@ BEGIN
     -- claims starting beside this one spend less time stepping over its rows; should the
     -- update fail (a lane conflict), a claim that followed the hint meanwhile has passed
     -- over rows that are queued again, which the caller's retry takes (the worker's does).
-    SELECT array_agg(p.ctid), array_agg(p.id), array_agg(p.attempt)
-    INTO picked_rows, picked_ids, picked_attempts
+    SELECT array_agg(p.ctid), array_agg(p.id)
+    INTO picked_rows, picked_ids
     FROM (
-        SELECT p.ctid, p.id, p.attempt
+        SELECT p.ctid, p.id
         FROM unnest(queues) AS qn(name)
         CROSS JOIN LATERAL (
-            SELECT j.ctid, j.priority, j.scheduled_at, j.id, j.attempt FROM skiplock.jobs j
+            SELECT j.ctid, j.priority, j.scheduled_at, j.id FROM skiplock.jobs j
             WHERE j.queue = qn.name AND j.state = 'queued' AND j.scheduled_at <= now()
               AND (j.priority, j.scheduled_at, j.id) > (from_priority, from_scheduled_at, from_id)
               AND j.kind = ANY (kinds)
@@ -248,10 +271,14 @@ BEGIN
     END IF;
     -- (Postgres gives <<, >>, & and | one precedence, left to right: hence the parentheses.)
     IF share_position AND hint_sequence IS NOT NULL
-       AND picked_ids[picked_count] BETWEEN 1 AND 140737488355327
+       AND picked_ids[picked_count] BETWEEN 1 AND 35184372088831
        AND has_sequence_privilege(hint_sequence, 'UPDATE') THEN
-        PERFORM setval(hint_sequence, (group_check << 55)
-            | (((least(picked_attempts[picked_count], 2147483646) + 1) & 255)::bigint << 47)
+        SELECT j.attempt, j.priority, j.scheduled_at
+        INTO last_attempt, last_priority, last_scheduled_at
+        FROM skiplock.jobs j WHERE j.ctid = picked_rows[picked_count];
+        PERFORM setval(hint_sequence, (group_check << 53)
+            | (skiplock.claim_hint_check(least(last_attempt, 2147483646) + 1, last_priority,
+                                         last_scheduled_at) << 45)
             | picked_ids[picked_count]);
     END IF;
     -- The result is sorted (claim order) after the update has finished, so an update that

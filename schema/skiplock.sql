@@ -232,7 +232,9 @@ DECLARE
     -- The rows this claim locked, in claim order.
     picked_rows tid[];
     picked_ids bigint[];
-    picked_attempts int[];
+    last_attempt int;
+    last_priority smallint;
+    last_scheduled_at timestamptz;
     picked_count int;
 BEGIN
     IF retry_lane_conflict AND take_lanes THEN
@@ -259,6 +261,8 @@ BEGIN
             ELSE 'epoch'::timestamptz + after_scheduled_at_us * interval '1 microsecond' END;
         from_id := after_id;
     END IF;
+    -- Claims of several queues at once keep no hints (see the top of the file).
+    share_position := share_position AND cardinality(queues) = 1;
     IF filtering OR (share_position AND snapshot_usable) THEN
         snapshot := pg_current_snapshot();
         in_flight := ARRAY(SELECT x::xid FROM pg_snapshot_xip(snapshot) AS x);
@@ -269,25 +273,28 @@ BEGIN
             ARRAY(SELECT DISTINCT q FROM unnest(queues) AS q ORDER BY 1)::text || ' '
             || ARRAY(SELECT DISTINCT k FROM unnest(kinds) AS k ORDER BY 1)::text, 0);
         hint_sequence := to_regclass('skiplock.claim_hint_' || (group_hash & 15));
-        group_check := (group_hash >> 4) & 255;
+        group_check := (group_hash >> 4) & 1023;
     END IF;
     -- From the hint the group's last claim wrote, when it is further on and still names the
     -- job that claim took (see the top of migrations/0011_claim_hint.sql).
     IF share_position AND snapshot_usable AND after_id IS NOT NULL
        AND hint_sequence IS NOT NULL AND has_sequence_privilege(hint_sequence, 'SELECT') THEN
         hint := pg_sequence_last_value(hint_sequence);
-        IF hint >> 55 = group_check THEN
+        IF hint >> 53 = group_check THEN
             SELECT h.priority, h.scheduled_at, h.id
             INTO hint_priority, hint_scheduled_at, hint_id
             FROM skiplock.jobs h
-            WHERE h.id = hint & 140737488355327
+            WHERE h.id = hint & 35184372088831
               AND h.queue = ANY (queues) AND h.kind = ANY (kinds)
               AND CASE h.state
                   WHEN 'queued' THEN h.xmax <> '0'::xid AND (h.xmax = ANY (in_flight)
                       OR (h.xmax::text::bigint - next_xid + 4294967296) % 4294967296 < 1048576)
-                      AND (least(h.attempt, 2147483646) + 1) & 255 = (hint >> 47) & 255
+                      AND skiplock.claim_hint_check(least(h.attempt, 2147483646) + 1,
+                                                    h.priority, h.scheduled_at)
+                          = (hint >> 45) & 255
                   WHEN 'waiting' THEN false
-                  ELSE h.attempt & 255 = (hint >> 47) & 255
+                  ELSE skiplock.claim_hint_check(h.attempt, h.priority, h.scheduled_at)
+                       = (hint >> 45) & 255
                   END;
             IF FOUND AND (hint_priority, hint_scheduled_at, hint_id)
                          > (from_priority, from_scheduled_at, from_id) THEN
@@ -303,13 +310,13 @@ BEGIN
     -- claims starting beside this one spend less time stepping over its rows; should the
     -- update fail (a lane conflict), a claim that followed the hint meanwhile has passed
     -- over rows that are queued again, which the caller's retry takes (the worker's does).
-    SELECT array_agg(p.ctid), array_agg(p.id), array_agg(p.attempt)
-    INTO picked_rows, picked_ids, picked_attempts
+    SELECT array_agg(p.ctid), array_agg(p.id)
+    INTO picked_rows, picked_ids
     FROM (
-        SELECT p.ctid, p.id, p.attempt
+        SELECT p.ctid, p.id
         FROM unnest(queues) AS qn(name)
         CROSS JOIN LATERAL (
-            SELECT j.ctid, j.priority, j.scheduled_at, j.id, j.attempt FROM skiplock.jobs j
+            SELECT j.ctid, j.priority, j.scheduled_at, j.id FROM skiplock.jobs j
             WHERE j.queue = qn.name AND j.state = 'queued' AND j.scheduled_at <= now()
               AND (j.priority, j.scheduled_at, j.id) > (from_priority, from_scheduled_at, from_id)
               AND j.kind = ANY (kinds)
@@ -341,10 +348,14 @@ BEGIN
     END IF;
     -- (Postgres gives <<, >>, & and | one precedence, left to right: hence the parentheses.)
     IF share_position AND hint_sequence IS NOT NULL
-       AND picked_ids[picked_count] BETWEEN 1 AND 140737488355327
+       AND picked_ids[picked_count] BETWEEN 1 AND 35184372088831
        AND has_sequence_privilege(hint_sequence, 'UPDATE') THEN
-        PERFORM setval(hint_sequence, (group_check << 55)
-            | (((least(picked_attempts[picked_count], 2147483646) + 1) & 255)::bigint << 47)
+        SELECT j.attempt, j.priority, j.scheduled_at
+        INTO last_attempt, last_priority, last_scheduled_at
+        FROM skiplock.jobs j WHERE j.ctid = picked_rows[picked_count];
+        PERFORM setval(hint_sequence, (group_check << 53)
+            | (skiplock.claim_hint_check(least(last_attempt, 2147483646) + 1, last_priority,
+                                         last_scheduled_at) << 45)
             | picked_ids[picked_count]);
     END IF;
     -- The result is sorted (claim order) after the update has finished, so an update that
@@ -375,6 +386,20 @@ $$;
 --
 
 COMMENT ON FUNCTION skiplock.claim_batch(queues text[], kinds text[], max_jobs bigint, worker text, after_priority smallint, after_scheduled_at_us bigint, after_id bigint, claim_with uuid, skip_in_flight boolean, take_lanes boolean, retry_lane_conflict boolean, share_position boolean) IS 'Claims up to max_jobs runnable jobs (what a worker runs), after the given claim key if any; each comes back with its fencing claim_token (claim_with when given). skip_in_flight passes over rows other claims are taking without the lock manager (off by default: see migrations/0010); with retry_lane_conflict => false a lane conflict raises unique_violation instead of being retried with take_lanes => false; with share_position => true a claim from a position starts where the last claim of its group (same queues and kinds) got to, when that is further on, and writes where it got to (see migrations/0011).';
+
+--
+-- Name: claim_hint_check(integer, smallint, timestamp with time zone); Type: FUNCTION; Schema: skiplock; Owner: -
+--
+
+CREATE FUNCTION skiplock.claim_hint_check(attempt integer, priority smallint, scheduled_at timestamp with time zone) RETURNS bigint
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    RETURN (hashtextextended((((((attempt)::text || ' '::text) || (priority)::text) || ' '::text) || (EXTRACT(epoch FROM scheduled_at))::text), (0)::bigint) & (255)::bigint);
+
+--
+-- Name: FUNCTION claim_hint_check(attempt integer, priority smallint, scheduled_at timestamp with time zone); Type: COMMENT; Schema: skiplock; Owner: -
+--
+
+COMMENT ON FUNCTION skiplock.claim_hint_check(attempt integer, priority smallint, scheduled_at timestamp with time zone) IS 'Eight bits of a claim hint: a hash of the attempt a claim gave a job and the job''s claim key (migrations/0011_claim_hint.sql).';
 
 --
 -- Name: complete_claims(bigint[], uuid[]); Type: FUNCTION; Schema: skiplock; Owner: -

@@ -206,6 +206,66 @@ async fn a_hint_to_a_job_retried_since_is_not_followed() {
     }
 }
 
+/// A job moved by hand after its claim (here a running job made less urgent): its key is
+/// no longer where that claim got to, and the next claim does not start there.
+#[tokio::test]
+async fn a_hint_to_a_job_moved_by_hand_is_not_followed() {
+    let db = test_db().await;
+    let pool = &db.pool;
+    let jobs = insert(pool, "k", 10).await;
+    let mut writer = pool.acquire().await.unwrap();
+    let mut this = pool.acquire().await.unwrap();
+    let first = claim(&mut this, &["k"], 1, None, SHARED).await;
+    let taken = claim(&mut writer, &["k"], 3, Some(first[0].position()), SHARED).await;
+    assert_eq!(ids(&taken), jobs[1..4]);
+    sqlx::query("UPDATE skiplock.jobs SET priority = 100 WHERE id = $1")
+        .bind(taken[2].id)
+        .execute(pool)
+        .await
+        .unwrap();
+    let claimed = claim(&mut this, &["k"], 3, Some(first[0].position()), SHARED).await;
+    assert_eq!(ids(&claimed), jobs[4..7]);
+}
+
+/// A claim of several queues locks rows of each that it may not keep, past the last it
+/// takes: it neither writes nor follows hints.
+#[tokio::test]
+async fn claims_of_several_queues_keep_no_hints() {
+    let db = test_db().await;
+    let pool = &db.pool;
+    sqlx::query(
+        "INSERT INTO skiplock.jobs (queue, kind, args, scheduled_at)
+         SELECT q, 'k', '{}', '2026-01-01' FROM generate_series(1, 5), unnest(ARRAY['a', 'b']) q",
+    )
+    .execute(pool)
+    .await
+    .unwrap();
+    let mut conn = pool.acquire().await.unwrap();
+    let claimed = jobs_claim(
+        &mut *conn,
+        &ClaimArgs {
+            queues: &strings(&["a", "b"]),
+            kinds: &strings(&["k"]),
+            limit: 4,
+            claimed_by: "w",
+            after: None,
+            claim_with: None,
+            mode: SHARED,
+        },
+    )
+    .await
+    .unwrap();
+    assert_eq!(claimed.len(), 4);
+    let written: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM generate_series(0, 15) AS slot
+         WHERE pg_sequence_last_value(('skiplock.claim_hint_' || slot)::regclass) IS NOT NULL",
+    )
+    .fetch_one(pool)
+    .await
+    .unwrap();
+    assert_eq!(written, 0);
+}
+
 /// Claimers of other kinds are another group: a claimer of `k` alone passes over the
 /// `other` jobs among its own, and a claimer of both kinds does not start where it got to.
 #[tokio::test]

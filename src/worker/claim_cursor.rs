@@ -48,8 +48,11 @@
 //! between was walked by the claim that left the hint, in the same group (a cursor walk,
 //! or a full walk, which leaves hints too); a job that became runnable there while that
 //! claim ran is announced to the process that left it too, which walks back for it as for
-//! its own claims. Walks from behind neither follow nor leave hints: they start where they
-//! must look and walk nothing before it.
+//! its own claims. A process that hears of a job ahead of its position does not follow
+//! hints until a claim of its own has walked over that key (the hint may lie past it), and
+//! a cursor walk that shared and failed owes a walk from its start (it may have said where
+//! it got to before it failed). Walks from behind neither follow nor leave hints: they
+//! start where they must look and walk nothing before it.
 
 use std::time::{Duration, Instant};
 
@@ -206,6 +209,8 @@ pub(super) struct Walk {
     skip_in_flight: bool,
     /// Whether it was claimed again without lane jobs after a lane conflict.
     lanes_skipped: bool,
+    /// Whether it shares its position with the group (see [`Walk::shares_position`]).
+    share_position: bool,
 }
 
 impl Walk {
@@ -234,8 +239,10 @@ impl Walk {
     /// cursor walk may start where the group's last claim got to, and it and a full walk
     /// (which walks everything before its end) say where they got to. A walk from behind
     /// does neither: it starts where it must look, and did not walk what lies before that.
+    /// Nor does a cursor walk planned while a notified key ahead of the position is
+    /// unsure: it must walk over that key itself.
     pub(super) fn shares_position(&self) -> bool {
-        matches!(self.kind, WalkKind::Cursor | WalkKind::Full)
+        self.share_position
     }
 
     /// Marks the walk as claimed again without lane jobs (after a lane conflict): the lane
@@ -307,7 +314,10 @@ impl ClaimCursor {
         };
         if self.after.is_some_and(|after| key < after) {
             self.owe(from);
-        } else if self.walks_in_flight > 0 {
+        } else {
+            // Ahead of the position: a claim in flight may not have seen the rows and move
+            // the position past them, and a claim that follows the group's hint may start
+            // past them. Kept until a claim planned from now on walks over them.
             self.unsure = Some(match self.unsure {
                 Some(unsure) => Unsure {
                     lowest: unsure.lowest.min(key),
@@ -321,7 +331,6 @@ impl ClaimCursor {
                 },
             });
         }
-        // Otherwise the next claim starts at or before the key, and it sees the rows.
     }
 
     fn owe(&mut self, from: LookFrom) {
@@ -381,6 +390,11 @@ impl ClaimCursor {
             WalkKind::Behind => !self.unfiltered_pass,
             WalkKind::Full | WalkKind::Cursor => true,
         };
+        let share_position = match kind {
+            WalkKind::Full => true,
+            WalkKind::Cursor => self.unsure.is_none(),
+            WalkKind::Behind => false,
+        };
         Walk {
             from,
             kind,
@@ -388,6 +402,7 @@ impl ClaimCursor {
             started: now,
             skip_in_flight,
             lanes_skipped: false,
+            share_position,
         }
     }
 
@@ -476,11 +491,9 @@ impl ClaimCursor {
         } else if self.after.is_some_and(|after| after > unsure.lowest) {
             self.owe(LookFrom::After(unsure.lowest));
             self.unsure = None;
-        } else if self.walks_in_flight == 0 {
-            // Everything planned before the notification has landed without passing the
-            // keys: the next claim starts at or before them.
-            self.unsure = None;
         }
+        // Otherwise the next claim starts at or before the keys (it does not follow the
+        // group's hint while they are unsure), and it settles them.
     }
 
     /// Takes in a claim that failed. Its duration says nothing about the cost of a walk
@@ -490,6 +503,13 @@ impl ClaimCursor {
         self.walk_ended(&walk);
         match walk.kind {
             WalkKind::Full if self.after.is_some() => self.owe(LookFrom::Start),
+            // It may have said where it got to before it failed, and claims of the group
+            // followed it past rows it no longer holds.
+            WalkKind::Cursor if walk.share_position => {
+                if let Some(from) = walk.from {
+                    self.owe(LookFrom::After(from));
+                }
+            }
             WalkKind::Behind => {
                 if let Some(from) = walk.from {
                     self.owe(LookFrom::After(from));
@@ -824,13 +844,53 @@ mod tests {
     }
 
     #[test]
-    fn a_key_notified_ahead_of_an_idle_cursor_needs_nothing() {
+    fn a_key_notified_ahead_of_an_idle_cursor_is_walked_over_without_the_groups_hint() {
         let t0 = Instant::now();
         let (mut cursor, t1) = notified_at_3(t0);
+        let t = t1 + CURSOR_COST_MAX_AGE;
         cursor.notified(key(0, 2_000));
+        assert!(cursor.owed.is_none());
+        let walk = cursor.next_walk(t);
+        assert_eq!(walk.kind, WalkKind::Cursor);
+        assert!(
+            !walk.shares_position(),
+            "the group's hint may lie past the key"
+        );
+        let mut taken = job(40);
+        taken.scheduled_at_us = 2_000;
+        cursor.landed(walk, 5, &[taken], t + MS);
         assert!(cursor.owed.is_none() && cursor.unsure.is_none());
-        let walk = cursor.next_walk(t1);
-        assert_ne!(walk.kind, WalkKind::Behind);
+        assert!(cursor.next_walk(t + MS).shares_position());
+    }
+
+    /// Two claims in flight: the first locks past a key notified meanwhile, and the second,
+    /// planned after the notification, must not follow the first's hint past it.
+    #[test]
+    fn a_claim_planned_after_a_notification_does_not_follow_a_hint_past_its_key() {
+        let t0 = Instant::now();
+        let (mut cursor, t1) = notified_at_3(t0);
+        let t = t1 + CURSOR_COST_MAX_AGE;
+        let before = cursor.next_walk(t);
+        assert!(before.shares_position());
+        cursor.notified(key(0, 2_000));
+        let after = cursor.next_walk(t);
+        assert_eq!(after.kind, WalkKind::Cursor);
+        assert!(!after.shares_position());
+    }
+
+    /// A cursor walk that shared its position and failed may have said where it got to
+    /// first: what it had locked is owed a walk.
+    #[test]
+    fn a_failed_cursor_walk_that_shared_its_position_owes_a_walk_from_its_start() {
+        let t0 = Instant::now();
+        let (mut cursor, t1) = notified_at_3(t0);
+        let t = t1 + CURSOR_COST_MAX_AGE;
+        let walk = cursor.next_walk(t);
+        assert_eq!(walk.kind, WalkKind::Cursor);
+        assert!(walk.shares_position());
+        let from = walk.from.unwrap();
+        cursor.failed(walk);
+        assert_eq!(cursor.owed, Some(LookFrom::After(from)));
     }
 
     #[test]

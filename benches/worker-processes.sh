@@ -20,7 +20,12 @@
 #                 and `{}`). With `sleep` and `{"ms": 10}` one process is bounded by its
 #                 slots, not by the database, so the rate shows whether throughput grows
 #                 with processes until the database saturates.
-#   Uses target/release/skiplock (built by `cargo build --release --features cli` if missing).
+#   SKIPLOCK_BIN: the binary to run (default target/release/skiplock, built by
+#                 `cargo build --release --features cli` if missing), for A/B runs of two builds.
+#
+# The last two columns are the entries of `jobs_claim_idx` the drain's index scans read and
+# the heap tuples they fetched, per job (`pg_stat_user_indexes`, reset before each drain):
+# what claims step over beside what they take.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -32,8 +37,8 @@ server="${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/postgres}"
 db="${server%/*}/skiplock_bench_procs"
 kind="${JOB_KIND:-noop}"
 job_args=${JOB_ARGS:-'{}'}
-bin=target/release/skiplock
-[ -x "$bin" ] || cargo build --release --features cli --bin skiplock >&2
+bin=${SKIPLOCK_BIN:-target/release/skiplock}
+[ -n "${SKIPLOCK_BIN:-}" ] || [ -x "$bin" ] || cargo build --release --features cli --bin skiplock >&2
 pin=()
 [ -z "${WORKER_CPUS:-}" ] || pin=(taskset -c "$WORKER_CPUS")
 
@@ -58,8 +63,8 @@ commits() {
     psql "$db" -Atc "SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()"
 }
 
-printf '| worker processes | jobs | seconds | jobs/s | jobs/s, drain only | worker CPU µs/job | Postgres CPU µs/job | commits/job |\n'
-printf '|---|---|---|---|---|---|---|---|\n'
+printf '| worker processes | jobs | seconds | jobs/s | jobs/s, drain only | worker CPU µs/job | Postgres CPU µs/job | commits/job | claim-index entries read/job | heap fetches/job |\n'
+printf '|---|---|---|---|---|---|---|---|---|---|\n'
 times=$(mktemp -d)
 trap 'rm -rf "$times"' EXIT
 for n in "${counts[@]}"; do
@@ -69,6 +74,7 @@ SET client_min_messages = warning;
 TRUNCATE skiplock.jobs CASCADE;
 INSERT INTO skiplock.jobs (kind, args) SELECT :'kind', :'job_args'::jsonb FROM generate_series(1, $jobs);
 VACUUM ANALYZE skiplock.jobs;
+SELECT pg_stat_reset();
 SQL
     # Statistics reach pg_stat_database when a session ends or every 500 ms or so.
     sleep 1
@@ -94,11 +100,15 @@ SQL
     # processes' start and exit.
     drained=$(psql "$db" -Atc "SELECT extract(epoch FROM max(finished_at) - min(claimed_at))
                                FROM skiplock.jobs")
+    read ix_read ix_fetch < <(psql "$db" -AtF ' ' -c "SELECT idx_tup_read, idx_tup_fetch
+        FROM pg_stat_user_indexes WHERE indexrelname = 'jobs_claim_idx'")
     left=$(psql "$db" -Atc "SELECT count(*) FROM skiplock.jobs WHERE state <> 'succeeded'")
     [ "$left" = 0 ] || { echo "error: $left jobs not succeeded with $n processes" >&2; exit 1; }
     awk -v n="$n" -v j="$jobs" -v s="$start" -v e="$end" -v w="$worker_cpu" -v dr="$drained" \
         -v pb="$pg_before" -v pa="$pg_after" -v cb="$commits_before" -v ca="$commits_after" \
-        'BEGIN { d = e - s; printf "| %d | %d | %.2f | %.0f | %.0f | %.1f | %.1f | %.3f |\n",
-                 n, j, d, j / d, j / dr, w * 1e6 / j, (pa - pb) * 1e6 / j, (ca - cb - 1) / j }'
+        -v ir="$ix_read" -v ifch="$ix_fetch" \
+        'BEGIN { d = e - s; printf "| %d | %d | %.2f | %.0f | %.0f | %.1f | %.1f | %.3f | %.2f | %.2f |\n",
+                 n, j, d, j / d, j / dr, w * 1e6 / j, (pa - pb) * 1e6 / j, (ca - cb - 1) / j,
+                 ir / j, ifch / j }'
 done
 psql "$server" -qc "DROP DATABASE skiplock_bench_procs WITH (FORCE)" >/dev/null

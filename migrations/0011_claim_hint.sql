@@ -186,7 +186,7 @@ BEGIN
     END IF;
     -- Claims of several queues at once keep no hints (see the top of the file).
     share_position := share_position AND cardinality(queues) = 1;
-    IF filtering OR (share_position AND snapshot_usable) THEN
+    IF filtering OR (share_position AND snapshot_usable AND after_id IS NOT NULL) THEN
         snapshot := pg_current_snapshot();
         in_flight := ARRAY(SELECT x::xid FROM pg_snapshot_xip(snapshot) AS x);
         next_xid := pg_snapshot_xmax(snapshot)::text::bigint % 4294967296;

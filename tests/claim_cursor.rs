@@ -6,7 +6,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::fixtures::{Recorder, fast_worker, state_of, wait_for, wait_until};
+use common::fixtures::{Recorder, fast_worker, state_of, strings, wait_for, wait_until};
 use common::test_db;
 use serde::{Deserialize, Serialize};
 use skiplock::db::jobs::{
@@ -15,10 +15,6 @@ use skiplock::db::jobs::{
 };
 use skiplock::{Job, JobContext, JobError, JobState};
 use sqlx::{Connection, PgPool};
-
-fn strings(items: &[&str]) -> Vec<String> {
-    items.iter().map(|s| (*s).to_owned()).collect()
-}
 
 /// Inserts a `record` job with the given priority and `scheduled_at` (an SQL expression's
 /// text, cast to timestamptz).

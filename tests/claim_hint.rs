@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::fixtures::state_of;
+use common::fixtures::{state_of, strings};
 use common::test_db;
 use skiplock::JobState;
 use skiplock::db::jobs::{
@@ -13,10 +13,6 @@ use skiplock::db::jobs::{
     jobs_claim_one, jobs_fail_many,
 };
 use sqlx::{Connection, PgConnection, PgPool};
-
-fn strings(items: &[&str]) -> Vec<String> {
-    items.iter().map(|s| (*s).to_owned()).collect()
-}
 
 /// How the worker claims on a cursor walk.
 const SHARED: ClaimMode = ClaimMode {

@@ -9,7 +9,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::fixtures::{Record, Recorder, fast_worker, wait_for};
+use common::fixtures::{Record, Recorder, fast_worker, strings, wait_for};
 use common::test_db;
 use fault_support::{PATIENCE, audit, check_claim_discipline, install_audit, states, wait_until};
 use skiplock::db::jobs::{
@@ -20,10 +20,6 @@ use skiplock::db::maintenance::jobs_reap_stale;
 use skiplock::{EnqueueOptions, NewJob};
 use sqlx::{Connection, PgPool};
 use uuid::Uuid;
-
-fn strings(values: &[&str]) -> Vec<String> {
-    values.iter().map(|v| (*v).to_owned()).collect()
-}
 
 /// Workload: 30 rounds of 40 jobs; each round claims them all and ages their heartbeats
 /// past the stale timeout.

@@ -5,7 +5,9 @@ mod common;
 
 use std::time::Duration;
 
-use common::fixtures::{Record, Recorder, Slow, count_in_state, fast_worker, state_of, wait_for};
+use common::fixtures::{
+    Record, Recorder, Slow, count_in_state, fast_worker, state_of, strings, wait_for,
+};
 use common::test_db;
 use skiplock::db::jobs::{
     FailAction, FailBatch, jobs_claim_batch, jobs_complete_many, jobs_fail_many,
@@ -13,10 +15,6 @@ use skiplock::db::jobs::{
 };
 use skiplock::db::maintenance::jobs_reap_stale;
 use skiplock::{EnqueueOptions, JobState};
-
-fn strings(values: &[&str]) -> Vec<String> {
-    values.iter().map(|v| (*v).to_owned()).collect()
-}
 
 #[tokio::test]
 async fn a_reaped_and_reclaimed_job_ignores_its_former_holder() {

@@ -11,6 +11,7 @@
 
 mod common;
 
+use common::fixtures::strings;
 use common::test_db;
 use skiplock::db::jobs::{
     ClaimedJob, FailAction, FailBatch, jobs_claim_batch, jobs_complete_many, jobs_fail_many,
@@ -32,10 +33,6 @@ const WARM_UP_BATCH: i64 = 20;
 /// Executions of a statement before Postgres may switch a named statement to its generic
 /// plan (the plan cache tries five custom plans first).
 const WARM_UP_RUNS: usize = 6;
-
-fn strings(items: &[&str]) -> Vec<String> {
-    items.iter().map(|s| (*s).to_owned()).collect()
-}
 
 async fn insert_jobs(pool: &PgPool, count: i64) {
     sqlx::query(

@@ -147,8 +147,7 @@ pub(super) struct ClaimCursor {
     /// Notified keys at or after the position while claims planned before the
     /// notification were in flight (see [`Unsure`]).
     unsure: Option<Unsure>,
-    /// Claims planned and not landed, of each kind.
-    walks_in_flight: usize,
+    /// Claims planned and not landed, of the kinds that go one at a time.
     full_walks_in_flight: usize,
     behind_walks_in_flight: usize,
     /// Claims planned so far: each walk's sequence number.
@@ -271,7 +270,6 @@ impl ClaimCursor {
             after: None,
             owed: None,
             unsure: None,
-            walks_in_flight: 0,
             full_walks_in_flight: 0,
             behind_walks_in_flight: 0,
             planned: 0,
@@ -375,7 +373,6 @@ impl ClaimCursor {
         } else {
             (WalkKind::Cursor, self.after)
         };
-        self.walks_in_flight += 1;
         match kind {
             WalkKind::Full => self.full_walks_in_flight += 1,
             WalkKind::Behind => self.behind_walks_in_flight += 1,
@@ -407,7 +404,6 @@ impl ClaimCursor {
     }
 
     fn walk_ended(&mut self, walk: &Walk) {
-        self.walks_in_flight = self.walks_in_flight.saturating_sub(1);
         match walk.kind {
             WalkKind::Full => {
                 self.full_walks_in_flight = self.full_walks_in_flight.saturating_sub(1);

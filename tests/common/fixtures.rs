@@ -9,6 +9,11 @@ use serde::{Deserialize, Serialize};
 use skiplock::{Job, JobContext, JobError, JobState, Worker, WorkerBuilder};
 use sqlx::PgPool;
 
+/// Owned copies of string literals: the queue and kind lists claim statements take.
+pub fn strings(items: &[&str]) -> Vec<String> {
+    items.iter().map(|s| (*s).to_owned()).collect()
+}
+
 /// Records which jobs ran, with which attempt numbers, and when `record` jobs started and
 /// ended on one counter shared by all handlers. Shared with handlers through
 /// `WorkerBuilder::data`.

@@ -111,7 +111,7 @@ fn plan_of(notice: &str) -> String {
 }
 
 /// Every plan among one statement's notices: those of nested statements first (the query
-/// inside `skiplock.claim_batch`), then the statement's own.
+/// inside `skiplock.internal_claim_batch`), then the statement's own.
 fn statement_plans(notices: &[String]) -> String {
     let plans: Vec<String> = notices
         .iter()

@@ -32,66 +32,6 @@ CREATE TYPE skiplock.runnable_key AS (
 );
 
 --
--- Name: advance_lanes(text[]); Type: FUNCTION; Schema: skiplock; Owner: -
---
-
-CREATE FUNCTION skiplock.advance_lanes(keys text[]) RETURNS integer
-    LANGUAGE plpgsql
-    AS $$
-DECLARE
-    promoted_queues text[];
-    promoted int;
-BEGIN
-    WITH heads AS (
-        SELECT DISTINCT ON (ordering_key) id, state
-        FROM skiplock.jobs
-        WHERE ordering_key = ANY (keys) AND state IN ('waiting', 'queued', 'running')
-        ORDER BY ordering_key, id
-    ), ready AS (
-        UPDATE skiplock.jobs j SET state = 'queued'
-        FROM heads
-        WHERE j.id = heads.id AND heads.state = 'waiting' AND j.state = 'waiting'
-          AND NOT EXISTS (
-              SELECT 1 FROM skiplock.jobs o
-              WHERE o.ordering_key = j.ordering_key AND o.state = 'running'
-          )
-          AND NOT skiplock.has_unmet_parent(j.id)
-        RETURNING j.queue
-    )
-    SELECT array_agg(DISTINCT queue), count(*) INTO promoted_queues, promoted FROM ready;
-    PERFORM pg_notify('skiplock_jobs', q) FROM unnest(promoted_queues) AS q;
-    -- Each lane's head, promoted now or queued before (its turn came when the job before
-    -- it ended; claims skipped it while that job was unfinished).
-    PERFORM skiplock.notify_runnable(h.queue, h.priority, h.scheduled_at)
-    FROM (SELECT DISTINCT ON (ordering_key) state, queue, priority, scheduled_at
-          FROM skiplock.jobs
-          WHERE ordering_key = ANY (keys) AND state IN ('waiting', 'queued', 'running')
-          ORDER BY ordering_key, id) h
-    WHERE h.state = 'queued';
-    RETURN promoted;
-END;
-$$;
-
---
--- Name: append_error(jsonb, integer, text); Type: FUNCTION; Schema: skiplock; Owner: -
---
-
-CREATE FUNCTION skiplock.append_error(errors jsonb, attempt integer, message text) RETURNS jsonb
-    LANGUAGE sql IMMUTABLE
-    AS $$
-    SELECT coalesce(jsonb_agg(e ORDER BY n), '[]'::jsonb)
-    FROM (
-        SELECT e, n
-        FROM jsonb_array_elements(
-            errors || jsonb_build_array(jsonb_build_object(
-                'attempt', attempt, 'at', now(), 'message', message))
-        ) WITH ORDINALITY AS t(e, n)
-        ORDER BY n DESC
-        LIMIT 20
-    ) recent;
-$$;
-
---
 -- Name: args_max_bytes(); Type: FUNCTION; Schema: skiplock; Owner: -
 --
 
@@ -123,7 +63,7 @@ DECLARE
 BEGIN
     LOOP
         BEGIN
-            RETURN skiplock.cancel_job_once(job_id);
+            RETURN skiplock.internal_cancel_job_once(job_id);
         EXCEPTION WHEN deadlock_detected THEN
             attempts := attempts + 1;
             IF attempts >= 6 THEN
@@ -141,292 +81,6 @@ $$;
 --
 
 COMMENT ON FUNCTION skiplock.cancel_job(job_id bigint) IS 'Cancels a job that has not finished; retries a deadlock after a short jittered wait. Returns false if the job had finished or does not exist.';
-
---
--- Name: cancel_job_once(bigint); Type: FUNCTION; Schema: skiplock; Owner: -
---
-
-CREATE FUNCTION skiplock.cancel_job_once(job_id bigint) RETURNS boolean
-    LANGUAGE plpgsql
-    AS $$
-DECLARE
-    previous skiplock.job_state;
-BEGIN
-    SELECT state INTO previous FROM skiplock.jobs WHERE id = job_id FOR UPDATE;
-    IF previous IS NULL OR previous NOT IN ('waiting', 'queued', 'running') THEN
-        RETURN false;
-    END IF;
-    UPDATE skiplock.jobs
-    SET state = 'cancelled', finished_at = now(), claim_token = NULL, heartbeat_at = NULL,
-        last_error = coalesce(last_error, 'cancelled by operator')
-    WHERE id = job_id;
-    IF previous = 'running' THEN
-        PERFORM pg_notify('skiplock_cancel', job_id::text);
-    END IF;
-    PERFORM skiplock.settle_dependants(ARRAY[job_id]);
-    PERFORM skiplock.advance_lanes(ARRAY(
-        SELECT ordering_key FROM skiplock.jobs WHERE id = job_id AND ordering_key IS NOT NULL));
-    RETURN true;
-END;
-$$;
-
---
--- Name: FUNCTION cancel_job_once(job_id bigint); Type: COMMENT; Schema: skiplock; Owner: -
---
-
-COMMENT ON FUNCTION skiplock.cancel_job_once(job_id bigint) IS 'One attempt of skiplock.cancel_job, without the deadlock retry; call cancel_job instead.';
-
---
--- Name: check_args_size(jsonb); Type: FUNCTION; Schema: skiplock; Owner: -
---
-
-CREATE FUNCTION skiplock.check_args_size(args jsonb) RETURNS void
-    LANGUAGE plpgsql
-    AS $$
-DECLARE
-    size bigint := octet_length(args::text);
-    limit_bytes bigint := skiplock.args_max_bytes();
-BEGIN
-    IF size > limit_bytes THEN
-        RAISE EXCEPTION 'args are % bytes, over the limit of % bytes', size, limit_bytes
-            USING ERRCODE = 'program_limit_exceeded',
-                  HINT = 'store large data elsewhere and pass a reference, or raise the setting skiplock.args_max_bytes';
-    END IF;
-END;
-$$;
-
---
--- Name: claim_batch(text[], text[], bigint, text, smallint, bigint, bigint, uuid, boolean, boolean, boolean, boolean); Type: FUNCTION; Schema: skiplock; Owner: -
---
-
-CREATE FUNCTION skiplock.claim_batch(queues text[], kinds text[], max_jobs bigint, worker text, after_priority smallint DEFAULT NULL::smallint, after_scheduled_at_us bigint DEFAULT NULL::bigint, after_id bigint DEFAULT NULL::bigint, claim_with uuid DEFAULT NULL::uuid, skip_in_flight boolean DEFAULT false, take_lanes boolean DEFAULT true, retry_lane_conflict boolean DEFAULT true, share_position boolean DEFAULT false) RETURNS TABLE(id bigint, queue text, kind text, args jsonb, attempt integer, max_attempts integer, claim_token uuid, priority smallint, scheduled_at_us bigint)
-    LANGUAGE plpgsql
-    SET enable_sort TO 'off'
-    SET enable_bitmapscan TO 'off'
-    SET enable_seqscan TO 'off'
-    SET jit TO 'off'
-    SET plan_cache_mode TO 'force_generic_plan'
-    AS $$
-DECLARE
-    from_priority smallint := -32768;
-    from_scheduled_at timestamptz := '-infinity';
-    from_id bigint := -9223372036854775808;
-    snapshot pg_snapshot;
-    -- Transactions running when the claim began, and the next id then (as the low 32
-    -- bits that xmax holds).
-    in_flight xid[] := '{}';
-    next_xid bigint := 0;
-    -- Whether this claim's snapshot can tell the rows claims in flight hold: what the
-    -- filter and the reading of a hint need.
-    snapshot_usable boolean := pg_current_xact_id_if_assigned() IS NULL
-        AND current_setting('transaction_isolation') = 'read committed';
-    filtering boolean := skip_in_flight AND snapshot_usable;
-    -- The group (queues and kinds, each sorted) by its hash: its hint sequence and check.
-    group_hash bigint;
-    hint_sequence regclass;
-    group_check bigint;
-    hint bigint;
-    hint_priority smallint;
-    hint_scheduled_at timestamptz;
-    hint_id bigint;
-    -- The rows this claim locked, in claim order.
-    picked_rows tid[];
-    picked_ids bigint[];
-    last_attempt int;
-    last_priority smallint;
-    last_scheduled_at timestamptz;
-    picked_count int;
-BEGIN
-    IF retry_lane_conflict AND take_lanes THEN
-        -- The claim inside a subtransaction: a lane conflict it could not see rolls back
-        -- only that, and the claim runs again without lane jobs.
-        BEGIN
-            RETURN QUERY SELECT * FROM skiplock.claim_batch(queues, kinds, max_jobs, worker,
-                after_priority, after_scheduled_at_us, after_id, claim_with, skip_in_flight,
-                true, false, share_position);
-            RETURN;
-        EXCEPTION WHEN unique_violation THEN
-            RETURN QUERY SELECT * FROM skiplock.claim_batch(queues, kinds, max_jobs, worker,
-                after_priority, after_scheduled_at_us, after_id, claim_with, skip_in_flight,
-                false, false, share_position);
-            RETURN;
-        END;
-    END IF;
-    -- Without a position, a key before every row: the full walk.
-    IF after_priority IS NOT NULL AND after_scheduled_at_us IS NOT NULL
-       AND after_id IS NOT NULL THEN
-        from_priority := after_priority;
-        from_scheduled_at := CASE WHEN after_scheduled_at_us = -9223372036854775808
-            THEN '-infinity'::timestamptz
-            ELSE 'epoch'::timestamptz + after_scheduled_at_us * interval '1 microsecond' END;
-        from_id := after_id;
-    END IF;
-    -- Claims of several queues at once keep no hints (see the top of the file).
-    share_position := share_position AND cardinality(queues) = 1;
-    IF filtering OR (share_position AND snapshot_usable AND after_id IS NOT NULL) THEN
-        snapshot := pg_current_snapshot();
-        in_flight := ARRAY(SELECT x::xid FROM pg_snapshot_xip(snapshot) AS x);
-        next_xid := pg_snapshot_xmax(snapshot)::text::bigint % 4294967296;
-    END IF;
-    IF share_position THEN
-        group_hash := hashtextextended(
-            ARRAY(SELECT DISTINCT q FROM unnest(queues) AS q ORDER BY 1)::text || ' '
-            || ARRAY(SELECT DISTINCT k FROM unnest(kinds) AS k ORDER BY 1)::text, 0);
-        hint_sequence := to_regclass('skiplock.claim_hint_' || (group_hash & 15));
-        group_check := (group_hash >> 4) & 1023;
-    END IF;
-    -- From the hint the group's last claim wrote, when it is further on and still names the
-    -- job that claim took (see the top of migrations/0011_claim_hint.sql).
-    IF share_position AND snapshot_usable AND after_id IS NOT NULL
-       AND hint_sequence IS NOT NULL AND has_sequence_privilege(hint_sequence, 'SELECT') THEN
-        hint := pg_sequence_last_value(hint_sequence);
-        IF hint >> 53 = group_check THEN
-            SELECT h.priority, h.scheduled_at, h.id
-            INTO hint_priority, hint_scheduled_at, hint_id
-            FROM skiplock.jobs h
-            WHERE h.id = hint & 35184372088831
-              AND h.queue = ANY (queues) AND h.kind = ANY (kinds)
-              AND CASE h.state
-                  WHEN 'queued' THEN h.xmax <> '0'::xid AND (h.xmax = ANY (in_flight)
-                      OR (h.xmax::text::bigint - next_xid + 4294967296) % 4294967296 < 1048576)
-                      AND skiplock.claim_hint_check(least(h.attempt, 2147483646) + 1,
-                                                    h.priority, h.scheduled_at)
-                          = (hint >> 45) & 255
-                  WHEN 'waiting' THEN false
-                  ELSE skiplock.claim_hint_check(h.attempt, h.priority, h.scheduled_at)
-                       = (hint >> 45) & 255
-                  END;
-            IF FOUND AND (hint_priority, hint_scheduled_at, hint_id)
-                         > (from_priority, from_scheduled_at, from_id) THEN
-                from_priority := hint_priority;
-                from_scheduled_at := hint_scheduled_at;
-                from_id := hint_id;
-            END IF;
-        END IF;
-    END IF;
-    -- From the position on: lock the rows (in claim order, so the last is where the claim
-    -- gets to), say where it got to, then take them with the caller's token when it gives
-    -- one. The hint is written once the rows are locked rather than after the update, so
-    -- claims starting beside this one spend less time stepping over its rows; should the
-    -- update fail (a lane conflict), a claim that followed the hint meanwhile has passed
-    -- over rows that are queued again, which the caller's retry takes (the worker's does).
-    SELECT array_agg(p.ctid), array_agg(p.id)
-    INTO picked_rows, picked_ids
-    FROM (
-        SELECT p.ctid, p.id
-        FROM unnest(queues) AS qn(name)
-        CROSS JOIN LATERAL (
-            SELECT j.ctid, j.priority, j.scheduled_at, j.id FROM skiplock.jobs j
-            WHERE j.queue = qn.name AND j.state = 'queued' AND j.scheduled_at <= now()
-              AND (j.priority, j.scheduled_at, j.id) > (from_priority, from_scheduled_at, from_id)
-              AND j.kind = ANY (kinds)
-              AND (NOT filtering OR j.xmax = '0'::xid OR (
-                  NOT j.xmax = ANY (in_flight)
-                  AND (j.xmax::text::bigint - next_xid + 4294967296) % 4294967296 >= 1048576))
-              AND (j.ordering_key IS NULL OR (
-                  take_lanes
-                  AND NOT EXISTS (
-                      SELECT 1 FROM skiplock.jobs h
-                      WHERE h.ordering_key = j.ordering_key AND h.state = 'running')
-                  AND NOT EXISTS (
-                      SELECT 1 FROM skiplock.jobs h
-                      WHERE h.ordering_key = j.ordering_key AND h.id < j.id
-                        AND h.state IN ('waiting', 'queued', 'running'))
-              ))
-            ORDER BY j.priority, j.scheduled_at, j.id
-            LIMIT max_jobs
-            FOR UPDATE OF j SKIP LOCKED
-        ) p
-        WHERE NOT EXISTS (
-            SELECT 1 FROM skiplock.queues q WHERE q.name = qn.name AND q.paused)
-        ORDER BY p.priority, p.scheduled_at, p.id
-        LIMIT max_jobs
-    ) p;
-    picked_count := coalesce(cardinality(picked_ids), 0);
-    IF picked_count = 0 THEN
-        RETURN;
-    END IF;
-    -- (Postgres gives <<, >>, & and | one precedence, left to right: hence the parentheses.)
-    IF share_position AND hint_sequence IS NOT NULL
-       AND picked_ids[picked_count] BETWEEN 1 AND 35184372088831
-       AND has_sequence_privilege(hint_sequence, 'UPDATE') THEN
-        SELECT j.attempt, j.priority, j.scheduled_at
-        INTO last_attempt, last_priority, last_scheduled_at
-        FROM skiplock.jobs j WHERE j.ctid = picked_rows[picked_count];
-        PERFORM setval(hint_sequence, (group_check << 53)
-            | (skiplock.claim_hint_check(least(last_attempt, 2147483646) + 1, last_priority,
-                                         last_scheduled_at) << 45)
-            | picked_ids[picked_count]);
-    END IF;
-    -- The result is sorted (claim order) after the update has finished, so an update that
-    -- fails has returned no row yet.
-    RETURN QUERY
-    WITH claimed AS (
-        UPDATE skiplock.jobs j
-        SET state = 'running', claim_token = coalesce(claim_with, gen_random_uuid()), claimed_by = worker,
-            claimed_at = now(), heartbeat_at = clock_timestamp(),
-            attempt = least(j.attempt, 2147483646) + 1
-        WHERE j.ctid = ANY (picked_rows)
-        RETURNING j.id, j.queue, j.kind, j.args, j.attempt, j.max_attempts,
-                  j.claim_token, j.priority, j.scheduled_at
-    )
-    SELECT c.id, c.queue, c.kind, c.args, c.attempt, c.max_attempts, c.claim_token,
-           c.priority,
-           -- A claimed row is due, so its scheduled_at is finite or '-infinity'.
-           CASE WHEN isfinite(c.scheduled_at)
-                THEN (extract(epoch FROM c.scheduled_at) * 1000000)::bigint
-                ELSE -9223372036854775808 END
-    FROM claimed c
-    ORDER BY c.priority, c.scheduled_at, c.id;
-END;
-$$;
-
---
--- Name: FUNCTION claim_batch(queues text[], kinds text[], max_jobs bigint, worker text, after_priority smallint, after_scheduled_at_us bigint, after_id bigint, claim_with uuid, skip_in_flight boolean, take_lanes boolean, retry_lane_conflict boolean, share_position boolean); Type: COMMENT; Schema: skiplock; Owner: -
---
-
-COMMENT ON FUNCTION skiplock.claim_batch(queues text[], kinds text[], max_jobs bigint, worker text, after_priority smallint, after_scheduled_at_us bigint, after_id bigint, claim_with uuid, skip_in_flight boolean, take_lanes boolean, retry_lane_conflict boolean, share_position boolean) IS 'Claims up to max_jobs runnable jobs (what a worker runs), after the given claim key if any; each comes back with its fencing claim_token (claim_with when given). skip_in_flight passes over rows other claims are taking without the lock manager (off by default: see migrations/0010); with retry_lane_conflict => false a lane conflict raises unique_violation instead of being retried with take_lanes => false; with share_position => true a claim from a position starts where the last claim of its group (same queues and kinds) got to, when that is further on, and writes where it got to (see migrations/0011).';
-
---
--- Name: claim_hint_check(integer, smallint, timestamp with time zone); Type: FUNCTION; Schema: skiplock; Owner: -
---
-
-CREATE FUNCTION skiplock.claim_hint_check(attempt integer, priority smallint, scheduled_at timestamp with time zone) RETURNS bigint
-    LANGUAGE sql IMMUTABLE PARALLEL SAFE
-    RETURN (hashtextextended((((((attempt)::text || ' '::text) || (priority)::text) || ' '::text) || (EXTRACT(epoch FROM scheduled_at))::text), (0)::bigint) & (255)::bigint);
-
---
--- Name: FUNCTION claim_hint_check(attempt integer, priority smallint, scheduled_at timestamp with time zone); Type: COMMENT; Schema: skiplock; Owner: -
---
-
-COMMENT ON FUNCTION skiplock.claim_hint_check(attempt integer, priority smallint, scheduled_at timestamp with time zone) IS 'Eight bits of a claim hint: a hash of the attempt a claim gave a job and the job''s claim key (migrations/0011_claim_hint.sql).';
-
---
--- Name: complete_claims(bigint[], uuid[]); Type: FUNCTION; Schema: skiplock; Owner: -
---
-
-CREATE FUNCTION skiplock.complete_claims(ids bigint[], tokens uuid[]) RETURNS TABLE(id bigint, state text, has_dependants boolean, ordering_key text)
-    LANGUAGE sql
-    SET enable_hashjoin TO 'off'
-    SET enable_mergejoin TO 'off'
-    SET enable_seqscan TO 'off'
-    SET enable_bitmapscan TO 'off'
-    SET jit TO 'off'
-    AS $$
-    UPDATE skiplock.jobs j
-    SET state = 'succeeded', finished_at = now(), claim_token = NULL, heartbeat_at = NULL
-    FROM unnest(ids, tokens) AS c(id, token)
-    WHERE j.id = c.id AND j.claim_token = c.token
-    RETURNING j.id, j.state::text,
-              EXISTS (SELECT 1 FROM skiplock.job_dependencies d WHERE d.parent_id = j.id),
-              j.ordering_key;
-$$;
-
---
--- Name: FUNCTION complete_claims(ids bigint[], tokens uuid[]); Type: COMMENT; Schema: skiplock; Owner: -
---
-
-COMMENT ON FUNCTION skiplock.complete_claims(ids bigint[], tokens uuid[]) IS 'Marks the given running jobs succeeded, each only if it still holds the given claim token, locking them in the order given (pass them sorted by id, as a worker does); returns those it changed, with what the worker does next for each (its dependants, its lane). What a worker calls.';
 
 --
 -- Name: enqueue(text, jsonb, text, integer, timestamp with time zone, integer, text, text, text, bigint[]); Type: FUNCTION; Schema: skiplock; Owner: -
@@ -535,10 +189,254 @@ $$;
 COMMENT ON FUNCTION skiplock.enqueue_job(kind text, args jsonb, queue text, priority integer, scheduled_at timestamp with time zone, max_attempts integer, ordering_key text, unique_key text, on_conflict text, depends_on bigint[]) IS 'As skiplock.enqueue, and says what it did: the job''s id with inserted, or, for a unique_key already pending, that job''s id with skipped, replaced or merged. Example: SELECT * FROM skiplock.enqueue_job(''send_email'', ''{"to": "a@example.com"}'', unique_key => ''welcome-42'');';
 
 --
--- Name: error_time(jsonb); Type: FUNCTION; Schema: skiplock; Owner: -
+-- Name: internal_advance_lanes(text[]); Type: FUNCTION; Schema: skiplock; Owner: -
 --
 
-CREATE FUNCTION skiplock.error_time(entry jsonb) RETURNS timestamp with time zone
+CREATE FUNCTION skiplock.internal_advance_lanes(keys text[]) RETURNS integer
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    promoted int;
+BEGIN
+    WITH heads AS (
+        SELECT DISTINCT ON (ordering_key) id, state
+        FROM skiplock.jobs
+        WHERE ordering_key = ANY (keys) AND state IN ('waiting', 'queued', 'running')
+        ORDER BY ordering_key, id
+    ), ready AS (
+        UPDATE skiplock.jobs j SET state = 'queued'
+        FROM heads
+        WHERE j.id = heads.id AND heads.state = 'waiting' AND j.state = 'waiting'
+          AND NOT EXISTS (
+              SELECT 1 FROM skiplock.jobs o
+              WHERE o.ordering_key = j.ordering_key AND o.state = 'running'
+          )
+          AND NOT skiplock.internal_has_unmet_parent(j.id)
+        RETURNING j.queue
+    )
+    SELECT count(*) INTO promoted FROM ready;
+    -- Each lane's head, promoted now or queued before (its turn came when the job before
+    -- it ended; claims skipped it while that job was unfinished).
+    PERFORM skiplock.internal_notify_runnable(h.queue, h.priority, h.scheduled_at)
+    FROM (SELECT DISTINCT ON (ordering_key) state, queue, priority, scheduled_at
+          FROM skiplock.jobs
+          WHERE ordering_key = ANY (keys) AND state IN ('waiting', 'queued', 'running')
+          ORDER BY ordering_key, id) h
+    WHERE h.state = 'queued';
+    RETURN promoted;
+END;
+$$;
+
+--
+-- Name: internal_append_error(jsonb, integer, text); Type: FUNCTION; Schema: skiplock; Owner: -
+--
+
+CREATE FUNCTION skiplock.internal_append_error(errors jsonb, attempt integer, message text) RETURNS jsonb
+    LANGUAGE sql IMMUTABLE
+    AS $$
+    SELECT coalesce(jsonb_agg(e ORDER BY n), '[]'::jsonb)
+    FROM (
+        SELECT e, n
+        FROM jsonb_array_elements(
+            errors || jsonb_build_array(jsonb_build_object(
+                'attempt', attempt, 'at', now(), 'message', message))
+        ) WITH ORDINALITY AS t(e, n)
+        ORDER BY n DESC
+        LIMIT 20
+    ) recent;
+$$;
+
+--
+-- Name: internal_cancel_job_once(bigint); Type: FUNCTION; Schema: skiplock; Owner: -
+--
+
+CREATE FUNCTION skiplock.internal_cancel_job_once(job_id bigint) RETURNS boolean
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    previous skiplock.job_state;
+BEGIN
+    SELECT state INTO previous FROM skiplock.jobs WHERE id = job_id FOR UPDATE;
+    IF previous IS NULL OR previous NOT IN ('waiting', 'queued', 'running') THEN
+        RETURN false;
+    END IF;
+    UPDATE skiplock.jobs
+    SET state = 'cancelled', finished_at = now(), claim_token = NULL, heartbeat_at = NULL,
+        last_error = coalesce(last_error, 'cancelled by operator')
+    WHERE id = job_id;
+    IF previous = 'running' THEN
+        PERFORM pg_notify('skiplock_cancel', job_id::text);
+    END IF;
+    PERFORM skiplock.internal_settle_dependants(ARRAY[job_id]);
+    PERFORM skiplock.internal_advance_lanes(ARRAY(
+        SELECT ordering_key FROM skiplock.jobs WHERE id = job_id AND ordering_key IS NOT NULL));
+    RETURN true;
+END;
+$$;
+
+--
+-- Name: FUNCTION internal_cancel_job_once(job_id bigint); Type: COMMENT; Schema: skiplock; Owner: -
+--
+
+COMMENT ON FUNCTION skiplock.internal_cancel_job_once(job_id bigint) IS 'One attempt of skiplock.cancel_job, without the deadlock retry; call cancel_job instead.';
+
+--
+-- Name: internal_check_args_size(jsonb); Type: FUNCTION; Schema: skiplock; Owner: -
+--
+
+CREATE FUNCTION skiplock.internal_check_args_size(args jsonb) RETURNS void
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    size bigint := octet_length(args::text);
+    limit_bytes bigint := skiplock.args_max_bytes();
+BEGIN
+    IF size > limit_bytes THEN
+        RAISE EXCEPTION 'args are % bytes, over the limit of % bytes', size, limit_bytes
+            USING ERRCODE = 'program_limit_exceeded',
+                  HINT = 'store large data elsewhere and pass a reference, or raise the setting skiplock.args_max_bytes';
+    END IF;
+END;
+$$;
+
+--
+-- Name: internal_claim_batch(text[], text[], bigint, text, smallint, bigint, bigint, uuid, boolean, boolean, boolean); Type: FUNCTION; Schema: skiplock; Owner: -
+--
+
+CREATE FUNCTION skiplock.internal_claim_batch(queues text[], kinds text[], max_jobs bigint, worker text, after_priority smallint DEFAULT NULL::smallint, after_scheduled_at_us bigint DEFAULT NULL::bigint, after_id bigint DEFAULT NULL::bigint, claim_with uuid DEFAULT NULL::uuid, skip_in_flight boolean DEFAULT false, take_lanes boolean DEFAULT true, retry_lane_conflict boolean DEFAULT true) RETURNS TABLE(id bigint, queue text, kind text, args jsonb, attempt integer, max_attempts integer, claim_token uuid, priority smallint, scheduled_at_us bigint)
+    LANGUAGE plpgsql
+    SET enable_sort TO 'off'
+    SET enable_bitmapscan TO 'off'
+    SET enable_seqscan TO 'off'
+    SET jit TO 'off'
+    SET plan_cache_mode TO 'force_generic_plan'
+    AS $$
+DECLARE
+    from_priority smallint := -32768;
+    from_scheduled_at timestamptz := '-infinity';
+    from_id bigint := -9223372036854775808;
+    snapshot pg_snapshot;
+    -- Transactions running when the claim began, and the next id then (as the low 32
+    -- bits that xmax holds).
+    in_flight xid[] := '{}';
+    next_xid bigint := 0;
+    filtering boolean := skip_in_flight AND pg_current_xact_id_if_assigned() IS NULL
+        AND current_setting('transaction_isolation') = 'read committed';
+BEGIN
+    IF retry_lane_conflict AND take_lanes THEN
+        -- The claim inside a subtransaction: a lane conflict it could not see rolls back
+        -- only that, and the claim runs again without lane jobs.
+        BEGIN
+            RETURN QUERY SELECT * FROM skiplock.internal_claim_batch(queues, kinds, max_jobs, worker,
+                after_priority, after_scheduled_at_us, after_id, claim_with, skip_in_flight,
+                true, false);
+            RETURN;
+        EXCEPTION WHEN unique_violation THEN
+            RETURN QUERY SELECT * FROM skiplock.internal_claim_batch(queues, kinds, max_jobs, worker,
+                after_priority, after_scheduled_at_us, after_id, claim_with, skip_in_flight,
+                false, false);
+            RETURN;
+        END;
+    END IF;
+    -- Without a position, a key before every row: the full walk.
+    IF after_priority IS NOT NULL AND after_scheduled_at_us IS NOT NULL
+       AND after_id IS NOT NULL THEN
+        from_priority := after_priority;
+        from_scheduled_at := CASE WHEN after_scheduled_at_us = -9223372036854775808
+            THEN '-infinity'::timestamptz
+            ELSE 'epoch'::timestamptz + after_scheduled_at_us * interval '1 microsecond' END;
+        from_id := after_id;
+    END IF;
+    IF filtering THEN
+        snapshot := pg_current_snapshot();
+        in_flight := ARRAY(SELECT x::xid FROM pg_snapshot_xip(snapshot) AS x);
+        next_xid := pg_snapshot_xmax(snapshot)::text::bigint % 4294967296;
+    END IF;
+    -- From the position on, with the caller's token when it gives one. The result is
+    -- sorted (claim order) after the update has finished, so an update that fails has
+    -- returned no row yet.
+    RETURN QUERY
+    WITH picked AS (
+        SELECT p.ctid
+        FROM (SELECT DISTINCT q FROM unnest(queues) AS q) AS qn(name)
+        CROSS JOIN LATERAL (
+            SELECT j.ctid, j.priority, j.scheduled_at, j.id FROM skiplock.jobs j
+            WHERE j.queue = qn.name AND j.state = 'queued' AND j.scheduled_at <= now()
+              AND (j.priority, j.scheduled_at, j.id) > (from_priority, from_scheduled_at, from_id)
+              AND (kinds IS NULL OR j.kind = ANY (kinds))
+              AND (NOT filtering OR j.xmax = '0'::xid OR (
+                  NOT j.xmax = ANY (in_flight)
+                  AND (j.xmax::text::bigint - next_xid + 4294967296) % 4294967296 >= 1048576))
+              AND (j.ordering_key IS NULL OR (
+                  take_lanes
+                  AND NOT EXISTS (
+                      SELECT 1 FROM skiplock.jobs h
+                      WHERE h.ordering_key = j.ordering_key AND h.state = 'running')
+                  AND NOT EXISTS (
+                      SELECT 1 FROM skiplock.jobs h
+                      WHERE h.ordering_key = j.ordering_key AND h.id < j.id
+                        AND h.state IN ('waiting', 'queued', 'running'))
+              ))
+            ORDER BY j.priority, j.scheduled_at, j.id
+            LIMIT max_jobs
+            FOR UPDATE OF j SKIP LOCKED
+        ) p
+        WHERE NOT EXISTS (
+            SELECT 1 FROM skiplock.queues q WHERE q.name = qn.name AND q.paused)
+        ORDER BY p.priority, p.scheduled_at, p.id
+        LIMIT max_jobs
+    ), claimed AS (
+        UPDATE skiplock.jobs j
+        SET state = 'running', claim_token = coalesce(claim_with, gen_random_uuid()), claimed_by = worker,
+            claimed_at = now(), heartbeat_at = clock_timestamp(),
+            attempt = least(j.attempt, 2147483646) + 1
+        WHERE j.ctid = ANY (ARRAY(SELECT p.ctid FROM picked p))
+        RETURNING j.id, j.queue, j.kind, j.args, j.attempt, j.max_attempts,
+                  j.claim_token, j.priority, j.scheduled_at
+    )
+    SELECT c.id, c.queue, c.kind, c.args, c.attempt, c.max_attempts, c.claim_token,
+           c.priority,
+           -- A claimed row is due, so its scheduled_at is finite or '-infinity'.
+           CASE WHEN isfinite(c.scheduled_at)
+                THEN (extract(epoch FROM c.scheduled_at) * 1000000)::bigint
+                ELSE -9223372036854775808 END
+    FROM claimed c
+    ORDER BY c.priority, c.scheduled_at, c.id;
+END;
+$$;
+
+--
+-- Name: internal_complete_claims(bigint[], uuid[]); Type: FUNCTION; Schema: skiplock; Owner: -
+--
+
+CREATE FUNCTION skiplock.internal_complete_claims(ids bigint[], tokens uuid[]) RETURNS TABLE(id bigint, state text, has_dependants boolean, ordering_key text)
+    LANGUAGE sql
+    SET enable_hashjoin TO 'off'
+    SET enable_mergejoin TO 'off'
+    SET enable_seqscan TO 'off'
+    SET enable_bitmapscan TO 'off'
+    SET jit TO 'off'
+    AS $$
+    UPDATE skiplock.jobs j
+    SET state = 'succeeded', finished_at = now(), claim_token = NULL, heartbeat_at = NULL
+    FROM unnest(ids, tokens) AS c(id, token)
+    WHERE j.id = c.id AND j.claim_token = c.token
+    RETURNING j.id, j.state::text,
+              EXISTS (SELECT 1 FROM skiplock.job_dependencies d WHERE d.parent_id = j.id),
+              j.ordering_key;
+$$;
+
+--
+-- Name: FUNCTION internal_complete_claims(ids bigint[], tokens uuid[]); Type: COMMENT; Schema: skiplock; Owner: -
+--
+
+COMMENT ON FUNCTION skiplock.internal_complete_claims(ids bigint[], tokens uuid[]) IS 'Marks the given running jobs succeeded, each only if it still holds the given claim token, locking them in the order given (pass them sorted by id, as a worker does); returns those it changed, with what the worker does next for each (its dependants, its lane). What a worker calls.';
+
+--
+-- Name: internal_error_time(jsonb); Type: FUNCTION; Schema: skiplock; Owner: -
+--
+
+CREATE FUNCTION skiplock.internal_error_time(entry jsonb) RETURNS timestamp with time zone
     LANGUAGE plpgsql STABLE
     AS $$
 DECLARE
@@ -559,16 +457,16 @@ END;
 $$;
 
 --
--- Name: FUNCTION error_time(entry jsonb); Type: COMMENT; Schema: skiplock; Owner: -
+-- Name: FUNCTION internal_error_time(entry jsonb); Type: COMMENT; Schema: skiplock; Owner: -
 --
 
-COMMENT ON FUNCTION skiplock.error_time(entry jsonb) IS 'The time (`at`) of an entry of skiplock.jobs.errors, or NULL when it has no valid, finite one: statements over many rows read it with this so that one entry written by hand cannot fail them.';
+COMMENT ON FUNCTION skiplock.internal_error_time(entry jsonb) IS 'The time (`at`) of an entry of skiplock.jobs.errors, or NULL when it has no valid, finite one: statements over many rows read it with this so that one entry written by hand cannot fail them.';
 
 --
--- Name: fold_into_key_holder(bigint); Type: FUNCTION; Schema: skiplock; Owner: -
+-- Name: internal_fold_into_key_holder(bigint); Type: FUNCTION; Schema: skiplock; Owner: -
 --
 
-CREATE FUNCTION skiplock.fold_into_key_holder(job_id bigint) RETURNS bigint
+CREATE FUNCTION skiplock.internal_fold_into_key_holder(job_id bigint) RETURNS bigint
     LANGUAGE plpgsql
     AS $$
 DECLARE
@@ -580,7 +478,7 @@ BEGIN
     IF job.unique_key IS NULL THEN
         RETURN NULL;
     END IF;
-    holder := skiplock.unique_key_holder(job.unique_key, job_id);
+    holder := skiplock.internal_unique_key_holder(job.unique_key, job_id);
     IF holder IS NOT NULL AND job.unique_policy = 'merge' THEN
         payload := CASE WHEN jsonb_typeof(job.args) = 'array' THEN job.args
                         ELSE jsonb_build_array(job.args) END;
@@ -591,10 +489,10 @@ END;
 $$;
 
 --
--- Name: has_unmet_parent(bigint); Type: FUNCTION; Schema: skiplock; Owner: -
+-- Name: internal_has_unmet_parent(bigint); Type: FUNCTION; Schema: skiplock; Owner: -
 --
 
-CREATE FUNCTION skiplock.has_unmet_parent(job bigint) RETURNS boolean
+CREATE FUNCTION skiplock.internal_has_unmet_parent(job bigint) RETURNS boolean
     LANGUAGE sql STABLE
     AS $$
     SELECT EXISTS (
@@ -607,10 +505,10 @@ CREATE FUNCTION skiplock.has_unmet_parent(job bigint) RETURNS boolean
 $$;
 
 --
--- Name: job_dependencies_after_insert(); Type: FUNCTION; Schema: skiplock; Owner: -
+-- Name: internal_job_dependencies_after_insert(); Type: FUNCTION; Schema: skiplock; Owner: -
 --
 
-CREATE FUNCTION skiplock.job_dependencies_after_insert() RETURNS trigger
+CREATE FUNCTION skiplock.internal_job_dependencies_after_insert() RETURNS trigger
     LANGUAGE plpgsql
     AS $$
 DECLARE
@@ -632,7 +530,7 @@ BEGIN
     FROM skiplock.jobs WHERE id = NEW.parent_id FOR SHARE;
     -- Claims skip the parent while this transaction holds it locked.
     IF parent_now = 'queued' THEN
-        PERFORM skiplock.notify_runnable(parent_queue, parent_priority, parent_scheduled_at);
+        PERFORM skiplock.internal_notify_runnable(parent_queue, parent_priority, parent_scheduled_at);
     END IF;
     IF parent_now IS NULL THEN
         RAISE EXCEPTION 'parent job % does not exist', NEW.parent_id
@@ -644,7 +542,7 @@ BEGIN
     IF parent_now = 'succeeded' THEN
         -- The child stays as it was; claims skipped it while it was locked.
         IF child_now = 'queued' THEN
-            PERFORM skiplock.notify_runnable(child_queue, child_priority, child_scheduled_at);
+            PERFORM skiplock.internal_notify_runnable(child_queue, child_priority, child_scheduled_at);
         END IF;
         RETURN NULL;
     END IF;
@@ -668,10 +566,10 @@ END;
 $$;
 
 --
--- Name: job_history_array_add(bigint[], bigint[]); Type: FUNCTION; Schema: skiplock; Owner: -
+-- Name: internal_job_history_array_add(bigint[], bigint[]); Type: FUNCTION; Schema: skiplock; Owner: -
 --
 
-CREATE FUNCTION skiplock.job_history_array_add(a bigint[], b bigint[]) RETURNS bigint[]
+CREATE FUNCTION skiplock.internal_job_history_array_add(a bigint[], b bigint[]) RETURNS bigint[]
     LANGUAGE sql IMMUTABLE PARALLEL SAFE
     AS $$
     SELECT coalesce(array_agg(coalesce(x, 0) + coalesce(y, 0) ORDER BY n), '{}')
@@ -679,20 +577,20 @@ CREATE FUNCTION skiplock.job_history_array_add(a bigint[], b bigint[]) RETURNS b
 $$;
 
 --
--- Name: job_history_run_bounds(); Type: FUNCTION; Schema: skiplock; Owner: -
+-- Name: internal_job_history_run_bounds(); Type: FUNCTION; Schema: skiplock; Owner: -
 --
 
-CREATE FUNCTION skiplock.job_history_run_bounds() RETURNS double precision[]
+CREATE FUNCTION skiplock.internal_job_history_run_bounds() RETURNS double precision[]
     LANGUAGE sql IMMUTABLE PARALLEL SAFE
     AS $$
     SELECT '{0.005,0.01,0.025,0.05,0.1,0.25,0.5,1,2.5,5,10,30,60,300,900,3600}'::float8[];
 $$;
 
 --
--- Name: jobs_after_delete(); Type: FUNCTION; Schema: skiplock; Owner: -
+-- Name: internal_jobs_after_delete(); Type: FUNCTION; Schema: skiplock; Owner: -
 --
 
-CREATE FUNCTION skiplock.jobs_after_delete() RETURNS trigger
+CREATE FUNCTION skiplock.internal_jobs_after_delete() RETURNS trigger
     LANGUAGE plpgsql
     AS $$
 DECLARE
@@ -709,17 +607,17 @@ BEGIN
     )
     SELECT array_agg(id) INTO children FROM cancelled;
     IF children IS NOT NULL THEN
-        PERFORM skiplock.settle_dependants(children);
+        PERFORM skiplock.internal_settle_dependants(children);
     END IF;
     RETURN NULL;
 END;
 $$;
 
 --
--- Name: jobs_before_insert(); Type: FUNCTION; Schema: skiplock; Owner: -
+-- Name: internal_jobs_before_insert(); Type: FUNCTION; Schema: skiplock; Owner: -
 --
 
-CREATE FUNCTION skiplock.jobs_before_insert() RETURNS trigger
+CREATE FUNCTION skiplock.internal_jobs_before_insert() RETURNS trigger
     LANGUAGE plpgsql
     AS $$
 DECLARE
@@ -728,7 +626,7 @@ DECLARE
     merged jsonb;
 BEGIN
     IF pg_column_size(NEW.args) > 4096 THEN
-        PERFORM skiplock.check_args_size(NEW.args);
+        PERFORM skiplock.internal_check_args_size(NEW.args);
     END IF;
     IF NEW.ordering_key IS NOT NULL AND NEW.state = 'queued' THEN
         -- Lane order: a job behind an unfinished job of its lane waits for its turn.
@@ -744,7 +642,7 @@ BEGIN
         IF policy = 'merge' AND jsonb_typeof(NEW.args) <> 'array' THEN
             NEW.args := jsonb_build_array(NEW.args);
         END IF;
-        holder := skiplock.unique_key_holder(NEW.unique_key, NEW.id);
+        holder := skiplock.internal_unique_key_holder(NEW.unique_key, NEW.id);
         IF holder IS NOT NULL THEN
             -- The key's policy, as skiplock.enqueue documents it; no new row.
             IF policy = 'replace' THEN
@@ -753,7 +651,7 @@ BEGIN
                 UPDATE skiplock.jobs SET args = args || NEW.args WHERE id = holder
                 RETURNING args INTO merged;
                 IF pg_column_size(merged) > 4096 THEN
-                    PERFORM skiplock.check_args_size(merged);
+                    PERFORM skiplock.internal_check_args_size(merged);
                 END IF;
             END IF;
             -- skiplock.enqueue returns the holder's id.
@@ -766,10 +664,10 @@ END;
 $$;
 
 --
--- Name: notify_jobs_inserted(); Type: FUNCTION; Schema: skiplock; Owner: -
+-- Name: internal_notify_jobs_inserted(); Type: FUNCTION; Schema: skiplock; Owner: -
 --
 
-CREATE FUNCTION skiplock.notify_jobs_inserted() RETURNS trigger
+CREATE FUNCTION skiplock.internal_notify_jobs_inserted() RETURNS trigger
     LANGUAGE plpgsql
     AS $$
 DECLARE
@@ -782,29 +680,159 @@ BEGIN
         WHERE state = 'queued' AND scheduled_at <= now()
         GROUP BY queue, priority
     LOOP
-        PERFORM pg_notify('skiplock_runnable', skiplock.runnable_payload(q, p, s));
-        PERFORM pg_notify('skiplock_jobs', q);
+        PERFORM pg_notify('skiplock_runnable', skiplock.internal_runnable_payload(q, p, s));
     END LOOP;
     RETURN NULL;
 END;
 $$;
 
 --
--- Name: notify_runnable(text, smallint, timestamp with time zone); Type: FUNCTION; Schema: skiplock; Owner: -
+-- Name: internal_notify_runnable(text, smallint, timestamp with time zone); Type: FUNCTION; Schema: skiplock; Owner: -
 --
 
-CREATE FUNCTION skiplock.notify_runnable(queue text, priority smallint, scheduled_at timestamp with time zone) RETURNS void
+CREATE FUNCTION skiplock.internal_notify_runnable(queue text, priority smallint, scheduled_at timestamp with time zone) RETURNS void
     LANGUAGE sql
     AS $$
-    SELECT pg_notify('skiplock_runnable', skiplock.runnable_payload(queue, priority, scheduled_at))
+    SELECT pg_notify('skiplock_runnable', skiplock.internal_runnable_payload(queue, priority, scheduled_at))
     WHERE scheduled_at <= now();
 $$;
 
 --
--- Name: FUNCTION notify_runnable(queue text, priority smallint, scheduled_at timestamp with time zone); Type: COMMENT; Schema: skiplock; Owner: -
+-- Name: FUNCTION internal_notify_runnable(queue text, priority smallint, scheduled_at timestamp with time zone); Type: COMMENT; Schema: skiplock; Owner: -
 --
 
-COMMENT ON FUNCTION skiplock.notify_runnable(queue text, priority smallint, scheduled_at timestamp with time zone) IS 'Tells workers that jobs of this queue became runnable from this priority and time on (at commit, if due): call it after requeuing jobs with a plain UPDATE.';
+COMMENT ON FUNCTION skiplock.internal_notify_runnable(queue text, priority smallint, scheduled_at timestamp with time zone) IS 'Tells workers that jobs of this queue became runnable from this priority and time on (at commit, if due): call it after requeuing jobs with a plain UPDATE.';
+
+--
+-- Name: internal_runnable_payload(text, smallint, timestamp with time zone); Type: FUNCTION; Schema: skiplock; Owner: -
+--
+
+CREATE FUNCTION skiplock.internal_runnable_payload(queue text, priority smallint, scheduled_at timestamp with time zone) RETURNS text
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    AS $$
+    SELECT priority::text || E'\t'
+        || CASE WHEN isfinite(scheduled_at)
+                THEN ((extract(epoch FROM scheduled_at) * 1000000)::bigint)::text
+                ELSE '-9223372036854775808' END
+        || E'\t' || queue;
+$$;
+
+--
+-- Name: FUNCTION internal_runnable_payload(queue text, priority smallint, scheduled_at timestamp with time zone); Type: COMMENT; Schema: skiplock; Owner: -
+--
+
+COMMENT ON FUNCTION skiplock.internal_runnable_payload(queue text, priority smallint, scheduled_at timestamp with time zone) IS 'Payload of a skiplock_runnable notification: where in claim order a job became runnable.';
+
+--
+-- Name: internal_set_queue_paused(text, boolean); Type: FUNCTION; Schema: skiplock; Owner: -
+--
+
+CREATE FUNCTION skiplock.internal_set_queue_paused(queue_name text, paused boolean) RETURNS void
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    IF queue_name IS NULL OR queue_name = '' THEN
+        RAISE EXCEPTION 'a queue name cannot be empty'
+            USING ERRCODE = 'check_violation',
+                  HINT = 'pass the queue''s name as its jobs have it in skiplock.jobs.queue';
+    END IF;
+    INSERT INTO skiplock.queues AS q (name, paused) VALUES (queue_name, set_queue_paused.paused)
+    ON CONFLICT (name) DO UPDATE SET paused = excluded.paused, updated_at = now();
+END;
+$$;
+
+--
+-- Name: internal_settle_dependants(bigint[]); Type: FUNCTION; Schema: skiplock; Owner: -
+--
+
+CREATE FUNCTION skiplock.internal_settle_dependants(parent_ids bigint[]) RETURNS integer
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    promoted_keys skiplock.runnable_key[];
+    promoted int := 0;
+    cancelled int := 0;
+BEGIN
+    WITH RECURSIVE doomed (id, reason) AS (
+        SELECT d.job_id,
+               CASE WHEN p.id IS NULL
+                    THEN format('parent job %s was deleted while %s', d.parent_id, d.parent_state)
+                    ELSE format('parent job %s ended %s', p.id, p.state) END
+        FROM skiplock.job_dependencies d
+        LEFT JOIN skiplock.jobs p ON p.id = d.parent_id
+        JOIN skiplock.jobs c ON c.id = d.job_id
+        WHERE d.parent_id = ANY (parent_ids)
+          AND (p.state IN ('dead', 'cancelled') OR (p.id IS NULL AND d.parent_state IS NOT NULL))
+          AND c.state = 'waiting'
+        UNION
+        SELECT d.job_id, format('parent job %s was cancelled', d.parent_id)
+        FROM skiplock.job_dependencies d
+        JOIN doomed ON d.parent_id = doomed.id
+        JOIN skiplock.jobs c ON c.id = d.job_id
+        WHERE c.state = 'waiting'
+    )
+    UPDATE skiplock.jobs j
+    SET state = 'cancelled', finished_at = now(), last_error = doomed.reason
+    FROM doomed
+    WHERE j.id = doomed.id AND j.state = 'waiting';
+    GET DIAGNOSTICS cancelled = ROW_COUNT;
+
+    WITH ready AS (
+        UPDATE skiplock.jobs c
+        SET state = 'queued'
+        WHERE c.state = 'waiting'
+          AND c.id IN (SELECT job_id FROM skiplock.job_dependencies WHERE parent_id = ANY (parent_ids))
+          AND NOT skiplock.internal_has_unmet_parent(c.id)
+        RETURNING c.queue, c.priority, c.scheduled_at
+    )
+    SELECT count(*), array_agg(DISTINCT ROW(queue, priority, scheduled_at)::skiplock.runnable_key)
+    INTO promoted, promoted_keys FROM ready;
+    -- The lowest key per queue and priority: one message, not one per child.
+    PERFORM skiplock.internal_notify_runnable(k.queue, k.priority, min(k.scheduled_at))
+    FROM unnest(promoted_keys) AS k
+    GROUP BY k.queue, k.priority;
+    RETURN promoted + cancelled;
+END;
+$$;
+
+--
+-- Name: internal_superseded_message(bigint, text); Type: FUNCTION; Schema: skiplock; Owner: -
+--
+
+CREATE FUNCTION skiplock.internal_superseded_message(holder bigint, key text) RETURNS text
+    LANGUAGE sql IMMUTABLE
+    AS $$
+    SELECT format('superseded: pending job %s holds unique_key %s and runs instead', holder, key);
+$$;
+
+--
+-- Name: internal_unique_key_holder(text, bigint); Type: FUNCTION; Schema: skiplock; Owner: -
+--
+
+CREATE FUNCTION skiplock.internal_unique_key_holder(key text, self bigint) RETURNS bigint
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    holder bigint;
+    holder_state skiplock.job_state;
+    holder_queue text;
+    holder_priority smallint;
+    holder_scheduled_at timestamptz;
+BEGIN
+    PERFORM pg_advisory_xact_lock(hashtextextended('skiplock.unique:' || key, 0));
+    SELECT o.id, o.state, o.queue, o.priority, o.scheduled_at
+    INTO holder, holder_state, holder_queue, holder_priority, holder_scheduled_at
+    FROM skiplock.jobs o
+    WHERE o.unique_key = key AND o.state IN ('waiting', 'queued') AND o.id <> self
+    ORDER BY o.id LIMIT 1
+    FOR UPDATE;
+    -- Claims skip the holder while this transaction holds it locked.
+    IF holder_state = 'queued' THEN
+        PERFORM skiplock.internal_notify_runnable(holder_queue, holder_priority, holder_scheduled_at);
+    END IF;
+    RETURN holder;
+END;
+$$;
 
 --
 -- Name: pause_queue(text); Type: FUNCTION; Schema: skiplock; Owner: -
@@ -813,7 +841,7 @@ COMMENT ON FUNCTION skiplock.notify_runnable(queue text, priority smallint, sche
 CREATE FUNCTION skiplock.pause_queue(queue_name text) RETURNS void
     LANGUAGE sql
     AS $$
-    SELECT skiplock.set_queue_paused(queue_name, true);
+    SELECT skiplock.internal_set_queue_paused(queue_name, true);
 $$;
 
 --
@@ -823,9 +851,8 @@ $$;
 CREATE FUNCTION skiplock.resume_queue(queue_name text) RETURNS void
     LANGUAGE sql
     AS $$
-    SELECT skiplock.set_queue_paused(queue_name, false);
+    SELECT skiplock.internal_set_queue_paused(queue_name, false);
     SELECT pg_notify('skiplock_runnable', E'-\t-\t' || queue_name);
-    SELECT pg_notify('skiplock_jobs', queue_name);
 $$;
 
 --
@@ -878,7 +905,7 @@ BEGIN
     IF current IS NULL OR current NOT IN ('queued', 'dead', 'cancelled', 'succeeded') THEN
         RETURN false;
     END IF;
-    holder := skiplock.fold_into_key_holder(job_id);
+    holder := skiplock.internal_fold_into_key_holder(job_id);
     UPDATE skiplock.jobs j
     SET state = CASE
             WHEN holder IS NOT NULL THEN 'cancelled'
@@ -887,448 +914,41 @@ BEGIN
                 WHERE o.ordering_key = lane AND o.id <> job_id
                   AND o.state IN ('waiting', 'queued', 'running'))
             THEN 'waiting'
-            WHEN skiplock.has_unmet_parent(j.id) THEN 'waiting'
+            WHEN skiplock.internal_has_unmet_parent(j.id) THEN 'waiting'
             ELSE 'queued' END::skiplock.job_state,
         scheduled_at = now(),
         max_attempts = greatest(max_attempts, attempt + 1),
         finished_at = CASE WHEN holder IS NOT NULL THEN now() END,
         last_error = CASE WHEN holder IS NOT NULL
-            THEN skiplock.superseded_message(holder, unique_key) ELSE last_error END
+            THEN skiplock.internal_superseded_message(holder, unique_key) ELSE last_error END
     WHERE id = job_id AND state IN ('queued', 'dead', 'cancelled', 'succeeded')
     RETURNING queue, priority, scheduled_at, state INTO q, p, s, now_state;
     IF q IS NULL THEN
         RETURN false;
     END IF;
     IF lane IS NOT NULL THEN
-        PERFORM skiplock.advance_lanes(ARRAY[lane]);
+        PERFORM skiplock.internal_advance_lanes(ARRAY[lane]);
     END IF;
     -- A child of a dead, cancelled or deleted parent is cancelled again at once, with the
     -- reason.
-    PERFORM skiplock.settle_dependants(ARRAY(
+    PERFORM skiplock.internal_settle_dependants(ARRAY(
         SELECT d.parent_id FROM skiplock.job_dependencies d WHERE d.job_id = retry_job.job_id));
-    PERFORM pg_notify('skiplock_jobs', q);
     IF now_state = 'queued' THEN
-        PERFORM skiplock.notify_runnable(q, p, s);
+        PERFORM skiplock.internal_notify_runnable(q, p, s);
     END IF;
     RETURN true;
 END;
 $$;
 
 --
--- Name: runnable_payload(text, smallint, timestamp with time zone); Type: FUNCTION; Schema: skiplock; Owner: -
+-- Name: internal_job_history_array_sum(bigint[]); Type: AGGREGATE; Schema: skiplock; Owner: -
 --
 
-CREATE FUNCTION skiplock.runnable_payload(queue text, priority smallint, scheduled_at timestamp with time zone) RETURNS text
-    LANGUAGE sql IMMUTABLE PARALLEL SAFE
-    AS $$
-    SELECT priority::text || E'\t'
-        || CASE WHEN isfinite(scheduled_at)
-                THEN ((extract(epoch FROM scheduled_at) * 1000000)::bigint)::text
-                ELSE '-9223372036854775808' END
-        || E'\t' || queue;
-$$;
-
---
--- Name: FUNCTION runnable_payload(queue text, priority smallint, scheduled_at timestamp with time zone); Type: COMMENT; Schema: skiplock; Owner: -
---
-
-COMMENT ON FUNCTION skiplock.runnable_payload(queue text, priority smallint, scheduled_at timestamp with time zone) IS 'Payload of a skiplock_runnable notification: where in claim order a job became runnable.';
-
---
--- Name: set_queue_paused(text, boolean); Type: FUNCTION; Schema: skiplock; Owner: -
---
-
-CREATE FUNCTION skiplock.set_queue_paused(queue_name text, paused boolean) RETURNS void
-    LANGUAGE plpgsql
-    AS $$
-BEGIN
-    IF queue_name IS NULL OR queue_name = '' THEN
-        RAISE EXCEPTION 'a queue name cannot be empty'
-            USING ERRCODE = 'check_violation',
-                  HINT = 'pass the queue''s name as its jobs have it in skiplock.jobs.queue';
-    END IF;
-    INSERT INTO skiplock.queues AS q (name, paused) VALUES (queue_name, set_queue_paused.paused)
-    ON CONFLICT (name) DO UPDATE SET paused = excluded.paused, updated_at = now();
-END;
-$$;
-
---
--- Name: settle_dependants(bigint[]); Type: FUNCTION; Schema: skiplock; Owner: -
---
-
-CREATE FUNCTION skiplock.settle_dependants(parent_ids bigint[]) RETURNS integer
-    LANGUAGE plpgsql
-    AS $$
-DECLARE
-    promoted_queues text[];
-    promoted_keys skiplock.runnable_key[];
-    promoted int := 0;
-    cancelled int := 0;
-BEGIN
-    WITH RECURSIVE doomed (id, reason) AS (
-        SELECT d.job_id,
-               CASE WHEN p.id IS NULL
-                    THEN format('parent job %s was deleted while %s', d.parent_id, d.parent_state)
-                    ELSE format('parent job %s ended %s', p.id, p.state) END
-        FROM skiplock.job_dependencies d
-        LEFT JOIN skiplock.jobs p ON p.id = d.parent_id
-        JOIN skiplock.jobs c ON c.id = d.job_id
-        WHERE d.parent_id = ANY (parent_ids)
-          AND (p.state IN ('dead', 'cancelled') OR (p.id IS NULL AND d.parent_state IS NOT NULL))
-          AND c.state = 'waiting'
-        UNION
-        SELECT d.job_id, format('parent job %s was cancelled', d.parent_id)
-        FROM skiplock.job_dependencies d
-        JOIN doomed ON d.parent_id = doomed.id
-        JOIN skiplock.jobs c ON c.id = d.job_id
-        WHERE c.state = 'waiting'
-    )
-    UPDATE skiplock.jobs j
-    SET state = 'cancelled', finished_at = now(), last_error = doomed.reason
-    FROM doomed
-    WHERE j.id = doomed.id AND j.state = 'waiting';
-    GET DIAGNOSTICS cancelled = ROW_COUNT;
-
-    WITH ready AS (
-        UPDATE skiplock.jobs c
-        SET state = 'queued'
-        WHERE c.state = 'waiting'
-          AND c.id IN (SELECT job_id FROM skiplock.job_dependencies WHERE parent_id = ANY (parent_ids))
-          AND NOT skiplock.has_unmet_parent(c.id)
-        RETURNING c.queue, c.priority, c.scheduled_at
-    )
-    SELECT array_agg(DISTINCT queue), count(*),
-           array_agg(DISTINCT ROW(queue, priority, scheduled_at)::skiplock.runnable_key)
-    INTO promoted_queues, promoted, promoted_keys FROM ready;
-    PERFORM pg_notify('skiplock_jobs', q) FROM unnest(promoted_queues) AS q;
-    -- The lowest key per queue and priority: one message, not one per child.
-    PERFORM skiplock.notify_runnable(k.queue, k.priority, min(k.scheduled_at))
-    FROM unnest(promoted_keys) AS k
-    GROUP BY k.queue, k.priority;
-    RETURN promoted + cancelled;
-END;
-$$;
-
---
--- Name: superseded_message(bigint, text); Type: FUNCTION; Schema: skiplock; Owner: -
---
-
-CREATE FUNCTION skiplock.superseded_message(holder bigint, key text) RETURNS text
-    LANGUAGE sql IMMUTABLE
-    AS $$
-    SELECT format('superseded: pending job %s holds unique_key %s and runs instead', holder, key);
-$$;
-
---
--- Name: unique_key_holder(text, bigint); Type: FUNCTION; Schema: skiplock; Owner: -
---
-
-CREATE FUNCTION skiplock.unique_key_holder(key text, self bigint) RETURNS bigint
-    LANGUAGE plpgsql
-    AS $$
-DECLARE
-    holder bigint;
-    holder_state skiplock.job_state;
-    holder_queue text;
-    holder_priority smallint;
-    holder_scheduled_at timestamptz;
-BEGIN
-    PERFORM pg_advisory_xact_lock(hashtextextended('skiplock.unique:' || key, 0));
-    SELECT o.id, o.state, o.queue, o.priority, o.scheduled_at
-    INTO holder, holder_state, holder_queue, holder_priority, holder_scheduled_at
-    FROM skiplock.jobs o
-    WHERE o.unique_key = key AND o.state IN ('waiting', 'queued') AND o.id <> self
-    ORDER BY o.id LIMIT 1
-    FOR UPDATE;
-    -- Claims skip the holder while this transaction holds it locked.
-    IF holder_state = 'queued' THEN
-        PERFORM skiplock.notify_runnable(holder_queue, holder_priority, holder_scheduled_at);
-    END IF;
-    RETURN holder;
-END;
-$$;
-
---
--- Name: job_history_array_sum(bigint[]); Type: AGGREGATE; Schema: skiplock; Owner: -
---
-
-CREATE AGGREGATE skiplock.job_history_array_sum(bigint[]) (
-    SFUNC = skiplock.job_history_array_add,
+CREATE AGGREGATE skiplock.internal_job_history_array_sum(bigint[]) (
+    SFUNC = skiplock.internal_job_history_array_add,
     STYPE = bigint[],
     INITCOND = '{}'
 );
-
---
--- Name: claim_hint_0; Type: SEQUENCE; Schema: skiplock; Owner: -
---
-
-CREATE SEQUENCE skiplock.claim_hint_0
-    START WITH 0
-    INCREMENT BY 1
-    MINVALUE 0
-    NO MAXVALUE
-    CACHE 1;
-
---
--- Name: SEQUENCE claim_hint_0; Type: COMMENT; Schema: skiplock; Owner: -
---
-
-COMMENT ON SEQUENCE skiplock.claim_hint_0 IS 'Where the last claim of a group of worker processes got to: a hint for the group''s next claims, never state (skiplock.claim_batch with share_position; migrations/0011_claim_hint.sql).';
-
---
--- Name: claim_hint_1; Type: SEQUENCE; Schema: skiplock; Owner: -
---
-
-CREATE SEQUENCE skiplock.claim_hint_1
-    START WITH 0
-    INCREMENT BY 1
-    MINVALUE 0
-    NO MAXVALUE
-    CACHE 1;
-
---
--- Name: SEQUENCE claim_hint_1; Type: COMMENT; Schema: skiplock; Owner: -
---
-
-COMMENT ON SEQUENCE skiplock.claim_hint_1 IS 'Where the last claim of a group of worker processes got to: a hint for the group''s next claims, never state (skiplock.claim_batch with share_position; migrations/0011_claim_hint.sql).';
-
---
--- Name: claim_hint_10; Type: SEQUENCE; Schema: skiplock; Owner: -
---
-
-CREATE SEQUENCE skiplock.claim_hint_10
-    START WITH 0
-    INCREMENT BY 1
-    MINVALUE 0
-    NO MAXVALUE
-    CACHE 1;
-
---
--- Name: SEQUENCE claim_hint_10; Type: COMMENT; Schema: skiplock; Owner: -
---
-
-COMMENT ON SEQUENCE skiplock.claim_hint_10 IS 'Where the last claim of a group of worker processes got to: a hint for the group''s next claims, never state (skiplock.claim_batch with share_position; migrations/0011_claim_hint.sql).';
-
---
--- Name: claim_hint_11; Type: SEQUENCE; Schema: skiplock; Owner: -
---
-
-CREATE SEQUENCE skiplock.claim_hint_11
-    START WITH 0
-    INCREMENT BY 1
-    MINVALUE 0
-    NO MAXVALUE
-    CACHE 1;
-
---
--- Name: SEQUENCE claim_hint_11; Type: COMMENT; Schema: skiplock; Owner: -
---
-
-COMMENT ON SEQUENCE skiplock.claim_hint_11 IS 'Where the last claim of a group of worker processes got to: a hint for the group''s next claims, never state (skiplock.claim_batch with share_position; migrations/0011_claim_hint.sql).';
-
---
--- Name: claim_hint_12; Type: SEQUENCE; Schema: skiplock; Owner: -
---
-
-CREATE SEQUENCE skiplock.claim_hint_12
-    START WITH 0
-    INCREMENT BY 1
-    MINVALUE 0
-    NO MAXVALUE
-    CACHE 1;
-
---
--- Name: SEQUENCE claim_hint_12; Type: COMMENT; Schema: skiplock; Owner: -
---
-
-COMMENT ON SEQUENCE skiplock.claim_hint_12 IS 'Where the last claim of a group of worker processes got to: a hint for the group''s next claims, never state (skiplock.claim_batch with share_position; migrations/0011_claim_hint.sql).';
-
---
--- Name: claim_hint_13; Type: SEQUENCE; Schema: skiplock; Owner: -
---
-
-CREATE SEQUENCE skiplock.claim_hint_13
-    START WITH 0
-    INCREMENT BY 1
-    MINVALUE 0
-    NO MAXVALUE
-    CACHE 1;
-
---
--- Name: SEQUENCE claim_hint_13; Type: COMMENT; Schema: skiplock; Owner: -
---
-
-COMMENT ON SEQUENCE skiplock.claim_hint_13 IS 'Where the last claim of a group of worker processes got to: a hint for the group''s next claims, never state (skiplock.claim_batch with share_position; migrations/0011_claim_hint.sql).';
-
---
--- Name: claim_hint_14; Type: SEQUENCE; Schema: skiplock; Owner: -
---
-
-CREATE SEQUENCE skiplock.claim_hint_14
-    START WITH 0
-    INCREMENT BY 1
-    MINVALUE 0
-    NO MAXVALUE
-    CACHE 1;
-
---
--- Name: SEQUENCE claim_hint_14; Type: COMMENT; Schema: skiplock; Owner: -
---
-
-COMMENT ON SEQUENCE skiplock.claim_hint_14 IS 'Where the last claim of a group of worker processes got to: a hint for the group''s next claims, never state (skiplock.claim_batch with share_position; migrations/0011_claim_hint.sql).';
-
---
--- Name: claim_hint_15; Type: SEQUENCE; Schema: skiplock; Owner: -
---
-
-CREATE SEQUENCE skiplock.claim_hint_15
-    START WITH 0
-    INCREMENT BY 1
-    MINVALUE 0
-    NO MAXVALUE
-    CACHE 1;
-
---
--- Name: SEQUENCE claim_hint_15; Type: COMMENT; Schema: skiplock; Owner: -
---
-
-COMMENT ON SEQUENCE skiplock.claim_hint_15 IS 'Where the last claim of a group of worker processes got to: a hint for the group''s next claims, never state (skiplock.claim_batch with share_position; migrations/0011_claim_hint.sql).';
-
---
--- Name: claim_hint_2; Type: SEQUENCE; Schema: skiplock; Owner: -
---
-
-CREATE SEQUENCE skiplock.claim_hint_2
-    START WITH 0
-    INCREMENT BY 1
-    MINVALUE 0
-    NO MAXVALUE
-    CACHE 1;
-
---
--- Name: SEQUENCE claim_hint_2; Type: COMMENT; Schema: skiplock; Owner: -
---
-
-COMMENT ON SEQUENCE skiplock.claim_hint_2 IS 'Where the last claim of a group of worker processes got to: a hint for the group''s next claims, never state (skiplock.claim_batch with share_position; migrations/0011_claim_hint.sql).';
-
---
--- Name: claim_hint_3; Type: SEQUENCE; Schema: skiplock; Owner: -
---
-
-CREATE SEQUENCE skiplock.claim_hint_3
-    START WITH 0
-    INCREMENT BY 1
-    MINVALUE 0
-    NO MAXVALUE
-    CACHE 1;
-
---
--- Name: SEQUENCE claim_hint_3; Type: COMMENT; Schema: skiplock; Owner: -
---
-
-COMMENT ON SEQUENCE skiplock.claim_hint_3 IS 'Where the last claim of a group of worker processes got to: a hint for the group''s next claims, never state (skiplock.claim_batch with share_position; migrations/0011_claim_hint.sql).';
-
---
--- Name: claim_hint_4; Type: SEQUENCE; Schema: skiplock; Owner: -
---
-
-CREATE SEQUENCE skiplock.claim_hint_4
-    START WITH 0
-    INCREMENT BY 1
-    MINVALUE 0
-    NO MAXVALUE
-    CACHE 1;
-
---
--- Name: SEQUENCE claim_hint_4; Type: COMMENT; Schema: skiplock; Owner: -
---
-
-COMMENT ON SEQUENCE skiplock.claim_hint_4 IS 'Where the last claim of a group of worker processes got to: a hint for the group''s next claims, never state (skiplock.claim_batch with share_position; migrations/0011_claim_hint.sql).';
-
---
--- Name: claim_hint_5; Type: SEQUENCE; Schema: skiplock; Owner: -
---
-
-CREATE SEQUENCE skiplock.claim_hint_5
-    START WITH 0
-    INCREMENT BY 1
-    MINVALUE 0
-    NO MAXVALUE
-    CACHE 1;
-
---
--- Name: SEQUENCE claim_hint_5; Type: COMMENT; Schema: skiplock; Owner: -
---
-
-COMMENT ON SEQUENCE skiplock.claim_hint_5 IS 'Where the last claim of a group of worker processes got to: a hint for the group''s next claims, never state (skiplock.claim_batch with share_position; migrations/0011_claim_hint.sql).';
-
---
--- Name: claim_hint_6; Type: SEQUENCE; Schema: skiplock; Owner: -
---
-
-CREATE SEQUENCE skiplock.claim_hint_6
-    START WITH 0
-    INCREMENT BY 1
-    MINVALUE 0
-    NO MAXVALUE
-    CACHE 1;
-
---
--- Name: SEQUENCE claim_hint_6; Type: COMMENT; Schema: skiplock; Owner: -
---
-
-COMMENT ON SEQUENCE skiplock.claim_hint_6 IS 'Where the last claim of a group of worker processes got to: a hint for the group''s next claims, never state (skiplock.claim_batch with share_position; migrations/0011_claim_hint.sql).';
-
---
--- Name: claim_hint_7; Type: SEQUENCE; Schema: skiplock; Owner: -
---
-
-CREATE SEQUENCE skiplock.claim_hint_7
-    START WITH 0
-    INCREMENT BY 1
-    MINVALUE 0
-    NO MAXVALUE
-    CACHE 1;
-
---
--- Name: SEQUENCE claim_hint_7; Type: COMMENT; Schema: skiplock; Owner: -
---
-
-COMMENT ON SEQUENCE skiplock.claim_hint_7 IS 'Where the last claim of a group of worker processes got to: a hint for the group''s next claims, never state (skiplock.claim_batch with share_position; migrations/0011_claim_hint.sql).';
-
---
--- Name: claim_hint_8; Type: SEQUENCE; Schema: skiplock; Owner: -
---
-
-CREATE SEQUENCE skiplock.claim_hint_8
-    START WITH 0
-    INCREMENT BY 1
-    MINVALUE 0
-    NO MAXVALUE
-    CACHE 1;
-
---
--- Name: SEQUENCE claim_hint_8; Type: COMMENT; Schema: skiplock; Owner: -
---
-
-COMMENT ON SEQUENCE skiplock.claim_hint_8 IS 'Where the last claim of a group of worker processes got to: a hint for the group''s next claims, never state (skiplock.claim_batch with share_position; migrations/0011_claim_hint.sql).';
-
---
--- Name: claim_hint_9; Type: SEQUENCE; Schema: skiplock; Owner: -
---
-
-CREATE SEQUENCE skiplock.claim_hint_9
-    START WITH 0
-    INCREMENT BY 1
-    MINVALUE 0
-    NO MAXVALUE
-    CACHE 1;
-
---
--- Name: SEQUENCE claim_hint_9; Type: COMMENT; Schema: skiplock; Owner: -
---
-
-COMMENT ON SEQUENCE skiplock.claim_hint_9 IS 'Where the last claim of a group of worker processes got to: a hint for the group''s next claims, never state (skiplock.claim_batch with share_position; migrations/0011_claim_hint.sql).';
 
 --
 -- Name: cron_schedules; Type: TABLE; Schema: skiplock; Owner: -
@@ -1360,12 +980,6 @@ CREATE TABLE skiplock.cron_schedules (
 --
 
 COMMENT ON COLUMN skiplock.cron_schedules.missed IS 'Slots missed while no worker ran: latest = run the most recent missed slot once; skip = run none of them.';
-
---
--- Name: CONSTRAINT cron_schedules_queue_name_length ON cron_schedules; Type: COMMENT; Schema: skiplock; Owner: -
---
-
-COMMENT ON CONSTRAINT cron_schedules_queue_name_length ON skiplock.cron_schedules IS 'A queue name is at most 1,000 bytes, as in skiplock.jobs (jobs_queue_name_length).';
 
 --
 -- Name: jobs; Type: TABLE; Schema: skiplock; Owner: -
@@ -1531,7 +1145,7 @@ COMMENT ON COLUMN skiplock.job_history.failed IS 'Failed attempts (entries of th
 -- Name: COLUMN job_history.run_histogram; Type: COMMENT; Schema: skiplock; Owner: -
 --
 
-COMMENT ON COLUMN skiplock.job_history.run_histogram IS 'Run times counted per interval of skiplock.job_history_run_bounds() (16 bounds, 17 elements): element 1 counts run times under bounds[1], element i+1 those from bounds[i] up to bounds[i+1], element 17 those from bounds[16] on.';
+COMMENT ON COLUMN skiplock.job_history.run_histogram IS 'Run times counted per interval of skiplock.internal_job_history_run_bounds() (16 bounds, 17 elements): element 1 counts run times under bounds[1], element i+1 those from bounds[i] up to bounds[i+1], element 17 those from bounds[16] on.';
 
 --
 -- Name: jobs_id_seq; Type: SEQUENCE; Schema: skiplock; Owner: -
@@ -1557,12 +1171,6 @@ CREATE TABLE skiplock.queues (
     CONSTRAINT queues_name_length CHECK ((octet_length(name) <= 1000)),
     CONSTRAINT queues_name_not_empty CHECK ((name <> ''::text))
 );
-
---
--- Name: CONSTRAINT queues_name_length ON queues; Type: COMMENT; Schema: skiplock; Owner: -
---
-
-COMMENT ON CONSTRAINT queues_name_length ON skiplock.queues IS 'A queue name is at most 1,000 bytes, as in skiplock.jobs (jobs_queue_name_length).';
 
 --
 -- Name: queue_counts; Type: VIEW; Schema: skiplock; Owner: -
@@ -1606,6 +1214,18 @@ CREATE VIEW skiplock.queue_lag AS
 --
 
 COMMENT ON VIEW skiplock.queue_lag IS 'Per queue with queued jobs: how long the oldest runnable job has been due (zero when none is due). Example: SELECT queue, lag FROM skiplock.queue_lag WHERE lag > interval ''1 minute'';';
+
+--
+-- Name: schema_functions; Type: TABLE; Schema: skiplock; Owner: -
+--
+
+CREATE TABLE skiplock.schema_functions (
+    singleton boolean DEFAULT true NOT NULL,
+    md5 text NOT NULL,
+    skiplock_version text NOT NULL,
+    applied_at timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT schema_functions_singleton_check CHECK (singleton)
+);
 
 --
 -- Name: schema_migrations; Type: TABLE; Schema: skiplock; Owner: -
@@ -1736,6 +1356,13 @@ ALTER TABLE ONLY skiplock.queues
     ADD CONSTRAINT queues_pkey PRIMARY KEY (name);
 
 --
+-- Name: schema_functions schema_functions_pkey; Type: CONSTRAINT; Schema: skiplock; Owner: -
+--
+
+ALTER TABLE ONLY skiplock.schema_functions
+    ADD CONSTRAINT schema_functions_pkey PRIMARY KEY (singleton);
+
+--
 -- Name: schema_migrations schema_migrations_pkey; Type: CONSTRAINT; Schema: skiplock; Owner: -
 --
 
@@ -1794,25 +1421,25 @@ CREATE INDEX jobs_waiting_idx ON skiplock.jobs USING btree (id) WHERE (state = '
 -- Name: jobs Jobs_after_delete_cancel_waiting_children; Type: TRIGGER; Schema: skiplock; Owner: -
 --
 
-CREATE TRIGGER "Jobs_after_delete_cancel_waiting_children" AFTER DELETE ON skiplock.jobs FOR EACH ROW WHEN ((old.state <> 'succeeded'::skiplock.job_state)) EXECUTE FUNCTION skiplock.jobs_after_delete();
+CREATE TRIGGER "Jobs_after_delete_cancel_waiting_children" AFTER DELETE ON skiplock.jobs FOR EACH ROW WHEN ((old.state <> 'succeeded'::skiplock.job_state)) EXECUTE FUNCTION skiplock.internal_jobs_after_delete();
 
 --
 -- Name: job_dependencies job_dependencies_after_insert; Type: TRIGGER; Schema: skiplock; Owner: -
 --
 
-CREATE TRIGGER job_dependencies_after_insert AFTER INSERT ON skiplock.job_dependencies FOR EACH ROW EXECUTE FUNCTION skiplock.job_dependencies_after_insert();
+CREATE TRIGGER job_dependencies_after_insert AFTER INSERT ON skiplock.job_dependencies FOR EACH ROW EXECUTE FUNCTION skiplock.internal_job_dependencies_after_insert();
 
 --
 -- Name: jobs jobs_before_insert; Type: TRIGGER; Schema: skiplock; Owner: -
 --
 
-CREATE TRIGGER jobs_before_insert BEFORE INSERT ON skiplock.jobs FOR EACH ROW WHEN (((new.ordering_key IS NOT NULL) OR (new.unique_key IS NOT NULL) OR (pg_column_size(new.args) > 4096))) EXECUTE FUNCTION skiplock.jobs_before_insert();
+CREATE TRIGGER jobs_before_insert BEFORE INSERT ON skiplock.jobs FOR EACH ROW WHEN (((new.ordering_key IS NOT NULL) OR (new.unique_key IS NOT NULL) OR (pg_column_size(new.args) > 4096))) EXECUTE FUNCTION skiplock.internal_jobs_before_insert();
 
 --
 -- Name: jobs jobs_notify_inserted; Type: TRIGGER; Schema: skiplock; Owner: -
 --
 
-CREATE TRIGGER jobs_notify_inserted AFTER INSERT ON skiplock.jobs REFERENCING NEW TABLE AS inserted FOR EACH STATEMENT EXECUTE FUNCTION skiplock.notify_jobs_inserted();
+CREATE TRIGGER jobs_notify_inserted AFTER INSERT ON skiplock.jobs REFERENCING NEW TABLE AS inserted FOR EACH STATEMENT EXECUTE FUNCTION skiplock.internal_notify_jobs_inserted();
 
 --
 -- Name: job_dependencies job_dependencies_job_id_fkey; Type: FK CONSTRAINT; Schema: skiplock; Owner: -

@@ -1,12 +1,12 @@
 //! The claim from a position (`claim_batch`, `worker::claim_cursor`): what a claim after
 //! a position takes, and that jobs landing behind a worker's position still run; and the
-//! claim's modes (schema version 10): the in-flight filter and lane conflicts.
+//! claim's modes: the in-flight filter and lane conflicts.
 
 mod common;
 
 use std::time::Duration;
 
-use common::fixtures::{Recorder, fast_worker, state_of, strings, wait_for, wait_until};
+use common::fixtures::{Recorder, fast_worker, state_of, wait_for, wait_until};
 use common::test_db;
 use serde::{Deserialize, Serialize};
 use skiplock::db::jobs::{
@@ -15,6 +15,10 @@ use skiplock::db::jobs::{
 };
 use skiplock::{Job, JobContext, JobError, JobState};
 use sqlx::{Connection, PgPool};
+
+fn strings(items: &[&str]) -> Vec<String> {
+    items.iter().map(|s| (*s).to_owned()).collect()
+}
 
 /// Inserts a `record` job with the given priority and `scheduled_at` (an SQL expression's
 /// text, cast to timestamptz).
@@ -366,7 +370,7 @@ async fn every_write_that_makes_a_job_runnable_notifies_its_claim_key() {
         &db,
         "UPDATE skiplock.jobs SET state = 'succeeded', finished_at = now()
              WHERE queue = 'parents';
-         SELECT skiplock.settle_dependants(ARRAY(
+         SELECT skiplock.internal_settle_dependants(ARRAY(
              SELECT id FROM skiplock.jobs WHERE queue = 'parents'));",
     )
     .await;
@@ -396,9 +400,11 @@ async fn every_write_that_makes_a_job_runnable_notifies_its_claim_key() {
     .await
     .unwrap();
     let (jan1, jan2) = (1_767_225_600_000_000_i64, 1_767_312_000_000_000_i64);
-    let lane = runnable_notifications(&db, "SELECT skiplock.advance_lanes(ARRAY['L'])").await;
+    let lane =
+        runnable_notifications(&db, "SELECT skiplock.internal_advance_lanes(ARRAY['L'])").await;
     assert_eq!(lane, [format!("0\t{jan1}\tlane")]);
-    let holder = runnable_notifications(&db, "SELECT skiplock.unique_key_holder('k', 0)").await;
+    let holder =
+        runnable_notifications(&db, "SELECT skiplock.internal_unique_key_holder('k', 0)").await;
     assert_eq!(holder, [format!("0\t{jan2}\theld")]);
     let parent = runnable_notifications(
         &db,
@@ -445,20 +451,19 @@ async fn every_write_that_makes_a_job_runnable_notifies_its_claim_key() {
     );
 }
 
-/// Wraps `skiplock.claim_batch` so that each call is logged (whether it walked from the
+/// Wraps `skiplock.internal_claim_batch` so that each call is logged (whether it walked from the
 /// left edge, and the ids it claimed) in `claim_log`, and so that walks from the left
 /// edge cost 200 ms more than walks from a position, as they do under a held snapshot
 /// with a large backlog behind the position.
 async fn observe_claims(pool: &PgPool) {
     sqlx::raw_sql(
         "CREATE TABLE claim_log (n bigserial, full_walk boolean NOT NULL, ids bigint[] NOT NULL);
-         ALTER FUNCTION skiplock.claim_batch RENAME TO claim_batch_observed;
-         CREATE FUNCTION skiplock.claim_batch(queues text[], kinds text[], max_jobs bigint,
+         ALTER FUNCTION skiplock.internal_claim_batch RENAME TO claim_batch_observed;
+         CREATE FUNCTION skiplock.internal_claim_batch(queues text[], kinds text[], max_jobs bigint,
                  worker text, after_priority smallint DEFAULT NULL,
                  after_scheduled_at_us bigint DEFAULT NULL, after_id bigint DEFAULT NULL,
                  claim_with uuid DEFAULT NULL, skip_in_flight boolean DEFAULT false,
-                 take_lanes boolean DEFAULT true, retry_lane_conflict boolean DEFAULT true,
-                 share_position boolean DEFAULT false)
+                 take_lanes boolean DEFAULT true, retry_lane_conflict boolean DEFAULT true)
          RETURNS TABLE (id bigint, queue text, kind text, args jsonb, attempt int,
                         max_attempts int, claim_token uuid, priority smallint,
                         scheduled_at_us bigint)
@@ -472,7 +477,7 @@ async fn observe_claims(pool: &PgPool) {
              WITH c AS (
                  SELECT * FROM skiplock.claim_batch_observed(queues, kinds, max_jobs, worker,
                      after_priority, after_scheduled_at_us, after_id, claim_with,
-                     skip_in_flight, take_lanes, retry_lane_conflict, share_position)
+                     skip_in_flight, take_lanes, retry_lane_conflict)
              ), logged AS (
                  INSERT INTO claim_log (full_walk, ids)
                  SELECT after_id IS NULL, coalesce(array_agg(c.id), '{}') FROM c
@@ -614,10 +619,9 @@ const FILTERED: ClaimMode = ClaimMode {
     skip_in_flight: true,
     take_lanes: true,
     retry_lane_conflict: false,
-    share_position: false,
 };
 
-/// The in-flight filter (schema version 10) passes over a row only while the transaction
+/// The in-flight filter passes over a row only while the transaction
 /// in its `xmax` runs. Rows whose `xmax` names a locker that has finished (a lock rolled
 /// back, a committed foreign-key style `FOR KEY SHARE`) are claimed at once; a plain
 /// `xmax = 0` filter would pass over them until something else updated them. A row an
@@ -742,7 +746,7 @@ async fn claim_against_a_lane_taken_meanwhile(
 }
 
 /// A lane conflict the claim could not see in its snapshot: without the in-statement
-/// retry (`retry_lane_conflict: false`, as the worker claims since schema version 10) the
+/// retry (`retry_lane_conflict: false`, as the worker claims) the
 /// claim fails with a `unique_violation` the worker recognises and claims nothing; by
 /// default it is retried inside, without lane jobs, as it always was.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -783,7 +787,7 @@ async fn a_lane_conflict_fails_a_claim_without_retry_and_is_retried_inside_by_de
     assert_eq!(state_of(pool, head).await, JobState::Queued);
 }
 
-/// The worker's own retry of a lane conflict (schema version 10: it claims without the
+/// The worker's own retry of a lane conflict (it claims without the
 /// function's subtransaction): its first claim takes the head of lane `k` while a
 /// hand-written running job of the lane is not yet committed, waits for it and fails on
 /// `jobs_ordering_key_running_idx`. The worker claims again without lane jobs, runs the

@@ -195,7 +195,7 @@ async fn show_prints_everything_in_both_formats() {
     .await;
     sqlx::query(
         "UPDATE skiplock.jobs SET last_error = 'boom',
-             errors = skiplock.append_error(errors, 1, 'boom') WHERE id = $1",
+             errors = skiplock.internal_append_error(errors, 1, 'boom') WHERE id = $1",
     )
     .bind(id)
     .execute(&db.pool)

@@ -270,7 +270,7 @@ async fn queue_names_over_the_limit_are_refused_on_every_path() {
         "ALTER TABLE skiplock.jobs DROP CONSTRAINT jobs_queue_name_length;
          ALTER TABLE skiplock.queues DROP CONSTRAINT queues_name_length;
          ALTER TABLE skiplock.cron_schedules DROP CONSTRAINT cron_schedules_queue_name_length;
-         DROP FUNCTION skiplock.complete_claims;
+         DROP FUNCTION skiplock.internal_complete_claims;
          DELETE FROM skiplock.schema_migrations WHERE version >= 8;",
     )
     .execute(pool)

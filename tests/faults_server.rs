@@ -481,7 +481,8 @@ async fn a_completion_whose_reply_is_lost_is_known_as_saved() {
     let db = audited_db().await;
     let pool = &db.pool;
     enqueue_n(pool, "nothing", json!({}), 30, EnqueueOptions::new()).await;
-    let (cutter, summary) = drain_through_reply_cutter(&db.url, b"skiplock.complete_claims").await;
+    let (cutter, summary) =
+        drain_through_reply_cutter(&db.url, b"skiplock.internal_complete_claims").await;
     assert!(cutter.has_cut(), "the proxy lost a completion's reply");
     assert_eq!((summary.succeeded, summary.lost), (30, 0), "{summary:?}");
     let states = states(pool).await;

@@ -364,7 +364,7 @@ async fn a_retried_child_of_a_pruned_dead_parent_does_not_run() {
     .execute(pool)
     .await
     .unwrap();
-    sqlx::query("SELECT skiplock.settle_dependants(ARRAY[$1]::bigint[])")
+    sqlx::query("SELECT skiplock.internal_settle_dependants(ARRAY[$1]::bigint[])")
         .bind(parent)
         .execute(pool)
         .await

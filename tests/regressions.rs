@@ -151,10 +151,10 @@ async fn running_count(pool: &PgPool) -> i64 {
     count_in_state(pool, JobState::Running).await
 }
 
-/// The ids `skiplock.claim_batch` hands out for kind `k` in queue `default`, sorted.
+/// The ids `skiplock.internal_claim_batch` hands out for kind `k` in queue `default`, sorted.
 async fn claim_k(pool: &PgPool, max: i64) -> sqlx::Result<Vec<i64>> {
     let mut ids: Vec<i64> = sqlx::query_scalar(
-        "SELECT id FROM skiplock.claim_batch(ARRAY['default'], ARRAY['k'], $1, 'test-claimer')",
+        "SELECT id FROM skiplock.internal_claim_batch(ARRAY['default'], ARRAY['k'], $1, 'test-claimer')",
     )
     .bind(max)
     .fetch_all(pool)
@@ -175,7 +175,7 @@ async fn complete_by_sql(pool: &PgPool, id: i64) {
     .await
     .unwrap();
     if let Some(lane) = lane {
-        sqlx::query("SELECT skiplock.advance_lanes(ARRAY[$1])")
+        sqlx::query("SELECT skiplock.internal_advance_lanes(ARRAY[$1])")
             .bind(lane)
             .execute(pool)
             .await
@@ -738,7 +738,7 @@ async fn cancelling_a_retried_parent_spares_grandchildren_of_a_succeeded_child()
         .execute(pool)
         .await
         .unwrap();
-        sqlx::query("SELECT skiplock.settle_dependants(ARRAY[$1::bigint])")
+        sqlx::query("SELECT skiplock.internal_settle_dependants(ARRAY[$1::bigint])")
             .bind(id)
             .execute(pool)
             .await
@@ -1099,7 +1099,7 @@ async fn sql_enqueue_and_plain_insert_refuse_args_over_one_mebibyte() {
 }
 
 /// A dependency added while its parent's completion is in flight. The completion
-/// (`skiplock.complete_claims`, schema version 9) locks the parent as an update does,
+/// (`skiplock.internal_complete_claims`, schema version 9) locks the parent as an update does,
 /// `FOR NO KEY UPDATE`, which the edge trigger's `FOR KEY SHARE` read of the parent did not
 /// wait for: the trigger saw the parent still running and made the child wait, and the
 /// completion, whose snapshot predates the edge, did not release it (only the sweep did,
@@ -1112,7 +1112,7 @@ async fn a_dependency_added_during_its_parents_completion_leaves_the_child_runna
     let parent = enqueue_now(pool).await;
     let (claimed, token): (i64, uuid::Uuid) = sqlx::query_as(
         "SELECT id, claim_token
-         FROM skiplock.claim_batch(ARRAY['default'], ARRAY['k'], 1, 'test-claimer')",
+         FROM skiplock.internal_claim_batch(ARRAY['default'], ARRAY['k'], 1, 'test-claimer')",
     )
     .fetch_one(pool)
     .await
@@ -1121,13 +1121,14 @@ async fn a_dependency_added_during_its_parents_completion_leaves_the_child_runna
     let child = enqueue_now(pool).await;
 
     let mut completion = pool.begin().await.unwrap();
-    let completed: i64 =
-        sqlx::query_scalar("SELECT count(*) FROM skiplock.complete_claims(ARRAY[$1], ARRAY[$2])")
-            .bind(parent)
-            .bind(token)
-            .fetch_one(&mut *completion)
-            .await
-            .unwrap();
+    let completed: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM skiplock.internal_complete_claims(ARRAY[$1], ARRAY[$2])",
+    )
+    .bind(parent)
+    .bind(token)
+    .fetch_one(&mut *completion)
+    .await
+    .unwrap();
     assert_eq!(completed, 1);
     let edge = tokio::spawn({
         let pool = pool.clone();

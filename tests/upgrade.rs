@@ -35,11 +35,10 @@ async fn a_compatible_migration_leaves_running_workers_working() {
         .await
         .unwrap();
     let recorder = Recorder::default();
-    let worker = fast_worker(pool, &recorder)
-        .concurrency(4)
-        .exit_when_idle(true)
-        .build()
-        .unwrap();
+    // Not `exit_when_idle`: the worker could finish the first jobs and exit before the
+    // second batch is enqueued.
+    let worker = fast_worker(pool, &recorder).concurrency(4).build().unwrap();
+    let shutdown = worker.shutdown_handle();
     let run = tokio::spawn(worker.run());
     wait_for("a few jobs to succeed", Duration::from_secs(30), || async {
         count_in_state(pool, JobState::Succeeded).await >= 4
@@ -49,13 +48,17 @@ async fn a_compatible_migration_leaves_running_workers_working() {
     skiplock::enqueue_many(pool, &vec![Slow { ms: 20 }; 20], EnqueueOptions::default())
         .await
         .unwrap();
+    wait_for("every job to succeed", Duration::from_secs(60), || async {
+        count_in_state(pool, JobState::Succeeded).await == 40
+    })
+    .await;
+    shutdown.shutdown();
     let summary = tokio::time::timeout(Duration::from_secs(60), run)
         .await
-        .expect("the worker drains and exits")
+        .expect("the worker stops")
         .unwrap()
         .expect("a compatible migration does not stop the worker");
     assert_eq!(summary.succeeded, 40);
-    assert_eq!(count_in_state(pool, JobState::Succeeded).await, 40);
     assert!(recorder.runs().values().all(|runs| runs == &vec![1]));
 }
 
@@ -77,7 +80,7 @@ async fn an_incompatible_migration_stops_workers_cleanly_and_loses_nothing() {
     // The next version renamed the claim function.
     migrate_to_next_version(
         pool,
-        "ALTER FUNCTION skiplock.claim_batch RENAME TO claim_batch_next",
+        "ALTER FUNCTION skiplock.internal_claim_batch RENAME TO claim_batch_next",
     )
     .await;
     let result = tokio::time::timeout(Duration::from_secs(60), run)
@@ -111,7 +114,7 @@ async fn an_incompatible_migration_stops_workers_cleanly_and_loses_nothing() {
 
     // Upgraded (here: the change undone), a worker runs the rest.
     sqlx::raw_sql(
-        "ALTER FUNCTION skiplock.claim_batch_next RENAME TO claim_batch;
+        "ALTER FUNCTION skiplock.claim_batch_next RENAME TO internal_claim_batch;
          DELETE FROM skiplock.schema_migrations WHERE version > (
              SELECT max(version) - 1 FROM skiplock.schema_migrations)",
     )
@@ -131,7 +134,7 @@ async fn an_incompatible_migration_stops_workers_cleanly_and_loses_nothing() {
 }
 
 /// A database migrated by a development build from before the migrations were folded into
-/// one (its ledger at version 13, version 1 named `0001_jobs.sql`) is refused with what to
+/// 0.1.0's (its ledger at version 13, version 1 named otherwise) is refused with what to
 /// do, by `migrate` and by the start-up check: before, "newer than this skiplock
 /// understands; upgrade skiplock" pointed the wrong way.
 #[tokio::test]
@@ -146,9 +149,23 @@ async fn a_schema_from_before_the_fold_is_refused_with_what_to_do() {
     .execute(&db.pool)
     .await
     .unwrap();
-    for error in [
+    let mut errors = vec![
         skiplock::migrate(&db.pool).await.unwrap_err(),
         skiplock::check_schema(&db.pool).await.unwrap_err(),
+    ];
+    // The numbering of the development builds between the two folds: version 1 named
+    // `0001_schema.sql`, up to version 11 (here 13, to share the assertions).
+    sqlx::raw_sql(
+        "UPDATE skiplock.schema_migrations SET name = '0001_schema.sql' WHERE version = 1",
+    )
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    errors.push(skiplock::migrate(&db.pool).await.unwrap_err());
+    for error in [
+        errors.pop().unwrap(),
+        errors.pop().unwrap(),
+        errors.pop().unwrap(),
     ] {
         assert!(
             matches!(error, Error::SchemaFromBeforeFold { found: 13 }),
@@ -163,75 +180,82 @@ async fn a_schema_from_before_the_fold_is_refused_with_what_to_do() {
     }
 }
 
-/// One job claimed the way a worker of schema version 9 claims: eight arguments, a
-/// prepared statement.
-async fn claim_as_version_9(conn: &mut sqlx::PgConnection) -> sqlx::Result<Vec<i64>> {
-    sqlx::query_scalar("SELECT id FROM skiplock.claim_batch($1, $2, $3, $4, $5, $6, $7, $8)")
-        .bind(["default"])
-        .bind(["record"])
-        .bind(1_i64)
-        .bind("version 9")
-        .bind(None::<i16>)
-        .bind(None::<i64>)
-        .bind(None::<i64>)
-        .bind(None::<uuid::Uuid>)
-        .fetch_all(conn)
+/// The body of `skiplock.backoff` as the database holds it.
+async fn backoff_body(pool: &PgPool) -> String {
+    sqlx::query_scalar("SELECT prosrc FROM pg_proc WHERE oid = 'skiplock.backoff'::regproc")
+        .fetch_one(pool)
         .await
+        .unwrap()
 }
 
-/// Schema versions 10 and 11 drop `skiplock.claim_batch` and create it with more
-/// parameters (three, then one). What a worker of version 9 (or an application) had
-/// prepared before the migrations still runs after them, with the old arguments, on the new
-/// function; and the new function keeps the old one's owner and `EXECUTE` grants, not
-/// Postgres's defaults.
-#[tokio::test]
-async fn claim_batch_replaced_by_version_10_keeps_old_callers_and_grants() {
+/// A changed function body reaches a database through `migrate` alone (no migration file):
+/// `migrations/functions.sql` is applied again when its text differs from the one last
+/// applied, while workers drain, keeping the functions' owners and grants; an unchanged
+/// text, or one recorded by a newer build, is left alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn changed_function_bodies_are_applied_by_migrate_and_keep_grants() {
     let db = test_db().await;
     let pool = &db.pool;
     let role = format!("{}_caller", db.name);
-    // Back to version 9's function, with grants of its own.
+    let current = backoff_body(pool).await;
+    // As an older build left it: another body of one function, another text recorded,
+    // and grants an operator gave.
     sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
-        "DROP FUNCTION skiplock.claim_batch;
-         {}
-         DELETE FROM skiplock.schema_migrations WHERE version >= 10;
+        "CREATE OR REPLACE FUNCTION skiplock.backoff(attempt int) RETURNS interval
+         LANGUAGE sql AS $$ SELECT interval '1 second' $$;
+         UPDATE skiplock.schema_functions SET md5 = 'older', skiplock_version = '0.0.1';
          CREATE ROLE {role};
-         REVOKE ALL ON FUNCTION skiplock.claim_batch FROM PUBLIC;
-         GRANT EXECUTE ON FUNCTION skiplock.claim_batch TO {role};",
-        include_str!("../migrations/0006_claim_heartbeat_time.sql")
+         REVOKE ALL ON FUNCTION skiplock.internal_claim_batch FROM PUBLIC;
+         GRANT EXECUTE ON FUNCTION skiplock.internal_claim_batch TO {role};"
     )))
     .execute(pool)
     .await
     .unwrap();
-    let acl = "SELECT proacl::text FROM pg_proc WHERE oid = 'skiplock.claim_batch'::regproc";
+    let acl =
+        "SELECT proacl::text FROM pg_proc WHERE oid = 'skiplock.internal_claim_batch'::regproc";
     let before: String = sqlx::query_scalar(acl).fetch_one(pool).await.unwrap();
-    sqlx::query("INSERT INTO skiplock.jobs (kind, args) VALUES ('record', '{}'), ('record', '{}')")
-        .execute(pool)
+    assert!(before.contains(&role), "{before}");
+
+    skiplock::enqueue_many(pool, &vec![Slow { ms: 20 }; 40], EnqueueOptions::default())
         .await
         .unwrap();
-    let mut version_9 = pool.acquire().await.unwrap();
-    assert_eq!(
-        claim_as_version_9(&mut version_9).await.unwrap().len(),
-        1,
-        "prepared"
-    );
-
+    let recorder = Recorder::default();
+    let worker = fast_worker(pool, &recorder).concurrency(4).build().unwrap();
+    let shutdown = worker.shutdown_handle();
+    let run = tokio::spawn(worker.run());
+    wait_for("a few jobs to succeed", Duration::from_secs(30), || async {
+        count_in_state(pool, JobState::Succeeded).await >= 4
+    })
+    .await;
     skiplock::migrate(pool).await.unwrap();
-
-    assert_eq!(
-        claim_as_version_9(&mut version_9).await.unwrap().len(),
-        1,
-        "the statement prepared before the migration runs on the new function"
-    );
+    assert_eq!(backoff_body(pool).await, current, "the file's body is back");
     let after: Option<String> = sqlx::query_scalar(acl).fetch_one(pool).await.unwrap();
-    assert_eq!(
-        after.as_deref(),
-        Some(before.as_str()),
-        "the grants are the old function's, not the defaults (NULL)"
-    );
-    assert!(before.contains(&role), "{before}");
-    drop(version_9);
+    assert_eq!(after.as_deref(), Some(before.as_str()), "grants kept");
+    wait_for("every job to succeed", Duration::from_secs(60), || async {
+        count_in_state(pool, JobState::Succeeded).await == 40
+    })
+    .await;
+    shutdown.shutdown();
+    tokio::time::timeout(Duration::from_secs(30), run)
+        .await
+        .expect("the worker stops")
+        .unwrap()
+        .expect("the functions' new text does not stop the worker");
+    assert!(recorder.runs().values().all(|runs| runs == &vec![1]));
+
+    // Recorded by a newer build: an older build's migrate leaves the functions alone.
+    sqlx::raw_sql(
+        "CREATE OR REPLACE FUNCTION skiplock.backoff(attempt int) RETURNS interval
+         LANGUAGE sql AS $$ SELECT interval '2 seconds' $$;
+         UPDATE skiplock.schema_functions SET md5 = 'newer', skiplock_version = '999.0.0';",
+    )
+    .execute(pool)
+    .await
+    .unwrap();
+    skiplock::migrate(pool).await.unwrap();
+    assert!(backoff_body(pool).await.contains("2 seconds"));
     sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
-        "REVOKE ALL ON FUNCTION skiplock.claim_batch FROM {role}; DROP ROLE {role};"
+        "REVOKE ALL ON FUNCTION skiplock.internal_claim_batch FROM {role}; DROP ROLE {role};"
     )))
     .execute(pool)
     .await

@@ -246,7 +246,7 @@ pub async fn dashboard_throughput(db: impl PgExecutor<'_>, since: i64) -> sqlx::
              GROUP BY 1
          ),
          failed AS (
-             SELECT floor(extract(epoch FROM skiplock.error_time(e)))::bigint AS second,
+             SELECT floor(extract(epoch FROM skiplock.internal_error_time(e)))::bigint AS second,
                     count(*) AS n
              FROM skiplock.jobs j,
                   jsonb_array_elements(CASE WHEN jsonb_typeof(j.errors) = 'array'
@@ -256,7 +256,7 @@ pub async fn dashboard_throughput(db: impl PgExecutor<'_>, since: i64) -> sqlx::
                     OR (j.state = 'running' AND j.heartbeat_at > to_timestamp($1))
                     OR (j.state = 'queued' AND j.last_error IS NOT NULL
                         AND j.scheduled_at > to_timestamp($1)))
-               AND skiplock.error_time(e) > to_timestamp($1)
+               AND skiplock.internal_error_time(e) > to_timestamp($1)
              GROUP BY 1
          )
          SELECT floor(extract(epoch FROM now()))::bigint AS now,

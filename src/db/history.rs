@@ -1,5 +1,5 @@
 //! Statements on `skiplock.job_history`, the hourly rollup that keeps the numbers of
-//! finished jobs after the pruner deleted them (`migrations/0001_schema.sql`).
+//! finished jobs after the pruner deleted them (`migrations/0001_initial.sql` and `migrations/functions.sql`).
 //!
 //! A finished job is counted live in `skiplock.jobs` until a statement of this file deletes
 //! it, and in the rollup from then on: the delete and the rollup happen in one statement
@@ -31,7 +31,7 @@ macro_rules! upsert_into_history {
              run_seconds = h.run_seconds + excluded.run_seconds,
              wait_count = h.wait_count + excluded.wait_count,
              wait_seconds = h.wait_seconds + excluded.wait_seconds,
-             run_histogram = skiplock.job_history_array_add(h.run_histogram, excluded.run_histogram)"
+             run_histogram = skiplock.internal_job_history_array_add(h.run_histogram, excluded.run_histogram)"
     };
 }
 
@@ -46,7 +46,7 @@ macro_rules! upsert_into_history {
 ///   dead jobs (a claim older than the schedule belongs to a run before a manual retry: no
 ///   wait to tell);
 /// - one failed attempt per entry of `errors`, in the hour of its `at`;
-/// - the run-time histogram counts the 17 intervals of `skiplock.job_history_run_bounds()`.
+/// - the run-time histogram counts the 17 intervals of `skiplock.internal_job_history_run_bounds()`.
 ///
 /// The rollup statements and the live half of the history queries both use it, so a job
 /// counts the same before and after it is pruned.
@@ -78,7 +78,7 @@ macro_rules! history_of {
                  SELECT to_timestamp(floor(date_part('epoch', j.finished_at) / 3600) * 3600)
                             AS bucket,
                         j.queue, j.kind, j.state, r.run, r.wait,
-                        width_bucket(r.run, skiplock.job_history_run_bounds()) AS slot
+                        width_bucket(r.run, skiplock.internal_job_history_run_bounds()) AS slot
                  FROM ", $from, " j,
                       LATERAL (SELECT
                           CASE WHEN j.state IN ('succeeded', 'dead') AND j.finished_at >= j.claimed_at
@@ -93,14 +93,14 @@ macro_rules! history_of {
              ) t
              GROUP BY 1, 2, 3
              UNION ALL
-             SELECT to_timestamp(floor(date_part('epoch', skiplock.error_time(e)) / 3600) * 3600),
+             SELECT to_timestamp(floor(date_part('epoch', skiplock.internal_error_time(e)) / 3600) * 3600),
                     j.queue, j.kind,
                     0, count(*), 0, 0, 0, 0, 0, 0, '{}'::bigint[]
              FROM ", $from, " j,
                   jsonb_array_elements(CASE WHEN jsonb_typeof(j.errors) = 'array'
                                             THEN j.errors ELSE '[]' END) e
              WHERE j.finished_at IS NOT NULL AND j.errors <> '[]'
-               AND skiplock.error_time(e) IS NOT NULL ", $filter, "
+               AND skiplock.internal_error_time(e) IS NOT NULL ", $filter, "
              GROUP BY 1, 2, 3"
         )
     };
@@ -121,7 +121,7 @@ macro_rules! rolled_up {
                       run_seconds, wait_count, wait_seconds, run_histogram)
                  SELECT bucket, queue, kind, sum(succeeded), sum(failed), sum(dead),
                         sum(cancelled), sum(run_count), sum(run_seconds), sum(wait_count),
-                        sum(wait_seconds), skiplock.job_history_array_sum(run_histogram)
+                        sum(wait_seconds), skiplock.internal_job_history_array_sum(run_histogram)
                  FROM (",
             history_of!("gone", ""),
             ") f
@@ -212,7 +212,7 @@ pub async fn job_history_prune_expired(db: impl PgExecutor<'_>, keep_ms: i64) ->
                   run_seconds, wait_count, wait_seconds, run_histogram)
              SELECT '-infinity', queue, kind, sum(succeeded), sum(failed), sum(dead),
                     sum(cancelled), sum(run_count), sum(run_seconds), sum(wait_count),
-                    sum(wait_seconds), skiplock.job_history_array_sum(run_histogram)
+                    sum(wait_seconds), skiplock.internal_job_history_array_sum(run_histogram)
              FROM expired
              GROUP BY queue, kind
              ORDER BY queue, kind
@@ -415,9 +415,9 @@ pub async fn job_history_totals(db: impl PgExecutor<'_>) -> sqlx::Result<Vec<His
 }
 
 /// Upper bounds, in seconds and ascending, of the run-time histogram buckets
-/// (`skiplock.job_history_run_bounds()`).
+/// (`skiplock.internal_job_history_run_bounds()`).
 pub async fn job_history_run_bounds(db: impl PgExecutor<'_>) -> sqlx::Result<Vec<f64>> {
-    sqlx::query_scalar("SELECT skiplock.job_history_run_bounds()")
+    sqlx::query_scalar("SELECT skiplock.internal_job_history_run_bounds()")
         .fetch_one(db)
         .await
 }

@@ -40,7 +40,7 @@ pub struct ReapedJob {
 /// re-check of `state = 'running'`, so a finished job is never reset.
 ///
 /// A job whose `unique_key` another pending job took meanwhile is superseded, not
-/// requeued (`skiplock.fold_into_key_holder`): it comes back `cancelled`.
+/// requeued (`skiplock.internal_fold_into_key_holder`): it comes back `cancelled`.
 pub async fn jobs_reap_stale(
     db: impl PgExecutor<'_>,
     stale_after_ms: i64,
@@ -126,7 +126,7 @@ async fn jobs_reap_stale_matching(
              FROM skiplock.jobs j JOIN stale USING (id)
          ), reaped AS (
              SELECT d.*, CASE WHEN d.next_state = 'queued' AND d.unique_key IS NOT NULL
-                              THEN skiplock.fold_into_key_holder(d.id) END AS holder
+                              THEN skiplock.internal_fold_into_key_holder(d.id) END AS holder
              FROM due d
          )
          UPDATE skiplock.jobs j
@@ -137,8 +137,8 @@ async fn jobs_reap_stale_matching(
                  THEN NULL ELSE now() END,
              claim_token = NULL, heartbeat_at = NULL,
              last_error = CASE WHEN r.holder IS NULL THEN r.message
-                 ELSE skiplock.superseded_message(r.holder, r.unique_key) END,
-             errors = skiplock.append_error(j.errors, j.attempt, r.message)
+                 ELSE skiplock.internal_superseded_message(r.holder, r.unique_key) END,
+             errors = skiplock.internal_append_error(j.errors, j.attempt, r.message)
          FROM reaped r
          WHERE j.id = r.id
          RETURNING j.id, j.state::text AS state, j.claimed_by, j.ordering_key",
@@ -284,7 +284,7 @@ pub async fn jobs_settle_dependants(
     db: impl PgExecutor<'_>,
     parent_ids: &[i64],
 ) -> sqlx::Result<i32> {
-    sqlx::query_scalar("SELECT skiplock.settle_dependants($1)")
+    sqlx::query_scalar("SELECT skiplock.internal_settle_dependants($1)")
         .bind(parent_ids)
         .fetch_one(db)
         .await
@@ -292,7 +292,7 @@ pub async fn jobs_settle_dependants(
 
 /// Promotes the next job of each lane whose head finished. Returns how many moved.
 pub async fn jobs_advance_lanes(db: impl PgExecutor<'_>, keys: &[String]) -> sqlx::Result<i32> {
-    sqlx::query_scalar("SELECT skiplock.advance_lanes($1)")
+    sqlx::query_scalar("SELECT skiplock.internal_advance_lanes($1)")
         .bind(keys)
         .fetch_one(db)
         .await
@@ -317,11 +317,11 @@ pub async fn jobs_settle_waiting(db: impl PgExecutor<'_>) -> sqlx::Result<i32> {
                AND NOT EXISTS (SELECT 1 FROM skiplock.job_dependencies d WHERE d.job_id = c.id)
              RETURNING c.id, c.queue, c.priority, c.scheduled_at
          ), orphans_announced AS (
-             SELECT skiplock.notify_runnable(queue, priority, scheduled_at) FROM orphans
+             SELECT skiplock.internal_notify_runnable(queue, priority, scheduled_at) FROM orphans
          ), lanes AS (
              -- Only lanes whose head waits: advance_lanes can move nothing else, and it
              -- announces every queued head it is given.
-             SELECT skiplock.advance_lanes(ARRAY(
+             SELECT skiplock.internal_advance_lanes(ARRAY(
                  SELECT h.ordering_key
                  FROM (SELECT DISTINCT ON (ordering_key) ordering_key, state
                        FROM skiplock.jobs
@@ -331,7 +331,7 @@ pub async fn jobs_settle_waiting(db: impl PgExecutor<'_>) -> sqlx::Result<i32> {
                  WHERE h.state = 'waiting'
              )) AS moved
          )
-         SELECT skiplock.settle_dependants(ARRAY(
+         SELECT skiplock.internal_settle_dependants(ARRAY(
                     SELECT DISTINCT d.parent_id
                     FROM skiplock.jobs c
                     JOIN skiplock.job_dependencies d ON d.job_id = c.id

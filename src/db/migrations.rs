@@ -1,12 +1,19 @@
-//! Schema migrations: plain forward-only SQL files in `migrations/`, compiled into the
-//! library and recorded in `skiplock.schema_migrations`.
+//! Schema migrations: plain SQL files in `migrations/`, compiled into the library.
 //!
-//! `migrations/0001_schema.sql` is the whole schema, in one file to read (before any
-//! release, the earlier files that patched one another were folded into it). From now on
-//! migrations only move forward: a change is a new file with the next version, appended
-//! to `MIGRATIONS`; an applied file is never edited, and nothing is ever rolled back.
-//! `schema/skiplock.sql` is the schema those files produce, as `pg_dump` prints it, and
-//! `schema/check.sh` (run by CI) fails when the two disagree.
+//! Two kinds of file make the schema:
+//! - `migrations/NNNN_*.sql`: tables, types, indexes, constraints, and the drop of a
+//!   function whose signature changes. Each is applied once, in order, and recorded in
+//!   `skiplock.schema_migrations`. `0001_initial.sql` is the schema of 0.1.0; from then on
+//!   migrations only move forward: a change is a new file with the next version, appended
+//!   to `MIGRATIONS`; an applied file is never edited, and nothing is ever rolled back.
+//! - `migrations/functions.sql`: every function, trigger and view, each defined once with
+//!   `CREATE OR REPLACE` (which keeps owners and grants). It is applied after the
+//!   migrations whenever its text differs from the one recorded in
+//!   `skiplock.schema_functions`, so a changed body is a diff of its own lines, not a copy
+//!   in a new migration.
+//!
+//! `schema/skiplock.sql` is the schema both produce, as `pg_dump` prints it, and
+//! `schema/check.sh` (run by CI) fails when they disagree.
 //!
 //! skiplock keeps its own ledger instead of sqlx's `_sqlx_migrations` so that it never
 //! collides with the application's own sqlx migrations in the same database.
@@ -27,67 +34,16 @@ struct Migration {
 }
 
 /// Every migration, in order. Append only: an applied migration never changes.
-const MIGRATIONS: &[Migration] = &[
-    Migration {
-        version: 1,
-        name: "0001_schema.sql",
-        sql: include_str!("../../migrations/0001_schema.sql"),
-    },
-    Migration {
-        version: 2,
-        name: "0002_claim_per_queue.sql",
-        sql: include_str!("../../migrations/0002_claim_per_queue.sql"),
-    },
-    Migration {
-        version: 3,
-        name: "0003_queue_name_not_empty.sql",
-        sql: include_str!("../../migrations/0003_queue_name_not_empty.sql"),
-    },
-    Migration {
-        version: 4,
-        name: "0004_enqueue_outcome.sql",
-        sql: include_str!("../../migrations/0004_enqueue_outcome.sql"),
-    },
-    Migration {
-        version: 5,
-        name: "0005_error_time.sql",
-        sql: include_str!("../../migrations/0005_error_time.sql"),
-    },
-    Migration {
-        version: 6,
-        name: "0006_claim_heartbeat_time.sql",
-        sql: include_str!("../../migrations/0006_claim_heartbeat_time.sql"),
-    },
-    Migration {
-        version: 7,
-        name: "0007_runnable_notify.sql",
-        sql: include_str!("../../migrations/0007_runnable_notify.sql"),
-    },
-    Migration {
-        version: 8,
-        name: "0008_queue_name_length.sql",
-        sql: include_str!("../../migrations/0008_queue_name_length.sql"),
-    },
-    Migration {
-        version: 9,
-        name: "0009_complete_claims.sql",
-        sql: include_str!("../../migrations/0009_complete_claims.sql"),
-    },
-    Migration {
-        version: 10,
-        name: "0010_claim_skip_in_flight.sql",
-        sql: include_str!("../../migrations/0010_claim_skip_in_flight.sql"),
-    },
-    Migration {
-        version: 11,
-        name: "0011_claim_hint.sql",
-        sql: include_str!("../../migrations/0011_claim_hint.sql"),
-    },
-];
+const MIGRATIONS: &[Migration] = &[Migration {
+    version: 1,
+    name: "0001_initial.sql",
+    sql: include_str!("../../migrations/0001_initial.sql"),
+}];
 
-/// What the ledger names version 1 in a database migrated by a development build from
-/// before the migrations were folded into `0001_schema.sql`.
-const FIRST_MIGRATION_BEFORE_FOLD: &str = "0001_jobs.sql";
+/// Every function, trigger and view, each defined once with `CREATE OR REPLACE`
+/// (`migrations/functions.sql`): applied after the migrations whenever its text differs
+/// from the text last applied, so that a changed function body needs no migration.
+const FUNCTIONS_SQL: &str = include_str!("../../migrations/functions.sql");
 
 /// The schema version this build of skiplock expects.
 pub const SCHEMA_VERSION_LATEST: i32 = MIGRATIONS[MIGRATIONS.len() - 1].version;
@@ -147,8 +103,66 @@ pub async fn migrations_apply(pool: &PgPool) -> Result<i32> {
             .await
             .map_err(failed)?;
     }
+    functions_apply(&mut tx, current).await?;
     tx.commit().await?;
     Ok(SCHEMA_VERSION_LATEST)
+}
+
+/// Applies `migrations/functions.sql` unless the text last applied is the same (by its
+/// md5, computed by the server), and records it with this build's version.
+///
+/// Replacing the trigger definitions takes a lock on `skiplock.jobs` that waits for running
+/// writes, so an unchanged file is not applied again: a `migrate` at every start of every
+/// process costs one read. A build older than the one that applied the functions last
+/// leaves them alone (its bodies would undo the newer ones); it may still run on them, as a
+/// worker of an older version runs on a newer schema.
+async fn functions_apply(conn: &mut PgConnection, previous: i32) -> Result<()> {
+    let failed = |source| Error::Migration {
+        version: SCHEMA_VERSION_LATEST,
+        name: "functions.sql",
+        previous,
+        source,
+    };
+    let recorded: Option<(bool, String)> =
+        sqlx::query_as("SELECT md5 = md5($1), skiplock_version FROM skiplock.schema_functions")
+            .bind(FUNCTIONS_SQL)
+            .persistent(false)
+            .fetch_optional(&mut *conn)
+            .await
+            .map_err(failed)?;
+    if let Some((same, applied_by)) = recorded
+        && (same || version_newer(&applied_by, env!("CARGO_PKG_VERSION")))
+    {
+        return Ok(());
+    }
+    sqlx::raw_sql(FUNCTIONS_SQL)
+        .execute(&mut *conn)
+        .await
+        .map_err(failed)?;
+    sqlx::query(
+        "INSERT INTO skiplock.schema_functions (md5, skiplock_version) VALUES (md5($1), $2)
+         ON CONFLICT (singleton) DO UPDATE
+         SET md5 = EXCLUDED.md5, skiplock_version = EXCLUDED.skiplock_version,
+             applied_at = now()",
+    )
+    .bind(FUNCTIONS_SQL)
+    .bind(env!("CARGO_PKG_VERSION"))
+    .persistent(false)
+    .execute(&mut *conn)
+    .await
+    .map_err(failed)?;
+    Ok(())
+}
+
+/// Whether version `a` (`major.minor.patch`, any pre-release suffix ignored) is newer than
+/// `b`. A version that does not parse is not newer.
+fn version_newer(a: &str, b: &str) -> bool {
+    fn parse(v: &str) -> Option<(u64, u64, u64)> {
+        let core = v.split(['-', '+']).next()?;
+        let mut parts = core.split('.').map(|p| p.parse::<u64>().ok());
+        Some((parts.next()??, parts.next()??, parts.next()??))
+    }
+    matches!((parse(a), parse(b)), (Some(a), Some(b)) if a > b)
 }
 
 /// The highest applied migration, 0 when skiplock was never migrated here.
@@ -179,12 +193,30 @@ async fn schema_version_in(conn: &mut PgConnection) -> Result<i32> {
     .persistent(false)
     .fetch_one(&mut *conn)
     .await?;
-    // The first migration of the numbering before the fold; its versions mean other
-    // schemas than today's.
-    if first.as_deref() == Some(FIRST_MIGRATION_BEFORE_FOLD) {
+    // A first migration of another name was made by a development build from before the
+    // migrations were folded into 0.1.0's; its versions mean other schemas than today's.
+    if first
+        .as_deref()
+        .is_some_and(|name| name != MIGRATIONS[0].name)
+    {
         return Err(Error::SchemaFromBeforeFold {
             found: version.unwrap_or(0),
         });
     }
     Ok(version.unwrap_or(0))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::version_newer;
+
+    #[test]
+    fn versions_compare_by_number_not_text() {
+        assert!(version_newer("0.10.0", "0.9.1"));
+        assert!(version_newer("1.0.0", "0.99.99"));
+        assert!(!version_newer("0.1.0", "0.1.0"));
+        assert!(!version_newer("0.1.0", "0.2.0"));
+        assert!(!version_newer("0.2.0-rc.1", "0.2.0"));
+        assert!(!version_newer("garbage", "0.1.0"));
+    }
 }

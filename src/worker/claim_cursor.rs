@@ -32,27 +32,13 @@
 //! cursor walks themselves: one runs at least every [`CURSOR_COST_MAX_AGE`].
 //!
 //! Walks pass over rows that other claims in flight hold before the lock manager sees
-//! them (`skip_in_flight`, schema version 10), which is what makes claims of several
+//! them (`skip_in_flight`), which is what makes claims of several
 //! worker processes cheap. That filter can take a row for one in flight when its `xmax`
 //! is a multixact (two transactions that locked it together), for as long as the number
 //! looks like a running or brand-new transaction's, which on a quiet database can be
 //! days. So at least every [`UNFILTERED_WALK_INTERVAL`] a full walk goes without it, and
 //! so do the walks it owes when it fills its batch before the position, until one gets
 //! there: everything behind the position is looked at without the filter.
-//!
-//! A cursor walk still steps over what other worker processes claimed since this one's
-//! last claim: entries nothing can mark dead while statements older than those claims
-//! run. So the processes of one group (the same queues and kinds) share where their claims
-//! got to (`share_position`, schema version 11): each claim leaves a hint, and a cursor
-//! walk starts at the group's hint when it is further on than its own position. What lies
-//! between was walked by the claim that left the hint, in the same group (a cursor walk,
-//! or a full walk, which leaves hints too); a job that became runnable there while that
-//! claim ran is announced to the process that left it too, which walks back for it as for
-//! its own claims. A process that hears of a job ahead of its position does not follow
-//! hints until a claim of its own has walked over that key (the hint may lie past it), and
-//! a cursor walk that shared and failed owes a walk from its start (it may have said where
-//! it got to before it failed). Walks from behind neither follow nor leave hints: they
-//! start where they must look and walk nothing before it.
 
 use std::time::{Duration, Instant};
 
@@ -147,7 +133,8 @@ pub(super) struct ClaimCursor {
     /// Notified keys at or after the position while claims planned before the
     /// notification were in flight (see [`Unsure`]).
     unsure: Option<Unsure>,
-    /// Claims planned and not landed, of the kinds that go one at a time.
+    /// Claims planned and not landed, of each kind.
+    walks_in_flight: usize,
     full_walks_in_flight: usize,
     behind_walks_in_flight: usize,
     /// Claims planned so far: each walk's sequence number.
@@ -208,8 +195,6 @@ pub(super) struct Walk {
     skip_in_flight: bool,
     /// Whether it was claimed again without lane jobs after a lane conflict.
     lanes_skipped: bool,
-    /// Whether it shares its position with the group (see [`Walk::shares_position`]).
-    share_position: bool,
 }
 
 impl Walk {
@@ -232,16 +217,6 @@ impl Walk {
     /// Whether the claim should pass over rows other claims in flight hold.
     pub(super) fn skips_in_flight(&self) -> bool {
         self.skip_in_flight
-    }
-
-    /// Whether the claim shares its position with the group (see the module docs): a
-    /// cursor walk may start where the group's last claim got to, and it and a full walk
-    /// (which walks everything before its end) say where they got to. A walk from behind
-    /// does neither: it starts where it must look, and did not walk what lies before that.
-    /// Nor does a cursor walk planned while a notified key ahead of the position is
-    /// unsure: it must walk over that key itself.
-    pub(super) fn shares_position(&self) -> bool {
-        self.share_position
     }
 
     /// Marks the walk as claimed again without lane jobs (after a lane conflict): the lane
@@ -270,6 +245,7 @@ impl ClaimCursor {
             after: None,
             owed: None,
             unsure: None,
+            walks_in_flight: 0,
             full_walks_in_flight: 0,
             behind_walks_in_flight: 0,
             planned: 0,
@@ -312,10 +288,7 @@ impl ClaimCursor {
         };
         if self.after.is_some_and(|after| key < after) {
             self.owe(from);
-        } else {
-            // Ahead of the position: a claim in flight may not have seen the rows and move
-            // the position past them, and a claim that follows the group's hint may start
-            // past them. Kept until a claim planned from now on walks over them.
+        } else if self.walks_in_flight > 0 {
             self.unsure = Some(match self.unsure {
                 Some(unsure) => Unsure {
                     lowest: unsure.lowest.min(key),
@@ -329,6 +302,7 @@ impl ClaimCursor {
                 },
             });
         }
+        // Otherwise the next claim starts at or before the key, and it sees the rows.
     }
 
     fn owe(&mut self, from: LookFrom) {
@@ -373,6 +347,7 @@ impl ClaimCursor {
         } else {
             (WalkKind::Cursor, self.after)
         };
+        self.walks_in_flight += 1;
         match kind {
             WalkKind::Full => self.full_walks_in_flight += 1,
             WalkKind::Behind => self.behind_walks_in_flight += 1,
@@ -387,11 +362,6 @@ impl ClaimCursor {
             WalkKind::Behind => !self.unfiltered_pass,
             WalkKind::Full | WalkKind::Cursor => true,
         };
-        let share_position = match kind {
-            WalkKind::Full => true,
-            WalkKind::Cursor => self.unsure.is_none(),
-            WalkKind::Behind => false,
-        };
         Walk {
             from,
             kind,
@@ -399,11 +369,11 @@ impl ClaimCursor {
             started: now,
             skip_in_flight,
             lanes_skipped: false,
-            share_position,
         }
     }
 
     fn walk_ended(&mut self, walk: &Walk) {
+        self.walks_in_flight = self.walks_in_flight.saturating_sub(1);
         match walk.kind {
             WalkKind::Full => {
                 self.full_walks_in_flight = self.full_walks_in_flight.saturating_sub(1);
@@ -487,9 +457,11 @@ impl ClaimCursor {
         } else if self.after.is_some_and(|after| after > unsure.lowest) {
             self.owe(LookFrom::After(unsure.lowest));
             self.unsure = None;
+        } else if self.walks_in_flight == 0 {
+            // Everything planned before the notification has landed without passing the
+            // keys: the next claim starts at or before them.
+            self.unsure = None;
         }
-        // Otherwise the next claim starts at or before the keys (it does not follow the
-        // group's hint while they are unsure), and it settles them.
     }
 
     /// Takes in a claim that failed. Its duration says nothing about the cost of a walk
@@ -499,13 +471,6 @@ impl ClaimCursor {
         self.walk_ended(&walk);
         match walk.kind {
             WalkKind::Full if self.after.is_some() => self.owe(LookFrom::Start),
-            // It may have said where it got to before it failed, and claims of the group
-            // followed it past rows it no longer holds.
-            WalkKind::Cursor if walk.share_position => {
-                if let Some(from) = walk.from {
-                    self.owe(LookFrom::After(from));
-                }
-            }
             WalkKind::Behind => {
                 if let Some(from) = walk.from {
                     self.owe(LookFrom::After(from));
@@ -840,53 +805,13 @@ mod tests {
     }
 
     #[test]
-    fn a_key_notified_ahead_of_an_idle_cursor_is_walked_over_without_the_groups_hint() {
+    fn a_key_notified_ahead_of_an_idle_cursor_needs_nothing() {
         let t0 = Instant::now();
         let (mut cursor, t1) = notified_at_3(t0);
-        let t = t1 + CURSOR_COST_MAX_AGE;
         cursor.notified(key(0, 2_000));
-        assert!(cursor.owed.is_none());
-        let walk = cursor.next_walk(t);
-        assert_eq!(walk.kind, WalkKind::Cursor);
-        assert!(
-            !walk.shares_position(),
-            "the group's hint may lie past the key"
-        );
-        let mut taken = job(40);
-        taken.scheduled_at_us = 2_000;
-        cursor.landed(walk, 5, &[taken], t + MS);
         assert!(cursor.owed.is_none() && cursor.unsure.is_none());
-        assert!(cursor.next_walk(t + MS).shares_position());
-    }
-
-    /// Two claims in flight: the first locks past a key notified meanwhile, and the second,
-    /// planned after the notification, must not follow the first's hint past it.
-    #[test]
-    fn a_claim_planned_after_a_notification_does_not_follow_a_hint_past_its_key() {
-        let t0 = Instant::now();
-        let (mut cursor, t1) = notified_at_3(t0);
-        let t = t1 + CURSOR_COST_MAX_AGE;
-        let before = cursor.next_walk(t);
-        assert!(before.shares_position());
-        cursor.notified(key(0, 2_000));
-        let after = cursor.next_walk(t);
-        assert_eq!(after.kind, WalkKind::Cursor);
-        assert!(!after.shares_position());
-    }
-
-    /// A cursor walk that shared its position and failed may have said where it got to
-    /// first: what it had locked is owed a walk.
-    #[test]
-    fn a_failed_cursor_walk_that_shared_its_position_owes_a_walk_from_its_start() {
-        let t0 = Instant::now();
-        let (mut cursor, t1) = notified_at_3(t0);
-        let t = t1 + CURSOR_COST_MAX_AGE;
-        let walk = cursor.next_walk(t);
-        assert_eq!(walk.kind, WalkKind::Cursor);
-        assert!(walk.shares_position());
-        let from = walk.from.unwrap();
-        cursor.failed(walk);
-        assert_eq!(cursor.owed, Some(LookFrom::After(from)));
+        let walk = cursor.next_walk(t1);
+        assert_ne!(walk.kind, WalkKind::Behind);
     }
 
     #[test]

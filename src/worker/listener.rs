@@ -18,7 +18,7 @@ use crate::pacing::db_retry_delay;
 
 /// The channel every write that makes jobs runnable notifies (schema version 7): the
 /// insert trigger, the functions that promote or requeue jobs, the release statement
-/// (`migrations/0007_runnable_notify.sql` lists them). Payload: see [`parse_runnable`].
+/// (`migrations/functions.sql` sends it). Payload: see [`parse_runnable`].
 pub(crate) const RUNNABLE_CHANNEL: &str = "skiplock_runnable";
 
 /// The channel `skiplock.cancel_job` notifies when it cancels a running job, with the job

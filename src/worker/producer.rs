@@ -269,7 +269,6 @@ async fn claim(
                     skip_in_flight: walk.skips_in_flight(),
                     take_lanes: true,
                     retry_lane_conflict: false,
-                    share_position: walk.shares_position(),
                 },
             };
             match jobs_claim(&mut connection, &args).await {

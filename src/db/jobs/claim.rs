@@ -78,9 +78,8 @@ pub struct ClaimPosition {
 /// Claims up to `limit` runnable jobs of the given queues and kinds, in claim order
 /// (priority, then `scheduled_at`, then id), in one statement.
 ///
-/// It calls `skiplock.claim_batch` (`migrations/0002_claim_per_queue.sql`, where the
-/// statement and its reasons are, `0006_claim_heartbeat_time.sql` and
-/// `0010_claim_skip_in_flight.sql`): rows are picked
+/// It calls `skiplock.internal_claim_batch` (`migrations/functions.sql`, where the
+/// statement and its reasons are): rows are picked
 /// with `FOR UPDATE SKIP LOCKED`, so concurrent claimers never wait on each other and never
 /// pick the same row, and each is stamped with its own fresh `claim_token`, the claimant and
 /// the database's `clock_timestamp()` at the update as first heartbeat (not the
@@ -138,10 +137,9 @@ pub async fn jobs_claim_batch_after(
     .await
 }
 
-/// How a claim treats the rows other claims are taking, a lane conflict and the position
-/// of its group (`skiplock.claim_batch`, `migrations/0010_claim_skip_in_flight.sql` and
-/// `migrations/0011_claim_hint.sql`). The default is the function's own: no filter, lane
-/// jobs taken, a lane conflict retried inside, no hint read or written.
+/// How a claim treats the rows other claims are taking and a lane conflict
+/// (`skiplock.internal_claim_batch` in `migrations/functions.sql`). The default is the
+/// function's own: no filter, lane jobs taken, a lane conflict retried inside.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ClaimMode {
     /// Pass over rows that transactions running when the claim began (or begun since)
@@ -156,13 +154,6 @@ pub struct ClaimMode {
     /// `unique_violation` ([`lane_conflict`]), having claimed nothing, and the caller
     /// claims again with `take_lanes: false`.
     pub retry_lane_conflict: bool,
-    /// Share where claims got to with the other claimers of the same queues and kinds (a
-    /// hint kept in a sequence): a claim from a position starts at the group's hint when
-    /// that is further on, so that one worker process does not step over the entries the
-    /// others claimed since its last claim; and every claim writes where it got to. Only
-    /// for walks from a position the caller's claims advance: a walk owed from behind that
-    /// position must start where it says.
-    pub share_position: bool,
 }
 
 impl Default for ClaimMode {
@@ -171,7 +162,6 @@ impl Default for ClaimMode {
             skip_in_flight: false,
             take_lanes: true,
             retry_lane_conflict: true,
-            share_position: false,
         }
     }
 }
@@ -210,7 +200,7 @@ pub async fn jobs_claim(
     sqlx::query_as(
         "SELECT id, queue, kind, args, attempt, max_attempts, claim_token, priority,
                 scheduled_at_us
-         FROM skiplock.claim_batch($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)",
+         FROM skiplock.internal_claim_batch($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
     )
     .bind(args.queues)
     .bind(args.kinds)
@@ -223,7 +213,6 @@ pub async fn jobs_claim(
     .bind(args.mode.skip_in_flight)
     .bind(args.mode.take_lanes)
     .bind(args.mode.retry_lane_conflict)
-    .bind(args.mode.share_position)
     .fetch_all(db)
     .await
 }

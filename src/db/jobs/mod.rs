@@ -27,18 +27,18 @@
 //! They update by id, not by the `ctid` the lock returned: a row updated after the
 //! statement's snapshot (a heartbeat that committed while we waited for its lock) has a
 //! new version the update's snapshot cannot see by ctid, and the outcome would be
-//! dropped. The claim alone updates by ctid (see `skiplock.claim_batch` in the schema).
+//! dropped. The claim alone updates by ctid (see `skiplock.internal_claim_batch` in the schema).
 //!
 //! The statements that finish or release claims lock their rows in id order (the claim
 //! list is sorted by id first): locking in one global order means two of them touching
 //! overlapping rows queue behind each other instead of deadlocking (a deadlock costs
 //! `deadlock_timeout`, one second by default). The completion, the most frequent of them,
-//! is one update joined to the claim list (`skiplock.complete_claims`), whose planner
+//! is one update joined to the claim list (`skiplock.internal_complete_claims`), whose planner
 //! settings hold it to a nested loop driven by the list: it locks each row as it updates
 //! it, in the list's order, with one lookup and no separate lock record, and re-checks
 //! the token on the newest row version after any wait as `FOR UPDATE` does. Its lock is
 //! the update's `FOR NO KEY UPDATE`, so the dependency trigger reads a parent `FOR SHARE`
-//! to wait for it (`migrations/0009_complete_claims.sql`). `FOR UPDATE` re-checks the
+//! to wait for it (`migrations/functions.sql`). `FOR UPDATE` re-checks the
 //! claim token on the newest row version after any wait, so a claim lost meanwhile drops
 //! out. The heartbeat never waits at all (see [`jobs_heartbeat_many`]).
 

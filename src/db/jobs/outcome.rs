@@ -46,7 +46,7 @@ impl<'r> FromRow<'r, PgRow> for SavedJob {
 }
 
 /// The columns of a [`SavedJob`], read from the row `j`: every statement that returns one
-/// lists them, so they change together (`skiplock.complete_claims` lists them in SQL).
+/// lists them, so they change together (`skiplock.internal_complete_claims` lists them in SQL).
 macro_rules! saved_job_columns {
     () => {
         "j.id, j.state::text AS state,
@@ -58,8 +58,8 @@ macro_rules! saved_job_columns {
 
 /// Marks held jobs `succeeded`; returns those whose claim was still valid.
 ///
-/// One update joined to the claim list, in `skiplock.complete_claims`
-/// (`migrations/0009_complete_claims.sql`), whose planner settings hold it to a nested
+/// One update joined to the claim list, in `skiplock.internal_complete_claims`
+/// (`migrations/functions.sql`), whose planner settings hold it to a nested
 /// loop driven by the list, so that it locks rows in id order as the other statements
 /// here do; it returns the columns of `saved_job_columns!`. Before, a lateral lock per
 /// claim fixed that order and the update looked each row up again: 5 % more Postgres CPU
@@ -72,7 +72,7 @@ pub async fn jobs_complete_many(
     let claims = ClaimList::sorted(ids, tokens);
     sqlx::query_as(
         "SELECT id, state, has_dependants, ordering_key
-         FROM skiplock.complete_claims($1::bigint[], $2::uuid[])",
+         FROM skiplock.internal_complete_claims($1::bigint[], $2::uuid[])",
     )
     .bind(&claims.ids)
     .bind(&claims.tokens)
@@ -289,7 +289,7 @@ impl ClaimList {
 /// `cancelled`, and its error is appended. Returns the jobs whose claim was still valid.
 ///
 /// A retry whose `unique_key` another pending job took while this one ran is superseded
-/// by it (`skiplock.fold_into_key_holder`): the job ends `cancelled`.
+/// by it (`skiplock.internal_fold_into_key_holder`): the job ends `cancelled`.
 pub async fn jobs_fail_many(
     db: impl PgExecutor<'_>,
     batch: &FailBatch,
@@ -309,7 +309,7 @@ pub async fn jobs_fail_many(
                       FOR UPDATE) j
          ), folded AS (
              SELECT f.*, CASE WHEN f.next_state = 'queued' AND f.unique_key IS NOT NULL
-                              THEN skiplock.fold_into_key_holder(f.id) END AS holder
+                              THEN skiplock.internal_fold_into_key_holder(f.id) END AS holder
              FROM failed f
          ), saved AS (
          UPDATE skiplock.jobs j
@@ -320,8 +320,8 @@ pub async fn jobs_fail_many(
                  THEN NULL ELSE now() END,
              claim_token = NULL, heartbeat_at = NULL,
              last_error = CASE WHEN f.holder IS NULL THEN f.message
-                 ELSE skiplock.superseded_message(f.holder, f.unique_key) END,
-             errors = skiplock.append_error(j.errors, j.attempt, f.message)
+                 ELSE skiplock.internal_superseded_message(f.holder, f.unique_key) END,
+             errors = skiplock.internal_append_error(j.errors, j.attempt, f.message)
          FROM folded f
          WHERE j.id = ANY(ARRAY(SELECT id FROM folded)) AND j.id = f.id
          RETURNING ",
@@ -329,7 +329,7 @@ pub async fn jobs_fail_many(
         ", j.queue, j.priority, j.scheduled_at
          ), runnable AS (
              -- A retry with no delay is runnable at once, and may be behind a position.
-             SELECT skiplock.notify_runnable(queue, priority, min(scheduled_at))
+             SELECT skiplock.internal_notify_runnable(queue, priority, min(scheduled_at))
              FROM saved WHERE state = 'queued'
              GROUP BY queue, priority
          )
@@ -371,7 +371,7 @@ pub async fn jobs_release_many(
                       FOR UPDATE) j
          ), folded AS (
              SELECT h.*, CASE WHEN h.unique_key IS NOT NULL
-                              THEN skiplock.fold_into_key_holder(h.id) END AS holder
+                              THEN skiplock.internal_fold_into_key_holder(h.id) END AS holder
              FROM held h
          ), released AS (
              UPDATE skiplock.jobs j
@@ -384,23 +384,18 @@ pub async fn jobs_release_many(
                  claim_token = NULL, heartbeat_at = NULL,
                  finished_at = CASE WHEN f.holder IS NULL THEN NULL ELSE now() END,
                  last_error = CASE WHEN f.holder IS NULL THEN j.last_error
-                     ELSE skiplock.superseded_message(f.holder, f.unique_key) END
+                     ELSE skiplock.internal_superseded_message(f.holder, f.unique_key) END
              FROM folded f
              WHERE j.id = ANY(ARRAY(SELECT id FROM folded)) AND j.id = f.id
              RETURNING j.id, j.queue, j.state, f.delay_ms, j.priority, j.scheduled_at
-         ), woken AS (
-             SELECT pg_notify('skiplock_jobs', queue)
-             FROM (SELECT DISTINCT queue FROM released
-                   WHERE state = 'queued' AND delay_ms <= 0) q
          ), runnable AS (
              -- Released jobs keep their scheduled_at: behind the workers' positions.
-             SELECT skiplock.notify_runnable(queue, priority, min(scheduled_at))
+             SELECT skiplock.internal_notify_runnable(queue, priority, min(scheduled_at))
              FROM released
              WHERE state = 'queued' AND delay_ms <= 0
              GROUP BY queue, priority
          )
-         SELECT id FROM released, (SELECT count(*) FROM woken) w,
-                (SELECT count(*) FROM runnable) r",
+         SELECT id FROM released, (SELECT count(*) FROM runnable) r",
     )
     .bind(&ids)
     .bind(&tokens)
@@ -506,7 +501,7 @@ pub async fn jobs_abandon_many(
          SET state = 'dead', finished_at = now(), claim_token = NULL, heartbeat_at = NULL,
              last_error = $3,
              errors = CASE WHEN jsonb_typeof(j.errors) = 'array'
-                 THEN skiplock.append_error(j.errors, j.attempt, $3)
+                 THEN skiplock.internal_append_error(j.errors, j.attempt, $3)
                  ELSE jsonb_build_array(jsonb_build_object('attempt', j.attempt, 'at', now(), 'message', $3))
                  END
          WHERE j.id = ANY(ARRAY(SELECT id FROM held))

@@ -1,0 +1,293 @@
+-- skiplock schema, version 1 (0.1.0): the tables, types and indexes skiplock keeps in the
+-- Postgres schema `skiplock`.
+--
+-- Two kinds of file make the schema:
+--   * migrations/NNNN_*.sql (this one and those after it): tables, types, indexes,
+--     constraints, and the DROP of a function or view whose signature changes. Applied once
+--     each, in order, and recorded in skiplock.schema_migrations. From 0.1.0 on they only
+--     move forward: a change is a new file, never an edit of one a database has applied.
+--   * migrations/functions.sql: every function, trigger and view, each defined once with
+--     CREATE OR REPLACE. skiplock migrate applies it after the migrations whenever its text
+--     differs from the one last applied, so a changed function body is a one-line diff.
+-- schema/skiplock.sql is the result as pg_dump prints it; CI checks that they agree.
+--
+-- Who moves a job out of each state:
+--   waiting   -> queued     when every parent succeeded (dependencies), or its ordering lane
+--                           reaches it (internal_advance_lanes)
+--   queued    -> running    a claim (skiplock.claim, or the worker's internal_claim_batch:
+--                           SKIP LOCKED, new claim_token, attempt + 1)
+--   running   -> succeeded  the claim holder (skiplock.complete, the worker's completer)
+--   running   -> queued     the claim holder (skiplock.fail / retry with backoff), the reaper
+--                           (stale heartbeat) or a graceful shutdown (release, attempt not counted)
+--   running   -> dead       the claim holder or the reaper, once attempts are exhausted
+--   dead      -> queued     an operator: skiplock.retry_job(id) or `skiplock retry`
+--   any unfinished -> cancelled  an operator: skiplock.cancel_job(id) or `skiplock cancel`
+--
+-- Rows written by hand (INSERT/UPDATE), by skiplock.enqueue, by the CLI and by the Rust API
+-- go through the same rules, in the database:
+--   * the claim enforces lane order itself (at most one running job per lane, always the
+--     lane's oldest unfinished job), whatever states the rows of a lane were written with,
+--     and never fails for a lane conflict;
+--   * an insert with an ordering_key behind an unfinished job of its lane waits; an insert
+--     with a pending unique_key applies the key's policy; args over the limit are refused;
+--   * a requeue (retry after a failure, reap, release, manual retry) of a job whose
+--     unique_key another pending job took meanwhile never fails: the requeued job is
+--     superseded by the pending one (see skiplock.internal_fold_into_key_holder);
+--   * dependants are cancelled only while they still wait, and deleting or pruning a parent
+--     that had not succeeded cancels its waiting children instead of releasing them;
+--   * dependency rows written by hand make their child wait, as enqueue's depends_on does.
+
+CREATE SCHEMA IF NOT EXISTS skiplock;
+
+CREATE TYPE skiplock.job_state AS ENUM (
+    'waiting', 'queued', 'running', 'succeeded', 'dead', 'cancelled'
+);
+
+-- A job's place in claim order, as internal_settle_dependants collects those it promotes.
+CREATE TYPE skiplock.runnable_key AS (queue text, priority smallint, scheduled_at timestamptz);
+
+-- =========================================================================================
+-- Tables
+-- =========================================================================================
+
+-- Every job, finished ones included until the pruner removes them.
+--
+-- A claim token exists only while its job runs (jobs_claim_token_only_running). Every
+-- transition out of `running` clears it (complete, fail, release, reap, cancel); the
+-- constraint makes it a guarantee, so "the row carries my token" alone proves "my claim is
+-- live", and the completion, failure, release and heartbeat statements can find their rows
+-- by primary key without a `state = 'running'` filter (see src/db/jobs.rs for why that
+-- matters).
+--
+-- A queue table turns rows over fast: every job leaves two dead row versions behind, and
+-- the claim index keeps entries for claimed rows until VACUUM removes them, entries each
+-- claim then walks past. So autovacuum vacuums and analyzes this table after 2 % of it
+-- changed instead of the server-wide 20 % / 10 %; ANALYZE also refreshes the statistics
+-- that cached plans were made from. (Not measured with autovacuum on: the development
+-- server runs with autovacuum = off; see docs/benchmarks.md.)
+CREATE TABLE skiplock.jobs (
+    id            bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    queue         text               NOT NULL DEFAULT 'default',
+    kind          text               NOT NULL,
+    args          jsonb              NOT NULL DEFAULT '{}',
+    state         skiplock.job_state NOT NULL DEFAULT 'queued',
+    priority      smallint           NOT NULL DEFAULT 0,
+    scheduled_at  timestamptz        NOT NULL DEFAULT now(),
+    attempt       int                NOT NULL DEFAULT 0,
+    max_attempts  int                NOT NULL DEFAULT 25,
+    claim_token   uuid,
+    claimed_by    text,
+    claimed_at    timestamptz,
+    heartbeat_at  timestamptz,
+    ordering_key  text,
+    unique_key    text,
+    last_error    text,
+    errors        jsonb              NOT NULL DEFAULT '[]',
+    created_at    timestamptz        NOT NULL DEFAULT now(),
+    finished_at   timestamptz,
+    unique_policy text,
+    progress      jsonb,
+    output        jsonb,
+    CONSTRAINT jobs_kind_not_empty CHECK (kind <> ''),
+    CONSTRAINT jobs_queue_not_empty CHECK (queue <> ''),
+    -- Workers are told of runnable jobs by notifications that carry the queue's name, and
+    -- Postgres caps their payload at 8,000 bytes.
+    CONSTRAINT jobs_queue_name_length CHECK (octet_length(queue) <= 1000),
+    CONSTRAINT jobs_max_attempts_positive CHECK (max_attempts >= 1),
+    CONSTRAINT jobs_attempt_not_negative CHECK (attempt >= 0),
+    CONSTRAINT jobs_running_has_claim CHECK (
+        state <> 'running' OR (claim_token IS NOT NULL AND heartbeat_at IS NOT NULL)
+    ),
+    CONSTRAINT jobs_unique_policy_known CHECK (unique_policy IN ('skip', 'replace', 'merge')),
+    CONSTRAINT jobs_claim_token_only_running CHECK (claim_token IS NULL OR state = 'running')
+) WITH (
+    autovacuum_vacuum_scale_factor = 0.02,
+    autovacuum_analyze_scale_factor = 0.02
+);
+
+-- Dependencies: a job waits until every parent succeeded.
+--
+-- An edge outlives its parent, and says what became of it:
+--   * parent row present: the parent's own state decides;
+--   * parent row gone, parent_state NULL: the parent succeeded and was pruned (or deleted
+--     after it succeeded); the edge is satisfied;
+--   * parent row gone, parent_state set: the parent was deleted before it succeeded, while
+--     in that state (a tombstone); the edge can never be satisfied, and the child is
+--     cancelled whenever it would otherwise wait for it. Without the tombstone, a child
+--     retried by hand after its unfinished parent was deleted would be queued and run
+--     although its parent never succeeded.
+-- So parent_id has no foreign key: edges are deleted with their child (the job_id foreign
+-- key cascades), never with their parent, and deleting a succeeded job costs no cascade
+-- probe of job_dependencies per row. The lock a foreign key would take on the parent while
+-- an edge is inserted, so that the parent cannot disappear under a new edge, the insert
+-- trigger (job_dependencies_after_insert) takes itself.
+CREATE TABLE skiplock.job_dependencies (
+    job_id       bigint NOT NULL REFERENCES skiplock.jobs (id) ON DELETE CASCADE,
+    parent_id    bigint NOT NULL,
+    parent_state skiplock.job_state,
+    PRIMARY KEY (job_id, parent_id),
+    CONSTRAINT job_dependencies_not_self CHECK (job_id <> parent_id),
+    CONSTRAINT job_dependencies_tombstone_unfinished
+        CHECK (parent_state IS DISTINCT FROM 'succeeded')
+);
+
+-- Queues: paused queues are never claimed from; running jobs finish.
+CREATE TABLE skiplock.queues (
+    name       text PRIMARY KEY,
+    paused     boolean NOT NULL DEFAULT false,
+    updated_at timestamptz NOT NULL DEFAULT now(),
+    CONSTRAINT queues_name_not_empty CHECK (name <> ''),
+    CONSTRAINT queues_name_length CHECK (octet_length(name) <= 1000)
+);
+
+-- Cron schedules: each slot produces exactly one job, whoever computes it first.
+CREATE TABLE skiplock.cron_schedules (
+    name         text PRIMARY KEY,
+    expression   text        NOT NULL,
+    timezone     text        NOT NULL DEFAULT 'UTC',
+    kind         text        NOT NULL,
+    args         jsonb       NOT NULL DEFAULT '{}',
+    queue        text        NOT NULL DEFAULT 'default',
+    priority     smallint    NOT NULL DEFAULT 0,
+    max_attempts int         NOT NULL DEFAULT 25,
+    missed       text        NOT NULL DEFAULT 'latest',
+    enabled      boolean     NOT NULL DEFAULT true,
+    -- Slots up to and including this instant are done (enqueued or deliberately skipped).
+    last_slot_at timestamptz NOT NULL DEFAULT now(),
+    last_job_id  bigint,
+    last_error   text,
+    created_at   timestamptz NOT NULL DEFAULT now(),
+    updated_at   timestamptz NOT NULL DEFAULT now(),
+    CONSTRAINT cron_schedules_missed_known CHECK (missed IN ('latest', 'skip')),
+    CONSTRAINT cron_schedules_kind_not_empty CHECK (kind <> ''),
+    CONSTRAINT cron_schedules_queue_name_length CHECK (octet_length(queue) <= 1000)
+);
+
+-- Job history that survives pruning.
+--
+-- Finished jobs are deleted by the pruner, so their numbers move into this small rollup
+-- table in the very statement that deletes them (see src/db/history.rs:
+-- jobs_prune_finished_rolled_up). The completion path is untouched: a finished job is
+-- counted live in skiplock.jobs until it is pruned, and in the rollup afterwards, never in
+-- both and never in neither. History queries (src/db/history.rs) add the two up, counting
+-- live rows with the same SQL that rolls them up.
+--
+-- Time buckets are whole hours in UTC. What one finished job contributes:
+--   succeeded / dead / cancelled  1 in the hour of finished_at, by final state
+--   failed                        1 per entry of errors (each failed attempt), in the hour of
+--                                 that entry's `at`; errors keeps the 20 most recent failures,
+--                                 so a job that failed more often counts 20
+--   run time                      finished_at - claimed_at (the last attempt), succeeded and
+--                                 dead jobs only, with a histogram over job_history_run_bounds()
+--   wait time                     claimed_at - scheduled_at (due until claimed), same jobs
+--
+-- Retention: job_history_prune_expired folds hours older than the retention (a year by
+-- default) into one row per queue and kind at bucket '-infinity', so lifetime totals (the
+-- Prometheus counters) never go down while the hourly detail ages out.
+CREATE TABLE skiplock.job_history (
+    bucket        timestamptz NOT NULL,
+    queue         text        NOT NULL,
+    kind          text        NOT NULL,
+    succeeded     bigint      NOT NULL DEFAULT 0,
+    failed        bigint      NOT NULL DEFAULT 0,
+    dead          bigint      NOT NULL DEFAULT 0,
+    cancelled     bigint      NOT NULL DEFAULT 0,
+    run_count     bigint      NOT NULL DEFAULT 0,
+    run_seconds   float8      NOT NULL DEFAULT 0,
+    wait_count    bigint      NOT NULL DEFAULT 0,
+    wait_seconds  float8      NOT NULL DEFAULT 0,
+    run_histogram bigint[]    NOT NULL DEFAULT '{}',
+    PRIMARY KEY (bucket, queue, kind)
+);
+
+-- The text of migrations/functions.sql last applied (one row): skiplock migrate applies the
+-- file again only when its md5 differs, and never for a build older than the one that
+-- applied it.
+CREATE TABLE skiplock.schema_functions (
+    singleton        boolean     PRIMARY KEY DEFAULT true CHECK (singleton),
+    md5              text        NOT NULL,
+    skiplock_version text        NOT NULL,
+    applied_at       timestamptz NOT NULL DEFAULT now()
+);
+
+-- =========================================================================================
+-- Indexes
+-- =========================================================================================
+
+-- The claim path: one range per queue, in claim order, so a claim of a quiet queue never
+-- steps over a flooded one's backlog. Partial, so its size follows the runnable backlog,
+-- not the history: finished rows (succeeded, dead, cancelled) never enter it and cost the
+-- claim nothing.
+CREATE INDEX jobs_claim_idx ON skiplock.jobs (queue, priority, scheduled_at, id)
+    WHERE state = 'queued';
+
+-- The reaper and the heartbeat look only at running rows.
+CREATE INDEX jobs_running_idx ON skiplock.jobs (heartbeat_at)
+    WHERE state = 'running';
+
+-- The pruner walks finished rows by age.
+CREATE INDEX jobs_finished_idx ON skiplock.jobs (state, finished_at)
+    WHERE finished_at IS NOT NULL;
+
+-- Dependencies: the waiting jobs, and the children of a parent.
+CREATE INDEX jobs_waiting_idx ON skiplock.jobs (id) WHERE state = 'waiting';
+
+CREATE INDEX job_dependencies_parent_idx ON skiplock.job_dependencies (parent_id);
+
+-- Ordering lanes. Only the head of a lane (its unfinished job with the lowest id) is
+-- `queued`; the jobs behind it wait in `waiting` and are promoted one at a time by
+-- skiplock.internal_advance_lanes when the head finishes. So the claim never scans a lane's
+-- backlog, and the database itself refuses a second running job per key.
+CREATE UNIQUE INDEX jobs_ordering_key_running_idx ON skiplock.jobs (ordering_key)
+    WHERE state = 'running' AND ordering_key IS NOT NULL;
+
+CREATE INDEX jobs_ordering_key_lane_idx ON skiplock.jobs (ordering_key, id)
+    WHERE ordering_key IS NOT NULL AND state IN ('waiting', 'queued', 'running');
+
+-- Unique keys: at most one pending (not yet running) job per key.
+CREATE UNIQUE INDEX jobs_unique_key_pending_idx ON skiplock.jobs (unique_key)
+    WHERE unique_key IS NOT NULL AND state IN ('waiting', 'queued');
+
+-- =========================================================================================
+-- Comments stored with the objects
+-- =========================================================================================
+COMMENT ON TABLE skiplock.jobs IS
+    'Every skiplock job, finished ones included until the pruner removes them.';
+
+COMMENT ON COLUMN skiplock.jobs.claim_token IS
+    'Fencing token of the current claim: only a write that presents it may heartbeat, complete or fail the job.';
+
+COMMENT ON COLUMN skiplock.jobs.errors IS
+    'The most recent failures (at most 20), oldest first: {attempt, at, message}.';
+
+COMMENT ON COLUMN skiplock.jobs.unique_policy IS
+    'What a second enqueue with the same unique_key does while this job is pending: skip, replace (new args) or merge (append args).';
+
+COMMENT ON COLUMN skiplock.jobs.progress IS 'Latest progress reported by the handler (any JSON).';
+
+COMMENT ON COLUMN skiplock.jobs.output IS 'Output recorded by the handler (any JSON).';
+
+COMMENT ON TABLE skiplock.job_dependencies IS
+    'Edges of the dependency graph: job_id runs only after parent_id succeeded. An edge whose '
+    'parent row is gone is satisfied when parent_state is NULL (the parent succeeded and was '
+    'pruned) and never satisfied when parent_state is set (the parent was deleted in that '
+    'state before it succeeded).';
+
+COMMENT ON COLUMN skiplock.job_dependencies.parent_state IS
+    'NULL while the parent exists or after it was deleted as succeeded; the parent''s state '
+    'when it was deleted before it succeeded (written by skiplock, never by hand).';
+
+COMMENT ON COLUMN skiplock.cron_schedules.missed IS
+    'Slots missed while no worker ran: latest = run the most recent missed slot once; skip = run none of them.';
+
+COMMENT ON TABLE skiplock.job_history IS
+    'Hourly (UTC) numbers of pruned jobs per queue and kind; bucket -infinity holds everything older than the retention. Live (not yet pruned) jobs are not in it.';
+
+COMMENT ON COLUMN skiplock.job_history.failed IS
+    'Failed attempts (entries of the jobs'' errors lists), in the hour each failure happened.';
+
+COMMENT ON CONSTRAINT jobs_queue_name_length ON skiplock.jobs IS
+    'A queue name is at most 1,000 bytes: workers are told of runnable jobs by notifications that carry it, and Postgres caps their payload at 8,000 bytes.';
+
+COMMENT ON COLUMN skiplock.job_history.run_histogram IS
+    'Run times counted per interval of skiplock.internal_job_history_run_bounds() (16 bounds, 17 elements): element 1 counts run times under bounds[1], element i+1 those from bounds[i] up to bounds[i+1], element 17 those from bounds[16] on.';

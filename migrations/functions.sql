@@ -1,0 +1,1022 @@
+-- ---- Backoff, errors and the args limit --------------------------------------------------
+
+-- Default retry delay, shared by the reaper and documented beside the Rust policy
+-- (src/retry.rs): min(2^attempt, 3600) seconds, times a random factor in [0.75, 1.25).
+CREATE OR REPLACE FUNCTION skiplock.backoff(attempt int) RETURNS interval
+LANGUAGE sql VOLATILE AS $$
+    SELECT make_interval(secs => least(power(2, least(attempt, 30)), 3600) * (0.75 + random() * 0.5));
+$$;
+
+-- Append a failure to a job's error list, keeping the most recent 20.
+CREATE OR REPLACE FUNCTION skiplock.internal_append_error(errors jsonb, attempt int, message text) RETURNS jsonb
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT coalesce(jsonb_agg(e ORDER BY n), '[]'::jsonb)
+    FROM (
+        SELECT e, n
+        FROM jsonb_array_elements(
+            errors || jsonb_build_array(jsonb_build_object(
+                'attempt', attempt, 'at', now(), 'message', message))
+        ) WITH ORDINALITY AS t(e, n)
+        ORDER BY n DESC
+        LIMIT 20
+    ) recent;
+$$;
+
+CREATE OR REPLACE FUNCTION skiplock.internal_error_time(entry jsonb) RETURNS timestamptz
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    at text := CASE WHEN jsonb_typeof(entry) = 'object' THEN entry ->> 'at' END;
+    t timestamptz;
+BEGIN
+    IF at IS NULL THEN
+        RETURN NULL;
+    END IF;
+    BEGIN
+        t := at::timestamptz;
+    EXCEPTION WHEN data_exception THEN
+        -- invalid_datetime_format, datetime_field_overflow and the rest of class 22.
+        RETURN NULL;
+    END;
+    RETURN CASE WHEN isfinite(t) THEN t END;
+END;
+$$;
+COMMENT ON FUNCTION skiplock.internal_error_time(jsonb) IS
+    'The time (`at`) of an entry of skiplock.jobs.errors, or NULL when it has no valid, finite one: statements over many rows read it with this so that one entry written by hand cannot fail them.';
+
+-- The largest args accepted on every path, in bytes of the jsonb text (octet_length of
+-- args::text). 1 MiB unless the setting skiplock.args_max_bytes says otherwise
+-- (ALTER DATABASE … SET skiplock.args_max_bytes = 4194304). The Rust API checks its own
+-- limit (SKIPLOCK_ARGS_MAX_BYTES) before sending, on compact JSON.
+CREATE OR REPLACE FUNCTION skiplock.args_max_bytes() RETURNS bigint
+LANGUAGE sql STABLE AS $$
+    SELECT coalesce(nullif(current_setting('skiplock.args_max_bytes', true), '')::bigint, 1048576);
+$$;
+
+CREATE OR REPLACE FUNCTION skiplock.internal_check_args_size(args jsonb) RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+    size bigint := octet_length(args::text);
+    limit_bytes bigint := skiplock.args_max_bytes();
+BEGIN
+    IF size > limit_bytes THEN
+        RAISE EXCEPTION 'args are % bytes, over the limit of % bytes', size, limit_bytes
+            USING ERRCODE = 'program_limit_exceeded',
+                  HINT = 'store large data elsewhere and pass a reference, or raise the setting skiplock.args_max_bytes';
+    END IF;
+END;
+$$;
+
+-- ---- Notifications -----------------------------------------------------------------------
+
+CREATE OR REPLACE FUNCTION skiplock.internal_runnable_payload(queue text, priority smallint,
+                                          scheduled_at timestamptz) RETURNS text
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT priority::text || E'\t'
+        || CASE WHEN isfinite(scheduled_at)
+                THEN ((extract(epoch FROM scheduled_at) * 1000000)::bigint)::text
+                ELSE '-9223372036854775808' END
+        || E'\t' || queue;
+$$;
+COMMENT ON FUNCTION skiplock.internal_runnable_payload(text, smallint, timestamptz) IS
+    'Payload of a skiplock_runnable notification: where in claim order a job became runnable.';
+
+-- Notifies where a job (or jobs from this key on) became runnable, if it is due.
+CREATE OR REPLACE FUNCTION skiplock.internal_notify_runnable(queue text, priority smallint,
+                                         scheduled_at timestamptz) RETURNS void
+LANGUAGE sql AS $$
+    SELECT pg_notify('skiplock_runnable', skiplock.internal_runnable_payload(queue, priority, scheduled_at))
+    WHERE scheduled_at <= now();
+$$;
+COMMENT ON FUNCTION skiplock.internal_notify_runnable(text, smallint, timestamptz) IS
+    'Tells workers that jobs of this queue became runnable from this priority and time on '
+    '(at commit, if due): call it after requeuing jobs with a plain UPDATE.';
+
+-- ---- Unique keys -------------------------------------------------------------------------
+
+CREATE OR REPLACE FUNCTION skiplock.internal_unique_key_holder(key text, self bigint) RETURNS bigint
+LANGUAGE plpgsql AS $$
+DECLARE
+    holder bigint;
+    holder_state skiplock.job_state;
+    holder_queue text;
+    holder_priority smallint;
+    holder_scheduled_at timestamptz;
+BEGIN
+    PERFORM pg_advisory_xact_lock(hashtextextended('skiplock.unique:' || key, 0));
+    SELECT o.id, o.state, o.queue, o.priority, o.scheduled_at
+    INTO holder, holder_state, holder_queue, holder_priority, holder_scheduled_at
+    FROM skiplock.jobs o
+    WHERE o.unique_key = key AND o.state IN ('waiting', 'queued') AND o.id <> self
+    ORDER BY o.id LIMIT 1
+    FOR UPDATE;
+    -- Claims skip the holder while this transaction holds it locked.
+    IF holder_state = 'queued' THEN
+        PERFORM skiplock.internal_notify_runnable(holder_queue, holder_priority, holder_scheduled_at);
+    END IF;
+    RETURN holder;
+END;
+$$;
+
+-- A job with a unique_key going back to pending (waiting or queued) from anywhere else: a
+-- retry after a failure, the reaper, a graceful release, skiplock.retry_job. While it ran
+-- (or lay dead) the key was free, and a new job may have taken it. The requeue is then
+-- superseded instead of failing on jobs_unique_key_pending_idx (which would fail the whole
+-- batch it is part of): the pending job runs instead, with this job's payloads merged in
+-- first under the policy `merge` (so none is lost), and the caller ends this job
+-- `cancelled` with a last_error naming the pending job. Returns that job's id, or NULL
+-- when the key is free (the requeue goes ahead). Holds the key's advisory lock until
+-- commit, like an enqueue of the key.
+--
+-- The requeueing statements call it only for rows that have a unique_key and are about to
+-- go back to pending; not a trigger, because a row trigger on UPDATE costs every claim and
+-- every completion a second fetch and lock of the row (about 7 % of Postgres CPU per job
+-- in the drain benchmark) even when its WHEN clause is false. A plain UPDATE written by
+-- hand that requeues into a taken key is refused by jobs_unique_key_pending_idx.
+CREATE OR REPLACE FUNCTION skiplock.internal_fold_into_key_holder(job_id bigint) RETURNS bigint
+LANGUAGE plpgsql AS $$
+DECLARE
+    job skiplock.jobs%ROWTYPE;
+    holder bigint;
+    payload jsonb;
+BEGIN
+    SELECT * INTO job FROM skiplock.jobs WHERE id = job_id;
+    IF job.unique_key IS NULL THEN
+        RETURN NULL;
+    END IF;
+    holder := skiplock.internal_unique_key_holder(job.unique_key, job_id);
+    IF holder IS NOT NULL AND job.unique_policy = 'merge' THEN
+        payload := CASE WHEN jsonb_typeof(job.args) = 'array' THEN job.args
+                        ELSE jsonb_build_array(job.args) END;
+        UPDATE skiplock.jobs SET args = payload || args WHERE id = holder;
+    END IF;
+    RETURN holder;
+END;
+$$;
+
+-- The last_error of a requeue superseded by the pending job `holder`.
+CREATE OR REPLACE FUNCTION skiplock.internal_superseded_message(holder bigint, key text) RETURNS text
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT format('superseded: pending job %s holds unique_key %s and runs instead', holder, key);
+$$;
+
+-- ---- Dependencies and lanes --------------------------------------------------------------
+
+-- Whether a job still has a parent that has not succeeded: a parent row in any other state,
+-- or a tombstone. An edge whose parent row is gone with parent_state NULL is satisfied.
+-- Simple enough for the planner to inline into the statements that call it.
+CREATE OR REPLACE FUNCTION skiplock.internal_has_unmet_parent(job bigint) RETURNS boolean
+LANGUAGE sql STABLE AS $$
+    SELECT EXISTS (
+        SELECT 1 FROM skiplock.job_dependencies d
+        LEFT JOIN skiplock.jobs p ON p.id = d.parent_id
+        WHERE d.job_id = job
+          AND p.state IS DISTINCT FROM 'succeeded'
+          AND (p.id IS NOT NULL OR d.parent_state IS NOT NULL)
+    );
+$$;
+
+CREATE OR REPLACE FUNCTION skiplock.internal_settle_dependants(parent_ids bigint[]) RETURNS int
+LANGUAGE plpgsql AS $$
+DECLARE
+    promoted_keys skiplock.runnable_key[];
+    promoted int := 0;
+    cancelled int := 0;
+BEGIN
+    WITH RECURSIVE doomed (id, reason) AS (
+        SELECT d.job_id,
+               CASE WHEN p.id IS NULL
+                    THEN format('parent job %s was deleted while %s', d.parent_id, d.parent_state)
+                    ELSE format('parent job %s ended %s', p.id, p.state) END
+        FROM skiplock.job_dependencies d
+        LEFT JOIN skiplock.jobs p ON p.id = d.parent_id
+        JOIN skiplock.jobs c ON c.id = d.job_id
+        WHERE d.parent_id = ANY (parent_ids)
+          AND (p.state IN ('dead', 'cancelled') OR (p.id IS NULL AND d.parent_state IS NOT NULL))
+          AND c.state = 'waiting'
+        UNION
+        SELECT d.job_id, format('parent job %s was cancelled', d.parent_id)
+        FROM skiplock.job_dependencies d
+        JOIN doomed ON d.parent_id = doomed.id
+        JOIN skiplock.jobs c ON c.id = d.job_id
+        WHERE c.state = 'waiting'
+    )
+    UPDATE skiplock.jobs j
+    SET state = 'cancelled', finished_at = now(), last_error = doomed.reason
+    FROM doomed
+    WHERE j.id = doomed.id AND j.state = 'waiting';
+    GET DIAGNOSTICS cancelled = ROW_COUNT;
+
+    WITH ready AS (
+        UPDATE skiplock.jobs c
+        SET state = 'queued'
+        WHERE c.state = 'waiting'
+          AND c.id IN (SELECT job_id FROM skiplock.job_dependencies WHERE parent_id = ANY (parent_ids))
+          AND NOT skiplock.internal_has_unmet_parent(c.id)
+        RETURNING c.queue, c.priority, c.scheduled_at
+    )
+    SELECT count(*), array_agg(DISTINCT ROW(queue, priority, scheduled_at)::skiplock.runnable_key)
+    INTO promoted, promoted_keys FROM ready;
+    -- The lowest key per queue and priority: one message, not one per child.
+    PERFORM skiplock.internal_notify_runnable(k.queue, k.priority, min(k.scheduled_at))
+    FROM unnest(promoted_keys) AS k
+    GROUP BY k.queue, k.priority;
+    RETURN promoted + cancelled;
+END;
+$$;
+
+CREATE OR REPLACE FUNCTION skiplock.internal_advance_lanes(keys text[]) RETURNS int
+LANGUAGE plpgsql AS $$
+DECLARE
+    promoted int;
+BEGIN
+    WITH heads AS (
+        SELECT DISTINCT ON (ordering_key) id, state
+        FROM skiplock.jobs
+        WHERE ordering_key = ANY (keys) AND state IN ('waiting', 'queued', 'running')
+        ORDER BY ordering_key, id
+    ), ready AS (
+        UPDATE skiplock.jobs j SET state = 'queued'
+        FROM heads
+        WHERE j.id = heads.id AND heads.state = 'waiting' AND j.state = 'waiting'
+          AND NOT EXISTS (
+              SELECT 1 FROM skiplock.jobs o
+              WHERE o.ordering_key = j.ordering_key AND o.state = 'running'
+          )
+          AND NOT skiplock.internal_has_unmet_parent(j.id)
+        RETURNING j.queue
+    )
+    SELECT count(*) INTO promoted FROM ready;
+    -- Each lane's head, promoted now or queued before (its turn came when the job before
+    -- it ended; claims skipped it while that job was unfinished).
+    PERFORM skiplock.internal_notify_runnable(h.queue, h.priority, h.scheduled_at)
+    FROM (SELECT DISTINCT ON (ordering_key) state, queue, priority, scheduled_at
+          FROM skiplock.jobs
+          WHERE ordering_key = ANY (keys) AND state IN ('waiting', 'queued', 'running')
+          ORDER BY ordering_key, id) h
+    WHERE h.state = 'queued';
+    RETURN promoted;
+END;
+$$;
+
+-- ---- Enqueue -----------------------------------------------------------------------------
+
+CREATE OR REPLACE FUNCTION skiplock.enqueue_job(
+    kind          text,
+    args          jsonb       DEFAULT '{}',
+    queue         text        DEFAULT 'default',
+    priority      int         DEFAULT 0,
+    scheduled_at  timestamptz DEFAULT now(),
+    max_attempts  int         DEFAULT 25,
+    ordering_key  text        DEFAULT NULL,
+    unique_key    text        DEFAULT NULL,
+    on_conflict   text        DEFAULT 'skip',
+    depends_on    bigint[]    DEFAULT '{}'
+) RETURNS TABLE (id bigint, outcome text)
+LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+    new_id bigint;
+    inserted boolean;
+    initial skiplock.job_state := 'queued';
+    reason text;
+    missing bigint;
+BEGIN
+    IF priority NOT BETWEEN -32768 AND 32767 THEN
+        RAISE EXCEPTION 'priority must be between -32768 and 32767 (lower runs first), not %',
+            priority USING ERRCODE = 'numeric_value_out_of_range';
+    END IF;
+    IF unique_key IS NOT NULL AND on_conflict NOT IN ('skip', 'replace', 'merge') THEN
+        RAISE EXCEPTION 'on_conflict must be skip, replace or merge, not %', on_conflict
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF unique_key IS NOT NULL AND cardinality(depends_on) > 0 THEN
+        RAISE EXCEPTION 'a job cannot have both a unique_key and dependencies'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF ordering_key IS NOT NULL AND cardinality(depends_on) > 0 THEN
+        RAISE EXCEPTION 'a job cannot have both an ordering_key and dependencies'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF cardinality(depends_on) > 0 THEN
+        SELECT d INTO missing FROM unnest(depends_on) AS d
+        WHERE NOT EXISTS (SELECT 1 FROM skiplock.jobs p WHERE p.id = d) LIMIT 1;
+        IF missing IS NOT NULL THEN
+            RAISE EXCEPTION 'parent job % does not exist', missing
+                USING ERRCODE = 'foreign_key_violation';
+        END IF;
+        SELECT format('parent job %s ended %s', p.id, p.state) INTO reason
+        FROM skiplock.jobs p
+        WHERE p.id = ANY (depends_on) AND p.state IN ('dead', 'cancelled') LIMIT 1;
+        IF reason IS NOT NULL THEN
+            initial := 'cancelled';
+        ELSIF EXISTS (SELECT 1 FROM skiplock.jobs p
+                      WHERE p.id = ANY (depends_on) AND p.state <> 'succeeded') THEN
+            initial := 'waiting';
+        END IF;
+    END IF;
+    PERFORM set_config('skiplock.unique_holder', '', true);
+    INSERT INTO skiplock.jobs AS j (kind, args, queue, priority, scheduled_at, max_attempts,
+                                    ordering_key, unique_key, unique_policy, state,
+                                    finished_at, last_error)
+    VALUES (enqueue_job.kind, enqueue_job.args, enqueue_job.queue, enqueue_job.priority::smallint,
+            enqueue_job.scheduled_at,
+            enqueue_job.max_attempts, enqueue_job.ordering_key, enqueue_job.unique_key,
+            CASE WHEN enqueue_job.unique_key IS NOT NULL THEN on_conflict END, initial,
+            CASE WHEN initial = 'cancelled' THEN now() END, reason)
+    ON CONFLICT (unique_key) WHERE unique_key IS NOT NULL AND state IN ('waiting', 'queued')
+    DO UPDATE SET args = CASE excluded.unique_policy
+        WHEN 'replace' THEN excluded.args
+        WHEN 'merge' THEN j.args || excluded.args
+        ELSE j.args END
+    RETURNING j.id, j.xmax = 0 INTO new_id, inserted;
+    IF new_id IS NULL THEN
+        -- The insert trigger applied the key's policy to the pending job instead.
+        new_id := nullif(current_setting('skiplock.unique_holder', true), '')::bigint;
+    END IF;
+    IF cardinality(depends_on) > 0 THEN
+        INSERT INTO skiplock.job_dependencies (job_id, parent_id)
+        SELECT new_id, d FROM unnest(depends_on) AS d ON CONFLICT DO NOTHING;
+    END IF;
+    id := new_id;
+    -- A new row, or the pending job of the key, folded by the key's policy (through ON
+    -- CONFLICT, or by the insert trigger, which leaves no row to return).
+    outcome := CASE WHEN inserted THEN 'inserted'
+                    WHEN on_conflict = 'replace' THEN 'replaced'
+                    WHEN on_conflict = 'merge' THEN 'merged'
+                    ELSE 'skipped' END;
+    RETURN NEXT;
+END;
+$$;
+COMMENT ON FUNCTION skiplock.enqueue_job(text, jsonb, text, int, timestamptz, int, text, text, text, bigint[]) IS
+    'As skiplock.enqueue, and says what it did: the job''s id with inserted, or, for a unique_key already pending, that job''s id with skipped, replaced or merged. Example: SELECT * FROM skiplock.enqueue_job(''send_email'', ''{"to": "a@example.com"}'', unique_key => ''welcome-42'');';
+
+CREATE OR REPLACE FUNCTION skiplock.enqueue(
+    kind          text,
+    args          jsonb       DEFAULT '{}',
+    queue         text        DEFAULT 'default',
+    priority      int         DEFAULT 0,
+    scheduled_at  timestamptz DEFAULT now(),
+    max_attempts  int         DEFAULT 25,
+    ordering_key  text        DEFAULT NULL,
+    unique_key    text        DEFAULT NULL,
+    on_conflict   text        DEFAULT 'skip',
+    depends_on    bigint[]    DEFAULT '{}'
+) RETURNS bigint
+LANGUAGE sql AS $$
+    SELECT e.id FROM skiplock.enqueue_job(kind, args, queue, priority, scheduled_at,
+                                          max_attempts, ordering_key, unique_key,
+                                          on_conflict, depends_on) e;
+$$;
+COMMENT ON FUNCTION skiplock.enqueue(text, jsonb, text, int, timestamptz, int, text, text, text, bigint[]) IS
+    'Enqueues a job from any language and returns its id (or, for a unique_key already pending, that job''s id). Example: SELECT skiplock.enqueue(''send_email'', ''{"to": "a@example.com"}'', priority => -1);';
+
+-- ---- Claim and completion (the worker's own statements) ----------------------------------
+
+-- The worker's claim: up to max_jobs runnable jobs of the given queues and kinds (NULL
+-- kinds: every kind), in claim order (priority, scheduled_at, id), after the given claim
+-- key if any, each stamped with a fresh claim_token (claim_with when given, so a caller
+-- whose reply was lost can find what it took), claimed_by, clock_timestamp() as first
+-- heartbeat (now(), the transaction's start, would commit a claim that waited behind a
+-- lock already stale) and attempt + 1. Internal: its arguments follow the Rust worker's
+-- machinery (src/worker/claim_cursor.rs) and change with it; skiplock.claim is the stable
+-- form. docs/architecture.md, "The claim path", has the reasons and the measurements.
+--
+-- * It walks jobs_claim_idx, one range per queue, in claim order, and locks with FOR
+--   UPDATE SKIP LOCKED: claimers never wait on each other and never take the same row. A
+--   claim of several queues walks each queue's range (up to max_jobs from each) and keeps
+--   the first max_jobs of them all; a paused queue is not walked.
+-- * The plan is fixed to that ordered walk (no sort, no bitmap or sequential scan) and
+--   made once per connection: a plan made while the table was empty once sorted every
+--   queued row on each claim, and re-planning cost half an idle claim.
+-- * Lanes: it takes a lane's job only when it is the lane's oldest unfinished job and
+--   nothing of the lane runs, whatever the rows were written with. Two claims can still
+--   take two jobs of one lane that neither sees the other take; the second fails on
+--   jobs_ordering_key_running_idx. With retry_lane_conflict the claim runs inside a
+--   subtransaction and, on that conflict, runs again without lane jobs; without it the
+--   conflict reaches the caller (the worker retries itself, outside a subtransaction,
+--   which the in-flight filter needs).
+-- * skip_in_flight passes over rows whose xmax is a transaction running when the claim
+--   began (pg_current_snapshot()) or begun since, before FOR UPDATE SKIP LOCKED takes
+--   each to the lock manager: with several worker processes on one queue, most of what a
+--   claim meets is rows other claims are taking. Not "xmax = 0": a queued row keeps the id
+--   of a locker that has finished until it is next updated. A MultiXactId in xmax read as
+--   a transaction id can make a row look taken while that lasts, so the filter is the
+--   caller's choice, and the worker walks without it from the start at least every 30 s.
+--   It is off in a transaction that already has an id and outside READ COMMITTED.
+-- * Rows are locked first and updated by ctid (no second index descent); the result is
+--   sorted after the update has finished, so an update that fails has returned nothing.
+CREATE OR REPLACE FUNCTION skiplock.internal_claim_batch(queues text[], kinds text[], max_jobs bigint, worker text,
+                                     after_priority smallint DEFAULT NULL,
+                                     after_scheduled_at_us bigint DEFAULT NULL,
+                                     after_id bigint DEFAULT NULL,
+                                     claim_with uuid DEFAULT NULL,
+                                     skip_in_flight boolean DEFAULT false,
+                                     take_lanes boolean DEFAULT true,
+                                     retry_lane_conflict boolean DEFAULT true)
+RETURNS TABLE (id bigint, queue text, kind text, args jsonb, attempt int, max_attempts int,
+               claim_token uuid, priority smallint, scheduled_at_us bigint)
+LANGUAGE plpgsql
+SET enable_sort = off
+SET enable_bitmapscan = off
+SET enable_seqscan = off
+SET jit = off
+SET plan_cache_mode = force_generic_plan
+AS $$
+DECLARE
+    from_priority smallint := -32768;
+    from_scheduled_at timestamptz := '-infinity';
+    from_id bigint := -9223372036854775808;
+    snapshot pg_snapshot;
+    -- Transactions running when the claim began, and the next id then (as the low 32
+    -- bits that xmax holds).
+    in_flight xid[] := '{}';
+    next_xid bigint := 0;
+    filtering boolean := skip_in_flight AND pg_current_xact_id_if_assigned() IS NULL
+        AND current_setting('transaction_isolation') = 'read committed';
+BEGIN
+    IF retry_lane_conflict AND take_lanes THEN
+        -- The claim inside a subtransaction: a lane conflict it could not see rolls back
+        -- only that, and the claim runs again without lane jobs.
+        BEGIN
+            RETURN QUERY SELECT * FROM skiplock.internal_claim_batch(queues, kinds, max_jobs, worker,
+                after_priority, after_scheduled_at_us, after_id, claim_with, skip_in_flight,
+                true, false);
+            RETURN;
+        EXCEPTION WHEN unique_violation THEN
+            RETURN QUERY SELECT * FROM skiplock.internal_claim_batch(queues, kinds, max_jobs, worker,
+                after_priority, after_scheduled_at_us, after_id, claim_with, skip_in_flight,
+                false, false);
+            RETURN;
+        END;
+    END IF;
+    -- Without a position, a key before every row: the full walk.
+    IF after_priority IS NOT NULL AND after_scheduled_at_us IS NOT NULL
+       AND after_id IS NOT NULL THEN
+        from_priority := after_priority;
+        from_scheduled_at := CASE WHEN after_scheduled_at_us = -9223372036854775808
+            THEN '-infinity'::timestamptz
+            ELSE 'epoch'::timestamptz + after_scheduled_at_us * interval '1 microsecond' END;
+        from_id := after_id;
+    END IF;
+    IF filtering THEN
+        snapshot := pg_current_snapshot();
+        in_flight := ARRAY(SELECT x::xid FROM pg_snapshot_xip(snapshot) AS x);
+        next_xid := pg_snapshot_xmax(snapshot)::text::bigint % 4294967296;
+    END IF;
+    -- From the position on, with the caller's token when it gives one. The result is
+    -- sorted (claim order) after the update has finished, so an update that fails has
+    -- returned no row yet.
+    RETURN QUERY
+    WITH picked AS (
+        SELECT p.ctid
+        FROM (SELECT DISTINCT q FROM unnest(queues) AS q) AS qn(name)
+        CROSS JOIN LATERAL (
+            SELECT j.ctid, j.priority, j.scheduled_at, j.id FROM skiplock.jobs j
+            WHERE j.queue = qn.name AND j.state = 'queued' AND j.scheduled_at <= now()
+              AND (j.priority, j.scheduled_at, j.id) > (from_priority, from_scheduled_at, from_id)
+              AND (kinds IS NULL OR j.kind = ANY (kinds))
+              AND (NOT filtering OR j.xmax = '0'::xid OR (
+                  NOT j.xmax = ANY (in_flight)
+                  AND (j.xmax::text::bigint - next_xid + 4294967296) % 4294967296 >= 1048576))
+              AND (j.ordering_key IS NULL OR (
+                  take_lanes
+                  AND NOT EXISTS (
+                      SELECT 1 FROM skiplock.jobs h
+                      WHERE h.ordering_key = j.ordering_key AND h.state = 'running')
+                  AND NOT EXISTS (
+                      SELECT 1 FROM skiplock.jobs h
+                      WHERE h.ordering_key = j.ordering_key AND h.id < j.id
+                        AND h.state IN ('waiting', 'queued', 'running'))
+              ))
+            ORDER BY j.priority, j.scheduled_at, j.id
+            LIMIT max_jobs
+            FOR UPDATE OF j SKIP LOCKED
+        ) p
+        WHERE NOT EXISTS (
+            SELECT 1 FROM skiplock.queues q WHERE q.name = qn.name AND q.paused)
+        ORDER BY p.priority, p.scheduled_at, p.id
+        LIMIT max_jobs
+    ), claimed AS (
+        UPDATE skiplock.jobs j
+        SET state = 'running', claim_token = coalesce(claim_with, gen_random_uuid()), claimed_by = worker,
+            claimed_at = now(), heartbeat_at = clock_timestamp(),
+            attempt = least(j.attempt, 2147483646) + 1
+        WHERE j.ctid = ANY (ARRAY(SELECT p.ctid FROM picked p))
+        RETURNING j.id, j.queue, j.kind, j.args, j.attempt, j.max_attempts,
+                  j.claim_token, j.priority, j.scheduled_at
+    )
+    SELECT c.id, c.queue, c.kind, c.args, c.attempt, c.max_attempts, c.claim_token,
+           c.priority,
+           -- A claimed row is due, so its scheduled_at is finite or '-infinity'.
+           CASE WHEN isfinite(c.scheduled_at)
+                THEN (extract(epoch FROM c.scheduled_at) * 1000000)::bigint
+                ELSE -9223372036854775808 END
+    FROM claimed c
+    ORDER BY c.priority, c.scheduled_at, c.id;
+END;
+$$;
+
+CREATE OR REPLACE FUNCTION skiplock.internal_complete_claims(ids bigint[], tokens uuid[])
+RETURNS TABLE (id bigint, state text, has_dependants boolean, ordering_key text)
+LANGUAGE sql
+SET enable_hashjoin = off
+SET enable_mergejoin = off
+SET enable_seqscan = off
+SET enable_bitmapscan = off
+SET jit = off
+AS $$
+    UPDATE skiplock.jobs j
+    SET state = 'succeeded', finished_at = now(), claim_token = NULL, heartbeat_at = NULL
+    FROM unnest(ids, tokens) AS c(id, token)
+    WHERE j.id = c.id AND j.claim_token = c.token
+    RETURNING j.id, j.state::text,
+              EXISTS (SELECT 1 FROM skiplock.job_dependencies d WHERE d.parent_id = j.id),
+              j.ordering_key;
+$$;
+COMMENT ON FUNCTION skiplock.internal_complete_claims(bigint[], uuid[]) IS
+    'Marks the given running jobs succeeded, each only if it still holds the given claim token, locking them in the order given (pass them sorted by id, as a worker does); returns those it changed, with what the worker does next for each (its dependants, its lane). What a worker calls.';
+
+-- ---- Operator actions --------------------------------------------------------------------
+
+-- One attempt at cancelling a job that has not finished; skiplock.cancel_job wraps it. A
+-- queued or waiting job never runs; a running job is marked cancelled, its claim is void
+-- (the holder's completion changes nothing) and the worker holding it is told at once, so
+-- it stops the handler. Dependants are settled and the job's lane moves on.
+CREATE OR REPLACE FUNCTION skiplock.internal_cancel_job_once(job_id bigint) RETURNS boolean
+LANGUAGE plpgsql AS $$
+DECLARE
+    previous skiplock.job_state;
+BEGIN
+    SELECT state INTO previous FROM skiplock.jobs WHERE id = job_id FOR UPDATE;
+    IF previous IS NULL OR previous NOT IN ('waiting', 'queued', 'running') THEN
+        RETURN false;
+    END IF;
+    UPDATE skiplock.jobs
+    SET state = 'cancelled', finished_at = now(), claim_token = NULL, heartbeat_at = NULL,
+        last_error = coalesce(last_error, 'cancelled by operator')
+    WHERE id = job_id;
+    IF previous = 'running' THEN
+        PERFORM pg_notify('skiplock_cancel', job_id::text);
+    END IF;
+    PERFORM skiplock.internal_settle_dependants(ARRAY[job_id]);
+    PERFORM skiplock.internal_advance_lanes(ARRAY(
+        SELECT ordering_key FROM skiplock.jobs WHERE id = job_id AND ordering_key IS NOT NULL));
+    RETURN true;
+END;
+$$;
+COMMENT ON FUNCTION skiplock.internal_cancel_job_once(bigint) IS
+    'One attempt of skiplock.cancel_job, without the deadlock retry; call cancel_job instead.';
+
+-- Cancel a job that has not finished, surviving being chosen as a deadlock victim.
+--
+-- cancel_job_once locks its job, then (through advance_lanes and settle_dependants) the
+-- next job of its lane and its waiting children. A transaction that already holds one of
+-- those and then waits for the cancelled job closes a cycle, and Postgres aborts one side
+-- after deadlock_timeout. When that side is the cancel, it rolls back only its own work
+-- (each attempt runs in a subtransaction, so its row locks go too), which lets the other
+-- side finish, and tries again. This works inside the caller's transaction as well, which
+-- a client-side retry cannot.
+--
+-- A retry at once would not do: a row whose locker has just rolled back is free to
+-- whoever asks first, and the other side, woken, still has to be scheduled to take it,
+-- while the retry is already running in this backend; it would take the cancelled job's
+-- row again, wait again for the row the other side holds and close the same cycle (seen
+-- as an intermittent failure of
+-- control::a_cancel_chosen_as_deadlock_victim_retries_and_succeeds). So each retry first
+-- sleeps a short, growing, jittered while (10 to 20 ms, then twice that each time, below
+-- a second in all) so the other side takes its lock and finishes; after six attempts the
+-- error reaches the caller.
+CREATE OR REPLACE FUNCTION skiplock.cancel_job(job_id bigint) RETURNS boolean
+LANGUAGE plpgsql AS $$
+DECLARE
+    attempts int := 0;
+BEGIN
+    LOOP
+        BEGIN
+            RETURN skiplock.internal_cancel_job_once(job_id);
+        EXCEPTION WHEN deadlock_detected THEN
+            attempts := attempts + 1;
+            IF attempts >= 6 THEN
+                RAISE;
+            END IF;
+        END;
+        -- Outside the subtransaction: its locks are gone while this sleeps.
+        PERFORM pg_sleep(0.01 * power(2, attempts - 1) * (1 + random()));
+    END LOOP;
+END;
+$$;
+COMMENT ON FUNCTION skiplock.cancel_job(bigint) IS
+    'Cancels a job that has not finished; retries a deadlock after a short jittered wait. Returns false if the job had finished or does not exist.';
+
+CREATE OR REPLACE FUNCTION skiplock.retry_job(job_id bigint) RETURNS boolean
+LANGUAGE plpgsql AS $$
+DECLARE
+    q text;
+    p smallint;
+    s timestamptz;
+    now_state skiplock.job_state;
+    lane text;
+    current skiplock.job_state;
+    holder bigint;
+BEGIN
+    SELECT ordering_key INTO lane FROM skiplock.jobs WHERE id = job_id;
+    IF lane IS NOT NULL THEN
+        PERFORM pg_advisory_xact_lock(hashtextextended('skiplock.lane:' || lane, 0));
+    END IF;
+    SELECT state INTO current FROM skiplock.jobs WHERE id = job_id FOR UPDATE;
+    IF current IS NULL OR current NOT IN ('queued', 'dead', 'cancelled', 'succeeded') THEN
+        RETURN false;
+    END IF;
+    holder := skiplock.internal_fold_into_key_holder(job_id);
+    UPDATE skiplock.jobs j
+    SET state = CASE
+            WHEN holder IS NOT NULL THEN 'cancelled'
+            WHEN lane IS NOT NULL AND EXISTS (
+                SELECT 1 FROM skiplock.jobs o
+                WHERE o.ordering_key = lane AND o.id <> job_id
+                  AND o.state IN ('waiting', 'queued', 'running'))
+            THEN 'waiting'
+            WHEN skiplock.internal_has_unmet_parent(j.id) THEN 'waiting'
+            ELSE 'queued' END::skiplock.job_state,
+        scheduled_at = now(),
+        max_attempts = greatest(max_attempts, attempt + 1),
+        finished_at = CASE WHEN holder IS NOT NULL THEN now() END,
+        last_error = CASE WHEN holder IS NOT NULL
+            THEN skiplock.internal_superseded_message(holder, unique_key) ELSE last_error END
+    WHERE id = job_id AND state IN ('queued', 'dead', 'cancelled', 'succeeded')
+    RETURNING queue, priority, scheduled_at, state INTO q, p, s, now_state;
+    IF q IS NULL THEN
+        RETURN false;
+    END IF;
+    IF lane IS NOT NULL THEN
+        PERFORM skiplock.internal_advance_lanes(ARRAY[lane]);
+    END IF;
+    -- A child of a dead, cancelled or deleted parent is cancelled again at once, with the
+    -- reason.
+    PERFORM skiplock.internal_settle_dependants(ARRAY(
+        SELECT d.parent_id FROM skiplock.job_dependencies d WHERE d.job_id = retry_job.job_id));
+    IF now_state = 'queued' THEN
+        PERFORM skiplock.internal_notify_runnable(q, p, s);
+    END IF;
+    RETURN true;
+END;
+$$;
+
+-- Put every dead job (of one queue, or of all when queue_name is NULL) back in line, as
+-- skiplock.retry_job does for one. Returns the ids retried. A dead job whose unique_key is
+-- taken is superseded by retry_job, not refused; the exception handler is for anything
+-- else a single row may raise: that job is left dead with a warning, so one row never
+-- fails the whole call. Example: SELECT count(*) FROM skiplock.retry_dead_jobs('mail');
+CREATE OR REPLACE FUNCTION skiplock.retry_dead_jobs(queue_name text DEFAULT NULL) RETURNS SETOF bigint
+LANGUAGE plpgsql AS $$
+DECLARE
+    dead_id bigint;
+BEGIN
+    FOR dead_id IN
+        SELECT id FROM skiplock.jobs
+        WHERE state = 'dead' AND (queue_name IS NULL OR queue = queue_name)
+        ORDER BY id
+    LOOP
+        BEGIN
+            IF skiplock.retry_job(dead_id) THEN
+                RETURN NEXT dead_id;
+            END IF;
+        EXCEPTION WHEN OTHERS THEN
+            RAISE WARNING 'skiplock.retry_dead_jobs: job % left dead: %', dead_id, SQLERRM;
+        END;
+    END LOOP;
+END;
+$$;
+
+-- Pausing and resuming write the same row; one function checks the name and writes it.
+CREATE OR REPLACE FUNCTION skiplock.internal_set_queue_paused(queue_name text, paused boolean) RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF queue_name IS NULL OR queue_name = '' THEN
+        RAISE EXCEPTION 'a queue name cannot be empty'
+            USING ERRCODE = 'check_violation',
+                  HINT = 'pass the queue''s name as its jobs have it in skiplock.jobs.queue';
+    END IF;
+    INSERT INTO skiplock.queues AS q (name, paused) VALUES (queue_name, set_queue_paused.paused)
+    ON CONFLICT (name) DO UPDATE SET paused = excluded.paused, updated_at = now();
+END;
+$$;
+
+CREATE OR REPLACE FUNCTION skiplock.pause_queue(queue_name text) RETURNS void
+LANGUAGE sql AS $$
+    SELECT skiplock.internal_set_queue_paused(queue_name, true);
+$$;
+
+-- A paused queue's jobs were not claimed, and late commits noticed meanwhile may lie
+-- behind the worker's position: a resumed queue is looked at from the start.
+CREATE OR REPLACE FUNCTION skiplock.resume_queue(queue_name text) RETURNS void
+LANGUAGE sql AS $$
+    SELECT skiplock.internal_set_queue_paused(queue_name, false);
+    SELECT pg_notify('skiplock_runnable', E'-\t-\t' || queue_name);
+$$;
+
+-- ---- History rollup ----------------------------------------------------------------------
+
+-- Upper bounds, in seconds, of the run-time histogram buckets. Their number (16) is fixed:
+-- src/db/history.rs counts 17 intervals.
+CREATE OR REPLACE FUNCTION skiplock.internal_job_history_run_bounds() RETURNS float8[]
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT '{0.005,0.01,0.025,0.05,0.1,0.25,0.5,1,2.5,5,10,30,60,300,900,3600}'::float8[];
+$$;
+
+-- Element-wise sum; the shorter array counts as padded with zeros.
+CREATE OR REPLACE FUNCTION skiplock.internal_job_history_array_add(a bigint[], b bigint[]) RETURNS bigint[]
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT coalesce(array_agg(coalesce(x, 0) + coalesce(y, 0) ORDER BY n), '{}')
+    FROM unnest(coalesce(a, '{}'), coalesce(b, '{}')) WITH ORDINALITY AS t(x, y, n);
+$$;
+
+CREATE OR REPLACE AGGREGATE skiplock.internal_job_history_array_sum(bigint[]) (
+    SFUNC = skiplock.internal_job_history_array_add,
+    STYPE = bigint[],
+    INITCOND = '{}'
+);
+
+-- ---- Triggers ----------------------------------------------------------------------------
+
+-- Inserts: one notification per statement, queue and priority, at the earliest due time.
+CREATE OR REPLACE FUNCTION skiplock.internal_notify_jobs_inserted() RETURNS trigger
+LANGUAGE plpgsql AS $$
+DECLARE
+    q text;
+    p smallint;
+    s timestamptz;
+BEGIN
+    FOR q, p, s IN
+        SELECT queue, priority, min(scheduled_at) FROM inserted
+        WHERE state = 'queued' AND scheduled_at <= now()
+        GROUP BY queue, priority
+    LOOP
+        PERFORM pg_notify('skiplock_runnable', skiplock.internal_runnable_payload(q, p, s));
+    END LOOP;
+    RETURN NULL;
+END;
+$$;
+
+-- Before a row is inserted, whoever inserts it: the args limit, lane order, unique keys.
+CREATE OR REPLACE FUNCTION skiplock.internal_jobs_before_insert() RETURNS trigger
+LANGUAGE plpgsql AS $$
+DECLARE
+    holder bigint;
+    policy text := coalesce(NEW.unique_policy, 'skip');
+    merged jsonb;
+BEGIN
+    IF pg_column_size(NEW.args) > 4096 THEN
+        PERFORM skiplock.internal_check_args_size(NEW.args);
+    END IF;
+    IF NEW.ordering_key IS NOT NULL AND NEW.state = 'queued' THEN
+        -- Lane order: a job behind an unfinished job of its lane waits for its turn.
+        -- Enqueues into one lane take turns until commit, so each sees the one before it.
+        PERFORM pg_advisory_xact_lock(hashtextextended('skiplock.lane:' || NEW.ordering_key, 0));
+        IF EXISTS (SELECT 1 FROM skiplock.jobs o
+                   WHERE o.ordering_key = NEW.ordering_key
+                     AND o.state IN ('waiting', 'queued', 'running')) THEN
+            NEW.state := 'waiting';
+        END IF;
+    END IF;
+    IF NEW.unique_key IS NOT NULL AND NEW.state IN ('waiting', 'queued') THEN
+        IF policy = 'merge' AND jsonb_typeof(NEW.args) <> 'array' THEN
+            NEW.args := jsonb_build_array(NEW.args);
+        END IF;
+        holder := skiplock.internal_unique_key_holder(NEW.unique_key, NEW.id);
+        IF holder IS NOT NULL THEN
+            -- The key's policy, as skiplock.enqueue documents it; no new row.
+            IF policy = 'replace' THEN
+                UPDATE skiplock.jobs SET args = NEW.args WHERE id = holder;
+            ELSIF policy = 'merge' THEN
+                UPDATE skiplock.jobs SET args = args || NEW.args WHERE id = holder
+                RETURNING args INTO merged;
+                IF pg_column_size(merged) > 4096 THEN
+                    PERFORM skiplock.internal_check_args_size(merged);
+                END IF;
+            END IF;
+            -- skiplock.enqueue returns the holder's id.
+            PERFORM set_config('skiplock.unique_holder', holder::text, true);
+            RETURN NULL;
+        END IF;
+    END IF;
+    RETURN NEW;
+END;
+$$;
+
+-- Deleting a job that had not succeeded (by hand, or the pruner removing a dead or
+-- cancelled one) must not release its waiting children: its edges keep its state as a
+-- tombstone (see skiplock.job_dependencies), and its waiting children are cancelled,
+-- transitively, with the reason.
+CREATE OR REPLACE FUNCTION skiplock.internal_jobs_after_delete() RETURNS trigger
+LANGUAGE plpgsql AS $$
+DECLARE
+    children bigint[];
+BEGIN
+    UPDATE skiplock.job_dependencies SET parent_state = OLD.state WHERE parent_id = OLD.id;
+    WITH cancelled AS (
+        UPDATE skiplock.jobs c
+        SET state = 'cancelled', finished_at = now(),
+            last_error = format('parent job %s was deleted while %s', OLD.id, OLD.state)
+        WHERE c.state = 'waiting'
+          AND c.id IN (SELECT d.job_id FROM skiplock.job_dependencies d WHERE d.parent_id = OLD.id)
+        RETURNING c.id
+    )
+    SELECT array_agg(id) INTO children FROM cancelled;
+    IF children IS NOT NULL THEN
+        PERFORM skiplock.internal_settle_dependants(children);
+    END IF;
+    RETURN NULL;
+END;
+$$;
+
+CREATE OR REPLACE FUNCTION skiplock.internal_job_dependencies_after_insert() RETURNS trigger
+LANGUAGE plpgsql AS $$
+DECLARE
+    parent_now skiplock.job_state;
+    parent_queue text;
+    parent_priority smallint;
+    parent_scheduled_at timestamptz;
+    child_queue text;
+    child_priority smallint;
+    child_scheduled_at timestamptz;
+    child_now skiplock.job_state;
+BEGIN
+    IF NEW.parent_state IS NOT NULL THEN
+        RAISE EXCEPTION 'job_dependencies.parent_state is written by skiplock when a parent is deleted; insert the edge with parent_state NULL'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    SELECT state, queue, priority, scheduled_at
+    INTO parent_now, parent_queue, parent_priority, parent_scheduled_at
+    FROM skiplock.jobs WHERE id = NEW.parent_id FOR SHARE;
+    -- Claims skip the parent while this transaction holds it locked.
+    IF parent_now = 'queued' THEN
+        PERFORM skiplock.internal_notify_runnable(parent_queue, parent_priority, parent_scheduled_at);
+    END IF;
+    IF parent_now IS NULL THEN
+        RAISE EXCEPTION 'parent job % does not exist', NEW.parent_id
+            USING ERRCODE = 'foreign_key_violation';
+    END IF;
+    SELECT state, queue, priority, scheduled_at
+    INTO child_now, child_queue, child_priority, child_scheduled_at
+    FROM skiplock.jobs WHERE id = NEW.job_id FOR UPDATE;
+    IF parent_now = 'succeeded' THEN
+        -- The child stays as it was; claims skipped it while it was locked.
+        IF child_now = 'queued' THEN
+            PERFORM skiplock.internal_notify_runnable(child_queue, child_priority, child_scheduled_at);
+        END IF;
+        RETURN NULL;
+    END IF;
+    IF child_now IN ('running', 'succeeded', 'dead') THEN
+        RAISE EXCEPTION 'job % already started; a dependency on job % must be added before it runs',
+            NEW.job_id, NEW.parent_id
+            USING ERRCODE = 'object_not_in_prerequisite_state';
+    END IF;
+    IF child_now = 'queued' THEN
+        IF parent_now IN ('dead', 'cancelled') THEN
+            UPDATE skiplock.jobs
+            SET state = 'cancelled', finished_at = now(),
+                last_error = format('parent job %s ended %s', NEW.parent_id, parent_now)
+            WHERE id = NEW.job_id;
+        ELSE
+            UPDATE skiplock.jobs SET state = 'waiting' WHERE id = NEW.job_id;
+        END IF;
+    END IF;
+    RETURN NULL;
+END;
+$$;
+
+CREATE OR REPLACE TRIGGER jobs_notify_inserted
+    AFTER INSERT ON skiplock.jobs
+    REFERENCING NEW TABLE AS inserted
+    FOR EACH STATEMENT EXECUTE FUNCTION skiplock.internal_notify_jobs_inserted();
+
+-- Only rows that use lanes or unique keys (or carry large args) pay for the call: the
+-- trigger's WHEN clause is evaluated without entering PL/pgSQL.
+CREATE OR REPLACE TRIGGER jobs_before_insert
+    BEFORE INSERT ON skiplock.jobs
+    FOR EACH ROW
+    WHEN (NEW.ordering_key IS NOT NULL OR NEW.unique_key IS NOT NULL
+          OR pg_column_size(NEW.args) > 4096)
+    EXECUTE FUNCTION skiplock.internal_jobs_before_insert();
+
+-- Succeeded rows (what the pruner mostly deletes) skip the call.
+--
+-- An AFTER trigger, so that a statement deleting a parent together with its waiting
+-- children (DELETE … WHERE queue = 'x') works: a BEFORE trigger's update of a child that
+-- the same statement then deletes is an error. It must still see the dependency rows that
+-- a foreign key's cascade in the same statement deletes (an internal AFTER trigger named
+-- RI_ConstraintTrigger_…): triggers of one event fire in the byte order of their names, so
+-- this one's name starts with a capital letter before R.
+CREATE OR REPLACE TRIGGER "Jobs_after_delete_cancel_waiting_children"
+    AFTER DELETE ON skiplock.jobs
+    FOR EACH ROW
+    WHEN (OLD.state <> 'succeeded')
+    EXECUTE FUNCTION skiplock.internal_jobs_after_delete();
+
+CREATE OR REPLACE TRIGGER job_dependencies_after_insert
+    AFTER INSERT ON skiplock.job_dependencies
+    FOR EACH ROW EXECUTE FUNCTION skiplock.internal_job_dependencies_after_insert();
+
+-- ---- Views for operators -----------------------------------------------------------------
+
+-- stats is read as four parts that each match a partial index (jobs_claim_idx,
+-- jobs_waiting_idx, jobs_running_idx, jobs_finished_idx), so its cost follows the backlog
+-- and the last hour, not the retained history.
+CREATE OR REPLACE VIEW skiplock.stats AS
+WITH recent AS (
+    SELECT queue, kind, state, scheduled_at, finished_at
+    FROM skiplock.jobs WHERE state = 'queued'
+    UNION ALL
+    SELECT queue, kind, state, scheduled_at, finished_at
+    FROM skiplock.jobs WHERE state = 'waiting'
+    UNION ALL
+    SELECT queue, kind, state, scheduled_at, finished_at
+    FROM skiplock.jobs WHERE state = 'running'
+    UNION ALL
+    SELECT queue, kind, state, scheduled_at, finished_at
+    FROM skiplock.jobs
+    WHERE state IN ('succeeded', 'dead') AND finished_at > now() - interval '1 hour'
+)
+SELECT j.queue,
+       j.kind,
+       coalesce(q.paused, false) AS paused,
+       count(*) FILTER (WHERE j.state = 'queued' AND j.scheduled_at <= now()) AS runnable,
+       count(*) FILTER (WHERE j.state = 'queued' AND j.scheduled_at > now())  AS scheduled,
+       count(*) FILTER (WHERE j.state = 'waiting')                            AS waiting,
+       count(*) FILTER (WHERE j.state = 'running')                            AS running,
+       count(*) FILTER (WHERE j.state = 'succeeded'
+                          AND j.finished_at > now() - interval '1 hour')      AS succeeded_last_hour,
+       count(*) FILTER (WHERE j.state = 'dead'
+                          AND j.finished_at > now() - interval '1 hour')      AS dead_last_hour,
+       count(*) FILTER (WHERE j.state = 'succeeded'
+                          AND j.finished_at > now() - interval '1 minute')    AS succeeded_last_minute,
+       coalesce(extract(epoch FROM now() - min(j.scheduled_at) FILTER (
+           WHERE j.state = 'queued' AND j.scheduled_at <= now()
+             AND isfinite(j.scheduled_at))), 0)::float8                       AS lag_seconds,
+       (count(*) FILTER (WHERE j.state = 'succeeded'
+                           AND j.finished_at > now() - interval '1 minute') / 60.0)::float8
+                                                                              AS per_second
+FROM recent j
+LEFT JOIN skiplock.queues q ON q.name = j.queue
+GROUP BY j.queue, j.kind, q.paused;
+COMMENT ON VIEW skiplock.stats IS
+    'Per queue and kind: runnable (queued, due), scheduled (queued, not yet due), waiting, running, succeeded and dead in the last hour, lag_seconds (age of the oldest runnable job) and per_second (successes over the last minute / 60). Example: SELECT * FROM skiplock.stats ORDER BY lag_seconds DESC;';
+
+CREATE OR REPLACE VIEW skiplock.queue_counts AS
+SELECT j.queue,
+       coalesce(q.paused, false) AS paused,
+       count(*) FILTER (WHERE j.state = 'waiting')   AS waiting,
+       count(*) FILTER (WHERE j.state = 'queued')    AS queued,
+       count(*) FILTER (WHERE j.state = 'running')   AS running,
+       count(*) FILTER (WHERE j.state = 'succeeded') AS succeeded,
+       count(*) FILTER (WHERE j.state = 'dead')      AS dead,
+       count(*) FILTER (WHERE j.state = 'cancelled') AS cancelled,
+       count(*)                                      AS total
+FROM skiplock.jobs j
+LEFT JOIN skiplock.queues q ON q.name = j.queue
+GROUP BY j.queue, q.paused;
+COMMENT ON VIEW skiplock.queue_counts IS
+    'Per queue: how many retained jobs are in each state. Example: SELECT queue, queued, dead FROM skiplock.queue_counts WHERE dead > 0;';
+
+CREATE OR REPLACE VIEW skiplock.queue_lag AS
+SELECT queue,
+       min(scheduled_at) FILTER (WHERE scheduled_at <= now()) AS oldest_runnable_at,
+       coalesce(now() - min(scheduled_at) FILTER (
+           WHERE scheduled_at <= now() AND isfinite(scheduled_at)),
+                interval '0') AS lag,
+       coalesce(extract(epoch FROM now() - min(scheduled_at) FILTER (
+           WHERE scheduled_at <= now() AND isfinite(scheduled_at))), 0)::float8 AS lag_seconds
+FROM skiplock.jobs
+WHERE state = 'queued'
+GROUP BY queue;
+COMMENT ON VIEW skiplock.queue_lag IS
+    'Per queue with queued jobs: how long the oldest runnable job has been due (zero when none is due). Example: SELECT queue, lag FROM skiplock.queue_lag WHERE lag > interval ''1 minute'';';
+
+CREATE OR REPLACE VIEW skiplock.throughput AS
+SELECT queue,
+       kind,
+       count(*) FILTER (WHERE state = 'succeeded'
+                          AND finished_at > now() - interval '1 minute') AS succeeded_last_minute,
+       count(*) FILTER (WHERE state = 'succeeded')                       AS succeeded_last_hour,
+       count(*) FILTER (WHERE state = 'dead'
+                          AND finished_at > now() - interval '1 minute') AS dead_last_minute,
+       count(*) FILTER (WHERE state = 'dead')                            AS dead_last_hour,
+       (count(*) FILTER (WHERE state = 'succeeded'
+                           AND finished_at > now() - interval '1 minute') / 60.0)::float8
+                                                                         AS per_second_last_minute,
+       (count(*) FILTER (WHERE state = 'succeeded') / 3600.0)::float8    AS per_second_last_hour
+FROM skiplock.jobs
+WHERE state IN ('succeeded', 'dead') AND finished_at > now() - interval '1 hour'
+GROUP BY queue, kind;
+COMMENT ON VIEW skiplock.throughput IS
+    'Per queue and kind: jobs that succeeded or died in the last minute and hour, and successes per second. Example: SELECT * FROM skiplock.throughput WHERE queue = ''mail'';';
+
+CREATE OR REPLACE VIEW skiplock.dead_jobs AS
+SELECT id, queue, kind, args, attempt, max_attempts, last_error, errors, created_at,
+       finished_at
+FROM skiplock.jobs
+WHERE state = 'dead'
+ORDER BY finished_at DESC, id DESC;
+COMMENT ON VIEW skiplock.dead_jobs IS
+    'Dead jobs with their last error, newest first. Example: SELECT id, kind, last_error FROM skiplock.dead_jobs LIMIT 20;';

@@ -146,9 +146,10 @@ async fn of_kind<'e>(
 /// Asserts that at least one job matches `what` and returns the matching jobs, oldest
 /// first. Pass `&mut *tx` to look inside the test's own transaction.
 ///
-/// The panic message starts with the file, line and column of the call (your test's), as
-/// `assert!`'s location does: the check runs inside the returned future, where
-/// `#[track_caller]` cannot reach, so the location is taken when this function is called.
+/// A failed assertion's message starts with the file, line and column of this call: your
+/// test's line, not skiplock's. (The check runs inside the returned future, which
+/// `#[track_caller]` cannot reach, so the location is taken when this function is called
+/// and written into the message.)
 ///
 /// # Panics
 ///

@@ -28,6 +28,7 @@ mod listener;
 pub mod metrics;
 mod producer;
 mod slots;
+mod split_write;
 
 use std::collections::HashMap;
 use std::sync::Arc;

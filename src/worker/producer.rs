@@ -23,8 +23,8 @@ use uuid::Uuid;
 
 use super::claim_cursor::{ClaimCursor, Landing, LookFrom, Walk};
 use super::claims::ClaimInFlight;
-use super::completer::write_split;
 use super::executor::BufferedJob;
+use super::split_write::write_split;
 use super::{PREFETCH_HORIZON, Shared, reply_lost, schema_mismatch, stop_if_schema_outgrown};
 use crate::db::jobs::{
     ClaimArgs, ClaimMode, ClaimedJob, jobs_claim, jobs_claim_one, jobs_claimed_with,

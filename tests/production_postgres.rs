@@ -232,3 +232,45 @@ async fn a_drain_works_within_tight_database_timeouts() {
         .collect();
     assert!(warnings.is_empty(), "the drain logged: {warnings:#?}");
 }
+
+/// A migration runs longer than a `statement_timeout` set for short queries (here 1 ms,
+/// far below what creating the schema takes): it sets its own bound for its transaction
+/// and completes.
+#[tokio::test]
+async fn a_migration_sets_its_own_statement_bound() {
+    let db = test_db().await;
+    sqlx::raw_sql("DROP SCHEMA skiplock CASCADE")
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    set_database_defaults(&db, &["statement_timeout = '1ms'"]).await;
+    let pool = fresh_pool(&db, 2);
+    skiplock::migrate(&pool)
+        .await
+        .expect("migrate under a 1 ms statement_timeout");
+    let version: i32 = sqlx::query_scalar("SELECT max(version) FROM skiplock.schema_migrations")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert!(version > 0);
+}
+
+/// When the server's `statement_timeout` stops a statement, skiplock's message names the
+/// setting and what to do.
+#[tokio::test]
+async fn a_statement_timeout_is_named_in_the_message() {
+    let db = test_db().await;
+    set_database_defaults(&db, &["statement_timeout = '1ms'"]).await;
+    let pool = fresh_pool(&db, 1);
+    let error = skiplock::Error::from(
+        sqlx::query("SELECT pg_sleep(1)")
+            .execute(&pool)
+            .await
+            .expect_err("stopped by statement_timeout"),
+    );
+    let message = error.to_string();
+    assert!(
+        message.contains("statement_timeout") && message.contains("ALTER ROLE"),
+        "{message}"
+    );
+}

@@ -130,6 +130,19 @@ pub(crate) fn describe_sqlx(error: &sqlx::Error) -> String {
             line.push_str(hint);
         }
     }
+    // Bounds the database's owner set: name the setting and what to do.
+    match db.code().as_deref() {
+        Some("57014") if db.message().contains("statement timeout") => line.push_str(
+            "; the server's statement_timeout stopped it: raise it for the role that runs this \
+             (ALTER ROLE … SET statement_timeout = …) or run it again when the database is \
+             less busy",
+        ),
+        Some("55P03") if db.message().contains("lock timeout") => line.push_str(
+            "; the server's lock_timeout stopped it while it waited for a lock other sessions \
+             held: run it again, or raise lock_timeout for the role that runs this",
+        ),
+        _ => {}
+    }
     line
 }
 

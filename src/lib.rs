@@ -96,7 +96,7 @@ pub use job::{
     EnqueueOptions, Fate, Job, JobContext, JobError, JobId, JobState, MAX_ATTEMPTS_DEFAULT,
     QUEUE_DEFAULT, UniquePolicy,
 };
-pub use pool::DbPool;
+pub use pool::{DbPool, SESSION_PINNED, pin_session};
 pub use worker::events::{JobEvent, JobEventOutcome, JobEvents};
 pub use worker::{Retention, ShutdownHandle, Worker, WorkerBuilder, WorkerConfig, WorkerSummary};
 

@@ -48,6 +48,10 @@ const FUNCTIONS_SQL: &str = include_str!("../../migrations/functions.sql");
 /// The schema version this build of skiplock expects.
 pub const SCHEMA_VERSION_LATEST: i32 = MIGRATIONS[MIGRATIONS.len() - 1].version;
 
+/// The statement_timeout a migration sets for its own transaction when the server's is
+/// shorter (an interval as Postgres reads it).
+const MIGRATION_STATEMENT_TIMEOUT: &str = "15min";
+
 /// Advisory lock key that serialises concurrent migrators ("skiplock" in ASCII, truncated).
 const MIGRATION_LOCK_KEY: i64 = 0x736b_6970_6c6f_636b;
 
@@ -62,6 +66,20 @@ const MIGRATION_LOCK_KEY: i64 = 0x736b_6970_6c6f_636b;
 pub async fn migrations_apply(pool: &PgPool) -> Result<i32> {
     let mut conn = pool.acquire().await?;
     let mut tx = conn.begin().await?;
+    // A migration may legitimately run longer than a statement_timeout the database's
+    // owner set for short queries (an index built on a full table): its own bound, for
+    // this transaction only, when the server's is shorter. Not lock_timeout: a migration
+    // queued behind running workers' locks should give up as the owner wants, and
+    // [`Error::Migration`] says which setting stopped it.
+    sqlx::query(
+        "SELECT set_config('statement_timeout', $1, true) \
+         WHERE current_setting('statement_timeout')::interval <> interval '0' \
+           AND current_setting('statement_timeout')::interval < $1::interval",
+    )
+    .bind(MIGRATION_STATEMENT_TIMEOUT)
+    .persistent(false)
+    .execute(&mut *tx)
+    .await?;
     sqlx::query("SELECT pg_advisory_xact_lock($1)")
         .bind(MIGRATION_LOCK_KEY)
         .persistent(false)

@@ -77,6 +77,8 @@ async fn beat_loop(shared: Arc<Shared>, stop: CancellationToken, application: Op
     // without closing it, a failover): the next beat opens a fresh one in time to keep
     // claims from going stale.
     let beat_timeout = shared.config.stale_after / 2;
+    // The pool's options, pinned when the worker started (`DbPool::pin_sessions`); in
+    // PgBouncer mode each beat's BEGIN pins its isolation instead.
     let options = shared.pool.pool().connect_options();
     let pgbouncer = shared.pool.is_pgbouncer();
     let mut connection: Option<DbConnection<Box<PgConnection>>> = None;

@@ -36,8 +36,9 @@ pub(crate) const CANCEL_CHANNEL: &str = "skiplock_cancel";
 /// with each transaction): the listener connects with the worker's listen options (a
 /// direct URL) or does not run, and the producer finds new jobs by polling.
 pub(super) async fn listen(shared: Arc<Shared>, stop: CancellationToken) {
+    // Pinned like every session skiplock opens (the pool's options already are).
     let options = match (&shared.listen_options, shared.pool.is_pgbouncer()) {
-        (Some(options), _) => options.clone(),
+        (Some(options), _) => crate::pool::pin_session(options.clone()),
         (None, false) => (*shared.pool.pool().connect_options()).clone(),
         (None, true) => {
             tracing::info!(

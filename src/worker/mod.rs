@@ -299,6 +299,8 @@ impl Worker {
     /// not match this build, [`Error::Database`] if the database cannot be reached at start.
     pub async fn run(self) -> Result<WorkerSummary> {
         let shared = self.shared;
+        // Before anything else runs on the pool: its sessions pinned, a pooler found.
+        shared.pool.pin_sessions().await;
         crate::check_schema(shared.pool.pool()).await?;
         let config = &shared.config;
         tracing::info!(
@@ -317,7 +319,7 @@ impl Worker {
             retain_succeeded_s = config.retention.succeeded.as_secs(),
             retain_cancelled_s = config.retention.cancelled.as_secs(),
             retain_dead_s = config.retention.dead.as_secs(),
-            pgbouncer = config.pgbouncer,
+            pgbouncer = shared.pool.is_pgbouncer(),
             "worker started"
         );
 

@@ -64,6 +64,12 @@ impl Database {
     /// The URL as connect options, refused with what to write when it is not a Postgres
     /// URL.
     fn connect_options(&self) -> anyhow::Result<PgConnectOptions> {
+        self.connect_options_in(self.pgbouncer)
+    }
+
+    /// [`Self::connect_options`] for a direct connection or one through PgBouncer in
+    /// transaction mode (`pgbouncer`).
+    fn connect_options_in(&self, pgbouncer: bool) -> anyhow::Result<PgConnectOptions> {
         let url = self.url();
         if let Some((scheme, _)) = url.split_once("://")
             && !matches!(scheme, "postgres" | "postgresql")
@@ -105,7 +111,7 @@ impl Database {
             let address = address.to_owned();
             options = options.host(&address);
         }
-        if self.pgbouncer {
+        if pgbouncer {
             // PgBouncer refuses startup parameters it does not track unless told to
             // ignore them (`ignore_startup_parameters`); sqlx's extra_float_digits is one,
             // and so are the session settings of `options`.
@@ -152,6 +158,11 @@ impl Database {
     ///
     /// One connection is opened first, on its own, so that a refusal is reported with its
     /// own cause instead of as a pool timeout.
+    ///
+    /// Its sessions run with [`skiplock::SESSION_PINNED`] whatever the database's defaults
+    /// say ([`DbPool::pin_sessions`]). Without `--pgbouncer`, a pooler in front is found
+    /// (it refuses or drops startup parameters Postgres takes) and PgBouncer mode is used,
+    /// with a warning that says how to make it explicit.
     pub async fn pool(
         &self,
         command: &str,
@@ -159,9 +170,11 @@ impl Database {
         patience: Patience,
     ) -> anyhow::Result<DbPool> {
         let url = self.url();
-        let options = self
-            .connect_options()?
-            .application_name(&format!("skiplock {command}"));
+        let mut pgbouncer = self.pgbouncer;
+        let application_name = format!("skiplock {command}");
+        let mut options = self
+            .connect_options_in(pgbouncer)?
+            .application_name(&application_name);
         let started = Instant::now();
         let mut delay = RETRY_DELAY_FIRST;
         loop {
@@ -171,6 +184,23 @@ impl Database {
                 Ok(Ok(first)) => {
                     let _ = first.close().await;
                     break;
+                }
+                Ok(Err(e)) if !pgbouncer && refused_by_pooler(&e) => {
+                    // PgBouncer refuses sqlx's `extra_float_digits` (or the URL's session
+                    // options) unless told to ignore them: it is in front, and its
+                    // transaction mode is the one that needs care. Switch now.
+                    tracing::warn!(
+                        "the database URL {} reaches a connection pooler ({e}); running in \
+                         PgBouncer mode (each statement in a transaction of its own, unnamed; \
+                         no LISTEN without --listen-url). Say so to silence this: --pgbouncer \
+                         (SKIPLOCK_PGBOUNCER=true)",
+                        redact(url)
+                    );
+                    pgbouncer = true;
+                    options = self
+                        .connect_options_in(pgbouncer)?
+                        .application_name(&application_name);
+                    continue;
                 }
                 Ok(Err(e)) => classify(e, url, &options),
                 Err(_) => Failure::Passing(
@@ -202,11 +232,13 @@ impl Database {
             .idle_timeout(IDLE_TIMEOUT)
             .acquire_timeout(CONNECT_TIMEOUT)
             .connect_lazy_with(options);
-        Ok(if self.pgbouncer {
+        let pool = if pgbouncer {
             DbPool::pgbouncer(pool)
         } else {
             DbPool::direct(pool)
-        })
+        };
+        pool.pin_sessions().await;
+        Ok(pool)
     }
 }
 
@@ -216,6 +248,15 @@ fn unreachable(url: &str) -> String {
         "cannot connect to the database at {}; check --database-url / DATABASE_URL and that Postgres is running",
         redact(url)
     )
+}
+
+/// Whether a connection was refused as a pooler refuses it: PgBouncer answers startup
+/// parameters it does not track (`extra_float_digits`, which sqlx sends, or `options`)
+/// with `unsupported startup parameter` (SQLSTATE 08P01); Postgres takes them.
+fn refused_by_pooler(error: &sqlx::Error) -> bool {
+    matches!(error, sqlx::Error::Database(db)
+        if db.code().as_deref() == Some("08P01")
+            && db.message().contains("unsupported startup parameter"))
 }
 
 /// Sorts a failed connection attempt, with the message to give if it is the last.

@@ -18,6 +18,7 @@ import signal
 import socket
 import threading
 import time
+import traceback
 
 import psycopg
 from psycopg.types.json import Jsonb
@@ -112,7 +113,7 @@ def run_job(conn, claims, job):
     except Exception as error:  # noqa: BLE001 - any handler error fails the attempt
         claims.drop(job["id"])
         state = conn.execute(
-            "SELECT skiplock.fail(%s, %s, %s)", (job["id"], job["claim_token"], repr(error))
+            "SELECT skiplock.fail(%s, %s, %s)", (job["id"], job["claim_token"], traceback.format_exc())
         ).fetchone()[0]
         log.warning("job %s (%s) attempt %s failed: %r; now %s",
                     job["id"], job["kind"], job["attempt"], error, state or "not ours")

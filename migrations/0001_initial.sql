@@ -46,6 +46,17 @@ CREATE TYPE skiplock.job_state AS ENUM (
 -- A job's place in claim order, as internal_settle_dependants collects those it promotes.
 CREATE TYPE skiplock.runnable_key AS (queue text, priority smallint, scheduled_at timestamptz);
 
+-- A job as skiplock.claim hands it to a worker of any language.
+CREATE TYPE skiplock.claimed_job AS (
+    id           bigint,
+    queue        text,
+    kind         text,
+    args         jsonb,
+    attempt      int,
+    max_attempts int,
+    claim_token  uuid
+);
+
 -- =========================================================================================
 -- Tables
 -- =========================================================================================

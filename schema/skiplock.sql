@@ -9,6 +9,20 @@
 CREATE SCHEMA skiplock;
 
 --
+-- Name: claimed_job; Type: TYPE; Schema: skiplock; Owner: -
+--
+
+CREATE TYPE skiplock.claimed_job AS (
+	id bigint,
+	queue text,
+	kind text,
+	args jsonb,
+	attempt integer,
+	max_attempts integer,
+	claim_token uuid
+);
+
+--
 -- Name: job_state; Type: TYPE; Schema: skiplock; Owner: -
 --
 
@@ -81,6 +95,72 @@ $$;
 --
 
 COMMENT ON FUNCTION skiplock.cancel_job(job_id bigint) IS 'Cancels a job that has not finished; retries a deadlock after a short jittered wait. Returns false if the job had finished or does not exist.';
+
+--
+-- Name: claim(text, integer, text, text[]); Type: FUNCTION; Schema: skiplock; Owner: -
+--
+
+CREATE FUNCTION skiplock.claim(queue text, max_jobs integer, worker text, kinds text[] DEFAULT NULL::text[]) RETURNS SETOF skiplock.claimed_job
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    IF queue IS NULL OR queue = '' THEN
+        RAISE EXCEPTION 'skiplock.claim: queue is NULL or empty; pass the queue to claim from'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF worker IS NULL OR worker = '' THEN
+        RAISE EXCEPTION 'skiplock.claim: worker is NULL or empty; pass a name for this worker (host, pid)'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF max_jobs IS NULL OR max_jobs < 0 OR max_jobs > 10000 THEN
+        RAISE EXCEPTION 'skiplock.claim: max_jobs is %, it must be between 0 and 10000',
+            coalesce(max_jobs::text, 'NULL')
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF max_jobs = 0 THEN
+        RETURN;
+    END IF;
+    RETURN QUERY
+    SELECT c.id, c.queue, c.kind, c.args, c.attempt, c.max_attempts, c.claim_token
+    FROM skiplock.internal_claim_batch(ARRAY[claim.queue], kinds, max_jobs, worker) c;
+END;
+$$;
+
+--
+-- Name: complete(bigint, uuid, jsonb); Type: FUNCTION; Schema: skiplock; Owner: -
+--
+
+CREATE FUNCTION skiplock.complete(id bigint, token uuid, output jsonb DEFAULT NULL::jsonb) RETURNS boolean
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    saved record;
+BEGIN
+    IF complete.output IS NOT NULL THEN
+        UPDATE skiplock.jobs j SET output = complete.output
+        WHERE j.id = complete.id AND j.claim_token = complete.token;
+    END IF;
+    SELECT * INTO saved
+    FROM skiplock.internal_complete_claims(ARRAY[complete.id], ARRAY[complete.token]);
+    IF NOT FOUND THEN
+        RETURN false;
+    END IF;
+    PERFORM skiplock.internal_move_on(
+        CASE WHEN saved.has_dependants THEN ARRAY[saved.id] ELSE '{}' END,
+        CASE WHEN saved.ordering_key IS NOT NULL THEN ARRAY[saved.ordering_key] ELSE '{}' END);
+    RETURN true;
+END;
+$$;
+
+--
+-- Name: discard(bigint, uuid, text); Type: FUNCTION; Schema: skiplock; Owner: -
+--
+
+CREATE FUNCTION skiplock.discard(id bigint, token uuid, error text) RETURNS skiplock.job_state
+    LANGUAGE sql
+    AS $$
+    SELECT skiplock.internal_fail_one(id, token, error, NULL, 'dead');
+$$;
 
 --
 -- Name: enqueue(text, jsonb, text, integer, timestamp with time zone, integer, text, text, text, bigint[]); Type: FUNCTION; Schema: skiplock; Owner: -
@@ -187,6 +267,45 @@ $$;
 --
 
 COMMENT ON FUNCTION skiplock.enqueue_job(kind text, args jsonb, queue text, priority integer, scheduled_at timestamp with time zone, max_attempts integer, ordering_key text, unique_key text, on_conflict text, depends_on bigint[]) IS 'As skiplock.enqueue, and says what it did: the job''s id with inserted, or, for a unique_key already pending, that job''s id with skipped, replaced or merged. Example: SELECT * FROM skiplock.enqueue_job(''send_email'', ''{"to": "a@example.com"}'', unique_key => ''welcome-42'');';
+
+--
+-- Name: fail(bigint, uuid, text, interval); Type: FUNCTION; Schema: skiplock; Owner: -
+--
+
+CREATE FUNCTION skiplock.fail(id bigint, token uuid, error text, retry_in interval DEFAULT NULL::interval) RETURNS skiplock.job_state
+    LANGUAGE sql
+    AS $$
+    SELECT skiplock.internal_fail_one(id, token, error, retry_in, 'retry');
+$$;
+
+--
+-- Name: heartbeat(bigint[], uuid[]); Type: FUNCTION; Schema: skiplock; Owner: -
+--
+
+CREATE FUNCTION skiplock.heartbeat(ids bigint[], tokens uuid[]) RETURNS TABLE(id bigint, held boolean)
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    sorted_ids bigint[];
+    sorted_tokens uuid[];
+BEGIN
+    IF ids IS NULL OR tokens IS NULL OR cardinality(ids) <> cardinality(tokens) THEN
+        RAISE EXCEPTION 'skiplock.heartbeat: ids and tokens must be arrays of the same length'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    SELECT array_agg(c.i ORDER BY c.i, c.t), array_agg(c.t ORDER BY c.i, c.t)
+    INTO sorted_ids, sorted_tokens
+    FROM unnest(ids, tokens) AS c(i, t)
+    WHERE c.i IS NOT NULL AND c.t IS NOT NULL;
+    RETURN QUERY
+    SELECT c.i, c.i IS NOT NULL AND c.t IS NOT NULL AND gone.id IS NULL
+    FROM unnest(ids, tokens) WITH ORDINALITY AS c(i, t, n)
+    LEFT JOIN skiplock.internal_heartbeat_claims(coalesce(sorted_ids, '{}'),
+                                                 coalesce(sorted_tokens, '{}')) gone
+           ON gone.id = c.i AND gone.claim_token = c.t
+    ORDER BY c.n;
+END;
+$$;
 
 --
 -- Name: internal_advance_lanes(text[]); Type: FUNCTION; Schema: skiplock; Owner: -
@@ -433,6 +552,21 @@ $$;
 COMMENT ON FUNCTION skiplock.internal_complete_claims(ids bigint[], tokens uuid[]) IS 'Marks the given running jobs succeeded, each only if it still holds the given claim token, locking them in the order given (pass them sorted by id, as a worker does); returns those it changed, with what the worker does next for each (its dependants, its lane). What a worker calls.';
 
 --
+-- Name: internal_error_message(text); Type: FUNCTION; Schema: skiplock; Owner: -
+--
+
+CREATE FUNCTION skiplock.internal_error_message(message text) RETURNS text
+    LANGUAGE sql IMMUTABLE
+    AS $$
+    SELECT CASE
+        WHEN message IS NULL OR message = '' THEN 'failed (no message)'
+        WHEN octet_length(message) <= 8192 THEN message
+        ELSE convert_from(substring(convert_to(message, 'UTF8') FROM 1 FOR 8192 - 15), 'UTF8')
+             || '… (truncated)'
+    END;
+$$;
+
+--
 -- Name: internal_error_time(jsonb); Type: FUNCTION; Schema: skiplock; Owner: -
 --
 
@@ -461,6 +595,92 @@ $$;
 --
 
 COMMENT ON FUNCTION skiplock.internal_error_time(entry jsonb) IS 'The time (`at`) of an entry of skiplock.jobs.errors, or NULL when it has no valid, finite one: statements over many rows read it with this so that one entry written by hand cannot fail them.';
+
+--
+-- Name: internal_fail_claims(bigint[], uuid[], text[], bigint[], text[]); Type: FUNCTION; Schema: skiplock; Owner: -
+--
+
+CREATE FUNCTION skiplock.internal_fail_claims(ids bigint[], tokens uuid[], messages text[], delays_ms bigint[], actions text[]) RETURNS TABLE(id bigint, state text, has_dependants boolean, ordering_key text)
+    LANGUAGE sql
+    AS $_$
+    WITH failed AS (
+        SELECT f.*, j.unique_key, CASE
+                WHEN f.action = 'cancel' THEN 'cancelled'
+                WHEN f.action = 'dead' OR j.attempt >= j.max_attempts THEN 'dead'
+                ELSE 'queued'
+            END::skiplock.job_state AS next_state
+        FROM unnest($1::bigint[], $2::uuid[], $3::text[], $4::bigint[], $5::text[])
+             AS f(id, token, message, delay_ms, action),
+        LATERAL (SELECT id, attempt, max_attempts, unique_key FROM skiplock.jobs j
+                 WHERE j.id = f.id AND j.claim_token = f.token
+                 FOR UPDATE) j
+    ), folded AS (
+        SELECT f.*, CASE WHEN f.next_state = 'queued' AND f.unique_key IS NOT NULL
+                         THEN skiplock.internal_fold_into_key_holder(f.id) END AS holder
+        FROM failed f
+    ), saved AS (
+    UPDATE skiplock.jobs j
+    SET state = CASE WHEN f.holder IS NULL THEN f.next_state ELSE 'cancelled' END,
+        scheduled_at = CASE WHEN f.next_state = 'queued' AND f.holder IS NULL
+            THEN now() + f.delay_ms * interval '1 millisecond' ELSE j.scheduled_at END,
+        finished_at = CASE WHEN f.next_state = 'queued' AND f.holder IS NULL
+            THEN NULL ELSE now() END,
+        claim_token = NULL, heartbeat_at = NULL,
+        last_error = CASE WHEN f.holder IS NULL THEN f.message
+            ELSE skiplock.internal_superseded_message(f.holder, f.unique_key) END,
+        errors = skiplock.internal_append_error(j.errors, j.attempt, f.message)
+    FROM folded f
+    WHERE j.id = ANY(ARRAY(SELECT id FROM folded)) AND j.id = f.id
+    RETURNING j.id, j.state::text AS state,
+              EXISTS (SELECT 1 FROM skiplock.job_dependencies d WHERE d.parent_id = j.id)
+                  AS has_dependants,
+              j.ordering_key, j.queue, j.priority, j.scheduled_at
+    ), runnable AS (
+        -- A retry with no delay is runnable at once, and may be behind a position.
+        SELECT skiplock.internal_notify_runnable(queue, priority, min(scheduled_at))
+        FROM saved WHERE state = 'queued'
+        GROUP BY queue, priority
+    )
+    SELECT id, state, has_dependants, ordering_key
+    FROM saved, (SELECT count(*) FROM runnable) r;
+$_$;
+
+--
+-- Name: internal_fail_one(bigint, uuid, text, interval, text); Type: FUNCTION; Schema: skiplock; Owner: -
+--
+
+CREATE FUNCTION skiplock.internal_fail_one(job_id bigint, token uuid, message text, retry_in interval, action text) RETURNS skiplock.job_state
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    held_attempt int;
+    saved record;
+BEGIN
+    IF retry_in < interval '0' THEN
+        RAISE EXCEPTION 'retry_in is %, it must not be negative', retry_in
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    SELECT j.attempt INTO held_attempt
+    FROM skiplock.jobs j WHERE j.id = job_id AND j.claim_token = token;
+    IF NOT FOUND THEN
+        RETURN NULL;
+    END IF;
+    SELECT * INTO saved
+    FROM skiplock.internal_fail_claims(
+        ARRAY[job_id], ARRAY[token], ARRAY[skiplock.internal_error_message(message)],
+        ARRAY[(extract(epoch FROM coalesce(retry_in, skiplock.backoff(held_attempt))) * 1000)::bigint],
+        ARRAY[action]);
+    IF NOT FOUND THEN
+        RETURN NULL;
+    END IF;
+    IF saved.state <> 'queued' THEN
+        PERFORM skiplock.internal_move_on(
+            CASE WHEN saved.has_dependants THEN ARRAY[saved.id] ELSE '{}' END,
+            CASE WHEN saved.ordering_key IS NOT NULL THEN ARRAY[saved.ordering_key] ELSE '{}' END);
+    END IF;
+    RETURN saved.state::skiplock.job_state;
+END;
+$$;
 
 --
 -- Name: internal_fold_into_key_holder(bigint); Type: FUNCTION; Schema: skiplock; Owner: -
@@ -503,6 +723,38 @@ CREATE FUNCTION skiplock.internal_has_unmet_parent(job bigint) RETURNS boolean
           AND (p.id IS NOT NULL OR d.parent_state IS NOT NULL)
     );
 $$;
+
+--
+-- Name: internal_heartbeat_claims(bigint[], uuid[], uuid[]); Type: FUNCTION; Schema: skiplock; Owner: -
+--
+
+CREATE FUNCTION skiplock.internal_heartbeat_claims(ids bigint[], tokens uuid[], in_flight uuid[] DEFAULT '{}'::uuid[]) RETURNS TABLE(id bigint, claim_token uuid)
+    LANGUAGE sql
+    AS $_$
+    WITH held AS (
+        SELECT j.id FROM unnest($1::bigint[], $2::uuid[]) AS c(id, token),
+        LATERAL (SELECT id FROM skiplock.jobs j
+                 WHERE j.id = c.id AND j.claim_token = c.token
+                 FOR UPDATE SKIP LOCKED) j
+    ), beat AS (
+        UPDATE skiplock.jobs j SET heartbeat_at = clock_timestamp()
+        WHERE j.id = ANY(ARRAY(SELECT id FROM held))
+    ), in_flight AS (
+        SELECT j.id FROM skiplock.jobs j
+        WHERE cardinality($3) > 0
+          AND j.state = 'running' AND j.claim_token = ANY($3::uuid[])
+          AND j.id <> ALL(ARRAY(SELECT id FROM held))
+        FOR UPDATE SKIP LOCKED
+    ), beat_in_flight AS (
+        UPDATE skiplock.jobs j SET heartbeat_at = clock_timestamp()
+        WHERE j.id = ANY(ARRAY(SELECT id FROM in_flight))
+    )
+    SELECT c.id, c.token FROM unnest($1::bigint[], $2::uuid[]) AS c(id, token)
+    LEFT JOIN LATERAL (SELECT true AS holds FROM skiplock.jobs j
+                       WHERE j.id = c.id AND j.claim_token = c.token
+                       LIMIT 1) h ON true
+    WHERE h.holds IS NULL;
+$_$;
 
 --
 -- Name: internal_job_dependencies_after_insert(); Type: FUNCTION; Schema: skiplock; Owner: -
@@ -664,6 +916,26 @@ END;
 $$;
 
 --
+-- Name: internal_move_on(bigint[], text[]); Type: FUNCTION; Schema: skiplock; Owner: -
+--
+
+CREATE FUNCTION skiplock.internal_move_on(parent_ids bigint[], lanes text[]) RETURNS integer
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    moved int := 0;
+BEGIN
+    IF cardinality(parent_ids) > 0 THEN
+        moved := moved + skiplock.internal_settle_dependants(parent_ids);
+    END IF;
+    IF cardinality(lanes) > 0 THEN
+        moved := moved + skiplock.internal_advance_lanes(lanes);
+    END IF;
+    RETURN moved;
+END;
+$$;
+
+--
 -- Name: internal_notify_jobs_inserted(); Type: FUNCTION; Schema: skiplock; Owner: -
 --
 
@@ -704,6 +976,100 @@ $$;
 COMMENT ON FUNCTION skiplock.internal_notify_runnable(queue text, priority smallint, scheduled_at timestamp with time zone) IS 'Tells workers that jobs of this queue became runnable from this priority and time on (at commit, if due): call it after requeuing jobs with a plain UPDATE.';
 
 --
+-- Name: internal_reap_stale(bigint, bigint, bigint, timestamp with time zone); Type: FUNCTION; Schema: skiplock; Owner: -
+--
+
+CREATE FUNCTION skiplock.internal_reap_stale(stale_after_ms bigint, max_jobs bigint, only_id bigint DEFAULT NULL::bigint, since timestamp with time zone DEFAULT NULL::timestamp with time zone) RETURNS TABLE(id bigint, state text, claimed_by text, ordering_key text)
+    LANGUAGE plpgsql
+    AS $_$
+BEGIN
+    RETURN QUERY EXECUTE $reap$
+        WITH stale AS (
+           SELECT id FROM skiplock.jobs
+           WHERE state = 'running'
+             AND ((heartbeat_at < now() - $1 * interval '1 millisecond'
+                   AND ($4::timestamptz IS NULL OR heartbeat_at >= $4))
+                  OR heartbeat_at > now() + $1 * interval '1 millisecond')
+             AND ($3::bigint IS NULL OR id = $3)
+           ORDER BY heartbeat_at
+           LIMIT $2
+           FOR UPDATE SKIP LOCKED
+       ), due AS (
+           SELECT j.id, j.attempt, j.unique_key,
+                  CASE WHEN j.heartbeat_at > now()
+                      THEN format('heartbeat_at %s of %s is in the future by the database clock (written by hand?); claim taken back',
+                                  j.heartbeat_at, coalesce(j.claimed_by, 'unknown worker'))
+                      ELSE format('no heartbeat from %s for over %s ms; claim taken back',
+                                  coalesce(j.claimed_by, 'unknown worker'), $1)
+                  END AS message,
+                  CASE WHEN j.attempt >= j.max_attempts THEN 'dead' ELSE 'queued' END
+                      ::skiplock.job_state AS next_state
+           FROM skiplock.jobs j JOIN stale USING (id)
+       ), reaped AS (
+           SELECT d.*, CASE WHEN d.next_state = 'queued' AND d.unique_key IS NOT NULL
+                            THEN skiplock.internal_fold_into_key_holder(d.id) END AS holder
+           FROM due d
+       )
+       UPDATE skiplock.jobs j
+       SET state = CASE WHEN r.holder IS NULL THEN r.next_state ELSE 'cancelled' END,
+           scheduled_at = CASE WHEN r.next_state = 'queued' AND r.holder IS NULL
+               THEN now() + skiplock.backoff(r.attempt) ELSE j.scheduled_at END,
+           finished_at = CASE WHEN r.next_state = 'queued' AND r.holder IS NULL
+               THEN NULL ELSE now() END,
+           claim_token = NULL, heartbeat_at = NULL,
+           last_error = CASE WHEN r.holder IS NULL THEN r.message
+               ELSE skiplock.internal_superseded_message(r.holder, r.unique_key) END,
+           errors = skiplock.internal_append_error(j.errors, j.attempt, r.message)
+       FROM reaped r
+       WHERE j.id = r.id
+       RETURNING j.id, j.state::text AS state, j.claimed_by, j.ordering_key
+    $reap$ USING stale_after_ms, max_jobs, only_id, since;
+END;
+$_$;
+
+--
+-- Name: internal_release_claims(bigint[], uuid[], bigint[]); Type: FUNCTION; Schema: skiplock; Owner: -
+--
+
+CREATE FUNCTION skiplock.internal_release_claims(ids bigint[], tokens uuid[], delays_ms bigint[]) RETURNS SETOF bigint
+    LANGUAGE sql
+    AS $_$
+    WITH held AS (
+        SELECT j.id, j.unique_key, c.delay_ms
+        FROM unnest($1::bigint[], $2::uuid[], $3::bigint[]) AS c(id, token, delay_ms),
+        LATERAL (SELECT id, unique_key FROM skiplock.jobs j
+                 WHERE j.id = c.id AND j.claim_token = c.token
+                 FOR UPDATE) j
+    ), folded AS (
+        SELECT h.*, CASE WHEN h.unique_key IS NOT NULL
+                         THEN skiplock.internal_fold_into_key_holder(h.id) END AS holder
+        FROM held h
+    ), released AS (
+        UPDATE skiplock.jobs j
+        SET state = CASE WHEN f.holder IS NULL THEN 'queued' ELSE 'cancelled' END
+                ::skiplock.job_state,
+            attempt = greatest(j.attempt - 1, 0),
+            scheduled_at = CASE WHEN f.holder IS NULL AND f.delay_ms > 0
+                THEN now() + f.delay_ms * interval '1 millisecond'
+                ELSE j.scheduled_at END,
+            claim_token = NULL, heartbeat_at = NULL,
+            finished_at = CASE WHEN f.holder IS NULL THEN NULL ELSE now() END,
+            last_error = CASE WHEN f.holder IS NULL THEN j.last_error
+                ELSE skiplock.internal_superseded_message(f.holder, f.unique_key) END
+        FROM folded f
+        WHERE j.id = ANY(ARRAY(SELECT id FROM folded)) AND j.id = f.id
+        RETURNING j.id, j.queue, j.state, f.delay_ms, j.priority, j.scheduled_at
+    ), runnable AS (
+        -- Released jobs keep their scheduled_at: behind the workers' positions.
+        SELECT skiplock.internal_notify_runnable(queue, priority, min(scheduled_at))
+        FROM released
+        WHERE state = 'queued' AND delay_ms <= 0
+        GROUP BY queue, priority
+    )
+    SELECT id FROM released, (SELECT count(*) FROM runnable) r;
+$_$;
+
+--
 -- Name: internal_runnable_payload(text, smallint, timestamp with time zone); Type: FUNCTION; Schema: skiplock; Owner: -
 --
 
@@ -736,7 +1102,7 @@ BEGIN
             USING ERRCODE = 'check_violation',
                   HINT = 'pass the queue''s name as its jobs have it in skiplock.jobs.queue';
     END IF;
-    INSERT INTO skiplock.queues AS q (name, paused) VALUES (queue_name, set_queue_paused.paused)
+    INSERT INTO skiplock.queues AS q (name, paused) VALUES (queue_name, internal_set_queue_paused.paused)
     ON CONFLICT (name) DO UPDATE SET paused = excluded.paused, updated_at = now();
 END;
 $$;
@@ -796,6 +1162,44 @@ END;
 $$;
 
 --
+-- Name: internal_settle_waiting(); Type: FUNCTION; Schema: skiplock; Owner: -
+--
+
+CREATE FUNCTION skiplock.internal_settle_waiting() RETURNS integer
+    LANGUAGE sql
+    AS $$
+    WITH orphans AS (
+        UPDATE skiplock.jobs c SET state = 'queued'
+        WHERE c.state = 'waiting' AND c.ordering_key IS NULL
+          AND NOT EXISTS (SELECT 1 FROM skiplock.job_dependencies d WHERE d.job_id = c.id)
+        RETURNING c.id, c.queue, c.priority, c.scheduled_at
+    ), orphans_announced AS (
+        SELECT skiplock.internal_notify_runnable(queue, priority, scheduled_at) FROM orphans
+    ), lanes AS (
+        -- Only lanes whose head waits: advance_lanes can move nothing else, and it
+        -- announces every queued head it is given.
+        SELECT skiplock.internal_advance_lanes(ARRAY(
+            SELECT h.ordering_key
+            FROM (SELECT DISTINCT ON (ordering_key) ordering_key, state
+                  FROM skiplock.jobs
+                  WHERE ordering_key IS NOT NULL
+                    AND state IN ('waiting', 'queued', 'running')
+                  ORDER BY ordering_key, id) h
+            WHERE h.state = 'waiting'
+        )) AS moved
+    )
+    SELECT skiplock.internal_settle_dependants(ARRAY(
+               SELECT DISTINCT d.parent_id
+               FROM skiplock.jobs c
+               JOIN skiplock.job_dependencies d ON d.job_id = c.id
+               LEFT JOIN skiplock.jobs p ON p.id = d.parent_id
+               WHERE c.state = 'waiting'
+                 AND (p.state IN ('succeeded', 'dead', 'cancelled') OR p.id IS NULL)
+           ))::int + (SELECT count(*) FROM orphans_announced)::int
+           + (SELECT moved FROM lanes);
+$$;
+
+--
 -- Name: internal_superseded_message(bigint, text); Type: FUNCTION; Schema: skiplock; Owner: -
 --
 
@@ -835,6 +1239,68 @@ END;
 $$;
 
 --
+-- Name: maintain(interval); Type: FUNCTION; Schema: skiplock; Owner: -
+--
+
+CREATE FUNCTION skiplock.maintain(stale_after interval DEFAULT '00:00:30'::interval) RETURNS TABLE(reaped bigint, moved_on bigint)
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    stale_ms bigint;
+    taken record;
+    parents bigint[] := '{}';
+    lanes text[] := '{}';
+    reaped_count bigint := 0;
+    stale_id bigint;
+BEGIN
+    IF stale_after IS NULL OR stale_after <= interval '0' THEN
+        RAISE EXCEPTION 'skiplock.maintain: stale_after is %, it must be a positive interval',
+            coalesce(stale_after::text, 'NULL')
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    stale_ms := (extract(epoch FROM stale_after) * 1000)::bigint;
+    BEGIN
+        FOR taken IN SELECT * FROM skiplock.internal_reap_stale(stale_ms, 1000) LOOP
+            reaped_count := reaped_count + 1;
+            IF taken.state <> 'queued' THEN
+                parents := parents || taken.id;
+                IF taken.ordering_key IS NOT NULL THEN
+                    lanes := lanes || taken.ordering_key;
+                END IF;
+            END IF;
+        END LOOP;
+    EXCEPTION WHEN OTHERS THEN
+        -- One row failed the batch (and rolled it back): one job at a time instead.
+        reaped_count := 0;
+        parents := '{}';
+        lanes := '{}';
+        FOR stale_id IN
+            SELECT j.id FROM skiplock.jobs j
+            WHERE j.state = 'running'
+              AND (j.heartbeat_at < now() - stale_after OR j.heartbeat_at > now() + stale_after)
+            ORDER BY j.heartbeat_at LIMIT 1000
+        LOOP
+            BEGIN
+                FOR taken IN SELECT * FROM skiplock.internal_reap_stale(stale_ms, 1, stale_id) LOOP
+                    reaped_count := reaped_count + 1;
+                    IF taken.state <> 'queued' THEN
+                        parents := parents || taken.id;
+                        IF taken.ordering_key IS NOT NULL THEN
+                            lanes := lanes || taken.ordering_key;
+                        END IF;
+                    END IF;
+                END LOOP;
+            EXCEPTION WHEN OTHERS THEN
+                RAISE WARNING 'skiplock.maintain: job % could not be taken back: %', stale_id, SQLERRM;
+            END;
+        END LOOP;
+    END;
+    RETURN QUERY SELECT reaped_count,
+        (skiplock.internal_move_on(parents, lanes) + skiplock.internal_settle_waiting())::bigint;
+END;
+$$;
+
+--
 -- Name: pause_queue(text); Type: FUNCTION; Schema: skiplock; Owner: -
 --
 
@@ -842,6 +1308,17 @@ CREATE FUNCTION skiplock.pause_queue(queue_name text) RETURNS void
     LANGUAGE sql
     AS $$
     SELECT skiplock.internal_set_queue_paused(queue_name, true);
+$$;
+
+--
+-- Name: release(bigint, uuid); Type: FUNCTION; Schema: skiplock; Owner: -
+--
+
+CREATE FUNCTION skiplock.release(id bigint, token uuid) RETURNS boolean
+    LANGUAGE sql
+    AS $$
+    SELECT EXISTS (SELECT FROM skiplock.internal_release_claims(ARRAY[id], ARRAY[token],
+                                                                ARRAY[0::bigint]));
 $$;
 
 --
@@ -937,6 +1414,25 @@ BEGIN
         PERFORM skiplock.internal_notify_runnable(q, p, s);
     END IF;
     RETURN true;
+END;
+$$;
+
+--
+-- Name: snooze(bigint, uuid, interval); Type: FUNCTION; Schema: skiplock; Owner: -
+--
+
+CREATE FUNCTION skiplock.snooze(id bigint, token uuid, delay interval) RETURNS boolean
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    IF delay IS NULL OR delay < interval '0' THEN
+        RAISE EXCEPTION 'skiplock.snooze: delay is %, it must be an interval of zero or more',
+            coalesce(delay::text, 'NULL')
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    RETURN EXISTS (SELECT FROM skiplock.internal_release_claims(
+        ARRAY[snooze.id], ARRAY[snooze.token],
+        ARRAY[greatest((extract(epoch FROM delay) * 1000)::bigint, 1)]));
 END;
 $$;
 

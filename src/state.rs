@@ -6,16 +6,65 @@ use std::fmt;
 
 use serde::Serialize;
 
-/// A job's id: `skiplock.jobs.id`.
+/// A job's id: `skiplock.jobs.id`, a `bigint`.
+///
+/// In sqlx it is an `i64` under another name: it binds as `bigint`, decodes from one, and a
+/// `Vec<JobId>` or `&[JobId]` binds as `bigint[]`. It converts to and from `i64` with
+/// `From`, and `.0` is the number itself. It serializes as a bare number.
+///
+/// # Examples
+///
+/// ```no_run
+/// use skiplock::JobId;
+///
+/// # async fn example(pool: sqlx::PgPool, id: JobId, ids: Vec<JobId>) -> sqlx::Result<()> {
+/// let queue: String = sqlx::query_scalar("SELECT queue FROM skiplock.jobs WHERE id = $1")
+///     .bind(id)
+///     .fetch_one(&pool)
+///     .await?;
+/// let dead: Vec<JobId> = sqlx::query_scalar(
+///     "SELECT id FROM skiplock.jobs WHERE id = ANY($1) AND state = 'dead' ORDER BY id",
+/// )
+/// .bind(&ids)
+/// .fetch_all(&pool)
+/// .await?;
+/// assert_eq!(i64::from(id), id.0);
+/// assert_eq!(JobId::from(7), JobId(7));
+/// # Ok(()) }
+/// ```
 #[derive(
-    Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, serde::Deserialize,
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Hash,
+    PartialOrd,
+    Ord,
+    Serialize,
+    serde::Deserialize,
+    sqlx::Type,
 )]
 #[serde(transparent)]
+// `Type` (with `PgHasArrayType`), `Encode` and `Decode` all delegate to `i64`'s.
+#[sqlx(transparent)]
 pub struct JobId(pub i64);
 
 impl fmt::Display for JobId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         self.0.fmt(f)
+    }
+}
+
+impl From<i64> for JobId {
+    fn from(id: i64) -> Self {
+        JobId(id)
+    }
+}
+
+impl From<JobId> for i64 {
+    fn from(id: JobId) -> Self {
+        id.0
     }
 }
 

@@ -10,7 +10,8 @@
 //! - [`drain_queue`] runs a worker on one queue until nothing in it is runnable, and
 //!   returns what became of each job it ran, in the order the outcomes were saved.
 //!
-//! The guide, with a complete example, is `docs/testing-your-jobs.md`.
+//! The guide, with a complete example, is `docs/testing-your-jobs.md`; the example is
+//! `tests/testing_guide.rs`, which CI runs and compares with the guide.
 //!
 //! ```no_run
 //! use serde::{Deserialize, Serialize};
@@ -40,6 +41,8 @@
 //! # Ok(()) }
 //! ```
 
+use std::future::Future;
+use std::panic::Location;
 use std::time::Duration;
 
 use serde_json::Value;
@@ -143,37 +146,65 @@ async fn of_kind<'e>(
 /// Asserts that at least one job matches `what` and returns the matching jobs, oldest
 /// first. Pass `&mut *tx` to look inside the test's own transaction.
 ///
+/// A failed assertion's message starts with the file, line and column of this call: your
+/// test's line, not skiplock's. (The check runs inside the returned future, which
+/// `#[track_caller]` cannot reach, so the location is taken when this function is called
+/// and written into the message.)
+///
 /// # Panics
 ///
 /// When none matches (the message lists the other jobs of that kind in those states), or
 /// when the query fails.
-pub async fn assert_enqueued<'e>(db: impl PgExecutor<'e>, what: &Enqueued) -> Vec<JobRow> {
-    let (matching, others) = of_kind(db, what)
-        .await
-        .unwrap_or_else(|e| panic!("cannot look for enqueued jobs: {e}"));
-    assert!(
-        !matching.is_empty(),
-        "expected a job matching {what:?}; jobs of kind `{}` in those states: {}",
-        what.kind,
-        describe(&others)
-    );
-    matching
+#[track_caller]
+pub fn assert_enqueued<'e>(
+    db: impl PgExecutor<'e>,
+    what: &Enqueued,
+) -> impl Future<Output = Vec<JobRow>> {
+    let caller = Location::caller();
+    async move {
+        let (matching, others) = of_kind_or_panic(db, what, "assert_enqueued", caller).await;
+        assert!(
+            !matching.is_empty(),
+            "{caller}: assert_enqueued: expected a job matching {what:?}; jobs of kind `{}` in \
+             those states: {}",
+            what.kind,
+            describe(&others)
+        );
+        matching
+    }
 }
 
 /// Asserts that no job matches `what`.
 ///
+/// The panic message starts with the file, line and column of the call, as for
+/// [`assert_enqueued`].
+///
 /// # Panics
 ///
 /// When one does (the message lists them), or when the query fails.
-pub async fn refute_enqueued<'e>(db: impl PgExecutor<'e>, what: &Enqueued) {
-    let (matching, _) = of_kind(db, what)
+#[track_caller]
+pub fn refute_enqueued<'e>(db: impl PgExecutor<'e>, what: &Enqueued) -> impl Future<Output = ()> {
+    let caller = Location::caller();
+    async move {
+        let (matching, _) = of_kind_or_panic(db, what, "refute_enqueued", caller).await;
+        assert!(
+            matching.is_empty(),
+            "{caller}: refute_enqueued: expected no job matching {what:?}; found {}",
+            describe(&matching)
+        );
+    }
+}
+
+/// [`of_kind`], or a panic that names the assert and where it was called.
+async fn of_kind_or_panic<'e>(
+    db: impl PgExecutor<'e>,
+    what: &Enqueued,
+    assert: &str,
+    caller: &Location<'_>,
+) -> (Vec<JobRow>, Vec<JobRow>) {
+    of_kind(db, what)
         .await
-        .unwrap_or_else(|e| panic!("cannot look for enqueued jobs: {e}"));
-    assert!(
-        matching.is_empty(),
-        "expected no job matching {what:?}; found {}",
-        describe(&matching)
-    );
+        .unwrap_or_else(|e| panic!("{caller}: {assert}: cannot look for enqueued jobs: {e}"))
 }
 
 fn describe(jobs: &[JobRow]) -> String {
@@ -197,15 +228,17 @@ const PATIENCE: Duration = Duration::from_secs(300);
 /// Runs the `queued` job `id` now (whatever its `scheduled_at`) through a worker built from
 /// `builder` (register the job's kind and give it its data), and returns what became of
 /// it once its outcome is saved: completed, retried (with the delay), snoozed, dead or
-/// cancelled. Other jobs are left alone.
+/// cancelled. Other jobs are left alone. `id` is a [`JobId`] (what `enqueue` returns) or
+/// the `i64` of a row's `id` (what [`assert_enqueued`] returns).
 ///
 /// # Errors
 ///
 /// [`Error::InvalidJob`] when the job does not exist, is not `queued`, its kind is not
 /// registered, or it could not be claimed (a job of its lane runs); what
 /// [`Worker::run`](crate::Worker::run) returns otherwise.
-pub async fn perform_job(builder: WorkerBuilder, id: i64) -> Result<JobEvent> {
-    let job = jobs_get(builder.pool(), JobId(id))
+pub async fn perform_job(builder: WorkerBuilder, id: impl Into<JobId>) -> Result<JobEvent> {
+    let id: JobId = id.into();
+    let job = jobs_get(builder.pool(), id)
         .await?
         .ok_or_else(|| Error::InvalidJob(format!("job {id} does not exist")))?;
     if job.state != JobState::Queued {
@@ -222,14 +255,14 @@ pub async fn perform_job(builder: WorkerBuilder, id: i64) -> Result<JobEvent> {
     }
     let worker = fast(builder)
         .queues([job.queue.clone()])
-        .only_job(id)
+        .only_job(id.0)
         .build()?;
     let mut events = worker.subscribe();
     tokio::time::timeout(PATIENCE, worker.run())
         .await
         .map_err(|_| Error::InvalidJob(format!("job {id} did not finish within {PATIENCE:?}")))??;
     while let Some(event) = events.recv().await {
-        if event.id.0 == id {
+        if event.id == id {
             return Ok(event);
         }
     }
@@ -269,7 +302,3 @@ fn fast(builder: WorkerBuilder) -> WorkerBuilder {
         .prune_interval(None)
         .cron_interval(None)
 }
-
-#[cfg(doctest)]
-#[doc = include_str!("../docs/testing-your-jobs.md")]
-pub struct TestingYourJobsGuide;

@@ -100,48 +100,9 @@ async fn jobs_reap_stale_matching(
     only: Option<i64>,
     since: Option<DateTime<Utc>>,
 ) -> sqlx::Result<Vec<ReapedJob>> {
-    // Planned at each call with its parameters' values (an unnamed statement), so a
-    // missing `since` folds away and a given one bounds the index range.
     sqlx::query_as(
-        "WITH stale AS (
-             SELECT id FROM skiplock.jobs
-             WHERE state = 'running'
-               AND ((heartbeat_at < now() - $1 * interval '1 millisecond'
-                     AND ($4::timestamptz IS NULL OR heartbeat_at >= $4))
-                    OR heartbeat_at > now() + $1 * interval '1 millisecond')
-               AND ($3::bigint IS NULL OR id = $3)
-             ORDER BY heartbeat_at
-             LIMIT $2
-             FOR UPDATE SKIP LOCKED
-         ), due AS (
-             SELECT j.id, j.attempt, j.unique_key,
-                    CASE WHEN j.heartbeat_at > now()
-                        THEN format('heartbeat_at %s of %s is in the future by the database clock (written by hand?); claim taken back',
-                                    j.heartbeat_at, coalesce(j.claimed_by, 'unknown worker'))
-                        ELSE format('no heartbeat from %s for over %s ms; claim taken back',
-                                    coalesce(j.claimed_by, 'unknown worker'), $1)
-                    END AS message,
-                    CASE WHEN j.attempt >= j.max_attempts THEN 'dead' ELSE 'queued' END
-                        ::skiplock.job_state AS next_state
-             FROM skiplock.jobs j JOIN stale USING (id)
-         ), reaped AS (
-             SELECT d.*, CASE WHEN d.next_state = 'queued' AND d.unique_key IS NOT NULL
-                              THEN skiplock.internal_fold_into_key_holder(d.id) END AS holder
-             FROM due d
-         )
-         UPDATE skiplock.jobs j
-         SET state = CASE WHEN r.holder IS NULL THEN r.next_state ELSE 'cancelled' END,
-             scheduled_at = CASE WHEN r.next_state = 'queued' AND r.holder IS NULL
-                 THEN now() + skiplock.backoff(r.attempt) ELSE j.scheduled_at END,
-             finished_at = CASE WHEN r.next_state = 'queued' AND r.holder IS NULL
-                 THEN NULL ELSE now() END,
-             claim_token = NULL, heartbeat_at = NULL,
-             last_error = CASE WHEN r.holder IS NULL THEN r.message
-                 ELSE skiplock.internal_superseded_message(r.holder, r.unique_key) END,
-             errors = skiplock.internal_append_error(j.errors, j.attempt, r.message)
-         FROM reaped r
-         WHERE j.id = r.id
-         RETURNING j.id, j.state::text AS state, j.claimed_by, j.ordering_key",
+        "SELECT id, state, claimed_by, ordering_key
+         FROM skiplock.internal_reap_stale($1, $2, $3, $4)",
     )
     .bind(stale_after_ms)
     .bind(limit)
@@ -310,38 +271,8 @@ pub async fn jobs_advance_lanes(db: impl PgExecutor<'_>, keys: &[String]) -> sql
 /// the plan) joined the whole table with itself: over 10 s on 200,000 rows instead of 7 ms.
 /// Planning costs well under a millisecond.
 pub async fn jobs_settle_waiting(db: impl PgExecutor<'_>) -> sqlx::Result<i32> {
-    sqlx::query_scalar(
-        "WITH orphans AS (
-             UPDATE skiplock.jobs c SET state = 'queued'
-             WHERE c.state = 'waiting' AND c.ordering_key IS NULL
-               AND NOT EXISTS (SELECT 1 FROM skiplock.job_dependencies d WHERE d.job_id = c.id)
-             RETURNING c.id, c.queue, c.priority, c.scheduled_at
-         ), orphans_announced AS (
-             SELECT skiplock.internal_notify_runnable(queue, priority, scheduled_at) FROM orphans
-         ), lanes AS (
-             -- Only lanes whose head waits: advance_lanes can move nothing else, and it
-             -- announces every queued head it is given.
-             SELECT skiplock.internal_advance_lanes(ARRAY(
-                 SELECT h.ordering_key
-                 FROM (SELECT DISTINCT ON (ordering_key) ordering_key, state
-                       FROM skiplock.jobs
-                       WHERE ordering_key IS NOT NULL
-                         AND state IN ('waiting', 'queued', 'running')
-                       ORDER BY ordering_key, id) h
-                 WHERE h.state = 'waiting'
-             )) AS moved
-         )
-         SELECT skiplock.internal_settle_dependants(ARRAY(
-                    SELECT DISTINCT d.parent_id
-                    FROM skiplock.jobs c
-                    JOIN skiplock.job_dependencies d ON d.job_id = c.id
-                    LEFT JOIN skiplock.jobs p ON p.id = d.parent_id
-                    WHERE c.state = 'waiting'
-                      AND (p.state IN ('succeeded', 'dead', 'cancelled') OR p.id IS NULL)
-                ))::int + (SELECT count(*) FROM orphans_announced)::int
-                + (SELECT moved FROM lanes)",
-    )
-    .persistent(false)
-    .fetch_one(db)
-    .await
+    sqlx::query_scalar("SELECT skiplock.internal_settle_waiting()")
+        .persistent(false)
+        .fetch_one(db)
+        .await
 }

@@ -295,47 +295,10 @@ pub async fn jobs_fail_many(
     batch: &FailBatch,
 ) -> sqlx::Result<Vec<SavedJob>> {
     let batch = batch.sorted();
-    sqlx::query_as(concat!(
-        "WITH failed AS (
-             SELECT f.*, j.unique_key, CASE
-                     WHEN f.action = 'cancel' THEN 'cancelled'
-                     WHEN f.action = 'dead' OR j.attempt >= j.max_attempts THEN 'dead'
-                     ELSE 'queued'
-                 END::skiplock.job_state AS next_state
-             FROM unnest($1::bigint[], $2::uuid[], $3::text[], $4::bigint[], $5::text[])
-                  AS f(id, token, message, delay_ms, action),
-             LATERAL (SELECT id, attempt, max_attempts, unique_key FROM skiplock.jobs j
-                      WHERE j.id = f.id AND j.claim_token = f.token
-                      FOR UPDATE) j
-         ), folded AS (
-             SELECT f.*, CASE WHEN f.next_state = 'queued' AND f.unique_key IS NOT NULL
-                              THEN skiplock.internal_fold_into_key_holder(f.id) END AS holder
-             FROM failed f
-         ), saved AS (
-         UPDATE skiplock.jobs j
-         SET state = CASE WHEN f.holder IS NULL THEN f.next_state ELSE 'cancelled' END,
-             scheduled_at = CASE WHEN f.next_state = 'queued' AND f.holder IS NULL
-                 THEN now() + f.delay_ms * interval '1 millisecond' ELSE j.scheduled_at END,
-             finished_at = CASE WHEN f.next_state = 'queued' AND f.holder IS NULL
-                 THEN NULL ELSE now() END,
-             claim_token = NULL, heartbeat_at = NULL,
-             last_error = CASE WHEN f.holder IS NULL THEN f.message
-                 ELSE skiplock.internal_superseded_message(f.holder, f.unique_key) END,
-             errors = skiplock.internal_append_error(j.errors, j.attempt, f.message)
-         FROM folded f
-         WHERE j.id = ANY(ARRAY(SELECT id FROM folded)) AND j.id = f.id
-         RETURNING ",
-        saved_job_columns!(),
-        ", j.queue, j.priority, j.scheduled_at
-         ), runnable AS (
-             -- A retry with no delay is runnable at once, and may be behind a position.
-             SELECT skiplock.internal_notify_runnable(queue, priority, min(scheduled_at))
-             FROM saved WHERE state = 'queued'
-             GROUP BY queue, priority
-         )
-         SELECT id, state, has_dependants, ordering_key
-         FROM saved, (SELECT count(*) FROM runnable) r"
-    ))
+    sqlx::query_as(
+        "SELECT id, state, has_dependants, ordering_key
+         FROM skiplock.internal_fail_claims($1, $2, $3, $4, $5)",
+    )
     .bind(&batch.ids)
     .bind(&batch.tokens)
     .bind(&batch.messages)
@@ -362,47 +325,13 @@ pub async fn jobs_release_many(
     let ids: Vec<i64> = order.iter().map(|&i| ids[i]).collect();
     let tokens: Vec<Uuid> = order.iter().map(|&i| tokens[i]).collect();
     let delays_ms: Vec<i64> = order.iter().map(|&i| delays_ms[i]).collect();
-    sqlx::query_scalar(
-        "WITH held AS (
-             SELECT j.id, j.unique_key, c.delay_ms
-             FROM unnest($1::bigint[], $2::uuid[], $3::bigint[]) AS c(id, token, delay_ms),
-             LATERAL (SELECT id, unique_key FROM skiplock.jobs j
-                      WHERE j.id = c.id AND j.claim_token = c.token
-                      FOR UPDATE) j
-         ), folded AS (
-             SELECT h.*, CASE WHEN h.unique_key IS NOT NULL
-                              THEN skiplock.internal_fold_into_key_holder(h.id) END AS holder
-             FROM held h
-         ), released AS (
-             UPDATE skiplock.jobs j
-             SET state = CASE WHEN f.holder IS NULL THEN 'queued' ELSE 'cancelled' END
-                     ::skiplock.job_state,
-                 attempt = greatest(j.attempt - 1, 0),
-                 scheduled_at = CASE WHEN f.holder IS NULL AND f.delay_ms > 0
-                     THEN now() + f.delay_ms * interval '1 millisecond'
-                     ELSE j.scheduled_at END,
-                 claim_token = NULL, heartbeat_at = NULL,
-                 finished_at = CASE WHEN f.holder IS NULL THEN NULL ELSE now() END,
-                 last_error = CASE WHEN f.holder IS NULL THEN j.last_error
-                     ELSE skiplock.internal_superseded_message(f.holder, f.unique_key) END
-             FROM folded f
-             WHERE j.id = ANY(ARRAY(SELECT id FROM folded)) AND j.id = f.id
-             RETURNING j.id, j.queue, j.state, f.delay_ms, j.priority, j.scheduled_at
-         ), runnable AS (
-             -- Released jobs keep their scheduled_at: behind the workers' positions.
-             SELECT skiplock.internal_notify_runnable(queue, priority, min(scheduled_at))
-             FROM released
-             WHERE state = 'queued' AND delay_ms <= 0
-             GROUP BY queue, priority
-         )
-         SELECT id FROM released, (SELECT count(*) FROM runnable) r",
-    )
-    .bind(&ids)
-    .bind(&tokens)
-    .bind(&delays_ms)
-    .persistent(false)
-    .fetch_all(db)
-    .await
+    sqlx::query_scalar("SELECT skiplock.internal_release_claims($1, $2, $3)")
+        .bind(&ids)
+        .bind(&tokens)
+        .bind(&delays_ms)
+        .persistent(false)
+        .fetch_all(db)
+        .await
 }
 
 /// Extends held claims with the database clock, in one statement per worker per
@@ -430,50 +359,13 @@ pub async fn jobs_heartbeat_many(
     tokens: &[Uuid],
     claims_in_flight: &[Uuid],
 ) -> sqlx::Result<Vec<(i64, Uuid)>> {
-    // One statement text with the extra update and one without; `$extra` is spliced
-    // between the held claims' update and the lookup of the claims gone.
-    macro_rules! heartbeat {
-        ($extra:literal) => {
-            concat!(
-                "WITH held AS (
-                     SELECT j.id FROM unnest($1::bigint[], $2::uuid[]) AS c(id, token),
-                     LATERAL (SELECT id FROM skiplock.jobs j
-                              WHERE j.id = c.id AND j.claim_token = c.token
-                              FOR UPDATE SKIP LOCKED) j
-                 ), beat AS (
-                     UPDATE skiplock.jobs j SET heartbeat_at = clock_timestamp()
-                     WHERE j.id = ANY(ARRAY(SELECT id FROM held))
-                 )",
-                $extra,
-                " SELECT c.id, c.token FROM unnest($1::bigint[], $2::uuid[]) AS c(id, token)
-                 LEFT JOIN LATERAL (SELECT true AS holds FROM skiplock.jobs j
-                                    WHERE j.id = c.id AND j.claim_token = c.token
-                                    LIMIT 1) h ON true
-                 WHERE h.holds IS NULL"
-            )
-        };
-    }
-    const HELD: &str = heartbeat!("");
-    const HELD_AND_IN_FLIGHT: &str = heartbeat!(
-        ", in_flight AS (
-             SELECT j.id FROM skiplock.jobs j
-             WHERE j.state = 'running' AND j.claim_token = ANY($3::uuid[])
-               AND j.id <> ALL(ARRAY(SELECT id FROM held))
-             FOR UPDATE SKIP LOCKED
-         ), beat_in_flight AS (
-             UPDATE skiplock.jobs j SET heartbeat_at = clock_timestamp()
-             WHERE j.id = ANY(ARRAY(SELECT id FROM in_flight))
-         )"
-    );
-    let query = if claims_in_flight.is_empty() {
-        sqlx::query_as(HELD).bind(ids).bind(tokens)
-    } else {
-        sqlx::query_as(HELD_AND_IN_FLIGHT)
-            .bind(ids)
-            .bind(tokens)
-            .bind(claims_in_flight)
-    };
-    query.persistent(false).fetch_all(db).await
+    sqlx::query_as("SELECT id, claim_token FROM skiplock.internal_heartbeat_claims($1, $2, $3)")
+        .bind(ids)
+        .bind(tokens)
+        .bind(claims_in_flight)
+        .persistent(false)
+        .fetch_all(db)
+        .await
 }
 
 /// The last resort for a claim whose outcome cannot be saved as it is (the statement

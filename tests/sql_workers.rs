@@ -12,11 +12,12 @@ mod common;
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use common::fixtures::wait_for;
 use common::{TestDb, test_db};
-use tokio::io::AsyncReadExt;
+use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::Child;
 use tokio::task::JoinHandle;
 
@@ -64,11 +65,12 @@ fn tools_present(test: &str) -> bool {
     true
 }
 
-/// A running worker process and the task collecting its stderr (its log).
+/// A running worker process and its log (stderr), collected line by line as it comes.
 struct Worker {
     name: &'static str,
     child: Child,
-    log: JoinHandle<String>,
+    log: Arc<Mutex<String>>,
+    reader: JoinHandle<()>,
 }
 
 impl Worker {
@@ -80,13 +82,32 @@ impl Worker {
             .kill_on_drop(true)
             .spawn()
             .unwrap_or_else(|e| panic!("start {name}: {e}"));
-        let mut stderr = child.stderr.take().unwrap();
-        let log = tokio::spawn(async move {
-            let mut text = String::new();
-            let _ = stderr.read_to_string(&mut text).await;
-            text
+        let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+        let log = Arc::new(Mutex::new(String::new()));
+        let sink = Arc::clone(&log);
+        let reader = tokio::spawn(async move {
+            while let Ok(Some(line)) = lines.next_line().await {
+                let mut log = sink.lock().unwrap();
+                log.push_str(&line);
+                log.push('\n');
+            }
         });
-        Self { name, child, log }
+        Self {
+            name,
+            child,
+            log,
+            reader,
+        }
+    }
+
+    /// Waits until the worker has logged a line containing `text`.
+    async fn wait_for_log(&self, text: &str) {
+        wait_for(
+            &format!("{} to log {text:?}", self.name),
+            Duration::from_secs(60),
+            || async { self.log.lock().unwrap().contains(text) },
+        )
+        .await;
     }
 
     /// An example worker: `program worker.<ext>` in its examples folder.
@@ -120,7 +141,9 @@ impl Worker {
             .await
             .unwrap_or_else(|_| panic!("{} did not exit within 30 s of SIGTERM", self.name))
             .unwrap();
-        (status.code(), self.log.await.unwrap())
+        self.reader.await.unwrap();
+        let log = self.log.lock().unwrap().clone();
+        (status.code(), log)
     }
 }
 
@@ -365,20 +388,8 @@ async fn sigterm_lets_the_running_job_finish_and_releases_the_rest_of_the_batch(
         .await
         .unwrap();
         let worker = Worker::example(&db, name, program, dir, 4);
-        wait_for(
-            &format!("{name} to claim a batch of 4"),
-            Duration::from_secs(60),
-            || async {
-                let running: i64 = sqlx::query_scalar(
-                    "SELECT count(*) FROM skiplock.jobs WHERE state = 'running'",
-                )
-                .fetch_one(&db.pool)
-                .await
-                .unwrap();
-                running == 4
-            },
-        )
-        .await;
+        // The first job of its batch of 4 has started (it sleeps 3 s): stop the worker now.
+        worker.wait_for_log(") attempt 1 started").await;
         let (code, log) = worker.terminate().await;
         assert_eq!(
             code,

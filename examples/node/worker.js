@@ -79,6 +79,7 @@ async function keepClaims(db) {
 }
 
 async function runJob(db, job) {
+  log('INFO', `job ${job.id} (${job.kind}) attempt ${job.attempt} started`);
   const started = Date.now();
   let output;
   try {

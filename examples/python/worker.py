@@ -105,6 +105,7 @@ def keep_claims(url, name, claims, stopping):
 
 
 def run_job(conn, claims, job):
+    log.info("job %s (%s) attempt %s started", job["id"], job["kind"], job["attempt"])
     started = time.monotonic()
     try:
         output = HANDLERS[job["kind"]](job["args"], job)

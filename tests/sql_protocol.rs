@@ -1,0 +1,1260 @@
+//! The SQL worker protocol (docs/sql.md, "Write a worker in any language"), driven in plain
+//! SQL as a Python or Node worker drives it: `skiplock.claim`, `heartbeat`, `complete`,
+//! `fail`, `discard`, `release`, `snooze` and `maintain`. No skiplock process runs in these
+//! tests: whatever a finished job sets in motion (its lane, its dependants) must happen in
+//! the function's own transaction.
+
+mod common;
+
+use std::time::Duration;
+
+use common::fixtures::strings;
+use common::test_db;
+use serde_json::{Value, json};
+use sqlx::postgres::PgListener;
+use sqlx::{Connection, PgConnection, PgPool};
+use uuid::Uuid;
+
+const QUEUE: &str = "sql";
+const WORKER: &str = "sql-worker-1";
+
+/// One row of `skiplock.claim`, every column of the contract.
+#[derive(Debug, sqlx::FromRow)]
+struct Claimed {
+    id: i64,
+    queue: String,
+    kind: String,
+    args: Value,
+    attempt: i32,
+    max_attempts: i32,
+    claim_token: Uuid,
+}
+
+/// What `skiplock.enqueue` is given; `Default` is a due `noop` job of [`QUEUE`].
+struct Job<'a> {
+    kind: &'a str,
+    queue: &'a str,
+    priority: i32,
+    /// Seconds from now (negative: in the past).
+    due_in_secs: f64,
+    max_attempts: i32,
+    ordering_key: Option<&'a str>,
+    depends_on: Vec<i64>,
+}
+
+impl Default for Job<'_> {
+    fn default() -> Self {
+        Self {
+            kind: "noop",
+            queue: QUEUE,
+            priority: 0,
+            due_in_secs: 0.0,
+            max_attempts: 25,
+            ordering_key: None,
+            depends_on: Vec::new(),
+        }
+    }
+}
+
+async fn enqueue(pool: &PgPool, job: Job<'_>) -> i64 {
+    sqlx::query_scalar(
+        "SELECT skiplock.enqueue($1, '{}', $2, $3, now() + make_interval(secs => $4), $5, $6,
+                                 depends_on => $7)",
+    )
+    .bind(job.kind)
+    .bind(job.queue)
+    .bind(job.priority)
+    .bind(job.due_in_secs)
+    .bind(job.max_attempts)
+    .bind(job.ordering_key)
+    .bind(&job.depends_on)
+    .fetch_one(pool)
+    .await
+    .unwrap()
+}
+
+async fn enqueue_noop(pool: &PgPool) -> i64 {
+    enqueue(pool, Job::default()).await
+}
+
+async fn claim_from(
+    pool: &PgPool,
+    queue: &str,
+    max_jobs: i32,
+    kinds: Option<&[&str]>,
+) -> Vec<Claimed> {
+    sqlx::query_as("SELECT * FROM skiplock.claim($1, $2, $3, $4)")
+        .bind(queue)
+        .bind(max_jobs)
+        .bind(WORKER)
+        .bind(kinds.map(strings))
+        .fetch_all(pool)
+        .await
+        .unwrap()
+}
+
+async fn claim(pool: &PgPool, max_jobs: i32) -> Vec<Claimed> {
+    claim_from(pool, QUEUE, max_jobs, None).await
+}
+
+/// Claims exactly one job and returns it.
+async fn claim_one(pool: &PgPool) -> Claimed {
+    let mut claimed = claim(pool, 1).await;
+    assert_eq!(claimed.len(), 1, "one job to claim: {claimed:?}");
+    claimed.remove(0)
+}
+
+fn ids(claimed: &[Claimed]) -> Vec<i64> {
+    let mut ids: Vec<i64> = claimed.iter().map(|c| c.id).collect();
+    ids.sort_unstable();
+    ids
+}
+
+async fn complete(pool: &PgPool, id: i64, token: Option<Uuid>) -> bool {
+    sqlx::query_scalar("SELECT skiplock.complete($1, $2)")
+        .bind(id)
+        .bind(token)
+        .fetch_one(pool)
+        .await
+        .unwrap()
+}
+
+async fn fail(pool: &PgPool, id: i64, token: Option<Uuid>, error: &str) -> Option<String> {
+    sqlx::query_scalar("SELECT skiplock.fail($1, $2, $3)::text")
+        .bind(id)
+        .bind(token)
+        .bind(error)
+        .fetch_one(pool)
+        .await
+        .unwrap()
+}
+
+async fn discard(pool: &PgPool, id: i64, token: Option<Uuid>, error: &str) -> Option<String> {
+    sqlx::query_scalar("SELECT skiplock.discard($1, $2, $3)::text")
+        .bind(id)
+        .bind(token)
+        .bind(error)
+        .fetch_one(pool)
+        .await
+        .unwrap()
+}
+
+async fn release(pool: &PgPool, id: i64, token: Option<Uuid>) -> bool {
+    sqlx::query_scalar("SELECT skiplock.release($1, $2)")
+        .bind(id)
+        .bind(token)
+        .fetch_one(pool)
+        .await
+        .unwrap()
+}
+
+async fn snooze(pool: &PgPool, id: i64, token: Option<Uuid>, delay_secs: f64) -> bool {
+    sqlx::query_scalar("SELECT skiplock.snooze($1, $2, make_interval(secs => $3))")
+        .bind(id)
+        .bind(token)
+        .bind(delay_secs)
+        .fetch_one(pool)
+        .await
+        .unwrap()
+}
+
+/// `skiplock.heartbeat` for these claims: (id, held) in the order given.
+async fn heartbeat(pool: &PgPool, claims: &[(i64, Option<Uuid>)]) -> Vec<(i64, bool)> {
+    let ids: Vec<i64> = claims.iter().map(|c| c.0).collect();
+    let tokens: Vec<Option<Uuid>> = claims.iter().map(|c| c.1).collect();
+    let mut held: Vec<(i64, bool)> =
+        sqlx::query_as("SELECT id, held FROM skiplock.heartbeat($1, $2)")
+            .bind(&ids)
+            .bind(&tokens)
+            .fetch_all(pool)
+            .await
+            .unwrap();
+    held.sort_unstable();
+    held
+}
+
+/// `skiplock.maintain(stale_after)`: (reaped, moved_on).
+async fn maintain(db: &mut PgConnection, stale_after_secs: f64) -> (i64, i64) {
+    sqlx::query_as("SELECT * FROM skiplock.maintain(make_interval(secs => $1))")
+        .bind(stale_after_secs)
+        .fetch_one(db)
+        .await
+        .unwrap()
+}
+
+/// The whole row, to compare before and after a call that must change nothing.
+async fn row(pool: &PgPool, id: i64) -> Value {
+    sqlx::query_scalar("SELECT to_jsonb(j) FROM skiplock.jobs j WHERE id = $1")
+        .bind(id)
+        .fetch_one(pool)
+        .await
+        .unwrap()
+}
+
+async fn state(pool: &PgPool, id: i64) -> String {
+    sqlx::query_scalar("SELECT state::text FROM skiplock.jobs WHERE id = $1")
+        .bind(id)
+        .fetch_one(pool)
+        .await
+        .unwrap()
+}
+
+/// Seconds from now until the job is due (negative: overdue).
+async fn due_in_secs(pool: &PgPool, id: i64) -> f64 {
+    sqlx::query_scalar(
+        "SELECT extract(epoch FROM scheduled_at - now())::float8 FROM skiplock.jobs WHERE id = $1",
+    )
+    .bind(id)
+    .fetch_one(pool)
+    .await
+    .unwrap()
+}
+
+/// Makes a queued job due now, skipping its backoff.
+async fn make_due(pool: &PgPool, id: i64) {
+    sqlx::query("UPDATE skiplock.jobs SET scheduled_at = now() WHERE id = $1")
+        .bind(id)
+        .execute(pool)
+        .await
+        .unwrap();
+}
+
+/// Ages a claim's heartbeat by hand, as a worker that stopped heartbeating leaves it.
+async fn age_heartbeat(pool: &PgPool, ids: &[i64], secs: f64) {
+    sqlx::query(
+        "UPDATE skiplock.jobs SET heartbeat_at = now() - make_interval(secs => $2)
+         WHERE id = ANY ($1)",
+    )
+    .bind(ids)
+    .bind(secs)
+    .execute(pool)
+    .await
+    .unwrap();
+}
+
+/// The SQLSTATE of a statement that must fail.
+async fn sqlstate_of(pool: &PgPool, sql: &str) -> String {
+    let err = sqlx::query(sqlx::AssertSqlSafe(sql))
+        .execute(pool)
+        .await
+        .expect_err(sql);
+    err.as_database_error()
+        .and_then(|e| e.code().map(|c| c.into_owned()))
+        .unwrap_or_else(|| panic!("{sql}: not a database error: {err}"))
+}
+
+// ---- claim ---------------------------------------------------------------------------------
+
+#[tokio::test]
+async fn claim_returns_the_contract_columns_and_stamps_the_claim() {
+    let db = test_db().await;
+    let pool = &db.pool;
+    let id: i64 = sqlx::query_scalar(
+        "SELECT skiplock.enqueue('email', '{\"to\": \"a@example.com\"}', 'sql', max_attempts => 3)",
+    )
+    .fetch_one(pool)
+    .await
+    .unwrap();
+    let job = claim_one(pool).await;
+    assert_eq!(
+        (
+            job.id,
+            job.queue.as_str(),
+            job.kind.as_str(),
+            &job.args,
+            job.attempt,
+            job.max_attempts
+        ),
+        (id, QUEUE, "email", &json!({"to": "a@example.com"}), 1, 3)
+    );
+    let row = row(pool, id).await;
+    assert_eq!(row["state"], json!("running"));
+    assert_eq!(row["claimed_by"], json!(WORKER));
+    assert_eq!(row["claim_token"], json!(job.claim_token.to_string()));
+    assert!(row["heartbeat_at"].is_string(), "{row}");
+    assert!(
+        claim(pool, 10).await.is_empty(),
+        "a claimed job is not claimed again"
+    );
+}
+
+#[tokio::test]
+async fn claim_takes_only_the_given_kinds_and_null_kinds_means_every_kind() {
+    let db = test_db().await;
+    let pool = &db.pool;
+    let a = enqueue(
+        pool,
+        Job {
+            kind: "a",
+            ..Job::default()
+        },
+    )
+    .await;
+    let b = enqueue(
+        pool,
+        Job {
+            kind: "b",
+            ..Job::default()
+        },
+    )
+    .await;
+    let c = enqueue(
+        pool,
+        Job {
+            kind: "c",
+            ..Job::default()
+        },
+    )
+    .await;
+    assert_eq!(
+        ids(&claim_from(pool, QUEUE, 10, Some(&["a", "x"])).await),
+        [a]
+    );
+    assert!(claim_from(pool, QUEUE, 10, Some(&["x"])).await.is_empty());
+    assert_eq!(ids(&claim_from(pool, QUEUE, 10, None).await), [b, c]);
+}
+
+#[tokio::test]
+async fn claim_takes_one_queue_only_and_an_unknown_queue_is_empty() {
+    let db = test_db().await;
+    let pool = &db.pool;
+    let other = enqueue(
+        pool,
+        Job {
+            queue: "other",
+            ..Job::default()
+        },
+    )
+    .await;
+    let mine = enqueue_noop(pool).await;
+    assert_eq!(ids(&claim(pool, 10).await), [mine]);
+    assert!(claim_from(pool, "no-such-queue", 10, None).await.is_empty());
+    assert_eq!(ids(&claim_from(pool, "other", 10, None).await), [other]);
+}
+
+#[tokio::test]
+async fn claim_skips_a_paused_queue_until_it_is_resumed() {
+    let db = test_db().await;
+    let pool = &db.pool;
+    let id = enqueue_noop(pool).await;
+    let other = enqueue(
+        pool,
+        Job {
+            queue: "other",
+            ..Job::default()
+        },
+    )
+    .await;
+    sqlx::query("SELECT skiplock.pause_queue($1)")
+        .bind(QUEUE)
+        .execute(pool)
+        .await
+        .unwrap();
+    assert!(
+        claim(pool, 10).await.is_empty(),
+        "a paused queue gives nothing"
+    );
+    assert_eq!(state(pool, id).await, "queued");
+    assert_eq!(
+        ids(&claim_from(pool, "other", 10, None).await),
+        [other],
+        "others go on"
+    );
+    sqlx::query("SELECT skiplock.resume_queue($1)")
+        .bind(QUEUE)
+        .execute(pool)
+        .await
+        .unwrap();
+    assert_eq!(ids(&claim(pool, 10).await), [id]);
+}
+
+#[tokio::test]
+async fn claim_follows_priority_then_scheduled_at_and_leaves_future_jobs() {
+    let db = test_db().await;
+    let pool = &db.pool;
+    let late = enqueue(
+        pool,
+        Job {
+            due_in_secs: -60.0,
+            ..Job::default()
+        },
+    )
+    .await;
+    let urgent = enqueue(
+        pool,
+        Job {
+            priority: -1,
+            ..Job::default()
+        },
+    )
+    .await;
+    let early = enqueue(
+        pool,
+        Job {
+            due_in_secs: -120.0,
+            ..Job::default()
+        },
+    )
+    .await;
+    let future = enqueue(
+        pool,
+        Job {
+            priority: -5,
+            due_in_secs: 3600.0,
+            ..Job::default()
+        },
+    )
+    .await;
+    let mut order = Vec::new();
+    for _ in 0..3 {
+        order.push(claim_one(pool).await.id);
+    }
+    assert_eq!(order, [urgent, early, late]);
+    assert!(
+        claim(pool, 10).await.is_empty(),
+        "job {future} is due in an hour"
+    );
+    // A batch takes the first max_jobs in that order.
+    let db2 = test_db().await;
+    let pool = &db2.pool;
+    let low = enqueue(
+        pool,
+        Job {
+            priority: 5,
+            ..Job::default()
+        },
+    )
+    .await;
+    let high = enqueue(
+        pool,
+        Job {
+            priority: -5,
+            ..Job::default()
+        },
+    )
+    .await;
+    let mid = enqueue_noop(pool).await;
+    assert_eq!(ids(&claim(pool, 2).await), [high, mid]);
+    assert_eq!(ids(&claim(pool, 2).await), [low]);
+}
+
+#[tokio::test]
+async fn claim_runs_a_lane_in_order_and_its_next_job_is_claimable_right_after_complete() {
+    let db = test_db().await;
+    let pool = &db.pool;
+    let first = enqueue(
+        pool,
+        Job {
+            ordering_key: Some("acct-1"),
+            ..Job::default()
+        },
+    )
+    .await;
+    let second = enqueue(
+        pool,
+        Job {
+            ordering_key: Some("acct-1"),
+            ..Job::default()
+        },
+    )
+    .await;
+    let third = enqueue(
+        pool,
+        Job {
+            ordering_key: Some("acct-1"),
+            ..Job::default()
+        },
+    )
+    .await;
+    let head = claim(pool, 10).await;
+    assert_eq!(ids(&head), [first], "only the lane's head is runnable");
+    assert!(
+        claim(pool, 10).await.is_empty(),
+        "nothing of the lane while its head runs"
+    );
+    assert!(complete(pool, first, Some(head[0].claim_token)).await);
+    // At once, in complete's own transaction: no skiplock process runs here.
+    let next = claim(pool, 10).await;
+    assert_eq!(ids(&next), [second]);
+    // A dead head moves its lane on too.
+    assert_eq!(
+        discard(pool, second, Some(next[0].claim_token), "bad")
+            .await
+            .as_deref(),
+        Some("dead")
+    );
+    assert_eq!(ids(&claim(pool, 10).await), [third]);
+}
+
+#[tokio::test]
+async fn a_child_is_claimable_right_after_its_parents_complete() {
+    let db = test_db().await;
+    let pool = &db.pool;
+    let p1 = enqueue_noop(pool).await;
+    let p2 = enqueue_noop(pool).await;
+    let child = enqueue(
+        pool,
+        Job {
+            depends_on: vec![p1, p2],
+            ..Job::default()
+        },
+    )
+    .await;
+    assert_eq!(state(pool, child).await, "waiting");
+    let parents = claim(pool, 10).await;
+    assert_eq!(ids(&parents), [p1, p2]);
+    let token = |id: i64| parents.iter().find(|c| c.id == id).unwrap().claim_token;
+    assert!(complete(pool, p1, Some(token(p1))).await);
+    assert_eq!(
+        state(pool, child).await,
+        "waiting",
+        "one parent is still running"
+    );
+    assert!(claim(pool, 10).await.is_empty());
+    assert!(complete(pool, p2, Some(token(p2))).await);
+    assert_eq!(ids(&claim(pool, 10).await), [child]);
+}
+
+#[tokio::test]
+async fn a_parent_dead_after_its_last_attempt_cancels_its_waiting_child() {
+    let db = test_db().await;
+    let pool = &db.pool;
+    let parent = enqueue(
+        pool,
+        Job {
+            max_attempts: 1,
+            ..Job::default()
+        },
+    )
+    .await;
+    let child = enqueue(
+        pool,
+        Job {
+            depends_on: vec![parent],
+            ..Job::default()
+        },
+    )
+    .await;
+    let job = claim_one(pool).await;
+    assert_eq!(
+        fail(pool, parent, Some(job.claim_token), "boom")
+            .await
+            .as_deref(),
+        Some("dead")
+    );
+    assert_eq!(state(pool, child).await, "cancelled");
+    assert!(claim(pool, 10).await.is_empty());
+}
+
+#[tokio::test]
+async fn a_discarded_parent_cancels_its_waiting_child() {
+    let db = test_db().await;
+    let pool = &db.pool;
+    let parent = enqueue_noop(pool).await;
+    let child = enqueue(
+        pool,
+        Job {
+            depends_on: vec![parent],
+            ..Job::default()
+        },
+    )
+    .await;
+    let job = claim_one(pool).await;
+    assert_eq!(
+        discard(pool, parent, Some(job.claim_token), "no")
+            .await
+            .as_deref(),
+        Some("dead")
+    );
+    assert_eq!(state(pool, child).await, "cancelled");
+    let row = row(pool, parent).await;
+    assert_eq!(
+        (&row["last_error"], &row["attempt"]),
+        (&json!("no"), &json!(1))
+    );
+    assert!(row["finished_at"].is_string(), "{row}");
+}
+
+// ---- complete, fail, release, snooze ---------------------------------------------------------
+
+#[tokio::test]
+async fn complete_saves_the_output_and_finishes_the_job_once() {
+    let db = test_db().await;
+    let pool = &db.pool;
+    let id = enqueue_noop(pool).await;
+    let job = claim_one(pool).await;
+    let done: bool = sqlx::query_scalar("SELECT skiplock.complete($1, $2, '{\"rows\": 3}')")
+        .bind(id)
+        .bind(job.claim_token)
+        .fetch_one(pool)
+        .await
+        .unwrap();
+    assert!(done);
+    let after = row(pool, id).await;
+    assert_eq!(
+        (&after["state"], &after["output"], &after["claim_token"]),
+        (&json!("succeeded"), &json!({"rows": 3}), &Value::Null)
+    );
+    assert!(after["finished_at"].is_string(), "{after}");
+    assert!(
+        !complete(pool, id, Some(job.claim_token)).await,
+        "a second complete"
+    );
+    assert_eq!(row(pool, id).await, after);
+}
+
+#[tokio::test]
+async fn complete_tells_listening_workers_of_the_next_job_of_its_lane() {
+    let db = test_db().await;
+    let pool = &db.pool;
+    let first = enqueue(
+        pool,
+        Job {
+            ordering_key: Some("l"),
+            ..Job::default()
+        },
+    )
+    .await;
+    enqueue(
+        pool,
+        Job {
+            ordering_key: Some("l"),
+            ..Job::default()
+        },
+    )
+    .await;
+    let job = claim_one(pool).await;
+    let mut listener = PgListener::connect(db.url()).await.unwrap();
+    listener.listen("skiplock_runnable").await.unwrap();
+    assert!(complete(pool, first, Some(job.claim_token)).await);
+    let note = tokio::time::timeout(Duration::from_secs(10), listener.recv())
+        .await
+        .expect("a skiplock_runnable notification")
+        .unwrap();
+    assert!(
+        note.payload().ends_with(&format!("\t{QUEUE}")),
+        "{}",
+        note.payload()
+    );
+}
+
+#[tokio::test]
+async fn fail_queues_the_job_again_after_the_backoff_or_retry_in() {
+    let db = test_db().await;
+    let pool = &db.pool;
+    let id = enqueue(
+        pool,
+        Job {
+            max_attempts: 5,
+            ..Job::default()
+        },
+    )
+    .await;
+    let job = claim_one(pool).await;
+    assert_eq!(
+        fail(pool, id, Some(job.claim_token), "timeout")
+            .await
+            .as_deref(),
+        Some("queued")
+    );
+    let after = row(pool, id).await;
+    assert_eq!(
+        (
+            &after["state"],
+            &after["attempt"],
+            &after["last_error"],
+            &after["claim_token"]
+        ),
+        (&json!("queued"), &json!(1), &json!("timeout"), &Value::Null)
+    );
+    assert_eq!(after["errors"].as_array().map(Vec::len), Some(1), "{after}");
+    assert_eq!(after["errors"][0]["message"], json!("timeout"));
+    // skiplock.backoff(1): 2 s × [0.75, 1.25).
+    let wait = due_in_secs(pool, id).await;
+    assert!((1.0..=2.5).contains(&wait), "due in {wait} s");
+    assert!(claim(pool, 10).await.is_empty(), "not before its backoff");
+
+    make_due(pool, id).await;
+    let job = claim_one(pool).await;
+    assert_eq!(job.attempt, 2);
+    let state: Option<String> =
+        sqlx::query_scalar("SELECT skiplock.fail($1, $2, 'later', interval '1 hour')::text")
+            .bind(id)
+            .bind(job.claim_token)
+            .fetch_one(pool)
+            .await
+            .unwrap();
+    assert_eq!(state.as_deref(), Some("queued"));
+    let wait = due_in_secs(pool, id).await;
+    assert!((3590.0..=3610.0).contains(&wait), "due in {wait} s");
+}
+
+#[tokio::test]
+async fn fail_on_the_last_attempt_is_dead_and_moves_the_lane_on() {
+    let db = test_db().await;
+    let pool = &db.pool;
+    let id = enqueue(
+        pool,
+        Job {
+            max_attempts: 2,
+            ordering_key: Some("l"),
+            ..Job::default()
+        },
+    )
+    .await;
+    let next = enqueue(
+        pool,
+        Job {
+            ordering_key: Some("l"),
+            ..Job::default()
+        },
+    )
+    .await;
+    let job = claim_one(pool).await;
+    assert_eq!(
+        fail(pool, id, Some(job.claim_token), "one")
+            .await
+            .as_deref(),
+        Some("queued")
+    );
+    assert!(
+        claim(pool, 10).await.is_empty(),
+        "the lane waits for its retried head"
+    );
+    make_due(pool, id).await;
+    let job = claim_one(pool).await;
+    assert_eq!((job.id, job.attempt), (id, 2));
+    assert_eq!(
+        fail(pool, id, Some(job.claim_token), "two")
+            .await
+            .as_deref(),
+        Some("dead")
+    );
+    let after = row(pool, id).await;
+    assert_eq!(
+        (&after["state"], &after["last_error"]),
+        (&json!("dead"), &json!("two"))
+    );
+    assert_eq!(after["errors"].as_array().map(Vec::len), Some(2), "{after}");
+    assert!(after["finished_at"].is_string(), "{after}");
+    assert_eq!(ids(&claim(pool, 10).await), [next]);
+}
+
+#[tokio::test]
+async fn release_queues_the_job_at_once_without_counting_the_attempt() {
+    let db = test_db().await;
+    let pool = &db.pool;
+    let id = enqueue(
+        pool,
+        Job {
+            max_attempts: 1,
+            ..Job::default()
+        },
+    )
+    .await;
+    let job = claim_one(pool).await;
+    assert!(release(pool, id, Some(job.claim_token)).await);
+    let after = row(pool, id).await;
+    assert_eq!(
+        (&after["state"], &after["claim_token"], &after["last_error"]),
+        (&json!("queued"), &Value::Null, &Value::Null)
+    );
+    assert!(due_in_secs(pool, id).await <= 0.0, "due at once");
+    // The attempt did not count: the only attempt of a max_attempts 1 job is still to come.
+    let again = claim_one(pool).await;
+    assert_eq!((again.id, again.attempt), (id, 1));
+    assert!(
+        !release(pool, id, Some(job.claim_token)).await,
+        "the old claim is gone"
+    );
+}
+
+#[tokio::test]
+async fn snooze_queues_the_job_after_the_delay_without_counting_the_attempt() {
+    let db = test_db().await;
+    let pool = &db.pool;
+    let id = enqueue_noop(pool).await;
+    let job = claim_one(pool).await;
+    assert!(snooze(pool, id, Some(job.claim_token), 3600.0).await);
+    assert_eq!(state(pool, id).await, "queued");
+    let wait = due_in_secs(pool, id).await;
+    assert!((3590.0..=3610.0).contains(&wait), "due in {wait} s");
+    assert!(claim(pool, 10).await.is_empty());
+    make_due(pool, id).await;
+    assert_eq!(
+        claim_one(pool).await.attempt,
+        1,
+        "the snoozed attempt did not count"
+    );
+}
+
+#[tokio::test]
+async fn each_function_runs_in_the_callers_transaction() {
+    let db = test_db().await;
+    let pool = &db.pool;
+    let id = enqueue(
+        pool,
+        Job {
+            ordering_key: Some("l"),
+            ..Job::default()
+        },
+    )
+    .await;
+    let next = enqueue(
+        pool,
+        Job {
+            ordering_key: Some("l"),
+            ..Job::default()
+        },
+    )
+    .await;
+    let before = row(pool, id).await;
+    let mut tx = pool.begin().await.unwrap();
+    let claimed: Vec<Claimed> = sqlx::query_as("SELECT * FROM skiplock.claim($1, 10, $2)")
+        .bind(QUEUE)
+        .bind(WORKER)
+        .fetch_all(&mut *tx)
+        .await
+        .unwrap();
+    assert_eq!(ids(&claimed), [id]);
+    tx.rollback().await.unwrap();
+    assert_eq!(
+        row(pool, id).await,
+        before,
+        "a rolled-back claim leaves no trace"
+    );
+
+    let job = claim_one(pool).await;
+    let running = row(pool, id).await;
+    let mut tx = pool.begin().await.unwrap();
+    let done: bool = sqlx::query_scalar("SELECT skiplock.complete($1, $2)")
+        .bind(id)
+        .bind(job.claim_token)
+        .fetch_one(&mut *tx)
+        .await
+        .unwrap();
+    assert!(done);
+    tx.rollback().await.unwrap();
+    assert_eq!(
+        row(pool, id).await,
+        running,
+        "a rolled-back complete leaves the claim"
+    );
+    assert_eq!(
+        state(pool, next).await,
+        "waiting",
+        "and the lane where it was"
+    );
+    assert!(complete(pool, id, Some(job.claim_token)).await);
+}
+
+// ---- heartbeat and fencing -------------------------------------------------------------------
+
+#[tokio::test]
+async fn heartbeat_extends_the_claims_held_and_reports_the_others() {
+    let db = test_db().await;
+    let pool = &db.pool;
+    let a = enqueue_noop(pool).await;
+    let b = enqueue_noop(pool).await;
+    let claimed = claim(pool, 10).await;
+    let token = |id: i64| claimed.iter().find(|c| c.id == id).unwrap().claim_token;
+    age_heartbeat(pool, &[a, b], 60.0).await;
+    let b_before = row(pool, b).await;
+    let held = heartbeat(pool, &[(a, Some(token(a))), (b, Some(Uuid::new_v4()))]).await;
+    assert_eq!(held, [(a, true), (b, false)]);
+    let age: f64 = sqlx::query_scalar(
+        "SELECT extract(epoch FROM now() - heartbeat_at)::float8 FROM skiplock.jobs WHERE id = $1",
+    )
+    .bind(a)
+    .fetch_one(pool)
+    .await
+    .unwrap();
+    assert!(age < 10.0, "a's heartbeat is {age} s old");
+    assert_eq!(
+        row(pool, b).await,
+        b_before,
+        "a wrong token extends nothing"
+    );
+    // An extended claim survives maintain; the other does not.
+    let mut conn = pool.acquire().await.unwrap();
+    assert_eq!(maintain(&mut conn, 30.0).await.0, 1);
+    assert_eq!(
+        (state(pool, a).await, state(pool, b).await),
+        ("running".into(), "queued".into())
+    );
+    assert_eq!(
+        heartbeat(pool, &[(a, Some(token(a))), (b, Some(token(b)))]).await,
+        [(a, true), (b, false)]
+    );
+    assert!(heartbeat(pool, &[]).await.is_empty());
+}
+
+/// Every write of the protocol with a token that is not the job's current claim: nothing
+/// changes, and the function says so.
+async fn assert_fenced(pool: &PgPool, id: i64, token: Option<Uuid>) {
+    let before = row(pool, id).await;
+    assert!(!complete(pool, id, token).await, "complete");
+    assert_eq!(fail(pool, id, token, "x").await, None, "fail");
+    assert_eq!(discard(pool, id, token, "x").await, None, "discard");
+    assert!(!release(pool, id, token).await, "release");
+    assert!(!snooze(pool, id, token, 10.0).await, "snooze");
+    assert_eq!(
+        heartbeat(pool, &[(id, token)]).await,
+        [(id, false)],
+        "heartbeat"
+    );
+    assert_eq!(
+        row(pool, id).await,
+        before,
+        "token {token:?} changed the row"
+    );
+}
+
+#[tokio::test]
+async fn a_wrong_stale_or_null_token_changes_nothing() {
+    let db = test_db().await;
+    let pool = &db.pool;
+    let id = enqueue(
+        pool,
+        Job {
+            ordering_key: Some("l"),
+            ..Job::default()
+        },
+    )
+    .await;
+    let next = enqueue(
+        pool,
+        Job {
+            ordering_key: Some("l"),
+            ..Job::default()
+        },
+    )
+    .await;
+    let first = claim_one(pool).await;
+    assert_fenced(pool, id, Some(Uuid::new_v4())).await;
+    assert_fenced(pool, id, None).await;
+
+    // The holder goes quiet; maintain takes the claim back and another worker claims it.
+    age_heartbeat(pool, &[id], 60.0).await;
+    let mut conn = pool.acquire().await.unwrap();
+    assert_eq!(maintain(&mut conn, 30.0).await.0, 1);
+    assert_fenced(pool, id, Some(first.claim_token)).await;
+    make_due(pool, id).await;
+    let second = claim_one(pool).await;
+    assert_eq!((second.id, second.attempt), (id, 2));
+    assert_fenced(pool, id, Some(first.claim_token)).await;
+    assert_eq!(
+        state(pool, next).await,
+        "waiting",
+        "the stale token moved no lane"
+    );
+
+    // A finished job: its own last token is stale too.
+    assert!(complete(pool, id, Some(second.claim_token)).await);
+    assert_fenced(pool, id, Some(second.claim_token)).await;
+}
+
+#[tokio::test]
+async fn a_cancelled_job_tells_its_worker_through_heartbeat_and_complete() {
+    let db = test_db().await;
+    let pool = &db.pool;
+    let id = enqueue_noop(pool).await;
+    let job = claim_one(pool).await;
+    let cancelled: bool = sqlx::query_scalar("SELECT skiplock.cancel_job($1)")
+        .bind(id)
+        .fetch_one(pool)
+        .await
+        .unwrap();
+    assert!(cancelled);
+    assert_eq!(
+        heartbeat(pool, &[(id, Some(job.claim_token))]).await,
+        [(id, false)]
+    );
+    assert_fenced(pool, id, Some(job.claim_token)).await;
+    assert_eq!(state(pool, id).await, "cancelled");
+}
+
+// ---- maintain ------------------------------------------------------------------------------
+
+#[tokio::test]
+async fn maintain_takes_back_a_stale_claim_with_the_reason_recorded() {
+    let db = test_db().await;
+    let pool = &db.pool;
+    let stale = enqueue(
+        pool,
+        Job {
+            max_attempts: 5,
+            ..Job::default()
+        },
+    )
+    .await;
+    let live = enqueue_noop(pool).await;
+    let spent = enqueue(
+        pool,
+        Job {
+            max_attempts: 1,
+            ..Job::default()
+        },
+    )
+    .await;
+    let claimed = claim(pool, 10).await;
+    assert_eq!(ids(&claimed), [stale, live, spent]);
+    age_heartbeat(pool, &[stale, spent], 60.0).await;
+    let live_before = row(pool, live).await;
+
+    let mut conn = pool.acquire().await.unwrap();
+    assert_eq!(maintain(&mut conn, 30.0).await.0, 2);
+    let after = row(pool, stale).await;
+    assert_eq!(
+        (&after["state"], &after["claim_token"], &after["attempt"]),
+        (&json!("queued"), &Value::Null, &json!(1))
+    );
+    let reason = after["last_error"].as_str().unwrap_or_default();
+    assert!(
+        reason.contains(WORKER),
+        "last_error names the holder: {after}"
+    );
+    assert!(
+        due_in_secs(pool, stale).await > 0.0,
+        "requeued with a backoff: {after}"
+    );
+    assert_eq!(state(pool, spent).await, "dead", "no attempt left");
+    assert!(row(pool, spent).await["last_error"].is_string());
+    assert_eq!(
+        row(pool, live).await,
+        live_before,
+        "a live claim is left alone"
+    );
+    assert_eq!(
+        maintain(&mut conn, 30.0).await,
+        (0, 0),
+        "nothing left to do"
+    );
+}
+
+#[tokio::test]
+async fn maintain_moves_on_the_lane_and_dependants_of_a_job_it_reaped_dead() {
+    let db = test_db().await;
+    let pool = &db.pool;
+    let head = enqueue(
+        pool,
+        Job {
+            max_attempts: 1,
+            ordering_key: Some("l"),
+            ..Job::default()
+        },
+    )
+    .await;
+    let behind = enqueue(
+        pool,
+        Job {
+            ordering_key: Some("l"),
+            ..Job::default()
+        },
+    )
+    .await;
+    let parent = enqueue(
+        pool,
+        Job {
+            max_attempts: 1,
+            ..Job::default()
+        },
+    )
+    .await;
+    let child = enqueue(
+        pool,
+        Job {
+            depends_on: vec![parent],
+            ..Job::default()
+        },
+    )
+    .await;
+    assert_eq!(ids(&claim(pool, 10).await), [head, parent]);
+    age_heartbeat(pool, &[head, parent], 60.0).await;
+    let mut conn = pool.acquire().await.unwrap();
+    let (reaped, moved_on) = maintain(&mut conn, 30.0).await;
+    assert_eq!(reaped, 2);
+    assert!(moved_on >= 2, "moved_on {moved_on}");
+    assert_eq!(
+        (state(pool, head).await, state(pool, parent).await),
+        ("dead".into(), "dead".into())
+    );
+    assert_eq!(state(pool, child).await, "cancelled");
+    assert_eq!(ids(&claim(pool, 10).await), [behind]);
+}
+
+/// Two sessions run maintain at once, each in its own transaction, over the same stale
+/// claims: each is taken back exactly once (one failure entry, attempt unchanged) and
+/// neither session gets an error.
+#[tokio::test]
+async fn maintain_from_two_sessions_at_once_takes_each_stale_claim_once() {
+    const JOBS: usize = 300;
+    let db = test_db().await;
+    let pool = &db.pool;
+    sqlx::query(
+        "SELECT skiplock.enqueue('noop', '{}', $1, max_attempts => 5) FROM generate_series(1, $2)",
+    )
+    .bind(QUEUE)
+    .bind(JOBS as i32)
+    .execute(pool)
+    .await
+    .unwrap();
+
+    // Round 1: one session holds its reaping transaction open while the other calls
+    // maintain over the same rows; round 2: both at once.
+    for round in 0..2 {
+        sqlx::query("UPDATE skiplock.jobs SET scheduled_at = now() WHERE state = 'queued'")
+            .execute(pool)
+            .await
+            .unwrap();
+        let claimed = claim(pool, JOBS as i32).await;
+        assert_eq!(claimed.len(), JOBS);
+        age_heartbeat(pool, &ids(&claimed), 60.0).await;
+
+        let mut a = PgConnection::connect(db.url()).await.unwrap();
+        let mut b = PgConnection::connect(db.url()).await.unwrap();
+        let total = if round == 0 {
+            sqlx::query("BEGIN").execute(&mut a).await.unwrap();
+            let (reaped_a, _) = maintain(&mut a, 30.0).await;
+            let other = tokio::spawn(async move {
+                sqlx::query("BEGIN").execute(&mut b).await.unwrap();
+                let reaped = maintain(&mut b, 30.0).await;
+                sqlx::query("COMMIT").execute(&mut b).await.unwrap();
+                reaped
+            });
+            // Let b meet a's locks (it skips them or waits for them), then commit a.
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            sqlx::query("COMMIT").execute(&mut a).await.unwrap();
+            let (reaped_b, _) = tokio::time::timeout(Duration::from_secs(30), other)
+                .await
+                .expect("the second maintain ends once the first commits")
+                .unwrap();
+            reaped_a + reaped_b
+        } else {
+            let run = |mut conn: PgConnection| async move {
+                sqlx::query("BEGIN").execute(&mut conn).await.unwrap();
+                let reaped = maintain(&mut conn, 30.0).await;
+                sqlx::query("COMMIT").execute(&mut conn).await.unwrap();
+                reaped.0
+            };
+            let (ra, rb) = tokio::join!(tokio::spawn(run(a)), tokio::spawn(run(b)));
+            ra.unwrap() + rb.unwrap()
+        };
+        assert_eq!(total, JOBS as i64, "round {round}: reaped in all");
+        let audit: Vec<(String, i32, i64, i64)> = sqlx::query_as(
+            "SELECT state::text, attempt, jsonb_array_length(errors)::int8, count(*)
+             FROM skiplock.jobs GROUP BY 1, 2, 3",
+        )
+        .fetch_all(pool)
+        .await
+        .unwrap();
+        let expected_attempt = round + 1;
+        assert_eq!(
+            audit,
+            [(
+                "queued".to_owned(),
+                expected_attempt,
+                i64::from(expected_attempt),
+                JOBS as i64
+            )],
+            "round {round}: every job taken back exactly once"
+        );
+    }
+}
+
+// ---- bad input -----------------------------------------------------------------------------
+
+#[tokio::test]
+async fn claim_refuses_bad_arguments_with_sqlstate_22023() {
+    let db = test_db().await;
+    let pool = &db.pool;
+    let id = enqueue_noop(pool).await;
+    for sql in [
+        "SELECT * FROM skiplock.claim(NULL, 10, 'w')",
+        "SELECT * FROM skiplock.claim('', 10, 'w')",
+        "SELECT * FROM skiplock.claim('sql', 10, NULL)",
+        "SELECT * FROM skiplock.claim('sql', 10, '')",
+        "SELECT * FROM skiplock.claim('sql', NULL, 'w')",
+        "SELECT * FROM skiplock.claim('sql', -1, 'w')",
+        "SELECT * FROM skiplock.claim('sql', 1000000, 'w')",
+    ] {
+        assert_eq!(sqlstate_of(pool, sql).await, "22023", "{sql}");
+    }
+    assert_eq!(state(pool, id).await, "queued");
+    assert!(claim(pool, 0).await.is_empty(), "max_jobs 0 claims nothing");
+    assert_eq!(state(pool, id).await, "queued");
+    assert_eq!(ids(&claim(pool, 10_000).await), [id], "10,000 is allowed");
+}
+
+#[tokio::test]
+async fn an_error_text_of_megabytes_is_cut_to_8_kib() {
+    let db = test_db().await;
+    let pool = &db.pool;
+    let id = enqueue(
+        pool,
+        Job {
+            max_attempts: 1,
+            ..Job::default()
+        },
+    )
+    .await;
+    let job = claim_one(pool).await;
+    // Two-byte characters, so a cut in the middle of one would show.
+    let huge = "é".repeat(3 * 1024 * 1024 / 2);
+    assert_eq!(
+        fail(pool, id, Some(job.claim_token), &huge)
+            .await
+            .as_deref(),
+        Some("dead")
+    );
+    let (last_error, in_errors): (String, String) = sqlx::query_as(
+        "SELECT last_error, errors -> -1 ->> 'message' FROM skiplock.jobs WHERE id = $1",
+    )
+    .bind(id)
+    .fetch_one(pool)
+    .await
+    .unwrap();
+    assert!(
+        (4096..=8192).contains(&last_error.len()),
+        "last_error is {} bytes",
+        last_error.len()
+    );
+    assert!(last_error.starts_with("éé"));
+    assert_eq!(in_errors, last_error);
+}
+
+#[tokio::test]
+async fn an_error_text_with_a_nul_byte_is_refused_and_the_claim_stays_held() {
+    let db = test_db().await;
+    let pool = &db.pool;
+    let id = enqueue_noop(pool).await;
+    let job = claim_one(pool).await;
+    let before = row(pool, id).await;
+    // Postgres text cannot hold NUL: the call fails before the function runs.
+    let refused = sqlx::query("SELECT skiplock.fail($1, $2, $3)")
+        .bind(id)
+        .bind(job.claim_token)
+        .bind("before\0after")
+        .execute(pool)
+        .await;
+    assert!(refused.is_err(), "{refused:?}");
+    assert_eq!(row(pool, id).await, before);
+    assert!(complete(pool, id, Some(job.claim_token)).await);
+}
+
+#[tokio::test]
+async fn an_unknown_job_id_is_a_fenced_no_op() {
+    let db = test_db().await;
+    let pool = &db.pool;
+    let token = Some(Uuid::new_v4());
+    assert!(!complete(pool, 999_999, token).await);
+    assert_eq!(fail(pool, 999_999, token, "x").await, None);
+    assert_eq!(discard(pool, 999_999, token, "x").await, None);
+    assert!(!release(pool, 999_999, token).await);
+    assert!(!snooze(pool, 999_999, token, 1.0).await);
+    assert_eq!(
+        heartbeat(pool, &[(999_999, token)]).await,
+        [(999_999, false)]
+    );
+    assert_eq!(db.job_count().await, 0);
+}

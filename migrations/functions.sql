@@ -801,13 +801,25 @@ $$;
 -- An error message as a job keeps it: at most 8 KiB (cut at a character boundary and
 -- marked), as the Rust worker cuts its own (src/db/jobs/outcome.rs, sanitize_message).
 CREATE OR REPLACE FUNCTION skiplock.internal_error_message(message text) RETURNS text
-LANGUAGE sql IMMUTABLE AS $$
-    SELECT CASE
-        WHEN message IS NULL OR message = '' THEN 'failed (no message)'
-        WHEN octet_length(message) <= 8192 THEN message
-        ELSE convert_from(substring(convert_to(message, 'UTF8') FROM 1 FOR 8192 - 15), 'UTF8')
-             || '… (truncated)'
-    END;
+LANGUAGE plpgsql IMMUTABLE AS $$
+DECLARE
+    mark constant text := '… (truncated)';
+    bytes bytea;
+    cut int := 8192 - octet_length(mark);
+BEGIN
+    IF message IS NULL OR message = '' THEN
+        RETURN 'failed (no message)';
+    ELSIF octet_length(message) <= 8192 THEN
+        RETURN message;
+    END IF;
+    bytes := convert_to(left(message, 8192), 'UTF8');
+    -- Back to the start of a character: get_byte counts from 0, so this is the first byte
+    -- left out, and a continuation byte (10xxxxxx) means the cut splits a character.
+    WHILE cut > 0 AND (get_byte(bytes, cut) & 192) = 128 LOOP
+        cut := cut - 1;
+    END LOOP;
+    RETURN convert_from(substring(bytes FROM 1 FOR cut), 'UTF8') || mark;
+END;
 $$;
 
 -- ---- The SQL worker protocol (stable) ----------------------------------------------------

@@ -124,6 +124,33 @@ impl UniquePolicy {
     }
 }
 
+/// Read from and written to Postgres as its name (`skiplock.jobs.unique_policy` is text).
+impl sqlx::Type<sqlx::Postgres> for UniquePolicy {
+    fn type_info() -> sqlx::postgres::PgTypeInfo {
+        <&str as sqlx::Type<sqlx::Postgres>>::type_info()
+    }
+
+    fn compatible(ty: &sqlx::postgres::PgTypeInfo) -> bool {
+        <&str as sqlx::Type<sqlx::Postgres>>::compatible(ty)
+    }
+}
+
+impl<'r> sqlx::Decode<'r, sqlx::Postgres> for UniquePolicy {
+    fn decode(value: sqlx::postgres::PgValueRef<'r>) -> Result<Self, sqlx::error::BoxDynError> {
+        let name = <&str as sqlx::Decode<sqlx::Postgres>>::decode(value)?;
+        Ok(name.parse()?)
+    }
+}
+
+impl sqlx::Encode<'_, sqlx::Postgres> for UniquePolicy {
+    fn encode_by_ref(
+        &self,
+        buf: &mut sqlx::postgres::PgArgumentBuffer,
+    ) -> Result<sqlx::encode::IsNull, sqlx::error::BoxDynError> {
+        <&str as sqlx::Encode<sqlx::Postgres>>::encode(self.as_str(), buf)
+    }
+}
+
 impl std::str::FromStr for UniquePolicy {
     type Err = String;
 

@@ -50,6 +50,19 @@ use serde::Serialize;
 #[sqlx(transparent)]
 pub struct JobId(pub i64);
 
+/// A job id compares with the `i64` a row or a plain query gives.
+impl PartialEq<i64> for JobId {
+    fn eq(&self, other: &i64) -> bool {
+        self.0 == *other
+    }
+}
+
+impl PartialEq<JobId> for i64 {
+    fn eq(&self, other: &JobId) -> bool {
+        *self == other.0
+    }
+}
+
 impl fmt::Display for JobId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         self.0.fmt(f)

@@ -104,7 +104,11 @@ async fn plain_sql_insert_and_enqueue_function_fill_defaults() {
         ("default", 0, 0, 25)
     );
     assert_eq!(row.errors.0, json!([]));
-    assert!(row.claim_token.is_none());
+    assert!(
+        common::fixtures::claim_token_of(&db.pool, row.id)
+            .await
+            .is_none()
+    );
 
     let row = skiplock::job(&db.pool, JobId(via_function))
         .await

@@ -174,7 +174,12 @@ async fn flaky_job_succeeds_on_a_later_attempt() {
     assert_eq!(recorder.runs()[&id.0], vec![1, 2, 3]);
     let row = skiplock::job(&db.pool, id).await.unwrap().unwrap();
     assert_eq!(row.errors.0.as_array().unwrap().len(), 2);
-    assert!(row.finished_at.is_some() && row.claim_token.is_none());
+    assert!(
+        row.finished_at.is_some()
+            && common::fixtures::claim_token_of(&db.pool, row.id)
+                .await
+                .is_none()
+    );
 }
 
 #[tokio::test]
@@ -262,7 +267,13 @@ async fn a_job_of_an_unknown_kind_stays_queued_untouched() {
     let row = skiplock::job(&db.pool, mystery).await.unwrap().unwrap();
     assert_eq!(row.state, JobState::Queued);
     assert_eq!(row.attempt, 0);
-    assert!(row.claim_token.is_none() && row.claimed_by.is_none() && row.last_error.is_none());
+    assert!(
+        common::fixtures::claim_token_of(&db.pool, row.id)
+            .await
+            .is_none()
+            && row.claimed_by.is_none()
+            && row.last_error.is_none()
+    );
 }
 
 #[tokio::test]
@@ -354,7 +365,12 @@ async fn graceful_shutdown_finishes_short_jobs_and_releases_long_ones() {
         let row = skiplock::job(&db.pool, *id).await.unwrap().unwrap();
         assert_eq!(row.state, JobState::Queued, "long job {id} released");
         assert_eq!(row.attempt, 0, "release does not spend an attempt");
-        assert!(row.claim_token.is_none() && row.last_error.is_none());
+        assert!(
+            common::fixtures::claim_token_of(&db.pool, row.id)
+                .await
+                .is_none()
+                && row.last_error.is_none()
+        );
     }
     assert_eq!((summary.succeeded, summary.released), (4, 4));
 }

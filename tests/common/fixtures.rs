@@ -222,3 +222,12 @@ pub async fn state_of(pool: &PgPool, id: i64) -> JobState {
         .await
         .unwrap()
 }
+
+/// A job's current claim token (`JobRow` does not expose it).
+pub async fn claim_token_of(pool: &PgPool, id: skiplock::JobId) -> Option<uuid::Uuid> {
+    sqlx::query_scalar("SELECT claim_token FROM skiplock.jobs WHERE id = $1")
+        .bind(id)
+        .fetch_one(pool)
+        .await
+        .unwrap()
+}

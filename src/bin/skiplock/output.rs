@@ -353,7 +353,7 @@ pub struct JobJson<'a> {
 impl<'a> From<&'a JobRow> for JobJson<'a> {
     fn from(job: &'a JobRow) -> Self {
         Self {
-            id: job.id,
+            id: job.id.into(),
             state: job.state,
             queue: &job.queue,
             kind: &job.kind,

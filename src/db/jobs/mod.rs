@@ -55,6 +55,7 @@ use sqlx::types::Json;
 use sqlx::{FromRow, PgExecutor};
 use uuid::Uuid;
 
+use crate::job::UniquePolicy;
 use crate::state::{JobId, JobState};
 
 /// A full row of `skiplock.jobs`, as operators see it.
@@ -62,7 +63,7 @@ use crate::state::{JobId, JobState};
 #[non_exhaustive]
 pub struct JobRow {
     /// Job id.
-    pub id: i64,
+    pub id: JobId,
     /// Queue name.
     pub queue: String,
     /// Handler kind.
@@ -80,8 +81,6 @@ pub struct JobRow {
     pub attempt: i32,
     /// Attempt budget.
     pub max_attempts: i32,
-    /// Current claim's fencing token (running jobs only).
-    pub claim_token: Option<Uuid>,
     /// Worker that holds or last held the job.
     pub claimed_by: Option<String>,
     /// When the current or last claim was taken.
@@ -95,7 +94,7 @@ pub struct JobRow {
     /// Deduplication key.
     pub unique_key: Option<String>,
     /// What a second enqueue with the same pending unique key does.
-    pub unique_policy: Option<String>,
+    pub unique_policy: Option<UniquePolicy>,
     /// Latest progress reported by the handler.
     pub progress: Option<Json<Value>>,
     /// Output recorded by the handler.

@@ -221,7 +221,7 @@ pub async fn detail(
                     dt { "attempt" } dd { (job.attempt) " of " (job.max_attempts) }
                     @if let Some(by) = &job.claimed_by { dt { "claimed by" } dd.mono { (by) } }
                     @if let Some(key) = &job.unique_key {
-                        dt { "unique key" } dd.mono { (key) " (" (job.unique_policy.as_deref().unwrap_or("skip")) ")" }
+                        dt { "unique key" } dd.mono { (key) " (" (job.unique_policy.unwrap_or_default().as_str()) ")" }
                     }
                     @if let Some(error) = &job.last_error { dt { "last error" } dd.error { (error) } }
                 }

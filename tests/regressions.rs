@@ -534,9 +534,9 @@ async fn a_nul_byte_in_an_error_message_is_replaced_and_the_job_dies() {
     let message = last_error_of(&db.pool, job)
         .await
         .expect("last_error is recorded");
-    assert!(
-        message.contains("bad") && !message.contains('\0'),
-        "readable last_error without NUL: {message:?}"
+    assert_eq!(
+        message, "bad\u{FFFD}byte",
+        "the handler's message with the NUL replaced"
     );
     assert_all_succeeded(&db.pool, &others).await;
     assert_eq!(running_count(&db.pool).await, 0, "nothing stays running");
@@ -1105,6 +1105,15 @@ async fn a_bad_cron_row_does_not_stop_the_other_schedules() {
             .await
             .unwrap();
     assert!(good_job.is_some(), "the good schedule recorded its job");
+    let bad_error: String =
+        sqlx::query_scalar("SELECT last_error FROM skiplock.cron_schedules WHERE name = 'bad'")
+            .fetch_one(pool)
+            .await
+            .unwrap();
+    assert!(
+        bad_error.contains("jobs_max_attempts_positive"),
+        "the bad schedule's last_error says why it cannot fire: {bad_error:?}"
+    );
 }
 
 // ---------------------------------------------------------------------------------------

@@ -105,10 +105,10 @@ async fn main() -> Result<(), Box<dyn Error>> {
     let mut events = worker.subscribe();
     let stop = worker.shutdown_handle();
     let running = tokio::spawn(worker.run());
-    tokio::select! {
-        () = wait_for_outcome(&mut events, job_id) => {}
-        _ = tokio::signal::ctrl_c() => println!("interrupted"),
-    }
+    let outcome = tokio::select! {
+        outcome = wait_for_outcome(&mut events, job_id) => outcome,
+        _ = tokio::signal::ctrl_c() => Err(format!("interrupted before job {job_id} succeeded")),
+    };
     // Stop claiming, let running jobs finish within the grace period, release the rest.
     stop.shutdown();
     let summary = running.await??;
@@ -117,11 +117,13 @@ async fn main() -> Result<(), Box<dyn Error>> {
         summary.claimed, summary.succeeded, summary.failed
     );
     pool.close().await;
-    Ok(())
+    // A job that did not succeed makes the example fail (exit 1), as a script would want.
+    Ok(outcome?)
 }
 
-/// Waits until job `id` succeeds, dies or is cancelled, printing its retries on the way.
-async fn wait_for_outcome(events: &mut JobEvents, id: JobId) {
+/// Waits until job `id` succeeds (`Ok`), dies or is cancelled (`Err` saying how it ended),
+/// printing its retries on the way.
+async fn wait_for_outcome(events: &mut JobEvents, id: JobId) -> Result<(), String> {
     while let Some(event) = events.recv().await {
         if event.id != id {
             continue;
@@ -129,17 +131,15 @@ async fn wait_for_outcome(events: &mut JobEvents, id: JobId) {
         match event.outcome {
             JobEventOutcome::Completed { took } => {
                 println!("job {id} succeeded in {took:?}");
-                return;
+                return Ok(());
             }
             JobEventOutcome::Retried { error, retry_in } => {
                 println!("job {id} failed ({error}); runs again in {retry_in:?}");
             }
-            outcome => {
-                println!("job {id} ended: {outcome:?}");
-                return;
-            }
+            outcome => return Err(format!("job {id} did not succeed: {outcome:?}")),
         }
     }
+    Err(format!("the worker stopped before job {id} had an outcome"))
 }
 
 /// The database this example may write to.

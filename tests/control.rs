@@ -13,7 +13,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::json;
 use skiplock::cron::{CronSchedule, MissedSlots};
 use skiplock::{EnqueueOptions, Error, Job, JobContext, JobError, JobState};
-use sqlx::PgPool;
+use sqlx::{AssertSqlSafe, PgPool};
 
 async fn cron_jobs(pool: &PgPool) -> Vec<(i64, chrono::DateTime<chrono::Utc>)> {
     sqlx::query_as("SELECT id, scheduled_at FROM skiplock.jobs WHERE kind = 'record' ORDER BY id")
@@ -51,8 +51,21 @@ async fn a_cron_slot_produces_exactly_one_job_with_several_workers() {
     }
     let jobs = cron_jobs(pool).await;
     let mut slots: Vec<_> = jobs.iter().map(|(_, slot)| *slot).collect();
-    slots.dedup();
-    assert_eq!(slots.len(), jobs.len(), "one job per slot: {jobs:?}");
+    slots.sort();
+    // No slot twice, wherever its jobs sit in id order.
+    let distinct: std::collections::BTreeSet<_> = slots.iter().copied().collect();
+    assert_eq!(distinct.len(), jobs.len(), "one job per slot: {jobs:?}");
+    // No slot missing between the first and the last: with three workers passing every
+    // 50 ms, each second's slot is due while one of them runs.
+    for pair in slots.windows(2) {
+        assert_eq!(
+            pair[1] - pair[0],
+            chrono::TimeDelta::seconds(1),
+            "a slot between {} and {} has no job: {jobs:?}",
+            pair[0],
+            pair[1]
+        );
+    }
     for (_, slot) in &jobs {
         assert_eq!(
             slot.timestamp_subsec_nanos(),
@@ -175,6 +188,18 @@ async fn bad_cron_expressions_are_rejected_with_their_position() {
     run.await.unwrap().unwrap();
 }
 
+/// Calls of the claim functions (`skiplock.claim…`) in this database so far, from
+/// `pg_stat_user_functions` (needs `track_functions = all` on the calling sessions).
+async fn claim_calls(pool: &PgPool) -> i64 {
+    sqlx::query_scalar(
+        "SELECT coalesce(sum(calls), 0)::bigint FROM pg_stat_user_functions
+         WHERE schemaname = 'skiplock' AND funcname LIKE 'claim%'",
+    )
+    .fetch_one(pool)
+    .await
+    .unwrap()
+}
+
 #[tokio::test]
 async fn a_paused_queue_claims_nothing_until_resumed() {
     let db = test_db().await;
@@ -183,22 +208,34 @@ async fn a_paused_queue_claims_nothing_until_resumed() {
         .await
         .unwrap();
     skiplock::pause_queue(pool, "mail").await.unwrap();
-    let free = skiplock::enqueue(pool, &Record { n: 2 }).await.unwrap();
+    // The worker's sessions count their function calls, so the test knows its claimer
+    // polled the paused queue (not merely that it has not got to it yet).
+    sqlx::query(AssertSqlSafe(format!(
+        "ALTER DATABASE \"{}\" SET track_functions = 'all'",
+        db.name
+    )))
+    .execute(pool)
+    .await
+    .unwrap();
+    let worker_pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(5)
+        .connect(&db.url)
+        .await
+        .unwrap();
     let recorder = Recorder::default();
-    let worker = fast_worker(pool, &recorder)
-        .queues(["default", "mail"])
+    let worker = fast_worker(&worker_pool, &recorder)
+        .queues(["mail"])
         .build()
         .unwrap();
     let stop = worker.shutdown_handle();
     let run = tokio::spawn(worker.run());
+    // Every claim of this worker ran after the pause, with the job in its queue.
     wait_for(
-        "the default queue's job",
-        Duration::from_secs(10),
-        || async { state_of(pool, free.0).await == JobState::Succeeded },
+        "the worker's claimer to poll the paused queue three times",
+        Duration::from_secs(30),
+        || async { claim_calls(pool).await >= 3 },
     )
     .await;
-    // The worker polls every 100 ms; the paused job is still untouched after it claimed
-    // the free one.
     let row = skiplock::job(pool, held).await.unwrap().unwrap();
     assert_eq!((row.state, row.attempt), (JobState::Queued, 0));
 
@@ -224,6 +261,10 @@ struct Gauge {}
 struct Concurrency {
     now: AtomicUsize,
     max: AtomicUsize,
+    /// Woken when two jobs run at once.
+    two_at_once: tokio::sync::Notify,
+    /// A job waited 20 s for a second one in vain; the others do not wait.
+    gave_up: std::sync::atomic::AtomicBool,
 }
 
 impl Job for Gauge {
@@ -233,6 +274,28 @@ impl Job for Gauge {
         let c = ctx.data::<Arc<Concurrency>>().unwrap();
         let now = c.now.fetch_add(1, Ordering::SeqCst) + 1;
         c.max.fetch_max(now, Ordering::SeqCst);
+        if now >= 2 {
+            c.two_at_once.notify_waiters();
+        }
+        // Until two ran at once, a job waits for a second one (at most 20 s, once: a worker
+        // that runs them one by one never gets there, and the test says so).
+        if !c.gave_up.load(Ordering::SeqCst) {
+            let two = async {
+                loop {
+                    let notified = c.two_at_once.notified();
+                    if c.max.load(Ordering::SeqCst) >= 2 {
+                        return;
+                    }
+                    notified.await;
+                }
+            };
+            if tokio::time::timeout(Duration::from_secs(20), two)
+                .await
+                .is_err()
+            {
+                c.gave_up.store(true, Ordering::SeqCst);
+            }
+        }
         tokio::time::sleep(Duration::from_millis(30)).await;
         c.now.fetch_sub(1, Ordering::SeqCst);
         Ok(())
@@ -263,9 +326,10 @@ async fn per_queue_concurrency_caps_a_queue() {
         .await
         .unwrap();
     assert_eq!(count_in_state(pool, JobState::Succeeded).await, 30);
-    assert!(
-        concurrency.max.load(Ordering::SeqCst) <= 2,
-        "at most two at once"
+    assert_eq!(
+        concurrency.max.load(Ordering::SeqCst),
+        2,
+        "two at once, never more"
     );
 }
 

@@ -19,9 +19,11 @@ const PATIENCE: Duration = Duration::from_secs(60);
 #[derive(Clone, Default)]
 struct Starts(Arc<Mutex<Vec<String>>>);
 
-/// Takes 20 ms, recording its queue when it starts.
+/// Takes `ms` milliseconds, recording its queue when it starts.
 #[derive(Serialize, Deserialize)]
-struct Tracked {}
+struct Tracked {
+    ms: u64,
+}
 
 impl Job for Tracked {
     const KIND: &'static str = "tracked";
@@ -29,65 +31,76 @@ impl Job for Tracked {
     async fn run(self, ctx: JobContext) -> Result<(), JobError> {
         let starts = ctx.data::<Starts>().unwrap();
         starts.0.lock().unwrap().push(ctx.queue().to_owned());
-        tokio::time::sleep(Duration::from_millis(20)).await;
+        tokio::time::sleep(Duration::from_millis(self.ms)).await;
         Ok(())
     }
 }
 
-async fn enqueue_tracked(pool: &PgPool, queues: &[&str], each: usize) {
+async fn enqueue_tracked(pool: &PgPool, queues: &[&str], each: usize, ms: u64) {
     // Interleaved, so that claim order alone (priority, due time, id) would alternate.
     let jobs: Vec<NewJob> = (0..each)
         .flat_map(|_| queues.iter())
         .map(|queue| {
-            NewJob::new("tracked", serde_json::json!({}))
+            NewJob::new("tracked", serde_json::json!({ "ms": ms }))
                 .with_options(EnqueueOptions::new().queue(*queue))
         })
         .collect();
     skiplock::enqueue_raw(pool, &jobs).await.unwrap();
 }
 
-/// Workload: 400 jobs of 20 ms in queue `flood` (2 s of work for 4 slots), then 5 jobs in
+/// Slots of the worker in [`a_flood_in_one_queue_does_not_hold_back_another`].
+const FLOOD_SLOTS: usize = 4;
+
+/// Workload: 100 jobs of 200 ms in queue `flood` (5 s of work for 4 slots), then 5 jobs in
 /// queue `trickle`, one worker serving both.
 ///
-/// Invariant: the trickle's jobs run while the flood still has jobs to start (before, one
-/// claim ordered both queues by due time, and the trickle waited for the whole flood).
+/// Invariant: the trickle's first job starts about one job's run time after it was
+/// enqueued, i.e. when the first slot frees (before, one claim ordered both queues by due
+/// time, and the trickle waited for the whole flood). Measured in the jobs' own time, not
+/// the machine's speed: each round of 200 ms starts at most 4 flood jobs, and the trickle
+/// may see at most 3 rounds of them (the first slot to free, plus two rounds for the
+/// trickle's wake-up and claim on a loaded machine) against 96 when starved.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_flood_in_one_queue_does_not_hold_back_another() {
     let db = test_db().await;
     let pool = &db.pool;
-    enqueue_tracked(pool, &["flood"], 400).await;
+    enqueue_tracked(pool, &["flood"], 100, 200).await;
     let recorder = Recorder::default();
     let starts = Starts::default();
     let worker = fast_worker(pool, &recorder)
         .register::<Tracked>()
         .data(starts.clone())
         .queues(["flood", "trickle"])
-        .concurrency(4)
+        .concurrency(FLOOD_SLOTS)
         .build()
         .unwrap();
     let stop = worker.shutdown_handle();
     let run = tokio::spawn(worker.run());
-    wait_for("the flood to start", PATIENCE, || async {
-        !starts.0.lock().unwrap().is_empty()
+    wait_for("every slot to run a flood job", PATIENCE, || async {
+        starts.0.lock().unwrap().len() >= FLOOD_SLOTS
     })
     .await;
-    let trickle: Vec<NewJob> = (0..5)
-        .map(|n| {
-            NewJob::new("record", serde_json::json!({ "n": n }))
-                .with_options(EnqueueOptions::new().queue("trickle"))
-        })
-        .collect();
-    let ids = skiplock::enqueue_raw(pool, &trickle).await.unwrap();
-    wait_for("the trickle to run", PATIENCE, || async {
-        let runs = recorder.runs();
-        ids.iter().all(|id| runs.contains_key(&id.0))
+    // Flood jobs that started before the trickle was enqueued (read before the enqueue: a
+    // start counted here is one the trickle could not have had).
+    let flood_before = starts.0.lock().unwrap().len();
+    enqueue_tracked(pool, &["trickle"], 5, 20).await;
+    let trickled = |starts: &[String]| starts.iter().filter(|q| *q == "trickle").count();
+    wait_for("the trickle to start", PATIENCE, || async {
+        trickled(&starts.0.lock().unwrap()) == 5
     })
     .await;
-    let flood_started = starts.0.lock().unwrap().len();
     stop.shutdown();
     run.await.unwrap().unwrap();
+    let starts = starts.0.lock().unwrap().clone();
+    let first_trickle = starts.iter().position(|q| q == "trickle").unwrap();
+    let flood_meanwhile = first_trickle - flood_before;
     assert!(
-        flood_started < 400,
+        flood_meanwhile <= 3 * FLOOD_SLOTS,
+        "{flood_meanwhile} flood jobs started between the trickle's enqueue and its first \
+         start (more than 3 rounds of the flood's 200 ms jobs); starts: {starts:?}"
+    );
+    assert!(
+        starts.len() < 100 + 5,
         "the trickle ran only after every job of the flood started"
     );
 }
@@ -101,7 +114,7 @@ async fn a_flood_in_one_queue_does_not_hold_back_another() {
 async fn busy_queues_share_the_slots_by_weight() {
     let db = test_db().await;
     let pool = &db.pool;
-    enqueue_tracked(pool, &["a", "b"], 200).await;
+    enqueue_tracked(pool, &["a", "b"], 200, 20).await;
     let recorder = Recorder::default();
     let starts = Starts::default();
     let worker = fast_worker(pool, &recorder)

@@ -136,6 +136,10 @@ async fn payloads_over_the_size_limit_are_refused_exactly_at_the_limit() {
     )
     .await;
     assert_eq!(run.code, Some(2), "{run:?}");
+    assert!(
+        run.errors.contains("--args-max-bytes"),
+        "the usage error names the flag: {run:?}"
+    );
 }
 
 /// Input: a queue name over [`skiplock::QUEUE_NAME_MAX_BYTES`] (1,000 bytes), by every

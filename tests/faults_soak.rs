@@ -1,6 +1,8 @@
 //! The soak: mixed faults for as long as `SKIPLOCK_SOAK_SECS` says, on a steady stream of
-//! jobs. Without the variable the test prints a note and returns at once, so the normal
-//! test run stays fast. See docs/testing.md.
+//! jobs. It is `#[ignore]`d, so the normal test run stays fast; run with `--ignored` it
+//! fails without the variable. CI (`.ci/run`) runs a short one
+//! (`SKIPLOCK_SOAK_SECS=40 … --test faults_soak -- --ignored`); long ones are run by hand.
+//! See docs/testing.md.
 #![cfg(feature = "testbed")]
 
 mod common;
@@ -37,6 +39,9 @@ async fn feed(pool: PgPool, stop: Arc<AtomicBool>, seed: u64) {
         tokio::time::sleep(Duration::from_millis(rng.u64(20..200))).await;
     }
 }
+
+/// The kinds of fault the soak injects (see [`soak_mixed_faults`]).
+const FAULTS: [&str; 5] = ["kill", "stop", "term", "listener", "lock"];
 
 /// Workload: three testbed workers (8 slots, stale after 2 s) on a steady stream of mixed
 /// jobs, for `SKIPLOCK_SOAK_SECS` seconds.
@@ -79,12 +84,20 @@ async fn soak_mixed_faults() {
     let mut rng = fastrand::Rng::with_seed(secs);
     let mut rerun_ok: HashSet<String> = HashSet::new();
     let mut faults: HashMap<&str, usize> = HashMap::new();
+    // The faults come in rounds, each of all five kinds in a random order, and the soak
+    // runs at least one whole round however short it is: a short soak (CI's) still
+    // injects every kind.
+    let mut round: Vec<&str> = Vec::new();
     let end = Instant::now() + Duration::from_secs(secs);
-    while Instant::now() < end {
+    while Instant::now() < end || faults.len() < FAULTS.len() {
         // Pacing the faults, not waiting for anything.
         tokio::time::sleep(Duration::from_millis(rng.u64(2_000..6_000))).await;
         let slot = rng.usize(0..workers.len());
-        let fault = ["kill", "stop", "term", "listener", "lock"][rng.usize(0..5)];
+        if round.is_empty() {
+            round = FAULTS.to_vec();
+            rng.shuffle(&mut round);
+        }
+        let fault = round.pop().expect("a round is never empty here");
         *faults.entry(fault).or_default() += 1;
         match fault {
             "kill" => {
@@ -170,5 +183,16 @@ async fn soak_mixed_faults() {
             "a healthy worker was reaped: {row:?}"
         );
     }
+    // The soak did its work: jobs of every kind ran, and every fault was injected.
+    for kind in ["record", "panic", "never_return"] {
+        assert!(
+            rows.iter().any(|(_, k, ..)| k == kind),
+            "the soak enqueued no {kind} job in {secs} s"
+        );
+    }
+    assert!(
+        FAULTS.iter().all(|f| faults.get(f).is_some_and(|&n| n > 0)),
+        "every kind of fault is injected: {faults:?}"
+    );
     eprintln!("soak: {} jobs over {secs} s, faults {faults:?}", rows.len());
 }

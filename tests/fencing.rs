@@ -10,8 +10,8 @@ use common::fixtures::{
 };
 use common::test_db;
 use skiplock::db::jobs::{
-    FailAction, FailBatch, jobs_claim_batch, jobs_complete_many, jobs_fail_many,
-    jobs_heartbeat_many, jobs_release_many,
+    FailAction, FailBatch, RunningNote, jobs_claim_batch, jobs_complete_many, jobs_fail_many,
+    jobs_heartbeat_many, jobs_release_many, jobs_set_note,
 };
 use skiplock::db::maintenance::jobs_reap_stale;
 use skiplock::{EnqueueOptions, JobState};
@@ -419,4 +419,98 @@ async fn a_claim_that_waited_on_a_lock_does_not_commit_its_jobs_stale() {
         "jobs claimed a moment ago were reaped as stale: {reaped:?}"
     );
     assert_eq!(count_in_state(pool, JobState::Running).await, 2);
+}
+
+/// Claims job `id` as `worker-a`, takes the claim back as the reaper does, claims it
+/// again as `worker-b`; returns (a's stale token, b's live token).
+async fn reclaimed(pool: &sqlx::PgPool, id: i64) -> (uuid::Uuid, uuid::Uuid) {
+    let (queues, kinds) = (strings(&["default"]), strings(&["record"]));
+    let first = jobs_claim_batch(pool, &queues, &kinds, 10, "worker-a")
+        .await
+        .unwrap();
+    assert_eq!(first.len(), 1);
+    sqlx::query(
+        "UPDATE skiplock.jobs SET heartbeat_at = now() - interval '1 minute' WHERE id = $1",
+    )
+    .bind(id)
+    .execute(pool)
+    .await
+    .unwrap();
+    assert_eq!(jobs_reap_stale(pool, 30_000, 100).await.unwrap().len(), 1);
+    sqlx::query("UPDATE skiplock.jobs SET scheduled_at = now() WHERE id = $1")
+        .bind(id)
+        .execute(pool)
+        .await
+        .unwrap();
+    let second = jobs_claim_batch(pool, &queues, &kinds, 10, "worker-b")
+        .await
+        .unwrap();
+    assert_eq!(second.len(), 1);
+    (first[0].claim_token, second[0].claim_token)
+}
+
+/// Progress and output (`JobContext::set_progress`, `set_output`) are fenced like every
+/// write: the former holder's notes change nothing, the live holder's land.
+#[tokio::test]
+async fn a_former_holder_writes_no_progress_or_output() {
+    let db = test_db().await;
+    let pool = &db.pool;
+    let id = skiplock::enqueue(pool, &Record { n: 1 }).await.unwrap();
+    let (old, new) = reclaimed(pool, id.0).await;
+    let notes = || async {
+        sqlx::query_as::<_, (Option<serde_json::Value>, Option<serde_json::Value>)>(
+            "SELECT progress, output FROM skiplock.jobs WHERE id = $1",
+        )
+        .bind(id.0)
+        .fetch_one(pool)
+        .await
+        .unwrap()
+    };
+    for note in [RunningNote::Progress, RunningNote::Output] {
+        let written = jobs_set_note(pool, id.0, old, note, &serde_json::json!({"from": "a"}))
+            .await
+            .unwrap();
+        assert!(!written, "a stale {note:?} write reports that it landed");
+    }
+    assert_eq!(
+        notes().await,
+        (None, None),
+        "a's stale notes changed nothing"
+    );
+    for note in [RunningNote::Progress, RunningNote::Output] {
+        let written = jobs_set_note(pool, id.0, new, note, &serde_json::json!({"from": "b"}))
+            .await
+            .unwrap();
+        assert!(written, "b's {note:?} lands");
+    }
+    let b = Some(serde_json::json!({"from": "b"}));
+    assert_eq!(notes().await, (b.clone(), b));
+}
+
+/// A handler's `JobError::cancel` is saved through the failure batch with the action
+/// `Cancel`; from a former holder it changes nothing, and the live claim keeps running.
+#[tokio::test]
+async fn a_former_holder_cannot_cancel_the_job() {
+    let db = test_db().await;
+    let pool = &db.pool;
+    let id = skiplock::enqueue(pool, &Record { n: 1 }).await.unwrap();
+    let (old, new) = reclaimed(pool, id.0).await;
+    let mut cancel = FailBatch::default();
+    cancel.push(id.0, old, "late cancel".into(), 0, FailAction::Cancel);
+    assert!(jobs_fail_many(pool, &cancel).await.unwrap().is_empty());
+    let row = skiplock::job(pool, id).await.unwrap().unwrap();
+    assert_eq!(
+        (row.state, row.claim_token, row.claimed_by.as_deref()),
+        (JobState::Running, Some(new), Some("worker-b"))
+    );
+    assert_ne!(row.last_error.as_deref(), Some("late cancel"));
+    // The live holder's cancel is saved.
+    let mut cancel = FailBatch::default();
+    cancel.push(id.0, new, "cancelled by b".into(), 0, FailAction::Cancel);
+    assert_eq!(jobs_fail_many(pool, &cancel).await.unwrap().len(), 1);
+    let row = skiplock::job(pool, id).await.unwrap().unwrap();
+    assert_eq!(
+        (row.state, row.last_error.as_deref()),
+        (JobState::Cancelled, Some("cancelled by b"))
+    );
 }

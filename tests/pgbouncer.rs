@@ -308,10 +308,34 @@ async fn the_cli_runs_through_pgbouncer() {
     cli(&url, &["retry", later.trim()]).await;
     assert_eq!(state_of(&db, &later).await, "queued");
     cli(&url, &["retry", other.trim()]).await;
+    assert_eq!(state_of(&db, &other).await, "queued");
+    let due_now: bool =
+        sqlx::query_scalar("SELECT scheduled_at <= now() FROM skiplock.jobs WHERE id = $1")
+            .bind(other.trim().parse::<i64>().unwrap())
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+    assert!(due_now, "retry made the job due now");
     let stats: serde_json::Value =
         serde_json::from_str(&cli(&url, &["stats", "--json"]).await).unwrap();
     assert_eq!(stats["queues"][0]["succeeded_last_hour"], 4010, "{stats}");
-    cli(&url, &["jobs", "--state", "queued"]).await;
+    let listed: serde_json::Value =
+        serde_json::from_str(&cli(&url, &["jobs", "--state", "queued", "--json"]).await).unwrap();
+    let mut ids: Vec<i64> = listed
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|job| job["id"].as_i64().unwrap())
+        .collect();
+    ids.sort();
+    assert_eq!(
+        ids,
+        vec![
+            later.trim().parse::<i64>().unwrap(),
+            other.trim().parse::<i64>().unwrap()
+        ],
+        "the queued jobs listed: {listed}"
+    );
 }
 
 #[tokio::test]

@@ -2,10 +2,13 @@
 //!
 //! A worker's connections live long, and a plan cached while `skiplock.jobs` was nearly
 //! empty (a worker started on a fresh database, on a server where no ANALYZE invalidates
-//! it, as here with `autovacuum = off`) scanned the whole table for every completion: a
+//! it) scanned the whole table for every completion: a
 //! steady 5,000 jobs/s fell behind as the table grew. Each test caches what it can on one
 //! connection while the table holds a few jobs, grows the table, and checks in
-//! `pg_stat_user_tables` that the statement did not scan `skiplock.jobs` sequentially. The
+//! `pg_stat_user_tables` that the statement did not scan `skiplock.jobs` sequentially.
+//! Each test turns autovacuum off on the test's own table first ([`no_autovacuum`]),
+//! whatever the server's setting: an autoanalyze after the table grew would invalidate
+//! the cached plan and let a statement that scans pass. The
 //! first statement on the fresh connection also covers sqlx 0.9 losing an unnamed
 //! statement when it looks up a custom type (transact-rs/sqlx#4305): it used to fail there.
 
@@ -33,6 +36,35 @@ const WARM_UP_BATCH: i64 = 20;
 /// Executions of a statement before Postgres may switch a named statement to its generic
 /// plan (the plan cache tries five custom plans first).
 const WARM_UP_RUNS: usize = 6;
+
+/// Turns autovacuum and autoanalyze off on this database's `skiplock.jobs` (and its TOAST
+/// table), and checks they are off: the tests need the plans cached while the table was
+/// small to stay cached after it grew.
+async fn no_autovacuum(pool: &PgPool) {
+    sqlx::query(
+        "ALTER TABLE skiplock.jobs
+         SET (autovacuum_enabled = false, toast.autovacuum_enabled = false)",
+    )
+    .execute(pool)
+    .await
+    .unwrap();
+    let options: Vec<String> = sqlx::query_scalar(
+        "SELECT unnest(c.reloptions || coalesce(t.reloptions, '{}'))
+         FROM pg_class c LEFT JOIN pg_class t ON t.oid = c.reltoastrelid
+         WHERE c.oid = 'skiplock.jobs'::regclass",
+    )
+    .fetch_all(pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        options
+            .iter()
+            .filter(|o| *o == "autovacuum_enabled=false")
+            .count(),
+        2,
+        "autovacuum off on skiplock.jobs and its TOAST table: {options:?}"
+    );
+}
 
 async fn insert_jobs(pool: &PgPool, count: i64) {
     sqlx::query(
@@ -95,6 +127,7 @@ where
     Fut: std::future::Future<Output = (PoolConnection<Postgres>, usize)>,
 {
     let db = test_db().await;
+    no_autovacuum(&db.pool).await;
     let one = PgPoolOptions::new()
         .max_connections(1)
         .connect(&db.url)
@@ -203,6 +236,7 @@ async fn a_reaper_window_steps_over_none_of_the_entries_a_held_snapshot_keeps() 
     const JOBS: i64 = 2_000;
     let db = test_db().await;
     let pool = &db.pool;
+    no_autovacuum(pool).await;
     let mut held = pool.begin().await.unwrap();
     sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
         .execute(&mut *held)

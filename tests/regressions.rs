@@ -22,7 +22,7 @@ use skiplock::{
     EnqueueOptions, Job, JobContext, JobError, JobState, NewJob, Retention, UniquePolicy, Worker,
     WorkerBuilder, WorkerSummary,
 };
-use sqlx::PgPool;
+use sqlx::{AssertSqlSafe, PgPool};
 
 /// Longest a worker run may take in these tests. With the fixes each run settles within a
 /// few seconds; before them, several workers never finish (a claim or an outcome write
@@ -534,9 +534,9 @@ async fn a_nul_byte_in_an_error_message_is_replaced_and_the_job_dies() {
     let message = last_error_of(&db.pool, job)
         .await
         .expect("last_error is recorded");
-    assert!(
-        message.contains("bad") && !message.contains('\0'),
-        "readable last_error without NUL: {message:?}"
+    assert_eq!(
+        message, "bad\u{FFFD}byte",
+        "the handler's message with the NUL replaced"
     );
     assert_all_succeeded(&db.pool, &others).await;
     assert_eq!(running_count(&db.pool).await, 0, "nothing stays running");
@@ -545,28 +545,65 @@ async fn a_nul_byte_in_an_error_message_is_replaced_and_the_job_dies() {
 /// Issue 12 item 2(c): SQLSTATE 53100 (disk full, class 53 "insufficient resources") on a
 /// completion was not retried: the completer gave up and the jobs stayed `running`.
 /// Fixed: the completer treats class 53 as transient, retries, and the jobs succeed.
-///
-/// A trigger raises the error on the first update to `succeeded` only; a sequence counts
-/// the calls, as it is not rolled back with the failed statement.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_one_off_disk_full_error_on_completion_is_retried() {
+    a_one_off_error_on_completion_is_retried("53100", "disk full (injected)").await;
+}
+
+/// Issue 31: a read-only server (SQLSTATE 25006, read_only_sql_transaction: a standby, or a
+/// primary in the middle of a failover) is a condition of the server, retried like a lost
+/// connection, not a failure of the jobs. Fails when 25006 is not among the transient
+/// codes (`src/error.rs`, `is_transient_sqlx`): the completions are given up and the jobs
+/// stay `running`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_one_off_read_only_error_on_completion_is_retried() {
+    a_one_off_error_on_completion_is_retried(
+        "25006",
+        "cannot execute UPDATE in a read-only transaction (injected)",
+    )
+    .await;
+    // And the error a read-only transaction really raises is classified so.
     let db = test_db().await;
-    for statement in [
-        "CREATE SEQUENCE public.disk_full_calls",
-        "CREATE FUNCTION public.inject_disk_full() RETURNS trigger LANGUAGE plpgsql AS $$
+    let mut tx = db.pool.begin().await.unwrap();
+    sqlx::query("SET TRANSACTION READ ONLY")
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    let error = skiplock::enqueue(&mut *tx, &Record { n: 1 })
+        .await
+        .expect_err("an enqueue in a read-only transaction fails");
+    assert!(error.is_transient(), "{error}");
+    assert!(error.to_string().contains("read-only"), "{error}");
+}
+
+/// The first completion write raises SQLSTATE `code` with `message` (a trigger, counting
+/// its calls with a sequence, which is not rolled back with the failed statement); the
+/// worker must retry it and every job succeed.
+async fn a_one_off_error_on_completion_is_retried(code: &str, message: &str) {
+    let db = test_db().await;
+    let trigger = format!(
+        "CREATE FUNCTION public.inject_error() RETURNS trigger LANGUAGE plpgsql AS $$
          BEGIN
              IF NEW.state = 'succeeded' AND OLD.state = 'running' THEN
-                 IF nextval('public.disk_full_calls') = 1 THEN
-                     RAISE EXCEPTION 'disk full (injected)' USING ERRCODE = '53100';
+                 IF nextval('public.injected_calls') = 1 THEN
+                     RAISE EXCEPTION '{message}' USING ERRCODE = '{code}';
                  END IF;
              END IF;
              RETURN NEW;
          END;
-         $$",
-        "CREATE TRIGGER inject_disk_full BEFORE UPDATE ON skiplock.jobs
-         FOR EACH ROW EXECUTE FUNCTION public.inject_disk_full()",
+         $$"
+    );
+    for statement in [
+        "CREATE SEQUENCE public.injected_calls".to_owned(),
+        trigger,
+        "CREATE TRIGGER inject_error BEFORE UPDATE ON skiplock.jobs
+         FOR EACH ROW EXECUTE FUNCTION public.inject_error()"
+            .to_owned(),
     ] {
-        sqlx::query(statement).execute(&db.pool).await.unwrap();
+        sqlx::query(AssertSqlSafe(statement))
+            .execute(&db.pool)
+            .await
+            .unwrap();
     }
     let mut ids = Vec::new();
     for n in 0..5 {
@@ -576,17 +613,27 @@ async fn a_one_off_disk_full_error_on_completion_is_retried() {
     run_to_idle(
         &db.pool,
         fast_worker(&db.pool, &Recorder::default()),
-        "disk full on completion",
+        &format!("SQLSTATE {code} on completion"),
     )
     .await;
 
-    let injected: bool = sqlx::query_scalar("SELECT is_called FROM public.disk_full_calls")
+    let injected: bool = sqlx::query_scalar("SELECT is_called FROM public.injected_calls")
         .fetch_one(&db.pool)
         .await
         .unwrap();
     assert!(injected, "the trigger raised the injected error");
     assert_all_succeeded(&db.pool, &ids).await;
     assert_eq!(running_count(&db.pool).await, 0, "nothing stays running");
+    let errors: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM skiplock.jobs WHERE jsonb_array_length(errors) > 0",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        errors, 0,
+        "no job recorded the server's condition as its failure"
+    );
 }
 
 // ---------------------------------------------------------------------------------------
@@ -1058,6 +1105,15 @@ async fn a_bad_cron_row_does_not_stop_the_other_schedules() {
             .await
             .unwrap();
     assert!(good_job.is_some(), "the good schedule recorded its job");
+    let bad_error: String =
+        sqlx::query_scalar("SELECT last_error FROM skiplock.cron_schedules WHERE name = 'bad'")
+            .fetch_one(pool)
+            .await
+            .unwrap();
+    assert!(
+        bad_error.contains("jobs_max_attempts_positive"),
+        "the bad schedule's last_error says why it cannot fire: {bad_error:?}"
+    );
 }
 
 // ---------------------------------------------------------------------------------------
@@ -1065,37 +1121,68 @@ async fn a_bad_cron_row_does_not_stop_the_other_schedules() {
 
 /// Issue 12 item 7: the 1 MiB limit on `args` (octet_length(args::text)) was enforced only
 /// by the Rust enqueue; `skiplock.enqueue` and a plain INSERT stored 3 MiB payloads.
-/// Fixed: both fail and leave no row.
+/// Fixed: both refuse one byte over the limit with SQLSTATE 54000 (program_limit_exceeded)
+/// and the sizes in the message, leave no row, and accept args of exactly the limit.
 #[tokio::test]
 async fn sql_enqueue_and_plain_insert_refuse_args_over_one_mebibyte() {
+    const LIMIT: i64 = 1024 * 1024;
     let db = test_db().await;
     let pool = &db.pool;
+    // `{"blob": "xx…x"}`: 12 bytes around the string.
+    let args_of = |bytes: i64| format!("jsonb_build_object('blob', repeat('x', {bytes} - 12))");
+    let size: i64 = sqlx::query_scalar(AssertSqlSafe(format!(
+        "SELECT octet_length(({})::text)::bigint",
+        args_of(LIMIT)
+    )))
+    .fetch_one(pool)
+    .await
+    .unwrap();
+    assert_eq!(size, LIMIT, "the payload measures as the limit does");
+    let paths = [
+        ("skiplock.enqueue", "SELECT skiplock.enqueue('k', {args})"),
+        (
+            "a plain INSERT",
+            "INSERT INTO skiplock.jobs (kind, args) VALUES ('k', {args})",
+        ),
+    ];
+    for (path, statement) in paths {
+        let over = sqlx::query(AssertSqlSafe(
+            statement.replace("{args}", &args_of(LIMIT + 1)),
+        ))
+        .execute(pool)
+        .await;
+        let Err(sqlx::Error::Database(error)) = &over else {
+            panic!("{path} accepted args one byte over the limit: {over:?}");
+        };
+        assert_eq!(error.code().as_deref(), Some("54000"), "{path}: {error}");
+        assert_eq!(
+            error.message(),
+            format!(
+                "args are {} bytes, over the limit of {LIMIT} bytes",
+                LIMIT + 1
+            ),
+            "{path}"
+        );
+        assert_eq!(
+            scalar_i64(pool, "SELECT count(*) FROM skiplock.jobs").await,
+            0,
+            "{path} left a row"
+        );
 
-    let through_function = sqlx::query(
-        "SELECT skiplock.enqueue('k', jsonb_build_object('blob', repeat('x', 3 * 1024 * 1024)))",
-    )
-    .execute(pool)
-    .await;
-    assert!(
-        through_function.is_err(),
-        "skiplock.enqueue accepted 3 MiB of args"
-    );
-    assert_eq!(
-        scalar_i64(pool, "SELECT count(*) FROM skiplock.jobs").await,
-        0
-    );
-
-    let plain_insert = sqlx::query(
-        "INSERT INTO skiplock.jobs (kind, args)
-         VALUES ('k', jsonb_build_object('blob', repeat('x', 3 * 1024 * 1024)))",
-    )
-    .execute(pool)
-    .await;
-    assert!(plain_insert.is_err(), "a plain INSERT stored 3 MiB of args");
-    assert_eq!(
-        scalar_i64(pool, "SELECT count(*) FROM skiplock.jobs").await,
-        0
-    );
+        sqlx::query(AssertSqlSafe(statement.replace("{args}", &args_of(LIMIT))))
+            .execute(pool)
+            .await
+            .unwrap_or_else(|e| panic!("{path} refused args of exactly the limit: {e}"));
+        assert_eq!(
+            scalar_i64(pool, "SELECT count(*) FROM skiplock.jobs").await,
+            1,
+            "{path} stored the job at the limit"
+        );
+        sqlx::query("DELETE FROM skiplock.jobs")
+            .execute(pool)
+            .await
+            .unwrap();
+    }
 }
 
 /// A dependency added while its parent's completion is in flight. The completion
@@ -1159,4 +1246,241 @@ async fn a_dependency_added_during_its_parents_completion_leaves_the_child_runna
     completion.commit().await.unwrap();
     edge.await.unwrap().unwrap();
     assert_eq!(state_of(pool, child).await, JobState::Queued);
+}
+
+// ---------------------------------------------------------------------------------------
+// Issue 31: guarantees that had no test that would fail.
+
+/// Kind `long_error`: fails for good with a message of 20,000 two-byte characters
+/// (40,000 bytes; the cut at 8 KiB falls inside a character unless it is aligned).
+#[derive(Serialize, Deserialize, Clone)]
+struct LongError {}
+
+/// The message [`LongError`] fails with: `"é"` 20,000 times after a one-byte `"x"`, so a
+/// cut at an even byte count falls inside a character.
+fn long_error_message() -> String {
+    format!("x{}", "é".repeat(20_000))
+}
+
+impl Job for LongError {
+    const KIND: &'static str = "long_error";
+    const MAX_ATTEMPTS: i32 = 1;
+
+    async fn run(self, _ctx: JobContext) -> Result<(), JobError> {
+        Err(JobError::permanent(long_error_message()))
+    }
+}
+
+/// A job's error message is cut to 8 KiB (`ERROR_MESSAGE_MAX_BYTES`), at a character
+/// boundary, and marked; `last_error` and the `errors` entry say the same.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_long_error_message_is_cut_to_8_kib_at_a_character_boundary() {
+    const MARK: &str = "… (truncated)";
+    let db = test_db().await;
+    let job = skiplock::enqueue(&db.pool, &LongError {}).await.unwrap();
+    run_to_idle(
+        &db.pool,
+        fast_worker(&db.pool, &Recorder::default()).register::<LongError>(),
+        "a long error message",
+    )
+    .await;
+    let row = skiplock::job(&db.pool, job).await.unwrap().unwrap();
+    assert_eq!(row.state, JobState::Dead);
+    let saved = row.last_error.expect("last_error is recorded");
+    assert!(saved.len() <= 8 * 1024, "{} bytes saved", saved.len());
+    assert!(
+        saved.len() > 8 * 1024 - MARK.len() - 4,
+        "the cut keeps as much as fits: {} bytes",
+        saved.len()
+    );
+    let kept = saved
+        .strip_suffix(MARK)
+        .unwrap_or_else(|| panic!("the cut is marked: …{:?}", &saved[saved.len() - 20..]));
+    assert!(
+        long_error_message().starts_with(kept),
+        "the saved message is the start of the handler's"
+    );
+    let errors = row.errors.0.as_array().unwrap();
+    assert_eq!(errors.len(), 1);
+    assert_eq!(
+        errors[0]["message"],
+        json!(saved),
+        "errors keeps the same cut"
+    );
+}
+
+/// Enqueues `{"n": n}` for each n in `ns` concurrently, each in its own transaction,
+/// with unique key `key` under `policy`; returns each enqueue's result.
+async fn enqueue_concurrently(
+    pool: &PgPool,
+    key: &str,
+    policy: UniquePolicy,
+    payloads: Vec<serde_json::Value>,
+) -> Vec<Result<i64, skiplock::Error>> {
+    let barrier = Arc::new(tokio::sync::Barrier::new(payloads.len()));
+    let tasks: Vec<_> = payloads
+        .into_iter()
+        .map(|args| {
+            let (pool, barrier, key) = (pool.clone(), barrier.clone(), key.to_owned());
+            tokio::spawn(async move {
+                let mut tx = pool.begin().await.unwrap();
+                barrier.wait().await;
+                let ids = skiplock::enqueue_raw(
+                    &mut *tx,
+                    &[NewJob::new("k", args)
+                        .with_options(EnqueueOptions::new().unique_key(key, policy))],
+                )
+                .await?;
+                tx.commit().await?;
+                Ok(ids[0].0)
+            })
+        })
+        .collect();
+    let mut results = Vec::new();
+    for task in tasks {
+        results.push(task.await.unwrap());
+    }
+    results
+}
+
+/// Concurrent enqueues with one unique key under `replace` leave one pending job, which
+/// every enqueue names, holding the args of one of them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_replaces_of_one_unique_key_leave_one_job_with_one_payload() {
+    let db = test_db().await;
+    let payloads: Vec<_> = (0..8).map(|n| json!({ "n": n })).collect();
+    let results =
+        enqueue_concurrently(&db.pool, "r", UniquePolicy::Replace, payloads.clone()).await;
+    let ids: Vec<i64> = results.into_iter().map(|r| r.expect("enqueue")).collect();
+    let pending: Vec<(i64, serde_json::Value)> = sqlx::query_as(
+        "SELECT id, args FROM skiplock.jobs WHERE unique_key = 'r' AND state IN ('waiting', 'queued')",
+    )
+    .fetch_all(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(pending.len(), 1, "one pending job: {pending:?}");
+    assert_eq!(db.job_count().await, 1, "no other row");
+    assert!(
+        ids.iter().all(|&id| id == pending[0].0),
+        "{ids:?} {pending:?}"
+    );
+    assert!(payloads.contains(&pending[0].1), "{pending:?}");
+}
+
+/// Concurrent enqueues with one unique key under `merge` leave one pending job holding
+/// every payload, once each.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_merges_of_one_unique_key_keep_every_payload() {
+    let db = test_db().await;
+    let payloads: Vec<_> = (0..8).map(|n| json!({ "n": n })).collect();
+    let results = enqueue_concurrently(&db.pool, "m", UniquePolicy::Merge, payloads.clone()).await;
+    let ids: Vec<i64> = results.into_iter().map(|r| r.expect("enqueue")).collect();
+    let pending: Vec<(i64, serde_json::Value)> = sqlx::query_as(
+        "SELECT id, args FROM skiplock.jobs WHERE unique_key = 'm' AND state IN ('waiting', 'queued')",
+    )
+    .fetch_all(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(pending.len(), 1, "one pending job: {pending:?}");
+    assert_eq!(db.job_count().await, 1, "no other row");
+    assert!(
+        ids.iter().all(|&id| id == pending[0].0),
+        "{ids:?} {pending:?}"
+    );
+    let mut merged = pending[0]
+        .1
+        .as_array()
+        .expect("merged args are a list")
+        .clone();
+    merged.sort_by_key(|v| v["n"].as_i64());
+    assert_eq!(merged, payloads, "every payload once");
+}
+
+/// Merges of one unique key never make the pending job's args larger than the limit
+/// (`skiplock.args_max_bytes`, 1 MiB): concurrent merges of 300 KiB each, where four fit
+/// and the fifth does not. Each enqueue either lands (its payload in the args) or fails
+/// with SQLSTATE 54000; the args stay within the limit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_merges_of_one_unique_key_never_exceed_the_args_limit() {
+    const LIMIT: usize = 1024 * 1024;
+    let db = test_db().await;
+    let payloads: Vec<_> = (0..6)
+        .map(|n| json!({ "n": n, "blob": "x".repeat(300 * 1024) }))
+        .collect();
+    let results = enqueue_concurrently(&db.pool, "big", UniquePolicy::Merge, payloads).await;
+    let mut landed = 0;
+    for result in &results {
+        match result {
+            Ok(_) => landed += 1,
+            // The library reports the database's SQLSTATE 54000 as an invalid job.
+            Err(skiplock::Error::InvalidJob(message)) => assert!(
+                message.contains(&format!("over the limit of {LIMIT} bytes")),
+                "{message}"
+            ),
+            Err(e) => panic!("an enqueue failed otherwise than on the args limit: {e:?}"),
+        }
+    }
+    let (size, count): (i64, i64) = sqlx::query_as(
+        "SELECT octet_length(args::text)::bigint, jsonb_array_length(args)::bigint FROM skiplock.jobs
+         WHERE unique_key = 'big' AND state IN ('waiting', 'queued')",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    assert!(
+        size as usize <= LIMIT,
+        "the merged args are {size} bytes, over the {LIMIT}-byte limit ({count} payloads; \
+         {landed} enqueues reported success)"
+    );
+    assert_eq!(
+        count, landed as i64,
+        "every enqueue that succeeded is in the args"
+    );
+    assert!(
+        (1..6).contains(&landed),
+        "{landed} of 6 landed: {results:?}"
+    );
+
+    // A REPEATABLE READ transaction whose snapshot predates the holder of the key: the
+    // insert trigger cannot see the holder, so the key's policy is left to the statement's
+    // ON CONFLICT DO UPDATE. Its merge must fail (on the limit, or to serialize) rather
+    // than store args over the limit.
+    let big = |n: i64| json!({ "n": n, "blob": "x".repeat(600 * 1024) });
+    let mut late = db.pool.begin().await.unwrap();
+    sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+        .execute(&mut *late)
+        .await
+        .unwrap();
+    sqlx::query("SELECT 1").execute(&mut *late).await.unwrap();
+    let on_key = || EnqueueOptions::new().unique_key("rr", UniquePolicy::Merge);
+    skiplock::enqueue_raw(&db.pool, &[NewJob::new("k", big(1)).with_options(on_key())])
+        .await
+        .unwrap();
+    let merged = skiplock::enqueue_raw(
+        &mut *late,
+        &[NewJob::new("k", big(2)).with_options(on_key())],
+    )
+    .await;
+    match merged {
+        Err(skiplock::Error::InvalidJob(message)) => {
+            assert!(message.contains("over the limit of"), "{message}")
+        }
+        Err(e) if e.is_transient() => {}
+        Err(e) => panic!("the late merge failed otherwise than on the limit: {e:?}"),
+        Ok(_) => {
+            let committed = late.commit().await;
+            let size: i64 = sqlx::query_scalar(
+                "SELECT max(octet_length(args::text))::bigint FROM skiplock.jobs
+                 WHERE unique_key = 'rr'",
+            )
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+            assert!(
+                committed.is_err() || size as usize <= LIMIT,
+                "a merge through ON CONFLICT DO UPDATE stored {size} bytes of args, over \
+                 the {LIMIT}-byte limit"
+            );
+        }
+    }
 }

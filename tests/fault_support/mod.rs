@@ -169,11 +169,22 @@ pub async fn audit(pool: &PgPool) -> Vec<AuditRow> {
 ///
 /// - a claim (queued to running) adds exactly one attempt, never beyond `max_attempts`,
 ///   and brings a claim token never seen before on that job;
-/// - a running job's every other change presents the token of its current claim;
+/// - a running job changes only by a heartbeat (state and token kept) or by leaving
+///   `running`, and every such change finds on the row the token of the job's latest claim
+///   in the log (no write replaced the token outside a claim);
 /// - a change to a running job written by a testbed worker (its `application_name`)
-///   comes from the current holder, unless it is the reaper taking a stale claim back;
+///   comes from the worker named as holder, unless it is the reaper taking a stale claim
+///   back;
 /// - a finished job (succeeded, dead, cancelled) never changes again (`allow_reopen`
 ///   permits operator retries).
+///
+/// What the log cannot show: the token a write *presented*. A write fenced out by its
+/// token changes nothing and leaves no row, and a trigger cannot read a statement's bound
+/// parameters; so a stale write that got through from an earlier attempt by the *same*
+/// worker process would look like the holder's own. Those writes are tested directly, with
+/// tokens the test holds, in `tests/fencing.rs` (completion, failure, heartbeat, progress,
+/// output, cancel by a stale token). `faults_process::the_claim_discipline_check_…` pins
+/// what this function catches on a log written by hand.
 ///
 /// Panics with the offending rows.
 pub fn check_claim_discipline(rows: &[AuditRow], allow_reopen: bool) {
@@ -183,12 +194,24 @@ pub fn check_claim_discipline(rows: &[AuditRow], allow_reopen: bool) {
     }
     for (job, rows) in by_job {
         let mut tokens: HashSet<Uuid> = HashSet::new();
+        // The token of the job's latest claim while it runs.
+        let mut current: Option<Uuid> = None;
         for row in &rows {
             if row.op != "update" {
+                if row.op == "insert" && row.new_state.as_deref() == Some("running") {
+                    current = row.new_token;
+                }
                 continue;
             }
             let old = row.old_state.as_deref().unwrap_or_default();
             let new = row.new_state.as_deref().unwrap_or_default();
+            if old == "running" {
+                assert_eq!(
+                    row.old_token, current,
+                    "job {job}: a change of a running job found a token its latest claim did \
+                     not set: {row:?}"
+                );
+            }
             if row.is_claim() {
                 let (before, after) = (row.old_attempt.unwrap(), row.new_attempt.unwrap());
                 assert_eq!(
@@ -216,6 +239,11 @@ pub fn check_claim_discipline(rows: &[AuditRow], allow_reopen: bool) {
                     "job {job}: a worker that does not hold the claim changed it: {row:?}"
                 );
             }
+            current = if new == "running" {
+                row.new_token
+            } else {
+                None
+            };
             if matches!(old, "succeeded" | "dead" | "cancelled") && !allow_reopen {
                 panic!("job {job}: a finished job changed: {row:?}");
             }

@@ -25,12 +25,17 @@ pub enum Restart {
 }
 
 impl PrivateServer {
-    /// Starts a server from the installed binaries; `None` (with a note on stderr) when
-    /// there are none.
+    /// Starts a server from the installed binaries; `None` when there are none, after
+    /// [`crate::common::missing_tool`] said so (it fails the test under `CI=true`, where
+    /// `.ci/run` installs them).
     pub async fn start() -> Option<PrivateServer> {
         tokio::task::spawn_blocking(|| {
             let Some(binaries) = skiplock::embedded::PgBinaries::find() else {
-                eprintln!("skipped: no PostgreSQL server binaries (initdb, pg_ctl) installed");
+                crate::common::missing_tool(
+                    "a test with a private PostgreSQL server",
+                    "the server binaries initdb and pg_ctl (on PATH or under /usr/lib/postgresql/*/bin)",
+                    "apt-get install postgresql",
+                );
                 return None;
             };
             let server = skiplock::embedded::EmbeddedPostgres::start_with(binaries.clone())

@@ -625,30 +625,37 @@ fn check_logs(evidence: &Evidence, found: &mut Vec<String>) {
 }
 
 /// A job superseded under policy `merge` had its args folded into the job that holds
-/// its unique key (checked where both rows are still there: the pruner may have taken
-/// them).
-pub async fn check_merged(pool: &PgPool) -> Vec<String> {
-    let rows: Vec<(i64, String, i64, bool)> = sqlx::query_as(
-        "SELECT j.id, j.last_error, p.id,
-                p.args @> CASE WHEN jsonb_typeof(j.args) = 'array' THEN j.args
-                               ELSE jsonb_build_array(j.args) END
-         FROM skiplock.jobs j
-         CROSS JOIN LATERAL regexp_matches(j.last_error, '([0-9]+)', 'g') AS m(n)
-         JOIN skiplock.jobs p ON p.id = m.n[1]::bigint AND p.id <> j.id
-                             AND p.unique_key = j.unique_key
-         WHERE j.state = 'cancelled' AND j.unique_policy = 'merge'
-           AND j.last_error LIKE '%superseded%'",
+/// its unique key, in the same transaction. Read from the audit (which records args), not
+/// from `skiplock.jobs`: the pruner at zero retention may have removed both jobs. Returns
+/// the violations and how many superseded merges were checked.
+pub async fn check_merged(pool: &PgPool) -> (Vec<String>, usize) {
+    let rows: Vec<(i64, Option<String>, Option<i64>, bool)> = sqlx::query_as(
+        "SELECT s.job_id, s.last_error, m.holder,
+                EXISTS (SELECT FROM public.job_audit h
+                        WHERE h.job_id = m.holder AND h.txid = s.txid AND h.op = 'update'
+                          AND h.args @> CASE WHEN jsonb_typeof(s.args) = 'array' THEN s.args
+                                             ELSE jsonb_build_array(s.args) END)
+         FROM public.job_audit s
+         CROSS JOIN LATERAL (
+             SELECT (regexp_match(s.last_error, 'pending job ([0-9]+)'))[1]::bigint
+         ) AS m(holder)
+         WHERE s.op IN ('insert', 'update') AND s.new_state = 'cancelled'
+           AND s.old_state IS DISTINCT FROM 'cancelled'
+           AND s.unique_policy = 'merge' AND s.last_error LIKE 'superseded:%'",
     )
     .fetch_all(pool)
     .await
-    .expect("read superseded merge jobs");
-    rows.into_iter()
+    .expect("read superseded merge jobs from the audit");
+    let checked = rows.len();
+    let violations = rows
+        .into_iter()
         .filter(|(_, _, _, folded)| !folded)
         .map(|(job, error, holder, _)| {
             format!(
                 "[unique: merge not folded] job {job} ({error:?}) was superseded under policy merge \
-                 but its args are not in job {holder}'s"
+                 but its args were not added to job {holder:?}'s in the same transaction"
             )
         })
-        .collect()
+        .collect();
+    (violations, checked)
 }

@@ -147,28 +147,33 @@ impl Sim {
 }
 
 /// Extends the audit of `tests/fault_support` (already installed): every row also records
-/// the job's ordering and unique keys, inserts record their `last_error` (a job enqueued
+/// the job's ordering and unique keys, unique policy and args (so a merge is checked after
+/// the pruner removed both jobs), inserts record their `last_error` (a job enqueued
 /// behind a dead parent is born cancelled), and the edges of the dependency graph are
 /// recorded in `public.model_deps` numbered from the audit's own sequence, so a claim
 /// and an edge can be ordered, and edges survive the cascade when a parent is pruned.
 pub async fn extend_audit(pool: &PgPool) {
     sqlx::raw_sql(
-        "ALTER TABLE public.job_audit ADD COLUMN ordering_key text, ADD COLUMN unique_key text;
+        "ALTER TABLE public.job_audit ADD COLUMN ordering_key text, ADD COLUMN unique_key text,
+             ADD COLUMN unique_policy text, ADD COLUMN args jsonb;
          CREATE OR REPLACE FUNCTION public.job_audit_record() RETURNS trigger
          LANGUAGE plpgsql AS $$
          BEGIN
              IF TG_OP = 'INSERT' THEN
                  INSERT INTO public.job_audit (job_id, op, new_state, new_attempt, max_attempts,
                                                new_token, new_holder, heartbeat, claimed_at,
-                                               last_error, ordering_key, unique_key)
+                                               last_error, ordering_key, unique_key,
+                                               unique_policy, args)
                  VALUES (NEW.id, 'insert', NEW.state, NEW.attempt, NEW.max_attempts,
                          NEW.claim_token, NEW.claimed_by, false, NEW.claimed_at,
-                         NEW.last_error, NEW.ordering_key, NEW.unique_key);
+                         NEW.last_error, NEW.ordering_key, NEW.unique_key,
+                         NEW.unique_policy, NEW.args);
              ELSIF TG_OP = 'UPDATE' THEN
                  INSERT INTO public.job_audit (job_id, op, old_state, new_state, old_attempt,
                                                new_attempt, max_attempts, old_token, new_token,
                                                old_holder, new_holder, heartbeat, failure,
-                                               last_error, claimed_at, ordering_key, unique_key)
+                                               last_error, claimed_at, ordering_key, unique_key,
+                                               unique_policy, args)
                  VALUES (NEW.id, 'update', OLD.state, NEW.state, OLD.attempt, NEW.attempt,
                          NEW.max_attempts, OLD.claim_token, NEW.claim_token, OLD.claimed_by,
                          NEW.claimed_by,
@@ -176,14 +181,15 @@ pub async fn extend_audit(pool: &PgPool) {
                              AND OLD.claim_token IS NOT DISTINCT FROM NEW.claim_token
                              AND OLD.heartbeat_at IS DISTINCT FROM NEW.heartbeat_at,
                          OLD.errors IS DISTINCT FROM NEW.errors,
-                         NEW.last_error, NEW.claimed_at, NEW.ordering_key, NEW.unique_key);
+                         NEW.last_error, NEW.claimed_at, NEW.ordering_key, NEW.unique_key,
+                         NEW.unique_policy, NEW.args);
              ELSE
                  INSERT INTO public.job_audit (job_id, op, old_state, old_attempt, old_token,
                                                old_holder, heartbeat, last_error, ordering_key,
-                                               unique_key)
+                                               unique_key, unique_policy, args)
                  VALUES (OLD.id, 'delete', OLD.state, OLD.attempt, OLD.claim_token,
                          OLD.claimed_by, false, OLD.last_error, OLD.ordering_key,
-                         OLD.unique_key);
+                         OLD.unique_key, OLD.unique_policy, OLD.args);
              END IF;
              RETURN NULL;
          END;

@@ -8,7 +8,7 @@ use skiplock::admin::JobFilter;
 use skiplock::admin::demo::{self, DEMO_DATABASE, DEMO_MARK};
 use skiplock::builtin::{Noop, Sleep};
 use skiplock::embedded::{DatabaseSource, resolve_database_url};
-use skiplock::{EnqueueOptions, JobState, NewJob, Worker};
+use skiplock::{EnqueueOptions, JobId, JobState, NewJob, Worker};
 use sqlx::PgPool;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 
@@ -56,7 +56,7 @@ pub async fn run(explicit_url: Option<&str>) -> anyhow::Result<()> {
     let version = skiplock::migrate(&pool).await.context("migration failed")?;
     outln!("Schema migrated to version {version}.\n");
 
-    enqueue_examples(&pool).await?;
+    let expected = enqueue_examples(&pool).await?;
 
     outln!(
         "\nRunning a worker (kinds noop and sleep, concurrency 16) until nothing is left to do…"
@@ -84,12 +84,65 @@ pub async fn run(explicit_url: Option<&str>) -> anyhow::Result<()> {
         "{}",
         crate::stats::render(&skiplock::stats::stats(&pool).await?)
     );
+    // The demo is also CI's run of the README's quick start: it exits 1 when its jobs did
+    // not end as it says they would.
+    let outcome = check_outcome(&pool, &expected).await;
     pool.close().await;
     drop(source);
+    outcome
+}
+
+/// The jobs the demo enqueued and where each must end.
+struct Expected {
+    /// `noop` and `sleep` jobs that must succeed.
+    succeed: u64,
+    /// The `sleep` job whose args cannot decode: `dead`.
+    bad: JobId,
+    /// The job of a kind this worker does not run, and the one due in an hour: `queued`.
+    waiting: [JobId; 2],
+}
+
+/// Fails unless every job ended as [`Expected`] says.
+async fn check_outcome(pool: &PgPool, expected: &Expected) -> anyhow::Result<()> {
+    let counts = skiplock::admin::jobs_count_by_state(pool).await?;
+    let count = |state: JobState| {
+        counts
+            .iter()
+            .find(|(s, _)| *s == state)
+            .map_or(0, |(_, n)| *n)
+    };
+    let want = [
+        (JobState::Succeeded, i64::try_from(expected.succeed)?),
+        (JobState::Dead, 1),
+        (JobState::Queued, 2),
+    ];
+    for (state, n) in want {
+        anyhow::ensure!(
+            count(state) == n,
+            "the demo expected {n} {state} jobs, found {} (jobs by state: {counts:?})",
+            count(state)
+        );
+    }
+    let total: i64 = counts.iter().map(|(_, n)| n).sum();
+    anyhow::ensure!(
+        total == want.iter().map(|(_, n)| n).sum::<i64>(),
+        "the demo expected no jobs in other states (jobs by state: {counts:?})"
+    );
+    for (id, state) in [
+        (expected.bad, JobState::Dead),
+        (expected.waiting[0], JobState::Queued),
+        (expected.waiting[1], JobState::Queued),
+    ] {
+        let found = skiplock::job(pool, id).await?.map(|job| job.state);
+        anyhow::ensure!(
+            found == Some(state),
+            "the demo expected job {id} to be {state}, found {found:?}"
+        );
+    }
     Ok(())
 }
 
-async fn enqueue_examples(pool: &PgPool) -> anyhow::Result<()> {
+async fn enqueue_examples(pool: &PgPool) -> anyhow::Result<Expected> {
     // 1. A batch of typed jobs in one statement.
     let noops = vec![Noop {}; 500];
     skiplock::enqueue_many(pool, &noops, EnqueueOptions::default()).await?;
@@ -133,7 +186,11 @@ async fn enqueue_examples(pool: &PgPool) -> anyhow::Result<()> {
     )
     .await?[0];
     outln!("Enqueued job {later} to run in one hour.");
-    Ok(())
+    Ok(Expected {
+        succeed: noops.len() as u64 + sleeps.len() as u64 + 1,
+        bad,
+        waiting: [unknown, later],
+    })
 }
 
 async fn print_states(pool: &PgPool) -> anyhow::Result<()> {

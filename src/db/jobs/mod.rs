@@ -53,7 +53,6 @@ use chrono::{DateTime, Utc};
 use serde_json::Value;
 use sqlx::types::Json;
 use sqlx::{FromRow, PgExecutor};
-use uuid::Uuid;
 
 use crate::job::UniquePolicy;
 use crate::state::{JobId, JobState};

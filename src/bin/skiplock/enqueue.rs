@@ -10,8 +10,11 @@ use chrono::{DateTime, Utc};
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::Deserialize;
+use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 use skiplock::DbPool;
+use skiplock::Job;
+use skiplock::builtin::{Command, Http, Noop, Sleep};
 use skiplock::{EnqueueOptions, EnqueueOutcome, EnqueueResult, JobId, NewJob, UniquePolicy};
 use sqlx::{Acquire, PgConnection};
 
@@ -132,7 +135,43 @@ pub fn parse_json(text: &str) -> Result<Value, String> {
     })
 }
 
+/// Args of a built-in kind decoded as `skiplock work` decodes them, so that args every
+/// worker would refuse (the job would go `dead` on its first attempt) are refused at
+/// enqueue. Other kinds' args are their workers' business and pass.
+fn check_builtin_args(kind: &str, args: &Value) -> Result<(), String> {
+    fn decode<J: DeserializeOwned>(args: &Value) -> Result<(), String> {
+        J::deserialize(args).map(drop).map_err(|e| e.to_string())
+    }
+    let (decoded, like) = match kind {
+        Noop::KIND => (decode::<Noop>(args), "{}"),
+        Sleep::KIND => (decode::<Sleep>(args), r#"{"ms": 500}"#),
+        Http::KIND => (
+            decode::<Http>(args),
+            r#"{"url": "https://hooks.example.com/x", "method": "POST", "body": {"a": 1}}"#,
+        ),
+        Command::KIND => (
+            decode::<Command>(args),
+            r#"{"program": "pg_dump", "args": ["--format=custom", "app"]}"#,
+        ),
+        _ => return Ok(()),
+    };
+    decoded.map_err(|e| {
+        format!("args do not match the built-in kind `{kind}`: {e}; write them like {like}")
+    })
+}
+
 impl EnqueueArgs {
+    /// Refuses, as a usage error (exit 2), command-line args that a built-in kind cannot
+    /// decode; before any connection, since no database can make them run.
+    pub fn check(&self) {
+        if let Some(kind) = &self.kind {
+            let args = self.args.clone().unwrap_or_else(|| json!({}));
+            if let Err(why) = check_builtin_args(kind, &args) {
+                crate::usage_error(why);
+            }
+        }
+    }
+
     /// The options the command line sets, which file lines may override.
     fn options(&self) -> EnqueueOptions {
         let mut options = EnqueueOptions::new();
@@ -214,6 +253,8 @@ impl Line {
         if self.on_conflict.is_some() && self.unique_key.is_none() {
             return Err("`on_conflict` needs a `unique_key`".into());
         }
+        let args = self.args.unwrap_or_else(|| json!({}));
+        check_builtin_args(&self.kind, &args)?;
         let mut options = defaults.clone();
         options.queue = self.queue.or(options.queue);
         options.priority = self.priority.or(options.priority);
@@ -226,7 +267,7 @@ impl Line {
         options.unique_key = self.unique_key;
         options.on_conflict = self.on_conflict.unwrap_or_default();
         options.depends_on = self.depends_on;
-        Ok(NewJob::new(self.kind, self.args.unwrap_or_else(|| json!({}))).with_options(options))
+        Ok(NewJob::new(self.kind, args).with_options(options))
     }
 }
 

@@ -31,13 +31,18 @@ pub const EXAMPLES: &str = r#"Examples:
   skiplock enqueue --file jobs.ndjson --queue bulk     # one JSON object per line
   cat jobs.ndjson | skiplock enqueue --file -
 
+Args of the built-in kinds (noop, sleep, http, command) are decoded as `skiplock work`
+decodes them: args it would refuse are a usage error (exit 2). Other kinds' args are taken
+as given.
+
 An NDJSON line is an object with `kind`, optional `args`, and optionally the enqueue options
 by their column names: queue, priority, scheduled_at (RFC 3339), max_attempts, ordering_key,
 unique_key, on_conflict (skip|replace|merge), depends_on (array of ids). Options given on
 the command line apply to lines that do not set them. The whole file is enqueued in one
-transaction: if any line is bad, nothing is enqueued (unless --skip-invalid). With --json it
-prints one object per line: {"line", "id", "outcome"} (outcome: inserted, skipped, replaced,
-merged), or {"line", "error"} for a line --skip-invalid skipped."#;
+transaction: if any line is bad (args a built-in kind cannot decode included), nothing is
+enqueued (unless --skip-invalid). With --json it prints one object per line:
+{"line", "id", "outcome"} (outcome: inserted, skipped, replaced, merged), or
+{"line", "error"} for a line --skip-invalid skipped."#;
 
 /// Jobs inserted per statement when enqueuing a file.
 const FILE_BATCH: usize = 1000;

@@ -607,7 +607,10 @@ async fn work_runs_enqueued_jobs_until_idle() {
     let db = test_db().await;
     let noop = enqueue(&db, "noop", &json!({}), &[]).await;
     let sleep = enqueue(&db, "sleep", &json!({"ms": 10}), &["--queue", "other"]).await;
-    let bad = enqueue(&db, "sleep", &json!({"ms": "soon"}), &[]).await;
+    let bad = sqlx::query_scalar::<_, i64>(r#"SELECT skiplock.enqueue('sleep', '{"ms": "soon"}')"#)
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
     work_until_idle(&db, &["--kinds", "noop,sleep"]).await;
     assert_eq!(job_json(&db.pool, noop).await["state"], json!("succeeded"));
     assert_eq!(job_json(&db.pool, bad).await["state"], json!("dead"));
@@ -960,7 +963,11 @@ async fn work_serves_its_metrics_as_prometheus_text() {
         enqueue(&db, "noop", &json!({}), &[]).await;
     }
     // Args of the wrong type: a permanent failure, dead at once.
-    let dead = enqueue(&db, "sleep", &json!({"ms": "soon"}), &[]).await;
+    let dead =
+        sqlx::query_scalar::<_, i64>(r#"SELECT skiplock.enqueue('sleep', '{"ms": "soon"}')"#)
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
@@ -1092,7 +1099,10 @@ async fn demo_never_touches_the_database_it_is_given() {
 async fn json_logs_carry_the_job_span_fields() {
     let db = test_db().await;
     // Args of the wrong type: the job dies at once, logged at ERROR in its span.
-    let id = enqueue(&db, "sleep", &json!({"ms": "soon"}), &[]).await;
+    let id = sqlx::query_scalar::<_, i64>(r#"SELECT skiplock.enqueue('sleep', '{"ms": "soon"}')"#)
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
     let run = skiplock(&db, &["--log-format", "json", "work", "--exit-when-idle"]).await;
     assert_eq!(run.code, Some(0), "{run:#?}");
     let dead: Value = run

@@ -19,17 +19,41 @@ pub use http::{BODY_PREFIX_MAX_BYTES, HTTP_TIMEOUT_DEFAULT, Http, HttpConfig, RE
 pub use noop::Noop;
 pub use sleep::Sleep;
 
-/// The start of `text` for an error message: trimmed, at most `max_chars` characters with
-/// `…` when cut, `None` when empty.
+/// The start of `text` for an error message, on one line: runs of whitespace (an HTML
+/// page's line breaks and indentation) become one space; at most `max_chars` characters,
+/// with `…` when cut; `None` when empty. A job's error goes into `last_error`, its errors,
+/// the log and `skiplock jobs`, where a page of text would bury everything else.
 #[cfg(any(feature = "http-kind", feature = "command-kind"))]
 fn excerpt(text: &str, max_chars: usize) -> Option<String> {
-    let text = text.trim();
-    if text.is_empty() {
-        return None;
+    let mut words = text.split_whitespace();
+    let first = words.next()?;
+    let mut line = String::from(first);
+    let mut count = first.chars().count();
+    for word in words {
+        if count > max_chars {
+            break;
+        }
+        line.push(' ');
+        line.push_str(word);
+        count += 1 + word.chars().count();
     }
-    let mut quoted: String = text.chars().take(max_chars).collect();
-    if quoted.len() < text.len() {
-        quoted.push('…');
+    if count > max_chars {
+        line = line.chars().take(max_chars).collect();
+        line.push('…');
     }
-    Some(quoted)
+    Some(line)
+}
+
+#[cfg(all(test, any(feature = "http-kind", feature = "command-kind")))]
+mod tests {
+    use super::excerpt;
+
+    #[test]
+    fn an_excerpt_is_one_line_of_at_most_max_chars() {
+        assert_eq!(excerpt(" \n\t ", 10), None);
+        assert_eq!(excerpt("no  such\n\tthing\n", 20).unwrap(), "no such thing");
+        assert_eq!(excerpt("<p>\n  abc</p>\n", 6).unwrap(), "<p> ab…");
+        assert_eq!(excerpt("ééé ééé", 7).unwrap(), "ééé ééé");
+        assert_eq!(excerpt("ééé ééé", 6).unwrap(), "ééé éé…");
+    }
 }

@@ -4,8 +4,9 @@
 //! A refusal that may pass (too many clients, the server starting up or shutting down,
 //! nothing answering yet) is retried with backoff, each retry logged with its cause:
 //! one-shot commands (and `work --exit-when-idle`) for `--connect-retry` (10 s by
-//! default), `work` and `dashboard` until stopped. A refusal that will not pass (a bad password, a missing database) fails at
-//! once. The final message quotes the server when it answered and says what to do; only
+//! default), `work` and `dashboard` until stopped. A refusal that will not pass (a bad
+//! password, a missing database) fails at once, and so does a host name that does not
+//! resolve, except for `work` and `dashboard`, which wait for it. The final message quotes the server when it answered and says what to do; only
 //! when nothing answered does it suggest that Postgres may not be running.
 
 use std::time::{Duration, Instant};
@@ -169,12 +170,42 @@ impl Database {
         max_connections: u32,
         patience: Patience,
     ) -> anyhow::Result<DbPool> {
+        self.pool_in(None, command, max_connections, patience).await
+    }
+
+    /// [`Self::pool`] on the database `database` of the URL's server, with the same
+    /// checks, retries and messages: the demo works in a database of its own.
+    pub async fn pool_on(
+        &self,
+        database: &str,
+        command: &str,
+        max_connections: u32,
+        patience: Patience,
+    ) -> anyhow::Result<DbPool> {
+        self.pool_in(Some(database), command, max_connections, patience)
+            .await
+    }
+
+    async fn pool_in(
+        &self,
+        database: Option<&str>,
+        command: &str,
+        max_connections: u32,
+        patience: Patience,
+    ) -> anyhow::Result<DbPool> {
         let url = self.url();
         let mut pgbouncer = self.pgbouncer;
         let application_name = format!("skiplock {command}");
-        let mut options = self
-            .connect_options_in(pgbouncer)?
-            .application_name(&application_name);
+        let options_in = |pgbouncer: bool| -> anyhow::Result<PgConnectOptions> {
+            let options = self
+                .connect_options_in(pgbouncer)?
+                .application_name(&application_name);
+            Ok(match database {
+                Some(name) => options.database(name),
+                None => options,
+            })
+        };
+        let mut options = options_in(pgbouncer)?;
         let started = Instant::now();
         let mut delay = RETRY_DELAY_FIRST;
         loop {
@@ -197,12 +228,10 @@ impl Database {
                         redact(url)
                     );
                     pgbouncer = true;
-                    options = self
-                        .connect_options_in(pgbouncer)?
-                        .application_name(&application_name);
+                    options = options_in(pgbouncer)?;
                     continue;
                 }
-                Ok(Err(e)) => classify(e, url, &options),
+                Ok(Err(e)) => classify(e, url, &options, patience),
                 Err(_) => Failure::Passing(
                     anyhow::anyhow!("no answer within {CONNECT_TIMEOUT:?}")
                         .context(unreachable(url)),
@@ -260,18 +289,29 @@ fn refused_by_pooler(error: &sqlx::Error) -> bool {
 }
 
 /// Sorts a failed connection attempt, with the message to give if it is the last.
-fn classify(error: sqlx::Error, url: &str, options: &PgConnectOptions) -> Failure {
+fn classify(
+    error: sqlx::Error,
+    url: &str,
+    options: &PgConnectOptions,
+    patience: Patience,
+) -> Failure {
     let sqlx::Error::Database(db) = &error else {
-        // A name no resolver knows is not a server that is down. It may still pass (a
-        // container's name before its network is up), so it is retried like one.
+        // A name no resolver knows is not a server that is down, and almost always a typo:
+        // a one-shot command says so at once. A worker or dashboard, which keeps trying
+        // until stopped, waits for it as for a server that does not answer yet (a
+        // container's name before its network is up).
         if let sqlx::Error::Io(io) = &error
             && io.to_string().contains("failed to lookup address")
         {
-            return Failure::Passing(anyhow::anyhow!(
+            let error = anyhow::anyhow!(
                 "cannot find the host `{}` of the database URL {} ({io}); check the host name in --database-url / DATABASE_URL",
                 options.get_host(),
                 redact(url)
-            ));
+            );
+            return match patience {
+                Patience::OneShot => Failure::Lasting(error),
+                Patience::UntilStopped => Failure::Passing(error),
+            };
         }
         // No answer, or not one we could read (refused, reset, TLS): the server may be
         // down or restarting.

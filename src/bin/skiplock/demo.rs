@@ -12,8 +12,10 @@ use skiplock::{EnqueueOptions, JobId, JobState, NewJob, Worker};
 use sqlx::PgPool;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 
-pub async fn run(explicit_url: Option<&str>) -> anyhow::Result<()> {
-    let explicit = explicit_url.map(str::to_owned);
+use crate::connect::{Database, Patience};
+
+pub async fn run(db: &Database) -> anyhow::Result<()> {
+    let explicit = db.url.clone();
     let source = tokio::task::spawn_blocking(move || resolve_database_url(explicit.as_deref()))
         .await?
         .context("no database for the demo")?;
@@ -22,6 +24,15 @@ pub async fn run(explicit_url: Option<&str>) -> anyhow::Result<()> {
             let given: PgConnectOptions = url
                 .parse()
                 .context("the database URL is malformed; expected postgres://user@host:port/db")?;
+            // The server given is checked as every command checks it, with the same
+            // messages (a URL that is not Postgres's, a host that does not resolve, a
+            // refused login), from the database the demo will work from.
+            let admin = admin_database(&given);
+            db.pool_on(admin, "demo", 1, Patience::OneShot)
+                .await?
+                .pool()
+                .close()
+                .await;
             // Never the database given: it may hold an application's jobs and data (unless
             // it is the demo's own, which the demo recreates as ever).
             match given.get_database().unwrap_or("postgres") {
@@ -219,17 +230,21 @@ async fn print_states(pool: &PgPool) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The database the demo works from on a server given to it: the one the URL names (or
+/// the user's), except the demo's own: a session in it would keep it from being dropped,
+/// so `postgres` then.
+fn admin_database(server: &PgConnectOptions) -> &str {
+    match crate::connect::database_name(server) {
+        DEMO_DATABASE => "postgres",
+        name => name,
+    }
+}
+
 /// Creates the demo's database on the server `server` points at (after dropping the one
 /// an earlier demo left) and returns the options that reach it. A database of that name
 /// that the demo did not create is left alone, and the demo stops.
 async fn recreate_database(server: &PgConnectOptions) -> anyhow::Result<PgConnectOptions> {
-    // A session in the demo database itself would keep it from being dropped: work from
-    // the server's `postgres` database then.
-    let admin_options = if server.get_database() == Some(DEMO_DATABASE) {
-        server.clone().database("postgres")
-    } else {
-        server.clone()
-    };
+    let admin_options = server.clone().database(admin_database(server));
     let admin = PgPoolOptions::new()
         .max_connections(1)
         .connect_with(admin_options)

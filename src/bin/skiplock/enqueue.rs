@@ -10,8 +10,11 @@ use chrono::{DateTime, Utc};
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::Deserialize;
+use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 use skiplock::DbPool;
+use skiplock::Job;
+use skiplock::builtin::{Command, Http, Noop, Sleep};
 use skiplock::{EnqueueOptions, EnqueueOutcome, EnqueueResult, JobId, NewJob, UniquePolicy};
 use sqlx::{Acquire, PgConnection};
 
@@ -28,13 +31,18 @@ pub const EXAMPLES: &str = r#"Examples:
   skiplock enqueue --file jobs.ndjson --queue bulk     # one JSON object per line
   cat jobs.ndjson | skiplock enqueue --file -
 
+Args of the built-in kinds (noop, sleep, http, command) are decoded as `skiplock work`
+decodes them: args it would refuse are a usage error (exit 2). Other kinds' args are taken
+as given.
+
 An NDJSON line is an object with `kind`, optional `args`, and optionally the enqueue options
 by their column names: queue, priority, scheduled_at (RFC 3339), max_attempts, ordering_key,
 unique_key, on_conflict (skip|replace|merge), depends_on (array of ids). Options given on
 the command line apply to lines that do not set them. The whole file is enqueued in one
-transaction: if any line is bad, nothing is enqueued (unless --skip-invalid). With --json it
-prints one object per line: {"line", "id", "outcome"} (outcome: inserted, skipped, replaced,
-merged), or {"line", "error"} for a line --skip-invalid skipped."#;
+transaction: if any line is bad (args a built-in kind cannot decode included), nothing is
+enqueued (unless --skip-invalid). With --json it prints one object per line:
+{"line", "id", "outcome"} (outcome: inserted, skipped, replaced, merged), or
+{"line", "error"} for a line --skip-invalid skipped."#;
 
 /// Jobs inserted per statement when enqueuing a file.
 const FILE_BATCH: usize = 1000;
@@ -132,7 +140,43 @@ pub fn parse_json(text: &str) -> Result<Value, String> {
     })
 }
 
+/// Args of a built-in kind decoded as `skiplock work` decodes them, so that args every
+/// worker would refuse (the job would go `dead` on its first attempt) are refused at
+/// enqueue. Other kinds' args are their workers' business and pass.
+fn check_builtin_args(kind: &str, args: &Value) -> Result<(), String> {
+    fn decode<J: DeserializeOwned>(args: &Value) -> Result<(), String> {
+        J::deserialize(args).map(drop).map_err(|e| e.to_string())
+    }
+    let (decoded, like) = match kind {
+        Noop::KIND => (decode::<Noop>(args), "{}"),
+        Sleep::KIND => (decode::<Sleep>(args), r#"{"ms": 500}"#),
+        Http::KIND => (
+            decode::<Http>(args),
+            r#"{"url": "https://hooks.example.com/x", "method": "POST", "body": {"a": 1}}"#,
+        ),
+        Command::KIND => (
+            decode::<Command>(args),
+            r#"{"program": "pg_dump", "args": ["--format=custom", "app"]}"#,
+        ),
+        _ => return Ok(()),
+    };
+    decoded.map_err(|e| {
+        format!("args do not match the built-in kind `{kind}`: {e}; write them like {like}")
+    })
+}
+
 impl EnqueueArgs {
+    /// Refuses, as a usage error (exit 2), command-line args that a built-in kind cannot
+    /// decode; before any connection, since no database can make them run.
+    pub fn check(&self) {
+        if let Some(kind) = &self.kind {
+            let args = self.args.clone().unwrap_or_else(|| json!({}));
+            if let Err(why) = check_builtin_args(kind, &args) {
+                crate::usage_error(why);
+            }
+        }
+    }
+
     /// The options the command line sets, which file lines may override.
     fn options(&self) -> EnqueueOptions {
         let mut options = EnqueueOptions::new();
@@ -214,6 +258,8 @@ impl Line {
         if self.on_conflict.is_some() && self.unique_key.is_none() {
             return Err("`on_conflict` needs a `unique_key`".into());
         }
+        let args = self.args.unwrap_or_else(|| json!({}));
+        check_builtin_args(&self.kind, &args)?;
         let mut options = defaults.clone();
         options.queue = self.queue.or(options.queue);
         options.priority = self.priority.or(options.priority);
@@ -226,7 +272,7 @@ impl Line {
         options.unique_key = self.unique_key;
         options.on_conflict = self.on_conflict.unwrap_or_default();
         options.depends_on = self.depends_on;
-        Ok(NewJob::new(self.kind, self.args.unwrap_or_else(|| json!({}))).with_options(options))
+        Ok(NewJob::new(self.kind, args).with_options(options))
     }
 }
 

@@ -3,8 +3,8 @@
 use chrono::Utc;
 use clap::Args;
 use skiplock::DbPool;
-use skiplock::JobState;
 use skiplock::admin::{JobFilter, jobs_list};
+use skiplock::{JobRow, JobState};
 
 use crate::output::{JobJson, Table, clip, print_json, relative};
 
@@ -12,7 +12,7 @@ pub const EXAMPLES: &str = "\
 Examples:
   skiplock jobs                                  # the 50 newest jobs
   skiplock jobs --state dead --queue mail
-  skiplock jobs --state queued,running --kind http --limit 200
+  skiplock jobs --state queued,running --kind http,command --limit 200
   skiplock jobs --state dead --json | jq '.[].id'
 
 --json prints an array of objects with the fields id, state, queue, kind, args, priority,
@@ -29,13 +29,18 @@ pub struct JobsArgs {
     #[arg(long = "state", value_name = "S", value_delimiter = ',')]
     states: Vec<JobState>,
 
-    /// Only jobs of this queue.
-    #[arg(long, value_name = "Q", value_parser = crate::output::parse_queue_name)]
-    queue: Option<String>,
+    /// Only jobs of these queues (comma-separated or repeated).
+    #[arg(long = "queue", value_name = "Q", value_delimiter = ',', value_parser = crate::output::parse_queue_name)]
+    queues: Vec<String>,
 
-    /// Only jobs of this kind.
-    #[arg(long, value_name = "K")]
-    kind: Option<String>,
+    /// Only jobs of these kinds (comma-separated or repeated).
+    #[arg(
+        long = "kind",
+        value_name = "K",
+        value_delimiter = ',',
+        value_parser = |text: &str| crate::output::parse_non_empty(text, "a kind cannot be empty; name one, like http")
+    )]
+    kinds: Vec<String>,
 
     /// At most this many jobs, newest first.
     #[arg(
@@ -53,13 +58,7 @@ pub struct JobsArgs {
 }
 
 pub async fn run(pool: &DbPool, args: JobsArgs) -> anyhow::Result<()> {
-    let filter = JobFilter {
-        states: args.states,
-        queue: args.queue,
-        kind: args.kind,
-        limit: args.limit,
-    };
-    let jobs = jobs_list(pool, &filter).await?;
+    let jobs = list(pool, &args).await?;
     if args.json {
         let shaped: Vec<JobJson<'_>> = jobs.iter().map(JobJson::from).collect();
         return print_json(&shaped);
@@ -96,4 +95,33 @@ pub async fn run(pool: &DbPool, args: JobsArgs) -> anyhow::Result<()> {
     }
     out!("{table}");
     Ok(())
+}
+
+/// The newest `--limit` jobs matching the filters: one list per queue and kind named
+/// (the library's filter takes one of each), merged newest first.
+async fn list(pool: &DbPool, args: &JobsArgs) -> anyhow::Result<Vec<JobRow>> {
+    let any = |names: &[String]| -> Vec<Option<String>> {
+        if names.is_empty() {
+            vec![None]
+        } else {
+            names.iter().cloned().map(Some).collect()
+        }
+    };
+    let mut jobs = Vec::new();
+    for queue in any(&args.queues) {
+        for kind in any(&args.kinds) {
+            let filter = JobFilter {
+                states: args.states.clone(),
+                queue: queue.clone(),
+                kind,
+                limit: args.limit,
+            };
+            jobs.extend(jobs_list(pool, &filter).await?);
+        }
+    }
+    jobs.sort_unstable_by_key(|job| std::cmp::Reverse(job.id));
+    // A queue or kind named twice lists its jobs twice.
+    jobs.dedup_by_key(|job| job.id);
+    jobs.truncate(usize::try_from(args.limit).unwrap_or(usize::MAX));
+    Ok(jobs)
 }

@@ -268,7 +268,10 @@ async fn run_command(db: &Database, command: Command) -> anyhow::Result<()> {
             let pool = db.pool("work", args.pool_size(), patience).await?;
             work::run(pool, args).await
         }
-        Command::Enqueue(args) => enqueue::run(&one_shot("enqueue").await?, args).await,
+        Command::Enqueue(args) => {
+            args.check();
+            enqueue::run(&one_shot("enqueue").await?, args).await
+        }
         Command::Jobs(args) => jobs::run(&one_shot("jobs").await?, args).await,
         Command::Show(args) => show::run(&one_shot("show").await?, args).await,
         Command::Retry(args) => retry::run(&one_shot("retry").await?, args).await,
@@ -278,7 +281,7 @@ async fn run_command(db: &Database, command: Command) -> anyhow::Result<()> {
         Command::Dashboard(args) => dashboard::run(db, args).await,
         Command::Cron(args) => cron::run(&one_shot("cron").await?, args).await,
         Command::Queue(args) => queue::run(&one_shot("queue").await?, args).await,
-        Command::Demo => demo::run(db.url.as_deref()).await,
+        Command::Demo => demo::run(db).await,
     }
 }
 

@@ -30,6 +30,19 @@ enum Kind {
     Command,
 }
 
+impl Kind {
+    /// The kind's name in `skiplock.jobs.kind`.
+    fn name(self) -> &'static str {
+        use skiplock::Job;
+        match self {
+            Kind::Noop => Noop::KIND,
+            Kind::Sleep => Sleep::KIND,
+            Kind::Http => Http::KIND,
+            Kind::Command => Command::KIND,
+        }
+    }
+}
+
 #[derive(Args)]
 pub struct WorkArgs {
     /// Queue to claim from; repeat for several (default: default). The environment
@@ -289,6 +302,13 @@ pub async fn run(pool: skiplock::DbPool, args: WorkArgs) -> anyhow::Result<()> {
             }
         };
     }
+    // The queues it claims from: --queue's (or the default) and those with slots of their own.
+    let mut queues = if args.queues.is_empty() {
+        vec![skiplock::QUEUE_DEFAULT.to_owned()]
+    } else {
+        args.queues.clone()
+    };
+    queues.extend(args.queue_concurrency.iter().map(|(q, _)| q.clone()));
     if !args.queues.is_empty() {
         builder = builder.queues(args.queues);
     }
@@ -343,7 +363,51 @@ pub async fn run(pool: skiplock::DbPool, args: WorkArgs) -> anyhow::Result<()> {
         summary.released,
         summary.lost
     );
+    if args.exit_when_idle {
+        let kinds: Vec<&str> = kinds.iter().map(|kind| kind.name()).collect();
+        match left_to_others(&pool, &queues, &kinds).await {
+            Ok(Some(line)) => eprintln!("{line}"),
+            Ok(None) => {}
+            Err(e) => tracing::warn!(
+                "cannot count the jobs left to other workers: {}",
+                crate::message(&e.into())
+            ),
+        }
+    }
     Ok(())
+}
+
+/// The line a worker that exits when idle leaves behind when its queues still hold
+/// runnable jobs of kinds it does not run (a kind of the application's, or one left out of
+/// --kinds): "idle" meant idle for this worker only. `None` when there are none.
+async fn left_to_others(
+    pool: &skiplock::DbPool,
+    queues: &[String],
+    kinds: &[&str],
+) -> skiplock::Result<Option<String>> {
+    let stats = skiplock::stats::stats(pool).await?;
+    let mut left: std::collections::BTreeMap<&str, i64> = std::collections::BTreeMap::new();
+    for row in &stats.rows {
+        if row.counts.runnable > 0
+            && queues.contains(&row.queue)
+            && !kinds.contains(&row.kind.as_str())
+        {
+            *left.entry(row.kind.as_str()).or_default() += row.counts.runnable;
+        }
+    }
+    if left.is_empty() {
+        return Ok(None);
+    }
+    let total: i64 = left.values().sum();
+    let each: Vec<String> = left
+        .iter()
+        .map(|(kind, count)| format!("{kind} {count}"))
+        .collect();
+    let jobs = if total == 1 { "job" } else { "jobs" };
+    Ok(Some(format!(
+        "left to other workers: {total} runnable {jobs} of kinds this worker does not run: {}",
+        each.join(", ")
+    )))
 }
 
 /// First SIGINT/SIGTERM: graceful shutdown. Second: release everything now.

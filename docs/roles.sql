@@ -1,0 +1,88 @@
+-- skiplock: the grants of each role (docs/operating.md, "Least privilege").
+--
+-- Run by skiplock_migrator, which owns the schema and every object in it, right after
+-- every `skiplock migrate` (the same deploy step, same login):
+--
+--     skiplock migrate && psql "$DATABASE_URL" -v ON_ERROR_STOP=1 -f docs/roles.sql
+--
+-- Idempotent. It needs no superuser: an object's owner grants on it. The roles themselves,
+-- the schema and the CREATE on the database are made once by an administrator (the first
+-- block of "Least privilege"). tests/roles.rs runs this very file, with the role names
+-- replaced, and checks that each role can do its job and nothing more.
+--
+-- Functions are SECURITY INVOKER: a function runs with the privileges of whoever calls it,
+-- so what a role may do is decided by its privileges on the tables below. EXECUTE stays
+-- granted to PUBLIC (Postgres's default): calling skiplock.claim without UPDATE on
+-- skiplock.jobs fails (42501) as a plain UPDATE would, so revoking EXECUTE would protect
+-- nothing and would break every role whenever a release adds a function a trigger calls.
+-- The roles get EXECUTE explicitly as well, so that a database whose owner revoked it from
+-- PUBLIC (ALTER DEFAULT PRIVILEGES … REVOKE EXECUTE ON FUNCTIONS FROM PUBLIC) works too.
+
+-- ---- The schema -------------------------------------------------------------------------
+
+REVOKE ALL ON SCHEMA skiplock FROM PUBLIC;
+GRANT USAGE ON SCHEMA skiplock
+    TO skiplock_worker, skiplock_enqueuer, skiplock_reader, skiplock_operator;
+GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA skiplock
+    TO skiplock_worker, skiplock_enqueuer, skiplock_reader, skiplock_operator;
+
+-- Every process checks the schema version when it starts (`skiplock::check_schema`).
+GRANT SELECT ON skiplock.schema_migrations
+    TO skiplock_worker, skiplock_enqueuer, skiplock_reader, skiplock_operator;
+
+-- ---- skiplock_worker: `skiplock work`, a skiplock::Worker, a SQL-protocol worker --------
+-- Claims, heartbeats, outcomes, the reaper, the dependency sweep and lanes (UPDATE jobs);
+-- the pruner (DELETE jobs; its rollup writes job_history, and deleting a job that had not
+-- succeeded marks its dependency edges); cron (upserts its schedules, advances their slots
+-- and inserts their jobs with ids it takes from the identity sequence first).
+GRANT SELECT, INSERT, UPDATE, DELETE ON skiplock.jobs TO skiplock_worker;
+GRANT USAGE ON SEQUENCE skiplock.jobs_id_seq TO skiplock_worker;
+GRANT SELECT, UPDATE (parent_state) ON skiplock.job_dependencies TO skiplock_worker;
+GRANT SELECT ON skiplock.queues TO skiplock_worker;
+GRANT SELECT, INSERT, UPDATE ON skiplock.cron_schedules TO skiplock_worker;
+GRANT SELECT, INSERT, UPDATE, DELETE ON skiplock.job_history TO skiplock_worker;
+
+-- ---- skiplock_enqueuer: skiplock.enqueue, skiplock::enqueue, a plain INSERT -------------
+-- INSERT, and what the enqueue path reads and writes as the caller. Every column read is
+-- needed (without any one of them, one of the enqueue paths tests/roles.rs takes is
+-- refused): skiplock.enqueue_job's
+-- INSERT … ON CONFLICT (unique_key) DO UPDATE SET args … RETURNING id, xmax = 0 reads
+-- id, state, unique_key, unique_policy, args and xmax and may rewrite args; lane order and
+-- a pending unique key look at other jobs' queue, priority, scheduled_at, state and
+-- ordering_key (and lock the key's pending job, which needs an UPDATE privilege); a unique
+-- key's replace and merge rewrite the pending job's args. depends_on inserts edges and
+-- reads the parents' id and state. Nothing else: not kind, attempts, claims, errors,
+-- progress or output, and no write but INSERT and args.
+GRANT INSERT ON skiplock.jobs TO skiplock_enqueuer;
+GRANT SELECT (id, queue, priority, scheduled_at, state, ordering_key, unique_key,
+              unique_policy, args, xmax),
+      UPDATE (args)
+    ON skiplock.jobs TO skiplock_enqueuer;
+GRANT INSERT ON skiplock.job_dependencies TO skiplock_enqueuer;
+
+-- ---- skiplock_reader: the dashboard read-only, `skiplock jobs/show/stats`, SQL reports --
+GRANT SELECT ON ALL TABLES IN SCHEMA skiplock TO skiplock_reader;
+
+-- ---- skiplock_operator: the dashboard read-write, `skiplock retry/cancel/queue/prune/cron`
+-- Reads everything; retries, cancels and deletes jobs through skiplock's functions (which
+-- write state, times and errors, clear a cancelled job's claim and fold a unique key's
+-- payloads); pauses and resumes queues; prunes (as the pruner); edits cron schedules. Not
+-- claimed_by, claimed_at or attempt: an operator cannot claim a job.
+GRANT SELECT ON ALL TABLES IN SCHEMA skiplock TO skiplock_operator;
+GRANT UPDATE (state, scheduled_at, max_attempts, finished_at, last_error, claim_token,
+              heartbeat_at, args),
+      DELETE
+    ON skiplock.jobs TO skiplock_operator;
+GRANT UPDATE (parent_state) ON skiplock.job_dependencies TO skiplock_operator;
+GRANT INSERT, UPDATE ON skiplock.queues TO skiplock_operator;
+GRANT INSERT, UPDATE, DELETE ON skiplock.cron_schedules TO skiplock_operator;
+GRANT INSERT, UPDATE, DELETE ON skiplock.job_history TO skiplock_operator;
+
+-- ---- Objects a later `skiplock migrate` creates ------------------------------------------
+-- Until this file runs again: new functions can be called (as above), and new tables and
+-- views can be read by the roles that read everything. Writes are granted here only.
+ALTER DEFAULT PRIVILEGES IN SCHEMA skiplock
+    GRANT EXECUTE ON FUNCTIONS
+    TO skiplock_worker, skiplock_enqueuer, skiplock_reader, skiplock_operator;
+ALTER DEFAULT PRIVILEGES IN SCHEMA skiplock
+    GRANT SELECT ON TABLES TO skiplock_reader, skiplock_operator;

@@ -37,7 +37,7 @@
 --     that had not succeeded cancels its waiting children instead of releasing them;
 --   * dependency rows written by hand make their child wait, as enqueue's depends_on does.
 
-CREATE SCHEMA IF NOT EXISTS skiplock;
+-- The schema skiplock itself is created by skiplock migrate when it is missing.
 
 CREATE TYPE skiplock.job_state AS ENUM (
     'waiting', 'queued', 'running', 'succeeded', 'dead', 'cancelled'

@@ -86,7 +86,14 @@ pub async fn migrations_apply(pool: &PgPool) -> Result<i32> {
         .execute(&mut *tx)
         .await?;
     sqlx::raw_sql(
-        "CREATE SCHEMA IF NOT EXISTS skiplock;
+        // Not CREATE SCHEMA IF NOT EXISTS: Postgres checks that against CREATE on the
+        // database even when the schema exists, which a migrating role that owns only
+        // the schema lacks (docs/operating.md, "Least privilege").
+        "DO $$ BEGIN
+             IF to_regnamespace('skiplock') IS NULL THEN
+                 CREATE SCHEMA skiplock;
+             END IF;
+         END $$;
          CREATE TABLE IF NOT EXISTS skiplock.schema_migrations (
              version    int PRIMARY KEY,
              name       text NOT NULL,

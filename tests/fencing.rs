@@ -500,7 +500,11 @@ async fn a_former_holder_cannot_cancel_the_job() {
     assert!(jobs_fail_many(pool, &cancel).await.unwrap().is_empty());
     let row = skiplock::job(pool, id).await.unwrap().unwrap();
     assert_eq!(
-        (row.state, row.claim_token, row.claimed_by.as_deref()),
+        (
+            row.state,
+            common::fixtures::claim_token_of(pool, id).await,
+            row.claimed_by.as_deref()
+        ),
         (JobState::Running, Some(new), Some("worker-b"))
     );
     assert_ne!(row.last_error.as_deref(), Some("late cancel"));

@@ -188,12 +188,12 @@ async fn bad_cron_expressions_are_rejected_with_their_position() {
     run.await.unwrap().unwrap();
 }
 
-/// Calls of the claim functions (`skiplock.claim…`) in this database so far, from
+/// Calls of the claim functions (`skiplock.internal_claim…`) in this database so far, from
 /// `pg_stat_user_functions` (needs `track_functions = all` on the calling sessions).
 async fn claim_calls(pool: &PgPool) -> i64 {
     sqlx::query_scalar(
         "SELECT coalesce(sum(calls), 0)::bigint FROM pg_stat_user_functions
-         WHERE schemaname = 'skiplock' AND funcname LIKE 'claim%'",
+         WHERE schemaname = 'skiplock' AND funcname LIKE 'internal_claim%'",
     )
     .fetch_one(pool)
     .await

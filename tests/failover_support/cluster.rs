@@ -128,7 +128,14 @@ impl Cluster {
             .arg(&self.data)
             .arg("-l")
             .arg(self.dir.path().join("postgres.log"))
-            .args(["-w", "-t", "60", "-o", &format!("-p {}", self.port), "start"])
+            .args([
+                "-w",
+                "-t",
+                "60",
+                "-o",
+                &format!("-p {}", self.port),
+                "start",
+            ])
             .output()
             .expect("run pg_ctl start");
         assert!(

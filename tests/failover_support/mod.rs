@@ -167,13 +167,11 @@ pub async fn wait_caught_up(primary: &PgPool, standby: &PgPool) {
         "the standby to replay the primary's WAL",
         Duration::from_secs(60),
         || async {
-            sqlx::query_scalar::<_, bool>(
-                "SELECT pg_last_wal_replay_lsn() >= $1::text::pg_lsn",
-            )
-            .bind(&target)
-            .fetch_one(standby)
-            .await
-            .unwrap_or(false)
+            sqlx::query_scalar::<_, bool>("SELECT pg_last_wal_replay_lsn() >= $1::text::pg_lsn")
+                .bind(&target)
+                .fetch_one(standby)
+                .await
+                .unwrap_or(false)
         },
     )
     .await;
@@ -231,10 +229,12 @@ pub struct Change {
 
 /// Every audited change on `pool`'s server.
 pub async fn changes(pool: &PgPool) -> Vec<Change> {
-    sqlx::query_as("SELECT job_id, old_state, new_state, old_token, new_token, at FROM public.job_audit")
-        .fetch_all(pool)
-        .await
-        .expect("read the audit")
+    sqlx::query_as(
+        "SELECT job_id, old_state, new_state, old_token, new_token, at FROM public.job_audit",
+    )
+    .fetch_all(pool)
+    .await
+    .expect("read the audit")
 }
 
 /// The claim tokens `changes` issued.

@@ -36,14 +36,16 @@ impl Proxy {
         }
     }
 
-    /// The port clients connect to.
-    pub fn port(&self) -> u16 {
-        self.port
-    }
-
     /// The URL of database `name` through the proxy.
     pub fn url(&self, name: &str) -> String {
         format!("postgres://postgres@127.0.0.1:{}/{name}", self.port)
+    }
+
+    /// Drops every connection and refuses new ones (the endpoint points nowhere) until
+    /// [`repoint`](Proxy::repoint).
+    pub fn disconnect(&self) {
+        // Port 0 cannot be connected to.
+        self.target.send_replace(0);
     }
 
     /// Forwards new connections to `target_port` from now on, and drops every connection

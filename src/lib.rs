@@ -79,6 +79,7 @@ mod maintenance;
 mod metrics;
 mod pacing;
 mod pool;
+mod read_only;
 pub mod retry;
 mod state;
 pub mod stats;

@@ -30,7 +30,9 @@ pub(crate) async fn schedule(
     loop {
         if let Err(e) = tick(&context).await {
             crate::metrics::maintenance_failed("cron");
-            tracing::warn!(error = %e, "cron pass failed; will retry");
+            if !crate::read_only::quiet(&e) {
+                tracing::warn!(error = %e, "cron pass failed; will retry");
+            }
         }
         tokio::select! {
             () = context.stop.cancelled() => return,
@@ -52,7 +54,9 @@ async fn tick(context: &Maintenance) -> sqlx::Result<()> {
     for schedule in schedules {
         if let Err(e) = run_schedule(context, &schedule, now).await {
             if is_transient_sqlx(&e) {
-                tracing::warn!(schedule = %schedule.name, error = %e, "cron schedule failed; will retry");
+                if !crate::read_only::quiet(&e) {
+                    tracing::warn!(schedule = %schedule.name, error = %e, "cron schedule failed; will retry");
+                }
                 continue;
             }
             record_error(context, &schedule, &describe_sqlx(&e)).await;

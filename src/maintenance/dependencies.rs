@@ -32,7 +32,9 @@ pub(crate) async fn sweep(context: Arc<Maintenance>) {
             Ok(moved) => tracing::debug!(moved, "settled waiting jobs whose parents finished"),
             Err(e) => {
                 crate::metrics::maintenance_failed("dependencies");
-                tracing::warn!(error = %e, "dependency sweep failed; will retry");
+                if !crate::read_only::quiet(&e) {
+                    tracing::warn!(error = %e, "dependency sweep failed; will retry");
+                }
             }
         }
     }

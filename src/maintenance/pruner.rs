@@ -79,7 +79,9 @@ pub(crate) async fn prune(context: Arc<Maintenance>, interval: Duration) {
                 }
                 Err(e) if is_transient_sqlx(&e) => {
                     crate::metrics::maintenance_failed("pruner");
-                    tracing::warn!(error = %e, "pruner pass failed; will retry");
+                    if !crate::read_only::quiet(&e) {
+                        tracing::warn!(error = %e, "pruner pass failed; will retry");
+                    }
                     break;
                 }
                 Err(e) => {
@@ -93,7 +95,9 @@ pub(crate) async fn prune(context: Arc<Maintenance>, interval: Duration) {
             job_history_prune_expired(&context.pool, duration_ms(HISTORY_RETENTION_DEFAULT)).await
         {
             crate::metrics::maintenance_failed("pruner");
-            tracing::warn!(error = %e, "folding old history failed; will retry");
+            if !crate::read_only::quiet(&e) {
+                tracing::warn!(error = %e, "folding old history failed; will retry");
+            }
         }
     }
 }

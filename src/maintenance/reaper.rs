@@ -144,7 +144,9 @@ pub(crate) async fn reap(context: Arc<Maintenance>) {
                 }
                 Err(e) if is_transient_sqlx(&e) => {
                     crate::metrics::maintenance_failed("reaper");
-                    tracing::warn!(error = %e, "reaper pass failed; will retry");
+                    if !crate::read_only::quiet(&e) {
+                        tracing::warn!(error = %e, "reaper pass failed; will retry");
+                    }
                     break;
                 }
                 Err(e) => {

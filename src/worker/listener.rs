@@ -100,7 +100,9 @@ pub(super) async fn listen(shared: Arc<Shared>, stop: CancellationToken) {
             Some(Ok(())) => tracing::warn!("listener connection lost; reconnecting"),
             Some(Err(e)) => {
                 failures += 1;
-                tracing::warn!(error = %e, "listener connection failed; polling until it reconnects");
+                if !crate::read_only::quiet(&e) {
+                    tracing::warn!(error = %e, "listener connection failed; polling until it reconnects");
+                }
             }
         }
         tokio::select! {

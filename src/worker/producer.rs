@@ -110,6 +110,7 @@ pub(super) async fn produce(
                 let jobs = match claimed {
                     Ok(jobs) => {
                         failures = 0;
+                        crate::read_only::writes_accepted();
                         jobs
                     }
                     Err(e) => {
@@ -119,7 +120,9 @@ pub(super) async fn produce(
                             continue;
                         }
                         failures += 1;
-                        tracing::warn!(error = %e, "claim failed; retrying");
+                        if !crate::read_only::quiet(&e) {
+                            tracing::warn!(error = %e, "claim failed; retrying");
+                        }
                         pause = Pause::Failed(db_retry_delay(failures));
                         continue;
                     }

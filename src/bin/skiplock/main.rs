@@ -350,6 +350,11 @@ fn hint(error: &anyhow::Error) -> &'static str {
         Some("42P01" | "42883" | "3F000") => {
             "; is the skiplock schema missing or old? run `skiplock migrate`"
         }
+        // read_only_sql_transaction: a hot standby (or a database made read-only) refused
+        // the write.
+        Some("25006") => {
+            "; the server is read-only: a hot standby (or default_transaction_read_only is on); point --database-url / DATABASE_URL at the primary, or run it again once the failover has promoted a new primary"
+        }
         // insufficient_privilege
         Some("42501") => {
             "; the role in --database-url / DATABASE_URL may not do this: connect as one that may (such as the one that ran `skiplock migrate`), or GRANT it the privilege"

@@ -6,24 +6,35 @@
 //! [`pause_queue`](crate::pause_queue)) and in the schema as SQL functions.
 
 pub use crate::db::admin::{
-    JobFilter, job_dependencies_of, jobs_get_json, jobs_get_state, jobs_list, jobs_retry_dead,
-};
-pub use crate::db::dashboard::{
-    Cursor, EndedCounts, JobsPageFilter, TEXT_SEARCH_SCAN, Throughput, WorkerRow,
-    dashboard_ended_counts, dashboard_jobs_page, dashboard_lane, dashboard_throughput,
-    dashboard_workers,
+    JobFilter, job_dependencies_of, jobs_get_state, jobs_list, jobs_retry_dead,
 };
 pub use crate::db::history::{
-    Granularity, HISTORY_RETENTION_DEFAULT, HistoryFilter, HistoryRow, HistoryTotals,
-    job_history_list, job_history_run_bounds, job_history_totals, jobs_delete_rolled_up,
-    jobs_prune_finished_rolled_up,
+    Granularity, HistoryFilter, HistoryRow, HistoryTotals, job_history_list, job_history_totals,
 };
 pub use crate::db::jobs::jobs_count_by_state;
 pub use crate::db::queues::queues_paused;
 
+// What only the binary needs (the dashboard's pages, `skiplock show --json`, `skiplock
+// prune`): compiled with the `cli` feature alone, and not part of the library's API.
+#[cfg(feature = "cli")]
+#[doc(hidden)]
+pub use crate::db::{
+    admin::jobs_get_json,
+    dashboard::{
+        Cursor, EndedCounts, JobsPageFilter, TEXT_SEARCH_SCAN, Throughput, WorkerRow,
+        dashboard_ended_counts, dashboard_jobs_page, dashboard_lane, dashboard_throughput,
+        dashboard_workers,
+    },
+    history::{
+        HISTORY_RETENTION_DEFAULT, job_history_run_bounds, jobs_delete_rolled_up,
+        jobs_prune_finished_rolled_up,
+    },
+};
+
 /// The statements of `skiplock demo` (feature `cli`): the plain-SQL enqueue it shows, and
 /// the demo's own database, which it drops only when the demo created it.
 #[cfg(feature = "cli")]
+#[doc(hidden)]
 pub mod demo {
     pub use crate::db::demo::{
         DEMO_DATABASE, DEMO_MARK, ENQUEUE_BY_SQL_FUNCTION, database_tables_outside_skiplock,

@@ -570,8 +570,7 @@ async fn a_failure_whose_reply_is_lost_is_known_as_saved() {
     let db = audited_db().await;
     let pool = &db.pool;
     enqueue_n(pool, "fails_once", json!({}), 30, EnqueueOptions::new()).await;
-    let (cutter, summary) =
-        drain_through_reply_cutter(&db.url, b"internal_fail_claims").await;
+    let (cutter, summary) = drain_through_reply_cutter(&db.url, b"internal_fail_claims").await;
     assert!(cutter.has_cut(), "the proxy lost a failure's reply");
     assert_eq!(
         (summary.failed, summary.succeeded, summary.lost),
@@ -606,8 +605,7 @@ async fn a_release_whose_reply_is_lost_is_known_as_saved() {
     let db = audited_db().await;
     let pool = &db.pool;
     enqueue_n(pool, "takes_200ms", json!({}), 20, EnqueueOptions::new()).await;
-    let (cutter, worker) =
-        worker_through_reply_cutter(&db.url, b"internal_release_claims").await;
+    let (cutter, worker) = worker_through_reply_cutter(&db.url, b"internal_release_claims").await;
     let worker = worker.concurrency(1).build().unwrap();
     let stop = worker.shutdown_handle();
     let run = tokio::spawn(worker.run());

@@ -4,6 +4,7 @@
 //! The views and `skiplock.retry_dead_jobs` are defined in `migrations/functions.sql`.
 
 use chrono::{DateTime, Utc};
+#[cfg(any(feature = "cli", feature = "internals"))]
 use serde_json::Value;
 use sqlx::types::Json;
 use sqlx::{FromRow, PgExecutor};
@@ -91,6 +92,7 @@ pub async fn jobs_of_kind(
 
 /// One job as a JSON object with every column of `skiplock.jobs`, including columns this
 /// build does not model in [`JobRow`] (so `skiplock show` never hides one).
+#[cfg(any(feature = "cli", feature = "internals"))]
 pub async fn jobs_get_json(db: impl PgExecutor<'_>, id: JobId) -> sqlx::Result<Option<Value>> {
     sqlx::query_scalar("SELECT to_jsonb(j) FROM skiplock.jobs j WHERE id = $1")
         .bind(id.0)

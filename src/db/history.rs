@@ -416,6 +416,7 @@ pub async fn job_history_totals(db: impl PgExecutor<'_>) -> sqlx::Result<Vec<His
 
 /// Upper bounds, in seconds and ascending, of the run-time histogram buckets
 /// (`skiplock.internal_job_history_run_bounds()`).
+#[cfg(any(feature = "cli", feature = "internals"))]
 pub async fn job_history_run_bounds(db: impl PgExecutor<'_>) -> sqlx::Result<Vec<f64>> {
     sqlx::query_scalar("SELECT skiplock.internal_job_history_run_bounds()")
         .fetch_one(db)

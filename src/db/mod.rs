@@ -7,6 +7,7 @@
 
 pub mod admin;
 pub mod cron;
+#[cfg(any(feature = "cli", feature = "internals"))]
 pub mod dashboard;
 #[cfg(feature = "cli")]
 pub mod demo;

@@ -8,7 +8,7 @@
 //! [`DateTime::<Utc>::MAX_UTC`] as `MAX_UTC`, `'-infinity'` and anything earlier as
 //! `MIN_UTC`. Row types use them through `#[sqlx(try_from = ...)]`.
 
-use chrono::{DateTime, Datelike, Utc};
+use chrono::{DateTime, Utc};
 use sqlx::error::BoxDynError;
 use sqlx::postgres::{PgTypeInfo, PgValueFormat, PgValueRef};
 use sqlx::{Decode, Postgres, Type, ValueRef};
@@ -94,6 +94,7 @@ impl From<MaybeTimestamp> for Option<DateTime<Utc>> {
 
 /// Reads a timestamp as `to_jsonb` writes it, saturated like [`Timestamp`]: for rows
 /// that come back as JSON (`#[serde(deserialize_with = "...")]`).
+#[cfg(any(feature = "cli", feature = "internals"))]
 pub(crate) fn deserialize_saturated<'de, D>(deserializer: D) -> Result<DateTime<Utc>, D::Error>
 where
     D: serde::Deserializer<'de>,
@@ -105,6 +106,7 @@ where
 }
 
 /// [`deserialize_saturated`] for a nullable column.
+#[cfg(any(feature = "cli", feature = "internals"))]
 pub(crate) fn deserialize_saturated_option<'de, D>(
     deserializer: D,
 ) -> Result<Option<DateTime<Utc>>, D::Error>
@@ -123,7 +125,9 @@ where
 
 /// An RFC 3339 timestamp, `infinity` or `-infinity`; a year too large for `chrono` (more
 /// than four digits) saturates, before Christ (`... BC`) to the earliest instant.
+#[cfg(any(feature = "cli", feature = "internals"))]
 fn parse_saturated(text: &str) -> Option<DateTime<Utc>> {
+    use chrono::Datelike;
     match text {
         "infinity" => return Some(DateTime::<Utc>::MAX_UTC),
         "-infinity" => return Some(DateTime::<Utc>::MIN_UTC),
@@ -158,6 +162,7 @@ fn parse_saturated(text: &str) -> Option<DateTime<Utc>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use chrono::Datelike;
 
     #[test]
     fn infinities_and_out_of_range_years_saturate() {

@@ -261,3 +261,75 @@ async fn changed_function_bodies_are_applied_by_migrate_and_keep_grants() {
     .await
     .unwrap();
 }
+
+/// An outcome a worker cannot write on an upgraded schema is not lost and not marked dead:
+/// the old worker leaves the job held and exits with the error that says to upgrade, and a
+/// worker of the new version reaps the stale claim and runs the job again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_outcome_the_old_worker_cannot_write_is_reaped_and_run_by_a_new_one() {
+    let db = test_db().await;
+    let pool = &db.pool;
+    let id = skiplock::enqueue(pool, &Slow { ms: 1_000 }).await.unwrap();
+    let recorder = Recorder::default();
+    let worker = fast_worker(pool, &recorder).concurrency(1).build().unwrap();
+    let run = tokio::spawn(worker.run());
+    wait_for("the job to start", Duration::from_secs(30), || async {
+        recorder.runs().contains_key(&id.0)
+    })
+    .await;
+    // The next version renamed the completion: the running job's outcome cannot be written.
+    migrate_to_next_version(
+        pool,
+        "ALTER FUNCTION skiplock.internal_complete_claims RENAME TO complete_claims_next",
+    )
+    .await;
+    let result = tokio::time::timeout(Duration::from_secs(60), run)
+        .await
+        .expect("the old worker stops by itself")
+        .unwrap();
+    assert!(
+        matches!(result, Err(Error::SchemaTooNew { .. })),
+        "{result:?}"
+    );
+    let held: (String, i32) =
+        sqlx::query_as("SELECT state::text, attempt FROM skiplock.jobs WHERE id = $1")
+            .bind(id)
+            .fetch_one(pool)
+            .await
+            .unwrap();
+    assert_eq!(
+        held,
+        ("running".to_owned(), 1),
+        "left held for the reaper, not dead"
+    );
+
+    // Upgraded (here: the change undone): a new worker reaps the stale claim and runs it.
+    sqlx::raw_sql(
+        "ALTER FUNCTION skiplock.complete_claims_next RENAME TO internal_complete_claims;
+         DELETE FROM skiplock.schema_migrations WHERE version > (
+             SELECT max(version) - 1 FROM skiplock.schema_migrations)",
+    )
+    .execute(pool)
+    .await
+    .unwrap();
+    let worker = fast_worker(pool, &recorder).concurrency(1).build().unwrap();
+    let shutdown = worker.shutdown_handle();
+    let run = tokio::spawn(worker.run());
+    wait_for("the job to succeed", Duration::from_secs(60), || async {
+        count_in_state(pool, JobState::Succeeded).await == 1
+    })
+    .await;
+    shutdown.shutdown();
+    run.await.unwrap().unwrap();
+    assert_eq!(recorder.runs()[&id.0], vec![1, 2]);
+    let last_error: Option<String> =
+        sqlx::query_scalar("SELECT errors -> -1 ->> 'message' FROM skiplock.jobs WHERE id = $1")
+            .bind(id)
+            .fetch_one(pool)
+            .await
+            .unwrap();
+    assert!(
+        last_error.is_some_and(|e| e.contains("claim taken back")),
+        "reaped, not failed"
+    );
+}

@@ -7,8 +7,9 @@
 //!
 //! It needs a Postgres server: the one `DATABASE_URL` points at, or else the local one on
 //! 127.0.0.1:5432 as user `postgres`. It works in a database of its own,
-//! `skiplock_example`, which it creates when missing; the database named in `DATABASE_URL`
-//! is used only to create it. Each run adds one row to its `users` table and one job.
+//! `skiplock_example`, which it creates afresh at each run (so a schema left there by an
+//! older skiplock never stands in its way); the database named in `DATABASE_URL` is used
+//! only to create it.
 
 use std::error::Error;
 use std::time::Duration;
@@ -146,7 +147,7 @@ async fn wait_for_outcome(events: &mut JobEvents, id: JobId) -> Result<(), Strin
 const EXAMPLE_DATABASE: &str = "skiplock_example";
 
 /// A pool on `skiplock_example`, on the server `DATABASE_URL` points at (default: the local
-/// server), created first if it does not exist.
+/// server), created afresh first.
 async fn connect() -> Result<PgPool, Box<dyn Error>> {
     let url = std::env::var("DATABASE_URL")
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".to_owned());
@@ -155,16 +156,13 @@ async fn connect() -> Result<PgPool, Box<dyn Error>> {
         .max_connections(1)
         .connect_with(server.clone())
         .await?;
-    let exists: bool =
-        sqlx::query_scalar("SELECT EXISTS (SELECT FROM pg_database WHERE datname = $1)")
-            .bind(EXAMPLE_DATABASE)
-            .fetch_one(&admin)
-            .await?;
-    if !exists {
-        sqlx::raw_sql("CREATE DATABASE skiplock_example")
-            .execute(&admin)
-            .await?;
-    }
+    // The example's own database, recreated at each run.
+    sqlx::raw_sql("DROP DATABASE IF EXISTS skiplock_example WITH (FORCE)")
+        .execute(&admin)
+        .await?;
+    sqlx::raw_sql("CREATE DATABASE skiplock_example")
+        .execute(&admin)
+        .await?;
     admin.close().await;
     Ok(PgPoolOptions::new()
         .max_connections(4)

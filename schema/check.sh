@@ -2,7 +2,8 @@
 # Checks that schema/skiplock.sql is the schema the migrations produce.
 #
 # Creates a throwaway database, migrates it through the real code path
-# (`cargo run --features cli --bin skiplock -- migrate`), dumps the `skiplock` schema with pg_dump,
+# (`cargo run --features cli --bin skiplock -- migrate`, or the binary SKIPLOCK_BIN names:
+# .ci/run passes the one its test build made), dumps the `skiplock` schema with pg_dump,
 # normalises the dump and compares it with schema/skiplock.sql. Exits 1 with a diff on
 # drift; `--update` rewrites schema/skiplock.sql instead. The throwaway database is
 # dropped on exit.
@@ -82,7 +83,11 @@ cleanup() {
 trap cleanup EXIT
 psql_admin -c "CREATE DATABASE \"$db\"" >/dev/null
 
-DATABASE_URL="$db_url" cargo run --quiet --features cli --bin skiplock -- migrate >/dev/null
+if [ -n "${SKIPLOCK_BIN:-}" ]; then
+    DATABASE_URL="$db_url" "$SKIPLOCK_BIN" migrate >/dev/null
+else
+    DATABASE_URL="$db_url" cargo run --quiet --features cli --bin skiplock -- migrate >/dev/null
+fi
 
 # Normalise: drop what varies between runs and pg_dump versions (the version header,
 # the session settings, the \restrict key of pg_dump 15.14 and later) and collapse runs

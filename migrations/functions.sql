@@ -740,9 +740,50 @@ BEGIN
 END;
 $$;
 
+-- The claims internal_reap_stale would take back (up to max_jobs, oldest heartbeat first),
+-- without taking them or locking anything: the list a reaper works through one job at a
+-- time when one row made its batch fail.
+CREATE OR REPLACE FUNCTION skiplock.internal_stale_claims(stale_after_ms bigint, max_jobs bigint)
+RETURNS TABLE (id bigint, claim_token uuid)
+LANGUAGE sql AS $$
+    SELECT j.id, j.claim_token FROM skiplock.jobs j
+    WHERE j.state = 'running'
+      AND (j.heartbeat_at < now() - stale_after_ms * interval '1 millisecond'
+           OR j.heartbeat_at > now() + stale_after_ms * interval '1 millisecond')
+    ORDER BY j.heartbeat_at
+    LIMIT max_jobs;
+$$;
+
+-- The last resort for claims whose outcome cannot be written as it is (the statement
+-- fails for this row alone, for a reason no retry will change): each job still holding its
+-- token goes `dead` with message as its last error, and its claim ends. The caller moves
+-- its lane and dependants on, as for any dead job. errors that is not a list (written by
+-- hand) is replaced by a list of this failure, since appending to it may be what failed.
+CREATE OR REPLACE FUNCTION skiplock.internal_abandon_claims(ids bigint[], tokens uuid[], message text)
+RETURNS TABLE (id bigint, state text, has_dependants boolean, ordering_key text)
+LANGUAGE sql AS $$
+    WITH held AS (
+        SELECT j.id FROM unnest($1::bigint[], $2::uuid[]) AS c(id, token),
+        LATERAL (SELECT id FROM skiplock.jobs j
+                 WHERE j.id = c.id AND j.claim_token = c.token
+                 FOR UPDATE) j
+    )
+    UPDATE skiplock.jobs j
+    SET state = 'dead', finished_at = now(), claim_token = NULL, heartbeat_at = NULL,
+        last_error = $3,
+        errors = CASE WHEN jsonb_typeof(j.errors) = 'array'
+            THEN skiplock.internal_append_error(j.errors, j.attempt, $3)
+            ELSE jsonb_build_array(jsonb_build_object('attempt', j.attempt, 'at', now(), 'message', $3))
+            END
+    WHERE j.id = ANY(ARRAY(SELECT id FROM held))
+    RETURNING j.id, j.state::text,
+              EXISTS (SELECT 1 FROM skiplock.job_dependencies d WHERE d.parent_id = j.id),
+              j.ordering_key;
+$$;
+
 -- The periodic repair of what a race may have left: waiting jobs whose parents have all
--- finished (a parent finished while the child's enqueue was uncommitted, or was deleted)
--- are settled, waiting jobs left without any dependency row (deleted by hand) are queued,
+-- finished (a parent finished while the child's enqueue was uncommitted, or was deleted:
+-- pruned after it succeeded, or deleted by hand before, leaving a tombstone) are settled, waiting jobs left without any dependency row (deleted by hand) are queued,
 -- and lanes whose head finished while a new lane job was being enqueued move on. Returns
 -- how many jobs moved. (A SQL function's statement is planned at every call: a plan cached
 -- while the table was empty once joined the whole table with itself, over 10 s on 200,000
@@ -995,24 +1036,44 @@ BEGIN
 END;
 $$;
 
+-- maintain's reap: takes back the stale claims (up to max_jobs, or only_id alone) and
+-- returns how many, with the jobs among them that finished (dead, or superseded by the
+-- holder of their unique_key) and those jobs' lanes, for the follow-up.
+CREATE OR REPLACE FUNCTION skiplock.internal_reap_stale_tally(stale_after_ms bigint, max_jobs bigint,
+                                                              only_id bigint DEFAULT NULL,
+                                                              OUT reaped bigint, OUT finished bigint[],
+                                                              OUT lanes text[])
+LANGUAGE sql AS $$
+    SELECT count(*),
+           coalesce(array_agg(r.id) FILTER (WHERE r.state <> 'queued'), '{}'),
+           coalesce(array_agg(r.ordering_key)
+                        FILTER (WHERE r.state <> 'queued' AND r.ordering_key IS NOT NULL), '{}')
+    FROM skiplock.internal_reap_stale(stale_after_ms, max_jobs, only_id) r;
+$$;
+
 -- One pass of what a running worker's maintenance does, for deployments with no skiplock
 -- process (call it from pg_cron, or from the workers' own loop every few seconds): running
 -- jobs whose heartbeat is older than stale_after are taken back (queued with backoff, or
 -- dead once their attempts are spent, the reason in last_error), at most 1,000 a call; then
 -- the dependants and lanes of what finished are settled, with the sweep that repairs races.
--- Safe from many sessions at once (SKIP LOCKED, conditional updates). A batch that fails on
--- one row is done one job at a time, and a job that still fails is left with a warning.
--- Cron schedules are not fired here: they need a skiplock process.
+-- Safe from many sessions at once (SKIP LOCKED, conditional updates). Cron schedules are
+-- not fired here: they need a skiplock process.
+--
+-- One row never stops the others, as in the Rust reaper (src/maintenance/reaper.rs): when a
+-- row fails the batch (a trigger of the user's, say), the batch rolls back and the stale
+-- claims are taken back one at a time, each in a subtransaction; a job that still fails
+-- goes dead with the reason in last_error, and if even that fails, a warning names it.
 CREATE OR REPLACE FUNCTION skiplock.maintain(stale_after interval DEFAULT '30 seconds')
 RETURNS TABLE (reaped bigint, moved_on bigint)
 LANGUAGE plpgsql AS $$
 DECLARE
     stale_ms bigint;
-    taken record;
-    parents bigint[] := '{}';
+    stale record;
+    one record;
+    total bigint := 0;
+    finished bigint[] := '{}';
     lanes text[] := '{}';
-    reaped_count bigint := 0;
-    stale_id bigint;
+    reason text;
 BEGIN
     IF stale_after IS NULL OR stale_after <= interval '0' THEN
         RAISE EXCEPTION 'skiplock.maintain: stale_after is %, it must be a positive interval',
@@ -1021,43 +1082,39 @@ BEGIN
     END IF;
     stale_ms := (extract(epoch FROM stale_after) * 1000)::bigint;
     BEGIN
-        FOR taken IN SELECT * FROM skiplock.internal_reap_stale(stale_ms, 1000) LOOP
-            reaped_count := reaped_count + 1;
-            IF taken.state <> 'queued' THEN
-                parents := parents || taken.id;
-                IF taken.ordering_key IS NOT NULL THEN
-                    lanes := lanes || taken.ordering_key;
-                END IF;
-            END IF;
-        END LOOP;
+        SELECT * INTO STRICT one FROM skiplock.internal_reap_stale_tally(stale_ms, 1000);
+        total := one.reaped;
+        finished := one.finished;
+        lanes := one.lanes;
     EXCEPTION WHEN OTHERS THEN
-        -- One row failed the batch (and rolled it back): one job at a time instead.
-        reaped_count := 0;
-        parents := '{}';
-        lanes := '{}';
-        FOR stale_id IN
-            SELECT j.id FROM skiplock.jobs j
-            WHERE j.state = 'running'
-              AND (j.heartbeat_at < now() - stale_after OR j.heartbeat_at > now() + stale_after)
-            ORDER BY j.heartbeat_at LIMIT 1000
-        LOOP
+        FOR stale IN SELECT * FROM skiplock.internal_stale_claims(stale_ms, 1000) LOOP
             BEGIN
-                FOR taken IN SELECT * FROM skiplock.internal_reap_stale(stale_ms, 1, stale_id) LOOP
-                    reaped_count := reaped_count + 1;
-                    IF taken.state <> 'queued' THEN
-                        parents := parents || taken.id;
-                        IF taken.ordering_key IS NOT NULL THEN
-                            lanes := lanes || taken.ordering_key;
-                        END IF;
-                    END IF;
-                END LOOP;
+                SELECT * INTO STRICT one
+                FROM skiplock.internal_reap_stale_tally(stale_ms, 1, stale.id);
             EXCEPTION WHEN OTHERS THEN
-                RAISE WARNING 'skiplock.maintain: job % could not be taken back: %', stale_id, SQLERRM;
+                reason := SQLERRM;
+                BEGIN
+                    SELECT count(*) AS reaped, coalesce(array_agg(a.id), '{}') AS finished,
+                           coalesce(array_agg(a.ordering_key)
+                                        FILTER (WHERE a.ordering_key IS NOT NULL), '{}') AS lanes
+                    INTO STRICT one
+                    FROM skiplock.internal_abandon_claims(
+                        ARRAY[stale.id], ARRAY[stale.claim_token],
+                        skiplock.internal_error_message(
+                            'taken back from a stale claim, but could not be requeued: ' || reason)) a;
+                EXCEPTION WHEN OTHERS THEN
+                    RAISE WARNING 'skiplock.maintain: job % could not be taken back (%) nor marked dead (%)',
+                        stale.id, reason, SQLERRM;
+                    CONTINUE;
+                END;
             END;
+            total := total + one.reaped;
+            finished := finished || one.finished;
+            lanes := lanes || one.lanes;
         END LOOP;
     END;
-    RETURN QUERY SELECT reaped_count,
-        (skiplock.internal_move_on(parents, lanes) + skiplock.internal_settle_waiting())::bigint;
+    RETURN QUERY SELECT total,
+        (skiplock.internal_move_on(finished, lanes) + skiplock.internal_settle_waiting())::bigint;
 END;
 $$;
 

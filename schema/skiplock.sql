@@ -308,6 +308,32 @@ END;
 $$;
 
 --
+-- Name: internal_abandon_claims(bigint[], uuid[], text); Type: FUNCTION; Schema: skiplock; Owner: -
+--
+
+CREATE FUNCTION skiplock.internal_abandon_claims(ids bigint[], tokens uuid[], message text) RETURNS TABLE(id bigint, state text, has_dependants boolean, ordering_key text)
+    LANGUAGE sql
+    AS $_$
+    WITH held AS (
+        SELECT j.id FROM unnest($1::bigint[], $2::uuid[]) AS c(id, token),
+        LATERAL (SELECT id FROM skiplock.jobs j
+                 WHERE j.id = c.id AND j.claim_token = c.token
+                 FOR UPDATE) j
+    )
+    UPDATE skiplock.jobs j
+    SET state = 'dead', finished_at = now(), claim_token = NULL, heartbeat_at = NULL,
+        last_error = $3,
+        errors = CASE WHEN jsonb_typeof(j.errors) = 'array'
+            THEN skiplock.internal_append_error(j.errors, j.attempt, $3)
+            ELSE jsonb_build_array(jsonb_build_object('attempt', j.attempt, 'at', now(), 'message', $3))
+            END
+    WHERE j.id = ANY(ARRAY(SELECT id FROM held))
+    RETURNING j.id, j.state::text,
+              EXISTS (SELECT 1 FROM skiplock.job_dependencies d WHERE d.parent_id = j.id),
+              j.ordering_key;
+$_$;
+
+--
 -- Name: internal_advance_lanes(text[]); Type: FUNCTION; Schema: skiplock; Owner: -
 --
 
@@ -1040,6 +1066,20 @@ END;
 $_$;
 
 --
+-- Name: internal_reap_stale_tally(bigint, bigint, bigint); Type: FUNCTION; Schema: skiplock; Owner: -
+--
+
+CREATE FUNCTION skiplock.internal_reap_stale_tally(stale_after_ms bigint, max_jobs bigint, only_id bigint DEFAULT NULL::bigint, OUT reaped bigint, OUT finished bigint[], OUT lanes text[]) RETURNS record
+    LANGUAGE sql
+    AS $$
+    SELECT count(*),
+           coalesce(array_agg(r.id) FILTER (WHERE r.state <> 'queued'), '{}'),
+           coalesce(array_agg(r.ordering_key)
+                        FILTER (WHERE r.state <> 'queued' AND r.ordering_key IS NOT NULL), '{}')
+    FROM skiplock.internal_reap_stale(stale_after_ms, max_jobs, only_id) r;
+$$;
+
+--
 -- Name: internal_release_claims(bigint[], uuid[], bigint[]); Type: FUNCTION; Schema: skiplock; Owner: -
 --
 
@@ -1212,6 +1252,21 @@ CREATE FUNCTION skiplock.internal_settle_waiting() RETURNS integer
 $$;
 
 --
+-- Name: internal_stale_claims(bigint, bigint); Type: FUNCTION; Schema: skiplock; Owner: -
+--
+
+CREATE FUNCTION skiplock.internal_stale_claims(stale_after_ms bigint, max_jobs bigint) RETURNS TABLE(id bigint, claim_token uuid)
+    LANGUAGE sql
+    AS $$
+    SELECT j.id, j.claim_token FROM skiplock.jobs j
+    WHERE j.state = 'running'
+      AND (j.heartbeat_at < now() - stale_after_ms * interval '1 millisecond'
+           OR j.heartbeat_at > now() + stale_after_ms * interval '1 millisecond')
+    ORDER BY j.heartbeat_at
+    LIMIT max_jobs;
+$$;
+
+--
 -- Name: internal_superseded_message(bigint, text); Type: FUNCTION; Schema: skiplock; Owner: -
 --
 
@@ -1259,11 +1314,12 @@ CREATE FUNCTION skiplock.maintain(stale_after interval DEFAULT '00:00:30'::inter
     AS $$
 DECLARE
     stale_ms bigint;
-    taken record;
-    parents bigint[] := '{}';
+    stale record;
+    one record;
+    total bigint := 0;
+    finished bigint[] := '{}';
     lanes text[] := '{}';
-    reaped_count bigint := 0;
-    stale_id bigint;
+    reason text;
 BEGIN
     IF stale_after IS NULL OR stale_after <= interval '0' THEN
         RAISE EXCEPTION 'skiplock.maintain: stale_after is %, it must be a positive interval',
@@ -1272,43 +1328,39 @@ BEGIN
     END IF;
     stale_ms := (extract(epoch FROM stale_after) * 1000)::bigint;
     BEGIN
-        FOR taken IN SELECT * FROM skiplock.internal_reap_stale(stale_ms, 1000) LOOP
-            reaped_count := reaped_count + 1;
-            IF taken.state <> 'queued' THEN
-                parents := parents || taken.id;
-                IF taken.ordering_key IS NOT NULL THEN
-                    lanes := lanes || taken.ordering_key;
-                END IF;
-            END IF;
-        END LOOP;
+        SELECT * INTO STRICT one FROM skiplock.internal_reap_stale_tally(stale_ms, 1000);
+        total := one.reaped;
+        finished := one.finished;
+        lanes := one.lanes;
     EXCEPTION WHEN OTHERS THEN
-        -- One row failed the batch (and rolled it back): one job at a time instead.
-        reaped_count := 0;
-        parents := '{}';
-        lanes := '{}';
-        FOR stale_id IN
-            SELECT j.id FROM skiplock.jobs j
-            WHERE j.state = 'running'
-              AND (j.heartbeat_at < now() - stale_after OR j.heartbeat_at > now() + stale_after)
-            ORDER BY j.heartbeat_at LIMIT 1000
-        LOOP
+        FOR stale IN SELECT * FROM skiplock.internal_stale_claims(stale_ms, 1000) LOOP
             BEGIN
-                FOR taken IN SELECT * FROM skiplock.internal_reap_stale(stale_ms, 1, stale_id) LOOP
-                    reaped_count := reaped_count + 1;
-                    IF taken.state <> 'queued' THEN
-                        parents := parents || taken.id;
-                        IF taken.ordering_key IS NOT NULL THEN
-                            lanes := lanes || taken.ordering_key;
-                        END IF;
-                    END IF;
-                END LOOP;
+                SELECT * INTO STRICT one
+                FROM skiplock.internal_reap_stale_tally(stale_ms, 1, stale.id);
             EXCEPTION WHEN OTHERS THEN
-                RAISE WARNING 'skiplock.maintain: job % could not be taken back: %', stale_id, SQLERRM;
+                reason := SQLERRM;
+                BEGIN
+                    SELECT count(*) AS reaped, coalesce(array_agg(a.id), '{}') AS finished,
+                           coalesce(array_agg(a.ordering_key)
+                                        FILTER (WHERE a.ordering_key IS NOT NULL), '{}') AS lanes
+                    INTO STRICT one
+                    FROM skiplock.internal_abandon_claims(
+                        ARRAY[stale.id], ARRAY[stale.claim_token],
+                        skiplock.internal_error_message(
+                            'taken back from a stale claim, but could not be requeued: ' || reason)) a;
+                EXCEPTION WHEN OTHERS THEN
+                    RAISE WARNING 'skiplock.maintain: job % could not be taken back (%) nor marked dead (%)',
+                        stale.id, reason, SQLERRM;
+                    CONTINUE;
+                END;
             END;
+            total := total + one.reaped;
+            finished := finished || one.finished;
+            lanes := lanes || one.lanes;
         END LOOP;
     END;
-    RETURN QUERY SELECT reaped_count,
-        (skiplock.internal_move_on(parents, lanes) + skiplock.internal_settle_waiting())::bigint;
+    RETURN QUERY SELECT total,
+        (skiplock.internal_move_on(finished, lanes) + skiplock.internal_settle_waiting())::bigint;
 END;
 $$;
 

@@ -77,6 +77,18 @@ async fn enqueue_noop(pool: &PgPool) -> i64 {
     enqueue(pool, Job::default()).await
 }
 
+/// A due `noop` job of [`QUEUE`] in the lane `key`.
+async fn enqueue_in_lane(pool: &PgPool, key: &str) -> i64 {
+    enqueue(
+        pool,
+        Job {
+            ordering_key: Some(key),
+            ..Job::default()
+        },
+    )
+    .await
+}
+
 async fn claim_from(
     pool: &PgPool,
     queue: &str,
@@ -442,30 +454,9 @@ async fn claim_follows_priority_then_scheduled_at_and_leaves_future_jobs() {
 async fn claim_runs_a_lane_in_order_and_its_next_job_is_claimable_right_after_complete() {
     let db = test_db().await;
     let pool = &db.pool;
-    let first = enqueue(
-        pool,
-        Job {
-            ordering_key: Some("acct-1"),
-            ..Job::default()
-        },
-    )
-    .await;
-    let second = enqueue(
-        pool,
-        Job {
-            ordering_key: Some("acct-1"),
-            ..Job::default()
-        },
-    )
-    .await;
-    let third = enqueue(
-        pool,
-        Job {
-            ordering_key: Some("acct-1"),
-            ..Job::default()
-        },
-    )
-    .await;
+    let first = enqueue_in_lane(pool, "acct-1").await;
+    let second = enqueue_in_lane(pool, "acct-1").await;
+    let third = enqueue_in_lane(pool, "acct-1").await;
     let head = claim(pool, 10).await;
     assert_eq!(ids(&head), [first], "only the lane's head is runnable");
     assert!(
@@ -607,22 +598,8 @@ async fn complete_saves_the_output_and_finishes_the_job_once() {
 async fn complete_tells_listening_workers_of_the_next_job_of_its_lane() {
     let db = test_db().await;
     let pool = &db.pool;
-    let first = enqueue(
-        pool,
-        Job {
-            ordering_key: Some("l"),
-            ..Job::default()
-        },
-    )
-    .await;
-    enqueue(
-        pool,
-        Job {
-            ordering_key: Some("l"),
-            ..Job::default()
-        },
-    )
-    .await;
+    let first = enqueue_in_lane(pool, "l").await;
+    enqueue_in_lane(pool, "l").await;
     let job = claim_one(pool).await;
     let mut listener = PgListener::connect(db.url()).await.unwrap();
     listener.listen("skiplock_runnable").await.unwrap();
@@ -702,14 +679,7 @@ async fn fail_on_the_last_attempt_is_dead_and_moves_the_lane_on() {
         },
     )
     .await;
-    let next = enqueue(
-        pool,
-        Job {
-            ordering_key: Some("l"),
-            ..Job::default()
-        },
-    )
-    .await;
+    let next = enqueue_in_lane(pool, "l").await;
     let job = claim_one(pool).await;
     assert_eq!(
         fail(pool, id, Some(job.claim_token), "one")
@@ -792,22 +762,8 @@ async fn snooze_queues_the_job_after_the_delay_without_counting_the_attempt() {
 async fn each_function_runs_in_the_callers_transaction() {
     let db = test_db().await;
     let pool = &db.pool;
-    let id = enqueue(
-        pool,
-        Job {
-            ordering_key: Some("l"),
-            ..Job::default()
-        },
-    )
-    .await;
-    let next = enqueue(
-        pool,
-        Job {
-            ordering_key: Some("l"),
-            ..Job::default()
-        },
-    )
-    .await;
+    let id = enqueue_in_lane(pool, "l").await;
+    let next = enqueue_in_lane(pool, "l").await;
     let before = row(pool, id).await;
     let mut tx = pool.begin().await.unwrap();
     let claimed: Vec<Claimed> = sqlx::query_as("SELECT * FROM skiplock.claim($1, 10, $2)")
@@ -914,22 +870,8 @@ async fn assert_fenced(pool: &PgPool, id: i64, token: Option<Uuid>) {
 async fn a_wrong_stale_or_null_token_changes_nothing() {
     let db = test_db().await;
     let pool = &db.pool;
-    let id = enqueue(
-        pool,
-        Job {
-            ordering_key: Some("l"),
-            ..Job::default()
-        },
-    )
-    .await;
-    let next = enqueue(
-        pool,
-        Job {
-            ordering_key: Some("l"),
-            ..Job::default()
-        },
-    )
-    .await;
+    let id = enqueue_in_lane(pool, "l").await;
+    let next = enqueue_in_lane(pool, "l").await;
     let first = claim_one(pool).await;
     assert_fenced(pool, id, Some(Uuid::new_v4())).await;
     assert_fenced(pool, id, None).await;
@@ -1045,14 +987,7 @@ async fn maintain_moves_on_the_lane_and_dependants_of_a_job_it_reaped_dead() {
         },
     )
     .await;
-    let behind = enqueue(
-        pool,
-        Job {
-            ordering_key: Some("l"),
-            ..Job::default()
-        },
-    )
-    .await;
+    let behind = enqueue_in_lane(pool, "l").await;
     let parent = enqueue(
         pool,
         Job {
@@ -1081,6 +1016,70 @@ async fn maintain_moves_on_the_lane_and_dependants_of_a_job_it_reaped_dead() {
     );
     assert_eq!(state(pool, child).await, "cancelled");
     assert_eq!(ids(&claim(pool, 10).await), [behind]);
+}
+
+/// One row that fails the reap never stops the others, as in the Rust reaper: a trigger of
+/// the user's refuses to requeue one stale job (`refused`) and refuses any change at all to
+/// another (`stuck`). maintain takes the others back; `refused` goes dead with the reason in
+/// last_error and its lane moves on; `stuck` stays as it is, named in a warning.
+#[tokio::test]
+async fn a_row_that_fails_maintains_batch_is_set_aside_and_the_others_are_taken_back() {
+    let db = test_db().await;
+    let pool = &db.pool;
+    let refused = enqueue_in_lane(pool, "l").await;
+    let behind = enqueue_in_lane(pool, "l").await;
+    let stuck = enqueue_noop(pool).await;
+    let others = [enqueue_noop(pool).await, enqueue_noop(pool).await];
+    let claimed = ids(&claim(pool, 10).await);
+    assert_eq!(claimed, [refused, stuck, others[0], others[1]]);
+    age_heartbeat(pool, &claimed, 60.0).await;
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "CREATE FUNCTION public.refuse() RETURNS trigger LANGUAGE plpgsql AS $$
+         BEGIN
+             IF NEW.id = {refused} AND NEW.state = 'queued' THEN
+                 RAISE EXCEPTION 'job {refused} must not be requeued';
+             ELSIF NEW.id = {stuck} THEN
+                 RAISE EXCEPTION 'job {stuck} must not change';
+             END IF;
+             RETURN NEW;
+         END $$;
+         CREATE TRIGGER refuse BEFORE UPDATE ON skiplock.jobs
+             FOR EACH ROW EXECUTE FUNCTION public.refuse();"
+    )))
+    .execute(pool)
+    .await
+    .unwrap();
+
+    let mut conn = pool.acquire().await.unwrap();
+    let (reaped, moved_on) = maintain(&mut conn, 30.0).await;
+    assert_eq!(reaped, 3, "the two others and `refused`, which went dead");
+    assert!(
+        moved_on >= 1,
+        "the lane behind `refused` moved on: {moved_on}"
+    );
+    for id in others {
+        let after = row(pool, id).await;
+        assert_eq!(
+            (&after["state"], &after["attempt"]),
+            (&json!("queued"), &json!(1))
+        );
+        assert!(
+            after["last_error"].as_str().unwrap().contains(WORKER),
+            "{after}"
+        );
+    }
+    let after = row(pool, refused).await;
+    assert_eq!(after["state"], "dead");
+    assert_eq!(
+        after["last_error"],
+        format!(
+            "taken back from a stale claim, but could not be requeued: job {refused} must not be requeued"
+        )
+    );
+    assert_eq!(state(pool, behind).await, "queued");
+    assert_eq!(state(pool, stuck).await, "running", "left as it was");
+    // The next pass meets the same row again and still takes nothing else by mistake.
+    assert_eq!(maintain(&mut conn, 30.0).await.0, 0);
 }
 
 /// Two sessions run maintain at once, each in its own transaction, over the same stale

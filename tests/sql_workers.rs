@@ -1,6 +1,7 @@
 //! The example workers of examples/python (psycopg) and examples/node (pg), run as a user
 //! runs them, side by side with a `skiplock work` process on one queue: every job runs
-//! exactly once, lanes keep their order, and SIGTERM stops each cleanly.
+//! exactly once, lanes keep their order, SIGTERM stops each cleanly, and with no skiplock
+//! process at all one example worker takes back and runs the claims of a killed one.
 //!
 //! Needs python3 with psycopg and node with examples/node's packages (`.ci/run` installs
 //! them); under `CI=true` a missing one fails the test.
@@ -112,21 +113,20 @@ impl Worker {
 
     /// An example worker: `program worker.<ext>` in its examples folder.
     fn example(db: &TestDb, name: &'static str, program: &str, dir: &str, batch: u32) -> Self {
-        let dir = examples().join(dir);
-        let script = if program == "node" {
-            "worker.js"
-        } else {
-            "worker.py"
-        };
-        let mut command = tokio::process::Command::new(program);
-        command
-            .arg(script)
-            .current_dir(dir)
-            .env("DATABASE_URL", db.url())
-            .env("SKIPLOCK_QUEUE", QUEUE)
-            .env("SKIPLOCK_WORKER", name)
-            .env("SKIPLOCK_BATCH", batch.to_string());
-        Self::spawn(name, command)
+        Self::spawn(name, example_command(db, name, program, dir, batch))
+    }
+
+    /// Sends SIGKILL (no chance to release or finish anything) and waits for the exit;
+    /// returns the log.
+    async fn kill(mut self) -> String {
+        self.child.start_kill().unwrap();
+        let status = tokio::time::timeout(Duration::from_secs(30), self.child.wait())
+            .await
+            .unwrap_or_else(|_| panic!("{} did not exit within 30 s of SIGKILL", self.name))
+            .unwrap();
+        assert_eq!(status.code(), None, "{} was killed by a signal", self.name);
+        self.reader.await.unwrap();
+        self.log.lock().unwrap().clone()
     }
 
     /// Sends SIGTERM and waits for the exit; returns the exit code and the whole log.
@@ -147,6 +147,31 @@ impl Worker {
     }
 }
 
+/// The command that runs an example worker (`program worker.<ext>` in its examples folder)
+/// on the test's queue, as `name`, claiming `batch` jobs at a time.
+fn example_command(
+    db: &TestDb,
+    name: &str,
+    program: &str,
+    dir: &str,
+    batch: u32,
+) -> tokio::process::Command {
+    let script = if program == "node" {
+        "worker.js"
+    } else {
+        "worker.py"
+    };
+    let mut command = tokio::process::Command::new(program);
+    command
+        .arg(script)
+        .current_dir(examples().join(dir))
+        .env("DATABASE_URL", db.url())
+        .env("SKIPLOCK_QUEUE", QUEUE)
+        .env("SKIPLOCK_WORKER", name)
+        .env("SKIPLOCK_BATCH", batch.to_string());
+    command
+}
+
 /// Waits until a session whose `application_name` is LIKE `application_name` is connected
 /// to the test's database.
 async fn wait_connected(db: &TestDb, application_name: &str) {
@@ -165,6 +190,15 @@ async fn wait_connected(db: &TestDb, application_name: &str) {
         },
     )
     .await;
+}
+
+/// How many jobs are in one of `states`.
+async fn jobs_in_states(db: &TestDb, states: &[&str]) -> i64 {
+    sqlx::query_scalar("SELECT count(*) FROM skiplock.jobs WHERE state::text = ANY($1)")
+        .bind(states)
+        .fetch_one(&db.pool)
+        .await
+        .unwrap()
 }
 
 /// Records every change of a job's state in `state_changes`, numbered in the order the
@@ -247,13 +281,7 @@ async fn python_node_and_rust_workers_share_a_queue_each_job_once_and_lanes_in_o
     let total = i64::from(LANES * PER_LANE + FREE);
 
     wait_for("every job to finish", Duration::from_secs(180), || async {
-        let finished: i64 = sqlx::query_scalar(
-            "SELECT count(*) FROM skiplock.jobs WHERE state IN ('succeeded', 'dead', 'cancelled')",
-        )
-        .fetch_one(&db.pool)
-        .await
-        .unwrap();
-        finished == total
+        jobs_in_states(&db, &["succeeded", "dead", "cancelled"]).await == total
     })
     .await;
 
@@ -411,5 +439,131 @@ async fn sigterm_lets_the_running_job_finish_and_releases_the_rest_of_the_batch(
             "{name}: (state, attempt, jobs); its log:\n{log}"
         );
         assert_eq!(completed_in_log(&log).len(), 1, "{name}:\n{log}");
+    }
+}
+
+/// A Python worker is killed (SIGKILL) while it holds four claims: one job running (it
+/// hangs until its claim is lost) and three claimed, not started. With no skiplock process
+/// anywhere, another example worker, Python or Node, takes the stale claims back through
+/// `skiplock.maintain` in its own loop (`SKIPLOCK_STALE_AFTER` made short) and runs them:
+/// every job succeeds exactly once, on its second attempt, and the reap is recorded with
+/// its reason (which worker went quiet).
+#[tokio::test]
+async fn an_example_worker_takes_back_and_runs_the_claims_of_a_killed_one() {
+    const JOBS: i64 = 4;
+    const STALE_AFTER_SECS: u32 = 2;
+    const KILLED: &str = "python-killed";
+    if !tools_present("the example workers' reaping of a killed one") {
+        return;
+    }
+    for (reaper, program, dir) in [
+        ("python-reaper", "python3", "python"),
+        ("node-reaper", "node", "node"),
+    ] {
+        let db = test_db().await;
+        install_audit(&db).await;
+        let ids: Vec<i64> = sqlx::query_scalar(
+            "SELECT skiplock.enqueue('hang_once', '{}', $1) FROM generate_series(1, $2)",
+        )
+        .bind(QUEUE)
+        .bind(JOBS)
+        .fetch_all(&db.pool)
+        .await
+        .unwrap();
+
+        let mut command = example_command(&db, KILLED, "python3", "python", JOBS as u32);
+        command.env("SKIPLOCK_STALE_AFTER", STALE_AFTER_SECS.to_string());
+        let killed = Worker::spawn(KILLED, command);
+        killed.wait_for_log(") attempt 1 started").await;
+        let running_by_killed = || async {
+            sqlx::query_scalar::<_, i64>(
+                "SELECT count(*) FROM skiplock.jobs WHERE state = 'running' AND claimed_by = $1",
+            )
+            .bind(KILLED)
+            .fetch_one(&db.pool)
+            .await
+            .unwrap()
+        };
+        assert_eq!(
+            running_by_killed().await,
+            JOBS,
+            "one batch claimed them all"
+        );
+        let killed_log = killed.kill().await;
+        assert_eq!(
+            running_by_killed().await,
+            JOBS,
+            "a killed worker gives nothing back; its log:\n{killed_log}"
+        );
+
+        let mut command = example_command(&db, reaper, program, dir, JOBS as u32);
+        command.env("SKIPLOCK_STALE_AFTER", STALE_AFTER_SECS.to_string());
+        let worker = Worker::spawn(reaper, command);
+        wait_for(
+            &format!("{reaper} to take back and run every job"),
+            Duration::from_secs(90),
+            || async { jobs_in_states(&db, &["succeeded"]).await == JOBS },
+        )
+        .await;
+        let (code, log) = worker.terminate().await;
+        assert_eq!(
+            code,
+            Some(0),
+            "{reaper} exits 0 after SIGTERM; its log:\n{log}"
+        );
+        assert!(
+            log.contains("maintain: took back"),
+            "{reaper} took the claims back itself; its log:\n{log}"
+        );
+
+        // Each job: reaped once with the reason, then run and saved once, by the reaper.
+        // The messages of `errors`, one a line.
+        let jobs: Vec<(i64, String, i32, Option<String>, String)> = sqlx::query_as(
+            "SELECT id, state::text, attempt, claimed_by,
+                    array_to_string(ARRAY(SELECT e ->> 'message'
+                                          FROM jsonb_array_elements(errors) e), E'\\n')
+             FROM skiplock.jobs ORDER BY id",
+        )
+        .fetch_all(&db.pool)
+        .await
+        .unwrap();
+        let reason = format!(
+            "no heartbeat from {KILLED} for over {} ms; claim taken back",
+            STALE_AFTER_SECS * 1000
+        );
+        for (id, state, attempt, claimed_by, errors) in &jobs {
+            assert_eq!(
+                (state.as_str(), *attempt, claimed_by.as_deref()),
+                ("succeeded", 2, Some(reaper)),
+                "job {id}; {reaper}'s log:\n{log}"
+            );
+            assert_eq!(errors, &reason, "job {id}'s recorded failures");
+        }
+        let changes: Vec<(i64, String, String)> =
+            sqlx::query_as("SELECT job_id, from_state, to_state FROM state_changes ORDER BY seq")
+                .fetch_all(&db.pool)
+                .await
+                .unwrap();
+        for id in &ids {
+            let of_job: Vec<(&str, &str)> = changes
+                .iter()
+                .filter(|c| c.0 == *id)
+                .map(|c| (c.1.as_str(), c.2.as_str()))
+                .collect();
+            assert_eq!(
+                of_job,
+                [
+                    ("queued", "running"),
+                    ("running", "queued"),
+                    ("queued", "running"),
+                    ("running", "succeeded")
+                ],
+                "job {id}'s state changes"
+            );
+        }
+        let mut completed = completed_in_log(&log);
+        completed.sort_unstable();
+        assert_eq!(completed, ids, "{reaper} completed each job once");
+        assert!(completed_in_log(&killed_log).is_empty(), "{killed_log}");
     }
 }

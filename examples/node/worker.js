@@ -8,7 +8,8 @@
 // with skiplock.complete or skiplock.fail. A timer heartbeats the claims held (a job whose
 // claim is gone is aborted) and calls skiplock.maintain now and then, so stale claims of
 // crashed workers are taken back even with no skiplock process running. SIGTERM or SIGINT:
-// the running job finishes, the claimed jobs not yet started are released, exit 0.
+// the running job finishes, the claimed jobs not yet started are released, exit 0. With
+// --exit-when-idle it also exits 0 once a claim finds nothing to take.
 'use strict';
 
 const os = require('node:os');
@@ -16,10 +17,12 @@ const { parseArgs } = require('node:util');
 const { setTimeout: sleepMs } = require('node:timers/promises');
 const pg = require('pg');
 
-// Heartbeat well inside maintain's stale_after (30 s by default): a claim whose heartbeat
-// is older than that is taken back and the job runs again elsewhere.
-const HEARTBEAT_MS = 5000;
-const MAINTAIN_MS = 15000;
+// A claim whose heartbeat is older than stale_after is taken back by skiplock.maintain and
+// the job runs again elsewhere. --stale-after sets it (the same on every worker of the
+// database); this worker heartbeats six times and calls maintain twice within it.
+const STALE_AFTER_SECS_DEFAULT = 30;
+const HEARTBEATS_PER_STALE_AFTER = 6;
+const MAINTAINS_PER_STALE_AFTER = 2;
 // With no job to run, wait this long for a skiplock_runnable notification before claiming
 // again (jobs that become due by their scheduled_at announce nothing).
 const IDLE_POLL_MS = 1000;
@@ -36,6 +39,16 @@ const handlers = {
     if (job.attempt === 1) throw new Error('planned failure on the first attempt');
     return null;
   },
+  // The first attempt hangs until its claim is lost (its worker was killed and the job
+  // taken back, say); later attempts succeed. For tests of the reaper.
+  hang_once: async (args, job) => {
+    if (job.attempt === 1) {
+      await new Promise((resolve, reject) => {
+        job.signal.addEventListener('abort', () => reject(job.signal.reason), { once: true });
+      });
+    }
+    return null;
+  },
 };
 
 const { values: opts } = parseArgs({
@@ -44,16 +57,28 @@ const { values: opts } = parseArgs({
     kinds: { type: 'string', default: process.env.SKIPLOCK_KINDS ?? Object.keys(handlers).join(',') },
     batch: { type: 'string', default: process.env.SKIPLOCK_BATCH ?? '10' },
     name: { type: 'string', default: process.env.SKIPLOCK_WORKER ?? `node-${os.hostname()}-${process.pid}` },
+    // Seconds without a heartbeat after which maintain takes a claim back.
+    'stale-after': { type: 'string', default: process.env.SKIPLOCK_STALE_AFTER ?? String(STALE_AFTER_SECS_DEFAULT) },
+    // Exit 0 once a claim finds nothing to take.
+    'exit-when-idle': { type: 'boolean', default: !['', '0', 'false'].includes(process.env.SKIPLOCK_EXIT_WHEN_IDLE ?? '') },
+    // DEBUG, INFO (a line per job), WARNING or ERROR.
+    'log-level': { type: 'string', default: process.env.SKIPLOCK_LOG_LEVEL ?? 'INFO' },
   },
 });
 const kinds = opts.kinds.split(',').filter(Boolean);
 const batchSize = Number.parseInt(opts.batch, 10);
+const staleAfterSecs = Number(opts['stale-after']);
 for (const kind of kinds) {
   if (!handlers[kind]) throw new Error(`no handler for kind ${kind}`);
 }
+if (!(staleAfterSecs > 0)) throw new Error(`--stale-after is ${opts['stale-after']}, it must be a positive number of seconds`);
 
-const log = (level, message) =>
-  console.error(`${new Date().toISOString()} ${opts.name} ${level} ${message}`);
+const LEVELS = { DEBUG: 10, INFO: 20, WARN: 30, WARNING: 30, ERROR: 40 };
+const minLevel = LEVELS[opts['log-level'].toUpperCase()];
+if (minLevel === undefined) throw new Error(`unknown --log-level ${opts['log-level']}`);
+const log = (level, message) => {
+  if (LEVELS[level] >= minLevel) console.error(`${new Date().toISOString()} ${opts.name} ${level} ${message}`);
+};
 
 // The claims this worker holds: id -> job. bigint ids come back from pg as strings.
 const held = new Map();
@@ -122,14 +147,19 @@ async function main() {
     log('ERROR', `heartbeat: ${error}`);
     process.exit(1);
   };
-  const heartbeat = setInterval(() => keepClaims(keeper).catch(fatal), HEARTBEAT_MS);
+  const staleAfterMs = staleAfterSecs * 1000;
+  const heartbeat = setInterval(() => keepClaims(keeper).catch(fatal), staleAfterMs / HEARTBEATS_PER_STALE_AFTER);
   const maintain = setInterval(async () => {
-    const { rows } = await keeper.query('SELECT * FROM skiplock.maintain()').catch(fatal);
-    if (rows[0].reaped !== '0') log('INFO', `maintain: took back ${rows[0].reaped} stale claims`);
-  }, MAINTAIN_MS);
+    const { rows } = await keeper
+      .query('SELECT * FROM skiplock.maintain(make_interval(secs => $1))', [staleAfterSecs])
+      .catch(fatal);
+    if (rows[0].reaped !== '0') {
+      log('INFO', `maintain: took back ${rows[0].reaped} stale claims, moved on ${rows[0].moved_on} jobs`);
+    }
+  }, staleAfterMs / MAINTAINS_PER_STALE_AFTER);
   db.on('notification', () => wake());
   await db.query('LISTEN skiplock_runnable');
-  log('INFO', `worker started: queue ${opts.queue}, kinds ${kinds}, batch ${batchSize}`);
+  log('INFO', `worker started: queue ${opts.queue}, kinds ${kinds}, batch ${batchSize}, stale after ${staleAfterSecs} s`);
 
   while (!stopping) {
     const { rows } = await db.query(
@@ -151,7 +181,9 @@ async function main() {
         await runJob(db, job);
       }
     }
-    if (jobs.length === 0 && !stopping) {
+    if (jobs.length === 0 && opts['exit-when-idle']) {
+      stopping = true;
+    } else if (jobs.length === 0 && !stopping) {
       // Wait for a job to become runnable (or the next poll, or a signal).
       await new Promise((resolve) => {
         const timer = setTimeout(resolve, IDLE_POLL_MS);

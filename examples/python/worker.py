@@ -9,6 +9,7 @@ skiplock.complete or skiplock.fail. A background thread heartbeats the claims he
 whose claim is gone is told to stop) and calls skiplock.maintain now and then, so stale
 claims of crashed workers are taken back even with no skiplock process running. SIGTERM or
 SIGINT: the running job finishes, the claimed jobs not yet started are released, exit 0.
+With --exit-when-idle it also exits 0 once a claim finds nothing to take.
 """
 
 import argparse
@@ -25,10 +26,12 @@ from psycopg.types.json import Jsonb
 
 log = logging.getLogger("worker")
 
-# Heartbeat well inside maintain's stale_after (30 s by default): a claim whose heartbeat
-# is older than that is taken back and the job runs again elsewhere.
-HEARTBEAT_SECS = 5.0
-MAINTAIN_SECS = 15.0
+# A claim whose heartbeat is older than stale_after is taken back by skiplock.maintain and
+# the job runs again elsewhere. --stale-after sets it (the same on every worker of the
+# database); this worker heartbeats six times and calls maintain twice within it.
+STALE_AFTER_SECS_DEFAULT = 30.0
+HEARTBEATS_PER_STALE_AFTER = 6
+MAINTAINS_PER_STALE_AFTER = 2
 # With no job to run, wait this long for a skiplock_runnable notification before claiming
 # again (jobs that become due by their scheduled_at announce nothing).
 IDLE_POLL_SECS = 1.0
@@ -56,7 +59,16 @@ def fail_once(args, job):
     return None
 
 
-HANDLERS = {"noop": noop, "sleep": sleep, "fail_once": fail_once}
+def hang_once(args, job):
+    """The first attempt hangs until its claim is lost (its worker was killed and the job
+    taken back, say); later attempts succeed. For tests of the reaper."""
+    if job["attempt"] == 1:
+        job["stop"].wait()
+        raise Stopped()
+    return None
+
+
+HANDLERS = {"noop": noop, "sleep": sleep, "fail_once": fail_once, "hang_once": hang_once}
 
 
 class Claims:
@@ -79,12 +91,12 @@ class Claims:
             return list(self._jobs.values())
 
 
-def keep_claims(url, name, claims, stopping):
-    """Heartbeats the held claims every HEARTBEAT_SECS and runs skiplock.maintain every
-    MAINTAIN_SECS, on a connection of its own, until `stopping` is set."""
+def keep_claims(url, name, stale_after, claims, stopping):
+    """Heartbeats the held claims and runs skiplock.maintain(stale_after), several times
+    within stale_after, on a connection of its own, until `stopping` is set."""
     next_maintain = time.monotonic()
     with psycopg.connect(url, autocommit=True, application_name=f"{name} (heartbeat)") as conn:
-        while not stopping.wait(HEARTBEAT_SECS):
+        while not stopping.wait(stale_after / HEARTBEATS_PER_STALE_AFTER):
             held = claims.snapshot()
             if held:
                 rows = conn.execute(
@@ -98,10 +110,12 @@ def keep_claims(url, name, claims, stopping):
                             log.warning("job %s: claim lost (reaped or cancelled); stopping it", job_id)
                             job["stop"].set()
             if time.monotonic() >= next_maintain:
-                reaped, moved_on = conn.execute("SELECT * FROM skiplock.maintain()").fetchone()
+                reaped, moved_on = conn.execute(
+                    "SELECT * FROM skiplock.maintain(make_interval(secs => %s))", (stale_after,)
+                ).fetchone()
                 if reaped:
                     log.info("maintain: took back %s stale claims, moved on %s jobs", reaped, moved_on)
-                next_maintain = time.monotonic() + MAINTAIN_SECS
+                next_maintain = time.monotonic() + stale_after / MAINTAINS_PER_STALE_AFTER
 
 
 def run_job(conn, claims, job):
@@ -140,12 +154,22 @@ def main():
                         help="jobs claimed at once")
     parser.add_argument("--name", default=os.environ.get(
         "SKIPLOCK_WORKER", f"python-{socket.gethostname()}-{os.getpid()}"))
+    parser.add_argument("--stale-after", type=float,
+                        default=float(os.environ.get("SKIPLOCK_STALE_AFTER", STALE_AFTER_SECS_DEFAULT)),
+                        help="seconds without a heartbeat after which maintain takes a claim back")
+    parser.add_argument("--exit-when-idle", action="store_true",
+                        default=os.environ.get("SKIPLOCK_EXIT_WHEN_IDLE", "") not in ("", "0", "false"),
+                        help="exit 0 once a claim finds nothing to take")
+    parser.add_argument("--log-level", default=os.environ.get("SKIPLOCK_LOG_LEVEL", "INFO"),
+                        help="DEBUG, INFO (a line per job), WARNING or ERROR")
     opts = parser.parse_args()
+    if opts.stale_after <= 0:
+        parser.error("--stale-after must be positive")
     kinds = [k for k in opts.kinds.split(",") if k]
     unknown = set(kinds) - set(HANDLERS)
     if unknown:
         parser.error(f"no handler for kinds {sorted(unknown)}")
-    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s {opts.name} %(levelname)s %(message)s")
+    logging.basicConfig(level=opts.log_level.upper(), format=f"%(asctime)s {opts.name} %(levelname)s %(message)s")
 
     stopping = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -153,11 +177,12 @@ def main():
 
     url = os.environ["DATABASE_URL"]
     claims = Claims()
-    keeper = threading.Thread(target=keep_claims, args=(url, opts.name, claims, stopping))
+    keeper = threading.Thread(target=keep_claims, args=(url, opts.name, opts.stale_after, claims, stopping))
     with psycopg.connect(url, autocommit=True, application_name=opts.name) as conn:
         keeper.start()
         conn.execute("LISTEN skiplock_runnable")
-        log.info("worker started: queue %s, kinds %s, batch %s", opts.queue, kinds, opts.batch)
+        log.info("worker started: queue %s, kinds %s, batch %s, stale after %s s",
+                 opts.queue, kinds, opts.batch, opts.stale_after)
         while not stopping.is_set():
             batch = conn.execute(
                 "SELECT id, kind, args, attempt, claim_token FROM skiplock.claim(%s, %s::int, %s, %s::text[])",
@@ -174,7 +199,9 @@ def main():
                         conn.execute("SELECT skiplock.release(%s, %s)", (job["id"], job["claim_token"]))
                 elif not job["stop"].is_set():
                     run_job(conn, claims, job)
-            if not jobs:
+            if not jobs and opts.exit_when_idle:
+                stopping.set()
+            elif not jobs:
                 # Wait for a job to become runnable (or the next poll, or a signal).
                 for _ in conn.notifies(timeout=IDLE_POLL_SECS, stop_after=1):
                     pass

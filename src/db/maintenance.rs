@@ -29,18 +29,12 @@ pub struct ReapedJob {
     pub ordering_key: Option<String>,
 }
 
-/// Returns up to `limit` running jobs whose heartbeat is older than `stale_after_ms` (by
-/// the database clock) to `queued` with the default backoff, or to `dead` when their
-/// attempts are exhausted. A heartbeat more than `stale_after_ms` in the future counts as
-/// stale too: heartbeats are written with the database clock, so only a hand-written
-/// `heartbeat_at` can be there, and such a job would otherwise stay `running` for good.
-///
-/// `SKIP LOCKED` lets every worker run this at once: a row being completed right now is
-/// locked by its completer and skipped, and a row completed after our snapshot fails the
-/// re-check of `state = 'running'`, so a finished job is never reset.
-///
-/// A job whose `unique_key` another pending job took meanwhile is superseded, not
-/// requeued (`skiplock.internal_fold_into_key_holder`): it comes back `cancelled`.
+/// Takes back up to `limit` running jobs whose heartbeat is older than `stale_after_ms` (by
+/// the database clock), or as far in the future: `queued` with the default backoff, `dead`
+/// when their attempts are spent, or `cancelled` when a pending job took their
+/// `unique_key`. Safe from any number of workers at once. The caller moves on the lanes and
+/// dependants of those that finished. How and why: `skiplock.internal_reap_stale` in
+/// migrations/functions.sql.
 pub async fn jobs_reap_stale(
     db: impl PgExecutor<'_>,
     stale_after_ms: i64,
@@ -113,27 +107,20 @@ async fn jobs_reap_stale_matching(
     .await
 }
 
-/// Claims of running jobs whose heartbeat is older than `stale_after_ms` (or as far in the
-/// future, see [`jobs_reap_stale`]), oldest first,
-/// without taking them: the reaper lists them to reap one at a time when a batch failed.
+/// The claims (id, token) [`jobs_reap_stale`] would take back, oldest first, without
+/// taking them: the reaper lists them to reap one at a time when a batch failed
+/// (`skiplock.internal_stale_claims`, which `skiplock.maintain` uses the same way).
 pub async fn jobs_list_stale(
     db: impl PgExecutor<'_>,
     stale_after_ms: i64,
     limit: i64,
 ) -> sqlx::Result<Vec<(i64, Uuid)>> {
-    sqlx::query_as(
-        "SELECT id, claim_token FROM skiplock.jobs
-         WHERE state = 'running'
-           AND (heartbeat_at < now() - $1 * interval '1 millisecond'
-                OR heartbeat_at > now() + $1 * interval '1 millisecond')
-         ORDER BY heartbeat_at
-         LIMIT $2",
-    )
-    .bind(stale_after_ms)
-    .bind(limit)
-    .persistent(false)
-    .fetch_all(db)
-    .await
+    sqlx::query_as("SELECT id, claim_token FROM skiplock.internal_stale_claims($1, $2)")
+        .bind(stale_after_ms)
+        .bind(limit)
+        .persistent(false)
+        .fetch_all(db)
+        .await
 }
 
 #[cfg(feature = "internals")]
@@ -259,17 +246,10 @@ pub async fn jobs_advance_lanes(db: impl PgExecutor<'_>, keys: &[String]) -> sql
         .await
 }
 
-/// Repairs what a race may have left: waiting jobs whose parents have all finished (a
-/// parent finished while the child's enqueue was still uncommitted, or was deleted: pruned
-/// after it succeeded, or deleted by hand before: a tombstone) are settled, waiting jobs
-/// left without any dependency row (rows deleted by hand) are queued, and lanes whose head
-/// finished while a new lane job was being enqueued move on. Returns how many jobs moved.
-///
-/// Planned afresh at every call (an unnamed statement, not the connection's cache): it
-/// runs about once a second, and a plan cached while the table was empty (a worker that
-/// started on a fresh database, on a server where no ANALYZE or VACUUM ever invalidates
-/// the plan) joined the whole table with itself: over 10 s on 200,000 rows instead of 7 ms.
-/// Planning costs well under a millisecond.
+/// Repairs what a race may have left (waiting jobs whose parents have all finished, lanes
+/// whose head finished while a new lane job was being enqueued); returns how many jobs
+/// moved. What it repairs and why: `skiplock.internal_settle_waiting` in
+/// migrations/functions.sql. Unnamed, as the module's statements are.
 pub async fn jobs_settle_waiting(db: impl PgExecutor<'_>) -> sqlx::Result<i32> {
     sqlx::query_scalar("SELECT skiplock.internal_settle_waiting()")
         .persistent(false)

@@ -336,23 +336,13 @@ pub async fn jobs_release_many(
 
 /// Extends held claims with the database clock, in one statement per worker per
 /// heartbeat interval whatever the number of jobs; returns the claims (id and token) that
-/// are gone (reaped, cancelled, finished by someone else, deleted).
-///
-/// Rows locked by another statement (most often this worker's own completer, saving the
-/// job's outcome right now) are skipped rather than waited on: a heartbeat must never
-/// queue behind a slow commit, or it would itself go stale. A skipped claim still counts
-/// as held when the statement's snapshot shows it running under our token; the next
-/// heartbeat extends it or finds it gone. The time written is `clock_timestamp()`, taken
-/// when the row is written: a heartbeat that had to wait for a table lock records the end
-/// of the wait, not its start. The claims gone are found by one primary-key probe per
-/// claim (`LIMIT 1` keeps the lookup from being flattened into a join, which the planner
-/// may run as a scan of the whole table).
+/// are gone (reaped, cancelled, finished by someone else, deleted): their handlers must be
+/// stopped. A claim whose row is locked right now (by this worker's own completer, most
+/// often) is skipped, not waited on, and counts as held.
 ///
 /// `claims_in_flight` are the tokens of claim statements the worker sent and has not yet
-/// read the reply of: the jobs holding one of them are extended too (they are this
-/// worker's, fenced by the token, though it does not know their ids yet); locked rows are
-/// skipped there too. Usually empty; the extra update then costs nothing. When not, it
-/// walks the running jobs' index.
+/// read the reply of: the jobs holding one are extended too. Usually empty, which costs
+/// nothing. How and why: `skiplock.internal_heartbeat_claims` in migrations/functions.sql.
 pub async fn jobs_heartbeat_many(
     db: impl PgExecutor<'_>,
     ids: &[i64],
@@ -368,11 +358,10 @@ pub async fn jobs_heartbeat_many(
         .await
 }
 
-/// The last resort for a claim whose outcome cannot be saved as it is (the statement
-/// fails for this row alone, for a reason no retry will change): the job goes `dead` with
-/// `message` as its last error, its claim ends, and its lane and dependants move on as for
-/// any dead job. Matches the claim token like every claim-holder write. Returns the jobs
-/// whose claim was still valid.
+/// Marks held jobs `dead` with `message` as their last error: the last resort for claims
+/// whose outcome cannot be saved as it is (`skiplock.internal_abandon_claims` in
+/// migrations/functions.sql says when and how). The caller moves the returned jobs' lanes
+/// and dependants on, as for any dead job. Returns the jobs whose claim was still valid.
 pub async fn jobs_abandon_many(
     db: impl PgExecutor<'_>,
     ids: &[i64],
@@ -380,30 +369,13 @@ pub async fn jobs_abandon_many(
     message: &str,
 ) -> sqlx::Result<Vec<SavedJob>> {
     let claims = ClaimList::sorted(ids, tokens);
-    let message = sanitize_message(message);
     sqlx::query_as(
-        concat!(
-            "WITH held AS (
-             SELECT j.id FROM unnest($1::bigint[], $2::uuid[]) AS c(id, token),
-             LATERAL (SELECT id FROM skiplock.jobs j
-                      WHERE j.id = c.id AND j.claim_token = c.token
-                      FOR UPDATE) j
-         )
-         UPDATE skiplock.jobs j
-         SET state = 'dead', finished_at = now(), claim_token = NULL, heartbeat_at = NULL,
-             last_error = $3,
-             errors = CASE WHEN jsonb_typeof(j.errors) = 'array'
-                 THEN skiplock.internal_append_error(j.errors, j.attempt, $3)
-                 ELSE jsonb_build_array(jsonb_build_object('attempt', j.attempt, 'at', now(), 'message', $3))
-                 END
-         WHERE j.id = ANY(ARRAY(SELECT id FROM held))
-         RETURNING ",
-            saved_job_columns!()
-        ),
+        "SELECT id, state, has_dependants, ordering_key
+         FROM skiplock.internal_abandon_claims($1, $2, $3)",
     )
     .bind(&claims.ids)
     .bind(&claims.tokens)
-    .bind(&message)
+    .bind(sanitize_message(message))
     .persistent(false)
     .fetch_all(db)
     .await

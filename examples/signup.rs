@@ -84,12 +84,13 @@ async fn main() -> Result<(), Box<dyn Error>> {
         .bind(&email)
         .fetch_one(&mut *tx)
         .await?;
-    let job_id = skiplock::enqueue_with(
+    let job_id = skiplock::enqueue(
         &mut *tx,
         &SendWelcome { user_id, email },
         EnqueueOptions::new().queue("mail"),
     )
-    .await?;
+    .await?
+    .id;
     tx.commit().await?;
     println!("user {user_id} signed up; job {job_id} enqueued in the same transaction");
 

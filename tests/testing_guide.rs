@@ -43,7 +43,7 @@ async fn sign_up(pool: &PgPool, name: &str) -> Result<i64, Box<dyn std::error::E
         .fetch_one(&mut *tx)
         .await?;
     let options = EnqueueOptions::new().queue("mail");
-    skiplock::enqueue_with(&mut *tx, &SendWelcome { user_id }, options).await?;
+    skiplock::enqueue(&mut *tx, &SendWelcome { user_id }, options).await?;
     tx.commit().await?;
     Ok(user_id)
 }

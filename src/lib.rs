@@ -61,10 +61,10 @@
 //!   (untyped: [`NewJob`], a kind and JSON args).
 //! - **Run**: the [`Job`] trait, and a [`Worker`] built with [`Worker::builder`], whose
 //!   methods ([`WorkerBuilder`]) state every setting's default.
-//! - **Jobs and queues**: [`job`], [`retry`], [`cancel`], [`pause_queue`],
-//!   [`resume_queue`] at the root; the operator's listings and history in [`admin`];
-//!   numbers in [`stats`]; schedules in [`cron`]; the default retry delays in
-//!   [`backoff`].
+//! - **Jobs and queues**, at the root: [`job`], [`jobs`], [`retry`], [`retry_dead`],
+//!   [`cancel`], [`pause_queue`], [`resume_queue`], [`paused_queues`]. The operator's
+//!   other reads (history, dependencies, counts) are in [`admin`], numbers in [`stats`],
+//!   schedules in [`cron`], the default retry delays in [`backoff`].
 //! - **Schema**: [`migrate`] at every start, [`check_schema`] to refuse a mismatch.
 //!
 //! ## How big args may be
@@ -104,6 +104,7 @@ mod error;
 mod job;
 mod maintenance;
 mod metrics;
+mod operations;
 mod pacing;
 #[cfg_attr(
     not(any(feature = "cli", feature = "internals")),
@@ -123,6 +124,9 @@ pub use enqueue::{
 };
 pub use error::{Error, Result};
 pub use job::{EnqueueOptions, Fate, Job, JobContext, JobError, JobId, JobState, UniquePolicy};
+pub use operations::{
+    JobFilter, cancel, job, jobs, pause_queue, paused_queues, resume_queue, retry, retry_dead,
+};
 // The pool the runtime runs its statements on, direct or through PgBouncer's transaction
 // pooling: an application gives `Worker::builder` a `PgPool` and says `.pgbouncer(true)`.
 // Public only for the binary (every command's pool) and skiplock's own tests.
@@ -165,76 +169,4 @@ pub async fn check_schema(pool: &sqlx::PgPool) -> Result<()> {
         }),
         std::cmp::Ordering::Equal => Ok(()),
     }
-}
-
-/// Pauses a queue: workers claim nothing from it until it is resumed; running jobs
-/// finish. Same as `SELECT skiplock.pause_queue(name)`.
-///
-/// # Errors
-///
-/// [`Error::Database`] if the statement fails.
-pub async fn pause_queue<'e>(db: impl sqlx::PgExecutor<'e>, queue: &str) -> Result<()> {
-    Ok(db::queues::queues_pause(db, queue).await?)
-}
-
-/// Resumes a paused queue and wakes its workers. Same as
-/// `SELECT skiplock.resume_queue(name)`.
-///
-/// # Errors
-///
-/// [`Error::Database`] if the statement fails.
-pub async fn resume_queue<'e>(db: impl sqlx::PgExecutor<'e>, queue: &str) -> Result<()> {
-    Ok(db::queues::queues_resume(db, queue).await?)
-}
-
-/// Fetches one job by id, as operators see it (`skiplock show ID`).
-///
-/// # Errors
-///
-/// [`Error::Database`] if the query fails.
-///
-/// # Examples
-///
-/// ```no_run
-/// use skiplock::{JobId, JobState};
-/// # async fn example(pool: sqlx::PgPool) -> Result<(), skiplock::Error> {
-/// let id = JobId(42);
-/// if let Some(job) = skiplock::job(&pool, id).await? {
-///     match job.state {
-///         JobState::Dead => {
-///             println!("job {id} died: {:?}", job.last_error);
-///             skiplock::retry(&pool, id).await?; // one more attempt, now
-///         }
-///         JobState::Queued | JobState::Running => {
-///             skiplock::cancel(&pool, id).await?;
-///         }
-///         state => println!("job {id} is {state}"),
-///     }
-/// }
-/// # Ok(()) }
-/// ```
-pub async fn job<'e>(db: impl sqlx::PgExecutor<'e>, id: JobId) -> Result<Option<JobRow>> {
-    Ok(db::jobs::jobs_get(db, id).await?)
-}
-
-/// Puts a `dead`, `cancelled`, `succeeded` or scheduled job back in line to run now, with
-/// one more attempt if it had none left. Returns false if the job is running, waiting or
-/// does not exist. Same as `SELECT skiplock.retry_job(id)`.
-///
-/// # Errors
-///
-/// [`Error::Database`] if the statement fails.
-pub async fn retry<'e>(db: impl sqlx::PgExecutor<'e>, id: JobId) -> Result<bool> {
-    Ok(db::jobs::jobs_retry(db, id).await?)
-}
-
-/// Cancels a job that has not finished: a queued job never runs, a running job's handler
-/// is stopped at its worker's next heartbeat. Returns false if the job had finished or
-/// does not exist. Same as `SELECT skiplock.cancel_job(id)`.
-///
-/// # Errors
-///
-/// [`Error::Database`] if the statement fails.
-pub async fn cancel<'e>(db: impl sqlx::PgExecutor<'e>, id: JobId) -> Result<bool> {
-    Ok(db::jobs::jobs_cancel(db, id).await?)
 }

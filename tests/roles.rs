@@ -848,7 +848,7 @@ async fn an_operator_retries_cancels_pauses_and_prunes_but_never_claims() {
 
     assert!(skiplock::retry(o, JobId(dead)).await.unwrap());
     assert_eq!(roles.state_of(dead).await, "queued");
-    let retried = skiplock::admin::jobs_retry_dead(o, None).await.unwrap();
+    let retried = skiplock::retry_dead(o, None).await.unwrap();
     assert_eq!(retried, [JobId(dead_too)]);
     assert!(skiplock::cancel(o, JobId(queued)).await.unwrap());
     assert_eq!(roles.state_of(queued).await, "cancelled");

@@ -4,7 +4,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use serde_json::json;
-use skiplock::admin::JobFilter;
+use skiplock::JobFilter;
 use skiplock::admin::demo::{self, DEMO_DATABASE, DEMO_MARK};
 use skiplock::builtin::{Noop, Sleep};
 use skiplock::embedded::{DatabaseSource, resolve_database_url};
@@ -219,11 +219,7 @@ async fn print_states(pool: &PgPool) -> anyhow::Result<()> {
         ..JobFilter::default()
     };
     // Oldest first: the list comes newest first.
-    for job in skiplock::admin::jobs_list(pool, &dead)
-        .await?
-        .into_iter()
-        .rev()
-    {
+    for job in skiplock::jobs(pool, &dead).await?.into_iter().rev() {
         outln!(
             "  dead job {} ({}): {}",
             job.id,

@@ -89,7 +89,7 @@ pub mod builtin;
 pub mod cron;
 // Every statement skiplock runs. Private, so that an application cannot run one that only
 // the runtime may (a claim, a heartbeat, a reap); the operator's reads and actions are
-// public in `admin`. The `internals` feature, for skiplock's own tests and benchmarks,
+// public at the root (src/operations.rs) and in `admin`. The `internals` feature, for skiplock's own tests and benchmarks,
 // makes it public; it is not part of the API.
 #[cfg(feature = "internals")]
 #[doc(hidden)]

@@ -43,8 +43,10 @@ use support::{
     drain_noop, progress, rate, thousands,
 };
 
-/// Concurrency the library uses when none is set (`skiplock::worker::CONCURRENCY_DEFAULT`).
-const DEFAULT_CONCURRENCY: usize = skiplock::worker::CONCURRENCY_DEFAULT;
+/// Concurrency the library uses when none is set.
+fn default_concurrency() -> usize {
+    skiplock::WorkerConfig::default().concurrency
+}
 
 #[tokio::main]
 async fn main() {
@@ -104,7 +106,8 @@ async fn main() {
     let headline_n = 200_000;
     let headline = if wants("headline") || wants("scale") {
         progress(format!(
-            "headline: drain {headline_n} jobs with default settings (concurrency {DEFAULT_CONCURRENCY})"
+            "headline: drain {headline_n} jobs with default settings (concurrency {})",
+            default_concurrency()
         ));
         let headline =
             drain_fresh(&db, headline_n, DrainCfg::capped(Duration::from_secs(120))).await;
@@ -200,7 +203,7 @@ async fn main() {
                 "worker CPU µs/job",
             ]);
             for (name, run) in &scale_runs {
-                let r = row("", &DEFAULT_CONCURRENCY.to_string(), run);
+                let r = row("", &default_concurrency().to_string(), run);
                 let mut cells = vec![name.clone()];
                 cells.extend_from_slice(&r[1..5]);
                 cells.push(format!("{:+.1} %", pct(run.drained.rate(), base)));
@@ -249,13 +252,14 @@ async fn main() {
         ]);
         table.row(row(
             &format!("defaults ({} jobs, above)", thousands(headline_n)),
-            &DEFAULT_CONCURRENCY.to_string(),
+            &default_concurrency().to_string(),
             headline,
         ));
         let prefetches: &[usize] = if opts.quick { &[1000] } else { &[256, 1000] };
         for &prefetch in prefetches {
             progress(format!(
-                "tuning: drain {headline_n} jobs, concurrency {DEFAULT_CONCURRENCY}, prefetch {prefetch}"
+                "tuning: drain {headline_n} jobs, concurrency {}, prefetch {prefetch}",
+                default_concurrency()
             ));
             let run = drain_fresh(
                 &db,
@@ -269,7 +273,7 @@ async fn main() {
             best_runtime = best_runtime.max(run.drained.rate());
             table.row(row(
                 &format!("prefetch {prefetch}"),
-                &DEFAULT_CONCURRENCY.to_string(),
+                &default_concurrency().to_string(),
                 &run,
             ));
         }

@@ -20,9 +20,9 @@ mod support;
 use std::future::Future;
 use std::time::Instant;
 
+use skiplock::EnqueueOptions;
 use skiplock::builtin::Noop;
 use skiplock::db::enqueue::{InsertBatch, jobs_insert_many};
-use skiplock::{EnqueueOptions, QUEUE_DEFAULT};
 use sqlx::PgPool;
 use sqlx::types::Json;
 use support::{BenchDb, Opts, Table, progress, rate, thousands};
@@ -54,7 +54,9 @@ async fn main() {
         single,
         |pool, _, n| async move {
             for _ in 0..n {
-                skiplock::enqueue(&pool, &Noop {}).await.expect("enqueue");
+                skiplock::enqueue(&pool, &Noop {}, EnqueueOptions::default())
+                    .await
+                    .expect("enqueue");
             }
         },
     )
@@ -67,7 +69,9 @@ async fn main() {
         single_16,
         |pool, _, n| async move {
             for _ in 0..n {
-                skiplock::enqueue(&pool, &Noop {}).await.expect("enqueue");
+                skiplock::enqueue(&pool, &Noop {}, EnqueueOptions::default())
+                    .await
+                    .expect("enqueue");
             }
         },
     )
@@ -82,7 +86,9 @@ async fn main() {
         single_16,
         |pool, _, n| async move {
             for _ in 0..n {
-                skiplock::enqueue(&pool, &Noop {}).await.expect("enqueue");
+                skiplock::enqueue(&pool, &Noop {}, EnqueueOptions::default())
+                    .await
+                    .expect("enqueue");
             }
         },
     )
@@ -99,7 +105,7 @@ async fn main() {
             for _ in 0..n / 100 {
                 let mut tx = pool.begin().await.expect("begin");
                 for _ in 0..100 {
-                    skiplock::enqueue(&mut *tx, &Noop {})
+                    skiplock::enqueue(&mut *tx, &Noop {}, EnqueueOptions::default())
                         .await
                         .expect("enqueue");
                 }
@@ -277,11 +283,11 @@ fn insert_batch(n: usize) -> InsertBatch {
     for _ in 0..n {
         batch.kinds.push("noop".to_owned());
         batch.args.push(Json(serde_json::json!({})));
-        batch.queues.push(QUEUE_DEFAULT.to_owned());
+        batch.queues.push("default".to_owned());
         batch.priorities.push(0);
         batch.run_at.push(None);
         batch.delays_ms.push(0);
-        batch.max_attempts.push(skiplock::MAX_ATTEMPTS_DEFAULT);
+        batch.max_attempts.push(25);
         batch.ordering_keys.push(None);
         batch.unique_keys.push(None);
         batch.unique_policies.push("skip");

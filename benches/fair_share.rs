@@ -179,9 +179,10 @@ async fn phase(db: &BenchDb, backlog: i64, window: Duration, probes: bool) -> Ph
     while t0.elapsed() < window {
         tick.tick().await;
         if probes {
-            let id = skiplock::enqueue_with(&client, &Probe {}, EnqueueOptions::new().queue("b"))
+            let id = skiplock::enqueue(&client, &Probe {}, EnqueueOptions::new().queue("b"))
                 .await
                 .expect("enqueue")
+                .id
                 .0;
             committed_at.insert(id, Instant::now());
         }

@@ -229,7 +229,11 @@ async fn probe(
     let mut timeouts = 0;
     for _ in 0..n {
         let t = Instant::now();
-        let id = skiplock::enqueue(pool, &Probe {}).await.expect("enqueue").0;
+        let id = skiplock::enqueue(pool, &Probe {}, skiplock::EnqueueOptions::default())
+            .await
+            .expect("enqueue")
+            .id
+            .0;
         let committed = Instant::now();
         enqueue.push(ms(committed.duration_since(t)));
         let deadline = tokio::time::Instant::now() + Duration::from_secs(5);

@@ -9,17 +9,18 @@
 //! 127.0.0.1:5432 as user `postgres`. It works in a database of its own,
 //! `skiplock_example`, which it creates afresh at each run (so a schema left there by an
 //! older skiplock never stands in its way); the database named in `DATABASE_URL` is used
-//! only to create it.
+//! only to create it. It exits 1 unless its job succeeded.
+//!
+//! README.md shows the text between the two marker lines below, verbatim
+//! (`tests/readme.rs` fails when the two differ).
 
+// ---- README.md, "Use it from Rust", from here ----
 use std::error::Error;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
-use skiplock::{
-    EnqueueOptions, Job, JobContext, JobError, JobEventOutcome, JobEvents, JobId, Worker,
-};
+use skiplock::{EnqueueOptions, Job, JobContext, JobError, JobId, JobState, Worker};
 use sqlx::PgPool;
-use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 
 /// The job. Its serde encoding is the job's `args` column: `{"user_id": 1, "email": "…"}`.
 #[derive(Serialize, Deserialize)]
@@ -37,9 +38,9 @@ impl Job for SendWelcome {
     async fn run(self, ctx: JobContext) -> Result<(), JobError> {
         // Shared state given to the worker with `.data(…)`.
         let Some(mailer) = ctx.data::<Mailer>() else {
-            return Err(JobError::permanent("no Mailer on this worker"));
+            return Err(JobError::permanent("no Mailer on this worker")); // `dead` at once
         };
-        // Any std error converts into a retryable failure: the job runs again after a backoff.
+        // Any std error is a retryable failure: the job runs again after a backoff.
         mailer.send(&self.email, "Welcome!").await?;
         println!("welcomed user {} (attempt {})", self.user_id, ctx.attempt());
         Ok(())
@@ -63,9 +64,25 @@ impl Mailer {
     }
 }
 
+/// The sign-up: the user row and its welcome job commit together, or neither exists.
+async fn sign_up(pool: &PgPool, email: &str) -> Result<JobId, Box<dyn Error>> {
+    let mut tx = pool.begin().await?;
+    let user_id: i64 = sqlx::query_scalar("INSERT INTO users (email) VALUES ($1) RETURNING id")
+        .bind(email)
+        .fetch_one(&mut *tx)
+        .await?;
+    let job = SendWelcome {
+        user_id,
+        email: email.to_owned(),
+    };
+    let enqueued = skiplock::enqueue(&mut *tx, &job, EnqueueOptions::new().queue("mail")).await?;
+    tx.commit().await?;
+    Ok(enqueued.id)
+}
+
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn Error>> {
-    let pool = connect().await?;
+    let pool = connect().await?; // a database of this example's own (below)
     // Creates or upgrades the `skiplock` schema; idempotent, safe from many processes.
     skiplock::migrate(&pool).await?;
     sqlx::query(
@@ -77,24 +94,11 @@ async fn main() -> Result<(), Box<dyn Error>> {
     .execute(&pool)
     .await?;
 
-    // The sign-up: the user row and its welcome job commit together, or neither exists.
-    let email = "ada@example.com".to_owned();
-    let mut tx = pool.begin().await?;
-    let user_id: i64 = sqlx::query_scalar("INSERT INTO users (email) VALUES ($1) RETURNING id")
-        .bind(&email)
-        .fetch_one(&mut *tx)
-        .await?;
-    let job_id = skiplock::enqueue_with(
-        &mut *tx,
-        &SendWelcome { user_id, email },
-        EnqueueOptions::new().queue("mail"),
-    )
-    .await?;
-    tx.commit().await?;
-    println!("user {user_id} signed up; job {job_id} enqueued in the same transaction");
+    let job_id = sign_up(&pool, "ada@example.com").await?;
+    println!("job {job_id} enqueued in the sign-up's transaction");
 
-    // A worker for the `mail` queue. A service would run it until SIGTERM; this example
-    // stops it once its job has an outcome (or on Ctrl-C).
+    // A worker for the `mail` queue. A service runs it until SIGTERM (call `shutdown()` on
+    // `worker.shutdown_handle()`); this one returns once nothing is left to do.
     let worker = Worker::builder(pool.clone())
         .register::<SendWelcome>()
         .queues(["mail"])
@@ -102,53 +106,31 @@ async fn main() -> Result<(), Box<dyn Error>> {
         .data(Mailer {
             from: "hello@example.com".to_owned(),
         })
+        .exit_when_idle(true)
         .build()?;
-    let mut events = worker.subscribe();
-    let stop = worker.shutdown_handle();
-    let running = tokio::spawn(worker.run());
-    let outcome = tokio::select! {
-        outcome = wait_for_outcome(&mut events, job_id) => outcome,
-        _ = tokio::signal::ctrl_c() => Err(format!("interrupted before job {job_id} succeeded")),
-    };
-    // Stop claiming, let running jobs finish within the grace period, release the rest.
-    stop.shutdown();
-    let summary = running.await??;
+    let summary = worker.run().await?;
     println!(
         "worker stopped: {} claimed, {} succeeded, {} failed",
         summary.claimed, summary.succeeded, summary.failed
     );
+
+    // The job as operators see it (`skiplock show ID`).
+    let job = skiplock::job(&pool, job_id)
+        .await?
+        .ok_or("the job is gone")?;
     pool.close().await;
-    // A job that did not succeed makes the example fail (exit 1), as a script would want.
-    Ok(outcome?)
-}
-
-/// Waits until job `id` succeeds (`Ok`), dies or is cancelled (`Err` saying how it ended),
-/// printing its retries on the way.
-async fn wait_for_outcome(events: &mut JobEvents, id: JobId) -> Result<(), String> {
-    while let Some(event) = events.recv().await {
-        if event.id != id {
-            continue;
-        }
-        match event.outcome {
-            JobEventOutcome::Completed { took } => {
-                println!("job {id} succeeded in {took:?}");
-                return Ok(());
-            }
-            JobEventOutcome::Retried { error, retry_in } => {
-                println!("job {id} failed ({error}); runs again in {retry_in:?}");
-            }
-            outcome => return Err(format!("job {id} did not succeed: {outcome:?}")),
-        }
+    if job.state != JobState::Succeeded {
+        return Err(format!("job {job_id} is {}: {:?}", job.state, job.last_error).into());
     }
-    Err(format!("the worker stopped before job {id} had an outcome"))
+    Ok(())
 }
-
-/// The database this example may write to.
-const EXAMPLE_DATABASE: &str = "skiplock_example";
+// ---- README.md, "Use it from Rust", to here ----
 
 /// A pool on `skiplock_example`, on the server `DATABASE_URL` points at (default: the local
 /// server), created afresh first.
 async fn connect() -> Result<PgPool, Box<dyn Error>> {
+    use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+
     let url = std::env::var("DATABASE_URL")
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".to_owned());
     let server: PgConnectOptions = url.parse()?;
@@ -166,6 +148,6 @@ async fn connect() -> Result<PgPool, Box<dyn Error>> {
     admin.close().await;
     Ok(PgPoolOptions::new()
         .max_connections(4)
-        .connect_with(server.database(EXAMPLE_DATABASE))
+        .connect_with(server.database("skiplock_example"))
         .await?)
 }

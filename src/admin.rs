@@ -1,18 +1,17 @@
-//! The operator's reads and actions: the statements behind `skiplock jobs`, `show`,
-//! `retry`, `prune`, `queue list`, `stats` and the dashboard, for tools of your own. None
-//! of them can take or settle a claim: what only a worker may do (claim, heartbeat,
-//! complete, reap) is not public. Cancelling and retrying one job and pausing a queue are
-//! at the crate root ([`cancel`](crate::cancel), [`retry`](crate::retry()),
-//! [`pause_queue`](crate::pause_queue)) and in the schema as SQL functions.
+//! The operator's other reads: a job's state and dependencies, counts by state, and the
+//! per-hour and per-day history that survives pruning (what `skiplock show`, `stats` and
+//! the dashboard read), for tools of your own. None of them can take or settle a claim:
+//! what only a worker may do (claim, heartbeat, complete, reap) is not public. Fetching,
+//! listing, retrying and cancelling jobs and pausing queues are at the crate root
+//! ([`job`](crate::job()), [`jobs`](crate::jobs), [`retry`](crate::retry),
+//! [`cancel`](crate::cancel), [`pause_queue`](crate::pause_queue), …) and in the schema as
+//! SQL functions.
 
-pub use crate::db::admin::{
-    JobFilter, job_dependencies_of, jobs_get_state, jobs_list, jobs_retry_dead,
-};
+pub use crate::db::admin::{job_dependencies_of, jobs_get_state};
 pub use crate::db::history::{
     Granularity, HistoryFilter, HistoryRow, HistoryTotals, job_history_list, job_history_totals,
 };
 pub use crate::db::jobs::jobs_count_by_state;
-pub use crate::db::queues::queues_paused;
 
 // What only the binary needs (the dashboard's pages, `skiplock show --json`, `skiplock
 // prune`): compiled with the `cli` feature alone, and not part of the library's API.

@@ -19,7 +19,8 @@ use crate::job::{EnqueueOptions, Job, JobId, MAX_ATTEMPTS_DEFAULT, QUEUE_DEFAULT
 pub struct NewJob {
     /// Handler kind.
     pub kind: String,
-    /// Payload.
+    /// Payload: any JSON value, at most 1 MiB as text unless the database says otherwise
+    /// (`skiplock.args_max_bytes`).
     pub args: Value,
     /// Queue, priority, schedule, attempts.
     pub options: EnqueueOptions,
@@ -61,43 +62,48 @@ impl NewJob {
     }
 }
 
-/// Enqueues a typed job with the type's default options.
+/// Enqueues a typed job and says what the enqueue did: a new job, or (with a unique key)
+/// the pending job it was folded into. Options the caller leaves unset come from the job
+/// type ([`Job::QUEUE`], [`Job::MAX_ATTEMPTS`]), then from the defaults; pass
+/// `EnqueueOptions::default()` for none.
+///
+/// `db` is any executor: a pool, a connection, or `&mut *tx` to enqueue inside the
+/// caller's transaction, so that the job exists if and only if the transaction commits.
 ///
 /// # Errors
 ///
-/// [`Error::EncodeArgs`] if the job cannot be encoded, [`Error::Database`] if the insert fails.
+/// [`Error::EncodeArgs`] if the job cannot be encoded, [`Error::InvalidJob`] for options
+/// the job cannot have (see [`enqueue_raw`]), [`Error::Database`] if the insert fails.
 ///
 /// # Examples
 ///
 /// ```no_run
-/// # use skiplock::{Job, JobContext, JobError};
+/// use skiplock::{EnqueueOptions, EnqueueOutcome, Job, JobContext, JobError, UniquePolicy};
 /// # #[derive(serde::Serialize, serde::Deserialize)] struct Welcome { user_id: i64 }
 /// # impl Job for Welcome { const KIND: &'static str = "welcome";
 /// #   async fn run(self, _: JobContext) -> Result<(), JobError> { Ok(()) } }
 /// # async fn example(pool: sqlx::PgPool) -> Result<(), Box<dyn std::error::Error>> {
 /// let mut tx = pool.begin().await?;
 /// sqlx::query("INSERT INTO users (id) VALUES (42)").execute(&mut *tx).await?;
-/// skiplock::enqueue(&mut *tx, &Welcome { user_id: 42 }).await?;
+/// let job = skiplock::enqueue(&mut *tx, &Welcome { user_id: 42 }, EnqueueOptions::default())
+///     .await?;
 /// tx.commit().await?; // the job exists from here on, and only if this succeeds
+///
+/// // At most one pending welcome per user: a second enqueue returns the first job.
+/// let options = EnqueueOptions::new().unique_key("welcome:42", UniquePolicy::Skip);
+/// let again = skiplock::enqueue(&pool, &Welcome { user_id: 42 }, options).await?;
+/// assert_eq!(again.outcome, EnqueueOutcome::Skipped);
+/// println!("job {} ({:?})", job.id, job.outcome);
 /// # Ok(()) }
 /// ```
-pub async fn enqueue<'e, J: Job>(db: impl PgExecutor<'e>, job: &J) -> Result<JobId> {
-    enqueue_with(db, job, EnqueueOptions::default()).await
-}
-
-/// Enqueues a typed job with explicit options.
-///
-/// # Errors
-///
-/// As [`enqueue`], plus [`Error::InvalidJob`] for out-of-range options.
-pub async fn enqueue_with<'e, J: Job>(
+pub async fn enqueue<'e, J: Job>(
     db: impl PgExecutor<'e>,
     job: &J,
     options: EnqueueOptions,
-) -> Result<JobId> {
+) -> Result<EnqueueResult> {
     let new_job = NewJob::from_job(job, options)?;
-    let ids = enqueue_raw(db, std::slice::from_ref(&new_job)).await?;
-    Ok(ids[0])
+    let results = enqueue_raw(db, std::slice::from_ref(&new_job)).await?;
+    Ok(results[0])
 }
 
 /// What an enqueue did with a job: a new job, or one folded by its unique key into the
@@ -145,32 +151,32 @@ pub struct EnqueueResult {
     pub outcome: EnqueueOutcome,
 }
 
-/// As [`enqueue_with`], and says whether a new job was written or its unique key folded it
-/// into a pending one (River's `UniqueSkippedAsDuplicate`).
+/// Enqueues many typed jobs of one type, with the same options, in a single statement;
+/// results come back in input order. Thousands per statement are fine (the batch is sent
+/// as arrays, not as one `VALUES` row per job).
 ///
 /// # Errors
 ///
-/// As [`enqueue_with`].
-pub async fn enqueue_with_result<'e, J: Job>(
-    db: impl PgExecutor<'e>,
-    job: &J,
-    options: EnqueueOptions,
-) -> Result<EnqueueResult> {
-    let new_job = NewJob::from_job(job, options)?;
-    let results = enqueue_raw_with_results(db, std::slice::from_ref(&new_job)).await?;
-    Ok(results[0])
-}
-
-/// Enqueues many typed jobs of one type in a single statement; ids come back in input order.
+/// As [`enqueue`]; on error no job of the batch is inserted.
 ///
-/// # Errors
+/// # Examples
 ///
-/// As [`enqueue_with`]; on error no job of the batch is inserted.
+/// ```no_run
+/// use skiplock::{EnqueueOptions, Job, JobContext, JobError};
+/// # #[derive(serde::Serialize, serde::Deserialize)] struct Resize { image: i64 }
+/// # impl Job for Resize { const KIND: &'static str = "resize";
+/// #   async fn run(self, _: JobContext) -> Result<(), JobError> { Ok(()) } }
+/// # async fn example(pool: sqlx::PgPool) -> Result<(), Box<dyn std::error::Error>> {
+/// let jobs: Vec<Resize> = (1..=1000).map(|image| Resize { image }).collect();
+/// let results = skiplock::enqueue_many(&pool, &jobs, EnqueueOptions::new().priority(5)).await?;
+/// assert_eq!(results.len(), 1000);
+/// # Ok(()) }
+/// ```
 pub async fn enqueue_many<'e, 'j, J: Job>(
     db: impl PgExecutor<'e>,
     jobs: impl IntoIterator<Item = &'j J>,
     options: EnqueueOptions,
-) -> Result<Vec<JobId>> {
+) -> Result<Vec<EnqueueResult>> {
     let new_jobs = jobs
         .into_iter()
         .map(|job| NewJob::from_job(job, options.clone()))
@@ -178,24 +184,34 @@ pub async fn enqueue_many<'e, 'j, J: Job>(
     enqueue_raw(db, &new_jobs).await
 }
 
-/// Enqueues untyped jobs in a single statement; ids come back in input order.
+/// Enqueues untyped jobs (a kind and JSON args each, with options of their own) in a
+/// single statement; results come back in input order. For jobs whose type lives
+/// elsewhere: another service's payloads, a file of jobs.
 ///
 /// # Errors
 ///
 /// [`Error::InvalidJob`] if a job has an empty kind or queue, a queue name over
-/// [`QUEUE_NAME_MAX_BYTES`], a non-positive attempt budget, or a delay too large to
-/// represent; [`Error::Database`] if the insert fails. On error no
-/// job of the batch is inserted.
-pub async fn enqueue_raw<'e>(db: impl PgExecutor<'e>, jobs: &[NewJob]) -> Result<Vec<JobId>> {
-    Ok(insert(db, jobs).await?.ids)
-}
-
-/// As [`enqueue_raw`], and says what each enqueue did.
+/// [`QUEUE_NAME_MAX_BYTES`], a non-positive attempt budget, a delay too large to
+/// represent, a parent that does not exist, or args over the database's limit (1 MiB by
+/// default, the setting `skiplock.args_max_bytes`); [`Error::Database`] if the insert
+/// fails. On error no job of the batch is inserted.
 ///
-/// # Errors
+/// # Examples
 ///
-/// As [`enqueue_raw`].
-pub async fn enqueue_raw_with_results<'e>(
+/// ```no_run
+/// use serde_json::json;
+/// use skiplock::{EnqueueOptions, NewJob};
+/// # async fn example(pool: sqlx::PgPool) -> Result<(), Box<dyn std::error::Error>> {
+/// let jobs = [
+///     NewJob::new("send_email", json!({"to": "ada@example.com"})),
+///     NewJob::new("http", json!({"url": "https://example.com/hook"}))
+///         .with_options(EnqueueOptions::new().queue("webhooks")),
+/// ];
+/// let results = skiplock::enqueue_raw(&pool, &jobs).await?;
+/// println!("enqueued jobs {} and {}", results[0].id, results[1].id);
+/// # Ok(()) }
+/// ```
+pub async fn enqueue_raw<'e>(
     db: impl PgExecutor<'e>,
     jobs: &[NewJob],
 ) -> Result<Vec<EnqueueResult>> {
@@ -279,18 +295,6 @@ fn refused(error: sqlx::Error) -> Error {
         _ => Error::Database(error),
     }
 }
-
-/// Default largest `args` the database accepts, in bytes (1 MiB), measured as Postgres
-/// prints jsonb (`octet_length(args::text)`). Big payloads belong in your own tables or
-/// object storage, with the job carrying a reference.
-///
-/// The limit is the database's, enforced on every path (the Rust API, plain `INSERT`,
-/// `skiplock.enqueue`) and read from the setting `skiplock.args_max_bytes`: per database
-/// (`ALTER DATABASE app SET skiplock.args_max_bytes = 4194304`), per role, or per pool (a
-/// session setting in the connect options, as `skiplock --args-max-bytes` does), at least
-/// 4096: the database checks only args over 4 KiB. An enqueue over it fails with
-/// [`Error::InvalidJob`] and writes nothing.
-pub const ARGS_MAX_BYTES_DEFAULT: usize = 1024 * 1024;
 
 /// Longest queue name, in bytes of UTF-8. Workers learn of runnable jobs from
 /// notifications that carry the queue's name, and Postgres caps a notification at 8,000

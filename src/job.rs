@@ -14,15 +14,15 @@ use serde::de::DeserializeOwned;
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 
+use crate::backoff;
 use crate::db::jobs::{RunningNote, jobs_set_note};
-use crate::retry;
 pub use crate::state::{JobId, JobState};
 
 /// Maximum attempts when neither the job type nor the enqueue options say otherwise.
-pub const MAX_ATTEMPTS_DEFAULT: i32 = 25;
+pub(crate) const MAX_ATTEMPTS_DEFAULT: i32 = 25;
 
 /// Queue name when neither the job type nor the enqueue options say otherwise.
-pub const QUEUE_DEFAULT: &str = "default";
+pub(crate) const QUEUE_DEFAULT: &str = "default";
 
 /// A typed job: its serde-encoded value is the job's `args`.
 ///
@@ -50,19 +50,19 @@ pub trait Job: Serialize + DeserializeOwned + Send + 'static {
     /// The kind stored in `skiplock.jobs.kind`; workers claim only kinds they registered.
     const KIND: &'static str;
 
-    /// Queue used when the enqueue options name none.
+    /// Queue used when the enqueue options name none. Default `"default"`.
     const QUEUE: &'static str = QUEUE_DEFAULT;
 
-    /// Attempts before the job goes `dead`, when the enqueue options name none.
+    /// Attempts before the job goes `dead`, when the enqueue options name none. Default 25.
     const MAX_ATTEMPTS: i32 = MAX_ATTEMPTS_DEFAULT;
 
     /// Does the work. `Ok` completes the job; an error decides its fate (see [`JobError`]).
     fn run(self, ctx: JobContext) -> impl Future<Output = Result<(), JobError>> + Send;
 
     /// Delay before retry number `attempt` (1-based: the attempt that just failed).
-    /// Defaults to [`retry::backoff_default`].
+    /// Defaults to [`backoff::default_delay`].
     fn retry_delay(attempt: i32) -> Duration {
-        retry::backoff_default(attempt)
+        backoff::default_delay(attempt)
     }
 
     /// Longest a single attempt may run; past it the handler is stopped and the attempt

@@ -15,7 +15,7 @@
 //!
 //! ```no_run
 //! use serde::{Deserialize, Serialize};
-//! use skiplock::{Job, JobContext, JobError, Worker};
+//! use skiplock::{EnqueueOptions, Job, JobContext, JobError, Worker};
 //!
 //! #[derive(Serialize, Deserialize)]
 //! struct SendWelcome {
@@ -37,7 +37,7 @@
 //!
 //! // Enqueue in the same transaction as the data it refers to.
 //! let mut tx = pool.begin().await?;
-//! skiplock::enqueue(&mut *tx, &SendWelcome { user_id: 42 }).await?;
+//! skiplock::enqueue(&mut *tx, &SendWelcome { user_id: 42 }, EnqueueOptions::default()).await?;
 //! tx.commit().await?;
 //!
 //! // Run a worker until it has nothing left to do.
@@ -52,17 +52,44 @@
 //!
 //! Other languages enqueue with plain SQL: `SELECT skiplock.enqueue('send_welcome',
 //! '{"user_id": 42}')` or `INSERT INTO skiplock.jobs (kind, args) VALUES (…)`.
+//!
+//! ## Where things are
+//!
+//! - **Enqueue**, in three forms, each on any executor (a pool, a connection, `&mut *tx`)
+//!   and each saying what it did ([`EnqueueResult`]): [`enqueue`] (one typed job, with
+//!   [`EnqueueOptions`]), [`enqueue_many`] (many, one statement) and [`enqueue_raw`]
+//!   (untyped: [`NewJob`], a kind and JSON args).
+//! - **Run**: the [`Job`] trait, and a [`Worker`] built with [`Worker::builder`], whose
+//!   methods ([`WorkerBuilder`]) state every setting's default.
+//! - **Jobs and queues**, at the root: [`job`], [`jobs`], [`retry`], [`retry_dead`],
+//!   [`cancel`], [`pause_queue`], [`resume_queue`], [`paused_queues`]. The operator's
+//!   other reads (history, dependencies, counts) are in [`admin`], numbers in [`stats`],
+//!   schedules in [`cron`], the default retry delays in [`backoff`].
+//! - **Schema**: [`migrate`] at every start, [`check_schema`] to refuse a mismatch.
+//!
+//! ## How big args may be
+//!
+//! The database refuses `args` larger than 1 MiB by default, measured as Postgres prints
+//! jsonb (`octet_length(args::text)`). Big payloads belong in your own tables or object
+//! storage, with the job carrying a reference. The limit is the database's, enforced on
+//! every path (the Rust API, plain `INSERT`, `skiplock.enqueue`) and read from the setting
+//! `skiplock.args_max_bytes`: per database (`ALTER DATABASE app SET
+//! skiplock.args_max_bytes = 4194304`), per role, or per pool (a session setting in the
+//! connect options, as `skiplock --args-max-bytes` does), at least 4096: the database
+//! checks only args over 4 KiB. An enqueue over it fails with [`Error::InvalidJob`] and
+//! writes nothing.
 
 // The public surface is what users need: an item `pub` inside a private module must be
 // exported, or be `pub(crate)`.
 #![warn(unreachable_pub)]
 
 pub mod admin;
+pub mod backoff;
 pub mod builtin;
 pub mod cron;
 // Every statement skiplock runs. Private, so that an application cannot run one that only
 // the runtime may (a claim, a heartbeat, a reap); the operator's reads and actions are
-// public in `admin`. The `internals` feature, for skiplock's own tests and benchmarks,
+// public at the root (src/operations.rs) and in `admin`. The `internals` feature, for skiplock's own tests and benchmarks,
 // makes it public; it is not part of the API.
 #[cfg(feature = "internals")]
 #[doc(hidden)]
@@ -77,10 +104,14 @@ mod error;
 mod job;
 mod maintenance;
 mod metrics;
+mod operations;
 mod pacing;
+#[cfg_attr(
+    not(any(feature = "cli", feature = "internals")),
+    allow(unreachable_pub)
+)]
 mod pool;
 mod read_only;
-pub mod retry;
 mod state;
 pub mod stats;
 #[cfg(feature = "testing")]
@@ -89,15 +120,21 @@ pub mod worker;
 
 pub use db::jobs::JobRow;
 pub use enqueue::{
-    ARGS_MAX_BYTES_DEFAULT, EnqueueOutcome, EnqueueResult, NewJob, QUEUE_NAME_MAX_BYTES, enqueue,
-    enqueue_many, enqueue_raw, enqueue_raw_with_results, enqueue_with, enqueue_with_result,
+    EnqueueOutcome, EnqueueResult, NewJob, QUEUE_NAME_MAX_BYTES, enqueue, enqueue_many, enqueue_raw,
 };
 pub use error::{Error, Result};
-pub use job::{
-    EnqueueOptions, Fate, Job, JobContext, JobError, JobId, JobState, MAX_ATTEMPTS_DEFAULT,
-    QUEUE_DEFAULT, UniquePolicy,
+pub use job::{EnqueueOptions, Fate, Job, JobContext, JobError, JobId, JobState, UniquePolicy};
+pub use operations::{
+    JobFilter, cancel, job, jobs, pause_queue, paused_queues, resume_queue, retry, retry_dead,
 };
-pub use pool::{DbPool, SESSION_PINNED, pin_session};
+// The pool the runtime runs its statements on, direct or through PgBouncer's transaction
+// pooling: an application gives `Worker::builder` a `PgPool` and says `.pgbouncer(true)`.
+// Public only for the binary (every command's pool) and skiplock's own tests.
+#[cfg(any(feature = "cli", feature = "internals"))]
+#[doc(hidden)]
+pub use pool::DbPool;
+#[cfg(not(any(feature = "cli", feature = "internals")))]
+pub(crate) use pool::DbPool;
 pub use worker::events::{JobEvent, JobEventOutcome, JobEvents};
 pub use worker::{Retention, ShutdownHandle, Worker, WorkerBuilder, WorkerConfig, WorkerSummary};
 
@@ -132,55 +169,4 @@ pub async fn check_schema(pool: &sqlx::PgPool) -> Result<()> {
         }),
         std::cmp::Ordering::Equal => Ok(()),
     }
-}
-
-/// Pauses a queue: workers claim nothing from it until it is resumed; running jobs
-/// finish. Same as `SELECT skiplock.pause_queue(name)`.
-///
-/// # Errors
-///
-/// [`Error::Database`] if the statement fails.
-pub async fn pause_queue<'e>(db: impl sqlx::PgExecutor<'e>, queue: &str) -> Result<()> {
-    Ok(db::queues::queues_pause(db, queue).await?)
-}
-
-/// Resumes a paused queue and wakes its workers. Same as
-/// `SELECT skiplock.resume_queue(name)`.
-///
-/// # Errors
-///
-/// [`Error::Database`] if the statement fails.
-pub async fn resume_queue<'e>(db: impl sqlx::PgExecutor<'e>, queue: &str) -> Result<()> {
-    Ok(db::queues::queues_resume(db, queue).await?)
-}
-
-/// Fetches one job by id, as operators see it.
-///
-/// # Errors
-///
-/// [`Error::Database`] if the query fails.
-pub async fn job<'e>(db: impl sqlx::PgExecutor<'e>, id: JobId) -> Result<Option<JobRow>> {
-    Ok(db::jobs::jobs_get(db, id).await?)
-}
-
-/// Puts a `dead`, `cancelled`, `succeeded` or scheduled job back in line to run now, with
-/// one more attempt if it had none left. Returns false if the job is running, waiting or
-/// does not exist. Same as `SELECT skiplock.retry_job(id)`.
-///
-/// # Errors
-///
-/// [`Error::Database`] if the statement fails.
-pub async fn retry<'e>(db: impl sqlx::PgExecutor<'e>, id: JobId) -> Result<bool> {
-    Ok(db::jobs::jobs_retry(db, id).await?)
-}
-
-/// Cancels a job that has not finished: a queued job never runs, a running job's handler
-/// is stopped at its worker's next heartbeat. Returns false if the job had finished or
-/// does not exist. Same as `SELECT skiplock.cancel_job(id)`.
-///
-/// # Errors
-///
-/// [`Error::Database`] if the statement fails.
-pub async fn cancel<'e>(db: impl sqlx::PgExecutor<'e>, id: JobId) -> Result<bool> {
-    Ok(db::jobs::jobs_cancel(db, id).await?)
 }

@@ -59,7 +59,8 @@ use sqlx::{
 ///   standby) must refuse skiplock's writes; the worker waits and retries instead of
 ///   writing against the owner's intent.
 /// - `synchronous_commit`: how durable a commit is stays the owner's choice.
-pub const SESSION_PINNED: [(&str, &str); 1] = [("default_transaction_isolation", "read committed")];
+pub(crate) const SESSION_PINNED: [(&str, &str); 1] =
+    [("default_transaction_isolation", "read committed")];
 
 /// A startup option of no meaning to Postgres that [`pin_session`] sends with the others:
 /// a session that cannot read it back did not get its startup options (a pooler in front
@@ -77,16 +78,7 @@ const BEGIN_PINNED: &str = "BEGIN ISOLATION LEVEL READ COMMITTED";
 /// Direct connections only: PgBouncer refuses startup options it does not know (`options`
 /// among them) unless its `ignore_startup_parameters` lists them, and then drops them. In
 /// PgBouncer mode skiplock pins the isolation per transaction instead.
-///
-/// # Examples
-///
-/// ```no_run
-/// # async fn example() -> Result<(), Box<dyn std::error::Error>> {
-/// let options: sqlx::postgres::PgConnectOptions = "postgres://app@db/app".parse()?;
-/// let pool = sqlx::PgPool::connect_with(skiplock::pin_session(options)).await?;
-/// # Ok(()) }
-/// ```
-pub fn pin_session(options: PgConnectOptions) -> PgConnectOptions {
+pub(crate) fn pin_session(options: PgConnectOptions) -> PgConnectOptions {
     let marker = format!("{}={}", PINNED_MARKER.0, PINNED_MARKER.1);
     if options
         .get_options()
@@ -140,24 +132,17 @@ pub(crate) async fn probe_reach(options: &PgConnectOptions) -> Reach {
     }
 }
 
-/// A Postgres pool and how it reaches the server. Pass `&db` wherever skiplock (or sqlx)
-/// takes an executor: `skiplock::enqueue(&db, &job)`.
+/// A Postgres pool and how it reaches the server: `&DbPool` is an executor for every
+/// statement the runtime (and the `skiplock` binary) runs. Not part of the API: an
+/// application gives [`Worker::builder`](crate::Worker::builder) a `PgPool` and says
+/// [`pgbouncer(true)`](crate::WorkerBuilder::pgbouncer).
 ///
 /// Made from a [`PgPool`] with [`DbPool::direct`] (or `From<PgPool>`), or with
 /// [`DbPool::pgbouncer`] when the pool's URL points at PgBouncer in transaction-pooling
 /// mode: then each statement runs in a transaction of its own, unnamed, which costs two
 /// more round trips (BEGIN and COMMIT) per statement. Session pooling needs no special
 /// mode. Cloning is cheap (the pool is reference-counted).
-///
-/// # Examples
-///
-/// ```no_run
-/// # async fn example() -> Result<(), Box<dyn std::error::Error>> {
-/// let pool = sqlx::PgPool::connect("postgres://app@pgbouncer:6432/app").await?;
-/// let db = skiplock::DbPool::pgbouncer(pool);
-/// skiplock::enqueue_raw(&db, &[skiplock::NewJob::new("noop", serde_json::json!({}))]).await?;
-/// # Ok(()) }
-/// ```
+
 #[derive(Clone, Debug)]
 pub struct DbPool {
     pool: PgPool,

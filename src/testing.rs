@@ -17,7 +17,7 @@
 //! use serde::{Deserialize, Serialize};
 //! use serde_json::json;
 //! use skiplock::testing::{Enqueued, assert_enqueued, perform_job};
-//! use skiplock::{Job, JobContext, JobError, JobEventOutcome, Worker};
+//! use skiplock::{EnqueueOptions, Job, JobContext, JobError, JobEventOutcome, Worker};
 //!
 //! #[derive(Serialize, Deserialize)]
 //! struct SendWelcome {
@@ -32,7 +32,7 @@
 //! }
 //!
 //! # async fn example(pool: sqlx::PgPool) -> Result<(), skiplock::Error> {
-//! skiplock::enqueue(&pool, &SendWelcome { user_id: 42 }).await?;
+//! skiplock::enqueue(&pool, &SendWelcome { user_id: 42 }, EnqueueOptions::default()).await?;
 //! let job = assert_enqueued(&pool, &Enqueued::of::<SendWelcome>().args(json!({"user_id": 42})))
 //!     .await
 //!     .remove(0);

@@ -132,7 +132,8 @@ async fn a_one_shot_command_gets_in_once_a_connection_is_free() {
     let db = test_db().await;
     let id = skiplock::enqueue_raw(&db.pool, &[skiplock::NewJob::new("noop", json!({}))])
         .await
-        .unwrap()[0];
+        .unwrap()[0]
+        .id;
     let mut role = FullRole::create(&db, 1).await;
     let mut child = command_as(
         &role,

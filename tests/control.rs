@@ -204,9 +204,10 @@ async fn claim_calls(pool: &PgPool) -> i64 {
 async fn a_paused_queue_claims_nothing_until_resumed() {
     let db = test_db().await;
     let pool = &db.pool;
-    let held = skiplock::enqueue_with(pool, &Record { n: 1 }, EnqueueOptions::new().queue("mail"))
+    let held = skiplock::enqueue(pool, &Record { n: 1 }, EnqueueOptions::new().queue("mail"))
         .await
-        .unwrap();
+        .unwrap()
+        .id;
     skiplock::pause_queue(pool, "mail").await.unwrap();
     // The worker's sessions count their function calls, so the test knows its claimer
     // polled the paused queue (not merely that it has not got to it yet).
@@ -358,9 +359,10 @@ impl Job for Stuck {
 async fn a_kind_timeout_stops_the_handler_and_fails_the_attempt() {
     let db = test_db().await;
     let pool = &db.pool;
-    let id = skiplock::enqueue_with(pool, &Stuck {}, EnqueueOptions::new().max_attempts(2))
+    let id = skiplock::enqueue(pool, &Stuck {}, EnqueueOptions::new().max_attempts(2))
         .await
-        .unwrap();
+        .unwrap()
+        .id;
     let worker = fast_worker(pool, &Recorder::default())
         .register::<Stuck>()
         .build()
@@ -385,7 +387,10 @@ async fn a_kind_timeout_stops_the_handler_and_fails_the_attempt() {
 async fn cancelling_a_queued_job_means_it_never_runs() {
     let db = test_db().await;
     let pool = &db.pool;
-    let id = skiplock::enqueue(pool, &Record { n: 1 }).await.unwrap();
+    let id = skiplock::enqueue(pool, &Record { n: 1 }, EnqueueOptions::default())
+        .await
+        .unwrap()
+        .id;
     assert!(skiplock::cancel(pool, id).await.unwrap());
     assert!(
         !skiplock::cancel(pool, id).await.unwrap(),
@@ -416,9 +421,11 @@ async fn a_cancel_chosen_as_deadlock_victim_retries_and_succeeds() {
     let db = test_db().await;
     let pool = &db.pool;
     let lane = EnqueueOptions::new().ordering_key("lane");
-    let ids = skiplock::enqueue_many(pool, &[Record { n: 1 }, Record { n: 2 }], lane)
-        .await
-        .unwrap();
+    let ids = common::ids(
+        skiplock::enqueue_many(pool, &[Record { n: 1 }, Record { n: 2 }], lane)
+            .await
+            .unwrap(),
+    );
     let (head, next) = (ids[0], ids[1]);
     assert_eq!(state_of(pool, next.0).await, JobState::Waiting);
 
@@ -476,9 +483,10 @@ async fn a_cancel_chosen_as_deadlock_victim_retries_and_succeeds() {
 async fn cancelling_a_running_job_stops_its_handler_at_once() {
     let db = test_db().await;
     let pool = &db.pool;
-    let id = skiplock::enqueue(pool, &Slow { ms: 600_000 })
+    let id = skiplock::enqueue(pool, &Slow { ms: 600_000 }, EnqueueOptions::default())
         .await
-        .unwrap();
+        .unwrap()
+        .id;
     let recorder = Recorder::default();
     // Heartbeats every 20 s: only the cancel notification can stop the handler in time.
     let worker = fast_worker(pool, &recorder)
@@ -498,7 +506,10 @@ async fn cancelling_a_running_job_stops_its_handler_at_once() {
         .await
         .unwrap();
     assert!(cancelled);
-    let next = skiplock::enqueue(pool, &Record { n: 2 }).await.unwrap();
+    let next = skiplock::enqueue(pool, &Record { n: 2 }, EnqueueOptions::default())
+        .await
+        .unwrap()
+        .id;
     wait_for(
         "the freed slot to run the next job",
         Duration::from_secs(10),
@@ -529,7 +540,10 @@ impl Job for Report {
 async fn handlers_record_progress_and_output_for_operators() {
     let db = test_db().await;
     let pool = &db.pool;
-    let id = skiplock::enqueue(pool, &Report {}).await.unwrap();
+    let id = skiplock::enqueue(pool, &Report {}, EnqueueOptions::default())
+        .await
+        .unwrap()
+        .id;
     fast_worker(pool, &Recorder::default())
         .register::<Report>()
         .exit_when_idle(true)

@@ -15,7 +15,10 @@ async fn rolled_back_enqueue_leaves_no_job_and_committed_one_runs() {
     let db = test_db().await;
 
     let mut tx = db.pool.begin().await.unwrap();
-    let ghost = skiplock::enqueue(&mut *tx, &Record { n: 1 }).await.unwrap();
+    let ghost = skiplock::enqueue(&mut *tx, &Record { n: 1 }, EnqueueOptions::default())
+        .await
+        .unwrap()
+        .id;
     // Visible inside the transaction...
     assert!(skiplock::job(&mut *tx, ghost).await.unwrap().is_some());
     tx.rollback().await.unwrap();
@@ -23,7 +26,10 @@ async fn rolled_back_enqueue_leaves_no_job_and_committed_one_runs() {
     assert!(skiplock::job(&db.pool, ghost).await.unwrap().is_none());
 
     let mut tx = db.pool.begin().await.unwrap();
-    let kept = skiplock::enqueue(&mut *tx, &Record { n: 2 }).await.unwrap();
+    let kept = skiplock::enqueue(&mut *tx, &Record { n: 2 }, EnqueueOptions::default())
+        .await
+        .unwrap()
+        .id;
     tx.commit().await.unwrap();
 
     let recorder = Recorder::default();
@@ -50,9 +56,11 @@ async fn batch_enqueue_returns_ids_in_order_and_applies_options() {
         .priority(-3)
         .max_attempts(7)
         .run_after(Duration::from_secs(3600));
-    let ids = skiplock::enqueue_many(&db.pool, &jobs, options)
-        .await
-        .unwrap();
+    let ids = common::ids(
+        skiplock::enqueue_many(&db.pool, &jobs, options)
+            .await
+            .unwrap(),
+    );
     assert_eq!(ids.len(), 5000);
     assert!(ids.windows(2).all(|w| w[0] < w[1]), "ids ascend");
 
@@ -223,8 +231,8 @@ async fn a_worker_refuses_an_unmigrated_database() {
 #[tokio::test]
 async fn oversized_args_are_refused_with_the_limit_of_the_pools_sessions() {
     let db = test_db().await;
-    assert_eq!(skiplock::ARGS_MAX_BYTES_DEFAULT, 1024 * 1024);
-    let limit = skiplock::ARGS_MAX_BYTES_DEFAULT;
+    // The default of the database's setting `skiplock.args_max_bytes`: 1 MiB.
+    let limit = 1024 * 1024;
     let big = json!({ "blob": "x".repeat(limit) });
     let error = skiplock::enqueue_raw(&db.pool, &[NewJob::new("noop", big)])
         .await
@@ -298,7 +306,7 @@ async fn an_enqueue_tells_a_new_job_from_a_unique_key_duplicate() {
     let db = test_db().await;
     let pool = &db.pool;
     let keyed = |policy| EnqueueOptions::new().unique_key("k", policy);
-    let first = skiplock::enqueue_with_result(pool, &Record { n: 1 }, keyed(UniquePolicy::Skip))
+    let first = skiplock::enqueue(pool, &Record { n: 1 }, keyed(UniquePolicy::Skip))
         .await
         .unwrap();
     assert_eq!(first.outcome, EnqueueOutcome::Inserted);
@@ -307,12 +315,12 @@ async fn an_enqueue_tells_a_new_job_from_a_unique_key_duplicate() {
         (UniquePolicy::Replace, EnqueueOutcome::Replaced),
         (UniquePolicy::Merge, EnqueueOutcome::Merged),
     ] {
-        let again = skiplock::enqueue_with_result(pool, &Record { n: 2 }, keyed(policy))
+        let again = skiplock::enqueue(pool, &Record { n: 2 }, keyed(policy))
             .await
             .unwrap();
         assert_eq!((again.id, again.outcome), (first.id, expected));
     }
-    let plain = skiplock::enqueue_with_result(pool, &Record { n: 3 }, EnqueueOptions::new())
+    let plain = skiplock::enqueue(pool, &Record { n: 3 }, EnqueueOptions::new())
         .await
         .unwrap();
     assert_eq!(plain.outcome, EnqueueOutcome::Inserted);
@@ -322,9 +330,7 @@ async fn an_enqueue_tells_a_new_job_from_a_unique_key_duplicate() {
         NewJob::new("record", args)
             .with_options(EnqueueOptions::new().unique_key("b", UniquePolicy::Skip))
     });
-    let results = skiplock::enqueue_raw_with_results(pool, &batch)
-        .await
-        .unwrap();
+    let results = skiplock::enqueue_raw(pool, &batch).await.unwrap();
     assert_eq!(
         results.iter().map(|r| r.outcome).collect::<Vec<_>>(),
         vec![EnqueueOutcome::Inserted, EnqueueOutcome::Skipped]

@@ -14,17 +14,22 @@ use skiplock::{EnqueueOptions, JobEvent, JobEventOutcome, JobId};
 async fn each_saved_outcome_is_published_once() {
     let db = test_db().await;
     let pool = &db.pool;
-    let record = skiplock::enqueue(pool, &Record { n: 1 }).await.unwrap();
-    let flaky = skiplock::enqueue_with(
+    let record = skiplock::enqueue(pool, &Record { n: 1 }, EnqueueOptions::default())
+        .await
+        .unwrap()
+        .id;
+    let flaky = skiplock::enqueue(
         pool,
         &Flaky { fail_until: 100 },
         EnqueueOptions::new().max_attempts(2),
     )
     .await
-    .unwrap();
-    let slow = skiplock::enqueue(pool, &Slow { ms: 600_000 })
+    .unwrap()
+    .id;
+    let slow = skiplock::enqueue(pool, &Slow { ms: 600_000 }, EnqueueOptions::default())
         .await
-        .unwrap();
+        .unwrap()
+        .id;
     let recorder = Recorder::default();
     let worker = fast_worker(pool, &recorder).build().unwrap();
     let mut events = worker.subscribe();

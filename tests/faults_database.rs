@@ -273,7 +273,7 @@ async fn claimers_run(pool: &PgPool, seed: u64, claimers: usize, steps: usize) {
         })
         .collect();
     let ids = skiplock::enqueue_raw(pool, &jobs).await.unwrap();
-    let (first, last) = (ids[0].0, ids[ids.len() - 1].0);
+    let (first, last) = (ids[0].id.0, ids[ids.len() - 1].id.0);
     let ledger = Arc::new(Mutex::new(Ledger::default()));
     let tasks: Vec<_> = (0..claimers)
         .map(|c| {
@@ -632,7 +632,9 @@ async fn enqueue_ending(pool: &PgPool, url: &str, tag: u32, ending: Ending) -> b
                 .execute(&mut *tx)
                 .await
                 .unwrap();
-            skiplock::enqueue(&mut *tx, &job).await.unwrap();
+            skiplock::enqueue(&mut *tx, &job, EnqueueOptions::default())
+                .await
+                .unwrap();
             match ending {
                 Ending::Commit => tx.commit().await.is_ok(),
                 Ending::Rollback => {
@@ -693,7 +695,7 @@ async fn enqueue_ending(pool: &PgPool, url: &str, tag: u32, ending: Ending) -> b
                     .bind(l_tag)
                     .execute(&mut *l)
                     .await?;
-                skiplock::enqueue(&mut *l, &job)
+                skiplock::enqueue(&mut *l, &job, EnqueueOptions::default())
                     .await
                     .map_err(|e| match e {
                         skiplock::Error::Database(e) => e,

@@ -90,14 +90,14 @@ async fn args_that_do_not_match_the_kind_die_at_once_with_the_decode_error() {
 /// Input: payloads over the size limit, through the library, the SQL-facing batch path
 /// and the binary (where the limit is lowered with `SKIPLOCK_ARGS_MAX_BYTES`).
 ///
-/// Invariant: the limit is [`skiplock::ARGS_MAX_BYTES_DEFAULT`] (1 MiB) unless configured;
+/// Invariant: the limit is the default of `skiplock.args_max_bytes` (1 MiB) unless configured;
 /// a payload exactly at the limit is accepted, one byte over is refused with the exact
 /// message naming both sizes and the setting; a refused batch writes nothing.
 #[tokio::test]
 async fn payloads_over_the_size_limit_are_refused_exactly_at_the_limit() {
     let db = test_db().await;
-    assert_eq!(skiplock::ARGS_MAX_BYTES_DEFAULT, 1024 * 1024);
-    let limit = skiplock::ARGS_MAX_BYTES_DEFAULT;
+    // The default of the database's setting `skiplock.args_max_bytes`: 1 MiB.
+    let limit = 1024 * 1024;
     // {"blob": "…"} (as Postgres prints jsonb, the measure of every path) is 12 bytes
     // around the string.
     let at_limit = serde_json::json!({ "blob": "x".repeat(limit - 12) });
@@ -321,9 +321,11 @@ async fn hostile_kind_and_queue_names_round_trip_and_never_become_sql() {
         &Hostile {
             text: payload.into(),
         },
+        skiplock::EnqueueOptions::default(),
     )
     .await
-    .unwrap();
+    .unwrap()
+    .id;
     let run = skiplock(
         &db.url,
         &[
@@ -371,7 +373,8 @@ async fn hostile_kind_and_queue_names_round_trip_and_never_become_sql() {
         )],
     )
     .await
-    .unwrap()[0];
+    .unwrap()[0]
+        .id;
     let recorder = Recorder::default();
     let worker = fast_worker(pool, &recorder)
         .register::<Hostile>()

@@ -20,7 +20,10 @@ use skiplock::{EnqueueOptions, JobState};
 async fn a_reaped_and_reclaimed_job_ignores_its_former_holder() {
     let db = test_db().await;
     let pool = &db.pool;
-    let id = skiplock::enqueue(pool, &Record { n: 1 }).await.unwrap();
+    let id = skiplock::enqueue(pool, &Record { n: 1 }, EnqueueOptions::default())
+        .await
+        .unwrap()
+        .id;
     let (queues, kinds) = (strings(&["default"]), strings(&["record"]));
 
     let first = jobs_claim_batch(pool, &queues, &kinds, 10, "worker-a")
@@ -119,7 +122,10 @@ async fn a_reaped_and_reclaimed_job_ignores_its_former_holder() {
 async fn the_reaper_never_resets_a_finished_job() {
     let db = test_db().await;
     let pool = &db.pool;
-    let id = skiplock::enqueue(pool, &Record { n: 1 }).await.unwrap();
+    let id = skiplock::enqueue(pool, &Record { n: 1 }, EnqueueOptions::default())
+        .await
+        .unwrap()
+        .id;
     let claimed = jobs_claim_batch(pool, &strings(&["default"]), &strings(&["record"]), 1, "w")
         .await
         .unwrap();
@@ -139,13 +145,14 @@ async fn the_reaper_never_resets_a_finished_job() {
 async fn an_exhausted_stale_job_goes_dead_with_the_reason() {
     let db = test_db().await;
     let pool = &db.pool;
-    let id = skiplock::enqueue_with(
+    let id = skiplock::enqueue(
         pool,
         &Record { n: 1 },
         EnqueueOptions::new().max_attempts(1),
     )
     .await
-    .unwrap();
+    .unwrap()
+    .id;
     jobs_claim_batch(
         pool,
         &strings(&["default"]),
@@ -176,9 +183,11 @@ async fn an_exhausted_stale_job_goes_dead_with_the_reason() {
 async fn jobs_of_a_vanished_worker_run_again_after_the_stale_timeout() {
     let db = test_db().await;
     let pool = &db.pool;
-    let ids = skiplock::enqueue_many(pool, &vec![Record { n: 0 }; 3], EnqueueOptions::default())
-        .await
-        .unwrap();
+    let ids = common::ids(
+        skiplock::enqueue_many(pool, &vec![Record { n: 0 }; 3], EnqueueOptions::default())
+            .await
+            .unwrap(),
+    );
     // A worker claims them and vanishes without a trace: no heartbeat, no release.
     let claimed = jobs_claim_batch(
         pool,
@@ -221,9 +230,10 @@ async fn jobs_of_a_vanished_worker_run_again_after_the_stale_timeout() {
 async fn a_worker_whose_claim_is_taken_stops_the_handler_and_discards_its_outcome() {
     let db = test_db().await;
     let pool = &db.pool;
-    let id = skiplock::enqueue(pool, &Slow { ms: 600_000 })
+    let id = skiplock::enqueue(pool, &Slow { ms: 600_000 }, EnqueueOptions::default())
         .await
-        .unwrap();
+        .unwrap()
+        .id;
     let recorder = Recorder::default();
     // One slot: a second job can only run once the first handler has been stopped.
     let worker = fast_worker(pool, &recorder).concurrency(1).build().unwrap();
@@ -236,7 +246,10 @@ async fn a_worker_whose_claim_is_taken_stops_the_handler_and_discards_its_outcom
 
     // An operator cancels the running job: its claim is void at once.
     assert!(skiplock::cancel(pool, id).await.unwrap());
-    let next = skiplock::enqueue(pool, &Record { n: 2 }).await.unwrap();
+    let next = skiplock::enqueue(pool, &Record { n: 2 }, EnqueueOptions::default())
+        .await
+        .unwrap()
+        .id;
     // The next heartbeat finds the claim gone and stops the handler, freeing the slot.
     wait_for(
         "the next job to run in the freed slot",
@@ -309,7 +322,9 @@ async fn a_heartbeat_of_a_claim_in_flight_extends_its_jobs_and_skips_locked_rows
     let db = test_db().await;
     let pool = &db.pool;
     for n in 0..3 {
-        skiplock::enqueue(pool, &Record { n }).await.unwrap();
+        skiplock::enqueue(pool, &Record { n }, EnqueueOptions::default())
+            .await
+            .unwrap();
     }
     let (queues, kinds) = (strings(&["default"]), strings(&["record"]));
     let token = uuid::Uuid::new_v4();
@@ -374,7 +389,9 @@ async fn a_claim_that_waited_on_a_lock_does_not_commit_its_jobs_stale() {
     let db = test_db().await;
     let pool = &db.pool;
     for n in 0..2 {
-        skiplock::enqueue(pool, &Record { n }).await.unwrap();
+        skiplock::enqueue(pool, &Record { n }, EnqueueOptions::default())
+            .await
+            .unwrap();
     }
     let mut operator = pool.begin().await.unwrap();
     sqlx::query("LOCK TABLE skiplock.queues IN ACCESS EXCLUSIVE MODE")
@@ -455,7 +472,10 @@ async fn reclaimed(pool: &sqlx::PgPool, id: i64) -> (uuid::Uuid, uuid::Uuid) {
 async fn a_former_holder_writes_no_progress_or_output() {
     let db = test_db().await;
     let pool = &db.pool;
-    let id = skiplock::enqueue(pool, &Record { n: 1 }).await.unwrap();
+    let id = skiplock::enqueue(pool, &Record { n: 1 }, EnqueueOptions::default())
+        .await
+        .unwrap()
+        .id;
     let (old, new) = reclaimed(pool, id.0).await;
     let notes = || async {
         sqlx::query_as::<_, (Option<serde_json::Value>, Option<serde_json::Value>)>(
@@ -493,7 +513,10 @@ async fn a_former_holder_writes_no_progress_or_output() {
 async fn a_former_holder_cannot_cancel_the_job() {
     let db = test_db().await;
     let pool = &db.pool;
-    let id = skiplock::enqueue(pool, &Record { n: 1 }).await.unwrap();
+    let id = skiplock::enqueue(pool, &Record { n: 1 }, EnqueueOptions::default())
+        .await
+        .unwrap()
+        .id;
     let (old, new) = reclaimed(pool, id.0).await;
     let mut cancel = FailBatch::default();
     cancel.push(id.0, old, "late cancel".into(), 0, FailAction::Cancel);

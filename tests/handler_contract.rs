@@ -72,9 +72,10 @@ async fn question_mark_works_on_every_error_and_keeps_the_causes() {
         let job = FailsWith {
             with: with.to_owned(),
         };
-        let id = skiplock::enqueue_with(pool, &job, EnqueueOptions::new().max_attempts(1))
+        let id = skiplock::enqueue(pool, &job, EnqueueOptions::new().max_attempts(1))
             .await
-            .unwrap();
+            .unwrap()
+            .id;
         ids.push(id.0);
     }
     let recorder = Recorder::default();
@@ -135,12 +136,14 @@ async fn a_snooze_runs_the_job_again_without_spending_an_attempt() {
     let db = test_db().await;
     let pool = &db.pool;
     let lane = EnqueueOptions::new().ordering_key("l").max_attempts(1);
-    let snoozer = skiplock::enqueue_with(pool, &Snoozes { times: 2 }, lane.clone())
+    let snoozer = skiplock::enqueue(pool, &Snoozes { times: 2 }, lane.clone())
         .await
-        .unwrap();
-    let next = skiplock::enqueue_with(pool, &common::fixtures::Record { n: 1 }, lane)
+        .unwrap()
+        .id;
+    let next = skiplock::enqueue(pool, &common::fixtures::Record { n: 1 }, lane)
         .await
-        .unwrap();
+        .unwrap()
+        .id;
     let recorder = Recorder::default();
     let worker = fast_worker(pool, &recorder)
         .register::<Snoozes>()
@@ -323,9 +326,17 @@ async fn a_completion_in_the_handlers_transaction_commits_and_rolls_back_with_it
     ];
     let mut ids = Vec::new();
     for end in ends {
-        ids.push(skiplock::enqueue(pool, &Credits { end }).await.unwrap().0);
+        ids.push(
+            skiplock::enqueue(pool, &Credits { end }, EnqueueOptions::default())
+                .await
+                .unwrap()
+                .id
+                .0,
+        );
     }
-    skiplock::enqueue(pool, &Holds).await.unwrap();
+    skiplock::enqueue(pool, &Holds, EnqueueOptions::default())
+        .await
+        .unwrap();
     let recorder = Recorder::default();
     let log = CreditLog::default();
     let worker = fast_worker(pool, &recorder)
@@ -435,7 +446,11 @@ async fn a_completion_in_the_handlers_transaction_is_refused_once_the_claim_is_g
     let db = test_db().await;
     let pool = &db.pool;
     create_ledger(pool).await;
-    let id = skiplock::enqueue(pool, &CreditsWhenTold).await.unwrap().0;
+    let id = skiplock::enqueue(pool, &CreditsWhenTold, EnqueueOptions::default())
+        .await
+        .unwrap()
+        .id
+        .0;
     let go = Go::default();
     // No heartbeat during the test: it would find the claim gone and stop the handler
     // before it could try.

@@ -190,13 +190,13 @@ async fn a_unique_key_taken_after_a_repeatable_read_snapshot_is_a_serialization_
         .fetch_one(&mut *late)
         .await
         .unwrap();
-    let first = skiplock::enqueue_raw(&db.pool, &[keyed(1)]).await.unwrap()[0];
+    let first = skiplock::enqueue_raw(&db.pool, &[keyed(1)]).await.unwrap()[0].id;
     let error = skiplock::enqueue_raw(&mut *late, &[keyed(2)])
         .await
         .unwrap_err();
     assert!(error.is_transient(), "{error}");
     late.rollback().await.unwrap();
-    let again = skiplock::enqueue_raw(&db.pool, &[keyed(2)]).await.unwrap()[0];
+    let again = skiplock::enqueue_raw(&db.pool, &[keyed(2)]).await.unwrap()[0].id;
     assert_eq!(again, first);
 }
 
@@ -272,7 +272,7 @@ async fn the_cli_says_when_a_retry_is_superseded() {
          VALUES ('record', 'dead', now(), 'k') RETURNING id",
     )
     .await;
-    let pending = skiplock::enqueue_raw(pool, &[keyed(1)]).await.unwrap()[0];
+    let pending = skiplock::enqueue_raw(pool, &[keyed(1)]).await.unwrap()[0].id;
     assert_eq!(
         skiplock(&db, &["retry", &dead.to_string()]).await.ok(),
         format!(
@@ -401,6 +401,7 @@ async fn a_heartbeat_written_in_the_future_is_taken_back() {
     let id = skiplock::enqueue_raw(pool, &[NewJob::new("record", json!({ "n": 1 }))])
         .await
         .unwrap()[0]
+        .id
         .0;
     sqlx::query(
         "UPDATE skiplock.jobs
@@ -467,8 +468,8 @@ async fn bad_error_entries_stop_neither_the_throughput_nor_the_pruner() {
                  ELSE '{\"not\": \"a list\"}'::jsonb END
          WHERE id = ANY($2)",
     )
-    .bind(ids[0].0)
-    .bind(ids.iter().map(|id| id.0).collect::<Vec<_>>())
+    .bind(ids[0].id.0)
+    .bind(ids.iter().map(|job| job.id.0).collect::<Vec<_>>())
     .execute(pool)
     .await
     .unwrap();

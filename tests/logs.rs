@@ -71,17 +71,22 @@ async fn jobs_log_in_their_span_and_each_failure_once_at_its_level() {
     // A current-thread runtime: every task of the worker logs through this subscriber.
     let _default = tracing::subscriber::set_default(subscriber);
 
-    let greets = skiplock::enqueue(pool, &Greets {}).await.unwrap();
-    let flaky = skiplock::enqueue_with(
+    let greets = skiplock::enqueue(pool, &Greets {}, EnqueueOptions::default())
+        .await
+        .unwrap()
+        .id;
+    let flaky = skiplock::enqueue(
         pool,
         &Flaky { fail_until: 100 },
         EnqueueOptions::new().max_attempts(2),
     )
     .await
-    .unwrap();
-    let panics = skiplock::enqueue_with(pool, &Panics {}, EnqueueOptions::new().max_attempts(1))
+    .unwrap()
+    .id;
+    let panics = skiplock::enqueue(pool, &Panics {}, EnqueueOptions::new().max_attempts(1))
         .await
-        .unwrap();
+        .unwrap()
+        .id;
     let recorder = Recorder::default();
     let worker = fast_worker(pool, &recorder)
         .register::<Greets>()

@@ -31,12 +31,12 @@ async fn the_pruner_deletes_finished_jobs_past_their_retention_only() {
         "UPDATE skiplock.jobs SET state = 'succeeded', finished_at = now() - interval '2 days'
          WHERE id = ANY($1)",
     )
-    .bind(vec![ids[0].0, ids[1].0])
+    .bind(vec![ids[0].id.0, ids[1].id.0])
     .execute(pool)
     .await
     .unwrap();
     sqlx::query("UPDATE skiplock.jobs SET state = 'succeeded', finished_at = now() WHERE id = $1")
-        .bind(ids[2].0)
+        .bind(ids[2].id.0)
         .execute(pool)
         .await
         .unwrap();
@@ -44,7 +44,7 @@ async fn the_pruner_deletes_finished_jobs_past_their_retention_only() {
         "UPDATE skiplock.jobs SET state = 'dead', finished_at = now() - interval '2 days'
          WHERE id = $1",
     )
-    .bind(ids[3].0)
+    .bind(ids[3].id.0)
     .execute(pool)
     .await
     .unwrap();
@@ -75,7 +75,7 @@ async fn the_pruner_deletes_finished_jobs_past_their_retention_only() {
         .unwrap();
     assert_eq!(
         left,
-        vec![ids[2].0, ids[3].0, ids[4].0],
+        vec![ids[2].id.0, ids[3].id.0, ids[4].id.0],
         "recent, dead-within-14-days and queued stay"
     );
 }
@@ -146,7 +146,10 @@ async fn a_killed_listener_reconnects_and_catches_up() {
         .await
         .unwrap();
     // Inserted while the listener is down (or reconnecting): its notification may be lost.
-    let during = skiplock::enqueue(pool, &Record { n: 1 }).await.unwrap();
+    let during = skiplock::enqueue(pool, &Record { n: 1 }, EnqueueOptions::default())
+        .await
+        .unwrap()
+        .id;
     wait_for(
         "the job inserted during the outage",
         Duration::from_secs(20),
@@ -160,7 +163,10 @@ async fn a_killed_listener_reconnects_and_catches_up() {
     )
     .await;
     // And notifications work again.
-    let after = skiplock::enqueue(pool, &Record { n: 2 }).await.unwrap();
+    let after = skiplock::enqueue(pool, &Record { n: 2 }, EnqueueOptions::default())
+        .await
+        .unwrap()
+        .id;
     wait_for(
         "the job inserted after the reconnect",
         Duration::from_secs(20),
@@ -182,7 +188,7 @@ async fn the_sql_backoff_matches_the_documented_formula() {
         .fetch_all(&db.pool)
         .await
         .unwrap();
-        let base = skiplock::retry::backoff_base(attempt).as_secs_f64();
+        let base = skiplock::backoff::base_delay(attempt).as_secs_f64();
         for s in seconds {
             assert!(
                 s >= base * 0.75 && s < base * 1.25,

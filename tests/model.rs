@@ -3,7 +3,7 @@
 //! queue drains and the invariants are checked over the whole audit log.
 //!
 //! Actors (tests/model_support/actors.rs, workers.rs): enqueuers through the Rust API
-//! (`enqueue_with`, `enqueue_many`, `enqueue_raw` with lanes, unique keys under each
+//! (`enqueue`, `enqueue_many`, `enqueue_raw` with lanes, unique keys under each
 //! policy, dependencies), the SQL function `skiplock.enqueue` and plain `INSERT`s (with
 //! `job_dependencies` rows); an operator calling `retry_job`, `retry_dead_jobs`,
 //! `cancel_job` and deleting jobs; an operator running `skiplock retry ID` and

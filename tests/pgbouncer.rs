@@ -116,19 +116,29 @@ async fn a_worker_drains_through_pgbouncer_in_transaction_mode() {
     const BATCH: u32 = 3000;
     const SINGLE: u32 = 200;
     let batch: Vec<Counted> = (0..BATCH).map(|n| Counted { n }).collect();
-    let mut ids = skiplock::enqueue_many(&through, &batch, Default::default())
-        .await
-        .expect("enqueue a batch through PgBouncer");
+    let mut ids = common::ids(
+        skiplock::enqueue_many(&through, &batch, Default::default())
+            .await
+            .expect("enqueue a batch through PgBouncer"),
+    );
     let singles = (0..SINGLE).map(|n| {
         let through = through.clone();
-        tokio::spawn(async move { skiplock::enqueue(&through, &Counted { n: BATCH + n }).await })
+        tokio::spawn(async move {
+            skiplock::enqueue(
+                &through,
+                &Counted { n: BATCH + n },
+                skiplock::EnqueueOptions::default(),
+            )
+            .await
+        })
     });
     for single in singles {
         ids.push(
             single
                 .await
                 .unwrap()
-                .expect("enqueue one job through PgBouncer"),
+                .expect("enqueue one job through PgBouncer")
+                .id,
         );
     }
     // Inside the application's own transactions: sqlx names and caches the enqueue
@@ -141,9 +151,10 @@ async fn a_worker_drains_through_pgbouncer_in_transaction_mode() {
             let job = Counted {
                 n: BATCH + SINGLE + n,
             };
-            let id = skiplock::enqueue(&mut *tx, &job)
+            let id = skiplock::enqueue(&mut *tx, &job, skiplock::EnqueueOptions::default())
                 .await
-                .expect("enqueue in a transaction through PgBouncer");
+                .expect("enqueue in a transaction through PgBouncer")
+                .id;
             sqlx::Connection::clear_cached_statements(&mut *tx)
                 .await
                 .expect("close the named statements");
@@ -224,9 +235,14 @@ async fn a_worker_behind_pgbouncer_listens_on_its_direct_url() {
     let mut events = worker.subscribe();
     let stop = worker.shutdown_handle();
     let running = tokio::spawn(worker.run());
-    let id = skiplock::enqueue(&DbPool::pgbouncer(pool), &Counted { n: 1 })
-        .await
-        .unwrap();
+    let id = skiplock::enqueue(
+        &DbPool::pgbouncer(pool),
+        &Counted { n: 1 },
+        skiplock::EnqueueOptions::default(),
+    )
+    .await
+    .unwrap()
+    .id;
     let event = tokio::time::timeout(Duration::from_secs(30), events.recv())
         .await
         .expect("the job was not run: no notification reached the worker")

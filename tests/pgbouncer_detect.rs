@@ -80,7 +80,7 @@ async fn a_worker_not_told_of_pgbouncer_finds_it_and_drains() {
         .await
         .expect("enqueue")
         .into_iter()
-        .map(|id| id.0)
+        .map(|job| job.id.0)
         .collect();
     let _ = logs::take();
 

@@ -93,7 +93,7 @@ async fn enqueue(pool: &PgPool, jobs: usize, lanes: Option<(usize, usize)>) -> V
                 .await
                 .expect("enqueue")
                 .into_iter()
-                .map(|id| id.0),
+                .map(|job| job.id.0),
         );
     }
     ids
@@ -223,7 +223,13 @@ async fn a_drain_works_within_tight_database_timeouts() {
     let _ = logs::take();
 
     let runs: Runs = Arc::default();
-    drain(&db, 2, skiplock::worker::HEARTBEAT_INTERVAL_DEFAULT, &runs).await;
+    drain(
+        &db,
+        2,
+        skiplock::WorkerConfig::default().heartbeat_interval,
+        &runs,
+    )
+    .await;
 
     assert_each_ran_once(&db, &ids, &runs).await;
     let warnings: Vec<String> = logs::take()

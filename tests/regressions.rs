@@ -383,7 +383,7 @@ impl Job for Supersede {
             .0
             .lock()
             .unwrap()
-            .push(ids[0].0);
+            .push(ids[0].id.0);
         Err(JobError::retry(
             "planned failure after enqueueing a successor",
         ))
@@ -432,8 +432,20 @@ fn batch_worker(pool: &PgPool) -> WorkerBuilder {
 async fn enqueue_bystanders(pool: &PgPool, n: u32) -> Vec<i64> {
     let mut ids = Vec::new();
     for i in 0..n {
-        ids.push(skiplock::enqueue(pool, &Record { n: i }).await.unwrap().0);
-        ids.push(skiplock::enqueue(pool, &FailsOnce {}).await.unwrap().0);
+        ids.push(
+            skiplock::enqueue(pool, &Record { n: i }, EnqueueOptions::default())
+                .await
+                .unwrap()
+                .id
+                .0,
+        );
+        ids.push(
+            skiplock::enqueue(pool, &FailsOnce {}, EnqueueOptions::default())
+                .await
+                .unwrap()
+                .id
+                .0,
+        );
     }
     ids
 }
@@ -453,13 +465,14 @@ async fn assert_all_succeeded(pool: &PgPool, ids: &[i64]) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_retry_blocked_by_a_pending_unique_key_is_superseded_not_left_running() {
     let db = test_db().await;
-    let a = skiplock::enqueue_with(
+    let a = skiplock::enqueue(
         &db.pool,
         &Supersede {},
         EnqueueOptions::new().unique_key("u", UniquePolicy::Skip),
     )
     .await
     .unwrap()
+    .id
     .0;
     let others = enqueue_bystanders(&db.pool, 5).await;
     let successors = Successors::default();
@@ -520,7 +533,11 @@ impl Job for NulError {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_nul_byte_in_an_error_message_is_replaced_and_the_job_dies() {
     let db = test_db().await;
-    let job = skiplock::enqueue(&db.pool, &NulError {}).await.unwrap().0;
+    let job = skiplock::enqueue(&db.pool, &NulError {}, EnqueueOptions::default())
+        .await
+        .unwrap()
+        .id
+        .0;
     let others = enqueue_bystanders(&db.pool, 5).await;
 
     run_to_idle(
@@ -569,7 +586,7 @@ async fn a_one_off_read_only_error_on_completion_is_retried() {
         .execute(&mut *tx)
         .await
         .unwrap();
-    let error = skiplock::enqueue(&mut *tx, &Record { n: 1 })
+    let error = skiplock::enqueue(&mut *tx, &Record { n: 1 }, EnqueueOptions::default())
         .await
         .expect_err("an enqueue in a read-only transaction fails");
     assert!(error.is_transient(), "{error}");
@@ -607,7 +624,13 @@ async fn a_one_off_error_on_completion_is_retried(code: &str, message: &str) {
     }
     let mut ids = Vec::new();
     for n in 0..5 {
-        ids.push(skiplock::enqueue(&db.pool, &Record { n }).await.unwrap().0);
+        ids.push(
+            skiplock::enqueue(&db.pool, &Record { n }, EnqueueOptions::default())
+                .await
+                .unwrap()
+                .id
+                .0,
+        );
     }
 
     run_to_idle(
@@ -1277,7 +1300,10 @@ impl Job for LongError {
 async fn a_long_error_message_is_cut_to_8_kib_at_a_character_boundary() {
     const MARK: &str = "… (truncated)";
     let db = test_db().await;
-    let job = skiplock::enqueue(&db.pool, &LongError {}).await.unwrap();
+    let job = skiplock::enqueue(&db.pool, &LongError {}, EnqueueOptions::default())
+        .await
+        .unwrap()
+        .id;
     run_to_idle(
         &db.pool,
         fast_worker(&db.pool, &Recorder::default()).register::<LongError>(),
@@ -1332,7 +1358,7 @@ async fn enqueue_concurrently(
                 )
                 .await?;
                 tx.commit().await?;
-                Ok(ids[0].0)
+                Ok(ids[0].id.0)
             })
         })
         .collect();

@@ -422,13 +422,16 @@ async fn a_worker_drains_lanes_and_dependants_reaps_prunes_and_runs_cron() {
         ordering_key: Some("lane-1".into()),
         ..EnqueueOptions::default()
     };
-    let mut expected = skiplock::enqueue_many(&roles.enqueuer, &vec![Record { n: 1 }; 3], lane)
+    let mut expected = common::ids(
+        skiplock::enqueue_many(&roles.enqueuer, &vec![Record { n: 1 }; 3], lane)
+            .await
+            .unwrap(),
+    );
+    let parent = skiplock::enqueue(&roles.enqueuer, &Record { n: 2 }, EnqueueOptions::default())
         .await
-        .unwrap();
-    let parent = skiplock::enqueue(&roles.enqueuer, &Record { n: 2 })
-        .await
-        .unwrap();
-    let child = skiplock::enqueue_with(
+        .unwrap()
+        .id;
+    let child = skiplock::enqueue(
         &roles.enqueuer,
         &Record { n: 3 },
         EnqueueOptions {
@@ -437,7 +440,8 @@ async fn a_worker_drains_lanes_and_dependants_reaps_prunes_and_runs_cron() {
         },
     )
     .await
-    .unwrap();
+    .unwrap()
+    .id;
     assert_eq!(roles.state_of(child.0).await, "waiting");
     expected.extend([parent, child]);
     // A claim whose holder vanished (for the reaper) and finished jobs past their
@@ -630,7 +634,10 @@ async fn an_enqueuer_enqueues_every_way_and_does_nothing_else() {
     // The Rust API, plain and on the per-job path (lanes, unique keys, dependencies), in
     // the application's own transaction.
     let mut tx = e.begin().await.unwrap();
-    let plain = skiplock::enqueue(&mut *tx, &Record { n: 1 }).await.unwrap();
+    let plain = skiplock::enqueue(&mut *tx, &Record { n: 1 }, EnqueueOptions::default())
+        .await
+        .unwrap()
+        .id;
     tx.commit().await.unwrap();
     let in_lane = skiplock::enqueue_many(
         e,
@@ -642,7 +649,7 @@ async fn an_enqueuer_enqueues_every_way_and_does_nothing_else() {
     )
     .await
     .unwrap();
-    assert_eq!(roles.state_of(in_lane[1].0).await, "waiting");
+    assert_eq!(roles.state_of(in_lane[1].id.0).await, "waiting");
     for policy in [
         UniquePolicy::Skip,
         UniquePolicy::Replace,
@@ -654,15 +661,17 @@ async fn an_enqueuer_enqueues_every_way_and_does_nothing_else() {
             on_conflict: policy,
             ..EnqueueOptions::default()
         };
-        let first = skiplock::enqueue_with(e, &Record { n: 3 }, options.clone())
+        let first = skiplock::enqueue(e, &Record { n: 3 }, options.clone())
             .await
-            .unwrap();
-        let second = skiplock::enqueue_with(e, &Record { n: 4 }, options)
+            .unwrap()
+            .id;
+        let second = skiplock::enqueue(e, &Record { n: 4 }, options)
             .await
-            .unwrap();
+            .unwrap()
+            .id;
         assert_eq!(first, second, "{key}: one pending job");
     }
-    let child = skiplock::enqueue_with(
+    let child = skiplock::enqueue(
         e,
         &Record { n: 5 },
         EnqueueOptions {
@@ -671,7 +680,8 @@ async fn an_enqueuer_enqueues_every_way_and_does_nothing_else() {
         },
     )
     .await
-    .unwrap();
+    .unwrap()
+    .id;
     assert_eq!(roles.state_of(child.0).await, "waiting");
     // SQL: the function, a plain INSERT (with a lane and a unique key: the trigger's path).
     for sql in [
@@ -781,7 +791,7 @@ async fn a_reader_reads_everything_and_writes_nothing() {
         .unwrap();
 
     assert_denied(
-        skiplock::enqueue(r, &Record { n: 1 }).await,
+        skiplock::enqueue(r, &Record { n: 1 }, EnqueueOptions::default()).await,
         "reader",
         "skiplock::enqueue",
     );
@@ -838,7 +848,7 @@ async fn an_operator_retries_cancels_pauses_and_prunes_but_never_claims() {
 
     assert!(skiplock::retry(o, JobId(dead)).await.unwrap());
     assert_eq!(roles.state_of(dead).await, "queued");
-    let retried = skiplock::admin::jobs_retry_dead(o, None).await.unwrap();
+    let retried = skiplock::retry_dead(o, None).await.unwrap();
     assert_eq!(retried, [JobId(dead_too)]);
     assert!(skiplock::cancel(o, JobId(queued)).await.unwrap());
     assert_eq!(roles.state_of(queued).await, "cancelled");
@@ -874,7 +884,7 @@ async fn an_operator_retries_cancels_pauses_and_prunes_but_never_claims() {
     let running = roles.job_in("running").await;
     let token = roles.token_of(running).await;
     assert_denied(
-        skiplock::enqueue(o, &Record { n: 1 }).await,
+        skiplock::enqueue(o, &Record { n: 1 }, EnqueueOptions::default()).await,
         "operator",
         "skiplock::enqueue",
     );

@@ -138,7 +138,7 @@ async fn ordering_lanes_run_one_at_a_time_in_enqueue_order() {
                 .with_options(EnqueueOptions::new().ordering_key(format!("lane-{}", i % 50)))
         })
         .collect();
-    let ids = skiplock::enqueue_raw(&db.pool, &jobs).await.unwrap();
+    let ids = common::ids(skiplock::enqueue_raw(&db.pool, &jobs).await.unwrap());
     let timeline = Timeline::default();
     run_until_settled(&db.pool, &timeline, 3).await;
 
@@ -207,12 +207,14 @@ async fn a_failing_head_blocks_its_lane_while_other_lanes_flow() {
     let db = test_db().await;
     let pool = &db.pool;
     let blocked = EnqueueOptions::new().ordering_key("blocked");
-    let head = skiplock::enqueue_with(pool, &Gated {}, blocked.clone())
+    let head = skiplock::enqueue(pool, &Gated {}, blocked.clone())
         .await
-        .unwrap();
-    let behind = skiplock::enqueue_with(pool, &Step { fail_until: 0 }, blocked)
+        .unwrap()
+        .id;
+    let behind = skiplock::enqueue(pool, &Step { fail_until: 0 }, blocked)
         .await
-        .unwrap();
+        .unwrap()
+        .id;
     let others = skiplock::enqueue_many(
         pool,
         &vec![Step { fail_until: 0 }; 20],
@@ -272,7 +274,7 @@ async fn a_failing_head_blocks_its_lane_while_other_lanes_flow() {
         runs[&behind.0][0].0 > head_done,
         "the next job waited for the head to succeed"
     );
-    assert!(others.iter().all(|id| runs[&id.0].len() == 1));
+    assert!(others.iter().all(|id| runs[&id.id.0].len() == 1));
 }
 
 #[tokio::test]
@@ -303,7 +305,7 @@ async fn enqueue_unique(
 ) -> JobId {
     let job =
         NewJob::new("digest", args).with_options(EnqueueOptions::new().unique_key(key, policy));
-    skiplock::enqueue_raw(pool, &[job]).await.unwrap()[0]
+    skiplock::enqueue_raw(pool, &[job]).await.unwrap()[0].id
 }
 
 #[tokio::test]
@@ -331,7 +333,7 @@ async fn unique_keys_skip_replace_and_merge() {
                 .with_options(EnqueueOptions::new().unique_key("m", UniquePolicy::Merge))
         })
         .collect();
-    let bulk_ids = skiplock::enqueue_raw(pool, &bulk).await.unwrap();
+    let bulk_ids = common::ids(skiplock::enqueue_raw(pool, &bulk).await.unwrap());
     assert_eq!(bulk_ids, vec![merged; 3]);
     let row = skiplock::job(pool, merged).await.unwrap().unwrap();
     assert_eq!(
@@ -386,13 +388,13 @@ async fn concurrent_transactions_with_one_unique_key_leave_one_job() {
             .with_options(EnqueueOptions::new().unique_key("race", UniquePolicy::Skip))
     };
     let mut first = pool.begin().await.unwrap();
-    let first_id = skiplock::enqueue_raw(&mut *first, &[job()]).await.unwrap()[0];
+    let first_id = skiplock::enqueue_raw(&mut *first, &[job()]).await.unwrap()[0].id;
     // The second transaction blocks on the unique index until the first one commits.
     let second = tokio::spawn({
         let pool = pool.clone();
         async move {
             let mut tx = pool.begin().await.unwrap();
-            let id = skiplock::enqueue_raw(&mut *tx, &[job()]).await.unwrap()[0];
+            let id = skiplock::enqueue_raw(&mut *tx, &[job()]).await.unwrap()[0].id;
             tx.commit().await.unwrap();
             id
         }
@@ -427,7 +429,7 @@ async fn enqueue_step_after(
     parents: &[JobId],
     max_attempts: i32,
 ) -> JobId {
-    skiplock::enqueue_with(
+    skiplock::enqueue(
         pool,
         &Step { fail_until },
         EnqueueOptions::new()
@@ -436,6 +438,7 @@ async fn enqueue_step_after(
     )
     .await
     .unwrap()
+    .id
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -497,7 +500,7 @@ async fn a_dead_parent_cancels_its_dependants_transitively() {
     // A job enqueued after its parent died is cancelled at once; a missing parent is refused.
     let late = enqueue_step_after(pool, 0, &[parent], 5).await;
     assert_eq!(state_of(pool, late.0).await, JobState::Cancelled);
-    let error = skiplock::enqueue_with(
+    let error = skiplock::enqueue(
         pool,
         &Step { fail_until: 0 },
         EnqueueOptions::new().depends_on([JobId(987_654)]),

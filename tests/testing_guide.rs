@@ -43,7 +43,7 @@ async fn sign_up(pool: &PgPool, name: &str) -> Result<i64, Box<dyn std::error::E
         .fetch_one(&mut *tx)
         .await?;
     let options = EnqueueOptions::new().queue("mail");
-    skiplock::enqueue_with(&mut *tx, &SendWelcome { user_id }, options).await?;
+    skiplock::enqueue(&mut *tx, &SendWelcome { user_id }, options).await?;
     tx.commit().await?;
     Ok(user_id)
 }
@@ -108,45 +108,18 @@ async fn signing_up_sends_one_welcome_mail() -> Result<(), Box<dyn std::error::E
 // ---- docs/testing-your-jobs.md, "A complete example", to here ----
 
 mod common;
+mod verbatim;
 
 /// The guide's example is this file's text between the marker lines, to the byte.
 #[test]
 fn the_guide_shows_this_example() {
-    let guide = include_str!("../docs/testing-your-jobs.md");
-    let this_file = include_str!("testing_guide.rs");
-    let marker = "// ---- docs/testing-your-jobs.md, \"A complete example\", ";
-    let example = between(this_file, &format!("{marker}from here ----\n"), marker);
-    let section = guide
-        .split_once("\n## A complete example\n")
-        .expect("the guide has a section \"A complete example\"")
-        .1;
-    let shown = between(section, "```rust\n", "```\n");
-    for (n, (shown_line, example_line)) in shown.lines().zip(example.lines()).enumerate() {
-        assert_eq!(
-            shown_line,
-            example_line,
-            "line {} of the guide's example differs from tests/testing_guide.rs",
-            n + 1
-        );
-    }
-    assert_eq!(
-        shown.lines().count(),
-        example.lines().count(),
-        "the guide's example and tests/testing_guide.rs differ in length"
+    verbatim::assert_shows(
+        "docs/testing-your-jobs.md",
+        include_str!("../docs/testing-your-jobs.md"),
+        "A complete example",
+        "tests/testing_guide.rs",
+        include_str!("testing_guide.rs"),
     );
-    assert_eq!(shown, example);
-}
-
-/// The text of `text` after the first `start` and before the next `end`.
-fn between<'t>(text: &'t str, start: &str, end: &str) -> &'t str {
-    let after = text
-        .split_once(start)
-        .unwrap_or_else(|| panic!("no {start:?}"))
-        .1;
-    after
-        .split_once(end)
-        .unwrap_or_else(|| panic!("no {end:?} after {start:?}"))
-        .0
 }
 
 /// The message of a panic raised inside `future`, run on a task of its own.

@@ -22,7 +22,7 @@ async fn assertions_find_enqueued_jobs_by_kind_args_queue_and_priority() {
     let pool = &db.pool;
     let mut tx = pool.begin().await.unwrap();
     let options = EnqueueOptions::new().queue("mail").priority(3);
-    skiplock::enqueue_with(&mut *tx, &Record { n: 7 }, options)
+    skiplock::enqueue(&mut *tx, &Record { n: 7 }, options)
         .await
         .unwrap();
     let in_tx = assert_enqueued(
@@ -81,13 +81,18 @@ async fn perform_job_runs_one_job_and_reports_its_outcome() {
     let pool = &db.pool;
     let recorder = Recorder::default();
     let later = EnqueueOptions::new().run_after(Duration::from_secs(3600));
-    let record = skiplock::enqueue_with(pool, &Record { n: 1 }, later)
+    let record = skiplock::enqueue(pool, &Record { n: 1 }, later)
         .await
-        .unwrap();
-    let bystander = skiplock::enqueue(pool, &Record { n: 2 }).await.unwrap();
-    let flaky = skiplock::enqueue(pool, &Flaky { fail_until: 1 })
+        .unwrap()
+        .id;
+    let bystander = skiplock::enqueue(pool, &Record { n: 2 }, EnqueueOptions::default())
         .await
-        .unwrap();
+        .unwrap()
+        .id;
+    let flaky = skiplock::enqueue(pool, &Flaky { fail_until: 1 }, EnqueueOptions::default())
+        .await
+        .unwrap()
+        .id;
 
     // Scheduled an hour from now, and performed now.
     let event = perform_job(fast_worker(pool, &recorder), record.0)
@@ -148,20 +153,26 @@ async fn drain_queue_runs_what_is_runnable_in_one_queue() {
     let db = test_db().await;
     let pool = &db.pool;
     let mail = EnqueueOptions::new().queue("mail");
-    let first = skiplock::enqueue_with(pool, &Record { n: 1 }, mail.clone())
+    let first = skiplock::enqueue(pool, &Record { n: 1 }, mail.clone())
         .await
-        .unwrap();
-    let second = skiplock::enqueue_with(pool, &Record { n: 2 }, mail.clone())
+        .unwrap()
+        .id;
+    let second = skiplock::enqueue(pool, &Record { n: 2 }, mail.clone())
         .await
-        .unwrap();
-    let later = skiplock::enqueue_with(
+        .unwrap()
+        .id;
+    let later = skiplock::enqueue(
         pool,
         &Record { n: 3 },
         mail.run_after(Duration::from_secs(3600)),
     )
     .await
-    .unwrap();
-    let elsewhere = skiplock::enqueue(pool, &Record { n: 4 }).await.unwrap();
+    .unwrap()
+    .id;
+    let elsewhere = skiplock::enqueue(pool, &Record { n: 4 }, EnqueueOptions::default())
+        .await
+        .unwrap()
+        .id;
     let recorder = Recorder::default();
     let events = drain_queue(fast_worker(pool, &recorder), "mail")
         .await

@@ -269,7 +269,10 @@ async fn changed_function_bodies_are_applied_by_migrate_and_keep_grants() {
 async fn an_outcome_the_old_worker_cannot_write_is_reaped_and_run_by_a_new_one() {
     let db = test_db().await;
     let pool = &db.pool;
-    let id = skiplock::enqueue(pool, &Slow { ms: 1_000 }).await.unwrap();
+    let id = skiplock::enqueue(pool, &Slow { ms: 1_000 }, EnqueueOptions::default())
+        .await
+        .unwrap()
+        .id;
     let recorder = Recorder::default();
     let worker = fast_worker(pool, &recorder).concurrency(1).build().unwrap();
     let run = tokio::spawn(worker.run());

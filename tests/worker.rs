@@ -17,9 +17,11 @@ use skiplock::{EnqueueOptions, JobId, JobState, NewJob};
 async fn three_workers_drain_ten_thousand_jobs_exactly_once() {
     let db = test_db().await;
     let jobs: Vec<Record> = (0..10_000).map(|n| Record { n }).collect();
-    let ids = skiplock::enqueue_many(&db.pool, &jobs, EnqueueOptions::default())
-        .await
-        .unwrap();
+    let ids = common::ids(
+        skiplock::enqueue_many(&db.pool, &jobs, EnqueueOptions::default())
+            .await
+            .unwrap(),
+    );
 
     let recorder = Recorder::default();
     let workers: Vec<_> = (0..3)
@@ -73,13 +75,14 @@ async fn three_workers_drain_ten_thousand_jobs_exactly_once() {
 #[tokio::test]
 async fn failing_job_backs_off_dies_and_runs_again_after_manual_retry() {
     let db = test_db().await;
-    let id = skiplock::enqueue_with(
+    let id = skiplock::enqueue(
         &db.pool,
         &Flaky { fail_until: 100 },
         EnqueueOptions::new().max_attempts(4),
     )
     .await
-    .unwrap();
+    .unwrap()
+    .id;
 
     let recorder = Recorder::default();
     let worker = fast_worker(&db.pool, &recorder).build().unwrap();
@@ -160,9 +163,14 @@ async fn failing_job_backs_off_dies_and_runs_again_after_manual_retry() {
 #[tokio::test]
 async fn flaky_job_succeeds_on_a_later_attempt() {
     let db = test_db().await;
-    let id = skiplock::enqueue(&db.pool, &Flaky { fail_until: 2 })
-        .await
-        .unwrap();
+    let id = skiplock::enqueue(
+        &db.pool,
+        &Flaky { fail_until: 2 },
+        EnqueueOptions::default(),
+    )
+    .await
+    .unwrap()
+    .id;
     let recorder = Recorder::default();
     let worker = fast_worker(&db.pool, &recorder).build().unwrap();
     let stop = worker.shutdown_handle();
@@ -187,9 +195,10 @@ async fn flaky_job_succeeds_on_a_later_attempt() {
 #[tokio::test]
 async fn a_panicking_handler_fails_only_its_own_job() {
     let db = test_db().await;
-    let bad = skiplock::enqueue_with(&db.pool, &Panics {}, EnqueueOptions::new().max_attempts(2))
+    let bad = skiplock::enqueue(&db.pool, &Panics {}, EnqueueOptions::new().max_attempts(2))
         .await
-        .unwrap();
+        .unwrap()
+        .id;
     let good: Vec<Record> = (0..50).map(|n| Record { n }).collect();
     skiplock::enqueue_many(&db.pool, &good, EnqueueOptions::default())
         .await
@@ -227,7 +236,8 @@ async fn undecodable_args_are_a_permanent_failure_with_a_clear_error() {
         &[NewJob::new("record", json!({"n": "not a number"}))],
     )
     .await
-    .unwrap()[0];
+    .unwrap()[0]
+        .id;
     let recorder = Recorder::default();
     fast_worker(&db.pool, &recorder)
         .exit_when_idle(true)
@@ -254,8 +264,12 @@ async fn a_job_of_an_unknown_kind_stays_queued_untouched() {
     let db = test_db().await;
     let mystery = skiplock::enqueue_raw(&db.pool, &[NewJob::new("mystery", json!({"x": 1}))])
         .await
-        .unwrap()[0];
-    let known = skiplock::enqueue(&db.pool, &Record { n: 1 }).await.unwrap();
+        .unwrap()[0]
+        .id;
+    let known = skiplock::enqueue(&db.pool, &Record { n: 1 }, EnqueueOptions::default())
+        .await
+        .unwrap()
+        .id;
     let recorder = Recorder::default();
     fast_worker(&db.pool, &recorder)
         .exit_when_idle(true)
@@ -319,20 +333,24 @@ async fn a_plain_sql_insert_wakes_an_idle_worker() {
 #[tokio::test]
 async fn graceful_shutdown_finishes_short_jobs_and_releases_long_ones() {
     let db = test_db().await;
-    let short: Vec<JobId> = skiplock::enqueue_many(
-        &db.pool,
-        &vec![Slow { ms: 300 }; 4],
-        EnqueueOptions::default(),
-    )
-    .await
-    .unwrap();
-    let long: Vec<JobId> = skiplock::enqueue_many(
-        &db.pool,
-        &vec![Slow { ms: 600_000 }; 4],
-        EnqueueOptions::new().priority(1),
-    )
-    .await
-    .unwrap();
+    let short: Vec<JobId> = common::ids(
+        skiplock::enqueue_many(
+            &db.pool,
+            &vec![Slow { ms: 300 }; 4],
+            EnqueueOptions::default(),
+        )
+        .await
+        .unwrap(),
+    );
+    let long: Vec<JobId> = common::ids(
+        skiplock::enqueue_many(
+            &db.pool,
+            &vec![Slow { ms: 600_000 }; 4],
+            EnqueueOptions::new().priority(1),
+        )
+        .await
+        .unwrap(),
+    );
 
     let recorder = Recorder::default();
     let worker = fast_worker(&db.pool, &recorder)
@@ -521,9 +539,14 @@ async fn a_handler_that_blocks_its_thread_after_using_the_pool_keeps_its_claim()
         .connect(db.url())
         .await
         .unwrap();
-    let id = skiplock::enqueue(&db.pool, &QueryThenBlock { ms: 3_000 })
-        .await
-        .unwrap();
+    let id = skiplock::enqueue(
+        &db.pool,
+        &QueryThenBlock { ms: 3_000 },
+        EnqueueOptions::default(),
+    )
+    .await
+    .unwrap()
+    .id;
     let window = BlockWindow::default();
     let worker = skiplock::Worker::builder(one_connection)
         .register::<QueryThenBlock>()

@@ -12,8 +12,9 @@ use sqlx::{FromRow, PgExecutor};
 use crate::db::jobs::JobRow;
 use crate::state::{JobId, JobState};
 
-/// Which jobs [`jobs_list`] returns. Empty filters match everything.
-#[derive(Debug, Clone, Default)]
+/// Which jobs [`skiplock::jobs`](crate::jobs) returns. Empty filters match everything;
+/// the default is the 50 newest jobs, as `skiplock jobs` lists them.
+#[derive(Debug, Clone)]
 pub struct JobFilter {
     /// Any of these states (all states when empty).
     pub states: Vec<JobState>,
@@ -21,8 +22,19 @@ pub struct JobFilter {
     pub queue: Option<String>,
     /// Only this kind.
     pub kind: Option<String>,
-    /// At most this many jobs, newest first.
+    /// At most this many jobs, newest first. Default 50.
     pub limit: i64,
+}
+
+impl Default for JobFilter {
+    fn default() -> Self {
+        Self {
+            states: Vec::new(),
+            queue: None,
+            kind: None,
+            limit: 50,
+        }
+    }
 }
 
 /// Jobs matching `filter`, newest (highest id) first.

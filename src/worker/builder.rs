@@ -16,8 +16,6 @@ use crate::job::{DataMap, Job};
 
 use super::claims::HeldClaims;
 use super::handler::{Handler, TypedHandler};
-#[cfg(doc)]
-use super::{BATCH_MAX_DEFAULT, PREFETCH_MAX_DEFAULT};
 use super::{
     Counters, QUEUE_WEIGHT_MAX, QueueGroup, Retention, Shared, Worker, WorkerConfig, events, slots,
 };
@@ -31,6 +29,34 @@ impl Worker {
     /// and the heartbeat's (the heartbeat runs on a thread of its own so that busy or
     /// blocked handlers cannot delay it; it closes its connection after 30 s without
     /// claims).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// use std::time::Duration;
+    /// use skiplock::{Job, JobContext, JobError, Worker};
+    /// # #[derive(serde::Serialize, serde::Deserialize)] struct SendWelcome { user_id: i64 }
+    /// # impl Job for SendWelcome { const KIND: &'static str = "send_welcome";
+    /// #   async fn run(self, _: JobContext) -> Result<(), JobError> { Ok(()) } }
+    /// # struct Mailer;
+    /// # async fn example(pool: sqlx::PgPool) -> Result<(), Box<dyn std::error::Error>> {
+    /// let worker = Worker::builder(pool)
+    ///     .register::<SendWelcome>()
+    ///     .queues(["default", "mail"])
+    ///     .concurrency(16)
+    ///     .queue_weight("mail", 3) // while both have work, "mail" gets 3 slots in 4
+    ///     .data(Mailer) // handlers read it with `ctx.data::<Mailer>()`
+    ///     .shutdown_grace(Duration::from_secs(10))
+    ///     .build()?;
+    /// let stop = worker.shutdown_handle();
+    /// tokio::spawn(async move {
+    ///     tokio::signal::ctrl_c().await.ok();
+    ///     stop.shutdown(); // stop claiming, let running jobs finish, release the rest
+    /// });
+    /// let summary = worker.run().await?;
+    /// println!("{} jobs succeeded", summary.succeeded);
+    /// # Ok(()) }
+    /// ```
     pub fn builder(pool: PgPool) -> WorkerBuilder {
         WorkerBuilder {
             pool,
@@ -65,7 +91,8 @@ impl WorkerBuilder {
         self
     }
 
-    /// Registers a job type; the worker claims jobs of its kind.
+    /// Registers a job type; the worker claims jobs of its kind ([`Job::KIND`]) and no
+    /// others.
     pub fn register<J: Job>(mut self) -> Self {
         if self
             .handlers
@@ -77,7 +104,8 @@ impl WorkerBuilder {
         self
     }
 
-    /// Sets the queues to claim from (replaces the default `["default"]`).
+    /// Sets the queues to claim from (replaces the default `["default"]`). They share the
+    /// `concurrency` slots by weight.
     pub fn queues<I, Q>(mut self, queues: I) -> Self
     where
         I: IntoIterator<Item = Q>,
@@ -87,7 +115,8 @@ impl WorkerBuilder {
         self
     }
 
-    /// Sets how many jobs run at once (and the prefetch, unless set explicitly).
+    /// Sets how many jobs run at once across the shared queues (default 32), and the
+    /// prefetch, unless set explicitly.
     pub fn concurrency(mut self, concurrency: usize) -> Self {
         self.config.concurrency = concurrency;
         if !self.prefetch_set {
@@ -104,7 +133,8 @@ impl WorkerBuilder {
         self
     }
 
-    /// Gives `queue` its own `concurrency` slots (and claims from it).
+    /// Gives `queue` its own `concurrency` slots (and claims from it): a busy shared queue
+    /// cannot starve it, and it never runs more than that. Default: none.
     pub fn queue_concurrency(mut self, queue: impl Into<String>, concurrency: usize) -> Self {
         self.config
             .queue_concurrency
@@ -112,8 +142,8 @@ impl WorkerBuilder {
         self
     }
 
-    /// Fixes how many claimed jobs wait in the local buffer (instead of a size that
-    /// follows the start rate between `concurrency` and [`PREFETCH_MAX_DEFAULT`]).
+    /// Fixes how many claimed jobs wait in the local buffer (instead of the default, a
+    /// size that follows the start rate between `concurrency` and 4,000 jobs).
     pub fn prefetch(mut self, prefetch: usize) -> Self {
         self.config.prefetch = prefetch;
         self.config.prefetch_max = prefetch;
@@ -128,15 +158,14 @@ impl WorkerBuilder {
         self
     }
 
-    /// Sets the most claims or outcomes one statement carries (default
-    /// [`BATCH_MAX_DEFAULT`]); smaller batches mean shorter statements and locks, larger
-    /// ones fewer commits.
+    /// Sets the most claims or outcomes one statement carries (default 2,000); smaller
+    /// batches mean shorter statements and locks, larger ones fewer commits.
     pub fn batch_max(mut self, batch_max: usize) -> Self {
         self.config.batch_max = batch_max;
         self
     }
 
-    /// Sets the worker identity written to `claimed_by`.
+    /// Sets the worker identity written to `claimed_by` (default `host:pid:suffix`).
     pub fn worker_id(mut self, id: impl Into<String>) -> Self {
         self.config.worker_id = id.into();
         self
@@ -161,7 +190,8 @@ impl WorkerBuilder {
         self.handlers.contains_key(kind)
     }
 
-    /// Sets the fallback poll interval.
+    /// Sets how often the worker claims without a wake-up (default 1 s): the fallback for
+    /// missed notifications, and the pace of new work behind PgBouncer without LISTEN.
     pub fn poll_interval(mut self, interval: Duration) -> Self {
         self.config.poll_interval = interval;
         self
@@ -174,6 +204,8 @@ impl WorkerBuilder {
     /// transaction pooling: give the worker a direct connection for it with
     /// [`listen_options`](Self::listen_options), or it polls every `poll_interval`.
     /// The heartbeat's own session goes through PgBouncer too, with the same wrapping.
+    /// Default false; a worker that finds a pooler in front anyway switches to this mode
+    /// and logs a warning.
     pub fn pgbouncer(mut self, pgbouncer: bool) -> Self {
         self.config.pgbouncer = pgbouncer;
         self
@@ -187,39 +219,43 @@ impl WorkerBuilder {
         self
     }
 
-    /// Sets the heartbeat interval and the stale timeout.
+    /// Sets how often claims are extended (default 2 s) and the heartbeat age after which
+    /// a reaper takes a claim back (default 30 s; it must exceed twice the interval).
     pub fn heartbeat(mut self, interval: Duration, stale_after: Duration) -> Self {
         self.config.heartbeat_interval = interval;
         self.config.stale_after = stale_after;
         self
     }
 
-    /// Sets how often the reaper runs.
+    /// Sets how often this worker's reaper looks for stale claims (default 5 s).
     pub fn reap_interval(mut self, interval: Duration) -> Self {
         self.config.reap_interval = interval;
         self
     }
 
-    /// Sets how long a graceful shutdown waits for running jobs.
+    /// Sets how long a graceful shutdown waits for running jobs (default 30 s) before it
+    /// stops their handlers and releases the jobs without spending their attempt.
     pub fn shutdown_grace(mut self, grace: Duration) -> Self {
         self.config.shutdown_grace = grace;
         self
     }
 
     /// Makes [`Worker::run`] return once no job of its queues and kinds is runnable or
-    /// running.
+    /// running (default false: run until shut down).
     pub fn exit_when_idle(mut self, exit: bool) -> Self {
         self.config.exit_when_idle = exit;
         self
     }
 
-    /// Sets the retention of finished jobs.
+    /// Sets how long finished jobs are kept (default 1 day for succeeded and cancelled,
+    /// 14 days for dead).
     pub fn retention(mut self, retention: Retention) -> Self {
         self.config.retention = retention;
         self
     }
 
-    /// Sets how often the pruner runs; `None` disables it in this worker.
+    /// Sets how often this worker's pruner runs (default 30 s); `None` disables it in this
+    /// worker.
     pub fn prune_interval(mut self, interval: Option<Duration>) -> Self {
         self.config.prune_interval = interval;
         self
@@ -232,7 +268,8 @@ impl WorkerBuilder {
         self
     }
 
-    /// Sets how often the cron scheduler runs; `None` disables it in this worker.
+    /// Sets how often this worker looks for due cron slots (default 1 s); `None` disables
+    /// the cron scheduler in this worker.
     pub fn cron_interval(mut self, interval: Option<Duration>) -> Self {
         self.config.cron_interval = interval;
         self

@@ -1,4 +1,6 @@
-//! What a worker can be told: its settings ([`WorkerConfig`]) and their defaults.
+//! What a worker can be told: its settings ([`WorkerConfig`]) and their defaults. The
+//! defaults are stated, with units, on the fields of [`WorkerConfig`] and the methods of
+//! [`WorkerBuilder`]; `WorkerConfig::default()` holds them all.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -9,51 +11,49 @@ use crate::job::QUEUE_DEFAULT;
 use super::Retention;
 #[cfg(doc)]
 use super::{Worker, WorkerBuilder};
-#[cfg(doc)]
-use crate::DbPool;
 
 /// Jobs run at once by a worker unless configured.
-pub const CONCURRENCY_DEFAULT: usize = 32;
+pub(crate) const CONCURRENCY_DEFAULT: usize = 32;
 /// Fallback poll interval when no notification arrives (LISTEN/NOTIFY does the fast path).
-pub const POLL_INTERVAL_DEFAULT: Duration = Duration::from_secs(1);
+pub(crate) const POLL_INTERVAL_DEFAULT: Duration = Duration::from_secs(1);
 /// How often a worker extends its claims.
-pub const HEARTBEAT_INTERVAL_DEFAULT: Duration = Duration::from_secs(2);
+pub(crate) const HEARTBEAT_INTERVAL_DEFAULT: Duration = Duration::from_secs(2);
 /// A running job whose heartbeat is older than this is taken back by the reaper.
-pub const STALE_AFTER_DEFAULT: Duration = Duration::from_secs(30);
+pub(crate) const STALE_AFTER_DEFAULT: Duration = Duration::from_secs(30);
 /// How often each worker's reaper looks for stale claims.
-pub const REAP_INTERVAL_DEFAULT: Duration = Duration::from_secs(5);
+pub(crate) const REAP_INTERVAL_DEFAULT: Duration = Duration::from_secs(5);
 /// How long a graceful shutdown waits for running jobs before releasing them.
-pub const SHUTDOWN_GRACE_DEFAULT: Duration = Duration::from_secs(30);
+pub(crate) const SHUTDOWN_GRACE_DEFAULT: Duration = Duration::from_secs(30);
 /// How often each worker's pruner deletes expired finished jobs.
-pub const PRUNE_INTERVAL_DEFAULT: Duration = Duration::from_secs(30);
+pub(crate) const PRUNE_INTERVAL_DEFAULT: Duration = Duration::from_secs(30);
 /// How often each worker looks for due cron slots.
-pub const CRON_INTERVAL_DEFAULT: Duration = Duration::from_secs(1);
+pub(crate) const CRON_INTERVAL_DEFAULT: Duration = Duration::from_secs(1);
 /// Most claims or outcomes written by one statement: bounds how long one statement holds
 /// its rows locked and its snapshot open.
-pub const BATCH_MAX_DEFAULT: usize = 2000;
+pub(crate) const BATCH_MAX_DEFAULT: usize = 2000;
 /// Largest queue weight ([`WorkerBuilder::queue_weight`]).
 pub const QUEUE_WEIGHT_MAX: u32 = 1000;
 /// Most claimed jobs a worker keeps ready in its local buffer when its jobs are short
 /// (the buffer grows toward this from `prefetch`, see [`PREFETCH_HORIZON`]): it binds
 /// only above 40,000 jobs started per second. Each claim has a fixed cost (a plan, a
 /// commit); with a cap of 2,000 a drain of short jobs ran 8 % slower (docs/benchmarks.md).
-pub const PREFETCH_MAX_DEFAULT: usize = 4000;
+pub(crate) const PREFETCH_MAX_DEFAULT: usize = 4000;
 /// How much work the local buffer holds, at the rate jobs are starting: the buffer grows
 /// until it covers this much (between `prefetch` and `prefetch_max` jobs), so short jobs
 /// are claimed in large batches and a claimed job waits about this long at most before
 /// it starts. 100 ms covers a claim round trip many times over.
-pub const PREFETCH_HORIZON: Duration = Duration::from_millis(100);
+pub(crate) const PREFETCH_HORIZON: Duration = Duration::from_millis(100);
 
 /// Everything a worker can be told. Build it with [`Worker::builder`].
 #[derive(Debug, Clone)]
 #[non_exhaustive]
 pub struct WorkerConfig {
-    /// Identity written to `claimed_by`: host, pid and a random suffix by default.
+    /// Identity written to `claimed_by`. Default `host:pid:suffix`, the suffix random.
     pub worker_id: String,
     /// Queues to claim from. Default `["default"]`. They share `concurrency` slots by
     /// weight, except those named in `queue_concurrency`.
     pub queues: Vec<String>,
-    /// Jobs run at once (1 or more) across the shared queues.
+    /// Jobs run at once (1 or more) across the shared queues. Default 32.
     pub concurrency: usize,
     /// Weights of the queues that share `concurrency` (1 when not named; 1 to 1,000). Each
     /// queue has its own claims and buffer; while several have work, a freed slot goes to
@@ -64,39 +64,50 @@ pub struct WorkerConfig {
     /// busy queue cannot starve it and it cannot exceed its limit.
     pub queue_concurrency: BTreeMap<String, usize>,
     /// Claimed jobs kept ready in the local buffer so a freed slot never waits on a claim
-    /// round trip, at least. Default: equal to `concurrency`.
+    /// round trip, at least. Default: equal to `concurrency` (32).
     pub prefetch: usize,
     /// Claimed jobs kept ready at most. Between `prefetch` and this, the buffer follows
-    /// the start rate to hold [`PREFETCH_HORIZON`] of work: short jobs get large claim
-    /// batches, long jobs are not hoarded. Default [`PREFETCH_MAX_DEFAULT`] (never below
-    /// `prefetch`); [`WorkerBuilder::prefetch`] sets both to one fixed size.
+    /// the start rate to hold about 100 ms of work: short jobs get large claim batches,
+    /// long jobs are not hoarded. Default 4,000 jobs (never below `prefetch`): it binds
+    /// only above 40,000 jobs started per second. [`WorkerBuilder::prefetch`] sets both to
+    /// one fixed size.
     pub prefetch_max: usize,
-    /// Fallback poll interval.
+    /// How often the worker claims without having been woken: the fallback for missed or
+    /// absent notifications (LISTEN/NOTIFY does the fast path). Default 1 s.
     pub poll_interval: Duration,
-    /// How often claims are extended.
+    /// How often the worker extends its claims (one statement for all of them). Default
+    /// 2 s.
     pub heartbeat_interval: Duration,
-    /// Heartbeat age after which the reaper takes a claim back; must exceed twice the
-    /// heartbeat interval.
+    /// Heartbeat age after which any worker's reaper takes a claim back; must exceed twice
+    /// the heartbeat interval. Default 30 s.
     pub stale_after: Duration,
-    /// How often the reaper runs.
+    /// How often this worker's reaper looks for stale claims. Default 5 s.
     pub reap_interval: Duration,
-    /// How long a graceful shutdown waits for running jobs.
+    /// How long a graceful shutdown waits for running jobs before it stops their handlers
+    /// and releases the jobs. Default 30 s.
     pub shutdown_grace: Duration,
-    /// Exit once no job of this worker's queues and kinds is runnable or running.
+    /// Exit once no job of this worker's queues and kinds is runnable or running. Default
+    /// false.
     pub exit_when_idle: bool,
-    /// How long finished jobs are kept.
+    /// How long finished jobs are kept. Default 1 day (succeeded, cancelled), 14 days
+    /// (dead).
     pub retention: Retention,
-    /// How often the pruner runs; `None` disables it in this worker.
+    /// How often this worker's pruner deletes expired finished jobs; `None` disables it in
+    /// this worker. Default 30 s.
     pub prune_interval: Option<Duration>,
-    /// Most claims or outcomes per statement.
+    /// Most claims or outcomes one statement carries: bounds how long one statement holds
+    /// its rows locked and its snapshot open. Default 2,000.
     pub batch_max: usize,
     /// Cron schedules this worker writes to the database when it starts.
     pub cron_schedules: Vec<CronSchedule>,
-    /// How often the cron scheduler runs; `None` disables it in this worker.
+    /// How often this worker looks for due cron slots; `None` disables the cron scheduler
+    /// in this worker. Default 1 s.
     pub cron_interval: Option<Duration>,
     /// The pool goes through PgBouncer in transaction-pooling mode: every statement runs
-    /// in a transaction of its own, unnamed (see [`DbPool::pgbouncer`]), and LISTEN needs
-    /// [`WorkerBuilder::listen_options`] or is replaced by polling every `poll_interval`.
+    /// in a transaction of its own, unnamed (see [`WorkerBuilder::pgbouncer`]), and LISTEN
+    /// needs [`WorkerBuilder::listen_options`] or is replaced by polling every
+    /// `poll_interval`. Default false (a pooler found in front anyway switches it on, with
+    /// a warning).
     pub pgbouncer: bool,
     /// Claim this job alone, once, then stop when it is settled (`skiplock::testing`).
     pub(crate) only_job: Option<i64>,

@@ -46,12 +46,8 @@ use crate::maintenance::{self, Maintenance};
 
 pub use crate::maintenance::pruner::Retention;
 pub use builder::WorkerBuilder;
-pub use config::{
-    BATCH_MAX_DEFAULT, CONCURRENCY_DEFAULT, CRON_INTERVAL_DEFAULT, HEARTBEAT_INTERVAL_DEFAULT,
-    POLL_INTERVAL_DEFAULT, PREFETCH_HORIZON, PREFETCH_MAX_DEFAULT, PRUNE_INTERVAL_DEFAULT,
-    QUEUE_WEIGHT_MAX, REAP_INTERVAL_DEFAULT, SHUTDOWN_GRACE_DEFAULT, STALE_AFTER_DEFAULT,
-    WorkerConfig,
-};
+use config::PREFETCH_HORIZON;
+pub use config::{QUEUE_WEIGHT_MAX, WorkerConfig};
 
 use claims::HeldClaims;
 use handler::Handler;

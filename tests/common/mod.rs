@@ -189,3 +189,8 @@ pub fn missing_tool(what_is_skipped: &str, tool: &str, install: &str) {
     }
     eprintln!("skipped: {message}");
 }
+
+/// The job ids of an enqueue's results, in input order.
+pub fn ids(results: Vec<skiplock::EnqueueResult>) -> Vec<skiplock::JobId> {
+    results.into_iter().map(|result| result.id).collect()
+}

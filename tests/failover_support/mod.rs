@@ -119,7 +119,7 @@ pub async fn enqueue(pool: &PgPool, jobs: usize) -> Vec<i64> {
     let mut ids = Vec::with_capacity(jobs);
     for chunk in batch.chunks(1000) {
         let enqueued = skiplock::enqueue_raw(pool, chunk).await.expect("enqueue");
-        ids.extend(enqueued.into_iter().map(|id| id.0));
+        ids.extend(enqueued.into_iter().map(|job| job.id.0));
     }
     ids
 }

@@ -331,7 +331,7 @@ pub async fn enqueue_n(
         .await
         .expect("enqueue")
         .into_iter()
-        .map(|id| id.0)
+        .map(|job| job.id.0)
         .collect()
 }
 

@@ -101,7 +101,7 @@ fn parent_gone(error: &str) -> bool {
     error.contains("does not exist")
 }
 
-/// Enqueues through the Rust API: `enqueue_with` for one job, `enqueue_many` for a few
+/// Enqueues through the Rust API: `enqueue` for one job, `enqueue_many` for a few
 /// `model` jobs sharing options (a lane's burst, a unique key hit several times), and
 /// `enqueue_raw` for the testbed kinds.
 pub async fn enqueue_rust(sim: &Sim, pool: PgPool) {
@@ -117,14 +117,14 @@ pub async fn enqueue_rust(sim: &Sim, pool: PgPool) {
                 .collect();
             skiplock::enqueue_many(&pool, &jobs, options(&spec)).await
         } else {
-            skiplock::enqueue_with(&pool, &Model(spec.args.clone()), options(&spec))
+            skiplock::enqueue(&pool, &Model(spec.args.clone()), options(&spec))
                 .await
-                .map(|id| vec![id])
+                .map(|job| vec![job])
         };
         match result {
             Ok(ids) => {
                 sim.count("enqueue rust");
-                sim.remember(ids.into_iter().map(|id| id.0));
+                sim.remember(ids.into_iter().map(|job| job.id.0));
             }
             Err(e) if parent_gone(&e.to_string()) => sim.count("enqueue rust: parent gone"),
             Err(e) => sim.violation(format!("[enqueue] Rust enqueue of {spec:?} failed: {e}")),

@@ -51,20 +51,19 @@ struct AddArgs {
     /// IANA time zone the expression is read in.
     #[arg(long, default_value = "UTC")]
     timezone: String,
-    /// Queue of the jobs it produces.
-    #[arg(long, default_value = skiplock::QUEUE_DEFAULT, value_parser = parse_queue_name)]
-    queue: String,
+    /// Queue of the jobs it produces [default: default].
+    #[arg(long, value_parser = parse_queue_name)]
+    queue: Option<String>,
     /// Priority of the jobs it produces (lower runs first).
     #[arg(long, default_value_t = 0, allow_negative_numbers = true, value_parser = parse_priority)]
     priority: i16,
-    /// Attempt budget of the jobs it produces.
+    /// Attempt budget of the jobs it produces [default: 25].
     #[arg(
         long,
-        default_value_t = skiplock::MAX_ATTEMPTS_DEFAULT,
         allow_negative_numbers = true,
         value_parser = |text: &str| parse_count::<i32>(text, "attempts")
     )]
-    max_attempts: i32,
+    max_attempts: Option<i32>,
     /// Slots missed while no worker ran: `latest` runs the most recent once, `skip` none.
     #[arg(long, default_value = "latest", value_parser = parse_missed)]
     missed: MissedSlots,
@@ -77,13 +76,18 @@ fn parse_missed(value: &str) -> Result<MissedSlots, String> {
 pub async fn run(pool: &DbPool, args: CronArgs) -> anyhow::Result<()> {
     match args.action {
         CronAction::Add(add) => {
+            // Queue and attempts not given: the library's defaults, as `CronSchedule::new` sets them.
             let mut schedule = CronSchedule::new(&add.name, &add.expression, &add.kind)
                 .args(add.args)
                 .timezone(&add.timezone)
-                .queue(&add.queue)
                 .missed(add.missed);
+            if let Some(queue) = add.queue {
+                schedule = schedule.queue(queue);
+            }
             schedule.priority = add.priority;
-            schedule.max_attempts = add.max_attempts;
+            if let Some(max_attempts) = add.max_attempts {
+                schedule.max_attempts = max_attempts;
+            }
             // A malformed expression or an unknown time zone is a bad argument: exit 2.
             if let Err(why) = schedule.validate() {
                 crate::usage_error(why);

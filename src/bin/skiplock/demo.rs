@@ -4,7 +4,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use serde_json::json;
-use skiplock::admin::JobFilter;
+use skiplock::JobFilter;
 use skiplock::admin::demo::{self, DEMO_DATABASE, DEMO_MARK};
 use skiplock::builtin::{Noop, Sleep};
 use skiplock::embedded::{DatabaseSource, resolve_database_url};
@@ -166,7 +166,9 @@ async fn enqueue_examples(pool: &PgPool) -> anyhow::Result<Expected> {
 
     // 3. Transactional enqueue: a rolled-back transaction leaves no job behind.
     let mut tx = pool.begin().await?;
-    let ghost = skiplock::enqueue(&mut *tx, &Noop {}).await?;
+    let ghost = skiplock::enqueue(&mut *tx, &Noop {}, EnqueueOptions::default())
+        .await?
+        .id;
     tx.rollback().await?;
     let exists = skiplock::job(pool, ghost).await?.is_some();
     outln!("Enqueued job {ghost} inside a transaction, then rolled back: job exists = {exists}.");
@@ -179,14 +181,15 @@ async fn enqueue_examples(pool: &PgPool) -> anyhow::Result<Expected> {
     );
 
     // 5. Bad args: the job goes `dead` with a clear error instead of retrying forever.
-    let bad = skiplock::enqueue_raw(pool, &[NewJob::new("sleep", json!({"ms": "soon"}))]).await?[0];
+    let bad =
+        skiplock::enqueue_raw(pool, &[NewJob::new("sleep", json!({"ms": "soon"}))]).await?[0].id;
     outln!(
         "Enqueued job {bad} of kind `sleep` with args {{\"ms\": \"soon\"}} (they cannot decode)."
     );
 
     // 6. A kind no worker here knows: it waits, untouched.
     let unknown =
-        skiplock::enqueue_raw(pool, &[NewJob::new("resize_image", json!({"w": 64}))]).await?[0];
+        skiplock::enqueue_raw(pool, &[NewJob::new("resize_image", json!({"w": 64}))]).await?[0].id;
     outln!("Enqueued job {unknown} of kind `resize_image`, which this worker does not run.");
 
     // 7. A job scheduled for later.
@@ -195,7 +198,8 @@ async fn enqueue_examples(pool: &PgPool) -> anyhow::Result<Expected> {
         &[NewJob::new("noop", json!({}))
             .with_options(EnqueueOptions::new().run_after(Duration::from_secs(3600)))],
     )
-    .await?[0];
+    .await?[0]
+        .id;
     outln!("Enqueued job {later} to run in one hour.");
     Ok(Expected {
         succeed: noops.len() as u64 + sleeps.len() as u64 + 1,
@@ -215,11 +219,7 @@ async fn print_states(pool: &PgPool) -> anyhow::Result<()> {
         ..JobFilter::default()
     };
     // Oldest first: the list comes newest first.
-    for job in skiplock::admin::jobs_list(pool, &dead)
-        .await?
-        .into_iter()
-        .rev()
-    {
+    for job in skiplock::jobs(pool, &dead).await?.into_iter().rev() {
         outln!(
             "  dead job {} ({}): {}",
             job.id,

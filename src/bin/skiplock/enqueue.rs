@@ -203,7 +203,7 @@ pub async fn run(pool: &DbPool, args: EnqueueArgs) -> anyhow::Result<()> {
     let kind = args.kind.clone().unwrap_or_default();
     let job = NewJob::new(kind, args.args.clone().unwrap_or_else(|| json!({})))
         .with_options(args.options());
-    let result = skiplock::enqueue_raw_with_results(pool, &[job])
+    let result = skiplock::enqueue_raw(pool, &[job])
         .await
         .context("cannot enqueue the job")?[0];
     let id = result.id;
@@ -517,7 +517,7 @@ async fn insert_batch(
 /// what each enqueue did, in input order.
 async fn try_insert(tx: &mut PgConnection, jobs: &[NewJob]) -> Result<Vec<EnqueueResult>, String> {
     let mut savepoint = tx.begin().await.map_err(|e| e.to_string())?;
-    match skiplock::enqueue_raw_with_results(&mut *savepoint, jobs).await {
+    match skiplock::enqueue_raw(&mut *savepoint, jobs).await {
         Ok(results) => {
             savepoint.commit().await.map_err(|e| e.to_string())?;
             Ok(results)

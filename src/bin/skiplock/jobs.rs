@@ -3,7 +3,7 @@
 use chrono::Utc;
 use clap::Args;
 use skiplock::DbPool;
-use skiplock::admin::{JobFilter, jobs_list};
+use skiplock::JobFilter;
 use skiplock::{JobRow, JobState};
 
 use crate::output::{JobJson, Table, clip, print_json, relative};
@@ -116,7 +116,7 @@ async fn list(pool: &DbPool, args: &JobsArgs) -> anyhow::Result<Vec<JobRow>> {
                 kind,
                 limit: args.limit,
             };
-            jobs.extend(jobs_list(pool, &filter).await?);
+            jobs.extend(skiplock::jobs(pool, &filter).await?);
         }
     }
     jobs.sort_unstable_by_key(|job| std::cmp::Reverse(job.id));

@@ -43,7 +43,7 @@ pub async fn run(pool: &DbPool, args: QueueArgs) -> anyhow::Result<()> {
             outln!("queue `{queue}` resumed");
         }
         QueueAction::Paused => {
-            for queue in skiplock::admin::queues_paused(pool).await? {
+            for queue in skiplock::paused_queues(pool).await? {
                 outln!("{queue}");
             }
         }

@@ -4,7 +4,6 @@ use anyhow::Context;
 use clap::Args;
 use serde_json::json;
 use skiplock::DbPool;
-use skiplock::admin::jobs_retry_dead;
 use skiplock::{JobId, JobRow, JobState};
 
 use crate::output::{Done, for_each_job, print_json};
@@ -55,7 +54,7 @@ pub async fn run(pool: &DbPool, args: RetryArgs) -> anyhow::Result<()> {
         )
         .await;
     }
-    let ids = jobs_retry_dead(pool, args.queue.as_deref())
+    let ids = skiplock::retry_dead(pool, args.queue.as_deref())
         .await
         .context("cannot retry the dead jobs")?;
     if args.json {

@@ -6,7 +6,7 @@ use anyhow::Context;
 use clap::{Args, ValueEnum};
 use skiplock::builtin::{Command, CommandConfig, Http, HttpConfig, Noop, Sleep};
 use skiplock::worker::Retention;
-use skiplock::{ShutdownHandle, Worker};
+use skiplock::{ShutdownHandle, Worker, WorkerConfig};
 
 use crate::output::{parse_count, parse_duration};
 
@@ -73,7 +73,7 @@ pub struct WorkArgs {
     kinds: Vec<Kind>,
 
     /// Host `http` jobs may reach; repeat for several. Forms: host, host:port, *.domain,
-    /// [ipv6]:port. Without any, `http` jobs may reach every host.
+    /// an IPv6 address with a port as [::1]:8080. Without any, `http` jobs may reach every host.
     #[arg(long = "allow-http-host", value_name = "HOST")]
     allow_http_hosts: Vec<String>,
 
@@ -87,7 +87,7 @@ pub struct WorkArgs {
     #[arg(
         long,
         env = "SKIPLOCK_CONCURRENCY",
-        default_value_t = skiplock::worker::CONCURRENCY_DEFAULT,
+        default_value_t = WorkerConfig::default().concurrency,
         allow_negative_numbers = true,
         value_parser = |text: &str| parse_count::<usize>(text, "job slots")
     )]
@@ -151,7 +151,7 @@ pub struct WorkArgs {
     listen_url: Option<String>,
 
     /// Seconds a graceful shutdown waits for running jobs before releasing them.
-    #[arg(long, env = "SKIPLOCK_SHUTDOWN_GRACE", value_name = "SECONDS", default_value_t = skiplock::worker::SHUTDOWN_GRACE_DEFAULT.as_secs(), value_parser = parse_seconds)]
+    #[arg(long, env = "SKIPLOCK_SHUTDOWN_GRACE", value_name = "SECONDS", default_value_t = WorkerConfig::default().shutdown_grace.as_secs(), value_parser = parse_seconds)]
     shutdown_grace: u64,
 
     /// Most pooled connections this worker opens (default: 4 plus one per 4 job slots, at
@@ -303,8 +303,9 @@ pub async fn run(pool: skiplock::DbPool, args: WorkArgs) -> anyhow::Result<()> {
         };
     }
     // The queues it claims from: --queue's (or the default) and those with slots of their own.
+    let defaults = WorkerConfig::default();
     let mut queues = if args.queues.is_empty() {
-        vec![skiplock::QUEUE_DEFAULT.to_owned()]
+        defaults.queues.clone()
     } else {
         args.queues.clone()
     };
@@ -327,16 +328,13 @@ pub async fn run(pool: skiplock::DbPool, args: WorkArgs) -> anyhow::Result<()> {
             .context("--listen-url is malformed; expected postgres://user@host:port/db")?;
         builder = builder.listen_options(options.application_name("skiplock work (listen)"));
     }
-    use skiplock::worker::{
-        HEARTBEAT_INTERVAL_DEFAULT, POLL_INTERVAL_DEFAULT, STALE_AFTER_DEFAULT,
-    };
-    let retention = Retention::default();
+    let retention = defaults.retention;
     builder = builder
         .heartbeat(
-            args.heartbeat.unwrap_or(HEARTBEAT_INTERVAL_DEFAULT),
-            args.stale_after.unwrap_or(STALE_AFTER_DEFAULT),
+            args.heartbeat.unwrap_or(defaults.heartbeat_interval),
+            args.stale_after.unwrap_or(defaults.stale_after),
         )
-        .poll_interval(args.poll_interval.unwrap_or(POLL_INTERVAL_DEFAULT))
+        .poll_interval(args.poll_interval.unwrap_or(defaults.poll_interval))
         .retention(Retention {
             succeeded: args.retain_succeeded.unwrap_or(retention.succeeded),
             cancelled: args.retain_cancelled.unwrap_or(retention.cancelled),

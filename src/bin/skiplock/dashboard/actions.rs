@@ -12,7 +12,6 @@ use axum::response::{IntoResponse, Redirect, Response};
 use maud::html;
 use skiplock::JobId;
 use skiplock::admin::jobs_delete_rolled_up;
-use skiplock::admin::jobs_retry_dead;
 
 use super::layout::{self, Nav, encode};
 use super::security::{self, local_path};
@@ -112,7 +111,7 @@ pub async fn queue(
     let pool = &state.pool;
     let notice = match action.as_str() {
         "retry-dead" => {
-            let ids = jobs_retry_dead(pool, Some(&queue)).await?;
+            let ids = skiplock::retry_dead(pool, Some(&queue)).await?;
             format!(
                 "{} dead job(s) of queue {queue} are queued to run now.",
                 ids.len()

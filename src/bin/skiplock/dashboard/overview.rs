@@ -6,7 +6,6 @@ use std::collections::BTreeMap;
 
 use axum::extract::{Query, State as StateExtractor};
 use maud::{Markup, html};
-use skiplock::admin::queues_paused;
 use skiplock::admin::{EndedCounts, WorkerRow, dashboard_ended_counts, dashboard_workers};
 use skiplock::stats::{Counts, Stats};
 
@@ -37,7 +36,7 @@ impl Overview {
             async { skiplock::stats::stats(pool).await.map_err(AppError::from) },
             async { dashboard_ended_counts(pool).await.map_err(AppError::from) },
             async { dashboard_workers(pool).await.map_err(AppError::from) },
-            async { queues_paused(pool).await.map_err(AppError::from) },
+            async { skiplock::paused_queues(pool).await.map_err(AppError::from) },
         )?;
         Ok(Overview {
             stats,

@@ -1528,7 +1528,9 @@ async fn an_enqueue_and_a_retry_of_the_key_holder_do_not_deadlock() {
         || async {
             let waiting: bool = sqlx::query_scalar(
                 "SELECT EXISTS (SELECT 1 FROM pg_locks
-                            WHERE locktype = 'advisory' AND NOT granted)",
+                            WHERE locktype = 'advisory' AND NOT granted
+                              AND database = (SELECT oid FROM pg_database
+                                              WHERE datname = current_database()))",
             )
             .fetch_one(pool)
             .await

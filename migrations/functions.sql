@@ -1198,12 +1198,19 @@ DECLARE
     s timestamptz;
     now_state skiplock.job_state;
     lane text;
+    key text;
     current skiplock.job_state;
     holder bigint;
 BEGIN
-    SELECT ordering_key INTO lane FROM skiplock.jobs WHERE id = job_id;
+    -- The lane's and the unique key's locks before the row's, in the order an enqueue
+    -- takes them: an enqueue holding the key's lock locks the key's pending job next, so
+    -- a retry of that job that locked its row first and then waited for the key deadlocked.
+    SELECT ordering_key, unique_key INTO lane, key FROM skiplock.jobs WHERE id = job_id;
     IF lane IS NOT NULL THEN
         PERFORM pg_advisory_xact_lock(hashtextextended('skiplock.lane:' || lane, 0));
+    END IF;
+    IF key IS NOT NULL THEN
+        PERFORM pg_advisory_xact_lock(hashtextextended('skiplock.unique:' || key, 0));
     END IF;
     SELECT state INTO current FROM skiplock.jobs WHERE id = job_id FOR UPDATE;
     IF current IS NULL OR current NOT IN ('queued', 'dead', 'cancelled', 'succeeded') THEN

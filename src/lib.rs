@@ -159,7 +159,12 @@ pub async fn migrate(pool: &sqlx::PgPool) -> Result<i32> {
 /// [`Error::SchemaOutdated`] (run [`migrate`]) or [`Error::SchemaTooNew`] (upgrade
 /// skiplock) when the versions differ, [`Error::Database`] if Postgres cannot be reached.
 pub async fn check_schema(pool: &sqlx::PgPool) -> Result<()> {
-    let found = db::migrations::schema_version(pool).await?;
+    schema_fits(db::migrations::schema_version(pool).await?)
+}
+
+/// Whether schema version `found` is the one this build was written for; the error
+/// [`check_schema`] returns when it is not.
+pub(crate) fn schema_fits(found: i32) -> Result<()> {
     let expected = db::migrations::SCHEMA_VERSION_LATEST;
     match found.cmp(&expected) {
         std::cmp::Ordering::Less => Err(Error::SchemaOutdated { found, expected }),

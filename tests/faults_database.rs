@@ -12,6 +12,7 @@ use std::time::Duration;
 use common::fixtures::{Record, Recorder, fast_worker, strings, wait_for};
 use common::test_db;
 use fault_support::{PATIENCE, audit, check_claim_discipline, install_audit, states, wait_until};
+use futures_util::FutureExt;
 use skiplock::db::jobs::{
     FailAction, FailBatch, jobs_claim_batch, jobs_complete_many, jobs_fail_many,
     jobs_heartbeat_many, jobs_release_many,
@@ -216,6 +217,66 @@ async fn work_continues_by_polling_while_the_listener_keeps_dying() {
         assert_eq!(runs[id], vec![1], "job {id} ran once");
     }
     eprintln!("killed the listener {kills} times");
+}
+
+/// Workload: one job, enqueued once the worker is past its start-up schema check.
+///
+/// Fault: the worker's session is killed (`pg_terminate_backend`, SQLSTATE 57P01) during
+/// that check: the test holds `skiplock.schema_migrations` locked, waits until the
+/// worker's check waits for that lock, kills its backend, then lets the lock go.
+///
+/// Invariant: the worker treats the killed session as any transient connection loss: its
+/// `run` does not return; it checks again, starts and runs the job. (It returned the
+/// 57P01 error before: the model test saw a worker end this way.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_killed_during_the_start_up_check_does_not_end_the_worker() {
+    let db = test_db().await;
+    let pool = &db.pool;
+    let app = "start-check-victim";
+    let options: sqlx::postgres::PgConnectOptions = db.url.parse().unwrap();
+    let worker_pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(4)
+        .connect_lazy_with(options.application_name(app));
+    let recorder = Recorder::default();
+    let worker = fast_worker(&worker_pool, &recorder).build().unwrap();
+    let stop = worker.shutdown_handle();
+
+    let mut lock = pool.begin().await.unwrap();
+    sqlx::query("LOCK TABLE skiplock.schema_migrations IN ACCESS EXCLUSIVE MODE")
+        .execute(&mut *lock)
+        .await
+        .unwrap();
+    let mut run = tokio::spawn(worker.run());
+    let victim: i32 = wait_until("the worker's check to wait for the lock", PATIENCE, || {
+        sqlx::query_scalar::<_, i32>(
+            "SELECT pid FROM pg_stat_activity
+             WHERE datname = current_database() AND application_name = $1
+               AND wait_event_type = 'Lock'",
+        )
+        .bind(app)
+        .fetch_optional(pool)
+        .map(Result::unwrap)
+    })
+    .await;
+    let killed: bool = sqlx::query_scalar("SELECT pg_terminate_backend($1)")
+        .bind(victim)
+        .fetch_one(pool)
+        .await
+        .unwrap();
+    assert!(killed, "the worker's backend was terminated");
+    lock.rollback().await.unwrap();
+
+    let id = insert_record(pool, 1).await;
+    tokio::select! {
+        ended = &mut run => panic!(
+            "the worker ended on a session killed during its start-up check: {:?}",
+            ended.unwrap()
+        ),
+        () = wait_for("the job to run", PATIENCE, || async { recorder.total() >= 1 }) => {}
+    }
+    stop.shutdown();
+    run.await.unwrap().unwrap();
+    assert_eq!(recorder.runs()[&id], vec![1], "job {id} ran once");
 }
 
 /// What a claimer did that the database must agree with.

@@ -1510,3 +1510,82 @@ async fn concurrent_merges_of_one_unique_key_never_exceed_the_args_limit() {
         }
     }
 }
+
+/// Found by the model test (seed 9, 60 s): an enqueue of a unique key deadlocked with
+/// `retry_job` of the key's pending holder. The enqueue takes the key's advisory lock and
+/// then locks the holder's row (to skip, replace or merge into it); `retry_job` locked its
+/// job's row and then took the key's advisory lock (to look for another holder). Fixed:
+/// `retry_job` takes the key's lock before the row's, in the enqueue's order.
+///
+/// The interleaving is arranged: session A holds the key's advisory lock as an enqueue
+/// does first, `retry_job` of the holder starts and waits for that lock (with the row
+/// locked, before the fix), then A enqueues into the key. Invariant: neither fails; the
+/// merge reaches the holder and the holder is queued again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_enqueue_and_a_retry_of_the_key_holder_do_not_deadlock() {
+    let db = test_db().await;
+    let pool = &db.pool;
+    let enqueue = |payload: i64| {
+        sqlx::query_scalar::<_, i64>(
+            "SELECT skiplock.enqueue('merge_me', jsonb_build_object('n', $1::bigint),
+                                     unique_key => 'k', on_conflict => 'merge')",
+        )
+        .bind(payload)
+    };
+    let holder = enqueue(1).fetch_one(pool).await.unwrap();
+
+    let mut a = pool.begin().await.unwrap();
+    sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended('skiplock.unique:k', 0))")
+        .execute(&mut *a)
+        .await
+        .unwrap();
+    let retry = tokio::spawn({
+        let pool = pool.clone();
+        async move {
+            sqlx::query_scalar::<_, bool>("SELECT skiplock.retry_job($1)")
+                .bind(holder)
+                .fetch_one(&pool)
+                .await
+        }
+    });
+    common::fixtures::wait_until(
+        "retry_job to wait for the key's lock",
+        Duration::from_secs(60),
+        || async {
+            let waiting: bool = sqlx::query_scalar(
+                "SELECT EXISTS (SELECT 1 FROM pg_locks
+                            WHERE locktype = 'advisory' AND NOT granted
+                              AND database = (SELECT oid FROM pg_database
+                                              WHERE datname = current_database()))",
+            )
+            .fetch_one(pool)
+            .await
+            .unwrap();
+            waiting.then_some(())
+        },
+    )
+    .await;
+    let merged_into = enqueue(2).fetch_one(&mut *a).await;
+    let committed = match merged_into {
+        Ok(id) => a.commit().await.map(|()| id),
+        Err(e) => Err(e),
+    };
+    let retried = retry.await.unwrap();
+    assert_eq!(
+        committed.expect("the enqueue does not fail"),
+        holder,
+        "the enqueue merged into the holder"
+    );
+    assert!(
+        retried.expect("retry_job does not fail"),
+        "the holder was retried"
+    );
+    let args: serde_json::Value =
+        sqlx::query_scalar("SELECT args FROM skiplock.jobs WHERE id = $1")
+            .bind(holder)
+            .fetch_one(pool)
+            .await
+            .unwrap();
+    assert_eq!(args, json!([{"n": 1}, {"n": 2}]), "both payloads kept");
+    assert_eq!(state_of(pool, holder).await, JobState::Queued);
+}

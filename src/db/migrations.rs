@@ -190,13 +190,16 @@ fn version_newer(a: &str, b: &str) -> bool {
     matches!((parse(a), parse(b)), (Some(a), Some(b)) if a > b)
 }
 
-/// The highest applied migration, 0 when skiplock was never migrated here.
+/// The highest applied migration, 0 when skiplock was never migrated here. Takes a pool
+/// or a connection.
 ///
 /// # Errors
 ///
 /// [`Error::Database`] if the query fails.
-pub async fn schema_version(pool: &PgPool) -> Result<i32> {
-    let mut tx = pool.begin().await?;
+pub async fn schema_version<'c>(
+    db: impl sqlx::Acquire<'c, Database = sqlx::Postgres>,
+) -> Result<i32> {
+    let mut tx = db.begin().await?;
     let version = schema_version_in(&mut tx).await?;
     tx.commit().await?;
     Ok(version)

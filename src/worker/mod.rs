@@ -40,7 +40,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::DbPool;
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, describe_sqlx, is_transient_sqlx};
 use crate::job::DataMap;
 use crate::maintenance::{self, Maintenance};
 
@@ -287,17 +287,24 @@ impl Worker {
     }
 
     /// Runs until shut down (or idle, with `exit_when_idle`), then returns what it did.
-    /// Transient database errors are logged and retried, never returned.
+    /// Transient database errors are logged and retried, never returned, from the first
+    /// statement on: a session killed during the start-up schema check is retried like
+    /// any other.
     ///
     /// # Errors
     ///
     /// [`Error::SchemaOutdated`] or [`Error::SchemaTooNew`] when the database schema does
-    /// not match this build, [`Error::Database`] if the database cannot be reached at start.
+    /// not match this build, [`Error::Database`] if the database cannot be reached at start
+    /// (no server answers within the pool's acquire timeout, an unknown host, a refused
+    /// login).
     pub async fn run(self) -> Result<WorkerSummary> {
         let shared = self.shared;
         // Before anything else runs on the pool: its sessions pinned, a pooler found.
         shared.pool.pin_sessions().await;
-        crate::check_schema(shared.pool.pool()).await?;
+        if !check_schema_at_start(&shared).await? {
+            tracing::info!(worker_id = %shared.config.worker_id, "shut down before it started");
+            return Ok(WorkerSummary::default());
+        }
         let config = &shared.config;
         tracing::info!(
             worker_id = %config.worker_id,
@@ -414,6 +421,41 @@ impl Worker {
             });
         }
         Ok(summary)
+    }
+}
+
+/// The schema check before the worker starts; false if the worker was shut down first.
+///
+/// A database that cannot be reached at all is an error to return (a wrong URL, a server
+/// that is down): the pool found no server to connect to. But once a server answered, a
+/// transient failure (its session killed by `pg_terminate_backend`, a pooler or a
+/// failover; the server shutting down, starting up or out of connections) says nothing
+/// about the worker's settings, and the check is retried as every statement of a running
+/// worker is.
+async fn check_schema_at_start(shared: &Shared) -> Result<bool> {
+    let mut failures = 0u32;
+    loop {
+        let error = match shared.pool.pool().acquire().await {
+            Ok(mut connection) => {
+                match crate::db::migrations::schema_version(&mut *connection).await {
+                    Ok(found) => return crate::schema_fits(found).map(|()| true),
+                    Err(Error::Database(e)) if is_transient_sqlx(&e) => e,
+                    Err(e) => return Err(e),
+                }
+            }
+            // The server answered, and refused for now.
+            Err(e @ sqlx::Error::Database(_)) if is_transient_sqlx(&e) => e,
+            Err(e) => return Err(e.into()),
+        };
+        failures += 1;
+        tracing::warn!(
+            error = %describe_sqlx(&error),
+            "the schema check before the worker starts failed; retrying"
+        );
+        tokio::select! {
+            () = tokio::time::sleep(crate::pacing::db_retry_delay(failures)) => {}
+            () = shared.graceful.cancelled() => return Ok(false),
+        }
     }
 }
 

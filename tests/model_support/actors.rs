@@ -285,8 +285,14 @@ pub async fn operate_sql(sim: &Sim, pool: PgPool) {
             ),
             _ => (
                 "delete",
+                // The first unfinished job from the picked one on: a picked job has
+                // usually run by now, and a delete that finds nothing checks nothing.
                 sqlx::query(
-                    "DELETE FROM skiplock.jobs WHERE id = $1 AND state IN ('waiting', 'queued')",
+                    "DELETE FROM skiplock.jobs
+                     WHERE id = (SELECT id FROM skiplock.jobs
+                                 WHERE id >= $1 AND state IN ('waiting', 'queued')
+                                 ORDER BY id LIMIT 1)
+                       AND state IN ('waiting', 'queued')",
                 )
                 .bind(id)
                 .execute(&pool)

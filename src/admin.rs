@@ -7,11 +7,65 @@
 //! [`cancel`](crate::cancel), [`pause_queue`](crate::pause_queue), …) and in the schema as
 //! SQL functions.
 
-pub use crate::db::admin::{job_dependencies_of, jobs_get_state};
-pub use crate::db::history::{
-    Granularity, HistoryFilter, HistoryRow, HistoryTotals, job_history_list, job_history_totals,
-};
-pub use crate::db::jobs::jobs_count_by_state;
+use sqlx::PgExecutor;
+
+use crate::db;
+use crate::error::Result;
+use crate::state::{JobId, JobState};
+
+pub use crate::db::admin::DependencyRow;
+pub use crate::db::history::{Granularity, HistoryFilter, HistoryRow, HistoryTotals};
+
+/// The state of one job, `None` if it does not exist (a cheaper read than
+/// [`job`](crate::job())).
+///
+/// # Errors
+///
+/// [`Error::Database`](crate::Error::Database) if the query fails.
+pub async fn job_state(db: impl PgExecutor<'_>, id: JobId) -> Result<Option<JobState>> {
+    Ok(db::admin::jobs_get_state(db, id).await?)
+}
+
+/// The jobs `id` depends on (its parents, deleted ones included) and the jobs that depend
+/// on it (its dependants), each with its current state, parents first, by id.
+///
+/// # Errors
+///
+/// [`Error::Database`](crate::Error::Database) if the query fails.
+pub async fn job_dependencies(db: impl PgExecutor<'_>, id: JobId) -> Result<Vec<DependencyRow>> {
+    Ok(db::admin::job_dependencies_of(db, id).await?)
+}
+
+/// How many jobs are in each state, every state listed (zero included), in the order of
+/// the states.
+///
+/// # Errors
+///
+/// [`Error::Database`](crate::Error::Database) if the query fails.
+pub async fn counts_by_state(db: impl PgExecutor<'_>) -> Result<Vec<(JobState, i64)>> {
+    Ok(db::jobs::jobs_count_by_state(db).await?)
+}
+
+/// History per bucket (hour or day), queue and kind since `filter.since`, oldest bucket
+/// first: what the pruner rolled up plus the finished jobs not pruned yet.
+///
+/// # Errors
+///
+/// [`Error::Database`](crate::Error::Database) if the query fails.
+pub async fn history(db: impl PgExecutor<'_>, filter: &HistoryFilter) -> Result<Vec<HistoryRow>> {
+    Ok(db::history::job_history_list(db, filter).await?)
+}
+
+/// Lifetime totals per queue and kind (the whole rollup plus every retained finished job),
+/// by queue then kind. It reads every retained finished job, so its cost follows the
+/// retention.
+///
+/// # Errors
+///
+/// [`Error::Database`](crate::Error::Database) if the query fails.
+pub async fn history_totals(db: impl PgExecutor<'_>) -> Result<Vec<HistoryTotals>> {
+    Ok(db::history::job_history_totals(db).await?)
+}
 
 // What only the binary needs (the dashboard's pages, `skiplock show --json`, `skiplock
 // prune`): compiled with the `cli` feature alone, and not part of the library's API.

@@ -783,10 +783,10 @@ async fn a_reader_reads_everything_and_writes_nothing() {
         .expect("the job");
     assert_eq!(job.id, dead);
     skiplock::stats::stats(r).await.unwrap();
-    skiplock::admin::jobs_count_by_state(r).await.unwrap();
+    skiplock::admin::counts_by_state(r).await.unwrap();
     skiplock::admin::dashboard_workers(r).await.unwrap();
     skiplock::admin::dashboard_ended_counts(r).await.unwrap();
-    skiplock::admin::job_dependencies_of(r, JobId(dead))
+    skiplock::admin::job_dependencies(r, JobId(dead))
         .await
         .unwrap();
 

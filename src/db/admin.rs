@@ -148,7 +148,7 @@ pub struct DependencyRow {
     /// `parent` (the job waits for it) or `dependant` (it waits for the job).
     pub relation: String,
     /// The other job's id.
-    pub id: i64,
+    pub id: JobId,
     /// The other job's state; for a deleted parent, its state when it was deleted
     /// (`succeeded` when it was pruned after succeeding).
     pub state: JobState,

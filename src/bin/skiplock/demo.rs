@@ -115,7 +115,7 @@ struct Expected {
 
 /// Fails unless every job ended as [`Expected`] says.
 async fn check_outcome(pool: &PgPool, expected: &Expected) -> anyhow::Result<()> {
-    let counts = skiplock::admin::jobs_count_by_state(pool).await?;
+    let counts = skiplock::admin::counts_by_state(pool).await?;
     let count = |state: JobState| {
         counts
             .iter()
@@ -210,7 +210,7 @@ async fn enqueue_examples(pool: &PgPool) -> anyhow::Result<Expected> {
 
 async fn print_states(pool: &PgPool) -> anyhow::Result<()> {
     outln!("Jobs by state (SELECT state, count(*) FROM skiplock.jobs GROUP BY state):");
-    for (state, count) in skiplock::admin::jobs_count_by_state(pool).await? {
+    for (state, count) in skiplock::admin::counts_by_state(pool).await? {
         outln!("  {state:<10} {count:>6}");
     }
     let dead = JobFilter {

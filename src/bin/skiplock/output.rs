@@ -8,7 +8,7 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 use skiplock::DbPool;
-use skiplock::admin::jobs_get_state;
+use skiplock::admin::job_state;
 use skiplock::{JobId, JobRow, JobState};
 
 /// Writes the command's output to stdout. When the reader went away (a closed pipe, as in
@@ -87,7 +87,7 @@ where
                 outln!("job {id} {words}");
                 continue;
             }
-            Ok(false) => match jobs_get_state(pool, id).await? {
+            Ok(false) => match job_state(pool, id).await? {
                 None => format!("job {id} does not exist; list jobs with `skiplock jobs`"),
                 Some(state) => refusal(id, state),
             },

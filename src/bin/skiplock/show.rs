@@ -4,7 +4,7 @@ use anyhow::Context;
 use clap::Args;
 use serde_json::{Map, Value};
 use skiplock::DbPool;
-use skiplock::admin::{job_dependencies_of, jobs_get_json};
+use skiplock::admin::{job_dependencies, jobs_get_json};
 use skiplock::{JobId, JobState};
 
 use crate::output::print_json;
@@ -62,7 +62,7 @@ pub async fn run(pool: &DbPool, args: ShowArgs) -> anyhow::Result<()> {
     else {
         anyhow::bail!("job {id} does not exist; list jobs with `skiplock jobs`");
     };
-    let dependencies = job_dependencies_of(pool, id)
+    let dependencies = job_dependencies(pool, id)
         .await
         .context("cannot read the job's dependencies")?;
     let Value::Object(mut fields) = job else {

@@ -9,7 +9,7 @@ use axum::extract::{Query, State as StateExtractor};
 use axum::http::header;
 use axum::response::IntoResponse;
 use serde_json::{Value, json};
-use skiplock::admin::{HistoryTotals, job_history_run_bounds, job_history_totals};
+use skiplock::admin::{HistoryTotals, history_totals, job_history_run_bounds};
 use skiplock::admin::{Throughput, dashboard_throughput};
 
 use super::overview::Overview;
@@ -268,7 +268,7 @@ async fn totals(state: &State) -> AppResult<Vec<HistoryTotals>> {
     if let Some(cached) = cache.as_ref().filter(|c| c.read_at.elapsed() < TOTALS_TTL) {
         return Ok(cached.totals.clone());
     }
-    let totals = job_history_totals(&state.pool).await?;
+    let totals = history_totals(&state.pool).await?;
     *cache = Some(CachedTotals {
         read_at: Instant::now(),
         totals: totals.clone(),

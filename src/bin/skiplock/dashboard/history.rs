@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use axum::extract::{Query, State as StateExtractor};
 use chrono::{DateTime, Duration, DurationRound, Utc};
 use maud::{Markup, html};
-use skiplock::admin::{Granularity, HistoryFilter, HistoryRow, job_history_list};
+use skiplock::admin::{Granularity, HistoryFilter, HistoryRow, history};
 
 use super::layout::{self, Nav, count, duration, encode, given};
 use super::{AppError, AppResult, State};
@@ -81,7 +81,7 @@ pub async fn page(
         queue: queue.clone(),
         kind: kind.clone(),
     };
-    let hours = job_history_list(&state.pool, &filter).await?;
+    let hours = history(&state.pool, &filter).await?;
     let mut per_day: BTreeMap<DateTime<Utc>, Sums> = (0..CHART_DAYS)
         .map(|d| (chart_since + Duration::days(d), Sums::default()))
         .collect();

@@ -4,7 +4,7 @@
 use axum::extract::{Path, Query, State as StateExtractor};
 use maud::{Markup, html};
 use serde_json::Value;
-use skiplock::admin::job_dependencies_of;
+use skiplock::admin::job_dependencies;
 use skiplock::admin::{
     Cursor, JobsPageFilter, TEXT_SEARCH_SCAN, dashboard_jobs_page, dashboard_lane,
 };
@@ -200,7 +200,7 @@ pub async fn detail(
     let job = skiplock::job(&state.pool, JobId(id))
         .await?
         .ok_or_else(|| AppError::NotFound(format!("job {id} does not exist (or was pruned)")))?;
-    let dependencies = job_dependencies_of(&state.pool, JobId(id)).await?;
+    let dependencies = job_dependencies(&state.pool, JobId(id)).await?;
     let lane = match &job.ordering_key {
         Some(key) => Some(dashboard_lane(&state.pool, key, LANE_SHOWN).await?),
         None => None,

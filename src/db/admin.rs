@@ -142,7 +142,7 @@ pub async fn job_dependencies_of(
     .await
 }
 
-/// A dependency edge as [`job_dependencies_of`] returns it.
+/// A dependency edge as [`admin::job_dependencies`](crate::admin::job_dependencies) returns it.
 #[derive(Debug, Clone, FromRow, serde::Serialize)]
 pub struct DependencyRow {
     /// `parent` (the job waits for it) or `dependant` (it waits for the job).

@@ -275,7 +275,7 @@ pub struct HistoryRow {
     pub wait_seconds: f64,
 }
 
-/// Which history [`job_history_list`] returns.
+/// Which history [`admin::history`](crate::admin::history) returns.
 #[derive(Debug, Clone)]
 pub struct HistoryFilter {
     /// Bucket width.
@@ -345,7 +345,8 @@ fn truncate(at: DateTime<Utc>, granularity: Granularity) -> DateTime<Utc> {
     DateTime::from_timestamp(seconds, 0).unwrap_or(at)
 }
 
-/// Lifetime totals of one queue and kind, as [`job_history_totals`] returns them.
+/// Lifetime totals of one queue and kind, as [`admin::history_totals`](crate::admin::history_totals)
+/// returns them.
 #[derive(Debug, Clone, PartialEq, FromRow)]
 pub struct HistoryTotals {
     /// Queue name.

@@ -375,19 +375,40 @@ impl Job for Supersede {
     async fn run(self, ctx: JobContext) -> Result<(), JobError> {
         let successor = NewJob::new(Successor::KIND, json!({}))
             .with_options(EnqueueOptions::new().unique_key("u", UniquePolicy::Skip));
-        let ids = skiplock::enqueue_raw(ctx.pool(), &[successor])
-            .await
-            .map_err(|e| JobError::permanent(format!("test setup: enqueue failed: {e}")))?;
-        ctx.data::<Successors>()
-            .unwrap()
-            .0
-            .lock()
-            .unwrap()
-            .push(ids[0].id.0);
-        Err(JobError::retry(
-            "planned failure after enqueueing a successor",
-        ))
+        enqueue_then_fail(&ctx, successor).await
     }
+}
+
+/// Kind `supersede_merge`: as `supersede`, under the policy `merge` on the key `m` (its
+/// args are whatever merged payloads it holds).
+#[derive(Serialize, Deserialize, Clone)]
+#[serde(transparent)]
+struct SupersedeMerge(serde_json::Value);
+
+impl Job for SupersedeMerge {
+    const KIND: &'static str = "supersede_merge";
+
+    async fn run(self, ctx: JobContext) -> Result<(), JobError> {
+        let successor = NewJob::new(Successor::KIND, json!({"from": "successor"}))
+            .with_options(EnqueueOptions::new().unique_key("m", UniquePolicy::Merge));
+        enqueue_then_fail(&ctx, successor).await
+    }
+}
+
+/// Enqueues `successor` (noting its id in [`Successors`]), then fails retryably.
+async fn enqueue_then_fail(ctx: &JobContext, successor: NewJob) -> Result<(), JobError> {
+    let ids = skiplock::enqueue_raw(ctx.pool(), &[successor])
+        .await
+        .map_err(|e| JobError::permanent(format!("test setup: enqueue failed: {e}")))?;
+    ctx.data::<Successors>()
+        .unwrap()
+        .0
+        .lock()
+        .unwrap()
+        .push(ids[0].id.0);
+    Err(JobError::retry(
+        "planned failure after enqueueing a successor",
+    ))
 }
 
 /// Kind `successor`: succeeds.
@@ -475,31 +496,7 @@ async fn a_retry_blocked_by_a_pending_unique_key_is_superseded_not_left_running(
     .id
     .0;
     let others = enqueue_bystanders(&db.pool, 5).await;
-    let successors = Successors::default();
-
-    // This worker does not run `successor`, so B is still pending when A's failure is
-    // written, whatever the timing.
-    run_to_idle(
-        &db.pool,
-        batch_worker(&db.pool)
-            .data(successors.clone())
-            .register::<Supersede>(),
-        "worker running A",
-    )
-    .await;
-    let b = *successors
-        .0
-        .lock()
-        .unwrap()
-        .first()
-        .expect("A's handler enqueued B");
-
-    assert_eq!(state_of(&db.pool, a).await, JobState::Cancelled, "job A");
-    let message = last_error_of(&db.pool, a).await.unwrap_or_default();
-    assert!(
-        message.contains("superseded") && message.contains(&b.to_string()),
-        "A's last_error names the job that superseded it ({b}): {message:?}"
-    );
+    let b = run_until_superseded::<Supersede>(&db.pool, a).await;
     assert_all_succeeded(&db.pool, &others).await;
 
     run_to_idle(
@@ -510,6 +507,62 @@ async fn a_retry_blocked_by_a_pending_unique_key_is_superseded_not_left_running(
     .await;
     assert_eq!(state_of(&db.pool, b).await, JobState::Succeeded, "job B");
     assert_eq!(running_count(&db.pool).await, 0, "nothing stays running");
+}
+
+/// Runs job `a` (of kind `J`, which enqueues a successor B into its own unique key and
+/// then fails retryably) on a worker that does not run `successor`, so B is still pending
+/// when A's failure is written, whatever the timing; checks that A ended cancelled,
+/// superseded by B, and returns B's id.
+async fn run_until_superseded<J: Job>(pool: &PgPool, a: i64) -> i64 {
+    let successors = Successors::default();
+    run_to_idle(
+        pool,
+        batch_worker(pool).data(successors.clone()).register::<J>(),
+        "worker running A",
+    )
+    .await;
+    let b = *successors
+        .0
+        .lock()
+        .unwrap()
+        .first()
+        .expect("A's handler enqueued B");
+    assert_eq!(state_of(pool, a).await, JobState::Cancelled, "job A");
+    let message = last_error_of(pool, a).await.unwrap_or_default();
+    assert!(
+        message.contains("superseded") && message.contains(&b.to_string()),
+        "A's last_error names the job that superseded it ({b}): {message:?}"
+    );
+    b
+}
+
+/// A superseded retry under the policy `merge` loses no payload: its own payloads are
+/// folded into the pending holder of the key, ahead of the holder's (issue 31: only the
+/// model reached this path, 0–2 times per seed).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_superseded_merge_retry_folds_its_payloads_into_the_key_holder() {
+    let db = test_db().await;
+    let a = skiplock::enqueue_raw(
+        &db.pool,
+        &[NewJob::new(SupersedeMerge::KIND, json!({"from": "first"}))
+            .with_options(EnqueueOptions::new().unique_key("m", UniquePolicy::Merge))],
+    )
+    .await
+    .unwrap()[0]
+        .id
+        .0;
+    let b = run_until_superseded::<SupersedeMerge>(&db.pool, a).await;
+    let b_args: serde_json::Value =
+        sqlx::query_scalar("SELECT args FROM skiplock.jobs WHERE id = $1")
+            .bind(b)
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+    assert_eq!(
+        b_args,
+        json!([{"from": "first"}, {"from": "successor"}]),
+        "B holds A's payload first, then its own"
+    );
 }
 
 /// Kind `nul_error`: fails with a message holding a NUL byte, which Postgres text cannot

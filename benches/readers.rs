@@ -97,18 +97,9 @@ async fn main() {
     let opts = Opts::parse();
     let db = BenchDb::create("readers").await;
     support::print_header("Active readers of the jobs table", &db, &opts).await;
-    let secs: u64 = opts
-        .value("secs")
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(if opts.quick { 20 } else { 60 });
-    let per_sec: f64 = opts
-        .value("rate")
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(800.0);
-    let finished: i64 = opts
-        .value("finished")
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(500_000);
+    let secs: u64 = opts.number("secs", if opts.quick { 20 } else { 60 });
+    let per_sec: f64 = opts.number("rate", 800.0);
+    let finished: i64 = opts.number("finished", 500_000);
     let phases: Vec<Readers> = match opts.value("only") {
         Some("clean") => vec![Readers::None],
         Some("jobs") => vec![Readers::OnJobs],

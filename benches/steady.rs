@@ -33,14 +33,8 @@ async fn main() {
     let opts = Opts::parse();
     let db = BenchDb::create("steady").await;
     support::print_header("Steady load, clean and with a held snapshot", &db, &opts).await;
-    let secs: u64 = opts
-        .value("secs")
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(if opts.quick { 60 } else { 600 });
-    let per_sec: f64 = opts
-        .value("rate")
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(5_000.0);
+    let secs: u64 = opts.number("secs", if opts.quick { 60 } else { 600 });
+    let per_sec: f64 = opts.number("rate", 5_000.0);
 
     let mut table = Table::new(&[
         "phase",

@@ -80,6 +80,14 @@ impl Opts {
             .and_then(|i| self.rest.get(i + 1))
             .map(String::as_str)
     }
+
+    /// The value after `--name` parsed as a number (or anything `FromStr`), else `default`
+    /// (also when it does not parse).
+    pub fn number<T: std::str::FromStr>(&self, name: &str, default: T) -> T {
+        self.value(name)
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(default)
+    }
 }
 
 static START: OnceLock<Instant> = OnceLock::new();

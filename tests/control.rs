@@ -137,6 +137,9 @@ async fn missed_slots_follow_the_schedule_policy() {
     );
 }
 
+/// A malformed schedule is refused as it is written, whoever writes it, with the field and
+/// its characters named: through the API, by a worker that defines it (its `run` ends with
+/// the error before it claims anything), and by plain SQL.
 #[tokio::test]
 async fn bad_cron_expressions_are_rejected_with_their_position() {
     let db = test_db().await;
@@ -153,39 +156,41 @@ async fn bad_cron_expressions_are_rejected_with_their_position() {
     let error = fast_worker(&db.pool, &Recorder::default())
         .cron(CronSchedule::new("bad", "*/5 * * *", "record"))
         .build()
-        .err()
-        .unwrap();
+        .unwrap()
+        .run()
+        .await
+        .unwrap_err();
+    assert!(matches!(error, Error::InvalidCron(_)), "{error:?}");
     assert!(error.to_string().contains("expected 5 fields"), "{error}");
 
-    // A bad schedule written with SQL is flagged on its row, and other schedules still run.
-    sqlx::query(
+    let refused = |statement: &'static str, message: &'static str| {
+        let pool = db.pool.clone();
+        async move {
+            let error = sqlx::query(statement).execute(&pool).await.unwrap_err();
+            assert!(error.to_string().contains(message), "{error}");
+        }
+    };
+    refused(
         "INSERT INTO skiplock.cron_schedules (name, expression, kind) VALUES ('sql-bad', '61 * * * *', 'record')",
-    )
-    .execute(&db.pool)
-    .await
-    .unwrap();
-    let worker = fast_worker(&db.pool, &Recorder::default())
-        .cron_interval(Some(Duration::from_millis(50)))
-        .build()
-        .unwrap();
-    let stop = worker.shutdown_handle();
-    let run = tokio::spawn(worker.run());
-    wait_for(
-        "the error to be recorded",
-        Duration::from_secs(10),
-        || async {
-            sqlx::query_scalar::<_, Option<String>>(
-                "SELECT last_error FROM skiplock.cron_schedules WHERE name = 'sql-bad'",
-            )
-            .fetch_one(&db.pool)
-            .await
-            .unwrap()
-            .is_some_and(|e| e.contains("minute field `61`"))
-        },
+        "minute field `61` (characters 1-2) is wrong",
     )
     .await;
-    stop.shutdown();
-    run.await.unwrap().unwrap();
+    sqlx::query("INSERT INTO skiplock.cron_schedules (name, expression, kind) VALUES ('good', '0 * * * *', 'record')")
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    refused(
+        "UPDATE skiplock.cron_schedules SET timezone = 'Mars/Olympus_Mons'",
+        "unknown time zone `Mars/Olympus_Mons`",
+    )
+    .await;
+    let names: Vec<String> = sqlx::query_scalar(
+        "SELECT name || ' ' || expression || ' ' || timezone FROM skiplock.cron_schedules",
+    )
+    .fetch_all(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(names, ["good 0 * * * * UTC"], "nothing bad was written");
 }
 
 /// Calls of the claim functions (`skiplock.internal_claim…`) in this database so far, from

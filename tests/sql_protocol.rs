@@ -8,6 +8,8 @@ mod common;
 
 use std::time::Duration;
 
+use chrono::{DateTime, Utc};
+
 use common::fixtures::strings;
 use common::test_db;
 use serde_json::{Value, json};
@@ -187,7 +189,7 @@ async fn heartbeat(pool: &PgPool, claims: &[(i64, Option<Uuid>)]) -> Vec<(i64, b
 
 /// `skiplock.maintain(stale_after)`: (reaped, moved_on).
 async fn maintain(db: &mut PgConnection, stale_after_secs: f64) -> (i64, i64) {
-    sqlx::query_as("SELECT * FROM skiplock.maintain(make_interval(secs => $1))")
+    sqlx::query_as("SELECT reaped, moved_on FROM skiplock.maintain(make_interval(secs => $1))")
         .bind(stale_after_secs)
         .fetch_one(db)
         .await
@@ -1080,6 +1082,72 @@ async fn a_row_that_fails_maintains_batch_is_set_aside_and_the_others_are_taken_
     assert_eq!(state(pool, stuck).await, "running", "left as it was");
     // The next pass meets the same row again and still takes nothing else by mistake.
     assert_eq!(maintain(&mut conn, 30.0).await.0, 0);
+}
+
+/// With no skiplock process, `maintain` enqueues the job of each due cron slot of a
+/// schedule written by plain SQL, once however many sessions call it: a second session
+/// calling it while the first holds its transaction open skips the schedule (it does not
+/// wait for it) and enqueues nothing; a later call finds the slot done.
+#[tokio::test]
+async fn maintain_enqueues_each_due_cron_slot_once() {
+    let db = test_db().await;
+    let pool = &db.pool;
+    sqlx::query(
+        "INSERT INTO skiplock.cron_schedules (name, expression, kind, args, queue, last_slot_at)
+         VALUES ('hourly', '0 * * * *', 'report', '{\"n\": 1}', $1, now() - interval '3 hours'),
+                ('yearly', '0 0 1 1 *', 'report', '{}', $1, now())",
+    )
+    .bind(QUEUE)
+    .execute(pool)
+    .await
+    .unwrap();
+    let cron_enqueued = |mut conn: PgConnection| async move {
+        let (enqueued,): (i64,) = sqlx::query_as("SELECT cron_enqueued FROM skiplock.maintain()")
+            .fetch_one(&mut conn)
+            .await
+            .unwrap();
+        (enqueued, conn)
+    };
+    let mut a = PgConnection::connect(db.url()).await.unwrap();
+    let mut b = PgConnection::connect(db.url()).await.unwrap();
+    sqlx::query("BEGIN").execute(&mut a).await.unwrap();
+    let (by_a, mut a) = cron_enqueued(a).await;
+    sqlx::query("BEGIN").execute(&mut b).await.unwrap();
+    let (by_b, mut b) = tokio::time::timeout(Duration::from_secs(30), cron_enqueued(b))
+        .await
+        .expect("the second session skips the schedule the first holds");
+    sqlx::query("COMMIT").execute(&mut b).await.unwrap();
+    sqlx::query("COMMIT").execute(&mut a).await.unwrap();
+    assert_eq!((by_a, by_b), (1, 0));
+
+    let jobs: Vec<(i64, String, Value, DateTime<Utc>)> = sqlx::query_as(
+        "SELECT id, queue, args, scheduled_at FROM skiplock.jobs WHERE kind = 'report'",
+    )
+    .fetch_all(pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        jobs.len(),
+        1,
+        "one job for the latest missed slot: {jobs:?}"
+    );
+    let (id, queue, args, slot) = &jobs[0];
+    assert_eq!((queue.as_str(), args), (QUEUE, &json!({"n": 1})));
+    assert_eq!(
+        slot.timestamp() % 3600,
+        0,
+        "the slot is a whole hour: {slot}"
+    );
+    let (last_job_id, last_slot_at): (Option<i64>, DateTime<Utc>) = sqlx::query_as(
+        "SELECT last_job_id, last_slot_at FROM skiplock.cron_schedules WHERE name = 'hourly'",
+    )
+    .fetch_one(pool)
+    .await
+    .unwrap();
+    assert_eq!((last_job_id, last_slot_at), (Some(*id), *slot));
+
+    let (again, _) = cron_enqueued(PgConnection::connect(db.url()).await.unwrap()).await;
+    assert_eq!(again, 0, "the slot is done");
 }
 
 /// Two sessions run maintain at once, each in its own transaction, over the same stale

@@ -106,81 +106,10 @@ pub async fn cron_schedules_list(db: impl PgExecutor<'_>) -> sqlx::Result<Vec<Cr
     .await
 }
 
-/// The database clock.
-pub async fn db_now(db: impl PgExecutor<'_>) -> sqlx::Result<DateTime<Utc>> {
-    sqlx::query_scalar("SELECT now()").fetch_one(db).await
-}
-
-/// The enabled schedules.
-pub async fn cron_schedules_enabled(db: impl PgExecutor<'_>) -> sqlx::Result<Vec<CronRow>> {
-    sqlx::query_as(
-        "SELECT name, expression, timezone, kind, args, queue, priority, max_attempts, missed,
-                enabled, last_slot_at, last_job_id, last_error
-         FROM skiplock.cron_schedules WHERE enabled ORDER BY name",
-    )
-    .fetch_all(db)
-    .await
-}
-
-/// Enqueues the job of `slot` if no one did yet: the schedule's `last_slot_at` moves
-/// forward only once per slot (the row lock makes a second worker wait, then find the
-/// slot done), and the job is inserted in the same statement. Returns the job id, or
-/// `None` if the slot was already done.
-pub async fn cron_schedules_enqueue_slot(
-    db: impl PgExecutor<'_>,
-    name: &str,
-    slot: DateTime<Utc>,
-) -> sqlx::Result<Option<i64>> {
-    // The job id is drawn first so the schedule can record it in the same update.
-    sqlx::query_scalar(
-        "WITH advanced AS (
-             UPDATE skiplock.cron_schedules
-             SET last_slot_at = $2, updated_at = now(), last_error = NULL,
-                 last_job_id = nextval(pg_get_serial_sequence('skiplock.jobs', 'id'))
-             WHERE name = $1 AND enabled AND last_slot_at < $2
-             RETURNING last_job_id, kind, args, queue, priority, max_attempts
-         )
-         INSERT INTO skiplock.jobs (id, kind, args, queue, priority, max_attempts, scheduled_at)
-         OVERRIDING SYSTEM VALUE
-         SELECT last_job_id, kind, args, queue, priority, max_attempts, $2 FROM advanced
-         RETURNING id",
-    )
-    .bind(name)
-    .bind(slot)
-    .fetch_optional(db)
-    .await
-}
-
-/// Marks slots up to `slot` done without a job (missed-slot policy `skip`).
-pub async fn cron_schedules_skip_to(
-    db: impl PgExecutor<'_>,
-    name: &str,
-    slot: DateTime<Utc>,
-) -> sqlx::Result<()> {
-    sqlx::query(
-        "UPDATE skiplock.cron_schedules SET last_slot_at = $2, updated_at = now()
-         WHERE name = $1 AND last_slot_at < $2",
-    )
-    .bind(name)
-    .bind(slot)
-    .execute(db)
-    .await?;
-    Ok(())
-}
-
-/// Records why workers cannot use a schedule (a bad expression written with SQL).
-pub async fn cron_schedules_set_error(
-    db: impl PgExecutor<'_>,
-    name: &str,
-    error: &str,
-) -> sqlx::Result<()> {
-    sqlx::query(
-        "UPDATE skiplock.cron_schedules SET last_error = $2, updated_at = now()
-         WHERE name = $1 AND last_error IS DISTINCT FROM $2",
-    )
-    .bind(name)
-    .bind(error)
-    .execute(db)
-    .await?;
-    Ok(())
+/// Enqueues the job of every due slot (`skiplock.internal_enqueue_cron_slots`); returns
+/// how many.
+pub async fn cron_enqueue_due_slots(db: impl PgExecutor<'_>) -> sqlx::Result<i32> {
+    sqlx::query_scalar("SELECT skiplock.internal_enqueue_cron_slots()")
+        .fetch_one(db)
+        .await
 }

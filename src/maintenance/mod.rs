@@ -18,7 +18,6 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::DbPool;
-use crate::cron::CronSchedule;
 
 use pruner::Retention;
 
@@ -43,7 +42,6 @@ pub(crate) struct Maintenance {
 pub(crate) fn spawn(
     context: Maintenance,
     tasks: &TaskTracker,
-    cron_schedules: Vec<CronSchedule>,
     cron_interval: Option<Duration>,
     prune_interval: Option<Duration>,
 ) {
@@ -51,7 +49,7 @@ pub(crate) fn spawn(
     tasks.spawn(reaper::reap(context.clone()));
     tasks.spawn(dependencies::sweep(context.clone()));
     if let Some(interval) = cron_interval {
-        tasks.spawn(cron::schedule(context.clone(), cron_schedules, interval));
+        tasks.spawn(cron::schedule(context.clone(), interval));
     }
     if let Some(interval) = prune_interval {
         tasks.spawn(pruner::prune(context, interval));

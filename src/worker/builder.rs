@@ -261,8 +261,8 @@ impl WorkerBuilder {
         self
     }
 
-    /// Defines a cron schedule: written to the database (created or updated) when the
-    /// worker starts.
+    /// Defines a cron schedule: written to the database (created, or updated keeping its
+    /// progress) when the worker starts, before it claims anything.
     pub fn cron(mut self, schedule: CronSchedule) -> Self {
         self.config.cron_schedules.push(schedule);
         self
@@ -281,7 +281,10 @@ impl WorkerBuilder {
     ///
     /// [`Error::Config`] when no kind is registered, a kind is registered twice, a queue
     /// name is empty or over [`QUEUE_NAME_MAX_BYTES`](crate::QUEUE_NAME_MAX_BYTES), or a
-    /// setting is out of range; [`Error::InvalidCron`] for a malformed cron schedule.
+    /// setting is out of range; [`Error::InvalidCron`] for a cron schedule with an empty
+    /// name, kind or queue or no attempts (its expression and time zone are checked by the
+    /// database when [`Worker::run`] writes it, and a malformed one ends `run` with this
+    /// error).
     pub fn build(self) -> Result<Worker> {
         let config = self.config;
         let fail = |why: String| Err(Error::Config(why));

@@ -294,7 +294,9 @@ impl Worker {
     /// # Errors
     ///
     /// [`Error::SchemaOutdated`] or [`Error::SchemaTooNew`] when the database schema does
-    /// not match this build, [`Error::Database`] if the database cannot be reached at start
+    /// not match this build, [`Error::InvalidCron`] when the database refuses a cron
+    /// schedule defined on the worker (a malformed expression, an unknown time zone),
+    /// [`Error::Database`] if the database cannot be reached at start
     /// (no server answers within the pool's acquire timeout, an unknown host, a refused
     /// login).
     pub async fn run(self) -> Result<WorkerSummary> {
@@ -341,7 +343,6 @@ impl Worker {
                 stop: background.clone(),
             },
             &tasks,
-            config.cron_schedules.clone(),
             config.cron_interval,
             config.prune_interval,
         );
@@ -438,7 +439,15 @@ async fn check_schema_at_start(shared: &Shared) -> Result<bool> {
         let error = match shared.pool.pool().acquire().await {
             Ok(mut connection) => {
                 match crate::db::migrations::schema_version(&mut *connection).await {
-                    Ok(found) => return crate::schema_fits(found).map(|()| true),
+                    Ok(found) => {
+                        crate::schema_fits(found)?;
+                        drop(connection);
+                        match write_cron_schedules(shared).await {
+                            Ok(()) => return Ok(true),
+                            Err(Error::Database(e)) if is_transient_sqlx(&e) => e,
+                            Err(e) => return Err(e),
+                        }
+                    }
                     Err(Error::Database(e)) if is_transient_sqlx(&e) => e,
                     Err(e) => return Err(e),
                 }
@@ -457,6 +466,18 @@ async fn check_schema_at_start(shared: &Shared) -> Result<bool> {
             () = shared.graceful.cancelled() => return Ok(false),
         }
     }
+}
+
+/// Writes the cron schedules defined on the worker (created, or updated keeping their
+/// progress), so that a malformed one ends [`Worker::run`] at start with the database's
+/// reason rather than never firing.
+async fn write_cron_schedules(shared: &Shared) -> Result<()> {
+    for schedule in &shared.config.cron_schedules {
+        crate::db::cron::cron_schedules_upsert(&shared.pool, &schedule.columns())
+            .await
+            .map_err(crate::cron::refused_schedule)?;
+    }
+    Ok(())
 }
 
 /// Whether a failed statement may have committed: the connection failed before its reply

@@ -88,11 +88,12 @@ pub async fn run(pool: &DbPool, args: CronArgs) -> anyhow::Result<()> {
             if let Some(max_attempts) = add.max_attempts {
                 schedule.max_attempts = max_attempts;
             }
-            // A malformed expression or an unknown time zone is a bad argument: exit 2.
-            if let Err(why) = schedule.validate() {
-                crate::usage_error(why);
+            // A schedule the library or the database refuses (a malformed expression, an
+            // unknown time zone) is a bad argument: exit 2.
+            match skiplock::cron::upsert(pool, &schedule).await {
+                Err(why @ skiplock::Error::InvalidCron(_)) => crate::usage_error(why),
+                result => result?,
             }
-            skiplock::cron::upsert(pool, &schedule).await?;
             outln!("cron schedule `{}` saved", add.name);
         }
         CronAction::List { json } => {

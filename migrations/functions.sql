@@ -80,6 +80,34 @@ $$;
 COMMENT ON FUNCTION skiplock.internal_runnable_payload(text, smallint, timestamptz) IS
     'Payload of a skiplock_runnable notification: where in claim order a job became runnable.';
 
+-- Payload of a skiplock_due_later notification: in how many microseconds the first and the
+-- last of the jobs come due, from this write's clock_timestamp() (a worker hears of it at
+-- commit, later, and so never acts before the database clock says they are due), then the
+-- claim key of the first as internal_runnable_payload writes it.
+CREATE OR REPLACE FUNCTION skiplock.internal_due_later_payload(queue text, priority smallint,
+                                                               first_at timestamptz,
+                                                               last_at timestamptz) RETURNS text
+LANGUAGE sql AS $$
+    SELECT ((extract(epoch FROM first_at - clock_timestamp()) * 1000000)::bigint)::text || E'\t'
+        || ((extract(epoch FROM last_at - clock_timestamp()) * 1000000)::bigint)::text || E'\t'
+        || skiplock.internal_runnable_payload(queue, priority, first_at);
+$$;
+
+-- Notifies that jobs of a queue and priority come due later, between first_at and last_at
+-- (skiplock_due_later, the Rust worker's own channel): a worker walks back to the first's
+-- claim key when it comes due and again when the last does (src/worker/due_timers.rs).
+-- Nothing when first_at is NULL, already due, or more than a day ahead: such a job that
+-- comes due behind a worker's position waits for a walk from the start of its queue (a
+-- minute at most, under 0.1 % of its delay); last_at is taken as a day ahead at most.
+CREATE OR REPLACE FUNCTION skiplock.internal_notify_due_later(queue text, priority smallint,
+                                                              first_at timestamptz,
+                                                              last_at timestamptz) RETURNS void
+LANGUAGE sql AS $$
+    SELECT pg_notify('skiplock_due_later', skiplock.internal_due_later_payload(queue, priority,
+               first_at, least(last_at, clock_timestamp() + interval '1 day')))
+    WHERE first_at > now() AND first_at <= clock_timestamp() + interval '1 day';
+$$;
+
 -- Notifies where a job (or jobs from this key on) became runnable, if it is due.
 CREATE OR REPLACE FUNCTION skiplock.internal_notify_runnable(queue text, priority smallint,
                                          scheduled_at timestamptz) RETURNS void
@@ -216,8 +244,11 @@ BEGIN
     )
     SELECT count(*), array_agg(DISTINCT ROW(queue, priority, scheduled_at)::skiplock.runnable_key)
     INTO promoted, promoted_keys FROM ready;
-    -- The lowest key per queue and priority: one message, not one per child.
-    PERFORM skiplock.internal_notify_runnable(k.queue, k.priority, min(k.scheduled_at))
+    -- The lowest key per queue and priority: one message, not one per child (and one for
+    -- the children not due yet).
+    PERFORM skiplock.internal_notify_runnable(k.queue, k.priority, min(k.scheduled_at)),
+            skiplock.internal_notify_due_later(k.queue, k.priority,
+                min(k.scheduled_at) FILTER (WHERE k.scheduled_at > now()), max(k.scheduled_at))
     FROM unnest(promoted_keys) AS k
     GROUP BY k.queue, k.priority;
     RETURN promoted + cancelled;
@@ -247,8 +278,9 @@ BEGIN
     )
     SELECT count(*) INTO promoted FROM ready;
     -- Each lane's head, promoted now or queued before (its turn came when the job before
-    -- it ended; claims skipped it while that job was unfinished).
-    PERFORM skiplock.internal_notify_runnable(h.queue, h.priority, h.scheduled_at)
+    -- it ended; claims skipped it while that job was unfinished), or when it comes due.
+    PERFORM skiplock.internal_notify_runnable(h.queue, h.priority, h.scheduled_at),
+            skiplock.internal_notify_due_later(h.queue, h.priority, h.scheduled_at, h.scheduled_at)
     FROM (SELECT DISTINCT ON (ordering_key) state, queue, priority, scheduled_at
           FROM skiplock.jobs
           WHERE ordering_key = ANY (keys) AND state IN ('waiting', 'queued', 'running')
@@ -587,8 +619,11 @@ LANGUAGE sql AS $$
                   AS has_dependants,
               j.ordering_key, j.queue, j.priority, j.scheduled_at
     ), runnable AS (
-        -- A retry with no delay is runnable at once, and may be behind a position.
-        SELECT skiplock.internal_notify_runnable(queue, priority, min(scheduled_at))
+        -- A retry with no delay is runnable at once, and may be behind a position; one
+        -- after its delay may come due behind one.
+        SELECT skiplock.internal_notify_runnable(queue, priority, min(scheduled_at)),
+               skiplock.internal_notify_due_later(queue, priority,
+                   min(scheduled_at) FILTER (WHERE scheduled_at > now()), max(scheduled_at))
         FROM saved WHERE state = 'queued'
         GROUP BY queue, priority
     )
@@ -630,10 +665,13 @@ LANGUAGE sql AS $$
         WHERE j.id = ANY(ARRAY(SELECT id FROM folded)) AND j.id = f.id
         RETURNING j.id, j.queue, j.state, f.delay_ms, j.priority, j.scheduled_at
     ), runnable AS (
-        -- Released jobs keep their scheduled_at: behind the workers' positions.
-        SELECT skiplock.internal_notify_runnable(queue, priority, min(scheduled_at))
+        -- Released jobs keep their scheduled_at: behind the workers' positions. Snoozed
+        -- ones (scheduled_at after now()) may come due behind them.
+        SELECT skiplock.internal_notify_runnable(queue, priority, min(scheduled_at)),
+               skiplock.internal_notify_due_later(queue, priority,
+                   min(scheduled_at) FILTER (WHERE scheduled_at > now()), max(scheduled_at))
         FROM released
-        WHERE state = 'queued' AND delay_ms <= 0
+        WHERE state = 'queued'
         GROUP BY queue, priority
     )
     SELECT id FROM released, (SELECT count(*) FROM runnable) r;
@@ -722,7 +760,7 @@ BEGIN
            SELECT d.*, CASE WHEN d.next_state = 'queued' AND d.unique_key IS NOT NULL
                             THEN skiplock.internal_fold_into_key_holder(d.id) END AS holder
            FROM due d
-       )
+       ), taken_back AS (
        UPDATE skiplock.jobs j
        SET state = CASE WHEN r.holder IS NULL THEN r.next_state ELSE 'cancelled' END,
            scheduled_at = CASE WHEN r.next_state = 'queued' AND r.holder IS NULL
@@ -735,7 +773,17 @@ BEGIN
            errors = skiplock.internal_append_error(j.errors, j.attempt, r.message)
        FROM reaped r
        WHERE j.id = r.id
-       RETURNING j.id, j.state::text AS state, j.claimed_by, j.ordering_key
+       RETURNING j.id, j.state::text AS state, j.claimed_by, j.ordering_key,
+                 j.queue, j.priority, j.scheduled_at
+       ), due_later AS (
+           -- Back after the backoff: it may come due behind a worker's position.
+           SELECT skiplock.internal_notify_due_later(queue, priority, min(scheduled_at),
+                                                     max(scheduled_at))
+           FROM taken_back WHERE state = 'queued'
+           GROUP BY queue, priority
+       )
+       SELECT id, state, claimed_by, ordering_key
+       FROM taken_back, (SELECT count(*) FROM due_later) d
     $reap$ USING stale_after_ms, max_jobs, only_id, since;
 END;
 $$;
@@ -796,7 +844,9 @@ LANGUAGE sql AS $$
           AND NOT EXISTS (SELECT 1 FROM skiplock.job_dependencies d WHERE d.job_id = c.id)
         RETURNING c.id, c.queue, c.priority, c.scheduled_at
     ), orphans_announced AS (
-        SELECT skiplock.internal_notify_runnable(queue, priority, scheduled_at) FROM orphans
+        SELECT skiplock.internal_notify_runnable(queue, priority, scheduled_at),
+               skiplock.internal_notify_due_later(queue, priority, scheduled_at, scheduled_at)
+        FROM orphans
     ), lanes AS (
         -- Only lanes whose head waits: advance_lanes can move nothing else, and it
         -- announces every queued head it is given.
@@ -1695,20 +1745,30 @@ CREATE OR REPLACE AGGREGATE skiplock.internal_job_history_array_sum(bigint[]) (
 
 -- ---- Triggers ----------------------------------------------------------------------------
 
--- Inserts: one notification per statement, queue and priority, at the earliest due time.
+-- Inserts: one notification per statement, queue and priority for the jobs due now, at the
+-- earliest time, and one for those due later, with when the first and the last come due.
 CREATE OR REPLACE FUNCTION skiplock.internal_notify_jobs_inserted() RETURNS trigger
 LANGUAGE plpgsql AS $$
 DECLARE
     q text;
     p smallint;
     s timestamptz;
+    later_first timestamptz;
+    later_last timestamptz;
 BEGIN
-    FOR q, p, s IN
-        SELECT queue, priority, min(scheduled_at) FROM inserted
-        WHERE state = 'queued' AND scheduled_at <= now()
+    FOR q, p, s, later_first, later_last IN
+        SELECT queue, priority, min(scheduled_at) FILTER (WHERE scheduled_at <= now()),
+               min(scheduled_at) FILTER (WHERE scheduled_at > now()), max(scheduled_at)
+        FROM inserted
+        WHERE state = 'queued'
         GROUP BY queue, priority
     LOOP
-        PERFORM pg_notify('skiplock_runnable', skiplock.internal_runnable_payload(q, p, s));
+        IF s IS NOT NULL THEN
+            PERFORM pg_notify('skiplock_runnable', skiplock.internal_runnable_payload(q, p, s));
+        END IF;
+        IF later_first IS NOT NULL THEN
+            PERFORM skiplock.internal_notify_due_later(q, p, later_first, later_last);
+        END IF;
     END LOOP;
     RETURN NULL;
 END;

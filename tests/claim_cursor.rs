@@ -213,14 +213,21 @@ async fn a_job_landing_behind_the_workers_position_still_runs() {
 /// The `skiplock_runnable` notifications a transaction sends, in order, after running
 /// `sql` (one or more statements) in it.
 async fn runnable_notifications(db: &common::TestDb, sql: &str) -> Vec<String> {
+    notifications(db, "skiplock_runnable", sql).await
+}
+
+/// The notifications on `channel` a transaction sends, in order, after running `sql` (one
+/// or more statements) in it.
+async fn notifications(db: &common::TestDb, channel: &str, sql: &str) -> Vec<String> {
     let mut listener = sqlx::postgres::PgListener::connect(db.url()).await.unwrap();
-    listener.listen("skiplock_runnable").await.unwrap();
+    listener.listen(channel).await.unwrap();
     sqlx::raw_sql(sqlx::AssertSqlSafe(sql.to_owned()))
         .execute(&db.pool)
         .await
         .unwrap();
     // A marker sent after the statements ends the list: notifications arrive in order.
-    sqlx::query("SELECT pg_notify('skiplock_runnable', 'end')")
+    sqlx::query("SELECT pg_notify($1, 'end')")
+        .bind(channel)
         .execute(&db.pool)
         .await
         .unwrap();
@@ -451,6 +458,199 @@ async fn every_write_that_makes_a_job_runnable_notifies_its_claim_key() {
     );
 }
 
+/// The `skiplock_due_later` notifications a transaction sends after running `sql`, read
+/// back and sorted by when their first job comes due: in how many milliseconds the first
+/// and the last job come due (from the write), and the claim key of the first as
+/// `skiplock_runnable` writes it.
+async fn due_later_notifications(db: &common::TestDb, sql: &str) -> Vec<(i64, i64, String)> {
+    let mut read: Vec<_> = notifications(db, "skiplock_due_later", sql)
+        .await
+        .iter()
+        .map(|payload| {
+            let mut fields = payload.splitn(3, '\t');
+            let mut ms = || fields.next().unwrap().parse::<i64>().unwrap() / 1000;
+            let (first, last) = (ms(), ms());
+            (first, last, fields.next().unwrap().to_owned())
+        })
+        .collect();
+    read.sort_by_key(|(first, ..)| *first);
+    read
+}
+
+/// The claim key (`priority<TAB>scheduled_at µs<TAB>queue`) of the job the query finds.
+async fn key_of(pool: &PgPool, condition: &str) -> String {
+    sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+        "SELECT priority || E'\\t' || (extract(epoch FROM scheduled_at) * 1000000)::bigint
+                || E'\\t' || queue
+         FROM skiplock.jobs WHERE {condition} ORDER BY scheduled_at LIMIT 1"
+    )))
+    .fetch_one(pool)
+    .await
+    .unwrap()
+}
+
+/// Every write that makes jobs due later says when, on a channel of its own
+/// (`skiplock_due_later`), once per statement, queue and priority: the first and the last
+/// of them and the first's claim key. Inserts (the jobs due now are announced as before,
+/// on `skiplock_runnable`), a retry after its delay, a snooze, children promoted by their
+/// parent, a lane's next job, a job the sweep queues, a stale claim taken back. Jobs more
+/// than a day ahead, or at `infinity`, are not announced; a later last job is taken as a
+/// day ahead.
+#[tokio::test]
+async fn every_write_that_makes_jobs_due_later_says_when() {
+    let db = test_db().await;
+    let pool = &db.pool;
+    const DAY_MS: i64 = 86_400_000;
+    let read = due_later_notifications(
+        &db,
+        "INSERT INTO skiplock.jobs (kind, args, queue, priority, scheduled_at) VALUES
+             ('record', '{}', 'a', -1, now() + interval '5 seconds'),
+             ('record', '{}', 'a', -1, now() - interval '1 second'),
+             ('record', '{}', 'a', -1, now() + interval '2 seconds'),
+             ('record', '{}', 'a', 0, now() + interval '1 hour'),
+             ('record', '{}', 'a', 0, 'infinity'),
+             ('record', '{}', 'a', 3, now() + interval '2 days'),
+             ('record', '{}', 'b', 3, 'infinity')",
+    )
+    .await;
+    assert_eq!(
+        read.len(),
+        2,
+        "one per queue and priority due within a day: {read:?}"
+    );
+    let (first, last, key) = &read[0];
+    assert!(
+        (1_000..=2_000).contains(first) && (4_000..=5_000).contains(last),
+        "{read:?}"
+    );
+    assert_eq!(
+        *key,
+        key_of(pool, "priority = -1 AND scheduled_at > now()").await
+    );
+    let (first, last, key) = &read[1];
+    assert!((3_590_000..=3_600_000).contains(first), "{read:?}");
+    assert!(
+        (DAY_MS - 10_000..=DAY_MS).contains(last),
+        "a day at most: {read:?}"
+    );
+    assert_eq!(*key, key_of(pool, "priority = 0").await);
+
+    // A retry after its delay, and a snooze (by hand, as a SQL worker would).
+    let claim = |id: i64| {
+        sqlx::query_scalar::<_, uuid::Uuid>(
+            "UPDATE skiplock.jobs SET state = 'running', claim_token = gen_random_uuid(),
+                    claimed_by = 'w', claimed_at = now(), heartbeat_at = now(),
+                    attempt = attempt + 1
+             WHERE id = $1 RETURNING claim_token",
+        )
+        .bind(id)
+        .fetch_one(pool)
+    };
+    let due_id: i64 = sqlx::query_scalar(
+        "SELECT id FROM skiplock.jobs WHERE priority = -1 AND scheduled_at <= now()",
+    )
+    .fetch_one(pool)
+    .await
+    .unwrap();
+    let token = claim(due_id).await.unwrap();
+    let read = due_later_notifications(
+        &db,
+        &format!("SELECT skiplock.fail({due_id}, '{token}', 'later', interval '1 minute')"),
+    )
+    .await;
+    assert_eq!(read.len(), 1, "{read:?}");
+    assert!(
+        (59_000..=60_000).contains(&read[0].0) && read[0].0 == read[0].1,
+        "{read:?}"
+    );
+    assert_eq!(read[0].2, key_of(pool, &format!("id = {due_id}")).await);
+    sqlx::query("UPDATE skiplock.jobs SET scheduled_at = now() WHERE id = $1")
+        .bind(due_id)
+        .execute(pool)
+        .await
+        .unwrap();
+    let token = claim(due_id).await.unwrap();
+    let read = due_later_notifications(
+        &db,
+        &format!("SELECT skiplock.snooze({due_id}, '{token}', interval '3 seconds')"),
+    )
+    .await;
+    assert_eq!(read.len(), 1, "{read:?}");
+    assert!((2_000..=3_000).contains(&read[0].0), "{read:?}");
+    assert_eq!(read[0].2, key_of(pool, &format!("id = {due_id}")).await);
+
+    // Children promoted together, due later: one message for them all.
+    sqlx::raw_sql(
+        "BEGIN;
+         INSERT INTO skiplock.jobs (kind, args, queue) VALUES ('record', '{}', 'parents');
+         INSERT INTO skiplock.jobs (kind, args, queue, scheduled_at)
+             VALUES ('record', '{}', 'kids', now() + interval '20 seconds'),
+                    ('record', '{}', 'kids', now() + interval '10 seconds');
+         INSERT INTO skiplock.job_dependencies (job_id, parent_id)
+             SELECT k.id, p.id FROM skiplock.jobs k, skiplock.jobs p
+             WHERE k.queue = 'kids' AND p.queue = 'parents';
+         COMMIT;",
+    )
+    .execute(pool)
+    .await
+    .unwrap();
+    let read = due_later_notifications(
+        &db,
+        "UPDATE skiplock.jobs SET state = 'succeeded', finished_at = now()
+             WHERE queue = 'parents';
+         SELECT skiplock.internal_settle_dependants(ARRAY(
+             SELECT id FROM skiplock.jobs WHERE queue = 'parents'));",
+    )
+    .await;
+    assert_eq!(read.len(), 1, "{read:?}");
+    let (first, last, key) = &read[0];
+    assert!(
+        *first <= 10_000 && (*last - *first - 10_000).abs() < 100,
+        "{read:?}"
+    );
+    assert_eq!(*key, key_of(pool, "queue = 'kids'").await);
+
+    // A lane's next job whose turn comes before its time, and a waiting job left without
+    // parents (by hand) that the sweep queues: each says when.
+    sqlx::raw_sql(
+        "INSERT INTO skiplock.jobs (kind, args, queue, ordering_key)
+             VALUES ('record', '{}', 'lane', 'L');
+         INSERT INTO skiplock.jobs (kind, args, queue, ordering_key, scheduled_at)
+             VALUES ('record', '{}', 'lane', 'L', now() + interval '30 seconds');
+         INSERT INTO skiplock.jobs (kind, args, queue, state, scheduled_at)
+             VALUES ('record', '{}', 'orphan', 'waiting', now() + interval '40 seconds');
+         UPDATE skiplock.jobs SET state = 'succeeded', finished_at = now()
+             WHERE queue = 'lane' AND scheduled_at <= now();",
+    )
+    .execute(pool)
+    .await
+    .unwrap();
+    let read = due_later_notifications(&db, "SELECT skiplock.internal_settle_waiting()").await;
+    assert_eq!(read.len(), 2, "{read:?}");
+    assert_eq!(
+        read[0].2,
+        key_of(pool, "queue = 'lane' AND state = 'queued'").await
+    );
+    assert_eq!(read[1].2, key_of(pool, "queue = 'orphan'").await);
+
+    // A stale claim taken back, to run again after the backoff.
+    claim(due_id).await.unwrap();
+    sqlx::query("UPDATE skiplock.jobs SET heartbeat_at = now() - interval '1 hour' WHERE id = $1")
+        .bind(due_id)
+        .execute(pool)
+        .await
+        .unwrap();
+    let read = due_later_notifications(
+        &db,
+        "SELECT count(*) FROM skiplock.internal_reap_stale(1000, 10)",
+    )
+    .await;
+    assert_eq!(read.len(), 1, "{read:?}");
+    assert!(read[0].0 > 0, "{read:?}");
+    assert_eq!(read[0].2, key_of(pool, &format!("id = {due_id}")).await);
+    assert_eq!(state_of(pool, due_id).await, JobState::Queued);
+}
+
 /// Wraps `skiplock.internal_claim_batch` so that each call is logged (whether it walked from the
 /// left edge, and the ids it claimed) in `claim_log`, and so that walks from the left
 /// edge cost 200 ms more than walks from a position, as they do under a held snapshot
@@ -500,18 +700,18 @@ async fn claimed_by_full_walk(pool: &PgPool, id: i64) -> Option<bool> {
         .unwrap()
 }
 
-/// A job that lands behind the worker's position (a higher priority; a child with an old
-/// `scheduled_at` whose parent succeeds) is claimed by a walk from the key its write announced, not by a walk from the left edge: full walks that keep costing 200
-/// ms more than a walk from a position are held back for tens of seconds while
-/// notifications arrive, and the job runs at once. Before schema version 7 such a job waited for a
-/// full walk (5 s at most); this test failed then, with the job claimed by a full walk.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_job_announced_behind_the_position_is_claimed_without_a_full_walk() {
-    let db = test_db().await;
-    let pool = &db.pool;
-    observe_claims(pool).await;
-    let recorder = Recorder::default();
-    let worker = fast_worker(pool, &recorder).build().unwrap();
+/// Runs `worker` (built on a pool whose claims [`observe_claims`] logs and slows) until
+/// its full walks are paced as a backstop: it has a position (jobs of priority 0,
+/// scheduled now, claimed), and two full walks in a row have cost 200 ms more than a walk
+/// from the position, so the next one is held back 40 s (200 times that extra cost) while
+/// notifications arrive. Returns its shutdown handle and its task.
+async fn run_paced_as_a_backstop(
+    pool: &PgPool,
+    worker: skiplock::Worker,
+) -> (
+    skiplock::ShutdownHandle,
+    tokio::task::JoinHandle<skiplock::Result<skiplock::WorkerSummary>>,
+) {
     let shutdown = worker.shutdown_handle();
     let running = tokio::spawn(worker.run());
 
@@ -550,6 +750,22 @@ async fn a_job_announced_behind_the_position_is_claimed_without_a_full_walk() {
         claimed_by_full_walk(pool, later).await.is_some()
     })
     .await;
+    (shutdown, running)
+}
+
+/// A job that lands behind the worker's position (a higher priority; a child with an old
+/// `scheduled_at` whose parent succeeds) is claimed by a walk from the key its write announced, not by a walk from the left edge: full walks that keep costing 200
+/// ms more than a walk from a position are held back for tens of seconds while
+/// notifications arrive, and the job runs at once. Before schema version 7 such a job waited for a
+/// full walk (5 s at most); this test failed then, with the job claimed by a full walk.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_announced_behind_the_position_is_claimed_without_a_full_walk() {
+    let db = test_db().await;
+    let pool = &db.pool;
+    observe_claims(pool).await;
+    let recorder = Recorder::default();
+    let worker = fast_worker(pool, &recorder).build().unwrap();
+    let (shutdown, running) = run_paced_as_a_backstop(pool, worker).await;
 
     // Behind it: a higher priority, and a child scheduled long ago whose parent (ahead of
     // the position) runs first; the child becomes queued when the parent succeeds.
@@ -589,6 +805,79 @@ async fn a_job_announced_behind_the_position_is_claimed_without_a_full_walk() {
         recorder.runs().contains_key(&higher) && recorder.runs().contains_key(&child)
     })
     .await;
+    shutdown.shutdown();
+    running.await.unwrap().unwrap();
+}
+
+/// Snoozes for a second on its first run, succeeds on the next; records each run.
+#[derive(Serialize, Deserialize, Clone)]
+struct SnoozesOnce {}
+
+impl Job for SnoozesOnce {
+    const KIND: &'static str = "snoozes_once";
+
+    async fn run(self, ctx: JobContext) -> Result<(), JobError> {
+        let recorder = ctx.data::<Recorder>().expect("worker was given a Recorder");
+        let first = !recorder.runs().contains_key(&ctx.id().0);
+        recorder.record(&ctx);
+        if first {
+            return Err(JobError::snooze(Duration::from_secs(1)));
+        }
+        Ok(())
+    }
+}
+
+/// Jobs that come due behind the worker's position while its full walks are paced as a
+/// backstop (the next one 40 s away) run when they come due: one enqueued at a higher
+/// priority to run 2 s later, a retry 200 ms after a failed attempt, and a job snoozed
+/// for a second, all at a higher priority than the one the worker claims from. Their
+/// writes say when they come due (`skiplock_due_later`), and the worker walks back to
+/// them then. Before that (issue 27) none of these writes said anything, the jobs waited
+/// for the next full walk, and this test timed out on the first of them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn jobs_that_come_due_behind_the_position_run_when_due() {
+    let db = test_db().await;
+    let pool = &db.pool;
+    observe_claims(pool).await;
+    let recorder = Recorder::default();
+    let worker = fast_worker(pool, &recorder)
+        .register::<SnoozesOnce>()
+        .build()
+        .unwrap();
+    let (shutdown, running) = run_paced_as_a_backstop(pool, worker).await;
+
+    let scheduled: i64 = sqlx::query_scalar(
+        "INSERT INTO skiplock.jobs (kind, args, priority, scheduled_at)
+         VALUES ('record', '{\"n\": 0}', -5, now() + interval '2 seconds') RETURNING id",
+    )
+    .fetch_one(pool)
+    .await
+    .unwrap();
+    let retried: i64 = sqlx::query_scalar(
+        "INSERT INTO skiplock.jobs (kind, args, priority)
+         VALUES ('flaky', '{\"fail_until\": 1}', -5) RETURNING id",
+    )
+    .fetch_one(pool)
+    .await
+    .unwrap();
+    let snoozed: i64 = sqlx::query_scalar(
+        "INSERT INTO skiplock.jobs (kind, args, priority)
+         VALUES ('snoozes_once', '{}', -5) RETURNING id",
+    )
+    .fetch_one(pool)
+    .await
+    .unwrap();
+    // Far below the 40 s until the next full walk, far above the delays.
+    for (what, id, runs) in [
+        ("the job scheduled 2 s ahead", scheduled, 1),
+        ("the retry", retried, 2),
+        ("the snoozed job", snoozed, 2),
+    ] {
+        wait_for(what, Duration::from_secs(15), || async {
+            recorder.runs().get(&id).map_or(0, Vec::len) >= runs
+        })
+        .await;
+    }
     shutdown.shutdown();
     running.await.unwrap().unwrap();
 }

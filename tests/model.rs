@@ -40,8 +40,9 @@ const SECS_DEFAULT: u64 = 14;
 /// Longest the drain may take before the leftovers are reported.
 const DRAIN_LIMIT: Duration = Duration::from_secs(180);
 /// The drain gives up once nothing changed (no job moved) for this long: longer than a
-/// runnable job may wait by contract. A job no write announces (a retry whose delay ends
-/// while a worker's position is in a lower priority: behind it) is found by a full walk,
+/// runnable job may wait by contract. A job whose announcement a worker did not hear (a
+/// retry whose delay ends while the position of a worker started after the retry's write
+/// is in a lower priority: behind it) is found by a full walk,
 /// and full walks that cost more than twice a cursor walk are paced up to 60 s apart
 /// (`PACING_BACKSTOP` in src/worker/claim_cursor.rs). The model's churn makes them so on a
 /// loaded machine: gaps of 6-14 s were measured, and a drain that gave up after 8 s

@@ -15,6 +15,7 @@ use crate::error::{Error, Result};
 use crate::job::{DataMap, Job};
 
 use super::claims::HeldClaims;
+use super::due_timers::DueTimers;
 use super::handler::{Handler, TypedHandler};
 use super::{
     Counters, QUEUE_WEIGHT_MAX, QueueGroup, Retention, Shared, Worker, WorkerConfig, events, slots,
@@ -399,6 +400,7 @@ impl WorkerBuilder {
             config.concurrency
         };
         let slots_total = shared_slots_total + config.queue_concurrency.values().sum::<usize>();
+        let due_timers = DueTimers::new(groups.len(), std::time::Instant::now());
         Ok(Worker {
             shared: Arc::new(Shared {
                 pool: if config.pgbouncer {
@@ -422,6 +424,7 @@ impl WorkerBuilder {
                 events: tokio::sync::broadcast::Sender::new(events::EVENTS_BUFFERED),
                 only_job_claimed: std::sync::atomic::AtomicBool::new(false),
                 listening: std::sync::atomic::AtomicBool::new(false),
+                due_timers,
             }),
         })
     }

@@ -18,10 +18,19 @@
 //! notification is still in flight: that claim did not see the row and may move the
 //! position past it, so the key is kept until it is known to be covered.
 //!
-//! Full walks remain, as a backstop for what no write announces (a higher-priority job
-//! whose `scheduled_at` comes while the producer works through lower priorities, a row a
-//! rolled-back transaction held locked when a claim skipped it) and as the rule when they
-//! are cheap. They are paced by what they cost beyond a cursor walk: one at a time, each
+//! Jobs can also come due behind the position: a retry after its delay, a snoozed job, a
+//! job enqueued for later, at a higher priority than the one the producer claims from
+//! when their time comes. Every write that makes jobs due later says when (within a day;
+//! `skiplock_due_later`), and the due timers ([`super::due_timers`]) hand the key here
+//! when it comes due by the database clock, as a notification of a job runnable now.
+//! Claims planned before that moment did not take the job (it was not due) and are
+//! treated as planned before a notification.
+//!
+//! Full walks remain, as a backstop for what no write announces or the worker did not
+//! hear (an operator's `UPDATE`; a row a rolled-back transaction held locked when a claim
+//! skipped it; a job written to come due more than a day later, or before the listener
+//! was subscribed) and as the rule when they are cheap. They are paced by what they cost
+//! beyond a cursor walk: one at a time, each
 //! no sooner than a factor times its extra cost after the last one, and never held back
 //! longer than a bound ([`Pacing`]). In a clean database that extra cost is about
 //! nothing, and nearly every other claim is a full walk; under a held snapshot it grows

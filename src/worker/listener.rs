@@ -1,13 +1,17 @@
 //! The listener: LISTEN on `skiplock_runnable` and tell the producer of a queue where, in
-//! claim order, jobs became runnable (which wakes it). Notifications make pickup fast and
-//! let the producer claim from its position without losing the jobs that land behind it
-//! (see [`super::claim_cursor`]); they are not needed for correctness. The producer also
-//! polls, and while the listener is not subscribed it finds jobs behind its position with
-//! frequent full walks. After each (re)subscription every producer looks at its queue
-//! from the start once, to catch up on anything written while the listener was down.
+//! claim order, jobs became runnable (which wakes it); LISTEN on `skiplock_due_later` and
+//! hand the keys of jobs that become due later to the due timers
+//! ([`super::due_timers`]), which tell the producer when they do. Notifications make
+//! pickup fast and let the producer claim from its position without losing the jobs that
+//! land behind it (see [`super::claim_cursor`]); they are not needed for correctness. The
+//! producer also polls, and while the listener is not subscribed it finds jobs behind its
+//! position with frequent full walks. After each (re)subscription every producer looks at
+//! its queue from the start once, to catch up on anything written while the listener was
+//! down.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
+use std::time::Instant;
 
 use sqlx::postgres::{PgListener, PgPoolOptions};
 use tokio_util::sync::CancellationToken;
@@ -20,6 +24,12 @@ use crate::pacing::db_retry_delay;
 /// insert trigger, the functions that promote or requeue jobs, the release statement
 /// (`migrations/functions.sql` sends it). Payload: see [`parse_runnable`].
 pub(crate) const RUNNABLE_CHANNEL: &str = "skiplock_runnable";
+
+/// The channel every write that makes jobs due later notifies (the insert trigger, the
+/// failure, release and reap statements, lane and dependency promotions;
+/// `skiplock.internal_notify_due_later` sends it), the worker's own: not a stable API.
+/// Payload: see [`parse_due_later`].
+pub(crate) const DUE_LATER_CHANNEL: &str = "skiplock_due_later";
 
 /// The channel `skiplock.cancel_job` notifies when it cancels a running job, with the job
 /// id as payload: the worker holding it stops the handler at once instead of at its next
@@ -58,7 +68,7 @@ pub(super) async fn listen(shared: Arc<Shared>, stop: CancellationToken) {
         let session = async {
             let mut listener = PgListener::connect_with(&own_connection).await?;
             listener
-                .listen_all([RUNNABLE_CHANNEL, CANCEL_CHANNEL])
+                .listen_all([RUNNABLE_CHANNEL, DUE_LATER_CHANNEL, CANCEL_CHANNEL])
                 .await?;
             shared.listening.store(true, Ordering::Relaxed);
             // Anything written before LISTEN took effect was not announced.
@@ -77,6 +87,18 @@ pub(super) async fn listen(shared: Arc<Shared>, stop: CancellationToken) {
                         for id in shared.claims.stop_job(id) {
                             tracing::info!(job_id = id, "job cancelled; stopping its handler");
                         }
+                    }
+                } else if notification.channel() == DUE_LATER_CHANNEL {
+                    // Nothing to catch up on when it cannot be read: the job is not due
+                    // yet, and the full walks find it when it is.
+                    match parse_due_later(notification.payload()) {
+                        Some((due_in_us, queue, from)) => {
+                            shared.due_later(queue, from, due_in_us, Instant::now());
+                        }
+                        None => tracing::warn!(
+                            payload = notification.payload(),
+                            "unreadable {DUE_LATER_CHANNEL} notification; ignored"
+                        ),
                     }
                 } else if let Some((queue, from)) = parse_runnable(notification.payload()) {
                     shared.runnable(queue, from);
@@ -129,6 +151,20 @@ fn parse_runnable(payload: &str) -> Option<(&str, LookFrom)> {
     ))
 }
 
+/// Reads a `skiplock_due_later` payload: `first_in_us<TAB>last_in_us<TAB>` and then a
+/// claim key as [`parse_runnable`] reads it (not "from the start"): in how many
+/// microseconds, from the write, the first and the last of the jobs come due (zero or less:
+/// already), and the claim key of the first. `None` for anything else.
+fn parse_due_later(payload: &str) -> Option<([i64; 2], &str, LookFrom)> {
+    let mut fields = payload.splitn(3, '\t');
+    let (first_in_us, last_in_us, key) = (fields.next()?, fields.next()?, fields.next()?);
+    let due_in_us = [first_in_us.parse().ok()?, last_in_us.parse().ok()?];
+    match parse_runnable(key)? {
+        (_, LookFrom::Start) => None,
+        (queue, from) => Some((due_in_us, queue, from)),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -149,6 +185,31 @@ mod tests {
         );
         for bad in ["default", "0\t12", "x\t1\tq", "0\t1.5\tq", "40000\t1\tq"] {
             assert_eq!(parse_runnable(bad), None, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn due_later_payloads_are_read_with_their_delays_first() {
+        assert_eq!(
+            parse_due_later("2000000\t2500000\t-5\t1795607926369988\tq\twith\ttabs"),
+            Some((
+                [2_000_000, 2_500_000],
+                "q\twith\ttabs",
+                LookFrom::at(-5, 1_795_607_926_369_988)
+            ))
+        );
+        assert_eq!(
+            parse_due_later("-3\t0\t0\t12\tmail"),
+            Some(([-3, 0], "mail", LookFrom::at(0, 12)))
+        );
+        for bad in [
+            "-\t-\tq",
+            "1\t2\t-\t-\tq",
+            "1\t2\t0\t12",
+            "1.5\t2\t0\t12\tq",
+            "x",
+        ] {
+            assert_eq!(parse_due_later(bad), None, "{bad:?}");
         }
     }
 }

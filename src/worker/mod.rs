@@ -5,6 +5,7 @@
 //! ```text
 //!  listener ──wake──▶ producer ──claimed jobs──▶ executor (≤ concurrency) ──outcomes──▶ completer
 //!  (LISTEN/NOTIFY)    (claim_batch, local buffer)  (runs handlers, no SQL)               (batched writes)
+//!     └─due later──▶ due timers ──wake when due──▶ producer
 //!                      heartbeat: extends every held claim, one statement per interval
 //!                      reaper, pruner (crate::maintenance): stale claims and old rows
 //! ```
@@ -20,6 +21,7 @@ mod claim_cursor;
 mod claims;
 mod completer;
 mod config;
+mod due_timers;
 pub mod events;
 mod executor;
 mod handler;
@@ -86,6 +88,8 @@ pub(crate) struct Shared {
     /// Whether the listener is subscribed to the runnable-job notifications: the
     /// producers pace their full walks by it (see [`claim_cursor`]).
     pub(crate) listening: std::sync::atomic::AtomicBool,
+    /// Keys of jobs that come due later, per group, until they do.
+    pub(crate) due_timers: due_timers::DueTimers,
 }
 
 /// One queue: its producer's claims, its buffer, and where its job slots come from.
@@ -154,15 +158,42 @@ impl Shared {
         }
     }
 
+    /// The index of the group that claims from `queue`, if any.
+    fn group_of(&self, queue: &str) -> Option<usize> {
+        self.groups
+            .iter()
+            .position(|g| g.queues.iter().any(|q| q == queue))
+    }
+
     /// Tells the producer that claims from `queue`, if any, that jobs became runnable
     /// there from `from` on, and wakes it.
     pub(crate) fn runnable(&self, queue: &str, from: claim_cursor::LookFrom) {
-        if let Some(group) = self
-            .groups
-            .iter()
-            .find(|g| g.queues.iter().any(|q| q == queue))
-        {
-            group.note_runnable(from);
+        if let Some(group) = self.group_of(queue) {
+            self.groups[group].note_runnable(from);
+        }
+    }
+
+    /// Tells the producer that claims from `queue`, if any, that jobs become runnable there
+    /// from `from` on in each of `due_in_us` microseconds after `now` (the first and the
+    /// last of them; see [`due_timers`]): at once for those already due.
+    pub(crate) fn due_later(
+        &self,
+        queue: &str,
+        from: claim_cursor::LookFrom,
+        due_in_us: [i64; 2],
+        now: std::time::Instant,
+    ) {
+        let Some(group) = self.group_of(queue) else {
+            return;
+        };
+        for us in due_in_us {
+            match u64::try_from(us) {
+                Ok(us) if us > 0 => {
+                    self.due_timers
+                        .add(group, from, std::time::Duration::from_micros(us), now);
+                }
+                _ => self.groups[group].note_runnable(from),
+            }
         }
     }
 }
@@ -332,6 +363,7 @@ impl Worker {
         let background = CancellationToken::new();
         let tasks = TaskTracker::new();
         tasks.spawn(listener::listen(shared.clone(), background.clone()));
+        tasks.spawn(due_timers::hand_over(shared.clone(), background.clone()));
         tasks.spawn(heartbeat::beat(shared.clone(), background.clone()));
         maintenance::spawn(
             Maintenance {

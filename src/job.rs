@@ -285,7 +285,10 @@ impl JobContext {
         self.max_attempts
     }
 
-    /// The worker's connection pool, for handlers that write to the database.
+    /// The worker's connection pool, for handlers that write to the database. Behind
+    /// PgBouncer's transaction pooling, run statements on it through
+    /// [`PgBouncer`](crate::PgBouncer) (or unnamed, `.persistent(false)`, inside a
+    /// transaction).
     pub fn pool(&self) -> &PgPool {
         self.pool.pool()
     }

@@ -18,11 +18,27 @@ use crate::backoff;
 use crate::db::jobs::{RunningNote, jobs_set_note};
 pub use crate::state::{JobId, JobState};
 
-/// Maximum attempts when neither the job type nor the enqueue options say otherwise.
-pub(crate) const MAX_ATTEMPTS_DEFAULT: i32 = 25;
+/// Maximum attempts when neither the job type nor the enqueue options say otherwise:
+/// [`Job::MAX_ATTEMPTS`]'s default, for the places that have no job type.
+pub(crate) const MAX_ATTEMPTS_DEFAULT: i32 = Defaults::MAX_ATTEMPTS;
 
-/// Queue name when neither the job type nor the enqueue options say otherwise.
-pub(crate) const QUEUE_DEFAULT: &str = "default";
+/// Queue name when neither the job type nor the enqueue options say otherwise:
+/// [`Job::QUEUE`]'s default, for the places that have no job type (an untyped enqueue, a
+/// cron schedule, a worker's queues).
+pub(crate) const QUEUE_DEFAULT: &str = Defaults::QUEUE;
+
+/// A job type that keeps every default of [`Job`], so that the defaults are written once,
+/// as literals in the trait (where rustdoc shows them), and read from there.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct Defaults;
+
+impl Job for Defaults {
+    const KIND: &'static str = "";
+
+    async fn run(self, _ctx: JobContext) -> Result<(), JobError> {
+        Ok(())
+    }
+}
 
 /// A typed job: its serde-encoded value is the job's `args`.
 ///
@@ -50,11 +66,11 @@ pub trait Job: Serialize + DeserializeOwned + Send + 'static {
     /// The kind stored in `skiplock.jobs.kind`; workers claim only kinds they registered.
     const KIND: &'static str;
 
-    /// Queue used when the enqueue options name none. Default `"default"`.
-    const QUEUE: &'static str = QUEUE_DEFAULT;
+    /// Queue used when the enqueue options name none.
+    const QUEUE: &'static str = "default";
 
-    /// Attempts before the job goes `dead`, when the enqueue options name none. Default 25.
-    const MAX_ATTEMPTS: i32 = MAX_ATTEMPTS_DEFAULT;
+    /// Attempts before the job goes `dead`, when the enqueue options name none.
+    const MAX_ATTEMPTS: i32 = 25;
 
     /// Does the work. `Ok` completes the job; an error decides its fate (see [`JobError`]).
     fn run(self, ctx: JobContext) -> impl Future<Output = Result<(), JobError>> + Send;
@@ -269,7 +285,10 @@ impl JobContext {
         self.max_attempts
     }
 
-    /// The worker's connection pool, for handlers that write to the database.
+    /// The worker's connection pool, for handlers that write to the database. Behind
+    /// PgBouncer's transaction pooling, run statements on it through
+    /// [`PgBouncer`](crate::PgBouncer) (or unnamed, `.persistent(false)`, inside a
+    /// transaction).
     pub fn pool(&self) -> &PgPool {
         self.pool.pool()
     }

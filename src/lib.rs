@@ -66,6 +66,8 @@
 //!   other reads (history, dependencies, counts) are in [`admin`], numbers in [`stats`],
 //!   schedules in [`cron`], the default retry delays in [`backoff`].
 //! - **Schema**: [`migrate`] at every start, [`check_schema`] to refuse a mismatch.
+//! - **Behind PgBouncer** in transaction-pooling mode: skiplock's functions on your pool
+//!   through [`PgBouncer`], a worker with [`WorkerBuilder::pgbouncer`].
 //!
 //! ## How big args may be
 //!
@@ -106,6 +108,7 @@ mod maintenance;
 mod metrics;
 mod operations;
 mod pacing;
+mod pgbouncer;
 #[cfg_attr(
     not(any(feature = "cli", feature = "internals")),
     allow(unreachable_pub)
@@ -127,9 +130,11 @@ pub use job::{EnqueueOptions, Fate, Job, JobContext, JobError, JobId, JobState, 
 pub use operations::{
     JobFilter, cancel, job, jobs, pause_queue, paused_queues, resume_queue, retry, retry_dead,
 };
+pub use pgbouncer::PgBouncer;
 // The pool the runtime runs its statements on, direct or through PgBouncer's transaction
-// pooling: an application gives `Worker::builder` a `PgPool` and says `.pgbouncer(true)`.
-// Public only for the binary (every command's pool) and skiplock's own tests.
+// pooling: an application gives `Worker::builder` a `PgPool` and says `.pgbouncer(true)`,
+// and runs its own calls through `PgBouncer`. Public only for the binary (every command's
+// pool).
 #[cfg(any(feature = "cli", feature = "internals"))]
 #[doc(hidden)]
 pub use pool::DbPool;

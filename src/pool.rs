@@ -1,17 +1,8 @@
 //! [`DbPool`]: the pool skiplock runs its statements on, and whether it reaches Postgres
-//! directly or through PgBouncer in transaction-pooling mode.
-//!
-//! Behind PgBouncer's transaction pooling, a client keeps one server connection only for
-//! the length of a transaction. sqlx runs a statement with bound values in two protocol
-//! round trips (Parse/Describe/Sync, then Bind/Execute/Sync), each ending in a
-//! `ReadyForQuery`; outside a transaction PgBouncer may hand the second to another server
-//! connection, where the unnamed statement does not exist (SQLSTATE 26000). Named
-//! statements, which sqlx caches per client connection, break the same way across
-//! transactions, and PgBouncer 1.18 does not track them. So in PgBouncer mode every
-//! statement skiplock runs on its own goes inside `BEGIN … COMMIT` (which pins one server
-//! connection) and is unnamed. The direct mode runs each statement as sqlx does: nothing
-//! is added to its path.
-
+//! directly or through PgBouncer in transaction-pooling mode. In PgBouncer mode every
+//! statement runs as the public [`PgBouncer`] executor runs it (src/pgbouncer.rs says why):
+//! unnamed, in a transaction of its own. The direct mode runs each statement as sqlx does:
+//! nothing is added to its path.
 //!
 //! # Pinned sessions
 //!
@@ -23,19 +14,18 @@
 //! (it refuses or drops those startup options) switches the pool to PgBouncer mode
 //! ([`DbPool::pin_sessions`]).
 
-use std::future::Future;
 use std::ops::DerefMut;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use futures_util::future::BoxFuture;
-use futures_util::stream::{self, BoxStream, StreamExt, TryStreamExt};
-use sqlx::postgres::{
-    PgArguments, PgConnectOptions, PgQueryResult, PgRow, PgStatement, PgTypeInfo,
-};
+use futures_util::stream::BoxStream;
+use sqlx::postgres::{PgConnectOptions, PgQueryResult, PgRow, PgStatement, PgTypeInfo};
 use sqlx::{
     ConnectOptions, Connection, Either, Execute, Executor, PgConnection, PgPool, Postgres, Row,
 };
+
+use crate::pgbouncer::PgBouncer;
 
 /// The session settings skiplock's correctness relies on, pinned on every session it opens
 /// whatever the database's or role's defaults say. Each one, and why:
@@ -69,7 +59,7 @@ const PINNED_MARKER: (&str, &str) = ("skiplock.session_pinned", "on");
 
 /// The `BEGIN` of each statement's transaction in PgBouncer mode, which pins
 /// [`SESSION_PINNED`]'s isolation for that transaction.
-const BEGIN_PINNED: &str = "BEGIN ISOLATION LEVEL READ COMMITTED";
+pub(crate) const BEGIN_PINNED: &str = "BEGIN ISOLATION LEVEL READ COMMITTED";
 
 /// `options` with [`SESSION_PINNED`] as startup options (sent in the startup packet, so no
 /// extra round trip). Options already in `options` stay; the pinned ones come after them
@@ -139,8 +129,8 @@ pub(crate) async fn probe_reach(options: &PgConnectOptions) -> Reach {
 ///
 /// Made from a [`PgPool`] with [`DbPool::direct`] (or `From<PgPool>`), or with
 /// [`DbPool::pgbouncer`] when the pool's URL points at PgBouncer in transaction-pooling
-/// mode: then each statement runs in a transaction of its own, unnamed, which costs two
-/// more round trips (BEGIN and COMMIT) per statement. Session pooling needs no special
+/// mode: then each statement runs as through [`PgBouncer`], in a transaction of its own,
+/// unnamed, which costs two more round trips (BEGIN and COMMIT) per statement. Session pooling needs no special
 /// mode. Cloning is cheap (the pool is reference-counted).
 
 #[derive(Clone, Debug)]
@@ -169,8 +159,8 @@ impl DbPool {
     }
 
     /// The sqlx pool underneath. Statements run on it directly (not through `&DbPool`)
-    /// are not protected behind PgBouncer: run them inside a transaction, with
-    /// `.persistent(false)`.
+    /// are not protected behind PgBouncer: run them through [`PgBouncer`], or inside a
+    /// transaction with `.persistent(false)`.
     pub fn pool(&self) -> &PgPool {
         &self.pool
     }
@@ -268,97 +258,7 @@ impl<C> DbConnection<C> {
     }
 }
 
-/// A query taken apart so that it can run again: its text and bound values, run unnamed.
-/// An unnamed statement lives only until the next Parse on its server connection, so it
-/// cannot clash with (or depend on) statements of other clients PgBouncer gave that
-/// connection to. `arguments: None` is the simple query protocol, as for `raw_sql`.
-struct Unnamed {
-    sql: sqlx::SqlStr,
-    arguments: Option<PgArguments>,
-}
-
-impl<'q> Execute<'q, Postgres> for Unnamed {
-    fn sql(self) -> sqlx::SqlStr {
-        self.sql
-    }
-
-    fn statement(&self) -> Option<&PgStatement> {
-        None
-    }
-
-    fn take_arguments(&mut self) -> Result<Option<PgArguments>, sqlx::error::BoxDynError> {
-        Ok(self.arguments.take())
-    }
-
-    fn persistent(&self) -> bool {
-        false
-    }
-}
-
 type Step = Either<PgQueryResult, PgRow>;
-
-/// Runs `query` unnamed inside a transaction of its own on `connection` and returns every
-/// result step. The rows are collected before COMMIT: the statements skiplock runs this
-/// way return bounded batches.
-///
-/// One failure is retried: when a statement's result has a type this connection has not
-/// met yet (skiplock's enums), sqlx looks it up with a simple query between Parse and
-/// Bind, and a simple query destroys the unnamed statement, so Bind fails with SQLSTATE
-/// 26000 before anything ran. The lookup is cached on the connection by then, so the
-/// second attempt goes through.
-async fn in_transaction<'q, E>(
-    connection: &mut PgConnection,
-    mut query: E,
-) -> sqlx::Result<Vec<Step>>
-where
-    E: 'q + Execute<'q, Postgres>,
-{
-    let arguments = query.take_arguments().map_err(sqlx::Error::Encode)?;
-    let sql = query.sql();
-    let mut retried = false;
-    loop {
-        let mut tx = connection.begin_with(BEGIN_PINNED).await?;
-        let unnamed = Unnamed {
-            sql: sql.clone(),
-            arguments: arguments.clone(),
-        };
-        match tx.fetch_many(unnamed).try_collect().await {
-            Ok(steps) => {
-                tx.commit().await?;
-                return Ok(steps);
-            }
-            Err(sqlx::Error::Database(e)) if !retried && e.code().as_deref() == Some("26000") => {
-                retried = true;
-            }
-            Err(e) => return Err(e),
-        }
-    }
-}
-
-/// [`in_transaction`] on a connection taken from `pool` for the statement.
-async fn in_pooled_transaction<'q, E>(pool: &PgPool, query: E) -> sqlx::Result<Vec<Step>>
-where
-    E: 'q + Execute<'q, Postgres>,
-{
-    in_transaction(&mut *pool.acquire().await?, query).await
-}
-
-/// The steps of a statement run by [`in_transaction`], as the stream `fetch_many` returns.
-fn steps_stream<'e>(
-    steps: impl Future<Output = sqlx::Result<Vec<Step>>> + Send + 'e,
-) -> BoxStream<'e, sqlx::Result<Step>> {
-    stream::once(steps)
-        .map_ok(|steps| stream::iter(steps.into_iter().map(Ok)))
-        .try_flatten()
-        .boxed()
-}
-
-/// The first row of a statement run by [`in_transaction`], if any.
-fn first_row<'e>(
-    steps: impl Future<Output = sqlx::Result<Vec<Step>>> + Send + 'e,
-) -> BoxFuture<'e, sqlx::Result<Option<PgRow>>> {
-    Box::pin(async move { Ok(steps.await?.into_iter().find_map(|step| step.right())) })
-}
 
 impl<'c> Executor<'c> for &'c DbPool {
     type Database = Postgres;
@@ -371,7 +271,7 @@ impl<'c> Executor<'c> for &'c DbPool {
         if !self.is_pgbouncer() {
             return self.pool.fetch_many(query);
         }
-        steps_stream(in_pooled_transaction(&self.pool, query))
+        PgBouncer(&self.pool).fetch_many(query)
     }
 
     fn fetch_optional<'e, 'q: 'e, E>(self, query: E) -> BoxFuture<'e, sqlx::Result<Option<PgRow>>>
@@ -382,7 +282,7 @@ impl<'c> Executor<'c> for &'c DbPool {
         if !self.is_pgbouncer() {
             return self.pool.fetch_optional(query);
         }
-        first_row(in_pooled_transaction(&self.pool, query))
+        PgBouncer(&self.pool).fetch_optional(query)
     }
 
     fn prepare_with<'e>(
@@ -393,7 +293,10 @@ impl<'c> Executor<'c> for &'c DbPool {
     where
         'c: 'e,
     {
-        self.pool.prepare_with(sql, parameters)
+        if !self.is_pgbouncer() {
+            return self.pool.prepare_with(sql, parameters);
+        }
+        PgBouncer(&self.pool).prepare_with(sql, parameters)
     }
 
     fn describe<'e>(
@@ -403,7 +306,10 @@ impl<'c> Executor<'c> for &'c DbPool {
     where
         'c: 'e,
     {
-        self.pool.describe(sql)
+        if !self.is_pgbouncer() {
+            return self.pool.describe(sql);
+        }
+        PgBouncer(&self.pool).describe(sql)
     }
 }
 
@@ -421,7 +327,7 @@ where
         if !self.pgbouncer {
             return (&mut *self.connection).fetch_many(query);
         }
-        steps_stream(in_transaction(&mut self.connection, query))
+        PgBouncer(&mut *self.connection).fetch_many(query)
     }
 
     fn fetch_optional<'e, 'q: 'e, E>(self, query: E) -> BoxFuture<'e, sqlx::Result<Option<PgRow>>>
@@ -432,7 +338,7 @@ where
         if !self.pgbouncer {
             return (&mut *self.connection).fetch_optional(query);
         }
-        first_row(in_transaction(&mut self.connection, query))
+        PgBouncer(&mut *self.connection).fetch_optional(query)
     }
 
     fn prepare_with<'e>(
@@ -443,7 +349,10 @@ where
     where
         'c: 'e,
     {
-        (&mut *self.connection).prepare_with(sql, parameters)
+        if !self.pgbouncer {
+            return (&mut *self.connection).prepare_with(sql, parameters);
+        }
+        PgBouncer(&mut *self.connection).prepare_with(sql, parameters)
     }
 
     fn describe<'e>(
@@ -453,6 +362,9 @@ where
     where
         'c: 'e,
     {
-        (&mut *self.connection).describe(sql)
+        if !self.pgbouncer {
+            return (&mut *self.connection).describe(sql);
+        }
+        PgBouncer(&mut *self.connection).describe(sql)
     }
 }

@@ -4,9 +4,10 @@
 //! named prepared statements across server connections) on a free port, in front of its
 //! own test database, with a server pool (3 connections) far smaller than the number of
 //! clients, so that server connections really are passed from client to client between
-//! transactions. Without PgBouncer mode the same runs fail with "prepared statement
-//! sqlx_s_N does not exist / already exists" and "unnamed prepared statement does not
-//! exist" (SQLSTATE 26000, 42P05).
+//! transactions. Without PgBouncer mode (`WorkerBuilder::pgbouncer`, `--pgbouncer`, and
+//! `skiplock::PgBouncer` for an application's own calls) the same runs fail with "prepared
+//! statement sqlx_s_N does not exist / already exists" and "unnamed prepared statement does
+//! not exist" (SQLSTATE 26000, 42P05).
 
 #![cfg(feature = "cli")]
 
@@ -24,9 +25,11 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
-use skiplock::{DbPool, Job, JobContext, JobError, NewJob, Worker};
-use sqlx::PgPool;
+use skiplock::{
+    EnqueueOptions, Job, JobContext, JobError, JobFilter, JobId, JobState, NewJob, Worker,
+};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::{Connection, PgConnection, PgPool};
 
 use common::{TestDb, test_db};
 use pgbouncer::PgBouncer;
@@ -35,9 +38,14 @@ use support::Dashboard;
 /// Server connections PgBouncer keeps per database and user: far fewer than the clients.
 const SERVER_POOL_SIZE: u32 = 3;
 
-/// PgBouncer in front of `db`'s server; `None` (after [`common::missing_tool`]) when it is
-/// not installed.
+/// PgBouncer in front of `db`'s server, with [`SERVER_POOL_SIZE`] server connections;
+/// `None` (after [`common::missing_tool`]) when it is not installed.
 async fn bouncer(db: &TestDb) -> Option<Bouncer> {
+    bouncer_of(db, SERVER_POOL_SIZE).await
+}
+
+/// PgBouncer in front of `db`'s server, with `server_pool_size` server connections.
+async fn bouncer_of(db: &TestDb, server_pool_size: u32) -> Option<Bouncer> {
     if !PgBouncer::installed() {
         common::missing_tool(
             "the PgBouncer test",
@@ -47,7 +55,7 @@ async fn bouncer(db: &TestDb) -> Option<Bouncer> {
         return None;
     }
     let direct: PgConnectOptions = db.url().parse().expect("test database URL");
-    let pgbouncer = PgBouncer::start(&direct, SERVER_POOL_SIZE).await;
+    let pgbouncer = PgBouncer::start(&direct, server_pool_size).await;
     Some(Bouncer {
         options: pgbouncer.options(&direct),
         url: format!(
@@ -110,24 +118,24 @@ async fn a_worker_drains_through_pgbouncer_in_transaction_mode() {
         return;
     };
     let pool = bouncer.pool(40);
-    let through = DbPool::pgbouncer(pool.clone());
+    let through = skiplock::PgBouncer(&pool);
 
     // Rust enqueue through PgBouncer: one batch, and single jobs from many clients at once.
     const BATCH: u32 = 3000;
     const SINGLE: u32 = 200;
     let batch: Vec<Counted> = (0..BATCH).map(|n| Counted { n }).collect();
     let mut ids = common::ids(
-        skiplock::enqueue_many(&through, &batch, Default::default())
+        skiplock::enqueue_many(through, &batch, Default::default())
             .await
             .expect("enqueue a batch through PgBouncer"),
     );
     let singles = (0..SINGLE).map(|n| {
-        let through = through.clone();
+        let pool = pool.clone();
         tokio::spawn(async move {
             skiplock::enqueue(
-                &through,
+                skiplock::PgBouncer(&pool),
                 &Counted { n: BATCH + n },
-                skiplock::EnqueueOptions::default(),
+                EnqueueOptions::default(),
             )
             .await
         })
@@ -141,8 +149,7 @@ async fn a_worker_drains_through_pgbouncer_in_transaction_mode() {
                 .id,
         );
     }
-    // Inside the application's own transactions: sqlx names and caches the enqueue
-    // statement on the connection, so it is closed before COMMIT (docs/operating.md).
+    // Inside the application's own transactions (docs/operating.md).
     const IN_TRANSACTION: u32 = 20;
     let in_transactions = (0..IN_TRANSACTION).map(|n| {
         let pool = pool.clone();
@@ -151,13 +158,14 @@ async fn a_worker_drains_through_pgbouncer_in_transaction_mode() {
             let job = Counted {
                 n: BATCH + SINGLE + n,
             };
-            let id = skiplock::enqueue(&mut *tx, &job, skiplock::EnqueueOptions::default())
-                .await
-                .expect("enqueue in a transaction through PgBouncer")
-                .id;
-            sqlx::Connection::clear_cached_statements(&mut *tx)
-                .await
-                .expect("close the named statements");
+            let id = skiplock::enqueue(
+                skiplock::PgBouncer(&mut *tx),
+                &job,
+                EnqueueOptions::default(),
+            )
+            .await
+            .expect("enqueue in a transaction through PgBouncer")
+            .id;
             tx.commit().await.expect("commit through PgBouncer");
             id
         })
@@ -215,6 +223,208 @@ async fn a_worker_drains_through_pgbouncer_in_transaction_mode() {
     );
 }
 
+/// What a library user's own pool runs into without [`skiplock::PgBouncer`]: skiplock's
+/// statements are named (`sqlx_s_1`, …) and stay on the server connection, where the next
+/// client's statement of the same name finds them. sqlx's `statement_cache_capacity(0)` is
+/// no way out: it still names each statement, and then never closes it. One server
+/// connection, so that the second client meets the first's statement every time.
+#[tokio::test]
+async fn without_the_wrapper_two_clients_statements_clash_through_pgbouncer() {
+    let db = test_db().await;
+    for cache_capacity in [None, Some(0)] {
+        // A PgBouncer of its own for each case: a fresh server connection.
+        let Some(bouncer) = bouncer_of(&db, 1).await else {
+            return;
+        };
+        let options = match cache_capacity {
+            Some(capacity) => bouncer.options.clone().statement_cache_capacity(capacity),
+            None => bouncer.options.clone(),
+        };
+        let mut first = PgConnection::connect_with(&options).await.unwrap();
+        let mut second = PgConnection::connect_with(&options).await.unwrap();
+        skiplock::paused_queues(&mut first)
+            .await
+            .expect("the first client's statement");
+        let clash = skiplock::paused_queues(&mut second)
+            .await
+            .expect_err("the second client's statement meets the first's");
+        assert!(
+            clash
+                .to_string()
+                .contains(r#"prepared statement "sqlx_s_1" already exists"#),
+            "statement cache capacity {cache_capacity:?}: {clash}"
+        );
+    }
+}
+
+/// A library user's own pool through PgBouncer, as docs/operating.md ("Behind PgBouncer")
+/// shows it: enqueue (typed, many, raw) and the job and queue operations through
+/// `skiplock::PgBouncer`, on the pool and inside the application's transactions, from
+/// eight clients at once that share one server connection (where a statement left
+/// prepared, or an unnamed one split between two clients, fails at once).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_library_user_enqueues_and_operates_through_pgbouncer() {
+    const CLIENTS: i64 = 8;
+    let db = test_db().await;
+    let Some(bouncer) = bouncer_of(&db, 1).await else {
+        return;
+    };
+    sqlx::query("CREATE TABLE signups (id bigint PRIMARY KEY)")
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    let pool = bouncer.pool(CLIENTS as u32);
+    let clients = (0..CLIENTS).map(|client| {
+        let pool = pool.clone();
+        let options = bouncer.options.clone();
+        tokio::spawn(async move { use_skiplock_through_pgbouncer(&pool, &options, client).await })
+    });
+    for client in clients {
+        client.await.unwrap();
+    }
+    // A prepared statement would stay named on the server connection: refused.
+    let prepared = sqlx::Executor::prepare(
+        skiplock::PgBouncer(&pool),
+        sqlx::SqlStr::from_static("SELECT 1"),
+    )
+    .await;
+    assert!(prepared.is_err(), "prepare through PgBouncer");
+    let (jobs, signups): (i64, i64) = sqlx::query_as(
+        "SELECT (SELECT count(*) FROM skiplock.jobs), (SELECT count(*) FROM signups)",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!((jobs, signups), (CLIENTS * 5, CLIENTS));
+}
+
+/// One client's share of [`a_library_user_enqueues_and_operates_through_pgbouncer`], in
+/// queue `q{client}`.
+async fn use_skiplock_through_pgbouncer(pool: &PgPool, options: &PgConnectOptions, client: i64) {
+    let through = skiplock::PgBouncer(pool);
+    let queue = format!("q{client}");
+    let in_queue = || EnqueueOptions {
+        queue: Some(queue.clone()),
+        ..EnqueueOptions::default()
+    };
+    let state = |id: JobId| async move {
+        skiplock::job(through, id)
+            .await
+            .expect("job")
+            .map(|job| job.state)
+    };
+
+    // Typed, many and raw, on the pool.
+    let typed = skiplock::enqueue(through, &Counted { n: 0 }, in_queue())
+        .await
+        .expect("enqueue")
+        .id;
+    let many = common::ids(
+        skiplock::enqueue_many(through, &[Counted { n: 1 }, Counted { n: 2 }], in_queue())
+            .await
+            .expect("enqueue_many"),
+    );
+    let raw = NewJob::new("counted", serde_json::json!({ "n": 3 })).with_options(in_queue());
+    let raw = skiplock::enqueue_raw(through, &[raw])
+        .await
+        .expect("enqueue_raw")[0]
+        .id;
+
+    // In the application's transaction, beside its own row. On a new connection: the
+    // first read of a job there looks up skiplock's types, which costs sqlx its unnamed
+    // statement (retried in a savepoint, which keeps the transaction usable).
+    let mut connection = PgConnection::connect_with(options).await.unwrap();
+    let mut tx = connection.begin().await.unwrap();
+    sqlx::query("INSERT INTO signups (id) VALUES ($1)")
+        .bind(client)
+        .persistent(false)
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    let committed = skiplock::enqueue(skiplock::PgBouncer(&mut *tx), &Counted { n: 4 }, in_queue())
+        .await
+        .expect("enqueue in a transaction")
+        .id;
+    let seen = skiplock::job(skiplock::PgBouncer(&mut *tx), committed)
+        .await
+        .expect("job in a transaction");
+    assert_eq!(seen.map(|job| job.state), Some(JobState::Queued));
+    // A refused enqueue rolls back to its savepoint; the transaction goes on.
+    let too_big = NewJob::new("counted", serde_json::json!("x".repeat(1 << 20)));
+    let refused = skiplock::enqueue_raw(skiplock::PgBouncer(&mut *tx), &[too_big]).await;
+    assert!(
+        matches!(refused, Err(skiplock::Error::InvalidJob(_))),
+        "{refused:?}"
+    );
+    tx.commit().await.expect("commit");
+    connection.close().await.unwrap();
+
+    // Rolled back: no job.
+    let mut tx = pool.begin().await.unwrap();
+    let rolled_back =
+        skiplock::enqueue(skiplock::PgBouncer(&mut *tx), &Counted { n: 5 }, in_queue())
+            .await
+            .expect("enqueue in a transaction")
+            .id;
+    tx.rollback().await.unwrap();
+    assert_eq!(state(rolled_back).await, None);
+
+    // The job and queue operations.
+    let filter = JobFilter {
+        queue: Some(queue.clone()),
+        limit: 100,
+        ..JobFilter::default()
+    };
+    let mut listed: Vec<JobId> = skiplock::jobs(through, &filter)
+        .await
+        .expect("jobs")
+        .iter()
+        .map(|job| job.id)
+        .collect();
+    listed.sort();
+    assert_eq!(listed, vec![typed, many[0], many[1], raw, committed]);
+    assert!(skiplock::cancel(through, typed).await.expect("cancel"));
+    assert_eq!(state(typed).await, Some(JobState::Cancelled));
+    assert!(skiplock::retry(through, typed).await.expect("retry"));
+    assert_eq!(state(typed).await, Some(JobState::Queued));
+    skiplock::pause_queue(through, &queue)
+        .await
+        .expect("pause_queue");
+    let paused = skiplock::paused_queues(through)
+        .await
+        .expect("paused_queues");
+    assert!(paused.contains(&queue), "{paused:?}");
+    skiplock::resume_queue(through, &queue)
+        .await
+        .expect("resume_queue");
+    let paused = skiplock::paused_queues(through)
+        .await
+        .expect("paused_queues");
+    assert!(!paused.contains(&queue), "{paused:?}");
+    // The application's own statement through the same wrapper.
+    sqlx::query("UPDATE skiplock.jobs SET state = 'dead', finished_at = now() WHERE id = $1")
+        .bind(raw)
+        .execute(through)
+        .await
+        .expect("an UPDATE of the application's");
+    assert_eq!(
+        skiplock::retry_dead(through, Some(&queue))
+            .await
+            .expect("retry_dead"),
+        vec![raw]
+    );
+    assert_eq!(
+        skiplock::admin::job_state(through, raw)
+            .await
+            .expect("admin::job_state"),
+        Some(JobState::Queued)
+    );
+    skiplock::admin::counts_by_state(through)
+        .await
+        .expect("admin::counts_by_state");
+    skiplock::stats::stats(through).await.expect("stats");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_worker_behind_pgbouncer_listens_on_its_direct_url() {
     let db = test_db().await;
@@ -236,9 +446,9 @@ async fn a_worker_behind_pgbouncer_listens_on_its_direct_url() {
     let stop = worker.shutdown_handle();
     let running = tokio::spawn(worker.run());
     let id = skiplock::enqueue(
-        &DbPool::pgbouncer(pool),
+        skiplock::PgBouncer(&pool),
         &Counted { n: 1 },
-        skiplock::EnqueueOptions::default(),
+        EnqueueOptions::default(),
     )
     .await
     .unwrap()
@@ -361,7 +571,7 @@ async fn the_dashboard_answers_through_pgbouncer() {
         return;
     };
     skiplock::enqueue_raw(
-        &DbPool::pgbouncer(bouncer.pool(2)),
+        skiplock::PgBouncer(&bouncer.pool(2)),
         &[NewJob::new("noop", serde_json::json!({}))],
     )
     .await

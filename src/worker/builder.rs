@@ -206,7 +206,9 @@ impl WorkerBuilder {
     /// [`listen_options`](Self::listen_options), or it polls every `poll_interval`.
     /// The heartbeat's own session goes through PgBouncer too, with the same wrapping.
     /// Default false; a worker that finds a pooler in front anyway switches to this mode
-    /// and logs a warning.
+    /// and logs a warning. The application's own calls on that pool (an enqueue, a
+    /// handler's statements on [`JobContext::pool`](crate::JobContext::pool)) go through
+    /// [`PgBouncer`](crate::PgBouncer).
     pub fn pgbouncer(mut self, pgbouncer: bool) -> Self {
         self.config.pgbouncer = pgbouncer;
         self

@@ -321,6 +321,10 @@ async fn enqueue_file(
     let started = Instant::now();
     let defaults = args.options();
 
+    let insert = Insert {
+        pgbouncer: pool.is_pgbouncer(),
+        skip_invalid: args.skip_invalid,
+    };
     let mut conn = pool.pool().acquire().await?;
     let mut tx = conn.begin().await?;
     let mut batch: Vec<(usize, NewJob)> = Vec::with_capacity(FILE_BATCH);
@@ -350,20 +354,15 @@ async fn enqueue_file(
             }
         }
         if batch.len() == FILE_BATCH {
-            insert_batch(&mut tx, &mut batch, args.skip_invalid, &mut lines)
+            insert_batch(&mut tx, insert, &mut batch, &mut lines)
                 .await
                 .map_err(|bad| nothing_enqueued(&name, &bad))?;
             progress.set_message(format!("{} jobs", lines.enqueued.len()));
         }
     }
-    insert_batch(&mut tx, &mut batch, args.skip_invalid, &mut lines)
+    insert_batch(&mut tx, insert, &mut batch, &mut lines)
         .await
         .map_err(|bad| nothing_enqueued(&name, &bad))?;
-    if pool.is_pgbouncer() {
-        // Behind PgBouncer, close the statements sqlx named on this server connection
-        // while the transaction still holds it: they would clash with the next client's.
-        sqlx::Connection::clear_cached_statements(&mut *tx).await?;
-    }
     tx.commit()
         .await
         .context("cannot commit the enqueued jobs")?;
@@ -471,6 +470,15 @@ fn describe_json_error(error: serde_json::Error) -> String {
     }
 }
 
+/// How [`insert_batch`] inserts a file's lines.
+#[derive(Clone, Copy)]
+struct Insert {
+    /// The connection goes through PgBouncer (see [`try_insert`]).
+    pgbouncer: bool,
+    /// A line the database refuses is reported and skipped (`--skip-invalid`).
+    skip_invalid: bool,
+}
+
 /// Inserts `batch` in one statement under a savepoint and empties it, adding each line's
 /// outcome to `lines`. When the database refuses the batch (say a `depends_on` id that
 /// does not exist), it retries the lines one by one to name the bad one: with
@@ -478,8 +486,11 @@ fn describe_json_error(error: serde_json::Error) -> String {
 /// as the error.
 async fn insert_batch(
     tx: &mut PgConnection,
+    Insert {
+        pgbouncer,
+        skip_invalid,
+    }: Insert,
     batch: &mut Vec<(usize, NewJob)>,
-    skip_invalid: bool,
     lines: &mut Lines,
 ) -> Result<(), Invalid> {
     if batch.is_empty() {
@@ -487,7 +498,7 @@ async fn insert_batch(
     }
     let numbers: Vec<usize> = batch.iter().map(|(line, _)| *line).collect();
     let jobs: Vec<NewJob> = batch.drain(..).map(|(_, job)| job).collect();
-    if let Ok(results) = try_insert(tx, &jobs).await {
+    if let Ok(results) = try_insert(tx, pgbouncer, &jobs).await {
         lines.enqueued.extend(
             numbers
                 .into_iter()
@@ -497,7 +508,7 @@ async fn insert_batch(
         return Ok(());
     }
     for (line, job) in numbers.into_iter().zip(jobs) {
-        match try_insert(tx, std::slice::from_ref(&job)).await {
+        match try_insert(tx, pgbouncer, std::slice::from_ref(&job)).await {
             Ok(results) => lines
                 .enqueued
                 .extend(results.into_iter().map(|result| Enqueued { line, result })),
@@ -514,8 +525,19 @@ async fn insert_batch(
 }
 
 /// Inserts jobs under a savepoint, so a refusal leaves the transaction usable; returns
-/// what each enqueue did, in input order.
-async fn try_insert(tx: &mut PgConnection, jobs: &[NewJob]) -> Result<Vec<EnqueueResult>, String> {
+/// what each enqueue did, in input order. Behind PgBouncer, [`skiplock::PgBouncer`] makes
+/// the savepoint and runs the insert unnamed, so that the transaction leaves no prepared
+/// statement on the server connection for the next client to meet.
+async fn try_insert(
+    tx: &mut PgConnection,
+    pgbouncer: bool,
+    jobs: &[NewJob],
+) -> Result<Vec<EnqueueResult>, String> {
+    if pgbouncer {
+        return skiplock::enqueue_raw(skiplock::PgBouncer(tx), jobs)
+            .await
+            .map_err(|e| e.to_string());
+    }
     let mut savepoint = tx.begin().await.map_err(|e| e.to_string())?;
     match skiplock::enqueue_raw(&mut *savepoint, jobs).await {
         Ok(results) => {

@@ -120,6 +120,72 @@ COMMENT ON FUNCTION skiplock.internal_notify_runnable(text, smallint, timestampt
     '(at commit, if due): call it after requeuing jobs with a plain UPDATE.';
 
 -- ---- Unique keys -------------------------------------------------------------------------
+--
+-- Lock order. Whoever looks for a key's pending job holds the key's advisory lock until
+-- commit and, under it, locks the job it finds: an enqueue of the key (the insert
+-- trigger), and a requeue that another job of the key may supersede
+-- (internal_fold_into_key_holder). A statement that locks a job's row and may then need
+-- the row's key therefore takes the key's lock first, or never waits for it:
+--   * retry_job takes its lane's and its key's locks before its row's;
+--   * the failure batch and the release take the locks of their jobs' keys before the
+--     rows' (internal_lock_unique_keys_of);
+--   * the reaper, which finds its rows by locking them (SKIP LOCKED), only tries the lock
+--     of a stale job's key and leaves the job to a later pass when the key is taken.
+-- Otherwise a look-up whose snapshot predates a claim of the key's pending job waits for
+-- that job's row (FOR UPDATE locks the row's newest version, running by then, before it
+-- finds the row no longer pending), while a requeue of the now running job holds the row
+-- and waits for the key: a deadlock (found by the model test, seed 12).
+--
+-- The other way out, a look-up that does not wait for rows a newer snapshot shows are no
+-- longer pending, is not simpler: the newer snapshot is old again by the time the look-up
+-- waits (the claim can commit in between), so it would have to poll with NOWAIT; and SKIP
+-- LOCKED alone passes over a job that stays pending (held for a moment by a lane step, or
+-- by a claim that rolls back), so the enqueue would insert a second pending job of the key.
+
+-- The advisory lock id of a unique key.
+CREATE OR REPLACE FUNCTION skiplock.internal_unique_key_lock_id(key text) RETURNS bigint
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT hashtextextended('skiplock.unique:' || key, 0);
+$$;
+
+-- Takes the advisory locks of the unique keys of these jobs (those that have one) until
+-- commit, before a statement that may requeue them locks their rows (the lock order
+-- above). In the order of the lock ids, so that two batches with keys in common take
+-- turns instead of deadlocking (the ids', not the keys' order: two keys whose ids collide
+-- share a lock). Costs a batch without keys one read of each row by primary key. The rows
+-- are read unlocked: a unique_key changed by hand in between is locked later, after the
+-- row, by internal_fold_into_key_holder, as before. Sequential scans are off, as for
+-- internal_complete_claims: the plan is cached per session, and one made while the table
+-- was small would scan the whole table once it has grown (tests/plans.rs).
+CREATE OR REPLACE FUNCTION skiplock.internal_lock_unique_keys_of(ids bigint[]) RETURNS void
+LANGUAGE plpgsql
+SET enable_seqscan = off
+AS $$
+DECLARE
+    lock_id bigint;
+BEGIN
+    FOR lock_id IN
+        SELECT DISTINCT skiplock.internal_unique_key_lock_id(j.unique_key)
+        FROM skiplock.jobs j
+        WHERE j.id = ANY (ids) AND j.unique_key IS NOT NULL
+        ORDER BY 1
+    LOOP
+        PERFORM pg_advisory_xact_lock(lock_id);
+    END LOOP;
+END;
+$$;
+
+-- Takes a unique key's advisory lock if it is free (or already this transaction's), for a
+-- statement that must not wait for it. COST puts it after the statement's other conditions
+-- (Postgres tests the cheaper ones first), so that it is tried only for rows that pass
+-- them; another order would hold more keys until commit, and could not deadlock either,
+-- since a try never waits.
+CREATE OR REPLACE FUNCTION skiplock.internal_try_lock_unique_key(key text) RETURNS boolean
+LANGUAGE plpgsql COST 10000 AS $$
+BEGIN
+    RETURN pg_try_advisory_xact_lock(skiplock.internal_unique_key_lock_id(key));
+END;
+$$;
 
 CREATE OR REPLACE FUNCTION skiplock.internal_unique_key_holder(key text, self bigint) RETURNS bigint
 LANGUAGE plpgsql AS $$
@@ -130,7 +196,7 @@ DECLARE
     holder_priority smallint;
     holder_scheduled_at timestamptz;
 BEGIN
-    PERFORM pg_advisory_xact_lock(hashtextextended('skiplock.unique:' || key, 0));
+    PERFORM pg_advisory_xact_lock(skiplock.internal_unique_key_lock_id(key));
     SELECT o.id, o.state, o.queue, o.priority, o.scheduled_at
     INTO holder, holder_state, holder_queue, holder_priority, holder_scheduled_at
     FROM skiplock.jobs o
@@ -574,8 +640,10 @@ COMMENT ON FUNCTION skiplock.internal_complete_claims(bigint[], uuid[]) IS
 -- and claim tokens; a row changes only while it still holds the token presented (a stale
 -- holder's write changes nothing and its claim is missing from the result). Rows are
 -- locked in the order of the list (callers sort it by id), so two statements over
--- overlapping claims queue behind each other instead of deadlocking. LANGUAGE sql and not
--- inlinable, so Postgres plans each at every call with the table as it is then.
+-- overlapping claims queue behind each other instead of deadlocking; those that may requeue
+-- a job with a unique_key take the keys' locks before the rows'
+-- (internal_lock_unique_keys_of). LANGUAGE sql and not inlinable, so Postgres plans each at
+-- every call with the table as it is then.
 
 -- Failed attempts: each job back to `queued` after its delay, or `dead` (attempts spent, or
 -- action 'dead'), or `cancelled` (action 'cancel'); its error appended. A retry whose
@@ -586,6 +654,7 @@ CREATE OR REPLACE FUNCTION skiplock.internal_fail_claims(ids bigint[], tokens uu
                                                          actions text[])
 RETURNS TABLE (id bigint, state text, has_dependants boolean, ordering_key text)
 LANGUAGE sql AS $$
+    SELECT skiplock.internal_lock_unique_keys_of($1);
     WITH failed AS (
         SELECT f.*, j.unique_key, CASE
                 WHEN f.action = 'cancel' THEN 'cancelled'
@@ -639,6 +708,7 @@ CREATE OR REPLACE FUNCTION skiplock.internal_release_claims(ids bigint[], tokens
                                                             delays_ms bigint[])
 RETURNS SETOF bigint
 LANGUAGE sql AS $$
+    SELECT skiplock.internal_lock_unique_keys_of($1);
     WITH held AS (
         SELECT j.id, j.unique_key, c.delay_ms
         FROM unnest($1::bigint[], $2::uuid[], $3::bigint[]) AS c(id, token, delay_ms),
@@ -723,9 +793,12 @@ $$;
 -- whose unique_key another pending job took meanwhile is superseded by it (cancelled).
 -- SKIP LOCKED lets any number of reapers run at once: a row being completed right now is
 -- locked by its completer and skipped, and one completed after the snapshot fails the
--- re-check of state = 'running', so a finished job is never reset. only_id limits it to
--- one job; since to the heartbeats from then on (the Rust reaper's passes between its
--- full passes, which under a held snapshot would walk every entry of jobs_running_idx).
+-- re-check of state = 'running', so a finished job is never reset. A stale job whose
+-- unique_key is locked (an enqueue of the key is under way) is passed over in the same way,
+-- for a later pass: the reaper holds the rows it has taken and must not wait for a key
+-- (see "Lock order" under Unique keys). only_id limits it to one job; since to the
+-- heartbeats from then on (the Rust reaper's passes between its full passes, which under
+-- a held snapshot would walk every entry of jobs_running_idx).
 -- The statement runs through EXECUTE so that it is planned with the values: a NULL since
 -- folds away, a given one bounds the index range.
 CREATE OR REPLACE FUNCTION skiplock.internal_reap_stale(stale_after_ms bigint, max_jobs bigint,
@@ -742,6 +815,7 @@ BEGIN
                    AND ($4::timestamptz IS NULL OR heartbeat_at >= $4))
                   OR heartbeat_at > now() + $1 * interval '1 millisecond')
              AND ($3::bigint IS NULL OR id = $3)
+             AND (unique_key IS NULL OR skiplock.internal_try_lock_unique_key(unique_key))
            ORDER BY heartbeat_at
            LIMIT $2
            FOR UPDATE SKIP LOCKED
@@ -1627,7 +1701,7 @@ BEGIN
         PERFORM pg_advisory_xact_lock(hashtextextended('skiplock.lane:' || lane, 0));
     END IF;
     IF key IS NOT NULL THEN
-        PERFORM pg_advisory_xact_lock(hashtextextended('skiplock.unique:' || key, 0));
+        PERFORM pg_advisory_xact_lock(skiplock.internal_unique_key_lock_id(key));
     END IF;
     SELECT state INTO current FROM skiplock.jobs WHERE id = job_id FOR UPDATE;
     IF current IS NULL OR current NOT IN ('queued', 'dead', 'cancelled', 'succeeded') THEN

@@ -976,6 +976,7 @@ COMMENT ON FUNCTION skiplock.internal_error_time(entry jsonb) IS 'The time (`at`
 CREATE FUNCTION skiplock.internal_fail_claims(ids bigint[], tokens uuid[], messages text[], delays_ms bigint[], actions text[]) RETURNS TABLE(id bigint, state text, has_dependants boolean, ordering_key text)
     LANGUAGE sql
     AS $_$
+    SELECT skiplock.internal_lock_unique_keys_of($1);
     WITH failed AS (
         SELECT f.*, j.unique_key, CASE
                 WHEN f.action = 'cancel' THEN 'cancelled'
@@ -1292,6 +1293,28 @@ END;
 $$;
 
 --
+-- Name: internal_lock_unique_keys_of(bigint[]); Type: FUNCTION; Schema: skiplock; Owner: -
+--
+
+CREATE FUNCTION skiplock.internal_lock_unique_keys_of(ids bigint[]) RETURNS void
+    LANGUAGE plpgsql
+    SET enable_seqscan TO 'off'
+    AS $$
+DECLARE
+    lock_id bigint;
+BEGIN
+    FOR lock_id IN
+        SELECT DISTINCT skiplock.internal_unique_key_lock_id(j.unique_key)
+        FROM skiplock.jobs j
+        WHERE j.id = ANY (ids) AND j.unique_key IS NOT NULL
+        ORDER BY 1
+    LOOP
+        PERFORM pg_advisory_xact_lock(lock_id);
+    END LOOP;
+END;
+$$;
+
+--
 -- Name: internal_move_on(bigint[], text[]); Type: FUNCTION; Schema: skiplock; Owner: -
 --
 
@@ -1388,6 +1411,7 @@ BEGIN
                    AND ($4::timestamptz IS NULL OR heartbeat_at >= $4))
                   OR heartbeat_at > now() + $1 * interval '1 millisecond')
              AND ($3::bigint IS NULL OR id = $3)
+             AND (unique_key IS NULL OR skiplock.internal_try_lock_unique_key(unique_key))
            ORDER BY heartbeat_at
            LIMIT $2
            FOR UPDATE SKIP LOCKED
@@ -1455,6 +1479,7 @@ $$;
 CREATE FUNCTION skiplock.internal_release_claims(ids bigint[], tokens uuid[], delays_ms bigint[]) RETURNS SETOF bigint
     LANGUAGE sql
     AS $_$
+    SELECT skiplock.internal_lock_unique_keys_of($1);
     WITH held AS (
         SELECT j.id, j.unique_key, c.delay_ms
         FROM unnest($1::bigint[], $2::uuid[], $3::bigint[]) AS c(id, token, delay_ms),
@@ -1654,6 +1679,18 @@ CREATE FUNCTION skiplock.internal_superseded_message(holder bigint, key text) RE
 $$;
 
 --
+-- Name: internal_try_lock_unique_key(text); Type: FUNCTION; Schema: skiplock; Owner: -
+--
+
+CREATE FUNCTION skiplock.internal_try_lock_unique_key(key text) RETURNS boolean
+    LANGUAGE plpgsql COST 10000
+    AS $$
+BEGIN
+    RETURN pg_try_advisory_xact_lock(skiplock.internal_unique_key_lock_id(key));
+END;
+$$;
+
+--
 -- Name: internal_unique_key_holder(text, bigint); Type: FUNCTION; Schema: skiplock; Owner: -
 --
 
@@ -1667,7 +1704,7 @@ DECLARE
     holder_priority smallint;
     holder_scheduled_at timestamptz;
 BEGIN
-    PERFORM pg_advisory_xact_lock(hashtextextended('skiplock.unique:' || key, 0));
+    PERFORM pg_advisory_xact_lock(skiplock.internal_unique_key_lock_id(key));
     SELECT o.id, o.state, o.queue, o.priority, o.scheduled_at
     INTO holder, holder_state, holder_queue, holder_priority, holder_scheduled_at
     FROM skiplock.jobs o
@@ -1680,6 +1717,16 @@ BEGIN
     END IF;
     RETURN holder;
 END;
+$$;
+
+--
+-- Name: internal_unique_key_lock_id(text); Type: FUNCTION; Schema: skiplock; Owner: -
+--
+
+CREATE FUNCTION skiplock.internal_unique_key_lock_id(key text) RETURNS bigint
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    AS $$
+    SELECT hashtextextended('skiplock.unique:' || key, 0);
 $$;
 
 --
@@ -1825,7 +1872,7 @@ BEGIN
         PERFORM pg_advisory_xact_lock(hashtextextended('skiplock.lane:' || lane, 0));
     END IF;
     IF key IS NOT NULL THEN
-        PERFORM pg_advisory_xact_lock(hashtextextended('skiplock.unique:' || key, 0));
+        PERFORM pg_advisory_xact_lock(skiplock.internal_unique_key_lock_id(key));
     END IF;
     SELECT state INTO current FROM skiplock.jobs WHERE id = job_id FOR UPDATE;
     IF current IS NULL OR current NOT IN ('queued', 'dead', 'cancelled', 'succeeded') THEN

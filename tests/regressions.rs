@@ -1564,6 +1564,62 @@ async fn concurrent_merges_of_one_unique_key_never_exceed_the_args_limit() {
     }
 }
 
+/// An enqueue of `payload` (as `{"n": payload}`) under unique key `k` with the policy
+/// `merge`: the id of the new job, or of the pending job it was merged into.
+fn merge_into_k(
+    payload: i64,
+) -> sqlx::query::QueryScalar<'static, sqlx::Postgres, i64, sqlx::postgres::PgArguments> {
+    sqlx::query_scalar(
+        "SELECT skiplock.enqueue('merge_me', jsonb_build_object('n', $1::bigint),
+                                 unique_key => 'k', on_conflict => 'merge')",
+    )
+    .bind(payload)
+}
+
+/// Enqueues the first payload under key `k`, then opens session A and takes the key's
+/// advisory lock there, as an enqueue of the key does first. Returns the job and A.
+async fn a_job_of_k_and_a_session_holding_k(
+    pool: &PgPool,
+) -> (i64, sqlx::Transaction<'static, sqlx::Postgres>) {
+    let job = merge_into_k(1).fetch_one(pool).await.unwrap();
+    let mut a = pool.begin().await.unwrap();
+    sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended('skiplock.unique:k', 0))")
+        .execute(&mut *a)
+        .await
+        .unwrap();
+    (job, a)
+}
+
+/// Waits until a session of this test's database waits for an advisory lock, or `done`
+/// says the statement that might wait has finished.
+async fn wait_for_an_advisory_lock_wait(what: &str, pool: &PgPool, done: impl Fn() -> bool) {
+    common::fixtures::wait_until(what, WAIT_LIMIT, || async {
+        let waiting: bool = sqlx::query_scalar(
+            "SELECT EXISTS (SELECT 1 FROM pg_locks
+                            WHERE locktype = 'advisory' AND NOT granted
+                              AND database = (SELECT oid FROM pg_database
+                                              WHERE datname = current_database()))",
+        )
+        .fetch_one(pool)
+        .await
+        .unwrap();
+        (waiting || done()).then_some(())
+    })
+    .await;
+}
+
+/// Checks that job `id` is queued with both payloads of [`merge_into_k`], the first one first.
+async fn assert_queued_with_both_payloads(pool: &PgPool, id: i64) {
+    let args: serde_json::Value =
+        sqlx::query_scalar("SELECT args FROM skiplock.jobs WHERE id = $1")
+            .bind(id)
+            .fetch_one(pool)
+            .await
+            .unwrap();
+    assert_eq!(args, json!([{"n": 1}, {"n": 2}]), "both payloads kept");
+    assert_eq!(state_of(pool, id).await, JobState::Queued);
+}
+
 /// Found by the model test (seed 9, 60 s): an enqueue of a unique key deadlocked with
 /// `retry_job` of the key's pending holder. The enqueue takes the key's advisory lock and
 /// then locks the holder's row (to skip, replace or merge into it); `retry_job` locked its
@@ -1578,20 +1634,7 @@ async fn concurrent_merges_of_one_unique_key_never_exceed_the_args_limit() {
 async fn an_enqueue_and_a_retry_of_the_key_holder_do_not_deadlock() {
     let db = test_db().await;
     let pool = &db.pool;
-    let enqueue = |payload: i64| {
-        sqlx::query_scalar::<_, i64>(
-            "SELECT skiplock.enqueue('merge_me', jsonb_build_object('n', $1::bigint),
-                                     unique_key => 'k', on_conflict => 'merge')",
-        )
-        .bind(payload)
-    };
-    let holder = enqueue(1).fetch_one(pool).await.unwrap();
-
-    let mut a = pool.begin().await.unwrap();
-    sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended('skiplock.unique:k', 0))")
-        .execute(&mut *a)
-        .await
-        .unwrap();
+    let (holder, mut a) = a_job_of_k_and_a_session_holding_k(pool).await;
     let retry = tokio::spawn({
         let pool = pool.clone();
         async move {
@@ -1601,24 +1644,8 @@ async fn an_enqueue_and_a_retry_of_the_key_holder_do_not_deadlock() {
                 .await
         }
     });
-    common::fixtures::wait_until(
-        "retry_job to wait for the key's lock",
-        Duration::from_secs(60),
-        || async {
-            let waiting: bool = sqlx::query_scalar(
-                "SELECT EXISTS (SELECT 1 FROM pg_locks
-                            WHERE locktype = 'advisory' AND NOT granted
-                              AND database = (SELECT oid FROM pg_database
-                                              WHERE datname = current_database()))",
-            )
-            .fetch_one(pool)
-            .await
-            .unwrap();
-            waiting.then_some(())
-        },
-    )
-    .await;
-    let merged_into = enqueue(2).fetch_one(&mut *a).await;
+    wait_for_an_advisory_lock_wait("retry_job to wait for the key's lock", pool, || false).await;
+    let merged_into = merge_into_k(2).fetch_one(&mut *a).await;
     let committed = match merged_into {
         Ok(id) => a.commit().await.map(|()| id),
         Err(e) => Err(e),
@@ -1633,12 +1660,149 @@ async fn an_enqueue_and_a_retry_of_the_key_holder_do_not_deadlock() {
         retried.expect("retry_job does not fail"),
         "the holder was retried"
     );
-    let args: serde_json::Value =
-        sqlx::query_scalar("SELECT args FROM skiplock.jobs WHERE id = $1")
-            .bind(holder)
+    assert_queued_with_both_payloads(pool, holder).await;
+}
+
+/// A statement that takes a claimed job back to `queued` and so, when the job has a
+/// unique key, looks for the key's pending job (`skiplock.internal_fold_into_key_holder`).
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Requeue {
+    /// A failed attempt with attempts left: `skiplock.fail`, which runs the failure batch
+    /// of a worker's completer (`internal_fail_claims`).
+    Fail,
+    /// A claim given back: `skiplock.release` (`internal_release_claims`).
+    Release,
+    /// The reaper's statement on a stale claim (`internal_reap_stale`).
+    Reap,
+}
+
+impl Requeue {
+    async fn run(self, pool: PgPool, id: i64, token: uuid::Uuid) -> sqlx::Result<()> {
+        let query = match self {
+            Requeue::Fail => sqlx::query("SELECT skiplock.fail($1, $2, 'boom', interval '0')")
+                .bind(id)
+                .bind(token),
+            Requeue::Release => sqlx::query("SELECT skiplock.release($1, $2)")
+                .bind(id)
+                .bind(token),
+            Requeue::Reap => sqlx::query("SELECT * FROM skiplock.internal_reap_stale(1000, 100)"),
+        };
+        query.execute(&pool).await.map(drop)
+    }
+}
+
+/// Found by the model test (seed 12, 60 s): an enqueue of a unique key deadlocked with a
+/// failure batch. The enqueue held the key's advisory lock, and its look-up of the key's
+/// pending job, with a snapshot from before that job's claim committed, waited for the
+/// job's row (Postgres locks the row's newest version, running by then, before it finds
+/// the row no longer pending); the failure batch had locked the running job's row and
+/// waited for the key's lock to look for a pending job of the key. The release and the
+/// reaper took their locks in the same order. Fixed: they take the keys' locks before the
+/// rows' (the reaper passes over a job whose key it cannot take at once, until its next
+/// pass).
+///
+/// The look-up's window (a snapshot taken, the row not yet locked) lasts microseconds, so
+/// session A stands in for it: it holds the key's lock as an enqueue does first, then
+/// declares the look-up's query as a cursor, which keeps the snapshot of its DECLARE and
+/// locks at FETCH. The job is claimed (and, for the reaper, goes stale), the requeue
+/// starts and waits for the key's lock (with the row locked, before the fix), A fetches
+/// and then enqueues into the key for real. Invariant: neither fails; the requeued job is
+/// superseded by A's new job, which holds both payloads.
+async fn an_enqueue_and_a_requeue_of_the_keys_claimed_job_do_not_deadlock(requeue: Requeue) {
+    let db = test_db().await;
+    let pool = &db.pool;
+    let (job, mut a) = a_job_of_k_and_a_session_holding_k(pool).await;
+    sqlx::query(
+        "DECLARE lookup CURSOR FOR
+         SELECT id FROM skiplock.jobs
+         WHERE unique_key = 'k' AND state IN ('waiting', 'queued')
+         ORDER BY id LIMIT 1 FOR UPDATE",
+    )
+    .execute(&mut *a)
+    .await
+    .unwrap();
+    let (claimed, token): (i64, uuid::Uuid) =
+        sqlx::query_as("SELECT id, claim_token FROM skiplock.claim('default', 1, 'test')")
             .fetch_one(pool)
             .await
             .unwrap();
-    assert_eq!(args, json!([{"n": 1}, {"n": 2}]), "both payloads kept");
-    assert_eq!(state_of(pool, holder).await, JobState::Queued);
+    assert_eq!(claimed, job);
+    if requeue == Requeue::Reap {
+        sqlx::query(
+            "UPDATE skiplock.jobs SET heartbeat_at = now() - interval '1 hour' WHERE id = $1",
+        )
+        .bind(job)
+        .execute(pool)
+        .await
+        .unwrap();
+    }
+    let requeued = tokio::spawn(requeue.run(pool.clone(), job, token));
+    wait_for_an_advisory_lock_wait(
+        &format!("{requeue:?} to wait for the key's lock, or to finish"),
+        pool,
+        || requeued.is_finished(),
+    )
+    .await;
+    let enqueued: sqlx::Result<i64> = async {
+        let found: Option<i64> = sqlx::query_scalar("FETCH lookup")
+            .fetch_optional(&mut *a)
+            .await?;
+        assert_eq!(
+            found, None,
+            "the look-up finds no pending job: the claimed one runs"
+        );
+        let id = merge_into_k(2).fetch_one(&mut *a).await?;
+        a.commit().await?;
+        Ok(id)
+    }
+    .await;
+    let requeued = requeued.await.unwrap();
+    let enqueued = enqueued.expect("the enqueue does not fail");
+    requeued.unwrap_or_else(|e| panic!("the requeue ({requeue:?}) does not fail: {e}"));
+    assert_ne!(
+        enqueued, job,
+        "the enqueue made a new job: the key had no pending one"
+    );
+    if requeue == Requeue::Reap {
+        assert_eq!(
+            state_of(pool, job).await,
+            JobState::Running,
+            "the reaper passed over the job while its key was locked"
+        );
+        requeue.run(pool.clone(), job, token).await.unwrap();
+    }
+
+    let (state, last_error): (JobState, Option<String>) =
+        sqlx::query_as("SELECT state, last_error FROM skiplock.jobs WHERE id = $1")
+            .bind(job)
+            .fetch_one(pool)
+            .await
+            .unwrap();
+    assert_eq!(
+        state,
+        JobState::Cancelled,
+        "{requeue:?}: the requeue was superseded"
+    );
+    assert_eq!(
+        last_error.as_deref(),
+        Some(&*format!(
+            "superseded: pending job {enqueued} holds unique_key k and runs instead"
+        ))
+    );
+    assert_queued_with_both_payloads(pool, enqueued).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_enqueue_and_a_failed_attempt_of_the_keys_claimed_job_do_not_deadlock() {
+    an_enqueue_and_a_requeue_of_the_keys_claimed_job_do_not_deadlock(Requeue::Fail).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_enqueue_and_a_release_of_the_keys_claimed_job_do_not_deadlock() {
+    an_enqueue_and_a_requeue_of_the_keys_claimed_job_do_not_deadlock(Requeue::Release).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_enqueue_and_a_reap_of_the_keys_claimed_job_do_not_deadlock() {
+    an_enqueue_and_a_requeue_of_the_keys_claimed_job_do_not_deadlock(Requeue::Reap).await;
 }

@@ -28,7 +28,8 @@ use crate::pacing::sleep_jittered;
 
 /// Full passes come at least this many reap intervals apart (a minute by default). A
 /// stale job a window cannot see (its heartbeat written by hand far in the past, a row
-/// skipped while locked by a holder that then rolled back) waits for the next full pass.
+/// skipped while locked by a holder that then rolled back, a job passed over while an
+/// enqueue held its unique key) waits for the next full pass.
 const FULL_PASS_EVERY_INTERVALS: u32 = 12;
 
 /// A full pass starts no sooner than this many times the last one's duration after it
@@ -49,8 +50,8 @@ const WINDOW_OVERLAP: TimeDelta = TimeDelta::seconds(1);
 /// Where the reaper's next pass starts in heartbeat time. A pass reaps the heartbeats
 /// older than its threshold (`now() - stale_after`) that it can see and lock; the next one
 /// looks only from that threshold on. What a pass left below it (a row locked by a holder
-/// that then rolled back, a heartbeat written by hand far in the past) waits for the next
-/// full pass. Such a window steps over the `jobs_running_idx` entries of one reap interval
+/// that then rolled back, a job whose unique key an enqueue held, a heartbeat written by
+/// hand far in the past) waits for the next full pass. Such a window steps over the `jobs_running_idx` entries of one reap interval
 /// instead of every entry a held snapshot keeps (see [`jobs_reap_stale_since`]). Full
 /// passes still run, paced, for what a window misses.
 #[derive(Debug)]

@@ -799,6 +799,10 @@ $$;
 -- (see "Lock order" under Unique keys). only_id limits it to one job; since to the
 -- heartbeats from then on (the Rust reaper's passes between its full passes, which under
 -- a held snapshot would walk every entry of jobs_running_idx).
+-- "In the future" is by the clock as the row is looked at (clock_timestamp()), not by
+-- now(), the start of the caller's transaction: a heartbeat written since a transaction
+-- began (maintain called in an old transaction, a reaper statement that waited) is ahead
+-- of its now() and is not hand-written; now() only bounds the index range.
 -- The statement runs through EXECUTE so that it is planned with the values: a NULL since
 -- folds away, a given one bounds the index range.
 CREATE OR REPLACE FUNCTION skiplock.internal_reap_stale(stale_after_ms bigint, max_jobs bigint,
@@ -813,7 +817,8 @@ BEGIN
            WHERE state = 'running'
              AND ((heartbeat_at < now() - $1 * interval '1 millisecond'
                    AND ($4::timestamptz IS NULL OR heartbeat_at >= $4))
-                  OR heartbeat_at > now() + $1 * interval '1 millisecond')
+                  OR (heartbeat_at > now() + $1 * interval '1 millisecond'
+                      AND heartbeat_at > clock_timestamp() + $1 * interval '1 millisecond'))
              AND ($3::bigint IS NULL OR id = $3)
              AND (unique_key IS NULL OR skiplock.internal_try_lock_unique_key(unique_key))
            ORDER BY heartbeat_at
@@ -871,7 +876,8 @@ LANGUAGE sql AS $$
     SELECT j.id, j.claim_token FROM skiplock.jobs j
     WHERE j.state = 'running'
       AND (j.heartbeat_at < now() - stale_after_ms * interval '1 millisecond'
-           OR j.heartbeat_at > now() + stale_after_ms * interval '1 millisecond')
+           OR (j.heartbeat_at > now() + stale_after_ms * interval '1 millisecond'
+               AND j.heartbeat_at > clock_timestamp() + stale_after_ms * interval '1 millisecond'))
     ORDER BY j.heartbeat_at
     LIMIT max_jobs;
 $$;

@@ -1409,7 +1409,8 @@ BEGIN
            WHERE state = 'running'
              AND ((heartbeat_at < now() - $1 * interval '1 millisecond'
                    AND ($4::timestamptz IS NULL OR heartbeat_at >= $4))
-                  OR heartbeat_at > now() + $1 * interval '1 millisecond')
+                  OR (heartbeat_at > now() + $1 * interval '1 millisecond'
+                      AND heartbeat_at > clock_timestamp() + $1 * interval '1 millisecond'))
              AND ($3::bigint IS NULL OR id = $3)
              AND (unique_key IS NULL OR skiplock.internal_try_lock_unique_key(unique_key))
            ORDER BY heartbeat_at
@@ -1663,7 +1664,8 @@ CREATE FUNCTION skiplock.internal_stale_claims(stale_after_ms bigint, max_jobs b
     SELECT j.id, j.claim_token FROM skiplock.jobs j
     WHERE j.state = 'running'
       AND (j.heartbeat_at < now() - stale_after_ms * interval '1 millisecond'
-           OR j.heartbeat_at > now() + stale_after_ms * interval '1 millisecond')
+           OR (j.heartbeat_at > now() + stale_after_ms * interval '1 millisecond'
+               AND j.heartbeat_at > clock_timestamp() + stale_after_ms * interval '1 millisecond'))
     ORDER BY j.heartbeat_at
     LIMIT max_jobs;
 $$;

@@ -1084,6 +1084,52 @@ async fn a_row_that_fails_maintains_batch_is_set_aside_and_the_others_are_taken_
     assert_eq!(maintain(&mut conn, 30.0).await.0, 0);
 }
 
+/// `maintain` called in a transaction that began long ago (its `now()` is old) leaves a
+/// live claim alone: its heartbeat, written by the clock after the transaction began, is
+/// neither stale nor "in the future" (a hand-written heartbeat_at, which `maintain` takes
+/// back). The check for the future compared with the transaction's start and took the
+/// live claim back.
+#[tokio::test]
+async fn maintain_in_a_transaction_begun_long_ago_leaves_a_live_claim_alone() {
+    let db = test_db().await;
+    let pool = &db.pool;
+    let id = enqueue_noop(pool).await;
+    let claimed = claim_one(pool).await;
+    let mut old = PgConnection::connect(db.url()).await.unwrap();
+    sqlx::query("BEGIN").execute(&mut old).await.unwrap();
+    let began: DateTime<Utc> = sqlx::query_scalar("SELECT now()")
+        .fetch_one(&mut old)
+        .await
+        .unwrap();
+    common::fixtures::wait_for(
+        "the database clock to pass a second after the transaction began",
+        Duration::from_secs(10),
+        || async {
+            sqlx::query_scalar::<_, bool>("SELECT clock_timestamp() > $1 + interval '1 second'")
+                .bind(began)
+                .fetch_one(pool)
+                .await
+                .unwrap()
+        },
+    )
+    .await;
+    assert_eq!(
+        heartbeat(pool, &[(id, Some(claimed.claim_token))]).await,
+        [(id, true)]
+    );
+    assert_eq!(
+        maintain(&mut old, 0.5).await.0,
+        0,
+        "the live claim is not taken back"
+    );
+    sqlx::query("COMMIT").execute(&mut old).await.unwrap();
+    let after = row(pool, id).await;
+    assert_eq!(
+        (&after["state"], &after["claim_token"]),
+        (&json!("running"), &json!(claimed.claim_token.to_string()))
+    );
+}
+
 /// With no skiplock process, `maintain` enqueues the job of each due cron slot of a
 /// schedule written by plain SQL, once however many sessions call it: a second session
 /// calling it while the first holds its transaction open skips the schedule (it does not

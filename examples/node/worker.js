@@ -151,10 +151,16 @@ async function main() {
   const heartbeat = setInterval(() => keepClaims(keeper).catch(fatal), staleAfterMs / HEARTBEATS_PER_STALE_AFTER);
   const maintain = setInterval(async () => {
     const { rows } = await keeper
-      .query('SELECT * FROM skiplock.maintain(make_interval(secs => $1))', [staleAfterSecs])
+      .query(
+        'SELECT reaped, moved_on, cron_enqueued FROM skiplock.maintain(make_interval(secs => $1))',
+        [staleAfterSecs],
+      )
       .catch(fatal);
     if (rows[0].reaped !== '0') {
       log('INFO', `maintain: took back ${rows[0].reaped} stale claims, moved on ${rows[0].moved_on} jobs`);
+    }
+    if (rows[0].cron_enqueued !== '0') {
+      log('INFO', `maintain: enqueued ${rows[0].cron_enqueued} cron jobs`);
     }
   }, staleAfterMs / MAINTAINS_PER_STALE_AFTER);
   db.on('notification', () => wake());

@@ -110,11 +110,15 @@ def keep_claims(url, name, stale_after, claims, stopping):
                             log.warning("job %s: claim lost (reaped or cancelled); stopping it", job_id)
                             job["stop"].set()
             if time.monotonic() >= next_maintain:
-                reaped, moved_on = conn.execute(
-                    "SELECT * FROM skiplock.maintain(make_interval(secs => %s))", (stale_after,)
+                reaped, moved_on, cron_enqueued = conn.execute(
+                    "SELECT reaped, moved_on, cron_enqueued"
+                    " FROM skiplock.maintain(make_interval(secs => %s))",
+                    (stale_after,),
                 ).fetchone()
                 if reaped:
                     log.info("maintain: took back %s stale claims, moved on %s jobs", reaped, moved_on)
+                if cron_enqueued:
+                    log.info("maintain: enqueued %s cron jobs", cron_enqueued)
                 next_maintain = time.monotonic() + stale_after / MAINTAINS_PER_STALE_AFTER
 
 

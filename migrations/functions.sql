@@ -1285,9 +1285,10 @@ $$;
 
 -- Enqueues the job of each enabled schedule's due slot, and returns how many it enqueued:
 -- what the Rust worker's cron pass and skiplock.maintain run. A slot produces exactly one
--- job however many sessions run this at once: each schedule is taken with FOR UPDATE SKIP
--- LOCKED (a session that finds it taken leaves it to the one that has it), and its
--- last_slot_at moves forward in the statement that inserts the job. With missed = 'skip',
+-- job however many sessions run this at once: a schedule with a due slot is taken with FOR
+-- UPDATE SKIP LOCKED (a session that finds it taken leaves it to the one that has it) and
+-- only while its last_slot_at is still before the slot, which moves forward in the
+-- statement that inserts the job. Schedules with nothing due are read, not locked. With missed = 'skip',
 -- a slot more than 60 seconds late is marked done without a job.
 --
 -- One schedule never stops the others: one that cannot produce its job (a row written by
@@ -1304,13 +1305,17 @@ DECLARE
     reason text;
 BEGIN
     FOR s IN SELECT c.name, c.expression, c.timezone, c.missed, c.last_slot_at
-             FROM skiplock.cron_schedules c WHERE c.enabled ORDER BY c.name
-             FOR UPDATE SKIP LOCKED LOOP
+             FROM skiplock.cron_schedules c WHERE c.enabled ORDER BY c.name LOOP
         BEGIN
             slot := skiplock.internal_cron_due_slot(s.expression, s.timezone, s.last_slot_at, now());
-            IF slot IS NULL THEN
-                CONTINUE;
-            ELSIF s.missed = 'skip' AND now() - slot > interval '60 seconds' THEN
+            CONTINUE WHEN slot IS NULL;
+            -- Only a due schedule is locked (a lock is a write): taken, unless another
+            -- session has it, and still not done up to this slot.
+            PERFORM 1 FROM skiplock.cron_schedules c
+            WHERE c.name = s.name AND c.enabled AND c.last_slot_at < slot
+            FOR UPDATE SKIP LOCKED;
+            CONTINUE WHEN NOT FOUND;
+            IF s.missed = 'skip' AND now() - slot > interval '60 seconds' THEN
                 UPDATE skiplock.cron_schedules SET last_slot_at = slot, updated_at = now()
                 WHERE name = s.name;
             ELSE

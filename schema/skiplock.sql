@@ -876,13 +876,17 @@ DECLARE
     reason text;
 BEGIN
     FOR s IN SELECT c.name, c.expression, c.timezone, c.missed, c.last_slot_at
-             FROM skiplock.cron_schedules c WHERE c.enabled ORDER BY c.name
-             FOR UPDATE SKIP LOCKED LOOP
+             FROM skiplock.cron_schedules c WHERE c.enabled ORDER BY c.name LOOP
         BEGIN
             slot := skiplock.internal_cron_due_slot(s.expression, s.timezone, s.last_slot_at, now());
-            IF slot IS NULL THEN
-                CONTINUE;
-            ELSIF s.missed = 'skip' AND now() - slot > interval '60 seconds' THEN
+            CONTINUE WHEN slot IS NULL;
+            -- Only a due schedule is locked (a lock is a write): taken, unless another
+            -- session has it, and still not done up to this slot.
+            PERFORM 1 FROM skiplock.cron_schedules c
+            WHERE c.name = s.name AND c.enabled AND c.last_slot_at < slot
+            FOR UPDATE SKIP LOCKED;
+            CONTINUE WHEN NOT FOUND;
+            IF s.missed = 'skip' AND now() - slot > interval '60 seconds' THEN
                 UPDATE skiplock.cron_schedules SET last_slot_at = slot, updated_at = now()
                 WHERE name = s.name;
             ELSE

@@ -23,7 +23,7 @@ use super::{
 
 impl Worker {
     /// Starts building a worker on `pool`. The worker runs at most a handful of statements
-    /// at once (a claim per queue, two completion batches, maintenance), so a few connections
+    /// at once (two claims, two completion batches, maintenance), so a few connections
     /// suffice; handlers that use `ctx.pool()` need more. Two sessions are opened outside
     /// the pool with its connect options: the LISTEN connection (with
     /// [`WorkerBuilder::listen_options`] when given; none behind PgBouncer without them)

@@ -34,15 +34,14 @@ use crate::db::maintenance::jobs_any_active;
 use crate::metrics;
 use crate::pacing::{db_retry_delay, sleep_jittered};
 
-/// Claim statements one producer keeps in flight. Two overlapped one claim's commit and
-/// round trip with the next one's work, but measured against one on 0.1.0's claim path (5
-/// alternating rounds, private server with Postgres defaults, 2026-11-27) they bought
-/// nothing beyond the noise with one worker process (one claim: 0.94–1.04 of two, median
-/// 0.99) and cost the processes sharing a queue (one claim: +9 % with 4 processes, +17 %
-/// with 8, faster in 5 of 5 rounds each; half the claim-index entries read per job, since
-/// each claim steps over the rows the others hold). The loop below still handles any
-/// number. A wake-up that comes while a claim is in flight waits for it to land.
-const CLAIMS_IN_FLIGHT: usize = 1;
+/// Claim statements one producer keeps in flight. With two, one claim's commit (its WAL
+/// flush) and round trip overlap the next one's work, and claiming is no longer a serial
+/// chain the executor waits on; `SKIP LOCKED` gives the two disjoint rows. Measured
+/// against one on 0.1.0's claim path (2026-11-27, docs/benchmarks.md "Processes on one
+/// queue"): the single-process drain with the worker and Postgres sharing the cores,
+/// the figure the peers are compared with, is 8–25 % faster with two in every round; but
+/// processes sharing a queue drain faster with one (+9 % with 4, +17 % with 8).
+const CLAIMS_IN_FLIGHT: usize = 2;
 
 /// Why the producer is not claiming right now.
 enum Pause {
@@ -205,7 +204,8 @@ pub(super) async fn produce(
             () = shared.graceful.cancelled(), if !stopping => {}
             () = space.notified(), if matches!(pause, Pause::No) => {}
             () = group.settled.notified(), if matches!(pause, Pause::No) => {}
-            // A wake-up starts a claim when there is room for one beside those in flight.
+            // A wake-up does not wait for a claim in flight (a full walk can take a while
+            // under a held snapshot): the next claim starts beside it.
             () = group.wake.notified(),
                 if !stopping
                     && in_flight.len() < CLAIMS_IN_FLIGHT

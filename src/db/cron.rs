@@ -35,7 +35,8 @@ pub struct CronRow {
     pub last_slot_at: DateTime<Utc>,
     /// The job its latest slot produced.
     pub last_job_id: Option<i64>,
-    /// Why workers cannot use it (bad expression written with SQL), if so.
+    /// Why its last due slot could not produce a job (a row the jobs table refuses, such as
+    /// `max_attempts = 0`, or a time zone Postgres no longer knows), if so.
     pub last_error: Option<String>,
 }
 
@@ -50,7 +51,7 @@ pub struct ScheduleColumns<'a> {
     pub queue: &'a str,
     pub priority: i16,
     pub max_attempts: i32,
-    /// `skip` or `run_once`.
+    /// `latest` or `skip`.
     pub missed: &'a str,
 }
 

@@ -8,6 +8,7 @@
 //! `postgres://postgres@127.0.0.1:5432/postgres`) and drops it when done.
 #![allow(dead_code)]
 
+mod cpu;
 #[path = "../../tests/common/scratch_db.rs"]
 mod scratch_db;
 
@@ -20,6 +21,7 @@ use skiplock::{Worker, WorkerSummary};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{AssertSqlSafe, Connection, PgConnection, PgPool};
 
+pub use cpu::{postgres_cpu_secs, process_cpu_secs};
 pub use scratch_db::with_database;
 use scratch_db::{connect_pool, create_database, drop_database, drop_database_blocking};
 
@@ -150,6 +152,14 @@ impl BenchDb {
             dropped: false,
         };
         skiplock::migrate(&db.pool).await.expect("migrate");
+        // A/B of a schema variant without another build: statements run after the migration.
+        if let Ok(sql) = std::env::var("SKIPLOCK_BENCH_AFTER_MIGRATE") {
+            progress(format!("SKIPLOCK_BENCH_AFTER_MIGRATE: {sql}"));
+            sqlx::raw_sql(AssertSqlSafe(sql))
+                .execute(&db.pool)
+                .await
+                .expect("SKIPLOCK_BENCH_AFTER_MIGRATE");
+        }
         progress(format!("created and migrated database {}", db.name));
         db
     }
@@ -459,68 +469,6 @@ impl Costs {
             own_cpu_secs: after.own_cpu_secs - before.own_cpu_secs,
         }
     }
-}
-
-/// Clock ticks per second in `/proc/<pid>/stat` (`USER_HZ`, 100 on Linux).
-const USER_HZ: f64 = 100.0;
-
-/// CPU seconds of a process from `/proc/<pid>/stat`: its own user and system time, plus
-/// (with `children`) that of the children it has waited for.
-fn proc_stat_cpu_secs(pid: &str, children: bool) -> Option<(String, i64, f64)> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // `pid (comm) state ppid …`; comm may hold spaces, so split after the last ')'.
-    let open = stat.find('(')?;
-    let close = stat.rfind(')')?;
-    let comm = stat[open + 1..close].to_owned();
-    let fields: Vec<&str> = stat[close + 2..].split_whitespace().collect();
-    // Fields after comm, 0-based: 1 ppid, 11 utime, 12 stime, 13 cutime, 14 cstime.
-    let ppid = fields.get(1)?.parse().ok()?;
-    let tick = |i: usize| {
-        fields
-            .get(i)
-            .and_then(|v| v.parse::<f64>().ok())
-            .unwrap_or(0.0)
-    };
-    let mut ticks = tick(11) + tick(12);
-    if children {
-        ticks += tick(13) + tick(14);
-    }
-    Some((comm, ppid, ticks / USER_HZ))
-}
-
-/// CPU seconds of one process (`"self"` or a pid).
-pub fn process_cpu_secs(pid: &str) -> Option<f64> {
-    proc_stat_cpu_secs(pid, false).map(|(_, _, secs)| secs)
-}
-
-/// CPU seconds of the local Postgres server: every live `postgres` process, plus the
-/// postmaster's reaped children (backends that exited count in full, so a connection
-/// closed between two snapshots is not lost). 0 when the server is not on this machine.
-pub fn postgres_cpu_secs() -> f64 {
-    let Ok(dir) = std::fs::read_dir("/proc") else {
-        return 0.0;
-    };
-    let mut processes = Vec::new();
-    for entry in dir.flatten() {
-        let name = entry.file_name().to_string_lossy().into_owned();
-        if !name.bytes().all(|b| b.is_ascii_digit()) {
-            continue;
-        }
-        if let Some((comm, ppid, _)) = proc_stat_cpu_secs(&name, false)
-            && comm == "postgres"
-        {
-            processes.push((name.parse::<i64>().unwrap_or(0), ppid, name));
-        }
-    }
-    let pids: std::collections::HashSet<i64> = processes.iter().map(|p| p.0).collect();
-    processes
-        .iter()
-        .map(|(_, ppid, name)| {
-            // The postmaster is the one postgres process whose parent is not postgres.
-            let postmaster = !pids.contains(ppid);
-            proc_stat_cpu_secs(name, postmaster).map_or(0.0, |(_, _, secs)| secs)
-        })
-        .sum()
 }
 
 /// What a drain did, measured in the database.

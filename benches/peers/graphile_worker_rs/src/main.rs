@@ -18,12 +18,17 @@
 //! checked every 20 ms; once it reaches the job count, `SELECT count(*)` on the jobs table is
 //! polled every 20 ms until it is zero (so completions the worker batches are counted only once
 //! they are in the database). The rate is jobs / (time from starting the worker to that point).
-//! Runs are capped at 180 s; a capped run reports (jobs - rows left) / elapsed.
+//! Runs are capped at 180 s; a capped run reports (jobs - rows left) / elapsed. Over the same
+//! window it reports the CPU time of the local Postgres server and of this process per job
+//! (read from `/proc` by skiplock's own bench code, so the columns match `benches/drain.rs`).
 //!
 //! Configurations: the crate defaults (direct fetch, one job per query, completions one by one),
 //! and the throughput settings the crate documents ("Local queue" guide and "Completion and
 //! failure batching" in the worker options guide): a local queue of 500 jobs and a 5 ms
 //! completion batch delay.
+#[path = "../../../support/cpu.rs"]
+mod cpu;
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
@@ -105,6 +110,7 @@ async fn drain(
             .unwrap();
         assert_eq!(loaded as usize, jobs, "preload count");
 
+        let cpu_start = (cpu::postgres_cpu_secs(), cpu::process_cpu_secs("self").unwrap_or(0.0));
         let start = Instant::now();
         let runner = Arc::clone(&worker);
         let handle = tokio::spawn(async move { runner.run().await });
@@ -138,6 +144,8 @@ async fn drain(
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
+        let pg_cpu = cpu::postgres_cpu_secs() - cpu_start.0;
+        let own_cpu = cpu::process_cpu_secs("self").unwrap_or(0.0) - cpu_start.1;
         worker.request_shutdown();
         if tokio::time::timeout(Duration::from_secs(20), handle).await.is_err() {
             eprintln!("worker did not shut down within 20 s");
@@ -151,9 +159,12 @@ async fn drain(
             counter.0.load(Ordering::Relaxed),
             if capped { " (CAPPED at 180 s)" } else { "" }
         );
+        let per_job_us = |cpu: f64| cpu * 1e6 / done.max(1) as f64;
         println!(
-            "| graphile_worker 0.14.1 (Rust), {label}{} | {concurrency} | {jobs} | {secs:.2} | {rate:.0} |",
-            if capped { " (capped at 180 s, rate over finished jobs)" } else { "" }
+            "| graphile_worker 0.14.1 (Rust), {label}{} | {concurrency} | {jobs} | {secs:.2} | {rate:.0} | {:.1} | {:.1} |",
+            if capped { " (capped at 180 s, rate over finished jobs)" } else { "" },
+            per_job_us(pg_cpu),
+            per_job_us(own_cpu),
         );
         pool.close().await;
     }
@@ -174,8 +185,10 @@ async fn main() {
     let jobs: usize = args.next().map(|s| s.parse().unwrap()).unwrap_or(200_000);
     let concurrency: usize = args.next().map(|s| s.parse().unwrap()).unwrap_or(32);
 
-    println!("| peer, configuration | concurrency | jobs | seconds | jobs/s |");
-    println!("|---|---|---|---|---|");
+    println!(
+        "| peer, configuration | concurrency | jobs | seconds | jobs/s | PG CPU µs/job | peer CPU µs/job |"
+    );
+    println!("|---|---|---|---|---|---|---|");
     // PEER_TUNED_ONLY=1 skips the defaults (capped at 180 s) for side-by-side runs.
     if std::env::var_os("PEER_TUNED_ONLY").is_none() {
         drain(&base, jobs, concurrency, "defaults", |o| o).await;

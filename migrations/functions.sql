@@ -614,6 +614,25 @@ BEGIN
 END;
 $$;
 
+-- Whether a claimer other than `worker` holds running jobs of these queues: a worker that
+-- shares its queue keeps fewer claims and writes in flight, so that the processes' claims
+-- step over fewer of each other's rows (src/worker/sharing.rs). Reads the running jobs'
+-- partial index and stops at the first other claimer found.
+CREATE OR REPLACE FUNCTION skiplock.internal_others_claiming(queues text[], worker text)
+RETURNS boolean
+LANGUAGE sql STABLE
+SET enable_seqscan = off
+SET enable_bitmapscan = off
+SET jit = off
+AS $$
+    SELECT EXISTS (
+        SELECT 1 FROM skiplock.jobs j
+        WHERE j.state = 'running' AND j.queue = ANY (queues)
+          AND j.claimed_by IS DISTINCT FROM worker);
+$$;
+COMMENT ON FUNCTION skiplock.internal_others_claiming(text[], text) IS
+    'Whether a claimer other than the given one holds running jobs of the given queues. What a worker calls to choose how many claims and writes it keeps in flight; internal, not stable.';
+
 CREATE OR REPLACE FUNCTION skiplock.internal_complete_claims(ids bigint[], tokens uuid[])
 RETURNS TABLE (id bigint, state text, has_dependants boolean, ordering_key text)
 LANGUAGE sql

@@ -1400,6 +1400,28 @@ $$;
 COMMENT ON FUNCTION skiplock.internal_notify_runnable(queue text, priority smallint, scheduled_at timestamp with time zone) IS 'Tells workers that jobs of this queue became runnable from this priority and time on (at commit, if due): call it after requeuing jobs with a plain UPDATE.';
 
 --
+-- Name: internal_others_claiming(text[], text); Type: FUNCTION; Schema: skiplock; Owner: -
+--
+
+CREATE FUNCTION skiplock.internal_others_claiming(queues text[], worker text) RETURNS boolean
+    LANGUAGE sql STABLE
+    SET enable_seqscan TO 'off'
+    SET enable_bitmapscan TO 'off'
+    SET jit TO 'off'
+    AS $$
+    SELECT EXISTS (
+        SELECT 1 FROM skiplock.jobs j
+        WHERE j.state = 'running' AND j.queue = ANY (queues)
+          AND j.claimed_by IS DISTINCT FROM worker);
+$$;
+
+--
+-- Name: FUNCTION internal_others_claiming(queues text[], worker text); Type: COMMENT; Schema: skiplock; Owner: -
+--
+
+COMMENT ON FUNCTION skiplock.internal_others_claiming(queues text[], worker text) IS 'Whether a claimer other than the given one holds running jobs of the given queues. What a worker calls to choose how many claims and writes it keeps in flight; internal, not stable.';
+
+--
 -- Name: internal_reap_stale(bigint, bigint, bigint, timestamp with time zone); Type: FUNCTION; Schema: skiplock; Owner: -
 --
 

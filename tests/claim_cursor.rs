@@ -1,6 +1,7 @@
 //! The claim from a position (`claim_batch`, `worker::claim_cursor`): what a claim after
 //! a position takes, and that jobs landing behind a worker's position still run; and the
-//! claim's modes: the in-flight filter and lane conflicts.
+//! claim's modes: the in-flight filter and lane conflicts; and how a worker learns that
+//! others claim from its queue (`worker::sharing`).
 
 mod common;
 
@@ -11,7 +12,7 @@ use common::test_db;
 use serde::{Deserialize, Serialize};
 use skiplock::db::jobs::{
     ClaimArgs, ClaimMode, ClaimPosition, FailAction, FailBatch, jobs_claim, jobs_claim_batch,
-    jobs_claim_batch_after, jobs_fail_many, lane_conflict,
+    jobs_claim_batch_after, jobs_fail_many, jobs_others_claiming, lane_conflict,
 };
 use skiplock::{Job, JobContext, JobError, JobState};
 use sqlx::{Connection, PgPool};
@@ -1151,4 +1152,60 @@ async fn the_worker_retries_a_lane_conflict_without_lane_jobs_and_loses_nothing(
     // The hand-written claim was reaped, to run again after its backoff.
     assert_eq!(state_of(pool, next).await, JobState::Queued);
     assert_eq!(recorder.total(), 2, "{summary:?}");
+}
+
+/// A worker keeps fewer claims and writes in flight while another claimer holds running
+/// jobs of its queue: the check sees the other claimers of that queue only, and forgets
+/// one whose jobs are no longer running.
+#[tokio::test]
+async fn others_claiming_sees_running_jobs_of_other_claimers_of_the_queue_only() {
+    let db = test_db().await;
+    let pool = &db.pool;
+    for _ in 0..4 {
+        insert(pool, 0, "2026-01-01 00:00:00+00").await;
+    }
+    sqlx::query(
+        "INSERT INTO skiplock.jobs (queue, kind, args) VALUES ('elsewhere', 'record', '{\"n\": 0}')",
+    )
+    .execute(pool)
+    .await
+    .unwrap();
+    let (queue, elsewhere, kinds) = (
+        strings(&["default"]),
+        strings(&["elsewhere"]),
+        strings(&["record"]),
+    );
+    let others = |worker: &'static str| {
+        let queue = queue.clone();
+        async move { jobs_others_claiming(pool, &queue, worker).await.unwrap() }
+    };
+
+    assert!(!others("w1").await, "nothing runs yet");
+    let mine = jobs_claim_batch(pool, &queue, &kinds, 2, "w1")
+        .await
+        .unwrap();
+    assert_eq!(mine.len(), 2);
+    assert!(!others("w1").await, "only w1's own jobs run");
+    assert!(others("w2").await, "w2 sees w1");
+
+    let theirs = jobs_claim_batch(pool, &elsewhere, &kinds, 1, "w2")
+        .await
+        .unwrap();
+    assert_eq!(theirs.len(), 1);
+    assert!(!others("w1").await, "w2 runs a job of another queue only");
+
+    let theirs = jobs_claim_batch(pool, &queue, &kinds, 1, "w2")
+        .await
+        .unwrap();
+    assert_eq!(theirs.len(), 1);
+    assert!(others("w1").await, "w2 now runs a job of w1's queue");
+
+    let completed: bool = sqlx::query_scalar("SELECT skiplock.complete($1, $2)")
+        .bind(theirs[0].id)
+        .bind(theirs[0].claim_token)
+        .fetch_one(pool)
+        .await
+        .unwrap();
+    assert!(completed);
+    assert!(!others("w1").await, "w2's job of the queue finished");
 }

@@ -2,9 +2,10 @@
 //!
 //! It takes the first outcome that arrives plus everything queued behind it (up to the
 //! batch limit) and writes them with at most three statements: completions, failures,
-//! releases. Up to [`WRITES_IN_FLIGHT`] batches are written at once; while they are, the
-//! next accumulates, so under load a statement carries many jobs and when idle a single
-//! job is written at once. Each outcome is in exactly one batch, so concurrent writes
+//! releases. Up to two batches are written at once (one when other processes claim from
+//! the worker's queues, [`super::sharing`]): one batch's commit waits for its WAL flush
+//! while the next one's rows are written. Meanwhile the next batch accumulates, so under
+//! load a statement carries many jobs and when idle a single job is written at once. Each outcome is in exactly one batch, so concurrent writes
 //! never touch the same row.
 //!
 //! Transient database errors (lost connections, deadlocks, serialization failures, class
@@ -20,7 +21,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use tokio::sync::{Semaphore, mpsc};
+use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 use uuid::Uuid;
 
@@ -28,6 +29,7 @@ use super::Shared;
 use super::claims::ClaimKey;
 use super::events::{JobEvent, JobEventOutcome};
 use super::executor::{Finished, Outcome};
+use super::sharing::writes_in_flight;
 use super::split_write::{SplitWrite, WriteError, write, write_split};
 use crate::db::jobs::{
     FailAction, FailBatch, SavedJob, jobs_abandon_many, jobs_complete_many, jobs_completed_by,
@@ -37,21 +39,17 @@ use crate::error::describe_sqlx;
 use crate::job::Fate;
 use crate::maintenance::dependencies::MoveOn;
 
-/// Batches written at once. Two let one batch's commit wait for its WAL flush while the
-/// next one's rows are written (one at a time left both cores idle a fifth of the time
-/// in the drain benchmark).
-const WRITES_IN_FLIGHT: usize = 2;
-
 /// Runs until every sender is dropped and every outcome received has been written.
 pub(super) async fn complete(shared: Arc<Shared>, mut outcomes: mpsc::UnboundedReceiver<Finished>) {
     let max = shared.config.batch_max;
-    let slots = Arc::new(Semaphore::new(WRITES_IN_FLIGHT));
     let mut writes = JoinSet::new();
     loop {
         // Wait for a free write slot first, so outcomes accumulate meanwhile.
-        let Ok(slot) = slots.clone().acquire_owned().await else {
-            break;
-        };
+        while writes.len() >= writes_in_flight(&shared) {
+            if let Some(done) = writes.join_next().await {
+                log_write_panic(done);
+            }
+        }
         let Some(first) = outcomes.recv().await else {
             break;
         };
@@ -64,10 +62,7 @@ pub(super) async fn complete(shared: Arc<Shared>, mut outcomes: mpsc::UnboundedR
             }
         }
         let shared = shared.clone();
-        writes.spawn(async move {
-            save(&shared, &mut batch).await;
-            drop(slot);
-        });
+        writes.spawn(async move { save(&shared, &mut batch).await });
         // Reap finished writes so the set does not grow (a panic is logged, and its
         // claims stay held until the reaper returns them).
         while let Some(done) = writes.try_join_next() {

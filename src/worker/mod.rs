@@ -7,6 +7,7 @@
 //!  (LISTEN/NOTIFY)    (claim_batch, local buffer)  (runs handlers, no SQL)               (batched writes)
 //!     └─due later──▶ due timers ──wake when due──▶ producer
 //!                      heartbeat: extends every held claim, one statement per interval
+//!                      sharing: are others claiming these queues? (claims and writes in flight)
 //!                      reaper, pruner (crate::maintenance): stale claims and old rows
 //! ```
 //!
@@ -29,6 +30,7 @@ mod heartbeat;
 mod listener;
 pub mod metrics;
 mod producer;
+mod sharing;
 mod slots;
 mod split_write;
 
@@ -116,6 +118,9 @@ pub(crate) struct QueueGroup {
     pub(crate) lost_claims: producer::LostClaims,
     /// The queue's per-job metrics.
     pub(crate) series: crate::metrics::JobSeries,
+    /// Whether another claimer holds running jobs of this queue, as last seen
+    /// ([`sharing`]): then fewer claims and writes are kept in flight.
+    pub(crate) others_claiming: std::sync::atomic::AtomicBool,
 }
 
 impl QueueGroup {
@@ -138,6 +143,7 @@ impl QueueGroup {
             runnable: std::sync::Mutex::new(None),
             settled: Notify::new(),
             lost_claims: producer::LostClaims::default(),
+            others_claiming: std::sync::atomic::AtomicBool::new(false),
         }
     }
 }
@@ -365,6 +371,7 @@ impl Worker {
         tasks.spawn(listener::listen(shared.clone(), background.clone()));
         tasks.spawn(due_timers::hand_over(shared.clone(), background.clone()));
         tasks.spawn(heartbeat::beat(shared.clone(), background.clone()));
+        tasks.spawn(sharing::watch(shared.clone(), background.clone()));
         maintenance::spawn(
             Maintenance {
                 pool: shared.pool.clone(),

@@ -24,6 +24,7 @@ use uuid::Uuid;
 use super::claim_cursor::{ClaimCursor, Landing, LookFrom, Walk};
 use super::claims::ClaimInFlight;
 use super::executor::BufferedJob;
+use super::sharing::claims_in_flight;
 use super::split_write::write_split;
 use super::{PREFETCH_HORIZON, Shared, reply_lost, schema_mismatch, stop_if_schema_outgrown};
 use crate::db::jobs::{
@@ -33,15 +34,6 @@ use crate::db::jobs::{
 use crate::db::maintenance::jobs_any_active;
 use crate::metrics;
 use crate::pacing::{db_retry_delay, sleep_jittered};
-
-/// Claim statements one producer keeps in flight. With two, one claim's commit (its WAL
-/// flush) and round trip overlap the next one's work, and claiming is no longer a serial
-/// chain the executor waits on; `SKIP LOCKED` gives the two disjoint rows. Measured
-/// against one on 0.1.0's claim path (2026-11-27, docs/benchmarks.md "Processes on one
-/// queue"): the single-process drain with the worker and Postgres sharing the cores,
-/// the figure the peers are compared with, is 8–25 % faster with two in every round; but
-/// processes sharing a queue drain faster with one (+9 % with 4, +17 % with 8).
-const CLAIMS_IN_FLIGHT: usize = 2;
 
 /// Why the producer is not claiming right now.
 enum Pause {
@@ -81,7 +73,10 @@ pub(super) async fn produce(
         if let Some(from) = group.take_runnable() {
             cursor.notified(from);
         }
-        if !stopping && matches!(pause, Pause::No) && in_flight.len() < CLAIMS_IN_FLIGHT {
+        if !stopping
+            && matches!(pause, Pause::No)
+            && in_flight.len() < claims_in_flight(&shared, group_index)
+        {
             let target = rate.buffer_target(
                 group.started.load(Ordering::Relaxed),
                 group.prefetch,
@@ -208,7 +203,7 @@ pub(super) async fn produce(
             // under a held snapshot): the next claim starts beside it.
             () = group.wake.notified(),
                 if !stopping
-                    && in_flight.len() < CLAIMS_IN_FLIGHT
+                    && in_flight.len() < claims_in_flight(&shared, group_index)
                     && matches!(pause, Pause::Drained { .. }) => {
                 pause = Pause::No;
             }

@@ -217,6 +217,20 @@ pub async fn jobs_claim(
     .await
 }
 
+/// Whether a claimer other than `claimed_by` holds running jobs of `queues`
+/// (`skiplock.internal_others_claiming`).
+pub async fn jobs_others_claiming(
+    db: impl PgExecutor<'_>,
+    queues: &[String],
+    claimed_by: &str,
+) -> sqlx::Result<bool> {
+    sqlx::query_scalar("SELECT skiplock.internal_others_claiming($1, $2)")
+        .bind(queues)
+        .bind(claimed_by)
+        .fetch_one(db)
+        .await
+}
+
 /// Claims job `id` alone, now, whatever its `scheduled_at`, if it is `queued`, with the
 /// token `claim_with`: for running one chosen job through a worker (`skiplock::testing`).
 /// Lane and unique-key rules hold as for any claim (a lane whose job runs refuses it with

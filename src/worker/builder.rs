@@ -23,8 +23,9 @@ use super::{
 
 impl Worker {
     /// Starts building a worker on `pool`. The worker runs at most a handful of statements
-    /// at once (two claims, two completion batches, maintenance), so a few connections
-    /// suffice; handlers that use `ctx.pool()` need more. Two sessions are opened outside
+    /// at once (two claims, two completion batches, maintenance; one of each while other
+    /// processes claim from its queues), so a few connections suffice; handlers that use
+    /// `ctx.pool()` need more. Two sessions are opened outside
     /// the pool with its connect options: the LISTEN connection (with
     /// [`WorkerBuilder::listen_options`] when given; none behind PgBouncer without them)
     /// and the heartbeat's (the heartbeat runs on a thread of its own so that busy or

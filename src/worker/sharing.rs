@@ -3,12 +3,12 @@
 //!
 //! Alone on a queue, two of each let one statement's commit and round trip overlap the
 //! next one's work. Beside other processes, each claim steps over the rows the others'
-//! claims hold or just took (claim-index entries read per job grow from 2.8 with one
-//! process to 18.4 with eight), and a second claim or write in flight per process adds to
+//! claims hold or just took (claim-index entries read per job grow from 2.9 with one
+//! process to 18.9 with eight), and a second claim or write in flight per process adds to
 //! that. So a worker that sees another claimer keeps one of each. Measured against two of
-//! each always (docs/benchmarks.md, "Processes on one queue"; 3 alternating rounds,
+//! each always (docs/benchmarks.md, "Processes on one queue"; 5 alternating rounds,
 //! Postgres and workers pinned apart): one process within the noise, 2 processes +4 to
-//! +19 %, 4 +14 to +24 %, 8 +26 to +37 % (entries read per job 9.4 with eight). Alone, two
+//! +11 %, 4 +5 to +18 %, 8 +26 to +42 % (entries read per job 9.7 with eight). Alone, two
 //! claims are 8–25 % faster in the drain whose worker shares the cores with Postgres.
 //!
 //! The signal is deterministic and read from the database: a running job of the queue

@@ -614,24 +614,27 @@ BEGIN
 END;
 $$;
 
--- Whether a claimer other than `worker` holds running jobs of these queues: a worker that
--- shares its queue keeps fewer claims and writes in flight, so that the processes' claims
--- step over fewer of each other's rows (src/worker/sharing.rs). Reads the running jobs'
--- partial index and stops at the first other claimer found.
+-- Of the given queues, those in which a claimer other than `worker` holds running jobs: a
+-- worker keeps fewer claims and writes in flight on a queue it shares, so that the
+-- processes' claims step over fewer of each other's rows (src/worker/sharing.rs). One call
+-- for all of a worker's queues; each reads the running jobs' partial index and stops at the
+-- first other claimer found.
 CREATE OR REPLACE FUNCTION skiplock.internal_others_claiming(queues text[], worker text)
-RETURNS boolean
+RETURNS text[]
 LANGUAGE sql STABLE
 SET enable_seqscan = off
 SET enable_bitmapscan = off
 SET jit = off
 AS $$
-    SELECT EXISTS (
+    SELECT coalesce(array_agg(q.name), '{}')
+    FROM unnest(queues) AS q(name)
+    WHERE EXISTS (
         SELECT 1 FROM skiplock.jobs j
-        WHERE j.state = 'running' AND j.queue = ANY (queues)
+        WHERE j.state = 'running' AND j.queue = q.name
           AND j.claimed_by IS DISTINCT FROM worker);
 $$;
 COMMENT ON FUNCTION skiplock.internal_others_claiming(text[], text) IS
-    'Whether a claimer other than the given one holds running jobs of the given queues. What a worker calls to choose how many claims and writes it keeps in flight; internal, not stable.';
+    'Of the given queues, those in which a claimer other than the given one holds running jobs. What a worker calls to choose how many claims and writes it keeps in flight; internal, not stable.';
 
 CREATE OR REPLACE FUNCTION skiplock.internal_complete_claims(ids bigint[], tokens uuid[])
 RETURNS TABLE (id bigint, state text, has_dependants boolean, ordering_key text)
@@ -1307,8 +1310,8 @@ $$;
 -- job however many sessions run this at once: a schedule with a due slot is taken with FOR
 -- UPDATE SKIP LOCKED (a session that finds it taken leaves it to the one that has it) and
 -- only while its last_slot_at is still before the slot, which moves forward in the
--- statement that inserts the job. Schedules with nothing due are read, not locked. With missed = 'skip',
--- a slot more than 60 seconds late is marked done without a job.
+-- statement that inserts the job. Schedules with nothing due are read, not locked. With
+-- missed = 'skip', a slot more than 60 seconds late is marked done without a job.
 --
 -- One schedule never stops the others: one that cannot produce its job (a row written by
 -- hand that the jobs table refuses, say with max_attempts = 0, or a time zone Postgres no

@@ -1403,15 +1403,17 @@ COMMENT ON FUNCTION skiplock.internal_notify_runnable(queue text, priority small
 -- Name: internal_others_claiming(text[], text); Type: FUNCTION; Schema: skiplock; Owner: -
 --
 
-CREATE FUNCTION skiplock.internal_others_claiming(queues text[], worker text) RETURNS boolean
+CREATE FUNCTION skiplock.internal_others_claiming(queues text[], worker text) RETURNS text[]
     LANGUAGE sql STABLE
     SET enable_seqscan TO 'off'
     SET enable_bitmapscan TO 'off'
     SET jit TO 'off'
     AS $$
-    SELECT EXISTS (
+    SELECT coalesce(array_agg(q.name), '{}')
+    FROM unnest(queues) AS q(name)
+    WHERE EXISTS (
         SELECT 1 FROM skiplock.jobs j
-        WHERE j.state = 'running' AND j.queue = ANY (queues)
+        WHERE j.state = 'running' AND j.queue = q.name
           AND j.claimed_by IS DISTINCT FROM worker);
 $$;
 
@@ -1419,7 +1421,7 @@ $$;
 -- Name: FUNCTION internal_others_claiming(queues text[], worker text); Type: COMMENT; Schema: skiplock; Owner: -
 --
 
-COMMENT ON FUNCTION skiplock.internal_others_claiming(queues text[], worker text) IS 'Whether a claimer other than the given one holds running jobs of the given queues. What a worker calls to choose how many claims and writes it keeps in flight; internal, not stable.';
+COMMENT ON FUNCTION skiplock.internal_others_claiming(queues text[], worker text) IS 'Of the given queues, those in which a claimer other than the given one holds running jobs. What a worker calls to choose how many claims and writes it keeps in flight; internal, not stable.';
 
 --
 -- Name: internal_reap_stale(bigint, bigint, bigint, timestamp with time zone); Type: FUNCTION; Schema: skiplock; Owner: -

@@ -1177,7 +1177,10 @@ async fn others_claiming_sees_running_jobs_of_other_claimers_of_the_queue_only()
     );
     let others = |worker: &'static str| {
         let queue = queue.clone();
-        async move { jobs_others_claiming(pool, &queue, worker).await.unwrap() }
+        async move {
+            let shared = jobs_others_claiming(pool, &queue, worker).await.unwrap();
+            !shared.is_empty()
+        }
     };
 
     assert!(!others("w1").await, "nothing runs yet");
@@ -1193,6 +1196,12 @@ async fn others_claiming_sees_running_jobs_of_other_claimers_of_the_queue_only()
         .unwrap();
     assert_eq!(theirs.len(), 1);
     assert!(!others("w1").await, "w2 runs a job of another queue only");
+    let both = strings(&["default", "elsewhere"]);
+    assert_eq!(
+        jobs_others_claiming(pool, &both, "w1").await.unwrap(),
+        ["elsewhere"],
+        "one statement answers for each queue"
+    );
 
     let theirs = jobs_claim_batch(pool, &queue, &kinds, 1, "w2")
         .await

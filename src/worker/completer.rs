@@ -5,8 +5,8 @@
 //! releases. Up to two batches are written at once (one when other processes claim from
 //! the worker's queues, [`super::sharing`]): one batch's commit waits for its WAL flush
 //! while the next one's rows are written. Meanwhile the next batch accumulates, so under
-//! load a statement carries many jobs and when idle a single job is written at once. Each outcome is in exactly one batch, so concurrent writes
-//! never touch the same row.
+//! load a statement carries many jobs and when idle a single job is written at once. Each
+//! outcome is in exactly one batch, so concurrent writes never touch the same row.
 //!
 //! Transient database errors (lost connections, deadlocks, serialization failures, class
 //! 53 resource errors, a read-only server during a failover) are retried until the write

@@ -32,15 +32,20 @@ use crate::db::jobs::jobs_others_claiming;
 const CHECK_INTERVAL: Duration = Duration::from_millis(250);
 
 /// Claims a producer keeps in flight: alone on its queue, and beside other claimers.
-pub(super) const CLAIMS_IN_FLIGHT_ALONE: usize = 2;
-pub(super) const CLAIMS_IN_FLIGHT_SHARED: usize = 1;
+const CLAIMS_IN_FLIGHT_ALONE: usize = 2;
+const CLAIMS_IN_FLIGHT_SHARED: usize = 1;
 
 /// Outcome batches the completer writes at once: alone, and beside other claimers.
-pub(super) const WRITES_IN_FLIGHT_ALONE: usize = 2;
-pub(super) const WRITES_IN_FLIGHT_SHARED: usize = 1;
+const WRITES_IN_FLIGHT_ALONE: usize = 2;
+const WRITES_IN_FLIGHT_SHARED: usize = 1;
 
-/// Looks for other claimers of each group's queue until `stop`.
+/// Looks for other claimers of the groups' queues, all in one statement, until `stop`.
 pub(super) async fn watch(shared: Arc<Shared>, stop: CancellationToken) {
+    let queues: Vec<String> = shared
+        .groups
+        .iter()
+        .flat_map(|group| group.queues.iter().cloned())
+        .collect();
     let mut ticker = tokio::time::interval(CHECK_INTERVAL);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -53,16 +58,17 @@ pub(super) async fn watch(shared: Arc<Shared>, stop: CancellationToken) {
         if shared.claims.len() == 0 {
             continue;
         }
-        for group in &shared.groups {
-            match jobs_others_claiming(&shared.pool, &group.queues, &shared.config.worker_id).await
-            {
-                Ok(others) => group.others_claiming.store(others, Ordering::Relaxed),
-                Err(e) => tracing::debug!(
-                    error = %e,
-                    queues = ?group.queues,
-                    "looking for other claimers of the queue failed; keeping the last answer"
-                ),
+        match jobs_others_claiming(&shared.pool, &queues, &shared.config.worker_id).await {
+            Ok(shared_queues) => {
+                for group in &shared.groups {
+                    let others = group.queues.iter().any(|q| shared_queues.contains(q));
+                    group.others_claiming.store(others, Ordering::Relaxed);
+                }
             }
+            Err(e) => tracing::debug!(
+                error = %e,
+                "looking for other claimers of the queues failed; keeping the last answer"
+            ),
         }
     }
 }

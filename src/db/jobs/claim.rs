@@ -217,13 +217,13 @@ pub async fn jobs_claim(
     .await
 }
 
-/// Whether a claimer other than `claimed_by` holds running jobs of `queues`
-/// (`skiplock.internal_others_claiming`).
+/// Of `queues`, those in which a claimer other than `claimed_by` holds running jobs
+/// (`skiplock.internal_others_claiming`), in one statement.
 pub async fn jobs_others_claiming(
     db: impl PgExecutor<'_>,
     queues: &[String],
     claimed_by: &str,
-) -> sqlx::Result<bool> {
+) -> sqlx::Result<Vec<String>> {
     sqlx::query_scalar("SELECT skiplock.internal_others_claiming($1, $2)")
         .bind(queues)
         .bind(claimed_by)

@@ -38,6 +38,7 @@ GRANT SELECT ON skiplock.schema_migrations
 GRANT SELECT, INSERT, UPDATE, DELETE ON skiplock.jobs TO skiplock_worker;
 GRANT USAGE ON SEQUENCE skiplock.jobs_id_seq TO skiplock_worker;
 GRANT SELECT, UPDATE (parent_state) ON skiplock.job_dependencies TO skiplock_worker;
+GRANT SELECT, UPDATE ON skiplock.waiting_sweep TO skiplock_worker;
 GRANT SELECT ON skiplock.queues TO skiplock_worker;
 GRANT SELECT, INSERT, UPDATE ON skiplock.cron_schedules TO skiplock_worker;
 GRANT SELECT, INSERT, UPDATE, DELETE ON skiplock.job_history TO skiplock_worker;

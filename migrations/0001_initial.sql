@@ -174,6 +174,16 @@ CREATE TABLE skiplock.cron_schedules (
     CONSTRAINT cron_schedules_queue_name_length CHECK (octet_length(queue) <= 1000)
 );
 
+-- Where the periodic sweep of waiting jobs (skiplock.internal_settle_waiting, run by every
+-- worker and by skiplock.maintain) goes on: each pass checks the next batch of waiting
+-- jobs after after_id, in id order, and starts from the first again after the last. One
+-- row; a pass that finds it locked by another leaves the sweep to that one.
+CREATE TABLE skiplock.waiting_sweep (
+    singleton boolean PRIMARY KEY DEFAULT true CHECK (singleton),
+    after_id  bigint  NOT NULL DEFAULT 0
+);
+INSERT INTO skiplock.waiting_sweep DEFAULT VALUES;
+
 -- Job history that survives pruning.
 --
 -- Finished jobs are deleted by the pruner, so their numbers move into this small rollup

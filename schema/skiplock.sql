@@ -138,7 +138,7 @@ DECLARE
 BEGIN
     IF complete.output IS NOT NULL THEN
         UPDATE skiplock.jobs j SET output = complete.output
-        WHERE j.id = complete.id AND j.claim_token = complete.token;
+        WHERE j.id = complete.id;
     END IF;
     SELECT * INTO saved
     FROM skiplock.internal_complete_claims(ARRAY[complete.id], ARRAY[complete.token]);
@@ -339,36 +339,54 @@ $_$;
 
 CREATE FUNCTION skiplock.internal_advance_lanes(keys text[]) RETURNS integer
     LANGUAGE plpgsql
+    SET enable_seqscan TO 'off'
+    SET enable_bitmapscan TO 'off'
+    SET enable_hashjoin TO 'off'
+    SET enable_mergejoin TO 'off'
+    SET jit TO 'off'
     AS $$
 DECLARE
     promoted int;
+    waiting_heads bigint[];
+    runnable skiplock.runnable_key[];
 BEGIN
-    WITH heads AS (
-        SELECT DISTINCT ON (ordering_key) id, state
-        FROM skiplock.jobs
-        WHERE ordering_key = ANY (keys) AND state IN ('waiting', 'queued', 'running')
-        ORDER BY ordering_key, id
-    ), ready AS (
+    SELECT array_agg(h.id) FILTER (WHERE h.state = 'waiting'),
+           coalesce(array_agg(ROW(h.queue, h.priority, h.scheduled_at)::skiplock.runnable_key)
+                        FILTER (WHERE h.state = 'queued'), '{}')
+    INTO waiting_heads, runnable
+    FROM (SELECT DISTINCT k FROM unnest(keys) AS k WHERE k IS NOT NULL) AS lane(key)
+    CROSS JOIN LATERAL (
+        SELECT j.id, j.state, j.queue, j.priority, j.scheduled_at
+        FROM skiplock.jobs j
+        WHERE j.ordering_key = lane.key AND j.state IN ('waiting', 'queued', 'running')
+        ORDER BY j.id
+        LIMIT 1
+    ) h;
+    -- By id, not joined with the heads: a join let the planner, told by stale statistics
+    -- that one job waits, walk every waiting job and test each.
+    WITH ready AS (
         UPDATE skiplock.jobs j SET state = 'queued'
-        FROM heads
-        WHERE j.id = heads.id AND heads.state = 'waiting' AND j.state = 'waiting'
+        WHERE j.id = ANY (waiting_heads) AND j.state = 'waiting'
           AND NOT EXISTS (
               SELECT 1 FROM skiplock.jobs o
               WHERE o.ordering_key = j.ordering_key AND o.state = 'running'
           )
           AND NOT skiplock.internal_has_unmet_parent(j.id)
-        RETURNING j.queue
+        RETURNING j.queue, j.priority, j.scheduled_at
     )
-    SELECT count(*) INTO promoted FROM ready;
-    -- Each lane's head, promoted now or queued before (its turn came when the job before
-    -- it ended; claims skipped it while that job was unfinished), or when it comes due.
-    PERFORM skiplock.internal_notify_runnable(h.queue, h.priority, h.scheduled_at),
-            skiplock.internal_notify_due_later(h.queue, h.priority, h.scheduled_at, h.scheduled_at)
-    FROM (SELECT DISTINCT ON (ordering_key) state, queue, priority, scheduled_at
-          FROM skiplock.jobs
-          WHERE ordering_key = ANY (keys) AND state IN ('waiting', 'queued', 'running')
-          ORDER BY ordering_key, id) h
-    WHERE h.state = 'queued';
+    SELECT count(*),
+           runnable || coalesce(array_agg(ROW(queue, priority, scheduled_at)::skiplock.runnable_key), '{}')
+    INTO promoted, runnable
+    FROM ready;
+    -- The lowest key per queue and priority for those due (one message, not one per
+    -- lane), and each one due later.
+    PERFORM skiplock.internal_notify_runnable(k.queue, k.priority, min(k.scheduled_at))
+    FROM unnest(runnable) AS k
+    WHERE k.scheduled_at <= now()
+    GROUP BY k.queue, k.priority;
+    PERFORM skiplock.internal_notify_due_later(k.queue, k.priority, k.scheduled_at, k.scheduled_at)
+    FROM unnest(runnable) AS k
+    WHERE k.scheduled_at > now();
     RETURN promoted;
 END;
 $$;
@@ -1424,6 +1442,43 @@ $$;
 COMMENT ON FUNCTION skiplock.internal_others_claiming(queues text[], worker text) IS 'Of the given queues, those in which a claimer other than the given one holds running jobs. What a worker calls to choose how many claims and writes it keeps in flight; internal, not stable.';
 
 --
+-- Name: internal_queue_ready_dependants(bigint[]); Type: FUNCTION; Schema: skiplock; Owner: -
+--
+
+CREATE FUNCTION skiplock.internal_queue_ready_dependants(ids bigint[]) RETURNS integer
+    LANGUAGE plpgsql
+    SET enable_seqscan TO 'off'
+    SET enable_bitmapscan TO 'off'
+    SET enable_hashjoin TO 'off'
+    SET enable_mergejoin TO 'off'
+    SET jit TO 'off'
+    AS $$
+DECLARE
+    promoted int;
+    promoted_keys skiplock.runnable_key[];
+BEGIN
+    WITH ready AS (
+        UPDATE skiplock.jobs c
+        SET state = 'queued'
+        WHERE c.id = ANY (ids) AND c.state = 'waiting'
+          AND EXISTS (SELECT 1 FROM skiplock.job_dependencies d WHERE d.job_id = c.id)
+          AND NOT skiplock.internal_has_unmet_parent(c.id)
+        RETURNING c.queue, c.priority, c.scheduled_at
+    )
+    SELECT count(*), array_agg(DISTINCT ROW(queue, priority, scheduled_at)::skiplock.runnable_key)
+    INTO promoted, promoted_keys FROM ready;
+    -- The lowest key per queue and priority: one message, not one per job (and one for
+    -- the jobs not due yet).
+    PERFORM skiplock.internal_notify_runnable(k.queue, k.priority, min(k.scheduled_at)),
+            skiplock.internal_notify_due_later(k.queue, k.priority,
+                min(k.scheduled_at) FILTER (WHERE k.scheduled_at > now()), max(k.scheduled_at))
+    FROM unnest(promoted_keys) AS k
+    GROUP BY k.queue, k.priority;
+    RETURN promoted;
+END;
+$$;
+
+--
 -- Name: internal_reap_stale(bigint, bigint, bigint, timestamp with time zone); Type: FUNCTION; Schema: skiplock; Owner: -
 --
 
@@ -1591,53 +1646,56 @@ $$;
 
 CREATE FUNCTION skiplock.internal_settle_dependants(parent_ids bigint[]) RETURNS integer
     LANGUAGE plpgsql
+    SET enable_seqscan TO 'off'
+    SET enable_bitmapscan TO 'off'
+    SET enable_hashjoin TO 'off'
+    SET enable_mergejoin TO 'off'
+    SET jit TO 'off'
     AS $$
 DECLARE
-    promoted_keys skiplock.runnable_key[];
     promoted int := 0;
     cancelled int := 0;
+    victim record;
 BEGIN
-    WITH RECURSIVE doomed (id, reason) AS (
-        SELECT d.job_id,
-               CASE WHEN p.id IS NULL
-                    THEN format('parent job %s was deleted while %s', d.parent_id, d.parent_state)
-                    ELSE format('parent job %s ended %s', p.id, p.state) END
-        FROM skiplock.job_dependencies d
-        LEFT JOIN skiplock.jobs p ON p.id = d.parent_id
-        JOIN skiplock.jobs c ON c.id = d.job_id
-        WHERE d.parent_id = ANY (parent_ids)
-          AND (p.state IN ('dead', 'cancelled') OR (p.id IS NULL AND d.parent_state IS NOT NULL))
-          AND c.state = 'waiting'
-        UNION
-        SELECT d.job_id, format('parent job %s was cancelled', d.parent_id)
-        FROM skiplock.job_dependencies d
-        JOIN doomed ON d.parent_id = doomed.id
-        JOIN skiplock.jobs c ON c.id = d.job_id
-        WHERE c.state = 'waiting'
-    )
-    UPDATE skiplock.jobs j
-    SET state = 'cancelled', finished_at = now(), last_error = doomed.reason
-    FROM doomed
-    WHERE j.id = doomed.id AND j.state = 'waiting';
-    GET DIAGNOSTICS cancelled = ROW_COUNT;
+    FOR victim IN
+        -- Each lookup is a LATERAL subquery with LIMIT (or OFFSET 0), which the planner
+        -- neither flattens nor reorders: the edges of the parents drive, the jobs are
+        -- found by id.
+        WITH RECURSIVE doomed (id, reason) AS (
+            SELECT e.job_id,
+                   CASE WHEN p.id IS NULL
+                        THEN format('parent job %s was deleted while %s', e.parent_id, e.parent_state)
+                        ELSE format('parent job %s ended %s', p.id, p.state) END
+            FROM skiplock.job_dependencies e
+            LEFT JOIN LATERAL (SELECT p.id, p.state FROM skiplock.jobs p
+                               WHERE p.id = e.parent_id LIMIT 1) p ON true
+            CROSS JOIN LATERAL (SELECT FROM skiplock.jobs c
+                                WHERE c.id = e.job_id AND c.state = 'waiting' LIMIT 1) c
+            WHERE e.parent_id = ANY (parent_ids)
+              AND (p.state IN ('dead', 'cancelled') OR (p.id IS NULL AND e.parent_state IS NOT NULL))
+            UNION
+            SELECT e.job_id, format('parent job %s was cancelled', doomed.id)
+            FROM doomed
+            CROSS JOIN LATERAL (SELECT d.job_id FROM skiplock.job_dependencies d
+                                WHERE d.parent_id = doomed.id OFFSET 0) e
+            CROSS JOIN LATERAL (SELECT FROM skiplock.jobs c
+                                WHERE c.id = e.job_id AND c.state = 'waiting' LIMIT 1) c
+        )
+        SELECT DISTINCT ON (d.id) d.id, d.reason FROM doomed d ORDER BY d.id, d.reason
+    LOOP
+        -- One row at a time, by id (cancellations are rare; a join of the list with the
+        -- table is what the planner can turn into a walk of every waiting job).
+        UPDATE skiplock.jobs j
+        SET state = 'cancelled', finished_at = now(), last_error = victim.reason
+        WHERE j.id = victim.id AND j.state = 'waiting';
+        IF FOUND THEN
+            cancelled := cancelled + 1;
+        END IF;
+    END LOOP;
 
-    WITH ready AS (
-        UPDATE skiplock.jobs c
-        SET state = 'queued'
-        WHERE c.state = 'waiting'
-          AND c.id IN (SELECT job_id FROM skiplock.job_dependencies WHERE parent_id = ANY (parent_ids))
-          AND NOT skiplock.internal_has_unmet_parent(c.id)
-        RETURNING c.queue, c.priority, c.scheduled_at
-    )
-    SELECT count(*), array_agg(DISTINCT ROW(queue, priority, scheduled_at)::skiplock.runnable_key)
-    INTO promoted, promoted_keys FROM ready;
-    -- The lowest key per queue and priority: one message, not one per child (and one for
-    -- the children not due yet).
-    PERFORM skiplock.internal_notify_runnable(k.queue, k.priority, min(k.scheduled_at)),
-            skiplock.internal_notify_due_later(k.queue, k.priority,
-                min(k.scheduled_at) FILTER (WHERE k.scheduled_at > now()), max(k.scheduled_at))
-    FROM unnest(promoted_keys) AS k
-    GROUP BY k.queue, k.priority;
+    promoted := skiplock.internal_queue_ready_dependants(ARRAY(
+        SELECT DISTINCT d.job_id FROM skiplock.job_dependencies d
+        WHERE d.parent_id = ANY (parent_ids)));
     RETURN promoted + cancelled;
 END;
 $$;
@@ -1647,39 +1705,81 @@ $$;
 --
 
 CREATE FUNCTION skiplock.internal_settle_waiting() RETURNS integer
-    LANGUAGE sql
+    LANGUAGE plpgsql
+    SET enable_seqscan TO 'off'
+    SET enable_bitmapscan TO 'off'
+    SET enable_hashjoin TO 'off'
+    SET enable_mergejoin TO 'off'
+    SET jit TO 'off'
     AS $$
-    WITH orphans AS (
-        UPDATE skiplock.jobs c SET state = 'queued'
-        WHERE c.state = 'waiting' AND c.ordering_key IS NULL
-          AND NOT EXISTS (SELECT 1 FROM skiplock.job_dependencies d WHERE d.job_id = c.id)
-        RETURNING c.id, c.queue, c.priority, c.scheduled_at
-    ), orphans_announced AS (
-        SELECT skiplock.internal_notify_runnable(queue, priority, scheduled_at),
-               skiplock.internal_notify_due_later(queue, priority, scheduled_at, scheduled_at)
-        FROM orphans
-    ), lanes AS (
-        -- Only lanes whose head waits: advance_lanes can move nothing else, and it
-        -- announces every queued head it is given.
-        SELECT skiplock.internal_advance_lanes(ARRAY(
-            SELECT h.ordering_key
-            FROM (SELECT DISTINCT ON (ordering_key) ordering_key, state
-                  FROM skiplock.jobs
-                  WHERE ordering_key IS NOT NULL
-                    AND state IN ('waiting', 'queued', 'running')
-                  ORDER BY ordering_key, id) h
-            WHERE h.state = 'waiting'
-        )) AS moved
-    )
-    SELECT skiplock.internal_settle_dependants(ARRAY(
-               SELECT DISTINCT d.parent_id
-               FROM skiplock.jobs c
-               JOIN skiplock.job_dependencies d ON d.job_id = c.id
-               LEFT JOIN skiplock.jobs p ON p.id = d.parent_id
-               WHERE c.state = 'waiting'
-                 AND (p.state IN ('succeeded', 'dead', 'cancelled') OR p.id IS NULL)
-           ))::int + (SELECT count(*) FROM orphans_announced)::int
-           + (SELECT moved FROM lanes);
+DECLARE
+    batch_size constant int := 500;
+    position bigint;
+    last_id bigint;
+    seen int;
+    orphans bigint[];
+    lanes text[];
+    dependants bigint[];
+    moved int := 0;
+    queued_orphans int;
+    orphan_keys skiplock.runnable_key[];
+BEGIN
+    SELECT after_id INTO position FROM skiplock.waiting_sweep FOR UPDATE SKIP LOCKED;
+    IF NOT FOUND THEN
+        RETURN 0;
+    END IF;
+    -- The batch, read once: what each waiting job waits for.
+    SELECT count(*), max(b.id),
+           array_agg(b.id) FILTER (WHERE b.ordering_key IS NULL AND NOT b.has_edges),
+           array_agg(DISTINCT b.ordering_key) FILTER (WHERE b.ordering_key IS NOT NULL),
+           array_agg(b.id) FILTER (WHERE b.has_edges)
+    INTO seen, last_id, orphans, lanes, dependants
+    FROM (SELECT c.id, c.ordering_key,
+                 EXISTS (SELECT 1 FROM skiplock.job_dependencies d WHERE d.job_id = c.id) AS has_edges
+          FROM skiplock.jobs c
+          WHERE c.state = 'waiting' AND c.id > position
+          ORDER BY c.id
+          LIMIT batch_size) b;
+    UPDATE skiplock.waiting_sweep
+    SET after_id = CASE WHEN seen < batch_size THEN 0 ELSE last_id END;
+
+    -- Waiting for nothing: no lane, no dependency row.
+    IF orphans IS NOT NULL THEN
+        WITH queued AS (
+            UPDATE skiplock.jobs c SET state = 'queued'
+            WHERE c.id = ANY (orphans) AND c.state = 'waiting' AND c.ordering_key IS NULL
+              AND NOT EXISTS (SELECT 1 FROM skiplock.job_dependencies d WHERE d.job_id = c.id)
+            RETURNING c.queue, c.priority, c.scheduled_at
+        )
+        SELECT count(*), array_agg(ROW(queue, priority, scheduled_at)::skiplock.runnable_key)
+        INTO queued_orphans, orphan_keys FROM queued;
+        PERFORM skiplock.internal_notify_runnable(k.queue, k.priority, k.scheduled_at),
+                skiplock.internal_notify_due_later(k.queue, k.priority, k.scheduled_at,
+                                                   k.scheduled_at)
+        FROM unnest(orphan_keys) AS k;
+        moved := queued_orphans;
+    END IF;
+    -- The batch's lanes: each head is one index entry, and the queued ones are announced
+    -- in one message per queue and priority.
+    IF lanes IS NOT NULL THEN
+        moved := moved + skiplock.internal_advance_lanes(lanes);
+    END IF;
+    -- Jobs of the batch whose parents all succeeded (or were pruned after) are queued;
+    -- those with a parent that can never succeed are cancelled with that parent's other
+    -- waiting dependants (their cost: the failed parents' edges, each cancelling a job).
+    IF dependants IS NOT NULL THEN
+        moved := moved + skiplock.internal_queue_ready_dependants(dependants);
+        moved := moved + skiplock.internal_settle_dependants(ARRAY(
+            SELECT DISTINCT d.parent_id
+            FROM skiplock.job_dependencies d
+            LEFT JOIN LATERAL (SELECT p.state FROM skiplock.jobs p
+                               WHERE p.id = d.parent_id LIMIT 1) p ON true
+            WHERE d.job_id = ANY (dependants)
+              AND (p.state IN ('dead', 'cancelled')
+                   OR (p.state IS NULL AND d.parent_state IS NOT NULL))));
+    END IF;
+    RETURN moved;
+END;
 $$;
 
 --
@@ -2343,6 +2443,16 @@ CREATE VIEW skiplock.throughput AS
 COMMENT ON VIEW skiplock.throughput IS 'Per queue and kind: jobs that succeeded or died in the last minute and hour, and successes per second. Example: SELECT * FROM skiplock.throughput WHERE queue = ''mail'';';
 
 --
+-- Name: waiting_sweep; Type: TABLE; Schema: skiplock; Owner: -
+--
+
+CREATE TABLE skiplock.waiting_sweep (
+    singleton boolean DEFAULT true NOT NULL,
+    after_id bigint DEFAULT 0 NOT NULL,
+    CONSTRAINT waiting_sweep_singleton_check CHECK (singleton)
+);
+
+--
 -- Name: cron_schedules cron_schedules_pkey; Type: CONSTRAINT; Schema: skiplock; Owner: -
 --
 
@@ -2390,6 +2500,13 @@ ALTER TABLE ONLY skiplock.schema_functions
 
 ALTER TABLE ONLY skiplock.schema_migrations
     ADD CONSTRAINT schema_migrations_pkey PRIMARY KEY (version);
+
+--
+-- Name: waiting_sweep waiting_sweep_pkey; Type: CONSTRAINT; Schema: skiplock; Owner: -
+--
+
+ALTER TABLE ONLY skiplock.waiting_sweep
+    ADD CONSTRAINT waiting_sweep_pkey PRIMARY KEY (singleton);
 
 --
 -- Name: job_dependencies_parent_idx; Type: INDEX; Schema: skiplock; Owner: -

@@ -852,6 +852,15 @@ async fn heartbeat_extends_the_claims_held_and_reports_the_others() {
 async fn assert_fenced(pool: &PgPool, id: i64, token: Option<Uuid>) {
     let before = row(pool, id).await;
     assert!(!complete(pool, id, token).await, "complete");
+    // With an output too: the output is written only under the claim's token.
+    let with_output: bool =
+        sqlx::query_scalar("SELECT skiplock.complete($1, $2, '{\"stale\": true}')")
+            .bind(id)
+            .bind(token)
+            .fetch_one(pool)
+            .await
+            .unwrap();
+    assert!(!with_output, "complete with an output");
     assert_eq!(fail(pool, id, token, "x").await, None, "fail");
     assert_eq!(discard(pool, id, token, "x").await, None, "discard");
     assert!(!release(pool, id, token).await, "release");

@@ -4,7 +4,7 @@
 //! The views and `skiplock.retry_dead_jobs` are defined in `migrations/functions.sql`.
 
 use chrono::{DateTime, Utc};
-#[cfg(any(feature = "cli", feature = "internals"))]
+#[cfg(any(feature = "cli", feature = "testing", feature = "internals"))]
 use serde_json::Value;
 use sqlx::types::Json;
 use sqlx::{FromRow, PgExecutor};

@@ -1,0 +1,311 @@
+//! The follow-up statements (a lane step, a dependency settle, the sweep of waiting jobs)
+//! cost what their work costs, whatever the planner's statistics say.
+//!
+//! Each test takes statistics at a moment a real table is often caught in (empty, or
+//! dominated by finished jobs), keeps them (autovacuum off on the test's table), then
+//! measures one step in shared buffers (`EXPLAIN (ANALYZE, BUFFERS)`, which counts the
+//! statements the SQL functions run too) twice: beside a few waiting jobs, and beside ten
+//! times more. A step whose plan walks the waiting jobs reads about ten times more the
+//! second time; a bounded one reads the same. Buffers, not time: the count does not
+//! depend on the machine's speed or load.
+
+mod common;
+
+use common::{TestDb, test_db};
+use sqlx::PgPool;
+
+/// Waiting jobs beside the measured step, then ten times more.
+const FEW_WAITING: i64 = 300;
+const MANY_WAITING: i64 = 3_000;
+
+/// Finished jobs in the table when the statistics are taken "dominated by history".
+const HISTORY: i64 = 20_000;
+
+/// When the statistics of `skiplock.jobs` were taken.
+#[derive(Clone, Copy, Debug)]
+enum Statistics {
+    /// On the freshly migrated, empty table.
+    Empty,
+    /// On a table of finished jobs only, before any of the test's jobs existed.
+    History,
+}
+
+/// A test database whose `skiplock.jobs` statistics were taken as `statistics` says and
+/// are kept there: autovacuum (and with it autoanalyze) is off on the table.
+async fn with_statistics(statistics: Statistics) -> TestDb {
+    let db = test_db().await;
+    sqlx::query(
+        "ALTER TABLE skiplock.jobs
+         SET (autovacuum_enabled = false, toast.autovacuum_enabled = false)",
+    )
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    if let Statistics::History = statistics {
+        sqlx::query(
+            "INSERT INTO skiplock.jobs (kind, state, finished_at)
+             SELECT 'noop', 'succeeded', now() FROM generate_series(1, $1)",
+        )
+        .bind(HISTORY)
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    }
+    sqlx::query("ANALYZE skiplock.jobs")
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    sqlx::query("ANALYZE skiplock.job_dependencies")
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    db
+}
+
+/// Shared buffers (hit + read) that `statement` touched, nested statements included.
+async fn buffers_of(pool: &PgPool, statement: &str) -> i64 {
+    // The statements are the test's own, with ids and tokens read from the database.
+    let explain = format!("EXPLAIN (ANALYZE, BUFFERS, COSTS OFF) {statement}");
+    let plan: Vec<String> = sqlx::query_scalar(sqlx::AssertSqlSafe(explain))
+        .fetch_all(pool)
+        .await
+        .unwrap();
+    // The first "Buffers:" line is the top node's, which includes every node under it
+    // and the statements run by functions it called.
+    let line = plan
+        .iter()
+        .find(|l| l.trim_start().starts_with("Buffers:"))
+        .unwrap_or_else(|| panic!("no Buffers line in the plan: {plan:#?}"));
+    ["hit=", "read="]
+        .iter()
+        .filter_map(|key| {
+            let at = line.find(key)? + key.len();
+            let digits: String = line[at..]
+                .chars()
+                .take_while(char::is_ascii_digit)
+                .collect();
+            digits.parse::<i64>().ok()
+        })
+        .sum()
+}
+
+/// Claims the next job of `queue` with the SQL protocol; returns `(id, claim token)`.
+async fn claim_one(pool: &PgPool, queue: &str) -> (i64, uuid::Uuid) {
+    sqlx::query_as("SELECT id, claim_token FROM skiplock.claim($1, 1, 'bounded-test')")
+        .bind(queue)
+        .fetch_one(pool)
+        .await
+        .unwrap_or_else(|e| panic!("a job of queue {queue} to claim: {e}"))
+}
+
+/// `SELECT skiplock.complete(id, token)` of the next job of `queue`, measured.
+async fn buffers_of_completing_next(pool: &PgPool, queue: &str) -> i64 {
+    let (id, token) = claim_one(pool, queue).await;
+    buffers_of(pool, &format!("SELECT skiplock.complete({id}, '{token}')")).await
+}
+
+/// Adds `count` waiting jobs in one lane of their own (`queue` 'bulk').
+async fn add_waiting_lane(pool: &PgPool, lane: &str, count: i64) {
+    sqlx::query(
+        "INSERT INTO skiplock.jobs (kind, queue, ordering_key)
+         SELECT 'noop', 'bulk', $1 FROM generate_series(1, $2)",
+    )
+    .bind(lane)
+    .bind(count)
+    .execute(pool)
+    .await
+    .unwrap();
+}
+
+/// Asserts that the step read about as much beside ten times more waiting jobs: at most
+/// twice as much plus a small constant (an index page more here and there).
+fn assert_bounded(what: &str, statistics: Statistics, few: i64, many: i64) {
+    assert!(
+        many <= 2 * few + 50,
+        "{what} (statistics {statistics:?}): {few} buffers beside {FEW_WAITING} waiting jobs, \
+         {many} beside {MANY_WAITING}: its cost grows with the waiting jobs"
+    );
+}
+
+async fn lane_step_is_bounded(statistics: Statistics) {
+    let db = with_statistics(statistics).await;
+    // The measured lane: a head and jobs behind it, in a queue of its own.
+    sqlx::query(
+        "INSERT INTO skiplock.jobs (kind, queue, ordering_key)
+         SELECT 'noop', 'lane', 'measured' FROM generate_series(1, 10)",
+    )
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    add_waiting_lane(&db.pool, "beside", FEW_WAITING).await;
+    let few = buffers_of_completing_next(&db.pool, "lane").await;
+    add_waiting_lane(&db.pool, "beside", MANY_WAITING - FEW_WAITING).await;
+    let many = buffers_of_completing_next(&db.pool, "lane").await;
+    assert_bounded("a lane step", statistics, few, many);
+    // The step did its work: the next job of the measured lane is its queued head.
+    let queued: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM skiplock.jobs WHERE ordering_key = 'measured' AND state = 'queued'",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(queued, 1, "the measured lane's next job is queued");
+}
+
+#[tokio::test]
+async fn a_lane_step_costs_the_same_beside_many_waiting_jobs_under_empty_statistics() {
+    lane_step_is_bounded(Statistics::Empty).await;
+}
+
+#[tokio::test]
+async fn a_lane_step_costs_the_same_beside_many_waiting_jobs_under_history_statistics() {
+    lane_step_is_bounded(Statistics::History).await;
+}
+
+/// Adds a parent in queue `queue` with `children` waiting dependants; returns its id.
+async fn add_parent_with_children(pool: &PgPool, queue: &str, children: i64) -> i64 {
+    let parent: i64 = sqlx::query_scalar("SELECT skiplock.enqueue('noop', queue => $1)")
+        .bind(queue)
+        .fetch_one(pool)
+        .await
+        .unwrap();
+    sqlx::query(
+        "SELECT skiplock.enqueue('noop', queue => 'children', depends_on => ARRAY[$1::bigint])
+         FROM generate_series(1, $2)",
+    )
+    .bind(parent)
+    .bind(children)
+    .execute(pool)
+    .await
+    .unwrap();
+    parent
+}
+
+async fn dependency_settle_is_bounded(statistics: Statistics) {
+    let db = with_statistics(statistics).await;
+    add_parent_with_children(&db.pool, "parents", 5).await;
+    add_parent_with_children(&db.pool, "parents", 5).await;
+    // Dependants of a parent that never finishes, beside the measured ones.
+    add_parent_with_children(&db.pool, "idle", FEW_WAITING).await;
+    let few = buffers_of_completing_next(&db.pool, "parents").await;
+    add_parent_with_children(&db.pool, "idle", MANY_WAITING - FEW_WAITING).await;
+    let many = buffers_of_completing_next(&db.pool, "parents").await;
+    assert_bounded("a dependency settle", statistics, few, many);
+    let queued: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM skiplock.jobs WHERE queue = 'children' AND state = 'queued'",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(queued, 10, "both measured parents' children are queued");
+
+    // Failing a parent cancels its children, with the same bound.
+    let failing = add_parent_with_children(&db.pool, "failing", 5).await;
+    let (id, token) = claim_one(&db.pool, "failing").await;
+    assert_eq!(id, failing);
+    let failed = buffers_of(
+        &db.pool,
+        &format!("SELECT skiplock.discard({id}, '{token}', 'test')"),
+    )
+    .await;
+    assert_bounded("cancelling dependants", statistics, few, failed);
+    let cancelled: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM skiplock.jobs j JOIN skiplock.job_dependencies d ON d.job_id = j.id
+         WHERE d.parent_id = $1 AND j.state = 'cancelled'",
+    )
+    .bind(failing)
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(cancelled, 5, "the failed parent's children are cancelled");
+}
+
+#[tokio::test]
+async fn a_dependency_settle_costs_the_same_beside_many_waiting_jobs_under_empty_statistics() {
+    dependency_settle_is_bounded(Statistics::Empty).await;
+}
+
+#[tokio::test]
+async fn a_dependency_settle_costs_the_same_beside_many_waiting_jobs_under_history_statistics() {
+    dependency_settle_is_bounded(Statistics::History).await;
+}
+
+async fn maintain_is_bounded(statistics: Statistics) {
+    let db = with_statistics(statistics).await;
+    // Lanes of two jobs each: every head queued, every second job waiting.
+    let add_lanes = |from: i64, to: i64| {
+        let pool = db.pool.clone();
+        async move {
+            sqlx::query(
+                "INSERT INTO skiplock.jobs (kind, queue, ordering_key)
+                 SELECT 'noop', 'lanes', 'lane-' || g FROM generate_series($1, $2) g,
+                        generate_series(1, 2)",
+            )
+            .bind(from)
+            .bind(to)
+            .execute(&pool)
+            .await
+            .unwrap();
+        }
+    };
+    add_lanes(1, FEW_WAITING).await;
+    let few = buffers_of(&db.pool, "SELECT * FROM skiplock.maintain()").await;
+    add_lanes(FEW_WAITING + 1, MANY_WAITING).await;
+    let many = buffers_of(&db.pool, "SELECT * FROM skiplock.maintain()").await;
+    assert_bounded("skiplock.maintain()", statistics, few, many);
+}
+
+#[tokio::test]
+async fn maintain_costs_the_same_beside_many_waiting_jobs_under_empty_statistics() {
+    maintain_is_bounded(Statistics::Empty).await;
+}
+
+#[tokio::test]
+async fn maintain_costs_the_same_beside_many_waiting_jobs_under_history_statistics() {
+    maintain_is_bounded(Statistics::History).await;
+}
+
+/// The sweep goes through the waiting jobs a batch at a time and starts again after the
+/// last: every waiting job it can move is moved within one lap, however many wait.
+#[tokio::test]
+async fn the_waiting_sweep_reaches_every_waiting_job_within_a_lap() {
+    let db = test_db().await;
+    // Waiting for nothing (as a hand-written row can be): the sweep queues each.
+    let orphans: i64 = 1_200;
+    sqlx::query(
+        "INSERT INTO skiplock.jobs (kind, state) SELECT 'noop', 'waiting' FROM generate_series(1, $1)",
+    )
+    .bind(orphans)
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    let waiting = || async {
+        let n: i64 =
+            sqlx::query_scalar("SELECT count(*) FROM skiplock.jobs WHERE state = 'waiting'")
+                .fetch_one(&db.pool)
+                .await
+                .unwrap();
+        n
+    };
+    let mut passes = 0;
+    let mut moved_in_first = None;
+    while waiting().await > 0 {
+        passes += 1;
+        assert!(
+            passes <= 10,
+            "{} jobs still wait after 10 passes",
+            waiting().await
+        );
+        let moved: i32 = sqlx::query_scalar("SELECT skiplock.internal_settle_waiting()")
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+        moved_in_first.get_or_insert(moved);
+    }
+    let first = i64::from(moved_in_first.unwrap());
+    assert!(
+        first > 0 && first < orphans,
+        "a pass moves one batch, not every waiting job: the first moved {first} of {orphans}"
+    );
+    assert!(passes >= 2, "several passes: {passes}");
+}

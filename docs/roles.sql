@@ -36,6 +36,9 @@ GRANT SELECT ON skiplock.schema_migrations
 -- succeeded marks its dependency edges); cron (upserts its schedules, advances their slots
 -- and inserts their jobs with ids it takes from the identity sequence first).
 GRANT SELECT, INSERT, UPDATE, DELETE ON skiplock.jobs TO skiplock_worker;
+-- The claim, heartbeats, the reaper and the outcomes' row locks work on the live partition
+-- by name (a statement naming skiplock.jobs is checked against its privileges alone).
+GRANT SELECT, UPDATE ON skiplock.jobs_live TO skiplock_worker;
 GRANT USAGE ON SEQUENCE skiplock.jobs_id_seq TO skiplock_worker;
 GRANT SELECT, UPDATE (parent_state) ON skiplock.job_dependencies TO skiplock_worker;
 GRANT SELECT, UPDATE ON skiplock.waiting_sweep TO skiplock_worker;
@@ -60,6 +63,13 @@ GRANT SELECT (id, queue, priority, scheduled_at, state, ordering_key, unique_key
       UPDATE (args)
     ON skiplock.jobs TO skiplock_enqueuer;
 GRANT INSERT ON skiplock.job_dependencies TO skiplock_enqueuer;
+-- skiplock.enqueue_job inserts into the live partition itself (its ON CONFLICT needs the
+-- partition's unique index); the same columns there.
+GRANT INSERT ON skiplock.jobs_live TO skiplock_enqueuer;
+GRANT SELECT (id, queue, priority, scheduled_at, state, ordering_key, unique_key,
+              unique_policy, args, xmax),
+      UPDATE (args)
+    ON skiplock.jobs_live TO skiplock_enqueuer;
 
 -- ---- skiplock_reader: the dashboard read-only, `skiplock jobs/show/stats`, SQL reports --
 GRANT SELECT ON ALL TABLES IN SCHEMA skiplock TO skiplock_reader;

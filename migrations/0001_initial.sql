@@ -46,6 +46,9 @@ CREATE TYPE skiplock.job_state AS ENUM (
 -- A job's place in claim order, as internal_settle_dependants collects those it promotes.
 CREATE TYPE skiplock.runnable_key AS (queue text, priority smallint, scheduled_at timestamptz);
 
+-- A claim the reaper took back, as skiplock.internal_reap_stale collects them.
+CREATE TYPE skiplock.internal_reaped AS (id bigint, state text, claimed_by text, ordering_key text);
+
 -- A job as skiplock.claim hands it to a worker of any language.
 CREATE TYPE skiplock.claimed_job AS (
     id           bigint,
@@ -61,7 +64,32 @@ CREATE TYPE skiplock.claimed_job AS (
 -- Tables
 -- =========================================================================================
 
--- Every job, finished ones included until the pruner removes them.
+-- Every job, finished ones included until the pruner removes them: one logical table that
+-- operators read and write by hand, stored in two partitions by state.
+--
+--   skiplock.jobs_live   waiting, queued, running: what the claim, the reaper, lanes,
+--                        dependencies and maintain work on. Small: it holds the backlog,
+--                        not the history, so its statistics, indexes and vacuum follow the
+--                        work at hand.
+--   skiplock.jobs_done   succeeded, dead, cancelled: the history, until retention.
+--
+-- A change of state across the two (a completion, a failure that kills, a cancel, a retry
+-- of a dead job) moves the row: Postgres deletes it from one partition and inserts it into
+-- the other in the same statement. `SELECT … FROM skiplock.jobs WHERE id = 42` finds a job
+-- in any state, and `UPDATE skiplock.jobs SET state = 'queued' WHERE id = 42` on a dead job
+-- moves it back; every rule below holds for both partitions. What partitioning changes
+-- (docs/architecture.md, "Live and finished jobs"):
+--   * a primary key of a partitioned table must contain the partition key, so `id` is the
+--     primary key of each partition, and unique across them because the identity column
+--     hands out every id once (an explicit id, OVERRIDING SYSTEM VALUE, is the writer's
+--     own to keep unique);
+--   * the unique indexes (one running job per lane, one pending job per unique key) and
+--     the claim's indexes are on jobs_live, where those rows live;
+--   * a statement that waits for a row another transaction moves meanwhile fails with
+--     40001 ("tuple to be locked was already moved to another partition"), where a single
+--     table would have followed the row; skiplock's own statements retry it, and so should
+--     a script that updates rows by hand;
+--   * storage settings are set on each partition.
 --
 -- A claim token exists only while its job runs (jobs_claim_token_only_running). Every
 -- transition out of `running` clears it (complete, fail, release, reap, cancel); the
@@ -69,15 +97,8 @@ CREATE TYPE skiplock.claimed_job AS (
 -- live", and the completion, failure, release and heartbeat statements can find their rows
 -- by primary key without a `state = 'running'` filter (see src/db/jobs.rs for why that
 -- matters).
---
--- A queue table turns rows over fast: every job leaves two dead row versions behind, and
--- the claim index keeps entries for claimed rows until VACUUM removes them, entries each
--- claim then walks past. So autovacuum vacuums and analyzes this table after 2 % of it
--- changed instead of the server-wide 20 % / 10 %; ANALYZE also refreshes the statistics
--- that cached plans were made from. (Not measured with autovacuum on: the development
--- server runs with autovacuum = off; see docs/benchmarks.md.)
 CREATE TABLE skiplock.jobs (
-    id            bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    id            bigint GENERATED ALWAYS AS IDENTITY,
     queue         text               NOT NULL DEFAULT 'default',
     kind          text               NOT NULL,
     args          jsonb              NOT NULL DEFAULT '{}',
@@ -111,10 +132,23 @@ CREATE TABLE skiplock.jobs (
     ),
     CONSTRAINT jobs_unique_policy_known CHECK (unique_policy IN ('skip', 'replace', 'merge')),
     CONSTRAINT jobs_claim_token_only_running CHECK (claim_token IS NULL OR state = 'running')
-) WITH (
-    autovacuum_vacuum_scale_factor = 0.02,
-    autovacuum_analyze_scale_factor = 0.02
-);
+) PARTITION BY LIST (state);
+
+-- The live partition turns rows over fast: every job leaves dead row versions behind, and
+-- the claim index keeps entries for claimed rows until VACUUM removes them, entries each
+-- claim then walks past. So autovacuum vacuums and analyzes it after 2 % of it changed
+-- instead of the server-wide 20 % / 10 %; ANALYZE also refreshes the statistics that cached
+-- plans were made from. Ids of rows inserted into it directly (enqueue_job, whose ON
+-- CONFLICT needs the partition's own unique index) come from the identity's sequence.
+CREATE TABLE skiplock.jobs_live PARTITION OF skiplock.jobs (PRIMARY KEY (id))
+    FOR VALUES IN ('waiting', 'queued', 'running')
+    WITH (
+        autovacuum_vacuum_scale_factor = 0.02,
+        autovacuum_analyze_scale_factor = 0.02
+    );
+
+CREATE TABLE skiplock.jobs_done PARTITION OF skiplock.jobs (PRIMARY KEY (id))
+    FOR VALUES IN ('succeeded', 'dead', 'cancelled');
 
 -- Dependencies: a job waits until every parent succeeded.
 --
@@ -127,13 +161,13 @@ CREATE TABLE skiplock.jobs (
 --     cancelled whenever it would otherwise wait for it. Without the tombstone, a child
 --     retried by hand after its unfinished parent was deleted would be queued and run
 --     although its parent never succeeded.
--- So parent_id has no foreign key: edges are deleted with their child (the job_id foreign
--- key cascades), never with their parent, and deleting a succeeded job costs no cascade
--- probe of job_dependencies per row. The lock a foreign key would take on the parent while
--- an edge is inserted, so that the parent cannot disappear under a new edge, the insert
--- trigger (job_dependencies_after_insert) takes itself.
+-- Neither column has a foreign key (one to a partitioned table would need the partition
+-- key in it): edges are deleted with their child by the jobs' delete trigger
+-- (jobs_after_delete), never with their parent, and the insert trigger
+-- (job_dependencies_after_insert) checks that both jobs exist and locks them, so that
+-- neither can disappear under a new edge.
 CREATE TABLE skiplock.job_dependencies (
-    job_id       bigint NOT NULL REFERENCES skiplock.jobs (id) ON DELETE CASCADE,
+    job_id       bigint NOT NULL,
     parent_id    bigint NOT NULL,
     parent_state skiplock.job_state,
     PRIMARY KEY (job_id, parent_id),
@@ -239,19 +273,18 @@ CREATE TABLE skiplock.schema_functions (
 -- steps over a flooded one's backlog. Partial, so its size follows the runnable backlog,
 -- not the history: finished rows (succeeded, dead, cancelled) never enter it and cost the
 -- claim nothing.
-CREATE INDEX jobs_claim_idx ON skiplock.jobs (queue, priority, scheduled_at, id)
+CREATE INDEX jobs_claim_idx ON skiplock.jobs_live (queue, priority, scheduled_at, id)
     WHERE state = 'queued';
 
 -- The reaper and the heartbeat look only at running rows.
-CREATE INDEX jobs_running_idx ON skiplock.jobs (heartbeat_at)
+CREATE INDEX jobs_running_idx ON skiplock.jobs_live (heartbeat_at)
     WHERE state = 'running';
 
 -- The pruner walks finished rows by age.
-CREATE INDEX jobs_finished_idx ON skiplock.jobs (state, finished_at)
-    WHERE finished_at IS NOT NULL;
+CREATE INDEX jobs_finished_idx ON skiplock.jobs_done (state, finished_at);
 
 -- Dependencies: the waiting jobs, and the children of a parent.
-CREATE INDEX jobs_waiting_idx ON skiplock.jobs (id) WHERE state = 'waiting';
+CREATE INDEX jobs_waiting_idx ON skiplock.jobs_live (id) WHERE state = 'waiting';
 
 CREATE INDEX job_dependencies_parent_idx ON skiplock.job_dependencies (parent_id);
 
@@ -259,21 +292,21 @@ CREATE INDEX job_dependencies_parent_idx ON skiplock.job_dependencies (parent_id
 -- `queued`; the jobs behind it wait in `waiting` and are promoted one at a time by
 -- skiplock.internal_advance_lanes when the head finishes. So the claim never scans a lane's
 -- backlog, and the database itself refuses a second running job per key.
-CREATE UNIQUE INDEX jobs_ordering_key_running_idx ON skiplock.jobs (ordering_key)
+CREATE UNIQUE INDEX jobs_ordering_key_running_idx ON skiplock.jobs_live (ordering_key)
     WHERE state = 'running' AND ordering_key IS NOT NULL;
 
-CREATE INDEX jobs_ordering_key_lane_idx ON skiplock.jobs (ordering_key, id)
+CREATE INDEX jobs_ordering_key_lane_idx ON skiplock.jobs_live (ordering_key, id)
     WHERE ordering_key IS NOT NULL AND state IN ('waiting', 'queued', 'running');
 
 -- Unique keys: at most one pending (not yet running) job per key.
-CREATE UNIQUE INDEX jobs_unique_key_pending_idx ON skiplock.jobs (unique_key)
+CREATE UNIQUE INDEX jobs_unique_key_pending_idx ON skiplock.jobs_live (unique_key)
     WHERE unique_key IS NOT NULL AND state IN ('waiting', 'queued');
 
 -- =========================================================================================
 -- Comments stored with the objects
 -- =========================================================================================
 COMMENT ON TABLE skiplock.jobs IS
-    'Every skiplock job, finished ones included until the pruner removes them.';
+    'Every skiplock job, finished ones included until the pruner removes them. Partitioned by state: jobs_live (waiting, queued, running) and jobs_done (succeeded, dead, cancelled).';
 
 COMMENT ON COLUMN skiplock.jobs.claim_token IS
     'Fencing token of the current claim: only a write that presents it may heartbeat, complete or fail the job.';

@@ -66,6 +66,19 @@ BEGIN
 END;
 $$;
 
+-- The next job id, for a row inserted into skiplock.jobs_live directly (the partition's
+-- default; skiplock.enqueue_job inserts there): the identity's sequence, as an insert into
+-- skiplock.jobs draws it, and as its owner, so that an enqueuer needs no privilege on the
+-- sequence (an insert into skiplock.jobs needs none either).
+CREATE OR REPLACE FUNCTION skiplock.internal_next_job_id() RETURNS bigint
+LANGUAGE sql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT nextval(pg_get_serial_sequence('skiplock.jobs', 'id'));
+$$;
+
+ALTER TABLE skiplock.jobs_live ALTER COLUMN id SET DEFAULT skiplock.internal_next_job_id();
+
 -- ---- Notifications -----------------------------------------------------------------------
 
 CREATE OR REPLACE FUNCTION skiplock.internal_runnable_payload(queue text, priority smallint,
@@ -166,7 +179,7 @@ DECLARE
 BEGIN
     FOR lock_id IN
         SELECT DISTINCT skiplock.internal_unique_key_lock_id(j.unique_key)
-        FROM skiplock.jobs j
+        FROM skiplock.jobs_live j
         WHERE j.id = ANY (ids) AND j.unique_key IS NOT NULL
         ORDER BY 1
     LOOP
@@ -491,20 +504,36 @@ BEGIN
         END IF;
     END IF;
     PERFORM set_config('skiplock.unique_holder', '', true);
-    INSERT INTO skiplock.jobs AS j (kind, args, queue, priority, scheduled_at, max_attempts,
-                                    ordering_key, unique_key, unique_policy, state,
-                                    finished_at, last_error)
-    VALUES (enqueue_job.kind, enqueue_job.args, enqueue_job.queue, enqueue_job.priority::smallint,
-            enqueue_job.scheduled_at,
-            enqueue_job.max_attempts, enqueue_job.ordering_key, enqueue_job.unique_key,
-            CASE WHEN enqueue_job.unique_key IS NOT NULL THEN on_conflict END, initial,
-            CASE WHEN initial = 'cancelled' THEN now() END, reason)
-    ON CONFLICT (unique_key) WHERE unique_key IS NOT NULL AND state IN ('waiting', 'queued')
-    DO UPDATE SET args = CASE excluded.unique_policy
-        WHEN 'replace' THEN excluded.args
-        WHEN 'merge' THEN j.args || excluded.args
-        ELSE j.args END
-    RETURNING j.id, j.xmax = 0 INTO new_id, inserted;
+    IF initial = 'cancelled' THEN
+        -- Finished on arrival: into jobs_done, through the parent. Its args are checked
+        -- here, as the insert trigger of jobs_live checks the others'.
+        PERFORM skiplock.internal_check_args_size(enqueue_job.args);
+        INSERT INTO skiplock.jobs (kind, args, queue, priority, scheduled_at, max_attempts,
+                                   ordering_key, unique_key, unique_policy, state,
+                                   finished_at, last_error)
+        VALUES (enqueue_job.kind, enqueue_job.args, enqueue_job.queue,
+                enqueue_job.priority::smallint, enqueue_job.scheduled_at,
+                enqueue_job.max_attempts, enqueue_job.ordering_key, enqueue_job.unique_key,
+                CASE WHEN enqueue_job.unique_key IS NOT NULL THEN on_conflict END, initial,
+                now(), reason)
+        RETURNING skiplock.jobs.id, true INTO new_id, inserted;
+    ELSE
+        -- Into jobs_live itself: ON CONFLICT needs a unique index of the table it names,
+        -- and the pending unique keys' index is the live partition's.
+        INSERT INTO skiplock.jobs_live AS j (kind, args, queue, priority, scheduled_at,
+                                             max_attempts, ordering_key, unique_key,
+                                             unique_policy, state)
+        VALUES (enqueue_job.kind, enqueue_job.args, enqueue_job.queue,
+                enqueue_job.priority::smallint, enqueue_job.scheduled_at,
+                enqueue_job.max_attempts, enqueue_job.ordering_key, enqueue_job.unique_key,
+                CASE WHEN enqueue_job.unique_key IS NOT NULL THEN on_conflict END, initial)
+        ON CONFLICT (unique_key) WHERE unique_key IS NOT NULL AND state IN ('waiting', 'queued')
+        DO UPDATE SET args = CASE excluded.unique_policy
+            WHEN 'replace' THEN excluded.args
+            WHEN 'merge' THEN j.args || excluded.args
+            ELSE j.args END
+        RETURNING j.id, j.xmax = 0 INTO new_id, inserted;
+    END IF;
     IF new_id IS NULL THEN
         -- The insert trigger applied the key's policy to the pending job instead.
         new_id := nullif(current_setting('skiplock.unique_holder', true), '')::bigint;
@@ -618,11 +647,23 @@ BEGIN
                 after_priority, after_scheduled_at_us, after_id, claim_with, skip_in_flight,
                 true, false);
             RETURN;
-        EXCEPTION WHEN unique_violation THEN
-            RETURN QUERY SELECT * FROM skiplock.internal_claim_batch(queues, kinds, max_jobs, worker,
-                after_priority, after_scheduled_at_us, after_id, claim_with, skip_in_flight,
-                false, false);
-            RETURN;
+        EXCEPTION
+            WHEN unique_violation THEN
+                RETURN QUERY SELECT * FROM skiplock.internal_claim_batch(queues, kinds, max_jobs,
+                    worker, after_priority, after_scheduled_at_us, after_id, claim_with,
+                    skip_in_flight, false, false);
+                RETURN;
+            WHEN serialization_failure THEN
+                -- A queued row moved to jobs_done (cancelled) after this statement's
+                -- snapshot: Postgres cannot follow it. Outside READ COMMITTED the snapshot
+                -- stays and so would the error: the caller retries.
+                IF current_setting('transaction_isolation') <> 'read committed' THEN
+                    RAISE;
+                END IF;
+                RETURN QUERY SELECT * FROM skiplock.internal_claim_batch(queues, kinds, max_jobs,
+                    worker, after_priority, after_scheduled_at_us, after_id, claim_with,
+                    skip_in_flight, true, false);
+                RETURN;
         END;
     END IF;
     -- Without a position, a key before every row: the full walk.
@@ -647,7 +688,7 @@ BEGIN
         SELECT p.ctid
         FROM (SELECT DISTINCT q FROM unnest(queues) AS q) AS qn(name)
         CROSS JOIN LATERAL (
-            SELECT j.ctid, j.priority, j.scheduled_at, j.id FROM skiplock.jobs j
+            SELECT j.ctid, j.priority, j.scheduled_at, j.id FROM skiplock.jobs_live j
             WHERE j.queue = qn.name AND j.state = 'queued' AND j.scheduled_at <= now()
               AND (j.priority, j.scheduled_at, j.id) > (from_priority, from_scheduled_at, from_id)
               AND (kinds IS NULL OR j.kind = ANY (kinds))
@@ -673,7 +714,7 @@ BEGIN
         ORDER BY p.priority, p.scheduled_at, p.id
         LIMIT max_jobs
     ), claimed AS (
-        UPDATE skiplock.jobs j
+        UPDATE skiplock.jobs_live j
         SET state = 'running', claim_token = coalesce(claim_with, gen_random_uuid()), claimed_by = worker,
             claimed_at = now(), heartbeat_at = clock_timestamp(),
             attempt = least(j.attempt, 2147483646) + 1
@@ -726,13 +767,33 @@ AS $$
     UPDATE skiplock.jobs j
     SET state = 'succeeded', finished_at = now(), claim_token = NULL, heartbeat_at = NULL
     FROM unnest(ids, tokens) AS c(id, token)
-    WHERE j.id = c.id AND j.claim_token = c.token
+    WHERE j.id = c.id AND j.claim_token = c.token AND j.state = 'running'
     RETURNING j.id, j.state::text,
               EXISTS (SELECT 1 FROM skiplock.job_dependencies d WHERE d.parent_id = j.id),
               j.ordering_key;
 $$;
 COMMENT ON FUNCTION skiplock.internal_complete_claims(bigint[], uuid[]) IS
     'Marks the given running jobs succeeded, each only if it still holds the given claim token, locking them in the order given (pass them sorted by id, as a worker does); returns those it changed, with what the worker does next for each (its dependants, its lane). What a worker calls.';
+
+-- ---- A row moved to the other partition under a statement ------------------------------
+--
+-- A statement that locks or updates a row that another transaction moved between jobs_live
+-- and jobs_done after the statement's snapshot was taken fails with 40001 ("tuple to be
+-- locked was already moved to another partition due to concurrent update"): Postgres
+-- cannot follow a row into another partition, where in one table it would have found the
+-- row changed and passed it over. In READ COMMITTED each statement takes a new snapshot,
+-- in which the row is where it went, so the statement run again treats it as it treats any
+-- job someone else finished first. The functions that can meet it on their own rows (the
+-- heartbeat, the reaper, the SQL protocol's calls, the claim, cancel_job, maintain) run
+-- again; under REPEATABLE READ or SERIALIZABLE the snapshot stays and the error goes to
+-- the caller, whose transaction must be retried, as for any serialization failure.
+
+-- Whether a statement that failed with 40001 may run again in this transaction: in READ
+-- COMMITTED, up to 10 times.
+CREATE OR REPLACE FUNCTION skiplock.internal_may_retry_moved(attempts int) RETURNS boolean
+LANGUAGE sql STABLE AS $$
+    SELECT attempts < 10 AND current_setting('transaction_isolation') = 'read committed';
+$$;
 
 -- ---- Outcomes of a claim (shared by the worker and the SQL worker protocol) --------------
 --
@@ -763,7 +824,7 @@ LANGUAGE sql AS $$
             END::skiplock.job_state AS next_state
         FROM unnest($1::bigint[], $2::uuid[], $3::text[], $4::bigint[], $5::text[])
              AS f(id, token, message, delay_ms, action),
-        LATERAL (SELECT id, attempt, max_attempts, unique_key FROM skiplock.jobs j
+        LATERAL (SELECT id, attempt, max_attempts, unique_key FROM skiplock.jobs_live j
                  WHERE j.id = f.id AND j.claim_token = f.token
                  FOR UPDATE) j
     ), folded AS (
@@ -782,7 +843,7 @@ LANGUAGE sql AS $$
             ELSE skiplock.internal_superseded_message(f.holder, f.unique_key) END,
         errors = skiplock.internal_append_error(j.errors, j.attempt, f.message)
     FROM folded f
-    WHERE j.id = ANY(ARRAY(SELECT id FROM folded)) AND j.id = f.id
+    WHERE j.id = ANY(ARRAY(SELECT id FROM folded)) AND j.id = f.id AND j.state = 'running'
     RETURNING j.id, j.state::text AS state,
               EXISTS (SELECT 1 FROM skiplock.job_dependencies d WHERE d.parent_id = j.id)
                   AS has_dependants,
@@ -812,7 +873,7 @@ LANGUAGE sql AS $$
     WITH held AS (
         SELECT j.id, j.unique_key, c.delay_ms
         FROM unnest($1::bigint[], $2::uuid[], $3::bigint[]) AS c(id, token, delay_ms),
-        LATERAL (SELECT id, unique_key FROM skiplock.jobs j
+        LATERAL (SELECT id, unique_key FROM skiplock.jobs_live j
                  WHERE j.id = c.id AND j.claim_token = c.token
                  FOR UPDATE) j
     ), folded AS (
@@ -832,7 +893,7 @@ LANGUAGE sql AS $$
             last_error = CASE WHEN f.holder IS NULL THEN j.last_error
                 ELSE skiplock.internal_superseded_message(f.holder, f.unique_key) END
         FROM folded f
-        WHERE j.id = ANY(ARRAY(SELECT id FROM folded)) AND j.id = f.id
+        WHERE j.id = ANY(ARRAY(SELECT id FROM folded)) AND j.id = f.id AND j.state = 'running'
         RETURNING j.id, j.queue, j.state, f.delay_ms, j.priority, j.scheduled_at
     ), runnable AS (
         -- Released jobs keep their scheduled_at: behind the workers' positions. Snoozed
@@ -860,30 +921,57 @@ $$;
 CREATE OR REPLACE FUNCTION skiplock.internal_heartbeat_claims(ids bigint[], tokens uuid[],
                                                               in_flight uuid[] DEFAULT '{}')
 RETURNS TABLE (id bigint, claim_token uuid)
-LANGUAGE sql AS $$
-    WITH held AS (
-        SELECT j.id FROM unnest($1::bigint[], $2::uuid[]) AS c(id, token),
-        LATERAL (SELECT id FROM skiplock.jobs j
-                 WHERE j.id = c.id AND j.claim_token = c.token
-                 FOR UPDATE SKIP LOCKED) j
-    ), beat AS (
-        UPDATE skiplock.jobs j SET heartbeat_at = clock_timestamp()
-        WHERE j.id = ANY(ARRAY(SELECT id FROM held))
-    ), in_flight AS (
-        SELECT j.id FROM skiplock.jobs j
-        WHERE cardinality($3) > 0
-          AND j.state = 'running' AND j.claim_token = ANY($3::uuid[])
-          AND j.id <> ALL(ARRAY(SELECT id FROM held))
-        FOR UPDATE SKIP LOCKED
-    ), beat_in_flight AS (
-        UPDATE skiplock.jobs j SET heartbeat_at = clock_timestamp()
-        WHERE j.id = ANY(ARRAY(SELECT id FROM in_flight))
-    )
-    SELECT c.id, c.token FROM unnest($1::bigint[], $2::uuid[]) AS c(id, token)
-    LEFT JOIN LATERAL (SELECT true AS holds FROM skiplock.jobs j
-                       WHERE j.id = c.id AND j.claim_token = c.token
-                       LIMIT 1) h ON true
-    WHERE h.holds IS NULL;
+LANGUAGE plpgsql
+-- PL/pgSQL keeps the plan it made the first times: pinned to index lookups, so that one
+-- made while the table was small does not scan it once it has grown (tests/plans.rs).
+SET enable_seqscan = off
+SET enable_bitmapscan = off
+SET enable_hashjoin = off
+SET enable_mergejoin = off
+SET jit = off
+AS $$
+DECLARE
+    attempts int := 0;
+    gone_ids bigint[];
+    gone_tokens uuid[];
+BEGIN
+    -- Collected first and returned after: a statement that fails has returned nothing.
+    LOOP
+        BEGIN
+            WITH held AS (
+                SELECT j.id FROM unnest(ids, tokens) AS c(id, token),
+                LATERAL (SELECT j.id FROM skiplock.jobs_live j
+                         WHERE j.id = c.id AND j.claim_token = c.token
+                         FOR UPDATE SKIP LOCKED) j
+            ), beat AS (
+                UPDATE skiplock.jobs_live j SET heartbeat_at = clock_timestamp()
+                WHERE j.id = ANY(ARRAY(SELECT h.id FROM held h))
+            ), unread AS (
+                SELECT j.id FROM skiplock.jobs_live j
+                WHERE cardinality(in_flight) > 0
+                  AND j.state = 'running' AND j.claim_token = ANY(in_flight)
+                  AND j.id <> ALL(ARRAY(SELECT h.id FROM held h))
+                FOR UPDATE SKIP LOCKED
+            ), beat_unread AS (
+                UPDATE skiplock.jobs_live j SET heartbeat_at = clock_timestamp()
+                WHERE j.id = ANY(ARRAY(SELECT u.id FROM unread u))
+            )
+            SELECT array_agg(c.id), array_agg(c.token) INTO gone_ids, gone_tokens
+            FROM unnest(ids, tokens) AS c(id, token)
+            LEFT JOIN LATERAL (SELECT true AS holds FROM skiplock.jobs_live j
+                               WHERE j.id = c.id AND j.claim_token = c.token
+                               LIMIT 1) h ON true
+            WHERE h.holds IS NULL;
+            EXIT;
+        EXCEPTION WHEN serialization_failure THEN
+            attempts := attempts + 1;
+            IF NOT skiplock.internal_may_retry_moved(attempts) THEN
+                RAISE;
+            END IF;
+        END;
+    END LOOP;
+    RETURN QUERY SELECT g.id, g.token FROM unnest(gone_ids, gone_tokens) AS g(id, token);
+END;
 $$;
 
 -- Takes back up to max_jobs running jobs whose heartbeat is older than stale_after_ms (by
@@ -910,10 +998,16 @@ CREATE OR REPLACE FUNCTION skiplock.internal_reap_stale(stale_after_ms bigint, m
                                                         since timestamptz DEFAULT NULL)
 RETURNS TABLE (id bigint, state text, claimed_by text, ordering_key text)
 LANGUAGE plpgsql AS $$
+DECLARE
+    attempts int := 0;
+    taken skiplock.internal_reaped[];
 BEGIN
-    RETURN QUERY EXECUTE $reap$
+    -- Collected first and returned after: a statement that fails has returned nothing.
+    LOOP
+        BEGIN
+            EXECUTE $reap$
         WITH stale AS (
-           SELECT id FROM skiplock.jobs
+           SELECT id FROM skiplock.jobs_live
            WHERE state = 'running'
              AND ((heartbeat_at < now() - $1 * interval '1 millisecond'
                    AND ($4::timestamptz IS NULL OR heartbeat_at >= $4))
@@ -934,7 +1028,7 @@ BEGIN
                   END AS message,
                   CASE WHEN j.attempt >= j.max_attempts THEN 'dead' ELSE 'queued' END
                       ::skiplock.job_state AS next_state
-           FROM skiplock.jobs j JOIN stale USING (id)
+           FROM skiplock.jobs_live j JOIN stale USING (id)
        ), reaped AS (
            SELECT d.*, CASE WHEN d.next_state = 'queued' AND d.unique_key IS NOT NULL
                             THEN skiplock.internal_fold_into_key_holder(d.id) END AS holder
@@ -951,7 +1045,7 @@ BEGIN
                ELSE skiplock.internal_superseded_message(r.holder, r.unique_key) END,
            errors = skiplock.internal_append_error(j.errors, j.attempt, r.message)
        FROM reaped r
-       WHERE j.id = r.id
+       WHERE j.id = r.id AND j.state = 'running'
        RETURNING j.id, j.state::text AS state, j.claimed_by, j.ordering_key,
                  j.queue, j.priority, j.scheduled_at
        ), due_later AS (
@@ -961,9 +1055,18 @@ BEGIN
            FROM taken_back WHERE state = 'queued'
            GROUP BY queue, priority
        )
-       SELECT id, state, claimed_by, ordering_key
+       SELECT array_agg(ROW(id, state, claimed_by, ordering_key)::skiplock.internal_reaped)
        FROM taken_back, (SELECT count(*) FROM due_later) d
-    $reap$ USING stale_after_ms, max_jobs, only_id, since;
+    $reap$ INTO taken USING stale_after_ms, max_jobs, only_id, since;
+            EXIT;
+        EXCEPTION WHEN serialization_failure THEN
+            attempts := attempts + 1;
+            IF NOT skiplock.internal_may_retry_moved(attempts) THEN
+                RAISE;
+            END IF;
+        END;
+    END LOOP;
+    RETURN QUERY SELECT t.id, t.state, t.claimed_by, t.ordering_key FROM unnest(taken) AS t;
 END;
 $$;
 
@@ -973,7 +1076,7 @@ $$;
 CREATE OR REPLACE FUNCTION skiplock.internal_stale_claims(stale_after_ms bigint, max_jobs bigint)
 RETURNS TABLE (id bigint, claim_token uuid)
 LANGUAGE sql AS $$
-    SELECT j.id, j.claim_token FROM skiplock.jobs j
+    SELECT j.id, j.claim_token FROM skiplock.jobs_live j
     WHERE j.state = 'running'
       AND (j.heartbeat_at < now() - stale_after_ms * interval '1 millisecond'
            OR (j.heartbeat_at > now() + stale_after_ms * interval '1 millisecond'
@@ -992,7 +1095,7 @@ RETURNS TABLE (id bigint, state text, has_dependants boolean, ordering_key text)
 LANGUAGE sql AS $$
     WITH held AS (
         SELECT j.id FROM unnest($1::bigint[], $2::uuid[]) AS c(id, token),
-        LATERAL (SELECT id FROM skiplock.jobs j
+        LATERAL (SELECT id FROM skiplock.jobs_live j
                  WHERE j.id = c.id AND j.claim_token = c.token
                  FOR UPDATE) j
     )
@@ -1003,7 +1106,7 @@ LANGUAGE sql AS $$
             THEN skiplock.internal_append_error(j.errors, j.attempt, $3)
             ELSE jsonb_build_array(jsonb_build_object('attempt', j.attempt, 'at', now(), 'message', $3))
             END
-    WHERE j.id = ANY(ARRAY(SELECT id FROM held))
+    WHERE j.id = ANY(ARRAY(SELECT id FROM held)) AND j.state = 'running'
     RETURNING j.id, j.state::text,
               EXISTS (SELECT 1 FROM skiplock.job_dependencies d WHERE d.parent_id = j.id),
               j.ordering_key;
@@ -1588,21 +1691,33 @@ CREATE OR REPLACE FUNCTION skiplock.complete(id bigint, token uuid, output jsonb
 RETURNS boolean
 LANGUAGE plpgsql AS $$
 DECLARE
+    attempts int := 0;
     saved record;
 BEGIN
-    IF complete.output IS NOT NULL THEN
-        UPDATE skiplock.jobs j SET output = complete.output
-        WHERE j.id = complete.id AND j.claim_token = complete.token;
-    END IF;
-    SELECT * INTO saved
-    FROM skiplock.internal_complete_claims(ARRAY[complete.id], ARRAY[complete.token]);
-    IF NOT FOUND THEN
-        RETURN false;
-    END IF;
-    PERFORM skiplock.internal_move_on(
-        CASE WHEN saved.has_dependants THEN ARRAY[saved.id] ELSE '{}' END,
-        CASE WHEN saved.ordering_key IS NOT NULL THEN ARRAY[saved.ordering_key] ELSE '{}' END);
-    RETURN true;
+    LOOP
+        BEGIN
+            IF complete.output IS NOT NULL THEN
+                UPDATE skiplock.jobs_live j SET output = complete.output
+                WHERE j.id = complete.id AND j.claim_token = complete.token;
+            END IF;
+            SELECT * INTO saved
+            FROM skiplock.internal_complete_claims(ARRAY[complete.id], ARRAY[complete.token]);
+            IF NOT FOUND THEN
+                RETURN false;
+            END IF;
+            PERFORM skiplock.internal_move_on(
+                CASE WHEN saved.has_dependants THEN ARRAY[saved.id] ELSE '{}' END,
+                CASE WHEN saved.ordering_key IS NOT NULL THEN ARRAY[saved.ordering_key] ELSE '{}' END);
+            RETURN true;
+        EXCEPTION WHEN serialization_failure THEN
+            -- Its row moved to the other partition meanwhile: run again (see
+            -- skiplock.internal_may_retry_moved).
+            attempts := attempts + 1;
+            IF NOT skiplock.internal_may_retry_moved(attempts) THEN
+                RAISE;
+            END IF;
+        END;
+    END LOOP;
 END;
 $$;
 
@@ -1614,32 +1729,44 @@ CREATE OR REPLACE FUNCTION skiplock.internal_fail_one(job_id bigint, token uuid,
 RETURNS skiplock.job_state
 LANGUAGE plpgsql AS $$
 DECLARE
+    attempts int := 0;
     held_attempt int;
     saved record;
 BEGIN
-    IF retry_in < interval '0' THEN
-        RAISE EXCEPTION 'retry_in is %, it must not be negative', retry_in
-            USING ERRCODE = 'invalid_parameter_value';
-    END IF;
-    SELECT j.attempt INTO held_attempt
-    FROM skiplock.jobs j WHERE j.id = job_id AND j.claim_token = token;
-    IF NOT FOUND THEN
-        RETURN NULL;
-    END IF;
-    SELECT * INTO saved
-    FROM skiplock.internal_fail_claims(
-        ARRAY[job_id], ARRAY[token], ARRAY[skiplock.internal_error_message(message)],
-        ARRAY[(extract(epoch FROM coalesce(retry_in, skiplock.backoff(held_attempt))) * 1000)::bigint],
-        ARRAY[action]);
-    IF NOT FOUND THEN
-        RETURN NULL;
-    END IF;
-    IF saved.state <> 'queued' THEN
-        PERFORM skiplock.internal_move_on(
-            CASE WHEN saved.has_dependants THEN ARRAY[saved.id] ELSE '{}' END,
-            CASE WHEN saved.ordering_key IS NOT NULL THEN ARRAY[saved.ordering_key] ELSE '{}' END);
-    END IF;
-    RETURN saved.state::skiplock.job_state;
+    LOOP
+        BEGIN
+            IF retry_in < interval '0' THEN
+                RAISE EXCEPTION 'retry_in is %, it must not be negative', retry_in
+                    USING ERRCODE = 'invalid_parameter_value';
+            END IF;
+            SELECT j.attempt INTO held_attempt
+            FROM skiplock.jobs_live j WHERE j.id = job_id AND j.claim_token = token;
+            IF NOT FOUND THEN
+                RETURN NULL;
+            END IF;
+            SELECT * INTO saved
+            FROM skiplock.internal_fail_claims(
+                ARRAY[job_id], ARRAY[token], ARRAY[skiplock.internal_error_message(message)],
+                ARRAY[(extract(epoch FROM coalesce(retry_in, skiplock.backoff(held_attempt))) * 1000)::bigint],
+                ARRAY[action]);
+            IF NOT FOUND THEN
+                RETURN NULL;
+            END IF;
+            IF saved.state <> 'queued' THEN
+                PERFORM skiplock.internal_move_on(
+                    CASE WHEN saved.has_dependants THEN ARRAY[saved.id] ELSE '{}' END,
+                    CASE WHEN saved.ordering_key IS NOT NULL THEN ARRAY[saved.ordering_key] ELSE '{}' END);
+            END IF;
+            RETURN saved.state::skiplock.job_state;
+        EXCEPTION WHEN serialization_failure THEN
+            -- Its row moved to the other partition meanwhile: run again (see
+            -- skiplock.internal_may_retry_moved).
+            attempts := attempts + 1;
+            IF NOT skiplock.internal_may_retry_moved(attempts) THEN
+                RAISE;
+            END IF;
+        END;
+    END LOOP;
 END;
 $$;
 
@@ -1664,9 +1791,24 @@ $$;
 -- Gives a held job back without counting the attempt (a worker that stops before running
 -- it): queued again at once, in its place in line. True when the caller held the claim.
 CREATE OR REPLACE FUNCTION skiplock.release(id bigint, token uuid) RETURNS boolean
-LANGUAGE sql AS $$
-    SELECT EXISTS (SELECT FROM skiplock.internal_release_claims(ARRAY[id], ARRAY[token],
-                                                                ARRAY[0::bigint]));
+LANGUAGE plpgsql AS $$
+DECLARE
+    attempts int := 0;
+BEGIN
+    LOOP
+        BEGIN
+            RETURN EXISTS (SELECT FROM skiplock.internal_release_claims(
+                ARRAY[release.id], ARRAY[release.token], ARRAY[0::bigint]));
+        EXCEPTION WHEN serialization_failure THEN
+            -- Its row moved to the other partition meanwhile: run again (see
+            -- skiplock.internal_may_retry_moved).
+            attempts := attempts + 1;
+            IF NOT skiplock.internal_may_retry_moved(attempts) THEN
+                RAISE;
+            END IF;
+        END;
+    END LOOP;
+END;
 $$;
 
 -- Puts a held job back to run again after delay, without counting the attempt (a handler
@@ -1674,15 +1816,28 @@ $$;
 CREATE OR REPLACE FUNCTION skiplock.snooze(id bigint, token uuid, delay interval)
 RETURNS boolean
 LANGUAGE plpgsql AS $$
+DECLARE
+    attempts int := 0;
 BEGIN
-    IF delay IS NULL OR delay < interval '0' THEN
-        RAISE EXCEPTION 'skiplock.snooze: delay is %, it must be an interval of zero or more',
-            coalesce(delay::text, 'NULL')
-            USING ERRCODE = 'invalid_parameter_value';
-    END IF;
-    RETURN EXISTS (SELECT FROM skiplock.internal_release_claims(
-        ARRAY[snooze.id], ARRAY[snooze.token],
-        ARRAY[greatest((extract(epoch FROM delay) * 1000)::bigint, 1)]));
+    LOOP
+        BEGIN
+            IF delay IS NULL OR delay < interval '0' THEN
+                RAISE EXCEPTION 'skiplock.snooze: delay is %, it must be an interval of zero or more',
+                    coalesce(delay::text, 'NULL')
+                    USING ERRCODE = 'invalid_parameter_value';
+            END IF;
+            RETURN EXISTS (SELECT FROM skiplock.internal_release_claims(
+                ARRAY[snooze.id], ARRAY[snooze.token],
+                ARRAY[greatest((extract(epoch FROM delay) * 1000)::bigint, 1)]));
+        EXCEPTION WHEN serialization_failure THEN
+            -- Its row moved to the other partition meanwhile: run again (see
+            -- skiplock.internal_may_retry_moved).
+            attempts := attempts + 1;
+            IF NOT skiplock.internal_may_retry_moved(attempts) THEN
+                RAISE;
+            END IF;
+        END;
+    END LOOP;
 END;
 $$;
 
@@ -1742,22 +1897,27 @@ BEGIN
             BEGIN
                 SELECT * INTO STRICT one
                 FROM skiplock.internal_reap_stale_tally(stale_ms, 1, stale.id);
-            EXCEPTION WHEN OTHERS THEN
-                reason := SQLERRM;
-                BEGIN
-                    SELECT count(*) AS reaped, coalesce(array_agg(a.id), '{}') AS finished,
-                           coalesce(array_agg(a.ordering_key)
-                                        FILTER (WHERE a.ordering_key IS NOT NULL), '{}') AS lanes
-                    INTO STRICT one
-                    FROM skiplock.internal_abandon_claims(
-                        ARRAY[stale.id], ARRAY[stale.claim_token],
-                        skiplock.internal_error_message(
-                            'taken back from a stale claim, but could not be requeued: ' || reason)) a;
-                EXCEPTION WHEN OTHERS THEN
-                    RAISE WARNING 'skiplock.maintain: job % could not be taken back (%) nor marked dead (%)',
-                        stale.id, reason, SQLERRM;
+            EXCEPTION
+                WHEN serialization_failure OR deadlock_detected OR lock_not_available THEN
+                    -- Transient (the row moved or was locked meanwhile): the next pass
+                    -- takes it back, as the Rust reaper does.
                     CONTINUE;
-                END;
+                WHEN OTHERS THEN
+                    reason := SQLERRM;
+                    BEGIN
+                        SELECT count(*) AS reaped, coalesce(array_agg(a.id), '{}') AS finished,
+                               coalesce(array_agg(a.ordering_key)
+                                            FILTER (WHERE a.ordering_key IS NOT NULL), '{}') AS lanes
+                        INTO STRICT one
+                        FROM skiplock.internal_abandon_claims(
+                            ARRAY[stale.id], ARRAY[stale.claim_token],
+                            skiplock.internal_error_message(
+                                'taken back from a stale claim, but could not be requeued: ' || reason)) a;
+                    EXCEPTION WHEN OTHERS THEN
+                        RAISE WARNING 'skiplock.maintain: job % could not be taken back (%) nor marked dead (%)',
+                            stale.id, reason, SQLERRM;
+                        CONTINUE;
+                    END;
             END;
             total := total + one.reaped;
             finished := finished || one.finished;
@@ -1828,7 +1988,7 @@ BEGIN
     LOOP
         BEGIN
             RETURN skiplock.internal_cancel_job_once(job_id);
-        EXCEPTION WHEN deadlock_detected THEN
+        EXCEPTION WHEN deadlock_detected OR serialization_failure THEN
             attempts := attempts + 1;
             IF attempts >= 6 THEN
                 RAISE;
@@ -2009,7 +2169,10 @@ BEGIN
 END;
 $$;
 
--- Before a row is inserted, whoever inserts it: the args limit, lane order, unique keys.
+-- Before a row is inserted into jobs_live, whoever inserts it: the args limit, lane order,
+-- unique keys. A finished job moved back (a retry: UPDATE of a jobs_done row to a live
+-- state) is an insert into jobs_live too; it is not an enqueue, and passes as it is
+-- (internal_jobs_done_before_requeue marked it): returning NULL here would drop the job.
 CREATE OR REPLACE FUNCTION skiplock.internal_jobs_before_insert() RETURNS trigger
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -2017,6 +2180,10 @@ DECLARE
     policy text := coalesce(NEW.unique_policy, 'skip');
     merged jsonb;
 BEGIN
+    IF current_setting('skiplock.requeue_moving', true) = NEW.id::text THEN
+        PERFORM set_config('skiplock.requeue_moving', '', true);
+        RETURN NEW;
+    END IF;
     IF pg_column_size(NEW.args) > 4096 THEN
         PERFORM skiplock.internal_check_args_size(NEW.args);
     END IF;
@@ -2055,25 +2222,58 @@ BEGIN
 END;
 $$;
 
--- Deleting a job that had not succeeded (by hand, or the pruner removing a dead or
--- cancelled one) must not release its waiting children: its edges keep its state as a
--- tombstone (see skiplock.job_dependencies), and its waiting children are cancelled,
--- transitively, with the reason.
-CREATE OR REPLACE FUNCTION skiplock.internal_jobs_after_delete() RETURNS trigger
+-- A finished job going back to a live state (retry_job, or an UPDATE by hand) moves from
+-- jobs_done to jobs_live: Postgres runs this BEFORE UPDATE trigger on jobs_done, then the
+-- insert trigger of jobs_live, which this marks so that it lets the row pass. (Finished
+-- rows are seldom updated: the completion path never pays for it.)
+CREATE OR REPLACE FUNCTION skiplock.internal_jobs_done_before_requeue() RETURNS trigger
 LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM set_config('skiplock.requeue_moving', NEW.id::text, true);
+    RETURN NEW;
+END;
+$$;
+
+-- After a DELETE statement on skiplock.jobs (by hand, or the pruner), once for all its
+-- rows: the edges of deleted jobs that had not succeeded keep their state as a tombstone
+-- (see skiplock.job_dependencies), their waiting children are cancelled, transitively,
+-- with the reason, and the deleted jobs' own edges go with them (what a foreign key's
+-- cascade did). A statement trigger: a row moved between jobs_live and jobs_done by an
+-- UPDATE is not a DELETE statement and does not fire it, and a DELETE of a parent and its
+-- waiting children in one statement (DELETE … WHERE queue = 'x') sees them all gone.
+--
+-- It runs as its owner (SECURITY DEFINER), as a foreign key's cascade did: whoever may
+-- delete jobs needs no privilege on job_dependencies.
+CREATE OR REPLACE FUNCTION skiplock.internal_jobs_after_delete() RETURNS trigger
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+SET enable_seqscan = off
+SET enable_hashjoin = off
+SET enable_mergejoin = off
+AS $$
 DECLARE
     children bigint[];
 BEGIN
-    UPDATE skiplock.job_dependencies SET parent_state = OLD.state WHERE parent_id = OLD.id;
-    WITH cancelled AS (
+    -- Tombstones, and the waiting children to cancel.
+    WITH unfinished AS MATERIALIZED (
+        SELECT o.id, o.state FROM deleted o WHERE o.state <> 'succeeded'
+    ), marked AS (
+        UPDATE skiplock.job_dependencies d SET parent_state = u.state
+        FROM unfinished u
+        WHERE d.parent_id = u.id
+        RETURNING d.job_id, d.parent_id, u.state
+    ), cancelled AS (
         UPDATE skiplock.jobs c
         SET state = 'cancelled', finished_at = now(),
-            last_error = format('parent job %s was deleted while %s', OLD.id, OLD.state)
-        WHERE c.state = 'waiting'
-          AND c.id IN (SELECT d.job_id FROM skiplock.job_dependencies d WHERE d.parent_id = OLD.id)
+            last_error = format('parent job %s was deleted while %s', m.parent_id, m.state)
+        FROM (SELECT DISTINCT ON (job_id) job_id, parent_id, state FROM marked
+              ORDER BY job_id, parent_id) m
+        WHERE c.id = m.job_id AND c.state = 'waiting'
         RETURNING c.id
     )
     SELECT array_agg(id) INTO children FROM cancelled;
+    DELETE FROM skiplock.job_dependencies d USING deleted o WHERE d.job_id = o.id;
     IF children IS NOT NULL THEN
         PERFORM skiplock.internal_settle_dependants(children);
     END IF;
@@ -2092,25 +2292,43 @@ DECLARE
     child_priority smallint;
     child_scheduled_at timestamptz;
     child_now skiplock.job_state;
+    attempts int := 0;
 BEGIN
     IF NEW.parent_state IS NOT NULL THEN
         RAISE EXCEPTION 'job_dependencies.parent_state is written by skiplock when a parent is deleted; insert the edge with parent_state NULL'
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    SELECT state, queue, priority, scheduled_at
-    INTO parent_now, parent_queue, parent_priority, parent_scheduled_at
-    FROM skiplock.jobs WHERE id = NEW.parent_id FOR SHARE;
-    -- Claims skip the parent while this transaction holds it locked.
-    IF parent_now = 'queued' THEN
-        PERFORM skiplock.internal_notify_runnable(parent_queue, parent_priority, parent_scheduled_at);
-    END IF;
-    IF parent_now IS NULL THEN
-        RAISE EXCEPTION 'parent job % does not exist', NEW.parent_id
+    -- Both rows locked; a row moved to the other partition while the lock waited (a parent
+    -- completed, a child cancelled) is read again where it went (40001, see
+    -- skiplock.internal_may_retry_moved).
+    LOOP
+        BEGIN
+            SELECT state, queue, priority, scheduled_at
+            INTO parent_now, parent_queue, parent_priority, parent_scheduled_at
+            FROM skiplock.jobs WHERE id = NEW.parent_id FOR SHARE;
+            -- Claims skip the parent while this transaction holds it locked.
+            IF parent_now = 'queued' THEN
+                PERFORM skiplock.internal_notify_runnable(parent_queue, parent_priority, parent_scheduled_at);
+            END IF;
+            IF parent_now IS NULL THEN
+                RAISE EXCEPTION 'parent job % does not exist', NEW.parent_id
+                    USING ERRCODE = 'foreign_key_violation';
+            END IF;
+            SELECT state, queue, priority, scheduled_at
+            INTO child_now, child_queue, child_priority, child_scheduled_at
+            FROM skiplock.jobs WHERE id = NEW.job_id FOR UPDATE;
+            EXIT;
+        EXCEPTION WHEN serialization_failure THEN
+            attempts := attempts + 1;
+            IF NOT skiplock.internal_may_retry_moved(attempts) THEN
+                RAISE;
+            END IF;
+        END;
+    END LOOP;
+    IF child_now IS NULL THEN
+        RAISE EXCEPTION 'job % does not exist', NEW.job_id
             USING ERRCODE = 'foreign_key_violation';
     END IF;
-    SELECT state, queue, priority, scheduled_at
-    INTO child_now, child_queue, child_priority, child_scheduled_at
-    FROM skiplock.jobs WHERE id = NEW.job_id FOR UPDATE;
     IF parent_now = 'succeeded' THEN
         -- The child stays as it was; claims skipped it while it was locked.
         IF child_now = 'queued' THEN
@@ -2137,33 +2355,39 @@ BEGIN
 END;
 $$;
 
+-- On the parent (INSERT INTO skiplock.jobs) and on jobs_live (enqueue_job inserts there
+-- directly): a statement trigger fires for the table the statement names.
 CREATE OR REPLACE TRIGGER jobs_notify_inserted
     AFTER INSERT ON skiplock.jobs
     REFERENCING NEW TABLE AS inserted
     FOR EACH STATEMENT EXECUTE FUNCTION skiplock.internal_notify_jobs_inserted();
+CREATE OR REPLACE TRIGGER jobs_notify_inserted
+    AFTER INSERT ON skiplock.jobs_live
+    REFERENCING NEW TABLE AS inserted
+    FOR EACH STATEMENT EXECUTE FUNCTION skiplock.internal_notify_jobs_inserted();
 
 -- Only rows that use lanes or unique keys (or carry large args) pay for the call: the
--- trigger's WHEN clause is evaluated without entering PL/pgSQL.
+-- trigger's WHEN clause is evaluated without entering PL/pgSQL. On jobs_live only: a row
+-- moved into jobs_done (a completion) is no enqueue, and must not be refused for its args.
 CREATE OR REPLACE TRIGGER jobs_before_insert
-    BEFORE INSERT ON skiplock.jobs
+    BEFORE INSERT ON skiplock.jobs_live
     FOR EACH ROW
     WHEN (NEW.ordering_key IS NOT NULL OR NEW.unique_key IS NOT NULL
           OR pg_column_size(NEW.args) > 4096)
     EXECUTE FUNCTION skiplock.internal_jobs_before_insert();
 
--- Succeeded rows (what the pruner mostly deletes) skip the call.
---
--- An AFTER trigger, so that a statement deleting a parent together with its waiting
--- children (DELETE … WHERE queue = 'x') works: a BEFORE trigger's update of a child that
--- the same statement then deletes is an error. It must still see the dependency rows that
--- a foreign key's cascade in the same statement deletes (an internal AFTER trigger named
--- RI_ConstraintTrigger_…): triggers of one event fire in the byte order of their names, so
--- this one's name starts with a capital letter before R.
-CREATE OR REPLACE TRIGGER "Jobs_after_delete_cancel_waiting_children"
-    AFTER DELETE ON skiplock.jobs
+CREATE OR REPLACE TRIGGER jobs_done_before_requeue
+    BEFORE UPDATE ON skiplock.jobs_done
     FOR EACH ROW
-    WHEN (OLD.state <> 'succeeded')
-    EXECUTE FUNCTION skiplock.internal_jobs_after_delete();
+    WHEN (NEW.state IN ('waiting', 'queued', 'running')
+          AND (NEW.ordering_key IS NOT NULL OR NEW.unique_key IS NOT NULL
+               OR pg_column_size(NEW.args) > 4096))
+    EXECUTE FUNCTION skiplock.internal_jobs_done_before_requeue();
+
+CREATE OR REPLACE TRIGGER jobs_after_delete
+    AFTER DELETE ON skiplock.jobs
+    REFERENCING OLD TABLE AS deleted
+    FOR EACH STATEMENT EXECUTE FUNCTION skiplock.internal_jobs_after_delete();
 
 CREATE OR REPLACE TRIGGER job_dependencies_after_insert
     AFTER INSERT ON skiplock.job_dependencies

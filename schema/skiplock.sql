@@ -23,6 +23,17 @@ CREATE TYPE skiplock.claimed_job AS (
 );
 
 --
+-- Name: internal_reaped; Type: TYPE; Schema: skiplock; Owner: -
+--
+
+CREATE TYPE skiplock.internal_reaped AS (
+	id bigint,
+	state text,
+	claimed_by text,
+	ordering_key text
+);
+
+--
 -- Name: job_state; Type: TYPE; Schema: skiplock; Owner: -
 --
 
@@ -78,7 +89,7 @@ BEGIN
     LOOP
         BEGIN
             RETURN skiplock.internal_cancel_job_once(job_id);
-        EXCEPTION WHEN deadlock_detected THEN
+        EXCEPTION WHEN deadlock_detected OR serialization_failure THEN
             attempts := attempts + 1;
             IF attempts >= 6 THEN
                 RAISE;
@@ -134,21 +145,33 @@ CREATE FUNCTION skiplock.complete(id bigint, token uuid, output jsonb DEFAULT NU
     LANGUAGE plpgsql
     AS $$
 DECLARE
+    attempts int := 0;
     saved record;
 BEGIN
-    IF complete.output IS NOT NULL THEN
-        UPDATE skiplock.jobs j SET output = complete.output
-        WHERE j.id = complete.id;
-    END IF;
-    SELECT * INTO saved
-    FROM skiplock.internal_complete_claims(ARRAY[complete.id], ARRAY[complete.token]);
-    IF NOT FOUND THEN
-        RETURN false;
-    END IF;
-    PERFORM skiplock.internal_move_on(
-        CASE WHEN saved.has_dependants THEN ARRAY[saved.id] ELSE '{}' END,
-        CASE WHEN saved.ordering_key IS NOT NULL THEN ARRAY[saved.ordering_key] ELSE '{}' END);
-    RETURN true;
+    LOOP
+        BEGIN
+            IF complete.output IS NOT NULL THEN
+                UPDATE skiplock.jobs_live j SET output = complete.output
+                WHERE j.id = complete.id AND j.claim_token = complete.token;
+            END IF;
+            SELECT * INTO saved
+            FROM skiplock.internal_complete_claims(ARRAY[complete.id], ARRAY[complete.token]);
+            IF NOT FOUND THEN
+                RETURN false;
+            END IF;
+            PERFORM skiplock.internal_move_on(
+                CASE WHEN saved.has_dependants THEN ARRAY[saved.id] ELSE '{}' END,
+                CASE WHEN saved.ordering_key IS NOT NULL THEN ARRAY[saved.ordering_key] ELSE '{}' END);
+            RETURN true;
+        EXCEPTION WHEN serialization_failure THEN
+            -- Its row moved to the other partition meanwhile: run again (see
+            -- skiplock.internal_may_retry_moved).
+            attempts := attempts + 1;
+            IF NOT skiplock.internal_may_retry_moved(attempts) THEN
+                RAISE;
+            END IF;
+        END;
+    END LOOP;
 END;
 $$;
 
@@ -229,20 +252,36 @@ BEGIN
         END IF;
     END IF;
     PERFORM set_config('skiplock.unique_holder', '', true);
-    INSERT INTO skiplock.jobs AS j (kind, args, queue, priority, scheduled_at, max_attempts,
-                                    ordering_key, unique_key, unique_policy, state,
-                                    finished_at, last_error)
-    VALUES (enqueue_job.kind, enqueue_job.args, enqueue_job.queue, enqueue_job.priority::smallint,
-            enqueue_job.scheduled_at,
-            enqueue_job.max_attempts, enqueue_job.ordering_key, enqueue_job.unique_key,
-            CASE WHEN enqueue_job.unique_key IS NOT NULL THEN on_conflict END, initial,
-            CASE WHEN initial = 'cancelled' THEN now() END, reason)
-    ON CONFLICT (unique_key) WHERE unique_key IS NOT NULL AND state IN ('waiting', 'queued')
-    DO UPDATE SET args = CASE excluded.unique_policy
-        WHEN 'replace' THEN excluded.args
-        WHEN 'merge' THEN j.args || excluded.args
-        ELSE j.args END
-    RETURNING j.id, j.xmax = 0 INTO new_id, inserted;
+    IF initial = 'cancelled' THEN
+        -- Finished on arrival: into jobs_done, through the parent. Its args are checked
+        -- here, as the insert trigger of jobs_live checks the others'.
+        PERFORM skiplock.internal_check_args_size(enqueue_job.args);
+        INSERT INTO skiplock.jobs (kind, args, queue, priority, scheduled_at, max_attempts,
+                                   ordering_key, unique_key, unique_policy, state,
+                                   finished_at, last_error)
+        VALUES (enqueue_job.kind, enqueue_job.args, enqueue_job.queue,
+                enqueue_job.priority::smallint, enqueue_job.scheduled_at,
+                enqueue_job.max_attempts, enqueue_job.ordering_key, enqueue_job.unique_key,
+                CASE WHEN enqueue_job.unique_key IS NOT NULL THEN on_conflict END, initial,
+                now(), reason)
+        RETURNING skiplock.jobs.id, true INTO new_id, inserted;
+    ELSE
+        -- Into jobs_live itself: ON CONFLICT needs a unique index of the table it names,
+        -- and the pending unique keys' index is the live partition's.
+        INSERT INTO skiplock.jobs_live AS j (kind, args, queue, priority, scheduled_at,
+                                             max_attempts, ordering_key, unique_key,
+                                             unique_policy, state)
+        VALUES (enqueue_job.kind, enqueue_job.args, enqueue_job.queue,
+                enqueue_job.priority::smallint, enqueue_job.scheduled_at,
+                enqueue_job.max_attempts, enqueue_job.ordering_key, enqueue_job.unique_key,
+                CASE WHEN enqueue_job.unique_key IS NOT NULL THEN on_conflict END, initial)
+        ON CONFLICT (unique_key) WHERE unique_key IS NOT NULL AND state IN ('waiting', 'queued')
+        DO UPDATE SET args = CASE excluded.unique_policy
+            WHEN 'replace' THEN excluded.args
+            WHEN 'merge' THEN j.args || excluded.args
+            ELSE j.args END
+        RETURNING j.id, j.xmax = 0 INTO new_id, inserted;
+    END IF;
     IF new_id IS NULL THEN
         -- The insert trigger applied the key's policy to the pending job instead.
         new_id := nullif(current_setting('skiplock.unique_holder', true), '')::bigint;
@@ -316,7 +355,7 @@ CREATE FUNCTION skiplock.internal_abandon_claims(ids bigint[], tokens uuid[], me
     AS $_$
     WITH held AS (
         SELECT j.id FROM unnest($1::bigint[], $2::uuid[]) AS c(id, token),
-        LATERAL (SELECT id FROM skiplock.jobs j
+        LATERAL (SELECT id FROM skiplock.jobs_live j
                  WHERE j.id = c.id AND j.claim_token = c.token
                  FOR UPDATE) j
     )
@@ -327,7 +366,7 @@ CREATE FUNCTION skiplock.internal_abandon_claims(ids bigint[], tokens uuid[], me
             THEN skiplock.internal_append_error(j.errors, j.attempt, $3)
             ELSE jsonb_build_array(jsonb_build_object('attempt', j.attempt, 'at', now(), 'message', $3))
             END
-    WHERE j.id = ANY(ARRAY(SELECT id FROM held))
+    WHERE j.id = ANY(ARRAY(SELECT id FROM held)) AND j.state = 'running'
     RETURNING j.id, j.state::text,
               EXISTS (SELECT 1 FROM skiplock.job_dependencies d WHERE d.parent_id = j.id),
               j.ordering_key;
@@ -495,11 +534,23 @@ BEGIN
                 after_priority, after_scheduled_at_us, after_id, claim_with, skip_in_flight,
                 true, false);
             RETURN;
-        EXCEPTION WHEN unique_violation THEN
-            RETURN QUERY SELECT * FROM skiplock.internal_claim_batch(queues, kinds, max_jobs, worker,
-                after_priority, after_scheduled_at_us, after_id, claim_with, skip_in_flight,
-                false, false);
-            RETURN;
+        EXCEPTION
+            WHEN unique_violation THEN
+                RETURN QUERY SELECT * FROM skiplock.internal_claim_batch(queues, kinds, max_jobs,
+                    worker, after_priority, after_scheduled_at_us, after_id, claim_with,
+                    skip_in_flight, false, false);
+                RETURN;
+            WHEN serialization_failure THEN
+                -- A queued row moved to jobs_done (cancelled) after this statement's
+                -- snapshot: Postgres cannot follow it. Outside READ COMMITTED the snapshot
+                -- stays and so would the error: the caller retries.
+                IF current_setting('transaction_isolation') <> 'read committed' THEN
+                    RAISE;
+                END IF;
+                RETURN QUERY SELECT * FROM skiplock.internal_claim_batch(queues, kinds, max_jobs,
+                    worker, after_priority, after_scheduled_at_us, after_id, claim_with,
+                    skip_in_flight, true, false);
+                RETURN;
         END;
     END IF;
     -- Without a position, a key before every row: the full walk.
@@ -524,7 +575,7 @@ BEGIN
         SELECT p.ctid
         FROM (SELECT DISTINCT q FROM unnest(queues) AS q) AS qn(name)
         CROSS JOIN LATERAL (
-            SELECT j.ctid, j.priority, j.scheduled_at, j.id FROM skiplock.jobs j
+            SELECT j.ctid, j.priority, j.scheduled_at, j.id FROM skiplock.jobs_live j
             WHERE j.queue = qn.name AND j.state = 'queued' AND j.scheduled_at <= now()
               AND (j.priority, j.scheduled_at, j.id) > (from_priority, from_scheduled_at, from_id)
               AND (kinds IS NULL OR j.kind = ANY (kinds))
@@ -550,7 +601,7 @@ BEGIN
         ORDER BY p.priority, p.scheduled_at, p.id
         LIMIT max_jobs
     ), claimed AS (
-        UPDATE skiplock.jobs j
+        UPDATE skiplock.jobs_live j
         SET state = 'running', claim_token = coalesce(claim_with, gen_random_uuid()), claimed_by = worker,
             claimed_at = now(), heartbeat_at = clock_timestamp(),
             attempt = least(j.attempt, 2147483646) + 1
@@ -584,7 +635,7 @@ CREATE FUNCTION skiplock.internal_complete_claims(ids bigint[], tokens uuid[]) R
     UPDATE skiplock.jobs j
     SET state = 'succeeded', finished_at = now(), claim_token = NULL, heartbeat_at = NULL
     FROM unnest(ids, tokens) AS c(id, token)
-    WHERE j.id = c.id AND j.claim_token = c.token
+    WHERE j.id = c.id AND j.claim_token = c.token AND j.state = 'running'
     RETURNING j.id, j.state::text,
               EXISTS (SELECT 1 FROM skiplock.job_dependencies d WHERE d.parent_id = j.id),
               j.ordering_key;
@@ -1007,7 +1058,7 @@ CREATE FUNCTION skiplock.internal_fail_claims(ids bigint[], tokens uuid[], messa
             END::skiplock.job_state AS next_state
         FROM unnest($1::bigint[], $2::uuid[], $3::text[], $4::bigint[], $5::text[])
              AS f(id, token, message, delay_ms, action),
-        LATERAL (SELECT id, attempt, max_attempts, unique_key FROM skiplock.jobs j
+        LATERAL (SELECT id, attempt, max_attempts, unique_key FROM skiplock.jobs_live j
                  WHERE j.id = f.id AND j.claim_token = f.token
                  FOR UPDATE) j
     ), folded AS (
@@ -1026,7 +1077,7 @@ CREATE FUNCTION skiplock.internal_fail_claims(ids bigint[], tokens uuid[], messa
             ELSE skiplock.internal_superseded_message(f.holder, f.unique_key) END,
         errors = skiplock.internal_append_error(j.errors, j.attempt, f.message)
     FROM folded f
-    WHERE j.id = ANY(ARRAY(SELECT id FROM folded)) AND j.id = f.id
+    WHERE j.id = ANY(ARRAY(SELECT id FROM folded)) AND j.id = f.id AND j.state = 'running'
     RETURNING j.id, j.state::text AS state,
               EXISTS (SELECT 1 FROM skiplock.job_dependencies d WHERE d.parent_id = j.id)
                   AS has_dependants,
@@ -1052,32 +1103,44 @@ CREATE FUNCTION skiplock.internal_fail_one(job_id bigint, token uuid, message te
     LANGUAGE plpgsql
     AS $$
 DECLARE
+    attempts int := 0;
     held_attempt int;
     saved record;
 BEGIN
-    IF retry_in < interval '0' THEN
-        RAISE EXCEPTION 'retry_in is %, it must not be negative', retry_in
-            USING ERRCODE = 'invalid_parameter_value';
-    END IF;
-    SELECT j.attempt INTO held_attempt
-    FROM skiplock.jobs j WHERE j.id = job_id AND j.claim_token = token;
-    IF NOT FOUND THEN
-        RETURN NULL;
-    END IF;
-    SELECT * INTO saved
-    FROM skiplock.internal_fail_claims(
-        ARRAY[job_id], ARRAY[token], ARRAY[skiplock.internal_error_message(message)],
-        ARRAY[(extract(epoch FROM coalesce(retry_in, skiplock.backoff(held_attempt))) * 1000)::bigint],
-        ARRAY[action]);
-    IF NOT FOUND THEN
-        RETURN NULL;
-    END IF;
-    IF saved.state <> 'queued' THEN
-        PERFORM skiplock.internal_move_on(
-            CASE WHEN saved.has_dependants THEN ARRAY[saved.id] ELSE '{}' END,
-            CASE WHEN saved.ordering_key IS NOT NULL THEN ARRAY[saved.ordering_key] ELSE '{}' END);
-    END IF;
-    RETURN saved.state::skiplock.job_state;
+    LOOP
+        BEGIN
+            IF retry_in < interval '0' THEN
+                RAISE EXCEPTION 'retry_in is %, it must not be negative', retry_in
+                    USING ERRCODE = 'invalid_parameter_value';
+            END IF;
+            SELECT j.attempt INTO held_attempt
+            FROM skiplock.jobs_live j WHERE j.id = job_id AND j.claim_token = token;
+            IF NOT FOUND THEN
+                RETURN NULL;
+            END IF;
+            SELECT * INTO saved
+            FROM skiplock.internal_fail_claims(
+                ARRAY[job_id], ARRAY[token], ARRAY[skiplock.internal_error_message(message)],
+                ARRAY[(extract(epoch FROM coalesce(retry_in, skiplock.backoff(held_attempt))) * 1000)::bigint],
+                ARRAY[action]);
+            IF NOT FOUND THEN
+                RETURN NULL;
+            END IF;
+            IF saved.state <> 'queued' THEN
+                PERFORM skiplock.internal_move_on(
+                    CASE WHEN saved.has_dependants THEN ARRAY[saved.id] ELSE '{}' END,
+                    CASE WHEN saved.ordering_key IS NOT NULL THEN ARRAY[saved.ordering_key] ELSE '{}' END);
+            END IF;
+            RETURN saved.state::skiplock.job_state;
+        EXCEPTION WHEN serialization_failure THEN
+            -- Its row moved to the other partition meanwhile: run again (see
+            -- skiplock.internal_may_retry_moved).
+            attempts := attempts + 1;
+            IF NOT skiplock.internal_may_retry_moved(attempts) THEN
+                RAISE;
+            END IF;
+        END;
+    END LOOP;
 END;
 $$;
 
@@ -1128,32 +1191,56 @@ $$;
 --
 
 CREATE FUNCTION skiplock.internal_heartbeat_claims(ids bigint[], tokens uuid[], in_flight uuid[] DEFAULT '{}'::uuid[]) RETURNS TABLE(id bigint, claim_token uuid)
-    LANGUAGE sql
-    AS $_$
-    WITH held AS (
-        SELECT j.id FROM unnest($1::bigint[], $2::uuid[]) AS c(id, token),
-        LATERAL (SELECT id FROM skiplock.jobs j
-                 WHERE j.id = c.id AND j.claim_token = c.token
-                 FOR UPDATE SKIP LOCKED) j
-    ), beat AS (
-        UPDATE skiplock.jobs j SET heartbeat_at = clock_timestamp()
-        WHERE j.id = ANY(ARRAY(SELECT id FROM held))
-    ), in_flight AS (
-        SELECT j.id FROM skiplock.jobs j
-        WHERE cardinality($3) > 0
-          AND j.state = 'running' AND j.claim_token = ANY($3::uuid[])
-          AND j.id <> ALL(ARRAY(SELECT id FROM held))
-        FOR UPDATE SKIP LOCKED
-    ), beat_in_flight AS (
-        UPDATE skiplock.jobs j SET heartbeat_at = clock_timestamp()
-        WHERE j.id = ANY(ARRAY(SELECT id FROM in_flight))
-    )
-    SELECT c.id, c.token FROM unnest($1::bigint[], $2::uuid[]) AS c(id, token)
-    LEFT JOIN LATERAL (SELECT true AS holds FROM skiplock.jobs j
-                       WHERE j.id = c.id AND j.claim_token = c.token
-                       LIMIT 1) h ON true
-    WHERE h.holds IS NULL;
-$_$;
+    LANGUAGE plpgsql
+    SET enable_seqscan TO 'off'
+    SET enable_bitmapscan TO 'off'
+    SET enable_hashjoin TO 'off'
+    SET enable_mergejoin TO 'off'
+    SET jit TO 'off'
+    AS $$
+DECLARE
+    attempts int := 0;
+    gone_ids bigint[];
+    gone_tokens uuid[];
+BEGIN
+    -- Collected first and returned after: a statement that fails has returned nothing.
+    LOOP
+        BEGIN
+            WITH held AS (
+                SELECT j.id FROM unnest(ids, tokens) AS c(id, token),
+                LATERAL (SELECT j.id FROM skiplock.jobs_live j
+                         WHERE j.id = c.id AND j.claim_token = c.token
+                         FOR UPDATE SKIP LOCKED) j
+            ), beat AS (
+                UPDATE skiplock.jobs_live j SET heartbeat_at = clock_timestamp()
+                WHERE j.id = ANY(ARRAY(SELECT h.id FROM held h))
+            ), unread AS (
+                SELECT j.id FROM skiplock.jobs_live j
+                WHERE cardinality(in_flight) > 0
+                  AND j.state = 'running' AND j.claim_token = ANY(in_flight)
+                  AND j.id <> ALL(ARRAY(SELECT h.id FROM held h))
+                FOR UPDATE SKIP LOCKED
+            ), beat_unread AS (
+                UPDATE skiplock.jobs_live j SET heartbeat_at = clock_timestamp()
+                WHERE j.id = ANY(ARRAY(SELECT u.id FROM unread u))
+            )
+            SELECT array_agg(c.id), array_agg(c.token) INTO gone_ids, gone_tokens
+            FROM unnest(ids, tokens) AS c(id, token)
+            LEFT JOIN LATERAL (SELECT true AS holds FROM skiplock.jobs_live j
+                               WHERE j.id = c.id AND j.claim_token = c.token
+                               LIMIT 1) h ON true
+            WHERE h.holds IS NULL;
+            EXIT;
+        EXCEPTION WHEN serialization_failure THEN
+            attempts := attempts + 1;
+            IF NOT skiplock.internal_may_retry_moved(attempts) THEN
+                RAISE;
+            END IF;
+        END;
+    END LOOP;
+    RETURN QUERY SELECT g.id, g.token FROM unnest(gone_ids, gone_tokens) AS g(id, token);
+END;
+$$;
 
 --
 -- Name: internal_job_dependencies_after_insert(); Type: FUNCTION; Schema: skiplock; Owner: -
@@ -1171,25 +1258,43 @@ DECLARE
     child_priority smallint;
     child_scheduled_at timestamptz;
     child_now skiplock.job_state;
+    attempts int := 0;
 BEGIN
     IF NEW.parent_state IS NOT NULL THEN
         RAISE EXCEPTION 'job_dependencies.parent_state is written by skiplock when a parent is deleted; insert the edge with parent_state NULL'
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    SELECT state, queue, priority, scheduled_at
-    INTO parent_now, parent_queue, parent_priority, parent_scheduled_at
-    FROM skiplock.jobs WHERE id = NEW.parent_id FOR SHARE;
-    -- Claims skip the parent while this transaction holds it locked.
-    IF parent_now = 'queued' THEN
-        PERFORM skiplock.internal_notify_runnable(parent_queue, parent_priority, parent_scheduled_at);
-    END IF;
-    IF parent_now IS NULL THEN
-        RAISE EXCEPTION 'parent job % does not exist', NEW.parent_id
+    -- Both rows locked; a row moved to the other partition while the lock waited (a parent
+    -- completed, a child cancelled) is read again where it went (40001, see
+    -- skiplock.internal_may_retry_moved).
+    LOOP
+        BEGIN
+            SELECT state, queue, priority, scheduled_at
+            INTO parent_now, parent_queue, parent_priority, parent_scheduled_at
+            FROM skiplock.jobs WHERE id = NEW.parent_id FOR SHARE;
+            -- Claims skip the parent while this transaction holds it locked.
+            IF parent_now = 'queued' THEN
+                PERFORM skiplock.internal_notify_runnable(parent_queue, parent_priority, parent_scheduled_at);
+            END IF;
+            IF parent_now IS NULL THEN
+                RAISE EXCEPTION 'parent job % does not exist', NEW.parent_id
+                    USING ERRCODE = 'foreign_key_violation';
+            END IF;
+            SELECT state, queue, priority, scheduled_at
+            INTO child_now, child_queue, child_priority, child_scheduled_at
+            FROM skiplock.jobs WHERE id = NEW.job_id FOR UPDATE;
+            EXIT;
+        EXCEPTION WHEN serialization_failure THEN
+            attempts := attempts + 1;
+            IF NOT skiplock.internal_may_retry_moved(attempts) THEN
+                RAISE;
+            END IF;
+        END;
+    END LOOP;
+    IF child_now IS NULL THEN
+        RAISE EXCEPTION 'job % does not exist', NEW.job_id
             USING ERRCODE = 'foreign_key_violation';
     END IF;
-    SELECT state, queue, priority, scheduled_at
-    INTO child_now, child_queue, child_priority, child_scheduled_at
-    FROM skiplock.jobs WHERE id = NEW.job_id FOR UPDATE;
     IF parent_now = 'succeeded' THEN
         -- The child stays as it was; claims skipped it while it was locked.
         IF child_now = 'queued' THEN
@@ -1242,21 +1347,34 @@ $$;
 --
 
 CREATE FUNCTION skiplock.internal_jobs_after_delete() RETURNS trigger
-    LANGUAGE plpgsql
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    SET enable_seqscan TO 'off'
+    SET enable_hashjoin TO 'off'
+    SET enable_mergejoin TO 'off'
     AS $$
 DECLARE
     children bigint[];
 BEGIN
-    UPDATE skiplock.job_dependencies SET parent_state = OLD.state WHERE parent_id = OLD.id;
-    WITH cancelled AS (
+    -- Tombstones, and the waiting children to cancel.
+    WITH unfinished AS MATERIALIZED (
+        SELECT o.id, o.state FROM deleted o WHERE o.state <> 'succeeded'
+    ), marked AS (
+        UPDATE skiplock.job_dependencies d SET parent_state = u.state
+        FROM unfinished u
+        WHERE d.parent_id = u.id
+        RETURNING d.job_id, d.parent_id, u.state
+    ), cancelled AS (
         UPDATE skiplock.jobs c
         SET state = 'cancelled', finished_at = now(),
-            last_error = format('parent job %s was deleted while %s', OLD.id, OLD.state)
-        WHERE c.state = 'waiting'
-          AND c.id IN (SELECT d.job_id FROM skiplock.job_dependencies d WHERE d.parent_id = OLD.id)
+            last_error = format('parent job %s was deleted while %s', m.parent_id, m.state)
+        FROM (SELECT DISTINCT ON (job_id) job_id, parent_id, state FROM marked
+              ORDER BY job_id, parent_id) m
+        WHERE c.id = m.job_id AND c.state = 'waiting'
         RETURNING c.id
     )
     SELECT array_agg(id) INTO children FROM cancelled;
+    DELETE FROM skiplock.job_dependencies d USING deleted o WHERE d.job_id = o.id;
     IF children IS NOT NULL THEN
         PERFORM skiplock.internal_settle_dependants(children);
     END IF;
@@ -1276,6 +1394,10 @@ DECLARE
     policy text := coalesce(NEW.unique_policy, 'skip');
     merged jsonb;
 BEGIN
+    IF current_setting('skiplock.requeue_moving', true) = NEW.id::text THEN
+        PERFORM set_config('skiplock.requeue_moving', '', true);
+        RETURN NEW;
+    END IF;
     IF pg_column_size(NEW.args) > 4096 THEN
         PERFORM skiplock.internal_check_args_size(NEW.args);
     END IF;
@@ -1315,6 +1437,19 @@ END;
 $$;
 
 --
+-- Name: internal_jobs_done_before_requeue(); Type: FUNCTION; Schema: skiplock; Owner: -
+--
+
+CREATE FUNCTION skiplock.internal_jobs_done_before_requeue() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    PERFORM set_config('skiplock.requeue_moving', NEW.id::text, true);
+    RETURN NEW;
+END;
+$$;
+
+--
 -- Name: internal_lock_unique_keys_of(bigint[]); Type: FUNCTION; Schema: skiplock; Owner: -
 --
 
@@ -1327,13 +1462,23 @@ DECLARE
 BEGIN
     FOR lock_id IN
         SELECT DISTINCT skiplock.internal_unique_key_lock_id(j.unique_key)
-        FROM skiplock.jobs j
+        FROM skiplock.jobs_live j
         WHERE j.id = ANY (ids) AND j.unique_key IS NOT NULL
         ORDER BY 1
     LOOP
         PERFORM pg_advisory_xact_lock(lock_id);
     END LOOP;
 END;
+$$;
+
+--
+-- Name: internal_may_retry_moved(integer); Type: FUNCTION; Schema: skiplock; Owner: -
+--
+
+CREATE FUNCTION skiplock.internal_may_retry_moved(attempts integer) RETURNS boolean
+    LANGUAGE sql STABLE
+    AS $$
+    SELECT attempts < 10 AND current_setting('transaction_isolation') = 'read committed';
 $$;
 
 --
@@ -1354,6 +1499,17 @@ BEGIN
     END IF;
     RETURN moved;
 END;
+$$;
+
+--
+-- Name: internal_next_job_id(); Type: FUNCTION; Schema: skiplock; Owner: -
+--
+
+CREATE FUNCTION skiplock.internal_next_job_id() RETURNS bigint
+    LANGUAGE sql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+    SELECT nextval(pg_get_serial_sequence('skiplock.jobs', 'id'));
 $$;
 
 --
@@ -1485,10 +1641,16 @@ $$;
 CREATE FUNCTION skiplock.internal_reap_stale(stale_after_ms bigint, max_jobs bigint, only_id bigint DEFAULT NULL::bigint, since timestamp with time zone DEFAULT NULL::timestamp with time zone) RETURNS TABLE(id bigint, state text, claimed_by text, ordering_key text)
     LANGUAGE plpgsql
     AS $_$
+DECLARE
+    attempts int := 0;
+    taken skiplock.internal_reaped[];
 BEGIN
-    RETURN QUERY EXECUTE $reap$
+    -- Collected first and returned after: a statement that fails has returned nothing.
+    LOOP
+        BEGIN
+            EXECUTE $reap$
         WITH stale AS (
-           SELECT id FROM skiplock.jobs
+           SELECT id FROM skiplock.jobs_live
            WHERE state = 'running'
              AND ((heartbeat_at < now() - $1 * interval '1 millisecond'
                    AND ($4::timestamptz IS NULL OR heartbeat_at >= $4))
@@ -1509,7 +1671,7 @@ BEGIN
                   END AS message,
                   CASE WHEN j.attempt >= j.max_attempts THEN 'dead' ELSE 'queued' END
                       ::skiplock.job_state AS next_state
-           FROM skiplock.jobs j JOIN stale USING (id)
+           FROM skiplock.jobs_live j JOIN stale USING (id)
        ), reaped AS (
            SELECT d.*, CASE WHEN d.next_state = 'queued' AND d.unique_key IS NOT NULL
                             THEN skiplock.internal_fold_into_key_holder(d.id) END AS holder
@@ -1526,7 +1688,7 @@ BEGIN
                ELSE skiplock.internal_superseded_message(r.holder, r.unique_key) END,
            errors = skiplock.internal_append_error(j.errors, j.attempt, r.message)
        FROM reaped r
-       WHERE j.id = r.id
+       WHERE j.id = r.id AND j.state = 'running'
        RETURNING j.id, j.state::text AS state, j.claimed_by, j.ordering_key,
                  j.queue, j.priority, j.scheduled_at
        ), due_later AS (
@@ -1536,9 +1698,18 @@ BEGIN
            FROM taken_back WHERE state = 'queued'
            GROUP BY queue, priority
        )
-       SELECT id, state, claimed_by, ordering_key
+       SELECT array_agg(ROW(id, state, claimed_by, ordering_key)::skiplock.internal_reaped)
        FROM taken_back, (SELECT count(*) FROM due_later) d
-    $reap$ USING stale_after_ms, max_jobs, only_id, since;
+    $reap$ INTO taken USING stale_after_ms, max_jobs, only_id, since;
+            EXIT;
+        EXCEPTION WHEN serialization_failure THEN
+            attempts := attempts + 1;
+            IF NOT skiplock.internal_may_retry_moved(attempts) THEN
+                RAISE;
+            END IF;
+        END;
+    END LOOP;
+    RETURN QUERY SELECT t.id, t.state, t.claimed_by, t.ordering_key FROM unnest(taken) AS t;
 END;
 $_$;
 
@@ -1567,7 +1738,7 @@ CREATE FUNCTION skiplock.internal_release_claims(ids bigint[], tokens uuid[], de
     WITH held AS (
         SELECT j.id, j.unique_key, c.delay_ms
         FROM unnest($1::bigint[], $2::uuid[], $3::bigint[]) AS c(id, token, delay_ms),
-        LATERAL (SELECT id, unique_key FROM skiplock.jobs j
+        LATERAL (SELECT id, unique_key FROM skiplock.jobs_live j
                  WHERE j.id = c.id AND j.claim_token = c.token
                  FOR UPDATE) j
     ), folded AS (
@@ -1587,7 +1758,7 @@ CREATE FUNCTION skiplock.internal_release_claims(ids bigint[], tokens uuid[], de
             last_error = CASE WHEN f.holder IS NULL THEN j.last_error
                 ELSE skiplock.internal_superseded_message(f.holder, f.unique_key) END
         FROM folded f
-        WHERE j.id = ANY(ARRAY(SELECT id FROM folded)) AND j.id = f.id
+        WHERE j.id = ANY(ARRAY(SELECT id FROM folded)) AND j.id = f.id AND j.state = 'running'
         RETURNING j.id, j.queue, j.state, f.delay_ms, j.priority, j.scheduled_at
     ), runnable AS (
         -- Released jobs keep their scheduled_at: behind the workers' positions. Snoozed
@@ -1789,7 +1960,7 @@ $$;
 CREATE FUNCTION skiplock.internal_stale_claims(stale_after_ms bigint, max_jobs bigint) RETURNS TABLE(id bigint, claim_token uuid)
     LANGUAGE sql
     AS $$
-    SELECT j.id, j.claim_token FROM skiplock.jobs j
+    SELECT j.id, j.claim_token FROM skiplock.jobs_live j
     WHERE j.state = 'running'
       AND (j.heartbeat_at < now() - stale_after_ms * interval '1 millisecond'
            OR (j.heartbeat_at > now() + stale_after_ms * interval '1 millisecond'
@@ -1891,22 +2062,27 @@ BEGIN
             BEGIN
                 SELECT * INTO STRICT one
                 FROM skiplock.internal_reap_stale_tally(stale_ms, 1, stale.id);
-            EXCEPTION WHEN OTHERS THEN
-                reason := SQLERRM;
-                BEGIN
-                    SELECT count(*) AS reaped, coalesce(array_agg(a.id), '{}') AS finished,
-                           coalesce(array_agg(a.ordering_key)
-                                        FILTER (WHERE a.ordering_key IS NOT NULL), '{}') AS lanes
-                    INTO STRICT one
-                    FROM skiplock.internal_abandon_claims(
-                        ARRAY[stale.id], ARRAY[stale.claim_token],
-                        skiplock.internal_error_message(
-                            'taken back from a stale claim, but could not be requeued: ' || reason)) a;
-                EXCEPTION WHEN OTHERS THEN
-                    RAISE WARNING 'skiplock.maintain: job % could not be taken back (%) nor marked dead (%)',
-                        stale.id, reason, SQLERRM;
+            EXCEPTION
+                WHEN serialization_failure OR deadlock_detected OR lock_not_available THEN
+                    -- Transient (the row moved or was locked meanwhile): the next pass
+                    -- takes it back, as the Rust reaper does.
                     CONTINUE;
-                END;
+                WHEN OTHERS THEN
+                    reason := SQLERRM;
+                    BEGIN
+                        SELECT count(*) AS reaped, coalesce(array_agg(a.id), '{}') AS finished,
+                               coalesce(array_agg(a.ordering_key)
+                                            FILTER (WHERE a.ordering_key IS NOT NULL), '{}') AS lanes
+                        INTO STRICT one
+                        FROM skiplock.internal_abandon_claims(
+                            ARRAY[stale.id], ARRAY[stale.claim_token],
+                            skiplock.internal_error_message(
+                                'taken back from a stale claim, but could not be requeued: ' || reason)) a;
+                    EXCEPTION WHEN OTHERS THEN
+                        RAISE WARNING 'skiplock.maintain: job % could not be taken back (%) nor marked dead (%)',
+                            stale.id, reason, SQLERRM;
+                        CONTINUE;
+                    END;
             END;
             total := total + one.reaped;
             finished := finished || one.finished;
@@ -1934,10 +2110,25 @@ $$;
 --
 
 CREATE FUNCTION skiplock.release(id bigint, token uuid) RETURNS boolean
-    LANGUAGE sql
+    LANGUAGE plpgsql
     AS $$
-    SELECT EXISTS (SELECT FROM skiplock.internal_release_claims(ARRAY[id], ARRAY[token],
-                                                                ARRAY[0::bigint]));
+DECLARE
+    attempts int := 0;
+BEGIN
+    LOOP
+        BEGIN
+            RETURN EXISTS (SELECT FROM skiplock.internal_release_claims(
+                ARRAY[release.id], ARRAY[release.token], ARRAY[0::bigint]));
+        EXCEPTION WHEN serialization_failure THEN
+            -- Its row moved to the other partition meanwhile: run again (see
+            -- skiplock.internal_may_retry_moved).
+            attempts := attempts + 1;
+            IF NOT skiplock.internal_may_retry_moved(attempts) THEN
+                RAISE;
+            END IF;
+        END;
+    END LOOP;
+END;
 $$;
 
 --
@@ -2050,15 +2241,28 @@ $$;
 CREATE FUNCTION skiplock.snooze(id bigint, token uuid, delay interval) RETURNS boolean
     LANGUAGE plpgsql
     AS $$
+DECLARE
+    attempts int := 0;
 BEGIN
-    IF delay IS NULL OR delay < interval '0' THEN
-        RAISE EXCEPTION 'skiplock.snooze: delay is %, it must be an interval of zero or more',
-            coalesce(delay::text, 'NULL')
-            USING ERRCODE = 'invalid_parameter_value';
-    END IF;
-    RETURN EXISTS (SELECT FROM skiplock.internal_release_claims(
-        ARRAY[snooze.id], ARRAY[snooze.token],
-        ARRAY[greatest((extract(epoch FROM delay) * 1000)::bigint, 1)]));
+    LOOP
+        BEGIN
+            IF delay IS NULL OR delay < interval '0' THEN
+                RAISE EXCEPTION 'skiplock.snooze: delay is %, it must be an interval of zero or more',
+                    coalesce(delay::text, 'NULL')
+                    USING ERRCODE = 'invalid_parameter_value';
+            END IF;
+            RETURN EXISTS (SELECT FROM skiplock.internal_release_claims(
+                ARRAY[snooze.id], ARRAY[snooze.token],
+                ARRAY[greatest((extract(epoch FROM delay) * 1000)::bigint, 1)]));
+        EXCEPTION WHEN serialization_failure THEN
+            -- Its row moved to the other partition meanwhile: run again (see
+            -- skiplock.internal_may_retry_moved).
+            attempts := attempts + 1;
+            IF NOT skiplock.internal_may_retry_moved(attempts) THEN
+                RAISE;
+            END IF;
+        END;
+    END LOOP;
 END;
 $$;
 
@@ -2139,13 +2343,13 @@ CREATE TABLE skiplock.jobs (
     CONSTRAINT jobs_running_has_claim CHECK (((state <> 'running'::skiplock.job_state) OR ((claim_token IS NOT NULL) AND (heartbeat_at IS NOT NULL)))),
     CONSTRAINT jobs_unique_policy_known CHECK ((unique_policy = ANY (ARRAY['skip'::text, 'replace'::text, 'merge'::text])))
 )
-WITH (autovacuum_vacuum_scale_factor='0.02', autovacuum_analyze_scale_factor='0.02');
+PARTITION BY LIST (state);
 
 --
 -- Name: TABLE jobs; Type: COMMENT; Schema: skiplock; Owner: -
 --
 
-COMMENT ON TABLE skiplock.jobs IS 'Every skiplock job, finished ones included until the pruner removes them.';
+COMMENT ON TABLE skiplock.jobs IS 'Every skiplock job, finished ones included until the pruner removes them. Partitioned by state: jobs_live (waiting, queued, running) and jobs_done (succeeded, dead, cancelled).';
 
 --
 -- Name: COLUMN jobs.claim_token; Type: COMMENT; Schema: skiplock; Owner: -
@@ -2270,6 +2474,43 @@ COMMENT ON COLUMN skiplock.job_history.failed IS 'Failed attempts (entries of th
 COMMENT ON COLUMN skiplock.job_history.run_histogram IS 'Run times counted per interval of skiplock.internal_job_history_run_bounds() (16 bounds, 17 elements): element 1 counts run times under bounds[1], element i+1 those from bounds[i] up to bounds[i+1], element 17 those from bounds[16] on.';
 
 --
+-- Name: jobs_done; Type: TABLE; Schema: skiplock; Owner: -
+--
+
+CREATE TABLE skiplock.jobs_done (
+    id bigint NOT NULL,
+    queue text DEFAULT 'default'::text NOT NULL,
+    kind text NOT NULL,
+    args jsonb DEFAULT '{}'::jsonb NOT NULL,
+    state skiplock.job_state DEFAULT 'queued'::skiplock.job_state NOT NULL,
+    priority smallint DEFAULT 0 NOT NULL,
+    scheduled_at timestamp with time zone DEFAULT now() NOT NULL,
+    attempt integer DEFAULT 0 NOT NULL,
+    max_attempts integer DEFAULT 25 NOT NULL,
+    claim_token uuid,
+    claimed_by text,
+    claimed_at timestamp with time zone,
+    heartbeat_at timestamp with time zone,
+    ordering_key text,
+    unique_key text,
+    last_error text,
+    errors jsonb DEFAULT '[]'::jsonb NOT NULL,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    finished_at timestamp with time zone,
+    unique_policy text,
+    progress jsonb,
+    output jsonb,
+    CONSTRAINT jobs_attempt_not_negative CHECK ((attempt >= 0)),
+    CONSTRAINT jobs_claim_token_only_running CHECK (((claim_token IS NULL) OR (state = 'running'::skiplock.job_state))),
+    CONSTRAINT jobs_kind_not_empty CHECK ((kind <> ''::text)),
+    CONSTRAINT jobs_max_attempts_positive CHECK ((max_attempts >= 1)),
+    CONSTRAINT jobs_queue_name_length CHECK ((octet_length(queue) <= 1000)),
+    CONSTRAINT jobs_queue_not_empty CHECK ((queue <> ''::text)),
+    CONSTRAINT jobs_running_has_claim CHECK (((state <> 'running'::skiplock.job_state) OR ((claim_token IS NOT NULL) AND (heartbeat_at IS NOT NULL)))),
+    CONSTRAINT jobs_unique_policy_known CHECK ((unique_policy = ANY (ARRAY['skip'::text, 'replace'::text, 'merge'::text])))
+);
+
+--
 -- Name: jobs_id_seq; Type: SEQUENCE; Schema: skiplock; Owner: -
 --
 
@@ -2281,6 +2522,44 @@ ALTER TABLE skiplock.jobs ALTER COLUMN id ADD GENERATED ALWAYS AS IDENTITY (
     NO MAXVALUE
     CACHE 1
 );
+
+--
+-- Name: jobs_live; Type: TABLE; Schema: skiplock; Owner: -
+--
+
+CREATE TABLE skiplock.jobs_live (
+    id bigint DEFAULT skiplock.internal_next_job_id() NOT NULL,
+    queue text DEFAULT 'default'::text NOT NULL,
+    kind text NOT NULL,
+    args jsonb DEFAULT '{}'::jsonb NOT NULL,
+    state skiplock.job_state DEFAULT 'queued'::skiplock.job_state NOT NULL,
+    priority smallint DEFAULT 0 NOT NULL,
+    scheduled_at timestamp with time zone DEFAULT now() NOT NULL,
+    attempt integer DEFAULT 0 NOT NULL,
+    max_attempts integer DEFAULT 25 NOT NULL,
+    claim_token uuid,
+    claimed_by text,
+    claimed_at timestamp with time zone,
+    heartbeat_at timestamp with time zone,
+    ordering_key text,
+    unique_key text,
+    last_error text,
+    errors jsonb DEFAULT '[]'::jsonb NOT NULL,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    finished_at timestamp with time zone,
+    unique_policy text,
+    progress jsonb,
+    output jsonb,
+    CONSTRAINT jobs_attempt_not_negative CHECK ((attempt >= 0)),
+    CONSTRAINT jobs_claim_token_only_running CHECK (((claim_token IS NULL) OR (state = 'running'::skiplock.job_state))),
+    CONSTRAINT jobs_kind_not_empty CHECK ((kind <> ''::text)),
+    CONSTRAINT jobs_max_attempts_positive CHECK ((max_attempts >= 1)),
+    CONSTRAINT jobs_queue_name_length CHECK ((octet_length(queue) <= 1000)),
+    CONSTRAINT jobs_queue_not_empty CHECK ((queue <> ''::text)),
+    CONSTRAINT jobs_running_has_claim CHECK (((state <> 'running'::skiplock.job_state) OR ((claim_token IS NOT NULL) AND (heartbeat_at IS NOT NULL)))),
+    CONSTRAINT jobs_unique_policy_known CHECK ((unique_policy = ANY (ARRAY['skip'::text, 'replace'::text, 'merge'::text])))
+)
+WITH (autovacuum_vacuum_scale_factor='0.02', autovacuum_analyze_scale_factor='0.02');
 
 --
 -- Name: queues; Type: TABLE; Schema: skiplock; Owner: -
@@ -2453,6 +2732,18 @@ CREATE TABLE skiplock.waiting_sweep (
 );
 
 --
+-- Name: jobs_done; Type: TABLE ATTACH; Schema: skiplock; Owner: -
+--
+
+ALTER TABLE ONLY skiplock.jobs ATTACH PARTITION skiplock.jobs_done FOR VALUES IN ('succeeded', 'dead', 'cancelled');
+
+--
+-- Name: jobs_live; Type: TABLE ATTACH; Schema: skiplock; Owner: -
+--
+
+ALTER TABLE ONLY skiplock.jobs ATTACH PARTITION skiplock.jobs_live FOR VALUES IN ('waiting', 'queued', 'running');
+
+--
 -- Name: cron_schedules cron_schedules_pkey; Type: CONSTRAINT; Schema: skiplock; Owner: -
 --
 
@@ -2474,11 +2765,18 @@ ALTER TABLE ONLY skiplock.job_history
     ADD CONSTRAINT job_history_pkey PRIMARY KEY (bucket, queue, kind);
 
 --
--- Name: jobs jobs_pkey; Type: CONSTRAINT; Schema: skiplock; Owner: -
+-- Name: jobs_done jobs_done_pkey; Type: CONSTRAINT; Schema: skiplock; Owner: -
 --
 
-ALTER TABLE ONLY skiplock.jobs
-    ADD CONSTRAINT jobs_pkey PRIMARY KEY (id);
+ALTER TABLE ONLY skiplock.jobs_done
+    ADD CONSTRAINT jobs_done_pkey PRIMARY KEY (id);
+
+--
+-- Name: jobs_live jobs_live_pkey; Type: CONSTRAINT; Schema: skiplock; Owner: -
+--
+
+ALTER TABLE ONLY skiplock.jobs_live
+    ADD CONSTRAINT jobs_live_pkey PRIMARY KEY (id);
 
 --
 -- Name: queues queues_pkey; Type: CONSTRAINT; Schema: skiplock; Owner: -
@@ -2518,49 +2816,43 @@ CREATE INDEX job_dependencies_parent_idx ON skiplock.job_dependencies USING btre
 -- Name: jobs_claim_idx; Type: INDEX; Schema: skiplock; Owner: -
 --
 
-CREATE INDEX jobs_claim_idx ON skiplock.jobs USING btree (queue, priority, scheduled_at, id) WHERE (state = 'queued'::skiplock.job_state);
+CREATE INDEX jobs_claim_idx ON skiplock.jobs_live USING btree (queue, priority, scheduled_at, id) WHERE (state = 'queued'::skiplock.job_state);
 
 --
 -- Name: jobs_finished_idx; Type: INDEX; Schema: skiplock; Owner: -
 --
 
-CREATE INDEX jobs_finished_idx ON skiplock.jobs USING btree (state, finished_at) WHERE (finished_at IS NOT NULL);
+CREATE INDEX jobs_finished_idx ON skiplock.jobs_done USING btree (state, finished_at);
 
 --
 -- Name: jobs_ordering_key_lane_idx; Type: INDEX; Schema: skiplock; Owner: -
 --
 
-CREATE INDEX jobs_ordering_key_lane_idx ON skiplock.jobs USING btree (ordering_key, id) WHERE ((ordering_key IS NOT NULL) AND (state = ANY (ARRAY['waiting'::skiplock.job_state, 'queued'::skiplock.job_state, 'running'::skiplock.job_state])));
+CREATE INDEX jobs_ordering_key_lane_idx ON skiplock.jobs_live USING btree (ordering_key, id) WHERE ((ordering_key IS NOT NULL) AND (state = ANY (ARRAY['waiting'::skiplock.job_state, 'queued'::skiplock.job_state, 'running'::skiplock.job_state])));
 
 --
 -- Name: jobs_ordering_key_running_idx; Type: INDEX; Schema: skiplock; Owner: -
 --
 
-CREATE UNIQUE INDEX jobs_ordering_key_running_idx ON skiplock.jobs USING btree (ordering_key) WHERE ((state = 'running'::skiplock.job_state) AND (ordering_key IS NOT NULL));
+CREATE UNIQUE INDEX jobs_ordering_key_running_idx ON skiplock.jobs_live USING btree (ordering_key) WHERE ((state = 'running'::skiplock.job_state) AND (ordering_key IS NOT NULL));
 
 --
 -- Name: jobs_running_idx; Type: INDEX; Schema: skiplock; Owner: -
 --
 
-CREATE INDEX jobs_running_idx ON skiplock.jobs USING btree (heartbeat_at) WHERE (state = 'running'::skiplock.job_state);
+CREATE INDEX jobs_running_idx ON skiplock.jobs_live USING btree (heartbeat_at) WHERE (state = 'running'::skiplock.job_state);
 
 --
 -- Name: jobs_unique_key_pending_idx; Type: INDEX; Schema: skiplock; Owner: -
 --
 
-CREATE UNIQUE INDEX jobs_unique_key_pending_idx ON skiplock.jobs USING btree (unique_key) WHERE ((unique_key IS NOT NULL) AND (state = ANY (ARRAY['waiting'::skiplock.job_state, 'queued'::skiplock.job_state])));
+CREATE UNIQUE INDEX jobs_unique_key_pending_idx ON skiplock.jobs_live USING btree (unique_key) WHERE ((unique_key IS NOT NULL) AND (state = ANY (ARRAY['waiting'::skiplock.job_state, 'queued'::skiplock.job_state])));
 
 --
 -- Name: jobs_waiting_idx; Type: INDEX; Schema: skiplock; Owner: -
 --
 
-CREATE INDEX jobs_waiting_idx ON skiplock.jobs USING btree (id) WHERE (state = 'waiting'::skiplock.job_state);
-
---
--- Name: jobs Jobs_after_delete_cancel_waiting_children; Type: TRIGGER; Schema: skiplock; Owner: -
---
-
-CREATE TRIGGER "Jobs_after_delete_cancel_waiting_children" AFTER DELETE ON skiplock.jobs FOR EACH ROW WHEN ((old.state <> 'succeeded'::skiplock.job_state)) EXECUTE FUNCTION skiplock.internal_jobs_after_delete();
+CREATE INDEX jobs_waiting_idx ON skiplock.jobs_live USING btree (id) WHERE (state = 'waiting'::skiplock.job_state);
 
 --
 -- Name: cron_schedules cron_schedules_before_write; Type: TRIGGER; Schema: skiplock; Owner: -
@@ -2575,10 +2867,22 @@ CREATE TRIGGER cron_schedules_before_write BEFORE INSERT OR UPDATE ON skiplock.c
 CREATE TRIGGER job_dependencies_after_insert AFTER INSERT ON skiplock.job_dependencies FOR EACH ROW EXECUTE FUNCTION skiplock.internal_job_dependencies_after_insert();
 
 --
--- Name: jobs jobs_before_insert; Type: TRIGGER; Schema: skiplock; Owner: -
+-- Name: jobs jobs_after_delete; Type: TRIGGER; Schema: skiplock; Owner: -
 --
 
-CREATE TRIGGER jobs_before_insert BEFORE INSERT ON skiplock.jobs FOR EACH ROW WHEN (((new.ordering_key IS NOT NULL) OR (new.unique_key IS NOT NULL) OR (pg_column_size(new.args) > 4096))) EXECUTE FUNCTION skiplock.internal_jobs_before_insert();
+CREATE TRIGGER jobs_after_delete AFTER DELETE ON skiplock.jobs REFERENCING OLD TABLE AS deleted FOR EACH STATEMENT EXECUTE FUNCTION skiplock.internal_jobs_after_delete();
+
+--
+-- Name: jobs_live jobs_before_insert; Type: TRIGGER; Schema: skiplock; Owner: -
+--
+
+CREATE TRIGGER jobs_before_insert BEFORE INSERT ON skiplock.jobs_live FOR EACH ROW WHEN (((new.ordering_key IS NOT NULL) OR (new.unique_key IS NOT NULL) OR (pg_column_size(new.args) > 4096))) EXECUTE FUNCTION skiplock.internal_jobs_before_insert();
+
+--
+-- Name: jobs_done jobs_done_before_requeue; Type: TRIGGER; Schema: skiplock; Owner: -
+--
+
+CREATE TRIGGER jobs_done_before_requeue BEFORE UPDATE ON skiplock.jobs_done FOR EACH ROW WHEN (((new.state = ANY (ARRAY['waiting'::skiplock.job_state, 'queued'::skiplock.job_state, 'running'::skiplock.job_state])) AND ((new.ordering_key IS NOT NULL) OR (new.unique_key IS NOT NULL) OR (pg_column_size(new.args) > 4096)))) EXECUTE FUNCTION skiplock.internal_jobs_done_before_requeue();
 
 --
 -- Name: jobs jobs_notify_inserted; Type: TRIGGER; Schema: skiplock; Owner: -
@@ -2587,11 +2891,10 @@ CREATE TRIGGER jobs_before_insert BEFORE INSERT ON skiplock.jobs FOR EACH ROW WH
 CREATE TRIGGER jobs_notify_inserted AFTER INSERT ON skiplock.jobs REFERENCING NEW TABLE AS inserted FOR EACH STATEMENT EXECUTE FUNCTION skiplock.internal_notify_jobs_inserted();
 
 --
--- Name: job_dependencies job_dependencies_job_id_fkey; Type: FK CONSTRAINT; Schema: skiplock; Owner: -
+-- Name: jobs_live jobs_notify_inserted; Type: TRIGGER; Schema: skiplock; Owner: -
 --
 
-ALTER TABLE ONLY skiplock.job_dependencies
-    ADD CONSTRAINT job_dependencies_job_id_fkey FOREIGN KEY (job_id) REFERENCES skiplock.jobs(id) ON DELETE CASCADE;
+CREATE TRIGGER jobs_notify_inserted AFTER INSERT ON skiplock.jobs_live REFERENCING NEW TABLE AS inserted FOR EACH STATEMENT EXECUTE FUNCTION skiplock.internal_notify_jobs_inserted();
 
 --
 -- PostgreSQL database dump complete

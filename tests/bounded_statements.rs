@@ -34,13 +34,15 @@ enum Statistics {
 /// are kept there: autovacuum (and with it autoanalyze) is off on the table.
 async fn with_statistics(statistics: Statistics) -> TestDb {
     let db = test_db().await;
-    sqlx::query(
-        "ALTER TABLE skiplock.jobs
-         SET (autovacuum_enabled = false, toast.autovacuum_enabled = false)",
-    )
-    .execute(&db.pool)
-    .await
-    .unwrap();
+    for partition in ["skiplock.jobs_live", "skiplock.jobs_done"] {
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "ALTER TABLE {partition}
+             SET (autovacuum_enabled = false, toast.autovacuum_enabled = false)"
+        )))
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    }
     if let Statistics::History = statistics {
         sqlx::query(
             "INSERT INTO skiplock.jobs (kind, state, finished_at)

@@ -290,7 +290,8 @@ struct Ledger {
     reported_lost: Vec<(i64, Uuid)>,
 }
 
-/// Runs `op` again when Postgres chose it as a deadlock victim. An operator's cancel locks
+/// Runs `op` again when Postgres chose it as a deadlock victim, or a row it locks moved to the
+/// other partition of `skiplock.jobs` meanwhile (40001). An operator's cancel locks
 /// its job and then the job's lane, while a batch locks its jobs in id order, so the two
 /// can deadlock; Postgres aborts one of them. A cancel retries by itself
 /// (`skiplock.cancel_job`); a batch is retried here, as the worker's
@@ -304,7 +305,15 @@ where
     let mut attempts = 0;
     loop {
         match op().await {
-            Err(e) if attempts < 5 && e.to_string().contains("deadlock detected") => attempts += 1,
+            // What the runtime retries: a deadlock, and a row moved to the other partition
+            // of skiplock.jobs under the statement (40001).
+            Err(e)
+                if attempts < 5
+                    && (e.to_string().contains("deadlock detected")
+                        || e.to_string().contains("moved to another partition")) =>
+            {
+                attempts += 1
+            }
             other => return other,
         }
     }

@@ -37,21 +37,23 @@ const WARM_UP_BATCH: i64 = 20;
 /// plan (the plan cache tries five custom plans first).
 const WARM_UP_RUNS: usize = 6;
 
-/// Turns autovacuum and autoanalyze off on this database's `skiplock.jobs` (and its TOAST
-/// table), and checks they are off: the tests need the plans cached while the table was
-/// small to stay cached after it grew.
+/// Turns autovacuum and autoanalyze off on this database's `skiplock.jobs` partitions
+/// (and their TOAST tables), and checks they are off: the tests need the plans cached while
+/// the table was small to stay cached after it grew.
 async fn no_autovacuum(pool: &PgPool) {
-    sqlx::query(
-        "ALTER TABLE skiplock.jobs
-         SET (autovacuum_enabled = false, toast.autovacuum_enabled = false)",
-    )
-    .execute(pool)
-    .await
-    .unwrap();
+    for partition in ["skiplock.jobs_live", "skiplock.jobs_done"] {
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "ALTER TABLE {partition}
+             SET (autovacuum_enabled = false, toast.autovacuum_enabled = false)"
+        )))
+        .execute(pool)
+        .await
+        .unwrap();
+    }
     let options: Vec<String> = sqlx::query_scalar(
         "SELECT unnest(c.reloptions || coalesce(t.reloptions, '{}'))
          FROM pg_class c LEFT JOIN pg_class t ON t.oid = c.reltoastrelid
-         WHERE c.oid = 'skiplock.jobs'::regclass",
+         WHERE c.oid IN ('skiplock.jobs_live'::regclass, 'skiplock.jobs_done'::regclass)",
     )
     .fetch_all(pool)
     .await
@@ -61,8 +63,8 @@ async fn no_autovacuum(pool: &PgPool) {
             .iter()
             .filter(|o| *o == "autovacuum_enabled=false")
             .count(),
-        2,
-        "autovacuum off on skiplock.jobs and its TOAST table: {options:?}"
+        4,
+        "autovacuum off on both partitions of skiplock.jobs and their TOAST tables: {options:?}"
     );
 }
 
@@ -107,13 +109,13 @@ async fn flushed_stat(
     sqlx::query_scalar(query).fetch_one(pool).await.unwrap()
 }
 
-/// Sequential scans of `skiplock.jobs` so far.
+/// Sequential scans of `skiplock.jobs` (both partitions) so far.
 async fn seq_scans(conn: &mut PoolConnection<Postgres>, pool: &PgPool) -> i64 {
     flushed_stat(
         conn,
         pool,
-        "SELECT seq_scan FROM pg_stat_user_tables
-         WHERE schemaname = 'skiplock' AND relname = 'jobs'",
+        "SELECT sum(seq_scan)::bigint FROM pg_stat_user_tables
+         WHERE schemaname = 'skiplock' AND relname IN ('jobs_live', 'jobs_done')",
     )
     .await
 }

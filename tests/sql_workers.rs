@@ -209,14 +209,24 @@ async fn install_audit(db: &TestDb) {
         "CREATE TABLE state_changes (
              seq bigserial PRIMARY KEY, job_id bigint NOT NULL, ordering_key text,
              from_state text NOT NULL, to_state text NOT NULL)",
+        // Statement triggers with transition tables, on the table and its live partition
+        // (which skiplock's statements name): a row trigger for UPDATE misses a job moved
+        // between the partitions, which Postgres runs as a delete and an insert.
         "CREATE FUNCTION record_state_change() RETURNS trigger LANGUAGE plpgsql AS $$
          BEGIN
              INSERT INTO state_changes (job_id, ordering_key, from_state, to_state)
-             VALUES (NEW.id, NEW.ordering_key, OLD.state, NEW.state);
+             SELECT n.id, n.ordering_key, o.state, n.state
+             FROM old_rows o JOIN new_rows n ON n.id = o.id
+             WHERE o.state IS DISTINCT FROM n.state
+             ORDER BY n.id;
              RETURN NULL;
          END $$",
-        "CREATE TRIGGER record_state_change AFTER UPDATE ON skiplock.jobs FOR EACH ROW
-         WHEN (OLD.state IS DISTINCT FROM NEW.state) EXECUTE FUNCTION record_state_change()",
+        "CREATE TRIGGER record_state_change AFTER UPDATE ON skiplock.jobs
+         REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows
+         FOR EACH STATEMENT EXECUTE FUNCTION record_state_change()",
+        "CREATE TRIGGER record_state_change AFTER UPDATE ON skiplock.jobs_live
+         REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows
+         FOR EACH STATEMENT EXECUTE FUNCTION record_state_change()",
     ] {
         sqlx::query(statement).execute(&db.pool).await.unwrap();
     }

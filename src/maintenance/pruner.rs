@@ -79,7 +79,7 @@ pub(crate) async fn prune(context: Arc<Maintenance>, interval: Duration) {
                 }
                 Err(e) if is_transient_sqlx(&e) => {
                     crate::metrics::maintenance_failed("pruner");
-                    if !crate::read_only::quiet(&e) {
+                    if crate::error::worth_a_warning(&e) {
                         tracing::warn!(error = %e, "pruner pass failed; will retry");
                     }
                     break;
@@ -95,7 +95,7 @@ pub(crate) async fn prune(context: Arc<Maintenance>, interval: Duration) {
             job_history_prune_expired(&context.pool, duration_ms(HISTORY_RETENTION_DEFAULT)).await
         {
             crate::metrics::maintenance_failed("pruner");
-            if !crate::read_only::quiet(&e) {
+            if crate::error::worth_a_warning(&e) {
                 tracing::warn!(error = %e, "folding old history failed; will retry");
             }
         }
@@ -123,7 +123,9 @@ async fn prune_one_by_one(context: &Maintenance, retention: Retention) {
         match jobs_delete_rolled_up(&context.pool, JobId(id)).await {
             Ok(_) => {}
             Err(e) if is_transient_sqlx(&e) => {
-                tracing::warn!(job_id = id, error = %e, "pruning a job failed; will retry");
+                if crate::error::worth_a_warning(&e) {
+                    tracing::warn!(job_id = id, error = %e, "pruning a job failed; will retry");
+                }
             }
             Err(e) => {
                 tracing::error!(

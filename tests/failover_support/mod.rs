@@ -199,17 +199,32 @@ pub async fn install_audit(pool: &PgPool) {
          BEGIN
              IF TG_OP = 'INSERT' THEN
                  INSERT INTO public.job_audit (job_id, new_state, new_token)
-                 VALUES (NEW.id, NEW.state::text, NEW.claim_token);
-             ELSIF OLD.state IS DISTINCT FROM NEW.state
-                OR OLD.claim_token IS DISTINCT FROM NEW.claim_token THEN
+                 SELECT n.id, n.state::text, n.claim_token FROM new_rows n ORDER BY n.id;
+             ELSE
                  INSERT INTO public.job_audit (job_id, old_state, new_state, old_token, new_token)
-                 VALUES (NEW.id, OLD.state::text, NEW.state::text, OLD.claim_token,
-                         NEW.claim_token);
+                 SELECT n.id, o.state::text, n.state::text, o.claim_token, n.claim_token
+                 FROM old_rows o JOIN new_rows n ON n.id = o.id
+                 WHERE o.state IS DISTINCT FROM n.state
+                    OR o.claim_token IS DISTINCT FROM n.claim_token
+                 ORDER BY n.id;
              END IF;
              RETURN NULL;
          END $$;
-         CREATE TRIGGER job_audit AFTER INSERT OR UPDATE ON skiplock.jobs
-             FOR EACH ROW EXECUTE FUNCTION public.job_audit_record();",
+         -- Statement triggers with transition tables, on the table and its live partition
+         -- (which skiplock's statements name): a row trigger for UPDATE misses a job moved
+         -- between the partitions, which Postgres runs as a delete and an insert.
+         CREATE TRIGGER job_audit_insert AFTER INSERT ON skiplock.jobs
+             REFERENCING NEW TABLE AS new_rows
+             FOR EACH STATEMENT EXECUTE FUNCTION public.job_audit_record();
+         CREATE TRIGGER job_audit_update AFTER UPDATE ON skiplock.jobs
+             REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows
+             FOR EACH STATEMENT EXECUTE FUNCTION public.job_audit_record();
+         CREATE TRIGGER job_audit_insert AFTER INSERT ON skiplock.jobs_live
+             REFERENCING NEW TABLE AS new_rows
+             FOR EACH STATEMENT EXECUTE FUNCTION public.job_audit_record();
+         CREATE TRIGGER job_audit_update AFTER UPDATE ON skiplock.jobs_live
+             REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows
+             FOR EACH STATEMENT EXECUTE FUNCTION public.job_audit_record();",
     )
     .execute(pool)
     .await

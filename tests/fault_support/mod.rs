@@ -38,8 +38,11 @@ pub fn soak_secs() -> Option<u64> {
 // ---------------------------------------------------------------------------------------
 // Audit trigger
 
-/// Creates `public.job_audit` and a trigger that records every insert, update and delete
-/// of `skiplock.jobs` in it: the state, attempt and claim token before and after, the
+/// Creates `public.job_audit` and triggers that record every insert, update and delete
+/// of `skiplock.jobs` in it (statement triggers with transition tables, on the table and
+/// on its live partition, which skiplock's own statements name: a row trigger for UPDATE
+/// would miss a job moved between the partitions, which Postgres runs as a delete and an
+/// insert): the state, attempt and claim token before and after, the
 /// holder, whether the change was only a heartbeat, and `application_name` of the writing
 /// connection (testbed workers set it to their worker id).
 pub async fn install_audit(pool: &PgPool) {
@@ -71,32 +74,50 @@ pub async fn install_audit(pool: &PgPool) {
              IF TG_OP = 'INSERT' THEN
                  INSERT INTO public.job_audit (job_id, op, new_state, new_attempt, max_attempts,
                                                new_token, new_holder, heartbeat, claimed_at)
-                 VALUES (NEW.id, 'insert', NEW.state, NEW.attempt, NEW.max_attempts,
-                         NEW.claim_token, NEW.claimed_by, false, NEW.claimed_at);
+                 SELECT n.id, 'insert', n.state, n.attempt, n.max_attempts,
+                        n.claim_token, n.claimed_by, false, n.claimed_at
+                 FROM new_rows n ORDER BY n.id;
              ELSIF TG_OP = 'UPDATE' THEN
                  INSERT INTO public.job_audit (job_id, op, old_state, new_state, old_attempt,
                                                new_attempt, max_attempts, old_token, new_token,
                                                old_holder, new_holder, heartbeat, failure,
                                                last_error, claimed_at)
-                 VALUES (NEW.id, 'update', OLD.state, NEW.state, OLD.attempt, NEW.attempt,
-                         NEW.max_attempts, OLD.claim_token, NEW.claim_token, OLD.claimed_by,
-                         NEW.claimed_by,
-                         OLD.state = NEW.state
-                             AND OLD.claim_token IS NOT DISTINCT FROM NEW.claim_token
-                             AND OLD.heartbeat_at IS DISTINCT FROM NEW.heartbeat_at,
-                         OLD.errors IS DISTINCT FROM NEW.errors,
-                         NEW.last_error, NEW.claimed_at);
+                 SELECT n.id, 'update', o.state, n.state, o.attempt, n.attempt,
+                        n.max_attempts, o.claim_token, n.claim_token, o.claimed_by,
+                        n.claimed_by,
+                        o.state = n.state
+                            AND o.claim_token IS NOT DISTINCT FROM n.claim_token
+                            AND o.heartbeat_at IS DISTINCT FROM n.heartbeat_at,
+                        o.errors IS DISTINCT FROM n.errors,
+                        n.last_error, n.claimed_at
+                 FROM old_rows o JOIN new_rows n ON n.id = o.id ORDER BY n.id;
              ELSE
                  INSERT INTO public.job_audit (job_id, op, old_state, old_attempt, old_token,
                                                old_holder, heartbeat)
-                 VALUES (OLD.id, 'delete', OLD.state, OLD.attempt, OLD.claim_token,
-                         OLD.claimed_by, false);
+                 SELECT o.id, 'delete', o.state, o.attempt, o.claim_token, o.claimed_by, false
+                 FROM old_rows o ORDER BY o.id;
              END IF;
              RETURN NULL;
          END;
          $$;
-         CREATE TRIGGER jobs_audit AFTER INSERT OR UPDATE OR DELETE ON skiplock.jobs
-             FOR EACH ROW EXECUTE FUNCTION public.job_audit_record();",
+         CREATE TRIGGER jobs_audit_insert AFTER INSERT ON skiplock.jobs
+             REFERENCING NEW TABLE AS new_rows
+             FOR EACH STATEMENT EXECUTE FUNCTION public.job_audit_record();
+         CREATE TRIGGER jobs_audit_update AFTER UPDATE ON skiplock.jobs
+             REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows
+             FOR EACH STATEMENT EXECUTE FUNCTION public.job_audit_record();
+         CREATE TRIGGER jobs_audit_delete AFTER DELETE ON skiplock.jobs
+             REFERENCING OLD TABLE AS old_rows
+             FOR EACH STATEMENT EXECUTE FUNCTION public.job_audit_record();
+         CREATE TRIGGER jobs_audit_insert AFTER INSERT ON skiplock.jobs_live
+             REFERENCING NEW TABLE AS new_rows
+             FOR EACH STATEMENT EXECUTE FUNCTION public.job_audit_record();
+         CREATE TRIGGER jobs_audit_update AFTER UPDATE ON skiplock.jobs_live
+             REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows
+             FOR EACH STATEMENT EXECUTE FUNCTION public.job_audit_record();
+         CREATE TRIGGER jobs_audit_delete AFTER DELETE ON skiplock.jobs_live
+             REFERENCING OLD TABLE AS old_rows
+             FOR EACH STATEMENT EXECUTE FUNCTION public.job_audit_record();",
     )
     .execute(pool)
     .await

@@ -164,32 +164,35 @@ pub async fn extend_audit(pool: &PgPool) {
                                                new_token, new_holder, heartbeat, claimed_at,
                                                last_error, ordering_key, unique_key,
                                                unique_policy, args)
-                 VALUES (NEW.id, 'insert', NEW.state, NEW.attempt, NEW.max_attempts,
-                         NEW.claim_token, NEW.claimed_by, false, NEW.claimed_at,
-                         NEW.last_error, NEW.ordering_key, NEW.unique_key,
-                         NEW.unique_policy, NEW.args);
+                 SELECT n.id, 'insert', n.state, n.attempt, n.max_attempts,
+                        n.claim_token, n.claimed_by, false, n.claimed_at,
+                        n.last_error, n.ordering_key, n.unique_key,
+                        n.unique_policy, n.args
+                 FROM new_rows n ORDER BY n.id;
              ELSIF TG_OP = 'UPDATE' THEN
                  INSERT INTO public.job_audit (job_id, op, old_state, new_state, old_attempt,
                                                new_attempt, max_attempts, old_token, new_token,
                                                old_holder, new_holder, heartbeat, failure,
                                                last_error, claimed_at, ordering_key, unique_key,
                                                unique_policy, args)
-                 VALUES (NEW.id, 'update', OLD.state, NEW.state, OLD.attempt, NEW.attempt,
-                         NEW.max_attempts, OLD.claim_token, NEW.claim_token, OLD.claimed_by,
-                         NEW.claimed_by,
-                         OLD.state = NEW.state
-                             AND OLD.claim_token IS NOT DISTINCT FROM NEW.claim_token
-                             AND OLD.heartbeat_at IS DISTINCT FROM NEW.heartbeat_at,
-                         OLD.errors IS DISTINCT FROM NEW.errors,
-                         NEW.last_error, NEW.claimed_at, NEW.ordering_key, NEW.unique_key,
-                         NEW.unique_policy, NEW.args);
+                 SELECT n.id, 'update', o.state, n.state, o.attempt, n.attempt,
+                        n.max_attempts, o.claim_token, n.claim_token, o.claimed_by,
+                        n.claimed_by,
+                        o.state = n.state
+                            AND o.claim_token IS NOT DISTINCT FROM n.claim_token
+                            AND o.heartbeat_at IS DISTINCT FROM n.heartbeat_at,
+                        o.errors IS DISTINCT FROM n.errors,
+                        n.last_error, n.claimed_at, n.ordering_key, n.unique_key,
+                        n.unique_policy, n.args
+                 FROM old_rows o JOIN new_rows n ON n.id = o.id ORDER BY n.id;
              ELSE
                  INSERT INTO public.job_audit (job_id, op, old_state, old_attempt, old_token,
                                                old_holder, heartbeat, last_error, ordering_key,
                                                unique_key, unique_policy, args)
-                 VALUES (OLD.id, 'delete', OLD.state, OLD.attempt, OLD.claim_token,
-                         OLD.claimed_by, false, OLD.last_error, OLD.ordering_key,
-                         OLD.unique_key, OLD.unique_policy, OLD.args);
+                 SELECT o.id, 'delete', o.state, o.attempt, o.claim_token,
+                        o.claimed_by, false, o.last_error, o.ordering_key,
+                        o.unique_key, o.unique_policy, o.args
+                 FROM old_rows o ORDER BY o.id;
              END IF;
              RETURN NULL;
          END;

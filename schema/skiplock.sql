@@ -138,7 +138,7 @@ DECLARE
 BEGIN
     IF complete.output IS NOT NULL THEN
         UPDATE skiplock.jobs j SET output = complete.output
-        WHERE j.id = complete.id;
+        WHERE j.id = complete.id AND j.claim_token = complete.token;
     END IF;
     SELECT * INTO saved
     FROM skiplock.internal_complete_claims(ARRAY[complete.id], ARRAY[complete.token]);
@@ -150,6 +150,17 @@ BEGIN
         CASE WHEN saved.ordering_key IS NOT NULL THEN ARRAY[saved.ordering_key] ELSE '{}' END);
     RETURN true;
 END;
+$$;
+
+--
+-- Name: complete_many(bigint[], uuid[], jsonb[]); Type: FUNCTION; Schema: skiplock; Owner: -
+--
+
+CREATE FUNCTION skiplock.complete_many(ids bigint[], tokens uuid[], outputs jsonb[] DEFAULT NULL::jsonb[]) RETURNS TABLE(id bigint, state skiplock.job_state)
+    LANGUAGE sql
+    AS $$
+    SELECT * FROM skiplock.internal_save_outcomes_many('complete_many', 'complete', ids, tokens,
+                                                       outputs, NULL, NULL);
 $$;
 
 --
@@ -276,6 +287,17 @@ CREATE FUNCTION skiplock.fail(id bigint, token uuid, error text, retry_in interv
     LANGUAGE sql
     AS $$
     SELECT skiplock.internal_fail_one(id, token, error, retry_in, 'retry');
+$$;
+
+--
+-- Name: fail_many(bigint[], uuid[], text[], interval[]); Type: FUNCTION; Schema: skiplock; Owner: -
+--
+
+CREATE FUNCTION skiplock.fail_many(ids bigint[], tokens uuid[], errors text[], retry_in interval[] DEFAULT NULL::interval[]) RETURNS TABLE(id bigint, state skiplock.job_state)
+    LANGUAGE sql
+    AS $$
+    SELECT * FROM skiplock.internal_save_outcomes_many('fail_many', 'retry', ids, tokens, NULL,
+                                                       errors, retry_in);
 $$;
 
 --
@@ -1621,6 +1643,160 @@ $$;
 --
 
 COMMENT ON FUNCTION skiplock.internal_runnable_payload(queue text, priority smallint, scheduled_at timestamp with time zone) IS 'Payload of a skiplock_runnable notification: where in claim order a job became runnable.';
+
+--
+-- Name: internal_save_outcomes(text, bigint[], uuid[], jsonb[], text[], interval[]); Type: FUNCTION; Schema: skiplock; Owner: -
+--
+
+CREATE FUNCTION skiplock.internal_save_outcomes(outcome text, ids bigint[], tokens uuid[], outputs jsonb[], messages text[], retry_ins interval[]) RETURNS TABLE(id bigint, state text, has_dependants boolean, ordering_key text)
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    IF outcome = 'complete' THEN
+        IF EXISTS (SELECT FROM unnest(outputs) AS o(output) WHERE o.output IS NOT NULL) THEN
+            -- Every held row locked first, in id order: updating the rows with an output,
+            -- then all of them, would lock them out of order.
+            PERFORM 1 FROM unnest(ids, tokens) AS c(id, token),
+                LATERAL (SELECT FROM skiplock.jobs j
+                         WHERE j.id = c.id AND j.claim_token = c.token
+                         FOR UPDATE) l;
+            UPDATE skiplock.jobs j SET output = c.output
+            FROM unnest(ids, tokens, outputs) AS c(id, token, output)
+            WHERE c.output IS NOT NULL AND j.id = c.id AND j.claim_token = c.token;
+        END IF;
+        RETURN QUERY SELECT * FROM skiplock.internal_complete_claims(ids, tokens);
+    ELSE
+        -- The attempt of each held claim, for its backoff: it cannot change while the token
+        -- holds (a new claim brings a new token). One primary-key probe per claim.
+        RETURN QUERY SELECT * FROM skiplock.internal_fail_claims(
+            ids, tokens,
+            ARRAY(SELECT skiplock.internal_error_message(f.message)
+                  FROM unnest(messages) WITH ORDINALITY AS f(message, n) ORDER BY f.n),
+            ARRAY(SELECT (extract(epoch FROM coalesce(f.retry_in, skiplock.backoff(h.attempt)))
+                          * 1000)::bigint
+                  FROM unnest(ids, tokens, retry_ins) WITH ORDINALITY AS f(id, token, retry_in, n)
+                  LEFT JOIN LATERAL (SELECT j.attempt FROM skiplock.jobs j
+                                     WHERE j.id = f.id AND j.claim_token = f.token
+                                     LIMIT 1) h ON true
+                  ORDER BY f.n),
+            array_fill('retry'::text, ARRAY[cardinality(ids)]));
+    END IF;
+END;
+$$;
+
+--
+-- Name: internal_save_outcomes_many(text, text, bigint[], uuid[], jsonb[], text[], interval[]); Type: FUNCTION; Schema: skiplock; Owner: -
+--
+
+CREATE FUNCTION skiplock.internal_save_outcomes_many(caller text, outcome text, ids bigint[], tokens uuid[], outputs jsonb[], messages text[], retry_ins interval[]) RETURNS TABLE(id bigint, state skiplock.job_state)
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    s_ids bigint[];
+    s_tokens uuid[];
+    s_outputs jsonb[];
+    s_messages text[];
+    s_retry_ins interval[];
+    saved_ids bigint[] := '{}';
+    saved_states text[] := '{}';
+    finished bigint[] := '{}';
+    lanes text[] := '{}';
+    one record;
+    reason text;
+    i int;
+BEGIN
+    IF ids IS NULL OR tokens IS NULL OR cardinality(ids) <> cardinality(tokens)
+       OR cardinality(outputs) <> cardinality(ids) OR cardinality(retry_ins) <> cardinality(ids)
+       OR (outcome = 'retry' AND (messages IS NULL OR cardinality(messages) <> cardinality(ids))) THEN
+        RAISE EXCEPTION 'skiplock.%: the arrays must have one element per claim (ids has %)',
+            caller, coalesce(cardinality(ids)::text, 'NULL')
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF (SELECT count(c.i) <> count(DISTINCT c.i) FROM unnest(ids) AS c(i)) THEN
+        RAISE EXCEPTION 'skiplock.%: a job id appears twice in ids; give each claim once', caller
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF EXISTS (SELECT FROM unnest(retry_ins) AS r(delay) WHERE r.delay < interval '0') THEN
+        RAISE EXCEPTION 'skiplock.%: a retry_in is negative; give NULL (the backoff) or zero or more', caller
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    -- A claim with a NULL id or token is not held: left out, and its result is NULL.
+    SELECT array_agg(c.i ORDER BY c.i), array_agg(c.t ORDER BY c.i), array_agg(c.o ORDER BY c.i),
+           array_agg(c.m ORDER BY c.i), array_agg(c.r ORDER BY c.i)
+    INTO s_ids, s_tokens, s_outputs, s_messages, s_retry_ins
+    FROM unnest(ids, tokens, outputs, messages, retry_ins) AS c(i, t, o, m, r)
+    WHERE c.i IS NOT NULL AND c.t IS NOT NULL;
+    IF s_ids IS NOT NULL THEN
+        BEGIN
+            SELECT coalesce(array_agg(o.id), '{}'), coalesce(array_agg(o.state), '{}'),
+                   coalesce(array_agg(o.id) FILTER (WHERE o.state <> 'queued' AND o.has_dependants),
+                            '{}'),
+                   coalesce(array_agg(o.ordering_key)
+                                FILTER (WHERE o.state <> 'queued' AND o.ordering_key IS NOT NULL),
+                            '{}')
+            INTO saved_ids, saved_states, finished, lanes
+            FROM skiplock.internal_save_outcomes(outcome, s_ids, s_tokens, s_outputs, s_messages,
+                                                 s_retry_ins) o;
+        EXCEPTION
+            WHEN transaction_rollback OR lock_not_available OR read_only_sql_transaction
+                 OR insufficient_resources OR operator_intervention OR connection_exception
+                 OR invalid_sql_statement_name THEN
+                RAISE;
+            WHEN OTHERS THEN
+                FOR i IN 1 .. cardinality(s_ids) LOOP
+                    BEGIN
+                        SELECT * INTO one
+                        FROM skiplock.internal_save_outcomes(
+                            outcome, ARRAY[s_ids[i]], ARRAY[s_tokens[i]], ARRAY[s_outputs[i]],
+                            ARRAY[s_messages[i]], ARRAY[s_retry_ins[i]]);
+                    EXCEPTION
+                        WHEN transaction_rollback OR lock_not_available OR read_only_sql_transaction
+                             OR insufficient_resources OR operator_intervention
+                             OR connection_exception OR invalid_sql_statement_name THEN
+                            RAISE;
+                        WHEN OTHERS THEN
+                            reason := SQLERRM;
+                            BEGIN
+                                SELECT * INTO one
+                                FROM skiplock.internal_abandon_claims(
+                                    ARRAY[s_ids[i]], ARRAY[s_tokens[i]],
+                                    skiplock.internal_error_message(
+                                        'the outcome of this attempt could not be saved: ' || reason));
+                            EXCEPTION
+                                WHEN transaction_rollback OR lock_not_available
+                                     OR read_only_sql_transaction OR insufficient_resources
+                                     OR operator_intervention OR connection_exception
+                                     OR invalid_sql_statement_name THEN
+                                    RAISE;
+                                WHEN OTHERS THEN
+                                    RAISE WARNING 'skiplock.%: job % could not be saved (%) nor marked dead (%); it stays running until maintain takes it back',
+                                        caller, s_ids[i], reason, SQLERRM;
+                                    saved_ids := saved_ids || s_ids[i];
+                                    saved_states := saved_states || 'running'::text;
+                                    CONTINUE;
+                            END;
+                    END;
+                    IF FOUND THEN
+                        saved_ids := saved_ids || one.id;
+                        saved_states := saved_states || one.state;
+                        IF one.state <> 'queued' AND one.has_dependants THEN
+                            finished := finished || one.id;
+                        END IF;
+                        IF one.state <> 'queued' AND one.ordering_key IS NOT NULL THEN
+                            lanes := lanes || one.ordering_key;
+                        END IF;
+                    END IF;
+                END LOOP;
+        END;
+    END IF;
+    PERFORM skiplock.internal_move_on(finished, lanes);
+    RETURN QUERY
+    SELECT c.i, s.state::skiplock.job_state
+    FROM unnest(ids) WITH ORDINALITY AS c(i, n)
+    LEFT JOIN unnest(saved_ids, saved_states) AS s(id, state) ON s.id = c.i
+    ORDER BY c.n;
+END;
+$$;
 
 --
 -- Name: internal_set_queue_paused(text, boolean); Type: FUNCTION; Schema: skiplock; Owner: -

@@ -1726,6 +1726,10 @@ async fn complete_many_runs_in_the_callers_transaction() {
     );
     tx.rollback().await.unwrap();
     assert_eq!(state(pool, head).await, "running");
-    assert_eq!(state(pool, behind).await, "waiting", "behind its lane's head");
+    assert_eq!(
+        state(pool, behind).await,
+        "waiting",
+        "behind its lane's head"
+    );
     assert!(claim(pool, 10).await.is_empty(), "the lane is still held");
 }

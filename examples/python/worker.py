@@ -9,7 +9,8 @@ See README.md beside this file for what it does and how to run it in production.
 
 Three threads, each with its own database session:
 
-- the main thread claims batches with skiplock.claim and runs the jobs one at a time;
+- the main thread claims batches with skiplock.claim and runs the jobs, one at a time, or
+  up to --concurrency at once on threads of their own;
 - the completer saves outcomes in batches (skiplock.complete_many, skiplock.fail_many), so
   a claim and a completion are in flight at once and a batch costs two round trips;
 - the keeper heartbeats the claims held and calls skiplock.maintain now and then, so the
@@ -20,12 +21,13 @@ Three threads, each with its own database session:
 Every session runs READ COMMITTED whatever the database's default (skiplock's functions are
 written for it), uses no named prepared statements (so PgBouncer in transaction mode works),
 and survives errors of the server (serialization failures, deadlocks, timeouts, restarts)
-by retrying with backoff and reconnecting. SIGTERM or SIGINT: the running job finishes, the
+by retrying with backoff and reconnecting. SIGTERM or SIGINT: the running jobs finish, the
 claimed jobs not yet started are released, the outcomes are saved, exit 0; a second signal
-also stops the running job.
+also stops the running jobs.
 """
 
 import argparse
+import concurrent.futures
 import logging
 import os
 import queue
@@ -117,12 +119,13 @@ HANDLERS = {"noop": noop, "sleep": sleep, "fail_once": fail_once, "hang_once": h
 
 
 class Job:
-    __slots__ = ("id", "kind", "args", "attempt", "token", "stop", "started")
+    __slots__ = ("id", "kind", "args", "attempt", "token", "stop", "started", "finished")
 
     def __init__(self, row):
         self.id, self.kind, self.args, self.attempt, self.token = row
         self.stop = threading.Event()
         self.started = None
+        self.finished = False
 
 
 def describe(error):
@@ -198,9 +201,11 @@ class Session:
         sqlstate = getattr(error, "sqlstate", None) or ""
         return sqlstate in TRANSIENT_SQLSTATES or sqlstate.startswith(TRANSIENT_CLASSES)
 
-    def call(self, what, sql, params=(), retry=True, retry_timeouts=True):
+    def call(self, what, sql, params=(), retry=True, retry_timeouts=True, give_up=None):
         """The rows of one statement. A transient error is retried with backoff until it
-        passes (retry) or raised at once; give_up (an Event) ends the retries."""
+        passes (retry) or raised at once; give_up (an Event; the session's by default) ends
+        the retries."""
+        give_up = give_up or self.give_up
         delay = RETRY_DELAY_MIN_SECS
         self.reply_lost = False
         while True:
@@ -219,10 +224,10 @@ class Session:
                 if self.conn is not None and (self.conn.closed or self.conn.broken):
                     self.reply_lost = True
                     self.conn.close()
-                if not retry or self.give_up.is_set():
+                if not retry or give_up.is_set():
                     raise
                 log.warning("%s: %s; again in %.2f s", what, describe(error), delay)
-                if self.give_up.wait(delay):
+                if give_up.wait(delay):
                     raise
                 delay = min(delay * 2, RETRY_DELAY_MAX_SECS) * random.uniform(0.8, 1.2)
 
@@ -238,7 +243,11 @@ class Worker:
         self.saved = threading.Event()         # the completer saved a batch
         self.lock = threading.Lock()
         self.held = {}                         # id -> Job: claimed, outcome not yet saved
-        self.running = None                    # the Job whose handler runs now
+        self.running = set()                   # the Jobs whose handler runs now
+        # --concurrency above 1: handlers run on threads of their own, at most that many.
+        self.runners = (concurrent.futures.ThreadPoolExecutor(opts.concurrency, "job")
+                        if opts.concurrency > 1 else None)
+        self.slots = threading.Semaphore(opts.concurrency)
         self.outcomes = queue.Queue()          # (Job, ok, output or message); None: the end
         self.last_heartbeat = time.monotonic() # when the claims held were last confirmed
         self.claim_size = opts.batch
@@ -249,13 +258,14 @@ class Worker:
     def run(self):
         session = Session(self.url, self.opts.name, self.hard_stop, listen=True)
         session.connect()
-        threads = [threading.Thread(target=target, name=target.__name__, daemon=True)
+        threads = [threading.Thread(target=self.fatal_on_error, args=(target,), name=target.__name__,
+                                    daemon=True)
                    for target in (self.complete_outcomes, self.keep_claims, self.watch_heartbeats)]
         for thread in threads:
             thread.start()
-        log.info("worker started: queue %s, kinds %s, batch %s, stale after %s s, database %s",
-                 self.opts.queue, ",".join(self.opts.kinds), self.opts.batch, self.stale_after,
-                 safe_url(self.url))
+        log.info("worker started: queue %s, kinds %s, batch %s, concurrency %s, stale after %s s,"
+                 " database %s", self.opts.queue, ",".join(self.opts.kinds), self.opts.batch,
+                 self.opts.concurrency, self.stale_after, safe_url(self.url))
         try:
             while not self.stopping.is_set():
                 if self.heartbeats_failing.is_set() or self.pending() >= 2 * self.opts.batch:
@@ -275,6 +285,8 @@ class Worker:
                 else:
                     self.wait_for_work(session)
         finally:
+            if self.runners is not None:
+                self.runners.shutdown(wait=True)
             self.outcomes.put(None)
             threads[0].join()
             self.done.set()
@@ -285,6 +297,21 @@ class Worker:
                  self.counts["succeeded"], self.counts["failed"], self.counts["released"],
                  self.counts["lost"])
 
+    def fatal_on_error(self, target):
+        """Runs a thread's loop; an error it does not handle ends the process, loudly: a
+        worker whose completer or keeper died must not go on running jobs."""
+        try:
+            target()
+        except BaseException:  # noqa: BLE001
+            log.critical("thread %s died; exiting:\n%s", target.__name__,
+                         traceback.format_exc().rstrip())
+            logging.shutdown()
+            os._exit(1)
+
+    def count(self, outcome):
+        with self.lock:
+            self.counts[outcome] += 1
+
     def pending(self):
         with self.lock:
             return len(self.held)
@@ -294,14 +321,14 @@ class Worker:
             rows = session.call("claim", "SELECT id, kind, args, attempt, claim_token"
                                 " FROM skiplock.claim(%s, %s::int, %s, %s::text[])",
                                 (self.opts.queue, self.claim_size, self.opts.name, self.opts.kinds),
-                                retry_timeouts=self.claim_size == 1)
+                                retry_timeouts=self.claim_size == 1, give_up=self.stopping)
         except psycopg.errors.QueryCanceled:
             self.claim_size = max(1, self.claim_size // 2)
             log.warning("claim: statement_timeout stopped a claim; claiming %s at once from now on",
                         self.claim_size)
             return []
-        except psycopg.Error:
-            if self.hard_stop.is_set():
+        except psycopg.Error as error:
+            if self.stopping.is_set() and session.transient(error):
                 return []
             raise
         jobs = [Job(row) for row in rows]
@@ -328,14 +355,32 @@ class Worker:
                 return
             if job.stop.is_set():
                 self.forget(job, "claim lost before it started")
-                continue
+            elif self.runners is None:
+                self.run_job(job)
+            elif self.take_slot():
+                self.runners.submit(self.run_in_slot, job)
+            else:
+                self.give_back(session, jobs[i:])
+                return
+
+    def take_slot(self):
+        """Waits for a free runner thread; False when the worker stops claiming meanwhile."""
+        while not self.slots.acquire(timeout=0.1):
+            if self.stopping.is_set() or self.heartbeats_failing.is_set():
+                return False
+        return True
+
+    def run_in_slot(self, job):
+        try:
             self.run_job(job)
+        finally:
+            self.slots.release()
 
     def run_job(self, job):
         handler = HANDLERS[job.kind]
         job.started = time.monotonic()
         with self.lock:
-            self.running = job
+            self.running.add(job)
         log.info("job %s (%s) attempt %s started", job.id, job.kind, job.attempt)
         try:
             output = handler(job.args, job)
@@ -351,13 +396,14 @@ class Worker:
             return
         finally:
             with self.lock:
-                self.running = None
+                self.running.discard(job)
+                job.finished = True
         self.outcomes.put((job, True, output))
 
     def forget(self, job, why):
         with self.lock:
             self.held.pop(job.id, None)
-        self.counts["lost"] += 1
+        self.count("lost")
         log.warning("job %s (%s) attempt %s: %s", job.id, job.kind, job.attempt, why)
 
     def give_back(self, session, jobs):
@@ -372,7 +418,7 @@ class Worker:
             try:
                 session.call("release", "SELECT skiplock.release(%s, %s)", (job.id, job.token),
                              retry=retry)
-                self.counts["released"] += 1
+                self.count("released")
             except psycopg.Error as error:
                 with self.lock:
                     for other in jobs[i + 1:]:
@@ -441,19 +487,19 @@ class Worker:
                 self.held.pop(job.id, None)
         for (job, _, _), (_, state) in zip(items, rows):
             if ok and state == "succeeded":
-                self.counts["succeeded"] += 1
+                self.count("succeeded")
                 if log.isEnabledFor(logging.INFO):
                     log.info("job %s (%s) succeeded in %.0f ms", job.id, job.kind,
                              (time.monotonic() - job.started) * 1000)
             elif not ok and state in ("queued", "dead", "cancelled"):
-                self.counts["failed"] += 1
+                self.count("failed")
                 log.warning("job %s (%s) attempt %s failed: now %s", job.id, job.kind, job.attempt,
                             "queued to run again" if state == "queued" else state)
             elif state is None and session.reply_lost:
                 log.warning("job %s (%s): the connection dropped as its outcome was saved: saved"
                             " then, or its claim was lost", job.id, job.kind)
             elif state is None:
-                self.counts["lost"] += 1
+                self.count("lost")
                 log.warning("job %s (%s): claim lost before its outcome was saved (reaped or"
                             " cancelled); outcome dropped", job.id, job.kind)
             else:
@@ -500,7 +546,7 @@ class Worker:
             if self.held.get(job.id) is not job or job.stop.is_set():
                 return
             job.stop.set()
-            finished = job.started is not None and job is not self.running
+            finished = job.finished
         if not finished:
             log.warning("job %s: claim lost (reaped or cancelled); stopping it", job.id)
 
@@ -526,35 +572,35 @@ class Worker:
             if silent > self.stale_after * HEARTBEAT_FAILURE_LIMIT and not self.heartbeats_failing.is_set():
                 self.heartbeats_failing.set()
                 with self.lock:
-                    running = self.running
-                    unsaved = [j for j in self.held.values() if j.started is None or j is running]
+                    running = sorted(j.id for j in self.running)
+                    unsaved = [j for j in self.held.values() if not j.finished]
                 log.error("HEARTBEATS FAILING for %.1f s (claims are taken back after %s s"
-                          " without one): stopping %s, claiming nothing until they work again",
-                          silent, self.stale_after,
-                          f"job {running.id}" if running else "no running job")
+                          " without one): stopping %s running jobs %s, claiming nothing until"
+                          " they work again", silent, self.stale_after, len(running), running)
                 for job in unsaved:
                     job.stop.set()
             with self.lock:
-                running = self.running
-            if (running is not None and running.stop.is_set() and self.heartbeats_failing.is_set()
-                    and silent > self.stale_after * HANDLER_STOP_LIMIT):
-                log.critical("job %s (%s) ignored its stop for %.1f s without a heartbeat; exiting"
-                             " so that it cannot run beside its retry", running.id, running.kind,
+                stuck = [j for j in self.running if j.stop.is_set()]
+            if stuck and self.heartbeats_failing.is_set() and silent > self.stale_after * HANDLER_STOP_LIMIT:
+                log.critical("jobs %s ignored their stop for %.1f s without a heartbeat; exiting so"
+                             " that they cannot run beside their retry",
+                             ", ".join(f"{j.id} ({j.kind})" for j in stuck),
                              silent - self.stale_after * HEARTBEAT_FAILURE_LIMIT)
                 logging.shutdown()
                 os._exit(3)
 
     def signal(self, signum, _frame):
         if not self.stopping.is_set():
-            log.info("%s: stopping (the running job finishes; again to stop it too)",
+            log.info("%s: stopping (the running jobs finish; again to stop them too)",
                      signal.Signals(signum).name)
             self.stopping.set()
             return
-        log.warning("%s again: stopping the running job", signal.Signals(signum).name)
+        log.warning("%s again: stopping the running jobs", signal.Signals(signum).name)
         self.hard_stop.set()
-        running = self.running  # No lock: this runs between two statements of the main thread.
-        if running is not None:
-            running.stop.set()
+        # No lock: this runs between two statements of the main thread, which may hold it.
+        # set.copy() is one step for the interpreter, safe beside the runner threads.
+        for job in self.running.copy():
+            job.stop.set()
 
 
 def safe_url(url):
@@ -574,6 +620,9 @@ def main():
                         help="comma-separated kinds to claim (default: every kind handled here)")
     parser.add_argument("--batch", type=int, default=int(env("SKIPLOCK_BATCH", "100")),
                         help="jobs claimed at once (1 to 10000): small for long jobs, large for short")
+    parser.add_argument("--concurrency", type=int, default=int(env("SKIPLOCK_CONCURRENCY", "1")),
+                        help="jobs run at once, each on a thread of its own above 1 (default 1:"
+                             " one at a time in the main thread)")
     parser.add_argument("--name", default=env("SKIPLOCK_WORKER",
                                               f"python-{socket.gethostname()}-{os.getpid()}"))
     parser.add_argument("--stale-after", type=float,
@@ -589,6 +638,8 @@ def main():
         parser.error("--stale-after must be positive")
     if not 1 <= opts.batch <= 10000:
         parser.error("--batch must be between 1 and 10000")
+    if opts.concurrency < 1:
+        parser.error("--concurrency must be 1 or more")
     opts.kinds = [k for k in opts.kinds.split(",") if k]
     unknown = set(opts.kinds) - set(HANDLERS)
     if unknown:

@@ -31,6 +31,10 @@ use sql_workers_support::{
     install_audit, jobs_in_states, python_bin, wait_connected,
 };
 
+/// How many jobs the victims of [`drain_with_killed_workers`] claim: a batch each.
+const VICTIM_BATCH: i32 = 10;
+const HUNG: i32 = 2 * VICTIM_BATCH;
+
 /// The examples' stale_after in these tests: short, so that killed workers' claims are
 /// taken back within seconds (heartbeats every half second).
 const STALE_AFTER_SECS: &str = "3";
@@ -107,17 +111,30 @@ async fn assert_drained_once(
 }
 
 /// The jobs of [`drain_with_killed_workers`], and the audit of their state changes; returns
-/// how many jobs.
+/// how many jobs. First in claim order (priority -1), `HUNG` jobs `hang_once`, each
+/// victim's whole batch, four of them the heads of the four lanes: a victim holds its claims
+/// until it is killed, and the lanes wait for the claims to be taken back.
 async fn prepare_drain(db: &TestDb) -> i64 {
     python_bin();
     install_audit(db).await;
-    enqueue_mix(db, 4, 10, 200).await
+    sqlx::query(
+        "SELECT skiplock.enqueue('hang_once', '{}', $1, priority => -1,
+                                 ordering_key => CASE WHEN g <= 4 THEN 'lane-' || (g % 4) END)
+         FROM generate_series(1, $2) g",
+    )
+    .bind(QUEUE)
+    .bind(HUNG)
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    i64::from(HUNG) + enqueue_mix(db, 4, 10, 200).await
 }
 
-/// The run every database gets (jobs from [`prepare_drain`]): a Python and a Node worker start first and are killed
-/// (SIGKILL) once each has started a job, holding a batch of claims; then a Python and a
-/// Node worker drain the queue, taking the killed ones' claims back through
-/// `skiplock.maintain` alone. `during` runs once both drain. Returns the survivors' logs.
+/// The run every database gets, on the jobs of [`prepare_drain`]: a Python and a Node
+/// worker start first, each claims a batch of `hang_once` jobs, and both are killed
+/// (SIGKILL) holding them; then a Python and a Node worker drain the queue, taking the
+/// killed ones' claims back through `skiplock.maintain` alone. `during` runs once both
+/// drain. Returns the survivors' logs.
 async fn drain_with_killed_workers(
     db: &TestDb,
     worker_url: &str,
@@ -133,7 +150,7 @@ async fn drain_with_killed_workers(
         .iter()
         .map(|lang| {
             let name = format!("{}-killed", lang.name());
-            Worker::example(*lang, worker_url, &name, 10, &env)
+            Worker::example(*lang, worker_url, &name, VICTIM_BATCH as u32, &env)
         })
         .collect();
     for victim in &victims {
@@ -151,7 +168,11 @@ async fn drain_with_killed_workers(
         .await
         .unwrap();
         let log = victim.kill().await;
-        assert!(held > 0, "{name} held claims when killed; its log:\n{log}");
+        assert_eq!(
+            held,
+            i64::from(VICTIM_BATCH),
+            "{name} held its batch when killed; its log:\n{log}"
+        );
         logs.insert(name.clone(), log);
         killed.push(name);
     }

@@ -767,7 +767,7 @@ AS $$
     UPDATE skiplock.jobs j
     SET state = 'succeeded', finished_at = now(), claim_token = NULL, heartbeat_at = NULL
     FROM unnest(ids, tokens) AS c(id, token)
-    WHERE j.id = c.id AND j.claim_token = c.token AND j.state = 'running'
+    WHERE j.id = c.id AND j.claim_token = c.token AND j.state IN ('waiting', 'queued', 'running')
     RETURNING j.id, j.state::text,
               EXISTS (SELECT 1 FROM skiplock.job_dependencies d WHERE d.parent_id = j.id),
               j.ordering_key;
@@ -805,6 +805,13 @@ $$;
 -- a job with a unique_key take the keys' locks before the rows'
 -- (internal_lock_unique_keys_of). LANGUAGE sql and not inlinable, so Postgres plans each at
 -- every call with the table as it is then.
+--
+-- The statements that move a claim out of jobs_live update skiplock.jobs filtered on the
+-- live states, `state IN ('waiting', 'queued', 'running')`: enough for Postgres to plan
+-- and lock jobs_live alone (the claim token already implies running), and, unlike
+-- `state = 'running'`, no match for jobs_running_idx's predicate. With `state = 'running'`
+-- the planner walked every running job through that index and tested each against every
+-- claim of the batch: 6 s for 1,500 completions beside 8,000 running jobs.
 
 -- Failed attempts: each job back to `queued` after its delay, or `dead` (attempts spent, or
 -- action 'dead'), or `cancelled` (action 'cancel'); its error appended. A retry whose
@@ -843,7 +850,7 @@ LANGUAGE sql AS $$
             ELSE skiplock.internal_superseded_message(f.holder, f.unique_key) END,
         errors = skiplock.internal_append_error(j.errors, j.attempt, f.message)
     FROM folded f
-    WHERE j.id = ANY(ARRAY(SELECT id FROM folded)) AND j.id = f.id AND j.state = 'running'
+    WHERE j.id = ANY(ARRAY(SELECT id FROM folded)) AND j.id = f.id AND j.state IN ('waiting', 'queued', 'running')
     RETURNING j.id, j.state::text AS state,
               EXISTS (SELECT 1 FROM skiplock.job_dependencies d WHERE d.parent_id = j.id)
                   AS has_dependants,
@@ -893,7 +900,7 @@ LANGUAGE sql AS $$
             last_error = CASE WHEN f.holder IS NULL THEN j.last_error
                 ELSE skiplock.internal_superseded_message(f.holder, f.unique_key) END
         FROM folded f
-        WHERE j.id = ANY(ARRAY(SELECT id FROM folded)) AND j.id = f.id AND j.state = 'running'
+        WHERE j.id = ANY(ARRAY(SELECT id FROM folded)) AND j.id = f.id AND j.state IN ('waiting', 'queued', 'running')
         RETURNING j.id, j.queue, j.state, f.delay_ms, j.priority, j.scheduled_at
     ), runnable AS (
         -- Released jobs keep their scheduled_at: behind the workers' positions. Snoozed
@@ -1045,7 +1052,7 @@ BEGIN
                ELSE skiplock.internal_superseded_message(r.holder, r.unique_key) END,
            errors = skiplock.internal_append_error(j.errors, j.attempt, r.message)
        FROM reaped r
-       WHERE j.id = r.id AND j.state = 'running'
+       WHERE j.id = r.id AND j.state IN ('waiting', 'queued', 'running')
        RETURNING j.id, j.state::text AS state, j.claimed_by, j.ordering_key,
                  j.queue, j.priority, j.scheduled_at
        ), due_later AS (
@@ -1106,7 +1113,7 @@ LANGUAGE sql AS $$
             THEN skiplock.internal_append_error(j.errors, j.attempt, $3)
             ELSE jsonb_build_array(jsonb_build_object('attempt', j.attempt, 'at', now(), 'message', $3))
             END
-    WHERE j.id = ANY(ARRAY(SELECT id FROM held)) AND j.state = 'running'
+    WHERE j.id = ANY(ARRAY(SELECT id FROM held)) AND j.state IN ('waiting', 'queued', 'running')
     RETURNING j.id, j.state::text,
               EXISTS (SELECT 1 FROM skiplock.job_dependencies d WHERE d.parent_id = j.id),
               j.ordering_key;
@@ -1841,6 +1848,218 @@ BEGIN
 END;
 $$;
 
+-- ---- Batch outcomes of the SQL worker protocol: complete_many, fail_many ----------------
+--
+-- The outcomes of many claims in one call and one transaction, as the Rust worker's
+-- completer saves them, so that a worker in another language pays one round trip per batch
+-- instead of one per job. Each state change goes through the statement its single-job form
+-- uses (internal_complete_claims for complete, internal_fail_claims for fail) with the claims
+-- sorted by id, so that rows are locked in the order every other writer locks them; the
+-- lanes and dependants of the jobs that finished move on once for the batch
+-- (internal_move_on). A stale claim changes nothing for its job and the others go through.
+--
+-- One row never stops the others: when the batch fails for a reason of its rows (a trigger
+-- of yours refuses one, say), the claims are saved one at a time, each in a subtransaction,
+-- and one that still fails goes `dead` with the reason (internal_abandon_claims), as the
+-- Rust worker does (src/worker/split_write.rs). A job moved to the other partition under
+-- the pass (40001) runs the pass again (see skiplock.internal_may_retry_moved). Another
+-- error of the server or the transaction rather than of a row (serialization failure,
+-- deadlock, lock_timeout, a read-only server, a lost prepared statement: those the Rust
+-- worker retries, src/error.rs) fails the call, which then changed nothing, for the caller
+-- to retry.
+
+-- One pass of an outcome ('complete', or 'retry' for a failed attempt) over claims sorted by
+-- id, as the single-job forms save it; returns the claims it changed, as the statements
+-- under it return them. For 'retry', a NULL retry_in is skiplock.backoff(attempt).
+CREATE OR REPLACE FUNCTION skiplock.internal_save_outcomes(outcome text, ids bigint[], tokens uuid[],
+                                                           outputs jsonb[], messages text[],
+                                                           retry_ins interval[])
+RETURNS TABLE (id bigint, state text, has_dependants boolean, ordering_key text)
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF outcome = 'complete' THEN
+        IF EXISTS (SELECT FROM unnest(outputs) AS o(output) WHERE o.output IS NOT NULL) THEN
+            -- Every held row locked first, in id order: updating the rows with an output,
+            -- then all of them, would lock them out of order.
+            PERFORM 1 FROM unnest(ids, tokens) AS c(id, token),
+                LATERAL (SELECT FROM skiplock.jobs_live j
+                         WHERE j.id = c.id AND j.claim_token = c.token
+                         FOR UPDATE) l;
+            UPDATE skiplock.jobs_live j SET output = c.output
+            FROM unnest(ids, tokens, outputs) AS c(id, token, output)
+            WHERE c.output IS NOT NULL AND j.id = c.id AND j.claim_token = c.token;
+        END IF;
+        RETURN QUERY SELECT * FROM skiplock.internal_complete_claims(ids, tokens);
+    ELSE
+        -- The attempt of each held claim, for its backoff: it cannot change while the token
+        -- holds (a new claim brings a new token). One primary-key probe per claim.
+        RETURN QUERY SELECT * FROM skiplock.internal_fail_claims(
+            ids, tokens,
+            ARRAY(SELECT skiplock.internal_error_message(f.message)
+                  FROM unnest(messages) WITH ORDINALITY AS f(message, n) ORDER BY f.n),
+            ARRAY(SELECT (extract(epoch FROM coalesce(f.retry_in, skiplock.backoff(h.attempt)))
+                          * 1000)::bigint
+                  FROM unnest(ids, tokens, retry_ins) WITH ORDINALITY AS f(id, token, retry_in, n)
+                  LEFT JOIN LATERAL (SELECT j.attempt FROM skiplock.jobs_live j
+                                     WHERE j.id = f.id AND j.claim_token = f.token
+                                     LIMIT 1) h ON true
+                  ORDER BY f.n),
+            array_fill('retry'::text, ARRAY[cardinality(ids)]));
+    END IF;
+END;
+$$;
+
+-- The batch form behind complete_many and fail_many: checks the arguments, sorts the claims
+-- by id, saves them in one pass (or one at a time when the pass fails for a row: see above),
+-- moves on what finished, and returns one row per claim given, in the order given: the
+-- job's state now, NULL when the claim was not held (nothing changed).
+CREATE OR REPLACE FUNCTION skiplock.internal_save_outcomes_many(caller text, outcome text,
+                                                                ids bigint[], tokens uuid[],
+                                                                outputs jsonb[], messages text[],
+                                                                retry_ins interval[])
+RETURNS TABLE (id bigint, state skiplock.job_state)
+LANGUAGE plpgsql AS $$
+DECLARE
+    s_ids bigint[];
+    s_tokens uuid[];
+    s_outputs jsonb[];
+    s_messages text[];
+    s_retry_ins interval[];
+    saved_ids bigint[] := '{}';
+    saved_states text[] := '{}';
+    finished bigint[] := '{}';
+    lanes text[] := '{}';
+    one record;
+    reason text;
+    i int;
+    attempts int := 0;
+BEGIN
+    IF ids IS NULL OR tokens IS NULL OR cardinality(ids) <> cardinality(tokens)
+       OR cardinality(outputs) <> cardinality(ids) OR cardinality(retry_ins) <> cardinality(ids)
+       OR (outcome = 'retry' AND (messages IS NULL OR cardinality(messages) <> cardinality(ids))) THEN
+        RAISE EXCEPTION 'skiplock.%: the arrays must have one element per claim (ids has %)',
+            caller, coalesce(cardinality(ids)::text, 'NULL')
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF (SELECT count(c.i) <> count(DISTINCT c.i) FROM unnest(ids) AS c(i)) THEN
+        RAISE EXCEPTION 'skiplock.%: a job id appears twice in ids; give each claim once', caller
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF EXISTS (SELECT FROM unnest(retry_ins) AS r(delay) WHERE r.delay < interval '0') THEN
+        RAISE EXCEPTION 'skiplock.%: a retry_in is negative; give NULL (the backoff) or zero or more', caller
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    -- A claim with a NULL id or token is not held: left out, and its result is NULL.
+    SELECT array_agg(c.i ORDER BY c.i), array_agg(c.t ORDER BY c.i), array_agg(c.o ORDER BY c.i),
+           array_agg(c.m ORDER BY c.i), array_agg(c.r ORDER BY c.i)
+    INTO s_ids, s_tokens, s_outputs, s_messages, s_retry_ins
+    FROM unnest(ids, tokens, outputs, messages, retry_ins) AS c(i, t, o, m, r)
+    WHERE c.i IS NOT NULL AND c.t IS NOT NULL;
+    WHILE s_ids IS NOT NULL LOOP
+        BEGIN
+            SELECT coalesce(array_agg(o.id), '{}'), coalesce(array_agg(o.state), '{}'),
+                   coalesce(array_agg(o.id) FILTER (WHERE o.state <> 'queued' AND o.has_dependants),
+                            '{}'),
+                   coalesce(array_agg(o.ordering_key)
+                                FILTER (WHERE o.state <> 'queued' AND o.ordering_key IS NOT NULL),
+                            '{}')
+            INTO saved_ids, saved_states, finished, lanes
+            FROM skiplock.internal_save_outcomes(outcome, s_ids, s_tokens, s_outputs, s_messages,
+                                                 s_retry_ins) o;
+            EXIT;
+        EXCEPTION
+            WHEN serialization_failure THEN
+                -- A row moved to the other partition of skiplock.jobs meanwhile: the pass
+                -- runs again (see skiplock.internal_may_retry_moved).
+                attempts := attempts + 1;
+                IF NOT skiplock.internal_may_retry_moved(attempts) THEN
+                    RAISE;
+                END IF;
+            WHEN transaction_rollback OR lock_not_available OR read_only_sql_transaction
+                 OR insufficient_resources OR operator_intervention OR connection_exception
+                 OR invalid_sql_statement_name THEN
+                RAISE;
+            WHEN OTHERS THEN
+                FOR i IN 1 .. cardinality(s_ids) LOOP
+                    BEGIN
+                        SELECT * INTO one
+                        FROM skiplock.internal_save_outcomes(
+                            outcome, ARRAY[s_ids[i]], ARRAY[s_tokens[i]], ARRAY[s_outputs[i]],
+                            ARRAY[s_messages[i]], ARRAY[s_retry_ins[i]]);
+                    EXCEPTION
+                        WHEN transaction_rollback OR lock_not_available OR read_only_sql_transaction
+                             OR insufficient_resources OR operator_intervention
+                             OR connection_exception OR invalid_sql_statement_name THEN
+                            RAISE;
+                        WHEN OTHERS THEN
+                            reason := SQLERRM;
+                            BEGIN
+                                SELECT * INTO one
+                                FROM skiplock.internal_abandon_claims(
+                                    ARRAY[s_ids[i]], ARRAY[s_tokens[i]],
+                                    skiplock.internal_error_message(
+                                        'the outcome of this attempt could not be saved: ' || reason));
+                            EXCEPTION
+                                WHEN transaction_rollback OR lock_not_available
+                                     OR read_only_sql_transaction OR insufficient_resources
+                                     OR operator_intervention OR connection_exception
+                                     OR invalid_sql_statement_name THEN
+                                    RAISE;
+                                WHEN OTHERS THEN
+                                    RAISE WARNING 'skiplock.%: job % could not be saved (%) nor marked dead (%); it stays running until maintain takes it back',
+                                        caller, s_ids[i], reason, SQLERRM;
+                                    saved_ids := saved_ids || s_ids[i];
+                                    saved_states := saved_states || 'running'::text;
+                                    CONTINUE;
+                            END;
+                    END;
+                    IF FOUND THEN
+                        saved_ids := saved_ids || one.id;
+                        saved_states := saved_states || one.state;
+                        IF one.state <> 'queued' AND one.has_dependants THEN
+                            finished := finished || one.id;
+                        END IF;
+                        IF one.state <> 'queued' AND one.ordering_key IS NOT NULL THEN
+                            lanes := lanes || one.ordering_key;
+                        END IF;
+                    END IF;
+                END LOOP;
+                EXIT;
+        END;
+    END LOOP;
+    PERFORM skiplock.internal_move_on(finished, lanes);
+    RETURN QUERY
+    SELECT c.i, s.state::skiplock.job_state
+    FROM unnest(ids) WITH ORDINALITY AS c(i, n)
+    LEFT JOIN unnest(saved_ids, saved_states) AS s(id, state) ON s.id = c.i
+    ORDER BY c.n;
+END;
+$$;
+
+-- Marks held jobs succeeded (each with its output, when outputs gives one), in one
+-- transaction; the next job of each lane and the waiting dependants move on in it, and
+-- workers are told. One row per claim given, in the order given: 'succeeded'; 'dead' when
+-- the row refused the change (the reason in last_error); NULL when the claim was not held.
+CREATE OR REPLACE FUNCTION skiplock.complete_many(ids bigint[], tokens uuid[],
+                                                  outputs jsonb[] DEFAULT NULL)
+RETURNS TABLE (id bigint, state skiplock.job_state)
+LANGUAGE sql AS $$
+    SELECT * FROM skiplock.internal_save_outcomes_many('complete_many', 'complete', ids, tokens,
+                                                       outputs, NULL, NULL);
+$$;
+
+-- Failed attempts of held jobs, in one transaction: each error recorded, each job queued
+-- again after skiplock.backoff(attempt) (or its retry_in), or dead once its attempts are
+-- spent (its lane moves on and its waiting dependants are cancelled). One row per claim
+-- given, in the order given: the job's new state; NULL when the claim was not held.
+CREATE OR REPLACE FUNCTION skiplock.fail_many(ids bigint[], tokens uuid[], errors text[],
+                                              retry_in interval[] DEFAULT NULL)
+RETURNS TABLE (id bigint, state skiplock.job_state)
+LANGUAGE sql AS $$
+    SELECT * FROM skiplock.internal_save_outcomes_many('fail_many', 'retry', ids, tokens, NULL,
+                                                       errors, retry_in);
+$$;
+
 -- maintain's reap: takes back the stale claims (up to max_jobs, or only_id alone) and
 -- returns how many, with the jobs among them that finished (dead, or superseded by the
 -- holder of their unique_key) and those jobs' lanes, for the follow-up.
@@ -2005,6 +2224,7 @@ COMMENT ON FUNCTION skiplock.cancel_job(bigint) IS
 CREATE OR REPLACE FUNCTION skiplock.retry_job(job_id bigint) RETURNS boolean
 LANGUAGE plpgsql AS $$
 DECLARE
+    attempts int := 0;
     q text;
     p smallint;
     s timestamptz;
@@ -2014,52 +2234,63 @@ DECLARE
     current skiplock.job_state;
     holder bigint;
 BEGIN
-    -- The lane's and the unique key's locks before the row's, in the order an enqueue
-    -- takes them: an enqueue holding the key's lock locks the key's pending job next, so
-    -- a retry of that job that locked its row first and then waited for the key deadlocked.
-    SELECT ordering_key, unique_key INTO lane, key FROM skiplock.jobs WHERE id = job_id;
-    IF lane IS NOT NULL THEN
-        PERFORM pg_advisory_xact_lock(hashtextextended('skiplock.lane:' || lane, 0));
-    END IF;
-    IF key IS NOT NULL THEN
-        PERFORM pg_advisory_xact_lock(skiplock.internal_unique_key_lock_id(key));
-    END IF;
-    SELECT state INTO current FROM skiplock.jobs WHERE id = job_id FOR UPDATE;
-    IF current IS NULL OR current NOT IN ('queued', 'dead', 'cancelled', 'succeeded') THEN
-        RETURN false;
-    END IF;
-    holder := skiplock.internal_fold_into_key_holder(job_id);
-    UPDATE skiplock.jobs j
-    SET state = CASE
-            WHEN holder IS NOT NULL THEN 'cancelled'
-            WHEN lane IS NOT NULL AND EXISTS (
-                SELECT 1 FROM skiplock.jobs o
-                WHERE o.ordering_key = lane AND o.id <> job_id
-                  AND o.state IN ('waiting', 'queued', 'running'))
-            THEN 'waiting'
-            WHEN skiplock.internal_has_unmet_parent(j.id) THEN 'waiting'
-            ELSE 'queued' END::skiplock.job_state,
-        scheduled_at = now(),
-        max_attempts = greatest(max_attempts, attempt + 1),
-        finished_at = CASE WHEN holder IS NOT NULL THEN now() END,
-        last_error = CASE WHEN holder IS NOT NULL
-            THEN skiplock.internal_superseded_message(holder, unique_key) ELSE last_error END
-    WHERE id = job_id AND state IN ('queued', 'dead', 'cancelled', 'succeeded')
-    RETURNING queue, priority, scheduled_at, state INTO q, p, s, now_state;
-    IF q IS NULL THEN
-        RETURN false;
-    END IF;
-    IF lane IS NOT NULL THEN
-        PERFORM skiplock.internal_advance_lanes(ARRAY[lane]);
-    END IF;
-    -- A child of a dead, cancelled or deleted parent is cancelled again at once, with the
-    -- reason.
-    PERFORM skiplock.internal_settle_dependants(ARRAY(
-        SELECT d.parent_id FROM skiplock.job_dependencies d WHERE d.job_id = retry_job.job_id));
-    IF now_state = 'queued' THEN
-        PERFORM skiplock.internal_notify_runnable(q, p, s);
-    END IF;
-    RETURN true;
+    LOOP
+        BEGIN
+            -- The lane's and the unique key's locks before the row's, in the order an enqueue
+            -- takes them: an enqueue holding the key's lock locks the key's pending job next, so
+            -- a retry of that job that locked its row first and then waited for the key deadlocked.
+            SELECT ordering_key, unique_key INTO lane, key FROM skiplock.jobs WHERE id = job_id;
+            IF lane IS NOT NULL THEN
+                PERFORM pg_advisory_xact_lock(hashtextextended('skiplock.lane:' || lane, 0));
+            END IF;
+            IF key IS NOT NULL THEN
+                PERFORM pg_advisory_xact_lock(skiplock.internal_unique_key_lock_id(key));
+            END IF;
+            SELECT state INTO current FROM skiplock.jobs WHERE id = job_id FOR UPDATE;
+            IF current IS NULL OR current NOT IN ('queued', 'dead', 'cancelled', 'succeeded') THEN
+                RETURN false;
+            END IF;
+            holder := skiplock.internal_fold_into_key_holder(job_id);
+            UPDATE skiplock.jobs j
+            SET state = CASE
+                    WHEN holder IS NOT NULL THEN 'cancelled'
+                    WHEN lane IS NOT NULL AND EXISTS (
+                        SELECT 1 FROM skiplock.jobs o
+                        WHERE o.ordering_key = lane AND o.id <> job_id
+                          AND o.state IN ('waiting', 'queued', 'running'))
+                    THEN 'waiting'
+                    WHEN skiplock.internal_has_unmet_parent(j.id) THEN 'waiting'
+                    ELSE 'queued' END::skiplock.job_state,
+                scheduled_at = now(),
+                max_attempts = greatest(max_attempts, attempt + 1),
+                finished_at = CASE WHEN holder IS NOT NULL THEN now() END,
+                last_error = CASE WHEN holder IS NOT NULL
+                    THEN skiplock.internal_superseded_message(holder, unique_key) ELSE last_error END
+            WHERE id = job_id AND state IN ('queued', 'dead', 'cancelled', 'succeeded')
+            RETURNING queue, priority, scheduled_at, state INTO q, p, s, now_state;
+            IF q IS NULL THEN
+                RETURN false;
+            END IF;
+            IF lane IS NOT NULL THEN
+                PERFORM skiplock.internal_advance_lanes(ARRAY[lane]);
+            END IF;
+            -- A child of a dead, cancelled or deleted parent is cancelled again at once, with the
+            -- reason.
+            PERFORM skiplock.internal_settle_dependants(ARRAY(
+                SELECT d.parent_id FROM skiplock.job_dependencies d WHERE d.job_id = retry_job.job_id));
+            IF now_state = 'queued' THEN
+                PERFORM skiplock.internal_notify_runnable(q, p, s);
+            END IF;
+            RETURN true;
+        EXCEPTION WHEN serialization_failure THEN
+            -- Its row moved to the other partition meanwhile: run again (see
+            -- skiplock.internal_may_retry_moved).
+            attempts := attempts + 1;
+            IF NOT skiplock.internal_may_retry_moved(attempts) THEN
+                RAISE;
+            END IF;
+        END;
+    END LOOP;
 END;
 $$;
 

@@ -176,6 +176,17 @@ END;
 $$;
 
 --
+-- Name: complete_many(bigint[], uuid[], jsonb[]); Type: FUNCTION; Schema: skiplock; Owner: -
+--
+
+CREATE FUNCTION skiplock.complete_many(ids bigint[], tokens uuid[], outputs jsonb[] DEFAULT NULL::jsonb[]) RETURNS TABLE(id bigint, state skiplock.job_state)
+    LANGUAGE sql
+    AS $$
+    SELECT * FROM skiplock.internal_save_outcomes_many('complete_many', 'complete', ids, tokens,
+                                                       outputs, NULL, NULL);
+$$;
+
+--
 -- Name: discard(bigint, uuid, text); Type: FUNCTION; Schema: skiplock; Owner: -
 --
 
@@ -318,6 +329,17 @@ CREATE FUNCTION skiplock.fail(id bigint, token uuid, error text, retry_in interv
 $$;
 
 --
+-- Name: fail_many(bigint[], uuid[], text[], interval[]); Type: FUNCTION; Schema: skiplock; Owner: -
+--
+
+CREATE FUNCTION skiplock.fail_many(ids bigint[], tokens uuid[], errors text[], retry_in interval[] DEFAULT NULL::interval[]) RETURNS TABLE(id bigint, state skiplock.job_state)
+    LANGUAGE sql
+    AS $$
+    SELECT * FROM skiplock.internal_save_outcomes_many('fail_many', 'retry', ids, tokens, NULL,
+                                                       errors, retry_in);
+$$;
+
+--
 -- Name: heartbeat(bigint[], uuid[]); Type: FUNCTION; Schema: skiplock; Owner: -
 --
 
@@ -366,7 +388,7 @@ CREATE FUNCTION skiplock.internal_abandon_claims(ids bigint[], tokens uuid[], me
             THEN skiplock.internal_append_error(j.errors, j.attempt, $3)
             ELSE jsonb_build_array(jsonb_build_object('attempt', j.attempt, 'at', now(), 'message', $3))
             END
-    WHERE j.id = ANY(ARRAY(SELECT id FROM held)) AND j.state = 'running'
+    WHERE j.id = ANY(ARRAY(SELECT id FROM held)) AND j.state IN ('waiting', 'queued', 'running')
     RETURNING j.id, j.state::text,
               EXISTS (SELECT 1 FROM skiplock.job_dependencies d WHERE d.parent_id = j.id),
               j.ordering_key;
@@ -635,7 +657,7 @@ CREATE FUNCTION skiplock.internal_complete_claims(ids bigint[], tokens uuid[]) R
     UPDATE skiplock.jobs j
     SET state = 'succeeded', finished_at = now(), claim_token = NULL, heartbeat_at = NULL
     FROM unnest(ids, tokens) AS c(id, token)
-    WHERE j.id = c.id AND j.claim_token = c.token AND j.state = 'running'
+    WHERE j.id = c.id AND j.claim_token = c.token AND j.state IN ('waiting', 'queued', 'running')
     RETURNING j.id, j.state::text,
               EXISTS (SELECT 1 FROM skiplock.job_dependencies d WHERE d.parent_id = j.id),
               j.ordering_key;
@@ -1077,7 +1099,7 @@ CREATE FUNCTION skiplock.internal_fail_claims(ids bigint[], tokens uuid[], messa
             ELSE skiplock.internal_superseded_message(f.holder, f.unique_key) END,
         errors = skiplock.internal_append_error(j.errors, j.attempt, f.message)
     FROM folded f
-    WHERE j.id = ANY(ARRAY(SELECT id FROM folded)) AND j.id = f.id AND j.state = 'running'
+    WHERE j.id = ANY(ARRAY(SELECT id FROM folded)) AND j.id = f.id AND j.state IN ('waiting', 'queued', 'running')
     RETURNING j.id, j.state::text AS state,
               EXISTS (SELECT 1 FROM skiplock.job_dependencies d WHERE d.parent_id = j.id)
                   AS has_dependants,
@@ -1688,7 +1710,7 @@ BEGIN
                ELSE skiplock.internal_superseded_message(r.holder, r.unique_key) END,
            errors = skiplock.internal_append_error(j.errors, j.attempt, r.message)
        FROM reaped r
-       WHERE j.id = r.id AND j.state = 'running'
+       WHERE j.id = r.id AND j.state IN ('waiting', 'queued', 'running')
        RETURNING j.id, j.state::text AS state, j.claimed_by, j.ordering_key,
                  j.queue, j.priority, j.scheduled_at
        ), due_later AS (
@@ -1758,7 +1780,7 @@ CREATE FUNCTION skiplock.internal_release_claims(ids bigint[], tokens uuid[], de
             last_error = CASE WHEN f.holder IS NULL THEN j.last_error
                 ELSE skiplock.internal_superseded_message(f.holder, f.unique_key) END
         FROM folded f
-        WHERE j.id = ANY(ARRAY(SELECT id FROM folded)) AND j.id = f.id AND j.state = 'running'
+        WHERE j.id = ANY(ARRAY(SELECT id FROM folded)) AND j.id = f.id AND j.state IN ('waiting', 'queued', 'running')
         RETURNING j.id, j.queue, j.state, f.delay_ms, j.priority, j.scheduled_at
     ), runnable AS (
         -- Released jobs keep their scheduled_at: behind the workers' positions. Snoozed
@@ -1792,6 +1814,170 @@ $$;
 --
 
 COMMENT ON FUNCTION skiplock.internal_runnable_payload(queue text, priority smallint, scheduled_at timestamp with time zone) IS 'Payload of a skiplock_runnable notification: where in claim order a job became runnable.';
+
+--
+-- Name: internal_save_outcomes(text, bigint[], uuid[], jsonb[], text[], interval[]); Type: FUNCTION; Schema: skiplock; Owner: -
+--
+
+CREATE FUNCTION skiplock.internal_save_outcomes(outcome text, ids bigint[], tokens uuid[], outputs jsonb[], messages text[], retry_ins interval[]) RETURNS TABLE(id bigint, state text, has_dependants boolean, ordering_key text)
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    IF outcome = 'complete' THEN
+        IF EXISTS (SELECT FROM unnest(outputs) AS o(output) WHERE o.output IS NOT NULL) THEN
+            -- Every held row locked first, in id order: updating the rows with an output,
+            -- then all of them, would lock them out of order.
+            PERFORM 1 FROM unnest(ids, tokens) AS c(id, token),
+                LATERAL (SELECT FROM skiplock.jobs_live j
+                         WHERE j.id = c.id AND j.claim_token = c.token
+                         FOR UPDATE) l;
+            UPDATE skiplock.jobs_live j SET output = c.output
+            FROM unnest(ids, tokens, outputs) AS c(id, token, output)
+            WHERE c.output IS NOT NULL AND j.id = c.id AND j.claim_token = c.token;
+        END IF;
+        RETURN QUERY SELECT * FROM skiplock.internal_complete_claims(ids, tokens);
+    ELSE
+        -- The attempt of each held claim, for its backoff: it cannot change while the token
+        -- holds (a new claim brings a new token). One primary-key probe per claim.
+        RETURN QUERY SELECT * FROM skiplock.internal_fail_claims(
+            ids, tokens,
+            ARRAY(SELECT skiplock.internal_error_message(f.message)
+                  FROM unnest(messages) WITH ORDINALITY AS f(message, n) ORDER BY f.n),
+            ARRAY(SELECT (extract(epoch FROM coalesce(f.retry_in, skiplock.backoff(h.attempt)))
+                          * 1000)::bigint
+                  FROM unnest(ids, tokens, retry_ins) WITH ORDINALITY AS f(id, token, retry_in, n)
+                  LEFT JOIN LATERAL (SELECT j.attempt FROM skiplock.jobs_live j
+                                     WHERE j.id = f.id AND j.claim_token = f.token
+                                     LIMIT 1) h ON true
+                  ORDER BY f.n),
+            array_fill('retry'::text, ARRAY[cardinality(ids)]));
+    END IF;
+END;
+$$;
+
+--
+-- Name: internal_save_outcomes_many(text, text, bigint[], uuid[], jsonb[], text[], interval[]); Type: FUNCTION; Schema: skiplock; Owner: -
+--
+
+CREATE FUNCTION skiplock.internal_save_outcomes_many(caller text, outcome text, ids bigint[], tokens uuid[], outputs jsonb[], messages text[], retry_ins interval[]) RETURNS TABLE(id bigint, state skiplock.job_state)
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    s_ids bigint[];
+    s_tokens uuid[];
+    s_outputs jsonb[];
+    s_messages text[];
+    s_retry_ins interval[];
+    saved_ids bigint[] := '{}';
+    saved_states text[] := '{}';
+    finished bigint[] := '{}';
+    lanes text[] := '{}';
+    one record;
+    reason text;
+    i int;
+    attempts int := 0;
+BEGIN
+    IF ids IS NULL OR tokens IS NULL OR cardinality(ids) <> cardinality(tokens)
+       OR cardinality(outputs) <> cardinality(ids) OR cardinality(retry_ins) <> cardinality(ids)
+       OR (outcome = 'retry' AND (messages IS NULL OR cardinality(messages) <> cardinality(ids))) THEN
+        RAISE EXCEPTION 'skiplock.%: the arrays must have one element per claim (ids has %)',
+            caller, coalesce(cardinality(ids)::text, 'NULL')
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF (SELECT count(c.i) <> count(DISTINCT c.i) FROM unnest(ids) AS c(i)) THEN
+        RAISE EXCEPTION 'skiplock.%: a job id appears twice in ids; give each claim once', caller
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF EXISTS (SELECT FROM unnest(retry_ins) AS r(delay) WHERE r.delay < interval '0') THEN
+        RAISE EXCEPTION 'skiplock.%: a retry_in is negative; give NULL (the backoff) or zero or more', caller
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    -- A claim with a NULL id or token is not held: left out, and its result is NULL.
+    SELECT array_agg(c.i ORDER BY c.i), array_agg(c.t ORDER BY c.i), array_agg(c.o ORDER BY c.i),
+           array_agg(c.m ORDER BY c.i), array_agg(c.r ORDER BY c.i)
+    INTO s_ids, s_tokens, s_outputs, s_messages, s_retry_ins
+    FROM unnest(ids, tokens, outputs, messages, retry_ins) AS c(i, t, o, m, r)
+    WHERE c.i IS NOT NULL AND c.t IS NOT NULL;
+    WHILE s_ids IS NOT NULL LOOP
+        BEGIN
+            SELECT coalesce(array_agg(o.id), '{}'), coalesce(array_agg(o.state), '{}'),
+                   coalesce(array_agg(o.id) FILTER (WHERE o.state <> 'queued' AND o.has_dependants),
+                            '{}'),
+                   coalesce(array_agg(o.ordering_key)
+                                FILTER (WHERE o.state <> 'queued' AND o.ordering_key IS NOT NULL),
+                            '{}')
+            INTO saved_ids, saved_states, finished, lanes
+            FROM skiplock.internal_save_outcomes(outcome, s_ids, s_tokens, s_outputs, s_messages,
+                                                 s_retry_ins) o;
+            EXIT;
+        EXCEPTION
+            WHEN serialization_failure THEN
+                -- A row moved to the other partition of skiplock.jobs meanwhile: the pass
+                -- runs again (see skiplock.internal_may_retry_moved).
+                attempts := attempts + 1;
+                IF NOT skiplock.internal_may_retry_moved(attempts) THEN
+                    RAISE;
+                END IF;
+            WHEN transaction_rollback OR lock_not_available OR read_only_sql_transaction
+                 OR insufficient_resources OR operator_intervention OR connection_exception
+                 OR invalid_sql_statement_name THEN
+                RAISE;
+            WHEN OTHERS THEN
+                FOR i IN 1 .. cardinality(s_ids) LOOP
+                    BEGIN
+                        SELECT * INTO one
+                        FROM skiplock.internal_save_outcomes(
+                            outcome, ARRAY[s_ids[i]], ARRAY[s_tokens[i]], ARRAY[s_outputs[i]],
+                            ARRAY[s_messages[i]], ARRAY[s_retry_ins[i]]);
+                    EXCEPTION
+                        WHEN transaction_rollback OR lock_not_available OR read_only_sql_transaction
+                             OR insufficient_resources OR operator_intervention
+                             OR connection_exception OR invalid_sql_statement_name THEN
+                            RAISE;
+                        WHEN OTHERS THEN
+                            reason := SQLERRM;
+                            BEGIN
+                                SELECT * INTO one
+                                FROM skiplock.internal_abandon_claims(
+                                    ARRAY[s_ids[i]], ARRAY[s_tokens[i]],
+                                    skiplock.internal_error_message(
+                                        'the outcome of this attempt could not be saved: ' || reason));
+                            EXCEPTION
+                                WHEN transaction_rollback OR lock_not_available
+                                     OR read_only_sql_transaction OR insufficient_resources
+                                     OR operator_intervention OR connection_exception
+                                     OR invalid_sql_statement_name THEN
+                                    RAISE;
+                                WHEN OTHERS THEN
+                                    RAISE WARNING 'skiplock.%: job % could not be saved (%) nor marked dead (%); it stays running until maintain takes it back',
+                                        caller, s_ids[i], reason, SQLERRM;
+                                    saved_ids := saved_ids || s_ids[i];
+                                    saved_states := saved_states || 'running'::text;
+                                    CONTINUE;
+                            END;
+                    END;
+                    IF FOUND THEN
+                        saved_ids := saved_ids || one.id;
+                        saved_states := saved_states || one.state;
+                        IF one.state <> 'queued' AND one.has_dependants THEN
+                            finished := finished || one.id;
+                        END IF;
+                        IF one.state <> 'queued' AND one.ordering_key IS NOT NULL THEN
+                            lanes := lanes || one.ordering_key;
+                        END IF;
+                    END IF;
+                END LOOP;
+                EXIT;
+        END;
+    END LOOP;
+    PERFORM skiplock.internal_move_on(finished, lanes);
+    RETURN QUERY
+    SELECT c.i, s.state::skiplock.job_state
+    FROM unnest(ids) WITH ORDINALITY AS c(i, n)
+    LEFT JOIN unnest(saved_ids, saved_states) AS s(id, state) ON s.id = c.i
+    ORDER BY c.n;
+END;
+$$;
 
 --
 -- Name: internal_set_queue_paused(text, boolean); Type: FUNCTION; Schema: skiplock; Owner: -
@@ -2176,6 +2362,7 @@ CREATE FUNCTION skiplock.retry_job(job_id bigint) RETURNS boolean
     LANGUAGE plpgsql
     AS $$
 DECLARE
+    attempts int := 0;
     q text;
     p smallint;
     s timestamptz;
@@ -2185,52 +2372,63 @@ DECLARE
     current skiplock.job_state;
     holder bigint;
 BEGIN
-    -- The lane's and the unique key's locks before the row's, in the order an enqueue
-    -- takes them: an enqueue holding the key's lock locks the key's pending job next, so
-    -- a retry of that job that locked its row first and then waited for the key deadlocked.
-    SELECT ordering_key, unique_key INTO lane, key FROM skiplock.jobs WHERE id = job_id;
-    IF lane IS NOT NULL THEN
-        PERFORM pg_advisory_xact_lock(hashtextextended('skiplock.lane:' || lane, 0));
-    END IF;
-    IF key IS NOT NULL THEN
-        PERFORM pg_advisory_xact_lock(skiplock.internal_unique_key_lock_id(key));
-    END IF;
-    SELECT state INTO current FROM skiplock.jobs WHERE id = job_id FOR UPDATE;
-    IF current IS NULL OR current NOT IN ('queued', 'dead', 'cancelled', 'succeeded') THEN
-        RETURN false;
-    END IF;
-    holder := skiplock.internal_fold_into_key_holder(job_id);
-    UPDATE skiplock.jobs j
-    SET state = CASE
-            WHEN holder IS NOT NULL THEN 'cancelled'
-            WHEN lane IS NOT NULL AND EXISTS (
-                SELECT 1 FROM skiplock.jobs o
-                WHERE o.ordering_key = lane AND o.id <> job_id
-                  AND o.state IN ('waiting', 'queued', 'running'))
-            THEN 'waiting'
-            WHEN skiplock.internal_has_unmet_parent(j.id) THEN 'waiting'
-            ELSE 'queued' END::skiplock.job_state,
-        scheduled_at = now(),
-        max_attempts = greatest(max_attempts, attempt + 1),
-        finished_at = CASE WHEN holder IS NOT NULL THEN now() END,
-        last_error = CASE WHEN holder IS NOT NULL
-            THEN skiplock.internal_superseded_message(holder, unique_key) ELSE last_error END
-    WHERE id = job_id AND state IN ('queued', 'dead', 'cancelled', 'succeeded')
-    RETURNING queue, priority, scheduled_at, state INTO q, p, s, now_state;
-    IF q IS NULL THEN
-        RETURN false;
-    END IF;
-    IF lane IS NOT NULL THEN
-        PERFORM skiplock.internal_advance_lanes(ARRAY[lane]);
-    END IF;
-    -- A child of a dead, cancelled or deleted parent is cancelled again at once, with the
-    -- reason.
-    PERFORM skiplock.internal_settle_dependants(ARRAY(
-        SELECT d.parent_id FROM skiplock.job_dependencies d WHERE d.job_id = retry_job.job_id));
-    IF now_state = 'queued' THEN
-        PERFORM skiplock.internal_notify_runnable(q, p, s);
-    END IF;
-    RETURN true;
+    LOOP
+        BEGIN
+            -- The lane's and the unique key's locks before the row's, in the order an enqueue
+            -- takes them: an enqueue holding the key's lock locks the key's pending job next, so
+            -- a retry of that job that locked its row first and then waited for the key deadlocked.
+            SELECT ordering_key, unique_key INTO lane, key FROM skiplock.jobs WHERE id = job_id;
+            IF lane IS NOT NULL THEN
+                PERFORM pg_advisory_xact_lock(hashtextextended('skiplock.lane:' || lane, 0));
+            END IF;
+            IF key IS NOT NULL THEN
+                PERFORM pg_advisory_xact_lock(skiplock.internal_unique_key_lock_id(key));
+            END IF;
+            SELECT state INTO current FROM skiplock.jobs WHERE id = job_id FOR UPDATE;
+            IF current IS NULL OR current NOT IN ('queued', 'dead', 'cancelled', 'succeeded') THEN
+                RETURN false;
+            END IF;
+            holder := skiplock.internal_fold_into_key_holder(job_id);
+            UPDATE skiplock.jobs j
+            SET state = CASE
+                    WHEN holder IS NOT NULL THEN 'cancelled'
+                    WHEN lane IS NOT NULL AND EXISTS (
+                        SELECT 1 FROM skiplock.jobs o
+                        WHERE o.ordering_key = lane AND o.id <> job_id
+                          AND o.state IN ('waiting', 'queued', 'running'))
+                    THEN 'waiting'
+                    WHEN skiplock.internal_has_unmet_parent(j.id) THEN 'waiting'
+                    ELSE 'queued' END::skiplock.job_state,
+                scheduled_at = now(),
+                max_attempts = greatest(max_attempts, attempt + 1),
+                finished_at = CASE WHEN holder IS NOT NULL THEN now() END,
+                last_error = CASE WHEN holder IS NOT NULL
+                    THEN skiplock.internal_superseded_message(holder, unique_key) ELSE last_error END
+            WHERE id = job_id AND state IN ('queued', 'dead', 'cancelled', 'succeeded')
+            RETURNING queue, priority, scheduled_at, state INTO q, p, s, now_state;
+            IF q IS NULL THEN
+                RETURN false;
+            END IF;
+            IF lane IS NOT NULL THEN
+                PERFORM skiplock.internal_advance_lanes(ARRAY[lane]);
+            END IF;
+            -- A child of a dead, cancelled or deleted parent is cancelled again at once, with the
+            -- reason.
+            PERFORM skiplock.internal_settle_dependants(ARRAY(
+                SELECT d.parent_id FROM skiplock.job_dependencies d WHERE d.job_id = retry_job.job_id));
+            IF now_state = 'queued' THEN
+                PERFORM skiplock.internal_notify_runnable(q, p, s);
+            END IF;
+            RETURN true;
+        EXCEPTION WHEN serialization_failure THEN
+            -- Its row moved to the other partition meanwhile: run again (see
+            -- skiplock.internal_may_retry_moved).
+            attempts := attempts + 1;
+            IF NOT skiplock.internal_may_retry_moved(attempts) THEN
+                RAISE;
+            END IF;
+        END;
+    END LOOP;
 END;
 $$;
 

@@ -1806,3 +1806,55 @@ async fn an_enqueue_and_a_release_of_the_keys_claimed_job_do_not_deadlock() {
 async fn an_enqueue_and_a_reap_of_the_keys_claimed_job_do_not_deadlock() {
     an_enqueue_and_a_requeue_of_the_keys_claimed_job_do_not_deadlock(Requeue::Reap).await;
 }
+
+/// A dead job moved back to `queued` by a hand-written UPDATE, while another pending job
+/// holds its unique key: the move is refused by the key's unique index, and the dead job is
+/// still there. (The move is an insert into the live partition, and the enqueue trigger,
+/// which gives a taken key's enqueue no row of its own, must let a moved row pass: it once
+/// made the row vanish.)
+#[tokio::test]
+async fn a_hand_retry_of_a_dead_job_whose_key_is_taken_is_refused_and_loses_nothing() {
+    let db = test_db().await;
+    let pool = &db.pool;
+    let dead: i64 = sqlx::query_scalar(
+        "INSERT INTO skiplock.jobs (kind, unique_key, state, finished_at)
+         VALUES ('k', 'taken', 'dead', now()) RETURNING id",
+    )
+    .fetch_one(pool)
+    .await
+    .unwrap();
+    let pending: i64 = sqlx::query_scalar("SELECT skiplock.enqueue('k', unique_key => 'taken')")
+        .fetch_one(pool)
+        .await
+        .unwrap();
+    assert_ne!(pending, dead);
+    let refused = sqlx::query("UPDATE skiplock.jobs SET state = 'queued' WHERE id = $1")
+        .bind(dead)
+        .execute(pool)
+        .await
+        .expect_err("a second pending job of the key is refused");
+    let code = refused
+        .as_database_error()
+        .and_then(|e| e.code())
+        .map(|c| c.into_owned());
+    assert_eq!(code.as_deref(), Some("23505"), "{refused}");
+    assert_eq!(
+        state_of(pool, dead).await,
+        JobState::Dead,
+        "the dead job is kept"
+    );
+
+    // With the key free, the same statement moves it back.
+    sqlx::query("SELECT skiplock.cancel_job($1)")
+        .bind(pending)
+        .execute(pool)
+        .await
+        .unwrap();
+    let moved = sqlx::query("UPDATE skiplock.jobs SET state = 'queued' WHERE id = $1")
+        .bind(dead)
+        .execute(pool)
+        .await
+        .unwrap();
+    assert_eq!(moved.rows_affected(), 1);
+    assert_eq!(state_of(pool, dead).await, JobState::Queued);
+}

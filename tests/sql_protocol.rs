@@ -1380,3 +1380,356 @@ async fn an_unknown_job_id_is_a_fenced_no_op() {
     );
     assert_eq!(db.job_count().await, 0);
 }
+
+// ---- batch outcomes: complete_many and fail_many ---------------------------------------------
+
+/// `skiplock.complete_many(ids, tokens, outputs)`: (id, state) per claim, in the order given.
+async fn complete_many(
+    db: impl sqlx::PgExecutor<'_>,
+    claims: &[(i64, Option<Uuid>)],
+    outputs: Option<Vec<Option<Value>>>,
+) -> Vec<(i64, Option<String>)> {
+    let ids: Vec<i64> = claims.iter().map(|c| c.0).collect();
+    let tokens: Vec<Option<Uuid>> = claims.iter().map(|c| c.1).collect();
+    sqlx::query_as("SELECT id, state::text FROM skiplock.complete_many($1, $2, $3)")
+        .bind(&ids)
+        .bind(&tokens)
+        .bind(outputs)
+        .fetch_all(db)
+        .await
+        .unwrap()
+}
+
+/// `skiplock.fail_many(ids, tokens, errors, retry_in)`, each retry_in in seconds (None: the
+/// backoff): (id, state) per claim, in the order given.
+async fn fail_many(
+    pool: &PgPool,
+    claims: &[(i64, Option<Uuid>)],
+    errors: &[&str],
+    retry_in_secs: Option<Vec<Option<f64>>>,
+) -> Vec<(i64, Option<String>)> {
+    let ids: Vec<i64> = claims.iter().map(|c| c.0).collect();
+    let tokens: Vec<Option<Uuid>> = claims.iter().map(|c| c.1).collect();
+    sqlx::query_as(
+        "SELECT id, state::text FROM skiplock.fail_many(
+             $1, $2, $3,
+             (SELECT array_agg(make_interval(secs => s) ORDER BY n)
+              FROM unnest($4::float8[]) WITH ORDINALITY AS r(s, n)))",
+    )
+    .bind(&ids)
+    .bind(&tokens)
+    .bind(errors)
+    .bind(retry_in_secs)
+    .fetch_all(pool)
+    .await
+    .unwrap()
+}
+
+/// The claim of job `id` among `claimed`.
+fn token_of(claimed: &[Claimed], id: i64) -> Option<Uuid> {
+    Some(claimed.iter().find(|c| c.id == id).unwrap().claim_token)
+}
+
+/// A batch completed in one call, given out of id order with a stale token among them: the
+/// stale claim's job is unchanged (and NULL says so), every other job succeeded (with its
+/// output, when given), and what waited on them moved on in the same call: the next job of
+/// the lane and the child of the parent are claimable at once.
+#[tokio::test]
+async fn complete_many_saves_each_held_claim_fences_a_stale_one_and_moves_lanes_and_dependants_on()
+{
+    let db = test_db().await;
+    let pool = &db.pool;
+    let head = enqueue_in_lane(pool, "lane").await;
+    let behind = enqueue_in_lane(pool, "lane").await;
+    let parent = enqueue_noop(pool).await;
+    let child = enqueue(
+        pool,
+        Job {
+            depends_on: vec![parent],
+            ..Job::default()
+        },
+    )
+    .await;
+    let with_output = enqueue_noop(pool).await;
+    let stale = enqueue_noop(pool).await;
+    let claimed = claim(pool, 10).await;
+    assert_eq!(ids(&claimed), [head, parent, with_output, stale]);
+    let stale_before = row(pool, stale).await;
+
+    let results = complete_many(
+        pool,
+        &[
+            (with_output, token_of(&claimed, with_output)),
+            (stale, Some(Uuid::new_v4())),
+            (parent, token_of(&claimed, parent)),
+            (head, token_of(&claimed, head)),
+        ],
+        Some(vec![Some(json!({"sent": 3})), None, None, None]),
+    )
+    .await;
+    let succeeded = Some("succeeded".to_owned());
+    assert_eq!(
+        results,
+        [
+            (with_output, succeeded.clone()),
+            (stale, None),
+            (parent, succeeded.clone()),
+            (head, succeeded.clone()),
+        ],
+        "one result per claim, in the order given"
+    );
+    assert_eq!(
+        row(pool, stale).await,
+        stale_before,
+        "a stale claim changes nothing"
+    );
+    assert_eq!(row(pool, with_output).await["output"], json!({"sent": 3}));
+    assert_eq!(row(pool, head).await["output"], Value::Null);
+    for id in [head, parent, with_output] {
+        assert_eq!(row(pool, id).await["claim_token"], Value::Null, "job {id}");
+    }
+    assert_eq!(
+        ids(&claim(pool, 10).await),
+        [behind, child],
+        "the lane and the dependant moved on in the same call"
+    );
+
+    // The stale claim's holder learns nothing new; its real token still completes it.
+    assert_eq!(
+        complete_many(pool, &[(stale, token_of(&claimed, stale))], None).await,
+        [(stale, succeeded.clone())]
+    );
+    assert_eq!(
+        complete_many(pool, &[(stale, token_of(&claimed, stale))], None).await,
+        [(stale, None)],
+        "a second completion of the same claim changes nothing"
+    );
+}
+
+/// A batch of failed attempts in one call: each error is the job's last error and its
+/// errors entry; a job with attempts left is queued after its backoff (or its retry_in,
+/// zero included); one on its last attempt is dead, its lane moves on and its waiting
+/// child is cancelled; a stale claim changes nothing.
+#[tokio::test]
+async fn fail_many_records_each_error_backs_off_and_moves_on_what_died() {
+    let db = test_db().await;
+    let pool = &db.pool;
+    let last = |ordering_key| Job {
+        max_attempts: 1,
+        ordering_key,
+        ..Job::default()
+    };
+    let lane_head = enqueue(pool, last(Some("lane"))).await;
+    let behind = enqueue_in_lane(pool, "lane").await;
+    let parent = enqueue(pool, last(None)).await;
+    let child = enqueue(
+        pool,
+        Job {
+            depends_on: vec![parent],
+            ..Job::default()
+        },
+    )
+    .await;
+    let backs_off = enqueue_noop(pool).await;
+    let retry_now = enqueue_noop(pool).await;
+    let stale = enqueue_noop(pool).await;
+    let claimed = claim(pool, 10).await;
+    assert_eq!(
+        ids(&claimed),
+        [lane_head, parent, backs_off, retry_now, stale]
+    );
+    let stale_before = row(pool, stale).await;
+
+    let results = fail_many(
+        pool,
+        &[
+            (retry_now, token_of(&claimed, retry_now)),
+            (stale, Some(Uuid::new_v4())),
+            (backs_off, token_of(&claimed, backs_off)),
+            (parent, token_of(&claimed, parent)),
+            (lane_head, token_of(&claimed, lane_head)),
+        ],
+        &["now", "stale", "later", "parent failed", "head failed"],
+        Some(vec![Some(0.0), None, None, None, None]),
+    )
+    .await;
+    let queued = Some("queued".to_owned());
+    let dead = Some("dead".to_owned());
+    assert_eq!(
+        results,
+        [
+            (retry_now, queued.clone()),
+            (stale, None),
+            (backs_off, queued.clone()),
+            (parent, dead.clone()),
+            (lane_head, dead.clone()),
+        ]
+    );
+    assert_eq!(
+        row(pool, stale).await,
+        stale_before,
+        "a stale claim changes nothing"
+    );
+    for (id, message) in [
+        (retry_now, "now"),
+        (backs_off, "later"),
+        (parent, "parent failed"),
+        (lane_head, "head failed"),
+    ] {
+        let after = row(pool, id).await;
+        assert_eq!(after["last_error"], json!(message), "job {id}: {after}");
+        assert_eq!(after["errors"][0]["message"], json!(message), "job {id}");
+        assert_eq!(after["claim_token"], Value::Null, "job {id}");
+    }
+    // skiplock.backoff(1): 2 s × [0.75, 1.25).
+    let wait = due_in_secs(pool, backs_off).await;
+    assert!((1.0..=2.5).contains(&wait), "due in {wait} s");
+    assert_eq!(state(pool, child).await, "cancelled", "its parent died");
+    assert_eq!(
+        ids(&claim(pool, 10).await),
+        [behind, retry_now],
+        "the lane moved on; a retry_in of zero is due at once; the backoff is not over"
+    );
+}
+
+/// One row that refuses its outcome (a trigger of the user's) never stops the others: the
+/// batch is saved one claim at a time, the refused job goes dead with the reason (so that
+/// nothing stays running behind a finished handler) and its lane moves on. The same for a
+/// batch of failures.
+#[tokio::test]
+async fn a_row_that_refuses_its_outcome_goes_dead_with_the_reason_and_the_batch_is_saved() {
+    let db = test_db().await;
+    let pool = &db.pool;
+    let refused = enqueue_in_lane(pool, "l").await;
+    let behind = enqueue_in_lane(pool, "l").await;
+    let others = [enqueue_noop(pool).await, enqueue_noop(pool).await];
+    let fail_refused = enqueue_noop(pool).await;
+    let fail_ok = enqueue_noop(pool).await;
+    sqlx::query("UPDATE skiplock.jobs SET args = '{\"refuse\": true}' WHERE id = ANY($1)")
+        .bind([refused, fail_refused])
+        .execute(pool)
+        .await
+        .unwrap();
+    let claimed = claim(pool, 10).await;
+    assert_eq!(
+        ids(&claimed),
+        [refused, others[0], others[1], fail_refused, fail_ok]
+    );
+    sqlx::raw_sql(
+        "CREATE FUNCTION public.refuse() RETURNS trigger LANGUAGE plpgsql AS $$
+         BEGIN
+             IF NEW.args ? 'refuse' AND NEW.state IN ('succeeded', 'queued') THEN
+                 RAISE EXCEPTION 'job % refused', NEW.id;
+             END IF;
+             RETURN NEW;
+         END $$;
+         CREATE TRIGGER refuse BEFORE UPDATE ON skiplock.jobs
+             FOR EACH ROW EXECUTE FUNCTION public.refuse();",
+    )
+    .execute(pool)
+    .await
+    .unwrap();
+
+    let claims: Vec<(i64, Option<Uuid>)> = [others[0], refused, others[1]]
+        .into_iter()
+        .map(|id| (id, token_of(&claimed, id)))
+        .collect();
+    let succeeded = Some("succeeded".to_owned());
+    let dead = Some("dead".to_owned());
+    assert_eq!(
+        complete_many(pool, &claims, None).await,
+        [
+            (others[0], succeeded.clone()),
+            (refused, dead.clone()),
+            (others[1], succeeded.clone()),
+        ]
+    );
+    assert_eq!(
+        row(pool, refused).await["last_error"],
+        json!(format!(
+            "the outcome of this attempt could not be saved: job {refused} refused"
+        ))
+    );
+
+    let claims: Vec<(i64, Option<Uuid>)> = [fail_refused, fail_ok]
+        .into_iter()
+        .map(|id| (id, token_of(&claimed, id)))
+        .collect();
+    assert_eq!(
+        fail_many(pool, &claims, &["boom", "bang"], None).await,
+        [
+            (fail_refused, dead.clone()),
+            (fail_ok, Some("queued".to_owned()))
+        ]
+    );
+    assert_eq!(
+        row(pool, fail_refused).await["last_error"],
+        json!(format!(
+            "the outcome of this attempt could not be saved: job {fail_refused} refused"
+        ))
+    );
+    assert_eq!(row(pool, fail_ok).await["last_error"], json!("bang"));
+    assert_eq!(ids(&claim(pool, 10).await), [behind], "the lane moved on");
+}
+
+/// Bad arguments are refused with SQLSTATE 22023 before anything changes; empty arrays
+/// return nothing.
+#[tokio::test]
+async fn complete_many_and_fail_many_refuse_bad_arguments_with_sqlstate_22023() {
+    let db = test_db().await;
+    let pool = &db.pool;
+    let id = enqueue_noop(pool).await;
+    let job = claim_one(pool).await;
+    let before = row(pool, id).await;
+    let t = job.claim_token;
+    for sql in [
+        format!("SELECT * FROM skiplock.complete_many(NULL, ARRAY['{t}'::uuid])"),
+        format!("SELECT * FROM skiplock.complete_many(ARRAY[{id}], NULL)"),
+        format!("SELECT * FROM skiplock.complete_many(ARRAY[{id}, {id} + 1], ARRAY['{t}'::uuid])"),
+        format!(
+            "SELECT * FROM skiplock.complete_many(ARRAY[{id}], ARRAY['{t}'::uuid], ARRAY['1', '2']::jsonb[])"
+        ),
+        format!(
+            "SELECT * FROM skiplock.complete_many(ARRAY[{id}, {id}], ARRAY['{t}', '{t}']::uuid[])"
+        ),
+        format!("SELECT * FROM skiplock.fail_many(ARRAY[{id}], ARRAY['{t}'::uuid], NULL)"),
+        format!(
+            "SELECT * FROM skiplock.fail_many(ARRAY[{id}], ARRAY['{t}'::uuid], ARRAY['a', 'b'])"
+        ),
+        format!(
+            "SELECT * FROM skiplock.fail_many(ARRAY[{id}], ARRAY['{t}'::uuid], ARRAY['a'], ARRAY[interval '-1 second'])"
+        ),
+    ] {
+        assert_eq!(sqlstate_of(pool, &sql).await, "22023", "{sql}");
+    }
+    assert_eq!(row(pool, id).await, before, "nothing changed");
+    assert!(complete_many(pool, &[], None).await.is_empty());
+    assert!(fail_many(pool, &[], &[], None).await.is_empty());
+    // A NULL token is a claim not held.
+    assert_eq!(complete_many(pool, &[(id, None)], None).await, [(id, None)]);
+    assert_eq!(row(pool, id).await, before);
+}
+
+/// A batch saved inside the caller's transaction commits or rolls back with it, lanes
+/// included.
+#[tokio::test]
+async fn complete_many_runs_in_the_callers_transaction() {
+    let db = test_db().await;
+    let pool = &db.pool;
+    let head = enqueue_in_lane(pool, "lane").await;
+    let behind = enqueue_in_lane(pool, "lane").await;
+    let claimed = claim(pool, 10).await;
+    let mut tx = pool.begin().await.unwrap();
+    assert_eq!(
+        complete_many(&mut *tx, &[(head, token_of(&claimed, head))], None).await,
+        [(head, Some("succeeded".to_owned()))]
+    );
+    tx.rollback().await.unwrap();
+    assert_eq!(state(pool, head).await, "running");
+    assert_eq!(
+        state(pool, behind).await,
+        "waiting",
+        "behind its lane's head"
+    );
+    assert!(claim(pool, 10).await.is_empty(), "the lane is still held");
+}

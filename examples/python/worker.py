@@ -1,69 +1,116 @@
 #!/usr/bin/env python3
 """A skiplock worker in Python, on the SQL worker protocol (docs/sql.md).
 
-    pip install 'psycopg[binary]'
-    DATABASE_URL=postgres://... python3 worker.py --queue default --batch 10
+    python3 -m venv .venv && .venv/bin/pip install -r requirements.txt
+    .venv/bin/python worker.py --queue default
 
-The loop: claim a batch with skiplock.claim, run each job in turn, and end each claim with
-skiplock.complete or skiplock.fail. A background thread heartbeats the claims held (a job
-whose claim is gone is told to stop) and calls skiplock.maintain now and then, so stale
-claims of crashed workers are taken back even with no skiplock process running. SIGTERM or
-SIGINT: the running job finishes, the claimed jobs not yet started are released, exit 0.
-With --exit-when-idle it also exits 0 once a claim finds nothing to take.
+DATABASE_URL defaults to postgres://postgres@127.0.0.1:5432/postgres, as `skiplock` does.
+See README.md beside this file for what it does and how to run it in production.
+
+Three threads, each with its own database session:
+
+- the main thread claims batches with skiplock.claim and runs the jobs, one at a time, or
+  up to --concurrency at once on threads of their own;
+- the completer saves outcomes in batches (skiplock.complete_many, skiplock.fail_many), so
+  a claim and a completion are in flight at once and a batch costs two round trips;
+- the keeper heartbeats the claims held and calls skiplock.maintain now and then, so the
+  claims of crashed workers are taken back even with no skiplock process running. If
+  heartbeats fail for half of stale_after, the worker stops its jobs and claims nothing
+  until they work again: a job must never run on unseen while its claim may be taken back.
+
+Every session runs READ COMMITTED whatever the database's default (skiplock's functions are
+written for it), uses no named prepared statements (so PgBouncer in transaction mode works),
+and survives errors of the server (serialization failures, deadlocks, timeouts, restarts)
+by retrying with backoff and reconnecting. SIGTERM or SIGINT: the running jobs finish, the
+claimed jobs not yet started are released, the outcomes are saved, exit 0; a second signal
+also stops the running jobs.
 """
 
 import argparse
+import concurrent.futures
 import logging
 import os
+import queue
+import random
 import signal
 import socket
+import sys
 import threading
 import time
 import traceback
+import urllib.parse
 
 import psycopg
 from psycopg.types.json import Jsonb
 
 log = logging.getLogger("worker")
 
+# The database `skiplock` itself uses when DATABASE_URL is unset.
+DATABASE_URL_DEFAULT = "postgres://postgres@127.0.0.1:5432/postgres"
 # A claim whose heartbeat is older than stale_after is taken back by skiplock.maintain and
 # the job runs again elsewhere. --stale-after sets it (the same on every worker of the
 # database); this worker heartbeats six times and calls maintain twice within it.
 STALE_AFTER_SECS_DEFAULT = 30.0
 HEARTBEATS_PER_STALE_AFTER = 6
 MAINTAINS_PER_STALE_AFTER = 2
+# Heartbeats failing for this share of stale_after: stop the jobs, claim nothing. Half
+# leaves the other half for the jobs to stop before their claims can be taken back.
+HEARTBEAT_FAILURE_LIMIT = 0.5
+# A handler still running at this share of stale_after without a heartbeat ignored its stop:
+# the process exits rather than run the job beside its retry.
+HANDLER_STOP_LIMIT = 0.8
 # With no job to run, wait this long for a skiplock_runnable notification before claiming
 # again (jobs that become due by their scheduled_at announce nothing).
 IDLE_POLL_SECS = 1.0
+# The most outcomes saved in one statement.
+SAVE_BATCH_MAX = 1000
+# Backoff between attempts at a statement that failed for a passing reason.
+RETRY_DELAY_MIN_SECS = 0.05
+RETRY_DELAY_MAX_SECS = 5.0
+
+# Errors of the server or the session, not of the statement: retried. Serialization
+# failure, deadlock, lock_timeout, statement_timeout, shutdowns and restarts, a read-only
+# server (a standby, a failover), a prepared statement a pooler lost; classes 08
+# (connection) and 53 (insufficient resources). The Rust worker retries the same
+# (src/error.rs).
+TRANSIENT_SQLSTATES = {"40001", "40P01", "55P03", "57014", "57P01", "57P02", "57P03", "57P05",
+                       "25006", "25P03", "26000"}
+TRANSIENT_CLASSES = ("08", "53")
+
+# Sent in the startup packet of a direct connection: READ COMMITTED for the session whatever
+# the database's or role's default, and a marker that says the options arrived (a pooler
+# refuses or drops them; then each call runs in a transaction of its own that pins it).
+PINNED_OPTIONS = r"-c default_transaction_isolation=read\ committed -c skiplock.session_pinned=on"
 
 
 class Stopped(Exception):
-    """The job's claim is gone (reaped, cancelled): whatever it did must not be saved."""
+    """The job's claim is gone or may soon be (reaped, cancelled, heartbeats failing, a
+    second signal): whatever it did must not be saved."""
 
 
 # Handlers: kind -> function(args, job) returning the output (any JSON) or raising.
-# job["stop"] is a threading.Event set when the claim is lost; long handlers check it.
+# job.stop is a threading.Event set when the job must stop; long handlers check it.
 def noop(args, job):
     return None
 
 
 def sleep(args, job):
-    if job["stop"].wait(args["ms"] / 1000):
+    if job.stop.wait(args["ms"] / 1000):
         raise Stopped()
     return None
 
 
 def fail_once(args, job):
-    if job["attempt"] == 1:
+    if job.attempt == 1:
         raise RuntimeError("planned failure on the first attempt")
     return None
 
 
 def hang_once(args, job):
-    """The first attempt hangs until its claim is lost (its worker was killed and the job
-    taken back, say); later attempts succeed. For tests of the reaper."""
-    if job["attempt"] == 1:
-        job["stop"].wait()
+    """The first attempt hangs until it is told to stop (its claim was lost, or heartbeats
+    failed); later attempts succeed. For tests of the reaper."""
+    if job.attempt == 1:
+        job.stop.wait()
         raise Stopped()
     return None
 
@@ -71,146 +118,552 @@ def hang_once(args, job):
 HANDLERS = {"noop": noop, "sleep": sleep, "fail_once": fail_once, "hang_once": hang_once}
 
 
-class Claims:
-    """The claims this worker holds: id -> job. Shared with the heartbeat thread."""
+class Job:
+    __slots__ = ("id", "kind", "args", "attempt", "token", "stop", "started", "finished")
 
-    def __init__(self):
-        self._lock = threading.Lock()
-        self._jobs = {}
-
-    def add(self, job):
-        with self._lock:
-            self._jobs[job["id"]] = job
-
-    def drop(self, job_id):
-        with self._lock:
-            return self._jobs.pop(job_id, None)
-
-    def snapshot(self):
-        with self._lock:
-            return list(self._jobs.values())
+    def __init__(self, row):
+        self.id, self.kind, self.args, self.attempt, self.token = row
+        self.stop = threading.Event()
+        self.started = None
+        self.finished = False
 
 
-def keep_claims(url, name, stale_after, claims, stopping):
-    """Heartbeats the held claims and runs skiplock.maintain(stale_after), several times
-    within stale_after, on a connection of its own, until `stopping` is set."""
-    next_maintain = time.monotonic()
-    with psycopg.connect(url, autocommit=True, application_name=f"{name} (heartbeat)") as conn:
-        while not stopping.wait(stale_after / HEARTBEATS_PER_STALE_AFTER):
-            held = claims.snapshot()
-            if held:
-                rows = conn.execute(
-                    "SELECT id, held FROM skiplock.heartbeat(%s::bigint[], %s::uuid[])",
-                    ([j["id"] for j in held], [j["claim_token"] for j in held]),
-                ).fetchall()
-                for job_id, still_held in rows:
+def describe(error):
+    sqlstate = getattr(error, "sqlstate", None)
+    text = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    return f"{text} (SQLSTATE {sqlstate})" if sqlstate else text
+
+
+class Session:
+    """One database session of the worker: connects (and reconnects), pins READ COMMITTED,
+    runs each skiplock call unnamed, and retries the errors that pass (TRANSIENT_SQLSTATES,
+    a lost connection) with backoff."""
+
+    def __init__(self, url, name, give_up, listen=False):
+        self.url, self.name, self.give_up, self.listen = url, name, give_up, listen
+        self.conn = None
+        self.pooled = False
+        # Whether the last call lost a connection after sending a write: a retry that finds
+        # the claim gone may be that write's own doing.
+        self.reply_lost = False
+
+    def connect(self):
+        # prepare_threshold=None: never a named prepared statement (psycopg prepares a
+        # query after 5 runs by default; behind PgBouncer in transaction mode the next
+        # transaction may find it missing, or taken by another client).
+        settings = dict(autocommit=True, prepare_threshold=None, application_name=self.name,
+                        connect_timeout=10, keepalives=1, keepalives_idle=10,
+                        keepalives_interval=5, keepalives_count=3)
+        try:
+            conn = psycopg.connect(self.url, options=PINNED_OPTIONS, **settings)
+            marker = conn.execute("SELECT current_setting('skiplock.session_pinned', true)")
+            pooled = marker.fetchone()[0] != "on"
+        except psycopg.OperationalError as error:
+            if "unsupported startup parameter" not in str(error):
+                raise
+            conn, pooled = psycopg.connect(self.url, **settings), True
+        if pooled != self.pooled or self.conn is None:
+            log.info("%s: %s", self.name, "a pooler in front (startup options refused or dropped): "
+                     "each call in a transaction of its own at READ COMMITTED, no LISTEN"
+                     if pooled else "direct connection, session pinned to READ COMMITTED")
+        self.pooled = pooled
+        if self.listen and not pooled:
+            conn.execute("LISTEN skiplock_runnable")
+        self.conn = conn
+
+    def close(self):
+        """Closes the connection; the next call connects again."""
+        if self.conn is not None:
+            self.conn.close()
+
+    def _run(self, sql, params):
+        conn = self.conn
+        if not self.pooled:
+            return conn.execute(sql, params).fetchall()
+        # Behind a pooler the session is not ours from one transaction to the next: pin the
+        # isolation in each transaction.
+        conn.execute("BEGIN ISOLATION LEVEL READ COMMITTED")
+        try:
+            rows = conn.execute(sql, params).fetchall()
+            conn.execute("COMMIT")
+            return rows
+        except BaseException:
+            if not conn.closed:
+                try:
+                    conn.execute("ROLLBACK")
+                except psycopg.Error:
+                    pass
+            raise
+
+    def transient(self, error):
+        if self.conn is None or self.conn.closed or self.conn.broken:
+            return True
+        sqlstate = getattr(error, "sqlstate", None) or ""
+        return sqlstate in TRANSIENT_SQLSTATES or sqlstate.startswith(TRANSIENT_CLASSES)
+
+    def call(self, what, sql, params=(), retry=True, retry_timeouts=True, give_up=None):
+        """The rows of one statement. A transient error is retried with backoff until it
+        passes (retry) or raised at once; give_up (an Event; the session's by default) ends
+        the retries."""
+        give_up = give_up or self.give_up
+        delay = RETRY_DELAY_MIN_SECS
+        self.reply_lost = False
+        while True:
+            try:
+                if self.conn is None or self.conn.closed:
+                    again = self.conn is not None
+                    self.connect()
+                    if again:
+                        log.warning("%s: connected again", self.name)
+                return self._run(sql, params)
+            except psycopg.Error as error:
+                if not self.transient(error):
+                    raise
+                if getattr(error, "sqlstate", None) == "57014" and not retry_timeouts:
+                    raise
+                if self.conn is not None and (self.conn.closed or self.conn.broken):
+                    self.reply_lost = True
+                    self.conn.close()
+                if not retry or give_up.is_set():
+                    raise
+                log.warning("%s: %s; again in %.2f s", what, describe(error), delay)
+                if give_up.wait(delay):
+                    raise
+                delay = min(delay * 2, RETRY_DELAY_MAX_SECS) * random.uniform(0.8, 1.2)
+
+
+class Worker:
+    def __init__(self, opts, url):
+        self.opts, self.url = opts, url
+        self.stale_after = opts.stale_after
+        self.stopping = threading.Event()      # first signal: stop claiming
+        self.hard_stop = threading.Event()     # second signal: stop the running job too
+        self.done = threading.Event()          # the main loop is over: keeper, watchdog end
+        self.heartbeats_failing = threading.Event()
+        self.saved = threading.Event()         # the completer saved a batch
+        self.lock = threading.Lock()
+        self.held = {}                         # id -> Job: claimed, outcome not yet saved
+        self.running = set()                   # the Jobs whose handler runs now
+        # --concurrency above 1: handlers run on threads of their own, at most that many.
+        self.runners = (concurrent.futures.ThreadPoolExecutor(opts.concurrency, "job")
+                        if opts.concurrency > 1 else None)
+        self.slots = threading.Semaphore(opts.concurrency)
+        self.outcomes = queue.Queue()          # (Job, ok, output or message); None: the end
+        self.last_heartbeat = time.monotonic() # when the claims held were last confirmed
+        self.claim_size = opts.batch
+        self.counts = dict(succeeded=0, failed=0, released=0, lost=0)
+
+    # ---- the main thread: claim, run -------------------------------------------------------
+
+    def run(self):
+        session = Session(self.url, self.opts.name, self.hard_stop, listen=True)
+        session.connect()
+        threads = [threading.Thread(target=self.fatal_on_error, args=(target,), name=target.__name__,
+                                    daemon=True)
+                   for target in (self.complete_outcomes, self.keep_claims, self.watch_heartbeats)]
+        for thread in threads:
+            thread.start()
+        log.info("worker started: queue %s, kinds %s, batch %s, concurrency %s, stale after %s s,"
+                 " database %s", self.opts.queue, ",".join(self.opts.kinds), self.opts.batch,
+                 self.opts.concurrency, self.stale_after, safe_url(self.url))
+        try:
+            while not self.stopping.is_set():
+                if self.heartbeats_failing.is_set() or self.pending() >= 2 * self.opts.batch:
+                    self.saved.wait(0.1)
+                    self.saved.clear()
+                    continue
+                jobs = self.claim(session)
+                if jobs:
+                    self.run_batch(session, jobs)
+                elif self.pending():
+                    # Outcomes not yet saved may let more jobs run (the next of a lane).
+                    self.saved.wait(0.1)
+                    self.saved.clear()
+                elif self.opts.exit_when_idle:
+                    log.info("nothing to claim: exiting (--exit-when-idle)")
+                    self.stopping.set()
+                else:
+                    self.wait_for_work(session)
+        finally:
+            if self.runners is not None:
+                self.runners.shutdown(wait=True)
+            self.outcomes.put(None)
+            threads[0].join()
+            self.done.set()
+            for thread in threads[1:]:
+                thread.join()
+            session.close()
+        log.info("worker stopped: %s succeeded, %s failed, %s released, %s claims lost",
+                 self.counts["succeeded"], self.counts["failed"], self.counts["released"],
+                 self.counts["lost"])
+
+    def fatal_on_error(self, target):
+        """Runs a thread's loop; an error it does not handle ends the process, loudly: a
+        worker whose completer or keeper died must not go on running jobs."""
+        try:
+            target()
+        except BaseException:  # noqa: BLE001
+            log.critical("thread %s died; exiting:\n%s", target.__name__,
+                         traceback.format_exc().rstrip())
+            logging.shutdown()
+            os._exit(1)
+
+    def count(self, outcome):
+        with self.lock:
+            self.counts[outcome] += 1
+
+    def pending(self):
+        with self.lock:
+            return len(self.held)
+
+    def claim(self, session):
+        try:
+            rows = session.call("claim", "SELECT id, kind, args, attempt, claim_token"
+                                " FROM skiplock.claim(%s, %s::int, %s, %s::text[])",
+                                (self.opts.queue, self.claim_size, self.opts.name, self.opts.kinds),
+                                retry_timeouts=self.claim_size == 1, give_up=self.stopping)
+        except psycopg.errors.QueryCanceled:
+            self.claim_size = max(1, self.claim_size // 2)
+            log.warning("claim: statement_timeout stopped a claim; claiming %s at once from now on",
+                        self.claim_size)
+            return []
+        except psycopg.Error as error:
+            if self.stopping.is_set() and session.transient(error):
+                return []
+            raise
+        jobs = [Job(row) for row in rows]
+        with self.lock:
+            for job in jobs:
+                self.held[job.id] = job
+        return jobs
+
+    def wait_for_work(self, session):
+        if session.pooled:
+            self.stopping.wait(IDLE_POLL_SECS)
+            return
+        try:
+            for _ in session.conn.notifies(timeout=IDLE_POLL_SECS, stop_after=1):
+                pass
+        except psycopg.Error as error:
+            log.warning("waiting for notifications: %s", describe(error))
+            session.close()  # the next claim reconnects (and listens again)
+
+    def run_batch(self, session, jobs):
+        for i, job in enumerate(jobs):
+            if self.stopping.is_set() or self.heartbeats_failing.is_set():
+                self.give_back(session, jobs[i:])
+                return
+            if job.stop.is_set():
+                self.forget(job, "claim lost before it started")
+            elif self.runners is None:
+                self.run_job(job)
+            elif self.take_slot():
+                self.runners.submit(self.run_in_slot, job)
+            else:
+                self.give_back(session, jobs[i:])
+                return
+
+    def take_slot(self):
+        """Waits for a free runner thread; False when the worker stops claiming meanwhile."""
+        while not self.slots.acquire(timeout=0.1):
+            if self.stopping.is_set() or self.heartbeats_failing.is_set():
+                return False
+        return True
+
+    def run_in_slot(self, job):
+        try:
+            self.run_job(job)
+        finally:
+            self.slots.release()
+
+    def run_job(self, job):
+        handler = HANDLERS[job.kind]
+        job.started = time.monotonic()
+        with self.lock:
+            self.running.add(job)
+        log.info("job %s (%s) attempt %s started", job.id, job.kind, job.attempt)
+        try:
+            output = handler(job.args, job)
+        except Stopped:
+            self.forget(job, "stopped; its outcome is not saved")
+            return
+        except Exception as error:  # noqa: BLE001 - any handler error fails the attempt
+            # last_error gets the message; the stack goes to this worker's log.
+            message = f"{type(error).__name__}: {error}"
+            log.warning("job %s (%s) attempt %s failed: %s\n%s", job.id, job.kind, job.attempt,
+                        message, traceback.format_exc().rstrip())
+            self.outcomes.put((job, False, message))
+            return
+        finally:
+            with self.lock:
+                self.running.discard(job)
+                job.finished = True
+        self.outcomes.put((job, True, output))
+
+    def forget(self, job, why):
+        with self.lock:
+            self.held.pop(job.id, None)
+        self.count("lost")
+        log.warning("job %s (%s) attempt %s: %s", job.id, job.kind, job.attempt, why)
+
+    def give_back(self, session, jobs):
+        """Releases claimed jobs not started: queued again at once, attempt not counted.
+        With heartbeats failing, one attempt: the database is likely out of reach, and
+        maintain takes the claims back anyway."""
+        retry = not self.heartbeats_failing.is_set()
+        for i, job in enumerate(jobs):
+            with self.lock:
+                if self.held.pop(job.id, None) is None:
+                    continue
+            try:
+                session.call("release", "SELECT skiplock.release(%s, %s)", (job.id, job.token),
+                             retry=retry)
+                self.count("released")
+            except psycopg.Error as error:
+                with self.lock:
+                    for other in jobs[i + 1:]:
+                        self.held.pop(other.id, None)
+                log.warning("%s claimed jobs not released (%s): maintain takes them back after"
+                            " %s s", len(jobs) - i, describe(error), self.stale_after)
+                return
+
+    # ---- the completer: save outcomes in batches -------------------------------------------
+
+    def complete_outcomes(self):
+        session = Session(self.url, f"{self.opts.name} (completer)", self.hard_stop)
+        ended = False
+        while not ended:
+            first = self.outcomes.get()
+            batch = [] if first is None else [first]
+            ended = first is None
+            while not ended and len(batch) < SAVE_BATCH_MAX:
+                try:
+                    item = self.outcomes.get_nowait()
+                except queue.Empty:
+                    break
+                if item is None:
+                    ended = True
+                else:
+                    batch.append(item)
+            try:
+                self.save(session, [o for o in batch if o[1]], True)
+                self.save(session, [o for o in batch if not o[1]], False)
+            except psycopg.Error as error:
+                # Refused for good (or given up on a hard stop): the claims stay running
+                # until maintain takes them back.
+                log.error("saving %s outcomes failed: %s; maintain takes their jobs back after"
+                          " %s s", len(batch), describe(error), self.stale_after)
+                with self.lock:
+                    for job, _, _ in batch:
+                        self.held.pop(job.id, None)
+            self.saved.set()
+        session.close()
+
+    def save(self, session, items, ok):
+        if not items:
+            return
+        ids = [job.id for job, _, _ in items]
+        tokens = [job.token for job, _, _ in items]
+        if ok:
+            outputs = [None if out is None else Jsonb(out) for _, _, out in items]
+            sql = ("SELECT id, state::text FROM skiplock.complete_many(%s::bigint[], %s::uuid[],"
+                   " %s::jsonb[])")
+            params = (ids, tokens, outputs if any(o is not None for o in outputs) else None)
+        else:
+            sql = "SELECT id, state::text FROM skiplock.fail_many(%s::bigint[], %s::uuid[], %s::text[])"
+            params = (ids, tokens, [message for _, _, message in items])
+        try:
+            rows = session.call("complete_many" if ok else "fail_many", sql, params,
+                                retry_timeouts=len(items) == 1)
+        except psycopg.errors.QueryCanceled:
+            # statement_timeout: save the halves, each faster.
+            log.warning("saving %s outcomes took longer than statement_timeout; in halves",
+                        len(items))
+            self.save(session, items[: len(items) // 2], ok)
+            self.save(session, items[len(items) // 2:], ok)
+            return
+        with self.lock:
+            for job, _, _ in items:
+                self.held.pop(job.id, None)
+        for (job, _, _), (_, state) in zip(items, rows):
+            if ok and state == "succeeded":
+                self.count("succeeded")
+                if log.isEnabledFor(logging.INFO):
+                    log.info("job %s (%s) succeeded in %.0f ms", job.id, job.kind,
+                             (time.monotonic() - job.started) * 1000)
+            elif not ok and state in ("queued", "dead", "cancelled"):
+                self.count("failed")
+                log.warning("job %s (%s) attempt %s failed: now %s", job.id, job.kind, job.attempt,
+                            "queued to run again" if state == "queued" else state)
+            elif state is None and session.reply_lost:
+                log.warning("job %s (%s): the connection dropped as its outcome was saved: saved"
+                            " then, or its claim was lost", job.id, job.kind)
+            elif state is None:
+                self.count("lost")
+                log.warning("job %s (%s): claim lost before its outcome was saved (reaped or"
+                            " cancelled); outcome dropped", job.id, job.kind)
+            else:
+                log.error("job %s (%s): its outcome could not be saved; now %s (see its"
+                          " last_error)", job.id, job.kind, state)
+
+    # ---- the keeper: heartbeats and maintain -----------------------------------------------
+
+    def keep_claims(self):
+        session = Session(self.url, f"{self.opts.name} (heartbeat)", self.done)
+        interval = self.stale_after / HEARTBEATS_PER_STALE_AFTER
+        next_maintain = time.monotonic()
+        wait = interval
+        while not self.done.wait(wait):
+            wait = interval
+            with self.lock:
+                held = list(self.held.values())
+            try:
+                # Called with no claim too: then it says whether the database answers, which
+                # decides whether to claim again after heartbeats failed.
+                rows = session.call(
+                    "heartbeat", "SELECT id, held FROM skiplock.heartbeat(%s::bigint[], %s::uuid[])",
+                    ([j.id for j in held], [j.token for j in held]), retry=False)
+                for job, (_, still_held) in zip(held, rows):
                     if not still_held:
-                        job = claims.drop(job_id)
-                        if job:
-                            log.warning("job %s: claim lost (reaped or cancelled); stopping it", job_id)
-                            job["stop"].set()
-            if time.monotonic() >= next_maintain:
-                reaped, moved_on, cron_enqueued = conn.execute(
-                    "SELECT reaped, moved_on, cron_enqueued"
-                    " FROM skiplock.maintain(make_interval(secs => %s))",
-                    (stale_after,),
-                ).fetchone()
-                if reaped:
-                    log.info("maintain: took back %s stale claims, moved on %s jobs", reaped, moved_on)
-                if cron_enqueued:
-                    log.info("maintain: enqueued %s cron jobs", cron_enqueued)
-                next_maintain = time.monotonic() + stale_after / MAINTAINS_PER_STALE_AFTER
+                        self.lose(job)
+                self.last_heartbeat = time.monotonic()
+                if self.heartbeats_failing.is_set():
+                    self.heartbeats_failing.clear()
+                    log.warning("heartbeats work again: claiming again")
+                if time.monotonic() >= next_maintain:
+                    self.maintain(session)
+                    next_maintain = time.monotonic() + self.stale_after / MAINTAINS_PER_STALE_AFTER
+            except psycopg.Error as error:
+                log.warning("heartbeat: %s (the last one %.1f s ago)", describe(error),
+                            time.monotonic() - self.last_heartbeat)
+                wait = min(interval, 0.5)
+        session.close()
+
+    def lose(self, job):
+        """The claim is gone (reaped, cancelled): the job stops and saves nothing (a job that
+        already finished has its outcome refused by the claim's token)."""
+        with self.lock:
+            if self.held.get(job.id) is not job or job.stop.is_set():
+                return
+            job.stop.set()
+            finished = job.finished
+        if not finished:
+            log.warning("job %s: claim lost (reaped or cancelled); stopping it", job.id)
+
+    def maintain(self, session):
+        reaped, moved_on, cron_enqueued = session.call(
+            "maintain", "SELECT reaped, moved_on, cron_enqueued FROM skiplock.maintain(make_interval(secs => %s))",
+            (self.stale_after,), retry=False)[0]
+        if reaped:
+            log.info("maintain: took back %s stale claims, moved on %s jobs", reaped, moved_on)
+        if cron_enqueued:
+            log.info("maintain: enqueued %s cron jobs", cron_enqueued)
+
+    # ---- the watchdog: the heartbeat rule --------------------------------------------------
+
+    def watch_heartbeats(self):
+        """Heartbeats failing for HEARTBEAT_FAILURE_LIMIT of stale_after: claim nothing, stop
+        the running job, give back the others. A handler that ignores its stop until
+        HANDLER_STOP_LIMIT ends the process: its claim may be taken back any moment and the
+        job run elsewhere. Its own thread, so that a heartbeat stuck on a dead network does
+        not hold it."""
+        while not self.done.wait(min(0.25, self.stale_after / 20)):
+            silent = time.monotonic() - self.last_heartbeat
+            if silent > self.stale_after * HEARTBEAT_FAILURE_LIMIT and not self.heartbeats_failing.is_set():
+                self.heartbeats_failing.set()
+                with self.lock:
+                    running = sorted(j.id for j in self.running)
+                    unsaved = [j for j in self.held.values() if not j.finished]
+                log.error("HEARTBEATS FAILING for %.1f s (claims are taken back after %s s"
+                          " without one): stopping %s running jobs %s, claiming nothing until"
+                          " they work again", silent, self.stale_after, len(running), running)
+                for job in unsaved:
+                    job.stop.set()
+            with self.lock:
+                stuck = [j for j in self.running if j.stop.is_set()]
+            if stuck and self.heartbeats_failing.is_set() and silent > self.stale_after * HANDLER_STOP_LIMIT:
+                log.critical("jobs %s ignored their stop for %.1f s without a heartbeat; exiting so"
+                             " that they cannot run beside their retry",
+                             ", ".join(f"{j.id} ({j.kind})" for j in stuck),
+                             silent - self.stale_after * HEARTBEAT_FAILURE_LIMIT)
+                logging.shutdown()
+                os._exit(3)
+
+    def signal(self, signum, _frame):
+        if not self.stopping.is_set():
+            log.info("%s: stopping (the running jobs finish; again to stop them too)",
+                     signal.Signals(signum).name)
+            self.stopping.set()
+            return
+        log.warning("%s again: stopping the running jobs", signal.Signals(signum).name)
+        self.hard_stop.set()
+        # No lock: this runs between two statements of the main thread, which may hold it.
+        # set.copy() is one step for the interpreter, safe beside the runner threads.
+        for job in self.running.copy():
+            job.stop.set()
 
 
-def run_job(conn, claims, job):
-    log.info("job %s (%s) attempt %s started", job["id"], job["kind"], job["attempt"])
-    started = time.monotonic()
-    try:
-        output = HANDLERS[job["kind"]](job["args"], job)
-    except Stopped:
-        return  # The claim is gone: another worker owns the job now, write nothing.
-    except Exception as error:  # noqa: BLE001 - any handler error fails the attempt
-        claims.drop(job["id"])
-        state = conn.execute(
-            "SELECT skiplock.fail(%s, %s, %s)", (job["id"], job["claim_token"], traceback.format_exc())
-        ).fetchone()[0]
-        log.warning("job %s (%s) attempt %s failed: %r; now %s",
-                    job["id"], job["kind"], job["attempt"], error, state or "not ours")
-        return
-    claims.drop(job["id"])
-    saved = conn.execute(
-        "SELECT skiplock.complete(%s, %s, %s)",
-        (job["id"], job["claim_token"], None if output is None else Jsonb(output)),
-    ).fetchone()[0]
-    if saved:
-        log.info("job %s (%s) succeeded in %.0f ms",
-                 job["id"], job["kind"], (time.monotonic() - started) * 1000)
-    else:
-        log.warning("job %s (%s): claim lost before complete; result dropped", job["id"], job["kind"])
+def safe_url(url):
+    """The URL without its password, for the log."""
+    parts = urllib.parse.urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.replace(f":{parts.password}@", ":***@")
+    return urllib.parse.urlunsplit(parts._replace(netloc=netloc))
 
 
 def main():
+    env = os.environ.get
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--queue", default=os.environ.get("SKIPLOCK_QUEUE", "default"))
-    parser.add_argument("--kinds", default=os.environ.get("SKIPLOCK_KINDS", ",".join(HANDLERS)),
+    parser.add_argument("--queue", default=env("SKIPLOCK_QUEUE", "default"))
+    parser.add_argument("--kinds", default=env("SKIPLOCK_KINDS", ",".join(HANDLERS)),
                         help="comma-separated kinds to claim (default: every kind handled here)")
-    parser.add_argument("--batch", type=int, default=int(os.environ.get("SKIPLOCK_BATCH", "10")),
-                        help="jobs claimed at once")
-    parser.add_argument("--name", default=os.environ.get(
-        "SKIPLOCK_WORKER", f"python-{socket.gethostname()}-{os.getpid()}"))
+    parser.add_argument("--batch", type=int, default=int(env("SKIPLOCK_BATCH", "100")),
+                        help="jobs claimed at once (1 to 10000): small for long jobs, large for short")
+    parser.add_argument("--concurrency", type=int, default=int(env("SKIPLOCK_CONCURRENCY", "1")),
+                        help="jobs run at once, each on a thread of its own above 1 (default 1:"
+                             " one at a time in the main thread)")
+    parser.add_argument("--name", default=env("SKIPLOCK_WORKER",
+                                              f"python-{socket.gethostname()}-{os.getpid()}"))
     parser.add_argument("--stale-after", type=float,
-                        default=float(os.environ.get("SKIPLOCK_STALE_AFTER", STALE_AFTER_SECS_DEFAULT)),
+                        default=float(env("SKIPLOCK_STALE_AFTER", STALE_AFTER_SECS_DEFAULT)),
                         help="seconds without a heartbeat after which maintain takes a claim back")
     parser.add_argument("--exit-when-idle", action="store_true",
-                        default=os.environ.get("SKIPLOCK_EXIT_WHEN_IDLE", "") not in ("", "0", "false"),
+                        default=env("SKIPLOCK_EXIT_WHEN_IDLE", "") not in ("", "0", "false"),
                         help="exit 0 once a claim finds nothing to take")
-    parser.add_argument("--log-level", default=os.environ.get("SKIPLOCK_LOG_LEVEL", "INFO"),
+    parser.add_argument("--log-level", default=env("SKIPLOCK_LOG_LEVEL", "INFO"),
                         help="DEBUG, INFO (a line per job), WARNING or ERROR")
     opts = parser.parse_args()
     if opts.stale_after <= 0:
         parser.error("--stale-after must be positive")
-    kinds = [k for k in opts.kinds.split(",") if k]
-    unknown = set(kinds) - set(HANDLERS)
+    if not 1 <= opts.batch <= 10000:
+        parser.error("--batch must be between 1 and 10000")
+    if opts.concurrency < 1:
+        parser.error("--concurrency must be 1 or more")
+    opts.kinds = [k for k in opts.kinds.split(",") if k]
+    unknown = set(opts.kinds) - set(HANDLERS)
     if unknown:
         parser.error(f"no handler for kinds {sorted(unknown)}")
-    logging.basicConfig(level=opts.log_level.upper(), format=f"%(asctime)s {opts.name} %(levelname)s %(message)s")
+    logging.basicConfig(level=opts.log_level.upper(), stream=sys.stderr,
+                        format=f"%(asctime)s {opts.name} %(levelname)s %(message)s")
 
-    stopping = threading.Event()
+    url = env("DATABASE_URL") or DATABASE_URL_DEFAULT
+    if not env("DATABASE_URL"):
+        log.info("DATABASE_URL is not set: using %s", DATABASE_URL_DEFAULT)
+    worker = Worker(opts, url)
     for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stopping.set())
-
-    url = os.environ["DATABASE_URL"]
-    claims = Claims()
-    keeper = threading.Thread(target=keep_claims, args=(url, opts.name, opts.stale_after, claims, stopping))
-    with psycopg.connect(url, autocommit=True, application_name=opts.name) as conn:
-        keeper.start()
-        conn.execute("LISTEN skiplock_runnable")
-        log.info("worker started: queue %s, kinds %s, batch %s, stale after %s s",
-                 opts.queue, kinds, opts.batch, opts.stale_after)
-        while not stopping.is_set():
-            batch = conn.execute(
-                "SELECT id, kind, args, attempt, claim_token FROM skiplock.claim(%s, %s::int, %s, %s::text[])",
-                (opts.queue, opts.batch, opts.name, kinds),
-            ).fetchall()
-            jobs = [dict(id=i, kind=k, args=a, attempt=n, claim_token=t, stop=threading.Event())
-                    for i, k, a, n, t in batch]
-            for job in jobs:
-                claims.add(job)
-            for job in jobs:
-                if stopping.is_set():
-                    # Not started: give it back at once, its attempt not counted.
-                    if claims.drop(job["id"]):
-                        conn.execute("SELECT skiplock.release(%s, %s)", (job["id"], job["claim_token"]))
-                elif not job["stop"].is_set():
-                    run_job(conn, claims, job)
-            if not jobs and opts.exit_when_idle:
-                stopping.set()
-            elif not jobs:
-                # Wait for a job to become runnable (or the next poll, or a signal).
-                for _ in conn.notifies(timeout=IDLE_POLL_SECS, stop_after=1):
-                    pass
-        keeper.join()
-    log.info("worker stopped")
+        signal.signal(sig, worker.signal)
+    try:
+        worker.run()
+    except psycopg.OperationalError as error:
+        log.error("cannot reach the database at %s: %s (set DATABASE_URL)", safe_url(url),
+                  describe(error))
+        sys.exit(1)
+    except psycopg.Error as error:
+        hint = " (is the schema migrated? `skiplock migrate`)" if getattr(
+            error, "sqlstate", "") in ("42883", "3F000", "42P01") else ""
+        log.error("stopped by an error no retry mends: %s%s", describe(error), hint)
+        sys.exit(1)
 
 
 if __name__ == "__main__":

@@ -36,8 +36,9 @@ const VICTIM_BATCH: i32 = 10;
 const HUNG: i32 = 2 * VICTIM_BATCH;
 
 /// The examples' stale_after in these tests: short, so that killed workers' claims are
-/// taken back within seconds (heartbeats every half second).
-const STALE_AFTER_SECS: &str = "3";
+/// taken back within seconds (heartbeats every 0.8 s), and long enough that a loaded
+/// machine does not delay a heartbeat past half of it (the workers would stop their jobs).
+const STALE_AFTER_SECS: &str = "5";
 
 /// Enqueues `lanes` lanes of `per_lane` jobs and `free` jobs without a lane (`noop` and
 /// `sleep` of 5 ms, alternating); returns how many.

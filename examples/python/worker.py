@@ -252,7 +252,7 @@ class Worker:
         self.opts, self.url = opts, url
         self.stale_after = opts.stale_after
         self.stopping = threading.Event()      # first signal: stop claiming
-        self.hard_stop = threading.Event()     # second signal: stop the running job too
+        self.hard_stop = threading.Event()     # second signal: stop the running jobs too
         self.done = threading.Event()          # the main loop is over: keeper, watchdog end
         self.heartbeats_failing = threading.Event()
         self.saved = threading.Event()         # the completer saved a batch

@@ -4,8 +4,9 @@
 //! default isolation is serializable with tight statement, lock and idle timeouts, and
 //! PgBouncer in transaction mode. In each, a Python and a Node worker are killed holding
 //! claims, and the others take them back with `skiplock.maintain` alone: every job is done
-//! exactly once and lanes keep their order. Also: SIGTERM stops each cleanly, and a worker
-//! whose heartbeats fail stops its job and claims nothing until they work again.
+//! exactly once and lanes keep their order. Also: SIGTERM stops each cleanly, a worker
+//! whose heartbeats fail stops its job and claims nothing until they work again, and a
+//! failed attempt keeps its message (not the stack) in `last_error`.
 //!
 //! Needs python3 (with venv) and node; the examples' packages come from
 //! examples/python/requirements.txt (a virtualenv under target/) and
@@ -36,8 +37,9 @@ const VICTIM_BATCH: i32 = 10;
 const HUNG: i32 = 2 * VICTIM_BATCH;
 
 /// The examples' stale_after in these tests: short, so that killed workers' claims are
-/// taken back within seconds (heartbeats every half second).
-const STALE_AFTER_SECS: &str = "3";
+/// taken back within seconds (heartbeats every 0.8 s), and long enough that a loaded
+/// machine does not delay a heartbeat past half of it (the workers would stop their jobs).
+const STALE_AFTER_SECS: &str = "5";
 
 /// Enqueues `lanes` lanes of `per_lane` jobs and `free` jobs without a lane (`noop` and
 /// `sleep` of 5 ms, alternating); returns how many.
@@ -569,5 +571,60 @@ async fn a_worker_whose_heartbeats_fail_stops_its_job_and_claims_nothing_until_t
                 .unwrap();
         assert_eq!(attempts, [(hung, 2), (noop, 1)], "{name}:\n{log}");
         assert_eq!(completed_in_log(&log), [noop, hung], "{name}:\n{log}");
+    }
+}
+
+/// A handler's error: the job's `last_error` and its errors entry hold the message, one
+/// line (the Node example stored the whole stack there); the stack is in the worker's log.
+/// The attempt is retried after its backoff and succeeds.
+#[tokio::test]
+async fn a_failed_attempt_keeps_the_message_in_last_error_and_the_stack_in_the_log() {
+    for (lang, message, stack) in [
+        (
+            Lang::Python,
+            "RuntimeError: planned failure on the first attempt",
+            "Traceback (most recent call last)",
+        ),
+        (
+            Lang::Node,
+            "Error: planned failure on the first attempt",
+            "    at ",
+        ),
+    ] {
+        let db = test_db().await;
+        let id: i64 = sqlx::query_scalar("SELECT skiplock.enqueue('fail_once', '{}', $1)")
+            .bind(QUEUE)
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+        let name = lang.name();
+        let worker = Worker::example(lang, db.url(), name, 1, &[]);
+        worker.wait_for_log("failed: now queued to run again").await;
+        // Due after its backoff (2 s); hurry it.
+        sqlx::query("UPDATE skiplock.jobs SET scheduled_at = now() WHERE id = $1")
+            .bind(id)
+            .execute(&db.pool)
+            .await
+            .unwrap();
+        wait_for("the retry to succeed", Duration::from_secs(60), || async {
+            jobs_in_states(&db, &["succeeded"]).await == 1
+        })
+        .await;
+        let (code, log) = worker.terminate().await;
+        assert_eq!(code, Some(0), "{name}:\n{log}");
+        let (last_error, in_errors, attempt): (String, String, i32) = sqlx::query_as(
+            "SELECT last_error, errors -> 0 ->> 'message', attempt FROM skiplock.jobs WHERE id = $1",
+        )
+        .bind(id)
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+        assert_eq!(
+            (last_error.as_str(), attempt),
+            (message, 2),
+            "{name}:\n{log}"
+        );
+        assert_eq!(in_errors, message, "{name}");
+        assert!(log.contains(stack), "{name} logs the stack:\n{log}");
     }
 }

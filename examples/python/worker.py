@@ -27,10 +27,10 @@ also stops the running jobs.
 """
 
 import argparse
+import collections
 import concurrent.futures
 import logging
 import os
-import queue
 import random
 import signal
 import socket
@@ -119,13 +119,28 @@ HANDLERS = {"noop": noop, "sleep": sleep, "fail_once": fail_once, "hang_once": h
 
 
 class Job:
-    __slots__ = ("id", "kind", "args", "attempt", "token", "stop", "started", "finished")
+    __slots__ = ("id", "kind", "args", "attempt", "token", "_stop", "started", "finished")
+    # Guards the making of a job's stop event, which two threads may ask for at once.
+    _stop_lock = threading.Lock()
 
     def __init__(self, row):
         self.id, self.kind, self.args, self.attempt, self.token = row
-        self.stop = threading.Event()
+        self._stop = None
         self.started = None
         self.finished = False
+
+    @property
+    def stop(self):
+        """A threading.Event set when the job must stop, made when first asked for: most
+        short jobs never do, and an Event per job was a tenth of a no-op drain's time."""
+        if self._stop is None:
+            with Job._stop_lock:
+                if self._stop is None:
+                    self._stop = threading.Event()
+        return self._stop
+
+    def stopped(self):
+        return self._stop is not None and self._stop.is_set()
 
 
 def describe(error):
@@ -237,7 +252,7 @@ class Worker:
         self.opts, self.url = opts, url
         self.stale_after = opts.stale_after
         self.stopping = threading.Event()      # first signal: stop claiming
-        self.hard_stop = threading.Event()     # second signal: stop the running job too
+        self.hard_stop = threading.Event()     # second signal: stop the running jobs too
         self.done = threading.Event()          # the main loop is over: keeper, watchdog end
         self.heartbeats_failing = threading.Event()
         self.saved = threading.Event()         # the completer saved a batch
@@ -248,7 +263,10 @@ class Worker:
         self.runners = (concurrent.futures.ThreadPoolExecutor(opts.concurrency, "job")
                         if opts.concurrency > 1 else None)
         self.slots = threading.Semaphore(opts.concurrency)
-        self.outcomes = queue.Queue()          # (Job, ok, output or message); None: the end
+        # (Job, ok, output or message), None at the end; a deque's append and popleft are
+        # safe between threads. outcome_ready wakes the completer.
+        self.outcomes = collections.deque()
+        self.outcome_ready = threading.Event()
         self.last_heartbeat = time.monotonic() # when the claims held were last confirmed
         self.claim_size = opts.batch
         self.counts = dict(succeeded=0, failed=0, released=0, lost=0)
@@ -287,7 +305,7 @@ class Worker:
         finally:
             if self.runners is not None:
                 self.runners.shutdown(wait=True)
-            self.outcomes.put(None)
+            self.put_outcome(None)
             threads[0].join()
             self.done.set()
             for thread in threads[1:]:
@@ -353,7 +371,7 @@ class Worker:
             if self.stopping.is_set() or self.heartbeats_failing.is_set():
                 self.give_back(session, jobs[i:])
                 return
-            if job.stop.is_set():
+            if job.stopped():
                 self.forget(job, "claim lost before it started")
             elif self.runners is None:
                 self.run_job(job)
@@ -379,8 +397,7 @@ class Worker:
     def run_job(self, job):
         handler = HANDLERS[job.kind]
         job.started = time.monotonic()
-        with self.lock:
-            self.running.add(job)
+        self.running.add(job)  # One step for the interpreter; readers take a copy().
         log.info("job %s (%s) attempt %s started", job.id, job.kind, job.attempt)
         try:
             output = handler(job.args, job)
@@ -392,13 +409,17 @@ class Worker:
             message = f"{type(error).__name__}: {error}"
             log.warning("job %s (%s) attempt %s failed: %s\n%s", job.id, job.kind, job.attempt,
                         message, traceback.format_exc().rstrip())
-            self.outcomes.put((job, False, message))
+            self.put_outcome((job, False, message))
             return
         finally:
-            with self.lock:
-                self.running.discard(job)
-                job.finished = True
-        self.outcomes.put((job, True, output))
+            self.running.discard(job)
+            job.finished = True
+        self.put_outcome((job, True, output))
+
+    def put_outcome(self, outcome):
+        self.outcomes.append(outcome)
+        if not self.outcome_ready.is_set():
+            self.outcome_ready.set()
 
     def forget(self, job, why):
         with self.lock:
@@ -433,18 +454,17 @@ class Worker:
         session = Session(self.url, f"{self.opts.name} (completer)", self.hard_stop)
         ended = False
         while not ended:
-            first = self.outcomes.get()
-            batch = [] if first is None else [first]
-            ended = first is None
-            while not ended and len(batch) < SAVE_BATCH_MAX:
-                try:
-                    item = self.outcomes.get_nowait()
-                except queue.Empty:
-                    break
+            self.outcome_ready.wait()
+            self.outcome_ready.clear()
+            batch = []
+            while not ended and len(batch) < SAVE_BATCH_MAX and self.outcomes:
+                item = self.outcomes.popleft()
                 if item is None:
                     ended = True
                 else:
                     batch.append(item)
+            if self.outcomes:
+                self.outcome_ready.set()  # More than a batch: go on at once.
             try:
                 self.save(session, [o for o in batch if o[1]], True)
                 self.save(session, [o for o in batch if not o[1]], False)
@@ -543,7 +563,7 @@ class Worker:
         """The claim is gone (reaped, cancelled): the job stops and saves nothing (a job that
         already finished has its outcome refused by the claim's token)."""
         with self.lock:
-            if self.held.get(job.id) is not job or job.stop.is_set():
+            if self.held.get(job.id) is not job or job.stopped():
                 return
             job.stop.set()
             finished = job.finished
@@ -571,16 +591,15 @@ class Worker:
             silent = time.monotonic() - self.last_heartbeat
             if silent > self.stale_after * HEARTBEAT_FAILURE_LIMIT and not self.heartbeats_failing.is_set():
                 self.heartbeats_failing.set()
+                running = sorted(j.id for j in self.running.copy())
                 with self.lock:
-                    running = sorted(j.id for j in self.running)
                     unsaved = [j for j in self.held.values() if not j.finished]
                 log.error("HEARTBEATS FAILING for %.1f s (claims are taken back after %s s"
                           " without one): stopping %s running jobs %s, claiming nothing until"
                           " they work again", silent, self.stale_after, len(running), running)
                 for job in unsaved:
                     job.stop.set()
-            with self.lock:
-                stuck = [j for j in self.running if j.stop.is_set()]
+            stuck = [j for j in self.running.copy() if j.stopped()]
             if stuck and self.heartbeats_failing.is_set() and silent > self.stale_after * HANDLER_STOP_LIMIT:
                 log.critical("jobs %s ignored their stop for %.1f s without a heartbeat; exiting so"
                              " that they cannot run beside their retry",

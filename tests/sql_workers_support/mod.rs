@@ -140,7 +140,7 @@ pub fn python_bin() -> PathBuf {
     match tools {
         Ok(python) => python.clone(),
         Err(missing) => {
-            common::missing_tool("the example workers' tests", "their tools", missing);
+            common::missing_tool("each test of the example workers", "a tool", missing);
             panic!("the example workers' tests need their tools: {missing}");
         }
     }

@@ -205,7 +205,11 @@ CREATE TABLE skiplock.cron_schedules (
     updated_at   timestamptz NOT NULL DEFAULT now(),
     CONSTRAINT cron_schedules_missed_known CHECK (missed IN ('latest', 'skip')),
     CONSTRAINT cron_schedules_kind_not_empty CHECK (kind <> ''),
-    CONSTRAINT cron_schedules_queue_name_length CHECK (octet_length(queue) <= 1000)
+    -- What skiplock.jobs would refuse for each slot's job, refused as the schedule is written:
+    -- otherwise every slot fails at fire time into last_error and no job is made.
+    CONSTRAINT cron_schedules_queue_not_empty CHECK (queue <> ''),
+    CONSTRAINT cron_schedules_queue_name_length CHECK (octet_length(queue) <= 1000),
+    CONSTRAINT cron_schedules_max_attempts_positive CHECK (max_attempts >= 1)
 );
 
 -- Where the periodic sweep of waiting jobs (skiplock.internal_settle_waiting, run by every

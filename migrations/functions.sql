@@ -1617,7 +1617,17 @@ BEGIN
                 NEW.timezone
                 USING ERRCODE = 'invalid_parameter_value';
         END IF;
-        PERFORM skiplock.internal_cron_parse(NEW.expression);
+        -- An expression no local time matches (day 31 of February, of April and June) is
+        -- refused: it would never make a job. 29 years of local times cover every calendar
+        -- (days of the month, months, weekdays and leap days come round in 28).
+        IF (SELECT skiplock.internal_cron_previous_local(f.seconds, f.minutes, f.hours, f.days,
+                   f.months, f.weekdays, f.days_any, f.weekdays_any,
+                   localtimestamp + interval '29 years', localtimestamp::timestamp)
+            FROM skiplock.internal_cron_parse(NEW.expression) f) IS NULL THEN
+            RAISE EXCEPTION 'cron expression `%` never fires: no date matches it (a day of the month that month never has?)',
+                NEW.expression
+                USING ERRCODE = 'invalid_parameter_value';
+        END IF;
     END IF;
     RETURN NEW;
 END;

@@ -184,6 +184,37 @@ async fn bad_cron_expressions_are_rejected_with_their_position() {
         "unknown time zone `Mars/Olympus_Mons`",
     )
     .await;
+    // What could never make a job (issue 38): an expression no date matches, a job the
+    // jobs table would refuse.
+    refused(
+        "INSERT INTO skiplock.cron_schedules (name, expression, kind) VALUES ('never', '* * 31 2 *', 'record')",
+        "cron expression `* * 31 2 *` never fires",
+    )
+    .await;
+    refused(
+        "UPDATE skiplock.cron_schedules SET expression = '0 0 31 4,6,9,11 *'",
+        "never fires",
+    )
+    .await;
+    refused(
+        "INSERT INTO skiplock.cron_schedules (name, expression, kind, max_attempts) VALUES ('zero', '0 * * * *', 'record', 0)",
+        "cron_schedules_max_attempts_positive",
+    )
+    .await;
+    refused(
+        "INSERT INTO skiplock.cron_schedules (name, expression, kind, queue) VALUES ('noqueue', '0 * * * *', 'record', '')",
+        "cron_schedules_queue_not_empty",
+    )
+    .await;
+    // A leap day, or a day 31 in a month that has one, fires.
+    sqlx::query("UPDATE skiplock.cron_schedules SET expression = '0 0 29 2 *'")
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    sqlx::query("UPDATE skiplock.cron_schedules SET expression = '0 * * * *'")
+        .execute(&db.pool)
+        .await
+        .unwrap();
     let names: Vec<String> = sqlx::query_scalar(
         "SELECT name || ' ' || expression || ' ' || timezone FROM skiplock.cron_schedules",
     )

@@ -1187,6 +1187,7 @@ DECLARE
     job skiplock.jobs%ROWTYPE;
     holder bigint;
     payload jsonb;
+    merged jsonb;
 BEGIN
     SELECT * INTO job FROM skiplock.jobs WHERE id = job_id;
     IF job.unique_key IS NULL THEN
@@ -1196,7 +1197,14 @@ BEGIN
     IF holder IS NOT NULL AND job.unique_policy = 'merge' THEN
         payload := CASE WHEN jsonb_typeof(job.args) = 'array' THEN job.args
                         ELSE jsonb_build_array(job.args) END;
-        UPDATE skiplock.jobs SET args = payload || args WHERE id = holder;
+        UPDATE skiplock.jobs SET args = payload || args WHERE id = holder
+        RETURNING args INTO merged;
+        -- The args limit holds here as on an enqueue's merge: over it, the requeue fails
+        -- for this job alone (the batches save it by itself, dead with the reason, its
+        -- payloads kept in it) and the holder keeps its args.
+        IF pg_column_size(merged) > 4096 THEN
+            PERFORM skiplock.internal_check_args_size(merged);
+        END IF;
     END IF;
     RETURN holder;
 END;
@@ -1386,28 +1394,33 @@ CREATE FUNCTION skiplock.internal_jobs_after_delete() RETURNS trigger
     SET enable_mergejoin TO 'off'
     AS $$
 DECLARE
-    children bigint[];
+    children bigint[] := '{}';
+    victim record;
 BEGIN
-    -- Tombstones, and the waiting children to cancel.
-    WITH unfinished AS MATERIALIZED (
-        SELECT o.id, o.state FROM deleted o WHERE o.state <> 'succeeded'
-    ), marked AS (
-        UPDATE skiplock.job_dependencies d SET parent_state = u.state
-        FROM unfinished u
-        WHERE d.parent_id = u.id
-        RETURNING d.job_id, d.parent_id, u.state
-    ), cancelled AS (
+    -- Tombstones, then the waiting children to cancel, one at a time by id (a join of the
+    -- list with the table is what the planner can turn into a walk of every waiting job).
+    FOR victim IN
+        WITH unfinished AS MATERIALIZED (
+            SELECT o.id, o.state FROM deleted o WHERE o.state <> 'succeeded'
+        ), marked AS (
+            UPDATE skiplock.job_dependencies d SET parent_state = u.state
+            FROM unfinished u
+            WHERE d.parent_id = u.id
+            RETURNING d.job_id, d.parent_id, u.state
+        )
+        SELECT DISTINCT ON (m.job_id) m.job_id, m.parent_id, m.state
+        FROM marked m ORDER BY m.job_id, m.parent_id
+    LOOP
         UPDATE skiplock.jobs c
         SET state = 'cancelled', finished_at = now(),
-            last_error = format('parent job %s was deleted while %s', m.parent_id, m.state)
-        FROM (SELECT DISTINCT ON (job_id) job_id, parent_id, state FROM marked
-              ORDER BY job_id, parent_id) m
-        WHERE c.id = m.job_id AND c.state = 'waiting'
-        RETURNING c.id
-    )
-    SELECT array_agg(id) INTO children FROM cancelled;
+            last_error = format('parent job %s was deleted while %s', victim.parent_id, victim.state)
+        WHERE c.id = victim.job_id AND c.state = 'waiting';
+        IF FOUND THEN
+            children := children || victim.job_id;
+        END IF;
+    END LOOP;
     DELETE FROM skiplock.job_dependencies d USING deleted o WHERE d.job_id = o.id;
-    IF children IS NOT NULL THEN
+    IF cardinality(children) > 0 THEN
         PERFORM skiplock.internal_settle_dependants(children);
     END IF;
     RETURN NULL;
@@ -1521,15 +1534,29 @@ CREATE FUNCTION skiplock.internal_move_on(parent_ids bigint[], lanes text[]) RET
     LANGUAGE plpgsql
     AS $$
 DECLARE
-    moved int := 0;
+    moved int;
+    attempts int := 0;
 BEGIN
-    IF cardinality(parent_ids) > 0 THEN
-        moved := moved + skiplock.internal_settle_dependants(parent_ids);
+    IF coalesce(cardinality(parent_ids), 0) = 0 AND coalesce(cardinality(lanes), 0) = 0 THEN
+        RETURN 0;
     END IF;
-    IF cardinality(lanes) > 0 THEN
-        moved := moved + skiplock.internal_advance_lanes(lanes);
-    END IF;
-    RETURN moved;
+    LOOP
+        BEGIN
+            moved := 0;
+            IF cardinality(parent_ids) > 0 THEN
+                moved := moved + skiplock.internal_settle_dependants(parent_ids);
+            END IF;
+            IF cardinality(lanes) > 0 THEN
+                moved := moved + skiplock.internal_advance_lanes(lanes);
+            END IF;
+            RETURN moved;
+        EXCEPTION WHEN serialization_failure THEN
+            attempts := attempts + 1;
+            IF NOT skiplock.internal_may_retry_moved(attempts) THEN
+                RAISE;
+            END IF;
+        END;
+    END LOOP;
 END;
 $$;
 
@@ -2080,6 +2107,7 @@ CREATE FUNCTION skiplock.internal_settle_waiting() RETURNS integer
     SET jit TO 'off'
     AS $$
 DECLARE
+    attempts int := 0;
     batch_size constant int := 500;
     position bigint;
     last_id bigint;
@@ -2091,61 +2119,73 @@ DECLARE
     queued_orphans int;
     orphan_keys skiplock.runnable_key[];
 BEGIN
-    SELECT after_id INTO position FROM skiplock.waiting_sweep FOR UPDATE SKIP LOCKED;
-    IF NOT FOUND THEN
-        RETURN 0;
-    END IF;
-    -- The batch, read once: what each waiting job waits for.
-    SELECT count(*), max(b.id),
-           array_agg(b.id) FILTER (WHERE b.ordering_key IS NULL AND NOT b.has_edges),
-           array_agg(DISTINCT b.ordering_key) FILTER (WHERE b.ordering_key IS NOT NULL),
-           array_agg(b.id) FILTER (WHERE b.has_edges)
-    INTO seen, last_id, orphans, lanes, dependants
-    FROM (SELECT c.id, c.ordering_key,
-                 EXISTS (SELECT 1 FROM skiplock.job_dependencies d WHERE d.job_id = c.id) AS has_edges
-          FROM skiplock.jobs c
-          WHERE c.state = 'waiting' AND c.id > position
-          ORDER BY c.id
-          LIMIT batch_size) b;
-    UPDATE skiplock.waiting_sweep
-    SET after_id = CASE WHEN seen < batch_size THEN 0 ELSE last_id END;
+    LOOP
+        BEGIN
+            moved := 0;
+            SELECT after_id INTO position FROM skiplock.waiting_sweep FOR UPDATE SKIP LOCKED;
+            IF NOT FOUND THEN
+                RETURN 0;
+            END IF;
+            -- The batch, read once: what each waiting job waits for.
+            SELECT count(*), max(b.id),
+                   array_agg(b.id) FILTER (WHERE b.ordering_key IS NULL AND NOT b.has_edges),
+                   array_agg(DISTINCT b.ordering_key) FILTER (WHERE b.ordering_key IS NOT NULL),
+                   array_agg(b.id) FILTER (WHERE b.has_edges)
+            INTO seen, last_id, orphans, lanes, dependants
+            FROM (SELECT c.id, c.ordering_key,
+                         EXISTS (SELECT 1 FROM skiplock.job_dependencies d WHERE d.job_id = c.id) AS has_edges
+                  FROM skiplock.jobs c
+                  WHERE c.state = 'waiting' AND c.id > position
+                  ORDER BY c.id
+                  LIMIT batch_size) b;
+            UPDATE skiplock.waiting_sweep
+            SET after_id = CASE WHEN seen < batch_size THEN 0 ELSE last_id END;
 
-    -- Waiting for nothing: no lane, no dependency row.
-    IF orphans IS NOT NULL THEN
-        WITH queued AS (
-            UPDATE skiplock.jobs c SET state = 'queued'
-            WHERE c.id = ANY (orphans) AND c.state = 'waiting' AND c.ordering_key IS NULL
-              AND NOT EXISTS (SELECT 1 FROM skiplock.job_dependencies d WHERE d.job_id = c.id)
-            RETURNING c.queue, c.priority, c.scheduled_at
-        )
-        SELECT count(*), array_agg(ROW(queue, priority, scheduled_at)::skiplock.runnable_key)
-        INTO queued_orphans, orphan_keys FROM queued;
-        PERFORM skiplock.internal_notify_runnable(k.queue, k.priority, k.scheduled_at),
-                skiplock.internal_notify_due_later(k.queue, k.priority, k.scheduled_at,
-                                                   k.scheduled_at)
-        FROM unnest(orphan_keys) AS k;
-        moved := queued_orphans;
-    END IF;
-    -- The batch's lanes: each head is one index entry, and the queued ones are announced
-    -- in one message per queue and priority.
-    IF lanes IS NOT NULL THEN
-        moved := moved + skiplock.internal_advance_lanes(lanes);
-    END IF;
-    -- Jobs of the batch whose parents all succeeded (or were pruned after) are queued;
-    -- those with a parent that can never succeed are cancelled with that parent's other
-    -- waiting dependants (their cost: the failed parents' edges, each cancelling a job).
-    IF dependants IS NOT NULL THEN
-        moved := moved + skiplock.internal_queue_ready_dependants(dependants);
-        moved := moved + skiplock.internal_settle_dependants(ARRAY(
-            SELECT DISTINCT d.parent_id
-            FROM skiplock.job_dependencies d
-            LEFT JOIN LATERAL (SELECT p.state FROM skiplock.jobs p
-                               WHERE p.id = d.parent_id LIMIT 1) p ON true
-            WHERE d.job_id = ANY (dependants)
-              AND (p.state IN ('dead', 'cancelled')
-                   OR (p.state IS NULL AND d.parent_state IS NOT NULL))));
-    END IF;
-    RETURN moved;
+            -- Waiting for nothing: no lane, no dependency row.
+            IF orphans IS NOT NULL THEN
+                WITH queued AS (
+                    UPDATE skiplock.jobs c SET state = 'queued'
+                    WHERE c.id = ANY (orphans) AND c.state = 'waiting' AND c.ordering_key IS NULL
+                      AND NOT EXISTS (SELECT 1 FROM skiplock.job_dependencies d WHERE d.job_id = c.id)
+                    RETURNING c.queue, c.priority, c.scheduled_at
+                )
+                SELECT count(*), array_agg(ROW(queue, priority, scheduled_at)::skiplock.runnable_key)
+                INTO queued_orphans, orphan_keys FROM queued;
+                PERFORM skiplock.internal_notify_runnable(k.queue, k.priority, k.scheduled_at),
+                        skiplock.internal_notify_due_later(k.queue, k.priority, k.scheduled_at,
+                                                           k.scheduled_at)
+                FROM unnest(orphan_keys) AS k;
+                moved := queued_orphans;
+            END IF;
+            -- The batch's lanes: each head is one index entry, and the queued ones are announced
+            -- in one message per queue and priority.
+            IF lanes IS NOT NULL THEN
+                moved := moved + skiplock.internal_advance_lanes(lanes);
+            END IF;
+            -- Jobs of the batch whose parents all succeeded (or were pruned after) are queued;
+            -- those with a parent that can never succeed are cancelled with that parent's other
+            -- waiting dependants (their cost: the failed parents' edges, each cancelling a job).
+            IF dependants IS NOT NULL THEN
+                moved := moved + skiplock.internal_queue_ready_dependants(dependants);
+                moved := moved + skiplock.internal_settle_dependants(ARRAY(
+                    SELECT DISTINCT d.parent_id
+                    FROM skiplock.job_dependencies d
+                    LEFT JOIN LATERAL (SELECT p.state FROM skiplock.jobs p
+                                       WHERE p.id = d.parent_id LIMIT 1) p ON true
+                    WHERE d.job_id = ANY (dependants)
+                      AND (p.state IN ('dead', 'cancelled')
+                           OR (p.state IS NULL AND d.parent_state IS NOT NULL))));
+            END IF;
+            RETURN moved;
+        EXCEPTION WHEN serialization_failure THEN
+            -- A waiting job moved to jobs_done under the pass (cancelled meanwhile): run
+            -- again (see skiplock.internal_may_retry_moved).
+            attempts := attempts + 1;
+            IF NOT skiplock.internal_may_retry_moved(attempts) THEN
+                RAISE;
+            END IF;
+        END;
+    END LOOP;
 END;
 $$;
 
@@ -3083,6 +3123,18 @@ CREATE TRIGGER job_dependencies_after_insert AFTER INSERT ON skiplock.job_depend
 CREATE TRIGGER jobs_after_delete AFTER DELETE ON skiplock.jobs REFERENCING OLD TABLE AS deleted FOR EACH STATEMENT EXECUTE FUNCTION skiplock.internal_jobs_after_delete();
 
 --
+-- Name: jobs_done jobs_after_delete; Type: TRIGGER; Schema: skiplock; Owner: -
+--
+
+CREATE TRIGGER jobs_after_delete AFTER DELETE ON skiplock.jobs_done REFERENCING OLD TABLE AS deleted FOR EACH STATEMENT EXECUTE FUNCTION skiplock.internal_jobs_after_delete();
+
+--
+-- Name: jobs_live jobs_after_delete; Type: TRIGGER; Schema: skiplock; Owner: -
+--
+
+CREATE TRIGGER jobs_after_delete AFTER DELETE ON skiplock.jobs_live REFERENCING OLD TABLE AS deleted FOR EACH STATEMENT EXECUTE FUNCTION skiplock.internal_jobs_after_delete();
+
+--
 -- Name: jobs_live jobs_before_insert; Type: TRIGGER; Schema: skiplock; Owner: -
 --
 
@@ -3092,7 +3144,7 @@ CREATE TRIGGER jobs_before_insert BEFORE INSERT ON skiplock.jobs_live FOR EACH R
 -- Name: jobs_done jobs_done_before_requeue; Type: TRIGGER; Schema: skiplock; Owner: -
 --
 
-CREATE TRIGGER jobs_done_before_requeue BEFORE UPDATE ON skiplock.jobs_done FOR EACH ROW WHEN (((new.state = ANY (ARRAY['waiting'::skiplock.job_state, 'queued'::skiplock.job_state, 'running'::skiplock.job_state])) AND ((new.ordering_key IS NOT NULL) OR (new.unique_key IS NOT NULL) OR (pg_column_size(new.args) > 4096)))) EXECUTE FUNCTION skiplock.internal_jobs_done_before_requeue();
+CREATE TRIGGER jobs_done_before_requeue BEFORE UPDATE ON skiplock.jobs_done FOR EACH ROW WHEN ((new.state = ANY (ARRAY['waiting'::skiplock.job_state, 'queued'::skiplock.job_state, 'running'::skiplock.job_state]))) EXECUTE FUNCTION skiplock.internal_jobs_done_before_requeue();
 
 --
 -- Name: jobs jobs_notify_inserted; Type: TRIGGER; Schema: skiplock; Owner: -

@@ -1137,18 +1137,21 @@ async fn retrying_a_cancelled_child_of_an_unfinished_parent_makes_it_wait() {
 // ---------------------------------------------------------------------------------------
 // Item 6: cron.
 
-/// Issue 12 item 6: a schedule row written by SQL that cannot produce a valid job
-/// (max_attempts 0 violates `jobs_max_attempts_positive`) made the whole cron pass fail,
-/// so schedules after it (by name) never fired and the bad row got no last_error.
-/// Fixed: the good schedule fires, and the bad row records why it cannot.
+/// Issue 12 item 6: a schedule row written by SQL that cannot produce a valid job made the
+/// whole cron pass fail, so schedules after it (by name) never fired and the bad row got no
+/// last_error. Fixed: the good schedule fires, and the bad row records why it cannot. (The
+/// bad row was `max_attempts` 0, which the table now refuses as written; args over the
+/// limit are the case a schedule can still carry.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_bad_cron_row_does_not_stop_the_other_schedules() {
     let db = test_db().await;
     let pool = &db.pool;
-    sqlx::query(
+    sqlx::raw_sql(
         "INSERT INTO skiplock.cron_schedules (name, expression, kind, max_attempts, last_slot_at)
-         VALUES ('bad', '* * * * * *', 'k', 0, now() - interval '1 hour'),
-                ('good', '* * * * * *', 'k', 1, now() - interval '1 hour')",
+         VALUES ('bad', '* * * * * *', 'k', 1, now() - interval '1 hour'),
+                ('good', '* * * * * *', 'k', 1, now() - interval '1 hour');
+         UPDATE skiplock.cron_schedules
+         SET args = jsonb_build_object('p', repeat('x', 1100000)) WHERE name = 'bad'",
     )
     .execute(pool)
     .await
@@ -1187,7 +1190,7 @@ async fn a_bad_cron_row_does_not_stop_the_other_schedules() {
             .await
             .unwrap();
     assert!(
-        bad_error.contains("jobs_max_attempts_positive"),
+        bad_error.contains("over the limit"),
         "the bad schedule's last_error says why it cannot fire: {bad_error:?}"
     );
 }
@@ -1857,4 +1860,115 @@ async fn a_hand_retry_of_a_dead_job_whose_key_is_taken_is_refused_and_loses_noth
         .unwrap();
     assert_eq!(moved.rows_affected(), 1);
     assert_eq!(state_of(pool, dead).await, JobState::Queued);
+}
+
+/// A merge job requeued while another pending job holds its unique key is folded into that
+/// job; when the merged args would pass the args limit, the fold is refused like an
+/// enqueue's merge: the job goes dead with the reason, its payloads kept in it, and the
+/// holder keeps its args. (It once stored 1,228,828 bytes against the 1,048,576 limit.)
+#[tokio::test]
+async fn a_fold_into_the_key_holder_over_the_args_limit_is_refused_and_keeps_the_payloads() {
+    let db = test_db().await;
+    let mut conn = db.pool.acquire().await.unwrap();
+    // A limit the test can pass cheaply (the checks run from 4 KiB of args on).
+    sqlx::query("SET skiplock.args_max_bytes = 5000")
+        .execute(&mut *conn)
+        .await
+        .unwrap();
+    let enqueue_merge =
+        "SELECT id FROM skiplock.enqueue_job('m', jsonb_build_object('p', repeat($1, 1300)),
+                                                       unique_key => 'k', on_conflict => 'merge')";
+    let first: i64 = sqlx::query_scalar(enqueue_merge)
+        .bind("ab")
+        .fetch_one(&mut *conn)
+        .await
+        .unwrap();
+    let (claimed, token): (i64, uuid::Uuid) =
+        sqlx::query_as("SELECT id, claim_token FROM skiplock.claim('default', 1, 'w')")
+            .fetch_one(&mut *conn)
+            .await
+            .unwrap();
+    assert_eq!(claimed, first);
+    // The key is free while the first runs: a second pending job takes it.
+    let holder: i64 = sqlx::query_scalar(enqueue_merge)
+        .bind("cd")
+        .fetch_one(&mut *conn)
+        .await
+        .unwrap();
+    assert_ne!(holder, first);
+    let holder_args = "SELECT args FROM skiplock.jobs WHERE id = $1";
+    let before: serde_json::Value = sqlx::query_scalar(holder_args)
+        .bind(holder)
+        .fetch_one(&mut *conn)
+        .await
+        .unwrap();
+    // The first fails and would run again: its requeue folds into the holder, over the limit.
+    let (state,): (Option<String>,) = sqlx::query_as(
+        "SELECT state::text FROM skiplock.fail_many(ARRAY[$1::bigint], ARRAY[$2::uuid], ARRAY['boom'])",
+    )
+    .bind(first)
+    .bind(token)
+    .fetch_one(&mut *conn)
+    .await
+    .unwrap();
+    assert_eq!(state.as_deref(), Some("dead"), "the job goes dead, alone");
+    let (last_error, args): (Option<String>, serde_json::Value) =
+        sqlx::query_as("SELECT last_error, args FROM skiplock.jobs WHERE id = $1")
+            .bind(first)
+            .fetch_one(&mut *conn)
+            .await
+            .unwrap();
+    assert!(
+        last_error
+            .as_deref()
+            .is_some_and(|e| e.contains("over the limit")),
+        "{last_error:?}"
+    );
+    assert_eq!(
+        args.as_array().map(Vec::len),
+        Some(1),
+        "its payload is kept in it"
+    );
+    let after: serde_json::Value = sqlx::query_scalar(holder_args)
+        .bind(holder)
+        .fetch_one(&mut *conn)
+        .await
+        .unwrap();
+    assert_eq!(after, before, "the holder keeps its args");
+}
+
+/// Deleting an unfinished parent straight from the live partition tombstones its edge and
+/// cancels its waiting child, as a DELETE through `skiplock.jobs` does: the statement
+/// trigger that replaced the foreign key's cascade is on each partition too. (Without it,
+/// the edge kept no tombstone and the sweep queued the child, which ran although its
+/// parent never succeeded.)
+#[tokio::test]
+async fn deleting_an_unfinished_parent_from_the_live_partition_cancels_its_waiting_child() {
+    let db = test_db().await;
+    let pool = &db.pool;
+    let parent: i64 = sqlx::query_scalar("SELECT skiplock.enqueue('k')")
+        .fetch_one(pool)
+        .await
+        .unwrap();
+    let child: i64 =
+        sqlx::query_scalar("SELECT skiplock.enqueue('k', depends_on => ARRAY[$1::bigint])")
+            .bind(parent)
+            .fetch_one(pool)
+            .await
+            .unwrap();
+    assert_eq!(state_of(pool, child).await, JobState::Waiting);
+    sqlx::query("DELETE FROM skiplock.jobs_live WHERE id = $1")
+        .bind(parent)
+        .execute(pool)
+        .await
+        .unwrap();
+    sqlx::query("SELECT * FROM skiplock.maintain()")
+        .execute(pool)
+        .await
+        .unwrap();
+    assert_eq!(state_of(pool, child).await, JobState::Cancelled);
+    assert_eq!(
+        last_error_of(pool, child).await.as_deref(),
+        Some(format!("parent job {parent} was deleted while queued").as_str())
+    );
 }

@@ -71,7 +71,8 @@ CREATE TYPE skiplock.claimed_job AS (
 --                        dependencies and maintain work on. Small: it holds the backlog,
 --                        not the history, so its statistics, indexes and vacuum follow the
 --                        work at hand.
---   skiplock.jobs_done   succeeded, dead, cancelled: the history, until retention.
+--   skiplock.jobs_done   succeeded, dead, cancelled: the history, until retention drops
+--                        it a day at a time (below).
 --
 -- A change of state across the two (a completion, a failure that kills, a cancel, a retry
 -- of a dead job) moves the row: Postgres deletes it from one partition and inserts it into
@@ -80,9 +81,9 @@ CREATE TYPE skiplock.claimed_job AS (
 -- moves it back; every rule below holds for both partitions. What partitioning changes
 -- (docs/architecture.md, "Live and finished jobs"):
 --   * a primary key of a partitioned table must contain the partition key, so `id` is the
---     primary key of each partition, and unique across them because the identity column
---     hands out every id once (an explicit id, OVERRIDING SYSTEM VALUE, is the writer's
---     own to keep unique);
+--     primary key of jobs_live and indexed in each partition of jobs_done, and unique
+--     across them because the identity column hands out every id once (an explicit id,
+--     OVERRIDING SYSTEM VALUE, is the writer's own to keep unique);
 --   * the unique indexes (one running job per lane, one pending job per unique key) and
 --     the claim's indexes are on jobs_live, where those rows live;
 --   * a statement that waits for a row another transaction moves meanwhile fails with
@@ -147,8 +148,27 @@ CREATE TABLE skiplock.jobs_live PARTITION OF skiplock.jobs (PRIMARY KEY (id))
         autovacuum_analyze_scale_factor = 0.02
     );
 
-CREATE TABLE skiplock.jobs_done PARTITION OF skiplock.jobs (PRIMARY KEY (id))
-    FOR VALUES IN ('succeeded', 'dead', 'cancelled');
+-- The finished jobs, one partition per finished state and UTC day, so that retention drops
+-- a day whole instead of deleting its rows one by one (no dead tuples, no vacuum, and a
+-- cost that follows the day's jobs, not the history kept):
+--
+--   skiplock.jobs_done_<state>_<yyyymmdd>  e.g. jobs_done_succeeded_20261127: the jobs
+--                                          that finished in that state on that day (UTC);
+--                                          made ahead of time, a few days at once, by
+--                                          skiplock.internal_prepare_done_partitions
+--                                          (every worker's pruner, skiplock prune,
+--                                          skiplock.maintain, skiplock migrate);
+--   skiplock.jobs_done_default             what no day takes: finished_at NULL (a row
+--                                          written by hand), or a day nobody prepared;
+--                                          the pruner deletes its rows as they expire.
+--
+-- Ids stay unique through the identity, as across jobs_live and jobs_done; the index on id
+-- finds a finished job in each partition.
+CREATE TABLE skiplock.jobs_done PARTITION OF skiplock.jobs
+    FOR VALUES IN ('succeeded', 'dead', 'cancelled')
+    PARTITION BY RANGE (state, finished_at);
+
+CREATE TABLE skiplock.jobs_done_default PARTITION OF skiplock.jobs_done DEFAULT;
 
 -- Dependencies: a job waits until every parent succeeded.
 --
@@ -284,7 +304,9 @@ CREATE INDEX jobs_claim_idx ON skiplock.jobs_live (queue, priority, scheduled_at
 CREATE INDEX jobs_running_idx ON skiplock.jobs_live (heartbeat_at)
     WHERE state = 'running';
 
--- The pruner walks finished rows by age.
+-- Finished jobs by id (`skiplock show`, a retry by hand), and by age (the last hour of
+-- skiplock.stats, the history's live half, the pruner's deletes of expiring rows).
+CREATE INDEX jobs_done_id_idx ON skiplock.jobs_done (id);
 CREATE INDEX jobs_finished_idx ON skiplock.jobs_done (state, finished_at);
 
 -- Dependencies: the waiting jobs, and the children of a parent.

@@ -2190,6 +2190,8 @@ BEGIN
             lanes := lanes || one.lanes;
         END LOOP;
     END;
+    -- The days ahead of finished jobs, for deployments where no Rust worker's pruner runs.
+    PERFORM skiplock.internal_prepare_done_partitions();
     RETURN QUERY SELECT total,
         (skiplock.internal_move_on(finished, lanes) + skiplock.internal_settle_waiting())::bigint,
         skiplock.internal_enqueue_cron_slots()::bigint;
@@ -2416,6 +2418,209 @@ CREATE OR REPLACE AGGREGATE skiplock.internal_job_history_array_sum(bigint[]) (
     INITCOND = '{}'
 );
 
+-- ---- Finished jobs by day: partitions and retention --------------------------------------
+--
+-- skiplock.jobs_done is partitioned by (state, finished_at): one partition per finished
+-- state and UTC day, jobs_done_<state>_<yyyymmdd>, and jobs_done_default for the rest (see
+-- migrations/0001_initial.sql). Retention drops a day whole once every row in it is past
+-- its state's retention (src/maintenance/pruner.rs): it rolls the day up into
+-- skiplock.job_history, settles what other jobs knew of it, and drops the table, deleting
+-- no row.
+--
+-- Creating or dropping a partition takes an ACCESS EXCLUSIVE lock on jobs_done for an
+-- instant, and completions (they move rows into it) queue behind the request: every
+-- function here waits at most lock_timeout (100 ms) for a lock and leaves the work to its
+-- next call when it is busy. Each runs as its owner (SECURITY DEFINER), which owns the
+-- partitions: a worker role needs no DDL privilege.
+
+-- The day partitions of jobs_done: name, state and the instants they hold, [starts, ends).
+-- Read from the catalog by name, which only internal_prepare_done_partitions gives.
+CREATE OR REPLACE FUNCTION skiplock.internal_done_partitions()
+RETURNS TABLE (leaf text, state skiplock.job_state, starts timestamptz, ends timestamptz)
+LANGUAGE sql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT c.relname::text, m[1]::skiplock.job_state,
+           to_date(m[2], 'YYYYMMDD')::timestamp AT TIME ZONE 'UTC',
+           (to_date(m[2], 'YYYYMMDD') + 1)::timestamp AT TIME ZONE 'UTC'
+    FROM pg_inherits i
+    JOIN pg_class c ON c.oid = i.inhrelid
+    CROSS JOIN LATERAL regexp_match(c.relname, '^jobs_done_(succeeded|dead|cancelled)_([0-9]{8})$') m
+    WHERE i.inhparent = 'skiplock.jobs_done'::regclass AND m IS NOT NULL
+    ORDER BY 3, 1;
+$$;
+
+-- Rows of state `finished` finished at or before this instant are the pruner's to delete
+-- one statement at a time, under a retention of retention_ms milliseconds:
+--   * a retention shorter than a day (a day partition holds rows older and younger than
+--     it): every row past it;
+--   * a day or more: only rows past it and older than the oldest day partition of that
+--     state, which are in jobs_done_default (a day nobody prepared, or finished_at written
+--     by hand). The rest go with their day, dropped whole once it is all past retention: a
+--     job is kept at least its retention and at most a day longer.
+-- NULL (no retention given) deletes nothing.
+CREATE OR REPLACE FUNCTION skiplock.internal_prune_cutoff(finished skiplock.job_state, retention_ms bigint)
+RETURNS timestamptz
+LANGUAGE sql STABLE AS $$
+    SELECT CASE
+        WHEN retention_ms < 86400000 THEN now() - retention_ms * interval '1 millisecond'
+        ELSE least(now() - retention_ms * interval '1 millisecond',
+                   (SELECT min(p.starts) FROM skiplock.internal_done_partitions() p
+                    WHERE p.state = finished))
+    END;
+$$;
+
+-- The day partitions of jobs_done all of whose rows are past their state's retention
+-- (milliseconds; NULL keeps the state), oldest first: what the pruner drops.
+CREATE OR REPLACE FUNCTION skiplock.internal_expired_done_partitions(
+    succeeded_ms bigint, cancelled_ms bigint, dead_ms bigint)
+RETURNS TABLE (leaf text, state skiplock.job_state, starts timestamptz, ends timestamptz)
+LANGUAGE sql STABLE AS $$
+    SELECT p.leaf, p.state, p.starts, p.ends
+    FROM skiplock.internal_done_partitions() p
+    WHERE p.ends <= now() - CASE p.state
+                                WHEN 'succeeded' THEN succeeded_ms
+                                WHEN 'cancelled' THEN cancelled_ms
+                                WHEN 'dead' THEN dead_ms
+                            END * interval '1 millisecond'
+    ORDER BY p.starts, p.leaf;
+$$;
+
+-- Creates the day partitions of jobs_done from first_day (UTC; today when NULL) for `days`
+-- days, those missing; returns how many it created. Called by every worker's pruner,
+-- skiplock prune, skiplock.maintain and skiplock migrate, with the default two days ahead,
+-- so that each day exists before a job finishes in it. A day busy now is created at the
+-- next call. A day for which jobs_done_default already holds rows stays there (Postgres
+-- would refuse the partition); the pruner deletes those rows as they expire.
+CREATE OR REPLACE FUNCTION skiplock.internal_prepare_done_partitions(
+    first_day date DEFAULT NULL, days int DEFAULT 3)
+RETURNS int
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+SET lock_timeout = '100ms'
+SET TimeZone = 'UTC'
+SET DateStyle = 'ISO, YMD'
+AS $$
+DECLARE
+    day date;
+    finished skiplock.job_state;
+    leaf text;
+    starts timestamptz;
+    ends timestamptz;
+    created int := 0;
+BEGIN
+    first_day := coalesce(first_day, (now() AT TIME ZONE 'UTC')::date);
+    FOR i IN 0 .. coalesce(days, 0) - 1 LOOP
+        day := first_day + i;
+        starts := day::timestamp AT TIME ZONE 'UTC';
+        ends := (day + 1)::timestamp AT TIME ZONE 'UTC';
+        FOREACH finished IN ARRAY ARRAY['succeeded', 'dead', 'cancelled']::skiplock.job_state[] LOOP
+            leaf := format('jobs_done_%s_%s', finished, to_char(day, 'YYYYMMDD'));
+            CONTINUE WHEN to_regclass(format('skiplock.%I', leaf)) IS NOT NULL;
+            CONTINUE WHEN EXISTS (
+                SELECT 1 FROM skiplock.jobs_done_default d
+                WHERE d.state = finished AND d.finished_at >= starts AND d.finished_at < ends);
+            BEGIN
+                EXECUTE format(
+                    'CREATE TABLE skiplock.%I PARTITION OF skiplock.jobs_done
+                     FOR VALUES FROM (%L, %L) TO (%L, %L)',
+                    leaf, finished, starts, finished, ends);
+                -- A statement trigger fires for the table a DELETE names (see jobs_after_delete).
+                EXECUTE format(
+                    'CREATE TRIGGER jobs_after_delete AFTER DELETE ON skiplock.%I
+                     REFERENCING OLD TABLE AS deleted
+                     FOR EACH STATEMENT EXECUTE FUNCTION skiplock.internal_jobs_after_delete()',
+                    leaf);
+                created := created + 1;
+            EXCEPTION WHEN lock_not_available OR duplicate_table OR check_violation THEN
+                -- Busy, made by another caller meanwhile, or a row of that day reached
+                -- jobs_done_default meanwhile: the next call looks again.
+                NULL;
+            END;
+        END LOOP;
+    END LOOP;
+    RETURN created;
+END;
+$$;
+
+-- The day partition `leaf`, checked: a day partition of jobs_done, by name and by parent.
+CREATE OR REPLACE FUNCTION skiplock.internal_done_partition(leaf text) RETURNS regclass
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    found regclass;
+BEGIN
+    SELECT format('skiplock.%I', p.leaf)::regclass INTO found
+    FROM skiplock.internal_done_partitions() p WHERE p.leaf = internal_done_partition.leaf;
+    IF found IS NULL THEN
+        RAISE EXCEPTION '% is not a day partition of skiplock.jobs_done', leaf
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    RETURN found;
+END;
+$$;
+
+-- Locks the day partition `leaf` against writes (a retry or a DELETE by hand) until the
+-- transaction ends, so that the history the pruner rolls up from it next is exactly what
+-- internal_drop_done_partition removes after. Reads go on.
+CREATE OR REPLACE FUNCTION skiplock.internal_lock_done_partition(leaf text) RETURNS void
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+SET lock_timeout = '100ms'
+AS $$
+BEGIN
+    EXECUTE format('LOCK TABLE %s IN EXCLUSIVE MODE', skiplock.internal_done_partition(leaf));
+END;
+$$;
+
+-- Drops the day partition `leaf`, after what a DELETE of its rows would have done to the
+-- jobs that knew them (skiplock.internal_jobs_after_delete): its jobs that did not succeed
+-- leave tombstones on their children's edges (and a child still waiting is cancelled), and
+-- its jobs' own edges go. Both are found through the edges in the partition's id range (an
+-- index range of job_dependencies), so the cost follows the edges of that day's jobs, not
+-- the day's rows nor every edge kept. The caller rolled the day up into job_history in the
+-- same transaction, under internal_lock_done_partition.
+CREATE OR REPLACE FUNCTION skiplock.internal_drop_done_partition(leaf text) RETURNS void
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+SET lock_timeout = '100ms'
+SET enable_seqscan = off
+SET enable_bitmapscan = off
+SET enable_hashjoin = off
+SET enable_mergejoin = off
+AS $$
+DECLARE
+    day_table regclass := skiplock.internal_done_partition(leaf);
+    first_id bigint;
+    last_id bigint;
+    parents bigint[];
+    states skiplock.job_state[];
+BEGIN
+    EXECUTE format('LOCK TABLE %s IN EXCLUSIVE MODE', day_table);
+    EXECUTE format('SELECT min(id), max(id) FROM %s', day_table) INTO first_id, last_id;
+    IF first_id IS NOT NULL THEN
+        EXECUTE format(
+            'SELECT array_agg(p.id), array_agg(p.state)
+             FROM (SELECT DISTINCT d.parent_id FROM skiplock.job_dependencies d
+                   WHERE d.parent_id BETWEEN $1 AND $2 AND d.parent_state IS NULL) e
+             JOIN %s p ON p.id = e.parent_id
+             WHERE p.state <> ''succeeded''', day_table)
+            INTO parents, states USING first_id, last_id;
+        PERFORM skiplock.internal_tombstone_parents(parents, states);
+        EXECUTE format(
+            'DELETE FROM skiplock.job_dependencies d
+             WHERE d.job_id BETWEEN $1 AND $2
+               AND EXISTS (SELECT 1 FROM %s p WHERE p.id = d.job_id)', day_table)
+            USING first_id, last_id;
+    END IF;
+    EXECUTE format('DROP TABLE %s', day_table);
+END;
+$$;
+
 -- ---- Triggers ----------------------------------------------------------------------------
 
 -- Inserts: one notification per statement, queue and priority for the jobs due now, at the
@@ -2512,20 +2717,14 @@ BEGIN
 END;
 $$;
 
--- After a DELETE statement on skiplock.jobs (by hand, or the pruner), once for all its
--- rows: the edges of deleted jobs that had not succeeded keep their state as a tombstone
--- (see skiplock.job_dependencies), their waiting children are cancelled, transitively,
--- with the reason, and the deleted jobs' own edges go with them (what a foreign key's
--- cascade did). A statement trigger: a row moved between jobs_live and jobs_done by an
--- UPDATE is not a DELETE statement and does not fire it, and a DELETE of a parent and its
--- waiting children in one statement (DELETE … WHERE queue = 'x') sees them all gone.
---
--- It runs as its owner (SECURITY DEFINER), as a foreign key's cascade did: whoever may
--- delete jobs needs no privilege on job_dependencies.
-CREATE OR REPLACE FUNCTION skiplock.internal_jobs_after_delete() RETURNS trigger
+-- Jobs `parents` (with their `states`) are gone without having succeeded (deleted, or
+-- their day of history dropped): their edges keep the state as a tombstone (see
+-- skiplock.job_dependencies) and their waiting children are cancelled, transitively, with
+-- the reason. NULL or empty arrays do nothing.
+CREATE OR REPLACE FUNCTION skiplock.internal_tombstone_parents(
+    parents bigint[], states skiplock.job_state[])
+RETURNS void
 LANGUAGE plpgsql
-SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
 SET enable_seqscan = off
 SET enable_hashjoin = off
 SET enable_mergejoin = off
@@ -2534,11 +2733,15 @@ DECLARE
     children bigint[] := '{}';
     victim record;
 BEGIN
+    IF coalesce(cardinality(parents), 0) = 0 THEN
+        RETURN;
+    END IF;
     -- Tombstones, then the waiting children to cancel, one at a time by id (a join of the
     -- list with the table is what the planner can turn into a walk of every waiting job).
     FOR victim IN
         WITH unfinished AS MATERIALIZED (
-            SELECT o.id, o.state FROM deleted o WHERE o.state <> 'succeeded'
+            SELECT u.id, u.state FROM unnest(parents, states) AS u(id, state)
+            WHERE u.state <> 'succeeded'
         ), marked AS (
             UPDATE skiplock.job_dependencies d SET parent_state = u.state
             FROM unfinished u
@@ -2556,10 +2759,38 @@ BEGIN
             children := children || victim.job_id;
         END IF;
     END LOOP;
-    DELETE FROM skiplock.job_dependencies d USING deleted o WHERE d.job_id = o.id;
     IF cardinality(children) > 0 THEN
         PERFORM skiplock.internal_settle_dependants(children);
     END IF;
+END;
+$$;
+
+-- After a DELETE statement on skiplock.jobs (by hand, or the pruner), once for all its
+-- rows: the deleted jobs that had not succeeded leave tombstones and their waiting
+-- children are cancelled (internal_tombstone_parents), and the deleted jobs' own edges go
+-- with them (what a foreign key's cascade did). A statement trigger: a row moved between
+-- jobs_live and jobs_done by an UPDATE is not a DELETE statement and does not fire it, and
+-- a DELETE of a parent and its waiting children in one statement (DELETE … WHERE queue =
+-- 'x') sees them all gone.
+--
+-- It runs as its owner (SECURITY DEFINER), as a foreign key's cascade did: whoever may
+-- delete jobs needs no privilege on job_dependencies.
+CREATE OR REPLACE FUNCTION skiplock.internal_jobs_after_delete() RETURNS trigger
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+SET enable_seqscan = off
+SET enable_hashjoin = off
+SET enable_mergejoin = off
+AS $$
+DECLARE
+    parents bigint[];
+    states skiplock.job_state[];
+BEGIN
+    SELECT array_agg(o.id), array_agg(o.state) INTO parents, states
+    FROM deleted o WHERE o.state <> 'succeeded';
+    PERFORM skiplock.internal_tombstone_parents(parents, states);
+    DELETE FROM skiplock.job_dependencies d USING deleted o WHERE d.job_id = o.id;
     RETURN NULL;
 END;
 $$;
@@ -2666,7 +2897,8 @@ CREATE OR REPLACE TRIGGER jobs_done_before_requeue
     EXECUTE FUNCTION skiplock.internal_jobs_done_before_requeue();
 
 -- On the table and on each partition: a statement trigger fires for the table a statement
--- names, and a DELETE FROM skiplock.jobs_live must tombstone and cascade as well.
+-- names, and a DELETE FROM skiplock.jobs_live must tombstone and cascade as well. (Each
+-- day partition of jobs_done gets its own as it is made.)
 CREATE OR REPLACE TRIGGER jobs_after_delete
     AFTER DELETE ON skiplock.jobs
     REFERENCING OLD TABLE AS deleted
@@ -2677,6 +2909,10 @@ CREATE OR REPLACE TRIGGER jobs_after_delete
     FOR EACH STATEMENT EXECUTE FUNCTION skiplock.internal_jobs_after_delete();
 CREATE OR REPLACE TRIGGER jobs_after_delete
     AFTER DELETE ON skiplock.jobs_done
+    REFERENCING OLD TABLE AS deleted
+    FOR EACH STATEMENT EXECUTE FUNCTION skiplock.internal_jobs_after_delete();
+CREATE OR REPLACE TRIGGER jobs_after_delete
+    AFTER DELETE ON skiplock.jobs_done_default
     REFERENCING OLD TABLE AS deleted
     FOR EACH STATEMENT EXECUTE FUNCTION skiplock.internal_jobs_after_delete();
 
@@ -2790,3 +3026,7 @@ WHERE state = 'dead'
 ORDER BY finished_at DESC, id DESC;
 COMMENT ON VIEW skiplock.dead_jobs IS
     'Dead jobs with their last error, newest first. Example: SELECT id, kind, last_error FROM skiplock.dead_jobs LIMIT 20;';
+
+-- The days ahead of finished jobs exist from the migration on (the pruner and
+-- skiplock.maintain make the next ones).
+SELECT skiplock.internal_prepare_done_partitions();

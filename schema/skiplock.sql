@@ -952,6 +952,86 @@ END;
 $$;
 
 --
+-- Name: internal_done_partition(text); Type: FUNCTION; Schema: skiplock; Owner: -
+--
+
+CREATE FUNCTION skiplock.internal_done_partition(leaf text) RETURNS regclass
+    LANGUAGE plpgsql STABLE
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+DECLARE
+    found regclass;
+BEGIN
+    SELECT format('skiplock.%I', p.leaf)::regclass INTO found
+    FROM skiplock.internal_done_partitions() p WHERE p.leaf = internal_done_partition.leaf;
+    IF found IS NULL THEN
+        RAISE EXCEPTION '% is not a day partition of skiplock.jobs_done', leaf
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    RETURN found;
+END;
+$$;
+
+--
+-- Name: internal_done_partitions(); Type: FUNCTION; Schema: skiplock; Owner: -
+--
+
+CREATE FUNCTION skiplock.internal_done_partitions() RETURNS TABLE(leaf text, state skiplock.job_state, starts timestamp with time zone, ends timestamp with time zone)
+    LANGUAGE sql STABLE
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $_$
+    SELECT c.relname::text, m[1]::skiplock.job_state,
+           to_date(m[2], 'YYYYMMDD')::timestamp AT TIME ZONE 'UTC',
+           (to_date(m[2], 'YYYYMMDD') + 1)::timestamp AT TIME ZONE 'UTC'
+    FROM pg_inherits i
+    JOIN pg_class c ON c.oid = i.inhrelid
+    CROSS JOIN LATERAL regexp_match(c.relname, '^jobs_done_(succeeded|dead|cancelled)_([0-9]{8})$') m
+    WHERE i.inhparent = 'skiplock.jobs_done'::regclass AND m IS NOT NULL
+    ORDER BY 3, 1;
+$_$;
+
+--
+-- Name: internal_drop_done_partition(text); Type: FUNCTION; Schema: skiplock; Owner: -
+--
+
+CREATE FUNCTION skiplock.internal_drop_done_partition(leaf text) RETURNS void
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    SET lock_timeout TO '100ms'
+    SET enable_seqscan TO 'off'
+    SET enable_bitmapscan TO 'off'
+    SET enable_hashjoin TO 'off'
+    SET enable_mergejoin TO 'off'
+    AS $_$
+DECLARE
+    day_table regclass := skiplock.internal_done_partition(leaf);
+    first_id bigint;
+    last_id bigint;
+    parents bigint[];
+    states skiplock.job_state[];
+BEGIN
+    EXECUTE format('LOCK TABLE %s IN EXCLUSIVE MODE', day_table);
+    EXECUTE format('SELECT min(id), max(id) FROM %s', day_table) INTO first_id, last_id;
+    IF first_id IS NOT NULL THEN
+        EXECUTE format(
+            'SELECT array_agg(p.id), array_agg(p.state)
+             FROM (SELECT DISTINCT d.parent_id FROM skiplock.job_dependencies d
+                   WHERE d.parent_id BETWEEN $1 AND $2 AND d.parent_state IS NULL) e
+             JOIN %s p ON p.id = e.parent_id
+             WHERE p.state <> ''succeeded''', day_table)
+            INTO parents, states USING first_id, last_id;
+        PERFORM skiplock.internal_tombstone_parents(parents, states);
+        EXECUTE format(
+            'DELETE FROM skiplock.job_dependencies d
+             WHERE d.job_id BETWEEN $1 AND $2
+               AND EXISTS (SELECT 1 FROM %s p WHERE p.id = d.job_id)', day_table)
+            USING first_id, last_id;
+    END IF;
+    EXECUTE format('DROP TABLE %s', day_table);
+END;
+$_$;
+
+--
 -- Name: internal_due_later_payload(text, smallint, timestamp with time zone, timestamp with time zone); Type: FUNCTION; Schema: skiplock; Owner: -
 --
 
@@ -1073,6 +1153,23 @@ $$;
 --
 
 COMMENT ON FUNCTION skiplock.internal_error_time(entry jsonb) IS 'The time (`at`) of an entry of skiplock.jobs.errors, or NULL when it has no valid, finite one: statements over many rows read it with this so that one entry written by hand cannot fail them.';
+
+--
+-- Name: internal_expired_done_partitions(bigint, bigint, bigint); Type: FUNCTION; Schema: skiplock; Owner: -
+--
+
+CREATE FUNCTION skiplock.internal_expired_done_partitions(succeeded_ms bigint, cancelled_ms bigint, dead_ms bigint) RETURNS TABLE(leaf text, state skiplock.job_state, starts timestamp with time zone, ends timestamp with time zone)
+    LANGUAGE sql STABLE
+    AS $$
+    SELECT p.leaf, p.state, p.starts, p.ends
+    FROM skiplock.internal_done_partitions() p
+    WHERE p.ends <= now() - CASE p.state
+                                WHEN 'succeeded' THEN succeeded_ms
+                                WHEN 'cancelled' THEN cancelled_ms
+                                WHEN 'dead' THEN dead_ms
+                            END * interval '1 millisecond'
+    ORDER BY p.starts, p.leaf;
+$$;
 
 --
 -- Name: internal_fail_claims(bigint[], uuid[], text[], bigint[], text[]); Type: FUNCTION; Schema: skiplock; Owner: -
@@ -1394,35 +1491,13 @@ CREATE FUNCTION skiplock.internal_jobs_after_delete() RETURNS trigger
     SET enable_mergejoin TO 'off'
     AS $$
 DECLARE
-    children bigint[] := '{}';
-    victim record;
+    parents bigint[];
+    states skiplock.job_state[];
 BEGIN
-    -- Tombstones, then the waiting children to cancel, one at a time by id (a join of the
-    -- list with the table is what the planner can turn into a walk of every waiting job).
-    FOR victim IN
-        WITH unfinished AS MATERIALIZED (
-            SELECT o.id, o.state FROM deleted o WHERE o.state <> 'succeeded'
-        ), marked AS (
-            UPDATE skiplock.job_dependencies d SET parent_state = u.state
-            FROM unfinished u
-            WHERE d.parent_id = u.id
-            RETURNING d.job_id, d.parent_id, u.state
-        )
-        SELECT DISTINCT ON (m.job_id) m.job_id, m.parent_id, m.state
-        FROM marked m ORDER BY m.job_id, m.parent_id
-    LOOP
-        UPDATE skiplock.jobs c
-        SET state = 'cancelled', finished_at = now(),
-            last_error = format('parent job %s was deleted while %s', victim.parent_id, victim.state)
-        WHERE c.id = victim.job_id AND c.state = 'waiting';
-        IF FOUND THEN
-            children := children || victim.job_id;
-        END IF;
-    END LOOP;
+    SELECT array_agg(o.id), array_agg(o.state) INTO parents, states
+    FROM deleted o WHERE o.state <> 'succeeded';
+    PERFORM skiplock.internal_tombstone_parents(parents, states);
     DELETE FROM skiplock.job_dependencies d USING deleted o WHERE d.job_id = o.id;
-    IF cardinality(children) > 0 THEN
-        PERFORM skiplock.internal_settle_dependants(children);
-    END IF;
     RETURN NULL;
 END;
 $$;
@@ -1491,6 +1566,20 @@ CREATE FUNCTION skiplock.internal_jobs_done_before_requeue() RETURNS trigger
 BEGIN
     PERFORM set_config('skiplock.requeue_moving', NEW.id::text, true);
     RETURN NEW;
+END;
+$$;
+
+--
+-- Name: internal_lock_done_partition(text); Type: FUNCTION; Schema: skiplock; Owner: -
+--
+
+CREATE FUNCTION skiplock.internal_lock_done_partition(leaf text) RETURNS void
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    SET lock_timeout TO '100ms'
+    AS $$
+BEGIN
+    EXECUTE format('LOCK TABLE %s IN EXCLUSIVE MODE', skiplock.internal_done_partition(leaf));
 END;
 $$;
 
@@ -1655,6 +1744,74 @@ $$;
 --
 
 COMMENT ON FUNCTION skiplock.internal_others_claiming(queues text[], worker text) IS 'Of the given queues, those in which a claimer other than the given one holds running jobs. What a worker calls to choose how many claims and writes it keeps in flight; internal, not stable.';
+
+--
+-- Name: internal_prepare_done_partitions(date, integer); Type: FUNCTION; Schema: skiplock; Owner: -
+--
+
+CREATE FUNCTION skiplock.internal_prepare_done_partitions(first_day date DEFAULT NULL::date, days integer DEFAULT 3) RETURNS integer
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    SET lock_timeout TO '100ms'
+    SET "TimeZone" TO 'UTC'
+    SET "DateStyle" TO 'ISO, YMD'
+    AS $$
+DECLARE
+    day date;
+    finished skiplock.job_state;
+    leaf text;
+    starts timestamptz;
+    ends timestamptz;
+    created int := 0;
+BEGIN
+    first_day := coalesce(first_day, (now() AT TIME ZONE 'UTC')::date);
+    FOR i IN 0 .. coalesce(days, 0) - 1 LOOP
+        day := first_day + i;
+        starts := day::timestamp AT TIME ZONE 'UTC';
+        ends := (day + 1)::timestamp AT TIME ZONE 'UTC';
+        FOREACH finished IN ARRAY ARRAY['succeeded', 'dead', 'cancelled']::skiplock.job_state[] LOOP
+            leaf := format('jobs_done_%s_%s', finished, to_char(day, 'YYYYMMDD'));
+            CONTINUE WHEN to_regclass(format('skiplock.%I', leaf)) IS NOT NULL;
+            CONTINUE WHEN EXISTS (
+                SELECT 1 FROM skiplock.jobs_done_default d
+                WHERE d.state = finished AND d.finished_at >= starts AND d.finished_at < ends);
+            BEGIN
+                EXECUTE format(
+                    'CREATE TABLE skiplock.%I PARTITION OF skiplock.jobs_done
+                     FOR VALUES FROM (%L, %L) TO (%L, %L)',
+                    leaf, finished, starts, finished, ends);
+                -- A statement trigger fires for the table a DELETE names (see jobs_after_delete).
+                EXECUTE format(
+                    'CREATE TRIGGER jobs_after_delete AFTER DELETE ON skiplock.%I
+                     REFERENCING OLD TABLE AS deleted
+                     FOR EACH STATEMENT EXECUTE FUNCTION skiplock.internal_jobs_after_delete()',
+                    leaf);
+                created := created + 1;
+            EXCEPTION WHEN lock_not_available OR duplicate_table OR check_violation THEN
+                -- Busy, made by another caller meanwhile, or a row of that day reached
+                -- jobs_done_default meanwhile: the next call looks again.
+                NULL;
+            END;
+        END LOOP;
+    END LOOP;
+    RETURN created;
+END;
+$$;
+
+--
+-- Name: internal_prune_cutoff(skiplock.job_state, bigint); Type: FUNCTION; Schema: skiplock; Owner: -
+--
+
+CREATE FUNCTION skiplock.internal_prune_cutoff(finished skiplock.job_state, retention_ms bigint) RETURNS timestamp with time zone
+    LANGUAGE sql STABLE
+    AS $$
+    SELECT CASE
+        WHEN retention_ms < 86400000 THEN now() - retention_ms * interval '1 millisecond'
+        ELSE least(now() - retention_ms * interval '1 millisecond',
+                   (SELECT min(p.starts) FROM skiplock.internal_done_partitions() p
+                    WHERE p.state = finished))
+    END;
+$$;
 
 --
 -- Name: internal_queue_ready_dependants(bigint[]); Type: FUNCTION; Schema: skiplock; Owner: -
@@ -2216,6 +2373,52 @@ CREATE FUNCTION skiplock.internal_superseded_message(holder bigint, key text) RE
 $$;
 
 --
+-- Name: internal_tombstone_parents(bigint[], skiplock.job_state[]); Type: FUNCTION; Schema: skiplock; Owner: -
+--
+
+CREATE FUNCTION skiplock.internal_tombstone_parents(parents bigint[], states skiplock.job_state[]) RETURNS void
+    LANGUAGE plpgsql
+    SET enable_seqscan TO 'off'
+    SET enable_hashjoin TO 'off'
+    SET enable_mergejoin TO 'off'
+    AS $$
+DECLARE
+    children bigint[] := '{}';
+    victim record;
+BEGIN
+    IF coalesce(cardinality(parents), 0) = 0 THEN
+        RETURN;
+    END IF;
+    -- Tombstones, then the waiting children to cancel, one at a time by id (a join of the
+    -- list with the table is what the planner can turn into a walk of every waiting job).
+    FOR victim IN
+        WITH unfinished AS MATERIALIZED (
+            SELECT u.id, u.state FROM unnest(parents, states) AS u(id, state)
+            WHERE u.state <> 'succeeded'
+        ), marked AS (
+            UPDATE skiplock.job_dependencies d SET parent_state = u.state
+            FROM unfinished u
+            WHERE d.parent_id = u.id
+            RETURNING d.job_id, d.parent_id, u.state
+        )
+        SELECT DISTINCT ON (m.job_id) m.job_id, m.parent_id, m.state
+        FROM marked m ORDER BY m.job_id, m.parent_id
+    LOOP
+        UPDATE skiplock.jobs c
+        SET state = 'cancelled', finished_at = now(),
+            last_error = format('parent job %s was deleted while %s', victim.parent_id, victim.state)
+        WHERE c.id = victim.job_id AND c.state = 'waiting';
+        IF FOUND THEN
+            children := children || victim.job_id;
+        END IF;
+    END LOOP;
+    IF cardinality(children) > 0 THEN
+        PERFORM skiplock.internal_settle_dependants(children);
+    END IF;
+END;
+$$;
+
+--
 -- Name: internal_try_lock_unique_key(text); Type: FUNCTION; Schema: skiplock; Owner: -
 --
 
@@ -2325,6 +2528,8 @@ BEGIN
             lanes := lanes || one.lanes;
         END LOOP;
     END;
+    -- The days ahead of finished jobs, for deployments where no Rust worker's pruner runs.
+    PERFORM skiplock.internal_prepare_done_partitions();
     RETURN QUERY SELECT total,
         (skiplock.internal_move_on(finished, lanes) + skiplock.internal_settle_waiting())::bigint,
         skiplock.internal_enqueue_cron_slots()::bigint;
@@ -2758,6 +2963,44 @@ CREATE TABLE skiplock.jobs_done (
     CONSTRAINT jobs_queue_not_empty CHECK ((queue <> ''::text)),
     CONSTRAINT jobs_running_has_claim CHECK (((state <> 'running'::skiplock.job_state) OR ((claim_token IS NOT NULL) AND (heartbeat_at IS NOT NULL)))),
     CONSTRAINT jobs_unique_policy_known CHECK ((unique_policy = ANY (ARRAY['skip'::text, 'replace'::text, 'merge'::text])))
+)
+PARTITION BY RANGE (state, finished_at);
+
+--
+-- Name: jobs_done_default; Type: TABLE; Schema: skiplock; Owner: -
+--
+
+CREATE TABLE skiplock.jobs_done_default (
+    id bigint NOT NULL,
+    queue text DEFAULT 'default'::text NOT NULL,
+    kind text NOT NULL,
+    args jsonb DEFAULT '{}'::jsonb NOT NULL,
+    state skiplock.job_state DEFAULT 'queued'::skiplock.job_state NOT NULL,
+    priority smallint DEFAULT 0 NOT NULL,
+    scheduled_at timestamp with time zone DEFAULT now() NOT NULL,
+    attempt integer DEFAULT 0 NOT NULL,
+    max_attempts integer DEFAULT 25 NOT NULL,
+    claim_token uuid,
+    claimed_by text,
+    claimed_at timestamp with time zone,
+    heartbeat_at timestamp with time zone,
+    ordering_key text,
+    unique_key text,
+    last_error text,
+    errors jsonb DEFAULT '[]'::jsonb NOT NULL,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    finished_at timestamp with time zone,
+    unique_policy text,
+    progress jsonb,
+    output jsonb,
+    CONSTRAINT jobs_attempt_not_negative CHECK ((attempt >= 0)),
+    CONSTRAINT jobs_claim_token_only_running CHECK (((claim_token IS NULL) OR (state = 'running'::skiplock.job_state))),
+    CONSTRAINT jobs_kind_not_empty CHECK ((kind <> ''::text)),
+    CONSTRAINT jobs_max_attempts_positive CHECK ((max_attempts >= 1)),
+    CONSTRAINT jobs_queue_name_length CHECK ((octet_length(queue) <= 1000)),
+    CONSTRAINT jobs_queue_not_empty CHECK ((queue <> ''::text)),
+    CONSTRAINT jobs_running_has_claim CHECK (((state <> 'running'::skiplock.job_state) OR ((claim_token IS NOT NULL) AND (heartbeat_at IS NOT NULL)))),
+    CONSTRAINT jobs_unique_policy_known CHECK ((unique_policy = ANY (ARRAY['skip'::text, 'replace'::text, 'merge'::text])))
 );
 
 --
@@ -2988,6 +3231,12 @@ CREATE TABLE skiplock.waiting_sweep (
 ALTER TABLE ONLY skiplock.jobs ATTACH PARTITION skiplock.jobs_done FOR VALUES IN ('succeeded', 'dead', 'cancelled');
 
 --
+-- Name: jobs_done_default; Type: TABLE ATTACH; Schema: skiplock; Owner: -
+--
+
+ALTER TABLE ONLY skiplock.jobs_done ATTACH PARTITION skiplock.jobs_done_default DEFAULT;
+
+--
 -- Name: jobs_live; Type: TABLE ATTACH; Schema: skiplock; Owner: -
 --
 
@@ -3013,13 +3262,6 @@ ALTER TABLE ONLY skiplock.job_dependencies
 
 ALTER TABLE ONLY skiplock.job_history
     ADD CONSTRAINT job_history_pkey PRIMARY KEY (bucket, queue, kind);
-
---
--- Name: jobs_done jobs_done_pkey; Type: CONSTRAINT; Schema: skiplock; Owner: -
---
-
-ALTER TABLE ONLY skiplock.jobs_done
-    ADD CONSTRAINT jobs_done_pkey PRIMARY KEY (id);
 
 --
 -- Name: jobs_live jobs_live_pkey; Type: CONSTRAINT; Schema: skiplock; Owner: -
@@ -3069,10 +3311,28 @@ CREATE INDEX job_dependencies_parent_idx ON skiplock.job_dependencies USING btre
 CREATE INDEX jobs_claim_idx ON skiplock.jobs_live USING btree (queue, priority, scheduled_at, id) WHERE (state = 'queued'::skiplock.job_state);
 
 --
+-- Name: jobs_done_id_idx; Type: INDEX; Schema: skiplock; Owner: -
+--
+
+CREATE INDEX jobs_done_id_idx ON ONLY skiplock.jobs_done USING btree (id);
+
+--
+-- Name: jobs_done_default_id_idx; Type: INDEX; Schema: skiplock; Owner: -
+--
+
+CREATE INDEX jobs_done_default_id_idx ON skiplock.jobs_done_default USING btree (id);
+
+--
 -- Name: jobs_finished_idx; Type: INDEX; Schema: skiplock; Owner: -
 --
 
-CREATE INDEX jobs_finished_idx ON skiplock.jobs_done USING btree (state, finished_at);
+CREATE INDEX jobs_finished_idx ON ONLY skiplock.jobs_done USING btree (state, finished_at);
+
+--
+-- Name: jobs_done_default_state_finished_at_idx; Type: INDEX; Schema: skiplock; Owner: -
+--
+
+CREATE INDEX jobs_done_default_state_finished_at_idx ON skiplock.jobs_done_default USING btree (state, finished_at);
 
 --
 -- Name: jobs_ordering_key_lane_idx; Type: INDEX; Schema: skiplock; Owner: -
@@ -3105,6 +3365,18 @@ CREATE UNIQUE INDEX jobs_unique_key_pending_idx ON skiplock.jobs_live USING btre
 CREATE INDEX jobs_waiting_idx ON skiplock.jobs_live USING btree (id) WHERE (state = 'waiting'::skiplock.job_state);
 
 --
+-- Name: jobs_done_default_id_idx; Type: INDEX ATTACH; Schema: skiplock; Owner: -
+--
+
+ALTER INDEX skiplock.jobs_done_id_idx ATTACH PARTITION skiplock.jobs_done_default_id_idx;
+
+--
+-- Name: jobs_done_default_state_finished_at_idx; Type: INDEX ATTACH; Schema: skiplock; Owner: -
+--
+
+ALTER INDEX skiplock.jobs_finished_idx ATTACH PARTITION skiplock.jobs_done_default_state_finished_at_idx;
+
+--
 -- Name: cron_schedules cron_schedules_before_write; Type: TRIGGER; Schema: skiplock; Owner: -
 --
 
@@ -3127,6 +3399,12 @@ CREATE TRIGGER jobs_after_delete AFTER DELETE ON skiplock.jobs REFERENCING OLD T
 --
 
 CREATE TRIGGER jobs_after_delete AFTER DELETE ON skiplock.jobs_done REFERENCING OLD TABLE AS deleted FOR EACH STATEMENT EXECUTE FUNCTION skiplock.internal_jobs_after_delete();
+
+--
+-- Name: jobs_done_default jobs_after_delete; Type: TRIGGER; Schema: skiplock; Owner: -
+--
+
+CREATE TRIGGER jobs_after_delete AFTER DELETE ON skiplock.jobs_done_default REFERENCING OLD TABLE AS deleted FOR EACH STATEMENT EXECUTE FUNCTION skiplock.internal_jobs_after_delete();
 
 --
 -- Name: jobs_live jobs_after_delete; Type: TRIGGER; Schema: skiplock; Owner: -

@@ -5,7 +5,8 @@
 //! listing, retrying and cancelling jobs and pausing queues are at the crate root
 //! ([`job`](crate::job()), [`jobs`](crate::jobs), [`retry`](crate::retry),
 //! [`cancel`](crate::cancel), [`pause_queue`](crate::pause_queue), …) and in the schema as
-//! SQL functions.
+//! SQL functions. [`prune`] removes finished jobs past a retention now, as each worker's
+//! pruner does on its own.
 
 use sqlx::PgExecutor;
 
@@ -15,6 +16,7 @@ use crate::state::{JobId, JobState};
 
 pub use crate::db::admin::DependencyRow;
 pub use crate::db::history::{Granularity, HistoryFilter, HistoryRow, HistoryTotals};
+pub use crate::maintenance::pruner::Pruned;
 
 /// The state of one job, `None` if it does not exist (a cheaper read than
 /// [`job`](crate::job())).
@@ -65,6 +67,23 @@ pub async fn history(db: impl PgExecutor<'_>, filter: &HistoryFilter) -> Result<
 /// [`Error::Database`](crate::Error::Database) if the query fails.
 pub async fn history_totals(db: impl PgExecutor<'_>) -> Result<Vec<HistoryTotals>> {
     Ok(db::history::job_history_totals(db).await?)
+}
+
+/// Removes finished jobs past `retention` now, as every worker's pruner does each
+/// `prune_interval`: days of finished jobs all past retention are dropped whole, the rest
+/// due (under a retention shorter than a day, or rows written outside any day) deleted in
+/// batches, and all of it added to the history first (see [`Retention`](crate::Retention)).
+/// Safe beside running workers and their pruners, and behind PgBouncer in transaction
+/// mode (no named prepared statements).
+///
+/// # Errors
+///
+/// [`Error::Database`](crate::Error::Database) if the database cannot be reached or
+/// refuses the pass; a day that is busy now is left for a later call and counted in
+/// [`Pruned::days_left`].
+pub async fn prune(pool: &sqlx::PgPool, retention: crate::Retention) -> Result<Pruned> {
+    let pool = crate::DbPool::direct(pool.clone());
+    Ok(crate::maintenance::pruner::prune_finished(&pool, retention).await?)
 }
 
 // What only the binary needs (the dashboard's pages, `skiplock show --json`, `skiplock

@@ -39,15 +39,7 @@ enum Statistics {
 /// are kept there: autovacuum (and with it autoanalyze) is off on the table.
 async fn with_statistics(statistics: Statistics) -> TestDb {
     let db = test_db().await;
-    for partition in ["skiplock.jobs_live", "skiplock.jobs_done"] {
-        sqlx::query(sqlx::AssertSqlSafe(format!(
-            "ALTER TABLE {partition}
-             SET (autovacuum_enabled = false, toast.autovacuum_enabled = false)"
-        )))
-        .execute(&db.pool)
-        .await
-        .unwrap();
-    }
+    common::jobs_autovacuum_off(&db.pool).await;
     if let Statistics::History = statistics {
         sqlx::query(
             "INSERT INTO skiplock.jobs (kind, state, finished_at)

@@ -593,7 +593,7 @@ async fn prune_deletes_finished_jobs_older_than_asked() {
         skiplock(&db, &["prune", "--older-than", "1h", "--json"])
             .await
             .json(),
-        json!({"pruned": 1})
+        json!({"pruned": 1, "partitions_dropped": 0, "partitions_left": 0})
     );
     assert_eq!(
         skiplock(&db, &["prune", "--older-than", "5m"]).await.ok(),

@@ -340,7 +340,7 @@ async fn deleting_parents_cancels_waiting_children_and_deletes_them_together() {
 
 /// Found by the 30-minute model run: a dead parent was pruned after its child had been
 /// cancelled for it, the child was then retried by hand, found no parent left, and ran.
-/// Now the pruner keeps a dead or cancelled job while jobs that depend on it remain, and
+/// Now the pruned parent leaves a tombstone on the edge (as a day dropped whole does), and
 /// the retried child is cancelled again for the parent that failed.
 #[tokio::test]
 async fn a_retried_child_of_a_pruned_dead_parent_does_not_run() {
@@ -374,7 +374,7 @@ async fn a_retried_child_of_a_pruned_dead_parent_does_not_run() {
     let pruned = skiplock::db::maintenance::jobs_prune_finished(pool, 0, 86_400_000, 0, 100)
         .await
         .unwrap();
-    assert_eq!(pruned, 0, "the dead parent stays while its child remains");
+    assert_eq!(pruned, 1, "the dead parent is pruned");
     let retried: bool = sqlx::query_scalar("SELECT skiplock.retry_job($1)")
         .bind(child)
         .fetch_one(pool)
@@ -387,7 +387,10 @@ async fn a_retried_child_of_a_pruned_dead_parent_does_not_run() {
         .fetch_one(pool)
         .await
         .unwrap();
-    assert_eq!(reason, format!("parent job {parent} ended dead"));
+    assert_eq!(
+        reason,
+        format!("parent job {parent} was deleted while dead")
+    );
 }
 
 /// A `running` row whose `heartbeat_at` was written by hand far in the future (a year on)

@@ -197,3 +197,262 @@ async fn the_sql_backoff_matches_the_documented_formula() {
         }
     }
 }
+
+/// The UTC day `days_ago` days before today, as `skiplock.internal_prepare_done_partitions`
+/// takes it, and noon of it.
+const UTC_DAY: &str = "((now() AT TIME ZONE 'UTC')::date - $1::int)";
+
+async fn prepare_days_ago(pool: &PgPool, from_days_ago: i32, days: i32) {
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "SELECT skiplock.internal_prepare_done_partitions({UTC_DAY}, $2)"
+    )))
+    .bind(from_days_ago)
+    .bind(days)
+    .execute(pool)
+    .await
+    .unwrap();
+}
+
+/// `count` jobs finished in `state` at noon (UTC) `days_ago` days ago; their ids.
+async fn finished_days_ago(pool: &PgPool, state: &str, days_ago: i32, count: i64) -> Vec<i64> {
+    sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+        "INSERT INTO skiplock.jobs (kind, state, attempt, claimed_at, finished_at)
+         SELECT 'noop', $2::skiplock.job_state, 1, f - interval '1 second', f
+         FROM (SELECT ({UTC_DAY}::timestamp + interval '12 hours') AT TIME ZONE 'UTC' AS f) t,
+              generate_series(1, $3)
+         RETURNING id"
+    )))
+    .bind(days_ago)
+    .bind(state)
+    .bind(count)
+    .fetch_all(pool)
+    .await
+    .unwrap()
+}
+
+async fn table_exists(pool: &PgPool, name: &str) -> bool {
+    sqlx::query_scalar("SELECT to_regclass($1) IS NOT NULL")
+        .bind(name)
+        .fetch_one(pool)
+        .await
+        .unwrap()
+}
+
+async fn day_partition(pool: &PgPool, state: &str, days_ago: i32) -> String {
+    sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+        "SELECT 'skiplock.jobs_done_' || $2 || '_' || to_char({UTC_DAY}, 'YYYYMMDD')"
+    )))
+    .bind(days_ago)
+    .bind(state)
+    .fetch_one(pool)
+    .await
+    .unwrap()
+}
+
+async fn history_succeeded(pool: &PgPool) -> i64 {
+    sqlx::query_scalar("SELECT coalesce(sum(succeeded), 0)::bigint FROM skiplock.job_history")
+        .fetch_one(pool)
+        .await
+        .unwrap()
+}
+
+/// Under a retention of a day or more, a day of finished jobs all past it goes whole: its
+/// partition is dropped (no row deleted), its jobs are in the history, what other jobs knew
+/// of them is settled (a cancelled parent leaves a tombstone, so its retried child is
+/// cancelled again; a dropped child's edge goes), and what no day holds is deleted.
+#[tokio::test]
+async fn retention_drops_whole_days_and_keeps_their_history() {
+    let db = test_db().await;
+    let pool = &db.pool;
+    prepare_days_ago(pool, 5, 5).await;
+    // A cancelled parent and its child, and a child whose dead parent is kept (14 days):
+    // written live with their edges, then finished by hand.
+    let parent: i64 = sqlx::query_scalar("SELECT skiplock.enqueue('noop')")
+        .fetch_one(pool)
+        .await
+        .unwrap();
+    let child: i64 = sqlx::query_scalar("SELECT skiplock.enqueue('noop', depends_on => ARRAY[$1])")
+        .bind(parent)
+        .fetch_one(pool)
+        .await
+        .unwrap();
+    let dead_parent: i64 = sqlx::query_scalar("SELECT skiplock.enqueue('noop')")
+        .fetch_one(pool)
+        .await
+        .unwrap();
+    let old_child: i64 =
+        sqlx::query_scalar("SELECT skiplock.enqueue('noop', depends_on => ARRAY[$1])")
+            .bind(dead_parent)
+            .fetch_one(pool)
+            .await
+            .unwrap();
+    sqlx::query(
+        "UPDATE skiplock.jobs SET state = s.state::skiplock.job_state, finished_at = s.at
+         FROM (VALUES ($1::bigint, 'cancelled', now() - interval '4 days'),
+                      ($2, 'cancelled', now()),
+                      ($3, 'dead', now() - interval '4 days'),
+                      ($4, 'succeeded', now() - interval '4 days')) AS s(id, state, at)
+         WHERE jobs.id = s.id",
+    )
+    .bind(parent)
+    .bind(child)
+    .bind(dead_parent)
+    .bind(old_child)
+    .execute(pool)
+    .await
+    .unwrap();
+    let old = finished_days_ago(pool, "succeeded", 4, 500).await;
+    let recent = finished_days_ago(pool, "succeeded", 0, 3).await;
+    // Outside every day partition: ten days ago, before the first prepared day.
+    let stray = finished_days_ago(pool, "succeeded", 10, 2).await;
+    let old_day = day_partition(pool, "succeeded", 4).await;
+    assert!(table_exists(pool, &old_day).await);
+
+    let pruned = skiplock::admin::prune(pool, Retention::default())
+        .await
+        .unwrap();
+
+    // Days 5..2 ago of succeeded and cancelled jobs: 8 partitions; 501 succeeded jobs
+    // and the cancelled parent in them, 2 rows deleted from jobs_done_default.
+    assert_eq!((pruned.days, pruned.days_left), (8, 0), "{pruned:?}");
+    assert_eq!(pruned.jobs, 500 + 1 + 1 + 2, "{pruned:?}");
+    assert!(
+        !table_exists(pool, &old_day).await,
+        "the old day is dropped"
+    );
+    assert!(
+        table_exists(pool, &day_partition(pool, "dead", 4).await).await,
+        "dead jobs are kept 14 days"
+    );
+    let left = |ids: Vec<i64>| async move {
+        sqlx::query_scalar::<_, i64>("SELECT count(*) FROM skiplock.jobs WHERE id = ANY($1)")
+            .bind(ids)
+            .fetch_one(pool)
+            .await
+            .unwrap()
+    };
+    assert_eq!(left(old.clone()).await, 0);
+    assert_eq!(left(stray).await, 0);
+    assert_eq!(left(recent).await, 3, "yesterday and today stay");
+    assert_eq!(left(vec![child, dead_parent]).await, 2);
+    assert_eq!(
+        history_succeeded(pool).await,
+        503,
+        "every removed job is in the history"
+    );
+    // The dropped child's edge went with it; the dropped parent left a tombstone.
+    let edges: Vec<(i64, i64, Option<String>)> = sqlx::query_as(
+        "SELECT job_id, parent_id, parent_state::text FROM skiplock.job_dependencies ORDER BY job_id",
+    )
+    .fetch_all(pool)
+    .await
+    .unwrap();
+    assert_eq!(edges, vec![(child, parent, Some("cancelled".to_owned()))]);
+    let retried: bool = sqlx::query_scalar("SELECT skiplock.retry_job($1)")
+        .bind(child)
+        .fetch_one(pool)
+        .await
+        .unwrap();
+    assert!(retried);
+    assert_eq!(state_of(pool, child).await, JobState::Cancelled);
+
+    // Nothing more is due: a second pass drops and deletes nothing.
+    let again = skiplock::admin::prune(pool, Retention::default())
+        .await
+        .unwrap();
+    assert_eq!((again.jobs, again.days), (0, 0), "{again:?}");
+}
+
+/// A day whose drop cannot get its lock within 100 ms (a transaction reads it) is left
+/// for a later pass, with nothing rolled up: the later pass counts its jobs once.
+#[tokio::test]
+async fn a_busy_day_is_dropped_at_a_later_pass_and_counted_once() {
+    let db = test_db().await;
+    let pool = &db.pool;
+    prepare_days_ago(pool, 3, 1).await;
+    finished_days_ago(pool, "succeeded", 3, 20).await;
+    let old_day = day_partition(pool, "succeeded", 3).await;
+    let mut reader = pool.begin().await.unwrap();
+    let read: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+        "SELECT count(*) FROM {old_day}"
+    )))
+    .fetch_one(&mut *reader)
+    .await
+    .unwrap();
+    assert_eq!(read, 20);
+
+    let busy = skiplock::admin::prune(pool, Retention::default())
+        .await
+        .unwrap();
+    // The day's cancelled partition (empty, not read) goes; the succeeded one stays.
+    assert_eq!(
+        (busy.jobs, busy.days, busy.days_left),
+        (0, 1, 1),
+        "{busy:?}"
+    );
+    assert!(table_exists(pool, &old_day).await);
+    assert_eq!(
+        history_succeeded(pool).await,
+        0,
+        "nothing rolled up for a day kept"
+    );
+
+    reader.rollback().await.unwrap();
+    let pruned = skiplock::admin::prune(pool, Retention::default())
+        .await
+        .unwrap();
+    assert_eq!(
+        (pruned.jobs, pruned.days, pruned.days_left),
+        (20, 1, 0),
+        "{pruned:?}"
+    );
+    assert!(!table_exists(pool, &old_day).await);
+    assert_eq!(history_succeeded(pool).await, 20);
+}
+
+/// Days are made ahead by `skiplock.maintain` too (deployments with SQL workers only), and
+/// a day whose jobs already sit in `jobs_done_default` (nobody made it in time) stays there
+/// without an error, its jobs readable and pruned one by one when due.
+#[tokio::test]
+async fn days_are_made_ahead_and_a_late_day_stays_in_the_default_partition() {
+    let db = test_db().await;
+    let pool = &db.pool;
+    let tomorrow = day_partition(pool, "succeeded", -1).await;
+    sqlx::query(sqlx::AssertSqlSafe(format!("DROP TABLE {tomorrow}")))
+        .execute(pool)
+        .await
+        .unwrap();
+    sqlx::query("SELECT * FROM skiplock.maintain()")
+        .execute(pool)
+        .await
+        .unwrap();
+    assert!(
+        table_exists(pool, &tomorrow).await,
+        "maintain makes the days ahead"
+    );
+
+    // Two days ago was never made: its jobs went to jobs_done_default.
+    let late = finished_days_ago(pool, "succeeded", 2, 4).await;
+    let made: i32 = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+        "SELECT skiplock.internal_prepare_done_partitions({UTC_DAY}, 1)"
+    )))
+    .bind(2)
+    .fetch_one(pool)
+    .await
+    .unwrap();
+    assert_eq!(made, 2, "the day's dead and cancelled partitions only");
+    assert!(!table_exists(pool, &day_partition(pool, "succeeded", 2).await).await);
+    let where_they_are: Vec<String> = sqlx::query_scalar(
+        "SELECT DISTINCT tableoid::regclass::text FROM skiplock.jobs WHERE id = ANY($1)",
+    )
+    .bind(&late)
+    .fetch_all(pool)
+    .await
+    .unwrap();
+    assert_eq!(where_they_are, ["skiplock.jobs_done_default"]);
+    let pruned = skiplock::admin::prune(pool, Retention::default())
+        .await
+        .unwrap();
+    assert_eq!(pruned.jobs, 4, "{pruned:?}");
+    assert_eq!(history_succeeded(pool).await, 4);
+}

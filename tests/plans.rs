@@ -37,37 +37,6 @@ const WARM_UP_BATCH: i64 = 20;
 /// plan (the plan cache tries five custom plans first).
 const WARM_UP_RUNS: usize = 6;
 
-/// Turns autovacuum and autoanalyze off on this database's `skiplock.jobs` partitions
-/// (and their TOAST tables), and checks they are off: the tests need the plans cached while
-/// the table was small to stay cached after it grew.
-async fn no_autovacuum(pool: &PgPool) {
-    for partition in ["skiplock.jobs_live", "skiplock.jobs_done"] {
-        sqlx::query(sqlx::AssertSqlSafe(format!(
-            "ALTER TABLE {partition}
-             SET (autovacuum_enabled = false, toast.autovacuum_enabled = false)"
-        )))
-        .execute(pool)
-        .await
-        .unwrap();
-    }
-    let options: Vec<String> = sqlx::query_scalar(
-        "SELECT unnest(c.reloptions || coalesce(t.reloptions, '{}'))
-         FROM pg_class c LEFT JOIN pg_class t ON t.oid = c.reltoastrelid
-         WHERE c.oid IN ('skiplock.jobs_live'::regclass, 'skiplock.jobs_done'::regclass)",
-    )
-    .fetch_all(pool)
-    .await
-    .unwrap();
-    assert_eq!(
-        options
-            .iter()
-            .filter(|o| *o == "autovacuum_enabled=false")
-            .count(),
-        4,
-        "autovacuum off on both partitions of skiplock.jobs and their TOAST tables: {options:?}"
-    );
-}
-
 async fn insert_jobs(pool: &PgPool, count: i64) {
     sqlx::query(
         "INSERT INTO skiplock.jobs (kind, args)
@@ -115,7 +84,8 @@ async fn seq_scans(conn: &mut PoolConnection<Postgres>, pool: &PgPool) -> i64 {
         conn,
         pool,
         "SELECT sum(seq_scan)::bigint FROM pg_stat_user_tables
-         WHERE schemaname = 'skiplock' AND relname IN ('jobs_live', 'jobs_done')",
+         WHERE schemaname = 'skiplock' AND relid IN (
+             SELECT relid FROM pg_partition_tree('skiplock.jobs') WHERE isleaf)",
     )
     .await
 }
@@ -129,7 +99,7 @@ where
     Fut: std::future::Future<Output = (PoolConnection<Postgres>, usize)>,
 {
     let db = test_db().await;
-    no_autovacuum(&db.pool).await;
+    common::jobs_autovacuum_off(&db.pool).await;
     let one = PgPoolOptions::new()
         .max_connections(1)
         .connect(&db.url)
@@ -238,7 +208,7 @@ async fn a_reaper_window_steps_over_none_of_the_entries_a_held_snapshot_keeps() 
     const JOBS: i64 = 2_000;
     let db = test_db().await;
     let pool = &db.pool;
-    no_autovacuum(pool).await;
+    common::jobs_autovacuum_off(pool).await;
     let mut held = pool.begin().await.unwrap();
     sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
         .execute(&mut *held)

@@ -106,28 +106,40 @@ macro_rules! history_of {
     };
 }
 
-/// The tail shared by every statement that deletes finished jobs: given a CTE `gone` that
-/// returns the deleted rows (`RETURNING j.*`), it adds them to the rollup and counts them.
+/// Adds the groups of `$groups` (rows of [`history_of!`], alias free) to the rollup,
+/// grouped again by bucket, queue and kind.
 ///
 /// Groups are inserted in key order so that concurrent pruners lock rollup rows in one
 /// order and wait for each other instead of deadlocking.
-macro_rules! rolled_up {
-    ($gone:literal) => {
+macro_rules! insert_into_history {
+    ($groups:literal) => {
         concat!(
-            $gone,
-            ", rolled AS (
-                 INSERT INTO skiplock.job_history AS h
-                     (bucket, queue, kind, succeeded, failed, dead, cancelled, run_count,
-                      run_seconds, wait_count, wait_seconds, run_histogram)
-                 SELECT bucket, queue, kind, sum(succeeded), sum(failed), sum(dead),
-                        sum(cancelled), sum(run_count), sum(run_seconds), sum(wait_count),
-                        sum(wait_seconds), skiplock.internal_job_history_array_sum(run_histogram)
-                 FROM (",
+            "INSERT INTO skiplock.job_history AS h
+                 (bucket, queue, kind, succeeded, failed, dead, cancelled, run_count,
+                  run_seconds, wait_count, wait_seconds, run_histogram)
+             SELECT bucket, queue, kind, sum(succeeded), sum(failed), sum(dead),
+                    sum(cancelled), sum(run_count), sum(run_seconds), sum(wait_count),
+                    sum(wait_seconds), skiplock.internal_job_history_array_sum(run_histogram)
+             FROM ",
+            $groups,
+            "
+             GROUP BY bucket, queue, kind
+             ORDER BY bucket, queue, kind",
+            upsert_into_history!()
+        )
+    };
+}
+
+/// The tail shared by every statement that deletes finished jobs: given a CTE `gone` that
+/// returns the deleted rows (`RETURNING j.*`), it adds them to the rollup and counts them.
+macro_rules! rolled_up {
+    ($($gone:tt)+) => {
+        concat!(
+            $($gone)+,
+            ", f AS (",
             history_of!("gone", ""),
-            ") f
-                 GROUP BY bucket, queue, kind
-                 ORDER BY bucket, queue, kind",
-            upsert_into_history!(),
+            "), rolled AS (",
+            insert_into_history!("f"),
             "
              )
              SELECT count(*) FROM gone"
@@ -135,10 +147,11 @@ macro_rules! rolled_up {
     };
 }
 
-/// Deletes up to `limit` finished jobs older than their state's retention (milliseconds
-/// since `finished_at`) and adds them to the history rollup, in one statement; returns how
-/// many went. Deletes exactly the rows `maintenance::jobs_prune_finished` (the tests'
-/// reference) deletes. Locked rows are skipped, never waited on.
+/// Deletes up to `limit` finished jobs past their state's retention (milliseconds since
+/// `finished_at`) that are not dropped with their day (see `finished_past_retention!`),
+/// and adds them to the history rollup, in one statement; returns how many went. Deletes
+/// exactly the rows `maintenance::jobs_prune_finished` (the tests' reference) deletes.
+/// Locked rows are skipped, never waited on.
 ///
 /// A data-modifying CTE always runs to completion, so the rollup `INSERT` happens although
 /// the final `SELECT` reads only the deleted rows.
@@ -149,28 +162,58 @@ pub async fn jobs_prune_finished_rolled_up(
     dead_ms: i64,
     limit: i64,
 ) -> sqlx::Result<u64> {
-    let deleted: i64 = sqlx::query_scalar(rolled_up!(
+    let deleted: i64 = sqlx::query_scalar(rolled_up!(concat!(
         "WITH doomed AS (
              SELECT id FROM skiplock.jobs
-             WHERE ((state = 'succeeded' AND finished_at <= now() - $1 * interval '1 millisecond')
-                 OR (state = 'cancelled' AND finished_at <= now() - $2 * interval '1 millisecond')
-                 OR (state = 'dead' AND finished_at <= now() - $3 * interval '1 millisecond'))
-               AND (state = 'succeeded' OR NOT EXISTS (
-                   SELECT 1 FROM skiplock.job_dependencies d WHERE d.parent_id = jobs.id))
+             WHERE ",
+        finished_past_retention!(),
+        "
              LIMIT $4
              FOR UPDATE SKIP LOCKED
          ), gone AS (
              DELETE FROM skiplock.jobs j USING doomed WHERE j.id = doomed.id
              RETURNING j.*
          )"
-    ))
+    )))
     .bind(succeeded_ms)
     .bind(cancelled_ms)
     .bind(dead_ms)
     .bind(limit)
+    .persistent(false)
     .fetch_one(db)
     .await?;
     Ok(deleted as u64)
+}
+
+/// Adds the jobs that finished in `state` within `[starts, ends)`, one day partition of
+/// `skiplock.jobs_done`, to the history rollup, without deleting them; returns how many.
+/// The pruner runs it in the transaction that locked the partition against writes
+/// (`skiplock.internal_lock_done_partition`) and then drops it, so every job is counted
+/// once: live until its day is dropped, in the rollup after.
+pub async fn job_history_roll_up_finished_between(
+    db: impl PgExecutor<'_>,
+    state: &str,
+    starts: DateTime<Utc>,
+    ends: DateTime<Utc>,
+) -> sqlx::Result<u64> {
+    let jobs: i64 = sqlx::query_scalar(concat!(
+        "WITH f AS (",
+        history_of!(
+            "skiplock.jobs",
+            "AND j.state = $1::skiplock.job_state AND j.finished_at >= $2 AND j.finished_at < $3"
+        ),
+        "), rolled AS (",
+        insert_into_history!("f"),
+        ")
+         SELECT coalesce(sum(succeeded + dead + cancelled), 0)::bigint FROM f"
+    ))
+    .bind(state)
+    .bind(starts)
+    .bind(ends)
+    .persistent(false)
+    .fetch_one(db)
+    .await?;
+    Ok(jobs as u64)
 }
 
 /// Deletes one job that is not running and that no waiting job depends on, adding it to

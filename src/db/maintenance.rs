@@ -124,12 +124,9 @@ pub async fn jobs_list_stale(
 }
 
 #[cfg(feature = "internals")]
-/// Deletes up to `limit` finished jobs older than their state's retention (milliseconds
-/// since `finished_at`); returns how many went. Locked rows are skipped, never waited on.
-///
-/// A dead or cancelled job stays while jobs that depend on it remain (until they are
-/// pruned themselves): deleting it would take its dependency rows along, and a child
-/// retried afterwards would look free to run although its parent failed.
+/// Deletes up to `limit` finished jobs past their state's retention (milliseconds since
+/// `finished_at`) that are not dropped with their day (see `finished_past_retention!`);
+/// returns how many went. Locked rows are skipped, never waited on.
 pub async fn jobs_prune_finished(
     db: impl PgExecutor<'_>,
     succeeded_ms: i64,
@@ -137,19 +134,17 @@ pub async fn jobs_prune_finished(
     dead_ms: i64,
     limit: i64,
 ) -> sqlx::Result<u64> {
-    let result = sqlx::query(
+    let result = sqlx::query(concat!(
         "WITH doomed AS (
              SELECT id FROM skiplock.jobs
-             WHERE ((state = 'succeeded' AND finished_at <= now() - $1 * interval '1 millisecond')
-                 OR (state = 'cancelled' AND finished_at <= now() - $2 * interval '1 millisecond')
-                 OR (state = 'dead' AND finished_at <= now() - $3 * interval '1 millisecond'))
-               AND (state = 'succeeded' OR NOT EXISTS (
-                   SELECT 1 FROM skiplock.job_dependencies d WHERE d.parent_id = jobs.id))
+             WHERE ",
+        finished_past_retention!(),
+        "
              LIMIT $4
              FOR UPDATE SKIP LOCKED
          )
-         DELETE FROM skiplock.jobs j USING doomed WHERE j.id = doomed.id",
-    )
+         DELETE FROM skiplock.jobs j USING doomed WHERE j.id = doomed.id"
+    ))
     .bind(succeeded_ms)
     .bind(cancelled_ms)
     .bind(dead_ms)
@@ -160,9 +155,8 @@ pub async fn jobs_prune_finished(
     Ok(result.rows_affected())
 }
 
-/// Ids of up to `limit` finished jobs older than their state's retention, as
-/// [`jobs_prune_finished`] would delete them: the pruner's list when a batch failed and it
-/// deletes one job at a time.
+/// Ids of up to `limit` finished jobs as [`jobs_prune_finished`] would delete them: the
+/// pruner's list when a batch failed and it deletes one job at a time.
 pub async fn jobs_list_prunable(
     db: impl PgExecutor<'_>,
     succeeded_ms: i64,
@@ -170,15 +164,11 @@ pub async fn jobs_list_prunable(
     dead_ms: i64,
     limit: i64,
 ) -> sqlx::Result<Vec<i64>> {
-    sqlx::query_scalar(
-        "SELECT id FROM skiplock.jobs
-         WHERE ((state = 'succeeded' AND finished_at <= now() - $1 * interval '1 millisecond')
-             OR (state = 'cancelled' AND finished_at <= now() - $2 * interval '1 millisecond')
-             OR (state = 'dead' AND finished_at <= now() - $3 * interval '1 millisecond'))
-           AND (state = 'succeeded' OR NOT EXISTS (
-               SELECT 1 FROM skiplock.job_dependencies d WHERE d.parent_id = jobs.id))
-         LIMIT $4",
-    )
+    sqlx::query_scalar(concat!(
+        "SELECT id FROM skiplock.jobs WHERE ",
+        finished_past_retention!(),
+        " LIMIT $4"
+    ))
     .bind(succeeded_ms)
     .bind(cancelled_ms)
     .bind(dead_ms)
@@ -186,6 +176,72 @@ pub async fn jobs_list_prunable(
     .persistent(false)
     .fetch_all(db)
     .await
+}
+
+/// A day partition of `skiplock.jobs_done`: the jobs that finished in `state` within
+/// `[starts, ends)`.
+#[derive(Debug, Clone, FromRow)]
+pub struct DonePartition {
+    /// Its table's name, in the `skiplock` schema (`jobs_done_succeeded_20261127`).
+    pub leaf: String,
+    /// The finished state of its rows, as Postgres spells it.
+    pub state: String,
+    /// The first instant it holds (midnight UTC).
+    pub starts: DateTime<Utc>,
+    /// The first instant past it (the next midnight UTC).
+    pub ends: DateTime<Utc>,
+}
+
+/// Makes the day partitions of `skiplock.jobs_done` for today and the next two days (UTC)
+/// that do not exist yet; returns how many it made. A day busy now is made at a later
+/// call (`skiplock.internal_prepare_done_partitions`).
+pub async fn done_partitions_prepare(db: impl PgExecutor<'_>) -> sqlx::Result<i32> {
+    sqlx::query_scalar("SELECT skiplock.internal_prepare_done_partitions()")
+        .persistent(false)
+        .fetch_one(db)
+        .await
+}
+
+/// The day partitions all of whose rows are past their state's retention (milliseconds),
+/// oldest first.
+pub async fn done_partitions_expired(
+    db: impl PgExecutor<'_>,
+    succeeded_ms: i64,
+    cancelled_ms: i64,
+    dead_ms: i64,
+) -> sqlx::Result<Vec<DonePartition>> {
+    sqlx::query_as(
+        "SELECT leaf, state::text AS state, starts, ends
+         FROM skiplock.internal_expired_done_partitions($1, $2, $3)",
+    )
+    .bind(succeeded_ms)
+    .bind(cancelled_ms)
+    .bind(dead_ms)
+    .persistent(false)
+    .fetch_all(db)
+    .await
+}
+
+/// Locks the day partition `leaf` against writes until the transaction ends, waiting at
+/// most 100 ms (`lock_not_available` when busy).
+pub async fn done_partition_lock(db: impl PgExecutor<'_>, leaf: &str) -> sqlx::Result<()> {
+    sqlx::query("SELECT skiplock.internal_lock_done_partition($1)")
+        .bind(leaf)
+        .persistent(false)
+        .execute(db)
+        .await?;
+    Ok(())
+}
+
+/// Drops the day partition `leaf` after settling the edges of its jobs
+/// (`skiplock.internal_drop_done_partition`), waiting at most 100 ms for each lock.
+pub async fn done_partition_drop(db: impl PgExecutor<'_>, leaf: &str) -> sqlx::Result<()> {
+    sqlx::query("SELECT skiplock.internal_drop_done_partition($1)")
+        .bind(leaf)
+        .persistent(false)
+        .execute(db)
+        .await?;
+    Ok(())
 }
 
 /// Deletes one finished job without adding it to the history rollup: the pruner's last

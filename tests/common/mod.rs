@@ -194,3 +194,40 @@ pub fn missing_tool(what_is_skipped: &str, tool: &str, install: &str) {
 pub fn ids(results: Vec<skiplock::EnqueueResult>) -> Vec<skiplock::JobId> {
     results.into_iter().map(|result| result.id).collect()
 }
+
+/// Turns autovacuum and autoanalyze off on every table of `skiplock.jobs` (jobs_live,
+/// jobs_done_default and each day partition of jobs_done that exists now) and their TOAST
+/// tables, and checks they are off: for tests whose statistics or cached plans must stay
+/// as they were taken.
+pub async fn jobs_autovacuum_off(pool: &PgPool) {
+    let tables: Vec<String> = sqlx::query_scalar(
+        "SELECT relid::regclass::text FROM pg_partition_tree('skiplock.jobs') WHERE isleaf",
+    )
+    .fetch_all(pool)
+    .await
+    .unwrap();
+    for table in &tables {
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "ALTER TABLE {table}
+             SET (autovacuum_enabled = false, toast.autovacuum_enabled = false)"
+        )))
+        .execute(pool)
+        .await
+        .unwrap();
+    }
+    let off: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM pg_partition_tree('skiplock.jobs') p
+         JOIN pg_class c ON c.oid = p.relid
+         LEFT JOIN pg_class t ON t.oid = c.reltoastrelid
+         CROSS JOIN LATERAL unnest(c.reloptions || coalesce(t.reloptions, '{}')) o
+         WHERE p.isleaf AND o = 'autovacuum_enabled=false'",
+    )
+    .fetch_one(pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        off,
+        2 * tables.len() as i64,
+        "autovacuum off on {tables:?} and their TOAST tables"
+    );
+}

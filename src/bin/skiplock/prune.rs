@@ -7,7 +7,6 @@ use clap::Args;
 use serde_json::json;
 use skiplock::DbPool;
 use skiplock::Retention;
-use skiplock::admin::jobs_prune_finished_rolled_up;
 
 use crate::output::{parse_duration, print_json};
 
@@ -18,10 +17,9 @@ Examples:
   skiplock prune --older-than 30m      # every job that finished over 30 minutes ago
   skiplock prune --older-than 0s       # every finished job
 
-Waiting, queued and running jobs are never pruned.";
-
-/// Rows deleted per statement, so each delete is a short transaction.
-const PRUNE_BATCH: i64 = 1000;
+Waiting, queued and running jobs are never pruned. Under a retention of a day or more,
+whole days of finished jobs (UTC) are dropped once every job in them is past it, so a
+job may stay up to a day longer; a shorter one deletes each job past it.";
 
 #[derive(Args)]
 pub struct PruneArgs {
@@ -44,30 +42,32 @@ pub async fn run(pool: &DbPool, args: PruneArgs) -> anyhow::Result<()> {
         },
         None => Retention::default(),
     };
-    let ms = |d: Duration| i64::try_from(d.as_millis()).unwrap_or(i64::MAX);
-    let mut pruned = 0u64;
-    loop {
-        let deleted = jobs_prune_finished_rolled_up(
-            pool,
-            ms(retention.succeeded),
-            ms(retention.cancelled),
-            ms(retention.dead),
-            PRUNE_BATCH,
-        )
+    let pruned = skiplock::admin::prune(pool.pool(), retention)
         .await
         .context("cannot prune finished jobs")?;
-        pruned += deleted;
-        if deleted < PRUNE_BATCH as u64 {
-            break;
-        }
-    }
     if args.json {
-        return print_json(&json!({ "pruned": pruned }));
+        return print_json(&json!({
+            "pruned": pruned.jobs,
+            "partitions_dropped": pruned.days,
+            "partitions_left": pruned.days_left,
+        }));
     }
     let age = match args.older_than {
         Some(age) => format!("more than {} ago", humantime::format_duration(age)),
         None => "past the default retention".to_owned(),
     };
-    outln!("pruned {pruned} jobs that finished {age}");
+    outln!("pruned {} jobs that finished {age}", pruned.jobs);
+    if pruned.days > 0 {
+        outln!(
+            "  {} of them in whole days (one partition per day and state) dropped at once",
+            pruned.days
+        );
+    }
+    if pruned.days_left > 0 {
+        outln!(
+            "  {} day partitions past retention are busy (a long transaction reads them): run prune again later",
+            pruned.days_left
+        );
+    }
     Ok(())
 }

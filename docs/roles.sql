@@ -17,6 +17,10 @@
 -- nothing and would break every role whenever a release adds a function a trigger calls.
 -- The roles get EXECUTE explicitly as well, so that a database whose owner revoked it from
 -- PUBLIC (ALTER DEFAULT PRIVILEGES … REVOKE EXECUTE ON FUNCTIONS FROM PUBLIC) works too.
+-- The exceptions run as their owner (SECURITY DEFINER): the id of a new job, the delete
+-- trigger's cascade, and the days of finished jobs (made, locked and dropped as the owner
+-- of their tables). The last three are the pruner's: functions.sql revokes them from
+-- PUBLIC, and below they go to the roles that prune only.
 
 -- ---- The schema -------------------------------------------------------------------------
 
@@ -25,6 +29,10 @@ GRANT USAGE ON SCHEMA skiplock
     TO skiplock_worker, skiplock_enqueuer, skiplock_reader, skiplock_operator;
 GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA skiplock
     TO skiplock_worker, skiplock_enqueuer, skiplock_reader, skiplock_operator;
+REVOKE EXECUTE ON FUNCTION skiplock.internal_prepare_done_partitions(date, int),
+                           skiplock.internal_lock_done_partition(text),
+                           skiplock.internal_drop_done_partition(text)
+    FROM skiplock_enqueuer, skiplock_reader;
 
 -- Every process checks the schema version when it starts (`skiplock::check_schema`).
 GRANT SELECT ON skiplock.schema_migrations

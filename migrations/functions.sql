@@ -2466,7 +2466,7 @@ LANGUAGE sql STABLE AS $$
         WHEN retention_ms < 86400000 THEN now() - retention_ms * interval '1 millisecond'
         ELSE least(now() - retention_ms * interval '1 millisecond',
                    (SELECT min(p.starts) FROM skiplock.internal_done_partitions() p
-                    WHERE p.state = finished))
+                    WHERE p.state = finished) - interval '1 microsecond')
     END;
 $$;
 
@@ -2511,6 +2511,11 @@ DECLARE
     created int := 0;
 BEGIN
     first_day := coalesce(first_day, (now() AT TIME ZONE 'UTC')::date);
+    IF first_day NOT BETWEEN date '2000-01-01' AND date '9999-12-01' OR days NOT BETWEEN 0 AND 31 THEN
+        RAISE EXCEPTION 'skiplock.internal_prepare_done_partitions: % days from %: make at most 31 days at a time, from year 2000 to 9999',
+            days, first_day
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
     FOR i IN 0 .. coalesce(days, 0) - 1 LOOP
         day := first_day + i;
         starts := day::timestamp AT TIME ZONE 'UTC';
@@ -2562,17 +2567,27 @@ BEGIN
 END;
 $$;
 
--- Locks the day partition `leaf` against writes (a retry or a DELETE by hand) until the
--- transaction ends, so that the history the pruner rolls up from it next is exactly what
--- internal_drop_done_partition removes after. Reads go on.
-CREATE OR REPLACE FUNCTION skiplock.internal_lock_done_partition(leaf text) RETURNS void
+-- Locks the day partition `leaf` against writes (a retry or a DELETE by hand, another
+-- pruner's drop of the same day) until the transaction ends, so that the history the
+-- pruner rolls up from it next is exactly what internal_drop_done_partition removes after.
+-- SHARE ROW EXCLUSIVE: reads and row locks (FOR SHARE, the dependency trigger's) go on.
+-- Returns false, locking nothing, when the day is gone already (another pruner dropped
+-- it); refuses a day that is not over.
+CREATE OR REPLACE FUNCTION skiplock.internal_lock_done_partition(leaf text) RETURNS boolean
 LANGUAGE plpgsql
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 SET lock_timeout = '100ms'
 AS $$
+DECLARE
+    day_table regclass;
 BEGIN
-    EXECUTE format('LOCK TABLE %s IN EXCLUSIVE MODE', skiplock.internal_done_partition(leaf));
+    IF to_regclass(format('skiplock.%I', leaf)) IS NULL THEN
+        RETURN false;
+    END IF;
+    day_table := skiplock.internal_done_partition(leaf);
+    EXECUTE format('LOCK TABLE %s IN SHARE ROW EXCLUSIVE MODE', day_table);
+    RETURN true;
 END;
 $$;
 
@@ -2595,12 +2610,19 @@ SET enable_mergejoin = off
 AS $$
 DECLARE
     day_table regclass := skiplock.internal_done_partition(leaf);
+    ends timestamptz;
     first_id bigint;
     last_id bigint;
     parents bigint[];
     states skiplock.job_state[];
 BEGIN
-    EXECUTE format('LOCK TABLE %s IN EXCLUSIVE MODE', day_table);
+    SELECT p.ends INTO ends FROM skiplock.internal_done_partitions() p
+    WHERE p.leaf = internal_drop_done_partition.leaf;
+    IF ends > now() THEN
+        RAISE EXCEPTION 'skiplock.%: the day is not over; only a past day is dropped', leaf
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    EXECUTE format('LOCK TABLE %s IN SHARE ROW EXCLUSIVE MODE', day_table);
     EXECUTE format('SELECT min(id), max(id) FROM %s', day_table) INTO first_id, last_id;
     IF first_id IS NOT NULL THEN
         EXECUTE format(
@@ -2620,6 +2642,13 @@ BEGIN
     EXECUTE format('DROP TABLE %s', day_table);
 END;
 $$;
+
+-- Making, locking and dropping days run as the owner: only the roles that prune (a worker,
+-- an operator; docs/roles.sql) may call them, not every role that may read a job.
+REVOKE EXECUTE ON FUNCTION skiplock.internal_prepare_done_partitions(date, int),
+                           skiplock.internal_lock_done_partition(text),
+                           skiplock.internal_drop_done_partition(text)
+    FROM PUBLIC;
 
 -- ---- Triggers ----------------------------------------------------------------------------
 

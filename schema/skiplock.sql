@@ -1005,12 +1005,19 @@ CREATE FUNCTION skiplock.internal_drop_done_partition(leaf text) RETURNS void
     AS $_$
 DECLARE
     day_table regclass := skiplock.internal_done_partition(leaf);
+    ends timestamptz;
     first_id bigint;
     last_id bigint;
     parents bigint[];
     states skiplock.job_state[];
 BEGIN
-    EXECUTE format('LOCK TABLE %s IN EXCLUSIVE MODE', day_table);
+    SELECT p.ends INTO ends FROM skiplock.internal_done_partitions() p
+    WHERE p.leaf = internal_drop_done_partition.leaf;
+    IF ends > now() THEN
+        RAISE EXCEPTION 'skiplock.%: the day is not over; only a past day is dropped', leaf
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    EXECUTE format('LOCK TABLE %s IN SHARE ROW EXCLUSIVE MODE', day_table);
     EXECUTE format('SELECT min(id), max(id) FROM %s', day_table) INTO first_id, last_id;
     IF first_id IS NOT NULL THEN
         EXECUTE format(
@@ -1573,13 +1580,20 @@ $$;
 -- Name: internal_lock_done_partition(text); Type: FUNCTION; Schema: skiplock; Owner: -
 --
 
-CREATE FUNCTION skiplock.internal_lock_done_partition(leaf text) RETURNS void
+CREATE FUNCTION skiplock.internal_lock_done_partition(leaf text) RETURNS boolean
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'pg_temp'
     SET lock_timeout TO '100ms'
     AS $$
+DECLARE
+    day_table regclass;
 BEGIN
-    EXECUTE format('LOCK TABLE %s IN EXCLUSIVE MODE', skiplock.internal_done_partition(leaf));
+    IF to_regclass(format('skiplock.%I', leaf)) IS NULL THEN
+        RETURN false;
+    END IF;
+    day_table := skiplock.internal_done_partition(leaf);
+    EXECUTE format('LOCK TABLE %s IN SHARE ROW EXCLUSIVE MODE', day_table);
+    RETURN true;
 END;
 $$;
 
@@ -1765,6 +1779,11 @@ DECLARE
     created int := 0;
 BEGIN
     first_day := coalesce(first_day, (now() AT TIME ZONE 'UTC')::date);
+    IF first_day NOT BETWEEN date '2000-01-01' AND date '9999-12-01' OR days NOT BETWEEN 0 AND 31 THEN
+        RAISE EXCEPTION 'skiplock.internal_prepare_done_partitions: % days from %: make at most 31 days at a time, from year 2000 to 9999',
+            days, first_day
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
     FOR i IN 0 .. coalesce(days, 0) - 1 LOOP
         day := first_day + i;
         starts := day::timestamp AT TIME ZONE 'UTC';
@@ -1809,7 +1828,7 @@ CREATE FUNCTION skiplock.internal_prune_cutoff(finished skiplock.job_state, rete
         WHEN retention_ms < 86400000 THEN now() - retention_ms * interval '1 millisecond'
         ELSE least(now() - retention_ms * interval '1 millisecond',
                    (SELECT min(p.starts) FROM skiplock.internal_done_partitions() p
-                    WHERE p.state = finished))
+                    WHERE p.state = finished) - interval '1 microsecond')
     END;
 $$;
 

@@ -83,7 +83,8 @@ pub async fn history_totals(db: impl PgExecutor<'_>) -> Result<Vec<HistoryTotals
 /// [`Pruned::days_left`].
 pub async fn prune(pool: &sqlx::PgPool, retention: crate::Retention) -> Result<Pruned> {
     let pool = crate::DbPool::direct(pool.clone());
-    Ok(crate::maintenance::pruner::prune_finished(&pool, retention).await?)
+    let never = tokio_util::sync::CancellationToken::new();
+    Ok(crate::maintenance::pruner::prune_finished(&pool, retention, &never).await?)
 }
 
 // What only the binary needs (the dashboard's pages, `skiplock show --json`, `skiplock

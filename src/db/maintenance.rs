@@ -223,14 +223,14 @@ pub async fn done_partitions_expired(
 }
 
 /// Locks the day partition `leaf` against writes until the transaction ends, waiting at
-/// most 100 ms (`lock_not_available` when busy).
-pub async fn done_partition_lock(db: impl PgExecutor<'_>, leaf: &str) -> sqlx::Result<()> {
-    sqlx::query("SELECT skiplock.internal_lock_done_partition($1)")
+/// most 100 ms (`lock_not_available` when busy); false when it is gone already (another
+/// pruner dropped it).
+pub async fn done_partition_lock(db: impl PgExecutor<'_>, leaf: &str) -> sqlx::Result<bool> {
+    sqlx::query_scalar("SELECT skiplock.internal_lock_done_partition($1)")
         .bind(leaf)
         .persistent(false)
-        .execute(db)
-        .await?;
-    Ok(())
+        .fetch_one(db)
+        .await
 }
 
 /// Drops the day partition `leaf` after settling the edges of its jobs

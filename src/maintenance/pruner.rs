@@ -37,6 +37,7 @@ use crate::job::JobId;
 use crate::maintenance::Maintenance;
 use crate::pacing::sleep_jittered;
 use crate::pool::BEGIN_PINNED;
+use tokio_util::sync::CancellationToken;
 
 /// How long finished jobs stay in `skiplock.jobs` before the pruner removes them.
 ///
@@ -88,7 +89,7 @@ pub(crate) async fn prune(context: Arc<Maintenance>, interval: Duration) {
             () = stop.cancelled() => return,
             () = sleep_jittered(interval) => {}
         }
-        match prune_finished(&context.pool, context.retention).await {
+        match prune_finished(&context.pool, context.retention, stop).await {
             Ok(pruned) => {
                 if pruned.jobs > 0 || pruned.days_left > 0 {
                     tracing::debug!(
@@ -121,7 +122,12 @@ pub(crate) async fn prune(context: Arc<Maintenance>, interval: Duration) {
 /// day past retention. Errors only when the database is unreachable or refuses the
 /// pass's first statements; a day that cannot go now is counted in
 /// [`Pruned::days_left`].
-pub(crate) async fn prune_finished(pool: &DbPool, retention: Retention) -> sqlx::Result<Pruned> {
+/// Stops between statements once `stop` is cancelled (a worker shutting down).
+pub(crate) async fn prune_finished(
+    pool: &DbPool,
+    retention: Retention,
+    stop: &CancellationToken,
+) -> sqlx::Result<Pruned> {
     let (succeeded_ms, cancelled_ms, dead_ms) = (
         duration_ms(retention.succeeded),
         duration_ms(retention.cancelled),
@@ -137,7 +143,7 @@ pub(crate) async fn prune_finished(pool: &DbPool, retention: Retention) -> sqlx:
         match pass {
             Ok(deleted) => {
                 pruned.jobs += deleted;
-                if (deleted as i64) < PRUNE_BATCH {
+                if (deleted as i64) < PRUNE_BATCH || stop.is_cancelled() {
                     break;
                 }
             }
@@ -150,11 +156,15 @@ pub(crate) async fn prune_finished(pool: &DbPool, retention: Retention) -> sqlx:
         }
     }
     for day in done_partitions_expired(pool, succeeded_ms, cancelled_ms, dead_ms).await? {
+        if stop.is_cancelled() {
+            break;
+        }
         match drop_day(pool, &day).await {
-            Ok(jobs) => {
+            Ok(Some(jobs)) => {
                 pruned.jobs += jobs;
                 pruned.days += 1;
             }
+            Ok(None) => {}
             Err(e) => {
                 pruned.days_left += 1;
                 if is_transient_sqlx(&e) {
@@ -169,15 +179,17 @@ pub(crate) async fn prune_finished(pool: &DbPool, retention: Retention) -> sqlx:
 }
 
 /// Rolls `day` up into the history and drops it, in one transaction; returns how many
-/// jobs went with it.
-async fn drop_day(pool: &DbPool, day: &DonePartition) -> sqlx::Result<u64> {
+/// jobs went with it, or `None` when another pruner dropped it first.
+async fn drop_day(pool: &DbPool, day: &DonePartition) -> sqlx::Result<Option<u64>> {
     let mut tx = pool.pool().begin_with(BEGIN_PINNED).await?;
-    done_partition_lock(&mut *tx, &day.leaf).await?;
+    if !done_partition_lock(&mut *tx, &day.leaf).await? {
+        return Ok(None);
+    }
     let jobs =
         job_history_roll_up_finished_between(&mut *tx, &day.state, day.starts, day.ends).await?;
     done_partition_drop(&mut *tx, &day.leaf).await?;
     tx.commit().await?;
-    Ok(jobs)
+    Ok(Some(jobs))
 }
 
 /// Deletes up to one batch of due jobs, each in its own statement; returns how many went.

@@ -8,6 +8,9 @@
 //!   backlog (drained for a fixed time), and as a burst into a worker that idled on an
 //!   empty table (its claim plan was cached for an empty table; no ANALYZE since); the
 //!   small table runs again at the end, and comparisons use the mean of both runs;
+//! - history: the headline drain beside 7 days of finished jobs (1,000,000 a day, each day
+//!   its own table as retention keeps them; 200,000 a day with `--quick`), between two
+//!   runs beside none (issue 37's target: within 5 %);
 //! - held snapshot: a backlog (1,000,000 jobs; 300,000 with `--quick`) drained clean, then
 //!   again while another session holds a REPEATABLE READ snapshot with an xid for the
 //!   whole drain, with the rate over time in 5-second windows;
@@ -26,7 +29,7 @@
 //!
 //! `cargo bench --bench drain -- --quick` (or `SKIPLOCK_BENCH_QUICK=1`); `--only
 //! headline,floor` runs some sections: `matrix`, `headline` (with the prefetch tuning),
-//! `scale` (runs the headline too), `held` and `floor`. `--observed` runs every worker
+//! `scale` (runs the headline too), `history`, `held` and `floor`. `--observed` runs every worker
 //! with an event subscriber and a Prometheus recorder installed (compare with a run
 //! without it; the recorder is process-wide, so the two are separate invocations).
 
@@ -223,6 +226,80 @@ async fn main() {
         }
     };
 
+    let history_section = if wants("history") {
+        let per_day: i64 = if opts.quick { 200_000 } else { 1_000_000 };
+        let days = 7;
+        let cap = DrainCfg::capped(Duration::from_secs(120));
+        progress(format!("history: {headline_n} queued, no history"));
+        let before = drain_fresh(&db, headline_n, cap).await;
+        progress(format!(
+            "history: {headline_n} queued beside {days} days of {} finished jobs",
+            thousands(per_day)
+        ));
+        db.reset().await;
+        db.preload_finished_days(days, per_day).await;
+        let history_end = db.max_id().await;
+        db.preload_noop(headline_n).await;
+        let beside = drain_noop(
+            &db,
+            DrainCfg {
+                after_id: history_end,
+                ..cap
+            },
+        )
+        .await;
+        report(&beside);
+        progress(format!("history: {headline_n} queued, no history, again"));
+        let after = drain_fresh(&db, headline_n, cap).await;
+        let base = (before.drained.rate() + after.drained.rate()) / 2.0;
+        let mut table = Table::new(&[
+            "scenario",
+            "conc.",
+            "drained",
+            "db secs",
+            "jobs/s",
+            "vs. no history (mean of 2)",
+            "jobs/claim",
+            "jobs/complete",
+            "max running",
+            "commits/job",
+            "WAL B/job",
+            "FPI/1k jobs",
+            "reads/1k jobs",
+            "evictions/1k jobs",
+            "PG CPU µs/job",
+            "worker CPU µs/job",
+        ]);
+        for (name, run) in [
+            (
+                format!("{} queued, no history", thousands(headline_n)),
+                &before,
+            ),
+            (
+                format!(
+                    "{} queued + {days} days × {} finished",
+                    thousands(headline_n),
+                    thousands(per_day)
+                ),
+                &beside,
+            ),
+            (
+                format!("{} queued, no history, again", thousands(headline_n)),
+                &after,
+            ),
+        ] {
+            let r = row("", &default_concurrency().to_string(), run);
+            let mut cells = vec![name];
+            cells.extend_from_slice(&r[1..5]);
+            cells.push(format!("{:+.1} %", pct(run.drained.rate(), base)));
+            cells.extend_from_slice(&r[6..]);
+            table.row(cells);
+        }
+        Some(table)
+    } else {
+        None
+    };
+
     let held_section = if wants("held") {
         Some(held_snapshot_section(&db, if opts.quick { 300_000 } else { 1_000_000 }).await)
     } else {
@@ -345,6 +422,11 @@ async fn main() {
         println!("### Scale: finished rows and backlog (default settings)");
         println!();
         scale.print();
+    }
+    if let Some(history) = &history_section {
+        println!("### History: the headline drain beside days of finished jobs kept");
+        println!();
+        history.print();
     }
     if let Some(held) = &held_section {
         println!("### Held snapshot: a backlog drained while another session holds a snapshot");

@@ -147,9 +147,14 @@ async fn run_phase(
         .await;
     let (table_bytes, index_bytes_all, live, dead, autovacuums): (i64, i64, i64, i64, i64) =
         sqlx::query_as(
-            "SELECT pg_table_size('skiplock.jobs'), pg_indexes_size('skiplock.jobs'),
-                    n_live_tup, n_dead_tup, autovacuum_count
-             FROM pg_stat_user_tables WHERE schemaname = 'skiplock' AND relname = 'jobs'",
+            // Summed over the tables of skiplock.jobs (its live partition and the days of
+            // finished jobs): the partitioned parent itself stores nothing.
+            "SELECT sum(pg_table_size(p.relid))::bigint, sum(pg_indexes_size(p.relid))::bigint,
+                    sum(s.n_live_tup)::bigint, sum(s.n_dead_tup)::bigint,
+                    sum(s.autovacuum_count)::bigint
+             FROM pg_partition_tree('skiplock.jobs') p
+             JOIN pg_stat_user_tables s ON s.relid = p.relid
+             WHERE p.isleaf",
         )
         .fetch_one(&db.pool)
         .await

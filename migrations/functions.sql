@@ -66,6 +66,18 @@ BEGIN
 END;
 $$;
 
+-- `args`, once checked against the limit: for an expression that makes args (the merge
+-- of an enqueue's ON CONFLICT DO UPDATE, which no insert trigger sees).
+CREATE OR REPLACE FUNCTION skiplock.internal_args_within_limit(args jsonb) RETURNS jsonb
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF pg_column_size(args) > 4096 THEN
+        PERFORM skiplock.internal_check_args_size(args);
+    END IF;
+    RETURN args;
+END;
+$$;
+
 -- The next job id, for a row inserted into skiplock.jobs_live directly (the partition's
 -- default; skiplock.enqueue_job inserts there): the identity's sequence, as an insert into
 -- skiplock.jobs draws it, and as its owner, so that an enqueuer needs no privilege on the
@@ -255,7 +267,10 @@ BEGIN
     IF holder IS NOT NULL AND job.unique_policy = 'merge' THEN
         payload := CASE WHEN jsonb_typeof(job.args) = 'array' THEN job.args
                         ELSE jsonb_build_array(job.args) END;
-        UPDATE skiplock.jobs SET args = payload || args WHERE id = holder
+        -- The holder now carries merged payloads: policy merge, so that it is folded in
+        -- turn, not superseded, if it is ever requeued into a taken key.
+        UPDATE skiplock.jobs SET args = payload || args, unique_policy = 'merge'
+        WHERE id = holder AND state IN ('waiting', 'queued')
         RETURNING args INTO merged;
         -- The args limit holds here as on an enqueue's merge: over it, the requeue fails
         -- for this job alone (the batches save it by itself, dead with the reason, its
@@ -536,10 +551,15 @@ BEGIN
                 enqueue_job.max_attempts, enqueue_job.ordering_key, enqueue_job.unique_key,
                 CASE WHEN enqueue_job.unique_key IS NOT NULL THEN on_conflict END, initial)
         ON CONFLICT (unique_key) WHERE unique_key IS NOT NULL AND state IN ('waiting', 'queued')
-        DO UPDATE SET args = CASE excluded.unique_policy
+        -- Reached when the insert trigger could not see the key's holder (a snapshot
+        -- older than it: REPEATABLE READ, where the update then fails to serialize); the
+        -- merge is held to the args limit here as the trigger's is.
+        DO UPDATE SET args = skiplock.internal_args_within_limit(CASE excluded.unique_policy
             WHEN 'replace' THEN excluded.args
             WHEN 'merge' THEN j.args || excluded.args
-            ELSE j.args END
+            ELSE j.args END),
+            unique_policy = CASE WHEN excluded.unique_policy = 'merge' THEN 'merge'
+                                 ELSE j.unique_policy END
         RETURNING j.id, j.xmax = 0 INTO new_id, inserted;
     END IF;
     IF new_id IS NULL THEN
@@ -2715,11 +2735,19 @@ BEGIN
         END IF;
         holder := skiplock.internal_unique_key_holder(NEW.unique_key, NEW.id);
         IF holder IS NOT NULL THEN
-            -- The key's policy, as skiplock.enqueue documents it; no new row.
+            -- The key's policy, as skiplock.enqueue documents it; no new row. The holder is
+            -- pending and locked (internal_unique_key_holder): the state filter keeps the
+            -- update on jobs_live, away from the days of finished jobs.
             IF policy = 'replace' THEN
-                UPDATE skiplock.jobs SET args = NEW.args WHERE id = holder;
+                UPDATE skiplock.jobs SET args = NEW.args
+                WHERE id = holder AND state IN ('waiting', 'queued');
             ELSIF policy = 'merge' THEN
-                UPDATE skiplock.jobs SET args = args || NEW.args WHERE id = holder
+                -- The holder now carries merged payloads: policy merge from here on, so
+                -- that a requeue of it into a taken key folds them in instead of
+                -- dropping them (a holder enqueued with skip, say, then reaped while a
+                -- newer job of the key waited).
+                UPDATE skiplock.jobs SET args = args || NEW.args, unique_policy = 'merge'
+                WHERE id = holder AND state IN ('waiting', 'queued')
                 RETURNING args INTO merged;
                 IF pg_column_size(merged) > 4096 THEN
                     PERFORM skiplock.internal_check_args_size(merged);

@@ -883,6 +883,45 @@ async fn jobs_that_come_due_behind_the_position_run_when_due() {
     running.await.unwrap().unwrap();
 }
 
+/// Jobs written in one statement to come due at different times each run when due, not
+/// when the last of them does: the write announces its first and last due times only
+/// (`skiplock_due_later`), and the worker hands the key over at 32 moments across that
+/// span. Before (issue 38) the job due 3 s after the write waited for the last, 25 s
+/// after it, and this test timed out; under a held snapshot that was measured at 6.2 s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn jobs_due_between_the_first_and_last_of_one_write_run_when_due() {
+    let db = test_db().await;
+    let pool = &db.pool;
+    observe_claims(pool).await;
+    let recorder = Recorder::default();
+    let worker = fast_worker(pool, &recorder).build().unwrap();
+    let (shutdown, running) = run_paced_as_a_backstop(pool, worker).await;
+
+    let ids: Vec<i64> = sqlx::query_scalar(
+        "INSERT INTO skiplock.jobs (kind, args, priority, scheduled_at)
+         SELECT 'record', jsonb_build_object('n', s), -5, now() + s * interval '1 second'
+         FROM unnest(ARRAY[1, 3, 25]) s
+         RETURNING id",
+    )
+    .fetch_all(pool)
+    .await
+    .unwrap();
+    // The middle job runs at most 25/32 s after it is due, far before the last one is
+    // and far before the next full walk (40 s).
+    wait_for(
+        "the job due 3 s after the write",
+        Duration::from_secs(15),
+        || async { recorder.runs().contains_key(&ids[1]) },
+    )
+    .await;
+    assert!(
+        !recorder.runs().contains_key(&ids[2]),
+        "the last job is not due yet"
+    );
+    shutdown.shutdown();
+    running.await.unwrap().unwrap();
+}
+
 /// Claims `record` jobs of `default` in the given mode, with no position.
 async fn claim_in_mode(
     db: impl sqlx::PgExecutor<'_>,

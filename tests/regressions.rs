@@ -1567,6 +1567,116 @@ async fn concurrent_merges_of_one_unique_key_never_exceed_the_args_limit() {
     }
 }
 
+/// The merge of `skiplock.enqueue`'s `ON CONFLICT DO UPDATE` is held to the args limit
+/// too. The insert trigger applies a key's policy itself whenever it sees the holder, so
+/// the test takes the trigger out of the way (as a snapshot older than the holder does)
+/// to reach that path for sure: before (issue 38) it stored the merged args unchecked.
+#[tokio::test]
+async fn the_on_conflict_merge_of_enqueue_is_held_to_the_args_limit() {
+    let db = test_db().await;
+    sqlx::query("ALTER TABLE skiplock.jobs_live DISABLE TRIGGER jobs_before_insert")
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    let enqueue = |n: i64| {
+        sqlx::query_as::<_, (i64, String)>(
+            "SELECT * FROM skiplock.enqueue_job('k', jsonb_build_array(jsonb_build_object(
+                 'n', $1::bigint, 'blob', repeat('x', 600 * 1024))),
+                 unique_key => 'big', on_conflict => 'merge')",
+        )
+        .bind(n)
+    };
+    let (first, outcome) = enqueue(1).fetch_one(&db.pool).await.unwrap();
+    assert_eq!(outcome, "inserted");
+    let refused = enqueue(2)
+        .fetch_one(&db.pool)
+        .await
+        .expect_err("a merge over the limit is refused");
+    let message = refused.to_string();
+    assert!(message.contains("over the limit of"), "{message}");
+    // The path is the ON CONFLICT one, and it works under the limit.
+    let small: (i64, String) = sqlx::query_as(
+        "SELECT * FROM skiplock.enqueue_job('k', '[3]', unique_key => 'big', on_conflict => 'merge')",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(small, (first, "merged".to_owned()));
+    let (count, size): (i64, i64) = sqlx::query_as(
+        "SELECT count(*), max(octet_length(args::text))::bigint FROM skiplock.jobs
+         WHERE unique_key = 'big'",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(count, 1);
+    assert!(size < 1024 * 1024, "{size} bytes of args");
+}
+
+/// Payloads merged into a key's pending job are never dropped by a later policy: a job
+/// enqueued with `skip` that then took merged payloads, claimed, and taken back by the
+/// reaper while a newer job of the key (`replace`) waited, is folded into that one with
+/// every payload, not superseded without them. Before (issue 38) the requeue looked at the
+/// policy the job was enqueued with (`skip`) and the merged payloads were gone.
+#[tokio::test]
+async fn payloads_merged_into_a_skip_holder_survive_its_requeue_into_a_taken_key() {
+    let db = test_db().await;
+    let pool = &db.pool;
+    let enqueue = |args: &'static str, policy: &'static str| {
+        sqlx::query_as::<_, (i64, String)>(
+            "SELECT * FROM skiplock.enqueue_job('k', $1::jsonb, unique_key => 'key',
+                                                on_conflict => $2)",
+        )
+        .bind(args)
+        .bind(policy)
+    };
+    let (holder, _) = enqueue(r#"{"a": 1}"#, "skip")
+        .fetch_one(pool)
+        .await
+        .unwrap();
+    let merged = enqueue(r#"{"b": 2}"#, "merge")
+        .fetch_one(pool)
+        .await
+        .unwrap();
+    assert_eq!(merged, (holder, "merged".to_owned()));
+    let claimed: i64 = sqlx::query_scalar("SELECT id FROM skiplock.claim('default', 1, 'w')")
+        .fetch_one(pool)
+        .await
+        .unwrap();
+    assert_eq!(claimed, holder);
+    let (newer, outcome) = enqueue(r#"{"c": 3}"#, "replace")
+        .fetch_one(pool)
+        .await
+        .unwrap();
+    assert_eq!(outcome, "inserted", "the key is free while its holder runs");
+    // The holder's worker went quiet: the reaper takes it back into the taken key.
+    sqlx::query("UPDATE skiplock.jobs SET heartbeat_at = now() - interval '1 hour' WHERE id = $1")
+        .bind(holder)
+        .execute(pool)
+        .await
+        .unwrap();
+    sqlx::query("SELECT * FROM skiplock.maintain()")
+        .execute(pool)
+        .await
+        .unwrap();
+    let pending: Vec<(i64, serde_json::Value)> = sqlx::query_as(
+        "SELECT id, args FROM skiplock.jobs
+         WHERE unique_key = 'key' AND state IN ('waiting', 'queued') ORDER BY id",
+    )
+    .fetch_all(pool)
+    .await
+    .unwrap();
+    assert_eq!(pending.len(), 1, "{pending:?}");
+    assert_eq!(pending[0].0, newer);
+    let args = pending[0].1.to_string();
+    for item in [r#""a":1"#, r#""b":2"#, r#""c":3"#] {
+        assert!(
+            args.contains(item),
+            "{item} is in the pending job's args: {args}"
+        );
+    }
+}
+
 /// An enqueue of `payload` (as `{"n": payload}`) under unique key `k` with the policy
 /// `merge`: the id of the new job, or of the pending job it was merged into.
 fn merge_into_k(

@@ -100,7 +100,11 @@ async fn run_until_settled(pool: &PgPool, timeline: &Timeline, workers: usize) {
     let mut stops = Vec::new();
     let handles: Vec<_> = (0..workers)
         .map(|i| {
+            // The sweep of waiting jobs (and the reaper) out of the way: lanes and
+            // dependants must move on by the worker's own settling of what it finished;
+            // with the usual 100 ms sweep, removing that settling went unnoticed (issue 38).
             let worker = fast_worker(pool, &Recorder::default())
+                .reap_interval(Duration::from_secs(3600))
                 .data(timeline.clone())
                 .register::<Step>()
                 .worker_id(format!("w{i}"))

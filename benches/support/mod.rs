@@ -283,6 +283,40 @@ impl BenchDb {
         .await;
     }
 
+    /// Inserts `per_day` succeeded `noop` jobs for each of the `days` days before today
+    /// (UTC), spread over each day, into that day's table (made first, as retention keeps
+    /// them), then `VACUUM ANALYZE`.
+    pub async fn preload_finished_days(&self, days: i32, per_day: i64) {
+        let t0 = Instant::now();
+        self.exec(&format!(
+            "SELECT skiplock.internal_prepare_done_partitions(
+                 (now() AT TIME ZONE 'UTC')::date - {days}, {days})"
+        ))
+        .await;
+        for day in 1..=days {
+            let mut done = 0;
+            while done < per_day {
+                let chunk = (per_day - done).min(100_000);
+                self.exec(&format!(
+                    "INSERT INTO skiplock.jobs (kind, args, state, attempt, claimed_at, finished_at)
+                     SELECT 'noop', '{{}}'::jsonb, 'succeeded', 1, f - interval '1 ms', f
+                     FROM (SELECT ((now() AT TIME ZONE 'UTC')::date - {day})::timestamp
+                                      AT TIME ZONE 'UTC'
+                                  + (g + {done}) * (interval '1 day' / {per_day}) AS f
+                           FROM generate_series(0, {chunk} - 1) g) t"
+                ))
+                .await;
+                done += chunk;
+            }
+            progress(format!("  preloaded day -{day}: {per_day} finished jobs"));
+        }
+        self.exec("VACUUM ANALYZE skiplock.jobs").await;
+        progress(format!(
+            "  preloaded {days} days of {per_day} finished jobs and vacuumed in {:.1} s",
+            t0.elapsed().as_secs_f64()
+        ));
+    }
+
     async fn preload(&self, kind_args: &str, finished: &str, n: i64) {
         let t0 = Instant::now();
         let columns = if finished.is_empty() {

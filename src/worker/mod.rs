@@ -180,8 +180,8 @@ impl Shared {
     }
 
     /// Tells the producer that claims from `queue`, if any, that jobs become runnable there
-    /// from `from` on in each of `due_in_us` microseconds after `now` (the first and the
-    /// last of them; see [`due_timers`]): at once for those already due.
+    /// from `from` on between `due_in_us` microseconds after `now` (the first and the last
+    /// of them), at [`due_timers::handovers`]: at once for those already due.
     pub(crate) fn due_later(
         &self,
         queue: &str,
@@ -192,13 +192,19 @@ impl Shared {
         let Some(group) = self.group_of(queue) else {
             return;
         };
-        for us in due_in_us {
+        let mut now_given = false;
+        for us in due_timers::handovers(due_in_us) {
             match u64::try_from(us) {
                 Ok(us) if us > 0 => {
                     self.due_timers
                         .add(group, from, std::time::Duration::from_micros(us), now);
                 }
-                _ => self.groups[group].note_runnable(from),
+                // Due already: once, however many handovers are past.
+                _ if !now_given => {
+                    now_given = true;
+                    self.groups[group].note_runnable(from);
+                }
+                _ => {}
             }
         }
     }

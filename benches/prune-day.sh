@@ -60,7 +60,7 @@ SQL
     local rolled
     rolled="$(run -At -c "SELECT coalesce(sum(succeeded), 0) FROM skiplock.job_history")"
     printf '%-6s %8d jobs in %-40s %7.3f s  reported %s  rolled up %s  dead tuples %s\n' \
-        "$mode" "$jobs" "$where" "$(echo "$ended - $started" | bc)" "$(cat /tmp/prune-day.json)" \
+        "$mode" "$jobs" "$where" "$(echo "$ended - $started" | bc)" "$(tr -d " \n" </tmp/prune-day.json)" \
         "$rolled" "$dead"
 }
 

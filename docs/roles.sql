@@ -62,13 +62,14 @@ GRANT SELECT, INSERT, UPDATE, DELETE ON skiplock.job_history TO skiplock_worker;
 -- id, state, unique_key, unique_policy, args and xmax and may rewrite args; lane order and
 -- a pending unique key look at other jobs' queue, priority, scheduled_at, state and
 -- ordering_key (and lock the key's pending job, which needs an UPDATE privilege); a unique
--- key's replace and merge rewrite the pending job's args. depends_on inserts edges and
+-- key's replace and merge rewrite the pending job's args (a merge also marks its policy
+-- merge, so that its merged payloads are never dropped). depends_on inserts edges and
 -- reads the parents' id and state. Nothing else: not kind, attempts, claims, errors,
--- progress or output, and no write but INSERT and args.
+-- progress or output, and no write but INSERT, args and unique_policy.
 GRANT INSERT ON skiplock.jobs TO skiplock_enqueuer;
 GRANT SELECT (id, queue, priority, scheduled_at, state, ordering_key, unique_key,
               unique_policy, args, xmax),
-      UPDATE (args)
+      UPDATE (args, unique_policy)
     ON skiplock.jobs TO skiplock_enqueuer;
 GRANT INSERT ON skiplock.job_dependencies TO skiplock_enqueuer;
 -- skiplock.enqueue_job inserts into the live partition itself (its ON CONFLICT needs the
@@ -76,7 +77,7 @@ GRANT INSERT ON skiplock.job_dependencies TO skiplock_enqueuer;
 GRANT INSERT ON skiplock.jobs_live TO skiplock_enqueuer;
 GRANT SELECT (id, queue, priority, scheduled_at, state, ordering_key, unique_key,
               unique_policy, args, xmax),
-      UPDATE (args)
+      UPDATE (args, unique_policy)
     ON skiplock.jobs_live TO skiplock_enqueuer;
 
 -- ---- skiplock_reader: the dashboard read-only, `skiplock jobs/show/stats`, SQL reports --
@@ -89,7 +90,7 @@ GRANT SELECT ON ALL TABLES IN SCHEMA skiplock TO skiplock_reader;
 -- claimed_by, claimed_at or attempt: an operator cannot claim a job.
 GRANT SELECT ON ALL TABLES IN SCHEMA skiplock TO skiplock_operator;
 GRANT UPDATE (state, scheduled_at, max_attempts, finished_at, last_error, claim_token,
-              heartbeat_at, args),
+              heartbeat_at, args, unique_policy),
       DELETE
     ON skiplock.jobs TO skiplock_operator;
 GRANT UPDATE (parent_state) ON skiplock.job_dependencies TO skiplock_operator;

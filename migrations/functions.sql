@@ -220,14 +220,42 @@ DECLARE
     holder_queue text;
     holder_priority smallint;
     holder_scheduled_at timestamptz;
+    attempts int := 0;
 BEGIN
     PERFORM pg_advisory_xact_lock(skiplock.internal_unique_key_lock_id(key));
+    -- The holder, locked. First without waiting: a new key (none), or a holder no other
+    -- transaction holds (this one's own earlier rows of a bulk enqueue included), takes no
+    -- subtransaction.
     SELECT o.id, o.state, o.queue, o.priority, o.scheduled_at
     INTO holder, holder_state, holder_queue, holder_priority, holder_scheduled_at
     FROM skiplock.jobs o
     WHERE o.unique_key = key AND o.state IN ('waiting', 'queued') AND o.id <> self
     ORDER BY o.id LIMIT 1
-    FOR UPDATE;
+    FOR UPDATE SKIP LOCKED;
+    IF holder IS NULL AND EXISTS (
+        SELECT 1 FROM skiplock.jobs o
+        WHERE o.unique_key = key AND o.state IN ('waiting', 'queued') AND o.id <> self) THEN
+        -- Another transaction holds the holder (a claim, a cancel, a retry): wait for it.
+        -- If that moved the row to jobs_done (a cancel), Postgres cannot follow it and
+        -- raises 40001 where one table would have found the row no longer pending: look
+        -- again (skiplock.internal_may_retry_moved).
+        LOOP
+            BEGIN
+                SELECT o.id, o.state, o.queue, o.priority, o.scheduled_at
+                INTO holder, holder_state, holder_queue, holder_priority, holder_scheduled_at
+                FROM skiplock.jobs o
+                WHERE o.unique_key = key AND o.state IN ('waiting', 'queued') AND o.id <> self
+                ORDER BY o.id LIMIT 1
+                FOR UPDATE;
+                EXIT;
+            EXCEPTION WHEN serialization_failure THEN
+                attempts := attempts + 1;
+                IF NOT skiplock.internal_may_retry_moved(attempts) THEN
+                    RAISE;
+                END IF;
+            END;
+        END LOOP;
+    END IF;
     -- Claims skip the holder while this transaction holds it locked.
     IF holder_state = 'queued' THEN
         PERFORM skiplock.internal_notify_runnable(holder_queue, holder_priority, holder_scheduled_at);

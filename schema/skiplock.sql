@@ -287,10 +287,15 @@ BEGIN
                 enqueue_job.max_attempts, enqueue_job.ordering_key, enqueue_job.unique_key,
                 CASE WHEN enqueue_job.unique_key IS NOT NULL THEN on_conflict END, initial)
         ON CONFLICT (unique_key) WHERE unique_key IS NOT NULL AND state IN ('waiting', 'queued')
-        DO UPDATE SET args = CASE excluded.unique_policy
+        -- Reached when the insert trigger could not see the key's holder (a snapshot
+        -- older than it: REPEATABLE READ, where the update then fails to serialize); the
+        -- merge is held to the args limit here as the trigger's is.
+        DO UPDATE SET args = skiplock.internal_args_within_limit(CASE excluded.unique_policy
             WHEN 'replace' THEN excluded.args
             WHEN 'merge' THEN j.args || excluded.args
-            ELSE j.args END
+            ELSE j.args END),
+            unique_policy = CASE WHEN excluded.unique_policy = 'merge' THEN 'merge'
+                                 ELSE j.unique_policy END
         RETURNING j.id, j.xmax = 0 INTO new_id, inserted;
     END IF;
     IF new_id IS NULL THEN
@@ -469,6 +474,21 @@ CREATE FUNCTION skiplock.internal_append_error(errors jsonb, attempt integer, me
         ORDER BY n DESC
         LIMIT 20
     ) recent;
+$$;
+
+--
+-- Name: internal_args_within_limit(jsonb); Type: FUNCTION; Schema: skiplock; Owner: -
+--
+
+CREATE FUNCTION skiplock.internal_args_within_limit(args jsonb) RETURNS jsonb
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    IF pg_column_size(args) > 4096 THEN
+        PERFORM skiplock.internal_check_args_size(args);
+    END IF;
+    RETURN args;
+END;
 $$;
 
 --
@@ -1301,7 +1321,10 @@ BEGIN
     IF holder IS NOT NULL AND job.unique_policy = 'merge' THEN
         payload := CASE WHEN jsonb_typeof(job.args) = 'array' THEN job.args
                         ELSE jsonb_build_array(job.args) END;
-        UPDATE skiplock.jobs SET args = payload || args WHERE id = holder
+        -- The holder now carries merged payloads: policy merge, so that it is folded in
+        -- turn, not superseded, if it is ever requeued into a taken key.
+        UPDATE skiplock.jobs SET args = payload || args, unique_policy = 'merge'
+        WHERE id = holder AND state IN ('waiting', 'queued')
         RETURNING args INTO merged;
         -- The args limit holds here as on an enqueue's merge: over it, the requeue fails
         -- for this job alone (the batches save it by itself, dead with the reason, its
@@ -1544,11 +1567,19 @@ BEGIN
         END IF;
         holder := skiplock.internal_unique_key_holder(NEW.unique_key, NEW.id);
         IF holder IS NOT NULL THEN
-            -- The key's policy, as skiplock.enqueue documents it; no new row.
+            -- The key's policy, as skiplock.enqueue documents it; no new row. The holder is
+            -- pending and locked (internal_unique_key_holder): the state filter keeps the
+            -- update on jobs_live, away from the days of finished jobs.
             IF policy = 'replace' THEN
-                UPDATE skiplock.jobs SET args = NEW.args WHERE id = holder;
+                UPDATE skiplock.jobs SET args = NEW.args
+                WHERE id = holder AND state IN ('waiting', 'queued');
             ELSIF policy = 'merge' THEN
-                UPDATE skiplock.jobs SET args = args || NEW.args WHERE id = holder
+                -- The holder now carries merged payloads: policy merge from here on, so
+                -- that a requeue of it into a taken key folds them in instead of
+                -- dropping them (a holder enqueued with skip, say, then reaped while a
+                -- newer job of the key waited).
+                UPDATE skiplock.jobs SET args = args || NEW.args, unique_policy = 'merge'
+                WHERE id = holder AND state IN ('waiting', 'queued')
                 RETURNING args INTO merged;
                 IF pg_column_size(merged) > 4096 THEN
                     PERFORM skiplock.internal_check_args_size(merged);
@@ -2462,14 +2493,42 @@ DECLARE
     holder_queue text;
     holder_priority smallint;
     holder_scheduled_at timestamptz;
+    attempts int := 0;
 BEGIN
     PERFORM pg_advisory_xact_lock(skiplock.internal_unique_key_lock_id(key));
+    -- The holder, locked. First without waiting: a new key (none), or a holder no other
+    -- transaction holds (this one's own earlier rows of a bulk enqueue included), takes no
+    -- subtransaction.
     SELECT o.id, o.state, o.queue, o.priority, o.scheduled_at
     INTO holder, holder_state, holder_queue, holder_priority, holder_scheduled_at
     FROM skiplock.jobs o
     WHERE o.unique_key = key AND o.state IN ('waiting', 'queued') AND o.id <> self
     ORDER BY o.id LIMIT 1
-    FOR UPDATE;
+    FOR UPDATE SKIP LOCKED;
+    IF holder IS NULL AND EXISTS (
+        SELECT 1 FROM skiplock.jobs o
+        WHERE o.unique_key = key AND o.state IN ('waiting', 'queued') AND o.id <> self) THEN
+        -- Another transaction holds the holder (a claim, a cancel, a retry): wait for it.
+        -- If that moved the row to jobs_done (a cancel), Postgres cannot follow it and
+        -- raises 40001 where one table would have found the row no longer pending: look
+        -- again (skiplock.internal_may_retry_moved).
+        LOOP
+            BEGIN
+                SELECT o.id, o.state, o.queue, o.priority, o.scheduled_at
+                INTO holder, holder_state, holder_queue, holder_priority, holder_scheduled_at
+                FROM skiplock.jobs o
+                WHERE o.unique_key = key AND o.state IN ('waiting', 'queued') AND o.id <> self
+                ORDER BY o.id LIMIT 1
+                FOR UPDATE;
+                EXIT;
+            EXCEPTION WHEN serialization_failure THEN
+                attempts := attempts + 1;
+                IF NOT skiplock.internal_may_retry_moved(attempts) THEN
+                    RAISE;
+                END IF;
+            END;
+        END LOOP;
+    END IF;
     -- Claims skip the holder while this transaction holds it locked.
     IF holder_state = 'queued' THEN
         PERFORM skiplock.internal_notify_runnable(holder_queue, holder_priority, holder_scheduled_at);

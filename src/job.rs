@@ -90,7 +90,12 @@ pub trait Job: Serialize + DeserializeOwned + Send + 'static {
 
 /// Options for one enqueued job. Unset fields fall back to the job type's constants
 /// (typed jobs) or the column defaults.
+///
+/// Built with [`EnqueueOptions::new`] and its setters; the fields are public to read (and
+/// to set one by one), and `#[non_exhaustive]` so that options added later break no
+/// caller.
 #[derive(Debug, Clone, Default, PartialEq)]
+#[non_exhaustive]
 pub struct EnqueueOptions {
     /// Queue name; workers claim only their configured queues.
     pub queue: Option<String>,
@@ -200,15 +205,19 @@ impl EnqueueOptions {
         self
     }
 
-    /// Runs the job no earlier than `at`.
+    /// Runs the job no earlier than `at`. Replaces a [`run_after`](Self::run_after) set
+    /// before: the last of the two set decides.
     pub fn run_at(mut self, at: DateTime<Utc>) -> Self {
         self.run_at = Some(at);
+        self.run_after = None;
         self
     }
 
     /// Runs the job no earlier than `delay` after it is enqueued (database clock).
+    /// Replaces a [`run_at`](Self::run_at) set before: the last of the two set decides.
     pub fn run_after(mut self, delay: Duration) -> Self {
         self.run_after = Some(delay);
+        self.run_at = None;
         self
     }
 
@@ -366,8 +375,16 @@ impl JobContext {
     /// [`Error::ClaimLost`]: crate::Error::ClaimLost
     pub async fn complete_in(&self, tx: &mut sqlx::PgConnection) -> crate::Result<()> {
         let saved =
-            crate::db::jobs::jobs_complete_many(&mut *tx, &[self.id.0], &[self.claim_token])
-                .await?;
+            match crate::db::jobs::jobs_complete_many(&mut *tx, &[self.id.0], &[self.claim_token])
+                .await
+            {
+                Ok(saved) => saved,
+                // The job left `running` while the statement waited for its row (a cancel,
+                // the reaper making it dead): Postgres moved it to the finished partition.
+                // The claim is lost; the transaction is aborted either way.
+                Err(e) if crate::error::is_row_moved(&e) => Vec::new(),
+                Err(e) => return Err(e.into()),
+            };
         if saved.is_empty() {
             return Err(crate::Error::ClaimLost { id: self.id });
         }

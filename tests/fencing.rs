@@ -541,3 +541,69 @@ async fn a_former_holder_cannot_cancel_the_job() {
         (JobState::Cancelled, Some("cancelled by b"))
     );
 }
+
+/// A progress or output note that waits for its job's row while an operator cancels the
+/// job (the row moves to the finished partition, and Postgres reports 40001 "moved to
+/// another partition") writes nothing and says so, as for a stale token, instead of
+/// failing the handler with a database error (issue 37).
+#[tokio::test]
+async fn a_note_that_meets_its_job_cancelled_under_it_writes_nothing() {
+    let db = test_db().await;
+    let pool = &db.pool;
+    let id = skiplock::enqueue(pool, &Record { n: 1 }, EnqueueOptions::default())
+        .await
+        .unwrap()
+        .id;
+    let (queues, kinds) = (strings(&["default"]), strings(&["record"]));
+    let claimed = jobs_claim_batch(pool, &queues, &kinds, 10, "worker-a")
+        .await
+        .unwrap();
+    let token = claimed[0].claim_token;
+    let mut operator = pool.begin().await.unwrap();
+    sqlx::query(
+        "UPDATE skiplock.jobs SET state = 'cancelled', claim_token = NULL, finished_at = now()
+         WHERE id = $1",
+    )
+    .bind(id.0)
+    .execute(&mut *operator)
+    .await
+    .unwrap();
+    let note = tokio::spawn({
+        let pool = pool.clone();
+        async move {
+            jobs_set_note(
+                &pool,
+                id.0,
+                token,
+                RunningNote::Progress,
+                &serde_json::json!({"p": 1}),
+            )
+            .await
+        }
+    });
+    wait_for(
+        "the note to wait for the row",
+        Duration::from_secs(30),
+        || async {
+            sqlx::query_scalar::<_, bool>(
+                "SELECT EXISTS (SELECT 1 FROM pg_stat_activity
+                            WHERE datname = current_database() AND wait_event_type = 'Lock')",
+            )
+            .fetch_one(pool)
+            .await
+            .unwrap()
+        },
+    )
+    .await;
+    operator.commit().await.unwrap();
+    let written = note.await.unwrap().expect("the note reports, not fails");
+    assert!(!written, "nothing is written for a job no longer running");
+    assert_eq!(state_of(pool, id.0).await, JobState::Cancelled);
+    let progress: Option<serde_json::Value> =
+        sqlx::query_scalar("SELECT progress FROM skiplock.jobs WHERE id = $1")
+            .bind(id.0)
+            .fetch_one(pool)
+            .await
+            .unwrap();
+    assert_eq!(progress, None);
+}

@@ -500,3 +500,81 @@ async fn a_completion_in_the_handlers_transaction_is_refused_once_the_claim_is_g
     );
     assert_eq!((summary.succeeded, summary.lost), (0, 1), "{summary:?}");
 }
+
+/// `complete_in` meets a job that left `running` while it waited for the row (cancelled
+/// by an operator, whose transaction held the row): Postgres moved the row to the finished
+/// jobs' partition and reports 40001, "already moved to another partition", where one
+/// table would have let the statement see the token gone. That is the claim lost, and says
+/// so (`Error::ClaimLost`), not a database error (issue 37).
+#[tokio::test]
+async fn a_completion_in_the_handlers_transaction_meets_a_job_cancelled_under_it() {
+    let db = test_db().await;
+    let pool = &db.pool;
+    create_ledger(pool).await;
+    let id = skiplock::enqueue(pool, &CreditsWhenTold, EnqueueOptions::default())
+        .await
+        .unwrap()
+        .id
+        .0;
+    let go = Go::default();
+    let worker = skiplock::Worker::builder(pool.clone())
+        .register::<CreditsWhenTold>()
+        .data(go.clone())
+        .heartbeat(Duration::from_secs(600), Duration::from_secs(1800))
+        .prune_interval(None)
+        .build()
+        .unwrap();
+    let stop = worker.shutdown_handle();
+    let run = tokio::spawn(worker.run());
+    wait_for("the job to run", PATIENCE, || async {
+        state_of(pool, id).await == JobState::Running
+    })
+    .await;
+    // The operator's cancel, held open: the row is locked and moving.
+    let mut operator = pool.begin().await.unwrap();
+    sqlx::query(
+        "UPDATE skiplock.jobs SET state = 'cancelled', claim_token = NULL, finished_at = now()
+         WHERE id = $1",
+    )
+    .bind(id)
+    .execute(&mut *operator)
+    .await
+    .unwrap();
+    go.go.notify_one();
+    wait_for(
+        "the handler's completion to wait for the row",
+        PATIENCE,
+        || async {
+            sqlx::query_scalar::<_, bool>(
+                "SELECT EXISTS (SELECT 1 FROM pg_stat_activity
+                            WHERE datname = current_database() AND wait_event_type = 'Lock')",
+            )
+            .fetch_one(pool)
+            .await
+            .unwrap()
+        },
+    )
+    .await;
+    operator.commit().await.unwrap();
+    wait_for("the handler to hear back", PATIENCE, || async {
+        go.said.lock().unwrap().is_some()
+    })
+    .await;
+    stop.shutdown();
+    run.await.unwrap().unwrap();
+    assert_eq!(
+        go.said.lock().unwrap().as_deref(),
+        Some(
+            format!(
+                "the claim on job {id} is no longer held (reaped, cancelled or deleted); roll back the transaction"
+            )
+            .as_str()
+        )
+    );
+    let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM ledger")
+        .fetch_one(pool)
+        .await
+        .unwrap();
+    assert_eq!(rows, 0, "the handler's write rolled back");
+    assert_eq!(state_of(pool, id).await, JobState::Cancelled);
+}

@@ -303,10 +303,7 @@ async fn a_library_user_enqueues_and_operates_through_pgbouncer() {
 async fn use_skiplock_through_pgbouncer(pool: &PgPool, options: &PgConnectOptions, client: i64) {
     let through = skiplock::PgBouncer(pool);
     let queue = format!("q{client}");
-    let in_queue = || EnqueueOptions {
-        queue: Some(queue.clone()),
-        ..EnqueueOptions::default()
-    };
+    let in_queue = || EnqueueOptions::new().queue(queue.clone());
     let state = |id: JobId| async move {
         skiplock::job(through, id)
             .await

@@ -1677,6 +1677,68 @@ async fn payloads_merged_into_a_skip_holder_survive_its_requeue_into_a_taken_key
     }
 }
 
+/// A plain INSERT of a unique key whose pending job an operator cancels meanwhile (the
+/// cancel holds the row while the insert waits for it): the cancel moves the row to the
+/// finished partition, Postgres raises 40001 "moved to another partition" to the waiting
+/// lookup, and the insert looks again, finds the key free and enqueues. Found by the
+/// 30-minute model run of seed 15 on the day partitions (issue 37): the INSERT failed.
+#[tokio::test]
+async fn an_insert_of_a_key_whose_holder_is_cancelled_meanwhile_enqueues() {
+    let db = test_db().await;
+    let pool = &db.pool;
+    let holder: i64 = sqlx::query_scalar(
+        "INSERT INTO skiplock.jobs (kind, unique_key, unique_policy) VALUES ('k', 'uk', 'merge')
+         RETURNING id",
+    )
+    .fetch_one(pool)
+    .await
+    .unwrap();
+    let mut operator = pool.begin().await.unwrap();
+    sqlx::query("UPDATE skiplock.jobs SET state = 'cancelled', finished_at = now() WHERE id = $1")
+        .bind(holder)
+        .execute(&mut *operator)
+        .await
+        .unwrap();
+    let insert = tokio::spawn({
+        let pool = pool.clone();
+        async move {
+            sqlx::query(
+                "INSERT INTO skiplock.jobs (kind, args, unique_key, unique_policy)
+                 VALUES ('k', '{\"n\": 2}', 'uk', 'merge')",
+            )
+            .execute(&pool)
+            .await
+        }
+    });
+    common::fixtures::wait_for(
+        "the insert to wait for the holder's row",
+        Duration::from_secs(30),
+        || async {
+            sqlx::query_scalar::<_, bool>(
+                "SELECT EXISTS (SELECT 1 FROM pg_stat_activity
+                                WHERE datname = current_database() AND wait_event_type = 'Lock')",
+            )
+            .fetch_one(pool)
+            .await
+            .unwrap()
+        },
+    )
+    .await;
+    operator.commit().await.unwrap();
+    insert
+        .await
+        .unwrap()
+        .expect("the insert enqueues once the key is free");
+    let pending: Vec<(i64, serde_json::Value)> = sqlx::query_as(
+        "SELECT id, args FROM skiplock.jobs WHERE unique_key = 'uk' AND state = 'queued'",
+    )
+    .fetch_all(pool)
+    .await
+    .unwrap();
+    assert_eq!(pending.len(), 1, "{pending:?}");
+    assert_ne!(pending[0].0, holder);
+}
+
 /// An enqueue of `payload` (as `{"n": payload}`) under unique key `k` with the policy
 /// `merge`: the id of the new job, or of the pending job it was merged into.
 fn merge_into_k(

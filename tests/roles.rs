@@ -418,10 +418,7 @@ async fn the_migrator_owns_every_object_and_its_default_privileges_cover_later_o
 async fn a_worker_drains_lanes_and_dependants_reaps_prunes_and_runs_cron() {
     let roles = Roles::new().await;
     // The application enqueues (as the enqueuer): a lane of three, a parent and its child.
-    let lane = EnqueueOptions {
-        ordering_key: Some("lane-1".into()),
-        ..EnqueueOptions::default()
-    };
+    let lane = EnqueueOptions::new().ordering_key("lane-1");
     let mut expected = common::ids(
         skiplock::enqueue_many(&roles.enqueuer, &vec![Record { n: 1 }; 3], lane)
             .await
@@ -434,10 +431,7 @@ async fn a_worker_drains_lanes_and_dependants_reaps_prunes_and_runs_cron() {
     let child = skiplock::enqueue(
         &roles.enqueuer,
         &Record { n: 3 },
-        EnqueueOptions {
-            depends_on: vec![parent],
-            ..EnqueueOptions::default()
-        },
+        EnqueueOptions::new().depends_on([parent]),
     )
     .await
     .unwrap()
@@ -642,10 +636,7 @@ async fn an_enqueuer_enqueues_every_way_and_does_nothing_else() {
     let in_lane = skiplock::enqueue_many(
         e,
         &vec![Record { n: 2 }; 2],
-        EnqueueOptions {
-            ordering_key: Some("lane".into()),
-            ..EnqueueOptions::default()
-        },
+        EnqueueOptions::new().ordering_key("lane"),
     )
     .await
     .unwrap();
@@ -656,11 +647,7 @@ async fn an_enqueuer_enqueues_every_way_and_does_nothing_else() {
         UniquePolicy::Merge,
     ] {
         let key = format!("key-{}", policy.as_str());
-        let options = EnqueueOptions {
-            unique_key: Some(key.clone()),
-            on_conflict: policy,
-            ..EnqueueOptions::default()
-        };
+        let options = EnqueueOptions::new().unique_key(key.clone(), policy);
         let first = skiplock::enqueue(e, &Record { n: 3 }, options.clone())
             .await
             .unwrap()
@@ -674,10 +661,7 @@ async fn an_enqueuer_enqueues_every_way_and_does_nothing_else() {
     let child = skiplock::enqueue(
         e,
         &Record { n: 5 },
-        EnqueueOptions {
-            depends_on: vec![plain],
-            ..EnqueueOptions::default()
-        },
+        EnqueueOptions::new().depends_on([plain]),
     )
     .await
     .unwrap()

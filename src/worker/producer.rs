@@ -118,6 +118,13 @@ pub(super) async fn produce(
                         if schema_mismatch(&e) && stop_if_schema_outgrown(&shared).await {
                             continue;
                         }
+                        // A row moved between the partitions under the claim (40001: a job
+                        // cancelled while the claim waited for it) is another claimer's
+                        // race, not a sick database: claim again at once.
+                        if crate::error::is_row_moved(&e) {
+                            tracing::debug!(error = %e, "a job moved under the claim; claiming again");
+                            continue;
+                        }
                         failures += 1;
                         if crate::error::worth_a_warning(&e) {
                             tracing::warn!(error = %e, "claim failed; retrying");

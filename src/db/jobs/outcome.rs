@@ -399,13 +399,17 @@ pub async fn jobs_set_note(
     value: &Value,
 ) -> sqlx::Result<bool> {
     let statement = match note {
+        // The live states, not `state = 'running'`: that matches jobs_running_idx's
+        // predicate and lets the planner walk every running job for this one (see
+        // docs/architecture.md, "Live and finished jobs"); the token alone proves the
+        // claim (jobs_claim_token_only_running).
         RunningNote::Progress => {
             "UPDATE skiplock.jobs SET progress = $3
-             WHERE id = $1 AND claim_token = $2 AND state = 'running'"
+             WHERE id = $1 AND claim_token = $2 AND state IN ('waiting', 'queued', 'running')"
         }
         RunningNote::Output => {
             "UPDATE skiplock.jobs SET output = $3
-             WHERE id = $1 AND claim_token = $2 AND state = 'running'"
+             WHERE id = $1 AND claim_token = $2 AND state IN ('waiting', 'queued', 'running')"
         }
     };
     let updated = sqlx::query(statement)
@@ -413,6 +417,13 @@ pub async fn jobs_set_note(
         .bind(token)
         .bind(Json(value))
         .execute(db)
-        .await?;
-    Ok(updated.rows_affected() == 1)
+        .await;
+    match updated {
+        Ok(updated) => Ok(updated.rows_affected() == 1),
+        // The job left `running` while the write waited for its row (a cancel, the reaper
+        // making it dead): moved to the finished partition, the claim lost. Nothing is
+        // written, as for a stale token.
+        Err(e) if crate::error::is_row_moved(&e) => Ok(false),
+        Err(e) => Err(e),
+    }
 }

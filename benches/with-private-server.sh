@@ -2,7 +2,9 @@
 # Runs a command against a private, throwaway Postgres server started from the installed
 # binaries with initdb's defaults (autovacuum on, fsync on, shared_buffers 128MB), as users
 # run it; the shared server on 5432 is never touched or restarted. The command gets
-# DATABASE_URL pointing at the private server, which is stopped and deleted afterwards.
+# DATABASE_URL pointing at the private server, which is stopped and deleted afterwards, and
+# PRIVATE_PGDATA, PRIVATE_PGBIN and PRIVATE_PGOPTIONS (its data directory, binaries and
+# `pg_ctl -o` options), for a command that restarts it (benches/restart-recovery.sh).
 #
 #   benches/with-private-server.sh [-c name=value]... [--cpus LIST] -- COMMAND [ARG]...
 #
@@ -46,7 +48,8 @@ stop_private() {
 trap stop_private EXIT
 echo "starting a private server ($pgbin, initdb defaults${settings[*]:+, ${settings[*]}}) on port $port…" >&2
 as_pg "$pgbin/initdb" -D "$dir/data" -U postgres -A trust -E UTF8 >/dev/null
-as_pg "${pin[@]}" "$pgbin/pg_ctl" -D "$dir/data" -l "$dir/server.log" -w -o \
-    "-c port=$port -c listen_addresses=127.0.0.1 -c unix_socket_directories=$dir ${settings[*]}" \
+options="-c port=$port -c listen_addresses=127.0.0.1 -c unix_socket_directories=$dir ${settings[*]}"
+as_pg "${pin[@]}" "$pgbin/pg_ctl" -D "$dir/data" -l "$dir/server.log" -w -o "$options" \
     start >/dev/null
-DATABASE_URL="postgres://postgres@127.0.0.1:$port/postgres" "$@"
+DATABASE_URL="postgres://postgres@127.0.0.1:$port/postgres" PRIVATE_PGDATA="$dir/data" \
+    PRIVATE_PGBIN="$pgbin" PRIVATE_PGOPTIONS="$options" "$@"

@@ -581,20 +581,7 @@ async fn a_note_that_meets_its_job_cancelled_under_it_writes_nothing() {
             .await
         }
     });
-    wait_for(
-        "the note to wait for the row",
-        Duration::from_secs(30),
-        || async {
-            sqlx::query_scalar::<_, bool>(
-                "SELECT EXISTS (SELECT 1 FROM pg_stat_activity
-                            WHERE datname = current_database() AND wait_event_type = 'Lock')",
-            )
-            .fetch_one(pool)
-            .await
-            .unwrap()
-        },
-    )
-    .await;
+    common::fixtures::wait_for_a_lock_wait(pool, "the note to wait for the row").await;
     operator.commit().await.unwrap();
     let written = note.await.unwrap().expect("the note reports, not fails");
     assert!(!written, "nothing is written for a job no longer running");

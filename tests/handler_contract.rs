@@ -541,20 +541,8 @@ async fn a_completion_in_the_handlers_transaction_meets_a_job_cancelled_under_it
     .await
     .unwrap();
     go.go.notify_one();
-    wait_for(
-        "the handler's completion to wait for the row",
-        PATIENCE,
-        || async {
-            sqlx::query_scalar::<_, bool>(
-                "SELECT EXISTS (SELECT 1 FROM pg_stat_activity
-                            WHERE datname = current_database() AND wait_event_type = 'Lock')",
-            )
-            .fetch_one(pool)
-            .await
-            .unwrap()
-        },
-    )
-    .await;
+    common::fixtures::wait_for_a_lock_wait(pool, "the handler's completion to wait for the row")
+        .await;
     operator.commit().await.unwrap();
     wait_for("the handler to hear back", PATIENCE, || async {
         go.said.lock().unwrap().is_some()

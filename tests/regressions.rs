@@ -1710,20 +1710,7 @@ async fn an_insert_of_a_key_whose_holder_is_cancelled_meanwhile_enqueues() {
             .await
         }
     });
-    common::fixtures::wait_for(
-        "the insert to wait for the holder's row",
-        Duration::from_secs(30),
-        || async {
-            sqlx::query_scalar::<_, bool>(
-                "SELECT EXISTS (SELECT 1 FROM pg_stat_activity
-                                WHERE datname = current_database() AND wait_event_type = 'Lock')",
-            )
-            .fetch_one(pool)
-            .await
-            .unwrap()
-        },
-    )
-    .await;
+    common::fixtures::wait_for_a_lock_wait(pool, "the insert to wait for the holder's row").await;
     operator.commit().await.unwrap();
     insert
         .await

@@ -231,3 +231,19 @@ pub async fn claim_token_of(pool: &PgPool, id: skiplock::JobId) -> Option<uuid::
         .await
         .unwrap()
 }
+
+/// Waits until some session of this test's database waits for a lock (a statement the
+/// test started blocked behind a row another session holds); panics naming `what` after
+/// 30 s.
+pub async fn wait_for_a_lock_wait(pool: &PgPool, what: &str) {
+    wait_for(what, Duration::from_secs(30), || async {
+        sqlx::query_scalar::<_, bool>(
+            "SELECT EXISTS (SELECT 1 FROM pg_stat_activity
+                            WHERE datname = current_database() AND wait_event_type = 'Lock')",
+        )
+        .fetch_one(pool)
+        .await
+        .unwrap()
+    })
+    .await;
+}

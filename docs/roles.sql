@@ -51,6 +51,10 @@ GRANT USAGE ON SEQUENCE skiplock.jobs_id_seq TO skiplock_worker;
 GRANT SELECT, UPDATE (parent_state) ON skiplock.job_dependencies TO skiplock_worker;
 GRANT SELECT, UPDATE ON skiplock.waiting_sweep TO skiplock_worker;
 GRANT SELECT ON skiplock.queues TO skiplock_worker;
+-- A claim of a rate-limited queue keeps the queue's start times (and makes its ring after
+-- the limit changed).
+GRANT SELECT, INSERT, UPDATE, DELETE ON skiplock.queue_rate_rings, skiplock.queue_rate_starts
+    TO skiplock_worker;
 GRANT SELECT, INSERT, UPDATE ON skiplock.cron_schedules TO skiplock_worker;
 GRANT SELECT, INSERT, UPDATE, DELETE ON skiplock.job_history TO skiplock_worker;
 
@@ -86,7 +90,7 @@ GRANT SELECT ON ALL TABLES IN SCHEMA skiplock TO skiplock_reader;
 -- ---- skiplock_operator: the dashboard read-write, `skiplock retry/cancel/queue/prune/cron`
 -- Reads everything; retries, cancels and deletes jobs through skiplock's functions (which
 -- write state, times and errors, clear a cancelled job's claim and fold a unique key's
--- payloads); pauses and resumes queues; prunes (as the pruner); edits cron schedules. Not
+-- payloads); pauses and resumes queues and sets their limits; prunes (as the pruner); edits cron schedules. Not
 -- claimed_by, claimed_at or attempt: an operator cannot claim a job.
 GRANT SELECT ON ALL TABLES IN SCHEMA skiplock TO skiplock_operator;
 GRANT UPDATE (state, scheduled_at, max_attempts, finished_at, last_error, claim_token,

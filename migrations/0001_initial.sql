@@ -196,13 +196,48 @@ CREATE TABLE skiplock.job_dependencies (
         CHECK (parent_state IS DISTINCT FROM 'succeeded')
 );
 
--- Queues: paused queues are never claimed from; running jobs finish.
+-- Queues: paused queues are never claimed from; running jobs finish. Global limits, held
+-- by every claim on every host (skiplock.internal_claim_batch): at most max_running of the
+-- queue's jobs running at once, and at most rate_limit claims starting in any window of
+-- rate_period. NULL: no such limit. A row may name a queue that has no jobs yet; its
+-- settings apply to the jobs that come. Changed at any time, they hold from the next claim.
 CREATE TABLE skiplock.queues (
-    name       text PRIMARY KEY,
-    paused     boolean NOT NULL DEFAULT false,
-    updated_at timestamptz NOT NULL DEFAULT now(),
+    name        text PRIMARY KEY,
+    paused      boolean NOT NULL DEFAULT false,
+    updated_at  timestamptz NOT NULL DEFAULT now(),
+    max_running int,
+    rate_limit  int,
+    rate_period interval,
     CONSTRAINT queues_name_not_empty CHECK (name <> ''),
-    CONSTRAINT queues_name_length CHECK (octet_length(name) <= 1000)
+    CONSTRAINT queues_name_length CHECK (octet_length(name) <= 1000),
+    -- Zero would be a pause; `paused` says that.
+    CONSTRAINT queues_max_running_at_least_1 CHECK (max_running >= 1),
+    -- The claim keeps the last rate_limit start times of the queue (queue_rate_starts).
+    CONSTRAINT queues_rate_limit_1_to_100000 CHECK (rate_limit BETWEEN 1 AND 100000),
+    CONSTRAINT queues_rate_period_positive CHECK (rate_period > interval '0'),
+    CONSTRAINT queues_rate_limit_and_period_together
+        CHECK ((rate_limit IS NULL) = (rate_period IS NULL))
+);
+
+-- Rate limits: the start times of a rate-limited queue's last `size` claimed jobs (size:
+-- the highest rate_limit the ring served), a ring per queue written in claim order: slot
+-- next_slot holds the oldest, and a claim reads only as many slots as it may take, so its
+-- cost follows the jobs it claims, not the limit. Kept by the claim under the queue's lock
+-- (skiplock.internal_rate_room, internal_rate_record); a limit raised above size makes the
+-- ring again, larger, with the starts it held.
+CREATE TABLE skiplock.queue_rate_rings (
+    queue     text PRIMARY KEY REFERENCES skiplock.queues (name)
+                  ON DELETE CASCADE ON UPDATE CASCADE,
+    size      int NOT NULL,
+    next_slot int NOT NULL,
+    CONSTRAINT queue_rate_rings_slot_in_ring CHECK (next_slot >= 0 AND next_slot < size)
+);
+CREATE TABLE skiplock.queue_rate_starts (
+    queue      text NOT NULL REFERENCES skiplock.queue_rate_rings (queue)
+                   ON DELETE CASCADE ON UPDATE CASCADE,
+    slot       int NOT NULL,
+    started_at timestamptz NOT NULL,
+    PRIMARY KEY (queue, slot)
 );
 
 -- Cron schedules: each slot produces exactly one job, whoever computes it first.
@@ -302,6 +337,12 @@ CREATE INDEX jobs_claim_idx ON skiplock.jobs_live (queue, priority, scheduled_at
 
 -- The reaper and the heartbeat look only at running rows.
 CREATE INDEX jobs_running_idx ON skiplock.jobs_live (heartbeat_at)
+    WHERE state = 'running';
+
+-- A queue's running jobs: what a claim of a queue with max_running counts (at most
+-- max_running entries while the limit holds), and what tells a worker that another claims
+-- from its queue (skiplock.internal_others_claiming).
+CREATE INDEX jobs_running_queue_idx ON skiplock.jobs_live (queue)
     WHERE state = 'running';
 
 -- Finished jobs by id (`skiplock show`, a retry by hand), and by age (the last hour of

@@ -144,6 +144,31 @@ COMMENT ON FUNCTION skiplock.internal_notify_runnable(text, smallint, timestampt
     'Tells workers that jobs of this queue became runnable from this priority and time on '
     '(at commit, if due): call it after requeuing jobs with a plain UPDATE.';
 
+-- Tells workers to look at a queue from its start (at commit): the form of
+-- skiplock_runnable for "what may be claimed changed", not "these jobs became runnable": a
+-- queue resumed or given room by a changed limit, a slot of a queue with max_running freed.
+CREATE OR REPLACE FUNCTION skiplock.internal_notify_queue_start(queue text) RETURNS void
+LANGUAGE sql AS $$
+    SELECT pg_notify('skiplock_runnable', E'-\t-\t' || queue);
+$$;
+
+-- Running jobs of these queues ended (succeeded, failed, released, reaped, cancelled): the
+-- queues among them that have max_running are looked at from the start, where the jobs
+-- the limit held back wait, so a freed slot is taken at the next claim of any worker and
+-- not at its next poll. Every statement that ends claims calls it with their queues; a job
+-- ended by a hand-written UPDATE is noticed at the workers' next poll. One probe of
+-- skiplock.queues per queue for queues without the limit.
+CREATE OR REPLACE FUNCTION skiplock.internal_notify_freed(queues text[]) RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF cardinality(queues) > 0 THEN
+        PERFORM skiplock.internal_notify_queue_start(q.name)
+        FROM skiplock.queues q
+        WHERE q.name = ANY (queues) AND q.max_running IS NOT NULL;
+    END IF;
+END;
+$$;
+
 -- ---- Unique keys -------------------------------------------------------------------------
 --
 -- Lock order. Whoever looks for a key's pending job holds the key's advisory lock until
@@ -631,6 +656,129 @@ $$;
 COMMENT ON FUNCTION skiplock.enqueue(text, jsonb, text, int, timestamptz, int, text, text, text, bigint[]) IS
     'Enqueues a job from any language and returns its id (or, for a unique_key already pending, that job''s id). Example: SELECT skiplock.enqueue(''send_email'', ''{"to": "a@example.com"}'', priority => -1);';
 
+-- ---- Global limits (skiplock.queues: max_running, rate_limit per rate_period) -----------
+--
+-- Held by the claim itself (internal_claim_batch), so every claimer obeys them: the Rust
+-- worker, `skiplock work`, skiplock.claim. A claim of a limited queue takes the queue's
+-- advisory lock until commit, so the claims of one limited queue take turns; then, in
+-- statements that see every claim committed before (READ COMMITTED, which such a claim
+-- requires), it counts what the queue runs and reads the starts the rate limit keeps, and
+-- claims at most what both leave. A killed worker's claims stay running, and so count,
+-- until they are reaped. Running jobs past a lowered limit finish; the claims wait until
+-- the queue is under it.
+
+-- The advisory lock id under which a limited queue's claims take turns.
+CREATE OR REPLACE FUNCTION skiplock.internal_queue_limit_lock_id(queue_name text) RETURNS bigint
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT hashtextextended('skiplock.queue_limit:' || queue_name, 0);
+$$;
+
+-- Makes a queue's ring of start times for `size` starts: the starts it held, oldest
+-- first, at its end, and slots whose start is '-infinity' (free: a whole period old)
+-- before them. Runs at the first claim after the limit is set above every limit the ring
+-- served before (a ring never shrinks: the starts a lowered limit does not need still
+-- count if it is raised again within the period), under the queue's lock; its cost
+-- follows the limit.
+CREATE OR REPLACE FUNCTION skiplock.internal_make_rate_ring(queue_name text, size int)
+RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+    kept timestamptz[];
+BEGIN
+    kept := ARRAY(SELECT k.t FROM (SELECT s.started_at AS t FROM skiplock.queue_rate_starts s
+                                   WHERE s.queue = queue_name AND s.started_at > '-infinity'
+                                   ORDER BY s.started_at DESC LIMIT size) k
+                  ORDER BY k.t);
+    DELETE FROM skiplock.queue_rate_starts s WHERE s.queue = queue_name;
+    INSERT INTO skiplock.queue_rate_rings AS r (queue, size, next_slot)
+    VALUES (queue_name, internal_make_rate_ring.size, 0)
+    ON CONFLICT (queue) DO UPDATE SET size = excluded.size, next_slot = 0;
+    INSERT INTO skiplock.queue_rate_starts (queue, slot, started_at)
+    SELECT queue_name, i,
+           coalesce(kept[i - (internal_make_rate_ring.size - cardinality(kept)) + 1], '-infinity')
+    FROM generate_series(0, internal_make_rate_ring.size - 1) AS i;
+END;
+$$;
+
+-- How many jobs of a rate-limited queue may start at `at` (up to `wanted`): a start may
+-- go only once the rate_limit-th start before it is more than rate_period old, so no
+-- window of rate_period holds more than rate_limit starts (by the times the claims
+-- record, each taken under the queue's lock, after the previous claim committed): exact,
+-- not on average. The ring holds the queue's last `size` starts (size >= rate_limit),
+-- oldest first from next_slot, so the rate_limit-th before the i-th new start is the
+-- (size - rate_limit + i)-th from next_slot. Reads `wanted` slots at most.
+CREATE OR REPLACE FUNCTION skiplock.internal_rate_room(queue_name text, rate_limit int,
+                                                       rate_period interval, at timestamptz,
+                                                       wanted bigint) RETURNS bigint
+LANGUAGE plpgsql
+SET enable_seqscan = off
+SET enable_bitmapscan = off
+SET jit = off
+AS $$
+DECLARE
+    ring skiplock.queue_rate_rings;
+    look bigint := least(wanted, rate_limit);
+    first_busy bigint;
+BEGIN
+    SELECT * INTO ring FROM skiplock.queue_rate_rings r WHERE r.queue = queue_name;
+    IF ring.queue IS NULL OR ring.size < rate_limit THEN
+        PERFORM skiplock.internal_make_rate_ring(queue_name, rate_limit);
+        SELECT * INTO ring FROM skiplock.queue_rate_rings r WHERE r.queue = queue_name;
+    END IF;
+    IF look <= 0 THEN
+        RETURN 0;
+    END IF;
+    SELECT min(i) INTO first_busy
+    FROM generate_series(0, look - 1) AS i
+    JOIN skiplock.queue_rate_starts s
+      ON s.queue = queue_name
+     AND s.slot = (ring.next_slot + ring.size - rate_limit + i) % ring.size
+    WHERE s.started_at >= at - rate_period;
+    RETURN coalesce(first_busy, look);
+END;
+$$;
+
+-- Records `taken` starts at `at` in the queue's ring, in place of its oldest. When the
+-- limit held jobs back, tells the workers when the next start may go (the rate_limit-th
+-- start before it a whole period old; skiplock_due_later, from the queue's start): a
+-- refilled window is claimed then, not at the next poll.
+CREATE OR REPLACE FUNCTION skiplock.internal_rate_record(queue_name text, taken bigint,
+                                                         at timestamptz, rate_limit int,
+                                                         rate_period interval,
+                                                         held_back boolean) RETURNS void
+LANGUAGE plpgsql
+SET enable_seqscan = off
+SET enable_bitmapscan = off
+SET jit = off
+AS $$
+DECLARE
+    ring skiplock.queue_rate_rings;
+    refill_in_us bigint;
+BEGIN
+    SELECT * INTO ring FROM skiplock.queue_rate_rings r WHERE r.queue = queue_name;
+    IF taken > 0 THEN
+        UPDATE skiplock.queue_rate_starts s SET started_at = at
+        WHERE s.queue = queue_name
+          AND s.slot = ANY (ARRAY(SELECT (ring.next_slot + i) % ring.size
+                                  FROM generate_series(0, least(taken, ring.size) - 1) AS i));
+        UPDATE skiplock.queue_rate_rings r
+        SET next_slot = ((ring.next_slot + taken) % ring.size)::int
+        WHERE r.queue = queue_name;
+    END IF;
+    IF held_back THEN
+        SELECT (extract(epoch FROM s.started_at + rate_period - clock_timestamp()) * 1000000)::bigint + 1
+        INTO refill_in_us
+        FROM skiplock.queue_rate_starts s
+        WHERE s.queue = queue_name
+          AND s.slot = (ring.next_slot + taken + ring.size - rate_limit) % ring.size;
+        PERFORM pg_notify('skiplock_due_later',
+            refill_in_us::text || E'\t' || refill_in_us::text || E'\t'
+            || skiplock.internal_runnable_payload(queue_name, (-32768)::smallint, '-infinity'))
+        WHERE refill_in_us IS NOT NULL;
+    END IF;
+END;
+$$;
+
 -- ---- Claim and completion (the worker's own statements) ----------------------------------
 
 -- The worker's claim: up to max_jobs runnable jobs of the given queues and kinds (NULL
@@ -666,6 +814,11 @@ COMMENT ON FUNCTION skiplock.enqueue(text, jsonb, text, int, timestamptz, int, t
 --   It is off in a transaction that already has an id and outside READ COMMITTED.
 -- * Rows are locked first and updated by ctid (no second index descent); the result is
 --   sorted after the update has finished, so an update that fails has returned nothing.
+-- * Global limits (see "Global limits" above): a claim that names a limited queue takes
+--   at most the room the queue's max_running and rate_limit leave, under the queue's lock,
+--   and only in READ COMMITTED. Named with other queues, each is claimed from in turn (in
+--   name order, up to max_jobs in all). The jobs it claims carry the time the limits were
+--   checked at as claimed_at (now() otherwise).
 CREATE OR REPLACE FUNCTION skiplock.internal_claim_batch(queues text[], kinds text[], max_jobs bigint, worker text,
                                      after_priority smallint DEFAULT NULL,
                                      after_scheduled_at_us bigint DEFAULT NULL,
@@ -694,6 +847,18 @@ DECLARE
     next_xid bigint := 0;
     filtering boolean := skip_in_flight AND pg_current_xact_id_if_assigned() IS NULL
         AND current_setting('transaction_isolation') = 'read committed';
+    -- The limited queue claimed from, its limits, and what they leave.
+    limited_queue text;
+    lim_max_running int;
+    lim_rate_limit int;
+    lim_rate_period interval;
+    room bigint := max_jobs;
+    wanted bigint;
+    rate_room bigint;
+    claim_time timestamptz;
+    one_queue text;
+    taken bigint;
+    got bigint := 0;
 BEGIN
     IF retry_lane_conflict AND take_lanes THEN
         -- The claim inside a subtransaction: a lane conflict it could not see rolls back
@@ -721,6 +886,60 @@ BEGIN
                     skip_in_flight, true, false);
                 RETURN;
         END;
+    END IF;
+    -- Global limits: a queue without any costs this one probe.
+    SELECT q.name, q.max_running, q.rate_limit, q.rate_period
+    INTO limited_queue, lim_max_running, lim_rate_limit, lim_rate_period
+    FROM skiplock.queues q
+    WHERE q.name = ANY (queues) AND NOT q.paused
+      AND (q.max_running IS NOT NULL OR q.rate_limit IS NOT NULL)
+    ORDER BY q.name
+    LIMIT 1;
+    IF limited_queue IS NOT NULL THEN
+        IF current_setting('transaction_isolation') <> 'read committed' THEN
+            -- An older snapshot would miss claims committed after it, and claim past the
+            -- limit.
+            RAISE EXCEPTION 'queue % has a global limit (max_running or rate_limit), which a claim holds only in READ COMMITTED; this transaction is %',
+                limited_queue, upper(current_setting('transaction_isolation'))
+                USING ERRCODE = 'invalid_transaction_state',
+                      HINT = 'claim in a READ COMMITTED transaction: BEGIN ISOLATION LEVEL READ COMMITTED, or SET default_transaction_isolation for the session';
+        END IF;
+        IF EXISTS (SELECT 1 FROM unnest(queues) AS q WHERE q IS DISTINCT FROM limited_queue) THEN
+            FOR one_queue IN SELECT DISTINCT q FROM unnest(queues) AS q WHERE q IS NOT NULL ORDER BY 1
+            LOOP
+                RETURN QUERY SELECT * FROM skiplock.internal_claim_batch(ARRAY[one_queue], kinds,
+                    max_jobs - got, worker, after_priority, after_scheduled_at_us, after_id,
+                    claim_with, skip_in_flight, take_lanes, false);
+                GET DIAGNOSTICS taken = ROW_COUNT;
+                got := got + taken;
+                EXIT WHEN got >= max_jobs;
+            END LOOP;
+            RETURN;
+        END IF;
+        PERFORM pg_advisory_xact_lock(skiplock.internal_queue_limit_lock_id(limited_queue));
+        -- After the lock: later than every claim of the queue committed before, so the
+        -- starts the rate limit records follow each other.
+        claim_time := clock_timestamp();
+        IF lim_max_running IS NOT NULL THEN
+            room := least(room, greatest(0, lim_max_running - (
+                SELECT count(*) FROM (SELECT FROM skiplock.jobs_live j
+                                      WHERE j.queue = limited_queue AND j.state = 'running'
+                                      LIMIT lim_max_running) r)));
+        END IF;
+        IF lim_rate_limit IS NOT NULL THEN
+            wanted := room;
+            rate_room := skiplock.internal_rate_room(limited_queue, lim_rate_limit,
+                                                     lim_rate_period, claim_time, wanted);
+            room := least(room, rate_room);
+        END IF;
+        IF room <= 0 THEN
+            IF rate_room IS NOT NULL THEN
+                PERFORM skiplock.internal_rate_record(limited_queue, 0, claim_time,
+                                                      lim_rate_limit, lim_rate_period,
+                                                      rate_room < wanted);
+            END IF;
+            RETURN;
+        END IF;
     END IF;
     -- Without a position, a key before every row: the full walk.
     IF after_priority IS NOT NULL AND after_scheduled_at_us IS NOT NULL
@@ -751,28 +970,32 @@ BEGIN
               AND (NOT filtering OR j.xmax = '0'::xid OR (
                   NOT j.xmax = ANY (in_flight)
                   AND (j.xmax::text::bigint - next_xid + 4294967296) % 4294967296 >= 1048576))
+              -- The lane's other unfinished jobs are in jobs_live: naming it, not
+              -- skiplock.jobs, keeps the statement to the one table it changes, so it
+              -- never holds jobs_live while it waits for the parent table (an ALTER TABLE
+              -- skiplock.jobs locks the parent first, then jobs_live).
               AND (j.ordering_key IS NULL OR (
                   take_lanes
                   AND NOT EXISTS (
-                      SELECT 1 FROM skiplock.jobs h
+                      SELECT 1 FROM skiplock.jobs_live h
                       WHERE h.ordering_key = j.ordering_key AND h.state = 'running')
                   AND NOT EXISTS (
-                      SELECT 1 FROM skiplock.jobs h
+                      SELECT 1 FROM skiplock.jobs_live h
                       WHERE h.ordering_key = j.ordering_key AND h.id < j.id
                         AND h.state IN ('waiting', 'queued', 'running'))
               ))
             ORDER BY j.priority, j.scheduled_at, j.id
-            LIMIT max_jobs
+            LIMIT room
             FOR UPDATE OF j SKIP LOCKED
         ) p
         WHERE NOT EXISTS (
             SELECT 1 FROM skiplock.queues q WHERE q.name = qn.name AND q.paused)
         ORDER BY p.priority, p.scheduled_at, p.id
-        LIMIT max_jobs
+        LIMIT room
     ), claimed AS (
         UPDATE skiplock.jobs_live j
         SET state = 'running', claim_token = coalesce(claim_with, gen_random_uuid()), claimed_by = worker,
-            claimed_at = now(), heartbeat_at = clock_timestamp(),
+            claimed_at = coalesce(claim_time, now()), heartbeat_at = clock_timestamp(),
             attempt = least(j.attempt, 2147483646) + 1
         WHERE j.ctid = ANY (ARRAY(SELECT p.ctid FROM picked p))
         RETURNING j.id, j.queue, j.kind, j.args, j.attempt, j.max_attempts,
@@ -786,6 +1009,12 @@ BEGIN
                 ELSE -9223372036854775808 END
     FROM claimed c
     ORDER BY c.priority, c.scheduled_at, c.id;
+    IF rate_room IS NOT NULL THEN
+        GET DIAGNOSTICS taken = ROW_COUNT;
+        PERFORM skiplock.internal_rate_record(limited_queue, taken, claim_time, lim_rate_limit,
+                                              lim_rate_period,
+                                              rate_room < wanted AND taken >= rate_room);
+    END IF;
 END;
 $$;
 
@@ -820,13 +1049,20 @@ SET enable_seqscan = off
 SET enable_bitmapscan = off
 SET jit = off
 AS $$
-    UPDATE skiplock.jobs j
-    SET state = 'succeeded', finished_at = now(), claim_token = NULL, heartbeat_at = NULL
-    FROM unnest(ids, tokens) AS c(id, token)
-    WHERE j.id = c.id AND j.claim_token = c.token AND j.state IN ('waiting', 'queued', 'running')
-    RETURNING j.id, j.state::text,
-              EXISTS (SELECT 1 FROM skiplock.job_dependencies d WHERE d.parent_id = j.id),
-              j.ordering_key;
+    WITH done AS (
+        UPDATE skiplock.jobs j
+        SET state = 'succeeded', finished_at = now(), claim_token = NULL, heartbeat_at = NULL
+        FROM unnest(ids, tokens) AS c(id, token)
+        WHERE j.id = c.id AND j.claim_token = c.token AND j.state IN ('waiting', 'queued', 'running')
+        RETURNING j.id, j.state::text AS state,
+                  EXISTS (SELECT 1 FROM skiplock.job_dependencies d WHERE d.parent_id = j.id)
+                      AS has_dependants,
+                  j.ordering_key, j.queue
+    ), freed AS (
+        SELECT skiplock.internal_notify_freed(array_agg(DISTINCT queue)) FROM done
+    )
+    SELECT id, state, has_dependants, ordering_key
+    FROM done, (SELECT count(*) FROM freed) f;
 $$;
 COMMENT ON FUNCTION skiplock.internal_complete_claims(bigint[], uuid[]) IS
     'Marks the given running jobs succeeded, each only if it still holds the given claim token, locking them in the order given (pass them sorted by id, as a worker does); returns those it changed, with what the worker does next for each (its dependants, its lane). What a worker calls.';
@@ -919,9 +1155,11 @@ LANGUAGE sql AS $$
                    min(scheduled_at) FILTER (WHERE scheduled_at > now()), max(scheduled_at))
         FROM saved WHERE state = 'queued'
         GROUP BY queue, priority
+    ), freed AS (
+        SELECT skiplock.internal_notify_freed(array_agg(DISTINCT queue)) FROM saved
     )
     SELECT id, state, has_dependants, ordering_key
-    FROM saved, (SELECT count(*) FROM runnable) r;
+    FROM saved, (SELECT count(*) FROM runnable) r, (SELECT count(*) FROM freed) f;
 $$;
 
 -- Claims given back without counting the attempt: a graceful shutdown (delay 0: the job
@@ -967,8 +1205,10 @@ LANGUAGE sql AS $$
         FROM released
         WHERE state = 'queued'
         GROUP BY queue, priority
+    ), freed AS (
+        SELECT skiplock.internal_notify_freed(array_agg(DISTINCT queue)) FROM released
     )
-    SELECT id FROM released, (SELECT count(*) FROM runnable) r;
+    SELECT id FROM released, (SELECT count(*) FROM runnable) r, (SELECT count(*) FROM freed) f;
 $$;
 
 -- Extends the claims still held with the database clock, and returns those gone (reaped,
@@ -1117,9 +1357,11 @@ BEGIN
                                                      max(scheduled_at))
            FROM taken_back WHERE state = 'queued'
            GROUP BY queue, priority
+       ), freed AS (
+           SELECT skiplock.internal_notify_freed(array_agg(DISTINCT queue)) FROM taken_back
        )
        SELECT array_agg(ROW(id, state, claimed_by, ordering_key)::skiplock.internal_reaped)
-       FROM taken_back, (SELECT count(*) FROM due_later) d
+       FROM taken_back, (SELECT count(*) FROM due_later) d, (SELECT count(*) FROM freed) f
     $reap$ INTO taken USING stale_after_ms, max_jobs, only_id, since;
             EXIT;
         EXCEPTION WHEN serialization_failure THEN
@@ -1161,7 +1403,7 @@ LANGUAGE sql AS $$
         LATERAL (SELECT id FROM skiplock.jobs_live j
                  WHERE j.id = c.id AND j.claim_token = c.token
                  FOR UPDATE) j
-    )
+    ), abandoned AS (
     UPDATE skiplock.jobs j
     SET state = 'dead', finished_at = now(), claim_token = NULL, heartbeat_at = NULL,
         last_error = $3,
@@ -1170,9 +1412,15 @@ LANGUAGE sql AS $$
             ELSE jsonb_build_array(jsonb_build_object('attempt', j.attempt, 'at', now(), 'message', $3))
             END
     WHERE j.id = ANY(ARRAY(SELECT id FROM held)) AND j.state IN ('waiting', 'queued', 'running')
-    RETURNING j.id, j.state::text,
-              EXISTS (SELECT 1 FROM skiplock.job_dependencies d WHERE d.parent_id = j.id),
-              j.ordering_key;
+    RETURNING j.id, j.state::text AS state,
+              EXISTS (SELECT 1 FROM skiplock.job_dependencies d WHERE d.parent_id = j.id)
+                  AS has_dependants,
+              j.ordering_key, j.queue
+    ), freed AS (
+        SELECT skiplock.internal_notify_freed(array_agg(DISTINCT queue)) FROM abandoned
+    )
+    SELECT id, state, has_dependants, ordering_key
+    FROM abandoned, (SELECT count(*) FROM freed) f;
 $$;
 
 -- The periodic repair of what a race may have left: waiting jobs whose parents have all
@@ -2256,8 +2504,9 @@ CREATE OR REPLACE FUNCTION skiplock.internal_cancel_job_once(job_id bigint) RETU
 LANGUAGE plpgsql AS $$
 DECLARE
     previous skiplock.job_state;
+    job_queue text;
 BEGIN
-    SELECT state INTO previous FROM skiplock.jobs WHERE id = job_id FOR UPDATE;
+    SELECT state, queue INTO previous, job_queue FROM skiplock.jobs WHERE id = job_id FOR UPDATE;
     IF previous IS NULL OR previous NOT IN ('waiting', 'queued', 'running') THEN
         RETURN false;
     END IF;
@@ -2267,6 +2516,7 @@ BEGIN
     WHERE id = job_id;
     IF previous = 'running' THEN
         PERFORM pg_notify('skiplock_cancel', job_id::text);
+        PERFORM skiplock.internal_notify_freed(ARRAY[job_queue]);
     END IF;
     PERFORM skiplock.internal_settle_dependants(ARRAY[job_id]);
     PERFORM skiplock.internal_advance_lanes(ARRAY(
@@ -2417,31 +2667,153 @@ BEGIN
 END;
 $$;
 
--- Pausing and resuming write the same row; one function checks the name and writes it.
-CREATE OR REPLACE FUNCTION skiplock.internal_set_queue_paused(queue_name text, paused boolean) RETURNS void
-LANGUAGE plpgsql AS $$
+-- Refuses a NULL or empty queue name, for the functions that write a queue's row.
+CREATE OR REPLACE FUNCTION skiplock.internal_check_queue_name(queue_name text) RETURNS void
+LANGUAGE plpgsql IMMUTABLE AS $$
 BEGIN
     IF queue_name IS NULL OR queue_name = '' THEN
         RAISE EXCEPTION 'a queue name cannot be empty'
             USING ERRCODE = 'check_violation',
                   HINT = 'pass the queue''s name as its jobs have it in skiplock.jobs.queue';
     END IF;
+END;
+$$;
+
+-- Pausing and resuming write the same row; one function checks the name and writes it.
+CREATE OR REPLACE FUNCTION skiplock.internal_set_queue_paused(queue_name text, paused boolean) RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM skiplock.internal_check_queue_name(queue_name);
     INSERT INTO skiplock.queues AS q (name, paused) VALUES (queue_name, internal_set_queue_paused.paused)
     ON CONFLICT (name) DO UPDATE SET paused = excluded.paused, updated_at = now();
 END;
 $$;
+
+-- Sets a queue's global limits, each NULL for none: at most max_running jobs running at
+-- once, and at most rate_limit starts in any window of rate_period. The same as writing the
+-- columns of its skiplock.queues row, which plain SQL may do; this checks the values with
+-- errors that say what to pass.
+CREATE OR REPLACE FUNCTION skiplock.set_queue_limits(queue_name text, max_running int,
+                                                     rate_limit int DEFAULT NULL,
+                                                     rate_period interval DEFAULT NULL)
+RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM skiplock.internal_check_queue_name(queue_name);
+    IF max_running < 1 THEN
+        RAISE EXCEPTION 'max_running is %, it must be at least 1', max_running
+            USING ERRCODE = 'check_violation',
+                  HINT = 'NULL removes the limit; to stop claiming, pause the queue (skiplock.pause_queue)';
+    END IF;
+    IF rate_limit < 1 OR rate_limit > 100000 THEN
+        RAISE EXCEPTION 'rate_limit is %, it must be between 1 and 100000', rate_limit
+            USING ERRCODE = 'check_violation',
+                  HINT = 'for more starts per period, use a shorter period: 100000 a minute is 1667 a second';
+    END IF;
+    IF (rate_limit IS NULL) <> (rate_period IS NULL) THEN
+        RAISE EXCEPTION 'rate_limit and rate_period go together: both or neither'
+            USING ERRCODE = 'check_violation',
+                  HINT = 'e.g. rate_limit => 100, rate_period => ''1 second''';
+    END IF;
+    IF rate_period <= interval '0' THEN
+        RAISE EXCEPTION 'rate_period is %, it must be longer than zero', rate_period
+            USING ERRCODE = 'check_violation';
+    END IF;
+    INSERT INTO skiplock.queues AS q (name, max_running, rate_limit, rate_period)
+    VALUES (queue_name, set_queue_limits.max_running, set_queue_limits.rate_limit,
+            set_queue_limits.rate_period)
+    ON CONFLICT (name) DO UPDATE
+    SET max_running = excluded.max_running, rate_limit = excluded.rate_limit,
+        rate_period = excluded.rate_period, updated_at = now();
+END;
+$$;
+COMMENT ON FUNCTION skiplock.set_queue_limits(text, int, int, interval) IS
+    'Sets a queue''s global limits across every worker (NULL: none): max_running jobs at once, rate_limit starts per rate_period. Example: SELECT skiplock.set_queue_limits(''exports'', max_running => 5); SELECT skiplock.set_queue_limits(''mail'', NULL, 100, ''1 second'');';
 
 CREATE OR REPLACE FUNCTION skiplock.pause_queue(queue_name text) RETURNS void
 LANGUAGE sql AS $$
     SELECT skiplock.internal_set_queue_paused(queue_name, true);
 $$;
 
--- A paused queue's jobs were not claimed, and late commits noticed meanwhile may lie
--- behind the worker's position: a resumed queue is looked at from the start.
+-- Why a job that has not finished is not running now, in words (NULL for a running or
+-- finished job, or none by that id): what `skiplock show` prints as `why`. One job's
+-- lookups: its lane's head, its parents, its queue's row and (under a limit) the queue's
+-- running jobs, at most max_running of them.
+CREATE OR REPLACE FUNCTION skiplock.why_not_running(job_id bigint) RETURNS text
+LANGUAGE plpgsql STABLE
+SET enable_seqscan = off
+SET enable_bitmapscan = off
+AS $$
+DECLARE
+    job skiplock.jobs;
+    queue_row skiplock.queues;
+    ahead bigint;
+    parents text;
+    running bigint;
+    rate_next timestamptz;
+BEGIN
+    SELECT * INTO job FROM skiplock.jobs_live j WHERE j.id = job_id;
+    IF job.id IS NULL OR job.state = 'running' THEN
+        RETURN NULL;
+    END IF;
+    IF job.state = 'waiting' THEN
+        IF job.ordering_key IS NOT NULL THEN
+            SELECT min(h.id) INTO ahead FROM skiplock.jobs_live h
+            WHERE h.ordering_key = job.ordering_key AND h.id < job.id;
+            IF ahead IS NOT NULL THEN
+                RETURN format('waits behind job %s of its lane %L: a lane runs its jobs one at a time, in order',
+                              ahead, job.ordering_key);
+            END IF;
+        END IF;
+        SELECT string_agg(d.parent_id::text, ', ' ORDER BY d.parent_id) INTO parents
+        FROM skiplock.job_dependencies d
+        LEFT JOIN LATERAL (SELECT p.state FROM skiplock.jobs p WHERE p.id = d.parent_id LIMIT 1) p ON true
+        WHERE d.job_id = job.id AND p.state IS DISTINCT FROM 'succeeded' AND d.parent_state IS NULL;
+        IF parents IS NOT NULL THEN
+            RETURN format('waits for its parent jobs to succeed: %s', parents);
+        END IF;
+        RETURN 'waiting; the next pass of a worker''s sweep (or skiplock.maintain) queues it';
+    END IF;
+    IF job.scheduled_at > now() THEN
+        RETURN format('scheduled: runnable from %s', job.scheduled_at);
+    END IF;
+    SELECT * INTO queue_row FROM skiplock.queues q WHERE q.name = job.queue;
+    IF queue_row.paused THEN
+        RETURN format('queue %L is paused (skiplock queue resume %s)', job.queue, job.queue);
+    END IF;
+    IF queue_row.max_running IS NOT NULL THEN
+        SELECT count(*) INTO running
+        FROM (SELECT FROM skiplock.jobs_live j
+              WHERE j.queue = job.queue AND j.state = 'running'
+              LIMIT queue_row.max_running) r;
+        IF running >= queue_row.max_running THEN
+            RETURN format('held back by the queue''s max_running: %s of queue %L''s jobs run, its limit',
+                          running, job.queue);
+        END IF;
+    END IF;
+    IF queue_row.rate_limit IS NOT NULL THEN
+        SELECT s.started_at + queue_row.rate_period INTO rate_next
+        FROM skiplock.queue_rate_rings g
+        JOIN skiplock.queue_rate_starts s
+          ON s.queue = g.queue
+         AND s.slot = (g.next_slot + g.size - queue_row.rate_limit) % g.size
+        WHERE g.queue = job.queue AND g.size >= queue_row.rate_limit;
+        IF rate_next > now() THEN
+            RETURN format('held back by the queue''s rate limit: %s starts of queue %L in %s; the next may start at %s',
+                          queue_row.rate_limit, job.queue, queue_row.rate_period, rate_next);
+        END IF;
+    END IF;
+    RETURN format('runnable: the next free worker of queue %L takes it in claim order (priority, scheduled_at, id)',
+                  job.queue);
+END;
+$$;
+COMMENT ON FUNCTION skiplock.why_not_running(bigint) IS
+    'Why a job that has not finished is not running now, in words: its lane, its parents, its schedule, a paused queue, a global limit, or waiting for a worker (NULL for a running or finished job). Example: SELECT skiplock.why_not_running(42);';
+
+-- Workers look at a resumed queue from the start (the trigger on skiplock.queues).
 CREATE OR REPLACE FUNCTION skiplock.resume_queue(queue_name text) RETURNS void
 LANGUAGE sql AS $$
     SELECT skiplock.internal_set_queue_paused(queue_name, false);
-    SELECT pg_notify('skiplock_runnable', E'-\t-\t' || queue_name);
 $$;
 
 -- ---- History rollup ----------------------------------------------------------------------
@@ -2702,6 +3074,17 @@ REVOKE EXECUTE ON FUNCTION skiplock.internal_prepare_done_partitions(date, int),
 
 -- Inserts: one notification per statement, queue and priority for the jobs due now, at the
 -- earliest time, and one for those due later, with when the first and the last come due.
+-- A queue written while not paused (resumed, a limit raised or removed, or new) may let
+-- claims take jobs they could not: workers look at it from the start. Pausing needs no
+-- message: claims stop finding it.
+CREATE OR REPLACE FUNCTION skiplock.internal_queues_after_write() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM skiplock.internal_notify_queue_start(NEW.name);
+    RETURN NULL;
+END;
+$$;
+
 CREATE OR REPLACE FUNCTION skiplock.internal_notify_jobs_inserted() RETURNS trigger
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -3005,6 +3388,12 @@ CREATE OR REPLACE TRIGGER job_dependencies_after_insert
     AFTER INSERT ON skiplock.job_dependencies
     FOR EACH ROW EXECUTE FUNCTION skiplock.internal_job_dependencies_after_insert();
 
+CREATE OR REPLACE TRIGGER queues_after_write
+    AFTER INSERT OR UPDATE ON skiplock.queues
+    FOR EACH ROW
+    WHEN (NOT NEW.paused)
+    EXECUTE FUNCTION skiplock.internal_queues_after_write();
+
 CREATE OR REPLACE TRIGGER cron_schedules_before_write
     BEFORE INSERT OR UPDATE ON skiplock.cron_schedules
     FOR EACH ROW EXECUTE FUNCTION skiplock.internal_cron_schedules_before_write();
@@ -3069,6 +3458,36 @@ LEFT JOIN skiplock.queues q ON q.name = j.queue
 GROUP BY j.queue, q.paused;
 COMMENT ON VIEW skiplock.queue_counts IS
     'Per queue: how many retained jobs are in each state. Example: SELECT queue, queued, dead FROM skiplock.queue_counts WHERE dead > 0;';
+
+-- Queues with a global limit: each limit, its use now, and the runnable jobs it holds
+-- back. started_in_period counts the starts the rate limit keeps (those of the last
+-- rate_period); holding_back names the limit that keeps runnable jobs from starting now.
+CREATE OR REPLACE VIEW skiplock.queue_limits AS
+SELECT q.name AS queue,
+       q.paused,
+       q.max_running,
+       r.running,
+       q.rate_limit,
+       q.rate_period,
+       s.started AS started_in_period,
+       CASE WHEN q.max_running IS NOT NULL AND r.running >= q.max_running THEN 'max_running'
+            WHEN q.rate_limit IS NOT NULL AND s.started >= q.rate_limit THEN 'rate_limit'
+       END AS holding_back,
+       w.runnable,
+       CASE WHEN (q.max_running IS NOT NULL AND r.running >= q.max_running)
+                 OR (q.rate_limit IS NOT NULL AND s.started >= q.rate_limit)
+            THEN w.runnable ELSE 0 END AS held_back
+FROM skiplock.queues q
+CROSS JOIN LATERAL (SELECT count(*) AS running FROM skiplock.jobs_live j
+                    WHERE j.queue = q.name AND j.state = 'running') r
+CROSS JOIN LATERAL (SELECT count(*) AS started FROM skiplock.queue_rate_starts x
+                    WHERE x.queue = q.name AND x.started_at > now() - q.rate_period) s
+CROSS JOIN LATERAL (SELECT count(*) AS runnable FROM skiplock.jobs_live j
+                    WHERE j.queue = q.name AND j.state = 'queued'
+                      AND j.scheduled_at <= now()) w
+WHERE q.max_running IS NOT NULL OR q.rate_limit IS NOT NULL;
+COMMENT ON VIEW skiplock.queue_limits IS
+    'Per queue with a global limit: max_running and the jobs running, rate_limit per rate_period and the starts in the last period, which limit holds runnable jobs back now (holding_back) and how many (held_back). Example: SELECT queue, running, max_running, held_back FROM skiplock.queue_limits;';
 
 CREATE OR REPLACE VIEW skiplock.queue_lag AS
 SELECT queue,

@@ -385,7 +385,7 @@ CREATE FUNCTION skiplock.internal_abandon_claims(ids bigint[], tokens uuid[], me
         LATERAL (SELECT id FROM skiplock.jobs_live j
                  WHERE j.id = c.id AND j.claim_token = c.token
                  FOR UPDATE) j
-    )
+    ), abandoned AS (
     UPDATE skiplock.jobs j
     SET state = 'dead', finished_at = now(), claim_token = NULL, heartbeat_at = NULL,
         last_error = $3,
@@ -394,9 +394,15 @@ CREATE FUNCTION skiplock.internal_abandon_claims(ids bigint[], tokens uuid[], me
             ELSE jsonb_build_array(jsonb_build_object('attempt', j.attempt, 'at', now(), 'message', $3))
             END
     WHERE j.id = ANY(ARRAY(SELECT id FROM held)) AND j.state IN ('waiting', 'queued', 'running')
-    RETURNING j.id, j.state::text,
-              EXISTS (SELECT 1 FROM skiplock.job_dependencies d WHERE d.parent_id = j.id),
-              j.ordering_key;
+    RETURNING j.id, j.state::text AS state,
+              EXISTS (SELECT 1 FROM skiplock.job_dependencies d WHERE d.parent_id = j.id)
+                  AS has_dependants,
+              j.ordering_key, j.queue
+    ), freed AS (
+        SELECT skiplock.internal_notify_freed(array_agg(DISTINCT queue)) FROM abandoned
+    )
+    SELECT id, state, has_dependants, ordering_key
+    FROM abandoned, (SELECT count(*) FROM freed) f;
 $_$;
 
 --
@@ -500,8 +506,9 @@ CREATE FUNCTION skiplock.internal_cancel_job_once(job_id bigint) RETURNS boolean
     AS $$
 DECLARE
     previous skiplock.job_state;
+    job_queue text;
 BEGIN
-    SELECT state INTO previous FROM skiplock.jobs WHERE id = job_id FOR UPDATE;
+    SELECT state, queue INTO previous, job_queue FROM skiplock.jobs WHERE id = job_id FOR UPDATE;
     IF previous IS NULL OR previous NOT IN ('waiting', 'queued', 'running') THEN
         RETURN false;
     END IF;
@@ -511,6 +518,7 @@ BEGIN
     WHERE id = job_id;
     IF previous = 'running' THEN
         PERFORM pg_notify('skiplock_cancel', job_id::text);
+        PERFORM skiplock.internal_notify_freed(ARRAY[job_queue]);
     END IF;
     PERFORM skiplock.internal_settle_dependants(ARRAY[job_id]);
     PERFORM skiplock.internal_advance_lanes(ARRAY(
@@ -545,6 +553,22 @@ END;
 $$;
 
 --
+-- Name: internal_check_queue_name(text); Type: FUNCTION; Schema: skiplock; Owner: -
+--
+
+CREATE FUNCTION skiplock.internal_check_queue_name(queue_name text) RETURNS void
+    LANGUAGE plpgsql IMMUTABLE
+    AS $$
+BEGIN
+    IF queue_name IS NULL OR queue_name = '' THEN
+        RAISE EXCEPTION 'a queue name cannot be empty'
+            USING ERRCODE = 'check_violation',
+                  HINT = 'pass the queue''s name as its jobs have it in skiplock.jobs.queue';
+    END IF;
+END;
+$$;
+
+--
 -- Name: internal_claim_batch(text[], text[], bigint, text, smallint, bigint, bigint, uuid, boolean, boolean, boolean); Type: FUNCTION; Schema: skiplock; Owner: -
 --
 
@@ -567,6 +591,18 @@ DECLARE
     next_xid bigint := 0;
     filtering boolean := skip_in_flight AND pg_current_xact_id_if_assigned() IS NULL
         AND current_setting('transaction_isolation') = 'read committed';
+    -- The limited queue claimed from, its limits, and what they leave.
+    limited_queue text;
+    lim_max_running int;
+    lim_rate_limit int;
+    lim_rate_period interval;
+    room bigint := max_jobs;
+    wanted bigint;
+    rate_room bigint;
+    claim_time timestamptz;
+    one_queue text;
+    taken bigint;
+    got bigint := 0;
 BEGIN
     IF retry_lane_conflict AND take_lanes THEN
         -- The claim inside a subtransaction: a lane conflict it could not see rolls back
@@ -594,6 +630,60 @@ BEGIN
                     skip_in_flight, true, false);
                 RETURN;
         END;
+    END IF;
+    -- Global limits: a queue without any costs this one probe.
+    SELECT q.name, q.max_running, q.rate_limit, q.rate_period
+    INTO limited_queue, lim_max_running, lim_rate_limit, lim_rate_period
+    FROM skiplock.queues q
+    WHERE q.name = ANY (queues) AND NOT q.paused
+      AND (q.max_running IS NOT NULL OR q.rate_limit IS NOT NULL)
+    ORDER BY q.name
+    LIMIT 1;
+    IF limited_queue IS NOT NULL THEN
+        IF current_setting('transaction_isolation') <> 'read committed' THEN
+            -- An older snapshot would miss claims committed after it, and claim past the
+            -- limit.
+            RAISE EXCEPTION 'queue % has a global limit (max_running or rate_limit), which a claim holds only in READ COMMITTED; this transaction is %',
+                limited_queue, upper(current_setting('transaction_isolation'))
+                USING ERRCODE = 'invalid_transaction_state',
+                      HINT = 'claim in a READ COMMITTED transaction: BEGIN ISOLATION LEVEL READ COMMITTED, or SET default_transaction_isolation for the session';
+        END IF;
+        IF EXISTS (SELECT 1 FROM unnest(queues) AS q WHERE q IS DISTINCT FROM limited_queue) THEN
+            FOR one_queue IN SELECT DISTINCT q FROM unnest(queues) AS q WHERE q IS NOT NULL ORDER BY 1
+            LOOP
+                RETURN QUERY SELECT * FROM skiplock.internal_claim_batch(ARRAY[one_queue], kinds,
+                    max_jobs - got, worker, after_priority, after_scheduled_at_us, after_id,
+                    claim_with, skip_in_flight, take_lanes, false);
+                GET DIAGNOSTICS taken = ROW_COUNT;
+                got := got + taken;
+                EXIT WHEN got >= max_jobs;
+            END LOOP;
+            RETURN;
+        END IF;
+        PERFORM pg_advisory_xact_lock(skiplock.internal_queue_limit_lock_id(limited_queue));
+        -- After the lock: later than every claim of the queue committed before, so the
+        -- starts the rate limit records follow each other.
+        claim_time := clock_timestamp();
+        IF lim_max_running IS NOT NULL THEN
+            room := least(room, greatest(0, lim_max_running - (
+                SELECT count(*) FROM (SELECT FROM skiplock.jobs_live j
+                                      WHERE j.queue = limited_queue AND j.state = 'running'
+                                      LIMIT lim_max_running) r)));
+        END IF;
+        IF lim_rate_limit IS NOT NULL THEN
+            wanted := room;
+            rate_room := skiplock.internal_rate_room(limited_queue, lim_rate_limit,
+                                                     lim_rate_period, claim_time, wanted);
+            room := least(room, rate_room);
+        END IF;
+        IF room <= 0 THEN
+            IF rate_room IS NOT NULL THEN
+                PERFORM skiplock.internal_rate_record(limited_queue, 0, claim_time,
+                                                      lim_rate_limit, lim_rate_period,
+                                                      rate_room < wanted);
+            END IF;
+            RETURN;
+        END IF;
     END IF;
     -- Without a position, a key before every row: the full walk.
     IF after_priority IS NOT NULL AND after_scheduled_at_us IS NOT NULL
@@ -624,28 +714,32 @@ BEGIN
               AND (NOT filtering OR j.xmax = '0'::xid OR (
                   NOT j.xmax = ANY (in_flight)
                   AND (j.xmax::text::bigint - next_xid + 4294967296) % 4294967296 >= 1048576))
+              -- The lane's other unfinished jobs are in jobs_live: naming it, not
+              -- skiplock.jobs, keeps the statement to the one table it changes, so it
+              -- never holds jobs_live while it waits for the parent table (an ALTER TABLE
+              -- skiplock.jobs locks the parent first, then jobs_live).
               AND (j.ordering_key IS NULL OR (
                   take_lanes
                   AND NOT EXISTS (
-                      SELECT 1 FROM skiplock.jobs h
+                      SELECT 1 FROM skiplock.jobs_live h
                       WHERE h.ordering_key = j.ordering_key AND h.state = 'running')
                   AND NOT EXISTS (
-                      SELECT 1 FROM skiplock.jobs h
+                      SELECT 1 FROM skiplock.jobs_live h
                       WHERE h.ordering_key = j.ordering_key AND h.id < j.id
                         AND h.state IN ('waiting', 'queued', 'running'))
               ))
             ORDER BY j.priority, j.scheduled_at, j.id
-            LIMIT max_jobs
+            LIMIT room
             FOR UPDATE OF j SKIP LOCKED
         ) p
         WHERE NOT EXISTS (
             SELECT 1 FROM skiplock.queues q WHERE q.name = qn.name AND q.paused)
         ORDER BY p.priority, p.scheduled_at, p.id
-        LIMIT max_jobs
+        LIMIT room
     ), claimed AS (
         UPDATE skiplock.jobs_live j
         SET state = 'running', claim_token = coalesce(claim_with, gen_random_uuid()), claimed_by = worker,
-            claimed_at = now(), heartbeat_at = clock_timestamp(),
+            claimed_at = coalesce(claim_time, now()), heartbeat_at = clock_timestamp(),
             attempt = least(j.attempt, 2147483646) + 1
         WHERE j.ctid = ANY (ARRAY(SELECT p.ctid FROM picked p))
         RETURNING j.id, j.queue, j.kind, j.args, j.attempt, j.max_attempts,
@@ -659,6 +753,12 @@ BEGIN
                 ELSE -9223372036854775808 END
     FROM claimed c
     ORDER BY c.priority, c.scheduled_at, c.id;
+    IF rate_room IS NOT NULL THEN
+        GET DIAGNOSTICS taken = ROW_COUNT;
+        PERFORM skiplock.internal_rate_record(limited_queue, taken, claim_time, lim_rate_limit,
+                                              lim_rate_period,
+                                              rate_room < wanted AND taken >= rate_room);
+    END IF;
 END;
 $$;
 
@@ -674,13 +774,20 @@ CREATE FUNCTION skiplock.internal_complete_claims(ids bigint[], tokens uuid[]) R
     SET enable_bitmapscan TO 'off'
     SET jit TO 'off'
     AS $$
-    UPDATE skiplock.jobs j
-    SET state = 'succeeded', finished_at = now(), claim_token = NULL, heartbeat_at = NULL
-    FROM unnest(ids, tokens) AS c(id, token)
-    WHERE j.id = c.id AND j.claim_token = c.token AND j.state IN ('waiting', 'queued', 'running')
-    RETURNING j.id, j.state::text,
-              EXISTS (SELECT 1 FROM skiplock.job_dependencies d WHERE d.parent_id = j.id),
-              j.ordering_key;
+    WITH done AS (
+        UPDATE skiplock.jobs j
+        SET state = 'succeeded', finished_at = now(), claim_token = NULL, heartbeat_at = NULL
+        FROM unnest(ids, tokens) AS c(id, token)
+        WHERE j.id = c.id AND j.claim_token = c.token AND j.state IN ('waiting', 'queued', 'running')
+        RETURNING j.id, j.state::text AS state,
+                  EXISTS (SELECT 1 FROM skiplock.job_dependencies d WHERE d.parent_id = j.id)
+                      AS has_dependants,
+                  j.ordering_key, j.queue
+    ), freed AS (
+        SELECT skiplock.internal_notify_freed(array_agg(DISTINCT queue)) FROM done
+    )
+    SELECT id, state, has_dependants, ordering_key
+    FROM done, (SELECT count(*) FROM freed) f;
 $$;
 
 --
@@ -1246,9 +1353,11 @@ CREATE FUNCTION skiplock.internal_fail_claims(ids bigint[], tokens uuid[], messa
                    min(scheduled_at) FILTER (WHERE scheduled_at > now()), max(scheduled_at))
         FROM saved WHERE state = 'queued'
         GROUP BY queue, priority
+    ), freed AS (
+        SELECT skiplock.internal_notify_freed(array_agg(DISTINCT queue)) FROM saved
     )
     SELECT id, state, has_dependants, ordering_key
-    FROM saved, (SELECT count(*) FROM runnable) r;
+    FROM saved, (SELECT count(*) FROM runnable) r, (SELECT count(*) FROM freed) f;
 $_$;
 
 --
@@ -1651,6 +1760,31 @@ END;
 $$;
 
 --
+-- Name: internal_make_rate_ring(text, integer); Type: FUNCTION; Schema: skiplock; Owner: -
+--
+
+CREATE FUNCTION skiplock.internal_make_rate_ring(queue_name text, size integer) RETURNS void
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    kept timestamptz[];
+BEGIN
+    kept := ARRAY(SELECT k.t FROM (SELECT s.started_at AS t FROM skiplock.queue_rate_starts s
+                                   WHERE s.queue = queue_name AND s.started_at > '-infinity'
+                                   ORDER BY s.started_at DESC LIMIT size) k
+                  ORDER BY k.t);
+    DELETE FROM skiplock.queue_rate_starts s WHERE s.queue = queue_name;
+    INSERT INTO skiplock.queue_rate_rings AS r (queue, size, next_slot)
+    VALUES (queue_name, internal_make_rate_ring.size, 0)
+    ON CONFLICT (queue) DO UPDATE SET size = excluded.size, next_slot = 0;
+    INSERT INTO skiplock.queue_rate_starts (queue, slot, started_at)
+    SELECT queue_name, i,
+           coalesce(kept[i - (internal_make_rate_ring.size - cardinality(kept)) + 1], '-infinity')
+    FROM generate_series(0, internal_make_rate_ring.size - 1) AS i;
+END;
+$$;
+
+--
 -- Name: internal_may_retry_moved(integer); Type: FUNCTION; Schema: skiplock; Owner: -
 --
 
@@ -1718,6 +1852,22 @@ CREATE FUNCTION skiplock.internal_notify_due_later(queue text, priority smallint
 $$;
 
 --
+-- Name: internal_notify_freed(text[]); Type: FUNCTION; Schema: skiplock; Owner: -
+--
+
+CREATE FUNCTION skiplock.internal_notify_freed(queues text[]) RETURNS void
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    IF cardinality(queues) > 0 THEN
+        PERFORM skiplock.internal_notify_queue_start(q.name)
+        FROM skiplock.queues q
+        WHERE q.name = ANY (queues) AND q.max_running IS NOT NULL;
+    END IF;
+END;
+$$;
+
+--
 -- Name: internal_notify_jobs_inserted(); Type: FUNCTION; Schema: skiplock; Owner: -
 --
 
@@ -1747,6 +1897,16 @@ BEGIN
     END LOOP;
     RETURN NULL;
 END;
+$$;
+
+--
+-- Name: internal_notify_queue_start(text); Type: FUNCTION; Schema: skiplock; Owner: -
+--
+
+CREATE FUNCTION skiplock.internal_notify_queue_start(queue text) RETURNS void
+    LANGUAGE sql
+    AS $$
+    SELECT pg_notify('skiplock_runnable', E'-\t-\t' || queue);
 $$;
 
 --
@@ -1864,6 +2024,16 @@ CREATE FUNCTION skiplock.internal_prune_cutoff(finished skiplock.job_state, rete
 $$;
 
 --
+-- Name: internal_queue_limit_lock_id(text); Type: FUNCTION; Schema: skiplock; Owner: -
+--
+
+CREATE FUNCTION skiplock.internal_queue_limit_lock_id(queue_name text) RETURNS bigint
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    AS $$
+    SELECT hashtextextended('skiplock.queue_limit:' || queue_name, 0);
+$$;
+
+--
 -- Name: internal_queue_ready_dependants(bigint[]); Type: FUNCTION; Schema: skiplock; Owner: -
 --
 
@@ -1897,6 +2067,90 @@ BEGIN
     FROM unnest(promoted_keys) AS k
     GROUP BY k.queue, k.priority;
     RETURN promoted;
+END;
+$$;
+
+--
+-- Name: internal_queues_after_write(); Type: FUNCTION; Schema: skiplock; Owner: -
+--
+
+CREATE FUNCTION skiplock.internal_queues_after_write() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    PERFORM skiplock.internal_notify_queue_start(NEW.name);
+    RETURN NULL;
+END;
+$$;
+
+--
+-- Name: internal_rate_record(text, bigint, timestamp with time zone, integer, interval, boolean); Type: FUNCTION; Schema: skiplock; Owner: -
+--
+
+CREATE FUNCTION skiplock.internal_rate_record(queue_name text, taken bigint, at timestamp with time zone, rate_limit integer, rate_period interval, held_back boolean) RETURNS void
+    LANGUAGE plpgsql
+    SET enable_seqscan TO 'off'
+    SET enable_bitmapscan TO 'off'
+    SET jit TO 'off'
+    AS $$
+DECLARE
+    ring skiplock.queue_rate_rings;
+    refill_in_us bigint;
+BEGIN
+    SELECT * INTO ring FROM skiplock.queue_rate_rings r WHERE r.queue = queue_name;
+    IF taken > 0 THEN
+        UPDATE skiplock.queue_rate_starts s SET started_at = at
+        WHERE s.queue = queue_name
+          AND s.slot = ANY (ARRAY(SELECT (ring.next_slot + i) % ring.size
+                                  FROM generate_series(0, least(taken, ring.size) - 1) AS i));
+        UPDATE skiplock.queue_rate_rings r
+        SET next_slot = ((ring.next_slot + taken) % ring.size)::int
+        WHERE r.queue = queue_name;
+    END IF;
+    IF held_back THEN
+        SELECT (extract(epoch FROM s.started_at + rate_period - clock_timestamp()) * 1000000)::bigint + 1
+        INTO refill_in_us
+        FROM skiplock.queue_rate_starts s
+        WHERE s.queue = queue_name
+          AND s.slot = (ring.next_slot + taken + ring.size - rate_limit) % ring.size;
+        PERFORM pg_notify('skiplock_due_later',
+            refill_in_us::text || E'\t' || refill_in_us::text || E'\t'
+            || skiplock.internal_runnable_payload(queue_name, (-32768)::smallint, '-infinity'))
+        WHERE refill_in_us IS NOT NULL;
+    END IF;
+END;
+$$;
+
+--
+-- Name: internal_rate_room(text, integer, interval, timestamp with time zone, bigint); Type: FUNCTION; Schema: skiplock; Owner: -
+--
+
+CREATE FUNCTION skiplock.internal_rate_room(queue_name text, rate_limit integer, rate_period interval, at timestamp with time zone, wanted bigint) RETURNS bigint
+    LANGUAGE plpgsql
+    SET enable_seqscan TO 'off'
+    SET enable_bitmapscan TO 'off'
+    SET jit TO 'off'
+    AS $$
+DECLARE
+    ring skiplock.queue_rate_rings;
+    look bigint := least(wanted, rate_limit);
+    first_busy bigint;
+BEGIN
+    SELECT * INTO ring FROM skiplock.queue_rate_rings r WHERE r.queue = queue_name;
+    IF ring.queue IS NULL OR ring.size < rate_limit THEN
+        PERFORM skiplock.internal_make_rate_ring(queue_name, rate_limit);
+        SELECT * INTO ring FROM skiplock.queue_rate_rings r WHERE r.queue = queue_name;
+    END IF;
+    IF look <= 0 THEN
+        RETURN 0;
+    END IF;
+    SELECT min(i) INTO first_busy
+    FROM generate_series(0, look - 1) AS i
+    JOIN skiplock.queue_rate_starts s
+      ON s.queue = queue_name
+     AND s.slot = (ring.next_slot + ring.size - rate_limit + i) % ring.size
+    WHERE s.started_at >= at - rate_period;
+    RETURN coalesce(first_busy, look);
 END;
 $$;
 
@@ -1963,9 +2217,11 @@ BEGIN
                                                      max(scheduled_at))
            FROM taken_back WHERE state = 'queued'
            GROUP BY queue, priority
+       ), freed AS (
+           SELECT skiplock.internal_notify_freed(array_agg(DISTINCT queue)) FROM taken_back
        )
        SELECT array_agg(ROW(id, state, claimed_by, ordering_key)::skiplock.internal_reaped)
-       FROM taken_back, (SELECT count(*) FROM due_later) d
+       FROM taken_back, (SELECT count(*) FROM due_later) d, (SELECT count(*) FROM freed) f
     $reap$ INTO taken USING stale_after_ms, max_jobs, only_id, since;
             EXIT;
         EXCEPTION WHEN serialization_failure THEN
@@ -2035,8 +2291,10 @@ CREATE FUNCTION skiplock.internal_release_claims(ids bigint[], tokens uuid[], de
         FROM released
         WHERE state = 'queued'
         GROUP BY queue, priority
+    ), freed AS (
+        SELECT skiplock.internal_notify_freed(array_agg(DISTINCT queue)) FROM released
     )
-    SELECT id FROM released, (SELECT count(*) FROM runnable) r;
+    SELECT id FROM released, (SELECT count(*) FROM runnable) r, (SELECT count(*) FROM freed) f;
 $_$;
 
 --
@@ -2231,11 +2489,7 @@ CREATE FUNCTION skiplock.internal_set_queue_paused(queue_name text, paused boole
     LANGUAGE plpgsql
     AS $$
 BEGIN
-    IF queue_name IS NULL OR queue_name = '' THEN
-        RAISE EXCEPTION 'a queue name cannot be empty'
-            USING ERRCODE = 'check_violation',
-                  HINT = 'pass the queue''s name as its jobs have it in skiplock.jobs.queue';
-    END IF;
+    PERFORM skiplock.internal_check_queue_name(queue_name);
     INSERT INTO skiplock.queues AS q (name, paused) VALUES (queue_name, internal_set_queue_paused.paused)
     ON CONFLICT (name) DO UPDATE SET paused = excluded.paused, updated_at = now();
 END;
@@ -2658,7 +2912,6 @@ CREATE FUNCTION skiplock.resume_queue(queue_name text) RETURNS void
     LANGUAGE sql
     AS $$
     SELECT skiplock.internal_set_queue_paused(queue_name, false);
-    SELECT pg_notify('skiplock_runnable', E'-\t-\t' || queue_name);
 $$;
 
 --
@@ -2766,6 +3019,49 @@ END;
 $$;
 
 --
+-- Name: set_queue_limits(text, integer, integer, interval); Type: FUNCTION; Schema: skiplock; Owner: -
+--
+
+CREATE FUNCTION skiplock.set_queue_limits(queue_name text, max_running integer, rate_limit integer DEFAULT NULL::integer, rate_period interval DEFAULT NULL::interval) RETURNS void
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    PERFORM skiplock.internal_check_queue_name(queue_name);
+    IF max_running < 1 THEN
+        RAISE EXCEPTION 'max_running is %, it must be at least 1', max_running
+            USING ERRCODE = 'check_violation',
+                  HINT = 'NULL removes the limit; to stop claiming, pause the queue (skiplock.pause_queue)';
+    END IF;
+    IF rate_limit < 1 OR rate_limit > 100000 THEN
+        RAISE EXCEPTION 'rate_limit is %, it must be between 1 and 100000', rate_limit
+            USING ERRCODE = 'check_violation',
+                  HINT = 'for more starts per period, use a shorter period: 100000 a minute is 1667 a second';
+    END IF;
+    IF (rate_limit IS NULL) <> (rate_period IS NULL) THEN
+        RAISE EXCEPTION 'rate_limit and rate_period go together: both or neither'
+            USING ERRCODE = 'check_violation',
+                  HINT = 'e.g. rate_limit => 100, rate_period => ''1 second''';
+    END IF;
+    IF rate_period <= interval '0' THEN
+        RAISE EXCEPTION 'rate_period is %, it must be longer than zero', rate_period
+            USING ERRCODE = 'check_violation';
+    END IF;
+    INSERT INTO skiplock.queues AS q (name, max_running, rate_limit, rate_period)
+    VALUES (queue_name, set_queue_limits.max_running, set_queue_limits.rate_limit,
+            set_queue_limits.rate_period)
+    ON CONFLICT (name) DO UPDATE
+    SET max_running = excluded.max_running, rate_limit = excluded.rate_limit,
+        rate_period = excluded.rate_period, updated_at = now();
+END;
+$$;
+
+--
+-- Name: FUNCTION set_queue_limits(queue_name text, max_running integer, rate_limit integer, rate_period interval); Type: COMMENT; Schema: skiplock; Owner: -
+--
+
+COMMENT ON FUNCTION skiplock.set_queue_limits(queue_name text, max_running integer, rate_limit integer, rate_period interval) IS 'Sets a queue''s global limits across every worker (NULL: none): max_running jobs at once, rate_limit starts per rate_period. Example: SELECT skiplock.set_queue_limits(''exports'', max_running => 5); SELECT skiplock.set_queue_limits(''mail'', NULL, 100, ''1 second'');';
+
+--
 -- Name: snooze(bigint, uuid, interval); Type: FUNCTION; Schema: skiplock; Owner: -
 --
 
@@ -2796,6 +3092,85 @@ BEGIN
     END LOOP;
 END;
 $$;
+
+--
+-- Name: why_not_running(bigint); Type: FUNCTION; Schema: skiplock; Owner: -
+--
+
+CREATE FUNCTION skiplock.why_not_running(job_id bigint) RETURNS text
+    LANGUAGE plpgsql STABLE
+    SET enable_seqscan TO 'off'
+    SET enable_bitmapscan TO 'off'
+    AS $$
+DECLARE
+    job skiplock.jobs;
+    queue_row skiplock.queues;
+    ahead bigint;
+    parents text;
+    running bigint;
+    rate_next timestamptz;
+BEGIN
+    SELECT * INTO job FROM skiplock.jobs_live j WHERE j.id = job_id;
+    IF job.id IS NULL OR job.state = 'running' THEN
+        RETURN NULL;
+    END IF;
+    IF job.state = 'waiting' THEN
+        IF job.ordering_key IS NOT NULL THEN
+            SELECT min(h.id) INTO ahead FROM skiplock.jobs_live h
+            WHERE h.ordering_key = job.ordering_key AND h.id < job.id;
+            IF ahead IS NOT NULL THEN
+                RETURN format('waits behind job %s of its lane %L: a lane runs its jobs one at a time, in order',
+                              ahead, job.ordering_key);
+            END IF;
+        END IF;
+        SELECT string_agg(d.parent_id::text, ', ' ORDER BY d.parent_id) INTO parents
+        FROM skiplock.job_dependencies d
+        LEFT JOIN LATERAL (SELECT p.state FROM skiplock.jobs p WHERE p.id = d.parent_id LIMIT 1) p ON true
+        WHERE d.job_id = job.id AND p.state IS DISTINCT FROM 'succeeded' AND d.parent_state IS NULL;
+        IF parents IS NOT NULL THEN
+            RETURN format('waits for its parent jobs to succeed: %s', parents);
+        END IF;
+        RETURN 'waiting; the next pass of a worker''s sweep (or skiplock.maintain) queues it';
+    END IF;
+    IF job.scheduled_at > now() THEN
+        RETURN format('scheduled: runnable from %s', job.scheduled_at);
+    END IF;
+    SELECT * INTO queue_row FROM skiplock.queues q WHERE q.name = job.queue;
+    IF queue_row.paused THEN
+        RETURN format('queue %L is paused (skiplock queue resume %s)', job.queue, job.queue);
+    END IF;
+    IF queue_row.max_running IS NOT NULL THEN
+        SELECT count(*) INTO running
+        FROM (SELECT FROM skiplock.jobs_live j
+              WHERE j.queue = job.queue AND j.state = 'running'
+              LIMIT queue_row.max_running) r;
+        IF running >= queue_row.max_running THEN
+            RETURN format('held back by the queue''s max_running: %s of queue %L''s jobs run, its limit',
+                          running, job.queue);
+        END IF;
+    END IF;
+    IF queue_row.rate_limit IS NOT NULL THEN
+        SELECT s.started_at + queue_row.rate_period INTO rate_next
+        FROM skiplock.queue_rate_rings g
+        JOIN skiplock.queue_rate_starts s
+          ON s.queue = g.queue
+         AND s.slot = (g.next_slot + g.size - queue_row.rate_limit) % g.size
+        WHERE g.queue = job.queue AND g.size >= queue_row.rate_limit;
+        IF rate_next > now() THEN
+            RETURN format('held back by the queue''s rate limit: %s starts of queue %L in %s; the next may start at %s',
+                          queue_row.rate_limit, job.queue, queue_row.rate_period, rate_next);
+        END IF;
+    END IF;
+    RETURN format('runnable: the next free worker of queue %L takes it in claim order (priority, scheduled_at, id)',
+                  job.queue);
+END;
+$$;
+
+--
+-- Name: FUNCTION why_not_running(job_id bigint); Type: COMMENT; Schema: skiplock; Owner: -
+--
+
+COMMENT ON FUNCTION skiplock.why_not_running(job_id bigint) IS 'Why a job that has not finished is not running now, in words: its lane, its parents, its schedule, a paused queue, a global limit, or waiting for a worker (NULL for a running or finished job). Example: SELECT skiplock.why_not_running(42);';
 
 --
 -- Name: internal_job_history_array_sum(bigint[]); Type: AGGREGATE; Schema: skiplock; Owner: -
@@ -3140,8 +3515,15 @@ CREATE TABLE skiplock.queues (
     name text NOT NULL,
     paused boolean DEFAULT false NOT NULL,
     updated_at timestamp with time zone DEFAULT now() NOT NULL,
+    max_running integer,
+    rate_limit integer,
+    rate_period interval,
+    CONSTRAINT queues_max_running_at_least_1 CHECK ((max_running >= 1)),
     CONSTRAINT queues_name_length CHECK ((octet_length(name) <= 1000)),
-    CONSTRAINT queues_name_not_empty CHECK ((name <> ''::text))
+    CONSTRAINT queues_name_not_empty CHECK ((name <> ''::text)),
+    CONSTRAINT queues_rate_limit_1_to_100000 CHECK (((rate_limit >= 1) AND (rate_limit <= 100000))),
+    CONSTRAINT queues_rate_limit_and_period_together CHECK (((rate_limit IS NULL) = (rate_period IS NULL))),
+    CONSTRAINT queues_rate_period_positive CHECK ((rate_period > '00:00:00'::interval))
 );
 
 --
@@ -3186,6 +3568,67 @@ CREATE VIEW skiplock.queue_lag AS
 --
 
 COMMENT ON VIEW skiplock.queue_lag IS 'Per queue with queued jobs: how long the oldest runnable job has been due (zero when none is due). Example: SELECT queue, lag FROM skiplock.queue_lag WHERE lag > interval ''1 minute'';';
+
+--
+-- Name: queue_rate_starts; Type: TABLE; Schema: skiplock; Owner: -
+--
+
+CREATE TABLE skiplock.queue_rate_starts (
+    queue text NOT NULL,
+    slot integer NOT NULL,
+    started_at timestamp with time zone NOT NULL
+);
+
+--
+-- Name: queue_limits; Type: VIEW; Schema: skiplock; Owner: -
+--
+
+CREATE VIEW skiplock.queue_limits AS
+ SELECT q.name AS queue,
+    q.paused,
+    q.max_running,
+    r.running,
+    q.rate_limit,
+    q.rate_period,
+    s.started AS started_in_period,
+        CASE
+            WHEN ((q.max_running IS NOT NULL) AND (r.running >= q.max_running)) THEN 'max_running'::text
+            WHEN ((q.rate_limit IS NOT NULL) AND (s.started >= q.rate_limit)) THEN 'rate_limit'::text
+            ELSE NULL::text
+        END AS holding_back,
+    w.runnable,
+        CASE
+            WHEN (((q.max_running IS NOT NULL) AND (r.running >= q.max_running)) OR ((q.rate_limit IS NOT NULL) AND (s.started >= q.rate_limit))) THEN w.runnable
+            ELSE (0)::bigint
+        END AS held_back
+   FROM (((skiplock.queues q
+     CROSS JOIN LATERAL ( SELECT count(*) AS running
+           FROM skiplock.jobs_live j
+          WHERE ((j.queue = q.name) AND (j.state = 'running'::skiplock.job_state))) r)
+     CROSS JOIN LATERAL ( SELECT count(*) AS started
+           FROM skiplock.queue_rate_starts x
+          WHERE ((x.queue = q.name) AND (x.started_at > (now() - q.rate_period)))) s)
+     CROSS JOIN LATERAL ( SELECT count(*) AS runnable
+           FROM skiplock.jobs_live j
+          WHERE ((j.queue = q.name) AND (j.state = 'queued'::skiplock.job_state) AND (j.scheduled_at <= now()))) w)
+  WHERE ((q.max_running IS NOT NULL) OR (q.rate_limit IS NOT NULL));
+
+--
+-- Name: VIEW queue_limits; Type: COMMENT; Schema: skiplock; Owner: -
+--
+
+COMMENT ON VIEW skiplock.queue_limits IS 'Per queue with a global limit: max_running and the jobs running, rate_limit per rate_period and the starts in the last period, which limit holds runnable jobs back now (holding_back) and how many (held_back). Example: SELECT queue, running, max_running, held_back FROM skiplock.queue_limits;';
+
+--
+-- Name: queue_rate_rings; Type: TABLE; Schema: skiplock; Owner: -
+--
+
+CREATE TABLE skiplock.queue_rate_rings (
+    queue text NOT NULL,
+    size integer NOT NULL,
+    next_slot integer NOT NULL,
+    CONSTRAINT queue_rate_rings_slot_in_ring CHECK (((next_slot >= 0) AND (next_slot < size)))
+);
 
 --
 -- Name: schema_functions; Type: TABLE; Schema: skiplock; Owner: -
@@ -3349,6 +3792,20 @@ ALTER TABLE ONLY skiplock.jobs_live
     ADD CONSTRAINT jobs_live_pkey PRIMARY KEY (id);
 
 --
+-- Name: queue_rate_rings queue_rate_rings_pkey; Type: CONSTRAINT; Schema: skiplock; Owner: -
+--
+
+ALTER TABLE ONLY skiplock.queue_rate_rings
+    ADD CONSTRAINT queue_rate_rings_pkey PRIMARY KEY (queue);
+
+--
+-- Name: queue_rate_starts queue_rate_starts_pkey; Type: CONSTRAINT; Schema: skiplock; Owner: -
+--
+
+ALTER TABLE ONLY skiplock.queue_rate_starts
+    ADD CONSTRAINT queue_rate_starts_pkey PRIMARY KEY (queue, slot);
+
+--
 -- Name: queues queues_pkey; Type: CONSTRAINT; Schema: skiplock; Owner: -
 --
 
@@ -3429,6 +3886,12 @@ CREATE UNIQUE INDEX jobs_ordering_key_running_idx ON skiplock.jobs_live USING bt
 --
 
 CREATE INDEX jobs_running_idx ON skiplock.jobs_live USING btree (heartbeat_at) WHERE (state = 'running'::skiplock.job_state);
+
+--
+-- Name: jobs_running_queue_idx; Type: INDEX; Schema: skiplock; Owner: -
+--
+
+CREATE INDEX jobs_running_queue_idx ON skiplock.jobs_live USING btree (queue) WHERE (state = 'running'::skiplock.job_state);
 
 --
 -- Name: jobs_unique_key_pending_idx; Type: INDEX; Schema: skiplock; Owner: -
@@ -3513,6 +3976,26 @@ CREATE TRIGGER jobs_notify_inserted AFTER INSERT ON skiplock.jobs REFERENCING NE
 --
 
 CREATE TRIGGER jobs_notify_inserted AFTER INSERT ON skiplock.jobs_live REFERENCING NEW TABLE AS inserted FOR EACH STATEMENT EXECUTE FUNCTION skiplock.internal_notify_jobs_inserted();
+
+--
+-- Name: queues queues_after_write; Type: TRIGGER; Schema: skiplock; Owner: -
+--
+
+CREATE TRIGGER queues_after_write AFTER INSERT OR UPDATE ON skiplock.queues FOR EACH ROW WHEN ((NOT new.paused)) EXECUTE FUNCTION skiplock.internal_queues_after_write();
+
+--
+-- Name: queue_rate_rings queue_rate_rings_queue_fkey; Type: FK CONSTRAINT; Schema: skiplock; Owner: -
+--
+
+ALTER TABLE ONLY skiplock.queue_rate_rings
+    ADD CONSTRAINT queue_rate_rings_queue_fkey FOREIGN KEY (queue) REFERENCES skiplock.queues(name) ON UPDATE CASCADE ON DELETE CASCADE;
+
+--
+-- Name: queue_rate_starts queue_rate_starts_queue_fkey; Type: FK CONSTRAINT; Schema: skiplock; Owner: -
+--
+
+ALTER TABLE ONLY skiplock.queue_rate_starts
+    ADD CONSTRAINT queue_rate_starts_queue_fkey FOREIGN KEY (queue) REFERENCES skiplock.queue_rate_rings(queue) ON UPDATE CASCADE ON DELETE CASCADE;
 
 --
 -- PostgreSQL database dump complete

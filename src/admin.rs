@@ -38,6 +38,17 @@ pub async fn job_dependencies(db: impl PgExecutor<'_>, id: JobId) -> Result<Vec<
     Ok(db::admin::job_dependencies_of(db, id).await?)
 }
 
+/// Why a job that has not finished is not running now, in words (its lane, its parents,
+/// its schedule, a paused queue, a global limit, or no free worker yet); `None` for a
+/// running or finished job or none by that id. Same as `SELECT skiplock.why_not_running(id)`.
+///
+/// # Errors
+///
+/// [`Error::Database`](crate::Error::Database) if the query fails.
+pub async fn why_not_running(db: impl PgExecutor<'_>, id: JobId) -> Result<Option<String>> {
+    Ok(db::admin::jobs_why_not_running(db, id).await?)
+}
+
 /// How many jobs are in each state, every state listed (zero included), in the order of
 /// the states.
 ///

@@ -92,7 +92,7 @@ pub enum Error {
         id: crate::JobId,
     },
 
-    /// A worker or enqueue setting is out of range or contradictory.
+    /// A worker, enqueue or queue setting is out of range or contradictory.
     #[error("invalid configuration: {0}")]
     Config(String),
 }

@@ -114,6 +114,7 @@ mod pgbouncer;
     allow(unreachable_pub)
 )]
 mod pool;
+mod queue_limits;
 mod read_only;
 mod state;
 pub mod stats;
@@ -131,6 +132,10 @@ pub use operations::{
     JobFilter, cancel, job, jobs, pause_queue, paused_queues, resume_queue, retry, retry_dead,
 };
 pub use pgbouncer::PgBouncer;
+pub use queue_limits::{
+    LimitKind, QueueLimitStatus, QueueLimits, RATE_LIMIT_MAX_STARTS, RateLimit, queue_limits,
+    set_queue_limits,
+};
 // The pool the runtime runs its statements on, direct or through PgBouncer's transaction
 // pooling: an application gives `Worker::builder` a `PgPool` and says `.pgbouncer(true)`,
 // and runs its own calls through `PgBouncer`. Public only for the binary (every command's

@@ -12,7 +12,7 @@ use std::collections::{HashMap, HashSet};
 
 use fault_support::{
     PATIENCE, Testbed, TestbedArgs, audit, audited_db, check_claim_discipline, db_now, enqueue_n,
-    run_count, running_held_by, runs_by_job, states, wait_until,
+    run_count, running_held_by, runs_by_job, sessions_of, states, wait_until,
 };
 use serde_json::json;
 use skiplock::EnqueueOptions;
@@ -143,18 +143,6 @@ async fn kill_9_during_a_drain_loses_nothing_and_reruns_only_the_killed_workers_
         "no killed worker held a job when it died: the kills tested nothing"
     );
     eprintln!("{reran} of {JOBS} jobs ran more than once, all after a kill");
-}
-
-/// Connections of worker `id` (its `application_name`) still open on the server.
-async fn sessions_of(pool: &sqlx::PgPool, id: &str) -> i64 {
-    sqlx::query_scalar(
-        "SELECT count(*) FROM pg_stat_activity
-         WHERE datname = current_database() AND application_name = $1",
-    )
-    .bind(id)
-    .fetch_one(pool)
-    .await
-    .expect("count the worker's sessions")
 }
 
 /// Workload: two `record` jobs (4 s and 6 s) claimed by worker A.

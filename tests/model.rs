@@ -11,7 +11,8 @@
 //! permanently, give up, time out, panic) and one `skiplock-testbed` process (kinds
 //! `record`, `panic`, `never_return`), restarted gracefully, at once, by SIGTERM or after
 //! `kill -9`; a pruning worker with zero retention; a killer of worker connections; and a
-//! sampler checking the "at most one" rules while the run goes on. The invariants are
+//! sampler checking the "at most one" rules while the run goes on. The second queue has a
+//! global limit (`max_running`) for the whole run. The invariants are
 //! listed in tests/model_support/checks.rs.
 //!
 //! ```sh
@@ -31,7 +32,7 @@ use std::time::{Duration, Instant};
 
 use model_support::checks::{Evidence, check_all, check_merged};
 use model_support::workers::{Crew, start_pruner};
-use model_support::{Sim, actors, extend_audit, logs};
+use model_support::{LIMITED_QUEUE, Sim, actors, extend_audit, logs};
 
 /// Seeds run by default: the whole test stays within about two minutes on 2 cores.
 const SEEDS_DEFAULT: [u64; 4] = [1, 2, 3, 4];
@@ -111,8 +112,9 @@ async fn randomized_model_of_the_whole_system() {
 /// reaps, supersedes and deletions of unfinished jobs 3 to 7 times per seed, over the four
 /// seeds on a loaded 2-core machine) that a run taking one of them zero times means the
 /// model stopped exercising it.
-const PATHS_REQUIRED: [&str; 11] = [
+const PATHS_REQUIRED: [&str; 12] = [
     "claim of a lane job",
+    "claim up to max_running",
     "claim of a child",
     "reap",
     "release",
@@ -140,6 +142,12 @@ async fn run_seed(seed: u64, secs: u64) -> (Vec<String>, BTreeMap<&'static str, 
     let _ = logs::take();
     let db = fault_support::audited_db().await;
     extend_audit(&db.pool).await;
+    sqlx::query("SELECT skiplock.set_queue_limits($1, $2)")
+        .bind(LIMITED_QUEUE.0)
+        .bind(LIMITED_QUEUE.1 as i32)
+        .execute(&db.pool)
+        .await
+        .expect("limit the model's second queue");
     let sim = Arc::new(Sim::new(seed, db.url.clone()));
 
     let mut crew = Crew::start(&sim, 2, 1).await;
@@ -279,6 +287,17 @@ fn coverage(evidence: &Evidence) -> BTreeMap<&'static str, usize> {
         .collect();
     let children: std::collections::HashSet<i64> =
         evidence.deps.iter().map(|&(_, child, _)| child).collect();
+    let mut limited_running = std::collections::HashSet::new();
+    for e in evidence.events.iter().filter(|e| !e.heartbeat) {
+        limited_running.remove(&e.job_id);
+        if e.queue.as_deref() == Some(LIMITED_QUEUE.0) && e.new_state.as_deref() == Some("running")
+        {
+            limited_running.insert(e.job_id);
+            if limited_running.len() == LIMITED_QUEUE.1 {
+                *paths.entry("claim up to max_running").or_default() += 1;
+            }
+        }
+    }
     for e in &evidence.events {
         let (old, new) = (e.old_state.as_deref(), e.new_state.as_deref());
         let error = e.last_error.as_deref().unwrap_or_default();

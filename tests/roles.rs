@@ -562,6 +562,17 @@ async fn a_sql_protocol_worker_claims_heartbeats_completes_fails_and_maintains()
     .fetch_all(&roles.enqueuer)
     .await
     .unwrap();
+    // The operator limits the queue (running at once and starts per hour): the worker's
+    // claim counts running jobs and keeps the queue's start times.
+    skiplock::set_queue_limits(
+        &roles.operator,
+        "sql",
+        skiplock::QueueLimits::default()
+            .max_running(10)
+            .rate(100, std::time::Duration::from_secs(3600)),
+    )
+    .await
+    .unwrap();
     let claimed: Vec<(i64, uuid::Uuid)> = sqlx::query_as(
         "SELECT id, claim_token FROM skiplock.claim('sql', 10, 'sql-worker') ORDER BY id",
     )
@@ -842,6 +853,23 @@ async fn an_operator_retries_cancels_pauses_and_prunes_but_never_claims() {
     assert_eq!(roles.state_of(lane[1]).await, "queued", "the lane moved on");
     skiplock::pause_queue(o, "default").await.unwrap();
     skiplock::resume_queue(o, "default").await.unwrap();
+    skiplock::set_queue_limits(
+        o,
+        "default",
+        skiplock::QueueLimits::default().max_running(3),
+    )
+    .await
+    .unwrap();
+    assert_eq!(skiplock::queue_limits(o).await.unwrap().len(), 1);
+    assert_eq!(
+        skiplock::admin::why_not_running(o, JobId(lane[1]))
+            .await
+            .unwrap()
+            .as_deref(),
+        Some(
+            "runnable: the next free worker of queue 'default' takes it in claim order (priority, scheduled_at, id)"
+        )
+    );
     roles
         .allowed(o, "operator", "SELECT skiplock.pause_queue('mail')")
         .await;

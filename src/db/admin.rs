@@ -120,6 +120,17 @@ pub async fn jobs_get_state(db: impl PgExecutor<'_>, id: JobId) -> sqlx::Result<
         .await
 }
 
+/// `skiplock.why_not_running(id)`.
+pub async fn jobs_why_not_running(
+    db: impl PgExecutor<'_>,
+    id: JobId,
+) -> sqlx::Result<Option<String>> {
+    sqlx::query_scalar("SELECT skiplock.why_not_running($1)")
+        .bind(id.0)
+        .fetch_one(db)
+        .await
+}
+
 /// The jobs `id` depends on (its parents, deleted ones included) and the jobs that depend
 /// on it (its dependants), each with its current state, parents first, by id.
 pub async fn job_dependencies_of(

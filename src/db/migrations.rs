@@ -22,6 +22,8 @@
 //! `migrate` and the schema check also work through PgBouncer in transaction-pooling
 //! mode: the advisory lock is transaction-scoped and the migration holds one transaction.
 
+use std::time::Duration;
+
 use sqlx::{Connection, PgConnection, PgPool};
 
 use crate::error::{Error, Result};
@@ -64,6 +66,41 @@ const MIGRATION_LOCK_KEY: i64 = 0x736b_6970_6c6f_636b;
 /// [`Error::SchemaTooNew`] if a newer skiplock already migrated this database,
 /// [`Error::Migration`] if a file fails, [`Error::Database`] if Postgres is unreachable.
 pub async fn migrations_apply(pool: &PgPool) -> Result<i32> {
+    // DDL on skiplock.jobs locks the parent table, then its partitions; a running claim or
+    // heartbeat that writes jobs_live directly may lock jobs_live, then the parent (to
+    // check the partition's constraint after its cached copy was invalidated). Postgres
+    // ends such a cycle by rolling one side back; when that is the migration, nothing of
+    // it was kept, and it runs again.
+    let mut attempt = 1;
+    loop {
+        match migrations_apply_once(pool).await {
+            Err(error) if attempt < MIGRATION_DEADLOCK_ATTEMPTS && is_deadlock(&error) => {
+                tracing::info!(
+                    attempt,
+                    "the migration was a deadlock's victim; running it again"
+                );
+                tokio::time::sleep(Duration::from_millis(50 * u64::from(attempt))).await;
+                attempt += 1;
+            }
+            result => return result,
+        }
+    }
+}
+
+/// Times a migration chosen as a deadlock's victim runs in all.
+const MIGRATION_DEADLOCK_ATTEMPTS: u32 = 5;
+
+/// Whether a migration failed as a deadlock's victim (SQLSTATE 40P01), and was rolled back.
+fn is_deadlock(error: &Error) -> bool {
+    let source = match error {
+        Error::Database(source) | Error::Migration { source, .. } => source,
+        _ => return false,
+    };
+    matches!(source, sqlx::Error::Database(db) if db.code().as_deref() == Some("40P01"))
+}
+
+/// One attempt of [`migrations_apply`], in one transaction.
+async fn migrations_apply_once(pool: &PgPool) -> Result<i32> {
     let mut conn = pool.acquire().await?;
     let mut tx = conn.begin().await?;
     // A migration may legitimately run longer than a statement_timeout the database's

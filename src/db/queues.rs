@@ -26,3 +26,54 @@ pub async fn queues_paused(db: impl PgExecutor<'_>) -> sqlx::Result<Vec<String>>
         .fetch_all(db)
         .await
 }
+
+/// A queue's limits as the columns of `skiplock.queues` hold them (`None`: no limit), the
+/// rate's period in microseconds; rate_limit and rate_period_us are both set or neither.
+pub struct LimitColumns {
+    pub max_running: Option<i32>,
+    pub rate_limit: Option<i32>,
+    pub rate_period_us: Option<i64>,
+}
+
+/// Sets a queue's global limits.
+pub async fn queues_set_limits(
+    db: impl PgExecutor<'_>,
+    name: &str,
+    limits: &LimitColumns,
+) -> sqlx::Result<()> {
+    sqlx::query("SELECT skiplock.set_queue_limits($1, $2, $3, $4 * interval '1 microsecond')")
+        .bind(name)
+        .bind(limits.max_running)
+        .bind(limits.rate_limit)
+        .bind(limits.rate_period_us)
+        .execute(db)
+        .await?;
+    Ok(())
+}
+
+/// A row of `skiplock.queue_limits`, the period in microseconds.
+#[derive(Debug, sqlx::FromRow)]
+pub struct QueueLimitsRow {
+    pub queue: String,
+    pub paused: bool,
+    pub max_running: Option<i32>,
+    pub running: i64,
+    pub rate_limit: Option<i32>,
+    pub rate_period_us: Option<i64>,
+    pub started_in_period: i64,
+    pub holding_back: Option<String>,
+    pub runnable: i64,
+    pub held_back: i64,
+}
+
+/// The queues with a global limit, by name: `skiplock.queue_limits`.
+pub async fn queues_limits(db: impl PgExecutor<'_>) -> sqlx::Result<Vec<QueueLimitsRow>> {
+    sqlx::query_as(
+        "SELECT queue, paused, max_running, running, rate_limit,
+                (extract(epoch FROM rate_period) * 1000000)::bigint AS rate_period_us,
+                started_in_period, holding_back, runnable, held_back
+         FROM skiplock.queue_limits ORDER BY queue",
+    )
+    .fetch_all(db)
+    .await
+}

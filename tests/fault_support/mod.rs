@@ -337,6 +337,18 @@ pub async fn running_held_by(pool: &PgPool, worker_id: &str) -> i64 {
     .expect("count held jobs")
 }
 
+/// Connections of worker `id` (its `application_name`) still open on the server.
+pub async fn sessions_of(pool: &PgPool, id: &str) -> i64 {
+    sqlx::query_scalar(
+        "SELECT count(*) FROM pg_stat_activity
+         WHERE datname = current_database() AND application_name = $1",
+    )
+    .bind(id)
+    .fetch_one(pool)
+    .await
+    .expect("count the worker's sessions")
+}
+
 /// Enqueues `count` jobs of `kind` with the same args in one statement; returns the ids.
 pub async fn enqueue_n(
     pool: &PgPool,

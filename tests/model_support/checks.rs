@@ -35,6 +35,7 @@ use chrono::{DateTime, Utc};
 use sqlx::PgPool;
 use uuid::Uuid;
 
+use super::LIMITED_QUEUE;
 use super::kind::Run;
 use super::logs::{is_defect, strip_ansi};
 
@@ -59,6 +60,7 @@ pub struct Ev {
     pub app: String,
     pub ordering_key: Option<String>,
     pub unique_key: Option<String>,
+    pub queue: Option<String>,
     pub at: DateTime<Utc>,
 }
 
@@ -121,6 +123,7 @@ fn pending(state: &str) -> bool {
 #[derive(Debug, Clone, Default)]
 struct Track {
     lane: Option<String>,
+    queue: Option<String>,
     unique: Option<String>,
     /// `None` once deleted.
     state: Option<String>,
@@ -148,7 +151,7 @@ impl Evidence {
         let events = sqlx::query_as(
             "SELECT seq, job_id, op, old_state::text, new_state::text, old_attempt,
                     new_attempt, max_attempts, old_token, new_token, old_holder, new_holder,
-                    heartbeat, failure, last_error, app, ordering_key, unique_key, at
+                    heartbeat, failure, last_error, app, ordering_key, unique_key, queue, at
              FROM public.job_audit ORDER BY seq",
         )
         .fetch_all(pool)
@@ -203,6 +206,7 @@ fn replay(evidence: &Evidence, found: &mut Vec<String>) -> HashMap<i64, Track> {
     let mut lane_unfinished: HashMap<String, BTreeSet<i64>> = HashMap::new();
     let mut lane_running: HashMap<String, BTreeSet<i64>> = HashMap::new();
     let mut unique_pending: HashMap<String, BTreeSet<i64>> = HashMap::new();
+    let mut limited_running: BTreeSet<i64> = BTreeSet::new();
     let mut parents: HashMap<i64, Vec<(i64, i64)>> = HashMap::new();
     for &(seq, child, parent) in &evidence.deps {
         parents.entry(child).or_default().push((seq, parent));
@@ -234,6 +238,7 @@ fn replay(evidence: &Evidence, found: &mut Vec<String>) -> HashMap<i64, Track> {
         if ev.op != "delete" {
             track.lane = ev.ordering_key.clone();
             track.unique = ev.unique_key.clone();
+            track.queue = ev.queue.clone();
         }
         match ev.op.as_str() {
             "insert" => track.entry_seq = ev.seq,
@@ -283,6 +288,17 @@ fn replay(evidence: &Evidence, found: &mut Vec<String>) -> HashMap<i64, Track> {
                         running.iter().map(|&j| evidence.history(j)).collect::<Vec<_>>().join("\n")
                     ));
                 }
+            }
+        }
+        // The limited queue's running jobs after this row: never more than its limit.
+        limited_running.remove(&job);
+        if track.queue.as_deref() == Some(LIMITED_QUEUE.0) && new.as_deref() == Some("running") {
+            limited_running.insert(job);
+            if limited_running.len() > LIMITED_QUEUE.1 {
+                found.push(format!(
+                    "[limit: over max_running] queue {} has jobs {limited_running:?} running at once, over its max_running {} (audit seq {})",
+                    LIMITED_QUEUE.0, LIMITED_QUEUE.1, ev.seq
+                ));
             }
         }
         if let Some(key) = &track.unique

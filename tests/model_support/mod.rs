@@ -32,6 +32,9 @@ pub const LANES: [&str; 4] = ["lane-a", "lane-b", "lane-c", "lane-d"];
 pub const UNIQUE_KEYS: [&str; 4] = ["uk-a", "uk-b", "uk-c", "uk-d"];
 /// Queues every worker claims from.
 pub const QUEUES: [&str; 2] = ["default", "q2"];
+/// The queue given a global limit for the whole run, and its `max_running`: the replay
+/// fails a claim that makes more of its jobs run at once (tests/model_support/checks.rs).
+pub const LIMITED_QUEUE: (&str, usize) = ("q2", 3);
 
 /// What every actor shares during one seed's run.
 pub struct Sim {
@@ -155,7 +158,7 @@ impl Sim {
 pub async fn extend_audit(pool: &PgPool) {
     sqlx::raw_sql(
         "ALTER TABLE public.job_audit ADD COLUMN ordering_key text, ADD COLUMN unique_key text,
-             ADD COLUMN unique_policy text, ADD COLUMN args jsonb;
+             ADD COLUMN unique_policy text, ADD COLUMN args jsonb, ADD COLUMN queue text;
          CREATE OR REPLACE FUNCTION public.job_audit_record() RETURNS trigger
          LANGUAGE plpgsql AS $$
          BEGIN
@@ -163,18 +166,18 @@ pub async fn extend_audit(pool: &PgPool) {
                  INSERT INTO public.job_audit (job_id, op, new_state, new_attempt, max_attempts,
                                                new_token, new_holder, heartbeat, claimed_at,
                                                last_error, ordering_key, unique_key,
-                                               unique_policy, args)
+                                               unique_policy, args, queue)
                  SELECT n.id, 'insert', n.state, n.attempt, n.max_attempts,
                         n.claim_token, n.claimed_by, false, n.claimed_at,
                         n.last_error, n.ordering_key, n.unique_key,
-                        n.unique_policy, n.args
+                        n.unique_policy, n.args, n.queue
                  FROM new_rows n ORDER BY n.id;
              ELSIF TG_OP = 'UPDATE' THEN
                  INSERT INTO public.job_audit (job_id, op, old_state, new_state, old_attempt,
                                                new_attempt, max_attempts, old_token, new_token,
                                                old_holder, new_holder, heartbeat, failure,
                                                last_error, claimed_at, ordering_key, unique_key,
-                                               unique_policy, args)
+                                               unique_policy, args, queue)
                  SELECT n.id, 'update', o.state, n.state, o.attempt, n.attempt,
                         n.max_attempts, o.claim_token, n.claim_token, o.claimed_by,
                         n.claimed_by,
@@ -183,15 +186,15 @@ pub async fn extend_audit(pool: &PgPool) {
                             AND o.heartbeat_at IS DISTINCT FROM n.heartbeat_at,
                         o.errors IS DISTINCT FROM n.errors,
                         n.last_error, n.claimed_at, n.ordering_key, n.unique_key,
-                        n.unique_policy, n.args
+                        n.unique_policy, n.args, n.queue
                  FROM old_rows o JOIN new_rows n ON n.id = o.id ORDER BY n.id;
              ELSE
                  INSERT INTO public.job_audit (job_id, op, old_state, old_attempt, old_token,
                                                old_holder, heartbeat, last_error, ordering_key,
-                                               unique_key, unique_policy, args)
+                                               unique_key, unique_policy, args, queue)
                  SELECT o.id, 'delete', o.state, o.attempt, o.claim_token,
                         o.claimed_by, false, o.last_error, o.ordering_key,
-                        o.unique_key, o.unique_policy, o.args
+                        o.unique_key, o.unique_policy, o.args, o.queue
                  FROM old_rows o ORDER BY o.id;
              END IF;
              RETURN NULL;

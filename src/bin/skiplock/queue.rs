@@ -1,12 +1,21 @@
-//! `skiplock queue`: pause and resume queues.
+//! `skiplock queue`: pause and resume queues, set and show their global limits.
 
-use clap::{Args, Subcommand};
-use skiplock::DbPool;
+use std::time::Duration;
+
+use clap::{ArgGroup, Args, Subcommand};
+use serde_json::json;
+use skiplock::{DbPool, LimitKind, QueueLimits};
+
+use crate::output::{Table, parse_duration};
 
 pub const EXAMPLES: &str = "Examples:
   skiplock queue pause mail     # workers claim nothing from `mail`; running jobs finish
   skiplock queue resume mail
-  skiplock queue paused";
+  skiplock queue paused
+  skiplock queue limit exports --max-running 5      # at most 5 running, across every worker
+  skiplock queue limit mail --rate 100/1s           # at most 100 starts in any second
+  skiplock queue limit mail --rate none             # remove the rate limit
+  skiplock queue limits                             # each limit, its use, the jobs held back";
 
 #[derive(Args)]
 pub struct QueueArgs {
@@ -30,6 +39,73 @@ enum QueueAction {
     },
     /// List paused queues.
     Paused,
+    /// Set a queue's global limits, held by every worker on every host; a limit not
+    /// named stays as it is.
+    #[command(group(ArgGroup::new("limits").required(true).multiple(true).args(["max_running", "rate"])))]
+    Limit {
+        /// Queue name (it need not have jobs yet).
+        #[arg(value_parser = crate::output::parse_queue_name)]
+        queue: String,
+        /// At most N of the queue's jobs running at once; `none` removes the limit.
+        #[arg(long, value_name = "N|none", value_parser = parse_max_running)]
+        max_running: Option<Limit<u32>>,
+        /// At most N jobs starting in any window of PERIOD, like 100/1s or 5000/1m;
+        /// `none` removes the limit.
+        #[arg(long, value_name = "N/PERIOD|none", value_parser = parse_rate)]
+        rate: Option<Limit<(u32, Duration)>>,
+    },
+    /// List the queues with global limits: each limit, its use, the jobs it holds back.
+    Limits {
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+/// A limit to set, or `none`.
+#[derive(Clone, Copy, Debug)]
+enum Limit<T> {
+    Set(T),
+    Remove,
+}
+
+fn parse_max_running(text: &str) -> Result<Limit<u32>, String> {
+    if text == "none" {
+        return Ok(Limit::Remove);
+    }
+    match text.parse::<u32>() {
+        Ok(n) if n >= 1 && i32::try_from(n).is_ok() => Ok(Limit::Set(n)),
+        Ok(0) => Err("a max_running of 0 would stop the queue; pause it instead \
+                      (skiplock queue pause), or write `none` to remove the limit"
+            .to_owned()),
+        _ => Err(format!(
+            "`{text}` is not a number of jobs; write one from 1 to {}, or `none`",
+            i32::MAX
+        )),
+    }
+}
+
+fn parse_rate(text: &str) -> Result<Limit<(u32, Duration)>, String> {
+    if text == "none" {
+        return Ok(Limit::Remove);
+    }
+    let refusal = || {
+        format!("`{text}` is not a rate; write starts/period, like 100/1s or 5000/1m, or `none`")
+    };
+    let (starts, period) = text.split_once('/').ok_or_else(refusal)?;
+    let starts: u32 = starts.trim().parse().map_err(|_| refusal())?;
+    if starts == 0 || starts > skiplock::RATE_LIMIT_MAX_STARTS {
+        return Err(format!(
+            "a rate of {starts} starts per period is out of range; write 1 to {} \
+             (for more, use a shorter period), or `none`",
+            skiplock::RATE_LIMIT_MAX_STARTS
+        ));
+    }
+    let period = parse_duration(period.trim())?;
+    if period < Duration::from_micros(1) {
+        return Err(format!("`{text}` has a period of zero; write one like 1s"));
+    }
+    Ok(Limit::Set((starts, period)))
 }
 
 pub async fn run(pool: &DbPool, args: QueueArgs) -> anyhow::Result<()> {
@@ -47,6 +123,118 @@ pub async fn run(pool: &DbPool, args: QueueArgs) -> anyhow::Result<()> {
                 outln!("{queue}");
             }
         }
+        QueueAction::Limit {
+            queue,
+            max_running,
+            rate,
+        } => {
+            let mut limits = skiplock::queue_limits(pool)
+                .await?
+                .into_iter()
+                .find(|status| status.queue == queue)
+                .map(|status| status.limits)
+                .unwrap_or_default();
+            match max_running {
+                Some(Limit::Set(n)) => limits = limits.max_running(n),
+                Some(Limit::Remove) => limits = limits.max_running(0),
+                None => {}
+            }
+            match rate {
+                Some(Limit::Set((starts, per))) => limits = limits.rate(starts, per),
+                Some(Limit::Remove) => limits = limits.rate(0, Duration::ZERO),
+                None => {}
+            }
+            skiplock::set_queue_limits(pool, &queue, limits).await?;
+            outln!("queue `{queue}`: {}", describe(&limits));
+        }
+        QueueAction::Limits { json } => {
+            let queues = skiplock::queue_limits(pool).await?;
+            if json {
+                let rows: Vec<_> = queues.iter().map(limits_json).collect();
+                outln!("{}", serde_json::to_string_pretty(&rows)?);
+            } else if queues.is_empty() {
+                outln!("no queue has a global limit; set one with skiplock queue limit");
+            } else {
+                outln!("{}", limits_table(&queues));
+            }
+        }
     }
     Ok(())
+}
+
+/// The limits in words: `max_running 5, rate 100 per 1s`.
+fn describe(limits: &QueueLimits) -> String {
+    let max_running = limits
+        .max_running
+        .map_or_else(|| "none".to_owned(), |n| n.to_string());
+    let rate = limits.rate.map_or_else(
+        || "none".to_owned(),
+        |rate| {
+            format!(
+                "{} per {}",
+                rate.starts,
+                humantime::format_duration(rate.per)
+            )
+        },
+    );
+    format!("max_running {max_running}, rate {rate}")
+}
+
+/// One queue of `skiplock queue limits --json`; the same names as skiplock.queue_limits.
+pub fn limits_json(status: &skiplock::QueueLimitStatus) -> serde_json::Value {
+    json!({
+        "queue": status.queue,
+        "paused": status.paused,
+        "max_running": status.limits.max_running.map(|n| n.get()),
+        "running": status.running,
+        "rate_limit": status.limits.rate.map(|rate| rate.starts.get()),
+        "rate_period_seconds": status.limits.rate.map(|rate| rate.per.as_secs_f64()),
+        "started_in_period": status.started_in_period,
+        "holding_back": status.holding_back.map(limit_name),
+        "runnable": status.runnable,
+        "held_back": status.held_back,
+    })
+}
+
+fn limit_name(kind: LimitKind) -> &'static str {
+    match kind {
+        LimitKind::MaxRunning => "max_running",
+        LimitKind::Rate => "rate_limit",
+        _ => "other",
+    }
+}
+
+/// The queues with limits as a table: RUNNING/MAX and STARTED/RATE side by side.
+pub fn limits_table(queues: &[skiplock::QueueLimitStatus]) -> Table {
+    let mut table = Table::new(&[
+        "QUEUE",
+        ">RUNNING",
+        ">MAX",
+        ">STARTED",
+        ">RATE",
+        "HOLDING BACK",
+        ">HELD",
+    ]);
+    for status in queues {
+        table.row(vec![
+            status.queue.clone(),
+            status.running.to_string(),
+            status
+                .limits
+                .max_running
+                .map_or_else(|| "-".to_owned(), |n| n.to_string()),
+            status.started_in_period.to_string(),
+            status.limits.rate.map_or_else(
+                || "-".to_owned(),
+                |rate| format!("{}/{}", rate.starts, humantime::format_duration(rate.per)),
+            ),
+            match (status.paused, status.holding_back) {
+                (true, _) => "paused".to_owned(),
+                (false, Some(kind)) => limit_name(kind).to_owned(),
+                (false, None) => "-".to_owned(),
+            },
+            status.held_back.to_string(),
+        ]);
+    }
+    table
 }

@@ -4,7 +4,7 @@ use anyhow::Context;
 use clap::Args;
 use serde_json::{Map, Value};
 use skiplock::DbPool;
-use skiplock::admin::{job_dependencies, jobs_get_json};
+use skiplock::admin::{job_dependencies, jobs_get_json, why_not_running};
 use skiplock::{JobId, JobState};
 
 use crate::output::print_json;
@@ -14,7 +14,9 @@ Examples:
   skiplock show 42
   skiplock show 42 --json | jq .errors
 
---json prints every column of skiplock.jobs, plus `dependencies`: [{relation, id, state, deleted}]
+For a job that has not finished, `why` says what keeps it from running (its lane, its
+parents, its schedule, a paused queue, a global limit). --json prints every column of
+skiplock.jobs, plus `why_not_running` and `dependencies`: [{relation, id, state, deleted}]
 where relation is `parent` (this job waits for it) or `dependant` (it waits for this job),
 and `deleted` says the parent was deleted (while `state`).";
 
@@ -65,11 +67,15 @@ pub async fn run(pool: &DbPool, args: ShowArgs) -> anyhow::Result<()> {
     let dependencies = job_dependencies(pool, id)
         .await
         .context("cannot read the job's dependencies")?;
+    let why = why_not_running(pool, id)
+        .await
+        .context("cannot tell why the job is not running")?;
     let Value::Object(mut fields) = job else {
         anyhow::bail!("job {id} came back in an unexpected shape");
     };
     if args.json {
         fields.insert("dependencies".into(), serde_json::to_value(&dependencies)?);
+        fields.insert("why_not_running".into(), serde_json::to_value(&why)?);
         return print_json(&fields);
     }
 
@@ -78,6 +84,11 @@ pub async fn run(pool: &DbPool, args: ShowArgs) -> anyhow::Result<()> {
     for name in LEADING_FIELDS {
         if let Some(value) = fields.remove(*name) {
             push_scalar(&mut lines, name, &value);
+        }
+        if *name == "state"
+            && let Some(why) = &why
+        {
+            lines.push(format!("why: {why}"));
         }
     }
     let mut blocks = Map::new();

@@ -20,8 +20,9 @@ Examples:
 Columns: RUNNABLE queued and due; SCHEDULED queued for later (retries in backoff included);
 WAITING for parent jobs; RUNNING; OK/1H and DEAD/1H finished in the last hour; LAG age of
 the oldest runnable job; JOBS/S successes per second over the last minute. --json prints
-{at, total, queues, kinds, rows} with these numbers by their snake_case names; with --watch,
-one such object per line. Same numbers: SELECT * FROM skiplock.stats.";
+{at, total, queues, kinds, rows, limits} with these numbers by their snake_case names; with
+--watch, one such object per line. Same numbers: SELECT * FROM skiplock.stats. Queues with a
+global limit get a table of their own (skiplock queue limits).";
 
 #[derive(Args)]
 pub struct StatsArgs {
@@ -44,6 +45,9 @@ pub async fn run(pool: &DbPool, args: StatsArgs) -> anyhow::Result<()> {
         let stats = skiplock::stats::stats(pool)
             .await
             .context("cannot read the stats")?;
+        let limits = skiplock::queue_limits(pool)
+            .await
+            .context("cannot read the queues' limits")?;
         let text = if args.json {
             let document = json!({
                 "at": stats.at,
@@ -51,14 +55,21 @@ pub async fn run(pool: &DbPool, args: StatsArgs) -> anyhow::Result<()> {
                 "queues": stats.by_queue(),
                 "kinds": stats.by_kind(),
                 "rows": stats.rows,
+                "limits": limits.iter().map(crate::queue::limits_json).collect::<Vec<_>>(),
             });
             if args.watch {
                 serde_json::to_string(&document)?
             } else {
                 serde_json::to_string_pretty(&document)?
             }
-        } else {
+        } else if limits.is_empty() {
             render(&stats)
+        } else {
+            format!(
+                "{}\n\nGlobal limits\n{}",
+                render(&stats),
+                crate::queue::limits_table(&limits)
+            )
         };
         let mut stdout = std::io::stdout().lock();
         if redraw {

@@ -1,0 +1,90 @@
+#!/usr/bin/env bash
+# Global limits across processes (issue 40's targets), with `skiplock work` processes on a
+# database of their own:
+#
+#   binding: max_running 10 on a queue of JOBS `sleep` jobs of 100 ms, drained by 4
+#            processes of concurrency 32: the throughput against 10 jobs / 100 ms, the most
+#            jobs running at once (from each job's claimed_at and finished_at), and the
+#            pickup after a slot frees (the n-th start after the first 10 against the
+#            (n-10)-th finish, by the database clock);
+#   rate:    rate_limit 200 per second on a queue of RATE_JOBS `noop` jobs, drained by 4
+#            processes: the most starts in any 1 s window (from claimed_at) and the starts in
+#            each whole second from the first.
+#
+# Usage: benches/limits.sh [JOBS] [RATE_JOBS]   (defaults 3000 and 4000)
+# Needs a release build: cargo build --release --bin skiplock (or SKIPLOCK_BIN=...).
+set -euo pipefail
+
+JOBS=${1:-3000}
+RATE_JOBS=${2:-4000}
+BIN=${SKIPLOCK_BIN:-target/release/skiplock}
+SERVER=${SKIPLOCK_BENCH_SERVER:-postgres://postgres@127.0.0.1:5432}
+DB=skiplock_bench_limits
+URL="$SERVER/$DB"
+
+[ -x "$BIN" ] || { echo "no $BIN: cargo build --release --bin skiplock" >&2; exit 1; }
+psql "$SERVER/postgres" -qX -c "DROP DATABASE IF EXISTS $DB" -c "CREATE DATABASE $DB"
+DATABASE_URL=$URL "$BIN" migrate >/dev/null
+sql() { psql "$URL" -qXAt -v ON_ERROR_STOP=1 -c "$1"; }
+
+drain() { # QUEUE: 4 processes of concurrency 32 until the queue is empty
+    local pids=()
+    for i in 1 2 3 4; do
+        DATABASE_URL=$URL RUST_LOG=warn "$BIN" work --queue "$1" --concurrency 32 \
+            --exit-when-idle >/dev/null 2>"/tmp/skiplock-limits-$1-$i.log" &
+        pids+=($!)
+    done
+    for pid in "${pids[@]}"; do wait "$pid"; done
+}
+
+echo "## binding: max_running 10, $JOBS sleep jobs of 100 ms, 4 processes x 32"
+sql "SELECT skiplock.set_queue_limits('bound', 10)"
+sql "INSERT INTO skiplock.jobs (kind, args, queue)
+     SELECT 'sleep', '{\"ms\": 100}', 'bound' FROM generate_series(1, $JOBS)"
+sql "VACUUM ANALYZE skiplock.jobs_live"
+start=$(date +%s.%N)
+drain bound
+end=$(date +%s.%N)
+echo "wall seconds: $(echo "$end - $start" | bc)"
+sql "SELECT 'jobs/s (db clock, first claim to last finish): '
+            || round(count(*) / extract(epoch FROM max(finished_at) - min(claimed_at)), 1)
+            || ' = ' || round(100 * count(*) / extract(epoch FROM max(finished_at) - min(claimed_at)) / 100, 1)
+            || ' % of 10 jobs / 100 ms; succeeded ' || count(*) FILTER (WHERE state = 'succeeded')
+     FROM skiplock.jobs WHERE queue = 'bound'"
+sql "WITH ev AS (SELECT claimed_at AS t, 1 AS d FROM skiplock.jobs WHERE queue = 'bound'
+                UNION ALL SELECT finished_at, -1 FROM skiplock.jobs WHERE queue = 'bound')
+     SELECT 'most running at once (claimed_at to finished_at): ' || max(s)
+     FROM (SELECT sum(d) OVER (ORDER BY t, d ROWS UNBOUNDED PRECEDING) AS s FROM ev) x"
+sql "WITH s AS (SELECT claimed_at AS t, row_number() OVER (ORDER BY claimed_at) AS n
+               FROM skiplock.jobs WHERE queue = 'bound'),
+          f AS (SELECT finished_at AS t, row_number() OVER (ORDER BY finished_at) AS n
+               FROM skiplock.jobs WHERE queue = 'bound'),
+          gap AS (SELECT extract(epoch FROM s.t - f.t) * 1000 AS ms
+                  FROM s JOIN f ON s.n = f.n + 10)
+     SELECT 'pickup after a slot frees, ms: p50 ' || round(percentile_cont(0.5) WITHIN GROUP (ORDER BY ms)::numeric, 2)
+            || ', p90 ' || round(percentile_cont(0.9) WITHIN GROUP (ORDER BY ms)::numeric, 2)
+            || ', p99 ' || round(percentile_cont(0.99) WITHIN GROUP (ORDER BY ms)::numeric, 2)
+     FROM gap"
+
+echo
+echo "## rate: 200 per second, $RATE_JOBS noop jobs, 4 processes x 32"
+sql "SELECT skiplock.set_queue_limits('rated', NULL, 200, '1 second')"
+sql "INSERT INTO skiplock.jobs (kind, queue) SELECT 'noop', 'rated' FROM generate_series(1, $RATE_JOBS)"
+sql "VACUUM ANALYZE skiplock.jobs_live"
+drain rated
+sql "SELECT 'most starts in any 1 s window: ' || max(c) FROM (
+         SELECT (SELECT count(*) FROM skiplock.jobs b WHERE b.queue = 'rated'
+                   AND b.claimed_at >= a.claimed_at
+                   AND b.claimed_at < a.claimed_at + interval '1 second') AS c
+         FROM skiplock.jobs a WHERE a.queue = 'rated') x"
+sql "WITH first AS (SELECT min(claimed_at) AS t0, max(claimed_at) AS t1
+                   FROM skiplock.jobs WHERE queue = 'rated'),
+          bins AS (SELECT floor(extract(epoch FROM j.claimed_at - f.t0))::int AS second, count(*) AS n
+                   FROM skiplock.jobs j, first f WHERE j.queue = 'rated'
+                     AND j.claimed_at < f.t0 + floor(extract(epoch FROM f.t1 - f.t0)) * interval '1 second'
+                   GROUP BY 1)
+     SELECT 'starts in each whole second from the first: min ' || min(n) || ', median '
+            || percentile_cont(0.5) WITHIN GROUP (ORDER BY n) || ', max ' || max(n)
+            || ' over ' || count(*) || ' seconds'
+     FROM bins"
+psql "$SERVER/postgres" -qX -c "DROP DATABASE $DB"

@@ -1,0 +1,203 @@
+//! Global limits of a queue, held by the claim in the database for every worker on every
+//! host (the Rust worker, `skiplock work`, the SQL worker protocol): at most
+//! `max_running` of the queue's jobs running at once, and at most `starts` jobs starting
+//! in any window of `per`. They are columns of the queue's `skiplock.queues` row, so plain
+//! SQL sets them as well; a change holds from the next claim. Jobs over a limit stay
+//! queued, untouched (no attempt spent); a killed worker's claims count until reaped.
+//! docs/guarantees.md says what each limit promises and under which faults.
+
+use std::num::NonZeroU32;
+use std::time::Duration;
+
+use crate::db;
+use crate::db::queues::LimitColumns;
+use crate::error::{Error, Result};
+
+/// The most starts a rate limit may count per period: the claim keeps that many start
+/// times of the queue (`skiplock.queue_rate_starts`). For more, use a shorter period.
+pub const RATE_LIMIT_MAX_STARTS: u32 = 100_000;
+
+/// A queue's global limits; [`QueueLimits::default`] is none.
+///
+/// ```
+/// use std::time::Duration;
+/// use skiplock::QueueLimits;
+///
+/// let exports = QueueLimits::default().max_running(5);
+/// let mail = QueueLimits::default().rate(100, Duration::from_secs(1));
+/// # let _ = (exports, mail);
+/// ```
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct QueueLimits {
+    /// At most this many of the queue's jobs running at once, across every worker.
+    pub max_running: Option<NonZeroU32>,
+    /// At most this many starts in any window of its period, across every worker.
+    pub rate: Option<RateLimit>,
+}
+
+/// At most `starts` jobs of a queue starting in any window of `per`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RateLimit {
+    /// Starts allowed per period: 1 to [`RATE_LIMIT_MAX_STARTS`].
+    pub starts: NonZeroU32,
+    /// The window, in microseconds at the finest; longer than zero.
+    pub per: Duration,
+}
+
+impl QueueLimits {
+    /// These limits with at most `n` jobs running at once (0: no such limit).
+    #[must_use]
+    pub fn max_running(mut self, n: u32) -> Self {
+        self.max_running = NonZeroU32::new(n);
+        self
+    }
+
+    /// These limits with at most `starts` starts in any window of `per` (0 starts: no
+    /// such limit).
+    #[must_use]
+    pub fn rate(mut self, starts: u32, per: Duration) -> Self {
+        self.rate = NonZeroU32::new(starts).map(|starts| RateLimit { starts, per });
+        self
+    }
+
+    /// The columns as `skiplock.queues` holds them, or why they cannot be.
+    fn columns(&self) -> Result<LimitColumns> {
+        let max_running = self
+            .max_running
+            .map(|n| {
+                i32::try_from(n.get()).map_err(|_| {
+                    Error::Config(format!(
+                        "max_running {n} is too large; at most {}",
+                        i32::MAX
+                    ))
+                })
+            })
+            .transpose()?;
+        let rate = self
+            .rate
+            .map(|RateLimit { starts, per }| {
+                if starts.get() > RATE_LIMIT_MAX_STARTS {
+                    return Err(Error::Config(format!(
+                        "a rate limit of {starts} starts per period is more than \
+                         {RATE_LIMIT_MAX_STARTS}; use a shorter period"
+                    )));
+                }
+                let period_us = i64::try_from(per.as_micros())
+                    .ok()
+                    .filter(|&us| us > 0)
+                    .ok_or_else(|| {
+                        Error::Config(format!(
+                            "a rate limit's period must be from 1 µs to about 292,000 years, \
+                             not {per:?}"
+                        ))
+                    })?;
+                // At most RATE_LIMIT_MAX_STARTS, so within i32.
+                Ok((starts.get() as i32, period_us))
+            })
+            .transpose()?;
+        Ok(LimitColumns {
+            max_running,
+            rate_limit: rate.map(|(starts, _)| starts),
+            rate_period_us: rate.map(|(_, period_us)| period_us),
+        })
+    }
+}
+
+/// Sets a queue's global limits, replacing those it had (a queue with no jobs yet may be
+/// given limits; they hold for the jobs that come). Same as
+/// `SELECT skiplock.set_queue_limits(queue, max_running, rate_limit, rate_period)`.
+///
+/// # Errors
+///
+/// [`Error::Config`] for a rate over [`RATE_LIMIT_MAX_STARTS`] starts or a period of zero;
+/// [`Error::Database`] if the statement fails.
+///
+/// # Examples
+///
+/// ```no_run
+/// use skiplock::QueueLimits;
+/// # async fn example(pool: sqlx::PgPool) -> Result<(), skiplock::Error> {
+/// skiplock::set_queue_limits(&pool, "exports", QueueLimits::default().max_running(5)).await?;
+/// # Ok(()) }
+/// ```
+pub async fn set_queue_limits<'e>(
+    db: impl sqlx::PgExecutor<'e>,
+    queue: &str,
+    limits: QueueLimits,
+) -> Result<()> {
+    let columns = limits.columns()?;
+    Ok(db::queues::queues_set_limits(db, queue, &columns).await?)
+}
+
+/// A queue with a global limit, as `skiplock.queue_limits` shows it now.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct QueueLimitStatus {
+    /// The queue.
+    pub queue: String,
+    /// Whether it is paused.
+    pub paused: bool,
+    /// Its limits.
+    pub limits: QueueLimits,
+    /// Its jobs running now, a killed worker's included until they are reaped.
+    pub running: u64,
+    /// Starts within the rate limit's last period.
+    pub started_in_period: u64,
+    /// Its runnable jobs (queued and due).
+    pub runnable: u64,
+    /// The limit that keeps runnable jobs from starting now, if one does.
+    pub holding_back: Option<LimitKind>,
+    /// The runnable jobs that limit holds back now (0 when none does).
+    pub held_back: u64,
+}
+
+/// Which global limit holds a queue's jobs back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum LimitKind {
+    /// `max_running` jobs run already.
+    MaxRunning,
+    /// `rate_limit` jobs started within the last `rate_period`.
+    Rate,
+}
+
+/// Every queue with a global limit, by name, with its use now.
+///
+/// # Errors
+///
+/// [`Error::Database`] if the query fails.
+pub async fn queue_limits<'e>(db: impl sqlx::PgExecutor<'e>) -> Result<Vec<QueueLimitStatus>> {
+    let count = |n: i64| u64::try_from(n).unwrap_or(0);
+    Ok(db::queues::queues_limits(db)
+        .await?
+        .into_iter()
+        .map(|row| QueueLimitStatus {
+            limits: QueueLimits {
+                max_running: row
+                    .max_running
+                    .and_then(|n| NonZeroU32::new(u32::try_from(n).unwrap_or(0))),
+                rate: row
+                    .rate_limit
+                    .zip(row.rate_period_us)
+                    .and_then(|(starts, period_us)| {
+                        Some(RateLimit {
+                            starts: NonZeroU32::new(u32::try_from(starts).ok()?)?,
+                            per: Duration::from_micros(u64::try_from(period_us).ok()?),
+                        })
+                    }),
+            },
+            queue: row.queue,
+            paused: row.paused,
+            running: count(row.running),
+            started_in_period: count(row.started_in_period),
+            runnable: count(row.runnable),
+            held_back: count(row.held_back),
+            holding_back: match row.holding_back.as_deref() {
+                Some("max_running") => Some(LimitKind::MaxRunning),
+                Some("rate_limit") => Some(LimitKind::Rate),
+                _ => None,
+            },
+        })
+        .collect())
+}

@@ -1,0 +1,634 @@
+//! Global limits of a queue (`skiplock.queues`: max_running, rate_limit per rate_period),
+//! held by the claim in the database: several `skiplock-testbed` processes and a worker on
+//! the SQL protocol share a limited queue, one process is killed and its claims reaped,
+//! and the audit trigger's log of every change shows that no instant ran more than
+//! max_running jobs and no window of rate_period started more than rate_limit. The
+//! workers poll once an hour: a freed slot and a refilled window reach them as
+//! notifications, or the drain does not finish.
+#![cfg(feature = "testbed")]
+
+mod common;
+mod fault_support;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use fault_support::{
+    AuditRow, PATIENCE, Testbed, TestbedArgs, audit, audited_db, check_claim_discipline, enqueue_n,
+    running_held_by, sessions_of, states, wait_until,
+};
+use serde_json::json;
+use skiplock::{EnqueueOptions, QueueLimits};
+use sqlx::PgPool;
+use uuid::Uuid;
+
+/// The most jobs of `queue` running at one moment in the audit log: claims count from
+/// their row until the row that ends them (completion, failure, release, reap, cancel,
+/// delete), in the log's insertion order. A claim of a limited queue counts the running
+/// jobs after every earlier claim of the queue committed, and a job that ended before
+/// that count has its audit row earlier in the log, so this order is the one the limit
+/// is held in.
+fn most_running(log: &[AuditRow], jobs: &[i64]) -> usize {
+    let ours: std::collections::HashSet<i64> = jobs.iter().copied().collect();
+    let (mut now, mut most) = (0usize, 0usize);
+    for row in log.iter().filter(|row| ours.contains(&row.job_id)) {
+        let was = row.old_state.as_deref() == Some("running");
+        let is = row.new_state.as_deref() == Some("running");
+        match (was, is) {
+            (false, true) => {
+                now += 1;
+                most = most.max(now);
+            }
+            (true, false) => now -= 1,
+            _ => {}
+        }
+    }
+    assert_eq!(now, 0, "every claim of the log ended");
+    most
+}
+
+/// A worker on the SQL protocol, as a Python or Node worker drives it: claims up to 4
+/// jobs of `queue`, holds each for `hold`, completes them, and polls every 20 ms when it
+/// claimed nothing. Returns how many jobs it completed when `stop` is set.
+fn sql_worker(
+    pool: PgPool,
+    queue: &'static str,
+    hold: Duration,
+    stop: Arc<AtomicBool>,
+) -> tokio::task::JoinHandle<usize> {
+    tokio::spawn(async move {
+        let mut done = 0;
+        while !stop.load(Ordering::Relaxed) {
+            let claimed: Vec<(i64, Uuid)> =
+                sqlx::query_as("SELECT id, claim_token FROM skiplock.claim($1, 4, 'sql-worker')")
+                    .bind(queue)
+                    .fetch_all(&pool)
+                    .await
+                    .expect("claim on the SQL protocol");
+            if claimed.is_empty() {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                continue;
+            }
+            tokio::time::sleep(hold).await;
+            for (id, token) in claimed {
+                let held: bool = sqlx::query_scalar("SELECT skiplock.complete($1, $2)")
+                    .bind(id)
+                    .bind(token)
+                    .fetch_one(&pool)
+                    .await
+                    .expect("complete on the SQL protocol");
+                assert!(held, "the SQL worker's claim of job {id} was held");
+                done += 1;
+            }
+        }
+        done
+    })
+}
+
+/// Workload: 120 `record` jobs of 40 ms in a queue with max_running 3, drained by three
+/// testbed processes of 8 slots each and a SQL-protocol worker; one process is killed
+/// (SIGKILL) while it holds jobs and its claims are reaped two seconds later.
+///
+/// Invariant: every job succeeds; at no point of the audit log do more than 3 jobs run
+/// (the killed worker's count until reaped), and 3 do at some point.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn max_running_holds_across_processes_sql_workers_and_a_killed_worker() {
+    const JOBS: usize = 120;
+    const LIMIT: u32 = 3;
+    let db = audited_db().await;
+    let pool = &db.pool;
+    skiplock::set_queue_limits(pool, "exports", QueueLimits::default().max_running(LIMIT))
+        .await
+        .unwrap();
+    let jobs = enqueue_n(
+        pool,
+        "record",
+        json!({"ms": 40}),
+        JOBS,
+        EnqueueOptions::new().queue("exports"),
+    )
+    .await;
+
+    let args = TestbedArgs::new()
+        .set("kinds", "record")
+        .set("queue", "exports")
+        .set("concurrency", 8)
+        .set("heartbeat-ms", 200)
+        .set("stale-ms", 2_000)
+        .set("poll-ms", 3_600_000);
+    let mut workers = Vec::new();
+    for i in 0..3 {
+        workers.push(Testbed::start(&db.url, &format!("tb-limit-{i}"), &args).await);
+    }
+    let stop = Arc::new(AtomicBool::new(false));
+    let sql = sql_worker(
+        pool.clone(),
+        "exports",
+        Duration::from_millis(40),
+        stop.clone(),
+    );
+
+    // Killed while it holds jobs: a completion it sent just before the kill can still
+    // commit, so what it held is counted once its sessions are gone, and another worker
+    // takes its place and is killed in turn until one dies holding a claim.
+    for attempt in 0.. {
+        assert!(attempt < 10, "no killed worker held a claim");
+        let id = workers[0].worker_id.clone();
+        wait_until("the victim to hold a job", PATIENCE, || async {
+            (running_held_by(pool, &id).await > 0).then_some(())
+        })
+        .await;
+        workers[0].kill9().await;
+        wait_until("the killed worker's sessions to end", PATIENCE, || async {
+            (sessions_of(pool, &id).await == 0).then_some(())
+        })
+        .await;
+        if running_held_by(pool, &id).await > 0 {
+            break;
+        }
+        workers[0] = Testbed::start(&db.url, &format!("tb-limit-0-{attempt}"), &args).await;
+    }
+
+    wait_until("every job to succeed", PATIENCE, || async {
+        (states(pool).await.get("succeeded").copied() == Some(JOBS as i64)).then_some(())
+    })
+    .await;
+    stop.store(true, Ordering::Relaxed);
+    let by_sql = sql.await.unwrap();
+    for worker in &mut workers[1..] {
+        worker.signal("TERM");
+        assert!(worker.wait_exit(PATIENCE).await.success());
+    }
+
+    assert_eq!(
+        states(pool).await,
+        HashMap::from([("succeeded".to_owned(), JOBS as i64)])
+    );
+    let log = audit(pool).await;
+    check_claim_discipline(&log, false);
+    assert!(
+        log.iter().any(AuditRow::is_reap),
+        "the killed worker's claims were reaped"
+    );
+    eprintln!("the SQL worker completed {by_sql} jobs");
+    assert_eq!(
+        most_running(&log, &jobs),
+        LIMIT as usize,
+        "at most max_running jobs ran at once, and the limit was reached"
+    );
+}
+
+/// Workload: 60 `record` jobs of 0 ms in a queue with a rate limit of 15 per second,
+/// drained by three testbed processes and a SQL-protocol worker.
+///
+/// Invariant: every job succeeds, and no window of one second holds more than 15 starts
+/// (the claims' `claimed_at`, the time each claim took its starts at), while 15 starts do
+/// fall within some second.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rate_limit_holds_in_every_window_across_processes_and_sql_workers() {
+    const JOBS: usize = 60;
+    const LIMIT: usize = 15;
+    let period = chrono::Duration::seconds(1);
+    let db = audited_db().await;
+    let pool = &db.pool;
+    skiplock::set_queue_limits(
+        pool,
+        "mail",
+        QueueLimits::default().rate(LIMIT as u32, Duration::from_secs(1)),
+    )
+    .await
+    .unwrap();
+    enqueue_n(
+        pool,
+        "record",
+        json!({"ms": 0}),
+        JOBS,
+        EnqueueOptions::new().queue("mail"),
+    )
+    .await;
+    let args = TestbedArgs::new()
+        .set("kinds", "record")
+        .set("queue", "mail")
+        .set("concurrency", 8)
+        .set("poll-ms", 3_600_000);
+    let mut workers = Vec::new();
+    for i in 0..3 {
+        workers.push(Testbed::start(&db.url, &format!("tb-rate-{i}"), &args).await);
+    }
+    let stop = Arc::new(AtomicBool::new(false));
+    let sql = sql_worker(pool.clone(), "mail", Duration::ZERO, stop.clone());
+    wait_until("every job to succeed", PATIENCE, || async {
+        (states(pool).await.get("succeeded").copied() == Some(JOBS as i64)).then_some(())
+    })
+    .await;
+    stop.store(true, Ordering::Relaxed);
+    sql.await.unwrap();
+    for worker in &mut workers {
+        worker.signal("TERM");
+        assert!(worker.wait_exit(PATIENCE).await.success());
+    }
+
+    let log = audit(pool).await;
+    check_claim_discipline(&log, false);
+    let mut starts: Vec<_> = log
+        .iter()
+        .filter(|row| row.is_claim())
+        .map(|row| row.claimed_at.expect("a claim has claimed_at"))
+        .collect();
+    starts.sort();
+    assert_eq!(starts.len(), JOBS, "each job started once");
+    for (first, later) in starts.iter().zip(&starts[LIMIT..]) {
+        assert!(
+            *later - *first > period,
+            "{} starts within one second: from {first} to {later}",
+            LIMIT + 1
+        );
+    }
+    assert!(
+        starts
+            .iter()
+            .zip(&starts[LIMIT - 1..])
+            .any(|(first, last)| *last - *first <= period),
+        "the limit was reached: {LIMIT} starts within some second"
+    );
+}
+
+/// Claims up to `n` jobs of `queue` on the SQL protocol; returns their ids.
+async fn claim(pool: &PgPool, queue: &str, n: i32) -> Vec<i64> {
+    sqlx::query_scalar("SELECT id FROM skiplock.claim($1, $2, 'w')")
+        .bind(queue)
+        .bind(n)
+        .fetch_all(pool)
+        .await
+        .expect("claim")
+}
+
+async fn queue_jobs(pool: &PgPool, queue: &str, n: usize) -> Vec<i64> {
+    enqueue_n(
+        pool,
+        "noop",
+        json!({}),
+        n,
+        EnqueueOptions::new().queue(queue),
+    )
+    .await
+}
+
+/// A limit written as plain SQL holds like one set through the API; lowering it stops
+/// claims until the queue is under it, raising or removing it lets them go on, and
+/// nothing enqueued is lost or stranded on the way.
+#[tokio::test]
+async fn limits_written_as_plain_sql_hold_and_changing_them_strands_nothing() {
+    let db = common::test_db().await;
+    let pool = &db.pool;
+    let jobs = queue_jobs(pool, "q", 12).await;
+    sqlx::query(
+        "INSERT INTO skiplock.queues (name, max_running) VALUES ('q', 4)
+         ON CONFLICT (name) DO UPDATE SET max_running = excluded.max_running",
+    )
+    .execute(pool)
+    .await
+    .unwrap();
+    let set_max_running = |value: Option<i32>| {
+        sqlx::query("UPDATE skiplock.queues SET max_running = $1 WHERE name = 'q'")
+            .bind(value)
+            .execute(pool)
+    };
+    assert_eq!(claim(pool, "q", 10).await.len(), 4);
+    assert_eq!(claim(pool, "q", 10).await.len(), 0, "the limit is reached");
+    for (max_running, claimed, why) in [
+        (Some(2), 0, "4 run, over the lowered limit"),
+        (Some(6), 2, "raised: room for 2 more"),
+        (None, 6, "removed: the rest"),
+    ] {
+        set_max_running(max_running).await.unwrap();
+        assert_eq!(claim(pool, "q", 10).await.len(), claimed, "{why}");
+    }
+    let running: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM skiplock.jobs WHERE id = ANY($1) AND state = 'running'",
+    )
+    .bind(&jobs)
+    .fetch_one(pool)
+    .await
+    .unwrap();
+    assert_eq!(running, 12, "every job was claimed once, none lost");
+}
+
+/// Zero, negative or half-given limits are refused with a message naming the column and
+/// what to write; the queue's row keeps what it had.
+#[tokio::test]
+async fn bad_limits_are_refused_with_what_to_write_and_change_nothing() {
+    let db = common::test_db().await;
+    let pool = &db.pool;
+    skiplock::set_queue_limits(pool, "q", QueueLimits::default().max_running(2))
+        .await
+        .unwrap();
+    for (call, needle) in [
+        (
+            "SELECT skiplock.set_queue_limits('q', 0)",
+            "max_running is 0, it must be at least 1",
+        ),
+        (
+            "SELECT skiplock.set_queue_limits('q', -3)",
+            "max_running is -3",
+        ),
+        (
+            "SELECT skiplock.set_queue_limits('q', NULL, 10)",
+            "rate_limit and rate_period go together",
+        ),
+        (
+            "SELECT skiplock.set_queue_limits('q', NULL, 0, '1 second')",
+            "rate_limit is 0",
+        ),
+        (
+            "SELECT skiplock.set_queue_limits('q', NULL, 100001, '1 second')",
+            "between 1 and 100000",
+        ),
+        (
+            "SELECT skiplock.set_queue_limits('q', NULL, 10, '0 seconds')",
+            "rate_period is 00:00:00, it must be longer than zero",
+        ),
+        (
+            "SELECT skiplock.set_queue_limits('', 1)",
+            "a queue name cannot be empty",
+        ),
+        (
+            "UPDATE skiplock.queues SET max_running = 0",
+            "queues_max_running_at_least_1",
+        ),
+        (
+            "UPDATE skiplock.queues SET rate_limit = 5",
+            "queues_rate_limit_and_period_together",
+        ),
+        (
+            "UPDATE skiplock.queues SET rate_limit = 5, rate_period = '-1 s'",
+            "queues_rate_period_positive",
+        ),
+    ] {
+        let error = sqlx::query(call)
+            .execute(pool)
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains(needle), "{call}: {error}");
+    }
+    let error =
+        skiplock::set_queue_limits(pool, "q", QueueLimits::default().rate(5, Duration::ZERO))
+            .await
+            .unwrap_err()
+            .to_string();
+    assert!(error.contains("period must be from 1 µs"), "{error}");
+    let limits = skiplock::queue_limits(pool).await.unwrap();
+    assert_eq!(limits.len(), 1);
+    assert_eq!(limits[0].limits, QueueLimits::default().max_running(2));
+}
+
+/// A claim of a limited queue in REPEATABLE READ or SERIALIZABLE is refused (its snapshot
+/// could miss claims committed after it and claim past the limit), with the way out; the
+/// same claim of a queue without limits works there.
+#[tokio::test]
+async fn a_claim_of_a_limited_queue_outside_read_committed_is_refused_with_the_way_out() {
+    let db = common::test_db().await;
+    let pool = &db.pool;
+    queue_jobs(pool, "limited", 2).await;
+    queue_jobs(pool, "free", 2).await;
+    skiplock::set_queue_limits(pool, "limited", QueueLimits::default().max_running(5))
+        .await
+        .unwrap();
+    for level in ["REPEATABLE READ", "SERIALIZABLE"] {
+        let mut tx = pool.begin().await.unwrap();
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "SET TRANSACTION ISOLATION LEVEL {level}"
+        )))
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+        let error = sqlx::query("SELECT * FROM skiplock.claim('limited', 1, 'w')")
+            .execute(&mut *tx)
+            .await
+            .unwrap_err();
+        let sqlx::Error::Database(error) = error else {
+            panic!("a database error")
+        };
+        assert_eq!(error.code().as_deref(), Some("25000"));
+        assert!(
+            error.message().contains("queue limited has a global limit")
+                && error.message().contains(level),
+            "{}",
+            error.message()
+        );
+        tx.rollback().await.unwrap();
+        let mut tx = pool.begin().await.unwrap();
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "SET TRANSACTION ISOLATION LEVEL {level}"
+        )))
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+        let free: Vec<i64> = sqlx::query_scalar("SELECT id FROM skiplock.claim('free', 1, 'w')")
+            .fetch_all(&mut *tx)
+            .await
+            .unwrap();
+        assert_eq!(free.len(), 1);
+        tx.rollback().await.unwrap();
+    }
+}
+
+/// The rate limit keeps the newest starts when it changes: a limit lowered below the
+/// starts of the period claims nothing until they age, one raised claims only the
+/// difference; claimed_at of a limited claim is the time the limit was checked at.
+#[tokio::test]
+async fn a_changed_rate_limit_keeps_counting_the_starts_already_made() {
+    let db = common::test_db().await;
+    let pool = &db.pool;
+    queue_jobs(pool, "r", 20).await;
+    let hour = Duration::from_secs(3600);
+    let set = |n| skiplock::set_queue_limits(pool, "r", QueueLimits::default().rate(n, hour));
+    set(5).await.unwrap();
+    assert_eq!(claim(pool, "r", 10).await.len(), 5);
+    assert_eq!(claim(pool, "r", 10).await.len(), 0, "5 starts in the hour");
+    set(3).await.unwrap();
+    assert_eq!(
+        claim(pool, "r", 10).await.len(),
+        0,
+        "lowered: 5 starts, more than 3"
+    );
+    set(8).await.unwrap();
+    assert_eq!(claim(pool, "r", 10).await.len(), 3, "raised to 8: 3 more");
+    set(8).await.unwrap();
+    assert_eq!(claim(pool, "r", 10).await.len(), 0, "8 starts in the hour");
+    let status = skiplock::queue_limits(pool).await.unwrap();
+    assert_eq!(status[0].started_in_period, 8);
+    assert_eq!(status[0].held_back, 12);
+    assert_eq!(status[0].holding_back, Some(skiplock::LimitKind::Rate));
+    let why: String = sqlx::query_scalar(
+        "SELECT skiplock.why_not_running(min(id)) FROM skiplock.jobs WHERE state = 'queued'",
+    )
+    .fetch_one(pool)
+    .await
+    .unwrap();
+    assert!(why.contains("held back by the queue's rate limit"), "{why}");
+    // A claim of several queues, one of them limited: each is claimed from in turn.
+    queue_jobs(pool, "other", 3).await;
+    let both: Vec<(i64, String)> = sqlx::query_as(
+        "SELECT id, queue FROM skiplock.internal_claim_batch(ARRAY['r', 'other'], NULL, 10, 'w')",
+    )
+    .fetch_all(pool)
+    .await
+    .unwrap();
+    assert_eq!(both.len(), 3);
+    assert!(both.iter().all(|(_, queue)| queue == "other"));
+}
+
+/// `skiplock show` says why a queued job waits under max_running, and a freed slot is
+/// announced: a listener of skiplock_runnable hears the queue named when a running job
+/// of a queue with max_running completes, and nothing for a queue without it.
+#[tokio::test]
+async fn a_freed_slot_of_a_limited_queue_is_announced() {
+    let db = common::test_db().await;
+    let pool = &db.pool;
+    queue_jobs(pool, "limited", 2).await;
+    queue_jobs(pool, "free", 1).await;
+    skiplock::set_queue_limits(pool, "limited", QueueLimits::default().max_running(1))
+        .await
+        .unwrap();
+    let mut listener = sqlx::postgres::PgListener::connect(&db.url).await.unwrap();
+    listener.listen("skiplock_runnable").await.unwrap();
+    let claimed: Vec<(i64, Uuid)> =
+        sqlx::query_as("SELECT id, claim_token FROM skiplock.claim('limited', 5, 'w')")
+            .fetch_all(pool)
+            .await
+            .unwrap();
+    assert_eq!(claimed.len(), 1);
+    let why: String = sqlx::query_scalar(
+        "SELECT skiplock.why_not_running(id) FROM skiplock.jobs
+         WHERE queue = 'limited' AND state = 'queued'",
+    )
+    .fetch_one(pool)
+    .await
+    .unwrap();
+    assert!(
+        why.contains("held back by the queue's max_running: 1 of queue 'limited'"),
+        "{why}"
+    );
+    let free: Vec<(i64, Uuid)> =
+        sqlx::query_as("SELECT id, claim_token FROM skiplock.claim('free', 5, 'w')")
+            .fetch_all(pool)
+            .await
+            .unwrap();
+    for (id, token) in [free[0], claimed[0]] {
+        sqlx::query("SELECT skiplock.complete($1, $2)")
+            .bind(id)
+            .bind(token)
+            .execute(pool)
+            .await
+            .unwrap();
+    }
+    let heard = tokio::time::timeout(PATIENCE, listener.recv())
+        .await
+        .expect("a notification")
+        .unwrap();
+    assert_eq!(
+        heard.payload(),
+        "-\t-\tlimited",
+        "the freed queue, from its start"
+    );
+}
+
+/// Workload: 3 `record` jobs in a queue with max_running 1; the SQL protocol holds its one
+/// slot while a testbed that polls once an hour finds no room and goes idle.
+///
+/// Invariant: once the SQL worker completes its job (and claims nothing more), the testbed
+/// runs the other two: the freed slot reached it as a notification.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_freed_slot_is_taken_by_an_idle_worker_of_another_process() {
+    let db = audited_db().await;
+    let pool = &db.pool;
+    skiplock::set_queue_limits(pool, "one", QueueLimits::default().max_running(1))
+        .await
+        .unwrap();
+    enqueue_n(
+        pool,
+        "record",
+        json!({"ms": 0}),
+        3,
+        EnqueueOptions::new().queue("one"),
+    )
+    .await;
+    let held: (i64, Uuid) =
+        sqlx::query_as("SELECT id, claim_token FROM skiplock.claim('one', 5, 'sql-worker')")
+            .fetch_one(pool)
+            .await
+            .unwrap();
+    let args = TestbedArgs::new()
+        .set("kinds", "record")
+        .set("queue", "one")
+        .set("poll-ms", 3_600_000);
+    let mut worker = Testbed::start(&db.url, "tb-idle", &args).await;
+    // The testbed claims at start and finds no room: a session of it has run a claim
+    // and is idle, and it holds nothing.
+    wait_until("the testbed's first claim", PATIENCE, || async {
+        let claimed: bool = sqlx::query_scalar(
+            "SELECT EXISTS (SELECT FROM pg_stat_activity
+                            WHERE application_name = 'tb-idle' AND state = 'idle'
+                              AND query LIKE '%internal_claim_batch%')",
+        )
+        .fetch_one(pool)
+        .await
+        .unwrap();
+        claimed.then_some(())
+    })
+    .await;
+    assert_eq!(running_held_by(pool, "tb-idle").await, 0);
+    sqlx::query("SELECT skiplock.complete($1, $2)")
+        .bind(held.0)
+        .bind(held.1)
+        .execute(pool)
+        .await
+        .unwrap();
+    wait_until("the testbed to run the other two", PATIENCE, || async {
+        (states(pool).await.get("succeeded").copied() == Some(3)).then_some(())
+    })
+    .await;
+    worker.signal("TERM");
+    assert!(worker.wait_exit(PATIENCE).await.success());
+}
+
+/// Workload: 6 `record` jobs in a queue limited to 2 starts per 2 seconds, one testbed
+/// that polls once an hour.
+///
+/// Invariant: all 6 run: each refill of the window reached the idle worker as a
+/// notification of when it comes (skiplock_due_later).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refilled_rate_window_is_taken_by_an_idle_worker() {
+    let db = audited_db().await;
+    let pool = &db.pool;
+    skiplock::set_queue_limits(
+        pool,
+        "paced",
+        QueueLimits::default().rate(2, Duration::from_secs(2)),
+    )
+    .await
+    .unwrap();
+    enqueue_n(
+        pool,
+        "record",
+        json!({"ms": 0}),
+        6,
+        EnqueueOptions::new().queue("paced"),
+    )
+    .await;
+    let args = TestbedArgs::new()
+        .set("kinds", "record")
+        .set("queue", "paced")
+        .set("poll-ms", 3_600_000);
+    let mut worker = Testbed::start(&db.url, "tb-paced", &args).await;
+    wait_until("every job to succeed", PATIENCE, || async {
+        (states(pool).await.get("succeeded").copied() == Some(6)).then_some(())
+    })
+    .await;
+    worker.signal("TERM");
+    assert!(worker.wait_exit(PATIENCE).await.success());
+}

@@ -63,6 +63,19 @@ const fn failure(args: &'static [&'static str], target: Target, line: &'static s
 }
 
 const CASES: &[Case] = &[
+    // Global limits.
+    usage(
+        &["queue", "limit", "exports", "--max-running", "0"],
+        "error: invalid value '0' for '--max-running <N|none>': a max_running of 0 would stop the queue; pause it instead (skiplock queue pause), or write `none` to remove the limit",
+    ),
+    usage(
+        &["queue", "limit", "mail", "--rate", "100"],
+        "error: invalid value '100' for '--rate <N/PERIOD|none>': `100` is not a rate; write starts/period, like 100/1s or 5000/1m, or `none`",
+    ),
+    usage(
+        &["queue", "limit", "mail", "--rate", "0/1s"],
+        "error: invalid value '0/1s' for '--rate <N/PERIOD|none>': a rate of 0 starts per period is out of range; write 1 to 100000 (for more, use a shorter period), or `none`",
+    ),
     // Connections.
     failure(
         &["jobs"],

@@ -107,3 +107,65 @@ async fn queue_pause_and_resume() {
     );
     assert_eq!(skiplock(&db, &["queue", "paused"]).await.ok(), "");
 }
+
+#[tokio::test]
+async fn queue_limits_are_set_kept_listed_and_removed() {
+    let db = test_db().await;
+    assert_eq!(
+        skiplock(&db, &["queue", "limit", "exports", "--max-running", "5"])
+            .await
+            .ok(),
+        "queue `exports`: max_running 5, rate none\n"
+    );
+    // A limit not named stays as it is.
+    assert_eq!(
+        skiplock(&db, &["queue", "limit", "exports", "--rate", "100/1m"])
+            .await
+            .ok(),
+        "queue `exports`: max_running 5, rate 100 per 1m\n"
+    );
+    let listed = skiplock(&db, &["queue", "limits", "--json"]).await.json();
+    assert_eq!(listed[0]["queue"], "exports");
+    assert_eq!(listed[0]["max_running"], 5);
+    assert_eq!(listed[0]["rate_limit"], 100);
+    assert_eq!(listed[0]["rate_period_seconds"], 60.0);
+    let table = skiplock(&db, &["queue", "limits"]).await.ok();
+    assert!(
+        table.contains("exports") && table.contains("100/1m"),
+        "{table}"
+    );
+    let stats = skiplock(&db, &["stats", "--json"]).await.json();
+    assert_eq!(stats["limits"][0]["max_running"], 5);
+    let id: i64 = sqlx::query_scalar("SELECT skiplock.enqueue('noop', queue => 'exports')")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    let shown = skiplock(&db, &["show", &id.to_string()]).await.ok();
+    assert!(
+        shown.contains("\nwhy: runnable: the next free worker of queue 'exports'"),
+        "{shown}"
+    );
+    assert_eq!(
+        skiplock(
+            &db,
+            &[
+                "queue",
+                "limit",
+                "exports",
+                "--max-running",
+                "none",
+                "--rate",
+                "none"
+            ]
+        )
+        .await
+        .ok(),
+        "queue `exports`: max_running none, rate none\n"
+    );
+    assert_eq!(
+        skiplock(&db, &["queue", "limits"]).await.ok(),
+        "no queue has a global limit; set one with skiplock queue limit\n"
+    );
+    let usage = skiplock(&db, &["queue", "limit", "exports"]).await;
+    assert_eq!(usage.code, Some(2), "{usage:?}");
+}

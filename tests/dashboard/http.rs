@@ -45,6 +45,52 @@ async fn overview_shows_the_counts_by_state_queue_and_kind() {
 }
 
 #[tokio::test]
+async fn overview_shows_each_global_limit_its_use_and_the_jobs_it_holds_back() {
+    let db = test_db().await;
+    let pool = &db.pool;
+    sqlx::query("SELECT skiplock.enqueue('export', queue => 'exports') FROM generate_series(1, 3)")
+        .execute(pool)
+        .await
+        .unwrap();
+    skiplock::set_queue_limits(
+        pool,
+        "exports",
+        skiplock::QueueLimits::default().max_running(1),
+    )
+    .await
+    .unwrap();
+    sqlx::query("SELECT * FROM skiplock.claim('exports', 5, 'worker-x')")
+        .execute(pool)
+        .await
+        .unwrap();
+    let dashboard = Dashboard::start(&db, &[]).await;
+    let page = dashboard.page("/").await;
+    let limits = &page[page.find("Global limits").expect("a limits table")..];
+    let row = &limits[limits.find("<tr data-name=\"exports\">").unwrap()..];
+    let row = &row[..row.find("</tr>").unwrap()];
+    for (cell, expected) in [
+        ("running", ">1"),
+        ("max_running", ">1"),
+        ("holding_back", "max running"),
+        ("held_back", ">2"),
+    ] {
+        let at = row.find(&format!("data-limit=\"{cell}\"")).unwrap();
+        let cell_html = &row[at..at + row[at..].find("</td>").unwrap()];
+        assert!(
+            cell_html.ends_with(expected) || cell_html.contains(&format!("{expected}<")),
+            "{cell}: {cell_html}"
+        );
+    }
+    let metrics = dashboard.page("/metrics").await;
+    for line in [
+        "skiplock_queue_max_running{queue=\"exports\"} 1",
+        "skiplock_queue_held_back{queue=\"exports\"} 2",
+    ] {
+        assert!(metrics.lines().any(|l| l == line), "{line} in {metrics}");
+    }
+}
+
+#[tokio::test]
 async fn jobs_list_filters_by_state_queue_kind_and_text() {
     let db = test_db().await;
     let seeded = seed(&db.pool).await;

@@ -153,6 +153,7 @@ pub async fn metrics(StateExtractor(state): StateExtractor<State>) -> AppResult<
             f64::from(u8::from(*paused)),
         );
     }
+    limit_families(&mut out, &overview.limits);
     family(
         &mut out,
         "skiplock_jobs_per_second",
@@ -314,5 +315,45 @@ mod tests {
         sample(&mut out, "m", &[("queue", "a\"b\\c\nd")], 1.5);
         sample(&mut out, "n", &[], 2.0);
         assert_eq!(out, "m{queue=\"a\\\"b\\\\c\\nd\"} 1.5\nn 2\n");
+    }
+}
+
+/// The global limits of the queues that have one (`skiplock.queue_limits`): each limit,
+/// its use now, and the runnable jobs it holds back.
+fn limit_families(out: &mut String, limits: &[skiplock::QueueLimitStatus]) {
+    let series: [(&str, &str, fn(&skiplock::QueueLimitStatus) -> Option<f64>); 5] = [
+        (
+            "skiplock_queue_max_running",
+            "The queue's max_running: at most this many of its jobs run at once across every worker.",
+            |s| s.limits.max_running.map(|n| f64::from(n.get())),
+        ),
+        (
+            "skiplock_queue_rate_limit_starts",
+            "The queue's rate_limit: at most this many starts in any window of rate_period.",
+            |s| s.limits.rate.map(|r| f64::from(r.starts.get())),
+        ),
+        (
+            "skiplock_queue_rate_period_seconds",
+            "The queue's rate_period.",
+            |s| s.limits.rate.map(|r| r.per.as_secs_f64()),
+        ),
+        (
+            "skiplock_queue_started_in_period",
+            "Starts of the rate-limited queue within the last rate_period.",
+            |s| s.limits.rate.map(|_| s.started_in_period as f64),
+        ),
+        (
+            "skiplock_queue_held_back",
+            "Runnable jobs of the queue that a global limit keeps from starting now.",
+            |s| Some(s.held_back as f64),
+        ),
+    ];
+    for (name, help, value) in series {
+        family(out, name, "gauge", help);
+        for status in limits {
+            if let Some(v) = value(status) {
+                sample(out, name, &[("queue", &status.queue)], v);
+            }
+        }
     }
 }

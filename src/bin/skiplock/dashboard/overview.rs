@@ -18,6 +18,7 @@ pub struct Overview {
     pub ended: Vec<EndedCounts>,
     pub workers: Vec<WorkerRow>,
     pub paused: Vec<String>,
+    pub limits: Vec<skiplock::QueueLimitStatus>,
 }
 
 /// One line of the queue or kind table.
@@ -32,17 +33,19 @@ struct Line {
 impl Overview {
     pub async fn load(state: &AppState) -> AppResult<Overview> {
         let pool = &state.pool;
-        let (stats, ended, workers, paused) = tokio::try_join!(
+        let (stats, ended, workers, paused, limits) = tokio::try_join!(
             async { skiplock::stats::stats(pool).await.map_err(AppError::from) },
             async { dashboard_ended_counts(pool).await.map_err(AppError::from) },
             async { dashboard_workers(pool).await.map_err(AppError::from) },
             async { skiplock::paused_queues(pool).await.map_err(AppError::from) },
+            async { skiplock::queue_limits(pool).await.map_err(AppError::from) },
         )?;
         Ok(Overview {
             stats,
             ended,
             workers,
             paused,
+            limits,
         })
     }
 
@@ -230,6 +233,10 @@ fn tables(state: &AppState, overview: &Overview) -> Markup {
     html! {
         h2 { "Queues" }
         (table(state, "queue", &overview.queues()))
+        @if !overview.limits.is_empty() {
+            h2 { "Global limits" }
+            (limits_table(&overview.limits))
+        }
         h2 { "Kinds" }
         (table(state, "kind", &overview.kinds()))
         h2 { "Workers" }
@@ -315,6 +322,47 @@ fn workers_table(workers: &[WorkerRow]) -> Markup {
                                 "(" (duration(worker.heartbeat_age_seconds)) " ago)"
                             }
                         }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Queues with a global limit: each limit beside its use now, and the runnable jobs it
+/// holds back (`skiplock.queue_limits`).
+fn limits_table(limits: &[skiplock::QueueLimitStatus]) -> Markup {
+    html! {
+        table.data.limits {
+            thead { tr {
+                th { "queue" } th.num { "running" } th.num { "max running" }
+                th.num { "started in period" } th.num { "rate limit" }
+                th { "holding back" } th.num { "held back" }
+            } }
+            tbody {
+                @for status in limits {
+                    tr data-name=(status.queue) {
+                        td { a href=(jobs_link(None, Some(&status.queue), None)) { (status.queue) } }
+                        td.num data-limit="running" { (status.running) }
+                        td.num data-limit="max_running" {
+                            @match status.limits.max_running { Some(n) => (n), None => span.muted { "none" } }
+                        }
+                        td.num data-limit="started_in_period" { (status.started_in_period) }
+                        td.num data-limit="rate" {
+                            @match status.limits.rate {
+                                Some(rate) => (format!("{} per {}", rate.starts, humantime::format_duration(rate.per))),
+                                None => span.muted { "none" },
+                            }
+                        }
+                        td data-limit="holding_back" {
+                            @match (status.paused, status.holding_back) {
+                                (true, _) => span.badge.paused { "paused" },
+                                (false, Some(skiplock::LimitKind::MaxRunning)) => span.badge { "max running" },
+                                (false, Some(_)) => span.badge { "rate limit" },
+                                (false, None) => span.muted { "no" },
+                            }
+                        }
+                        td.num data-limit="held_back" { (status.held_back) }
                     }
                 }
             }

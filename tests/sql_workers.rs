@@ -2,9 +2,10 @@
 //! runs them, on the databases production has: Postgres defaults (beside a `skiplock work`
 //! process, and with every session of theirs terminated mid-drain), a database whose
 //! default isolation is serializable with tight statement, lock and idle timeouts, and
-//! PgBouncer in transaction mode. In each, a Python and a Node worker are killed holding
-//! claims, and the others take them back with `skiplock.maintain` alone: every job is done
-//! exactly once and lanes keep their order. Also: SIGTERM stops each cleanly, a worker
+//! PgBouncer in transaction mode in front of a serializable default. In each, a Python and
+//! a Node worker are killed holding claims, and the others take them back with
+//! `skiplock.maintain` alone: every job is done exactly once, lanes keep their order, and
+//! every statement of the workers on `skiplock.jobs` ran at READ COMMITTED. Also: SIGTERM stops each cleanly, a worker
 //! whose heartbeats fail stops its job and claims nothing until they work again, and a
 //! failed attempt keeps its message (not the stack) in `last_error`.
 //!
@@ -28,8 +29,9 @@ use common::fixtures::wait_for;
 use common::{TestDb, test_db, with_database};
 use pgbouncer::PgBouncer;
 use sql_workers_support::{
-    Lang, QUEUE, Worker, assert_each_job_done_once_and_lanes_in_order, changes, completed_in_log,
-    install_audit, jobs_in_states, python_bin, wait_connected,
+    Lang, QUEUE, Worker, assert_each_job_done_once_and_lanes_in_order,
+    assert_workers_wrote_at_read_committed, changes, completed_in_log, install_audit,
+    jobs_in_states, python_bin, wait_connected,
 };
 
 /// How many jobs the victims of [`drain_with_killed_workers`] claim: a batch each.
@@ -136,7 +138,8 @@ async fn prepare_drain(db: &TestDb) -> i64 {
 /// worker start first, each claims a batch of `hang_once` jobs, and both are killed
 /// (SIGKILL) holding them; then a Python and a Node worker drain the queue, taking the
 /// killed ones' claims back through `skiplock.maintain` alone. `during` runs once both
-/// drain. Returns the survivors' logs.
+/// drain. Every statement the four wrote on `skiplock.jobs` ran at READ COMMITTED. Returns
+/// the survivors' logs.
 async fn drain_with_killed_workers(
     db: &TestDb,
     worker_url: &str,
@@ -215,6 +218,8 @@ async fn drain_with_killed_workers(
     );
     let killed: Vec<&str> = killed.iter().map(String::as_str).collect();
     assert_drained_once(db, total, &logs, &killed).await;
+    let workers: Vec<&str> = logs.keys().map(String::as_str).collect();
+    assert_workers_wrote_at_read_committed(db, &workers).await;
     logs.retain(|name, _| !name.ends_with("-killed"));
     logs
 }
@@ -231,6 +236,37 @@ fn assert_no_line_with(logs: &HashMap<String, String>, forbidden: &[&str]) {
             }
         }
     }
+}
+
+/// Makes serializable the test database's default isolation, with `more` settings
+/// (`name = value`), for the sessions opened from then on (the workers'), and checks on a
+/// fresh session that the default took effect: from then on a worker's transaction runs
+/// READ COMMITTED only when the worker pins it.
+async fn set_serializable_default(db: &TestDb, more: &[&str]) {
+    for setting in ["default_transaction_isolation = 'serializable'"]
+        .iter()
+        .chain(more)
+    {
+        sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+            "ALTER DATABASE \"{}\" SET {setting}",
+            db.name
+        )))
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    }
+    let isolation: String = {
+        use sqlx::Connection;
+        let mut fresh = sqlx::PgConnection::connect(db.url()).await.unwrap();
+        sqlx::query_scalar("SHOW default_transaction_isolation")
+            .fetch_one(&mut fresh)
+            .await
+            .unwrap()
+    };
+    assert_eq!(
+        isolation, "serializable",
+        "the database default took effect"
+    );
 }
 
 /// Postgres defaults: killed workers' claims taken back by the others, and every session of
@@ -288,34 +324,17 @@ async fn on_a_serializable_database_with_tight_timeouts_each_job_runs_once() {
     // The jobs and the audit are the test's, not the workers': made before the settings,
     // which apply to the sessions opened from then on.
     let total = prepare_drain(&db).await;
-    for setting in [
-        "default_transaction_isolation = 'serializable'",
-        "statement_timeout = '200ms'",
-        "lock_timeout = '50ms'",
-        "idle_in_transaction_session_timeout = '1s'",
-        "idle_session_timeout = '5s'",
-    ] {
-        sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
-            "ALTER DATABASE \"{}\" SET {setting}",
-            db.name
-        )))
-        .execute(&db.pool)
-        .await
-        .unwrap();
-    }
+    set_serializable_default(
+        &db,
+        &[
+            "statement_timeout = '200ms'",
+            "lock_timeout = '50ms'",
+            "idle_in_transaction_session_timeout = '1s'",
+            "idle_session_timeout = '5s'",
+        ],
+    )
+    .await;
     let url = db.url().to_owned();
-    let isolation: String = {
-        use sqlx::Connection;
-        let mut fresh = sqlx::PgConnection::connect(&url).await.unwrap();
-        sqlx::query_scalar("SHOW default_transaction_isolation")
-            .fetch_one(&mut fresh)
-            .await
-            .unwrap()
-    };
-    assert_eq!(
-        isolation, "serializable",
-        "the database default took effect"
-    );
     let logs = drain_with_killed_workers(&db, &url, total, async || {}).await;
     assert_no_line_with(
         &logs,
@@ -329,9 +348,10 @@ async fn on_a_serializable_database_with_tight_timeouts_each_job_runs_once() {
     }
 }
 
-/// PgBouncer in transaction mode: the examples find it (it refuses their startup options),
-/// pin READ COMMITTED in each transaction and use no named prepared statement, and drain
-/// with killed workers: every job once, none left running.
+/// PgBouncer in transaction mode, on a database whose default is serializable: the
+/// examples find the pooler (it refuses their startup options), pin READ COMMITTED in each
+/// transaction (their BEGIN is all that pins it here) and use no named prepared statement,
+/// and drain with killed workers: every job once, none left running.
 #[tokio::test]
 async fn behind_pgbouncer_in_transaction_mode_each_job_runs_once() {
     if !PgBouncer::installed() {
@@ -347,6 +367,8 @@ async fn behind_pgbouncer_in_transaction_mode_each_job_runs_once() {
     }
     let db = test_db().await;
     let total = prepare_drain(&db).await;
+    // Before PgBouncer opens its server sessions, which take the default then.
+    set_serializable_default(&db, &[]).await;
     let server: sqlx::postgres::PgConnectOptions = db.url().parse().unwrap();
     let bouncer = PgBouncer::start(&server, 4).await;
     let url = with_database(

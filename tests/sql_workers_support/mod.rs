@@ -275,7 +275,11 @@ pub fn example_command(
 
 /// Records every change of a job's state in `state_changes`, numbered in the order the
 /// database made them, with the worker that held the claim: what every worker did, without
-/// trusting timestamps taken at each transaction's start.
+/// trusting timestamps taken at each transaction's start. Also records, in `job_writes`,
+/// the session (`application_name`) and the isolation level of every statement that writes
+/// `skiplock.jobs`, whether or not it changes a row: the workers' READ COMMITTED pin is
+/// then checked on each of their transactions ([`assert_workers_wrote_at_read_committed`]),
+/// not inferred from a serialization failure that may or may not happen.
 pub async fn install_audit(db: &TestDb) {
     for statement in [
         "CREATE TABLE public.state_changes (
@@ -299,6 +303,21 @@ pub async fn install_audit(db: &TestDb) {
         "CREATE TRIGGER record_state_change AFTER UPDATE ON skiplock.jobs_live
          REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows
          FOR EACH STATEMENT EXECUTE FUNCTION public.record_state_change()",
+        // The defaults are taken in the writing transaction: its own isolation level, not
+        // the session's default (a pooled worker pins the level in BEGIN).
+        "CREATE TABLE public.job_writes (
+             seq bigserial PRIMARY KEY,
+             app text NOT NULL DEFAULT current_setting('application_name'),
+             isolation text NOT NULL DEFAULT current_setting('transaction_isolation'))",
+        "CREATE FUNCTION public.record_job_write() RETURNS trigger LANGUAGE plpgsql AS $$
+         BEGIN
+             INSERT INTO public.job_writes DEFAULT VALUES;
+             RETURN NULL;
+         END $$",
+        "CREATE TRIGGER record_job_write AFTER INSERT OR UPDATE OR DELETE ON skiplock.jobs
+         FOR EACH STATEMENT EXECUTE FUNCTION public.record_job_write()",
+        "CREATE TRIGGER record_job_write AFTER INSERT OR UPDATE OR DELETE ON skiplock.jobs_live
+         FOR EACH STATEMENT EXECUTE FUNCTION public.record_job_write()",
     ] {
         sqlx::query(statement).execute(&db.pool).await.unwrap();
     }
@@ -322,6 +341,36 @@ pub async fn changes(db: &TestDb) -> Vec<Change> {
     .fetch_all(&db.pool)
     .await
     .unwrap()
+}
+
+/// Every statement that the example workers `names` (their sessions are named `name` and
+/// `name (…)`: completer, heartbeat) ran on `skiplock.jobs` ran at READ COMMITTED, whatever
+/// the database's default or the pooler in between; and each worker wrote, so that the check
+/// saw its sessions (their `application_name` reaches the server through PgBouncer too).
+pub async fn assert_workers_wrote_at_read_committed(db: &TestDb, names: &[&str]) {
+    let writes: Vec<(String, String, i64)> = sqlx::query_as(
+        "SELECT app, isolation, count(*) FROM public.job_writes GROUP BY 1, 2 ORDER BY 1, 2",
+    )
+    .fetch_all(&db.pool)
+    .await
+    .unwrap();
+    for name in names {
+        let of_worker: Vec<&(String, String, i64)> = writes
+            .iter()
+            .filter(|(app, _, _)| app == name || app.starts_with(&format!("{name} (")))
+            .collect();
+        assert!(
+            !of_worker.is_empty(),
+            "{name} wrote skiplock.jobs; (session, isolation, statements): {writes:?}"
+        );
+        for (app, isolation, statements) in of_worker {
+            assert_eq!(
+                isolation, "read committed",
+                "{app} wrote skiplock.jobs in {statements} statements at {isolation}; \
+                 (session, isolation, statements): {writes:?}"
+            );
+        }
+    }
 }
 
 /// How many jobs are in one of `states`.

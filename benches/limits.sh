@@ -87,4 +87,4 @@ sql "WITH first AS (SELECT min(claimed_at) AS t0, max(claimed_at) AS t1
             || percentile_cont(0.5) WITHIN GROUP (ORDER BY n) || ', max ' || max(n)
             || ' over ' || count(*) || ' seconds'
      FROM bins"
-psql "$SERVER/postgres" -qX -c "DROP DATABASE $DB"
+[ -n "${KEEP_DB:-}" ] || psql "$SERVER/postgres" -qX -c "DROP DATABASE $DB"

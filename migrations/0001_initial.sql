@@ -335,14 +335,12 @@ CREATE TABLE skiplock.schema_functions (
 CREATE INDEX jobs_claim_idx ON skiplock.jobs_live (queue, priority, scheduled_at, id)
     WHERE state = 'queued';
 
--- The reaper and the heartbeat look only at running rows.
+-- The reaper and the heartbeat look only at running rows; a claim of a queue with
+-- max_running counts the queue's running jobs through it. An index of the running jobs by
+-- queue would make that count follow the queue's running jobs alone, but it cost every
+-- claim of every queue an index entry: the drain 12 % slower without any limit set
+-- (docs/benchmarks.md, "Global limits").
 CREATE INDEX jobs_running_idx ON skiplock.jobs_live (heartbeat_at)
-    WHERE state = 'running';
-
--- A queue's running jobs: what a claim of a queue with max_running counts (at most
--- max_running entries while the limit holds), and what tells a worker that another claims
--- from its queue (skiplock.internal_others_claiming).
-CREATE INDEX jobs_running_queue_idx ON skiplock.jobs_live (queue)
     WHERE state = 'running';
 
 -- Finished jobs by id (`skiplock show`, a retry by hand), and by age (the last hour of

@@ -918,6 +918,8 @@ BEGIN
         END IF;
         PERFORM pg_advisory_xact_lock(skiplock.internal_queue_limit_lock_id(limited_queue));
         IF lim_max_running IS NOT NULL THEN
+            -- Through jobs_running_idx: every running job's entry, the queue's found among
+            -- them (see the index's comment in 0001_initial.sql).
             room := least(room, greatest(0, lim_max_running - (
                 SELECT count(*) FROM (SELECT FROM skiplock.jobs_live j
                                       WHERE j.queue = limited_queue AND j.state = 'running'

@@ -661,15 +661,19 @@ BEGIN
             RETURN;
         END IF;
         PERFORM pg_advisory_xact_lock(skiplock.internal_queue_limit_lock_id(limited_queue));
-        -- After the lock: later than every claim of the queue committed before, so the
-        -- starts the rate limit records follow each other.
-        claim_time := clock_timestamp();
         IF lim_max_running IS NOT NULL THEN
+            -- Through jobs_running_idx: every running job's entry, the queue's found among
+            -- them (see the index's comment in 0001_initial.sql).
             room := least(room, greatest(0, lim_max_running - (
                 SELECT count(*) FROM (SELECT FROM skiplock.jobs_live j
                                       WHERE j.queue = limited_queue AND j.state = 'running'
                                       LIMIT lim_max_running) r)));
         END IF;
+        -- After the lock and the count: later than every claim of the queue committed
+        -- before, so the starts the rate limit records follow each other, and later than
+        -- the end of every job the count found ended, so the jobs' claimed_at and
+        -- finished_at never show more running at once than the count allowed.
+        claim_time := clock_timestamp();
         IF lim_rate_limit IS NOT NULL THEN
             wanted := room;
             rate_room := skiplock.internal_rate_room(limited_queue, lim_rate_limit,
@@ -3886,12 +3890,6 @@ CREATE UNIQUE INDEX jobs_ordering_key_running_idx ON skiplock.jobs_live USING bt
 --
 
 CREATE INDEX jobs_running_idx ON skiplock.jobs_live USING btree (heartbeat_at) WHERE (state = 'running'::skiplock.job_state);
-
---
--- Name: jobs_running_queue_idx; Type: INDEX; Schema: skiplock; Owner: -
---
-
-CREATE INDEX jobs_running_queue_idx ON skiplock.jobs_live USING btree (queue) WHERE (state = 'running'::skiplock.job_state);
 
 --
 -- Name: jobs_unique_key_pending_idx; Type: INDEX; Schema: skiplock; Owner: -

@@ -328,3 +328,52 @@ async fn the_waiting_sweep_reaches_every_waiting_job_within_a_lap() {
     );
     assert!(passes >= 2, "several passes: {passes}");
 }
+
+/// A claim of a queue with both global limits: beside ten times more queued jobs of another
+/// queue (and, under history statistics, the finished jobs), it reads the same: the
+/// count of running jobs reads running ones only, and the rate limit reads the ring slots
+/// it takes (not the limit's 10,000).
+async fn limited_claim_is_bounded(statistics: Statistics) {
+    let db = with_statistics(statistics).await;
+    let mut session = db.pool.acquire().await.unwrap();
+    sqlx::query("SELECT skiplock.set_queue_limits('limited', 1000, 10000, '1 hour')")
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    sqlx::query("INSERT INTO skiplock.jobs (kind, queue) SELECT 'noop', 'limited' FROM generate_series(1, 10)")
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    let queue_bulk = |count: i64| {
+        sqlx::query("INSERT INTO skiplock.jobs (kind, queue) SELECT 'noop', 'bulk' FROM generate_series(1, $1)")
+            .bind(count)
+            .execute(&db.pool)
+    };
+    queue_bulk(FEW_WAITING).await.unwrap();
+    let claim = "SELECT * FROM skiplock.claim('limited', 1, 'bounded-test')";
+    // Warm: plans, and the ring made at the first claim.
+    buffers_of(&mut session, claim).await;
+    let few = buffers_of(&mut session, claim).await;
+    queue_bulk(MANY_WAITING - FEW_WAITING).await.unwrap();
+    let many = buffers_of(&mut session, claim).await;
+    assert_bounded("a claim of a limited queue", statistics, few, many);
+    let started: i64 = sqlx::query_scalar(
+        "SELECT started_in_period FROM skiplock.queue_limits WHERE queue = 'limited'",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(started, 3, "each measured claim started a job");
+}
+
+#[tokio::test]
+async fn a_claim_of_a_limited_queue_costs_the_same_beside_many_queued_jobs_under_empty_statistics()
+{
+    limited_claim_is_bounded(Statistics::Empty).await;
+}
+
+#[tokio::test]
+async fn a_claim_of_a_limited_queue_costs_the_same_beside_many_queued_jobs_under_history_statistics()
+ {
+    limited_claim_is_bounded(Statistics::History).await;
+}

@@ -305,23 +305,13 @@ fn escape_label(value: &str) -> String {
         .replace('\n', "\\n")
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn writes_samples_with_escaped_labels() {
-        let mut out = String::new();
-        sample(&mut out, "m", &[("queue", "a\"b\\c\nd")], 1.5);
-        sample(&mut out, "n", &[], 2.0);
-        assert_eq!(out, "m{queue=\"a\\\"b\\\\c\\nd\"} 1.5\nn 2\n");
-    }
-}
+/// What a limit series reads of a queue's limits (`None`: the queue has no such limit).
+type LimitValue = fn(&skiplock::QueueLimitStatus) -> Option<f64>;
 
 /// The global limits of the queues that have one (`skiplock.queue_limits`): each limit,
 /// its use now, and the runnable jobs it holds back.
 fn limit_families(out: &mut String, limits: &[skiplock::QueueLimitStatus]) {
-    let series: [(&str, &str, fn(&skiplock::QueueLimitStatus) -> Option<f64>); 5] = [
+    let series: [(&str, &str, LimitValue); 5] = [
         (
             "skiplock_queue_max_running",
             "The queue's max_running: at most this many of its jobs run at once across every worker.",
@@ -355,5 +345,18 @@ fn limit_families(out: &mut String, limits: &[skiplock::QueueLimitStatus]) {
                 sample(out, name, &[("queue", &status.queue)], v);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn writes_samples_with_escaped_labels() {
+        let mut out = String::new();
+        sample(&mut out, "m", &[("queue", "a\"b\\c\nd")], 1.5);
+        sample(&mut out, "n", &[], 2.0);
+        assert_eq!(out, "m{queue=\"a\\\"b\\\\c\\nd\"} 1.5\nn 2\n");
     }
 }

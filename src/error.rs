@@ -122,17 +122,6 @@ pub(crate) fn is_row_moved(error: &sqlx::Error) -> bool {
         if db.code().as_deref() == Some("40001") && db.message().contains("moved to another partition"))
 }
 
-/// Whether a transient error of a statement that will be retried is worth a warning: not a
-/// job moved between the partitions meanwhile ([`is_row_moved`]), nor a read-only server
-/// already reported ([`crate::read_only::quiet`]).
-pub(crate) fn worth_a_warning(error: &sqlx::Error) -> bool {
-    if is_row_moved(error) {
-        tracing::debug!(error = %describe_sqlx(error), "a job moved between the partitions meanwhile; retrying");
-        return false;
-    }
-    !crate::read_only::quiet(error)
-}
-
 /// A database error as one line: Postgres's message, detail and hint, without the source
 /// line of Postgres's own C code that sqlx's `Display` appends.
 pub(crate) fn describe_sqlx(error: &sqlx::Error) -> String {

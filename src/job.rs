@@ -16,7 +16,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::backoff;
 use crate::db::jobs::{RunningNote, jobs_set_note};
-pub use crate::state::{JobId, JobState};
+pub use crate::state::{JobId, JobState, UniquePolicy};
 
 /// Maximum attempts when neither the job type nor the enqueue options say otherwise:
 /// [`Job::MAX_ATTEMPTS`]'s default, for the places that have no job type.
@@ -117,74 +117,6 @@ pub struct EnqueueOptions {
     /// Jobs that must all succeed before this one runs. Cannot be combined with a unique
     /// key or an ordering key.
     pub depends_on: Vec<JobId>,
-}
-
-/// What a second enqueue does while a job with the same unique key is pending.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, serde::Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum UniquePolicy {
-    /// Keep the pending job as it is and return its id.
-    #[default]
-    Skip,
-    /// Give the pending job the new args.
-    Replace,
-    /// Append the new args to the pending job's: its args are a JSON array of every
-    /// payload enqueued under the key (a payload that is not an array is wrapped in one),
-    /// and the handler receives them all at once.
-    Merge,
-}
-
-impl UniquePolicy {
-    /// The name used in SQL and on the command line.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            UniquePolicy::Skip => "skip",
-            UniquePolicy::Replace => "replace",
-            UniquePolicy::Merge => "merge",
-        }
-    }
-}
-
-/// Read from and written to Postgres as its name (`skiplock.jobs.unique_policy` is text).
-impl sqlx::Type<sqlx::Postgres> for UniquePolicy {
-    fn type_info() -> sqlx::postgres::PgTypeInfo {
-        <&str as sqlx::Type<sqlx::Postgres>>::type_info()
-    }
-
-    fn compatible(ty: &sqlx::postgres::PgTypeInfo) -> bool {
-        <&str as sqlx::Type<sqlx::Postgres>>::compatible(ty)
-    }
-}
-
-impl<'r> sqlx::Decode<'r, sqlx::Postgres> for UniquePolicy {
-    fn decode(value: sqlx::postgres::PgValueRef<'r>) -> Result<Self, sqlx::error::BoxDynError> {
-        let name = <&str as sqlx::Decode<sqlx::Postgres>>::decode(value)?;
-        Ok(name.parse()?)
-    }
-}
-
-impl sqlx::Encode<'_, sqlx::Postgres> for UniquePolicy {
-    fn encode_by_ref(
-        &self,
-        buf: &mut sqlx::postgres::PgArgumentBuffer,
-    ) -> Result<sqlx::encode::IsNull, sqlx::error::BoxDynError> {
-        <&str as sqlx::Encode<sqlx::Postgres>>::encode(self.as_str(), buf)
-    }
-}
-
-impl std::str::FromStr for UniquePolicy {
-    type Err = String;
-
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s {
-            "skip" => Ok(UniquePolicy::Skip),
-            "replace" => Ok(UniquePolicy::Replace),
-            "merge" => Ok(UniquePolicy::Merge),
-            _ => Err(format!(
-                "unknown conflict policy `{s}`; expected skip, replace or merge"
-            )),
-        }
-    }
 }
 
 impl EnqueueOptions {

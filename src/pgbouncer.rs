@@ -22,7 +22,9 @@ use futures_util::stream::{self, BoxStream, StreamExt, TryStreamExt};
 use sqlx::postgres::{PgArguments, PgQueryResult, PgRow, PgStatement, PgTypeInfo};
 use sqlx::{Connection, Either, Execute, Executor, PgConnection, PgPool, Postgres};
 
-use crate::pool::BEGIN_PINNED;
+/// The `BEGIN` of each statement's transaction in PgBouncer mode, which pins the
+/// isolation that direct connections pin for the session (`pool::SESSION_PINNED`).
+pub(crate) const BEGIN_PINNED: &str = "BEGIN ISOLATION LEVEL READ COMMITTED";
 
 /// A pool or a connection whose statements go through PgBouncer in transaction-pooling
 /// mode: an executor for skiplock's functions (and for your own statements) there.

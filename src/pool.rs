@@ -25,6 +25,7 @@ use sqlx::{
     ConnectOptions, Connection, Either, Execute, Executor, PgConnection, PgPool, Postgres, Row,
 };
 
+pub(crate) use crate::pgbouncer::BEGIN_PINNED;
 use crate::pgbouncer::PgBouncer;
 
 /// The session settings skiplock's correctness relies on, pinned on every session it opens
@@ -56,10 +57,6 @@ pub(crate) const SESSION_PINNED: [(&str, &str); 1] =
 /// a session that cannot read it back did not get its startup options (a pooler in front
 /// dropped them).
 const PINNED_MARKER: (&str, &str) = ("skiplock.session_pinned", "on");
-
-/// The `BEGIN` of each statement's transaction in PgBouncer mode, which pins
-/// [`SESSION_PINNED`]'s isolation for that transaction.
-pub(crate) const BEGIN_PINNED: &str = "BEGIN ISOLATION LEVEL READ COMMITTED";
 
 /// `options` with [`SESSION_PINNED`] as startup options (sent in the startup packet, so no
 /// extra round trip). Options already in `options` stay; the pinned ones come after them

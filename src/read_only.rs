@@ -11,9 +11,12 @@
 //! first claim the server accepts again says so.
 //!
 //! The notice is per process: a refusal is a fact about the server, and the workers of
-//! one process nearly always share it.
+//! one process nearly always share it. [`worth_a_warning`] is what every retrying task
+//! asks before it logs a failed statement.
 
 use std::sync::atomic::{AtomicBool, Ordering};
+
+use crate::error::{describe_sqlx, is_row_moved};
 
 /// Whether a refusal was reported and no write succeeded since.
 static REPORTED: AtomicBool = AtomicBool::new(false);
@@ -32,7 +35,7 @@ pub(crate) fn quiet(error: &sqlx::Error) -> bool {
     }
     if !REPORTED.swap(true, Ordering::Relaxed) {
         tracing::warn!(
-            error = %crate::error::describe_sqlx(error),
+            error = %describe_sqlx(error),
             "the database server is read-only (a hot standby, or default_transaction_read_only \
              is on): claiming nothing and waiting until it accepts writes (a promotion, or the \
              failover endpoint moving to the new primary); if it never will, point the worker \
@@ -48,4 +51,15 @@ pub(crate) fn writes_accepted() {
     if REPORTED.swap(false, Ordering::Relaxed) {
         tracing::info!("the database server accepts writes again; claiming");
     }
+}
+
+/// Whether a transient error of a statement that will be retried is worth a warning: not a
+/// job moved between the partitions meanwhile ([`is_row_moved`]), nor a read-only server
+/// already reported ([`crate::read_only::quiet`]).
+pub(crate) fn worth_a_warning(error: &sqlx::Error) -> bool {
+    if is_row_moved(error) {
+        tracing::debug!(error = %describe_sqlx(error), "a job moved between the partitions meanwhile; retrying");
+        return false;
+    }
+    !quiet(error)
 }

@@ -20,7 +20,7 @@ pub(crate) async fn schedule(context: Arc<Maintenance>, interval: Duration) {
             Ok(enqueued) => tracing::debug!(enqueued, "enqueued cron jobs"),
             Err(e) => {
                 crate::metrics::maintenance_failed("cron");
-                if crate::error::worth_a_warning(&e) {
+                if crate::read_only::worth_a_warning(&e) {
                     tracing::warn!(error = %e, "cron pass failed; will retry");
                 }
             }

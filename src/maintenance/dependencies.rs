@@ -32,7 +32,7 @@ pub(crate) async fn sweep(context: Arc<Maintenance>) {
             Ok(moved) => tracing::debug!(moved, "settled waiting jobs whose parents finished"),
             Err(e) => {
                 crate::metrics::maintenance_failed("dependencies");
-                if crate::error::worth_a_warning(&e) {
+                if crate::read_only::worth_a_warning(&e) {
                     tracing::warn!(error = %e, "dependency sweep failed; will retry");
                 }
             }

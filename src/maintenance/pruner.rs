@@ -102,7 +102,7 @@ pub(crate) async fn prune(context: Arc<Maintenance>, interval: Duration) {
             }
             Err(e) => {
                 crate::metrics::maintenance_failed("pruner");
-                if crate::error::worth_a_warning(&e) {
+                if crate::read_only::worth_a_warning(&e) {
                     tracing::warn!(error = %describe_sqlx(&e), "pruner pass failed; will retry");
                 }
             }
@@ -111,7 +111,7 @@ pub(crate) async fn prune(context: Arc<Maintenance>, interval: Duration) {
             job_history_prune_expired(&context.pool, duration_ms(HISTORY_RETENTION_DEFAULT)).await
         {
             crate::metrics::maintenance_failed("pruner");
-            if crate::error::worth_a_warning(&e) {
+            if crate::read_only::worth_a_warning(&e) {
                 tracing::warn!(error = %e, "folding old history failed; will retry");
             }
         }
@@ -214,7 +214,7 @@ async fn prune_one_by_one(pool: &DbPool, retention: Retention) -> u64 {
         match jobs_delete_rolled_up(pool, JobId(id)).await {
             Ok(gone) => deleted += u64::from(gone),
             Err(e) if is_transient_sqlx(&e) => {
-                if crate::error::worth_a_warning(&e) {
+                if crate::read_only::worth_a_warning(&e) {
                     tracing::warn!(job_id = id, error = %e, "pruning a job failed; will retry");
                 }
             }

@@ -145,7 +145,7 @@ pub(crate) async fn reap(context: Arc<Maintenance>) {
                 }
                 Err(e) if is_transient_sqlx(&e) => {
                     crate::metrics::maintenance_failed("reaper");
-                    if crate::error::worth_a_warning(&e) {
+                    if crate::read_only::worth_a_warning(&e) {
                         tracing::warn!(error = %e, "reaper pass failed; will retry");
                     }
                     break;
@@ -178,7 +178,7 @@ async fn reap_one_by_one(context: &Maintenance, limit: i64) {
         match jobs_reap_stale_one(&context.pool, stale_after_ms, id).await {
             Ok(reaped) => follow_up(context, &reaped).await,
             Err(e) if is_transient_sqlx(&e) => {
-                if crate::error::worth_a_warning(&e) {
+                if crate::read_only::worth_a_warning(&e) {
                     tracing::warn!(job_id = id, error = %e, "reaping a job failed; will retry");
                 }
             }

@@ -122,7 +122,7 @@ pub(super) async fn listen(shared: Arc<Shared>, stop: CancellationToken) {
             Some(Ok(())) => tracing::warn!("listener connection lost; reconnecting"),
             Some(Err(e)) => {
                 failures += 1;
-                if crate::error::worth_a_warning(&e) {
+                if crate::read_only::worth_a_warning(&e) {
                     tracing::warn!(error = %e, "listener connection failed; polling until it reconnects");
                 }
             }

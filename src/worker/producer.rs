@@ -126,7 +126,7 @@ pub(super) async fn produce(
                             continue;
                         }
                         failures += 1;
-                        if crate::error::worth_a_warning(&e) {
+                        if crate::read_only::worth_a_warning(&e) {
                             tracing::warn!(error = %e, "claim failed; retrying");
                         }
                         pause = Pause::Failed(db_retry_delay(failures));

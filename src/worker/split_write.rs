@@ -128,7 +128,7 @@ where
                     tracing::error!(statement = what, error = %e, "could not save job outcomes before the hard stop");
                     return Err(WriteError::GaveUp);
                 }
-                if crate::error::worth_a_warning(&e) {
+                if crate::read_only::worth_a_warning(&e) {
                     tracing::warn!(statement = what, error = %e, failures, "saving job outcomes failed; retrying");
                 }
                 tokio::time::sleep(db_retry_delay(failures)).await;

@@ -54,7 +54,7 @@ use serde_json::Value;
 use sqlx::types::Json;
 use sqlx::{FromRow, PgExecutor};
 
-use crate::job::UniquePolicy;
+use crate::state::UniquePolicy;
 use crate::state::{JobId, JobState};
 
 /// A full row of `skiplock.jobs`, as operators see it.

@@ -169,3 +169,23 @@ async fn queue_limits_are_set_kept_listed_and_removed() {
     let usage = skiplock(&db, &["queue", "limit", "exports"]).await;
     assert_eq!(usage.code, Some(2), "{usage:?}");
 }
+
+#[tokio::test]
+async fn a_kind_one_letter_from_a_builtin_is_enqueued_with_a_warning() {
+    let db = test_db().await;
+    let run = skiplock(&db, &["enqueue", "noopp"]).await;
+    assert_eq!(
+        run.stderr,
+        "warning: kind `noopp` is not a built-in kind, but one letter from `noop`; enqueued as \
+         `noopp`, which only a worker with a handler of that name runs\n"
+    );
+    let id: i64 = run.ok().trim().parse().unwrap();
+    let kind: String = sqlx::query_scalar("SELECT kind FROM skiplock.jobs WHERE id = $1")
+        .bind(id)
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(kind, "noopp");
+    let quiet = skiplock(&db, &["enqueue", "noop"]).await;
+    assert_eq!(quiet.stderr, "", "a built-in kind gets no warning");
+}

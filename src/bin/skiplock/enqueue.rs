@@ -165,14 +165,57 @@ fn check_builtin_args(kind: &str, args: &Value) -> Result<(), String> {
     })
 }
 
+/// The built-in kind `kind` is one edit away from (a letter added, dropped, changed, or
+/// two neighbours swapped), if it is not one itself: most likely a typo, which `skiplock
+/// work` would never run (its job waits for a worker that has a handler of that name).
+fn near_builtin(kind: &str) -> Option<&'static str> {
+    const BUILTINS: [&str; 4] = [Noop::KIND, Sleep::KIND, Http::KIND, Command::KIND];
+    if BUILTINS.contains(&kind) {
+        return None;
+    }
+    BUILTINS
+        .into_iter()
+        .find(|builtin| one_edit_apart(kind, builtin))
+}
+
+/// Whether `a` becomes `b` by one insertion, deletion, substitution or swap of neighbours.
+fn one_edit_apart(a: &str, b: &str) -> bool {
+    let (a, b): (Vec<char>, Vec<char>) = (a.chars().collect(), b.chars().collect());
+    let prefix = a.iter().zip(&b).take_while(|(x, y)| x == y).count();
+    let (ra, rb) = (&a[prefix..], &b[prefix..]);
+    let suffix = ra
+        .iter()
+        .rev()
+        .zip(rb.iter().rev())
+        .take_while(|(x, y)| x == y)
+        .count();
+    let (ma, mb) = (
+        &ra[..ra.len() - suffix.min(ra.len())],
+        &rb[..rb.len() - suffix.min(rb.len())],
+    );
+    match (ma.len(), mb.len()) {
+        (0, 1) | (1, 0) | (1, 1) => true,
+        (2, 2) => ma[0] == mb[1] && ma[1] == mb[0],
+        _ => false,
+    }
+}
+
 impl EnqueueArgs {
     /// Refuses, as a usage error (exit 2), command-line args that a built-in kind cannot
-    /// decode; before any connection, since no database can make them run.
+    /// decode; before any connection, since no database can make them run. Warns (and
+    /// goes on) when the kind is one edit from a built-in one.
     pub fn check(&self) {
         if let Some(kind) = &self.kind {
             let args = self.args.clone().unwrap_or_else(|| json!({}));
             if let Err(why) = check_builtin_args(kind, &args) {
                 crate::usage_error(why);
+            }
+            if let Some(builtin) = near_builtin(kind) {
+                eprintln!(
+                    "warning: kind `{kind}` is not a built-in kind, but one letter from \
+                     `{builtin}`; enqueued as `{kind}`, which only a worker with a handler \
+                     of that name runs"
+                );
             }
         }
     }
@@ -568,6 +611,41 @@ fn progress_bar(size: Option<u64>) -> ProgressBar {
             let spinner = ProgressBar::new_spinner();
             spinner.enable_steady_tick(Duration::from_millis(120));
             spinner
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kinds_one_edit_from_a_builtin_are_caught_and_others_are_not() {
+        for (kind, builtin) in [
+            ("noopp", "noop"),
+            ("nop", "noop"),
+            ("nopo", "noop"),
+            ("slep", "sleep"),
+            ("sleeep", "sleep"),
+            ("htp", "http"),
+            ("https", "http"),
+            ("comand", "command"),
+            ("commadn", "command"),
+        ] {
+            assert_eq!(near_builtin(kind), Some(builtin), "{kind}");
+        }
+        for kind in [
+            "noop",
+            "sleep",
+            "http",
+            "command",
+            "send_email",
+            "no",
+            "sleeping",
+            "Noop1",
+            "",
+        ] {
+            assert_eq!(near_builtin(kind), None, "{kind}");
         }
     }
 }

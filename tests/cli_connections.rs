@@ -210,3 +210,37 @@ async fn work_waits_for_a_connection_then_stays_within_its_cap() {
     );
     role.drop_role(&db).await;
 }
+
+#[tokio::test]
+async fn a_one_shot_command_on_a_closed_port_says_it_waits_once_then_fails() {
+    let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_skiplock"))
+        .env_remove("DATABASE_URL")
+        .env("SKIPLOCK_CONNECT_RETRY", "2s")
+        .args([
+            "--database-url",
+            "postgres://postgres@127.0.0.1:1/app",
+            "jobs",
+        ])
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(output.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    let lines: Vec<&str> = stderr.lines().collect();
+    assert_eq!(
+        lines.len(),
+        2,
+        "one line while it waits, one when it gives up: {stderr}"
+    );
+    assert!(
+        lines[0].contains(" WARN ")
+            && lines[0].contains("trying again in 250ms, for up to 2s in all"),
+        "{stderr}"
+    );
+    assert!(
+        lines[1].starts_with(
+            "error: cannot connect to the database at postgres://postgres@127.0.0.1:1/app"
+        ),
+        "{stderr}"
+    );
+}

@@ -248,11 +248,24 @@ impl Database {
             if out_of_patience {
                 return Err(error);
             }
-            tracing::warn!(
-                "{}; trying again in {}",
-                crate::message(&error),
-                humantime::format_duration(delay)
-            );
+            match patience {
+                // One line while a one-shot command waits, not one per attempt: its own
+                // error line follows if the server never answers.
+                Patience::OneShot if delay > RETRY_DELAY_FIRST => {
+                    tracing::debug!("{}; trying again", crate::message(&error));
+                }
+                Patience::OneShot => tracing::warn!(
+                    "{}; trying again in {}, for up to {} in all",
+                    crate::message(&error),
+                    humantime::format_duration(delay),
+                    humantime::format_duration(self.connect_retry)
+                ),
+                Patience::UntilStopped => tracing::warn!(
+                    "{}; trying again in {}",
+                    crate::message(&error),
+                    humantime::format_duration(delay)
+                ),
+            }
             tokio::time::sleep(delay).await;
             delay = (delay * 2).min(RETRY_DELAY_MAX);
         }

@@ -51,14 +51,15 @@ pub use outcome::*;
 use super::timestamp::{MaybeTimestamp, Timestamp};
 use chrono::{DateTime, Utc};
 use serde_json::Value;
+use sqlx::postgres::PgRow;
 use sqlx::types::Json;
-use sqlx::{FromRow, PgExecutor};
+use sqlx::{FromRow, PgExecutor, Row};
 
 use crate::state::UniquePolicy;
 use crate::state::{JobId, JobState};
 
 /// A full row of `skiplock.jobs`, as operators see it.
-#[derive(Debug, Clone, FromRow, serde::Serialize)]
+#[derive(Debug, Clone, serde::Serialize)]
 #[non_exhaustive]
 pub struct JobRow {
     /// Job id.
@@ -74,7 +75,6 @@ pub struct JobRow {
     /// Lower runs first.
     pub priority: i16,
     /// Not run before this.
-    #[sqlx(try_from = "Timestamp")]
     pub scheduled_at: DateTime<Utc>,
     /// Attempts started so far.
     pub attempt: i32,
@@ -83,10 +83,8 @@ pub struct JobRow {
     /// Worker that holds or last held the job.
     pub claimed_by: Option<String>,
     /// When the current or last claim was taken.
-    #[sqlx(try_from = "MaybeTimestamp")]
     pub claimed_at: Option<DateTime<Utc>>,
     /// Last heartbeat of the current claim.
-    #[sqlx(try_from = "MaybeTimestamp")]
     pub heartbeat_at: Option<DateTime<Utc>>,
     /// Strict FIFO lane.
     pub ordering_key: Option<String>,
@@ -103,11 +101,46 @@ pub struct JobRow {
     /// Recent failures: `{attempt, at, message}`, oldest first.
     pub errors: Json<Value>,
     /// When the job was enqueued.
-    #[sqlx(try_from = "Timestamp")]
     pub created_at: DateTime<Utc>,
     /// When the job reached a final state.
-    #[sqlx(try_from = "MaybeTimestamp")]
     pub finished_at: Option<DateTime<Utc>>,
+}
+
+/// Decoded from Postgres rows alone, by hand: the derive's impl, generic over every
+/// database, named skiplock's private timestamp types in its public where-clause. The
+/// timestamps go through them so that `infinity` and dates past chrono's range read as the
+/// nearest time chrono holds instead of failing the row.
+impl<'r> FromRow<'r, PgRow> for JobRow {
+    fn from_row(row: &'r PgRow) -> sqlx::Result<Self> {
+        let time = |name: &str| row.try_get::<Timestamp, _>(name).map(DateTime::from);
+        let maybe_time = |name: &str| {
+            row.try_get::<MaybeTimestamp, _>(name)
+                .map(Option::<DateTime<Utc>>::from)
+        };
+        Ok(JobRow {
+            id: row.try_get("id")?,
+            queue: row.try_get("queue")?,
+            kind: row.try_get("kind")?,
+            args: row.try_get("args")?,
+            state: row.try_get("state")?,
+            priority: row.try_get("priority")?,
+            scheduled_at: time("scheduled_at")?,
+            attempt: row.try_get("attempt")?,
+            max_attempts: row.try_get("max_attempts")?,
+            claimed_by: row.try_get("claimed_by")?,
+            claimed_at: maybe_time("claimed_at")?,
+            heartbeat_at: maybe_time("heartbeat_at")?,
+            ordering_key: row.try_get("ordering_key")?,
+            unique_key: row.try_get("unique_key")?,
+            unique_policy: row.try_get("unique_policy")?,
+            progress: row.try_get("progress")?,
+            output: row.try_get("output")?,
+            last_error: row.try_get("last_error")?,
+            errors: row.try_get("errors")?,
+            created_at: time("created_at")?,
+            finished_at: maybe_time("finished_at")?,
+        })
+    }
 }
 
 /// One job by id.

@@ -97,32 +97,3 @@ pub async fn prune(pool: &sqlx::PgPool, retention: crate::Retention) -> Result<P
     let never = tokio_util::sync::CancellationToken::new();
     Ok(crate::maintenance::pruner::prune_finished(&pool, retention, &never).await?)
 }
-
-// What only the binary needs (the dashboard's pages, `skiplock show --json`, `skiplock
-// prune`): compiled with the `cli` feature alone, and not part of the library's API.
-#[cfg(feature = "cli")]
-#[doc(hidden)]
-pub use crate::db::{
-    admin::jobs_get_json,
-    dashboard::{
-        Cursor, EndedCounts, JobsPageFilter, TEXT_SEARCH_SCAN, Throughput, WorkerRow,
-        dashboard_ended_counts, dashboard_jobs_page, dashboard_lane, dashboard_throughput,
-        dashboard_workers,
-    },
-    history::{
-        HISTORY_RETENTION_DEFAULT, job_history_run_bounds, jobs_delete_rolled_up,
-        jobs_prune_finished_rolled_up,
-    },
-};
-
-/// The statements of `skiplock demo` (feature `cli`): the plain-SQL enqueue it shows, and
-/// the demo's own database, which it drops only when the demo created it.
-#[cfg(feature = "cli")]
-#[doc(hidden)]
-pub mod demo {
-    pub use crate::db::demo::{
-        DEMO_DATABASE, DEMO_MARK, ENQUEUE_BY_SQL_FUNCTION, database_tables_outside_skiplock,
-        demo_database_comment, demo_database_create, demo_database_drop,
-        jobs_enqueue_by_sql_function,
-    };
-}

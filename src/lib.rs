@@ -115,11 +115,15 @@ mod pgbouncer;
 )]
 mod pool;
 mod queue_limits;
+// What the `skiplock` binary needs beyond the API (the `cli` feature), named as unstable.
 mod read_only;
 mod state;
 pub mod stats;
 #[cfg(feature = "testing")]
 pub mod testing;
+#[cfg(feature = "cli")]
+#[doc(hidden)]
+pub mod unstable_cli;
 pub mod worker;
 
 pub use db::jobs::JobRow;
@@ -132,19 +136,11 @@ pub use operations::{
     JobFilter, cancel, job, jobs, pause_queue, paused_queues, resume_queue, retry, retry_dead,
 };
 pub use pgbouncer::PgBouncer;
+pub(crate) use pool::DbPool;
 pub use queue_limits::{
     LimitKind, QueueLimitStatus, QueueLimits, RATE_LIMIT_MAX_STARTS, RateLimit, queue_limits,
     set_queue_limits,
 };
-// The pool the runtime runs its statements on, direct or through PgBouncer's transaction
-// pooling: an application gives `Worker::builder` a `PgPool` and says `.pgbouncer(true)`,
-// and runs its own calls through `PgBouncer`. Public only for the binary (every command's
-// pool).
-#[cfg(any(feature = "cli", feature = "internals"))]
-#[doc(hidden)]
-pub use pool::DbPool;
-#[cfg(not(any(feature = "cli", feature = "internals")))]
-pub(crate) use pool::DbPool;
 pub use worker::events::{JobEvent, JobEventOutcome, JobEvents};
 pub use worker::{Retention, ShutdownHandle, Worker, WorkerBuilder, WorkerConfig, WorkerSummary};
 

@@ -477,13 +477,13 @@ async fn bad_error_entries_stop_neither_the_throughput_nor_the_pruner() {
     .await
     .unwrap();
     let since = chrono::Utc::now().timestamp() - 3600;
-    let throughput = skiplock::admin::dashboard_throughput(pool, since)
+    let throughput = skiplock::unstable_cli::dashboard_throughput(pool, since)
         .await
         .expect("the throughput reads past the bad entries");
     let failed: i64 = throughput.failed.0.iter().map(|(_, n)| n).sum();
     assert_eq!(failed, 1, "only the entry with a real time counts");
 
-    let pruned = skiplock::admin::jobs_prune_finished_rolled_up(pool, 0, 0, 0, 100)
+    let pruned = skiplock::unstable_cli::jobs_prune_finished_rolled_up(pool, 0, 0, 0, 100)
         .await
         .expect("the pruner rolls up past the bad entries");
     assert_eq!(pruned, 2);

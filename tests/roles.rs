@@ -779,8 +779,10 @@ async fn a_reader_reads_everything_and_writes_nothing() {
     assert_eq!(job.id, dead);
     skiplock::stats::stats(r).await.unwrap();
     skiplock::admin::counts_by_state(r).await.unwrap();
-    skiplock::admin::dashboard_workers(r).await.unwrap();
-    skiplock::admin::dashboard_ended_counts(r).await.unwrap();
+    skiplock::unstable_cli::dashboard_workers(r).await.unwrap();
+    skiplock::unstable_cli::dashboard_ended_counts(r)
+        .await
+        .unwrap();
     skiplock::admin::job_dependencies(r, JobId(dead))
         .await
         .unwrap();
@@ -880,13 +882,14 @@ async fn an_operator_retries_cancels_pauses_and_prunes_but_never_claims() {
     // Prune (as `skiplock prune` does, with the rollup) and delete one job.
     let old = roles.job_in("succeeded").await;
     let hour_ms = 3_600_000;
-    let pruned = skiplock::admin::jobs_prune_finished_rolled_up(o, hour_ms, hour_ms, hour_ms, 1000)
-        .await
-        .unwrap();
+    let pruned =
+        skiplock::unstable_cli::jobs_prune_finished_rolled_up(o, hour_ms, hour_ms, hour_ms, 1000)
+            .await
+            .unwrap();
     assert_eq!(pruned, 1, "the old succeeded job");
     assert!(!roles.exists(old).await);
     assert!(
-        skiplock::admin::jobs_delete_rolled_up(o, JobId(queued))
+        skiplock::unstable_cli::jobs_delete_rolled_up(o, JobId(queued))
             .await
             .unwrap()
     );

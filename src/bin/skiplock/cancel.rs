@@ -1,7 +1,7 @@
 //! `skiplock cancel`: cancel jobs that have not finished.
 
 use clap::Args;
-use skiplock::DbPool;
+use skiplock::unstable_cli::DbPool;
 
 use crate::output::{Done, for_each_job};
 

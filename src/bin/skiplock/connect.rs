@@ -11,7 +11,7 @@
 
 use std::time::{Duration, Instant};
 
-use skiplock::DbPool;
+use skiplock::unstable_cli::DbPool;
 use sqlx::Connection;
 use sqlx::postgres::{PgConnectOptions, PgConnection, PgPoolOptions};
 

@@ -1,8 +1,8 @@
 //! `skiplock cron`: define, list and remove cron schedules.
 
 use clap::{Args, Subcommand};
-use skiplock::DbPool;
 use skiplock::cron::{CronSchedule, MissedSlots};
+use skiplock::unstable_cli::DbPool;
 
 use crate::output::{parse_count, parse_non_empty, parse_priority, parse_queue_name};
 

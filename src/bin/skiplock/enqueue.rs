@@ -12,9 +12,9 @@ use indicatif::{ProgressBar, ProgressStyle};
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
-use skiplock::DbPool;
 use skiplock::Job;
 use skiplock::builtin::{Command, Http, Noop, Sleep};
+use skiplock::unstable_cli::DbPool;
 use skiplock::{EnqueueOptions, EnqueueOutcome, EnqueueResult, JobId, NewJob, UniquePolicy};
 use sqlx::{Acquire, PgConnection};
 

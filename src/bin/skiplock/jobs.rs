@@ -2,8 +2,8 @@
 
 use chrono::Utc;
 use clap::Args;
-use skiplock::DbPool;
 use skiplock::JobFilter;
+use skiplock::unstable_cli::DbPool;
 use skiplock::{JobRow, JobState};
 
 use crate::output::{JobJson, Table, clip, print_json, relative};

@@ -2,7 +2,7 @@
 
 use anyhow::Context;
 
-pub async fn run(pool: &skiplock::DbPool) -> anyhow::Result<()> {
+pub async fn run(pool: &skiplock::unstable_cli::DbPool) -> anyhow::Result<()> {
     let version = skiplock::migrate(pool.pool())
         .await
         .context("migration failed")?;

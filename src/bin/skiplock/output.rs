@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use serde::Serialize;
-use skiplock::DbPool;
 use skiplock::admin::job_state;
+use skiplock::unstable_cli::DbPool;
 use skiplock::{JobId, JobRow, JobState};
 
 /// Writes the command's output to stdout. When the reader went away (a closed pipe, as in

@@ -5,8 +5,8 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::Args;
 use serde_json::json;
-use skiplock::DbPool;
 use skiplock::Retention;
+use skiplock::unstable_cli::DbPool;
 
 use crate::output::{parse_duration, print_json};
 

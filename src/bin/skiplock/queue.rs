@@ -4,7 +4,8 @@ use std::time::Duration;
 
 use clap::{ArgGroup, Args, Subcommand};
 use serde_json::json;
-use skiplock::{DbPool, LimitKind, QueueLimits};
+use skiplock::unstable_cli::DbPool;
+use skiplock::{LimitKind, QueueLimits};
 
 use crate::output::{Table, parse_duration};
 

@@ -3,7 +3,7 @@
 use anyhow::Context;
 use clap::Args;
 use serde_json::json;
-use skiplock::DbPool;
+use skiplock::unstable_cli::DbPool;
 use skiplock::{JobId, JobRow, JobState};
 
 use crate::output::{Done, for_each_job, print_json};

@@ -3,8 +3,9 @@
 use anyhow::Context;
 use clap::Args;
 use serde_json::{Map, Value};
-use skiplock::DbPool;
-use skiplock::admin::{job_dependencies, jobs_get_json, why_not_running};
+use skiplock::admin::{job_dependencies, why_not_running};
+use skiplock::unstable_cli::DbPool;
+use skiplock::unstable_cli::jobs_get_json;
 use skiplock::{JobId, JobState};
 
 use crate::output::print_json;

@@ -6,8 +6,8 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::Args;
 use serde_json::json;
-use skiplock::DbPool;
 use skiplock::stats::{Counts, Stats};
+use skiplock::unstable_cli::DbPool;
 
 use crate::output::{Table, compact_seconds, parse_refresh_interval};
 

@@ -247,7 +247,7 @@ impl WorkArgs {
     }
 }
 
-pub async fn run(pool: skiplock::DbPool, args: WorkArgs) -> anyhow::Result<()> {
+pub async fn run(pool: skiplock::unstable_cli::DbPool, args: WorkArgs) -> anyhow::Result<()> {
     if let Some(addr) = args.metrics_addr {
         metrics_exporter_prometheus::PrometheusBuilder::new()
             .with_http_listener(addr)
@@ -379,7 +379,7 @@ pub async fn run(pool: skiplock::DbPool, args: WorkArgs) -> anyhow::Result<()> {
 /// runnable jobs of kinds it does not run (a kind of the application's, or one left out of
 /// --kinds): "idle" meant idle for this worker only. `None` when there are none.
 async fn left_to_others(
-    pool: &skiplock::DbPool,
+    pool: &skiplock::unstable_cli::DbPool,
     queues: &[String],
     kinds: &[&str],
 ) -> skiplock::Result<Option<String>> {

@@ -11,7 +11,7 @@ use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Redirect, Response};
 use maud::html;
 use skiplock::JobId;
-use skiplock::admin::jobs_delete_rolled_up;
+use skiplock::unstable_cli::jobs_delete_rolled_up;
 
 use super::layout::{self, Nav, encode};
 use super::security::{self, local_path};

@@ -9,8 +9,9 @@ use axum::extract::{Query, State as StateExtractor};
 use axum::http::header;
 use axum::response::IntoResponse;
 use serde_json::{Value, json};
-use skiplock::admin::{HistoryTotals, history_totals, job_history_run_bounds};
-use skiplock::admin::{Throughput, dashboard_throughput};
+use skiplock::admin::{HistoryTotals, history_totals};
+use skiplock::unstable_cli::job_history_run_bounds;
+use skiplock::unstable_cli::{Throughput, dashboard_throughput};
 
 use super::overview::Overview;
 use super::{AppError, AppResult, State};

@@ -5,7 +5,7 @@ use axum::extract::{Path, Query, State as StateExtractor};
 use maud::{Markup, html};
 use serde_json::Value;
 use skiplock::admin::job_dependencies;
-use skiplock::admin::{
+use skiplock::unstable_cli::{
     Cursor, JobsPageFilter, TEXT_SEARCH_SCAN, dashboard_jobs_page, dashboard_lane,
 };
 use skiplock::{JobId, JobRow, JobState};

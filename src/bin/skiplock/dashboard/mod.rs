@@ -33,7 +33,7 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use clap::Args;
-use skiplock::DbPool;
+use skiplock::unstable_cli::DbPool;
 
 use self::security::Auth;
 

@@ -6,8 +6,8 @@ use std::collections::BTreeMap;
 
 use axum::extract::{Query, State as StateExtractor};
 use maud::{Markup, html};
-use skiplock::admin::{EndedCounts, WorkerRow, dashboard_ended_counts, dashboard_workers};
 use skiplock::stats::{Counts, Stats};
+use skiplock::unstable_cli::{EndedCounts, WorkerRow, dashboard_ended_counts, dashboard_workers};
 
 use super::layout::{self, Nav, count, duration, jobs_link};
 use super::{AppError, AppResult, AppState, State};

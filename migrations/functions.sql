@@ -974,17 +974,13 @@ BEGIN
               AND (NOT filtering OR j.xmax = '0'::xid OR (
                   NOT j.xmax = ANY (in_flight)
                   AND (j.xmax::text::bigint - next_xid + 4294967296) % 4294967296 >= 1048576))
-              -- The lane's other unfinished jobs are in jobs_live: naming it, not
-              -- skiplock.jobs, keeps the statement to the one table it changes, so it
-              -- never holds jobs_live while it waits for the parent table (an ALTER TABLE
-              -- skiplock.jobs locks the parent first, then jobs_live).
               AND (j.ordering_key IS NULL OR (
                   take_lanes
                   AND NOT EXISTS (
-                      SELECT 1 FROM skiplock.jobs_live h
+                      SELECT 1 FROM skiplock.jobs h
                       WHERE h.ordering_key = j.ordering_key AND h.state = 'running')
                   AND NOT EXISTS (
-                      SELECT 1 FROM skiplock.jobs_live h
+                      SELECT 1 FROM skiplock.jobs h
                       WHERE h.ordering_key = j.ordering_key AND h.id < j.id
                         AND h.state IN ('waiting', 'queued', 'running'))
               ))

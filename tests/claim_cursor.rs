@@ -1161,6 +1161,16 @@ async fn the_worker_retries_a_lane_conflict_without_lane_jobs_and_loses_nothing(
         },
     )
     .await;
+    // The hand-written claim's heartbeat, written an hour ahead (which the reaper takes
+    // back at its next pass, 100 ms), is made current as the holder commits: the claim
+    // then goes stale 3 s after the commit, and the job outside the lane has those 3 s to
+    // run while the lane is held, however long the worker took to start (a loaded CI run
+    // reaped the lane before the job outside it ran, and the head ran too).
+    sqlx::query("UPDATE skiplock.jobs SET heartbeat_at = clock_timestamp() WHERE id = $1")
+        .bind(next)
+        .execute(&mut *holder)
+        .await
+        .unwrap();
     holder.commit().await.unwrap();
     wait_for(
         "the job outside the lane to run",

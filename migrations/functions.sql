@@ -358,6 +358,32 @@ LANGUAGE sql STABLE AS $$
     );
 $$;
 
+-- Jobs this transaction saw waiting and did not queue itself, announced if they are queued
+-- now: another transaction queued them while this one's UPDATE waited for its row lock.
+-- Postgres re-checks such a row in its newest version after locking it, and keeps the lock
+-- until commit even when the UPDATE then leaves the row alone (the row is no longer
+-- waiting). Claims pass over a locked row, and the other transaction's announcement may
+-- have been acted on meanwhile: the job would wait for a walk from the start of its queue
+-- (seen in tests/claim_cursor.rs, a child queued by its parent's completion and re-checked
+-- by the periodic sweep of waiting jobs). Announced again here, the jobs are looked at once
+-- this transaction commits and the lock is gone. Called by the statements that queue
+-- waiting jobs other transactions may queue too (dependants, lane heads), only when they
+-- queued fewer than they saw waiting; a job queued before it was seen is announced twice,
+-- which costs a walk and nothing else.
+CREATE OR REPLACE FUNCTION skiplock.internal_announce_queued_by_others(ids bigint[]) RETURNS void
+LANGUAGE sql
+SET enable_seqscan = off
+SET enable_bitmapscan = off
+SET jit = off
+AS $$
+    SELECT skiplock.internal_notify_runnable(j.queue, j.priority, min(j.scheduled_at)),
+           skiplock.internal_notify_due_later(j.queue, j.priority,
+               min(j.scheduled_at) FILTER (WHERE j.scheduled_at > now()), max(j.scheduled_at))
+    FROM skiplock.jobs j
+    WHERE j.id = ANY (ids) AND j.state = 'queued'
+    GROUP BY j.queue, j.priority;
+$$;
+
 -- Of the given jobs, those that wait on dependencies that have all succeeded become
 -- queued, announced; returns how many. By id: its cost follows the list.
 CREATE OR REPLACE FUNCTION skiplock.internal_queue_ready_dependants(ids bigint[]) RETURNS int
@@ -369,19 +395,31 @@ SET enable_mergejoin = off
 SET jit = off
 AS $$
 DECLARE
+    seen_waiting bigint[];
     promoted int;
+    promoted_ids bigint[];
     promoted_keys skiplock.runnable_key[];
 BEGIN
+    seen_waiting := ARRAY(SELECT c.id FROM skiplock.jobs c
+                          WHERE c.id = ANY (ids) AND c.state = 'waiting');
+    IF cardinality(seen_waiting) = 0 THEN
+        RETURN 0;
+    END IF;
     WITH ready AS (
         UPDATE skiplock.jobs c
         SET state = 'queued'
-        WHERE c.id = ANY (ids) AND c.state = 'waiting'
+        WHERE c.id = ANY (seen_waiting) AND c.state = 'waiting'
           AND EXISTS (SELECT 1 FROM skiplock.job_dependencies d WHERE d.job_id = c.id)
           AND NOT skiplock.internal_has_unmet_parent(c.id)
-        RETURNING c.queue, c.priority, c.scheduled_at
+        RETURNING c.id, c.queue, c.priority, c.scheduled_at
     )
-    SELECT count(*), array_agg(DISTINCT ROW(queue, priority, scheduled_at)::skiplock.runnable_key)
-    INTO promoted, promoted_keys FROM ready;
+    SELECT count(*), array_agg(id),
+           array_agg(DISTINCT ROW(queue, priority, scheduled_at)::skiplock.runnable_key)
+    INTO promoted, promoted_ids, promoted_keys FROM ready;
+    IF promoted < cardinality(seen_waiting) THEN
+        PERFORM skiplock.internal_announce_queued_by_others(ARRAY(
+            SELECT unnest(seen_waiting) EXCEPT SELECT unnest(promoted_ids)));
+    END IF;
     -- The lowest key per queue and priority: one message, not one per job (and one for
     -- the jobs not due yet).
     PERFORM skiplock.internal_notify_runnable(k.queue, k.priority, min(k.scheduled_at)),
@@ -480,6 +518,7 @@ AS $$
 DECLARE
     promoted int;
     waiting_heads bigint[];
+    promoted_heads bigint[];
     runnable skiplock.runnable_key[];
 BEGIN
     SELECT array_agg(h.id) FILTER (WHERE h.state = 'waiting'),
@@ -504,12 +543,16 @@ BEGIN
               WHERE o.ordering_key = j.ordering_key AND o.state = 'running'
           )
           AND NOT skiplock.internal_has_unmet_parent(j.id)
-        RETURNING j.queue, j.priority, j.scheduled_at
+        RETURNING j.id, j.queue, j.priority, j.scheduled_at
     )
-    SELECT count(*),
+    SELECT count(*), array_agg(id),
            runnable || coalesce(array_agg(ROW(queue, priority, scheduled_at)::skiplock.runnable_key), '{}')
-    INTO promoted, runnable
+    INTO promoted, promoted_heads, runnable
     FROM ready;
+    IF promoted < coalesce(cardinality(waiting_heads), 0) THEN
+        PERFORM skiplock.internal_announce_queued_by_others(ARRAY(
+            SELECT unnest(waiting_heads) EXCEPT SELECT unnest(promoted_heads)));
+    END IF;
     -- The lowest key per queue and priority for those due (one message, not one per
     -- lane), and each one due later.
     PERFORM skiplock.internal_notify_runnable(k.queue, k.priority, min(k.scheduled_at))

@@ -420,6 +420,7 @@ CREATE FUNCTION skiplock.internal_advance_lanes(keys text[]) RETURNS integer
 DECLARE
     promoted int;
     waiting_heads bigint[];
+    promoted_heads bigint[];
     runnable skiplock.runnable_key[];
 BEGIN
     SELECT array_agg(h.id) FILTER (WHERE h.state = 'waiting'),
@@ -444,12 +445,16 @@ BEGIN
               WHERE o.ordering_key = j.ordering_key AND o.state = 'running'
           )
           AND NOT skiplock.internal_has_unmet_parent(j.id)
-        RETURNING j.queue, j.priority, j.scheduled_at
+        RETURNING j.id, j.queue, j.priority, j.scheduled_at
     )
-    SELECT count(*),
+    SELECT count(*), array_agg(id),
            runnable || coalesce(array_agg(ROW(queue, priority, scheduled_at)::skiplock.runnable_key), '{}')
-    INTO promoted, runnable
+    INTO promoted, promoted_heads, runnable
     FROM ready;
+    IF promoted < coalesce(cardinality(waiting_heads), 0) THEN
+        PERFORM skiplock.internal_announce_queued_by_others(ARRAY(
+            SELECT unnest(waiting_heads) EXCEPT SELECT unnest(promoted_heads)));
+    END IF;
     -- The lowest key per queue and priority for those due (one message, not one per
     -- lane), and each one due later.
     PERFORM skiplock.internal_notify_runnable(k.queue, k.priority, min(k.scheduled_at))
@@ -461,6 +466,24 @@ BEGIN
     WHERE k.scheduled_at > now();
     RETURN promoted;
 END;
+$$;
+
+--
+-- Name: internal_announce_queued_by_others(bigint[]); Type: FUNCTION; Schema: skiplock; Owner: -
+--
+
+CREATE FUNCTION skiplock.internal_announce_queued_by_others(ids bigint[]) RETURNS void
+    LANGUAGE sql
+    SET enable_seqscan TO 'off'
+    SET enable_bitmapscan TO 'off'
+    SET jit TO 'off'
+    AS $$
+    SELECT skiplock.internal_notify_runnable(j.queue, j.priority, min(j.scheduled_at)),
+           skiplock.internal_notify_due_later(j.queue, j.priority,
+               min(j.scheduled_at) FILTER (WHERE j.scheduled_at > now()), max(j.scheduled_at))
+    FROM skiplock.jobs j
+    WHERE j.id = ANY (ids) AND j.state = 'queued'
+    GROUP BY j.queue, j.priority;
 $$;
 
 --
@@ -2046,19 +2069,31 @@ CREATE FUNCTION skiplock.internal_queue_ready_dependants(ids bigint[]) RETURNS i
     SET jit TO 'off'
     AS $$
 DECLARE
+    seen_waiting bigint[];
     promoted int;
+    promoted_ids bigint[];
     promoted_keys skiplock.runnable_key[];
 BEGIN
+    seen_waiting := ARRAY(SELECT c.id FROM skiplock.jobs c
+                          WHERE c.id = ANY (ids) AND c.state = 'waiting');
+    IF cardinality(seen_waiting) = 0 THEN
+        RETURN 0;
+    END IF;
     WITH ready AS (
         UPDATE skiplock.jobs c
         SET state = 'queued'
-        WHERE c.id = ANY (ids) AND c.state = 'waiting'
+        WHERE c.id = ANY (seen_waiting) AND c.state = 'waiting'
           AND EXISTS (SELECT 1 FROM skiplock.job_dependencies d WHERE d.job_id = c.id)
           AND NOT skiplock.internal_has_unmet_parent(c.id)
-        RETURNING c.queue, c.priority, c.scheduled_at
+        RETURNING c.id, c.queue, c.priority, c.scheduled_at
     )
-    SELECT count(*), array_agg(DISTINCT ROW(queue, priority, scheduled_at)::skiplock.runnable_key)
-    INTO promoted, promoted_keys FROM ready;
+    SELECT count(*), array_agg(id),
+           array_agg(DISTINCT ROW(queue, priority, scheduled_at)::skiplock.runnable_key)
+    INTO promoted, promoted_ids, promoted_keys FROM ready;
+    IF promoted < cardinality(seen_waiting) THEN
+        PERFORM skiplock.internal_announce_queued_by_others(ARRAY(
+            SELECT unnest(seen_waiting) EXCEPT SELECT unnest(promoted_ids)));
+    END IF;
     -- The lowest key per queue and priority: one message, not one per job (and one for
     -- the jobs not due yet).
     PERFORM skiplock.internal_notify_runnable(k.queue, k.priority, min(k.scheduled_at)),

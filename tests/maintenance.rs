@@ -7,7 +7,9 @@ use std::time::Duration;
 use common::fixtures::{Record, Recorder, count_in_state, fast_worker, state_of, wait_for};
 use common::test_db;
 use skiplock::{EnqueueOptions, JobState, Retention};
-use sqlx::PgPool;
+use sqlx::postgres::PgListener;
+use sqlx::{Connection, PgConnection, PgPool};
+use uuid::Uuid;
 
 async fn listening_backends(pool: &PgPool) -> Vec<i32> {
     sqlx::query_scalar(
@@ -17,6 +19,128 @@ async fn listening_backends(pool: &PgPool) -> Vec<i32> {
     .fetch_all(pool)
     .await
     .unwrap()
+}
+
+/// Waits until the backend `pid` waits for a lock (a row another transaction holds).
+async fn wait_until_blocked(pool: &PgPool, pid: i32) {
+    tokio::time::timeout(Duration::from_secs(20), async {
+        loop {
+            let blocked: bool = sqlx::query_scalar(
+                "SELECT EXISTS (SELECT 1 FROM pg_stat_activity
+                                WHERE pid = $1 AND wait_event_type = 'Lock')",
+            )
+            .bind(pid)
+            .fetch_one(pool)
+            .await
+            .unwrap();
+            if blocked {
+                return;
+            }
+            tokio::task::yield_now().await;
+        }
+    })
+    .await
+    .expect("the statement to wait for a row lock");
+}
+
+/// A worker saves a parent's success, then, in a second transaction, queues its waiting
+/// child. The periodic sweep of waiting jobs, beside it, sees the parent succeeded and the
+/// child still waiting: its UPDATE waits for the child's row, finds it queued once the
+/// move-on commits and leaves it, but Postgres keeps the row locked by the sweep until the
+/// sweep commits. Claims pass over a locked row, and the move-on's announcement has come
+/// meanwhile: a worker that walked back to the child then found nothing, and the child
+/// waited for a walk from the start of its queue (up to a minute; a flaky timeout in
+/// tests/claim_cursor.rs). The sweep now announces such a job again, at its own commit.
+#[tokio::test]
+async fn a_sweep_that_waited_on_a_child_queued_meanwhile_announces_it_at_commit() {
+    let db = test_db().await;
+    let pool = &db.pool;
+    let parent: i64 = sqlx::query_scalar("SELECT skiplock.enqueue('noop')")
+        .fetch_one(pool)
+        .await
+        .unwrap();
+    let child: i64 = sqlx::query_scalar("SELECT skiplock.enqueue('noop', depends_on => $1)")
+        .bind(vec![parent])
+        .fetch_one(pool)
+        .await
+        .unwrap();
+    let token: Uuid =
+        sqlx::query_scalar("SELECT claim_token FROM skiplock.claim('default', 1, 'w')")
+            .fetch_one(pool)
+            .await
+            .unwrap();
+    // The worker's first transaction: the parent's success.
+    sqlx::query("SELECT * FROM skiplock.internal_complete_claims($1, $2)")
+        .bind(vec![parent])
+        .bind(vec![token])
+        .execute(pool)
+        .await
+        .unwrap();
+    assert_eq!(state_of(pool, child).await, JobState::Waiting);
+    let child_payload: String = sqlx::query_scalar(
+        "SELECT skiplock.internal_runnable_payload(queue, priority, scheduled_at)
+         FROM skiplock.jobs WHERE id = $1",
+    )
+    .bind(child)
+    .fetch_one(pool)
+    .await
+    .unwrap();
+    let mut listener = PgListener::connect(db.url()).await.unwrap();
+    listener.listen("skiplock_runnable").await.unwrap();
+
+    // Its second: the child queued, its row held until commit.
+    let mut move_on = PgConnection::connect(db.url()).await.unwrap();
+    sqlx::query("BEGIN").execute(&mut move_on).await.unwrap();
+    sqlx::query("SELECT skiplock.internal_move_on($1, '{}')")
+        .bind(vec![parent])
+        .execute(&mut move_on)
+        .await
+        .unwrap();
+
+    // The sweep, in a transaction of its own, waits for the child's row.
+    let mut sweep = PgConnection::connect(db.url()).await.unwrap();
+    let sweep_pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
+        .fetch_one(&mut sweep)
+        .await
+        .unwrap();
+    sqlx::query("BEGIN").execute(&mut sweep).await.unwrap();
+    let sweeping = tokio::spawn(async move {
+        sqlx::query("SELECT skiplock.internal_settle_waiting()")
+            .execute(&mut sweep)
+            .await
+            .unwrap();
+        sweep
+    });
+    wait_until_blocked(pool, sweep_pid).await;
+    sqlx::query("COMMIT").execute(&mut move_on).await.unwrap();
+    let mut sweep = sweeping.await.unwrap();
+    let free: Option<i64> = sqlx::query_scalar(
+        "SELECT id FROM skiplock.jobs WHERE id = $1 AND state = 'queued' FOR UPDATE SKIP LOCKED",
+    )
+    .bind(child)
+    .fetch_optional(pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        free, None,
+        "the sweep holds the queued child until it commits"
+    );
+    sqlx::query("COMMIT").execute(&mut sweep).await.unwrap();
+
+    // The move-on's announcement, then the sweep's.
+    let mut announced = 0;
+    let heard = tokio::time::timeout(Duration::from_secs(10), async {
+        while announced < 2 {
+            if listener.recv().await.unwrap().payload() == child_payload {
+                announced += 1;
+            }
+        }
+    })
+    .await;
+    assert!(
+        heard.is_ok(),
+        "the child was announced {announced} time(s), not by the move-on and the sweep"
+    );
 }
 
 #[tokio::test]

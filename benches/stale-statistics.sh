@@ -6,6 +6,8 @@
 #
 #   benches/stale-statistics.sh                     # this checkout's functions
 #   FUNCTIONS=/tmp/old-functions.sql benches/stale-statistics.sh   # another version's
+#     (its migrations/functions/*.sql concatenated in name order, or an older checkout's
+#     migrations/functions.sql)
 #
 # Needs psql and a `skiplock` binary (SKIPLOCK_BIN, default target/debug/skiplock). The
 # server: DATABASE_URL (the script creates its own database beside the one named there),

@@ -19,7 +19,7 @@
 -- PUBLIC (ALTER DEFAULT PRIVILEGES … REVOKE EXECUTE ON FUNCTIONS FROM PUBLIC) works too.
 -- The exceptions run as their owner (SECURITY DEFINER): the id of a new job, the delete
 -- trigger's cascade, and the days of finished jobs (made, locked and dropped as the owner
--- of their tables). The last three are the pruner's: functions.sql revokes them from
+-- of their tables). The last three are the pruner's: migrations/functions/ revokes them from
 -- PUBLIC, and below they go to the roles that prune only.
 
 -- ---- The schema -------------------------------------------------------------------------

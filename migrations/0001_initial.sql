@@ -6,7 +6,7 @@
 --     constraints, and the DROP of a function or view whose signature changes. Applied once
 --     each, in order, and recorded in skiplock.schema_migrations. From 0.1.0 on they only
 --     move forward: a change is a new file, never an edit of one a database has applied.
---   * migrations/functions.sql: every function, trigger and view, each defined once with
+--   * migrations/functions/: every function, trigger and view, each defined once with
 --     CREATE OR REPLACE. skiplock migrate applies it after the migrations whenever its text
 --     differs from the one last applied, so a changed function body is a one-line diff.
 -- schema/skiplock.sql is the result as pg_dump prints it; CI checks that they agree.
@@ -314,7 +314,7 @@ CREATE TABLE skiplock.job_history (
     PRIMARY KEY (bucket, queue, kind)
 );
 
--- The text of migrations/functions.sql last applied (one row): skiplock migrate applies the
+-- The text of migrations/functions/ last applied (one row): skiplock migrate applies the
 -- file again only when its md5 differs, and never for a build older than the one that
 -- applied it.
 CREATE TABLE skiplock.schema_functions (

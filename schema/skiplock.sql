@@ -67,6 +67,12 @@ CREATE FUNCTION skiplock.args_max_bytes() RETURNS bigint
 $$;
 
 --
+-- Name: FUNCTION args_max_bytes(); Type: COMMENT; Schema: skiplock; Owner: -
+--
+
+COMMENT ON FUNCTION skiplock.args_max_bytes() IS 'The largest `args` accepted on every path, in bytes of `args::text`: 1 MiB unless the setting `skiplock.args_max_bytes` says otherwise (ALTER DATABASE … SET skiplock.args_max_bytes = 4194304).';
+
+--
 -- Name: backoff(integer); Type: FUNCTION; Schema: skiplock; Owner: -
 --
 
@@ -75,6 +81,12 @@ CREATE FUNCTION skiplock.backoff(attempt integer) RETURNS interval
     AS $$
     SELECT make_interval(secs => least(power(2, least(attempt, 30)), 3600) * (0.75 + random() * 0.5));
 $$;
+
+--
+-- Name: FUNCTION backoff(attempt integer); Type: COMMENT; Schema: skiplock; Owner: -
+--
+
+COMMENT ON FUNCTION skiplock.backoff(attempt integer) IS 'The default delay before a failed attempt runs again: min(2^attempt, 3600) seconds, times a random factor in [0.75, 1.25). What `fail` and the reaper use when no delay is given. Example: SELECT skiplock.backoff(3);';
 
 --
 -- Name: cancel_job(bigint); Type: FUNCTION; Schema: skiplock; Owner: -
@@ -105,7 +117,7 @@ $$;
 -- Name: FUNCTION cancel_job(job_id bigint); Type: COMMENT; Schema: skiplock; Owner: -
 --
 
-COMMENT ON FUNCTION skiplock.cancel_job(job_id bigint) IS 'Cancels a job that has not finished; retries a deadlock after a short jittered wait. Returns false if the job had finished or does not exist.';
+COMMENT ON FUNCTION skiplock.cancel_job(job_id bigint) IS 'Cancels a job that has not finished: `cancelled` at once, or, if it runs, its claim voided and its worker told to stop it (skiplock_cancel); its waiting dependants are cancelled and its lane moves on. A deadlock with another transaction is retried after a short jittered wait, up to six attempts in all. Returns false if the job had finished or does not exist. Example: SELECT skiplock.cancel_job(42);';
 
 --
 -- Name: claim(text, integer, text, text[]); Type: FUNCTION; Schema: skiplock; Owner: -
@@ -136,6 +148,12 @@ BEGIN
     FROM skiplock.internal_claim_batch(ARRAY[claim.queue], kinds, max_jobs, worker) c;
 END;
 $$;
+
+--
+-- Name: FUNCTION claim(queue text, max_jobs integer, worker text, kinds text[]); Type: COMMENT; Schema: skiplock; Owner: -
+--
+
+COMMENT ON FUNCTION skiplock.claim(queue text, max_jobs integer, worker text, kinds text[]) IS 'Takes up to `max_jobs` runnable jobs of one queue, in claim order (`priority`, lower first, then `scheduled_at`, then `id`), with `FOR UPDATE SKIP LOCKED`: any number of workers claim at once and never take the same job. Returns `id, queue, kind, args, attempt, max_attempts, claim_token` per job. `kinds` NULL means every kind; pass the kinds you have handlers for. Jobs of a paused queue, not yet due, waiting for parents or behind an unfinished job of their lane are not taken, nor more than the queue''s global limits leave (`max_running`, `rate_limit`; such a claim must run in READ COMMITTED, else SQLSTATE 25000). Each job comes back `running` with `attempt` counted and a fresh `claim_token`. `max_jobs` 0 returns nothing; NULL, negative or over 10,000, or a NULL or empty `queue` or `worker`, is an error (SQLSTATE 22023).';
 
 --
 -- Name: complete(bigint, uuid, jsonb); Type: FUNCTION; Schema: skiplock; Owner: -
@@ -176,6 +194,12 @@ END;
 $$;
 
 --
+-- Name: FUNCTION complete(id bigint, token uuid, output jsonb); Type: COMMENT; Schema: skiplock; Owner: -
+--
+
+COMMENT ON FUNCTION skiplock.complete(id bigint, token uuid, output jsonb) IS 'Marks the job `succeeded` (keeping `output`). In the same transaction the next job of its lane becomes queued, waiting children whose parents have all succeeded become queued, and listening workers are notified, so they are claimable at once, with no skiplock process running. `false`: the claim was not held, nothing changed.';
+
+--
 -- Name: complete_many(bigint[], uuid[], jsonb[]); Type: FUNCTION; Schema: skiplock; Owner: -
 --
 
@@ -187,6 +211,12 @@ CREATE FUNCTION skiplock.complete_many(ids bigint[], tokens uuid[], outputs json
 $$;
 
 --
+-- Name: FUNCTION complete_many(ids bigint[], tokens uuid[], outputs jsonb[]); Type: COMMENT; Schema: skiplock; Owner: -
+--
+
+COMMENT ON FUNCTION skiplock.complete_many(ids bigint[], tokens uuid[], outputs jsonb[]) IS '`complete` for a batch, in one call and one transaction, as the Rust worker saves its completions: each held job `succeeded` (with its element of `outputs`, when given and not NULL), the lanes and dependants of all of them moved on and listening workers told. Returns `id, state` per claim given, in the order given. `state` is `''succeeded''`; NULL when the claim was not held (a stale, wrong or NULL token: nothing changed for that job, the others go through); `''dead''` when the row refused the change (a trigger of yours, say): the batch is then saved one claim at a time and that job alone goes dead with `the outcome of this attempt could not be saved: …` in `last_error`, its lane moving on; `''running''` in the last resort, when even that is refused (a warning names it, and `maintain` takes it back after `stale_after`). Rows are locked in id order, whatever the order given. Arrays of different lengths, or an id given twice, are an error (SQLSTATE 22023); empty arrays return nothing.';
+
+--
 -- Name: discard(bigint, uuid, text); Type: FUNCTION; Schema: skiplock; Owner: -
 --
 
@@ -195,6 +225,12 @@ CREATE FUNCTION skiplock.discard(id bigint, token uuid, error text) RETURNS skip
     AS $$
     SELECT skiplock.internal_fail_one(id, token, error, NULL, 'dead');
 $$;
+
+--
+-- Name: FUNCTION discard(id bigint, token uuid, error text); Type: COMMENT; Schema: skiplock; Owner: -
+--
+
+COMMENT ON FUNCTION skiplock.discard(id bigint, token uuid, error text) IS 'As `fail`, but `''dead''` now, whatever attempts are left: for errors no retry will mend (bad arguments).';
 
 --
 -- Name: enqueue(text, jsonb, text, integer, timestamp with time zone, integer, text, text, text, bigint[]); Type: FUNCTION; Schema: skiplock; Owner: -
@@ -334,6 +370,12 @@ CREATE FUNCTION skiplock.fail(id bigint, token uuid, error text, retry_in interv
 $$;
 
 --
+-- Name: FUNCTION fail(id bigint, token uuid, error text, retry_in interval); Type: COMMENT; Schema: skiplock; Owner: -
+--
+
+COMMENT ON FUNCTION skiplock.fail(id bigint, token uuid, error text, retry_in interval) IS 'Records `error` (cut to 8 KiB) in `last_error` and `errors`. `''queued''`: runs again after `skiplock.backoff(attempt)` (2^attempt seconds, at most an hour, ±25 %) or after `retry_in`. `''dead''`: no attempt left; its waiting dependants are cancelled and its lane moves on. `''cancelled''`: the job would run again, but its `unique_key` was taken meanwhile by another pending job, which runs instead (the job is superseded: `last_error` names that job; under the policy `merge` its payloads are merged into it). NULL: the claim was not held, nothing changed.';
+
+--
 -- Name: fail_many(bigint[], uuid[], text[], interval[]); Type: FUNCTION; Schema: skiplock; Owner: -
 --
 
@@ -343,6 +385,12 @@ CREATE FUNCTION skiplock.fail_many(ids bigint[], tokens uuid[], errors text[], r
     SELECT * FROM skiplock.internal_save_outcomes_many('fail_many', 'retry', ids, tokens, NULL,
                                                        errors, retry_in);
 $$;
+
+--
+-- Name: FUNCTION fail_many(ids bigint[], tokens uuid[], errors text[], retry_in interval[]); Type: COMMENT; Schema: skiplock; Owner: -
+--
+
+COMMENT ON FUNCTION skiplock.fail_many(ids bigint[], tokens uuid[], errors text[], retry_in interval[]) IS '`fail` for a batch, in one call and one transaction: each error (cut to 8 KiB) recorded, each job queued again after `skiplock.backoff(attempt)` or its element of `retry_in` (NULL: the backoff). Returns `id, state` per claim given, in the order given. `state` is `''queued''`, `''dead''` (no attempt left: its waiting dependants are cancelled and its lane moves on), `''cancelled''` (a retry whose `unique_key` another pending job took meanwhile), NULL when the claim was not held (nothing changed), and `''dead''` or `''running''` for a row that refused the change, as for `complete_many`. A negative `retry_in`, arrays of different lengths or an id given twice are an error (SQLSTATE 22023).';
 
 --
 -- Name: heartbeat(bigint[], uuid[]); Type: FUNCTION; Schema: skiplock; Owner: -
@@ -372,6 +420,12 @@ BEGIN
     ORDER BY c.n;
 END;
 $$;
+
+--
+-- Name: FUNCTION heartbeat(ids bigint[], tokens uuid[]); Type: COMMENT; Schema: skiplock; Owner: -
+--
+
+COMMENT ON FUNCTION skiplock.heartbeat(ids bigint[], tokens uuid[]) IS 'Extends `heartbeat_at` of the claims still held; returns `id, held` per claim given. `held = false`: the claim is gone (reaped as stale, cancelled by an operator, finished, or the token is not the current one); stop the job and write nothing for it.';
 
 --
 -- Name: internal_abandon_claims(bigint[], uuid[], text); Type: FUNCTION; Schema: skiplock; Owner: -
@@ -455,17 +509,24 @@ BEGIN
         PERFORM skiplock.internal_announce_queued_by_others(ARRAY(
             SELECT unnest(waiting_heads) EXCEPT SELECT unnest(promoted_heads)));
     END IF;
-    -- The lowest key per queue and priority for those due (one message, not one per
-    -- lane), and each one due later.
-    PERFORM skiplock.internal_notify_runnable(k.queue, k.priority, min(k.scheduled_at))
-    FROM unnest(runnable) AS k
-    WHERE k.scheduled_at <= now()
-    GROUP BY k.queue, k.priority;
-    PERFORM skiplock.internal_notify_due_later(k.queue, k.priority, k.scheduled_at, k.scheduled_at)
-    FROM unnest(runnable) AS k
-    WHERE k.scheduled_at > now();
+    PERFORM skiplock.internal_announce(runnable);
     RETURN promoted;
 END;
+$$;
+
+--
+-- Name: internal_announce(skiplock.runnable_key[]); Type: FUNCTION; Schema: skiplock; Owner: -
+--
+
+CREATE FUNCTION skiplock.internal_announce(keys skiplock.runnable_key[]) RETURNS void
+    LANGUAGE sql
+    AS $$
+    SELECT skiplock.internal_notify_runnable(k.queue, k.priority,
+               min(k.scheduled_at) FILTER (WHERE k.scheduled_at <= now())),
+           skiplock.internal_notify_due_later(k.queue, k.priority,
+               min(k.scheduled_at) FILTER (WHERE k.scheduled_at > now()), max(k.scheduled_at))
+    FROM unnest(keys) AS k
+    GROUP BY k.queue, k.priority;
 $$;
 
 --
@@ -478,12 +539,10 @@ CREATE FUNCTION skiplock.internal_announce_queued_by_others(ids bigint[]) RETURN
     SET enable_bitmapscan TO 'off'
     SET jit TO 'off'
     AS $$
-    SELECT skiplock.internal_notify_runnable(j.queue, j.priority, min(j.scheduled_at)),
-           skiplock.internal_notify_due_later(j.queue, j.priority,
-               min(j.scheduled_at) FILTER (WHERE j.scheduled_at > now()), max(j.scheduled_at))
-    FROM skiplock.jobs j
-    WHERE j.id = ANY (ids) AND j.state = 'queued'
-    GROUP BY j.queue, j.priority;
+    SELECT skiplock.internal_announce(ARRAY(
+        SELECT ROW(j.queue, j.priority, j.scheduled_at)::skiplock.runnable_key
+        FROM skiplock.jobs j
+        WHERE j.id = ANY (ids) AND j.state = 'queued'));
 $$;
 
 --
@@ -1371,11 +1430,10 @@ CREATE FUNCTION skiplock.internal_fail_claims(ids bigint[], tokens uuid[], messa
     ), runnable AS (
         -- A retry with no delay is runnable at once, and may be behind a position; one
         -- after its delay may come due behind one.
-        SELECT skiplock.internal_notify_runnable(queue, priority, min(scheduled_at)),
-               skiplock.internal_notify_due_later(queue, priority,
-                   min(scheduled_at) FILTER (WHERE scheduled_at > now()), max(scheduled_at))
-        FROM saved WHERE state = 'queued'
-        GROUP BY queue, priority
+        SELECT skiplock.internal_announce(array_agg(
+                   ROW(queue, priority, scheduled_at)::skiplock.runnable_key)
+                   FILTER (WHERE state = 'queued'))
+        FROM saved
     ), freed AS (
         SELECT skiplock.internal_notify_freed(array_agg(DISTINCT queue)) FROM saved
     )
@@ -1573,7 +1631,8 @@ BEGIN
             FROM skiplock.jobs WHERE id = NEW.parent_id FOR SHARE;
             -- Claims skip the parent while this transaction holds it locked.
             IF parent_now = 'queued' THEN
-                PERFORM skiplock.internal_notify_runnable(parent_queue, parent_priority, parent_scheduled_at);
+                PERFORM skiplock.internal_announce(ARRAY[ROW(parent_queue, parent_priority,
+                                                             parent_scheduled_at)::skiplock.runnable_key]);
             END IF;
             IF parent_now IS NULL THEN
                 RAISE EXCEPTION 'parent job % does not exist', NEW.parent_id
@@ -1597,7 +1656,8 @@ BEGIN
     IF parent_now = 'succeeded' THEN
         -- The child stays as it was; claims skipped it while it was locked.
         IF child_now = 'queued' THEN
-            PERFORM skiplock.internal_notify_runnable(child_queue, child_priority, child_scheduled_at);
+            PERFORM skiplock.internal_announce(ARRAY[ROW(child_queue, child_priority,
+                                                         child_scheduled_at)::skiplock.runnable_key]);
         END IF;
         RETURN NULL;
     END IF;
@@ -1897,27 +1957,20 @@ $$;
 CREATE FUNCTION skiplock.internal_notify_jobs_inserted() RETURNS trigger
     LANGUAGE plpgsql
     AS $$
-DECLARE
-    q text;
-    p smallint;
-    s timestamptz;
-    later_first timestamptz;
-    later_last timestamptz;
 BEGIN
-    FOR q, p, s, later_first, later_last IN
-        SELECT queue, priority, min(scheduled_at) FILTER (WHERE scheduled_at <= now()),
-               min(scheduled_at) FILTER (WHERE scheduled_at > now()), max(scheduled_at)
-        FROM inserted
-        WHERE state = 'queued'
-        GROUP BY queue, priority
-    LOOP
-        IF s IS NOT NULL THEN
-            PERFORM pg_notify('skiplock_runnable', skiplock.internal_runnable_payload(q, p, s));
-        END IF;
-        IF later_first IS NOT NULL THEN
-            PERFORM skiplock.internal_notify_due_later(q, p, later_first, later_last);
-        END IF;
-    END LOOP;
+    -- Reduced first to three keys per queue and priority at most (the first due, the first
+    -- and the last due later): a bulk insert of thousands of jobs makes no array of them.
+    PERFORM skiplock.internal_announce(ARRAY(
+        SELECT ROW(g.queue, g.priority, k.at)::skiplock.runnable_key
+        FROM (SELECT i.queue, i.priority,
+                     min(i.scheduled_at) FILTER (WHERE i.scheduled_at <= now()) AS due,
+                     min(i.scheduled_at) FILTER (WHERE i.scheduled_at > now()) AS later_first,
+                     max(i.scheduled_at) FILTER (WHERE i.scheduled_at > now()) AS later_last
+              FROM inserted i
+              WHERE i.state = 'queued'
+              GROUP BY i.queue, i.priority) g
+        CROSS JOIN LATERAL unnest(ARRAY[g.due, g.later_first, g.later_last]) AS k(at)
+        WHERE k.at IS NOT NULL));
     RETURN NULL;
 END;
 $$;
@@ -2094,13 +2147,7 @@ BEGIN
         PERFORM skiplock.internal_announce_queued_by_others(ARRAY(
             SELECT unnest(seen_waiting) EXCEPT SELECT unnest(promoted_ids)));
     END IF;
-    -- The lowest key per queue and priority: one message, not one per job (and one for
-    -- the jobs not due yet).
-    PERFORM skiplock.internal_notify_runnable(k.queue, k.priority, min(k.scheduled_at)),
-            skiplock.internal_notify_due_later(k.queue, k.priority,
-                min(k.scheduled_at) FILTER (WHERE k.scheduled_at > now()), max(k.scheduled_at))
-    FROM unnest(promoted_keys) AS k
-    GROUP BY k.queue, k.priority;
+    PERFORM skiplock.internal_announce(promoted_keys);
     RETURN promoted;
 END;
 $$;
@@ -2248,10 +2295,10 @@ BEGIN
                  j.queue, j.priority, j.scheduled_at
        ), due_later AS (
            -- Back after the backoff: it may come due behind a worker's position.
-           SELECT skiplock.internal_notify_due_later(queue, priority, min(scheduled_at),
-                                                     max(scheduled_at))
-           FROM taken_back WHERE state = 'queued'
-           GROUP BY queue, priority
+           SELECT skiplock.internal_announce(array_agg(
+                      ROW(queue, priority, scheduled_at)::skiplock.runnable_key)
+                      FILTER (WHERE state = 'queued'))
+           FROM taken_back
        ), freed AS (
            SELECT skiplock.internal_notify_freed(array_agg(DISTINCT queue)) FROM taken_back
        )
@@ -2320,12 +2367,10 @@ CREATE FUNCTION skiplock.internal_release_claims(ids bigint[], tokens uuid[], de
     ), runnable AS (
         -- Released jobs keep their scheduled_at: behind the workers' positions. Snoozed
         -- ones (scheduled_at after now()) may come due behind them.
-        SELECT skiplock.internal_notify_runnable(queue, priority, min(scheduled_at)),
-               skiplock.internal_notify_due_later(queue, priority,
-                   min(scheduled_at) FILTER (WHERE scheduled_at > now()), max(scheduled_at))
+        SELECT skiplock.internal_announce(array_agg(
+                   ROW(queue, priority, scheduled_at)::skiplock.runnable_key)
+                   FILTER (WHERE state = 'queued'))
         FROM released
-        WHERE state = 'queued'
-        GROUP BY queue, priority
     ), freed AS (
         SELECT skiplock.internal_notify_freed(array_agg(DISTINCT queue)) FROM released
     )
@@ -2647,10 +2692,7 @@ BEGIN
                 )
                 SELECT count(*), array_agg(ROW(queue, priority, scheduled_at)::skiplock.runnable_key)
                 INTO queued_orphans, orphan_keys FROM queued;
-                PERFORM skiplock.internal_notify_runnable(k.queue, k.priority, k.scheduled_at),
-                        skiplock.internal_notify_due_later(k.queue, k.priority, k.scheduled_at,
-                                                           k.scheduled_at)
-                FROM unnest(orphan_keys) AS k;
+                PERFORM skiplock.internal_announce(orphan_keys);
                 moved := queued_orphans;
             END IF;
             -- The batch's lanes: each head is one index entry, and the queued ones are announced
@@ -2820,7 +2862,8 @@ BEGIN
     END IF;
     -- Claims skip the holder while this transaction holds it locked.
     IF holder_state = 'queued' THEN
-        PERFORM skiplock.internal_notify_runnable(holder_queue, holder_priority, holder_scheduled_at);
+        PERFORM skiplock.internal_announce(ARRAY[ROW(holder_queue, holder_priority,
+                                                     holder_scheduled_at)::skiplock.runnable_key]);
     END IF;
     RETURN holder;
 END;
@@ -2904,6 +2947,12 @@ END;
 $$;
 
 --
+-- Name: FUNCTION maintain(stale_after interval); Type: COMMENT; Schema: skiplock; Owner: -
+--
+
+COMMENT ON FUNCTION skiplock.maintain(stale_after interval) IS 'Takes back running jobs whose `heartbeat_at` is older than `stale_after` (their worker crashed or hung): `queued` with backoff, or `dead` when their attempts are spent, the reason (which worker went quiet) in `last_error`. Then settles the dependants and lanes of what finished, makes the next days'' tables of finished jobs when missing, sweeps the next 500 waiting jobs (in id order, from where the last call of any session stopped: a waiting job that a race left behind moves on within one lap of the waiting jobs), and enqueues the job of each due cron slot. Returns how many it took back, moved on and enqueued. Its cost follows that work, not how many jobs wait or how many finished ones the table keeps (docs/benchmarks.md). Safe from many sessions at once: each stale job is taken back once, each cron slot enqueued once. A job that cannot be taken back (a trigger of yours refuses the change) never stops the others: it goes `dead` with the reason in `last_error`, or, when even that is refused, stays as it is and a warning names it.';
+
+--
 -- Name: pause_queue(text); Type: FUNCTION; Schema: skiplock; Owner: -
 --
 
@@ -2912,6 +2961,12 @@ CREATE FUNCTION skiplock.pause_queue(queue_name text) RETURNS void
     AS $$
     SELECT skiplock.internal_set_queue_paused(queue_name, true);
 $$;
+
+--
+-- Name: FUNCTION pause_queue(queue_name text); Type: COMMENT; Schema: skiplock; Owner: -
+--
+
+COMMENT ON FUNCTION skiplock.pause_queue(queue_name text) IS 'Stops every worker from claiming from the queue (the row in `skiplock.queues`, made if missing); running jobs finish. Example: SELECT skiplock.pause_queue(''mail'');';
 
 --
 -- Name: release(bigint, uuid); Type: FUNCTION; Schema: skiplock; Owner: -
@@ -2940,6 +2995,12 @@ END;
 $$;
 
 --
+-- Name: FUNCTION release(id bigint, token uuid); Type: COMMENT; Schema: skiplock; Owner: -
+--
+
+COMMENT ON FUNCTION skiplock.release(id bigint, token uuid) IS 'Gives a claimed job back: `queued` at once, in its place in line, its attempt not counted. For jobs claimed but not started when the worker stops. `false`: the claim was not held, nothing changed.';
+
+--
 -- Name: resume_queue(text); Type: FUNCTION; Schema: skiplock; Owner: -
 --
 
@@ -2948,6 +3009,12 @@ CREATE FUNCTION skiplock.resume_queue(queue_name text) RETURNS void
     AS $$
     SELECT skiplock.internal_set_queue_paused(queue_name, false);
 $$;
+
+--
+-- Name: FUNCTION resume_queue(queue_name text); Type: COMMENT; Schema: skiplock; Owner: -
+--
+
+COMMENT ON FUNCTION skiplock.resume_queue(queue_name text) IS 'Lets workers claim from the queue again, and wakes them. Example: SELECT skiplock.resume_queue(''mail'');';
 
 --
 -- Name: retry_dead_jobs(text); Type: FUNCTION; Schema: skiplock; Owner: -
@@ -2974,6 +3041,12 @@ BEGIN
     END LOOP;
 END;
 $$;
+
+--
+-- Name: FUNCTION retry_dead_jobs(queue_name text); Type: COMMENT; Schema: skiplock; Owner: -
+--
+
+COMMENT ON FUNCTION skiplock.retry_dead_jobs(queue_name text) IS '`retry_job` for every dead job of a queue (NULL: of every queue); returns the ids retried. A dead job whose `unique_key` another pending job holds is superseded by it and counts as retried. A job that cannot be retried at all (a trigger of yours refuses it) is left dead with a warning, and the others go on. Example: SELECT count(*) FROM skiplock.retry_dead_jobs(''mail'');';
 
 --
 -- Name: retry_job(bigint); Type: FUNCTION; Schema: skiplock; Owner: -
@@ -3038,7 +3111,7 @@ BEGIN
             PERFORM skiplock.internal_settle_dependants(ARRAY(
                 SELECT d.parent_id FROM skiplock.job_dependencies d WHERE d.job_id = retry_job.job_id));
             IF now_state = 'queued' THEN
-                PERFORM skiplock.internal_notify_runnable(q, p, s);
+                PERFORM skiplock.internal_announce(ARRAY[ROW(q, p, s)::skiplock.runnable_key]);
             END IF;
             RETURN true;
         EXCEPTION WHEN serialization_failure THEN
@@ -3052,6 +3125,12 @@ BEGIN
     END LOOP;
 END;
 $$;
+
+--
+-- Name: FUNCTION retry_job(job_id bigint); Type: COMMENT; Schema: skiplock; Owner: -
+--
+
+COMMENT ON FUNCTION skiplock.retry_job(job_id bigint) IS 'Puts a finished job (dead, cancelled or succeeded) back in line, due now, with an attempt to spare (a queued job is made due now): `queued`, or `waiting` behind an unfinished job of its lane or a parent that has not succeeded. A job whose `unique_key` another pending job holds is superseded by it (it ends `cancelled` naming that job; under the policy `merge` its payloads are merged in first). Returns true if it was put back in line, false for a running or waiting job or no such job. Example: SELECT skiplock.retry_job(42);';
 
 --
 -- Name: set_queue_limits(text, integer, integer, interval); Type: FUNCTION; Schema: skiplock; Owner: -
@@ -3127,6 +3206,12 @@ BEGIN
     END LOOP;
 END;
 $$;
+
+--
+-- Name: FUNCTION snooze(id bigint, token uuid, delay interval); Type: COMMENT; Schema: skiplock; Owner: -
+--
+
+COMMENT ON FUNCTION skiplock.snooze(id bigint, token uuid, delay interval) IS '`queued` again after `delay`, the attempt not counted: for a handler that must wait for something. `false`: the claim was not held, nothing changed.';
 
 --
 -- Name: why_not_running(bigint); Type: FUNCTION; Schema: skiplock; Owner: -

@@ -8,7 +8,7 @@
 //! When both day fields are restricted, a day matches either of them (as in Vixie cron).
 //!
 //! Expressions are read and evaluated in one place, the database (`skiplock.internal_cron_*`
-//! in `migrations/functions.sql`), for every way of running schedules: the worker's cron
+//! in `migrations/functions/09_cron.sql`), for every way of running schedules: the worker's cron
 //! pass and `skiplock.maintain` for deployments with no skiplock process enqueue due
 //! slots with the same function, and a schedule is checked as it is written, whoever
 //! writes it (this module, the CLI, a plain SQL `INSERT`). Slots are computed from the

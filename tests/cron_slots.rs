@@ -1,5 +1,5 @@
 //! Cron expressions as the database reads and evaluates them (`skiplock.internal_cron_*` in
-//! migrations/functions.sql), the one implementation behind the worker's cron pass,
+//! migrations/functions/09_cron.sql), the one implementation behind the worker's cron pass,
 //! `skiplock.maintain` and the check of a schedule as it is written.
 
 mod common;

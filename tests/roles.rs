@@ -138,7 +138,7 @@ impl Roles {
         skiplock::migrate(&roles.migrator)
             .await
             .expect("the migrator migrates a fresh schema it owns");
-        // A release whose functions changed: migrate applies functions.sql again, replacing
+        // A release whose functions changed: migrate applies migrations/functions/ again, replacing
         // every function, trigger and view the migrator owns.
         owner
             .execute("UPDATE skiplock.schema_functions SET md5 = 'an older release'")

@@ -205,7 +205,7 @@ async fn backoff_body(pool: &PgPool) -> String {
 }
 
 /// A changed function body reaches a database through `migrate` alone (no migration file):
-/// `migrations/functions.sql` is applied again when its text differs from the one last
+/// `migrations/functions/` is applied again when its text differs from the one last
 /// applied, while workers drain, keeping the functions' owners and grants; an unchanged
 /// text, or one recorded by a newer build, is left alone.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,7 +1,7 @@
 //! Statements operators run: listing and inspecting jobs, stats from the operator views,
 //! bulk retry and pruning on demand. Used by the `skiplock` binary and by [`crate::stats`].
 //!
-//! The views and `skiplock.retry_dead_jobs` are defined in `migrations/functions.sql`.
+//! The views and `skiplock.retry_dead_jobs` are defined in `migrations/functions/` (13_views.sql, 11_operator.sql).
 
 use chrono::{DateTime, Utc};
 #[cfg(any(feature = "cli", feature = "testing", feature = "internals"))]

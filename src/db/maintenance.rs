@@ -34,7 +34,7 @@ pub struct ReapedJob {
 /// when their attempts are spent, or `cancelled` when a pending job took their
 /// `unique_key`. Safe from any number of workers at once. The caller moves on the lanes and
 /// dependants of those that finished. How and why: `skiplock.internal_reap_stale` in
-/// migrations/functions.sql.
+/// migrations/functions/08_outcomes.sql.
 pub async fn jobs_reap_stale(
     db: impl PgExecutor<'_>,
     stale_after_ms: i64,
@@ -305,7 +305,7 @@ pub async fn jobs_advance_lanes(db: impl PgExecutor<'_>, keys: &[String]) -> sql
 /// Repairs what a race may have left (waiting jobs whose parents have all finished, lanes
 /// whose head finished while a new lane job was being enqueued); returns how many jobs
 /// moved. What it repairs and why: `skiplock.internal_settle_waiting` in
-/// migrations/functions.sql. Unnamed, as the module's statements are.
+/// migrations/functions/08_outcomes.sql. Unnamed, as the module's statements are.
 pub async fn jobs_settle_waiting(db: impl PgExecutor<'_>) -> sqlx::Result<i32> {
     sqlx::query_scalar("SELECT skiplock.internal_settle_waiting()")
         .persistent(false)

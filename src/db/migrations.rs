@@ -6,9 +6,10 @@
 //!   `skiplock.schema_migrations`. `0001_initial.sql` is the schema of 0.1.0; from then on
 //!   migrations only move forward: a change is a new file with the next version, appended
 //!   to `MIGRATIONS`; an applied file is never edited, and nothing is ever rolled back.
-//! - `migrations/functions.sql`: every function, trigger and view, each defined once with
-//!   `CREATE OR REPLACE` (which keeps owners and grants). It is applied after the
-//!   migrations whenever its text differs from the one recorded in
+//! - `migrations/functions/`: every function, trigger and view, each defined once with
+//!   `CREATE OR REPLACE` (which keeps owners and grants), one area a file. The files are
+//!   applied, in the order of their names, after the migrations whenever their text differs
+//!   from the one recorded in
 //!   `skiplock.schema_functions`, so a changed body is a diff of its own lines, not a copy
 //!   in a new migration.
 //!
@@ -42,10 +43,26 @@ const MIGRATIONS: &[Migration] = &[Migration {
     sql: include_str!("../../migrations/0001_initial.sql"),
 }];
 
-/// Every function, trigger and view, each defined once with `CREATE OR REPLACE`
-/// (`migrations/functions.sql`): applied after the migrations whenever its text differs
-/// from the text last applied, so that a changed function body needs no migration.
-const FUNCTIONS_SQL: &str = include_str!("../../migrations/functions.sql");
+/// Every function, trigger and view, each defined once with `CREATE OR REPLACE`, one area
+/// a file (`migrations/functions/`), applied in the order of the file names: applied after
+/// the migrations whenever the text differs from the text last applied, so that a changed
+/// function body needs no migration. A file added there and not here fails the unit test
+/// `every_functions_file_is_applied`.
+const FUNCTIONS_SQL: &str = concat!(
+    include_str!("../../migrations/functions/01_helpers.sql"),
+    include_str!("../../migrations/functions/02_notifications.sql"),
+    include_str!("../../migrations/functions/03_unique_keys.sql"),
+    include_str!("../../migrations/functions/04_dependencies_and_lanes.sql"),
+    include_str!("../../migrations/functions/05_enqueue.sql"),
+    include_str!("../../migrations/functions/06_global_limits.sql"),
+    include_str!("../../migrations/functions/07_claim.sql"),
+    include_str!("../../migrations/functions/08_outcomes.sql"),
+    include_str!("../../migrations/functions/09_cron.sql"),
+    include_str!("../../migrations/functions/10_protocol.sql"),
+    include_str!("../../migrations/functions/11_operator.sql"),
+    include_str!("../../migrations/functions/12_history_and_retention.sql"),
+    include_str!("../../migrations/functions/13_views.sql"),
+);
 
 /// The schema version this build of skiplock expects.
 pub const SCHEMA_VERSION_LATEST: i32 = MIGRATIONS[MIGRATIONS.len() - 1].version;
@@ -170,7 +187,7 @@ async fn migrations_apply_once(pool: &PgPool) -> Result<i32> {
     Ok(SCHEMA_VERSION_LATEST)
 }
 
-/// Applies `migrations/functions.sql` unless the text last applied is the same (by its
+/// Applies the functions (`migrations/functions/`) unless the text last applied is the same (by its
 /// md5, computed by the server), and records it with this build's version.
 ///
 /// Replacing the trigger definitions takes a lock on `skiplock.jobs` that waits for running
@@ -273,7 +290,25 @@ async fn schema_version_in(conn: &mut PgConnection) -> Result<i32> {
 
 #[cfg(test)]
 mod tests {
-    use super::version_newer;
+    use super::{FUNCTIONS_SQL, version_newer};
+
+    #[test]
+    fn every_functions_file_is_applied() {
+        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/migrations/functions");
+        let mut names: Vec<String> = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|entry| entry.unwrap().file_name().into_string().unwrap())
+            .collect();
+        names.sort();
+        let mut rest = FUNCTIONS_SQL;
+        for name in names {
+            let text = std::fs::read_to_string(format!("{dir}/{name}")).unwrap();
+            let at = rest.find(&text).unwrap_or_else(|| {
+                panic!("migrations/functions/{name} is not in FUNCTIONS_SQL, in file-name order")
+            });
+            rest = &rest[at + text.len()..];
+        }
+    }
 
     #[test]
     fn versions_compare_by_number_not_text() {

@@ -78,7 +78,7 @@ pub struct ClaimPosition {
 /// Claims up to `limit` runnable jobs of the given queues and kinds, in claim order
 /// (priority, then `scheduled_at`, then id), in one statement.
 ///
-/// It calls `skiplock.internal_claim_batch` (`migrations/functions.sql`, where the
+/// It calls `skiplock.internal_claim_batch` (`migrations/functions/07_claim.sql`, where the
 /// statement and its reasons are): rows are picked
 /// with `FOR UPDATE SKIP LOCKED`, so concurrent claimers never wait on each other and never
 /// pick the same row, and each is stamped with its own fresh `claim_token`, the claimant and
@@ -138,7 +138,7 @@ pub async fn jobs_claim_batch_after(
 }
 
 /// How a claim treats the rows other claims are taking and a lane conflict
-/// (`skiplock.internal_claim_batch` in `migrations/functions.sql`). The default is the
+/// (`skiplock.internal_claim_batch` in `migrations/functions/07_claim.sql`). The default is the
 /// function's own: no filter, lane jobs taken, a lane conflict retried inside.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ClaimMode {

@@ -1,0 +1,398 @@
+-- migrations/functions/04_dependencies_and_lanes.sql: Dependencies and lanes: queuing
+-- waiting jobs when their parents or their turn come, the periodic sweep (in 08),
+-- tombstones of deleted parents, and the triggers that keep those rules.
+--
+-- Defines:
+--   internal_has_unmet_parent, internal_announce_queued_by_others
+--   internal_queue_ready_dependants, internal_settle_dependants, internal_advance_lanes
+--   internal_tombstone_parents, internal_jobs_after_delete, trigger jobs_after_delete
+--   internal_job_dependencies_after_insert, trigger job_dependencies_after_insert
+
+-- ---- Dependencies and lanes --------------------------------------------------------------
+
+-- Whether a job still has a parent that has not succeeded: a parent row in any other state,
+-- or a tombstone. An edge whose parent row is gone with parent_state NULL is satisfied.
+-- Simple enough for the planner to inline into the statements that call it.
+CREATE OR REPLACE FUNCTION skiplock.internal_has_unmet_parent(job bigint) RETURNS boolean
+LANGUAGE sql STABLE AS $$
+    SELECT EXISTS (
+        SELECT 1 FROM skiplock.job_dependencies d
+        LEFT JOIN skiplock.jobs p ON p.id = d.parent_id
+        WHERE d.job_id = job
+          AND p.state IS DISTINCT FROM 'succeeded'
+          AND (p.id IS NOT NULL OR d.parent_state IS NOT NULL)
+    );
+$$;
+
+-- Jobs this transaction saw waiting and did not queue itself, announced if they are queued
+-- now: another transaction queued them while this one's UPDATE waited for its row lock.
+-- Postgres re-checks such a row in its newest version after locking it, and keeps the lock
+-- until commit even when the UPDATE then leaves the row alone (the row is no longer
+-- waiting). Claims pass over a locked row, and the other transaction's announcement may
+-- have been acted on meanwhile: the job would wait for a walk from the start of its queue
+-- (seen in tests/claim_cursor.rs, a child queued by its parent's completion and re-checked
+-- by the periodic sweep of waiting jobs). Announced again here, the jobs are looked at once
+-- this transaction commits and the lock is gone. Called by the statements that queue
+-- waiting jobs other transactions may queue too (dependants, lane heads), only when they
+-- queued fewer than they saw waiting; a job queued before it was seen is announced twice,
+-- which costs a walk and nothing else.
+CREATE OR REPLACE FUNCTION skiplock.internal_announce_queued_by_others(ids bigint[]) RETURNS void
+LANGUAGE sql
+SET enable_seqscan = off
+SET enable_bitmapscan = off
+SET jit = off
+AS $$
+    SELECT skiplock.internal_announce(ARRAY(
+        SELECT ROW(j.queue, j.priority, j.scheduled_at)::skiplock.runnable_key
+        FROM skiplock.jobs j
+        WHERE j.id = ANY (ids) AND j.state = 'queued'));
+$$;
+
+-- Of the given jobs, those that wait on dependencies that have all succeeded become
+-- queued, announced; returns how many. By id: its cost follows the list.
+CREATE OR REPLACE FUNCTION skiplock.internal_queue_ready_dependants(ids bigint[]) RETURNS int
+LANGUAGE plpgsql
+SET enable_seqscan = off
+SET enable_bitmapscan = off
+SET enable_hashjoin = off
+SET enable_mergejoin = off
+SET jit = off
+AS $$
+DECLARE
+    seen_waiting bigint[];
+    promoted int;
+    promoted_ids bigint[];
+    promoted_keys skiplock.runnable_key[];
+BEGIN
+    seen_waiting := ARRAY(SELECT c.id FROM skiplock.jobs c
+                          WHERE c.id = ANY (ids) AND c.state = 'waiting');
+    IF cardinality(seen_waiting) = 0 THEN
+        RETURN 0;
+    END IF;
+    WITH ready AS (
+        UPDATE skiplock.jobs c
+        SET state = 'queued'
+        WHERE c.id = ANY (seen_waiting) AND c.state = 'waiting'
+          AND EXISTS (SELECT 1 FROM skiplock.job_dependencies d WHERE d.job_id = c.id)
+          AND NOT skiplock.internal_has_unmet_parent(c.id)
+        RETURNING c.id, c.queue, c.priority, c.scheduled_at
+    )
+    SELECT count(*), array_agg(id),
+           array_agg(DISTINCT ROW(queue, priority, scheduled_at)::skiplock.runnable_key)
+    INTO promoted, promoted_ids, promoted_keys FROM ready;
+    IF promoted < cardinality(seen_waiting) THEN
+        PERFORM skiplock.internal_announce_queued_by_others(ARRAY(
+            SELECT unnest(seen_waiting) EXCEPT SELECT unnest(promoted_ids)));
+    END IF;
+    PERFORM skiplock.internal_announce(promoted_keys);
+    RETURN promoted;
+END;
+$$;
+
+-- The waiting dependants of jobs that finished (or were deleted): those with a parent that
+-- can never succeed are cancelled, transitively, with the reason; those whose parents all
+-- succeeded become queued, announced.
+--
+-- Costs the edges of the given parents and of the cancelled jobs, whatever the statistics
+-- say: every step is driven by the parents' edges (job_dependencies_parent_idx) and finds
+-- jobs by id, never joined where the planner could choose to walk the waiting jobs first
+-- (it did, told by statistics taken before a burst of dependants that one job waits).
+CREATE OR REPLACE FUNCTION skiplock.internal_settle_dependants(parent_ids bigint[]) RETURNS int
+LANGUAGE plpgsql
+SET enable_seqscan = off
+SET enable_bitmapscan = off
+SET enable_hashjoin = off
+SET enable_mergejoin = off
+SET jit = off
+AS $$
+DECLARE
+    promoted int := 0;
+    cancelled int := 0;
+    victim record;
+BEGIN
+    FOR victim IN
+        -- Each lookup is a LATERAL subquery with LIMIT (or OFFSET 0), which the planner
+        -- neither flattens nor reorders: the edges of the parents drive, the jobs are
+        -- found by id.
+        WITH RECURSIVE doomed (id, reason) AS (
+            SELECT e.job_id,
+                   CASE WHEN p.id IS NULL
+                        THEN format('parent job %s was deleted while %s', e.parent_id, e.parent_state)
+                        ELSE format('parent job %s ended %s', p.id, p.state) END
+            FROM skiplock.job_dependencies e
+            LEFT JOIN LATERAL (SELECT p.id, p.state FROM skiplock.jobs p
+                               WHERE p.id = e.parent_id LIMIT 1) p ON true
+            CROSS JOIN LATERAL (SELECT FROM skiplock.jobs c
+                                WHERE c.id = e.job_id AND c.state = 'waiting' LIMIT 1) c
+            WHERE e.parent_id = ANY (parent_ids)
+              AND (p.state IN ('dead', 'cancelled') OR (p.id IS NULL AND e.parent_state IS NOT NULL))
+            UNION
+            SELECT e.job_id, format('parent job %s was cancelled', doomed.id)
+            FROM doomed
+            CROSS JOIN LATERAL (SELECT d.job_id FROM skiplock.job_dependencies d
+                                WHERE d.parent_id = doomed.id OFFSET 0) e
+            CROSS JOIN LATERAL (SELECT FROM skiplock.jobs c
+                                WHERE c.id = e.job_id AND c.state = 'waiting' LIMIT 1) c
+        )
+        SELECT DISTINCT ON (d.id) d.id, d.reason FROM doomed d ORDER BY d.id, d.reason
+    LOOP
+        -- One row at a time, by id (cancellations are rare; a join of the list with the
+        -- table is what the planner can turn into a walk of every waiting job).
+        UPDATE skiplock.jobs j
+        SET state = 'cancelled', finished_at = now(), last_error = victim.reason
+        WHERE j.id = victim.id AND j.state = 'waiting';
+        IF FOUND THEN
+            cancelled := cancelled + 1;
+        END IF;
+    END LOOP;
+
+    promoted := skiplock.internal_queue_ready_dependants(ARRAY(
+        SELECT DISTINCT d.job_id FROM skiplock.job_dependencies d
+        WHERE d.parent_id = ANY (parent_ids)));
+    RETURN promoted + cancelled;
+END;
+$$;
+
+-- The next job of each lane: a lane's head (its unfinished job with the lowest id) becomes
+-- queued when it waits, no job of the lane runs and it has no unmet parent; every queued
+-- head is announced, promoted now or queued before (its turn came when the job before it
+-- ended; claims skipped it while that job was unfinished), or when it comes due.
+--
+-- Costs one entry of jobs_ordering_key_lane_idx per lane, however long the lane and
+-- whatever the statistics say: each head is found by its own LIMIT 1 in the lane index's
+-- order, and the plan is pinned to index lookups and nested loops. Left to the planner,
+-- statistics taken before a burst of lane jobs (the usual state of a table of retained
+-- finished jobs) gave a plan that read the whole lane once per waiting job: 2.3 s per step
+-- of a 3,000-job lane beside 100,000 finished rows, 1 ms after (docs/benchmarks.md,
+-- "Statements under stale statistics").
+CREATE OR REPLACE FUNCTION skiplock.internal_advance_lanes(keys text[]) RETURNS int
+LANGUAGE plpgsql
+SET enable_seqscan = off
+SET enable_bitmapscan = off
+SET enable_hashjoin = off
+SET enable_mergejoin = off
+SET jit = off
+AS $$
+DECLARE
+    promoted int;
+    waiting_heads bigint[];
+    promoted_heads bigint[];
+    runnable skiplock.runnable_key[];
+BEGIN
+    SELECT array_agg(h.id) FILTER (WHERE h.state = 'waiting'),
+           coalesce(array_agg(ROW(h.queue, h.priority, h.scheduled_at)::skiplock.runnable_key)
+                        FILTER (WHERE h.state = 'queued'), '{}')
+    INTO waiting_heads, runnable
+    FROM (SELECT DISTINCT k FROM unnest(keys) AS k WHERE k IS NOT NULL) AS lane(key)
+    CROSS JOIN LATERAL (
+        SELECT j.id, j.state, j.queue, j.priority, j.scheduled_at
+        FROM skiplock.jobs j
+        WHERE j.ordering_key = lane.key AND j.state IN ('waiting', 'queued', 'running')
+        ORDER BY j.id
+        LIMIT 1
+    ) h;
+    -- By id, not joined with the heads: a join let the planner, told by stale statistics
+    -- that one job waits, walk every waiting job and test each.
+    WITH ready AS (
+        UPDATE skiplock.jobs j SET state = 'queued'
+        WHERE j.id = ANY (waiting_heads) AND j.state = 'waiting'
+          AND NOT EXISTS (
+              SELECT 1 FROM skiplock.jobs o
+              WHERE o.ordering_key = j.ordering_key AND o.state = 'running'
+          )
+          AND NOT skiplock.internal_has_unmet_parent(j.id)
+        RETURNING j.id, j.queue, j.priority, j.scheduled_at
+    )
+    SELECT count(*), array_agg(id),
+           runnable || coalesce(array_agg(ROW(queue, priority, scheduled_at)::skiplock.runnable_key), '{}')
+    INTO promoted, promoted_heads, runnable
+    FROM ready;
+    IF promoted < coalesce(cardinality(waiting_heads), 0) THEN
+        PERFORM skiplock.internal_announce_queued_by_others(ARRAY(
+            SELECT unnest(waiting_heads) EXCEPT SELECT unnest(promoted_heads)));
+    END IF;
+    PERFORM skiplock.internal_announce(runnable);
+    RETURN promoted;
+END;
+$$;
+
+-- Jobs `parents` (with their `states`) are gone without having succeeded (deleted, or
+-- their day of history dropped): their edges keep the state as a tombstone (see
+-- skiplock.job_dependencies) and their waiting children are cancelled, transitively, with
+-- the reason. NULL or empty arrays do nothing.
+CREATE OR REPLACE FUNCTION skiplock.internal_tombstone_parents(
+    parents bigint[], states skiplock.job_state[])
+RETURNS void
+LANGUAGE plpgsql
+SET enable_seqscan = off
+SET enable_hashjoin = off
+SET enable_mergejoin = off
+AS $$
+DECLARE
+    children bigint[] := '{}';
+    victim record;
+BEGIN
+    IF coalesce(cardinality(parents), 0) = 0 THEN
+        RETURN;
+    END IF;
+    -- Tombstones, then the waiting children to cancel, one at a time by id (a join of the
+    -- list with the table is what the planner can turn into a walk of every waiting job).
+    FOR victim IN
+        WITH unfinished AS MATERIALIZED (
+            SELECT u.id, u.state FROM unnest(parents, states) AS u(id, state)
+            WHERE u.state <> 'succeeded'
+        ), marked AS (
+            UPDATE skiplock.job_dependencies d SET parent_state = u.state
+            FROM unfinished u
+            WHERE d.parent_id = u.id
+            RETURNING d.job_id, d.parent_id, u.state
+        )
+        SELECT DISTINCT ON (m.job_id) m.job_id, m.parent_id, m.state
+        FROM marked m ORDER BY m.job_id, m.parent_id
+    LOOP
+        UPDATE skiplock.jobs c
+        SET state = 'cancelled', finished_at = now(),
+            last_error = format('parent job %s was deleted while %s', victim.parent_id, victim.state)
+        WHERE c.id = victim.job_id AND c.state = 'waiting';
+        IF FOUND THEN
+            children := children || victim.job_id;
+        END IF;
+    END LOOP;
+    IF cardinality(children) > 0 THEN
+        PERFORM skiplock.internal_settle_dependants(children);
+    END IF;
+END;
+$$;
+
+-- After a DELETE statement on skiplock.jobs (by hand, or the pruner), once for all its
+-- rows: the deleted jobs that had not succeeded leave tombstones and their waiting
+-- children are cancelled (internal_tombstone_parents), and the deleted jobs' own edges go
+-- with them (what a foreign key's cascade did). A statement trigger: a row moved between
+-- jobs_live and jobs_done by an UPDATE is not a DELETE statement and does not fire it, and
+-- a DELETE of a parent and its waiting children in one statement (DELETE … WHERE queue =
+-- 'x') sees them all gone.
+--
+-- It runs as its owner (SECURITY DEFINER), as a foreign key's cascade did: whoever may
+-- delete jobs needs no privilege on job_dependencies.
+CREATE OR REPLACE FUNCTION skiplock.internal_jobs_after_delete() RETURNS trigger
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+SET enable_seqscan = off
+SET enable_hashjoin = off
+SET enable_mergejoin = off
+AS $$
+DECLARE
+    parents bigint[];
+    states skiplock.job_state[];
+BEGIN
+    SELECT array_agg(o.id), array_agg(o.state) INTO parents, states
+    FROM deleted o WHERE o.state <> 'succeeded';
+    PERFORM skiplock.internal_tombstone_parents(parents, states);
+    DELETE FROM skiplock.job_dependencies d USING deleted o WHERE d.job_id = o.id;
+    RETURN NULL;
+END;
+$$;
+
+-- On the table and on each partition: a statement trigger fires for the table a statement
+-- names, and a DELETE FROM skiplock.jobs_live must tombstone and cascade as well. (Each
+-- day partition of jobs_done gets its own as it is made.)
+CREATE OR REPLACE TRIGGER jobs_after_delete
+    AFTER DELETE ON skiplock.jobs
+    REFERENCING OLD TABLE AS deleted
+    FOR EACH STATEMENT EXECUTE FUNCTION skiplock.internal_jobs_after_delete();
+
+CREATE OR REPLACE TRIGGER jobs_after_delete
+    AFTER DELETE ON skiplock.jobs_live
+    REFERENCING OLD TABLE AS deleted
+    FOR EACH STATEMENT EXECUTE FUNCTION skiplock.internal_jobs_after_delete();
+
+CREATE OR REPLACE TRIGGER jobs_after_delete
+    AFTER DELETE ON skiplock.jobs_done
+    REFERENCING OLD TABLE AS deleted
+    FOR EACH STATEMENT EXECUTE FUNCTION skiplock.internal_jobs_after_delete();
+
+CREATE OR REPLACE TRIGGER jobs_after_delete
+    AFTER DELETE ON skiplock.jobs_done_default
+    REFERENCING OLD TABLE AS deleted
+    FOR EACH STATEMENT EXECUTE FUNCTION skiplock.internal_jobs_after_delete();
+
+CREATE OR REPLACE FUNCTION skiplock.internal_job_dependencies_after_insert() RETURNS trigger
+LANGUAGE plpgsql AS $$
+DECLARE
+    parent_now skiplock.job_state;
+    parent_queue text;
+    parent_priority smallint;
+    parent_scheduled_at timestamptz;
+    child_queue text;
+    child_priority smallint;
+    child_scheduled_at timestamptz;
+    child_now skiplock.job_state;
+    attempts int := 0;
+BEGIN
+    IF NEW.parent_state IS NOT NULL THEN
+        RAISE EXCEPTION 'job_dependencies.parent_state is written by skiplock when a parent is deleted; insert the edge with parent_state NULL'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    -- Both rows locked; a row moved to the other partition while the lock waited (a parent
+    -- completed, a child cancelled) is read again where it went (40001, see
+    -- skiplock.internal_may_retry_moved).
+    LOOP
+        BEGIN
+            SELECT state, queue, priority, scheduled_at
+            INTO parent_now, parent_queue, parent_priority, parent_scheduled_at
+            FROM skiplock.jobs WHERE id = NEW.parent_id FOR SHARE;
+            -- Claims skip the parent while this transaction holds it locked.
+            IF parent_now = 'queued' THEN
+                PERFORM skiplock.internal_announce(ARRAY[ROW(parent_queue, parent_priority,
+                                                             parent_scheduled_at)::skiplock.runnable_key]);
+            END IF;
+            IF parent_now IS NULL THEN
+                RAISE EXCEPTION 'parent job % does not exist', NEW.parent_id
+                    USING ERRCODE = 'foreign_key_violation';
+            END IF;
+            SELECT state, queue, priority, scheduled_at
+            INTO child_now, child_queue, child_priority, child_scheduled_at
+            FROM skiplock.jobs WHERE id = NEW.job_id FOR UPDATE;
+            EXIT;
+        EXCEPTION WHEN serialization_failure THEN
+            attempts := attempts + 1;
+            IF NOT skiplock.internal_may_retry_moved(attempts) THEN
+                RAISE;
+            END IF;
+        END;
+    END LOOP;
+    IF child_now IS NULL THEN
+        RAISE EXCEPTION 'job % does not exist', NEW.job_id
+            USING ERRCODE = 'foreign_key_violation';
+    END IF;
+    IF parent_now = 'succeeded' THEN
+        -- The child stays as it was; claims skipped it while it was locked.
+        IF child_now = 'queued' THEN
+            PERFORM skiplock.internal_announce(ARRAY[ROW(child_queue, child_priority,
+                                                         child_scheduled_at)::skiplock.runnable_key]);
+        END IF;
+        RETURN NULL;
+    END IF;
+    IF child_now IN ('running', 'succeeded', 'dead') THEN
+        RAISE EXCEPTION 'job % already started; a dependency on job % must be added before it runs',
+            NEW.job_id, NEW.parent_id
+            USING ERRCODE = 'object_not_in_prerequisite_state';
+    END IF;
+    IF child_now = 'queued' THEN
+        IF parent_now IN ('dead', 'cancelled') THEN
+            UPDATE skiplock.jobs
+            SET state = 'cancelled', finished_at = now(),
+                last_error = format('parent job %s ended %s', NEW.parent_id, parent_now)
+            WHERE id = NEW.job_id;
+        ELSE
+            UPDATE skiplock.jobs SET state = 'waiting' WHERE id = NEW.job_id;
+        END IF;
+    END IF;
+    RETURN NULL;
+END;
+$$;
+
+CREATE OR REPLACE TRIGGER job_dependencies_after_insert
+    AFTER INSERT ON skiplock.job_dependencies
+    FOR EACH ROW EXECUTE FUNCTION skiplock.internal_job_dependencies_after_insert();

@@ -1,0 +1,292 @@
+-- migrations/functions/07_claim.sql: Claim and completion: the worker's own statements.
+--
+-- Defines:
+--   internal_claim_batch, internal_others_claiming, internal_complete_claims
+
+-- ---- Claim and completion (the worker's own statements) ----------------------------------
+
+-- The worker's claim: up to max_jobs runnable jobs of the given queues and kinds (NULL
+-- kinds: every kind), in claim order (priority, scheduled_at, id), after the given claim
+-- key if any, each stamped with a fresh claim_token (claim_with when given, so a caller
+-- whose reply was lost can find what it took), claimed_by, clock_timestamp() as first
+-- heartbeat (now(), the transaction's start, would commit a claim that waited behind a
+-- lock already stale) and attempt + 1. Internal: its arguments follow the Rust worker's
+-- machinery (src/worker/claim_cursor.rs) and change with it; skiplock.claim is the stable
+-- form. docs/architecture.md, "The claim path", has the reasons and the measurements.
+--
+-- * It walks jobs_claim_idx, one range per queue, in claim order, and locks with FOR
+--   UPDATE SKIP LOCKED: claimers never wait on each other and never take the same row. A
+--   claim of several queues walks each queue's range (up to max_jobs from each) and keeps
+--   the first max_jobs of them all; a paused queue is not walked.
+-- * The plan is fixed to that ordered walk (no sort, no bitmap or sequential scan) and
+--   made once per connection: a plan made while the table was empty once sorted every
+--   queued row on each claim, and re-planning cost half an idle claim.
+-- * Lanes: it takes a lane's job only when it is the lane's oldest unfinished job and
+--   nothing of the lane runs, whatever the rows were written with. Two claims can still
+--   take two jobs of one lane that neither sees the other take; the second fails on
+--   jobs_ordering_key_running_idx. With retry_lane_conflict the claim runs inside a
+--   subtransaction and, on that conflict, runs again without lane jobs; without it the
+--   conflict reaches the caller (the worker retries itself, outside a subtransaction,
+--   which the in-flight filter needs).
+-- * skip_in_flight passes over rows whose xmax is a transaction running when the claim
+--   began (pg_current_snapshot()) or begun since, before FOR UPDATE SKIP LOCKED takes
+--   each to the lock manager: with several worker processes on one queue, most of what a
+--   claim meets is rows other claims are taking. Not "xmax = 0": a queued row keeps the id
+--   of a locker that has finished until it is next updated. A MultiXactId in xmax read as
+--   a transaction id can make a row look taken while that lasts, so the filter is the
+--   caller's choice, and the worker walks without it from the start at least every 30 s.
+--   It is off in a transaction that already has an id and outside READ COMMITTED.
+-- * Rows are locked first and updated by ctid (no second index descent); the result is
+--   sorted after the update has finished, so an update that fails has returned nothing.
+-- * Global limits (see "Global limits" above): a claim that names a limited queue takes
+--   at most the room the queue's max_running and rate_limit leave, under the queue's lock,
+--   and only in READ COMMITTED. Named with other queues, each is claimed from in turn (in
+--   name order, up to max_jobs in all). The jobs it claims carry the time the limits were
+--   checked at as claimed_at (now() otherwise).
+CREATE OR REPLACE FUNCTION skiplock.internal_claim_batch(queues text[], kinds text[], max_jobs bigint, worker text,
+                                     after_priority smallint DEFAULT NULL,
+                                     after_scheduled_at_us bigint DEFAULT NULL,
+                                     after_id bigint DEFAULT NULL,
+                                     claim_with uuid DEFAULT NULL,
+                                     skip_in_flight boolean DEFAULT false,
+                                     take_lanes boolean DEFAULT true,
+                                     retry_lane_conflict boolean DEFAULT true)
+RETURNS TABLE (id bigint, queue text, kind text, args jsonb, attempt int, max_attempts int,
+               claim_token uuid, priority smallint, scheduled_at_us bigint)
+LANGUAGE plpgsql
+SET enable_sort = off
+SET enable_bitmapscan = off
+SET enable_seqscan = off
+SET jit = off
+SET plan_cache_mode = force_generic_plan
+AS $$
+DECLARE
+    from_priority smallint := -32768;
+    from_scheduled_at timestamptz := '-infinity';
+    from_id bigint := -9223372036854775808;
+    snapshot pg_snapshot;
+    -- Transactions running when the claim began, and the next id then (as the low 32
+    -- bits that xmax holds).
+    in_flight xid[] := '{}';
+    next_xid bigint := 0;
+    filtering boolean := skip_in_flight AND pg_current_xact_id_if_assigned() IS NULL
+        AND current_setting('transaction_isolation') = 'read committed';
+    -- The limited queue claimed from, its limits, and what they leave.
+    limited_queue text;
+    lim_max_running int;
+    lim_rate_limit int;
+    lim_rate_period interval;
+    room bigint := max_jobs;
+    wanted bigint;
+    rate_room bigint;
+    claim_time timestamptz;
+    one_queue text;
+    taken bigint;
+    got bigint := 0;
+BEGIN
+    IF retry_lane_conflict AND take_lanes THEN
+        -- The claim inside a subtransaction: a lane conflict it could not see rolls back
+        -- only that, and the claim runs again without lane jobs.
+        BEGIN
+            RETURN QUERY SELECT * FROM skiplock.internal_claim_batch(queues, kinds, max_jobs, worker,
+                after_priority, after_scheduled_at_us, after_id, claim_with, skip_in_flight,
+                true, false);
+            RETURN;
+        EXCEPTION
+            WHEN unique_violation THEN
+                RETURN QUERY SELECT * FROM skiplock.internal_claim_batch(queues, kinds, max_jobs,
+                    worker, after_priority, after_scheduled_at_us, after_id, claim_with,
+                    skip_in_flight, false, false);
+                RETURN;
+            WHEN serialization_failure THEN
+                -- A queued row moved to jobs_done (cancelled) after this statement's
+                -- snapshot: Postgres cannot follow it. Outside READ COMMITTED the snapshot
+                -- stays and so would the error: the caller retries.
+                IF current_setting('transaction_isolation') <> 'read committed' THEN
+                    RAISE;
+                END IF;
+                RETURN QUERY SELECT * FROM skiplock.internal_claim_batch(queues, kinds, max_jobs,
+                    worker, after_priority, after_scheduled_at_us, after_id, claim_with,
+                    skip_in_flight, true, false);
+                RETURN;
+        END;
+    END IF;
+    -- Global limits: a queue without any costs this one probe.
+    SELECT q.name, q.max_running, q.rate_limit, q.rate_period
+    INTO limited_queue, lim_max_running, lim_rate_limit, lim_rate_period
+    FROM skiplock.queues q
+    WHERE q.name = ANY (queues) AND NOT q.paused
+      AND (q.max_running IS NOT NULL OR q.rate_limit IS NOT NULL)
+    ORDER BY q.name
+    LIMIT 1;
+    IF limited_queue IS NOT NULL THEN
+        IF current_setting('transaction_isolation') <> 'read committed' THEN
+            -- An older snapshot would miss claims committed after it, and claim past the
+            -- limit.
+            RAISE EXCEPTION 'queue % has a global limit (max_running or rate_limit), which a claim holds only in READ COMMITTED; this transaction is %',
+                limited_queue, upper(current_setting('transaction_isolation'))
+                USING ERRCODE = 'invalid_transaction_state',
+                      HINT = 'claim in a READ COMMITTED transaction: BEGIN ISOLATION LEVEL READ COMMITTED, or SET default_transaction_isolation for the session';
+        END IF;
+        IF EXISTS (SELECT 1 FROM unnest(queues) AS q WHERE q IS DISTINCT FROM limited_queue) THEN
+            FOR one_queue IN SELECT DISTINCT q FROM unnest(queues) AS q WHERE q IS NOT NULL ORDER BY 1
+            LOOP
+                RETURN QUERY SELECT * FROM skiplock.internal_claim_batch(ARRAY[one_queue], kinds,
+                    max_jobs - got, worker, after_priority, after_scheduled_at_us, after_id,
+                    claim_with, skip_in_flight, take_lanes, false);
+                GET DIAGNOSTICS taken = ROW_COUNT;
+                got := got + taken;
+                EXIT WHEN got >= max_jobs;
+            END LOOP;
+            RETURN;
+        END IF;
+        PERFORM pg_advisory_xact_lock(skiplock.internal_queue_limit_lock_id(limited_queue));
+        IF lim_max_running IS NOT NULL THEN
+            -- Through jobs_running_idx: every running job's entry, the queue's found among
+            -- them (see the index's comment in 0001_initial.sql).
+            room := least(room, greatest(0, lim_max_running - (
+                SELECT count(*) FROM (SELECT FROM skiplock.jobs_live j
+                                      WHERE j.queue = limited_queue AND j.state = 'running'
+                                      LIMIT lim_max_running) r)));
+        END IF;
+        -- After the lock and the count: later than every claim of the queue committed
+        -- before, so the starts the rate limit records follow each other, and later than
+        -- the end of every job the count found ended, so the jobs' claimed_at and
+        -- finished_at never show more running at once than the count allowed.
+        claim_time := clock_timestamp();
+        IF lim_rate_limit IS NOT NULL THEN
+            wanted := room;
+            rate_room := skiplock.internal_rate_room(limited_queue, lim_rate_limit,
+                                                     lim_rate_period, claim_time, wanted);
+            room := least(room, rate_room);
+        END IF;
+        IF room <= 0 THEN
+            IF rate_room IS NOT NULL THEN
+                PERFORM skiplock.internal_rate_record(limited_queue, 0, claim_time,
+                                                      lim_rate_limit, lim_rate_period,
+                                                      rate_room < wanted);
+            END IF;
+            RETURN;
+        END IF;
+    END IF;
+    -- Without a position, a key before every row: the full walk.
+    IF after_priority IS NOT NULL AND after_scheduled_at_us IS NOT NULL
+       AND after_id IS NOT NULL THEN
+        from_priority := after_priority;
+        from_scheduled_at := CASE WHEN after_scheduled_at_us = -9223372036854775808
+            THEN '-infinity'::timestamptz
+            ELSE 'epoch'::timestamptz + after_scheduled_at_us * interval '1 microsecond' END;
+        from_id := after_id;
+    END IF;
+    IF filtering THEN
+        snapshot := pg_current_snapshot();
+        in_flight := ARRAY(SELECT x::xid FROM pg_snapshot_xip(snapshot) AS x);
+        next_xid := pg_snapshot_xmax(snapshot)::text::bigint % 4294967296;
+    END IF;
+    -- From the position on, with the caller's token when it gives one. The result is
+    -- sorted (claim order) after the update has finished, so an update that fails has
+    -- returned no row yet.
+    RETURN QUERY
+    WITH picked AS (
+        SELECT p.ctid
+        FROM (SELECT DISTINCT q FROM unnest(queues) AS q) AS qn(name)
+        CROSS JOIN LATERAL (
+            SELECT j.ctid, j.priority, j.scheduled_at, j.id FROM skiplock.jobs_live j
+            WHERE j.queue = qn.name AND j.state = 'queued' AND j.scheduled_at <= now()
+              AND (j.priority, j.scheduled_at, j.id) > (from_priority, from_scheduled_at, from_id)
+              AND (kinds IS NULL OR j.kind = ANY (kinds))
+              AND (NOT filtering OR j.xmax = '0'::xid OR (
+                  NOT j.xmax = ANY (in_flight)
+                  AND (j.xmax::text::bigint - next_xid + 4294967296) % 4294967296 >= 1048576))
+              AND (j.ordering_key IS NULL OR (
+                  take_lanes
+                  AND NOT EXISTS (
+                      SELECT 1 FROM skiplock.jobs h
+                      WHERE h.ordering_key = j.ordering_key AND h.state = 'running')
+                  AND NOT EXISTS (
+                      SELECT 1 FROM skiplock.jobs h
+                      WHERE h.ordering_key = j.ordering_key AND h.id < j.id
+                        AND h.state IN ('waiting', 'queued', 'running'))
+              ))
+            ORDER BY j.priority, j.scheduled_at, j.id
+            LIMIT room
+            FOR UPDATE OF j SKIP LOCKED
+        ) p
+        WHERE NOT EXISTS (
+            SELECT 1 FROM skiplock.queues q WHERE q.name = qn.name AND q.paused)
+        ORDER BY p.priority, p.scheduled_at, p.id
+        LIMIT room
+    ), claimed AS (
+        UPDATE skiplock.jobs_live j
+        SET state = 'running', claim_token = coalesce(claim_with, gen_random_uuid()), claimed_by = worker,
+            claimed_at = coalesce(claim_time, now()), heartbeat_at = clock_timestamp(),
+            attempt = least(j.attempt, 2147483646) + 1
+        WHERE j.ctid = ANY (ARRAY(SELECT p.ctid FROM picked p))
+        RETURNING j.id, j.queue, j.kind, j.args, j.attempt, j.max_attempts,
+                  j.claim_token, j.priority, j.scheduled_at
+    )
+    SELECT c.id, c.queue, c.kind, c.args, c.attempt, c.max_attempts, c.claim_token,
+           c.priority,
+           -- A claimed row is due, so its scheduled_at is finite or '-infinity'.
+           CASE WHEN isfinite(c.scheduled_at)
+                THEN (extract(epoch FROM c.scheduled_at) * 1000000)::bigint
+                ELSE -9223372036854775808 END
+    FROM claimed c
+    ORDER BY c.priority, c.scheduled_at, c.id;
+    IF rate_room IS NOT NULL THEN
+        GET DIAGNOSTICS taken = ROW_COUNT;
+        PERFORM skiplock.internal_rate_record(limited_queue, taken, claim_time, lim_rate_limit,
+                                              lim_rate_period,
+                                              rate_room < wanted AND taken >= rate_room);
+    END IF;
+END;
+$$;
+
+-- Of the given queues, those in which a claimer other than `worker` holds running jobs: a
+-- worker keeps fewer claims and writes in flight on a queue it shares, so that the
+-- processes' claims step over fewer of each other's rows (src/worker/sharing.rs). One call
+-- for all of a worker's queues; each reads the running jobs' partial index and stops at the
+-- first other claimer found.
+CREATE OR REPLACE FUNCTION skiplock.internal_others_claiming(queues text[], worker text)
+RETURNS text[]
+LANGUAGE sql STABLE
+SET enable_seqscan = off
+SET enable_bitmapscan = off
+SET jit = off
+AS $$
+    SELECT coalesce(array_agg(q.name), '{}')
+    FROM unnest(queues) AS q(name)
+    WHERE EXISTS (
+        SELECT 1 FROM skiplock.jobs j
+        WHERE j.state = 'running' AND j.queue = q.name
+          AND j.claimed_by IS DISTINCT FROM worker);
+$$;
+COMMENT ON FUNCTION skiplock.internal_others_claiming(text[], text) IS
+    'Of the given queues, those in which a claimer other than the given one holds running jobs. What a worker calls to choose how many claims and writes it keeps in flight; internal, not stable.';
+
+CREATE OR REPLACE FUNCTION skiplock.internal_complete_claims(ids bigint[], tokens uuid[])
+RETURNS TABLE (id bigint, state text, has_dependants boolean, ordering_key text)
+LANGUAGE sql
+SET enable_hashjoin = off
+SET enable_mergejoin = off
+SET enable_seqscan = off
+SET enable_bitmapscan = off
+SET jit = off
+AS $$
+    WITH done AS (
+        UPDATE skiplock.jobs j
+        SET state = 'succeeded', finished_at = now(), claim_token = NULL, heartbeat_at = NULL
+        FROM unnest(ids, tokens) AS c(id, token)
+        WHERE j.id = c.id AND j.claim_token = c.token AND j.state IN ('waiting', 'queued', 'running')
+        RETURNING j.id, j.state::text AS state,
+                  EXISTS (SELECT 1 FROM skiplock.job_dependencies d WHERE d.parent_id = j.id)
+                      AS has_dependants,
+                  j.ordering_key, j.queue
+    ), freed AS (
+        SELECT skiplock.internal_notify_freed(array_agg(DISTINCT queue)) FROM done
+    )
+    SELECT id, state, has_dependants, ordering_key
+    FROM done, (SELECT count(*) FROM freed) f;
+$$;
+COMMENT ON FUNCTION skiplock.internal_complete_claims(bigint[], uuid[]) IS
+    'Marks the given running jobs succeeded, each only if it still holds the given claim token, locking them in the order given (pass them sorted by id, as a worker does); returns those it changed, with what the worker does next for each (its dependants, its lane). What a worker calls.';

@@ -1,0 +1,374 @@
+-- migrations/functions/11_operator.sql: Operator actions: cancel, retry, pause and resume,
+-- limits, why a job is not running, and the triggers on queues and on requeued finished
+-- jobs.
+--
+-- Defines:
+--   internal_cancel_job_once, cancel_job, retry_job, retry_dead_jobs
+--   internal_check_queue_name, internal_set_queue_paused, set_queue_limits, pause_queue
+--   why_not_running, resume_queue, internal_queues_after_write, trigger queues_after_write
+--   internal_jobs_done_before_requeue, trigger jobs_done_before_requeue
+
+-- ---- Operator actions --------------------------------------------------------------------
+
+-- One attempt at cancelling a job that has not finished; skiplock.cancel_job wraps it. A
+-- queued or waiting job never runs; a running job is marked cancelled, its claim is void
+-- (the holder's completion changes nothing) and the worker holding it is told at once, so
+-- it stops the handler. Dependants are settled and the job's lane moves on.
+CREATE OR REPLACE FUNCTION skiplock.internal_cancel_job_once(job_id bigint) RETURNS boolean
+LANGUAGE plpgsql AS $$
+DECLARE
+    previous skiplock.job_state;
+    job_queue text;
+BEGIN
+    SELECT state, queue INTO previous, job_queue FROM skiplock.jobs WHERE id = job_id FOR UPDATE;
+    IF previous IS NULL OR previous NOT IN ('waiting', 'queued', 'running') THEN
+        RETURN false;
+    END IF;
+    UPDATE skiplock.jobs
+    SET state = 'cancelled', finished_at = now(), claim_token = NULL, heartbeat_at = NULL,
+        last_error = coalesce(last_error, 'cancelled by operator')
+    WHERE id = job_id;
+    IF previous = 'running' THEN
+        PERFORM pg_notify('skiplock_cancel', job_id::text);
+        PERFORM skiplock.internal_notify_freed(ARRAY[job_queue]);
+    END IF;
+    PERFORM skiplock.internal_settle_dependants(ARRAY[job_id]);
+    PERFORM skiplock.internal_advance_lanes(ARRAY(
+        SELECT ordering_key FROM skiplock.jobs WHERE id = job_id AND ordering_key IS NOT NULL));
+    RETURN true;
+END;
+$$;
+COMMENT ON FUNCTION skiplock.internal_cancel_job_once(bigint) IS
+    'One attempt of skiplock.cancel_job, without the deadlock retry; call cancel_job instead.';
+
+-- Cancel a job that has not finished, surviving being chosen as a deadlock victim.
+--
+-- cancel_job_once locks its job, then (through advance_lanes and settle_dependants) the
+-- next job of its lane and its waiting children. A transaction that already holds one of
+-- those and then waits for the cancelled job closes a cycle, and Postgres aborts one side
+-- after deadlock_timeout. When that side is the cancel, it rolls back only its own work
+-- (each attempt runs in a subtransaction, so its row locks go too), which lets the other
+-- side finish, and tries again. This works inside the caller's transaction as well, which
+-- a client-side retry cannot.
+--
+-- A retry at once would not do: a row whose locker has just rolled back is free to
+-- whoever asks first, and the other side, woken, still has to be scheduled to take it,
+-- while the retry is already running in this backend; it would take the cancelled job's
+-- row again, wait again for the row the other side holds and close the same cycle (seen
+-- as an intermittent failure of
+-- control::a_cancel_chosen_as_deadlock_victim_retries_and_succeeds). So each retry first
+-- sleeps a short, growing, jittered while (10 to 20 ms, then twice that each time, below
+-- a second in all) so the other side takes its lock and finishes; after six attempts the
+-- error reaches the caller.
+CREATE OR REPLACE FUNCTION skiplock.cancel_job(job_id bigint) RETURNS boolean
+LANGUAGE plpgsql AS $$
+DECLARE
+    attempts int := 0;
+BEGIN
+    LOOP
+        BEGIN
+            RETURN skiplock.internal_cancel_job_once(job_id);
+        EXCEPTION WHEN deadlock_detected OR serialization_failure THEN
+            attempts := attempts + 1;
+            IF attempts >= 6 THEN
+                RAISE;
+            END IF;
+        END;
+        -- Outside the subtransaction: its locks are gone while this sleeps.
+        PERFORM pg_sleep(0.01 * power(2, attempts - 1) * (1 + random()));
+    END LOOP;
+END;
+$$;
+COMMENT ON FUNCTION skiplock.cancel_job(bigint) IS
+    'Cancels a job that has not finished: `cancelled` at once, or, if it runs, its claim voided and its worker told to stop it (skiplock_cancel); its waiting dependants are cancelled and its lane moves on. A deadlock with another transaction is retried after a short jittered wait, up to six attempts in all. Returns false if the job had finished or does not exist. Example: SELECT skiplock.cancel_job(42);';
+
+CREATE OR REPLACE FUNCTION skiplock.retry_job(job_id bigint) RETURNS boolean
+LANGUAGE plpgsql AS $$
+DECLARE
+    attempts int := 0;
+    q text;
+    p smallint;
+    s timestamptz;
+    now_state skiplock.job_state;
+    lane text;
+    key text;
+    current skiplock.job_state;
+    holder bigint;
+BEGIN
+    LOOP
+        BEGIN
+            -- The lane's and the unique key's locks before the row's, in the order an enqueue
+            -- takes them: an enqueue holding the key's lock locks the key's pending job next, so
+            -- a retry of that job that locked its row first and then waited for the key deadlocked.
+            SELECT ordering_key, unique_key INTO lane, key FROM skiplock.jobs WHERE id = job_id;
+            IF lane IS NOT NULL THEN
+                PERFORM pg_advisory_xact_lock(hashtextextended('skiplock.lane:' || lane, 0));
+            END IF;
+            IF key IS NOT NULL THEN
+                PERFORM pg_advisory_xact_lock(skiplock.internal_unique_key_lock_id(key));
+            END IF;
+            SELECT state INTO current FROM skiplock.jobs WHERE id = job_id FOR UPDATE;
+            IF current IS NULL OR current NOT IN ('queued', 'dead', 'cancelled', 'succeeded') THEN
+                RETURN false;
+            END IF;
+            holder := skiplock.internal_fold_into_key_holder(job_id);
+            UPDATE skiplock.jobs j
+            SET state = CASE
+                    WHEN holder IS NOT NULL THEN 'cancelled'
+                    WHEN lane IS NOT NULL AND EXISTS (
+                        SELECT 1 FROM skiplock.jobs o
+                        WHERE o.ordering_key = lane AND o.id <> job_id
+                          AND o.state IN ('waiting', 'queued', 'running'))
+                    THEN 'waiting'
+                    WHEN skiplock.internal_has_unmet_parent(j.id) THEN 'waiting'
+                    ELSE 'queued' END::skiplock.job_state,
+                scheduled_at = now(),
+                max_attempts = greatest(max_attempts, attempt + 1),
+                finished_at = CASE WHEN holder IS NOT NULL THEN now() END,
+                last_error = CASE WHEN holder IS NOT NULL
+                    THEN skiplock.internal_superseded_message(holder, unique_key) ELSE last_error END
+            WHERE id = job_id AND state IN ('queued', 'dead', 'cancelled', 'succeeded')
+            RETURNING queue, priority, scheduled_at, state INTO q, p, s, now_state;
+            IF q IS NULL THEN
+                RETURN false;
+            END IF;
+            IF lane IS NOT NULL THEN
+                PERFORM skiplock.internal_advance_lanes(ARRAY[lane]);
+            END IF;
+            -- A child of a dead, cancelled or deleted parent is cancelled again at once, with the
+            -- reason.
+            PERFORM skiplock.internal_settle_dependants(ARRAY(
+                SELECT d.parent_id FROM skiplock.job_dependencies d WHERE d.job_id = retry_job.job_id));
+            IF now_state = 'queued' THEN
+                PERFORM skiplock.internal_announce(ARRAY[ROW(q, p, s)::skiplock.runnable_key]);
+            END IF;
+            RETURN true;
+        EXCEPTION WHEN serialization_failure THEN
+            -- Its row moved to the other partition meanwhile: run again (see
+            -- skiplock.internal_may_retry_moved).
+            attempts := attempts + 1;
+            IF NOT skiplock.internal_may_retry_moved(attempts) THEN
+                RAISE;
+            END IF;
+        END;
+    END LOOP;
+END;
+$$;
+COMMENT ON FUNCTION skiplock.retry_job(bigint) IS
+    'Puts a finished job (dead, cancelled or succeeded) back in line, due now, with an attempt to spare (a queued job is made due now): `queued`, or `waiting` behind an unfinished job of its lane or a parent that has not succeeded. A job whose `unique_key` another pending job holds is superseded by it (it ends `cancelled` naming that job; under the policy `merge` its payloads are merged in first). Returns true if it was put back in line, false for a running or waiting job or no such job. Example: SELECT skiplock.retry_job(42);';
+
+-- Put every dead job (of one queue, or of all when queue_name is NULL) back in line, as
+-- skiplock.retry_job does for one. Returns the ids retried. A dead job whose unique_key is
+-- taken is superseded by retry_job, not refused; the exception handler is for anything
+-- else a single row may raise: that job is left dead with a warning, so one row never
+-- fails the whole call. Example: SELECT count(*) FROM skiplock.retry_dead_jobs('mail');
+CREATE OR REPLACE FUNCTION skiplock.retry_dead_jobs(queue_name text DEFAULT NULL) RETURNS SETOF bigint
+LANGUAGE plpgsql AS $$
+DECLARE
+    dead_id bigint;
+BEGIN
+    FOR dead_id IN
+        SELECT id FROM skiplock.jobs
+        WHERE state = 'dead' AND (queue_name IS NULL OR queue = queue_name)
+        ORDER BY id
+    LOOP
+        BEGIN
+            IF skiplock.retry_job(dead_id) THEN
+                RETURN NEXT dead_id;
+            END IF;
+        EXCEPTION WHEN OTHERS THEN
+            RAISE WARNING 'skiplock.retry_dead_jobs: job % left dead: %', dead_id, SQLERRM;
+        END;
+    END LOOP;
+END;
+$$;
+COMMENT ON FUNCTION skiplock.retry_dead_jobs(text) IS
+    '`retry_job` for every dead job of a queue (NULL: of every queue); returns the ids retried. A dead job whose `unique_key` another pending job holds is superseded by it and counts as retried. A job that cannot be retried at all (a trigger of yours refuses it) is left dead with a warning, and the others go on. Example: SELECT count(*) FROM skiplock.retry_dead_jobs(''mail'');';
+
+-- Refuses a NULL or empty queue name, for the functions that write a queue's row.
+CREATE OR REPLACE FUNCTION skiplock.internal_check_queue_name(queue_name text) RETURNS void
+LANGUAGE plpgsql IMMUTABLE AS $$
+BEGIN
+    IF queue_name IS NULL OR queue_name = '' THEN
+        RAISE EXCEPTION 'a queue name cannot be empty'
+            USING ERRCODE = 'check_violation',
+                  HINT = 'pass the queue''s name as its jobs have it in skiplock.jobs.queue';
+    END IF;
+END;
+$$;
+
+-- Pausing and resuming write the same row; one function checks the name and writes it.
+CREATE OR REPLACE FUNCTION skiplock.internal_set_queue_paused(queue_name text, paused boolean) RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM skiplock.internal_check_queue_name(queue_name);
+    INSERT INTO skiplock.queues AS q (name, paused) VALUES (queue_name, internal_set_queue_paused.paused)
+    ON CONFLICT (name) DO UPDATE SET paused = excluded.paused, updated_at = now();
+END;
+$$;
+
+-- Sets a queue's global limits, each NULL for none: at most max_running jobs running at
+-- once, and at most rate_limit starts in any window of rate_period. The same as writing the
+-- columns of its skiplock.queues row, which plain SQL may do; this checks the values with
+-- errors that say what to pass.
+CREATE OR REPLACE FUNCTION skiplock.set_queue_limits(queue_name text, max_running int,
+                                                     rate_limit int DEFAULT NULL,
+                                                     rate_period interval DEFAULT NULL)
+RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM skiplock.internal_check_queue_name(queue_name);
+    IF max_running < 1 THEN
+        RAISE EXCEPTION 'max_running is %, it must be at least 1', max_running
+            USING ERRCODE = 'check_violation',
+                  HINT = 'NULL removes the limit; to stop claiming, pause the queue (skiplock.pause_queue)';
+    END IF;
+    IF rate_limit < 1 OR rate_limit > 100000 THEN
+        RAISE EXCEPTION 'rate_limit is %, it must be between 1 and 100000', rate_limit
+            USING ERRCODE = 'check_violation',
+                  HINT = 'for more starts per period, use a shorter period: 100000 a minute is 1667 a second';
+    END IF;
+    IF (rate_limit IS NULL) <> (rate_period IS NULL) THEN
+        RAISE EXCEPTION 'rate_limit and rate_period go together: both or neither'
+            USING ERRCODE = 'check_violation',
+                  HINT = 'e.g. rate_limit => 100, rate_period => ''1 second''';
+    END IF;
+    IF rate_period <= interval '0' THEN
+        RAISE EXCEPTION 'rate_period is %, it must be longer than zero', rate_period
+            USING ERRCODE = 'check_violation';
+    END IF;
+    INSERT INTO skiplock.queues AS q (name, max_running, rate_limit, rate_period)
+    VALUES (queue_name, set_queue_limits.max_running, set_queue_limits.rate_limit,
+            set_queue_limits.rate_period)
+    ON CONFLICT (name) DO UPDATE
+    SET max_running = excluded.max_running, rate_limit = excluded.rate_limit,
+        rate_period = excluded.rate_period, updated_at = now();
+END;
+$$;
+COMMENT ON FUNCTION skiplock.set_queue_limits(text, int, int, interval) IS
+    'Sets a queue''s global limits across every worker (NULL: none): max_running jobs at once, rate_limit starts per rate_period. Example: SELECT skiplock.set_queue_limits(''exports'', max_running => 5); SELECT skiplock.set_queue_limits(''mail'', NULL, 100, ''1 second'');';
+
+CREATE OR REPLACE FUNCTION skiplock.pause_queue(queue_name text) RETURNS void
+LANGUAGE sql AS $$
+    SELECT skiplock.internal_set_queue_paused(queue_name, true);
+$$;
+COMMENT ON FUNCTION skiplock.pause_queue(text) IS
+    'Stops every worker from claiming from the queue (the row in `skiplock.queues`, made if missing); running jobs finish. Example: SELECT skiplock.pause_queue(''mail'');';
+
+-- Why a job that has not finished is not running now, in words (NULL for a running or
+-- finished job, or none by that id): what `skiplock show` prints as `why`. One job's
+-- lookups: its lane's head, its parents, its queue's row and (under a limit) the queue's
+-- running jobs, at most max_running of them.
+CREATE OR REPLACE FUNCTION skiplock.why_not_running(job_id bigint) RETURNS text
+LANGUAGE plpgsql STABLE
+SET enable_seqscan = off
+SET enable_bitmapscan = off
+AS $$
+DECLARE
+    job skiplock.jobs;
+    queue_row skiplock.queues;
+    ahead bigint;
+    parents text;
+    running bigint;
+    rate_next timestamptz;
+BEGIN
+    SELECT * INTO job FROM skiplock.jobs_live j WHERE j.id = job_id;
+    IF job.id IS NULL OR job.state = 'running' THEN
+        RETURN NULL;
+    END IF;
+    IF job.state = 'waiting' THEN
+        IF job.ordering_key IS NOT NULL THEN
+            SELECT min(h.id) INTO ahead FROM skiplock.jobs_live h
+            WHERE h.ordering_key = job.ordering_key AND h.id < job.id;
+            IF ahead IS NOT NULL THEN
+                RETURN format('waits behind job %s of its lane %L: a lane runs its jobs one at a time, in order',
+                              ahead, job.ordering_key);
+            END IF;
+        END IF;
+        SELECT string_agg(d.parent_id::text, ', ' ORDER BY d.parent_id) INTO parents
+        FROM skiplock.job_dependencies d
+        LEFT JOIN LATERAL (SELECT p.state FROM skiplock.jobs p WHERE p.id = d.parent_id LIMIT 1) p ON true
+        WHERE d.job_id = job.id AND p.state IS DISTINCT FROM 'succeeded' AND d.parent_state IS NULL;
+        IF parents IS NOT NULL THEN
+            RETURN format('waits for its parent jobs to succeed: %s', parents);
+        END IF;
+        RETURN 'waiting; the next pass of a worker''s sweep (or skiplock.maintain) queues it';
+    END IF;
+    IF job.scheduled_at > now() THEN
+        RETURN format('scheduled: runnable from %s', job.scheduled_at);
+    END IF;
+    SELECT * INTO queue_row FROM skiplock.queues q WHERE q.name = job.queue;
+    IF queue_row.paused THEN
+        RETURN format('queue %L is paused (skiplock queue resume %s)', job.queue, job.queue);
+    END IF;
+    IF queue_row.max_running IS NOT NULL THEN
+        SELECT count(*) INTO running
+        FROM (SELECT FROM skiplock.jobs_live j
+              WHERE j.queue = job.queue AND j.state = 'running'
+              LIMIT queue_row.max_running) r;
+        IF running >= queue_row.max_running THEN
+            RETURN format('held back by the queue''s max_running: %s of queue %L''s jobs run, its limit',
+                          running, job.queue);
+        END IF;
+    END IF;
+    IF queue_row.rate_limit IS NOT NULL THEN
+        SELECT s.started_at + queue_row.rate_period INTO rate_next
+        FROM skiplock.queue_rate_rings g
+        JOIN skiplock.queue_rate_starts s
+          ON s.queue = g.queue
+         AND s.slot = (g.next_slot + g.size - queue_row.rate_limit) % g.size
+        WHERE g.queue = job.queue AND g.size >= queue_row.rate_limit;
+        IF rate_next > now() THEN
+            RETURN format('held back by the queue''s rate limit: %s starts of queue %L in %s; the next may start at %s',
+                          queue_row.rate_limit, job.queue, queue_row.rate_period, rate_next);
+        END IF;
+    END IF;
+    RETURN format('runnable: the next free worker of queue %L takes it in claim order (priority, scheduled_at, id)',
+                  job.queue);
+END;
+$$;
+COMMENT ON FUNCTION skiplock.why_not_running(bigint) IS
+    'Why a job that has not finished is not running now, in words: its lane, its parents, its schedule, a paused queue, a global limit, or waiting for a worker (NULL for a running or finished job). Example: SELECT skiplock.why_not_running(42);';
+
+-- Workers look at a resumed queue from the start (the trigger on skiplock.queues).
+CREATE OR REPLACE FUNCTION skiplock.resume_queue(queue_name text) RETURNS void
+LANGUAGE sql AS $$
+    SELECT skiplock.internal_set_queue_paused(queue_name, false);
+$$;
+COMMENT ON FUNCTION skiplock.resume_queue(text) IS
+    'Lets workers claim from the queue again, and wakes them. Example: SELECT skiplock.resume_queue(''mail'');';
+
+-- A queue written while not paused (resumed, a limit raised or removed, or new) may let
+-- claims take jobs they could not: workers look at it from the start. Pausing needs no
+-- message: claims stop finding it.
+CREATE OR REPLACE FUNCTION skiplock.internal_queues_after_write() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM skiplock.internal_notify_queue_start(NEW.name);
+    RETURN NULL;
+END;
+$$;
+
+CREATE OR REPLACE TRIGGER queues_after_write
+    AFTER INSERT OR UPDATE ON skiplock.queues
+    FOR EACH ROW
+    WHEN (NOT NEW.paused)
+    EXECUTE FUNCTION skiplock.internal_queues_after_write();
+
+-- A finished job going back to a live state (retry_job, or an UPDATE by hand) moves from
+-- jobs_done to jobs_live: Postgres runs this BEFORE UPDATE trigger on jobs_done, then the
+-- insert trigger of jobs_live, which this marks so that it lets the row pass. (Finished
+-- rows are seldom updated: the completion path never pays for it.)
+CREATE OR REPLACE FUNCTION skiplock.internal_jobs_done_before_requeue() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM set_config('skiplock.requeue_moving', NEW.id::text, true);
+    RETURN NEW;
+END;
+$$;
+
+CREATE OR REPLACE TRIGGER jobs_done_before_requeue
+    BEFORE UPDATE ON skiplock.jobs_done
+    FOR EACH ROW
+    WHEN (NEW.state IN ('waiting', 'queued', 'running'))
+    EXECUTE FUNCTION skiplock.internal_jobs_done_before_requeue();

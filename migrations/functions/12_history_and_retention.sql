@@ -1,0 +1,263 @@
+-- migrations/functions/12_history_and_retention.sql: History rollup and finished jobs by
+-- day: partitions, retention, the pruner.
+--
+-- Defines:
+--   internal_job_history_run_bounds, internal_job_history_array_add
+--   aggregate internal_job_history_array_sum, internal_done_partitions
+--   internal_prune_cutoff, internal_expired_done_partitions
+--   internal_prepare_done_partitions, internal_done_partition, internal_lock_done_partition
+--   internal_drop_done_partition
+
+-- ---- History rollup ----------------------------------------------------------------------
+
+-- Upper bounds, in seconds, of the run-time histogram buckets. Their number (16) is fixed:
+-- src/db/history.rs counts 17 intervals.
+CREATE OR REPLACE FUNCTION skiplock.internal_job_history_run_bounds() RETURNS float8[]
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT '{0.005,0.01,0.025,0.05,0.1,0.25,0.5,1,2.5,5,10,30,60,300,900,3600}'::float8[];
+$$;
+
+-- Element-wise sum; the shorter array counts as padded with zeros.
+CREATE OR REPLACE FUNCTION skiplock.internal_job_history_array_add(a bigint[], b bigint[]) RETURNS bigint[]
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT coalesce(array_agg(coalesce(x, 0) + coalesce(y, 0) ORDER BY n), '{}')
+    FROM unnest(coalesce(a, '{}'), coalesce(b, '{}')) WITH ORDINALITY AS t(x, y, n);
+$$;
+
+CREATE OR REPLACE AGGREGATE skiplock.internal_job_history_array_sum(bigint[]) (
+    SFUNC = skiplock.internal_job_history_array_add,
+    STYPE = bigint[],
+    INITCOND = '{}'
+);
+
+-- ---- Finished jobs by day: partitions and retention --------------------------------------
+--
+-- skiplock.jobs_done is partitioned by (state, finished_at): one partition per finished
+-- state and UTC day, jobs_done_<state>_<yyyymmdd>, and jobs_done_default for the rest (see
+-- migrations/0001_initial.sql). Retention drops a day whole once every row in it is past
+-- its state's retention (src/maintenance/pruner.rs): it rolls the day up into
+-- skiplock.job_history, settles what other jobs knew of it, and drops the table, deleting
+-- no row.
+--
+-- Creating or dropping a partition takes an ACCESS EXCLUSIVE lock on jobs_done for an
+-- instant, and completions (they move rows into it) queue behind the request: every
+-- function here waits at most lock_timeout (100 ms) for a lock and leaves the work to its
+-- next call when it is busy. Each runs as its owner (SECURITY DEFINER), which owns the
+-- partitions: a worker role needs no DDL privilege.
+
+-- The day partitions of jobs_done: name, state and the instants they hold, [starts, ends).
+-- Read from the catalog by name, which only internal_prepare_done_partitions gives.
+CREATE OR REPLACE FUNCTION skiplock.internal_done_partitions()
+RETURNS TABLE (leaf text, state skiplock.job_state, starts timestamptz, ends timestamptz)
+LANGUAGE sql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT c.relname::text, m[1]::skiplock.job_state,
+           to_date(m[2], 'YYYYMMDD')::timestamp AT TIME ZONE 'UTC',
+           (to_date(m[2], 'YYYYMMDD') + 1)::timestamp AT TIME ZONE 'UTC'
+    FROM pg_inherits i
+    JOIN pg_class c ON c.oid = i.inhrelid
+    CROSS JOIN LATERAL regexp_match(c.relname, '^jobs_done_(succeeded|dead|cancelled)_([0-9]{8})$') m
+    WHERE i.inhparent = 'skiplock.jobs_done'::regclass AND m IS NOT NULL
+    ORDER BY 3, 1;
+$$;
+
+-- Rows of state `finished` finished at or before this instant are the pruner's to delete
+-- one statement at a time, under a retention of retention_ms milliseconds:
+--   * a retention shorter than a day (a day partition holds rows older and younger than
+--     it): every row past it;
+--   * a day or more: only rows past it and older than the oldest day partition of that
+--     state, which are in jobs_done_default (a day nobody prepared, or finished_at written
+--     by hand). The rest go with their day, dropped whole once it is all past retention: a
+--     job is kept at least its retention and at most a day longer.
+-- NULL (no retention given) deletes nothing.
+CREATE OR REPLACE FUNCTION skiplock.internal_prune_cutoff(finished skiplock.job_state, retention_ms bigint)
+RETURNS timestamptz
+LANGUAGE sql STABLE AS $$
+    SELECT CASE
+        WHEN retention_ms < 86400000 THEN now() - retention_ms * interval '1 millisecond'
+        ELSE least(now() - retention_ms * interval '1 millisecond',
+                   (SELECT min(p.starts) FROM skiplock.internal_done_partitions() p
+                    WHERE p.state = finished) - interval '1 microsecond')
+    END;
+$$;
+
+-- The day partitions of jobs_done all of whose rows are past their state's retention
+-- (milliseconds; NULL keeps the state), oldest first: what the pruner drops.
+CREATE OR REPLACE FUNCTION skiplock.internal_expired_done_partitions(
+    succeeded_ms bigint, cancelled_ms bigint, dead_ms bigint)
+RETURNS TABLE (leaf text, state skiplock.job_state, starts timestamptz, ends timestamptz)
+LANGUAGE sql STABLE AS $$
+    SELECT p.leaf, p.state, p.starts, p.ends
+    FROM skiplock.internal_done_partitions() p
+    WHERE p.ends <= now() - CASE p.state
+                                WHEN 'succeeded' THEN succeeded_ms
+                                WHEN 'cancelled' THEN cancelled_ms
+                                WHEN 'dead' THEN dead_ms
+                            END * interval '1 millisecond'
+    ORDER BY p.starts, p.leaf;
+$$;
+
+-- Creates the day partitions of jobs_done from first_day (UTC; today when NULL) for `days`
+-- days, those missing; returns how many it created. Called by every worker's pruner,
+-- skiplock prune, skiplock.maintain and skiplock migrate, with the default two days ahead,
+-- so that each day exists before a job finishes in it. A day busy now is created at the
+-- next call. A day for which jobs_done_default already holds rows stays there (Postgres
+-- would refuse the partition); the pruner deletes those rows as they expire.
+CREATE OR REPLACE FUNCTION skiplock.internal_prepare_done_partitions(
+    first_day date DEFAULT NULL, days int DEFAULT 3)
+RETURNS int
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+SET lock_timeout = '100ms'
+SET TimeZone = 'UTC'
+SET DateStyle = 'ISO, YMD'
+AS $$
+DECLARE
+    day date;
+    finished skiplock.job_state;
+    leaf text;
+    starts timestamptz;
+    ends timestamptz;
+    created int := 0;
+BEGIN
+    first_day := coalesce(first_day, (now() AT TIME ZONE 'UTC')::date);
+    IF first_day NOT BETWEEN date '2000-01-01' AND date '9999-12-01' OR days NOT BETWEEN 0 AND 31 THEN
+        RAISE EXCEPTION 'skiplock.internal_prepare_done_partitions: % days from %: make at most 31 days at a time, from year 2000 to 9999',
+            days, first_day
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    FOR i IN 0 .. coalesce(days, 0) - 1 LOOP
+        day := first_day + i;
+        starts := day::timestamp AT TIME ZONE 'UTC';
+        ends := (day + 1)::timestamp AT TIME ZONE 'UTC';
+        FOREACH finished IN ARRAY ARRAY['succeeded', 'dead', 'cancelled']::skiplock.job_state[] LOOP
+            leaf := format('jobs_done_%s_%s', finished, to_char(day, 'YYYYMMDD'));
+            CONTINUE WHEN to_regclass(format('skiplock.%I', leaf)) IS NOT NULL;
+            CONTINUE WHEN EXISTS (
+                SELECT 1 FROM skiplock.jobs_done_default d
+                WHERE d.state = finished AND d.finished_at >= starts AND d.finished_at < ends);
+            BEGIN
+                EXECUTE format(
+                    'CREATE TABLE skiplock.%I PARTITION OF skiplock.jobs_done
+                     FOR VALUES FROM (%L, %L) TO (%L, %L)',
+                    leaf, finished, starts, finished, ends);
+                -- A statement trigger fires for the table a DELETE names (see jobs_after_delete).
+                EXECUTE format(
+                    'CREATE TRIGGER jobs_after_delete AFTER DELETE ON skiplock.%I
+                     REFERENCING OLD TABLE AS deleted
+                     FOR EACH STATEMENT EXECUTE FUNCTION skiplock.internal_jobs_after_delete()',
+                    leaf);
+                created := created + 1;
+            EXCEPTION WHEN lock_not_available OR duplicate_table OR check_violation THEN
+                -- Busy, made by another caller meanwhile, or a row of that day reached
+                -- jobs_done_default meanwhile: the next call looks again.
+                NULL;
+            END;
+        END LOOP;
+    END LOOP;
+    RETURN created;
+END;
+$$;
+
+-- The day partition `leaf`, checked: a day partition of jobs_done, by name and by parent.
+CREATE OR REPLACE FUNCTION skiplock.internal_done_partition(leaf text) RETURNS regclass
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    found regclass;
+BEGIN
+    SELECT format('skiplock.%I', p.leaf)::regclass INTO found
+    FROM skiplock.internal_done_partitions() p WHERE p.leaf = internal_done_partition.leaf;
+    IF found IS NULL THEN
+        RAISE EXCEPTION '% is not a day partition of skiplock.jobs_done', leaf
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    RETURN found;
+END;
+$$;
+
+-- Locks the day partition `leaf` against writes (a retry or a DELETE by hand, another
+-- pruner's drop of the same day) until the transaction ends, so that the history the
+-- pruner rolls up from it next is exactly what internal_drop_done_partition removes after.
+-- SHARE ROW EXCLUSIVE: reads and row locks (FOR SHARE, the dependency trigger's) go on.
+-- Returns false, locking nothing, when the day is gone already (another pruner dropped
+-- it); refuses a day that is not over.
+CREATE OR REPLACE FUNCTION skiplock.internal_lock_done_partition(leaf text) RETURNS boolean
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+SET lock_timeout = '100ms'
+AS $$
+DECLARE
+    day_table regclass;
+BEGIN
+    IF to_regclass(format('skiplock.%I', leaf)) IS NULL THEN
+        RETURN false;
+    END IF;
+    day_table := skiplock.internal_done_partition(leaf);
+    EXECUTE format('LOCK TABLE %s IN SHARE ROW EXCLUSIVE MODE', day_table);
+    RETURN true;
+END;
+$$;
+
+-- Drops the day partition `leaf`, after what a DELETE of its rows would have done to the
+-- jobs that knew them (skiplock.internal_jobs_after_delete): its jobs that did not succeed
+-- leave tombstones on their children's edges (and a child still waiting is cancelled), and
+-- its jobs' own edges go. Both are found through the edges in the partition's id range (an
+-- index range of job_dependencies), so the cost follows the edges of that day's jobs, not
+-- the day's rows nor every edge kept. The caller rolled the day up into job_history in the
+-- same transaction, under internal_lock_done_partition.
+CREATE OR REPLACE FUNCTION skiplock.internal_drop_done_partition(leaf text) RETURNS void
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+SET lock_timeout = '100ms'
+SET enable_seqscan = off
+SET enable_bitmapscan = off
+SET enable_hashjoin = off
+SET enable_mergejoin = off
+AS $$
+DECLARE
+    day_table regclass := skiplock.internal_done_partition(leaf);
+    ends timestamptz;
+    first_id bigint;
+    last_id bigint;
+    parents bigint[];
+    states skiplock.job_state[];
+BEGIN
+    SELECT p.ends INTO ends FROM skiplock.internal_done_partitions() p
+    WHERE p.leaf = internal_drop_done_partition.leaf;
+    IF ends > now() THEN
+        RAISE EXCEPTION 'skiplock.%: the day is not over; only a past day is dropped', leaf
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    EXECUTE format('LOCK TABLE %s IN SHARE ROW EXCLUSIVE MODE', day_table);
+    EXECUTE format('SELECT min(id), max(id) FROM %s', day_table) INTO first_id, last_id;
+    IF first_id IS NOT NULL THEN
+        EXECUTE format(
+            'SELECT array_agg(p.id), array_agg(p.state)
+             FROM (SELECT DISTINCT d.parent_id FROM skiplock.job_dependencies d
+                   WHERE d.parent_id BETWEEN $1 AND $2 AND d.parent_state IS NULL) e
+             JOIN %s p ON p.id = e.parent_id
+             WHERE p.state <> ''succeeded''', day_table)
+            INTO parents, states USING first_id, last_id;
+        PERFORM skiplock.internal_tombstone_parents(parents, states);
+        EXECUTE format(
+            'DELETE FROM skiplock.job_dependencies d
+             WHERE d.job_id BETWEEN $1 AND $2
+               AND EXISTS (SELECT 1 FROM %s p WHERE p.id = d.job_id)', day_table)
+            USING first_id, last_id;
+    END IF;
+    EXECUTE format('DROP TABLE %s', day_table);
+END;
+$$;
+
+-- Making, locking and dropping days run as the owner: only the roles that prune (a worker,
+-- an operator; docs/roles.sql) may call them, not every role that may read a job.
+REVOKE EXECUTE ON FUNCTION skiplock.internal_prepare_done_partitions(date, int),
+                           skiplock.internal_lock_done_partition(text),
+                           skiplock.internal_drop_done_partition(text)
+    FROM PUBLIC;

@@ -11,8 +11,9 @@
 //! older skiplock never stands in its way); the database named in `DATABASE_URL` is used
 //! only to create it. It exits 1 unless its job succeeded.
 //!
-//! README.md shows the text between the two marker lines below, verbatim
-//! (`tests/readme.rs` fails when the two differ).
+//! README.md shows the text between the two marker lines below, verbatim: the whole
+//! program, so what a reader copies from the README compiles (`tests/readme.rs` fails when
+//! the two differ).
 
 // ---- README.md, "Use it from Rust", from here ----
 use std::error::Error;
@@ -20,7 +21,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use skiplock::{EnqueueOptions, Job, JobContext, JobError, JobId, JobState, Worker};
-use sqlx::PgPool;
+use sqlx::postgres::{PgConnectOptions, PgPool};
 
 /// The job. Its serde encoding is the job's `args` column: `{"user_id": 1, "email": "…"}`.
 #[derive(Serialize, Deserialize)]
@@ -124,30 +125,22 @@ async fn main() -> Result<(), Box<dyn Error>> {
     }
     Ok(())
 }
-// ---- README.md, "Use it from Rust", to here ----
 
-/// A pool on `skiplock_example`, on the server `DATABASE_URL` points at (default: the local
-/// server), created afresh first.
+/// A pool on `skiplock_example`, a database of this example's own, created afresh on the
+/// server `DATABASE_URL` points at (default: the local one, as user `postgres`); the
+/// database named in `DATABASE_URL` is used only to create it.
 async fn connect() -> Result<PgPool, Box<dyn Error>> {
-    use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
-
     let url = std::env::var("DATABASE_URL")
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".to_owned());
     let server: PgConnectOptions = url.parse()?;
-    let admin = PgPoolOptions::new()
-        .max_connections(1)
-        .connect_with(server.clone())
-        .await?;
-    // The example's own database, recreated at each run.
-    sqlx::raw_sql("DROP DATABASE IF EXISTS skiplock_example WITH (FORCE)")
-        .execute(&admin)
-        .await?;
-    sqlx::raw_sql("CREATE DATABASE skiplock_example")
-        .execute(&admin)
-        .await?;
+    let admin = PgPool::connect_with(server.clone()).await?;
+    for statement in [
+        "DROP DATABASE IF EXISTS skiplock_example WITH (FORCE)",
+        "CREATE DATABASE skiplock_example",
+    ] {
+        sqlx::raw_sql(statement).execute(&admin).await?;
+    }
     admin.close().await;
-    Ok(PgPoolOptions::new()
-        .max_connections(4)
-        .connect_with(server.database("skiplock_example"))
-        .await?)
+    Ok(PgPool::connect_with(server.database("skiplock_example")).await?)
 }
+// ---- README.md, "Use it from Rust", to here ----

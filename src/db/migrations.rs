@@ -198,7 +198,7 @@ async fn migrations_apply_once(pool: &PgPool) -> Result<i32> {
 async fn functions_apply(conn: &mut PgConnection, previous: i32) -> Result<()> {
     let failed = |source| Error::Migration {
         version: SCHEMA_VERSION_LATEST,
-        name: "functions.sql",
+        name: "functions/",
         previous,
         source,
     };

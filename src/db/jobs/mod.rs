@@ -38,7 +38,7 @@
 //! it, in the list's order, with one lookup and no separate lock record, and re-checks
 //! the token on the newest row version after any wait as `FOR UPDATE` does. Its lock is
 //! the update's `FOR NO KEY UPDATE`, so the dependency trigger reads a parent `FOR SHARE`
-//! to wait for it (`migrations/functions.sql`). `FOR UPDATE` re-checks the
+//! to wait for it (`migrations/functions/04_dependencies_and_lanes.sql`). `FOR UPDATE` re-checks the
 //! claim token on the newest row version after any wait, so a claim lost meanwhile drops
 //! out. The heartbeat never waits at all (see [`jobs_heartbeat_many`]).
 

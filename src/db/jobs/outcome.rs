@@ -59,7 +59,7 @@ macro_rules! saved_job_columns {
 /// Marks held jobs `succeeded`; returns those whose claim was still valid.
 ///
 /// One update joined to the claim list, in `skiplock.internal_complete_claims`
-/// (`migrations/functions.sql`), whose planner settings hold it to a nested
+/// (`migrations/functions/07_claim.sql`), whose planner settings hold it to a nested
 /// loop driven by the list, so that it locks rows in id order as the other statements
 /// here do; it returns the columns of `saved_job_columns!`. Before, a lateral lock per
 /// claim fixed that order and the update looked each row up again: 5 % more Postgres CPU
@@ -342,7 +342,7 @@ pub async fn jobs_release_many(
 ///
 /// `claims_in_flight` are the tokens of claim statements the worker sent and has not yet
 /// read the reply of: the jobs holding one are extended too. Usually empty, which costs
-/// nothing. How and why: `skiplock.internal_heartbeat_claims` in migrations/functions.sql.
+/// nothing. How and why: `skiplock.internal_heartbeat_claims` in migrations/functions/08_outcomes.sql.
 pub async fn jobs_heartbeat_many(
     db: impl PgExecutor<'_>,
     ids: &[i64],
@@ -360,7 +360,7 @@ pub async fn jobs_heartbeat_many(
 
 /// Marks held jobs `dead` with `message` as their last error: the last resort for claims
 /// whose outcome cannot be saved as it is (`skiplock.internal_abandon_claims` in
-/// migrations/functions.sql says when and how). The caller moves the returned jobs' lanes
+/// migrations/functions/08_outcomes.sql says when and how). The caller moves the returned jobs' lanes
 /// and dependants on, as for any dead job. Returns the jobs whose claim was still valid.
 pub async fn jobs_abandon_many(
     db: impl PgExecutor<'_>,

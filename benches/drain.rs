@@ -680,12 +680,11 @@ async fn floor(db: &BenchDb, batch: i64, loops: usize) -> Floor {
             let mut conn = sqlx::PgConnection::connect_with(&options)
                 .await
                 .expect("connect");
-            let queues = vec!["default".to_owned()];
             let kinds = vec!["noop".to_owned()];
             let (mut claim, mut complete, mut statements) = (Duration::ZERO, Duration::ZERO, 0u32);
             loop {
                 let t = Instant::now();
-                let jobs = jobs_claim_batch(&mut conn, &queues, &kinds, batch, "floor")
+                let jobs = jobs_claim_batch(&mut conn, "default", &kinds, batch, "floor")
                     .await
                     .expect("claim");
                 claim += t.elapsed();

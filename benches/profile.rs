@@ -191,7 +191,7 @@ async fn plans(db: &BenchDb) {
         let mut complete_ms = Vec::new();
         for cycle in 1..=8 {
             let t = Instant::now();
-            let jobs = jobs_claim_batch(&mut conn, &queues(), &kinds(), batch, "profile")
+            let jobs = jobs_claim_batch(&mut conn, "default", &kinds(), batch, "profile")
                 .await
                 .expect("claim");
             claim_ms.push(t.elapsed().as_secs_f64() * 1000.0);
@@ -230,7 +230,7 @@ async fn plans(db: &BenchDb) {
     db.preload_noop(200_000).await;
     let mut conn = db.connection().await;
     for _ in 0..50 {
-        let jobs = jobs_claim_batch(&mut conn, &queues(), &kinds(), 1000, "profile")
+        let jobs = jobs_claim_batch(&mut conn, "default", &kinds(), 1000, "profile")
             .await
             .expect("claim");
         let (ids, tokens): (Vec<i64>, Vec<uuid::Uuid>) =
@@ -241,7 +241,7 @@ async fn plans(db: &BenchDb) {
     }
     let _ = conn.close().await;
     let mut conn = explaining_connection(db).await;
-    jobs_claim_batch(&mut conn, &queues(), &kinds(), 1000, "profile")
+    jobs_claim_batch(&mut conn, "default", &kinds(), 1000, "profile")
         .await
         .expect("claim");
     print_plan(
@@ -273,7 +273,7 @@ async fn plans(db: &BenchDb) {
     db.preload_finished(1_000_000).await;
     db.preload_noop(200_000).await;
     let mut conn = explaining_connection(db).await;
-    jobs_claim_batch(&mut conn, &queues(), &kinds(), 1000, "profile")
+    jobs_claim_batch(&mut conn, "default", &kinds(), 1000, "profile")
         .await
         .expect("claim");
     print_plan(
@@ -317,7 +317,7 @@ async fn cached_on_empty(db: &BenchDb) {
         .expect("set");
     for _ in 0..6 {
         jobs_settle_waiting(&mut cached).await.expect("sweep");
-        jobs_claim_batch(&mut cached, &queues(), &kinds(), 32, "profile")
+        jobs_claim_batch(&mut cached, "default", &kinds(), 32, "profile")
             .await
             .expect("claim");
         jobs_any_active(&mut cached, &queues(), &kinds())
@@ -373,7 +373,7 @@ async fn cached_on_empty(db: &BenchDb) {
         "`jobs_claim_batch`, 32".into(),
         timed(jobs_claim_batch(
             &mut cached,
-            &queues(),
+            "default",
             &kinds(),
             32,
             "profile",
@@ -381,7 +381,7 @@ async fn cached_on_empty(db: &BenchDb) {
         .await,
         timed(jobs_claim_batch(
             &mut fresh,
-            &queues(),
+            "default",
             &kinds(),
             32,
             "profile",
@@ -419,7 +419,7 @@ async fn table_stats(db: &BenchDb) {
     let mut conn = db.connection().await;
     let t = Instant::now();
     loop {
-        let jobs = jobs_claim_batch(&mut conn, &queues(), &kinds(), 1000, "profile")
+        let jobs = jobs_claim_batch(&mut conn, "default", &kinds(), 1000, "profile")
             .await
             .expect("claim");
         if jobs.is_empty() {
@@ -607,7 +607,7 @@ async fn floor_variant(db: &BenchDb, n: i64, v: Variant) -> (f64, f64) {
                 .map(|j| (j.id, j.claim_token))
                 .collect()
         } else {
-            jobs_claim_batch(&mut conn, &queues(), &kinds(), v.batch, "profile")
+            jobs_claim_batch(&mut conn, "default", &kinds(), v.batch, "profile")
                 .await
                 .expect("claim")
                 .into_iter()

@@ -145,7 +145,7 @@ BEGIN
     END IF;
     RETURN QUERY
     SELECT c.id, c.queue, c.kind, c.args, c.attempt, c.max_attempts, c.claim_token
-    FROM skiplock.internal_claim_batch(ARRAY[claim.queue], kinds, max_jobs, worker) c;
+    FROM skiplock.internal_claim_batch(claim.queue, kinds, max_jobs, worker) c;
 END;
 $$;
 
@@ -651,10 +651,10 @@ END;
 $$;
 
 --
--- Name: internal_claim_batch(text[], text[], bigint, text, smallint, bigint, bigint, uuid, boolean, boolean, boolean); Type: FUNCTION; Schema: skiplock; Owner: -
+-- Name: internal_claim_batch(text, text[], bigint, text, smallint, bigint, bigint, uuid, boolean, boolean, boolean); Type: FUNCTION; Schema: skiplock; Owner: -
 --
 
-CREATE FUNCTION skiplock.internal_claim_batch(queues text[], kinds text[], max_jobs bigint, worker text, after_priority smallint DEFAULT NULL::smallint, after_scheduled_at_us bigint DEFAULT NULL::bigint, after_id bigint DEFAULT NULL::bigint, claim_with uuid DEFAULT NULL::uuid, skip_in_flight boolean DEFAULT false, take_lanes boolean DEFAULT true, retry_lane_conflict boolean DEFAULT true) RETURNS TABLE(id bigint, queue text, kind text, args jsonb, attempt integer, max_attempts integer, claim_token uuid, priority smallint, scheduled_at_us bigint)
+CREATE FUNCTION skiplock.internal_claim_batch(queue_name text, kinds text[], max_jobs bigint, worker text, after_priority smallint DEFAULT NULL::smallint, after_scheduled_at_us bigint DEFAULT NULL::bigint, after_id bigint DEFAULT NULL::bigint, claim_with uuid DEFAULT NULL::uuid, skip_in_flight boolean DEFAULT false, take_lanes boolean DEFAULT true, retry_lane_conflict boolean DEFAULT true) RETURNS TABLE(id bigint, queue text, kind text, args jsonb, attempt integer, max_attempts integer, claim_token uuid, priority smallint, scheduled_at_us bigint)
     LANGUAGE plpgsql
     SET enable_sort TO 'off'
     SET enable_bitmapscan TO 'off'
@@ -673,8 +673,8 @@ DECLARE
     next_xid bigint := 0;
     filtering boolean := skip_in_flight AND pg_current_xact_id_if_assigned() IS NULL
         AND current_setting('transaction_isolation') = 'read committed';
-    -- The limited queue claimed from, its limits, and what they leave.
-    limited_queue text;
+    -- The queue's row: whether it is paused, its limits, and what they leave.
+    is_paused boolean;
     lim_max_running int;
     lim_rate_limit int;
     lim_rate_period interval;
@@ -682,23 +682,21 @@ DECLARE
     wanted bigint;
     rate_room bigint;
     claim_time timestamptz;
-    one_queue text;
     taken bigint;
-    got bigint := 0;
 BEGIN
     IF retry_lane_conflict AND take_lanes THEN
         -- The claim inside a subtransaction: a lane conflict it could not see rolls back
         -- only that, and the claim runs again without lane jobs.
         BEGIN
-            RETURN QUERY SELECT * FROM skiplock.internal_claim_batch(queues, kinds, max_jobs, worker,
-                after_priority, after_scheduled_at_us, after_id, claim_with, skip_in_flight,
-                true, false);
+            RETURN QUERY SELECT * FROM skiplock.internal_claim_batch(queue_name, kinds, max_jobs,
+                worker, after_priority, after_scheduled_at_us, after_id, claim_with,
+                skip_in_flight, true, false);
             RETURN;
         EXCEPTION
             WHEN unique_violation THEN
-                RETURN QUERY SELECT * FROM skiplock.internal_claim_batch(queues, kinds, max_jobs,
-                    worker, after_priority, after_scheduled_at_us, after_id, claim_with,
-                    skip_in_flight, false, false);
+                RETURN QUERY SELECT * FROM skiplock.internal_claim_batch(queue_name, kinds,
+                    max_jobs, worker, after_priority, after_scheduled_at_us, after_id,
+                    claim_with, skip_in_flight, false, false);
                 RETURN;
             WHEN serialization_failure THEN
                 -- A queued row moved to jobs_done (cancelled) after this statement's
@@ -707,48 +705,36 @@ BEGIN
                 IF current_setting('transaction_isolation') <> 'read committed' THEN
                     RAISE;
                 END IF;
-                RETURN QUERY SELECT * FROM skiplock.internal_claim_batch(queues, kinds, max_jobs,
-                    worker, after_priority, after_scheduled_at_us, after_id, claim_with,
-                    skip_in_flight, true, false);
+                RETURN QUERY SELECT * FROM skiplock.internal_claim_batch(queue_name, kinds,
+                    max_jobs, worker, after_priority, after_scheduled_at_us, after_id,
+                    claim_with, skip_in_flight, true, false);
                 RETURN;
         END;
     END IF;
-    -- Global limits: a queue without any costs this one probe.
-    SELECT q.name, q.max_running, q.rate_limit, q.rate_period
-    INTO limited_queue, lim_max_running, lim_rate_limit, lim_rate_period
+    -- The queue's row, if any: one probe for a queue without limits.
+    SELECT q.paused, q.max_running, q.rate_limit, q.rate_period
+    INTO is_paused, lim_max_running, lim_rate_limit, lim_rate_period
     FROM skiplock.queues q
-    WHERE q.name = ANY (queues) AND NOT q.paused
-      AND (q.max_running IS NOT NULL OR q.rate_limit IS NOT NULL)
-    ORDER BY q.name
-    LIMIT 1;
-    IF limited_queue IS NOT NULL THEN
+    WHERE q.name = queue_name;
+    IF is_paused THEN
+        RETURN;
+    END IF;
+    IF lim_max_running IS NOT NULL OR lim_rate_limit IS NOT NULL THEN
         IF current_setting('transaction_isolation') <> 'read committed' THEN
             -- An older snapshot would miss claims committed after it, and claim past the
             -- limit.
             RAISE EXCEPTION 'queue % has a global limit (max_running or rate_limit), which a claim holds only in READ COMMITTED; this transaction is %',
-                limited_queue, upper(current_setting('transaction_isolation'))
+                queue_name, upper(current_setting('transaction_isolation'))
                 USING ERRCODE = 'invalid_transaction_state',
                       HINT = 'claim in a READ COMMITTED transaction: BEGIN ISOLATION LEVEL READ COMMITTED, or SET default_transaction_isolation for the session';
         END IF;
-        IF EXISTS (SELECT 1 FROM unnest(queues) AS q WHERE q IS DISTINCT FROM limited_queue) THEN
-            FOR one_queue IN SELECT DISTINCT q FROM unnest(queues) AS q WHERE q IS NOT NULL ORDER BY 1
-            LOOP
-                RETURN QUERY SELECT * FROM skiplock.internal_claim_batch(ARRAY[one_queue], kinds,
-                    max_jobs - got, worker, after_priority, after_scheduled_at_us, after_id,
-                    claim_with, skip_in_flight, take_lanes, false);
-                GET DIAGNOSTICS taken = ROW_COUNT;
-                got := got + taken;
-                EXIT WHEN got >= max_jobs;
-            END LOOP;
-            RETURN;
-        END IF;
-        PERFORM pg_advisory_xact_lock(skiplock.internal_queue_limit_lock_id(limited_queue));
+        PERFORM pg_advisory_xact_lock(skiplock.internal_queue_limit_lock_id(queue_name));
         IF lim_max_running IS NOT NULL THEN
             -- Through jobs_running_idx: every running job's entry, the queue's found among
             -- them (see the index's comment in 0001_initial.sql).
             room := least(room, greatest(0, lim_max_running - (
                 SELECT count(*) FROM (SELECT FROM skiplock.jobs_live j
-                                      WHERE j.queue = limited_queue AND j.state = 'running'
+                                      WHERE j.queue = queue_name AND j.state = 'running'
                                       LIMIT lim_max_running) r)));
         END IF;
         -- After the lock and the count: later than every claim of the queue committed
@@ -758,13 +744,13 @@ BEGIN
         claim_time := clock_timestamp();
         IF lim_rate_limit IS NOT NULL THEN
             wanted := room;
-            rate_room := skiplock.internal_rate_room(limited_queue, lim_rate_limit,
+            rate_room := skiplock.internal_rate_room(queue_name, lim_rate_limit,
                                                      lim_rate_period, claim_time, wanted);
             room := least(room, rate_room);
         END IF;
         IF room <= 0 THEN
             IF rate_room IS NOT NULL THEN
-                PERFORM skiplock.internal_rate_record(limited_queue, 0, claim_time,
+                PERFORM skiplock.internal_rate_record(queue_name, 0, claim_time,
                                                       lim_rate_limit, lim_rate_period,
                                                       rate_room < wanted);
             END IF;
@@ -790,34 +776,26 @@ BEGIN
     -- returned no row yet.
     RETURN QUERY
     WITH picked AS (
-        SELECT p.ctid
-        FROM (SELECT DISTINCT q FROM unnest(queues) AS q) AS qn(name)
-        CROSS JOIN LATERAL (
-            SELECT j.ctid, j.priority, j.scheduled_at, j.id FROM skiplock.jobs_live j
-            WHERE j.queue = qn.name AND j.state = 'queued' AND j.scheduled_at <= now()
-              AND (j.priority, j.scheduled_at, j.id) > (from_priority, from_scheduled_at, from_id)
-              AND (kinds IS NULL OR j.kind = ANY (kinds))
-              AND (NOT filtering OR j.xmax = '0'::xid OR (
-                  NOT j.xmax = ANY (in_flight)
-                  AND (j.xmax::text::bigint - next_xid + 4294967296) % 4294967296 >= 1048576))
-              AND (j.ordering_key IS NULL OR (
-                  take_lanes
-                  AND NOT EXISTS (
-                      SELECT 1 FROM skiplock.jobs h
-                      WHERE h.ordering_key = j.ordering_key AND h.state = 'running')
-                  AND NOT EXISTS (
-                      SELECT 1 FROM skiplock.jobs h
-                      WHERE h.ordering_key = j.ordering_key AND h.id < j.id
-                        AND h.state IN ('waiting', 'queued', 'running'))
-              ))
-            ORDER BY j.priority, j.scheduled_at, j.id
-            LIMIT room
-            FOR UPDATE OF j SKIP LOCKED
-        ) p
-        WHERE NOT EXISTS (
-            SELECT 1 FROM skiplock.queues q WHERE q.name = qn.name AND q.paused)
-        ORDER BY p.priority, p.scheduled_at, p.id
+        SELECT j.ctid FROM skiplock.jobs_live j
+        WHERE j.queue = queue_name AND j.state = 'queued' AND j.scheduled_at <= now()
+          AND (j.priority, j.scheduled_at, j.id) > (from_priority, from_scheduled_at, from_id)
+          AND (kinds IS NULL OR j.kind = ANY (kinds))
+          AND (NOT filtering OR j.xmax = '0'::xid OR (
+              NOT j.xmax = ANY (in_flight)
+              AND (j.xmax::text::bigint - next_xid + 4294967296) % 4294967296 >= 1048576))
+          AND (j.ordering_key IS NULL OR (
+              take_lanes
+              AND NOT EXISTS (
+                  SELECT 1 FROM skiplock.jobs h
+                  WHERE h.ordering_key = j.ordering_key AND h.state = 'running')
+              AND NOT EXISTS (
+                  SELECT 1 FROM skiplock.jobs h
+                  WHERE h.ordering_key = j.ordering_key AND h.id < j.id
+                    AND h.state IN ('waiting', 'queued', 'running'))
+          ))
+        ORDER BY j.priority, j.scheduled_at, j.id
         LIMIT room
+        FOR UPDATE OF j SKIP LOCKED
     ), claimed AS (
         UPDATE skiplock.jobs_live j
         SET state = 'running', claim_token = coalesce(claim_with, gen_random_uuid()), claimed_by = worker,
@@ -837,7 +815,7 @@ BEGIN
     ORDER BY c.priority, c.scheduled_at, c.id;
     IF rate_room IS NOT NULL THEN
         GET DIAGNOSTICS taken = ROW_COUNT;
-        PERFORM skiplock.internal_rate_record(limited_queue, taken, claim_time, lim_rate_limit,
+        PERFORM skiplock.internal_rate_record(queue_name, taken, claim_time, lim_rate_limit,
                                               lim_rate_period,
                                               rate_room < wanted AND taken >= rate_room);
     END IF;

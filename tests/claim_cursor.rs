@@ -46,19 +46,17 @@ async fn a_claim_from_a_position_takes_only_the_jobs_after_it_in_claim_order() {
     let c = insert(pool, 0, early).await;
     let d = insert(pool, 1, early).await;
     let e = insert(pool, -1, later).await;
-    let (queues, kinds) = (strings(&["default"]), strings(&["record"]));
+    let (queue, kinds) = ("default", strings(&["record"]));
 
     // Claim order: e (priority -1), a, c (early, by id), b (later), d (priority 1).
-    let first = jobs_claim_batch(pool, &queues, &kinds, 2, "w")
-        .await
-        .unwrap();
+    let first = jobs_claim_batch(pool, queue, &kinds, 2, "w").await.unwrap();
     let ids: Vec<i64> = first.iter().map(|j| j.id).collect();
     assert_eq!(ids, [e, a]);
     let at_a = first[1].position();
     assert_eq!(at_a.priority, 0);
     assert_eq!(at_a.id, a);
 
-    let rest = jobs_claim_batch_after(pool, &queues, &kinds, 10, "w", Some(at_a), None)
+    let rest = jobs_claim_batch_after(pool, queue, &kinds, 10, "w", Some(at_a), None)
         .await
         .unwrap();
     let ids: Vec<i64> = rest.iter().map(|j| j.id).collect();
@@ -66,19 +64,12 @@ async fn a_claim_from_a_position_takes_only_the_jobs_after_it_in_claim_order() {
 
     // A job landing behind the position is not taken from it, only by a full walk.
     let behind = insert(pool, 0, early).await;
-    let from_end = jobs_claim_batch_after(
-        pool,
-        &queues,
-        &kinds,
-        10,
-        "w",
-        Some(rest[2].position()),
-        None,
-    )
-    .await
-    .unwrap();
+    let from_end =
+        jobs_claim_batch_after(pool, queue, &kinds, 10, "w", Some(rest[2].position()), None)
+            .await
+            .unwrap();
     assert!(from_end.is_empty(), "nothing after d: {from_end:?}");
-    let full = jobs_claim_batch(pool, &queues, &kinds, 10, "w")
+    let full = jobs_claim_batch(pool, queue, &kinds, 10, "w")
         .await
         .unwrap();
     assert_eq!(full.iter().map(|j| j.id).collect::<Vec<_>>(), [behind]);
@@ -93,11 +84,9 @@ async fn jobs_scheduled_at_minus_infinity_are_claimed_and_their_position_round_t
     let first = insert(pool, 0, "-infinity").await;
     let second = insert(pool, 0, "-infinity").await;
     let normal = insert(pool, 0, "2026-01-01 00:00:00+00").await;
-    let (queues, kinds) = (strings(&["default"]), strings(&["record"]));
+    let (queue, kinds) = ("default", strings(&["record"]));
 
-    let claimed = jobs_claim_batch(pool, &queues, &kinds, 1, "w")
-        .await
-        .unwrap();
+    let claimed = jobs_claim_batch(pool, queue, &kinds, 1, "w").await.unwrap();
     assert_eq!(claimed[0].id, first);
     assert_eq!(
         claimed[0].position(),
@@ -109,7 +98,7 @@ async fn jobs_scheduled_at_minus_infinity_are_claimed_and_their_position_round_t
     );
     let rest = jobs_claim_batch_after(
         pool,
-        &queues,
+        queue,
         &kinds,
         10,
         "w",
@@ -660,7 +649,7 @@ async fn observe_claims(pool: &PgPool) {
     sqlx::raw_sql(
         "CREATE TABLE claim_log (n bigserial, full_walk boolean NOT NULL, ids bigint[] NOT NULL);
          ALTER FUNCTION skiplock.internal_claim_batch RENAME TO claim_batch_observed;
-         CREATE FUNCTION skiplock.internal_claim_batch(queues text[], kinds text[], max_jobs bigint,
+         CREATE FUNCTION skiplock.internal_claim_batch(queue_name text, kinds text[], max_jobs bigint,
                  worker text, after_priority smallint DEFAULT NULL,
                  after_scheduled_at_us bigint DEFAULT NULL, after_id bigint DEFAULT NULL,
                  claim_with uuid DEFAULT NULL, skip_in_flight boolean DEFAULT false,
@@ -676,7 +665,7 @@ async fn observe_claims(pool: &PgPool) {
              END IF;
              RETURN QUERY
              WITH c AS (
-                 SELECT * FROM skiplock.claim_batch_observed(queues, kinds, max_jobs, worker,
+                 SELECT * FROM skiplock.claim_batch_observed(queue_name, kinds, max_jobs, worker,
                      after_priority, after_scheduled_at_us, after_id, claim_with,
                      skip_in_flight, take_lanes, retry_lane_conflict)
              ), logged AS (
@@ -927,11 +916,11 @@ async fn claim_in_mode(
     db: impl sqlx::PgExecutor<'_>,
     mode: ClaimMode,
 ) -> Result<Vec<i64>, sqlx::Error> {
-    let (queues, kinds) = (strings(&["default"]), strings(&["record"]));
+    let (queue, kinds) = ("default", strings(&["record"]));
     let jobs = jobs_claim(
         db,
         &ClaimArgs {
-            queues: &queues,
+            queue,
             kinds: &kinds,
             limit: 10,
             claimed_by: "w",
@@ -1219,11 +1208,7 @@ async fn others_claiming_sees_running_jobs_of_other_claimers_of_the_queue_only()
     .execute(pool)
     .await
     .unwrap();
-    let (queue, elsewhere, kinds) = (
-        strings(&["default"]),
-        strings(&["elsewhere"]),
-        strings(&["record"]),
-    );
+    let (queue, kinds) = (strings(&["default"]), strings(&["record"]));
     let others = |worker: &'static str| {
         let queue = queue.clone();
         async move {
@@ -1233,14 +1218,14 @@ async fn others_claiming_sees_running_jobs_of_other_claimers_of_the_queue_only()
     };
 
     assert!(!others("w1").await, "nothing runs yet");
-    let mine = jobs_claim_batch(pool, &queue, &kinds, 2, "w1")
+    let mine = jobs_claim_batch(pool, "default", &kinds, 2, "w1")
         .await
         .unwrap();
     assert_eq!(mine.len(), 2);
     assert!(!others("w1").await, "only w1's own jobs run");
     assert!(others("w2").await, "w2 sees w1");
 
-    let theirs = jobs_claim_batch(pool, &elsewhere, &kinds, 1, "w2")
+    let theirs = jobs_claim_batch(pool, "elsewhere", &kinds, 1, "w2")
         .await
         .unwrap();
     assert_eq!(theirs.len(), 1);
@@ -1252,7 +1237,7 @@ async fn others_claiming_sees_running_jobs_of_other_claimers_of_the_queue_only()
         "one statement answers for each queue"
     );
 
-    let theirs = jobs_claim_batch(pool, &queue, &kinds, 1, "w2")
+    let theirs = jobs_claim_batch(pool, "default", &kinds, 1, "w2")
         .await
         .unwrap();
     assert_eq!(theirs.len(), 1);

@@ -24,9 +24,9 @@ async fn a_reaped_and_reclaimed_job_ignores_its_former_holder() {
         .await
         .unwrap()
         .id;
-    let (queues, kinds) = (strings(&["default"]), strings(&["record"]));
+    let (queue, kinds) = ("default", strings(&["record"]));
 
-    let first = jobs_claim_batch(pool, &queues, &kinds, 10, "worker-a")
+    let first = jobs_claim_batch(pool, queue, &kinds, 10, "worker-a")
         .await
         .unwrap();
     assert_eq!(first.len(), 1);
@@ -50,7 +50,7 @@ async fn a_reaped_and_reclaimed_job_ignores_its_former_holder() {
         .execute(pool)
         .await
         .unwrap();
-    let second = jobs_claim_batch(pool, &queues, &kinds, 10, "worker-b")
+    let second = jobs_claim_batch(pool, queue, &kinds, 10, "worker-b")
         .await
         .unwrap();
     assert_eq!(second.len(), 1);
@@ -126,7 +126,7 @@ async fn the_reaper_never_resets_a_finished_job() {
         .await
         .unwrap()
         .id;
-    let claimed = jobs_claim_batch(pool, &strings(&["default"]), &strings(&["record"]), 1, "w")
+    let claimed = jobs_claim_batch(pool, "default", &strings(&["record"]), 1, "w")
         .await
         .unwrap();
     sqlx::query("UPDATE skiplock.jobs SET heartbeat_at = now() - interval '1 hour'")
@@ -153,15 +153,9 @@ async fn an_exhausted_stale_job_goes_dead_with_the_reason() {
     .await
     .unwrap()
     .id;
-    jobs_claim_batch(
-        pool,
-        &strings(&["default"]),
-        &strings(&["record"]),
-        1,
-        "gone-worker",
-    )
-    .await
-    .unwrap();
+    jobs_claim_batch(pool, "default", &strings(&["record"]), 1, "gone-worker")
+        .await
+        .unwrap();
     sqlx::query("UPDATE skiplock.jobs SET heartbeat_at = now() - interval '1 hour'")
         .execute(pool)
         .await
@@ -189,15 +183,9 @@ async fn jobs_of_a_vanished_worker_run_again_after_the_stale_timeout() {
             .unwrap(),
     );
     // A worker claims them and vanishes without a trace: no heartbeat, no release.
-    let claimed = jobs_claim_batch(
-        pool,
-        &strings(&["default"]),
-        &strings(&["record"]),
-        10,
-        "vanished",
-    )
-    .await
-    .unwrap();
+    let claimed = jobs_claim_batch(pool, "default", &strings(&["record"]), 10, "vanished")
+        .await
+        .unwrap();
     assert_eq!(claimed.len(), 3);
 
     let recorder = Recorder::default();
@@ -287,7 +275,7 @@ async fn concurrent_claimers_never_share_a_job() {
                 loop {
                     let batch = jobs_claim_batch(
                         &pool,
-                        &strings(&["default"]),
+                        "default",
                         &strings(&["record"]),
                         37,
                         &format!("c{i}"),
@@ -326,11 +314,11 @@ async fn a_heartbeat_of_a_claim_in_flight_extends_its_jobs_and_skips_locked_rows
             .await
             .unwrap();
     }
-    let (queues, kinds) = (strings(&["default"]), strings(&["record"]));
+    let (queue, kinds) = ("default", strings(&["record"]));
     let token = uuid::Uuid::new_v4();
     let claimed = skiplock::db::jobs::jobs_claim_batch_after(
         pool,
-        &queues,
+        queue,
         &kinds,
         2,
         "worker-a",
@@ -339,7 +327,7 @@ async fn a_heartbeat_of_a_claim_in_flight_extends_its_jobs_and_skips_locked_rows
     )
     .await
     .unwrap();
-    let other = jobs_claim_batch(pool, &queues, &kinds, 1, "worker-b")
+    let other = jobs_claim_batch(pool, queue, &kinds, 1, "worker-b")
         .await
         .unwrap();
     let (locked, beaten, others) = (claimed[0].id, claimed[1].id, other[0].id);
@@ -401,8 +389,8 @@ async fn a_claim_that_waited_on_a_lock_does_not_commit_its_jobs_stale() {
     let claim = tokio::spawn({
         let pool = pool.clone();
         async move {
-            let (queues, kinds) = (strings(&["default"]), strings(&["record"]));
-            jobs_claim_batch(&pool, &queues, &kinds, 10, "worker-a")
+            let (queue, kinds) = ("default", strings(&["record"]));
+            jobs_claim_batch(&pool, queue, &kinds, 10, "worker-a")
                 .await
                 .unwrap()
         }
@@ -441,8 +429,8 @@ async fn a_claim_that_waited_on_a_lock_does_not_commit_its_jobs_stale() {
 /// Claims job `id` as `worker-a`, takes the claim back as the reaper does, claims it
 /// again as `worker-b`; returns (a's stale token, b's live token).
 async fn reclaimed(pool: &sqlx::PgPool, id: i64) -> (uuid::Uuid, uuid::Uuid) {
-    let (queues, kinds) = (strings(&["default"]), strings(&["record"]));
-    let first = jobs_claim_batch(pool, &queues, &kinds, 10, "worker-a")
+    let (queue, kinds) = ("default", strings(&["record"]));
+    let first = jobs_claim_batch(pool, queue, &kinds, 10, "worker-a")
         .await
         .unwrap();
     assert_eq!(first.len(), 1);
@@ -459,7 +447,7 @@ async fn reclaimed(pool: &sqlx::PgPool, id: i64) -> (uuid::Uuid, uuid::Uuid) {
         .execute(pool)
         .await
         .unwrap();
-    let second = jobs_claim_batch(pool, &queues, &kinds, 10, "worker-b")
+    let second = jobs_claim_batch(pool, queue, &kinds, 10, "worker-b")
         .await
         .unwrap();
     assert_eq!(second.len(), 1);
@@ -554,8 +542,8 @@ async fn a_note_that_meets_its_job_cancelled_under_it_writes_nothing() {
         .await
         .unwrap()
         .id;
-    let (queues, kinds) = (strings(&["default"]), strings(&["record"]));
-    let claimed = jobs_claim_batch(pool, &queues, &kinds, 10, "worker-a")
+    let (queue, kinds) = ("default", strings(&["record"]));
+    let claimed = jobs_claim_batch(pool, queue, &kinds, 10, "worker-a")
         .await
         .unwrap();
     let token = claimed[0].claim_token;

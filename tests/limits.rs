@@ -470,16 +470,6 @@ async fn a_changed_rate_limit_keeps_counting_the_starts_already_made() {
     .await
     .unwrap();
     assert!(why.contains("held back by the queue's rate limit"), "{why}");
-    // A claim of several queues, one of them limited: each is claimed from in turn.
-    queue_jobs(pool, "other", 3).await;
-    let both: Vec<(i64, String)> = sqlx::query_as(
-        "SELECT id, queue FROM skiplock.internal_claim_batch(ARRAY['r', 'other'], NULL, 10, 'w')",
-    )
-    .fetch_all(pool)
-    .await
-    .unwrap();
-    assert_eq!(both.len(), 3);
-    assert!(both.iter().all(|(_, queue)| queue == "other"));
 }
 
 /// `skiplock show` says why a queued job waits under max_running, and a freed slot is

@@ -51,7 +51,7 @@ async fn insert_jobs(pool: &PgPool, count: i64) {
 async fn claim(conn: &mut PoolConnection<Postgres>, limit: i64) -> (Vec<i64>, Vec<Uuid>) {
     let jobs: Vec<ClaimedJob> = jobs_claim_batch(
         &mut **conn,
-        &strings(&["default"]),
+        "default",
         &strings(&["noop"]),
         limit,
         "plans-test",

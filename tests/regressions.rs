@@ -154,7 +154,7 @@ async fn running_count(pool: &PgPool) -> i64 {
 /// The ids `skiplock.internal_claim_batch` hands out for kind `k` in queue `default`, sorted.
 async fn claim_k(pool: &PgPool, max: i64) -> sqlx::Result<Vec<i64>> {
     let mut ids: Vec<i64> = sqlx::query_scalar(
-        "SELECT id FROM skiplock.internal_claim_batch(ARRAY['default'], ARRAY['k'], $1, 'test-claimer')",
+        "SELECT id FROM skiplock.internal_claim_batch('default', ARRAY['k'], $1, 'test-claimer')",
     )
     .bind(max)
     .fetch_all(pool)
@@ -1278,7 +1278,7 @@ async fn a_dependency_added_during_its_parents_completion_leaves_the_child_runna
     let parent = enqueue_now(pool).await;
     let (claimed, token): (i64, uuid::Uuid) = sqlx::query_as(
         "SELECT id, claim_token
-         FROM skiplock.internal_claim_batch(ARRAY['default'], ARRAY['k'], 1, 'test-claimer')",
+         FROM skiplock.internal_claim_batch('default', ARRAY['k'], 1, 'test-claimer')",
     )
     .fetch_one(pool)
     .await

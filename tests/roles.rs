@@ -905,8 +905,7 @@ async fn an_operator_retries_cancels_pauses_and_prunes_but_never_claims() {
     );
     for sql in [
         "SELECT * FROM skiplock.claim('default', 1, 'intruder')".to_owned(),
-        "SELECT * FROM skiplock.internal_claim_batch(ARRAY['default'], NULL, 1, 'intruder')"
-            .to_owned(),
+        "SELECT * FROM skiplock.internal_claim_batch('default', NULL, 1, 'intruder')".to_owned(),
         format!("UPDATE skiplock.jobs SET attempt = attempt + 1 WHERE id = {queued}"),
         format!("UPDATE skiplock.jobs SET claimed_by = 'me' WHERE id = {running}"),
         format!("UPDATE skiplock.jobs SET kind = 'other' WHERE id = {queued}"),

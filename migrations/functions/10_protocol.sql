@@ -42,7 +42,7 @@ BEGIN
     END IF;
     RETURN QUERY
     SELECT c.id, c.queue, c.kind, c.args, c.attempt, c.max_attempts, c.claim_token
-    FROM skiplock.internal_claim_batch(ARRAY[claim.queue], kinds, max_jobs, worker) c;
+    FROM skiplock.internal_claim_batch(claim.queue, kinds, max_jobs, worker) c;
 END;
 $$;
 COMMENT ON FUNCTION skiplock.claim(text, integer, text, text[]) IS

@@ -96,8 +96,8 @@ pub(crate) struct Shared {
 
 /// One queue: its producer's claims, its buffer, and where its job slots come from.
 pub(crate) struct QueueGroup {
-    /// The queue, as the claim's one-element filter.
-    pub(crate) queues: Vec<String>,
+    /// The queue.
+    pub(crate) queue: String,
     /// The pool its slots come from (shared with the other queues sharing `concurrency`),
     /// and its member number there.
     pub(crate) slots: Arc<slots::SlotPool>,
@@ -133,7 +133,7 @@ impl QueueGroup {
     ) -> Self {
         Self {
             series: crate::metrics::JobSeries::new(&queue),
-            queues: vec![queue],
+            queue,
             slots,
             member,
             prefetch,
@@ -166,9 +166,7 @@ impl Shared {
 
     /// The index of the group that claims from `queue`, if any.
     fn group_of(&self, queue: &str) -> Option<usize> {
-        self.groups
-            .iter()
-            .position(|g| g.queues.iter().any(|q| q == queue))
+        self.groups.iter().position(|g| g.queue == queue)
     }
 
     /// Tells the producer that claims from `queue`, if any, that jobs became runnable

@@ -268,7 +268,7 @@ async fn claim(
             // once) failed the statement, having claimed nothing, and it is claimed again
             // without lane jobs, as `claim_batch` itself would.
             let mut args = ClaimArgs {
-                queues: &group.queues,
+                queue: &group.queue,
                 kinds: &shared.kinds,
                 limit: limit as i64,
                 claimed_by: &shared.config.worker_id,

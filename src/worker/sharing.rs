@@ -44,7 +44,7 @@ pub(super) async fn watch(shared: Arc<Shared>, stop: CancellationToken) {
     let queues: Vec<String> = shared
         .groups
         .iter()
-        .flat_map(|group| group.queues.iter().cloned())
+        .map(|group| group.queue.clone())
         .collect();
     let mut ticker = tokio::time::interval(CHECK_INTERVAL);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -61,7 +61,7 @@ pub(super) async fn watch(shared: Arc<Shared>, stop: CancellationToken) {
         match jobs_others_claiming(&shared.pool, &queues, &shared.config.worker_id).await {
             Ok(shared_queues) => {
                 for group in &shared.groups {
-                    let others = group.queues.iter().any(|q| shared_queues.contains(q));
+                    let others = shared_queues.contains(&group.queue);
                     group.others_claiming.store(others, Ordering::Relaxed);
                 }
             }

@@ -75,7 +75,7 @@ pub struct ClaimPosition {
 }
 
 #[cfg(feature = "internals")]
-/// Claims up to `limit` runnable jobs of the given queues and kinds, in claim order
+/// Claims up to `limit` runnable jobs of one queue and the given kinds, in claim order
 /// (priority, then `scheduled_at`, then id), in one statement.
 ///
 /// It calls `skiplock.internal_claim_batch` (`migrations/functions/07_claim.sql`, where the
@@ -90,12 +90,12 @@ pub struct ClaimPosition {
 /// what the rows hold (a lane conflict it could not see is retried without lane jobs).
 pub async fn jobs_claim_batch(
     db: impl PgExecutor<'_>,
-    queues: &[String],
+    queue: &str,
     kinds: &[String],
     limit: i64,
     claimed_by: &str,
 ) -> sqlx::Result<Vec<ClaimedJob>> {
-    jobs_claim_batch_after(db, queues, kinds, limit, claimed_by, None, None).await
+    jobs_claim_batch_after(db, queue, kinds, limit, claimed_by, None, None).await
 }
 
 /// [`jobs_claim_batch`] from a position: only jobs after `after` in claim order are
@@ -115,7 +115,7 @@ pub async fn jobs_claim_batch(
 #[cfg(feature = "internals")]
 pub async fn jobs_claim_batch_after(
     db: impl PgExecutor<'_>,
-    queues: &[String],
+    queue: &str,
     kinds: &[String],
     limit: i64,
     claimed_by: &str,
@@ -125,7 +125,7 @@ pub async fn jobs_claim_batch_after(
     jobs_claim(
         db,
         &ClaimArgs {
-            queues,
+            queue,
             kinds,
             limit,
             claimed_by,
@@ -176,8 +176,8 @@ pub fn lane_conflict(error: &sqlx::Error) -> bool {
 /// What one claim statement asks for: see [`jobs_claim_batch_after`] and [`ClaimMode`].
 #[derive(Debug, Clone, Copy)]
 pub struct ClaimArgs<'a> {
-    /// Queues to claim from.
-    pub queues: &'a [String],
+    /// The queue to claim from.
+    pub queue: &'a str,
     /// Kinds the caller runs.
     pub kinds: &'a [String],
     /// At most this many jobs.
@@ -202,7 +202,7 @@ pub async fn jobs_claim(
                 scheduled_at_us
          FROM skiplock.internal_claim_batch($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
     )
-    .bind(args.queues)
+    .bind(args.queue)
     .bind(args.kinds)
     .bind(args.limit)
     .bind(args.claimed_by)

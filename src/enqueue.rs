@@ -11,7 +11,7 @@ use sqlx::types::Json;
 
 use crate::db::enqueue::{InsertBatch, InsertedJobs, jobs_insert_reporting};
 use crate::error::{Error, Result};
-use crate::job::{EnqueueOptions, Job, JobId, MAX_ATTEMPTS_DEFAULT, QUEUE_DEFAULT};
+use crate::job::{EnqueueOptions, Job, JobId, MAX_ATTEMPTS_DEFAULT, QUEUE_DEFAULT, Schedule};
 
 /// An untyped job: a kind and JSON args, for callers without a [`Job`] type (the CLI, other
 /// services' payloads).
@@ -263,10 +263,13 @@ async fn insert<'e>(db: impl PgExecutor<'e>, jobs: &[NewJob]) -> Result<Inserted
                 .unwrap_or_else(|| QUEUE_DEFAULT.to_owned()),
         );
         batch.priorities.push(options.priority.unwrap_or(0));
-        batch.run_at.push(options.run_at);
-        batch
-            .delays_ms
-            .push(options.run_after.map_or(0, duration_ms));
+        let (run_at, delay_ms) = match options.schedule {
+            Some(Schedule::At(at)) => (Some(at), 0),
+            Some(Schedule::After(delay)) => (None, duration_ms(delay)),
+            None => (None, 0),
+        };
+        batch.run_at.push(run_at);
+        batch.delays_ms.push(delay_ms);
         batch
             .max_attempts
             .push(options.max_attempts.unwrap_or(MAX_ATTEMPTS_DEFAULT));
@@ -344,7 +347,7 @@ fn validate(job: &NewJob) -> std::result::Result<(), String> {
     {
         return Err("ordering and unique keys must not be empty; omit them instead".into());
     }
-    if let Some(delay) = job.options.run_after
+    if let Some(Schedule::After(delay)) = job.options.schedule
         && delay.as_millis() > i64::MAX as u128
     {
         return Err(format!("run_after {delay:?} is too large"));

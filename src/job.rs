@@ -88,6 +88,16 @@ pub trait Job: Serialize + DeserializeOwned + Send + 'static {
     }
 }
 
+/// When an enqueued job may run first ([`EnqueueOptions::schedule`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Schedule {
+    /// Not before this instant.
+    At(DateTime<Utc>),
+    /// Not before this long after the enqueuing statement, by the database clock (so
+    /// that a worker host's clock does not matter).
+    After(Duration),
+}
+
 /// Options for one enqueued job. Unset fields fall back to the job type's constants
 /// (typed jobs) or the column defaults.
 ///
@@ -101,11 +111,8 @@ pub struct EnqueueOptions {
     pub queue: Option<String>,
     /// Lower runs first. Default 0.
     pub priority: Option<i16>,
-    /// Not run before this instant.
-    pub run_at: Option<DateTime<Utc>>,
-    /// Not run before this long after the enqueuing statement, by the database clock.
-    /// Ignored when `run_at` is set.
-    pub run_after: Option<Duration>,
+    /// When the job may run first; `None`: at once.
+    pub schedule: Option<Schedule>,
     /// Attempts before the job goes `dead` (at least 1).
     pub max_attempts: Option<i32>,
     /// Strict FIFO lane: jobs with the same key run one at a time, in enqueue order.
@@ -140,16 +147,14 @@ impl EnqueueOptions {
     /// Runs the job no earlier than `at`. Replaces a [`run_after`](Self::run_after) set
     /// before: the last of the two set decides.
     pub fn run_at(mut self, at: DateTime<Utc>) -> Self {
-        self.run_at = Some(at);
-        self.run_after = None;
+        self.schedule = Some(Schedule::At(at));
         self
     }
 
     /// Runs the job no earlier than `delay` after it is enqueued (database clock).
     /// Replaces a [`run_at`](Self::run_at) set before: the last of the two set decides.
     pub fn run_after(mut self, delay: Duration) -> Self {
-        self.run_after = Some(delay);
-        self.run_at = None;
+        self.schedule = Some(Schedule::After(delay));
         self
     }
 

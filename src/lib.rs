@@ -131,7 +131,9 @@ pub use enqueue::{
     EnqueueOutcome, EnqueueResult, NewJob, QUEUE_NAME_MAX_BYTES, enqueue, enqueue_many, enqueue_raw,
 };
 pub use error::{Error, Result};
-pub use job::{EnqueueOptions, Fate, Job, JobContext, JobError, JobId, JobState, UniquePolicy};
+pub use job::{
+    EnqueueOptions, Fate, Job, JobContext, JobError, JobId, JobState, Schedule, UniquePolicy,
+};
 pub use operations::{
     JobFilter, cancel, job, jobs, pause_queue, paused_queues, resume_queue, retry, retry_dead,
 };

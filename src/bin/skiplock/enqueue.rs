@@ -15,7 +15,9 @@ use serde_json::{Value, json};
 use skiplock::Job;
 use skiplock::builtin::{Command, Http, Noop, Sleep};
 use skiplock::unstable_cli::DbPool;
-use skiplock::{EnqueueOptions, EnqueueOutcome, EnqueueResult, JobId, NewJob, UniquePolicy};
+use skiplock::{
+    EnqueueOptions, EnqueueOutcome, EnqueueResult, JobId, NewJob, Schedule, UniquePolicy,
+};
 use sqlx::{Acquire, PgConnection};
 
 use crate::output::{
@@ -225,8 +227,10 @@ impl EnqueueArgs {
         let mut options = EnqueueOptions::new();
         options.queue = self.queue.clone();
         options.priority = self.priority;
-        options.run_at = self.at;
-        options.run_after = self.delay;
+        options.schedule = self
+            .at
+            .map(Schedule::At)
+            .or(self.delay.map(Schedule::After));
         options.max_attempts = self.max_attempts;
         options.ordering_key = self.ordering_key.clone();
         if let Some(key) = &self.unique_key {
@@ -307,8 +311,7 @@ impl Line {
         options.queue = self.queue.or(options.queue);
         options.priority = self.priority.or(options.priority);
         if let Some(at) = self.scheduled_at {
-            options.run_at = Some(at);
-            options.run_after = None;
+            options.schedule = Some(Schedule::At(at));
         }
         options.max_attempts = self.max_attempts.or(options.max_attempts);
         options.ordering_key = self.ordering_key;

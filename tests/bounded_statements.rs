@@ -377,3 +377,76 @@ async fn a_claim_of_a_limited_queue_costs_the_same_beside_many_queued_jobs_under
  {
     limited_claim_is_bounded(Statistics::History).await;
 }
+
+/// The id of the job with the highest id in `lane`.
+async fn last_of_lane(pool: &PgPool, lane: &str) -> i64 {
+    sqlx::query_scalar("SELECT max(id) FROM skiplock.jobs WHERE ordering_key = $1")
+        .bind(lane)
+        .fetch_one(pool)
+        .await
+        .unwrap()
+}
+
+/// `skiplock.why_not_running` of the last job of a long lane and of a job its queue's
+/// max_running holds back: beside ten times more jobs behind the same lane and held back in
+/// the same queue (and, under history statistics, the finished jobs), it reads the same:
+/// the lane's head is one index entry, the count of running jobs stops at max_running.
+async fn why_not_running_is_bounded(statistics: Statistics) {
+    let db = with_statistics(statistics).await;
+    let pool = &db.pool;
+    let mut session = pool.acquire().await.unwrap();
+    sqlx::query("SELECT skiplock.set_queue_limits('limited', 2)")
+        .execute(pool)
+        .await
+        .unwrap();
+    let queue_limited = |count: i64| {
+        sqlx::query(
+            "INSERT INTO skiplock.jobs (kind, queue) SELECT 'noop', 'limited' FROM generate_series(1, $1)",
+        )
+        .bind(count)
+        .execute(pool)
+    };
+    queue_limited(3).await.unwrap();
+    claim_one(&mut session, "limited").await;
+    claim_one(&mut session, "limited").await;
+    let held: i64 = sqlx::query_scalar(
+        "SELECT id FROM skiplock.jobs WHERE queue = 'limited' AND state = 'queued'",
+    )
+    .fetch_one(pool)
+    .await
+    .unwrap();
+    add_waiting_lane(pool, "long", FEW_WAITING).await;
+    let why = |lane_job: i64| {
+        format!("SELECT skiplock.why_not_running({held}), skiplock.why_not_running({lane_job})")
+    };
+    let reasons: (String, String) =
+        sqlx::query_as(sqlx::AssertSqlSafe(why(last_of_lane(pool, "long").await)))
+            .fetch_one(pool)
+            .await
+            .unwrap();
+    assert!(reasons.0.contains("max_running"), "{reasons:?}");
+    assert!(reasons.1.contains("waits behind job"), "{reasons:?}");
+    // Warm: plans.
+    buffers_of(&mut session, &why(last_of_lane(pool, "long").await)).await;
+    let few = buffers_of(&mut session, &why(last_of_lane(pool, "long").await)).await;
+    add_waiting_lane(pool, "long", MANY_WAITING - FEW_WAITING).await;
+    queue_limited(MANY_WAITING).await.unwrap();
+    let many = buffers_of(&mut session, &why(last_of_lane(pool, "long").await)).await;
+    // A few dozen buffers either way, so the general bound (twice plus 50) would let a walk
+    // of the lane through: a step that read the lane's 2,700 more entries read 50 more.
+    assert!(
+        many <= few + 10,
+        "skiplock.why_not_running (statistics {statistics:?}): {few} buffers beside \
+         {FEW_WAITING} jobs, {many} beside {MANY_WAITING}: its cost grows with the jobs"
+    );
+}
+
+#[tokio::test]
+async fn why_not_running_costs_the_same_beside_many_jobs_under_empty_statistics() {
+    why_not_running_is_bounded(Statistics::Empty).await;
+}
+
+#[tokio::test]
+async fn why_not_running_costs_the_same_beside_many_jobs_under_history_statistics() {
+    why_not_running_is_bounded(Statistics::History).await;
+}

@@ -11,8 +11,8 @@
 //! permanently, give up, time out, panic) and one `skiplock-testbed` process (kinds
 //! `record`, `panic`, `never_return`), restarted gracefully, at once, by SIGTERM or after
 //! `kill -9`; a pruning worker with zero retention; a killer of worker connections; and a
-//! sampler checking the "at most one" rules while the run goes on. The second queue has a
-//! global limit (`max_running`) for the whole run. The invariants are
+//! sampler checking the "at most one" rules while the run goes on. The second queue has
+//! global limits (`max_running` and a rate limit) for the whole run. The invariants are
 //! listed in tests/model_support/checks.rs.
 //!
 //! ```sh
@@ -30,9 +30,9 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use model_support::checks::{Evidence, check_all, check_merged};
+use model_support::checks::{Evidence, check_all, check_merged, limited_starts};
 use model_support::workers::{Crew, start_pruner};
-use model_support::{LIMITED_QUEUE, Sim, actors, extend_audit, logs};
+use model_support::{LIMITED_QUEUE, LIMITED_QUEUE_RATE, Sim, actors, extend_audit, logs};
 
 /// Seeds run by default: the whole test stays within about two minutes on 2 cores.
 const SEEDS_DEFAULT: [u64; 4] = [1, 2, 3, 4];
@@ -112,9 +112,10 @@ async fn randomized_model_of_the_whole_system() {
 /// reaps, supersedes and deletions of unfinished jobs 3 to 7 times per seed, over the four
 /// seeds on a loaded 2-core machine) that a run taking one of them zero times means the
 /// model stopped exercising it.
-const PATHS_REQUIRED: [&str; 12] = [
+const PATHS_REQUIRED: [&str; 13] = [
     "claim of a lane job",
     "claim up to max_running",
+    "rate limit filled a window",
     "claim of a child",
     "reap",
     "release",
@@ -142,12 +143,16 @@ async fn run_seed(seed: u64, secs: u64) -> (Vec<String>, BTreeMap<&'static str, 
     let _ = logs::take();
     let db = fault_support::audited_db().await;
     extend_audit(&db.pool).await;
-    sqlx::query("SELECT skiplock.set_queue_limits($1, $2)")
-        .bind(LIMITED_QUEUE.0)
-        .bind(LIMITED_QUEUE.1 as i32)
-        .execute(&db.pool)
-        .await
-        .expect("limit the model's second queue");
+    sqlx::query(
+        "SELECT skiplock.set_queue_limits($1, $2, $3, make_interval(secs => $4::float8 / 1000))",
+    )
+    .bind(LIMITED_QUEUE.0)
+    .bind(LIMITED_QUEUE.1 as i32)
+    .bind(LIMITED_QUEUE_RATE.0 as i32)
+    .bind(LIMITED_QUEUE_RATE.1)
+    .execute(&db.pool)
+    .await
+    .expect("limit the model's second queue");
     let sim = Arc::new(Sim::new(seed, db.url.clone()));
 
     let mut crew = Crew::start(&sim, 2, 1).await;
@@ -297,6 +302,18 @@ fn coverage(evidence: &Evidence) -> BTreeMap<&'static str, usize> {
                 *paths.entry("claim up to max_running").or_default() += 1;
             }
         }
+    }
+    // A window of the rate limit's period that held all the starts it allows: the limit
+    // decided when the next one could start.
+    let (limit, period_ms) = LIMITED_QUEUE_RATE;
+    let starts = limited_starts(evidence);
+    let filled = (limit..=starts.len())
+        .filter(|&end| {
+            (starts[end - 1].0 - starts[end - limit].0) < chrono::Duration::milliseconds(period_ms)
+        })
+        .count();
+    if filled > 0 {
+        *paths.entry("rate limit filled a window").or_default() += filled;
     }
     for e in &evidence.events {
         let (old, new) = (e.old_state.as_deref(), e.new_state.as_deref());

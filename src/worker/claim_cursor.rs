@@ -5,13 +5,14 @@
 //! A claimed job leaves its entry in `jobs_claim_idx` until no snapshot can see the row
 //! as `queued`. While another transaction holds an older snapshot (a long report,
 //! `pg_dump`, a forgotten `BEGIN`), a full walk steps over the entries of every job
-//! claimed since, and a drain becomes quadratic (`claim_batch` has the measurements). A
+//! claimed since, and a drain becomes quadratic (docs/benchmarks.md, "Held snapshot and big backlog"). A
 //! cursor walk steps only over what other claimers took since this producer's last claim.
 //!
 //! Jobs can land behind the position: a higher priority, a job that waited for a parent
 //! or its lane and became queued with its old `scheduled_at`, a released job, an insert
 //! whose transaction committed late, a row written by hand. Every such write notifies the
-//! lowest claim key it made runnable (`skiplock_runnable`, schema version 7), and the
+//! lowest claim key it made runnable (`skiplock_runnable`, through
+//! `skiplock.internal_announce`), and the
 //! listener hands it here ([`ClaimCursor::notified`]): a key behind the position owes a
 //! walk from that key, which steps only over the entries between it and the position. A
 //! key ahead of the position needs nothing, unless a claim planned before the

@@ -20,9 +20,9 @@ use super::Shared;
 use super::claim_cursor::LookFrom;
 use crate::pacing::db_retry_delay;
 
-/// The channel every write that makes jobs runnable notifies (schema version 7): the
-/// insert trigger, the functions that promote or requeue jobs, the release statement
-/// (`migrations/functions/02_notifications.sql` sends it). Payload: see [`parse_runnable`].
+/// The channel every write that makes jobs runnable notifies: the insert trigger, the
+/// functions that promote or requeue jobs, the release statement, each through
+/// `skiplock.internal_announce` (`migrations/functions/02_notifications.sql`). Payload: see [`parse_runnable`].
 pub(crate) const RUNNABLE_CHANNEL: &str = "skiplock_runnable";
 
 /// The channel every write that makes jobs due later notifies (the insert trigger, the

@@ -4,7 +4,7 @@
 //!
 //! ```text
 //!  listener ──wake──▶ producer ──claimed jobs──▶ executor (≤ concurrency) ──outcomes──▶ completer
-//!  (LISTEN/NOTIFY)    (claim_batch, local buffer)  (runs handlers, no SQL)               (batched writes)
+//!  (LISTEN/NOTIFY)    (claim, local buffer)        (runs handlers, no SQL)               (batched writes)
 //!     └─due later──▶ due timers ──wake when due──▶ producer
 //!                      heartbeat: extends every held claim, one statement per interval
 //!                      sharing: are others claiming these queues? (claims and writes in flight)

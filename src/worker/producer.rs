@@ -266,7 +266,7 @@ async fn claim(
             // Outside a subtransaction, so that the filter sees what other claims in
             // flight hold; a lane conflict (rare: two claims took jobs of one lane at
             // once) failed the statement, having claimed nothing, and it is claimed again
-            // without lane jobs, as `claim_batch` itself would.
+            // without lane jobs, as `internal_claim_batch` itself would.
             let mut args = ClaimArgs {
                 queue: &group.queue,
                 kinds: &shared.kinds,

@@ -27,6 +27,9 @@
 //!   finished job (a stale token changes nothing);
 //! - **lane runs**: two `model` handler runs of one lane never overlap in time, unless
 //!   the earlier run's claim was taken from it (reaped, or cancelled by the operator);
+//! - **global limits**: the limited queue never has more than its `max_running` jobs
+//!   running after any audit row, and no start of it (a claim's `claimed_at`) comes sooner
+//!   than its rate limit's period after the start `rate_limit` before it;
 //! - **logs**: no worker or maintenance statement failed except on a killed connection.
 
 use std::collections::{BTreeSet, HashMap, HashSet};
@@ -35,9 +38,9 @@ use chrono::{DateTime, Utc};
 use sqlx::PgPool;
 use uuid::Uuid;
 
-use super::LIMITED_QUEUE;
 use super::kind::Run;
 use super::logs::{is_defect, strip_ansi};
+use super::{LIMITED_QUEUE, LIMITED_QUEUE_RATE};
 
 /// One row of the extended audit.
 #[derive(Debug, Clone, sqlx::FromRow)]
@@ -62,6 +65,8 @@ pub struct Ev {
     pub unique_key: Option<String>,
     pub queue: Option<String>,
     pub at: DateTime<Utc>,
+    /// The row's `claimed_at` after the write: a claim's start, as the rate limit counts it.
+    pub claimed_at: Option<DateTime<Utc>>,
 }
 
 impl Ev {
@@ -151,7 +156,8 @@ impl Evidence {
         let events = sqlx::query_as(
             "SELECT seq, job_id, op, old_state::text, new_state::text, old_attempt,
                     new_attempt, max_attempts, old_token, new_token, old_holder, new_holder,
-                    heartbeat, failure, last_error, app, ordering_key, unique_key, queue, at
+                    heartbeat, failure, last_error, app, ordering_key, unique_key, queue, at,
+                    claimed_at
              FROM public.job_audit ORDER BY seq",
         )
         .fetch_all(pool)
@@ -195,8 +201,42 @@ pub fn check_all(evidence: &Evidence) -> Vec<String> {
     check_claim_discipline(evidence, &mut found);
     check_superseded(evidence, &tracks, &mut found);
     check_lane_runs(evidence, &tracks, &mut found);
+    check_rate_limit(evidence, &mut found);
     check_logs(evidence, &mut found);
     found
+}
+
+/// The starts (claims) of the limited queue, by `claimed_at`, oldest first: what its rate
+/// limit counts (a claim stamps every job it takes with the time it checked the limit).
+pub fn limited_starts(evidence: &Evidence) -> Vec<(DateTime<Utc>, i64)> {
+    let mut starts: Vec<(DateTime<Utc>, i64)> = evidence
+        .events
+        .iter()
+        .filter(|e| e.is_claim() && e.queue.as_deref() == Some(LIMITED_QUEUE.0))
+        .filter_map(|e| Some((e.claimed_at?, e.seq)))
+        .collect();
+    starts.sort();
+    starts
+}
+
+/// The rate limit of the limited queue, exact in every window: a start comes no sooner
+/// than a whole period after the start `rate_limit` before it.
+fn check_rate_limit(evidence: &Evidence, found: &mut Vec<String>) {
+    let (limit, period_ms) = LIMITED_QUEUE_RATE;
+    let period = chrono::Duration::milliseconds(period_ms);
+    let starts = limited_starts(evidence);
+    for i in limit..starts.len() {
+        let (at, seq) = starts[i];
+        let (earlier, earlier_seq) = starts[i - limit];
+        if at - earlier < period {
+            found.push(format!(
+                "[limit: over rate_limit] queue {} started {} jobs within {} ms ({earlier} to {at}; audit seq {earlier_seq} to {seq}), over its rate limit of {limit} per {period_ms} ms",
+                LIMITED_QUEUE.0,
+                limit + 1,
+                (at - earlier).num_milliseconds()
+            ));
+        }
+    }
 }
 
 /// Replays the audit: lane order, dependencies at claim time, one running job per lane,

@@ -35,6 +35,10 @@ pub const QUEUES: [&str; 2] = ["default", "q2"];
 /// The queue given a global limit for the whole run, and its `max_running`: the replay
 /// fails a claim that makes more of its jobs run at once (tests/model_support/checks.rs).
 pub const LIMITED_QUEUE: (&str, usize) = ("q2", 3);
+/// The same queue's rate limit for the whole run: at most this many starts in any window of
+/// this many milliseconds; the replay fails a start that comes sooner after the start this
+/// many before it (tests/model_support/checks.rs).
+pub const LIMITED_QUEUE_RATE: (usize, i64) = (10, 500);
 
 /// What every actor shares during one seed's run.
 pub struct Sim {

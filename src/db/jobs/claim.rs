@@ -103,7 +103,7 @@ pub async fn jobs_claim_batch(
 ///
 /// Claiming from the position of the caller's last claimed job steps over none of the
 /// index entries its own earlier claims left behind, which Postgres cannot remove while an
-/// older snapshot is held (`claim_batch` has the measurements). Jobs that land behind the
+/// older snapshot is held (docs/benchmarks.md, "Held snapshot and big backlog"). Jobs that land behind the
 /// position (a higher priority, a job that waited and became queued) are claimed only by
 /// a full walk, so a caller must still do one now and then; the worker's producer does
 /// (`worker::claim_cursor`).

@@ -4,7 +4,9 @@ mod common;
 
 use std::time::Duration;
 
-use common::fixtures::{Record, Recorder, count_in_state, fast_worker, state_of, wait_for};
+use common::fixtures::{
+    Record, Recorder, count_in_state, fast_worker, state_of, wait_for, wait_for_a_lock_wait,
+};
 use common::test_db;
 use skiplock::{EnqueueOptions, JobState, Retention};
 use sqlx::postgres::PgListener;
@@ -19,28 +21,6 @@ async fn listening_backends(pool: &PgPool) -> Vec<i32> {
     .fetch_all(pool)
     .await
     .unwrap()
-}
-
-/// Waits until the backend `pid` waits for a lock (a row another transaction holds).
-async fn wait_until_blocked(pool: &PgPool, pid: i32) {
-    tokio::time::timeout(Duration::from_secs(20), async {
-        loop {
-            let blocked: bool = sqlx::query_scalar(
-                "SELECT EXISTS (SELECT 1 FROM pg_stat_activity
-                                WHERE pid = $1 AND wait_event_type = 'Lock')",
-            )
-            .bind(pid)
-            .fetch_one(pool)
-            .await
-            .unwrap();
-            if blocked {
-                return;
-            }
-            tokio::task::yield_now().await;
-        }
-    })
-    .await
-    .expect("the statement to wait for a row lock");
 }
 
 /// A worker saves a parent's success, then, in a second transaction, queues its waiting
@@ -99,10 +79,6 @@ async fn a_sweep_that_waited_on_a_child_queued_meanwhile_announces_it_at_commit(
 
     // The sweep, in a transaction of its own, waits for the child's row.
     let mut sweep = PgConnection::connect(db.url()).await.unwrap();
-    let sweep_pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
-        .fetch_one(&mut sweep)
-        .await
-        .unwrap();
     sqlx::query("BEGIN").execute(&mut sweep).await.unwrap();
     let sweeping = tokio::spawn(async move {
         sqlx::query("SELECT skiplock.internal_settle_waiting()")
@@ -111,7 +87,7 @@ async fn a_sweep_that_waited_on_a_child_queued_meanwhile_announces_it_at_commit(
             .unwrap();
         sweep
     });
-    wait_until_blocked(pool, sweep_pid).await;
+    wait_for_a_lock_wait(pool, "the sweep to wait for the child's row").await;
     sqlx::query("COMMIT").execute(&mut move_on).await.unwrap();
     let mut sweep = sweeping.await.unwrap();
     let free: Option<i64> = sqlx::query_scalar(

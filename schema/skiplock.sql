@@ -539,10 +539,14 @@ CREATE FUNCTION skiplock.internal_announce_queued_by_others(ids bigint[]) RETURN
     SET enable_bitmapscan TO 'off'
     SET jit TO 'off'
     AS $$
+    -- One probe by id per job, the state compared outside it (see
+    -- internal_queue_ready_dependants).
     SELECT skiplock.internal_announce(ARRAY(
         SELECT ROW(j.queue, j.priority, j.scheduled_at)::skiplock.runnable_key
-        FROM skiplock.jobs j
-        WHERE j.id = ANY (ids) AND j.state = 'queued'));
+        FROM unnest(ids) AS i(id)
+        CROSS JOIN LATERAL (SELECT c.queue, c.priority, c.scheduled_at, c.state
+                            FROM skiplock.jobs_live c WHERE c.id = i.id LIMIT 1) j
+        WHERE j.state = 'queued'));
 $$;
 
 --
@@ -2105,8 +2109,11 @@ DECLARE
     promoted_ids bigint[];
     promoted_keys skiplock.runnable_key[];
 BEGIN
-    seen_waiting := ARRAY(SELECT c.id FROM skiplock.jobs c
-                          WHERE c.id = ANY (ids) AND c.state = 'waiting');
+    -- One probe by id per job: the state is compared outside the probe (LIMIT 1 keeps it
+    -- from being flattened), so no plan can walk the waiting jobs' index instead.
+    seen_waiting := ARRAY(SELECT i.id FROM unnest(ids) AS i(id)
+                          WHERE (SELECT c.state FROM skiplock.jobs_live c
+                                 WHERE c.id = i.id LIMIT 1) = 'waiting');
     IF cardinality(seen_waiting) = 0 THEN
         RETURN 0;
     END IF;

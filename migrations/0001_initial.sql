@@ -121,7 +121,12 @@ CREATE TABLE skiplock.jobs (
     unique_policy text,
     progress      jsonb,
     output        jsonb,
+    -- Per-key concurrency: in a queue with key_max_running (skiplock.queues), at most that
+    -- many jobs of one key run at once, across every worker (a tenant, a customer, an API
+    -- account). Unlike ordering_key, no order among a key's jobs.
+    concurrency_key text,
     CONSTRAINT jobs_kind_not_empty CHECK (kind <> ''),
+    CONSTRAINT jobs_concurrency_key_not_empty CHECK (concurrency_key <> ''),
     CONSTRAINT jobs_queue_not_empty CHECK (queue <> ''),
     -- Workers are told of runnable jobs by notifications that carry the queue's name, and
     -- Postgres caps their payload at 8,000 bytes.
@@ -199,8 +204,9 @@ CREATE TABLE skiplock.job_dependencies (
 -- Queues: paused queues are never claimed from; running jobs finish. Global limits, held
 -- by every claim on every host (skiplock.internal_claim_batch): at most max_running of the
 -- queue's jobs running at once, and at most rate_limit claims starting in any window of
--- rate_period. NULL: no such limit. A row may name a queue that has no jobs yet; its
--- settings apply to the jobs that come. Changed at any time, they hold from the next claim.
+-- rate_period; at most key_max_running of the jobs of one concurrency_key running at once.
+-- NULL: no such limit. A row may name a queue that has no jobs yet; its settings apply to
+-- the jobs that come. Changed at any time, they hold from the next claim.
 CREATE TABLE skiplock.queues (
     name        text PRIMARY KEY,
     paused      boolean NOT NULL DEFAULT false,
@@ -208,10 +214,12 @@ CREATE TABLE skiplock.queues (
     max_running int,
     rate_limit  int,
     rate_period interval,
+    key_max_running int,
     CONSTRAINT queues_name_not_empty CHECK (name <> ''),
     CONSTRAINT queues_name_length CHECK (octet_length(name) <= 1000),
     -- Zero would be a pause; `paused` says that.
     CONSTRAINT queues_max_running_at_least_1 CHECK (max_running >= 1),
+    CONSTRAINT queues_key_max_running_at_least_1 CHECK (key_max_running >= 1),
     -- The claim keeps the last rate_limit start times of the queue (queue_rate_starts).
     CONSTRAINT queues_rate_limit_1_to_100000 CHECK (rate_limit BETWEEN 1 AND 100000),
     CONSTRAINT queues_rate_period_positive CHECK (rate_period > interval '0'),
@@ -362,6 +370,13 @@ CREATE UNIQUE INDEX jobs_ordering_key_running_idx ON skiplock.jobs_live (orderin
 
 CREATE INDEX jobs_ordering_key_lane_idx ON skiplock.jobs_live (ordering_key, id)
     WHERE ordering_key IS NOT NULL AND state IN ('waiting', 'queued', 'running');
+
+-- Per-key concurrency (skiplock.queues.key_max_running): a key's running jobs counted, its
+-- queued jobs held back when it is full, its held jobs let go in claim order when a slot
+-- frees, each a range of this index. Partial: only jobs with a concurrency_key pay for it.
+CREATE INDEX jobs_concurrency_key_idx
+    ON skiplock.jobs_live (queue, state, concurrency_key, priority, scheduled_at, id)
+    WHERE concurrency_key IS NOT NULL;
 
 -- Unique keys: at most one pending (not yet running) job per key.
 CREATE UNIQUE INDEX jobs_unique_key_pending_idx ON skiplock.jobs_live (unique_key)

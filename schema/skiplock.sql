@@ -153,7 +153,7 @@ $$;
 -- Name: FUNCTION claim(queue text, max_jobs integer, worker text, kinds text[]); Type: COMMENT; Schema: skiplock; Owner: -
 --
 
-COMMENT ON FUNCTION skiplock.claim(queue text, max_jobs integer, worker text, kinds text[]) IS 'Takes up to `max_jobs` runnable jobs of one queue, in claim order (`priority`, lower first, then `scheduled_at`, then `id`), with `FOR UPDATE SKIP LOCKED`: any number of workers claim at once and never take the same job. Returns `id, queue, kind, args, attempt, max_attempts, claim_token` per job. `kinds` NULL means every kind; pass the kinds you have handlers for. Jobs of a paused queue, not yet due, waiting for parents or behind an unfinished job of their lane are not taken, nor more than the queue''s global limits leave (`max_running`, `rate_limit`; such a claim must run in READ COMMITTED, else SQLSTATE 25000). Each job comes back `running` with `attempt` counted and a fresh `claim_token`. `max_jobs` 0 returns nothing; NULL, negative or over 10,000, or a NULL or empty `queue` or `worker`, is an error (SQLSTATE 22023).';
+COMMENT ON FUNCTION skiplock.claim(queue text, max_jobs integer, worker text, kinds text[]) IS 'Takes up to `max_jobs` runnable jobs of one queue, in claim order (`priority`, lower first, then `scheduled_at`, then `id`), with `FOR UPDATE SKIP LOCKED`: any number of workers claim at once and never take the same job. Returns `id, queue, kind, args, attempt, max_attempts, claim_token` per job. `kinds` NULL means every kind; pass the kinds you have handlers for. Jobs of a paused queue, not yet due, waiting for parents or behind an unfinished job of their lane are not taken, nor more than the queue''s global limits leave (`max_running`, `rate_limit`, `key_max_running` per concurrency key; such a claim must run in READ COMMITTED, else SQLSTATE 25000). Each job comes back `running` with `attempt` counted and a fresh `claim_token`. `max_jobs` 0 returns nothing; NULL, negative or over 10,000, or a NULL or empty `queue` or `worker`, is an error (SQLSTATE 22023).';
 
 --
 -- Name: complete(bigint, uuid, jsonb); Type: FUNCTION; Schema: skiplock; Owner: -
@@ -233,28 +233,28 @@ $$;
 COMMENT ON FUNCTION skiplock.discard(id bigint, token uuid, error text) IS 'As `fail`, but `''dead''` now, whatever attempts are left: for errors no retry will mend (bad arguments).';
 
 --
--- Name: enqueue(text, jsonb, text, integer, timestamp with time zone, integer, text, text, text, bigint[]); Type: FUNCTION; Schema: skiplock; Owner: -
+-- Name: enqueue(text, jsonb, text, integer, timestamp with time zone, integer, text, text, text, bigint[], text); Type: FUNCTION; Schema: skiplock; Owner: -
 --
 
-CREATE FUNCTION skiplock.enqueue(kind text, args jsonb DEFAULT '{}'::jsonb, queue text DEFAULT 'default'::text, priority integer DEFAULT 0, scheduled_at timestamp with time zone DEFAULT now(), max_attempts integer DEFAULT 25, ordering_key text DEFAULT NULL::text, unique_key text DEFAULT NULL::text, on_conflict text DEFAULT 'skip'::text, depends_on bigint[] DEFAULT '{}'::bigint[]) RETURNS bigint
+CREATE FUNCTION skiplock.enqueue(kind text, args jsonb DEFAULT '{}'::jsonb, queue text DEFAULT 'default'::text, priority integer DEFAULT 0, scheduled_at timestamp with time zone DEFAULT now(), max_attempts integer DEFAULT 25, ordering_key text DEFAULT NULL::text, unique_key text DEFAULT NULL::text, on_conflict text DEFAULT 'skip'::text, depends_on bigint[] DEFAULT '{}'::bigint[], concurrency_key text DEFAULT NULL::text) RETURNS bigint
     LANGUAGE sql
     AS $$
     SELECT e.id FROM skiplock.enqueue_job(kind, args, queue, priority, scheduled_at,
                                           max_attempts, ordering_key, unique_key,
-                                          on_conflict, depends_on) e;
+                                          on_conflict, depends_on, concurrency_key) e;
 $$;
 
 --
--- Name: FUNCTION enqueue(kind text, args jsonb, queue text, priority integer, scheduled_at timestamp with time zone, max_attempts integer, ordering_key text, unique_key text, on_conflict text, depends_on bigint[]); Type: COMMENT; Schema: skiplock; Owner: -
+-- Name: FUNCTION enqueue(kind text, args jsonb, queue text, priority integer, scheduled_at timestamp with time zone, max_attempts integer, ordering_key text, unique_key text, on_conflict text, depends_on bigint[], concurrency_key text); Type: COMMENT; Schema: skiplock; Owner: -
 --
 
-COMMENT ON FUNCTION skiplock.enqueue(kind text, args jsonb, queue text, priority integer, scheduled_at timestamp with time zone, max_attempts integer, ordering_key text, unique_key text, on_conflict text, depends_on bigint[]) IS 'Enqueues a job from any language and returns its id (or, for a unique_key already pending, that job''s id). Example: SELECT skiplock.enqueue(''send_email'', ''{"to": "a@example.com"}'', priority => -1);';
+COMMENT ON FUNCTION skiplock.enqueue(kind text, args jsonb, queue text, priority integer, scheduled_at timestamp with time zone, max_attempts integer, ordering_key text, unique_key text, on_conflict text, depends_on bigint[], concurrency_key text) IS 'Enqueues a job from any language and returns its id (or, for a unique_key already pending, that job''s id). Example: SELECT skiplock.enqueue(''send_email'', ''{"to": "a@example.com"}'', priority => -1);';
 
 --
--- Name: enqueue_job(text, jsonb, text, integer, timestamp with time zone, integer, text, text, text, bigint[]); Type: FUNCTION; Schema: skiplock; Owner: -
+-- Name: enqueue_job(text, jsonb, text, integer, timestamp with time zone, integer, text, text, text, bigint[], text); Type: FUNCTION; Schema: skiplock; Owner: -
 --
 
-CREATE FUNCTION skiplock.enqueue_job(kind text, args jsonb DEFAULT '{}'::jsonb, queue text DEFAULT 'default'::text, priority integer DEFAULT 0, scheduled_at timestamp with time zone DEFAULT now(), max_attempts integer DEFAULT 25, ordering_key text DEFAULT NULL::text, unique_key text DEFAULT NULL::text, on_conflict text DEFAULT 'skip'::text, depends_on bigint[] DEFAULT '{}'::bigint[]) RETURNS TABLE(id bigint, outcome text)
+CREATE FUNCTION skiplock.enqueue_job(kind text, args jsonb DEFAULT '{}'::jsonb, queue text DEFAULT 'default'::text, priority integer DEFAULT 0, scheduled_at timestamp with time zone DEFAULT now(), max_attempts integer DEFAULT 25, ordering_key text DEFAULT NULL::text, unique_key text DEFAULT NULL::text, on_conflict text DEFAULT 'skip'::text, depends_on bigint[] DEFAULT '{}'::bigint[], concurrency_key text DEFAULT NULL::text) RETURNS TABLE(id bigint, outcome text)
     LANGUAGE plpgsql
     AS $$
 #variable_conflict use_column
@@ -305,23 +305,24 @@ BEGIN
         PERFORM skiplock.internal_check_args_size(enqueue_job.args);
         INSERT INTO skiplock.jobs (kind, args, queue, priority, scheduled_at, max_attempts,
                                    ordering_key, unique_key, unique_policy, state,
-                                   finished_at, last_error)
+                                   finished_at, last_error, concurrency_key)
         VALUES (enqueue_job.kind, enqueue_job.args, enqueue_job.queue,
                 enqueue_job.priority::smallint, enqueue_job.scheduled_at,
                 enqueue_job.max_attempts, enqueue_job.ordering_key, enqueue_job.unique_key,
                 CASE WHEN enqueue_job.unique_key IS NOT NULL THEN on_conflict END, initial,
-                now(), reason)
+                now(), reason, enqueue_job.concurrency_key)
         RETURNING skiplock.jobs.id, true INTO new_id, inserted;
     ELSE
         -- Into jobs_live itself: ON CONFLICT needs a unique index of the table it names,
         -- and the pending unique keys' index is the live partition's.
         INSERT INTO skiplock.jobs_live AS j (kind, args, queue, priority, scheduled_at,
                                              max_attempts, ordering_key, unique_key,
-                                             unique_policy, state)
+                                             unique_policy, state, concurrency_key)
         VALUES (enqueue_job.kind, enqueue_job.args, enqueue_job.queue,
                 enqueue_job.priority::smallint, enqueue_job.scheduled_at,
                 enqueue_job.max_attempts, enqueue_job.ordering_key, enqueue_job.unique_key,
-                CASE WHEN enqueue_job.unique_key IS NOT NULL THEN on_conflict END, initial)
+                CASE WHEN enqueue_job.unique_key IS NOT NULL THEN on_conflict END, initial,
+                enqueue_job.concurrency_key)
         ON CONFLICT (unique_key) WHERE unique_key IS NOT NULL AND state IN ('waiting', 'queued')
         -- Reached when the insert trigger could not see the key's holder (a snapshot
         -- older than it: REPEATABLE READ, where the update then fails to serialize); the
@@ -354,10 +355,10 @@ END;
 $$;
 
 --
--- Name: FUNCTION enqueue_job(kind text, args jsonb, queue text, priority integer, scheduled_at timestamp with time zone, max_attempts integer, ordering_key text, unique_key text, on_conflict text, depends_on bigint[]); Type: COMMENT; Schema: skiplock; Owner: -
+-- Name: FUNCTION enqueue_job(kind text, args jsonb, queue text, priority integer, scheduled_at timestamp with time zone, max_attempts integer, ordering_key text, unique_key text, on_conflict text, depends_on bigint[], concurrency_key text); Type: COMMENT; Schema: skiplock; Owner: -
 --
 
-COMMENT ON FUNCTION skiplock.enqueue_job(kind text, args jsonb, queue text, priority integer, scheduled_at timestamp with time zone, max_attempts integer, ordering_key text, unique_key text, on_conflict text, depends_on bigint[]) IS 'As skiplock.enqueue, and says what it did: the job''s id with inserted, or, for a unique_key already pending, that job''s id with skipped, replaced or merged. Example: SELECT * FROM skiplock.enqueue_job(''send_email'', ''{"to": "a@example.com"}'', unique_key => ''welcome-42'');';
+COMMENT ON FUNCTION skiplock.enqueue_job(kind text, args jsonb, queue text, priority integer, scheduled_at timestamp with time zone, max_attempts integer, ordering_key text, unique_key text, on_conflict text, depends_on bigint[], concurrency_key text) IS 'As skiplock.enqueue, and says what it did: the job''s id with inserted, or, for a unique_key already pending, that job''s id with skipped, replaced or merged. Example: SELECT * FROM skiplock.enqueue_job(''send_email'', ''{"to": "a@example.com"}'', unique_key => ''welcome-42'');';
 
 --
 -- Name: fail(bigint, uuid, text, interval); Type: FUNCTION; Schema: skiplock; Owner: -
@@ -451,9 +452,9 @@ CREATE FUNCTION skiplock.internal_abandon_claims(ids bigint[], tokens uuid[], me
     RETURNING j.id, j.state::text AS state,
               EXISTS (SELECT 1 FROM skiplock.job_dependencies d WHERE d.parent_id = j.id)
                   AS has_dependants,
-              j.ordering_key, j.queue
+              j.ordering_key, j.queue, j.concurrency_key
     ), freed AS (
-        SELECT skiplock.internal_notify_freed(array_agg(DISTINCT queue)) FROM abandoned
+        SELECT skiplock.internal_notify_freed(array_agg(queue), array_agg(concurrency_key)) FROM abandoned
     )
     SELECT id, state, has_dependants, ordering_key
     FROM abandoned, (SELECT count(*) FROM freed) f;
@@ -593,8 +594,10 @@ CREATE FUNCTION skiplock.internal_cancel_job_once(job_id bigint) RETURNS boolean
 DECLARE
     previous skiplock.job_state;
     job_queue text;
+    job_key text;
 BEGIN
-    SELECT state, queue INTO previous, job_queue FROM skiplock.jobs WHERE id = job_id FOR UPDATE;
+    SELECT state, queue, concurrency_key INTO previous, job_queue, job_key
+    FROM skiplock.jobs WHERE id = job_id FOR UPDATE;
     IF previous IS NULL OR previous NOT IN ('waiting', 'queued', 'running') THEN
         RETURN false;
     END IF;
@@ -604,7 +607,10 @@ BEGIN
     WHERE id = job_id;
     IF previous = 'running' THEN
         PERFORM pg_notify('skiplock_cancel', job_id::text);
-        PERFORM skiplock.internal_notify_freed(ARRAY[job_queue]);
+    END IF;
+    -- A running job's slot, or a queued job's place among its key's admitted jobs.
+    IF previous = 'running' OR (previous = 'queued' AND job_key IS NOT NULL) THEN
+        PERFORM skiplock.internal_notify_freed(ARRAY[job_queue], ARRAY[job_key]);
     END IF;
     PERFORM skiplock.internal_settle_dependants(ARRAY[job_id]);
     PERFORM skiplock.internal_advance_lanes(ARRAY(
@@ -682,11 +688,13 @@ DECLARE
     lim_max_running int;
     lim_rate_limit int;
     lim_rate_period interval;
+    lim_key_max_running int;
     room bigint := max_jobs;
     wanted bigint;
     rate_room bigint;
     claim_time timestamptz;
     taken bigint;
+    taken_now bigint;
 BEGIN
     IF retry_lane_conflict AND take_lanes THEN
         -- The claim inside a subtransaction: a lane conflict it could not see rolls back
@@ -716,23 +724,27 @@ BEGIN
         END;
     END IF;
     -- The queue's row, if any: one probe for a queue without limits.
-    SELECT q.paused, q.max_running, q.rate_limit, q.rate_period
-    INTO is_paused, lim_max_running, lim_rate_limit, lim_rate_period
+    SELECT q.paused, q.max_running, q.rate_limit, q.rate_period, q.key_max_running
+    INTO is_paused, lim_max_running, lim_rate_limit, lim_rate_period, lim_key_max_running
     FROM skiplock.queues q
     WHERE q.name = queue_name;
     IF is_paused THEN
         RETURN;
     END IF;
-    IF lim_max_running IS NOT NULL OR lim_rate_limit IS NOT NULL THEN
+    IF lim_max_running IS NOT NULL OR lim_rate_limit IS NOT NULL
+       OR lim_key_max_running IS NOT NULL THEN
         IF current_setting('transaction_isolation') <> 'read committed' THEN
             -- An older snapshot would miss claims committed after it, and claim past the
             -- limit.
-            RAISE EXCEPTION 'queue % has a global limit (max_running or rate_limit), which a claim holds only in READ COMMITTED; this transaction is %',
+            RAISE EXCEPTION 'queue % has a global limit (max_running, rate_limit or key_max_running), which a claim holds only in READ COMMITTED; this transaction is %',
                 queue_name, upper(current_setting('transaction_isolation'))
                 USING ERRCODE = 'invalid_transaction_state',
                       HINT = 'claim in a READ COMMITTED transaction: BEGIN ISOLATION LEVEL READ COMMITTED, or SET default_transaction_isolation for the session';
         END IF;
         PERFORM pg_advisory_xact_lock(skiplock.internal_queue_limit_lock_id(queue_name));
+        IF lim_key_max_running IS NOT NULL THEN
+            PERFORM skiplock.internal_hold_full_keys(queue_name, lim_key_max_running);
+        END IF;
         IF lim_max_running IS NOT NULL THEN
             -- Through jobs_running_idx: every running job's entry, the queue's found among
             -- them (see the index's comment in 0001_initial.sql).
@@ -777,48 +789,77 @@ BEGIN
     END IF;
     -- From the position on, with the caller's token when it gives one. The result is
     -- sorted (claim order) after the update has finished, so an update that fails has
-    -- returned no row yet.
-    RETURN QUERY
-    WITH picked AS (
-        SELECT j.ctid FROM skiplock.jobs_live j
-        WHERE j.queue = queue_name AND j.state = 'queued' AND j.scheduled_at <= now()
-          AND (j.priority, j.scheduled_at, j.id) > (from_priority, from_scheduled_at, from_id)
-          AND (kinds IS NULL OR j.kind = ANY (kinds))
-          AND (NOT filtering OR j.xmax = '0'::xid OR (
-              NOT j.xmax = ANY (in_flight)
-              AND (j.xmax::text::bigint - next_xid + 4294967296) % 4294967296 >= 1048576))
-          AND (j.ordering_key IS NULL OR (
-              take_lanes
-              AND NOT EXISTS (
-                  SELECT 1 FROM skiplock.jobs h
-                  WHERE h.ordering_key = j.ordering_key AND h.state = 'running')
-              AND NOT EXISTS (
-                  SELECT 1 FROM skiplock.jobs h
-                  WHERE h.ordering_key = j.ordering_key AND h.id < j.id
-                    AND h.state IN ('waiting', 'queued', 'running'))
-          ))
-        ORDER BY j.priority, j.scheduled_at, j.id
-        LIMIT room
-        FOR UPDATE OF j SKIP LOCKED
-    ), claimed AS (
-        UPDATE skiplock.jobs_live j
-        SET state = 'running', claim_token = coalesce(claim_with, gen_random_uuid()), claimed_by = worker,
-            claimed_at = coalesce(claim_time, now()), heartbeat_at = clock_timestamp(),
-            attempt = least(j.attempt, 2147483646) + 1
-        WHERE j.ctid = ANY (ARRAY(SELECT p.ctid FROM picked p))
-        RETURNING j.id, j.queue, j.kind, j.args, j.attempt, j.max_attempts,
-                  j.claim_token, j.priority, j.scheduled_at
-    )
-    SELECT c.id, c.queue, c.kind, c.args, c.attempt, c.max_attempts, c.claim_token,
-           c.priority,
-           -- A claimed row is due, so its scheduled_at is finite or '-infinity'.
-           CASE WHEN isfinite(c.scheduled_at)
-                THEN (extract(epoch FROM c.scheduled_at) * 1000000)::bigint
-                ELSE -9223372036854775808 END
-    FROM claimed c
-    ORDER BY c.priority, c.scheduled_at, c.id;
+    -- returned no row yet. With key_max_running, jobs picked beyond their key's room stay
+    -- queued; they are held back then and the claim goes on for the room left, so that
+    -- it comes back short only when nothing more may be taken (a worker takes a short
+    -- claim for a drained queue).
+    taken := 0;
+    LOOP
+        RETURN QUERY
+        WITH picked AS (
+            SELECT j.ctid, j.concurrency_key, j.priority, j.scheduled_at, j.id
+            FROM skiplock.jobs_live j
+            WHERE j.queue = queue_name AND j.state = 'queued' AND j.scheduled_at <= now()
+              AND (j.priority, j.scheduled_at, j.id) > (from_priority, from_scheduled_at, from_id)
+              AND (kinds IS NULL OR j.kind = ANY (kinds))
+              AND (NOT filtering OR j.xmax = '0'::xid OR (
+                  NOT j.xmax = ANY (in_flight)
+                  AND (j.xmax::text::bigint - next_xid + 4294967296) % 4294967296 >= 1048576))
+              AND (j.ordering_key IS NULL OR (
+                  take_lanes
+                  AND NOT EXISTS (
+                      SELECT 1 FROM skiplock.jobs h
+                      WHERE h.ordering_key = j.ordering_key AND h.state = 'running')
+                  AND NOT EXISTS (
+                      SELECT 1 FROM skiplock.jobs h
+                      WHERE h.ordering_key = j.ordering_key AND h.id < j.id
+                        AND h.state IN ('waiting', 'queued', 'running'))
+              ))
+              AND (lim_key_max_running IS NULL OR j.concurrency_key IS NULL
+                   OR skiplock.internal_key_running(queue_name, j.concurrency_key,
+                                                    lim_key_max_running) < lim_key_max_running)
+            ORDER BY j.priority, j.scheduled_at, j.id
+            LIMIT room
+            FOR UPDATE OF j SKIP LOCKED
+        ), taken AS (
+            -- With key_max_running, of each key only as many as its running jobs leave room
+            -- for; the others picked stay queued (held back by the next claim).
+            SELECT CASE WHEN lim_key_max_running IS NULL
+                THEN ARRAY(SELECT p.ctid FROM picked p)
+                ELSE ARRAY(
+                    SELECT k.ctid
+                    FROM (SELECT p.ctid, p.concurrency_key,
+                                 row_number() OVER (PARTITION BY p.concurrency_key
+                                                    ORDER BY p.priority, p.scheduled_at, p.id) AS nth
+                          FROM picked p) k
+                    WHERE k.concurrency_key IS NULL
+                       OR k.nth <= lim_key_max_running - skiplock.internal_key_running(
+                              queue_name, k.concurrency_key, lim_key_max_running))
+                END AS ctids
+        ), claimed AS (
+            UPDATE skiplock.jobs_live j
+            SET state = 'running', claim_token = coalesce(claim_with, gen_random_uuid()), claimed_by = worker,
+                claimed_at = coalesce(claim_time, now()), heartbeat_at = clock_timestamp(),
+                attempt = least(j.attempt, 2147483646) + 1
+            WHERE j.ctid = ANY ((SELECT t.ctids FROM taken t)::tid[])
+            RETURNING j.id, j.queue, j.kind, j.args, j.attempt, j.max_attempts,
+                      j.claim_token, j.priority, j.scheduled_at
+        )
+        SELECT c.id, c.queue, c.kind, c.args, c.attempt, c.max_attempts, c.claim_token,
+               c.priority,
+               -- A claimed row is due, so its scheduled_at is finite or '-infinity'.
+               CASE WHEN isfinite(c.scheduled_at)
+                    THEN (extract(epoch FROM c.scheduled_at) * 1000000)::bigint
+                    ELSE -9223372036854775808 END
+        FROM claimed c
+        ORDER BY c.priority, c.scheduled_at, c.id;
+        GET DIAGNOSTICS taken_now = ROW_COUNT;
+        taken := taken + taken_now;
+        EXIT WHEN lim_key_max_running IS NULL OR taken_now >= room
+            OR skiplock.internal_hold_full_keys(queue_name, lim_key_max_running) = 0;
+        room := room - taken_now;
+    END LOOP;
     IF rate_room IS NOT NULL THEN
-        GET DIAGNOSTICS taken = ROW_COUNT;
         PERFORM skiplock.internal_rate_record(queue_name, taken, claim_time, lim_rate_limit,
                                               lim_rate_period,
                                               rate_room < wanted AND taken >= rate_room);
@@ -846,9 +887,9 @@ CREATE FUNCTION skiplock.internal_complete_claims(ids bigint[], tokens uuid[]) R
         RETURNING j.id, j.state::text AS state,
                   EXISTS (SELECT 1 FROM skiplock.job_dependencies d WHERE d.parent_id = j.id)
                       AS has_dependants,
-                  j.ordering_key, j.queue
+                  j.ordering_key, j.queue, j.concurrency_key
     ), freed AS (
-        SELECT skiplock.internal_notify_freed(array_agg(DISTINCT queue)) FROM done
+        SELECT skiplock.internal_notify_freed(array_agg(queue), array_agg(concurrency_key)) FROM done
     )
     SELECT id, state, has_dependants, ordering_key
     FROM done, (SELECT count(*) FROM freed) f;
@@ -1408,7 +1449,7 @@ CREATE FUNCTION skiplock.internal_fail_claims(ids bigint[], tokens uuid[], messa
     RETURNING j.id, j.state::text AS state,
               EXISTS (SELECT 1 FROM skiplock.job_dependencies d WHERE d.parent_id = j.id)
                   AS has_dependants,
-              j.ordering_key, j.queue, j.priority, j.scheduled_at
+              j.ordering_key, j.queue, j.priority, j.scheduled_at, j.concurrency_key
     ), runnable AS (
         -- A retry with no delay is runnable at once, and may be behind a position; one
         -- after its delay may come due behind one.
@@ -1417,7 +1458,7 @@ CREATE FUNCTION skiplock.internal_fail_claims(ids bigint[], tokens uuid[], messa
                    FILTER (WHERE state = 'queued'))
         FROM saved
     ), freed AS (
-        SELECT skiplock.internal_notify_freed(array_agg(DISTINCT queue)) FROM saved
+        SELECT skiplock.internal_notify_freed(array_agg(queue), array_agg(concurrency_key)) FROM saved
     )
     SELECT id, state, has_dependants, ordering_key
     FROM saved, (SELECT count(*) FROM runnable) r, (SELECT count(*) FROM freed) f;
@@ -1578,6 +1619,45 @@ BEGIN
         END;
     END LOOP;
     RETURN QUERY SELECT g.id, g.token FROM unnest(gone_ids, gone_tokens) AS g(id, token);
+END;
+$$;
+
+--
+-- Name: internal_hold_full_keys(text, integer); Type: FUNCTION; Schema: skiplock; Owner: -
+--
+
+CREATE FUNCTION skiplock.internal_hold_full_keys(queue_name text, key_max_running integer) RETURNS integer
+    LANGUAGE plpgsql
+    SET enable_seqscan TO 'off'
+    SET enable_bitmapscan TO 'off'
+    SET enable_hashjoin TO 'off'
+    SET enable_mergejoin TO 'off'
+    SET jit TO 'off'
+    AS $$
+DECLARE
+    held int;
+BEGIN
+    WITH full_keys AS (
+        SELECT r.concurrency_key AS key
+        FROM skiplock.jobs_live r
+        WHERE r.queue = queue_name AND r.state = 'running' AND r.concurrency_key IS NOT NULL
+        GROUP BY r.concurrency_key
+        HAVING count(*) >= key_max_running
+    ), held AS (
+        UPDATE skiplock.jobs_live j SET state = 'waiting'
+        WHERE j.ctid = ANY (ARRAY(
+            SELECT h.ctid
+            FROM full_keys f
+            CROSS JOIN LATERAL (
+                SELECT h.ctid FROM skiplock.jobs_live h
+                WHERE h.queue = queue_name AND h.state = 'queued'
+                  AND h.concurrency_key = f.key AND h.scheduled_at <= now()
+                  AND h.ordering_key IS NULL
+                FOR UPDATE SKIP LOCKED) h))
+        RETURNING 1
+    )
+    SELECT count(*) INTO held FROM held;
+    RETURN held;
 END;
 $$;
 
@@ -1782,6 +1862,22 @@ END;
 $$;
 
 --
+-- Name: internal_key_running(text, text, integer); Type: FUNCTION; Schema: skiplock; Owner: -
+--
+
+CREATE FUNCTION skiplock.internal_key_running(queue_name text, key text, cap integer) RETURNS integer
+    LANGUAGE sql STABLE
+    SET enable_seqscan TO 'off'
+    SET enable_bitmapscan TO 'off'
+    SET jit TO 'off'
+    AS $$
+    SELECT count(*)::int FROM (
+        SELECT FROM skiplock.jobs_live j
+        WHERE j.queue = queue_name AND j.state = 'running' AND j.concurrency_key = key
+        LIMIT cap) r;
+$$;
+
+--
 -- Name: internal_lock_done_partition(text); Type: FUNCTION; Schema: skiplock; Owner: -
 --
 
@@ -1917,17 +2013,30 @@ CREATE FUNCTION skiplock.internal_notify_due_later(queue text, priority smallint
 $$;
 
 --
--- Name: internal_notify_freed(text[]); Type: FUNCTION; Schema: skiplock; Owner: -
+-- Name: internal_notify_freed(text[], text[]); Type: FUNCTION; Schema: skiplock; Owner: -
 --
 
-CREATE FUNCTION skiplock.internal_notify_freed(queues text[]) RETURNS void
+CREATE FUNCTION skiplock.internal_notify_freed(queues text[], keys text[]) RETURNS void
     LANGUAGE plpgsql
     AS $$
+DECLARE
+    keyed record;
 BEGIN
     IF cardinality(queues) > 0 THEN
         PERFORM skiplock.internal_notify_queue_start(q.name)
         FROM skiplock.queues q
         WHERE q.name = ANY (queues) AND q.max_running IS NOT NULL;
+        FOR keyed IN
+            SELECT f.queue, array_agg(DISTINCT f.key) AS keys
+            FROM unnest(queues, keys) AS f(queue, key)
+            WHERE f.key IS NOT NULL
+              AND EXISTS (SELECT 1 FROM skiplock.queues q
+                          WHERE q.name = f.queue AND q.key_max_running IS NOT NULL)
+            GROUP BY f.queue
+            ORDER BY skiplock.internal_queue_limit_lock_id(f.queue)
+        LOOP
+            PERFORM skiplock.internal_release_held(keyed.queue, keyed.keys);
+        END LOOP;
     END IF;
 END;
 $$;
@@ -2138,6 +2247,19 @@ END;
 $$;
 
 --
+-- Name: internal_queues_after_key_limit(); Type: FUNCTION; Schema: skiplock; Owner: -
+--
+
+CREATE FUNCTION skiplock.internal_queues_after_key_limit() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    PERFORM skiplock.internal_release_held(OLD.name, NULL);
+    RETURN NULL;
+END;
+$$;
+
+--
 -- Name: internal_queues_after_write(); Type: FUNCTION; Schema: skiplock; Owner: -
 --
 
@@ -2277,7 +2399,7 @@ BEGIN
        FROM reaped r
        WHERE j.id = r.id AND j.state IN ('waiting', 'queued', 'running')
        RETURNING j.id, j.state::text AS state, j.claimed_by, j.ordering_key,
-                 j.queue, j.priority, j.scheduled_at
+                 j.queue, j.priority, j.scheduled_at, j.concurrency_key
        ), due_later AS (
            -- Back after the backoff: it may come due behind a worker's position.
            SELECT skiplock.internal_announce(array_agg(
@@ -2285,7 +2407,7 @@ BEGIN
                       FILTER (WHERE state = 'queued'))
            FROM taken_back
        ), freed AS (
-           SELECT skiplock.internal_notify_freed(array_agg(DISTINCT queue)) FROM taken_back
+           SELECT skiplock.internal_notify_freed(array_agg(queue), array_agg(concurrency_key)) FROM taken_back
        )
        SELECT array_agg(ROW(id, state, claimed_by, ordering_key)::skiplock.internal_reaped)
        FROM taken_back, (SELECT count(*) FROM due_later) d, (SELECT count(*) FROM freed) f
@@ -2348,7 +2470,8 @@ CREATE FUNCTION skiplock.internal_release_claims(ids bigint[], tokens uuid[], de
                 ELSE skiplock.internal_superseded_message(f.holder, f.unique_key) END
         FROM folded f
         WHERE j.id = ANY(ARRAY(SELECT id FROM folded)) AND j.id = f.id AND j.state IN ('waiting', 'queued', 'running')
-        RETURNING j.id, j.queue, j.state, f.delay_ms, j.priority, j.scheduled_at
+        RETURNING j.id, j.queue, j.state, f.delay_ms, j.priority, j.scheduled_at,
+                  j.concurrency_key
     ), runnable AS (
         -- Released jobs keep their scheduled_at: behind the workers' positions. Snoozed
         -- ones (scheduled_at after now()) may come due behind them.
@@ -2357,10 +2480,67 @@ CREATE FUNCTION skiplock.internal_release_claims(ids bigint[], tokens uuid[], de
                    FILTER (WHERE state = 'queued'))
         FROM released
     ), freed AS (
-        SELECT skiplock.internal_notify_freed(array_agg(DISTINCT queue)) FROM released
+        SELECT skiplock.internal_notify_freed(array_agg(queue), array_agg(concurrency_key)) FROM released
     )
     SELECT id FROM released, (SELECT count(*) FROM runnable) r, (SELECT count(*) FROM freed) f;
 $_$;
+
+--
+-- Name: internal_release_held(text, text[]); Type: FUNCTION; Schema: skiplock; Owner: -
+--
+
+CREATE FUNCTION skiplock.internal_release_held(queue_name text, keys text[]) RETURNS integer
+    LANGUAGE plpgsql
+    SET enable_seqscan TO 'off'
+    SET enable_bitmapscan TO 'off'
+    SET enable_hashjoin TO 'off'
+    SET enable_mergejoin TO 'off'
+    SET jit TO 'off'
+    AS $$
+DECLARE
+    key_limit int;
+    released int;
+    released_keys skiplock.runnable_key[];
+BEGIN
+    PERFORM pg_advisory_xact_lock(skiplock.internal_queue_limit_lock_id(queue_name));
+    SELECT q.key_max_running INTO key_limit FROM skiplock.queues q WHERE q.name = queue_name;
+    WITH looked_at AS (
+        SELECT DISTINCT k.key FROM unnest(keys) AS k(key) WHERE k.key IS NOT NULL
+        UNION
+        SELECT DISTINCT w.concurrency_key FROM skiplock.jobs_live w
+        WHERE keys IS NULL AND w.queue = queue_name AND w.state = 'waiting'
+          AND w.concurrency_key IS NOT NULL
+    ), room AS (
+        SELECT l.key, key_limit - (
+            SELECT count(*) FROM (
+                SELECT FROM skiplock.jobs_live r
+                WHERE r.queue = queue_name AND r.state IN ('running', 'queued')
+                  AND r.concurrency_key = l.key
+                  AND (r.state = 'running' OR r.scheduled_at <= now())
+                LIMIT key_limit) t) AS room
+        FROM looked_at l
+    ), released AS (
+        UPDATE skiplock.jobs_live j SET state = 'queued'
+        WHERE j.ctid = ANY (ARRAY(
+            SELECT h.ctid
+            FROM room r
+            CROSS JOIN LATERAL (
+                SELECT h.ctid FROM skiplock.jobs_live h
+                WHERE h.queue = queue_name AND h.state = 'waiting'
+                  AND h.concurrency_key = r.key AND h.ordering_key IS NULL
+                  AND NOT skiplock.internal_has_unmet_parent(h.id)
+                ORDER BY h.priority, h.scheduled_at, h.id
+                LIMIT r.room
+                FOR UPDATE SKIP LOCKED) h
+            WHERE r.room IS NULL OR r.room > 0))
+        RETURNING j.queue, j.priority, j.scheduled_at
+    )
+    SELECT count(*), array_agg(ROW(queue, priority, scheduled_at)::skiplock.runnable_key)
+    INTO released, released_keys FROM released;
+    PERFORM skiplock.internal_announce(released_keys);
+    RETURN released;
+END;
+$$;
 
 --
 -- Name: internal_runnable_payload(text, smallint, timestamp with time zone); Type: FUNCTION; Schema: skiplock; Owner: -
@@ -2644,6 +2824,7 @@ DECLARE
     moved int := 0;
     queued_orphans int;
     orphan_keys skiplock.runnable_key[];
+    held record;
 BEGIN
     LOOP
         BEGIN
@@ -2667,18 +2848,33 @@ BEGIN
             UPDATE skiplock.waiting_sweep
             SET after_id = CASE WHEN seen < batch_size THEN 0 ELSE last_id END;
 
-            -- Waiting for nothing: no lane, no dependency row.
+            -- Waiting for nothing: no lane, no dependency row. Those a queue's
+            -- key_max_running holds back (a concurrency key, in a queue with the limit) go
+            -- only as their keys have room, through internal_release_held.
             IF orphans IS NOT NULL THEN
                 WITH queued AS (
                     UPDATE skiplock.jobs c SET state = 'queued'
                     WHERE c.id = ANY (orphans) AND c.state = 'waiting' AND c.ordering_key IS NULL
                       AND NOT EXISTS (SELECT 1 FROM skiplock.job_dependencies d WHERE d.job_id = c.id)
+                      AND NOT (c.concurrency_key IS NOT NULL AND EXISTS (
+                          SELECT 1 FROM skiplock.queues q
+                          WHERE q.name = c.queue AND q.key_max_running IS NOT NULL))
                     RETURNING c.queue, c.priority, c.scheduled_at
                 )
                 SELECT count(*), array_agg(ROW(queue, priority, scheduled_at)::skiplock.runnable_key)
                 INTO queued_orphans, orphan_keys FROM queued;
                 PERFORM skiplock.internal_announce(orphan_keys);
                 moved := queued_orphans;
+                FOR held IN
+                    SELECT c.queue, array_agg(DISTINCT c.concurrency_key) AS keys
+                    FROM skiplock.jobs_live c
+                    WHERE c.id = ANY (orphans) AND c.state = 'waiting'
+                      AND c.concurrency_key IS NOT NULL
+                    GROUP BY c.queue
+                    ORDER BY skiplock.internal_queue_limit_lock_id(c.queue)
+                LOOP
+                    moved := moved + skiplock.internal_release_held(held.queue, held.keys);
+                END LOOP;
             END IF;
             -- The batch's lanes: each head is one index entry, and the queued ones are announced
             -- in one message per queue and priority.
@@ -3118,16 +3314,21 @@ $$;
 COMMENT ON FUNCTION skiplock.retry_job(job_id bigint) IS 'Puts a finished job (dead, cancelled or succeeded) back in line, due now, with an attempt to spare (a queued job is made due now): `queued`, or `waiting` behind an unfinished job of its lane or a parent that has not succeeded. A job whose `unique_key` another pending job holds is superseded by it (it ends `cancelled` naming that job; under the policy `merge` its payloads are merged in first). Returns true if it was put back in line, false for a running or waiting job or no such job. Example: SELECT skiplock.retry_job(42);';
 
 --
--- Name: set_queue_limits(text, integer, integer, interval); Type: FUNCTION; Schema: skiplock; Owner: -
+-- Name: set_queue_limits(text, integer, integer, interval, integer); Type: FUNCTION; Schema: skiplock; Owner: -
 --
 
-CREATE FUNCTION skiplock.set_queue_limits(queue_name text, max_running integer, rate_limit integer DEFAULT NULL::integer, rate_period interval DEFAULT NULL::interval) RETURNS void
+CREATE FUNCTION skiplock.set_queue_limits(queue_name text, max_running integer, rate_limit integer DEFAULT NULL::integer, rate_period interval DEFAULT NULL::interval, key_max_running integer DEFAULT NULL::integer) RETURNS void
     LANGUAGE plpgsql
     AS $$
 BEGIN
     PERFORM skiplock.internal_check_queue_name(queue_name);
     IF max_running < 1 THEN
         RAISE EXCEPTION 'max_running is %, it must be at least 1', max_running
+            USING ERRCODE = 'check_violation',
+                  HINT = 'NULL removes the limit; to stop claiming, pause the queue (skiplock.pause_queue)';
+    END IF;
+    IF key_max_running < 1 THEN
+        RAISE EXCEPTION 'key_max_running is %, it must be at least 1', key_max_running
             USING ERRCODE = 'check_violation',
                   HINT = 'NULL removes the limit; to stop claiming, pause the queue (skiplock.pause_queue)';
     END IF;
@@ -3145,20 +3346,22 @@ BEGIN
         RAISE EXCEPTION 'rate_period is %, it must be longer than zero', rate_period
             USING ERRCODE = 'check_violation';
     END IF;
-    INSERT INTO skiplock.queues AS q (name, max_running, rate_limit, rate_period)
+    INSERT INTO skiplock.queues AS q (name, max_running, rate_limit, rate_period,
+                                      key_max_running)
     VALUES (queue_name, set_queue_limits.max_running, set_queue_limits.rate_limit,
-            set_queue_limits.rate_period)
+            set_queue_limits.rate_period, set_queue_limits.key_max_running)
     ON CONFLICT (name) DO UPDATE
     SET max_running = excluded.max_running, rate_limit = excluded.rate_limit,
-        rate_period = excluded.rate_period, updated_at = now();
+        rate_period = excluded.rate_period, key_max_running = excluded.key_max_running,
+        updated_at = now();
 END;
 $$;
 
 --
--- Name: FUNCTION set_queue_limits(queue_name text, max_running integer, rate_limit integer, rate_period interval); Type: COMMENT; Schema: skiplock; Owner: -
+-- Name: FUNCTION set_queue_limits(queue_name text, max_running integer, rate_limit integer, rate_period interval, key_max_running integer); Type: COMMENT; Schema: skiplock; Owner: -
 --
 
-COMMENT ON FUNCTION skiplock.set_queue_limits(queue_name text, max_running integer, rate_limit integer, rate_period interval) IS 'Sets a queue''s global limits across every worker (NULL: none): max_running jobs at once, rate_limit starts per rate_period. Example: SELECT skiplock.set_queue_limits(''exports'', max_running => 5); SELECT skiplock.set_queue_limits(''mail'', NULL, 100, ''1 second'');';
+COMMENT ON FUNCTION skiplock.set_queue_limits(queue_name text, max_running integer, rate_limit integer, rate_period interval, key_max_running integer) IS 'Sets a queue''s global limits across every worker (NULL: none): max_running jobs at once, rate_limit starts per rate_period, key_max_running jobs of one concurrency_key at once. Example: SELECT skiplock.set_queue_limits(''exports'', max_running => 5); SELECT skiplock.set_queue_limits(''mail'', NULL, 100, ''1 second''); SELECT skiplock.set_queue_limits(''reports'', NULL, key_max_running => 2);';
 
 --
 -- Name: snooze(bigint, uuid, interval); Type: FUNCTION; Schema: skiplock; Owner: -
@@ -3235,6 +3438,15 @@ BEGIN
         IF parents IS NOT NULL THEN
             RETURN format('waits for its parent jobs to succeed: %s', parents);
         END IF;
+        IF job.concurrency_key IS NOT NULL THEN
+            SELECT * INTO queue_row FROM skiplock.queues q WHERE q.name = job.queue;
+            IF queue_row.key_max_running IS NOT NULL THEN
+                RETURN format('held back by the queue''s key_max_running of %s for key %L (%s of its jobs run now); it is queued when a slot of the key frees',
+                              queue_row.key_max_running, job.concurrency_key,
+                              skiplock.internal_key_running(job.queue, job.concurrency_key,
+                                                            queue_row.key_max_running));
+            END IF;
+        END IF;
         RETURN 'waiting; the next pass of a worker''s sweep (or skiplock.maintain) queues it';
     END IF;
     IF job.scheduled_at > now() THEN
@@ -3252,6 +3464,14 @@ BEGIN
         IF running >= queue_row.max_running THEN
             RETURN format('held back by the queue''s max_running: %s of queue %L''s jobs run, its limit',
                           running, job.queue);
+        END IF;
+    END IF;
+    IF queue_row.key_max_running IS NOT NULL AND job.concurrency_key IS NOT NULL THEN
+        running := skiplock.internal_key_running(job.queue, job.concurrency_key,
+                                                 queue_row.key_max_running);
+        IF running >= queue_row.key_max_running THEN
+            RETURN format('held back by the queue''s key_max_running: %s of key %L''s jobs run, its limit',
+                          running, job.concurrency_key);
         END IF;
     END IF;
     IF queue_row.rate_limit IS NOT NULL THEN
@@ -3347,8 +3567,10 @@ CREATE TABLE skiplock.jobs (
     unique_policy text,
     progress jsonb,
     output jsonb,
+    concurrency_key text,
     CONSTRAINT jobs_attempt_not_negative CHECK ((attempt >= 0)),
     CONSTRAINT jobs_claim_token_only_running CHECK (((claim_token IS NULL) OR (state = 'running'::skiplock.job_state))),
+    CONSTRAINT jobs_concurrency_key_not_empty CHECK ((concurrency_key <> ''::text)),
     CONSTRAINT jobs_kind_not_empty CHECK ((kind <> ''::text)),
     CONSTRAINT jobs_max_attempts_positive CHECK ((max_attempts >= 1)),
     CONSTRAINT jobs_queue_name_length CHECK ((octet_length(queue) <= 1000)),
@@ -3513,8 +3735,10 @@ CREATE TABLE skiplock.jobs_done (
     unique_policy text,
     progress jsonb,
     output jsonb,
+    concurrency_key text,
     CONSTRAINT jobs_attempt_not_negative CHECK ((attempt >= 0)),
     CONSTRAINT jobs_claim_token_only_running CHECK (((claim_token IS NULL) OR (state = 'running'::skiplock.job_state))),
+    CONSTRAINT jobs_concurrency_key_not_empty CHECK ((concurrency_key <> ''::text)),
     CONSTRAINT jobs_kind_not_empty CHECK ((kind <> ''::text)),
     CONSTRAINT jobs_max_attempts_positive CHECK ((max_attempts >= 1)),
     CONSTRAINT jobs_queue_name_length CHECK ((octet_length(queue) <= 1000)),
@@ -3551,8 +3775,10 @@ CREATE TABLE skiplock.jobs_done_default (
     unique_policy text,
     progress jsonb,
     output jsonb,
+    concurrency_key text,
     CONSTRAINT jobs_attempt_not_negative CHECK ((attempt >= 0)),
     CONSTRAINT jobs_claim_token_only_running CHECK (((claim_token IS NULL) OR (state = 'running'::skiplock.job_state))),
+    CONSTRAINT jobs_concurrency_key_not_empty CHECK ((concurrency_key <> ''::text)),
     CONSTRAINT jobs_kind_not_empty CHECK ((kind <> ''::text)),
     CONSTRAINT jobs_max_attempts_positive CHECK ((max_attempts >= 1)),
     CONSTRAINT jobs_queue_name_length CHECK ((octet_length(queue) <= 1000)),
@@ -3601,8 +3827,10 @@ CREATE TABLE skiplock.jobs_live (
     unique_policy text,
     progress jsonb,
     output jsonb,
+    concurrency_key text,
     CONSTRAINT jobs_attempt_not_negative CHECK ((attempt >= 0)),
     CONSTRAINT jobs_claim_token_only_running CHECK (((claim_token IS NULL) OR (state = 'running'::skiplock.job_state))),
+    CONSTRAINT jobs_concurrency_key_not_empty CHECK ((concurrency_key <> ''::text)),
     CONSTRAINT jobs_kind_not_empty CHECK ((kind <> ''::text)),
     CONSTRAINT jobs_max_attempts_positive CHECK ((max_attempts >= 1)),
     CONSTRAINT jobs_queue_name_length CHECK ((octet_length(queue) <= 1000)),
@@ -3623,6 +3851,8 @@ CREATE TABLE skiplock.queues (
     max_running integer,
     rate_limit integer,
     rate_period interval,
+    key_max_running integer,
+    CONSTRAINT queues_key_max_running_at_least_1 CHECK ((key_max_running >= 1)),
     CONSTRAINT queues_max_running_at_least_1 CHECK ((max_running >= 1)),
     CONSTRAINT queues_name_length CHECK ((octet_length(name) <= 1000)),
     CONSTRAINT queues_name_not_empty CHECK ((name <> ''::text)),
@@ -3705,8 +3935,11 @@ CREATE VIEW skiplock.queue_limits AS
         CASE
             WHEN (((q.max_running IS NOT NULL) AND (r.running >= q.max_running)) OR ((q.rate_limit IS NOT NULL) AND (s.started >= q.rate_limit))) THEN w.runnable
             ELSE (0)::bigint
-        END AS held_back
-   FROM (((skiplock.queues q
+        END AS held_back,
+    q.key_max_running,
+    k.keys_at_limit,
+    k.held_by_key
+   FROM ((((skiplock.queues q
      CROSS JOIN LATERAL ( SELECT count(*) AS running
            FROM skiplock.jobs_live j
           WHERE ((j.queue = q.name) AND (j.state = 'running'::skiplock.job_state))) r)
@@ -3716,13 +3949,23 @@ CREATE VIEW skiplock.queue_limits AS
      CROSS JOIN LATERAL ( SELECT count(*) AS runnable
            FROM skiplock.jobs_live j
           WHERE ((j.queue = q.name) AND (j.state = 'queued'::skiplock.job_state) AND (j.scheduled_at <= now()))) w)
-  WHERE ((q.max_running IS NOT NULL) OR (q.rate_limit IS NOT NULL));
+     LEFT JOIN LATERAL ( SELECT ( SELECT count(*) AS count
+                   FROM ( SELECT
+                           FROM skiplock.jobs_live r_1
+                          WHERE ((r_1.queue = q.name) AND (r_1.state = 'running'::skiplock.job_state) AND (r_1.concurrency_key IS NOT NULL))
+                          GROUP BY r_1.concurrency_key
+                         HAVING (count(*) >= q.key_max_running)) f) AS keys_at_limit,
+            ( SELECT count(*) AS count
+                   FROM skiplock.jobs_live h
+                  WHERE ((h.queue = q.name) AND (h.state = 'waiting'::skiplock.job_state) AND (h.concurrency_key IS NOT NULL) AND (h.ordering_key IS NULL) AND (NOT skiplock.internal_has_unmet_parent(h.id)))) AS held_by_key
+          WHERE (q.key_max_running IS NOT NULL)) k ON (true))
+  WHERE ((q.max_running IS NOT NULL) OR (q.rate_limit IS NOT NULL) OR (q.key_max_running IS NOT NULL));
 
 --
 -- Name: VIEW queue_limits; Type: COMMENT; Schema: skiplock; Owner: -
 --
 
-COMMENT ON VIEW skiplock.queue_limits IS 'Per queue with a global limit: max_running and the jobs running, rate_limit per rate_period and the starts in the last period, which limit holds runnable jobs back now (holding_back) and how many (held_back). Example: SELECT queue, running, max_running, held_back FROM skiplock.queue_limits;';
+COMMENT ON VIEW skiplock.queue_limits IS 'Per queue with a global limit: max_running and the jobs running, rate_limit per rate_period and the starts in the last period, which limit holds runnable jobs back now (holding_back) and how many (held_back); key_max_running, the keys at it (keys_at_limit) and the jobs held back for their keys (held_by_key). Example: SELECT queue, running, max_running, held_back FROM skiplock.queue_limits;';
 
 --
 -- Name: queue_rate_rings; Type: TABLE; Schema: skiplock; Owner: -
@@ -3951,6 +4194,12 @@ CREATE INDEX job_dependencies_parent_idx ON skiplock.job_dependencies USING btre
 CREATE INDEX jobs_claim_idx ON skiplock.jobs_live USING btree (queue, priority, scheduled_at, id) WHERE (state = 'queued'::skiplock.job_state);
 
 --
+-- Name: jobs_concurrency_key_idx; Type: INDEX; Schema: skiplock; Owner: -
+--
+
+CREATE INDEX jobs_concurrency_key_idx ON skiplock.jobs_live USING btree (queue, state, concurrency_key, priority, scheduled_at, id) WHERE (concurrency_key IS NOT NULL);
+
+--
 -- Name: jobs_done_id_idx; Type: INDEX; Schema: skiplock; Owner: -
 --
 
@@ -4075,6 +4324,18 @@ CREATE TRIGGER jobs_notify_inserted AFTER INSERT ON skiplock.jobs REFERENCING NE
 --
 
 CREATE TRIGGER jobs_notify_inserted AFTER INSERT ON skiplock.jobs_live REFERENCING NEW TABLE AS inserted FOR EACH STATEMENT EXECUTE FUNCTION skiplock.internal_notify_jobs_inserted();
+
+--
+-- Name: queues queues_after_key_limit_change; Type: TRIGGER; Schema: skiplock; Owner: -
+--
+
+CREATE TRIGGER queues_after_key_limit_change AFTER UPDATE ON skiplock.queues FOR EACH ROW WHEN (((old.key_max_running IS NOT NULL) AND (new.key_max_running IS DISTINCT FROM old.key_max_running))) EXECUTE FUNCTION skiplock.internal_queues_after_key_limit();
+
+--
+-- Name: queues queues_after_key_limit_delete; Type: TRIGGER; Schema: skiplock; Owner: -
+--
+
+CREATE TRIGGER queues_after_key_limit_delete AFTER DELETE ON skiplock.queues FOR EACH ROW WHEN ((old.key_max_running IS NOT NULL)) EXECUTE FUNCTION skiplock.internal_queues_after_key_limit();
 
 --
 -- Name: queues queues_after_write; Type: TRIGGER; Schema: skiplock; Owner: -

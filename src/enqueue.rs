@@ -274,6 +274,7 @@ async fn insert<'e>(db: impl PgExecutor<'e>, jobs: &[NewJob]) -> Result<Inserted
             .max_attempts
             .push(options.max_attempts.unwrap_or(MAX_ATTEMPTS_DEFAULT));
         batch.ordering_keys.push(options.ordering_key.clone());
+        batch.concurrency_keys.push(options.concurrency_key.clone());
         batch.unique_keys.push(options.unique_key.clone());
         batch.unique_policies.push(options.on_conflict.as_str());
         batch
@@ -344,8 +345,11 @@ fn validate(job: &NewJob) -> std::result::Result<(), String> {
     }
     if job.options.ordering_key.as_deref() == Some("")
         || job.options.unique_key.as_deref() == Some("")
+        || job.options.concurrency_key.as_deref() == Some("")
     {
-        return Err("ordering and unique keys must not be empty; omit them instead".into());
+        return Err(
+            "ordering, unique and concurrency keys must not be empty; omit them instead".into(),
+        );
     }
     if let Some(Schedule::After(delay)) = job.options.schedule
         && delay.as_millis() > i64::MAX as u128

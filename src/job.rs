@@ -117,6 +117,10 @@ pub struct EnqueueOptions {
     pub max_attempts: Option<i32>,
     /// Strict FIFO lane: jobs with the same key run one at a time, in enqueue order.
     pub ordering_key: Option<String>,
+    /// Concurrency key (a tenant, an account): in a queue with a `key_max_running`
+    /// ([`QueueLimits::key_max_running`](crate::QueueLimits::key_max_running)), at most
+    /// that many jobs of one key run at once, in no particular order among them.
+    pub concurrency_key: Option<String>,
     /// Deduplication key: at most one pending (not yet running) job per key.
     pub unique_key: Option<String>,
     /// What happens when a pending job already has `unique_key`.
@@ -167,6 +171,13 @@ impl EnqueueOptions {
     /// Puts the job in a strict FIFO lane.
     pub fn ordering_key(mut self, key: impl Into<String>) -> Self {
         self.ordering_key = Some(key.into());
+        self
+    }
+
+    /// Sets the concurrency key: the queue's `key_max_running`, if it has one, bounds the
+    /// jobs of this key that run at once.
+    pub fn concurrency_key(mut self, key: impl Into<String>) -> Self {
+        self.concurrency_key = Some(key.into());
         self
     }
 

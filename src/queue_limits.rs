@@ -1,9 +1,13 @@
 //! Global limits of a queue, held by the claim in the database for every worker on every
 //! host (the Rust worker, `skiplock work`, the SQL worker protocol): at most
-//! `max_running` of the queue's jobs running at once, and at most `starts` jobs starting
-//! in any window of `per`. They are columns of the queue's `skiplock.queues` row, so plain
+//! `max_running` of the queue's jobs running at once, at most `starts` jobs starting
+//! in any window of `per`, and at most `key_max_running` jobs of one concurrency key
+//! ([`EnqueueOptions::concurrency_key`](crate::EnqueueOptions::concurrency_key)) running
+//! at once. They are columns of the queue's `skiplock.queues` row, so plain
 //! SQL sets them as well; a change holds from the next claim. Jobs over a limit stay
-//! queued, untouched (no attempt spent); a killed worker's claims count until reaped.
+//! queued, untouched (no attempt spent), except that the jobs of a key at its
+//! `key_max_running` wait in `waiting` until a slot of the key frees; a killed worker's
+//! claims count until reaped.
 //! docs/guarantees.md says what each limit promises and under which faults.
 
 use std::num::NonZeroU32;
@@ -25,7 +29,8 @@ pub const RATE_LIMIT_MAX_STARTS: u32 = 100_000;
 ///
 /// let exports = QueueLimits::default().max_running(5);
 /// let mail = QueueLimits::default().rate(100, Duration::from_secs(1));
-/// # let _ = (exports, mail);
+/// let reports = QueueLimits::default().key_max_running(2);
+/// # let _ = (exports, mail, reports);
 /// ```
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 #[non_exhaustive]
@@ -34,6 +39,8 @@ pub struct QueueLimits {
     pub max_running: Option<NonZeroU32>,
     /// At most this many starts in any window of its period, across every worker.
     pub rate: Option<RateLimit>,
+    /// At most this many jobs of one concurrency key running at once, across every worker.
+    pub key_max_running: Option<NonZeroU32>,
 }
 
 /// At most `starts` jobs of a queue starting in any window of `per`.
@@ -53,6 +60,14 @@ impl QueueLimits {
         self
     }
 
+    /// These limits with at most `n` jobs of one concurrency key running at once (0: no
+    /// such limit). Jobs without a key are not limited by it.
+    #[must_use]
+    pub fn key_max_running(mut self, n: u32) -> Self {
+        self.key_max_running = NonZeroU32::new(n);
+        self
+    }
+
     /// These limits with at most `starts` starts in any window of `per` (0 starts: no
     /// such limit).
     #[must_use]
@@ -63,17 +78,16 @@ impl QueueLimits {
 
     /// The columns as `skiplock.queues` holds them, or why they cannot be.
     fn columns(&self) -> Result<LimitColumns> {
-        let max_running = self
-            .max_running
-            .map(|n| {
+        let column = |name: &str, n: Option<NonZeroU32>| {
+            n.map(|n| {
                 i32::try_from(n.get()).map_err(|_| {
-                    Error::Config(format!(
-                        "max_running {n} is too large; at most {}",
-                        i32::MAX
-                    ))
+                    Error::Config(format!("{name} {n} is too large; at most {}", i32::MAX))
                 })
             })
-            .transpose()?;
+            .transpose()
+        };
+        let max_running = column("max_running", self.max_running)?;
+        let key_max_running = column("key_max_running", self.key_max_running)?;
         let rate = self
             .rate
             .map(|RateLimit { starts, per }| {
@@ -100,13 +114,15 @@ impl QueueLimits {
             max_running,
             rate_limit: rate.map(|(starts, _)| starts),
             rate_period_us: rate.map(|(_, period_us)| period_us),
+            key_max_running,
         })
     }
 }
 
 /// Sets a queue's global limits, replacing those it had (a queue with no jobs yet may be
 /// given limits; they hold for the jobs that come). Same as
-/// `SELECT skiplock.set_queue_limits(queue, max_running, rate_limit, rate_period)`.
+/// `SELECT skiplock.set_queue_limits(queue, max_running, rate_limit, rate_period,
+/// key_max_running)`.
 ///
 /// # Errors
 ///
@@ -150,6 +166,10 @@ pub struct QueueLimitStatus {
     pub holding_back: Option<LimitKind>,
     /// The runnable jobs that limit holds back now (0 when none does).
     pub held_back: u64,
+    /// Concurrency keys with `key_max_running` jobs running now (0 without the limit).
+    pub keys_at_limit: u64,
+    /// Jobs waiting for a slot of their concurrency key (0 without the limit).
+    pub held_by_key: u64,
 }
 
 /// Which global limit holds a queue's jobs back.
@@ -186,6 +206,9 @@ pub async fn queue_limits<'e>(db: impl sqlx::PgExecutor<'e>) -> Result<Vec<Queue
                             per: Duration::from_micros(u64::try_from(period_us).ok()?),
                         })
                     }),
+                key_max_running: row
+                    .key_max_running
+                    .and_then(|n| NonZeroU32::new(u32::try_from(n).unwrap_or(0))),
             },
             queue: row.queue,
             paused: row.paused,
@@ -193,6 +216,8 @@ pub async fn queue_limits<'e>(db: impl sqlx::PgExecutor<'e>) -> Result<Vec<Queue
             started_in_period: count(row.started_in_period),
             runnable: count(row.runnable),
             held_back: count(row.held_back),
+            keys_at_limit: count(row.keys_at_limit.unwrap_or(0)),
+            held_by_key: count(row.held_by_key.unwrap_or(0)),
             holding_back: match row.holding_back.as_deref() {
                 Some("max_running") => Some(LimitKind::MaxRunning),
                 Some("rate_limit") => Some(LimitKind::Rate),

@@ -66,7 +66,7 @@ const CASES: &[Case] = &[
     // Global limits.
     usage(
         &["queue", "limit", "exports", "--max-running", "0"],
-        "error: invalid value '0' for '--max-running <N|none>': a max_running of 0 would stop the queue; pause it instead (skiplock queue pause), or write `none` to remove the limit",
+        "error: invalid value '0' for '--max-running <N|none>': a limit of 0 running jobs would stop the queue; pause it instead (skiplock queue pause), or write `none` to remove the limit",
     ),
     usage(
         &["queue", "limit", "mail", "--rate", "100"],

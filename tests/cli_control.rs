@@ -115,20 +115,30 @@ async fn queue_limits_are_set_kept_listed_and_removed() {
         skiplock(&db, &["queue", "limit", "exports", "--max-running", "5"])
             .await
             .ok(),
-        "queue `exports`: max_running 5, rate none\n"
+        "queue `exports`: max_running 5, rate none, key_max_running none\n"
     );
     // A limit not named stays as it is.
     assert_eq!(
         skiplock(&db, &["queue", "limit", "exports", "--rate", "100/1m"])
             .await
             .ok(),
-        "queue `exports`: max_running 5, rate 100 per 1m\n"
+        "queue `exports`: max_running 5, rate 100 per 1m, key_max_running none\n"
+    );
+    assert_eq!(
+        skiplock(
+            &db,
+            &["queue", "limit", "exports", "--key-max-running", "2"]
+        )
+        .await
+        .ok(),
+        "queue `exports`: max_running 5, rate 100 per 1m, key_max_running 2\n"
     );
     let listed = skiplock(&db, &["queue", "limits", "--json"]).await.json();
     assert_eq!(listed[0]["queue"], "exports");
     assert_eq!(listed[0]["max_running"], 5);
     assert_eq!(listed[0]["rate_limit"], 100);
     assert_eq!(listed[0]["rate_period_seconds"], 60.0);
+    assert_eq!(listed[0]["key_max_running"], 2);
     let table = skiplock(&db, &["queue", "limits"]).await.ok();
     assert!(
         table.contains("exports") && table.contains("100/1m"),
@@ -145,6 +155,38 @@ async fn queue_limits_are_set_kept_listed_and_removed() {
         shown.contains("\nwhy: runnable: the next free worker of queue 'exports'"),
         "{shown}"
     );
+    // Jobs with a concurrency key from the command line: two of key t7 run, the third is
+    // held back and says why.
+    for _ in 0..3 {
+        skiplock(
+            &db,
+            &[
+                "enqueue",
+                "noop",
+                "--queue",
+                "exports",
+                "--concurrency-key",
+                "t7",
+            ],
+        )
+        .await
+        .ok();
+    }
+    sqlx::query("SELECT * FROM skiplock.claim('exports', 5, 'w')")
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    let held: i64 = sqlx::query_scalar(
+        "SELECT id FROM skiplock.jobs WHERE concurrency_key = 't7' AND state = 'waiting'",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    let shown = skiplock(&db, &["show", &held.to_string()]).await.ok();
+    assert!(
+        shown.contains("held back by the queue's key_max_running of 2 for key 't7'"),
+        "{shown}"
+    );
     assert_eq!(
         skiplock(
             &db,
@@ -155,12 +197,24 @@ async fn queue_limits_are_set_kept_listed_and_removed() {
                 "--max-running",
                 "none",
                 "--rate",
+                "none",
+                "--key-max-running",
                 "none"
             ]
         )
         .await
         .ok(),
-        "queue `exports`: max_running none, rate none\n"
+        "queue `exports`: max_running none, rate none, key_max_running none\n"
+    );
+    let held_state: String =
+        sqlx::query_scalar("SELECT state::text FROM skiplock.jobs WHERE id = $1")
+            .bind(held)
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+    assert_eq!(
+        held_state, "queued",
+        "the limit removed, the held job is queued"
     );
     assert_eq!(
         skiplock(&db, &["queue", "limits"]).await.ok(),

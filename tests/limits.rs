@@ -87,6 +87,73 @@ fn sql_worker(
     })
 }
 
+/// Drains `queue` (`total` jobs of kind `record`) with three testbed processes of 8 slots
+/// and a SQL-protocol worker, all polling once an hour (so that only notifications wake
+/// them); one process is killed (SIGKILL) while it holds jobs and its claims are reaped two
+/// seconds later. A completion the victim sent just before the kill can still commit, so
+/// what it held is counted once its sessions are gone, and another worker takes its place
+/// and is killed in turn until one dies holding a claim. Returns the audit log once every
+/// job succeeded and the others stopped, checked for claim discipline and a reap.
+async fn drain_with_a_killed_worker(
+    db: &common::TestDb,
+    queue: &'static str,
+    total: usize,
+) -> Vec<AuditRow> {
+    let pool = &db.pool;
+    let args = TestbedArgs::new()
+        .set("kinds", "record")
+        .set("queue", queue)
+        .set("concurrency", 8)
+        .set("heartbeat-ms", 200)
+        .set("stale-ms", 2_000)
+        .set("poll-ms", 3_600_000);
+    let mut workers = Vec::new();
+    for i in 0..3 {
+        workers.push(Testbed::start(&db.url, &format!("tb-{queue}-{i}"), &args).await);
+    }
+    let stop = Arc::new(AtomicBool::new(false));
+    let sql = sql_worker(pool.clone(), queue, Duration::from_millis(40), stop.clone());
+    for attempt in 0.. {
+        assert!(attempt < 10, "no killed worker held a claim");
+        let id = workers[0].worker_id.clone();
+        wait_until("the victim to hold a job", PATIENCE, || async {
+            (running_held_by(pool, &id).await > 0).then_some(())
+        })
+        .await;
+        workers[0].kill9().await;
+        wait_until("the killed worker's sessions to end", PATIENCE, || async {
+            (sessions_of(pool, &id).await == 0).then_some(())
+        })
+        .await;
+        if running_held_by(pool, &id).await > 0 {
+            break;
+        }
+        workers[0] = Testbed::start(&db.url, &format!("tb-{queue}-0-{attempt}"), &args).await;
+    }
+    wait_until("every job to succeed", PATIENCE, || async {
+        (states(pool).await.get("succeeded").copied() == Some(total as i64)).then_some(())
+    })
+    .await;
+    stop.store(true, Ordering::Relaxed);
+    let by_sql = sql.await.unwrap();
+    for worker in &mut workers[1..] {
+        worker.signal("TERM");
+        assert!(worker.wait_exit(PATIENCE).await.success());
+    }
+    assert_eq!(
+        states(pool).await,
+        HashMap::from([("succeeded".to_owned(), total as i64)])
+    );
+    let log = audit(pool).await;
+    check_claim_discipline(&log, false);
+    assert!(
+        log.iter().any(AuditRow::is_reap),
+        "the killed worker's claims were reaped"
+    );
+    eprintln!("the SQL worker completed {by_sql} jobs");
+    log
+}
+
 /// Workload: 120 `record` jobs of 40 ms in a queue with max_running 3, drained by three
 /// testbed processes of 8 slots each and a SQL-protocol worker; one process is killed
 /// (SIGKILL) while it holds jobs and its claims are reaped two seconds later.
@@ -111,68 +178,7 @@ async fn max_running_holds_across_processes_sql_workers_and_a_killed_worker() {
     )
     .await;
 
-    let args = TestbedArgs::new()
-        .set("kinds", "record")
-        .set("queue", "exports")
-        .set("concurrency", 8)
-        .set("heartbeat-ms", 200)
-        .set("stale-ms", 2_000)
-        .set("poll-ms", 3_600_000);
-    let mut workers = Vec::new();
-    for i in 0..3 {
-        workers.push(Testbed::start(&db.url, &format!("tb-limit-{i}"), &args).await);
-    }
-    let stop = Arc::new(AtomicBool::new(false));
-    let sql = sql_worker(
-        pool.clone(),
-        "exports",
-        Duration::from_millis(40),
-        stop.clone(),
-    );
-
-    // Killed while it holds jobs: a completion it sent just before the kill can still
-    // commit, so what it held is counted once its sessions are gone, and another worker
-    // takes its place and is killed in turn until one dies holding a claim.
-    for attempt in 0.. {
-        assert!(attempt < 10, "no killed worker held a claim");
-        let id = workers[0].worker_id.clone();
-        wait_until("the victim to hold a job", PATIENCE, || async {
-            (running_held_by(pool, &id).await > 0).then_some(())
-        })
-        .await;
-        workers[0].kill9().await;
-        wait_until("the killed worker's sessions to end", PATIENCE, || async {
-            (sessions_of(pool, &id).await == 0).then_some(())
-        })
-        .await;
-        if running_held_by(pool, &id).await > 0 {
-            break;
-        }
-        workers[0] = Testbed::start(&db.url, &format!("tb-limit-0-{attempt}"), &args).await;
-    }
-
-    wait_until("every job to succeed", PATIENCE, || async {
-        (states(pool).await.get("succeeded").copied() == Some(JOBS as i64)).then_some(())
-    })
-    .await;
-    stop.store(true, Ordering::Relaxed);
-    let by_sql = sql.await.unwrap();
-    for worker in &mut workers[1..] {
-        worker.signal("TERM");
-        assert!(worker.wait_exit(PATIENCE).await.success());
-    }
-
-    assert_eq!(
-        states(pool).await,
-        HashMap::from([("succeeded".to_owned(), JOBS as i64)])
-    );
-    let log = audit(pool).await;
-    check_claim_discipline(&log, false);
-    assert!(
-        log.iter().any(AuditRow::is_reap),
-        "the killed worker's claims were reaped"
-    );
-    eprintln!("the SQL worker completed {by_sql} jobs");
+    let log = drain_with_a_killed_worker(&db, "exports", JOBS).await;
     assert_eq!(
         most_running(&log, &jobs),
         LIMIT as usize,
@@ -621,4 +627,247 @@ async fn a_refilled_rate_window_is_taken_by_an_idle_worker() {
     .await;
     worker.signal("TERM");
     assert!(worker.wait_exit(PATIENCE).await.success());
+}
+
+/// The most jobs of each key running at one moment in the audit log (as [`most_running`],
+/// per key).
+fn most_running_per_key(
+    log: &[AuditRow],
+    keys: &HashMap<String, Vec<i64>>,
+) -> HashMap<String, usize> {
+    keys.iter()
+        .map(|(key, jobs)| (key.clone(), most_running(log, jobs)))
+        .collect()
+}
+
+/// Workload: in a queue with key_max_running 2, a hot key's 60 jobs enqueued first, then
+/// two small keys' 15 each and 15 jobs without a key, all `record` jobs of 40 ms, drained
+/// by three testbed processes of 8 slots and a SQL-protocol worker; one process is killed
+/// while it holds jobs and its claims are reaped.
+///
+/// Invariant: every job succeeds; at no point of the audit log do more than 2 jobs of one
+/// key run (the killed worker's count until reaped), and the hot key reaches 2; the jobs
+/// without a key are not limited by it. The workers poll once an hour: the jobs a full key
+/// held back reach them when a slot of the key frees, or the drain does not finish.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn key_max_running_holds_across_processes_sql_workers_and_a_killed_worker() {
+    const KEY_LIMIT: u32 = 2;
+    let db = audited_db().await;
+    let pool = &db.pool;
+    skiplock::set_queue_limits(
+        pool,
+        "tenants",
+        QueueLimits::default().key_max_running(KEY_LIMIT),
+    )
+    .await
+    .unwrap();
+    let mut keys: HashMap<String, Vec<i64>> = HashMap::new();
+    for (key, count) in [("hot", 60), ("small-a", 15), ("small-b", 15)] {
+        let ids = enqueue_n(
+            pool,
+            "record",
+            json!({"ms": 40}),
+            count,
+            EnqueueOptions::new().queue("tenants").concurrency_key(key),
+        )
+        .await;
+        keys.insert(key.to_owned(), ids);
+    }
+    let keyless = enqueue_n(
+        pool,
+        "record",
+        json!({"ms": 40}),
+        15,
+        EnqueueOptions::new().queue("tenants"),
+    )
+    .await;
+    let total = keys.values().map(Vec::len).sum::<usize>() + keyless.len();
+
+    let log = drain_with_a_killed_worker(&db, "tenants", total).await;
+    assert!(
+        log.iter()
+            .any(|row| row.old_state.as_deref() == Some("queued")
+                && row.new_state.as_deref() == Some("waiting")),
+        "jobs of a full key were held back"
+    );
+    let most = most_running_per_key(&log, &keys);
+    for (key, n) in &most {
+        assert!(
+            *n <= KEY_LIMIT as usize,
+            "key {key}: {n} jobs ran at once, over key_max_running {KEY_LIMIT}"
+        );
+    }
+    assert_eq!(
+        most["hot"], KEY_LIMIT as usize,
+        "the hot key reached its limit"
+    );
+    assert!(
+        most_running(&log, &keyless) > KEY_LIMIT as usize,
+        "jobs without a key are not held to key_max_running"
+    );
+}
+
+/// The states of the jobs of `key` in queue `q`, counted.
+async fn key_states(pool: &PgPool, key: &str) -> HashMap<String, i64> {
+    sqlx::query_as::<_, (String, i64)>(
+        "SELECT state::text, count(*) FROM skiplock.jobs WHERE concurrency_key = $1 GROUP BY 1",
+    )
+    .bind(key)
+    .fetch_all(pool)
+    .await
+    .unwrap()
+    .into_iter()
+    .collect()
+}
+
+/// Per-key concurrency on plain SQL alone: rows inserted with a concurrency_key, the limit
+/// written on the queue's row. A claim takes no more of a key than its limit leaves and
+/// holds the rest back (waiting, with a reason); a completion lets the next one go; a
+/// raised limit lets more go, a removed one (or the queue's row deleted) all of them; a
+/// cancelled queued job gives its place. Nothing is lost or stranded on the way.
+#[tokio::test]
+async fn key_max_running_written_as_plain_sql_holds_and_changing_it_strands_nothing() {
+    let db = common::test_db().await;
+    let pool = &db.pool;
+    sqlx::query("INSERT INTO skiplock.queues (name, key_max_running) VALUES ('q', 2)")
+        .execute(pool)
+        .await
+        .unwrap();
+    sqlx::query(
+        "INSERT INTO skiplock.jobs (kind, queue, concurrency_key)
+         SELECT 'noop', 'q', 'a' FROM generate_series(1, 8)
+         UNION ALL SELECT 'noop', 'q', 'b' FROM generate_series(1, 2)",
+    )
+    .execute(pool)
+    .await
+    .unwrap();
+    let first = claim(pool, "q", 10).await;
+    assert_eq!(first.len(), 4, "2 of a, 2 of b, in one claim: {first:?}");
+    assert_eq!(
+        key_states(pool, "a").await,
+        HashMap::from([("running".to_owned(), 2), ("waiting".to_owned(), 6)])
+    );
+    let held: i64 = sqlx::query_scalar(
+        "SELECT min(id) FROM skiplock.jobs WHERE concurrency_key = 'a' AND state = 'waiting'",
+    )
+    .fetch_one(pool)
+    .await
+    .unwrap();
+    let why: String = sqlx::query_scalar("SELECT skiplock.why_not_running($1)")
+        .bind(held)
+        .fetch_one(pool)
+        .await
+        .unwrap();
+    assert!(
+        why.contains("key_max_running") && why.contains("'a'"),
+        "{why}"
+    );
+    assert!(claim(pool, "q", 10).await.is_empty(), "both keys are full");
+
+    // A completion frees a slot: the next job of the key is queued, and claimed.
+    let (id, token): (i64, Uuid) = sqlx::query_as(
+        "SELECT id, claim_token FROM skiplock.jobs WHERE concurrency_key = 'a' AND state = 'running' LIMIT 1",
+    )
+    .fetch_one(pool)
+    .await
+    .unwrap();
+    let completed: bool = sqlx::query_scalar("SELECT skiplock.complete($1, $2)")
+        .bind(id)
+        .bind(token)
+        .fetch_one(pool)
+        .await
+        .unwrap();
+    assert!(completed);
+    assert_eq!(
+        claim(pool, "q", 10).await,
+        vec![held],
+        "the oldest held job goes first"
+    );
+
+    // A cancelled queued job of a full key... gives its place; raised, removed limits.
+    sqlx::query("UPDATE skiplock.queues SET key_max_running = 4 WHERE name = 'q'")
+        .execute(pool)
+        .await
+        .unwrap();
+    assert_eq!(
+        claim(pool, "q", 10).await.len(),
+        2,
+        "raised to 4: room for 2 more of a"
+    );
+    sqlx::query("UPDATE skiplock.queues SET key_max_running = NULL WHERE name = 'q'")
+        .execute(pool)
+        .await
+        .unwrap();
+    assert_eq!(
+        key_states(pool, "a").await.get("waiting"),
+        None,
+        "removed: every held job is queued again"
+    );
+    assert_eq!(claim(pool, "q", 10).await.len(), 3, "the rest of a");
+    assert_eq!(
+        key_states(pool, "a").await,
+        HashMap::from([("running".to_owned(), 7), ("succeeded".to_owned(), 1)]),
+        "every job of a claimed once, none lost"
+    );
+}
+
+/// A queue's row deleted, or a queued job of a full key cancelled: held jobs go again.
+#[tokio::test]
+async fn held_jobs_go_when_the_queue_row_is_deleted_or_a_queued_job_is_cancelled() {
+    let db = common::test_db().await;
+    let pool = &db.pool;
+    skiplock::set_queue_limits(pool, "q", QueueLimits::default().key_max_running(1))
+        .await
+        .unwrap();
+    let ids = enqueue_n(
+        pool,
+        "noop",
+        json!({}),
+        4,
+        EnqueueOptions::new().queue("q").concurrency_key("a"),
+    )
+    .await;
+    assert_eq!(claim(pool, "q", 10).await, vec![ids[0]]);
+    assert_eq!(
+        key_states(pool, "a").await,
+        HashMap::from([("running".to_owned(), 1), ("waiting".to_owned(), 3)])
+    );
+    // The running job cancelled: its slot goes to the next held job.
+    let cancelled: bool = sqlx::query_scalar("SELECT skiplock.cancel_job($1)")
+        .bind(ids[0])
+        .fetch_one(pool)
+        .await
+        .unwrap();
+    assert!(cancelled);
+    assert_eq!(
+        key_states(pool, "a").await.get("queued"),
+        Some(&1),
+        "a cancelled running job frees its slot"
+    );
+    // That queued job cancelled before it ran: its place goes to the next.
+    let cancelled: bool = sqlx::query_scalar("SELECT skiplock.cancel_job($1)")
+        .bind(ids[1])
+        .fetch_one(pool)
+        .await
+        .unwrap();
+    assert!(cancelled);
+    assert_eq!(
+        sqlx::query_scalar::<_, String>("SELECT state::text FROM skiplock.jobs WHERE id = $1")
+            .bind(ids[2])
+            .fetch_one(pool)
+            .await
+            .unwrap(),
+        "queued",
+        "a cancelled queued job gives its place to the next held one"
+    );
+    assert_eq!(claim(pool, "q", 10).await, vec![ids[2]]);
+    sqlx::query("DELETE FROM skiplock.queues WHERE name = 'q'")
+        .execute(pool)
+        .await
+        .unwrap();
+    assert_eq!(
+        claim(pool, "q", 10).await,
+        vec![ids[3]],
+        "the queue's row deleted: no limit, the held job is queued"
+    );
 }

@@ -115,6 +115,10 @@ const QUEUES_NOTHING: &[(&str, &str)] = &[
         "takes queued jobs and makes none runnable",
     ),
     (
+        "internal_hold_full_keys",
+        "moves queued jobs of full keys to waiting; internal_release_held announces them when they go",
+    ),
+    (
         "internal_complete_claims",
         "ends claims (succeeded); the caller moves lanes and dependants on",
     ),

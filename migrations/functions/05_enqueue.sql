@@ -7,6 +7,8 @@
 
 -- ---- Enqueue -----------------------------------------------------------------------------
 
+DROP FUNCTION IF EXISTS skiplock.enqueue_job(text, jsonb, text, int, timestamptz, int, text,
+                                             text, text, bigint[]);
 CREATE OR REPLACE FUNCTION skiplock.enqueue_job(
     kind          text,
     args          jsonb       DEFAULT '{}',
@@ -17,7 +19,8 @@ CREATE OR REPLACE FUNCTION skiplock.enqueue_job(
     ordering_key  text        DEFAULT NULL,
     unique_key    text        DEFAULT NULL,
     on_conflict   text        DEFAULT 'skip',
-    depends_on    bigint[]    DEFAULT '{}'
+    depends_on    bigint[]    DEFAULT '{}',
+    concurrency_key text      DEFAULT NULL
 ) RETURNS TABLE (id bigint, outcome text)
 LANGUAGE plpgsql AS $$
 #variable_conflict use_column
@@ -68,23 +71,24 @@ BEGIN
         PERFORM skiplock.internal_check_args_size(enqueue_job.args);
         INSERT INTO skiplock.jobs (kind, args, queue, priority, scheduled_at, max_attempts,
                                    ordering_key, unique_key, unique_policy, state,
-                                   finished_at, last_error)
+                                   finished_at, last_error, concurrency_key)
         VALUES (enqueue_job.kind, enqueue_job.args, enqueue_job.queue,
                 enqueue_job.priority::smallint, enqueue_job.scheduled_at,
                 enqueue_job.max_attempts, enqueue_job.ordering_key, enqueue_job.unique_key,
                 CASE WHEN enqueue_job.unique_key IS NOT NULL THEN on_conflict END, initial,
-                now(), reason)
+                now(), reason, enqueue_job.concurrency_key)
         RETURNING skiplock.jobs.id, true INTO new_id, inserted;
     ELSE
         -- Into jobs_live itself: ON CONFLICT needs a unique index of the table it names,
         -- and the pending unique keys' index is the live partition's.
         INSERT INTO skiplock.jobs_live AS j (kind, args, queue, priority, scheduled_at,
                                              max_attempts, ordering_key, unique_key,
-                                             unique_policy, state)
+                                             unique_policy, state, concurrency_key)
         VALUES (enqueue_job.kind, enqueue_job.args, enqueue_job.queue,
                 enqueue_job.priority::smallint, enqueue_job.scheduled_at,
                 enqueue_job.max_attempts, enqueue_job.ordering_key, enqueue_job.unique_key,
-                CASE WHEN enqueue_job.unique_key IS NOT NULL THEN on_conflict END, initial)
+                CASE WHEN enqueue_job.unique_key IS NOT NULL THEN on_conflict END, initial,
+                enqueue_job.concurrency_key)
         ON CONFLICT (unique_key) WHERE unique_key IS NOT NULL AND state IN ('waiting', 'queued')
         -- Reached when the insert trigger could not see the key's holder (a snapshot
         -- older than it: REPEATABLE READ, where the update then fails to serialize); the
@@ -115,9 +119,11 @@ BEGIN
     RETURN NEXT;
 END;
 $$;
-COMMENT ON FUNCTION skiplock.enqueue_job(text, jsonb, text, int, timestamptz, int, text, text, text, bigint[]) IS
+COMMENT ON FUNCTION skiplock.enqueue_job(text, jsonb, text, int, timestamptz, int, text, text, text, bigint[], text) IS
     'As skiplock.enqueue, and says what it did: the job''s id with inserted, or, for a unique_key already pending, that job''s id with skipped, replaced or merged. Example: SELECT * FROM skiplock.enqueue_job(''send_email'', ''{"to": "a@example.com"}'', unique_key => ''welcome-42'');';
 
+DROP FUNCTION IF EXISTS skiplock.enqueue(text, jsonb, text, int, timestamptz, int, text, text,
+                                         text, bigint[]);
 CREATE OR REPLACE FUNCTION skiplock.enqueue(
     kind          text,
     args          jsonb       DEFAULT '{}',
@@ -128,14 +134,15 @@ CREATE OR REPLACE FUNCTION skiplock.enqueue(
     ordering_key  text        DEFAULT NULL,
     unique_key    text        DEFAULT NULL,
     on_conflict   text        DEFAULT 'skip',
-    depends_on    bigint[]    DEFAULT '{}'
+    depends_on    bigint[]    DEFAULT '{}',
+    concurrency_key text      DEFAULT NULL
 ) RETURNS bigint
 LANGUAGE sql AS $$
     SELECT e.id FROM skiplock.enqueue_job(kind, args, queue, priority, scheduled_at,
                                           max_attempts, ordering_key, unique_key,
-                                          on_conflict, depends_on) e;
+                                          on_conflict, depends_on, concurrency_key) e;
 $$;
-COMMENT ON FUNCTION skiplock.enqueue(text, jsonb, text, int, timestamptz, int, text, text, text, bigint[]) IS
+COMMENT ON FUNCTION skiplock.enqueue(text, jsonb, text, int, timestamptz, int, text, text, text, bigint[], text) IS
     'Enqueues a job from any language and returns its id (or, for a unique_key already pending, that job''s id). Example: SELECT skiplock.enqueue(''send_email'', ''{"to": "a@example.com"}'', priority => -1);';
 
 -- Inserts: one notification per statement, queue and priority for the jobs due now, at the

@@ -1,9 +1,10 @@
 -- migrations/functions/06_global_limits.sql: Global limits: max_running and rate limits per
--- queue, read and recorded by the claim.
+-- queue, and key_max_running per concurrency key, read and recorded by the claim.
 --
 -- Defines:
 --   internal_queue_limit_lock_id, internal_make_rate_ring, internal_rate_room
---   internal_rate_record
+--   internal_rate_record, internal_key_running, internal_hold_full_keys
+--   internal_release_held
 
 -- ---- Global limits (skiplock.queues: max_running, rate_limit per rate_period) -----------
 --
@@ -125,5 +126,141 @@ BEGIN
             || skiplock.internal_runnable_payload(queue_name, (-32768)::smallint, '-infinity'))
         WHERE refill_in_us IS NOT NULL;
     END IF;
+END;
+$$;
+
+-- ---- Per-key concurrency (skiplock.queues.key_max_running) -------------------------------
+--
+-- At most key_max_running of a queue's jobs with one concurrency_key run at once, across
+-- every worker. Held by the claim, under the queue's lock like the queue's own limits: for
+-- each job with a key it counts the key's running jobs and takes no more than they leave.
+--
+-- So that a claim never walks the backlog of a full key (one tenant's million jobs ahead
+-- of a thousand small tenants' few), the claim first holds back the queued, due jobs of
+-- every key that is full: they go to `waiting`, out of the claim's index
+-- (internal_hold_full_keys). They come back, in claim order and as many as the key has
+-- room for, when a job of the key ends or a queued one is cancelled (internal_notify_freed),
+-- when the limit is raised or removed (the queues' triggers), and at the periodic sweep of
+-- waiting jobs (internal_release_held). Holding and letting go both take the queue's lock,
+-- so a slot that frees while a claim holds a job back is seen by one of the two. A job
+-- becomes held only by a claim, never by its enqueue: an enqueue takes no lock. The cost
+-- of holding follows the keys that are full (found among the running jobs) and the jobs
+-- held, each once; a claim's own cost follows the jobs it takes.
+--
+-- Lane jobs (ordering_key) are never held: their lane already keeps one of them queued. A
+-- job with a key and parents is held like any other once its parents succeeded.
+
+-- The running jobs of a queue's key, counted up to `cap`.
+CREATE OR REPLACE FUNCTION skiplock.internal_key_running(queue_name text, key text, cap int)
+RETURNS int
+LANGUAGE sql STABLE
+SET enable_seqscan = off
+SET enable_bitmapscan = off
+SET jit = off
+AS $$
+    SELECT count(*)::int FROM (
+        SELECT FROM skiplock.jobs_live j
+        WHERE j.queue = queue_name AND j.state = 'running' AND j.concurrency_key = key
+        LIMIT cap) r;
+$$;
+
+-- Holds back the queued, due jobs of the queue's keys that are full (key_max_running of
+-- their jobs running): they become `waiting` until internal_release_held lets them go. The
+-- full keys are found among the queue's running jobs with a key (at most the slots in
+-- use), the held jobs in each key's range; rows other transactions hold are left. Called
+-- by the claim under the queue's lock. Returns how many it held back.
+CREATE OR REPLACE FUNCTION skiplock.internal_hold_full_keys(queue_name text, key_max_running int)
+RETURNS int
+LANGUAGE plpgsql
+SET enable_seqscan = off
+SET enable_bitmapscan = off
+SET enable_hashjoin = off
+SET enable_mergejoin = off
+SET jit = off
+AS $$
+DECLARE
+    held int;
+BEGIN
+    WITH full_keys AS (
+        SELECT r.concurrency_key AS key
+        FROM skiplock.jobs_live r
+        WHERE r.queue = queue_name AND r.state = 'running' AND r.concurrency_key IS NOT NULL
+        GROUP BY r.concurrency_key
+        HAVING count(*) >= key_max_running
+    ), held AS (
+        UPDATE skiplock.jobs_live j SET state = 'waiting'
+        WHERE j.ctid = ANY (ARRAY(
+            SELECT h.ctid
+            FROM full_keys f
+            CROSS JOIN LATERAL (
+                SELECT h.ctid FROM skiplock.jobs_live h
+                WHERE h.queue = queue_name AND h.state = 'queued'
+                  AND h.concurrency_key = f.key AND h.scheduled_at <= now()
+                  AND h.ordering_key IS NULL
+                FOR UPDATE SKIP LOCKED) h))
+        RETURNING 1
+    )
+    SELECT count(*) INTO held FROM held;
+    RETURN held;
+END;
+$$;
+
+-- Lets held jobs of a queue go, in claim order, as many per key as the key has room for:
+-- key_max_running less its running and queued due jobs (all of them when the queue has no
+-- key_max_running any more). `keys`: the keys to look at; NULL: every key with waiting
+-- jobs in the queue (a limit raised or removed). A held job is a waiting job with a key,
+-- no lane and no parent that has not succeeded. Takes the queue's lock (see above);
+-- announces what it queued; returns how many.
+CREATE OR REPLACE FUNCTION skiplock.internal_release_held(queue_name text, keys text[])
+RETURNS int
+LANGUAGE plpgsql
+SET enable_seqscan = off
+SET enable_bitmapscan = off
+SET enable_hashjoin = off
+SET enable_mergejoin = off
+SET jit = off
+AS $$
+DECLARE
+    key_limit int;
+    released int;
+    released_keys skiplock.runnable_key[];
+BEGIN
+    PERFORM pg_advisory_xact_lock(skiplock.internal_queue_limit_lock_id(queue_name));
+    SELECT q.key_max_running INTO key_limit FROM skiplock.queues q WHERE q.name = queue_name;
+    WITH looked_at AS (
+        SELECT DISTINCT k.key FROM unnest(keys) AS k(key) WHERE k.key IS NOT NULL
+        UNION
+        SELECT DISTINCT w.concurrency_key FROM skiplock.jobs_live w
+        WHERE keys IS NULL AND w.queue = queue_name AND w.state = 'waiting'
+          AND w.concurrency_key IS NOT NULL
+    ), room AS (
+        SELECT l.key, key_limit - (
+            SELECT count(*) FROM (
+                SELECT FROM skiplock.jobs_live r
+                WHERE r.queue = queue_name AND r.state IN ('running', 'queued')
+                  AND r.concurrency_key = l.key
+                  AND (r.state = 'running' OR r.scheduled_at <= now())
+                LIMIT key_limit) t) AS room
+        FROM looked_at l
+    ), released AS (
+        UPDATE skiplock.jobs_live j SET state = 'queued'
+        WHERE j.ctid = ANY (ARRAY(
+            SELECT h.ctid
+            FROM room r
+            CROSS JOIN LATERAL (
+                SELECT h.ctid FROM skiplock.jobs_live h
+                WHERE h.queue = queue_name AND h.state = 'waiting'
+                  AND h.concurrency_key = r.key AND h.ordering_key IS NULL
+                  AND NOT skiplock.internal_has_unmet_parent(h.id)
+                ORDER BY h.priority, h.scheduled_at, h.id
+                LIMIT r.room
+                FOR UPDATE SKIP LOCKED) h
+            WHERE r.room IS NULL OR r.room > 0))
+        RETURNING j.queue, j.priority, j.scheduled_at
+    )
+    SELECT count(*), array_agg(ROW(queue, priority, scheduled_at)::skiplock.runnable_key)
+    INTO released, released_keys FROM released;
+    PERFORM skiplock.internal_announce(released_keys);
+    RETURN released;
 END;
 $$;

@@ -37,10 +37,12 @@
 --   It is off in a transaction that already has an id and outside READ COMMITTED.
 -- * Rows are locked first and updated by ctid (no second index descent); the result is
 --   sorted after the update has finished, so an update that fails has returned nothing.
--- * Global limits (see "Global limits" above): a claim of a limited queue takes at most
---   the room the queue's max_running and rate_limit leave, under the queue's lock, and
---   only in READ COMMITTED. The jobs it claims carry the time the limits were checked at
---   as claimed_at (now() otherwise).
+-- * Global limits (see 06_global_limits.sql): a claim of a limited queue takes at most
+--   the room the queue's max_running and rate_limit leave, and of each concurrency key no
+--   more than key_max_running less the key's running jobs, under the queue's lock, and
+--   only in READ COMMITTED. With key_max_running it first holds back the jobs of the keys
+--   that are full. The jobs it claims carry the time the limits were checked at as
+--   claimed_at (now() otherwise).
 DROP FUNCTION IF EXISTS skiplock.internal_claim_batch(text[], text[], bigint, text, smallint,
                                                       bigint, bigint, uuid, boolean, boolean,
                                                       boolean);
@@ -77,11 +79,13 @@ DECLARE
     lim_max_running int;
     lim_rate_limit int;
     lim_rate_period interval;
+    lim_key_max_running int;
     room bigint := max_jobs;
     wanted bigint;
     rate_room bigint;
     claim_time timestamptz;
     taken bigint;
+    taken_now bigint;
 BEGIN
     IF retry_lane_conflict AND take_lanes THEN
         -- The claim inside a subtransaction: a lane conflict it could not see rolls back
@@ -111,23 +115,27 @@ BEGIN
         END;
     END IF;
     -- The queue's row, if any: one probe for a queue without limits.
-    SELECT q.paused, q.max_running, q.rate_limit, q.rate_period
-    INTO is_paused, lim_max_running, lim_rate_limit, lim_rate_period
+    SELECT q.paused, q.max_running, q.rate_limit, q.rate_period, q.key_max_running
+    INTO is_paused, lim_max_running, lim_rate_limit, lim_rate_period, lim_key_max_running
     FROM skiplock.queues q
     WHERE q.name = queue_name;
     IF is_paused THEN
         RETURN;
     END IF;
-    IF lim_max_running IS NOT NULL OR lim_rate_limit IS NOT NULL THEN
+    IF lim_max_running IS NOT NULL OR lim_rate_limit IS NOT NULL
+       OR lim_key_max_running IS NOT NULL THEN
         IF current_setting('transaction_isolation') <> 'read committed' THEN
             -- An older snapshot would miss claims committed after it, and claim past the
             -- limit.
-            RAISE EXCEPTION 'queue % has a global limit (max_running or rate_limit), which a claim holds only in READ COMMITTED; this transaction is %',
+            RAISE EXCEPTION 'queue % has a global limit (max_running, rate_limit or key_max_running), which a claim holds only in READ COMMITTED; this transaction is %',
                 queue_name, upper(current_setting('transaction_isolation'))
                 USING ERRCODE = 'invalid_transaction_state',
                       HINT = 'claim in a READ COMMITTED transaction: BEGIN ISOLATION LEVEL READ COMMITTED, or SET default_transaction_isolation for the session';
         END IF;
         PERFORM pg_advisory_xact_lock(skiplock.internal_queue_limit_lock_id(queue_name));
+        IF lim_key_max_running IS NOT NULL THEN
+            PERFORM skiplock.internal_hold_full_keys(queue_name, lim_key_max_running);
+        END IF;
         IF lim_max_running IS NOT NULL THEN
             -- Through jobs_running_idx: every running job's entry, the queue's found among
             -- them (see the index's comment in 0001_initial.sql).
@@ -172,48 +180,77 @@ BEGIN
     END IF;
     -- From the position on, with the caller's token when it gives one. The result is
     -- sorted (claim order) after the update has finished, so an update that fails has
-    -- returned no row yet.
-    RETURN QUERY
-    WITH picked AS (
-        SELECT j.ctid FROM skiplock.jobs_live j
-        WHERE j.queue = queue_name AND j.state = 'queued' AND j.scheduled_at <= now()
-          AND (j.priority, j.scheduled_at, j.id) > (from_priority, from_scheduled_at, from_id)
-          AND (kinds IS NULL OR j.kind = ANY (kinds))
-          AND (NOT filtering OR j.xmax = '0'::xid OR (
-              NOT j.xmax = ANY (in_flight)
-              AND (j.xmax::text::bigint - next_xid + 4294967296) % 4294967296 >= 1048576))
-          AND (j.ordering_key IS NULL OR (
-              take_lanes
-              AND NOT EXISTS (
-                  SELECT 1 FROM skiplock.jobs h
-                  WHERE h.ordering_key = j.ordering_key AND h.state = 'running')
-              AND NOT EXISTS (
-                  SELECT 1 FROM skiplock.jobs h
-                  WHERE h.ordering_key = j.ordering_key AND h.id < j.id
-                    AND h.state IN ('waiting', 'queued', 'running'))
-          ))
-        ORDER BY j.priority, j.scheduled_at, j.id
-        LIMIT room
-        FOR UPDATE OF j SKIP LOCKED
-    ), claimed AS (
-        UPDATE skiplock.jobs_live j
-        SET state = 'running', claim_token = coalesce(claim_with, gen_random_uuid()), claimed_by = worker,
-            claimed_at = coalesce(claim_time, now()), heartbeat_at = clock_timestamp(),
-            attempt = least(j.attempt, 2147483646) + 1
-        WHERE j.ctid = ANY (ARRAY(SELECT p.ctid FROM picked p))
-        RETURNING j.id, j.queue, j.kind, j.args, j.attempt, j.max_attempts,
-                  j.claim_token, j.priority, j.scheduled_at
-    )
-    SELECT c.id, c.queue, c.kind, c.args, c.attempt, c.max_attempts, c.claim_token,
-           c.priority,
-           -- A claimed row is due, so its scheduled_at is finite or '-infinity'.
-           CASE WHEN isfinite(c.scheduled_at)
-                THEN (extract(epoch FROM c.scheduled_at) * 1000000)::bigint
-                ELSE -9223372036854775808 END
-    FROM claimed c
-    ORDER BY c.priority, c.scheduled_at, c.id;
+    -- returned no row yet. With key_max_running, jobs picked beyond their key's room stay
+    -- queued; they are held back then and the claim goes on for the room left, so that
+    -- it comes back short only when nothing more may be taken (a worker takes a short
+    -- claim for a drained queue).
+    taken := 0;
+    LOOP
+        RETURN QUERY
+        WITH picked AS (
+            SELECT j.ctid, j.concurrency_key, j.priority, j.scheduled_at, j.id
+            FROM skiplock.jobs_live j
+            WHERE j.queue = queue_name AND j.state = 'queued' AND j.scheduled_at <= now()
+              AND (j.priority, j.scheduled_at, j.id) > (from_priority, from_scheduled_at, from_id)
+              AND (kinds IS NULL OR j.kind = ANY (kinds))
+              AND (NOT filtering OR j.xmax = '0'::xid OR (
+                  NOT j.xmax = ANY (in_flight)
+                  AND (j.xmax::text::bigint - next_xid + 4294967296) % 4294967296 >= 1048576))
+              AND (j.ordering_key IS NULL OR (
+                  take_lanes
+                  AND NOT EXISTS (
+                      SELECT 1 FROM skiplock.jobs h
+                      WHERE h.ordering_key = j.ordering_key AND h.state = 'running')
+                  AND NOT EXISTS (
+                      SELECT 1 FROM skiplock.jobs h
+                      WHERE h.ordering_key = j.ordering_key AND h.id < j.id
+                        AND h.state IN ('waiting', 'queued', 'running'))
+              ))
+              AND (lim_key_max_running IS NULL OR j.concurrency_key IS NULL
+                   OR skiplock.internal_key_running(queue_name, j.concurrency_key,
+                                                    lim_key_max_running) < lim_key_max_running)
+            ORDER BY j.priority, j.scheduled_at, j.id
+            LIMIT room
+            FOR UPDATE OF j SKIP LOCKED
+        ), taken AS (
+            -- With key_max_running, of each key only as many as its running jobs leave room
+            -- for; the others picked stay queued (held back by the next claim).
+            SELECT CASE WHEN lim_key_max_running IS NULL
+                THEN ARRAY(SELECT p.ctid FROM picked p)
+                ELSE ARRAY(
+                    SELECT k.ctid
+                    FROM (SELECT p.ctid, p.concurrency_key,
+                                 row_number() OVER (PARTITION BY p.concurrency_key
+                                                    ORDER BY p.priority, p.scheduled_at, p.id) AS nth
+                          FROM picked p) k
+                    WHERE k.concurrency_key IS NULL
+                       OR k.nth <= lim_key_max_running - skiplock.internal_key_running(
+                              queue_name, k.concurrency_key, lim_key_max_running))
+                END AS ctids
+        ), claimed AS (
+            UPDATE skiplock.jobs_live j
+            SET state = 'running', claim_token = coalesce(claim_with, gen_random_uuid()), claimed_by = worker,
+                claimed_at = coalesce(claim_time, now()), heartbeat_at = clock_timestamp(),
+                attempt = least(j.attempt, 2147483646) + 1
+            WHERE j.ctid = ANY ((SELECT t.ctids FROM taken t)::tid[])
+            RETURNING j.id, j.queue, j.kind, j.args, j.attempt, j.max_attempts,
+                      j.claim_token, j.priority, j.scheduled_at
+        )
+        SELECT c.id, c.queue, c.kind, c.args, c.attempt, c.max_attempts, c.claim_token,
+               c.priority,
+               -- A claimed row is due, so its scheduled_at is finite or '-infinity'.
+               CASE WHEN isfinite(c.scheduled_at)
+                    THEN (extract(epoch FROM c.scheduled_at) * 1000000)::bigint
+                    ELSE -9223372036854775808 END
+        FROM claimed c
+        ORDER BY c.priority, c.scheduled_at, c.id;
+        GET DIAGNOSTICS taken_now = ROW_COUNT;
+        taken := taken + taken_now;
+        EXIT WHEN lim_key_max_running IS NULL OR taken_now >= room
+            OR skiplock.internal_hold_full_keys(queue_name, lim_key_max_running) = 0;
+        room := room - taken_now;
+    END LOOP;
     IF rate_room IS NOT NULL THEN
-        GET DIAGNOSTICS taken = ROW_COUNT;
         PERFORM skiplock.internal_rate_record(queue_name, taken, claim_time, lim_rate_limit,
                                               lim_rate_period,
                                               rate_room < wanted AND taken >= rate_room);
@@ -260,9 +297,9 @@ AS $$
         RETURNING j.id, j.state::text AS state,
                   EXISTS (SELECT 1 FROM skiplock.job_dependencies d WHERE d.parent_id = j.id)
                       AS has_dependants,
-                  j.ordering_key, j.queue
+                  j.ordering_key, j.queue, j.concurrency_key
     ), freed AS (
-        SELECT skiplock.internal_notify_freed(array_agg(DISTINCT queue)) FROM done
+        SELECT skiplock.internal_notify_freed(array_agg(queue), array_agg(concurrency_key)) FROM done
     )
     SELECT id, state, has_dependants, ordering_key
     FROM done, (SELECT count(*) FROM freed) f;

@@ -65,7 +65,7 @@ LANGUAGE sql AS $$
     RETURNING j.id, j.state::text AS state,
               EXISTS (SELECT 1 FROM skiplock.job_dependencies d WHERE d.parent_id = j.id)
                   AS has_dependants,
-              j.ordering_key, j.queue, j.priority, j.scheduled_at
+              j.ordering_key, j.queue, j.priority, j.scheduled_at, j.concurrency_key
     ), runnable AS (
         -- A retry with no delay is runnable at once, and may be behind a position; one
         -- after its delay may come due behind one.
@@ -74,7 +74,7 @@ LANGUAGE sql AS $$
                    FILTER (WHERE state = 'queued'))
         FROM saved
     ), freed AS (
-        SELECT skiplock.internal_notify_freed(array_agg(DISTINCT queue)) FROM saved
+        SELECT skiplock.internal_notify_freed(array_agg(queue), array_agg(concurrency_key)) FROM saved
     )
     SELECT id, state, has_dependants, ordering_key
     FROM saved, (SELECT count(*) FROM runnable) r, (SELECT count(*) FROM freed) f;
@@ -113,7 +113,8 @@ LANGUAGE sql AS $$
                 ELSE skiplock.internal_superseded_message(f.holder, f.unique_key) END
         FROM folded f
         WHERE j.id = ANY(ARRAY(SELECT id FROM folded)) AND j.id = f.id AND j.state IN ('waiting', 'queued', 'running')
-        RETURNING j.id, j.queue, j.state, f.delay_ms, j.priority, j.scheduled_at
+        RETURNING j.id, j.queue, j.state, f.delay_ms, j.priority, j.scheduled_at,
+                  j.concurrency_key
     ), runnable AS (
         -- Released jobs keep their scheduled_at: behind the workers' positions. Snoozed
         -- ones (scheduled_at after now()) may come due behind them.
@@ -122,7 +123,7 @@ LANGUAGE sql AS $$
                    FILTER (WHERE state = 'queued'))
         FROM released
     ), freed AS (
-        SELECT skiplock.internal_notify_freed(array_agg(DISTINCT queue)) FROM released
+        SELECT skiplock.internal_notify_freed(array_agg(queue), array_agg(concurrency_key)) FROM released
     )
     SELECT id FROM released, (SELECT count(*) FROM runnable) r, (SELECT count(*) FROM freed) f;
 $$;
@@ -266,7 +267,7 @@ BEGIN
        FROM reaped r
        WHERE j.id = r.id AND j.state IN ('waiting', 'queued', 'running')
        RETURNING j.id, j.state::text AS state, j.claimed_by, j.ordering_key,
-                 j.queue, j.priority, j.scheduled_at
+                 j.queue, j.priority, j.scheduled_at, j.concurrency_key
        ), due_later AS (
            -- Back after the backoff: it may come due behind a worker's position.
            SELECT skiplock.internal_announce(array_agg(
@@ -274,7 +275,7 @@ BEGIN
                       FILTER (WHERE state = 'queued'))
            FROM taken_back
        ), freed AS (
-           SELECT skiplock.internal_notify_freed(array_agg(DISTINCT queue)) FROM taken_back
+           SELECT skiplock.internal_notify_freed(array_agg(queue), array_agg(concurrency_key)) FROM taken_back
        )
        SELECT array_agg(ROW(id, state, claimed_by, ordering_key)::skiplock.internal_reaped)
        FROM taken_back, (SELECT count(*) FROM due_later) d, (SELECT count(*) FROM freed) f
@@ -331,9 +332,9 @@ LANGUAGE sql AS $$
     RETURNING j.id, j.state::text AS state,
               EXISTS (SELECT 1 FROM skiplock.job_dependencies d WHERE d.parent_id = j.id)
                   AS has_dependants,
-              j.ordering_key, j.queue
+              j.ordering_key, j.queue, j.concurrency_key
     ), freed AS (
-        SELECT skiplock.internal_notify_freed(array_agg(DISTINCT queue)) FROM abandoned
+        SELECT skiplock.internal_notify_freed(array_agg(queue), array_agg(concurrency_key)) FROM abandoned
     )
     SELECT id, state, has_dependants, ordering_key
     FROM abandoned, (SELECT count(*) FROM freed) f;
@@ -373,6 +374,7 @@ DECLARE
     moved int := 0;
     queued_orphans int;
     orphan_keys skiplock.runnable_key[];
+    held record;
 BEGIN
     LOOP
         BEGIN
@@ -396,18 +398,33 @@ BEGIN
             UPDATE skiplock.waiting_sweep
             SET after_id = CASE WHEN seen < batch_size THEN 0 ELSE last_id END;
 
-            -- Waiting for nothing: no lane, no dependency row.
+            -- Waiting for nothing: no lane, no dependency row. Those a queue's
+            -- key_max_running holds back (a concurrency key, in a queue with the limit) go
+            -- only as their keys have room, through internal_release_held.
             IF orphans IS NOT NULL THEN
                 WITH queued AS (
                     UPDATE skiplock.jobs c SET state = 'queued'
                     WHERE c.id = ANY (orphans) AND c.state = 'waiting' AND c.ordering_key IS NULL
                       AND NOT EXISTS (SELECT 1 FROM skiplock.job_dependencies d WHERE d.job_id = c.id)
+                      AND NOT (c.concurrency_key IS NOT NULL AND EXISTS (
+                          SELECT 1 FROM skiplock.queues q
+                          WHERE q.name = c.queue AND q.key_max_running IS NOT NULL))
                     RETURNING c.queue, c.priority, c.scheduled_at
                 )
                 SELECT count(*), array_agg(ROW(queue, priority, scheduled_at)::skiplock.runnable_key)
                 INTO queued_orphans, orphan_keys FROM queued;
                 PERFORM skiplock.internal_announce(orphan_keys);
                 moved := queued_orphans;
+                FOR held IN
+                    SELECT c.queue, array_agg(DISTINCT c.concurrency_key) AS keys
+                    FROM skiplock.jobs_live c
+                    WHERE c.id = ANY (orphans) AND c.state = 'waiting'
+                      AND c.concurrency_key IS NOT NULL
+                    GROUP BY c.queue
+                    ORDER BY skiplock.internal_queue_limit_lock_id(c.queue)
+                LOOP
+                    moved := moved + skiplock.internal_release_held(held.queue, held.keys);
+                END LOOP;
             END IF;
             -- The batch's lanes: each head is one index entry, and the queued ones are announced
             -- in one message per queue and priority.

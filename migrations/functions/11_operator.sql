@@ -6,6 +6,8 @@
 --   internal_cancel_job_once, cancel_job, retry_job, retry_dead_jobs
 --   internal_check_queue_name, internal_set_queue_paused, set_queue_limits, pause_queue
 --   why_not_running, resume_queue, internal_queues_after_write, trigger queues_after_write
+--   internal_queues_after_key_limit, trigger queues_after_key_limit_change
+--   trigger queues_after_key_limit_delete
 --   internal_jobs_done_before_requeue, trigger jobs_done_before_requeue
 
 -- ---- Operator actions --------------------------------------------------------------------
@@ -19,8 +21,10 @@ LANGUAGE plpgsql AS $$
 DECLARE
     previous skiplock.job_state;
     job_queue text;
+    job_key text;
 BEGIN
-    SELECT state, queue INTO previous, job_queue FROM skiplock.jobs WHERE id = job_id FOR UPDATE;
+    SELECT state, queue, concurrency_key INTO previous, job_queue, job_key
+    FROM skiplock.jobs WHERE id = job_id FOR UPDATE;
     IF previous IS NULL OR previous NOT IN ('waiting', 'queued', 'running') THEN
         RETURN false;
     END IF;
@@ -30,7 +34,10 @@ BEGIN
     WHERE id = job_id;
     IF previous = 'running' THEN
         PERFORM pg_notify('skiplock_cancel', job_id::text);
-        PERFORM skiplock.internal_notify_freed(ARRAY[job_queue]);
+    END IF;
+    -- A running job's slot, or a queued job's place among its key's admitted jobs.
+    IF previous = 'running' OR (previous = 'queued' AND job_key IS NOT NULL) THEN
+        PERFORM skiplock.internal_notify_freed(ARRAY[job_queue], ARRAY[job_key]);
     END IF;
     PERFORM skiplock.internal_settle_dependants(ARRAY[job_id]);
     PERFORM skiplock.internal_advance_lanes(ARRAY(
@@ -211,15 +218,22 @@ $$;
 -- once, and at most rate_limit starts in any window of rate_period. The same as writing the
 -- columns of its skiplock.queues row, which plain SQL may do; this checks the values with
 -- errors that say what to pass.
+DROP FUNCTION IF EXISTS skiplock.set_queue_limits(text, int, int, interval);
 CREATE OR REPLACE FUNCTION skiplock.set_queue_limits(queue_name text, max_running int,
                                                      rate_limit int DEFAULT NULL,
-                                                     rate_period interval DEFAULT NULL)
+                                                     rate_period interval DEFAULT NULL,
+                                                     key_max_running int DEFAULT NULL)
 RETURNS void
 LANGUAGE plpgsql AS $$
 BEGIN
     PERFORM skiplock.internal_check_queue_name(queue_name);
     IF max_running < 1 THEN
         RAISE EXCEPTION 'max_running is %, it must be at least 1', max_running
+            USING ERRCODE = 'check_violation',
+                  HINT = 'NULL removes the limit; to stop claiming, pause the queue (skiplock.pause_queue)';
+    END IF;
+    IF key_max_running < 1 THEN
+        RAISE EXCEPTION 'key_max_running is %, it must be at least 1', key_max_running
             USING ERRCODE = 'check_violation',
                   HINT = 'NULL removes the limit; to stop claiming, pause the queue (skiplock.pause_queue)';
     END IF;
@@ -237,16 +251,18 @@ BEGIN
         RAISE EXCEPTION 'rate_period is %, it must be longer than zero', rate_period
             USING ERRCODE = 'check_violation';
     END IF;
-    INSERT INTO skiplock.queues AS q (name, max_running, rate_limit, rate_period)
+    INSERT INTO skiplock.queues AS q (name, max_running, rate_limit, rate_period,
+                                      key_max_running)
     VALUES (queue_name, set_queue_limits.max_running, set_queue_limits.rate_limit,
-            set_queue_limits.rate_period)
+            set_queue_limits.rate_period, set_queue_limits.key_max_running)
     ON CONFLICT (name) DO UPDATE
     SET max_running = excluded.max_running, rate_limit = excluded.rate_limit,
-        rate_period = excluded.rate_period, updated_at = now();
+        rate_period = excluded.rate_period, key_max_running = excluded.key_max_running,
+        updated_at = now();
 END;
 $$;
-COMMENT ON FUNCTION skiplock.set_queue_limits(text, int, int, interval) IS
-    'Sets a queue''s global limits across every worker (NULL: none): max_running jobs at once, rate_limit starts per rate_period. Example: SELECT skiplock.set_queue_limits(''exports'', max_running => 5); SELECT skiplock.set_queue_limits(''mail'', NULL, 100, ''1 second'');';
+COMMENT ON FUNCTION skiplock.set_queue_limits(text, int, int, interval, int) IS
+    'Sets a queue''s global limits across every worker (NULL: none): max_running jobs at once, rate_limit starts per rate_period, key_max_running jobs of one concurrency_key at once. Example: SELECT skiplock.set_queue_limits(''exports'', max_running => 5); SELECT skiplock.set_queue_limits(''mail'', NULL, 100, ''1 second''); SELECT skiplock.set_queue_limits(''reports'', NULL, key_max_running => 2);';
 
 CREATE OR REPLACE FUNCTION skiplock.pause_queue(queue_name text) RETURNS void
 LANGUAGE sql AS $$
@@ -292,6 +308,15 @@ BEGIN
         IF parents IS NOT NULL THEN
             RETURN format('waits for its parent jobs to succeed: %s', parents);
         END IF;
+        IF job.concurrency_key IS NOT NULL THEN
+            SELECT * INTO queue_row FROM skiplock.queues q WHERE q.name = job.queue;
+            IF queue_row.key_max_running IS NOT NULL THEN
+                RETURN format('held back by the queue''s key_max_running of %s for key %L (%s of its jobs run now); it is queued when a slot of the key frees',
+                              queue_row.key_max_running, job.concurrency_key,
+                              skiplock.internal_key_running(job.queue, job.concurrency_key,
+                                                            queue_row.key_max_running));
+            END IF;
+        END IF;
         RETURN 'waiting; the next pass of a worker''s sweep (or skiplock.maintain) queues it';
     END IF;
     IF job.scheduled_at > now() THEN
@@ -309,6 +334,14 @@ BEGIN
         IF running >= queue_row.max_running THEN
             RETURN format('held back by the queue''s max_running: %s of queue %L''s jobs run, its limit',
                           running, job.queue);
+        END IF;
+    END IF;
+    IF queue_row.key_max_running IS NOT NULL AND job.concurrency_key IS NOT NULL THEN
+        running := skiplock.internal_key_running(job.queue, job.concurrency_key,
+                                                 queue_row.key_max_running);
+        IF running >= queue_row.key_max_running THEN
+            RETURN format('held back by the queue''s key_max_running: %s of key %L''s jobs run, its limit',
+                          running, job.concurrency_key);
         END IF;
     END IF;
     IF queue_row.rate_limit IS NOT NULL THEN
@@ -354,6 +387,30 @@ CREATE OR REPLACE TRIGGER queues_after_write
     FOR EACH ROW
     WHEN (NOT NEW.paused)
     EXECUTE FUNCTION skiplock.internal_queues_after_write();
+
+-- A queue's key_max_running raised, removed, or its row deleted: the jobs it held back
+-- whose keys have room now (all of them, without the limit) are let go, announced, in the
+-- statement that changed it. Costs the jobs held back, once.
+CREATE OR REPLACE FUNCTION skiplock.internal_queues_after_key_limit() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM skiplock.internal_release_held(OLD.name, NULL);
+    RETURN NULL;
+END;
+$$;
+
+CREATE OR REPLACE TRIGGER queues_after_key_limit_change
+    AFTER UPDATE ON skiplock.queues
+    FOR EACH ROW
+    WHEN (OLD.key_max_running IS NOT NULL
+          AND NEW.key_max_running IS DISTINCT FROM OLD.key_max_running)
+    EXECUTE FUNCTION skiplock.internal_queues_after_key_limit();
+
+CREATE OR REPLACE TRIGGER queues_after_key_limit_delete
+    AFTER DELETE ON skiplock.queues
+    FOR EACH ROW
+    WHEN (OLD.key_max_running IS NOT NULL)
+    EXECUTE FUNCTION skiplock.internal_queues_after_key_limit();
 
 -- A finished job going back to a live state (retry_job, or an UPDATE by hand) moves from
 -- jobs_done to jobs_live: Postgres runs this BEFORE UPDATE trigger on jobs_done, then the

@@ -26,6 +26,8 @@ pub struct InsertBatch {
     pub max_attempts: Vec<i32>,
     /// Ordering lanes.
     pub ordering_keys: Vec<Option<String>>,
+    /// Concurrency keys.
+    pub concurrency_keys: Vec<Option<String>>,
     /// Unique keys.
     pub unique_keys: Vec<Option<String>>,
     /// Conflict policy per job (`skip`, `replace`, `merge`), used with a unique key.
@@ -91,14 +93,15 @@ pub async fn jobs_insert_reporting(
     }
     let mut ids: Vec<i64> = sqlx::query_scalar(
         "INSERT INTO skiplock.jobs (kind, args, queue, priority, scheduled_at, max_attempts,
-                                    ordering_key)
+                                    ordering_key, concurrency_key)
          SELECT kind, args, queue, priority,
                 coalesce(run_at, now() + delay_ms * interval '1 millisecond'), max_attempts,
-                ordering_key
+                ordering_key, concurrency_key
          FROM unnest($1::text[], $2::jsonb[], $3::text[], $4::smallint[], $5::timestamptz[],
-                     $6::bigint[], $7::int[], $8::text[])
+                     $6::bigint[], $7::int[], $8::text[], $9::text[])
               WITH ORDINALITY
-              AS j(kind, args, queue, priority, run_at, delay_ms, max_attempts, ordering_key, ord)
+              AS j(kind, args, queue, priority, run_at, delay_ms, max_attempts, ordering_key,
+                   concurrency_key, ord)
          ORDER BY ord
          RETURNING id",
     )
@@ -110,6 +113,7 @@ pub async fn jobs_insert_reporting(
     .bind(&batch.delays_ms)
     .bind(&batch.max_attempts)
     .bind(&batch.ordering_keys)
+    .bind(&batch.concurrency_keys)
     .fetch_all(db)
     .await?;
     ids.sort_unstable();
@@ -128,15 +132,17 @@ async fn jobs_insert_each(
     let mut rows: Vec<(i64, i64, String)> = sqlx::query_as(
         "SELECT ord, e.id, e.outcome
          FROM unnest($1::text[], $2::jsonb[], $3::text[], $4::smallint[], $5::timestamptz[],
-                     $6::bigint[], $7::int[], $8::text[], $9::text[], $10::text[], $11::jsonb[])
+                     $6::bigint[], $7::int[], $8::text[], $9::text[], $10::text[], $11::jsonb[],
+                     $12::text[])
               WITH ORDINALITY
               AS j(kind, args, queue, priority, run_at, delay_ms, max_attempts, ordering_key,
-                   unique_key, policy, parents, ord),
+                   unique_key, policy, parents, concurrency_key, ord),
               LATERAL skiplock.enqueue_job(
                     kind, args, queue, priority,
                     coalesce(run_at, now() + delay_ms * interval '1 millisecond'), max_attempts,
                     ordering_key, unique_key, coalesce(policy, 'skip'),
-                    ARRAY(SELECT jsonb_array_elements_text(parents)::bigint)) e",
+                    ARRAY(SELECT jsonb_array_elements_text(parents)::bigint),
+                    concurrency_key) e",
     )
     .bind(&batch.kinds)
     .bind(&batch.args)
@@ -149,6 +155,7 @@ async fn jobs_insert_each(
     .bind(&batch.unique_keys)
     .bind(&batch.unique_policies)
     .bind(&batch.depends_on)
+    .bind(&batch.concurrency_keys)
     .fetch_all(db)
     .await?;
     rows.sort_unstable_by_key(|(ord, _, _)| *ord);

@@ -33,6 +33,7 @@ pub struct LimitColumns {
     pub max_running: Option<i32>,
     pub rate_limit: Option<i32>,
     pub rate_period_us: Option<i64>,
+    pub key_max_running: Option<i32>,
 }
 
 /// Sets a queue's global limits.
@@ -41,11 +42,12 @@ pub async fn queues_set_limits(
     name: &str,
     limits: &LimitColumns,
 ) -> sqlx::Result<()> {
-    sqlx::query("SELECT skiplock.set_queue_limits($1, $2, $3, $4 * interval '1 microsecond')")
+    sqlx::query("SELECT skiplock.set_queue_limits($1, $2, $3, $4 * interval '1 microsecond', $5)")
         .bind(name)
         .bind(limits.max_running)
         .bind(limits.rate_limit)
         .bind(limits.rate_period_us)
+        .bind(limits.key_max_running)
         .execute(db)
         .await?;
     Ok(())
@@ -64,6 +66,9 @@ pub struct QueueLimitsRow {
     pub holding_back: Option<String>,
     pub runnable: i64,
     pub held_back: i64,
+    pub key_max_running: Option<i32>,
+    pub keys_at_limit: Option<i64>,
+    pub held_by_key: Option<i64>,
 }
 
 /// The queues with a global limit, by name: `skiplock.queue_limits`.
@@ -71,7 +76,8 @@ pub async fn queues_limits(db: impl PgExecutor<'_>) -> sqlx::Result<Vec<QueueLim
     sqlx::query_as(
         "SELECT queue, paused, max_running, running, rate_limit,
                 (extract(epoch FROM rate_period) * 1000000)::bigint AS rate_period_us,
-                started_in_period, holding_back, runnable, held_back
+                started_in_period, holding_back, runnable, held_back, key_max_running,
+                keys_at_limit, held_by_key
          FROM skiplock.queue_limits ORDER BY queue",
     )
     .fetch_all(db)

@@ -63,6 +63,25 @@ async fn overview_shows_each_global_limit_its_use_and_the_jobs_it_holds_back() {
         .execute(pool)
         .await
         .unwrap();
+    // A queue with key_max_running 1: a key's second job is held back by the claim.
+    sqlx::query(
+        "SELECT skiplock.enqueue('report', queue => 'reports', concurrency_key => 'tenant-7')
+         FROM generate_series(1, 2)",
+    )
+    .execute(pool)
+    .await
+    .unwrap();
+    skiplock::set_queue_limits(
+        pool,
+        "reports",
+        skiplock::QueueLimits::default().key_max_running(1),
+    )
+    .await
+    .unwrap();
+    sqlx::query("SELECT * FROM skiplock.claim('reports', 5, 'worker-x')")
+        .execute(pool)
+        .await
+        .unwrap();
     let dashboard = Dashboard::start(&db, &[]).await;
     let page = dashboard.page("/").await;
     let limits = &page[page.find("Global limits").expect("a limits table")..];
@@ -81,10 +100,24 @@ async fn overview_shows_each_global_limit_its_use_and_the_jobs_it_holds_back() {
             "{cell}: {cell_html}"
         );
     }
+    let row = &limits[limits.find("<tr data-name=\"reports\">").unwrap()..];
+    let row = &row[..row.find("</tr>").unwrap()];
+    for (cell, expected) in [
+        ("key_max_running", ">1"),
+        ("keys_at_limit", ">1"),
+        ("held_by_key", ">1"),
+    ] {
+        let at = row.find(&format!("data-limit=\"{cell}\"")).unwrap();
+        let cell_html = &row[at..at + row[at..].find("</td>").unwrap()];
+        assert!(cell_html.ends_with(expected), "{cell}: {cell_html}");
+    }
     let metrics = dashboard.page("/metrics").await;
     for line in [
         "skiplock_queue_max_running{queue=\"exports\"} 1",
         "skiplock_queue_held_back{queue=\"exports\"} 2",
+        "skiplock_queue_key_max_running{queue=\"reports\"} 1",
+        "skiplock_queue_keys_at_limit{queue=\"reports\"} 1",
+        "skiplock_queue_held_by_key{queue=\"reports\"} 1",
     ] {
         assert!(metrics.lines().any(|l| l == line), "{line} in {metrics}");
     }

@@ -39,7 +39,7 @@ as given.
 
 An NDJSON line is an object with `kind`, optional `args`, and optionally the enqueue options
 by their column names: queue, priority, scheduled_at (RFC 3339), max_attempts, ordering_key,
-unique_key, on_conflict (skip|replace|merge), depends_on (array of ids). Options given on
+concurrency_key, unique_key, on_conflict (skip|replace|merge), depends_on (array of ids). Options given on
 the command line apply to lines that do not set them. The whole file is enqueued in one
 transaction: if any line is bad (args a built-in kind cannot decode included), nothing is
 enqueued (unless --skip-invalid). With --json it prints one object per line:
@@ -96,6 +96,15 @@ pub struct EnqueueArgs {
         value_parser = |text: &str| parse_non_empty(text, "an ordering key cannot be empty; leave --ordering-key out instead")
     )]
     ordering_key: Option<String>,
+
+    /// Concurrency key (a tenant, an account): the queue's key_max_running bounds the jobs
+    /// of one key that run at once (see `skiplock queue limits`).
+    #[arg(
+        long,
+        value_name = "K",
+        value_parser = |text: &str| parse_non_empty(text, "a concurrency key cannot be empty; leave --concurrency-key out instead")
+    )]
+    concurrency_key: Option<String>,
 
     /// Deduplication key: at most one pending job per key.
     #[arg(
@@ -233,6 +242,7 @@ impl EnqueueArgs {
             .or(self.delay.map(Schedule::After));
         options.max_attempts = self.max_attempts;
         options.ordering_key = self.ordering_key.clone();
+        options.concurrency_key = self.concurrency_key.clone();
         if let Some(key) = &self.unique_key {
             let policy = self.on_conflict.as_deref().unwrap_or("skip");
             options = options.unique_key(key.clone(), policy.parse().unwrap_or_default());
@@ -280,6 +290,7 @@ struct Line {
     scheduled_at: Option<DateTime<Utc>>,
     max_attempts: Option<i32>,
     ordering_key: Option<String>,
+    concurrency_key: Option<String>,
     unique_key: Option<String>,
     on_conflict: Option<UniquePolicy>,
     #[serde(default)]
@@ -315,6 +326,7 @@ impl Line {
         }
         options.max_attempts = self.max_attempts.or(options.max_attempts);
         options.ordering_key = self.ordering_key;
+        options.concurrency_key = self.concurrency_key.or(options.concurrency_key);
         options.unique_key = self.unique_key;
         options.on_conflict = self.on_conflict.unwrap_or_default();
         options.depends_on = self.depends_on;

@@ -16,6 +16,7 @@ pub const EXAMPLES: &str = "Examples:
   skiplock queue limit exports --max-running 5      # at most 5 running, across every worker
   skiplock queue limit mail --rate 100/1s           # at most 100 starts in any second
   skiplock queue limit mail --rate none             # remove the rate limit
+  skiplock queue limit reports --key-max-running 2  # at most 2 running per concurrency key
   skiplock queue limits                             # each limit, its use, the jobs held back";
 
 #[derive(Args)]
@@ -42,7 +43,7 @@ enum QueueAction {
     Paused,
     /// Set a queue's global limits, held by every worker on every host; a limit not
     /// named stays as it is.
-    #[command(group(ArgGroup::new("limits").required(true).multiple(true).args(["max_running", "rate"])))]
+    #[command(group(ArgGroup::new("limits").required(true).multiple(true).args(["max_running", "rate", "key_max_running"])))]
     Limit {
         /// Queue name (it need not have jobs yet).
         #[arg(value_parser = crate::output::parse_queue_name)]
@@ -54,6 +55,10 @@ enum QueueAction {
         /// `none` removes the limit.
         #[arg(long, value_name = "N/PERIOD|none", value_parser = parse_rate)]
         rate: Option<Limit<(u32, Duration)>>,
+        /// At most N jobs of one concurrency key (`skiplock enqueue --concurrency-key`)
+        /// running at once; `none` removes the limit.
+        #[arg(long, value_name = "N|none", value_parser = parse_max_running)]
+        key_max_running: Option<Limit<u32>>,
     },
     /// List the queues with global limits: each limit, its use, the jobs it holds back.
     Limits {
@@ -76,9 +81,11 @@ fn parse_max_running(text: &str) -> Result<Limit<u32>, String> {
     }
     match text.parse::<u32>() {
         Ok(n) if n >= 1 && i32::try_from(n).is_ok() => Ok(Limit::Set(n)),
-        Ok(0) => Err("a max_running of 0 would stop the queue; pause it instead \
+        Ok(0) => Err(
+            "a limit of 0 running jobs would stop the queue; pause it instead \
                       (skiplock queue pause), or write `none` to remove the limit"
-            .to_owned()),
+                .to_owned(),
+        ),
         _ => Err(format!(
             "`{text}` is not a number of jobs; write one from 1 to {}, or `none`",
             i32::MAX
@@ -128,6 +135,7 @@ pub async fn run(pool: &DbPool, args: QueueArgs) -> anyhow::Result<()> {
             queue,
             max_running,
             rate,
+            key_max_running,
         } => {
             let mut limits = skiplock::queue_limits(pool)
                 .await?
@@ -143,6 +151,11 @@ pub async fn run(pool: &DbPool, args: QueueArgs) -> anyhow::Result<()> {
             match rate {
                 Some(Limit::Set((starts, per))) => limits = limits.rate(starts, per),
                 Some(Limit::Remove) => limits = limits.rate(0, Duration::ZERO),
+                None => {}
+            }
+            match key_max_running {
+                Some(Limit::Set(n)) => limits = limits.key_max_running(n),
+                Some(Limit::Remove) => limits = limits.key_max_running(0),
                 None => {}
             }
             skiplock::set_queue_limits(pool, &queue, limits).await?;
@@ -178,7 +191,10 @@ fn describe(limits: &QueueLimits) -> String {
             )
         },
     );
-    format!("max_running {max_running}, rate {rate}")
+    let key_max_running = limits
+        .key_max_running
+        .map_or_else(|| "none".to_owned(), |n| n.to_string());
+    format!("max_running {max_running}, rate {rate}, key_max_running {key_max_running}")
 }
 
 /// One queue of `skiplock queue limits --json`; the same names as skiplock.queue_limits.
@@ -194,6 +210,9 @@ pub fn limits_json(status: &skiplock::QueueLimitStatus) -> serde_json::Value {
         "holding_back": status.holding_back.map(limit_name),
         "runnable": status.runnable,
         "held_back": status.held_back,
+        "key_max_running": status.limits.key_max_running.map(|n| n.get()),
+        "keys_at_limit": status.keys_at_limit,
+        "held_by_key": status.held_by_key,
     })
 }
 
@@ -215,6 +234,9 @@ pub fn limits_table(queues: &[skiplock::QueueLimitStatus]) -> Table {
         ">RATE",
         "HOLDING BACK",
         ">HELD",
+        ">KEY MAX",
+        ">KEYS FULL",
+        ">HELD BY KEY",
     ]);
     for status in queues {
         table.row(vec![
@@ -235,6 +257,12 @@ pub fn limits_table(queues: &[skiplock::QueueLimitStatus]) -> Table {
                 (false, None) => "-".to_owned(),
             },
             status.held_back.to_string(),
+            status
+                .limits
+                .key_max_running
+                .map_or_else(|| "-".to_owned(), |n| n.to_string()),
+            status.keys_at_limit.to_string(),
+            status.held_by_key.to_string(),
         ]);
     }
     table

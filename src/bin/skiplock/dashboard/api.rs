@@ -312,7 +312,7 @@ type LimitValue = fn(&skiplock::QueueLimitStatus) -> Option<f64>;
 /// The global limits of the queues that have one (`skiplock.queue_limits`): each limit,
 /// its use now, and the runnable jobs it holds back.
 fn limit_families(out: &mut String, limits: &[skiplock::QueueLimitStatus]) {
-    let series: [(&str, &str, LimitValue); 5] = [
+    let series: [(&str, &str, LimitValue); 8] = [
         (
             "skiplock_queue_max_running",
             "The queue's max_running: at most this many of its jobs run at once across every worker.",
@@ -337,6 +337,21 @@ fn limit_families(out: &mut String, limits: &[skiplock::QueueLimitStatus]) {
             "skiplock_queue_held_back",
             "Runnable jobs of the queue that a global limit keeps from starting now.",
             |s| Some(s.held_back as f64),
+        ),
+        (
+            "skiplock_queue_key_max_running",
+            "The queue's key_max_running: at most this many jobs of one concurrency key run at once across every worker.",
+            |s| s.limits.key_max_running.map(|n| f64::from(n.get())),
+        ),
+        (
+            "skiplock_queue_keys_at_limit",
+            "Concurrency keys of the queue with key_max_running jobs running now.",
+            |s| s.limits.key_max_running.map(|_| s.keys_at_limit as f64),
+        ),
+        (
+            "skiplock_queue_held_by_key",
+            "Jobs of the queue waiting for a slot of their concurrency key.",
+            |s| s.limits.key_max_running.map(|_| s.held_by_key as f64),
         ),
     ];
     for (name, help, value) in series {

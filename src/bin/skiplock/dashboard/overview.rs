@@ -338,6 +338,7 @@ fn limits_table(limits: &[skiplock::QueueLimitStatus]) -> Markup {
                 th { "queue" } th.num { "running" } th.num { "max running" }
                 th.num { "started in period" } th.num { "rate limit" }
                 th { "holding back" } th.num { "held back" }
+                th.num { "key max running" } th.num { "keys full" } th.num { "held by key" }
             } }
             tbody {
                 @for status in limits {
@@ -363,6 +364,11 @@ fn limits_table(limits: &[skiplock::QueueLimitStatus]) -> Markup {
                             }
                         }
                         td.num data-limit="held_back" { (status.held_back) }
+                        td.num data-limit="key_max_running" {
+                            @match status.limits.key_max_running { Some(n) => (n), None => span.muted { "none" } }
+                        }
+                        td.num data-limit="keys_at_limit" { (status.keys_at_limit) }
+                        td.num data-limit="held_by_key" { (status.held_by_key) }
                     }
                 }
             }

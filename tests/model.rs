@@ -12,8 +12,8 @@
 //! `record`, `panic`, `never_return`), restarted gracefully, at once, by SIGTERM or after
 //! `kill -9`; a pruning worker with zero retention; a killer of worker connections; and a
 //! sampler checking the "at most one" rules while the run goes on. The second queue has
-//! global limits (`max_running` and a rate limit) for the whole run. The invariants are
-//! listed in tests/model_support/checks.rs.
+//! global limits (`max_running`, a rate limit and `key_max_running` over three concurrency
+//! keys) for the whole run. The invariants are listed in tests/model_support/checks.rs.
 //!
 //! ```sh
 //! cargo test --all-features --test model -- --nocapture            # the default seeds
@@ -32,7 +32,9 @@ use std::time::{Duration, Instant};
 
 use model_support::checks::{Evidence, check_all, check_merged, limited_starts};
 use model_support::workers::{Crew, start_pruner};
-use model_support::{LIMITED_QUEUE, LIMITED_QUEUE_RATE, Sim, actors, extend_audit, logs};
+use model_support::{
+    LIMITED_QUEUE, LIMITED_QUEUE_KEY_MAX, LIMITED_QUEUE_RATE, Sim, actors, extend_audit, logs,
+};
 
 /// Seeds run by default: the whole test stays within about two minutes on 2 cores.
 const SEEDS_DEFAULT: [u64; 4] = [1, 2, 3, 4];
@@ -112,10 +114,12 @@ async fn randomized_model_of_the_whole_system() {
 /// reaps, supersedes and deletions of unfinished jobs 3 to 7 times per seed, over the four
 /// seeds on a loaded 2-core machine) that a run taking one of them zero times means the
 /// model stopped exercising it.
-const PATHS_REQUIRED: [&str; 13] = [
+const PATHS_REQUIRED: [&str; 15] = [
     "claim of a lane job",
     "claim up to max_running",
     "rate limit filled a window",
+    "claim up to key_max_running",
+    "held back by its key",
     "claim of a child",
     "reap",
     "release",
@@ -144,12 +148,14 @@ async fn run_seed(seed: u64, secs: u64) -> (Vec<String>, BTreeMap<&'static str, 
     let db = fault_support::audited_db().await;
     extend_audit(&db.pool).await;
     sqlx::query(
-        "SELECT skiplock.set_queue_limits($1, $2, $3, make_interval(secs => $4::float8 / 1000))",
+        "SELECT skiplock.set_queue_limits($1, $2, $3, make_interval(secs => $4::float8 / 1000),
+                                          $5)",
     )
     .bind(LIMITED_QUEUE.0)
     .bind(LIMITED_QUEUE.1 as i32)
     .bind(LIMITED_QUEUE_RATE.0 as i32)
     .bind(LIMITED_QUEUE_RATE.1)
+    .bind(LIMITED_QUEUE_KEY_MAX as i32)
     .execute(&db.pool)
     .await
     .expect("limit the model's second queue");
@@ -293,7 +299,29 @@ fn coverage(evidence: &Evidence) -> BTreeMap<&'static str, usize> {
     let children: std::collections::HashSet<i64> =
         evidence.deps.iter().map(|&(_, child, _)| child).collect();
     let mut limited_running = std::collections::HashSet::new();
+    let mut key_running: std::collections::HashMap<&str, std::collections::HashSet<i64>> =
+        std::collections::HashMap::new();
     for e in evidence.events.iter().filter(|e| !e.heartbeat) {
+        for set in key_running.values_mut() {
+            set.remove(&e.job_id);
+        }
+        if e.queue.as_deref() == Some(LIMITED_QUEUE.0) {
+            if let Some(key) = e.concurrency_key.as_deref()
+                && e.new_state.as_deref() == Some("running")
+            {
+                let running = key_running.entry(key).or_default();
+                running.insert(e.job_id);
+                if running.len() == LIMITED_QUEUE_KEY_MAX {
+                    *paths.entry("claim up to key_max_running").or_default() += 1;
+                }
+            }
+            if e.concurrency_key.is_some()
+                && e.old_state.as_deref() == Some("queued")
+                && e.new_state.as_deref() == Some("waiting")
+            {
+                *paths.entry("held back by its key").or_default() += 1;
+            }
+        }
         limited_running.remove(&e.job_id);
         if e.queue.as_deref() == Some(LIMITED_QUEUE.0) && e.new_state.as_deref() == Some("running")
         {

@@ -11,7 +11,7 @@ use skiplock::{EnqueueOptions, JobId, NewJob, UniquePolicy};
 use sqlx::PgPool;
 
 use super::kind::Model;
-use super::{LANES, QUEUES, Sim, UNIQUE_KEYS};
+use super::{CONCURRENCY_KEYS, LANES, QUEUES, Sim, UNIQUE_KEYS};
 
 /// One job to enqueue, whatever the entry point.
 #[derive(Debug, Clone)]
@@ -25,6 +25,7 @@ pub struct Spec {
     pub lane: Option<&'static str>,
     pub unique: Option<(&'static str, UniquePolicy)>,
     pub parents: Vec<i64>,
+    pub concurrency_key: Option<&'static str>,
 }
 
 /// A random job: mostly the in-process `model` kind, some testbed kinds; in a lane, or
@@ -55,6 +56,9 @@ pub fn random_spec(sim: &Sim, rng: &mut fastrand::Rng, via: &str) -> Spec {
         lane: None,
         unique: None,
         parents: Vec::new(),
+        // Combinable with everything else.
+        concurrency_key: (rng.u8(0..100) < 40)
+            .then(|| CONCURRENCY_KEYS[rng.usize(..CONCURRENCY_KEYS.len())]),
     };
     match rng.u8(0..100) {
         0..35 => spec.lane = Some(LANES[rng.usize(..LANES.len())]),
@@ -91,6 +95,9 @@ fn options(spec: &Spec) -> EnqueueOptions {
     }
     if let Some((key, policy)) = spec.unique {
         options = options.unique_key(key, policy);
+    }
+    if let Some(key) = spec.concurrency_key {
+        options = options.concurrency_key(key);
     }
     options
 }
@@ -142,7 +149,7 @@ pub async fn enqueue_sql(sim: &Sim, pool: PgPool) {
                                      scheduled_at => now() + $5 * interval '1 millisecond',
                                      max_attempts => $6, ordering_key => $7,
                                      unique_key => $8, on_conflict => $9,
-                                     depends_on => $10::bigint[])",
+                                     depends_on => $10::bigint[], concurrency_key => $11)",
         )
         .bind(spec.kind)
         .bind(&spec.args)
@@ -154,6 +161,7 @@ pub async fn enqueue_sql(sim: &Sim, pool: PgPool) {
         .bind(spec.unique.map(|(key, _)| key))
         .bind(spec.unique.map_or("skip", |(_, policy)| policy.as_str()))
         .bind(&spec.parents)
+        .bind(spec.concurrency_key)
         .fetch_one(&pool)
         .await;
         match result {
@@ -216,9 +224,10 @@ async fn insert_plain(
     let waiting = !spec.parents.is_empty() && explicit_waiting;
     let id: Option<i64> = sqlx::query_scalar(
         "INSERT INTO skiplock.jobs (kind, args, queue, priority, scheduled_at, max_attempts,
-                                    ordering_key, unique_key, unique_policy, state)
+                                    ordering_key, unique_key, unique_policy, state,
+                                    concurrency_key)
          VALUES ($1, $2, $3, $4, now() + $5 * interval '1 millisecond', $6, $7, $8, $9,
-                 CASE WHEN $10 THEN 'waiting' ELSE 'queued' END::skiplock.job_state)
+                 CASE WHEN $10 THEN 'waiting' ELSE 'queued' END::skiplock.job_state, $11)
          RETURNING id",
     )
     .bind(spec.kind)
@@ -231,6 +240,7 @@ async fn insert_plain(
     .bind(spec.unique.map(|(key, _)| key))
     .bind(spec.unique.map(|(_, policy)| policy.as_str()))
     .bind(waiting)
+    .bind(spec.concurrency_key)
     .fetch_optional(&mut *tx)
     .await?;
     let Some(id) = id else {

@@ -29,7 +29,8 @@
 //!   the earlier run's claim was taken from it (reaped, or cancelled by the operator);
 //! - **global limits**: the limited queue never has more than its `max_running` jobs
 //!   running after any audit row, and no start of it (a claim's `claimed_at`) comes sooner
-//!   than its rate limit's period after the start `rate_limit` before it;
+//!   than its rate limit's period after the start `rate_limit` before it; no concurrency
+//!   key has more than the queue's `key_max_running` of its jobs running;
 //! - **logs**: no worker or maintenance statement failed except on a killed connection.
 
 use std::collections::{BTreeSet, HashMap, HashSet};
@@ -40,7 +41,7 @@ use uuid::Uuid;
 
 use super::kind::Run;
 use super::logs::{is_defect, strip_ansi};
-use super::{LIMITED_QUEUE, LIMITED_QUEUE_RATE};
+use super::{LIMITED_QUEUE, LIMITED_QUEUE_KEY_MAX, LIMITED_QUEUE_RATE};
 
 /// One row of the extended audit.
 #[derive(Debug, Clone, sqlx::FromRow)]
@@ -64,6 +65,7 @@ pub struct Ev {
     pub ordering_key: Option<String>,
     pub unique_key: Option<String>,
     pub queue: Option<String>,
+    pub concurrency_key: Option<String>,
     pub at: DateTime<Utc>,
     /// The row's `claimed_at` after the write: a claim's start, as the rate limit counts it.
     pub claimed_at: Option<DateTime<Utc>>,
@@ -129,6 +131,7 @@ fn pending(state: &str) -> bool {
 struct Track {
     lane: Option<String>,
     queue: Option<String>,
+    concurrency_key: Option<String>,
     unique: Option<String>,
     /// `None` once deleted.
     state: Option<String>,
@@ -156,8 +159,8 @@ impl Evidence {
         let events = sqlx::query_as(
             "SELECT seq, job_id, op, old_state::text, new_state::text, old_attempt,
                     new_attempt, max_attempts, old_token, new_token, old_holder, new_holder,
-                    heartbeat, failure, last_error, app, ordering_key, unique_key, queue, at,
-                    claimed_at
+                    heartbeat, failure, last_error, app, ordering_key, unique_key, queue,
+                    concurrency_key, at, claimed_at
              FROM public.job_audit ORDER BY seq",
         )
         .fetch_all(pool)
@@ -247,6 +250,7 @@ fn replay(evidence: &Evidence, found: &mut Vec<String>) -> HashMap<i64, Track> {
     let mut lane_running: HashMap<String, BTreeSet<i64>> = HashMap::new();
     let mut unique_pending: HashMap<String, BTreeSet<i64>> = HashMap::new();
     let mut limited_running: BTreeSet<i64> = BTreeSet::new();
+    let mut key_running: HashMap<String, BTreeSet<i64>> = HashMap::new();
     let mut parents: HashMap<i64, Vec<(i64, i64)>> = HashMap::new();
     for &(seq, child, parent) in &evidence.deps {
         parents.entry(child).or_default().push((seq, parent));
@@ -279,6 +283,7 @@ fn replay(evidence: &Evidence, found: &mut Vec<String>) -> HashMap<i64, Track> {
             track.lane = ev.ordering_key.clone();
             track.unique = ev.unique_key.clone();
             track.queue = ev.queue.clone();
+            track.concurrency_key = ev.concurrency_key.clone();
         }
         match ev.op.as_str() {
             "insert" => track.entry_seq = ev.seq,
@@ -328,6 +333,24 @@ fn replay(evidence: &Evidence, found: &mut Vec<String>) -> HashMap<i64, Track> {
                         running.iter().map(|&j| evidence.history(j)).collect::<Vec<_>>().join("\n")
                     ));
                 }
+            }
+        }
+        // The limited queue's running jobs of each concurrency key after this row: never
+        // more than its key_max_running.
+        for set in key_running.values_mut() {
+            set.remove(&job);
+        }
+        if let Some(key) = &track.concurrency_key
+            && track.queue.as_deref() == Some(LIMITED_QUEUE.0)
+            && new.as_deref() == Some("running")
+        {
+            let running = key_running.entry(key.clone()).or_default();
+            running.insert(job);
+            if running.len() > LIMITED_QUEUE_KEY_MAX {
+                found.push(format!(
+                    "[limit: over key_max_running] key {key} of queue {} has jobs {running:?} running at once, over its key_max_running {LIMITED_QUEUE_KEY_MAX} (audit seq {})",
+                    LIMITED_QUEUE.0, ev.seq
+                ));
             }
         }
         // The limited queue's running jobs after this row: never more than its limit.

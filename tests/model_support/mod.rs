@@ -39,6 +39,11 @@ pub const LIMITED_QUEUE: (&str, usize) = ("q2", 3);
 /// this many milliseconds; the replay fails a start that comes sooner after the start this
 /// many before it (tests/model_support/checks.rs).
 pub const LIMITED_QUEUE_RATE: (usize, i64) = (10, 500);
+/// The same queue's key_max_running for the whole run, and the concurrency keys jobs are
+/// given (on every queue, so that the limit binds only where it is set): the replay fails
+/// a claim that makes more of one key's jobs of that queue run at once.
+pub const LIMITED_QUEUE_KEY_MAX: usize = 1;
+pub const CONCURRENCY_KEYS: [&str; 3] = ["tenant-a", "tenant-b", "tenant-c"];
 
 /// What every actor shares during one seed's run.
 pub struct Sim {
@@ -162,7 +167,8 @@ impl Sim {
 pub async fn extend_audit(pool: &PgPool) {
     sqlx::raw_sql(
         "ALTER TABLE public.job_audit ADD COLUMN ordering_key text, ADD COLUMN unique_key text,
-             ADD COLUMN unique_policy text, ADD COLUMN args jsonb, ADD COLUMN queue text;
+             ADD COLUMN unique_policy text, ADD COLUMN args jsonb, ADD COLUMN queue text,
+             ADD COLUMN concurrency_key text;
          CREATE OR REPLACE FUNCTION public.job_audit_record() RETURNS trigger
          LANGUAGE plpgsql AS $$
          BEGIN
@@ -170,18 +176,18 @@ pub async fn extend_audit(pool: &PgPool) {
                  INSERT INTO public.job_audit (job_id, op, new_state, new_attempt, max_attempts,
                                                new_token, new_holder, heartbeat, claimed_at,
                                                last_error, ordering_key, unique_key,
-                                               unique_policy, args, queue)
+                                               unique_policy, args, queue, concurrency_key)
                  SELECT n.id, 'insert', n.state, n.attempt, n.max_attempts,
                         n.claim_token, n.claimed_by, false, n.claimed_at,
                         n.last_error, n.ordering_key, n.unique_key,
-                        n.unique_policy, n.args, n.queue
+                        n.unique_policy, n.args, n.queue, n.concurrency_key
                  FROM new_rows n ORDER BY n.id;
              ELSIF TG_OP = 'UPDATE' THEN
                  INSERT INTO public.job_audit (job_id, op, old_state, new_state, old_attempt,
                                                new_attempt, max_attempts, old_token, new_token,
                                                old_holder, new_holder, heartbeat, failure,
                                                last_error, claimed_at, ordering_key, unique_key,
-                                               unique_policy, args, queue)
+                                               unique_policy, args, queue, concurrency_key)
                  SELECT n.id, 'update', o.state, n.state, o.attempt, n.attempt,
                         n.max_attempts, o.claim_token, n.claim_token, o.claimed_by,
                         n.claimed_by,
@@ -190,15 +196,16 @@ pub async fn extend_audit(pool: &PgPool) {
                             AND o.heartbeat_at IS DISTINCT FROM n.heartbeat_at,
                         o.errors IS DISTINCT FROM n.errors,
                         n.last_error, n.claimed_at, n.ordering_key, n.unique_key,
-                        n.unique_policy, n.args, n.queue
+                        n.unique_policy, n.args, n.queue, n.concurrency_key
                  FROM old_rows o JOIN new_rows n ON n.id = o.id ORDER BY n.id;
              ELSE
                  INSERT INTO public.job_audit (job_id, op, old_state, old_attempt, old_token,
                                                old_holder, heartbeat, last_error, ordering_key,
-                                               unique_key, unique_policy, args, queue)
+                                               unique_key, unique_policy, args, queue,
+                                               concurrency_key)
                  SELECT o.id, 'delete', o.state, o.attempt, o.claim_token,
                         o.claimed_by, false, o.last_error, o.ordering_key,
-                        o.unique_key, o.unique_policy, o.args, o.queue
+                        o.unique_key, o.unique_policy, o.args, o.queue, o.concurrency_key
                  FROM old_rows o ORDER BY o.id;
              END IF;
              RETURN NULL;

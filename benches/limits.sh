@@ -9,7 +9,12 @@
 #            (n-10)-th finish, by the database clock);
 #   rate:    rate_limit 200 per second on a queue of RATE_JOBS `noop` jobs, drained by 4
 #            processes: the most starts in any 1 s window (from claimed_at) and the starts in
-#            each whole second from the first.
+#            each whole second from the first;
+#   keys:    key_max_running 2 on a queue of JOBS `sleep` jobs of 100 ms spread over 20
+#            concurrency keys, drained by 4 processes of concurrency 32 (128 slots for 40
+#            the keys allow): the throughput against 40 jobs / 100 ms, the most jobs of one
+#            key running at once, and the pickup after a key's slot frees (a start against
+#            the finish two before it of the same key).
 #
 # Usage: benches/limits.sh [JOBS] [RATE_JOBS]   (defaults 3000 and 4000)
 # Needs a release build: cargo build --release --bin skiplock (or SKIPLOCK_BIN=...).
@@ -87,4 +92,33 @@ sql "WITH first AS (SELECT min(claimed_at) AS t0, max(claimed_at) AS t1
             || percentile_cont(0.5) WITHIN GROUP (ORDER BY n) || ', max ' || max(n)
             || ' over ' || count(*) || ' seconds'
      FROM bins"
+
+echo
+echo "## keys: key_max_running 2, $JOBS sleep jobs of 100 ms over 20 keys, 4 processes x 32"
+sql "SELECT skiplock.set_queue_limits('keyed', NULL, key_max_running => 2)"
+sql "INSERT INTO skiplock.jobs (kind, args, queue, concurrency_key)
+     SELECT 'sleep', '{\"ms\": 100}', 'keyed', 'key-' || (g % 20) FROM generate_series(1, $JOBS) g"
+sql "VACUUM ANALYZE skiplock.jobs_live"
+drain keyed
+sql "SELECT 'jobs/s (db clock, first claim to last finish): '
+            || round(count(*) / extract(epoch FROM max(finished_at) - min(claimed_at)), 1)
+            || ' = ' || round(100 * count(*) / extract(epoch FROM max(finished_at) - min(claimed_at)) / 400, 1)
+            || ' % of 40 jobs / 100 ms; succeeded ' || count(*) FILTER (WHERE state = 'succeeded')
+     FROM skiplock.jobs WHERE queue = 'keyed'"
+sql "WITH ev AS (SELECT concurrency_key AS k, claimed_at AS t, 1 AS d FROM skiplock.jobs WHERE queue = 'keyed'
+                UNION ALL SELECT concurrency_key, finished_at, -1 FROM skiplock.jobs WHERE queue = 'keyed')
+     SELECT 'most of one key running at once (claimed_at to finished_at): ' || max(s)
+     FROM (SELECT sum(d) OVER (PARTITION BY k ORDER BY t, d ROWS UNBOUNDED PRECEDING) AS s FROM ev) x"
+sql "WITH s AS (SELECT concurrency_key AS k, claimed_at AS t,
+                      row_number() OVER (PARTITION BY concurrency_key ORDER BY claimed_at) AS n
+               FROM skiplock.jobs WHERE queue = 'keyed'),
+          f AS (SELECT concurrency_key AS k, finished_at AS t,
+                      row_number() OVER (PARTITION BY concurrency_key ORDER BY finished_at) AS n
+               FROM skiplock.jobs WHERE queue = 'keyed'),
+          gap AS (SELECT extract(epoch FROM s.t - f.t) * 1000 AS ms
+                  FROM s JOIN f ON s.k = f.k AND s.n = f.n + 2)
+     SELECT 'pickup after a key''s slot frees, ms: p50 ' || round(percentile_cont(0.5) WITHIN GROUP (ORDER BY ms)::numeric, 2)
+            || ', p90 ' || round(percentile_cont(0.9) WITHIN GROUP (ORDER BY ms)::numeric, 2)
+            || ', p99 ' || round(percentile_cont(0.99) WITHIN GROUP (ORDER BY ms)::numeric, 2)
+     FROM gap"
 [ -n "${KEEP_DB:-}" ] || psql "$SERVER/postgres" -qX -c "DROP DATABASE $DB"

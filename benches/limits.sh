@@ -14,14 +14,20 @@
 #            concurrency keys, drained by 4 processes of concurrency 32 (128 slots for 40
 #            the keys allow): the throughput against 40 jobs / 100 ms, the most jobs of one
 #            key running at once, and the pickup after a key's slot frees (a start against
-#            the finish two before it of the same key).
+#            the finish two before it of the same key);
+#   key-rate: key_rate_limit 20 per second on a queue of RATE_JOBS `noop` jobs spread over
+#            10 concurrency keys, drained by 4 processes: the most starts of one key in any
+#            1 s window and the starts of each key in each whole second from its first.
 #
 # Usage: benches/limits.sh [JOBS] [RATE_JOBS]   (defaults 3000 and 4000)
+#        PARTS="keys key-rate" benches/limits.sh   (default: every part)
 # Needs a release build: cargo build --release --bin skiplock (or SKIPLOCK_BIN=...).
 set -euo pipefail
 
 JOBS=${1:-3000}
 RATE_JOBS=${2:-4000}
+PARTS=${PARTS:-binding rate keys key-rate}
+part() { [[ " $PARTS " == *" $1 "* ]]; }
 BIN=${SKIPLOCK_BIN:-target/release/skiplock}
 SERVER=${SKIPLOCK_BENCH_SERVER:-postgres://postgres@127.0.0.1:5432}
 DB=skiplock_bench_limits
@@ -42,6 +48,7 @@ drain() { # QUEUE: 4 processes of concurrency 32 until the queue is empty
     for pid in "${pids[@]}"; do wait "$pid"; done
 }
 
+if part binding; then
 echo "## binding: max_running 10, $JOBS sleep jobs of 100 ms, 4 processes x 32"
 sql "SELECT skiplock.set_queue_limits('bound', 10)"
 sql "INSERT INTO skiplock.jobs (kind, args, queue)
@@ -70,7 +77,9 @@ sql "WITH s AS (SELECT claimed_at AS t, row_number() OVER (ORDER BY claimed_at) 
             || ', p90 ' || round(percentile_cont(0.9) WITHIN GROUP (ORDER BY ms)::numeric, 2)
             || ', p99 ' || round(percentile_cont(0.99) WITHIN GROUP (ORDER BY ms)::numeric, 2)
      FROM gap"
+fi
 
+if part rate; then
 echo
 echo "## rate: 200 per second, $RATE_JOBS noop jobs, 4 processes x 32"
 sql "SELECT skiplock.set_queue_limits('rated', NULL, 200, '1 second')"
@@ -92,7 +101,9 @@ sql "WITH first AS (SELECT min(claimed_at) AS t0, max(claimed_at) AS t1
             || percentile_cont(0.5) WITHIN GROUP (ORDER BY n) || ', max ' || max(n)
             || ' over ' || count(*) || ' seconds'
      FROM bins"
+fi
 
+if part keys; then
 echo
 echo "## keys: key_max_running 2, $JOBS sleep jobs of 100 ms over 20 keys, 4 processes x 32"
 sql "SELECT skiplock.set_queue_limits('keyed', NULL, key_max_running => 2)"
@@ -121,4 +132,34 @@ sql "WITH s AS (SELECT concurrency_key AS k, claimed_at AS t,
             || ', p90 ' || round(percentile_cont(0.9) WITHIN GROUP (ORDER BY ms)::numeric, 2)
             || ', p99 ' || round(percentile_cont(0.99) WITHIN GROUP (ORDER BY ms)::numeric, 2)
      FROM gap"
+fi
+
+if part key-rate; then
+echo
+echo "## key-rate: 20 per second per key, $RATE_JOBS noop jobs over 10 keys, 4 processes x 32"
+sql "SELECT skiplock.set_queue_limits('keyrated', NULL, key_rate_limit => 20, key_rate_period => '1 second')"
+sql "INSERT INTO skiplock.jobs (kind, queue, concurrency_key)
+     SELECT 'noop', 'keyrated', 'key-' || (g % 10) FROM generate_series(1, $RATE_JOBS) g"
+sql "VACUUM ANALYZE skiplock.jobs_live"
+drain keyrated
+sql "SELECT 'most starts of one key in any 1 s window: ' || max(c) || '; succeeded '
+            || (SELECT count(*) FROM skiplock.jobs WHERE queue = 'keyrated' AND state = 'succeeded')
+     FROM (SELECT (SELECT count(*) FROM skiplock.jobs b WHERE b.queue = 'keyrated'
+                     AND b.concurrency_key = a.concurrency_key
+                     AND b.claimed_at >= a.claimed_at
+                     AND b.claimed_at < a.claimed_at + interval '1 second') AS c
+           FROM skiplock.jobs a WHERE a.queue = 'keyrated') x"
+sql "WITH first AS (SELECT concurrency_key AS k, min(claimed_at) AS t0, max(claimed_at) AS t1
+                   FROM skiplock.jobs WHERE queue = 'keyrated' GROUP BY 1),
+          bins AS (SELECT j.concurrency_key, floor(extract(epoch FROM j.claimed_at - f.t0))::int AS second,
+                          count(*) AS n
+                   FROM skiplock.jobs j JOIN first f ON f.k = j.concurrency_key
+                   WHERE j.queue = 'keyrated'
+                     AND j.claimed_at < f.t0 + floor(extract(epoch FROM f.t1 - f.t0)) * interval '1 second'
+                   GROUP BY 1, 2)
+     SELECT 'starts of a key in each whole second from its first: min ' || min(n) || ', median '
+            || percentile_cont(0.5) WITHIN GROUP (ORDER BY n) || ', max ' || max(n)
+            || ' over ' || count(*) || ' key-seconds'
+     FROM bins"
+fi
 [ -n "${KEEP_DB:-}" ] || psql "$SERVER/postgres" -qX -c "DROP DATABASE $DB"

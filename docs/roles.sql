@@ -55,6 +55,13 @@ GRANT SELECT ON skiplock.queues TO skiplock_worker;
 -- the limit changed).
 GRANT SELECT, INSERT, UPDATE, DELETE ON skiplock.queue_rate_rings, skiplock.queue_rate_starts
     TO skiplock_worker;
+-- ... and of a queue with a per-key rate limit, each key's start times (the sweep deletes
+-- the windows whose starts are all a period old).
+GRANT SELECT, INSERT, UPDATE, DELETE ON skiplock.key_rate_windows TO skiplock_worker;
+-- Ending a job of a queue with key_max_running leaves its key's freed slot for the queue's
+-- next claim, which reads and deletes it (the sweep deletes those no claim will read,
+-- skipping the rows locked: FOR UPDATE).
+GRANT SELECT, INSERT, UPDATE, DELETE ON skiplock.key_slots_freed TO skiplock_worker;
 GRANT SELECT, INSERT, UPDATE ON skiplock.cron_schedules TO skiplock_worker;
 GRANT SELECT, INSERT, UPDATE, DELETE ON skiplock.job_history TO skiplock_worker;
 
@@ -99,6 +106,11 @@ GRANT UPDATE (state, scheduled_at, max_attempts, finished_at, last_error, claim_
     ON skiplock.jobs TO skiplock_operator;
 GRANT UPDATE (parent_state) ON skiplock.job_dependencies TO skiplock_operator;
 GRANT INSERT, UPDATE ON skiplock.queues TO skiplock_operator;
+-- A per-key rate limit changed or removed resets or deletes the keys' windows (a trigger).
+GRANT UPDATE, DELETE ON skiplock.key_rate_windows TO skiplock_operator;
+-- A cancel frees a key's slot (as a worker's outcome does); a per-key limit removed or the
+-- queue's row deleted drops the slots left for it.
+GRANT INSERT, DELETE ON skiplock.key_slots_freed TO skiplock_operator;
 GRANT INSERT, UPDATE, DELETE ON skiplock.cron_schedules TO skiplock_operator;
 GRANT INSERT, UPDATE, DELETE ON skiplock.job_history TO skiplock_operator;
 

@@ -204,8 +204,9 @@ CREATE TABLE skiplock.job_dependencies (
 -- Queues: paused queues are never claimed from; running jobs finish. Global limits, held
 -- by every claim on every host (skiplock.internal_claim_batch): at most max_running of the
 -- queue's jobs running at once, and at most rate_limit claims starting in any window of
--- rate_period; at most key_max_running of the jobs of one concurrency_key running at once.
--- NULL: no such limit. A row may name a queue that has no jobs yet; its settings apply to
+-- rate_period; at most key_max_running of the jobs of one concurrency_key running at once,
+-- and at most key_rate_limit of them starting in any window of key_rate_period. NULL: no
+-- such limit. A row may name a queue that has no jobs yet; its settings apply to
 -- the jobs that come. Changed at any time, they hold from the next claim.
 CREATE TABLE skiplock.queues (
     name        text PRIMARY KEY,
@@ -215,6 +216,8 @@ CREATE TABLE skiplock.queues (
     rate_limit  int,
     rate_period interval,
     key_max_running int,
+    key_rate_limit  int,
+    key_rate_period interval,
     CONSTRAINT queues_name_not_empty CHECK (name <> ''),
     CONSTRAINT queues_name_length CHECK (octet_length(name) <= 1000),
     -- Zero would be a pause; `paused` says that.
@@ -224,7 +227,12 @@ CREATE TABLE skiplock.queues (
     CONSTRAINT queues_rate_limit_1_to_100000 CHECK (rate_limit BETWEEN 1 AND 100000),
     CONSTRAINT queues_rate_period_positive CHECK (rate_period > interval '0'),
     CONSTRAINT queues_rate_limit_and_period_together
-        CHECK ((rate_limit IS NULL) = (rate_period IS NULL))
+        CHECK ((rate_limit IS NULL) = (rate_period IS NULL)),
+    -- A key's last key_rate_limit start times are kept in one row (key_rate_windows).
+    CONSTRAINT queues_key_rate_limit_1_to_10000 CHECK (key_rate_limit BETWEEN 1 AND 10000),
+    CONSTRAINT queues_key_rate_period_positive CHECK (key_rate_period > interval '0'),
+    CONSTRAINT queues_key_rate_limit_and_period_together
+        CHECK ((key_rate_limit IS NULL) = (key_rate_period IS NULL))
 );
 
 -- Rate limits: the start times of a rate-limited queue's last `size` claimed jobs (size:
@@ -247,6 +255,44 @@ CREATE TABLE skiplock.queue_rate_starts (
     started_at timestamptz NOT NULL,
     PRIMARY KEY (queue, slot)
 );
+
+-- Slots of concurrency keys freed in queues with key_max_running (a job of the key ended,
+-- or a queued one was cancelled), a row per key and statement, for the queue's next claim
+-- to let the key's held jobs go under the queue's lock (internal_release_freed_keys). The
+-- statements that end jobs only insert here, so they never wait for the queue's lock nor
+-- hold it until their caller commits, whatever the caller's isolation; a row is deleted by
+-- the claim that reads it.
+CREATE TABLE skiplock.key_slots_freed (
+    queue           text NOT NULL,
+    concurrency_key text NOT NULL
+);
+CREATE INDEX key_slots_freed_queue_idx ON skiplock.key_slots_freed (queue);
+
+-- Per-key rate limits (skiplock.queues.key_rate_limit per key_rate_period): a row per
+-- concurrency key of a queue that started a job within the last period, with its last
+-- starts, oldest first (at least key_rate_limit of them; '-infinity' where fewer were
+-- made). Kept by the claim under the queue's lock (skiplock.internal_key_rate_take); a
+-- row whose newest start is a whole period old counts nothing and is deleted by the sweep
+-- (expires_at). While a full window holds the key's jobs back, held_until says when it
+-- has room again; hold_pending marks, for the claim that filled it, the keys whose queued
+-- jobs it is to hold back before it returns.
+-- No foreign key to skiplock.queues: a claim writes these rows under the queue's lock, and
+-- a key share lock on the queue's row would wait for a DELETE of that row whose trigger
+-- waits for the lock; the trigger deletes them instead.
+CREATE TABLE skiplock.key_rate_windows (
+    queue           text NOT NULL,
+    concurrency_key text NOT NULL,
+    starts          timestamptz[] NOT NULL,
+    expires_at      timestamptz NOT NULL,
+    held_until      timestamptz,
+    hold_pending    boolean NOT NULL DEFAULT false,
+    PRIMARY KEY (queue, concurrency_key)
+);
+CREATE INDEX key_rate_windows_held_idx ON skiplock.key_rate_windows (queue, held_until)
+    WHERE held_until IS NOT NULL;
+CREATE INDEX key_rate_windows_hold_pending_idx ON skiplock.key_rate_windows (queue)
+    WHERE hold_pending;
+CREATE INDEX key_rate_windows_expires_idx ON skiplock.key_rate_windows (expires_at);
 
 -- Cron schedules: each slot produces exactly one job, whoever computes it first.
 CREATE TABLE skiplock.cron_schedules (

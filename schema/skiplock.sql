@@ -153,7 +153,7 @@ $$;
 -- Name: FUNCTION claim(queue text, max_jobs integer, worker text, kinds text[]); Type: COMMENT; Schema: skiplock; Owner: -
 --
 
-COMMENT ON FUNCTION skiplock.claim(queue text, max_jobs integer, worker text, kinds text[]) IS 'Takes up to `max_jobs` runnable jobs of one queue, in claim order (`priority`, lower first, then `scheduled_at`, then `id`), with `FOR UPDATE SKIP LOCKED`: any number of workers claim at once and never take the same job. Returns `id, queue, kind, args, attempt, max_attempts, claim_token` per job. `kinds` NULL means every kind; pass the kinds you have handlers for. Jobs of a paused queue, not yet due, waiting for parents or behind an unfinished job of their lane are not taken, nor more than the queue''s global limits leave (`max_running`, `rate_limit`, `key_max_running` per concurrency key; such a claim must run in READ COMMITTED, else SQLSTATE 25000). Each job comes back `running` with `attempt` counted and a fresh `claim_token`. `max_jobs` 0 returns nothing; NULL, negative or over 10,000, or a NULL or empty `queue` or `worker`, is an error (SQLSTATE 22023).';
+COMMENT ON FUNCTION skiplock.claim(queue text, max_jobs integer, worker text, kinds text[]) IS 'Takes up to `max_jobs` runnable jobs of one queue, in claim order (`priority`, lower first, then `scheduled_at`, then `id`), with `FOR UPDATE SKIP LOCKED`: any number of workers claim at once and never take the same job. Returns `id, queue, kind, args, attempt, max_attempts, claim_token` per job. `kinds` NULL means every kind; pass the kinds you have handlers for. Jobs of a paused queue, not yet due, waiting for parents or behind an unfinished job of their lane are not taken, nor more than the queue''s global limits leave (`max_running`, `rate_limit`, and per concurrency key `key_max_running` and `key_rate_limit`; such a claim must run in READ COMMITTED, else SQLSTATE 25000). Each job comes back `running` with `attempt` counted and a fresh `claim_token`. `max_jobs` 0 returns nothing; NULL, negative or over 10,000, or a NULL or empty `queue` or `worker`, is an error (SQLSTATE 22023).';
 
 --
 -- Name: complete(bigint, uuid, jsonb); Type: FUNCTION; Schema: skiplock; Owner: -
@@ -689,12 +689,15 @@ DECLARE
     lim_rate_limit int;
     lim_rate_period interval;
     lim_key_max_running int;
+    lim_key_rate_limit int;
+    lim_key_rate_period interval;
     room bigint := max_jobs;
     wanted bigint;
     rate_room bigint;
     claim_time timestamptz;
     taken bigint;
     taken_now bigint;
+    held_now int;
 BEGIN
     IF retry_lane_conflict AND take_lanes THEN
         -- The claim inside a subtransaction: a lane conflict it could not see rolls back
@@ -724,25 +727,40 @@ BEGIN
         END;
     END IF;
     -- The queue's row, if any: one probe for a queue without limits.
-    SELECT q.paused, q.max_running, q.rate_limit, q.rate_period, q.key_max_running
-    INTO is_paused, lim_max_running, lim_rate_limit, lim_rate_period, lim_key_max_running
+    SELECT q.paused, q.max_running, q.rate_limit, q.rate_period, q.key_max_running,
+           q.key_rate_limit, q.key_rate_period
+    INTO is_paused, lim_max_running, lim_rate_limit, lim_rate_period, lim_key_max_running,
+         lim_key_rate_limit, lim_key_rate_period
     FROM skiplock.queues q
     WHERE q.name = queue_name;
     IF is_paused THEN
         RETURN;
     END IF;
     IF lim_max_running IS NOT NULL OR lim_rate_limit IS NOT NULL
-       OR lim_key_max_running IS NOT NULL THEN
+       OR lim_key_max_running IS NOT NULL OR lim_key_rate_limit IS NOT NULL THEN
         IF current_setting('transaction_isolation') <> 'read committed' THEN
             -- An older snapshot would miss claims committed after it, and claim past the
             -- limit.
-            RAISE EXCEPTION 'queue % has a global limit (max_running, rate_limit or key_max_running), which a claim holds only in READ COMMITTED; this transaction is %',
+            RAISE EXCEPTION 'queue % has a global limit (max_running, rate_limit, key_max_running or key_rate_limit), which a claim holds only in READ COMMITTED; this transaction is %',
                 queue_name, upper(current_setting('transaction_isolation'))
                 USING ERRCODE = 'invalid_transaction_state',
                       HINT = 'claim in a READ COMMITTED transaction: BEGIN ISOLATION LEVEL READ COMMITTED, or SET default_transaction_isolation for the session';
         END IF;
         PERFORM pg_advisory_xact_lock(skiplock.internal_queue_limit_lock_id(queue_name));
+        -- The limits again, under the lock: a change committed while this claim waited
+        -- for it (its trigger let the held jobs go under the same lock) holds for it.
+        SELECT q.paused, q.max_running, q.rate_limit, q.rate_period, q.key_max_running,
+               q.key_rate_limit, q.key_rate_period
+        INTO is_paused, lim_max_running, lim_rate_limit, lim_rate_period, lim_key_max_running,
+             lim_key_rate_limit, lim_key_rate_period
+        FROM skiplock.queues q
+        WHERE q.name = queue_name;
+        IF is_paused THEN
+            RETURN;
+        END IF;
         IF lim_key_max_running IS NOT NULL THEN
+            -- Keys whose slots were freed since: their held jobs go back first.
+            PERFORM skiplock.internal_release_freed_keys(queue_name);
             PERFORM skiplock.internal_hold_full_keys(queue_name, lim_key_max_running);
         END IF;
         IF lim_max_running IS NOT NULL THEN
@@ -758,6 +776,10 @@ BEGIN
         -- the end of every job the count found ended, so the jobs' claimed_at and
         -- finished_at never show more running at once than the count allowed.
         claim_time := clock_timestamp();
+        IF lim_key_rate_limit IS NOT NULL THEN
+            -- Keys whose windows have room again: their held jobs go back first.
+            PERFORM skiplock.internal_release_refilled_keys(queue_name, claim_time);
+        END IF;
         IF lim_rate_limit IS NOT NULL THEN
             wanted := room;
             rate_room := skiplock.internal_rate_room(queue_name, lim_rate_limit,
@@ -821,10 +843,28 @@ BEGIN
             ORDER BY j.priority, j.scheduled_at, j.id
             LIMIT room
             FOR UPDATE OF j SKIP LOCKED
+        ), key_room AS (
+            -- With per-key limits, how many of each key picked may start: no more than
+            -- key_max_running less the key's running jobs, and of those no more than its
+            -- rate window allows (taken and recorded there). Evaluated only with such a
+            -- limit (see taken).
+            SELECT g.key,
+                   CASE WHEN lim_key_rate_limit IS NULL THEN g.room
+                        ELSE skiplock.internal_key_rate_take(queue_name, g.key, g.room,
+                                 claim_time, lim_key_rate_limit, lim_key_rate_period)
+                   END AS room
+            FROM (SELECT p.concurrency_key AS key,
+                         CASE WHEN lim_key_max_running IS NULL THEN count(*)
+                              ELSE least(count(*), lim_key_max_running - skiplock.internal_key_running(
+                                       queue_name, p.concurrency_key, lim_key_max_running))
+                         END AS room
+                  FROM picked p
+                  WHERE p.concurrency_key IS NOT NULL
+                  GROUP BY p.concurrency_key) g
         ), taken AS (
-            -- With key_max_running, of each key only as many as its running jobs leave room
-            -- for; the others picked stay queued (held back by the next claim).
-            SELECT CASE WHEN lim_key_max_running IS NULL
+            -- Of each key only as many as key_room says; the others picked stay queued,
+            -- held back below.
+            SELECT CASE WHEN lim_key_max_running IS NULL AND lim_key_rate_limit IS NULL
                 THEN ARRAY(SELECT p.ctid FROM picked p)
                 ELSE ARRAY(
                     SELECT k.ctid
@@ -832,9 +872,8 @@ BEGIN
                                  row_number() OVER (PARTITION BY p.concurrency_key
                                                     ORDER BY p.priority, p.scheduled_at, p.id) AS nth
                           FROM picked p) k
-                    WHERE k.concurrency_key IS NULL
-                       OR k.nth <= lim_key_max_running - skiplock.internal_key_running(
-                              queue_name, k.concurrency_key, lim_key_max_running))
+                    LEFT JOIN key_room r ON r.key = k.concurrency_key
+                    WHERE k.concurrency_key IS NULL OR k.nth <= r.room)
                 END AS ctids
         ), claimed AS (
             UPDATE skiplock.jobs_live j
@@ -855,8 +894,19 @@ BEGIN
         ORDER BY c.priority, c.scheduled_at, c.id;
         GET DIAGNOSTICS taken_now = ROW_COUNT;
         taken := taken + taken_now;
-        EXIT WHEN lim_key_max_running IS NULL OR taken_now >= room
-            OR skiplock.internal_hold_full_keys(queue_name, lim_key_max_running) = 0;
+        -- The keys whose windows this claim filled are held back whatever it took; when
+        -- it came back short, the keys that are full now too, and it goes on for the room
+        -- left if it held any.
+        held_now := 0;
+        IF lim_key_rate_limit IS NOT NULL THEN
+            held_now := skiplock.internal_hold_rate_keys(queue_name);
+        END IF;
+        EXIT WHEN taken_now >= room
+            OR (lim_key_max_running IS NULL AND lim_key_rate_limit IS NULL);
+        IF lim_key_max_running IS NOT NULL THEN
+            held_now := held_now + skiplock.internal_hold_full_keys(queue_name, lim_key_max_running);
+        END IF;
+        EXIT WHEN held_now = 0;
         room := room - taken_now;
     END LOOP;
     IF rate_room IS NOT NULL THEN
@@ -1551,6 +1601,39 @@ END;
 $$;
 
 --
+-- Name: internal_forget_key_limit_rows(); Type: FUNCTION; Schema: skiplock; Owner: -
+--
+
+CREATE FUNCTION skiplock.internal_forget_key_limit_rows() RETURNS integer
+    LANGUAGE sql
+    SET enable_seqscan TO 'off'
+    SET enable_bitmapscan TO 'off'
+    SET jit TO 'off'
+    AS $$
+    WITH windows AS (
+        DELETE FROM skiplock.key_rate_windows w
+        WHERE (w.queue, w.concurrency_key) IN (
+                SELECT o.queue, o.concurrency_key FROM skiplock.key_rate_windows o
+                WHERE o.expires_at < now() AND o.held_until IS NULL AND NOT o.hold_pending
+                ORDER BY o.expires_at
+                LIMIT 500
+                FOR UPDATE SKIP LOCKED)
+          AND w.expires_at < now() AND w.held_until IS NULL AND NOT w.hold_pending
+        RETURNING 1
+    ), slots AS (
+        DELETE FROM skiplock.key_slots_freed f
+        WHERE f.ctid = ANY (ARRAY(
+                SELECT o.ctid FROM skiplock.key_slots_freed o
+                WHERE NOT EXISTS (SELECT 1 FROM skiplock.queues q
+                                  WHERE q.name = o.queue AND q.key_max_running IS NOT NULL)
+                LIMIT 500
+                FOR UPDATE SKIP LOCKED))
+        RETURNING 1
+    )
+    SELECT ((SELECT count(*) FROM windows) + (SELECT count(*) FROM slots))::int;
+$$;
+
+--
 -- Name: internal_has_unmet_parent(bigint); Type: FUNCTION; Schema: skiplock; Owner: -
 --
 
@@ -1627,36 +1710,84 @@ $$;
 --
 
 CREATE FUNCTION skiplock.internal_hold_full_keys(queue_name text, key_max_running integer) RETURNS integer
-    LANGUAGE plpgsql
+    LANGUAGE sql
     SET enable_seqscan TO 'off'
     SET enable_bitmapscan TO 'off'
     SET enable_hashjoin TO 'off'
     SET enable_mergejoin TO 'off'
     SET jit TO 'off'
     AS $$
-DECLARE
-    held int;
-BEGIN
-    WITH full_keys AS (
-        SELECT r.concurrency_key AS key
+    SELECT skiplock.internal_hold_keys(queue_name, ARRAY(
+        SELECT r.concurrency_key
         FROM skiplock.jobs_live r
         WHERE r.queue = queue_name AND r.state = 'running' AND r.concurrency_key IS NOT NULL
         GROUP BY r.concurrency_key
-        HAVING count(*) >= key_max_running
-    ), held AS (
+        HAVING count(*) >= key_max_running));
+$$;
+
+--
+-- Name: internal_hold_keys(text, text[]); Type: FUNCTION; Schema: skiplock; Owner: -
+--
+
+CREATE FUNCTION skiplock.internal_hold_keys(queue_name text, keys text[]) RETURNS integer
+    LANGUAGE sql
+    SET enable_seqscan TO 'off'
+    SET enable_bitmapscan TO 'off'
+    SET enable_hashjoin TO 'off'
+    SET enable_mergejoin TO 'off'
+    SET jit TO 'off'
+    AS $$
+    WITH held AS (
         UPDATE skiplock.jobs_live j SET state = 'waiting'
         WHERE j.ctid = ANY (ARRAY(
             SELECT h.ctid
-            FROM full_keys f
+            FROM unnest(keys) AS k(key)
             CROSS JOIN LATERAL (
                 SELECT h.ctid FROM skiplock.jobs_live h
                 WHERE h.queue = queue_name AND h.state = 'queued'
-                  AND h.concurrency_key = f.key AND h.scheduled_at <= now()
+                  AND h.concurrency_key = k.key AND h.scheduled_at <= now()
                   AND h.ordering_key IS NULL
                 FOR UPDATE SKIP LOCKED) h))
         RETURNING 1
     )
-    SELECT count(*) INTO held FROM held;
+    SELECT count(*)::int FROM held;
+$$;
+
+--
+-- Name: internal_hold_rate_keys(text); Type: FUNCTION; Schema: skiplock; Owner: -
+--
+
+CREATE FUNCTION skiplock.internal_hold_rate_keys(queue_name text) RETURNS integer
+    LANGUAGE plpgsql
+    SET enable_seqscan TO 'off'
+    SET enable_bitmapscan TO 'off'
+    SET jit TO 'off'
+    AS $$
+DECLARE
+    filled text[];
+    held int;
+    refill timestamptz;
+BEGIN
+    WITH pending AS (
+        UPDATE skiplock.key_rate_windows w SET hold_pending = false
+        WHERE w.queue = queue_name AND w.hold_pending
+        RETURNING w.concurrency_key
+    )
+    SELECT array_agg(p.concurrency_key) INTO filled FROM pending p;
+    IF filled IS NULL THEN
+        RETURN 0;
+    END IF;
+    held := skiplock.internal_hold_keys(queue_name, filled);
+    -- A LATERAL probe with LIMIT, not EXISTS: a semi join walked every waiting job of the
+    -- queue for each window (132 buffers beside 10,000 held jobs, against 4).
+    SELECT min(w.held_until) INTO refill
+    FROM skiplock.key_rate_windows w
+    CROSS JOIN LATERAL (SELECT 1 FROM skiplock.jobs_live j
+                        WHERE j.queue = queue_name AND j.state = 'waiting'
+                          AND j.concurrency_key = w.concurrency_key
+                        LIMIT 1) waiting
+    WHERE w.queue = queue_name AND w.concurrency_key = ANY (filled);
+    PERFORM skiplock.internal_notify_refill(queue_name, refill);
     RETURN held;
 END;
 $$;
@@ -1862,6 +1993,49 @@ END;
 $$;
 
 --
+-- Name: internal_key_rate_take(text, text, bigint, timestamp with time zone, integer, interval); Type: FUNCTION; Schema: skiplock; Owner: -
+--
+
+CREATE FUNCTION skiplock.internal_key_rate_take(queue_name text, key text, wanted bigint, at timestamp with time zone, rate_limit integer, rate_period interval) RETURNS bigint
+    LANGUAGE plpgsql
+    SET enable_seqscan TO 'off'
+    SET enable_bitmapscan TO 'off'
+    SET jit TO 'off'
+    AS $$
+DECLARE
+    kept timestamptz[];
+    n int;
+    took bigint;
+BEGIN
+    IF wanted IS NULL OR wanted <= 0 THEN
+        RETURN 0;
+    END IF;
+    SELECT w.starts INTO kept FROM skiplock.key_rate_windows w
+    WHERE w.queue = queue_name AND w.concurrency_key = key;
+    kept := coalesce(kept, '{}');
+    took := skiplock.internal_window_room(kept, rate_limit, rate_period, at, wanted);
+    IF cardinality(kept) < rate_limit THEN
+        kept := array_fill('-infinity'::timestamptz, ARRAY[rate_limit - cardinality(kept)]) || kept;
+    END IF;
+    n := cardinality(kept);
+    IF took > 0 THEN
+        kept := kept[took + 1 : n] || array_fill(at, ARRAY[took::int]);
+    END IF;
+    INSERT INTO skiplock.key_rate_windows AS w (queue, concurrency_key, starts, expires_at,
+                                                held_until, hold_pending)
+    VALUES (queue_name, key, kept, kept[n] + rate_period,
+            CASE WHEN kept[n - rate_limit + 1] >= at - rate_period
+                 THEN kept[n - rate_limit + 1] + rate_period + interval '1 microsecond' END,
+            kept[n - rate_limit + 1] >= at - rate_period)
+    ON CONFLICT (queue, concurrency_key) DO UPDATE
+    SET starts = excluded.starts, expires_at = excluded.expires_at,
+        held_until = coalesce(excluded.held_until, w.held_until),
+        hold_pending = w.hold_pending OR excluded.hold_pending;
+    RETURN took;
+END;
+$$;
+
+--
 -- Name: internal_key_running(text, text, integer); Type: FUNCTION; Schema: skiplock; Owner: -
 --
 
@@ -2019,24 +2193,18 @@ $$;
 CREATE FUNCTION skiplock.internal_notify_freed(queues text[], keys text[]) RETURNS void
     LANGUAGE plpgsql
     AS $$
-DECLARE
-    keyed record;
 BEGIN
     IF cardinality(queues) > 0 THEN
         PERFORM skiplock.internal_notify_queue_start(q.name)
         FROM skiplock.queues q
-        WHERE q.name = ANY (queues) AND q.max_running IS NOT NULL;
-        FOR keyed IN
-            SELECT f.queue, array_agg(DISTINCT f.key) AS keys
-            FROM unnest(queues, keys) AS f(queue, key)
-            WHERE f.key IS NOT NULL
-              AND EXISTS (SELECT 1 FROM skiplock.queues q
-                          WHERE q.name = f.queue AND q.key_max_running IS NOT NULL)
-            GROUP BY f.queue
-            ORDER BY skiplock.internal_queue_limit_lock_id(f.queue)
-        LOOP
-            PERFORM skiplock.internal_release_held(keyed.queue, keyed.keys);
-        END LOOP;
+        WHERE q.name = ANY (queues)
+          AND (q.max_running IS NOT NULL OR q.key_max_running IS NOT NULL);
+        INSERT INTO skiplock.key_slots_freed (queue, concurrency_key)
+        SELECT DISTINCT f.queue, f.key
+        FROM unnest(queues, keys) AS f(queue, key)
+        WHERE f.key IS NOT NULL
+          AND EXISTS (SELECT 1 FROM skiplock.queues q
+                      WHERE q.name = f.queue AND q.key_max_running IS NOT NULL);
     END IF;
 END;
 $$;
@@ -2074,6 +2242,19 @@ CREATE FUNCTION skiplock.internal_notify_queue_start(queue text) RETURNS void
     LANGUAGE sql
     AS $$
     SELECT pg_notify('skiplock_runnable', E'-\t-\t' || queue);
+$$;
+
+--
+-- Name: internal_notify_refill(text, timestamp with time zone); Type: FUNCTION; Schema: skiplock; Owner: -
+--
+
+CREATE FUNCTION skiplock.internal_notify_refill(queue_name text, refill_at timestamp with time zone) RETURNS void
+    LANGUAGE sql
+    AS $$
+    SELECT pg_notify('skiplock_due_later', in_us::text || E'\t' || in_us::text || E'\t'
+                     || skiplock.internal_runnable_payload(queue_name, (-32768)::smallint, '-infinity'))
+    FROM (SELECT (extract(epoch FROM refill_at - clock_timestamp()) * 1000000)::bigint + 1 AS in_us) t
+    WHERE refill_at IS NOT NULL;
 $$;
 
 --
@@ -2254,6 +2435,24 @@ CREATE FUNCTION skiplock.internal_queues_after_key_limit() RETURNS trigger
     LANGUAGE plpgsql
     AS $$
 BEGIN
+    -- The queue's lock first, as a claim takes it before it writes the windows.
+    PERFORM pg_advisory_xact_lock(skiplock.internal_queue_limit_lock_id(OLD.name));
+    IF TG_OP = 'DELETE' THEN
+        DELETE FROM skiplock.key_rate_windows w WHERE w.queue = OLD.name;
+        DELETE FROM skiplock.key_slots_freed f WHERE f.queue = OLD.name;
+    ELSE
+        IF NEW.key_max_running IS NULL THEN
+            DELETE FROM skiplock.key_slots_freed f WHERE f.queue = NEW.name;
+        END IF;
+        IF NEW.key_rate_limit IS NULL THEN
+            DELETE FROM skiplock.key_rate_windows w WHERE w.queue = NEW.name;
+        ELSE
+            UPDATE skiplock.key_rate_windows w
+            SET expires_at = w.starts[cardinality(w.starts)] + NEW.key_rate_period,
+                held_until = CASE WHEN w.held_until IS NOT NULL THEN now() END
+            WHERE w.queue = NEW.name;
+        END IF;
+    END IF;
     PERFORM skiplock.internal_release_held(OLD.name, NULL);
     RETURN NULL;
 END;
@@ -2284,7 +2483,6 @@ CREATE FUNCTION skiplock.internal_rate_record(queue_name text, taken bigint, at 
     AS $$
 DECLARE
     ring skiplock.queue_rate_rings;
-    refill_in_us bigint;
 BEGIN
     SELECT * INTO ring FROM skiplock.queue_rate_rings r WHERE r.queue = queue_name;
     IF taken > 0 THEN
@@ -2297,15 +2495,10 @@ BEGIN
         WHERE r.queue = queue_name;
     END IF;
     IF held_back THEN
-        SELECT (extract(epoch FROM s.started_at + rate_period - clock_timestamp()) * 1000000)::bigint + 1
-        INTO refill_in_us
+        PERFORM skiplock.internal_notify_refill(queue_name, s.started_at + rate_period)
         FROM skiplock.queue_rate_starts s
         WHERE s.queue = queue_name
           AND s.slot = (ring.next_slot + taken + ring.size - rate_limit) % ring.size;
-        PERFORM pg_notify('skiplock_due_later',
-            refill_in_us::text || E'\t' || refill_in_us::text || E'\t'
-            || skiplock.internal_runnable_payload(queue_name, (-32768)::smallint, '-infinity'))
-        WHERE refill_in_us IS NOT NULL;
     END IF;
 END;
 $$;
@@ -2486,6 +2679,32 @@ CREATE FUNCTION skiplock.internal_release_claims(ids bigint[], tokens uuid[], de
 $_$;
 
 --
+-- Name: internal_release_freed_keys(text); Type: FUNCTION; Schema: skiplock; Owner: -
+--
+
+CREATE FUNCTION skiplock.internal_release_freed_keys(queue_name text) RETURNS integer
+    LANGUAGE plpgsql
+    SET enable_seqscan TO 'off'
+    SET enable_bitmapscan TO 'off'
+    SET jit TO 'off'
+    AS $$
+DECLARE
+    freed text[];
+BEGIN
+    WITH taken AS (
+        DELETE FROM skiplock.key_slots_freed f
+        WHERE f.queue = queue_name
+        RETURNING f.concurrency_key
+    )
+    SELECT array_agg(DISTINCT t.concurrency_key) INTO freed FROM taken t;
+    IF freed IS NULL THEN
+        RETURN 0;
+    END IF;
+    RETURN skiplock.internal_release_held(queue_name, freed);
+END;
+$$;
+
+--
 -- Name: internal_release_held(text, text[]); Type: FUNCTION; Schema: skiplock; Owner: -
 --
 
@@ -2499,11 +2718,15 @@ CREATE FUNCTION skiplock.internal_release_held(queue_name text, keys text[]) RET
     AS $$
 DECLARE
     key_limit int;
+    key_rate int;
+    key_period interval;
     released int;
     released_keys skiplock.runnable_key[];
 BEGIN
     PERFORM pg_advisory_xact_lock(skiplock.internal_queue_limit_lock_id(queue_name));
-    SELECT q.key_max_running INTO key_limit FROM skiplock.queues q WHERE q.name = queue_name;
+    SELECT q.key_max_running, q.key_rate_limit, q.key_rate_period
+    INTO key_limit, key_rate, key_period
+    FROM skiplock.queues q WHERE q.name = queue_name;
     WITH looked_at AS (
         SELECT DISTINCT k.key FROM unnest(keys) AS k(key) WHERE k.key IS NOT NULL
         UNION
@@ -2511,13 +2734,21 @@ BEGIN
         WHERE keys IS NULL AND w.queue = queue_name AND w.state = 'waiting'
           AND w.concurrency_key IS NOT NULL
     ), room AS (
-        SELECT l.key, key_limit - (
-            SELECT count(*) FROM (
-                SELECT FROM skiplock.jobs_live r
-                WHERE r.queue = queue_name AND r.state IN ('running', 'queued')
-                  AND r.concurrency_key = l.key
-                  AND (r.state = 'running' OR r.scheduled_at <= now())
-                LIMIT key_limit) t) AS room
+        -- The lesser of what each limit leaves (NULL: no limit holds the key). Queued jobs
+        -- of the key are not subtracted: one no worker takes (a kind nobody handles) would
+        -- keep the held ones back for good, and one of a lower priority would go before
+        -- them. A claim takes the best of them all; what it cannot take it holds again.
+        SELECT l.key, least(
+            key_limit - (
+                SELECT count(*) FROM (
+                    SELECT FROM skiplock.jobs_live r
+                    WHERE r.queue = queue_name AND r.state = 'running'
+                      AND r.concurrency_key = l.key
+                    LIMIT key_limit) t),
+            skiplock.internal_window_room(
+                (SELECT w.starts FROM skiplock.key_rate_windows w
+                 WHERE w.queue = queue_name AND w.concurrency_key = l.key),
+                key_rate, key_period, clock_timestamp(), key_rate)) AS room
         FROM looked_at l
     ), released AS (
         UPDATE skiplock.jobs_live j SET state = 'queued'
@@ -2539,6 +2770,32 @@ BEGIN
     INTO released, released_keys FROM released;
     PERFORM skiplock.internal_announce(released_keys);
     RETURN released;
+END;
+$$;
+
+--
+-- Name: internal_release_refilled_keys(text, timestamp with time zone); Type: FUNCTION; Schema: skiplock; Owner: -
+--
+
+CREATE FUNCTION skiplock.internal_release_refilled_keys(queue_name text, at timestamp with time zone) RETURNS integer
+    LANGUAGE plpgsql
+    SET enable_seqscan TO 'off'
+    SET enable_bitmapscan TO 'off'
+    SET jit TO 'off'
+    AS $$
+DECLARE
+    refilled text[];
+BEGIN
+    WITH due AS (
+        UPDATE skiplock.key_rate_windows w SET held_until = NULL
+        WHERE w.queue = queue_name AND w.held_until <= at
+        RETURNING w.concurrency_key
+    )
+    SELECT array_agg(d.concurrency_key) INTO refilled FROM due d;
+    IF refilled IS NULL THEN
+        RETURN 0;
+    END IF;
+    RETURN skiplock.internal_release_held(queue_name, refilled);
 END;
 $$;
 
@@ -2848,9 +3105,9 @@ BEGIN
             UPDATE skiplock.waiting_sweep
             SET after_id = CASE WHEN seen < batch_size THEN 0 ELSE last_id END;
 
-            -- Waiting for nothing: no lane, no dependency row. Those a queue's
-            -- key_max_running holds back (a concurrency key, in a queue with the limit) go
-            -- only as their keys have room, through internal_release_held.
+            -- Waiting for nothing: no lane, no dependency row. Those a queue's per-key
+            -- limits hold back (a concurrency key, in a queue with key_max_running or
+            -- key_rate_limit) go only as their keys have room, through internal_release_held.
             IF orphans IS NOT NULL THEN
                 WITH queued AS (
                     UPDATE skiplock.jobs c SET state = 'queued'
@@ -2858,7 +3115,8 @@ BEGIN
                       AND NOT EXISTS (SELECT 1 FROM skiplock.job_dependencies d WHERE d.job_id = c.id)
                       AND NOT (c.concurrency_key IS NOT NULL AND EXISTS (
                           SELECT 1 FROM skiplock.queues q
-                          WHERE q.name = c.queue AND q.key_max_running IS NOT NULL))
+                          WHERE q.name = c.queue
+                            AND (q.key_max_running IS NOT NULL OR q.key_rate_limit IS NOT NULL)))
                     RETURNING c.queue, c.priority, c.scheduled_at
                 )
                 SELECT count(*), array_agg(ROW(queue, priority, scheduled_at)::skiplock.runnable_key)
@@ -2895,6 +3153,10 @@ BEGIN
                       AND (p.state IN ('dead', 'cancelled')
                            OR (p.state IS NULL AND d.parent_state IS NOT NULL))));
             END IF;
+            -- Per-key rate windows that count nothing any more go, and freed key slots no
+            -- claim will read (a bounded batch). Last, and skipping the rows a claim holds:
+            -- such a claim holds its queue's lock, which this pass may hold by now.
+            PERFORM skiplock.internal_forget_key_limit_rows();
             RETURN moved;
         EXCEPTION WHEN serialization_failure THEN
             -- A waiting job moved to jobs_done under the pass (cancelled meanwhile): run
@@ -3058,6 +3320,21 @@ CREATE FUNCTION skiplock.internal_unique_key_lock_id(key text) RETURNS bigint
     LANGUAGE sql IMMUTABLE PARALLEL SAFE
     AS $$
     SELECT hashtextextended('skiplock.unique:' || key, 0);
+$$;
+
+--
+-- Name: internal_window_room(timestamp with time zone[], integer, interval, timestamp with time zone, bigint); Type: FUNCTION; Schema: skiplock; Owner: -
+--
+
+CREATE FUNCTION skiplock.internal_window_room(starts timestamp with time zone[], rate_limit integer, rate_period interval, at timestamp with time zone, wanted bigint) RETURNS bigint
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    AS $$
+    SELECT CASE WHEN rate_limit IS NULL THEN NULL ELSE coalesce(
+        (SELECT min(i) - 1
+         FROM generate_series(1, least(wanted, rate_limit)) AS i
+         WHERE coalesce(starts[coalesce(cardinality(starts), 0) - rate_limit + i],
+                        '-infinity') >= at - rate_period),
+        greatest(least(wanted, rate_limit), 0)) END;
 $$;
 
 --
@@ -3314,10 +3591,10 @@ $$;
 COMMENT ON FUNCTION skiplock.retry_job(job_id bigint) IS 'Puts a finished job (dead, cancelled or succeeded) back in line, due now, with an attempt to spare (a queued job is made due now): `queued`, or `waiting` behind an unfinished job of its lane or a parent that has not succeeded. A job whose `unique_key` another pending job holds is superseded by it (it ends `cancelled` naming that job; under the policy `merge` its payloads are merged in first). Returns true if it was put back in line, false for a running or waiting job or no such job. Example: SELECT skiplock.retry_job(42);';
 
 --
--- Name: set_queue_limits(text, integer, integer, interval, integer); Type: FUNCTION; Schema: skiplock; Owner: -
+-- Name: set_queue_limits(text, integer, integer, interval, integer, integer, interval); Type: FUNCTION; Schema: skiplock; Owner: -
 --
 
-CREATE FUNCTION skiplock.set_queue_limits(queue_name text, max_running integer, rate_limit integer DEFAULT NULL::integer, rate_period interval DEFAULT NULL::interval, key_max_running integer DEFAULT NULL::integer) RETURNS void
+CREATE FUNCTION skiplock.set_queue_limits(queue_name text, max_running integer, rate_limit integer DEFAULT NULL::integer, rate_period interval DEFAULT NULL::interval, key_max_running integer DEFAULT NULL::integer, key_rate_limit integer DEFAULT NULL::integer, key_rate_period interval DEFAULT NULL::interval) RETURNS void
     LANGUAGE plpgsql
     AS $$
 BEGIN
@@ -3346,22 +3623,38 @@ BEGIN
         RAISE EXCEPTION 'rate_period is %, it must be longer than zero', rate_period
             USING ERRCODE = 'check_violation';
     END IF;
+    IF key_rate_limit < 1 OR key_rate_limit > 10000 THEN
+        RAISE EXCEPTION 'key_rate_limit is %, it must be between 1 and 10000', key_rate_limit
+            USING ERRCODE = 'check_violation',
+                  HINT = 'for more starts of a key per period, use a shorter period: 10000 a minute is 167 a second';
+    END IF;
+    IF (key_rate_limit IS NULL) <> (key_rate_period IS NULL) THEN
+        RAISE EXCEPTION 'key_rate_limit and key_rate_period go together: both or neither'
+            USING ERRCODE = 'check_violation',
+                  HINT = 'e.g. key_rate_limit => 10, key_rate_period => ''1 minute''';
+    END IF;
+    IF key_rate_period <= interval '0' THEN
+        RAISE EXCEPTION 'key_rate_period is %, it must be longer than zero', key_rate_period
+            USING ERRCODE = 'check_violation';
+    END IF;
     INSERT INTO skiplock.queues AS q (name, max_running, rate_limit, rate_period,
-                                      key_max_running)
+                                      key_max_running, key_rate_limit, key_rate_period)
     VALUES (queue_name, set_queue_limits.max_running, set_queue_limits.rate_limit,
-            set_queue_limits.rate_period, set_queue_limits.key_max_running)
+            set_queue_limits.rate_period, set_queue_limits.key_max_running,
+            set_queue_limits.key_rate_limit, set_queue_limits.key_rate_period)
     ON CONFLICT (name) DO UPDATE
     SET max_running = excluded.max_running, rate_limit = excluded.rate_limit,
         rate_period = excluded.rate_period, key_max_running = excluded.key_max_running,
+        key_rate_limit = excluded.key_rate_limit, key_rate_period = excluded.key_rate_period,
         updated_at = now();
 END;
 $$;
 
 --
--- Name: FUNCTION set_queue_limits(queue_name text, max_running integer, rate_limit integer, rate_period interval, key_max_running integer); Type: COMMENT; Schema: skiplock; Owner: -
+-- Name: FUNCTION set_queue_limits(queue_name text, max_running integer, rate_limit integer, rate_period interval, key_max_running integer, key_rate_limit integer, key_rate_period interval); Type: COMMENT; Schema: skiplock; Owner: -
 --
 
-COMMENT ON FUNCTION skiplock.set_queue_limits(queue_name text, max_running integer, rate_limit integer, rate_period interval, key_max_running integer) IS 'Sets a queue''s global limits across every worker (NULL: none): max_running jobs at once, rate_limit starts per rate_period, key_max_running jobs of one concurrency_key at once. Example: SELECT skiplock.set_queue_limits(''exports'', max_running => 5); SELECT skiplock.set_queue_limits(''mail'', NULL, 100, ''1 second''); SELECT skiplock.set_queue_limits(''reports'', NULL, key_max_running => 2);';
+COMMENT ON FUNCTION skiplock.set_queue_limits(queue_name text, max_running integer, rate_limit integer, rate_period interval, key_max_running integer, key_rate_limit integer, key_rate_period interval) IS 'Sets a queue''s global limits across every worker (NULL: none): max_running jobs at once, rate_limit starts per rate_period, and per concurrency_key key_max_running jobs at once and key_rate_limit starts per key_rate_period. Example: SELECT skiplock.set_queue_limits(''exports'', max_running => 5); SELECT skiplock.set_queue_limits(''mail'', NULL, 100, ''1 second''); SELECT skiplock.set_queue_limits(''reports'', NULL, key_max_running => 2, key_rate_limit => 10, key_rate_period => ''1 minute'');';
 
 --
 -- Name: snooze(bigint, uuid, interval); Type: FUNCTION; Schema: skiplock; Owner: -
@@ -3417,10 +3710,23 @@ DECLARE
     parents text;
     running bigint;
     rate_next timestamptz;
+    key_rate_next timestamptz;
 BEGIN
     SELECT * INTO job FROM skiplock.jobs_live j WHERE j.id = job_id;
     IF job.id IS NULL OR job.state = 'running' THEN
         RETURN NULL;
+    END IF;
+    SELECT * INTO queue_row FROM skiplock.queues q WHERE q.name = job.queue;
+    IF job.concurrency_key IS NOT NULL AND queue_row.key_rate_limit IS NOT NULL THEN
+        -- When the key's rate window has room again, if it is full now.
+        SELECT w.starts[cardinality(w.starts) - queue_row.key_rate_limit + 1]
+               + queue_row.key_rate_period
+        INTO key_rate_next
+        FROM skiplock.key_rate_windows w
+        WHERE w.queue = job.queue AND w.concurrency_key = job.concurrency_key;
+        IF key_rate_next <= now() THEN
+            key_rate_next := NULL;
+        END IF;
     END IF;
     IF job.state = 'waiting' THEN
         IF job.ordering_key IS NOT NULL THEN
@@ -3439,12 +3745,24 @@ BEGIN
             RETURN format('waits for its parent jobs to succeed: %s', parents);
         END IF;
         IF job.concurrency_key IS NOT NULL THEN
-            SELECT * INTO queue_row FROM skiplock.queues q WHERE q.name = job.queue;
+            IF queue_row.key_max_running IS NOT NULL THEN
+                running := skiplock.internal_key_running(job.queue, job.concurrency_key,
+                                                         queue_row.key_max_running);
+            END IF;
+            IF key_rate_next IS NOT NULL
+               AND (queue_row.key_max_running IS NULL OR running < queue_row.key_max_running) THEN
+                RETURN format('held back by the queue''s key_rate_limit of %s per %s for key %L; it is queued when the key''s window has room, at %s',
+                              queue_row.key_rate_limit, queue_row.key_rate_period,
+                              job.concurrency_key, key_rate_next);
+            END IF;
             IF queue_row.key_max_running IS NOT NULL THEN
                 RETURN format('held back by the queue''s key_max_running of %s for key %L (%s of its jobs run now); it is queued when a slot of the key frees',
-                              queue_row.key_max_running, job.concurrency_key,
-                              skiplock.internal_key_running(job.queue, job.concurrency_key,
-                                                            queue_row.key_max_running));
+                              queue_row.key_max_running, job.concurrency_key, running);
+            END IF;
+            IF queue_row.key_rate_limit IS NOT NULL THEN
+                RETURN format('held back by the queue''s key_rate_limit of %s per %s for key %L, whose window has room again; the next claim of queue %L queues it',
+                              queue_row.key_rate_limit, queue_row.key_rate_period,
+                              job.concurrency_key, job.queue);
             END IF;
         END IF;
         RETURN 'waiting; the next pass of a worker''s sweep (or skiplock.maintain) queues it';
@@ -3452,7 +3770,6 @@ BEGIN
     IF job.scheduled_at > now() THEN
         RETURN format('scheduled: runnable from %s', job.scheduled_at);
     END IF;
-    SELECT * INTO queue_row FROM skiplock.queues q WHERE q.name = job.queue;
     IF queue_row.paused THEN
         RETURN format('queue %L is paused (skiplock queue resume %s)', job.queue, job.queue);
     END IF;
@@ -3473,6 +3790,11 @@ BEGIN
             RETURN format('held back by the queue''s key_max_running: %s of key %L''s jobs run, its limit',
                           running, job.concurrency_key);
         END IF;
+    END IF;
+    IF key_rate_next IS NOT NULL THEN
+        RETURN format('held back by the queue''s key_rate_limit: %s starts of key %L in %s; the next may start at %s',
+                      queue_row.key_rate_limit, job.concurrency_key, queue_row.key_rate_period,
+                      key_rate_next);
     END IF;
     IF queue_row.rate_limit IS NOT NULL THEN
         SELECT s.started_at + queue_row.rate_period INTO rate_next
@@ -3841,6 +4163,28 @@ CREATE TABLE skiplock.jobs_live (
 WITH (autovacuum_vacuum_scale_factor='0.02', autovacuum_analyze_scale_factor='0.02');
 
 --
+-- Name: key_rate_windows; Type: TABLE; Schema: skiplock; Owner: -
+--
+
+CREATE TABLE skiplock.key_rate_windows (
+    queue text NOT NULL,
+    concurrency_key text NOT NULL,
+    starts timestamp with time zone[] NOT NULL,
+    expires_at timestamp with time zone NOT NULL,
+    held_until timestamp with time zone,
+    hold_pending boolean DEFAULT false NOT NULL
+);
+
+--
+-- Name: key_slots_freed; Type: TABLE; Schema: skiplock; Owner: -
+--
+
+CREATE TABLE skiplock.key_slots_freed (
+    queue text NOT NULL,
+    concurrency_key text NOT NULL
+);
+
+--
 -- Name: queues; Type: TABLE; Schema: skiplock; Owner: -
 --
 
@@ -3852,7 +4196,12 @@ CREATE TABLE skiplock.queues (
     rate_limit integer,
     rate_period interval,
     key_max_running integer,
+    key_rate_limit integer,
+    key_rate_period interval,
     CONSTRAINT queues_key_max_running_at_least_1 CHECK ((key_max_running >= 1)),
+    CONSTRAINT queues_key_rate_limit_1_to_10000 CHECK (((key_rate_limit >= 1) AND (key_rate_limit <= 10000))),
+    CONSTRAINT queues_key_rate_limit_and_period_together CHECK (((key_rate_limit IS NULL) = (key_rate_period IS NULL))),
+    CONSTRAINT queues_key_rate_period_positive CHECK ((key_rate_period > '00:00:00'::interval)),
     CONSTRAINT queues_max_running_at_least_1 CHECK ((max_running >= 1)),
     CONSTRAINT queues_name_length CHECK ((octet_length(name) <= 1000)),
     CONSTRAINT queues_name_not_empty CHECK ((name <> ''::text)),
@@ -3938,7 +4287,10 @@ CREATE VIEW skiplock.queue_limits AS
         END AS held_back,
     q.key_max_running,
     k.keys_at_limit,
-    k.held_by_key
+    k.held_by_key,
+    q.key_rate_limit,
+    q.key_rate_period,
+    k.keys_rate_limited
    FROM ((((skiplock.queues q
      CROSS JOIN LATERAL ( SELECT count(*) AS running
            FROM skiplock.jobs_live j
@@ -3949,23 +4301,33 @@ CREATE VIEW skiplock.queue_limits AS
      CROSS JOIN LATERAL ( SELECT count(*) AS runnable
            FROM skiplock.jobs_live j
           WHERE ((j.queue = q.name) AND (j.state = 'queued'::skiplock.job_state) AND (j.scheduled_at <= now()))) w)
-     LEFT JOIN LATERAL ( SELECT ( SELECT count(*) AS count
-                   FROM ( SELECT
-                           FROM skiplock.jobs_live r_1
-                          WHERE ((r_1.queue = q.name) AND (r_1.state = 'running'::skiplock.job_state) AND (r_1.concurrency_key IS NOT NULL))
-                          GROUP BY r_1.concurrency_key
-                         HAVING (count(*) >= q.key_max_running)) f) AS keys_at_limit,
+     LEFT JOIN LATERAL ( SELECT
+                CASE
+                    WHEN (q.key_max_running IS NOT NULL) THEN ( SELECT count(*) AS count
+                       FROM ( SELECT
+                               FROM skiplock.jobs_live r_1
+                              WHERE ((r_1.queue = q.name) AND (r_1.state = 'running'::skiplock.job_state) AND (r_1.concurrency_key IS NOT NULL))
+                              GROUP BY r_1.concurrency_key
+                             HAVING (count(*) >= q.key_max_running)) f)
+                    ELSE NULL::bigint
+                END AS keys_at_limit,
+                CASE
+                    WHEN (q.key_rate_limit IS NOT NULL) THEN ( SELECT count(*) AS count
+                       FROM skiplock.key_rate_windows w_1
+                      WHERE ((w_1.queue = q.name) AND (w_1.starts[((cardinality(w_1.starts) - q.key_rate_limit) + 1)] >= (now() - q.key_rate_period))))
+                    ELSE NULL::bigint
+                END AS keys_rate_limited,
             ( SELECT count(*) AS count
                    FROM skiplock.jobs_live h
                   WHERE ((h.queue = q.name) AND (h.state = 'waiting'::skiplock.job_state) AND (h.concurrency_key IS NOT NULL) AND (h.ordering_key IS NULL) AND (NOT skiplock.internal_has_unmet_parent(h.id)))) AS held_by_key
-          WHERE (q.key_max_running IS NOT NULL)) k ON (true))
-  WHERE ((q.max_running IS NOT NULL) OR (q.rate_limit IS NOT NULL) OR (q.key_max_running IS NOT NULL));
+          WHERE ((q.key_max_running IS NOT NULL) OR (q.key_rate_limit IS NOT NULL))) k ON (true))
+  WHERE ((q.max_running IS NOT NULL) OR (q.rate_limit IS NOT NULL) OR (q.key_max_running IS NOT NULL) OR (q.key_rate_limit IS NOT NULL));
 
 --
 -- Name: VIEW queue_limits; Type: COMMENT; Schema: skiplock; Owner: -
 --
 
-COMMENT ON VIEW skiplock.queue_limits IS 'Per queue with a global limit: max_running and the jobs running, rate_limit per rate_period and the starts in the last period, which limit holds runnable jobs back now (holding_back) and how many (held_back); key_max_running, the keys at it (keys_at_limit) and the jobs held back for their keys (held_by_key). Example: SELECT queue, running, max_running, held_back FROM skiplock.queue_limits;';
+COMMENT ON VIEW skiplock.queue_limits IS 'Per queue with a global limit: max_running and the jobs running, rate_limit per rate_period and the starts in the last period, which limit holds runnable jobs back now (holding_back) and how many (held_back); key_max_running and the keys at it (keys_at_limit), key_rate_limit per key_rate_period and the keys whose window is full (keys_rate_limited), and the jobs held back for their keys (held_by_key). Example: SELECT queue, running, max_running, held_back FROM skiplock.queue_limits;';
 
 --
 -- Name: queue_rate_rings; Type: TABLE; Schema: skiplock; Owner: -
@@ -4140,6 +4502,13 @@ ALTER TABLE ONLY skiplock.jobs_live
     ADD CONSTRAINT jobs_live_pkey PRIMARY KEY (id);
 
 --
+-- Name: key_rate_windows key_rate_windows_pkey; Type: CONSTRAINT; Schema: skiplock; Owner: -
+--
+
+ALTER TABLE ONLY skiplock.key_rate_windows
+    ADD CONSTRAINT key_rate_windows_pkey PRIMARY KEY (queue, concurrency_key);
+
+--
 -- Name: queue_rate_rings queue_rate_rings_pkey; Type: CONSTRAINT; Schema: skiplock; Owner: -
 --
 
@@ -4254,6 +4623,30 @@ CREATE UNIQUE INDEX jobs_unique_key_pending_idx ON skiplock.jobs_live USING btre
 CREATE INDEX jobs_waiting_idx ON skiplock.jobs_live USING btree (id) WHERE (state = 'waiting'::skiplock.job_state);
 
 --
+-- Name: key_rate_windows_expires_idx; Type: INDEX; Schema: skiplock; Owner: -
+--
+
+CREATE INDEX key_rate_windows_expires_idx ON skiplock.key_rate_windows USING btree (expires_at);
+
+--
+-- Name: key_rate_windows_held_idx; Type: INDEX; Schema: skiplock; Owner: -
+--
+
+CREATE INDEX key_rate_windows_held_idx ON skiplock.key_rate_windows USING btree (queue, held_until) WHERE (held_until IS NOT NULL);
+
+--
+-- Name: key_rate_windows_hold_pending_idx; Type: INDEX; Schema: skiplock; Owner: -
+--
+
+CREATE INDEX key_rate_windows_hold_pending_idx ON skiplock.key_rate_windows USING btree (queue) WHERE hold_pending;
+
+--
+-- Name: key_slots_freed_queue_idx; Type: INDEX; Schema: skiplock; Owner: -
+--
+
+CREATE INDEX key_slots_freed_queue_idx ON skiplock.key_slots_freed USING btree (queue);
+
+--
 -- Name: jobs_done_default_id_idx; Type: INDEX ATTACH; Schema: skiplock; Owner: -
 --
 
@@ -4329,13 +4722,13 @@ CREATE TRIGGER jobs_notify_inserted AFTER INSERT ON skiplock.jobs_live REFERENCI
 -- Name: queues queues_after_key_limit_change; Type: TRIGGER; Schema: skiplock; Owner: -
 --
 
-CREATE TRIGGER queues_after_key_limit_change AFTER UPDATE ON skiplock.queues FOR EACH ROW WHEN (((old.key_max_running IS NOT NULL) AND (new.key_max_running IS DISTINCT FROM old.key_max_running))) EXECUTE FUNCTION skiplock.internal_queues_after_key_limit();
+CREATE TRIGGER queues_after_key_limit_change AFTER UPDATE ON skiplock.queues FOR EACH ROW WHEN ((((old.key_max_running IS NOT NULL) AND (new.key_max_running IS DISTINCT FROM old.key_max_running)) OR ((old.key_rate_limit IS NOT NULL) AND ((new.key_rate_limit IS DISTINCT FROM old.key_rate_limit) OR (new.key_rate_period IS DISTINCT FROM old.key_rate_period))))) EXECUTE FUNCTION skiplock.internal_queues_after_key_limit();
 
 --
 -- Name: queues queues_after_key_limit_delete; Type: TRIGGER; Schema: skiplock; Owner: -
 --
 
-CREATE TRIGGER queues_after_key_limit_delete AFTER DELETE ON skiplock.queues FOR EACH ROW WHEN ((old.key_max_running IS NOT NULL)) EXECUTE FUNCTION skiplock.internal_queues_after_key_limit();
+CREATE TRIGGER queues_after_key_limit_delete AFTER DELETE ON skiplock.queues FOR EACH ROW WHEN (((old.key_max_running IS NOT NULL) OR (old.key_rate_limit IS NOT NULL))) EXECUTE FUNCTION skiplock.internal_queues_after_key_limit();
 
 --
 -- Name: queues queues_after_write; Type: TRIGGER; Schema: skiplock; Owner: -

@@ -140,8 +140,8 @@ pub use operations::{
 pub use pgbouncer::PgBouncer;
 pub(crate) use pool::DbPool;
 pub use queue_limits::{
-    LimitKind, QueueLimitStatus, QueueLimits, RATE_LIMIT_MAX_STARTS, RateLimit, queue_limits,
-    set_queue_limits,
+    KEY_RATE_LIMIT_MAX_STARTS, LimitKind, QueueLimitStatus, QueueLimits, RATE_LIMIT_MAX_STARTS,
+    RateLimit, queue_limits, set_queue_limits,
 };
 pub use worker::events::{JobEvent, JobEventOutcome, JobEvents};
 pub use worker::{Retention, ShutdownHandle, Worker, WorkerBuilder, WorkerConfig, WorkerSummary};

@@ -1,13 +1,14 @@
 //! Global limits of a queue, held by the claim in the database for every worker on every
 //! host (the Rust worker, `skiplock work`, the SQL worker protocol): at most
 //! `max_running` of the queue's jobs running at once, at most `starts` jobs starting
-//! in any window of `per`, and at most `key_max_running` jobs of one concurrency key
-//! ([`EnqueueOptions::concurrency_key`](crate::EnqueueOptions::concurrency_key)) running
-//! at once. They are columns of the queue's `skiplock.queues` row, so plain
-//! SQL sets them as well; a change holds from the next claim. Jobs over a limit stay
-//! queued, untouched (no attempt spent), except that the jobs of a key at its
-//! `key_max_running` wait in `waiting` until a slot of the key frees; a killed worker's
-//! claims count until reaped.
+//! in any window of `per`, and, per concurrency key
+//! ([`EnqueueOptions::concurrency_key`](crate::EnqueueOptions::concurrency_key)), at most
+//! `key_max_running` of its jobs running at once and `key_rate` starts in any window. They
+//! are columns of the queue's `skiplock.queues` row, so plain SQL sets them as well; a
+//! change holds from the next claim. Jobs over a limit are not touched otherwise (no
+//! attempt spent): those over a queue's limit stay queued; those of a key at a per-key
+//! limit wait in `waiting` until the key has room again. A killed worker's claims count
+//! until reaped.
 //! docs/guarantees.md says what each limit promises and under which faults.
 
 use std::num::NonZeroU32;
@@ -21,6 +22,11 @@ use crate::error::{Error, Result};
 /// times of the queue (`skiplock.queue_rate_starts`). For more, use a shorter period.
 pub const RATE_LIMIT_MAX_STARTS: u32 = 100_000;
 
+/// The most starts a per-key rate limit may count per period: the claim keeps that many
+/// start times of each key in one row (`skiplock.key_rate_windows`). For more, use a
+/// shorter period.
+pub const KEY_RATE_LIMIT_MAX_STARTS: u32 = 10_000;
+
 /// A queue's global limits; [`QueueLimits::default`] is none.
 ///
 /// ```
@@ -30,7 +36,8 @@ pub const RATE_LIMIT_MAX_STARTS: u32 = 100_000;
 /// let exports = QueueLimits::default().max_running(5);
 /// let mail = QueueLimits::default().rate(100, Duration::from_secs(1));
 /// let reports = QueueLimits::default().key_max_running(2);
-/// # let _ = (exports, mail, reports);
+/// let tenants = QueueLimits::default().key_rate(10, Duration::from_secs(60));
+/// # let _ = (exports, mail, reports, tenants);
 /// ```
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 #[non_exhaustive]
@@ -41,12 +48,17 @@ pub struct QueueLimits {
     pub rate: Option<RateLimit>,
     /// At most this many jobs of one concurrency key running at once, across every worker.
     pub key_max_running: Option<NonZeroU32>,
+    /// At most this many starts of one concurrency key in any window of its period, across
+    /// every worker.
+    pub key_rate: Option<RateLimit>,
 }
 
-/// At most `starts` jobs of a queue starting in any window of `per`.
+/// At most `starts` jobs of a queue (or of one concurrency key of it) starting in any
+/// window of `per`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RateLimit {
-    /// Starts allowed per period: 1 to [`RATE_LIMIT_MAX_STARTS`].
+    /// Starts allowed per period: 1 to [`RATE_LIMIT_MAX_STARTS`] for a queue, 1 to
+    /// [`KEY_RATE_LIMIT_MAX_STARTS`] for a key.
     pub starts: NonZeroU32,
     /// The window, in microseconds at the finest; longer than zero.
     pub per: Duration,
@@ -76,6 +88,14 @@ impl QueueLimits {
         self
     }
 
+    /// These limits with at most `starts` starts of one concurrency key in any window of
+    /// `per` (0 starts: no such limit). Jobs without a key are not limited by it.
+    #[must_use]
+    pub fn key_rate(mut self, starts: u32, per: Duration) -> Self {
+        self.key_rate = NonZeroU32::new(starts).map(|starts| RateLimit { starts, per });
+        self
+    }
+
     /// The columns as `skiplock.queues` holds them, or why they cannot be.
     fn columns(&self) -> Result<LimitColumns> {
         let column = |name: &str, n: Option<NonZeroU32>| {
@@ -88,45 +108,65 @@ impl QueueLimits {
         };
         let max_running = column("max_running", self.max_running)?;
         let key_max_running = column("key_max_running", self.key_max_running)?;
-        let rate = self
-            .rate
-            .map(|RateLimit { starts, per }| {
-                if starts.get() > RATE_LIMIT_MAX_STARTS {
-                    return Err(Error::Config(format!(
-                        "a rate limit of {starts} starts per period is more than \
-                         {RATE_LIMIT_MAX_STARTS}; use a shorter period"
-                    )));
-                }
-                let period_us = i64::try_from(per.as_micros())
-                    .ok()
-                    .filter(|&us| us > 0)
-                    .ok_or_else(|| {
-                        Error::Config(format!(
-                            "a rate limit's period must be from 1 µs to about 292,000 years, \
-                             not {per:?}"
-                        ))
-                    })?;
-                // At most RATE_LIMIT_MAX_STARTS, so within i32.
-                Ok((starts.get() as i32, period_us))
-            })
-            .transpose()?;
+        let rate = |what: &str, max: u32, limit: Option<RateLimit>| {
+            limit
+                .map(|RateLimit { starts, per }| {
+                    if starts.get() > max {
+                        return Err(Error::Config(format!(
+                            "{what} of {starts} starts per period is more than {max}; \
+                             use a shorter period"
+                        )));
+                    }
+                    let period_us = i64::try_from(per.as_micros())
+                        .ok()
+                        .filter(|&us| us > 0)
+                        .ok_or_else(|| {
+                            Error::Config(format!(
+                                "{what}'s period must be from 1 µs to about 292,000 years, \
+                                 not {per:?}"
+                            ))
+                        })?;
+                    // At most RATE_LIMIT_MAX_STARTS, so within i32.
+                    Ok((starts.get() as i32, period_us))
+                })
+                .transpose()
+        };
+        let queue_rate = rate("a rate limit", RATE_LIMIT_MAX_STARTS, self.rate)?;
+        let key_rate = rate(
+            "a per-key rate limit",
+            KEY_RATE_LIMIT_MAX_STARTS,
+            self.key_rate,
+        )?;
         Ok(LimitColumns {
             max_running,
-            rate_limit: rate.map(|(starts, _)| starts),
-            rate_period_us: rate.map(|(_, period_us)| period_us),
+            rate_limit: queue_rate.map(|(starts, _)| starts),
+            rate_period_us: queue_rate.map(|(_, period_us)| period_us),
             key_max_running,
+            key_rate_limit: key_rate.map(|(starts, _)| starts),
+            key_rate_period_us: key_rate.map(|(_, period_us)| period_us),
         })
     }
+}
+
+/// A rate limit as the columns of `skiplock.queues` hold it: starts and the period in
+/// microseconds, both or neither.
+fn rate_from_columns(starts: Option<i32>, period_us: Option<i64>) -> Option<RateLimit> {
+    let (starts, period_us) = starts.zip(period_us)?;
+    Some(RateLimit {
+        starts: NonZeroU32::new(u32::try_from(starts).ok()?)?,
+        per: Duration::from_micros(u64::try_from(period_us).ok()?),
+    })
 }
 
 /// Sets a queue's global limits, replacing those it had (a queue with no jobs yet may be
 /// given limits; they hold for the jobs that come). Same as
 /// `SELECT skiplock.set_queue_limits(queue, max_running, rate_limit, rate_period,
-/// key_max_running)`.
+/// key_max_running, key_rate_limit, key_rate_period)`.
 ///
 /// # Errors
 ///
-/// [`Error::Config`] for a rate over [`RATE_LIMIT_MAX_STARTS`] starts or a period of zero;
+/// [`Error::Config`] for a rate over [`RATE_LIMIT_MAX_STARTS`] starts (a per-key rate over
+/// [`KEY_RATE_LIMIT_MAX_STARTS`]) or a period of zero;
 /// [`Error::Database`] if the statement fails.
 ///
 /// # Examples
@@ -168,7 +208,9 @@ pub struct QueueLimitStatus {
     pub held_back: u64,
     /// Concurrency keys with `key_max_running` jobs running now (0 without the limit).
     pub keys_at_limit: u64,
-    /// Jobs waiting for a slot of their concurrency key (0 without the limit).
+    /// Concurrency keys whose rate window is full now (0 without a per-key rate limit).
+    pub keys_rate_limited: u64,
+    /// Jobs waiting until their concurrency key has room again (0 without a per-key limit).
     pub held_by_key: u64,
 }
 
@@ -197,18 +239,11 @@ pub async fn queue_limits<'e>(db: impl sqlx::PgExecutor<'e>) -> Result<Vec<Queue
                 max_running: row
                     .max_running
                     .and_then(|n| NonZeroU32::new(u32::try_from(n).unwrap_or(0))),
-                rate: row
-                    .rate_limit
-                    .zip(row.rate_period_us)
-                    .and_then(|(starts, period_us)| {
-                        Some(RateLimit {
-                            starts: NonZeroU32::new(u32::try_from(starts).ok()?)?,
-                            per: Duration::from_micros(u64::try_from(period_us).ok()?),
-                        })
-                    }),
+                rate: rate_from_columns(row.rate_limit, row.rate_period_us),
                 key_max_running: row
                     .key_max_running
                     .and_then(|n| NonZeroU32::new(u32::try_from(n).unwrap_or(0))),
+                key_rate: rate_from_columns(row.key_rate_limit, row.key_rate_period_us),
             },
             queue: row.queue,
             paused: row.paused,
@@ -217,6 +252,7 @@ pub async fn queue_limits<'e>(db: impl sqlx::PgExecutor<'e>) -> Result<Vec<Queue
             runnable: count(row.runnable),
             held_back: count(row.held_back),
             keys_at_limit: count(row.keys_at_limit.unwrap_or(0)),
+            keys_rate_limited: count(row.keys_rate_limited.unwrap_or(0)),
             held_by_key: count(row.held_by_key.unwrap_or(0)),
             holding_back: match row.holding_back.as_deref() {
                 Some("max_running") => Some(LimitKind::MaxRunning),

@@ -549,3 +549,108 @@ async fn a_claim_of_a_key_limited_queue_costs_the_same_beside_a_full_keys_backlo
  {
     key_limited_claim_is_bounded(Statistics::History).await;
 }
+
+/// A claim of a queue with a per-key rate limit: beside 33 times more jobs of a key whose
+/// window is full (one tenant's backlog ahead of the others'), it reads the same. The claim
+/// that meets the backlog holds it back, each job once; the claims after it never walk it.
+async fn key_rate_limited_claim_is_bounded(statistics: Statistics) {
+    let db = with_statistics(statistics).await;
+    let pool = &db.pool;
+    let mut session = pool.acquire().await.unwrap();
+    sqlx::query(
+        "SELECT skiplock.set_queue_limits('keyed', NULL, key_rate_limit => 1,
+                                          key_rate_period => '1 hour')",
+    )
+    .execute(pool)
+    .await
+    .unwrap();
+    let add = |key: &'static str, count: i64| {
+        sqlx::query(
+            "INSERT INTO skiplock.jobs (kind, queue, concurrency_key)
+             SELECT 'noop', 'keyed', $1 || CASE WHEN $1 = 'hot' THEN '' ELSE g::text END
+             FROM generate_series(1, $2) g",
+        )
+        .bind(key)
+        .bind(count)
+        .execute(pool)
+    };
+    let queued_hot = || {
+        sqlx::query_scalar::<_, i64>(
+            "SELECT count(*) FROM skiplock.jobs WHERE concurrency_key = 'hot' AND state = 'queued'",
+        )
+        .fetch_one(pool)
+    };
+    add("hot", FEW_WAITING).await.unwrap();
+    add("small-a", 3).await.unwrap();
+    let claim = "SELECT * FROM skiplock.claim('keyed', 1, 'bounded-test')";
+    // The first claim takes a hot job, fills the hot window and holds the rest back; then
+    // warm: plans.
+    buffers_of(&mut session, claim).await;
+    assert_eq!(
+        queued_hot().await.unwrap(),
+        0,
+        "the first claim held the hot backlog"
+    );
+    buffers_of(&mut session, claim).await;
+    let few = buffers_of(&mut session, claim).await;
+    add("hot", MANY_WAITING - FEW_WAITING).await.unwrap();
+    add("small-b", 3).await.unwrap();
+    // The claims until one meets the new hot jobs and holds them back (what they cost,
+    // once); then vacuum, as in key_limited_claim_is_bounded…
+    for _ in 0..5 {
+        if queued_hot().await.unwrap() == 0 {
+            break;
+        }
+        buffers_of(&mut session, claim).await;
+    }
+    sqlx::query("VACUUM skiplock.jobs_live")
+        .execute(pool)
+        .await
+        .unwrap();
+    // …and the next reads what the one beside the few read.
+    let many = buffers_of(&mut session, claim).await;
+    assert_bounded(
+        "a claim of a queue with a per-key rate limit",
+        statistics,
+        few,
+        many,
+    );
+    let hot: Vec<(String, i64)> = sqlx::query_as(
+        "SELECT state::text, count(*) FROM skiplock.jobs WHERE concurrency_key = 'hot'
+         GROUP BY 1 ORDER BY 1",
+    )
+    .fetch_all(pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        hot,
+        vec![
+            ("running".to_owned(), 1),
+            ("waiting".to_owned(), MANY_WAITING - 1)
+        ],
+        "one hot job started in the hour; its backlog is held back"
+    );
+    let small_running: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM skiplock.jobs WHERE concurrency_key LIKE 'small-%'
+         AND state = 'running'",
+    )
+    .fetch_one(pool)
+    .await
+    .unwrap();
+    assert!(
+        small_running >= 4,
+        "the claims took the small keys' jobs: {small_running}"
+    );
+}
+
+#[tokio::test]
+async fn a_claim_of_a_key_rate_limited_queue_costs_the_same_beside_a_full_keys_backlog_under_empty_statistics()
+ {
+    key_rate_limited_claim_is_bounded(Statistics::Empty).await;
+}
+
+#[tokio::test]
+async fn a_claim_of_a_key_rate_limited_queue_costs_the_same_beside_a_full_keys_backlog_under_history_statistics()
+ {
+    key_rate_limited_claim_is_bounded(Statistics::History).await;
+}

@@ -115,14 +115,14 @@ async fn queue_limits_are_set_kept_listed_and_removed() {
         skiplock(&db, &["queue", "limit", "exports", "--max-running", "5"])
             .await
             .ok(),
-        "queue `exports`: max_running 5, rate none, key_max_running none\n"
+        "queue `exports`: max_running 5, rate none, key_max_running none, key_rate none\n"
     );
     // A limit not named stays as it is.
     assert_eq!(
         skiplock(&db, &["queue", "limit", "exports", "--rate", "100/1m"])
             .await
             .ok(),
-        "queue `exports`: max_running 5, rate 100 per 1m, key_max_running none\n"
+        "queue `exports`: max_running 5, rate 100 per 1m, key_max_running none, key_rate none\n"
     );
     assert_eq!(
         skiplock(
@@ -131,17 +131,40 @@ async fn queue_limits_are_set_kept_listed_and_removed() {
         )
         .await
         .ok(),
-        "queue `exports`: max_running 5, rate 100 per 1m, key_max_running 2\n"
+        "queue `exports`: max_running 5, rate 100 per 1m, key_max_running 2, key_rate none\n"
     );
+    assert_eq!(
+        skiplock(&db, &["queue", "limit", "exports", "--key-rate", "10/1m"])
+            .await
+            .ok(),
+        "queue `exports`: max_running 5, rate 100 per 1m, key_max_running 2, key_rate 10 per 1m\n"
+    );
+    for (value, needle) in [
+        ("10001/1m", "write 1 to 10000"),
+        ("0/1s", "out of range"),
+        ("5/0s", "period of zero"),
+        ("ten", "is not a rate"),
+    ] {
+        let refused = skiplock(&db, &["queue", "limit", "exports", "--key-rate", value]).await;
+        assert_eq!(refused.code, Some(2), "{value}: {refused:?}");
+        assert!(
+            refused.stderr.contains(needle),
+            "{value}: {}",
+            refused.stderr
+        );
+    }
     let listed = skiplock(&db, &["queue", "limits", "--json"]).await.json();
     assert_eq!(listed[0]["queue"], "exports");
     assert_eq!(listed[0]["max_running"], 5);
     assert_eq!(listed[0]["rate_limit"], 100);
     assert_eq!(listed[0]["rate_period_seconds"], 60.0);
     assert_eq!(listed[0]["key_max_running"], 2);
+    assert_eq!(listed[0]["key_rate_limit"], 10);
+    assert_eq!(listed[0]["key_rate_period_seconds"], 60.0);
+    assert_eq!(listed[0]["keys_rate_limited"], 0);
     let table = skiplock(&db, &["queue", "limits"]).await.ok();
     assert!(
-        table.contains("exports") && table.contains("100/1m"),
+        table.contains("exports") && table.contains("100/1m") && table.contains("10/1m"),
         "{table}"
     );
     let stats = skiplock(&db, &["stats", "--json"]).await.json();
@@ -199,12 +222,14 @@ async fn queue_limits_are_set_kept_listed_and_removed() {
                 "--rate",
                 "none",
                 "--key-max-running",
+                "none",
+                "--key-rate",
                 "none"
             ]
         )
         .await
         .ok(),
-        "queue `exports`: max_running none, rate none, key_max_running none\n"
+        "queue `exports`: max_running none, rate none, key_max_running none, key_rate none\n"
     );
     let held_state: String =
         sqlx::query_scalar("SELECT state::text FROM skiplock.jobs WHERE id = $1")

@@ -372,6 +372,30 @@ async fn bad_limits_are_refused_with_what_to_write_and_change_nothing() {
             "UPDATE skiplock.queues SET rate_limit = 5, rate_period = '-1 s'",
             "queues_rate_period_positive",
         ),
+        (
+            "SELECT skiplock.set_queue_limits('q', NULL, key_rate_limit => 5)",
+            "key_rate_limit and key_rate_period go together",
+        ),
+        (
+            "SELECT skiplock.set_queue_limits('q', NULL, key_rate_limit => 0, key_rate_period => '1 minute')",
+            "key_rate_limit is 0, it must be between 1 and 10000",
+        ),
+        (
+            "SELECT skiplock.set_queue_limits('q', NULL, key_rate_limit => 10001, key_rate_period => '1 minute')",
+            "between 1 and 10000",
+        ),
+        (
+            "SELECT skiplock.set_queue_limits('q', NULL, key_rate_limit => 5, key_rate_period => '0 seconds')",
+            "key_rate_period is 00:00:00, it must be longer than zero",
+        ),
+        (
+            "UPDATE skiplock.queues SET key_rate_limit = 5",
+            "queues_key_rate_limit_and_period_together",
+        ),
+        (
+            "UPDATE skiplock.queues SET key_rate_limit = 0, key_rate_period = '1 s'",
+            "queues_key_rate_limit_1_to_10000",
+        ),
     ] {
         let error = sqlx::query(call)
             .execute(pool)
@@ -386,6 +410,21 @@ async fn bad_limits_are_refused_with_what_to_write_and_change_nothing() {
             .unwrap_err()
             .to_string();
     assert!(error.contains("period must be from 1 µs"), "{error}");
+    let error = skiplock::set_queue_limits(
+        pool,
+        "q",
+        QueueLimits::default().key_rate(
+            skiplock::KEY_RATE_LIMIT_MAX_STARTS + 1,
+            Duration::from_secs(1),
+        ),
+    )
+    .await
+    .unwrap_err()
+    .to_string();
+    assert!(
+        error.contains("a per-key rate limit of 10001 starts"),
+        "{error}"
+    );
     let limits = skiplock::queue_limits(pool).await.unwrap();
     assert_eq!(limits.len(), 1);
     assert_eq!(limits[0].limits, QueueLimits::default().max_running(2));
@@ -723,8 +762,8 @@ async fn key_states(pool: &PgPool, key: &str) -> HashMap<String, i64> {
 /// Per-key concurrency on plain SQL alone: rows inserted with a concurrency_key, the limit
 /// written on the queue's row. A claim takes no more of a key than its limit leaves and
 /// holds the rest back (waiting, with a reason); a completion lets the next one go; a
-/// raised limit lets more go, a removed one (or the queue's row deleted) all of them; a
-/// cancelled queued job gives its place. Nothing is lost or stranded on the way.
+/// raised limit lets more go, a removed one (or the queue's row deleted) all of them.
+/// Nothing is lost or stranded on the way.
 #[tokio::test]
 async fn key_max_running_written_as_plain_sql_holds_and_changing_it_strands_nothing() {
     let db = common::test_db().await;
@@ -784,7 +823,7 @@ async fn key_max_running_written_as_plain_sql_holds_and_changing_it_strands_noth
         "the oldest held job goes first"
     );
 
-    // A cancelled queued job of a full key... gives its place; raised, removed limits.
+    // A raised limit, a removed one.
     sqlx::query("UPDATE skiplock.queues SET key_max_running = 4 WHERE name = 'q'")
         .execute(pool)
         .await
@@ -811,9 +850,11 @@ async fn key_max_running_written_as_plain_sql_holds_and_changing_it_strands_noth
     );
 }
 
-/// A queue's row deleted, or a queued job of a full key cancelled: held jobs go again.
+/// A running job of a full key cancelled, or the queue's row deleted: held jobs go again.
+/// A queued job of the key that no worker takes (a kind nobody handles) does not keep them
+/// back: the freed slot goes to the oldest held job, and the claim takes the best of them.
 #[tokio::test]
-async fn held_jobs_go_when_the_queue_row_is_deleted_or_a_queued_job_is_cancelled() {
+async fn held_jobs_go_when_a_running_job_is_cancelled_or_the_queue_row_is_deleted() {
     let db = common::test_db().await;
     let pool = &db.pool;
     skiplock::set_queue_limits(pool, "q", QueueLimits::default().key_max_running(1))
@@ -832,42 +873,414 @@ async fn held_jobs_go_when_the_queue_row_is_deleted_or_a_queued_job_is_cancelled
         key_states(pool, "a").await,
         HashMap::from([("running".to_owned(), 1), ("waiting".to_owned(), 3)])
     );
-    // The running job cancelled: its slot goes to the next held job.
+    // A queued job of the key of a kind no worker claims here.
+    let unhandled: i64 = sqlx::query_scalar(
+        "SELECT skiplock.enqueue('nobody_handles', queue => 'q', concurrency_key => 'a')",
+    )
+    .fetch_one(pool)
+    .await
+    .unwrap();
+    // The running job cancelled: its slot goes to the next held job, at the next claim.
     let cancelled: bool = sqlx::query_scalar("SELECT skiplock.cancel_job($1)")
         .bind(ids[0])
         .fetch_one(pool)
         .await
         .unwrap();
     assert!(cancelled);
+    let noop_claim = |n: i32| {
+        sqlx::query_scalar::<_, i64>("SELECT id FROM skiplock.claim('q', $1, 'w', ARRAY['noop'])")
+            .bind(n)
+            .fetch_all(pool)
+    };
     assert_eq!(
-        key_states(pool, "a").await.get("queued"),
-        Some(&1),
-        "a cancelled running job frees its slot"
+        noop_claim(10).await.unwrap(),
+        vec![ids[1]],
+        "a cancelled running job frees its slot for the oldest held job, \
+         whatever the unhandled queued one"
     );
-    // That queued job cancelled before it ran: its place goes to the next.
-    let cancelled: bool = sqlx::query_scalar("SELECT skiplock.cancel_job($1)")
-        .bind(ids[1])
-        .fetch_one(pool)
-        .await
-        .unwrap();
-    assert!(cancelled);
-    assert_eq!(
-        sqlx::query_scalar::<_, String>("SELECT state::text FROM skiplock.jobs WHERE id = $1")
-            .bind(ids[2])
-            .fetch_one(pool)
-            .await
-            .unwrap(),
-        "queued",
-        "a cancelled queued job gives its place to the next held one"
-    );
-    assert_eq!(claim(pool, "q", 10).await, vec![ids[2]]);
     sqlx::query("DELETE FROM skiplock.queues WHERE name = 'q'")
         .execute(pool)
         .await
         .unwrap();
     assert_eq!(
-        claim(pool, "q", 10).await,
-        vec![ids[3]],
-        "the queue's row deleted: no limit, the held job is queued"
+        noop_claim(10).await.unwrap(),
+        vec![ids[2], ids[3]],
+        "the queue's row deleted: no limit, the held jobs are queued"
+    );
+    let state: String = sqlx::query_scalar("SELECT state::text FROM skiplock.jobs WHERE id = $1")
+        .bind(unhandled)
+        .fetch_one(pool)
+        .await
+        .unwrap();
+    assert_eq!(state, "queued");
+}
+
+/// The start times (`claimed_at` of the claims in the audit log) of each key's jobs,
+/// sorted.
+fn starts_per_key(
+    log: &[AuditRow],
+    keys: &HashMap<String, Vec<i64>>,
+) -> HashMap<String, Vec<chrono::DateTime<chrono::Utc>>> {
+    keys.iter()
+        .map(|(key, jobs)| {
+            let mut starts: Vec<_> = log
+                .iter()
+                .filter(|row| row.is_claim() && jobs.contains(&row.job_id))
+                .map(|row| row.claimed_at.expect("a claim has claimed_at"))
+                .collect();
+            starts.sort();
+            (key.clone(), starts)
+        })
+        .collect()
+}
+
+/// Workload: in a queue limited to 4 starts per key in any second, a hot key's 20 jobs
+/// enqueued first, then two small keys' 6 each and 12 jobs without a key, all `record` jobs
+/// of 40 ms, drained by three testbed processes of 8 slots and a SQL-protocol worker; one
+/// process is killed while it holds jobs and its claims are reaped (a reaped job's second
+/// claim is a start too).
+///
+/// Invariant: every job succeeds; no window of one second holds more than 4 starts of one
+/// key, and the hot key's starts fill some second; the jobs without a key are not limited
+/// by it. The workers poll once an hour: a refilled window of a key reaches them as a
+/// notification of when it comes, or the drain does not finish.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_per_key_rate_limit_holds_in_every_window_across_processes_and_a_killed_worker() {
+    const KEY_RATE: usize = 4;
+    let period = chrono::Duration::seconds(1);
+    let db = audited_db().await;
+    let pool = &db.pool;
+    skiplock::set_queue_limits(
+        pool,
+        "tenants",
+        QueueLimits::default().key_rate(KEY_RATE as u32, Duration::from_secs(1)),
+    )
+    .await
+    .unwrap();
+    let mut keys: HashMap<String, Vec<i64>> = HashMap::new();
+    for (key, count) in [("hot", 20), ("small-a", 6), ("small-b", 6)] {
+        let ids = enqueue_n(
+            pool,
+            "record",
+            json!({"ms": 40}),
+            count,
+            EnqueueOptions::new().queue("tenants").concurrency_key(key),
+        )
+        .await;
+        keys.insert(key.to_owned(), ids);
+    }
+    let keyless = enqueue_n(
+        pool,
+        "record",
+        json!({"ms": 40}),
+        12,
+        EnqueueOptions::new().queue("tenants"),
+    )
+    .await;
+    let total = keys.values().map(Vec::len).sum::<usize>() + keyless.len();
+
+    let log = drain_with_a_killed_worker(&db, "tenants", total).await;
+    assert!(
+        log.iter()
+            .any(|row| row.old_state.as_deref() == Some("queued")
+                && row.new_state.as_deref() == Some("waiting")),
+        "jobs of a key whose window was full were held back"
+    );
+    for (key, starts) in starts_per_key(&log, &keys) {
+        for (first, later) in starts.iter().zip(&starts[KEY_RATE..]) {
+            assert!(
+                *later - *first > period,
+                "key {key}: {} starts within one second, from {first} to {later}",
+                KEY_RATE + 1
+            );
+        }
+        if key == "hot" {
+            assert!(
+                starts
+                    .iter()
+                    .zip(&starts[KEY_RATE - 1..])
+                    .any(|(first, last)| *last - *first <= period),
+                "the hot key reached its limit: {KEY_RATE} starts within some second"
+            );
+        }
+    }
+    let keyless = starts_per_key(&log, &HashMap::from([("none".to_owned(), keyless)]));
+    let keyless = &keyless["none"];
+    assert!(
+        keyless
+            .iter()
+            .zip(&keyless[KEY_RATE..])
+            .any(|(first, later)| *later - *first <= period),
+        "jobs without a key are not held to the per-key rate"
+    );
+}
+
+/// A per-key rate limit on plain SQL alone: rows inserted with a concurrency_key, the limit
+/// written on the queue's row. A claim takes no more of a key than its window allows and
+/// holds the rest back (waiting, with a reason and the time it has room again); the claim
+/// after the window refills lets as many go as it allows; a removed limit lets all of them
+/// go and forgets the windows; the sweep forgets a window a period old. Nothing is lost or
+/// stranded on the way.
+#[tokio::test]
+async fn a_per_key_rate_limit_written_as_plain_sql_holds_and_removing_it_strands_nothing() {
+    let db = common::test_db().await;
+    let pool = &db.pool;
+    sqlx::query(
+        "INSERT INTO skiplock.queues (name, key_rate_limit, key_rate_period)
+         VALUES ('q', 2, '1 second')",
+    )
+    .execute(pool)
+    .await
+    .unwrap();
+    sqlx::query(
+        "INSERT INTO skiplock.jobs (kind, queue, concurrency_key)
+         SELECT 'noop', 'q', 'a' FROM generate_series(1, 7)
+         UNION ALL SELECT 'noop', 'q', 'b' FROM generate_series(1, 1)
+         UNION ALL SELECT 'noop', 'q', NULL FROM generate_series(1, 3)",
+    )
+    .execute(pool)
+    .await
+    .unwrap();
+    let first = claim(pool, "q", 20).await;
+    assert_eq!(first.len(), 6, "2 of a, 1 of b, 3 without a key: {first:?}");
+    assert_eq!(
+        key_states(pool, "a").await,
+        HashMap::from([("running".to_owned(), 2), ("waiting".to_owned(), 5)])
+    );
+    let held: i64 = sqlx::query_scalar(
+        "SELECT min(id) FROM skiplock.jobs WHERE concurrency_key = 'a' AND state = 'waiting'",
+    )
+    .fetch_one(pool)
+    .await
+    .unwrap();
+    let why: String = sqlx::query_scalar("SELECT skiplock.why_not_running($1)")
+        .bind(held)
+        .fetch_one(pool)
+        .await
+        .unwrap();
+    assert!(
+        why.contains("key_rate_limit of 2") && why.contains("'a'") && why.contains("room"),
+        "{why}"
+    );
+    let (keys_rate_limited, held_by_key): (Option<i64>, Option<i64>) = sqlx::query_as(
+        "SELECT keys_rate_limited, held_by_key FROM skiplock.queue_limits WHERE queue = 'q'",
+    )
+    .fetch_one(pool)
+    .await
+    .unwrap();
+    assert_eq!((keys_rate_limited, held_by_key), (Some(1), Some(5)));
+    assert!(
+        claim(pool, "q", 20).await.is_empty(),
+        "a's window is full, b has nothing left"
+    );
+
+    // When the window has room again, the next claim lets 2 go and takes them, the oldest
+    // held first.
+    let refilled = wait_until("a's window to have room again", PATIENCE, || async {
+        let ids = claim(pool, "q", 20).await;
+        (!ids.is_empty()).then_some(ids)
+    })
+    .await;
+    assert_eq!(refilled.len(), 2, "the window allows 2: {refilled:?}");
+    let running_a: Vec<i64> = sqlx::query_scalar(
+        "SELECT id FROM skiplock.jobs WHERE concurrency_key = 'a' AND state = 'running' ORDER BY id",
+    )
+    .fetch_all(pool)
+    .await
+    .unwrap();
+    assert_eq!(running_a.len(), 4, "2 more of a after the refill");
+    assert!(running_a.contains(&held), "the oldest held job went first");
+
+    // The limit removed: every held job is queued again and the windows are forgotten.
+    sqlx::query("UPDATE skiplock.queues SET key_rate_limit = NULL, key_rate_period = NULL")
+        .execute(pool)
+        .await
+        .unwrap();
+    assert_eq!(key_states(pool, "a").await.get("waiting"), None);
+    let windows: i64 = sqlx::query_scalar("SELECT count(*) FROM skiplock.key_rate_windows")
+        .fetch_one(pool)
+        .await
+        .unwrap();
+    assert_eq!(windows, 0, "a removed limit keeps no window");
+    assert_eq!(claim(pool, "q", 20).await.len(), 3, "the rest of a");
+    assert_eq!(
+        key_states(pool, "a").await,
+        HashMap::from([("running".to_owned(), 7)]),
+        "every job of a claimed once, none lost"
+    );
+
+    // A window a whole period old counts nothing: the sweep deletes it.
+    sqlx::query("UPDATE skiplock.queues SET key_rate_limit = 5, key_rate_period = '1 second'")
+        .execute(pool)
+        .await
+        .unwrap();
+    enqueue_n(
+        pool,
+        "noop",
+        json!({}),
+        1,
+        EnqueueOptions::new().queue("q").concurrency_key("c"),
+    )
+    .await;
+    assert_eq!(claim(pool, "q", 20).await.len(), 1);
+    wait_until("the sweep to forget c's window", PATIENCE, || async {
+        sqlx::query("SELECT skiplock.internal_settle_waiting()")
+            .execute(pool)
+            .await
+            .unwrap();
+        let left: i64 = sqlx::query_scalar("SELECT count(*) FROM skiplock.key_rate_windows")
+            .fetch_one(pool)
+            .await
+            .unwrap();
+        (left == 0).then_some(())
+    })
+    .await;
+}
+
+/// Workload: 6 `record` jobs of one key in a queue limited to 2 starts per key in any 2
+/// seconds, one testbed that polls, reaps and sweeps once an hour.
+///
+/// Invariant: all 6 run: the claim that filled the key's window held the rest back and
+/// told the workers when it has room again (skiplock_due_later), and the claim then let
+/// them go.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refilled_key_window_is_taken_by_an_idle_worker() {
+    let db = audited_db().await;
+    let pool = &db.pool;
+    skiplock::set_queue_limits(
+        pool,
+        "paced",
+        QueueLimits::default().key_rate(2, Duration::from_secs(2)),
+    )
+    .await
+    .unwrap();
+    enqueue_n(
+        pool,
+        "record",
+        json!({"ms": 0}),
+        6,
+        EnqueueOptions::new().queue("paced").concurrency_key("a"),
+    )
+    .await;
+    let args = TestbedArgs::new()
+        .set("kinds", "record")
+        .set("queue", "paced")
+        .set("poll-ms", 3_600_000)
+        .set("reap-ms", 3_600_000);
+    let mut worker = Testbed::start(&db.url, "tb-paced-key", &args).await;
+    wait_until("every job to succeed", PATIENCE, || async {
+        (states(pool).await.get("succeeded").copied() == Some(6)).then_some(())
+    })
+    .await;
+    worker.signal("TERM");
+    assert!(worker.wait_exit(PATIENCE).await.success());
+    let log = audit(pool).await;
+    assert!(
+        log.iter()
+            .any(|row| row.old_state.as_deref() == Some("queued")
+                && row.new_state.as_deref() == Some("waiting")),
+        "the key's jobs were held back"
+    );
+}
+
+/// Workload: a queue with key_max_running 1 and three queued jobs of one key; a session
+/// removes the limit and, before it commits, a claim of three jobs starts and waits for the
+/// queue's lock (which the change's trigger holds).
+///
+/// Invariant: the claim holds by the limits committed when it has the lock, not those it
+/// read before: it takes all three, and holds none back (a claim that held them by the
+/// removed limit would leave them waiting with nothing to let them go but the sweep).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_waiting_for_the_lock_holds_by_the_limits_committed_meanwhile() {
+    let db = common::test_db().await;
+    let pool = &db.pool;
+    skiplock::set_queue_limits(pool, "q", QueueLimits::default().key_max_running(1))
+        .await
+        .unwrap();
+    let ids = enqueue_n(
+        pool,
+        "noop",
+        json!({}),
+        3,
+        EnqueueOptions::new().queue("q").concurrency_key("a"),
+    )
+    .await;
+    let mut change = pool.begin().await.unwrap();
+    sqlx::query("UPDATE skiplock.queues SET key_max_running = NULL WHERE name = 'q'")
+        .execute(&mut *change)
+        .await
+        .unwrap();
+    let claimer = {
+        let pool = pool.clone();
+        tokio::spawn(async move {
+            sqlx::query_scalar::<_, i64>("SELECT id FROM skiplock.claim('q', 3, 'w') ORDER BY id")
+                .fetch_all(&pool)
+                .await
+                .unwrap()
+        })
+    };
+    wait_until(
+        "the claim to wait for the queue's lock",
+        PATIENCE,
+        || async {
+            let waiting: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM pg_stat_activity
+             WHERE wait_event_type = 'Lock' AND wait_event = 'advisory'
+               AND query LIKE '%skiplock.claim(%'",
+            )
+            .fetch_one(pool)
+            .await
+            .unwrap();
+            (waiting == 1).then_some(())
+        },
+    )
+    .await;
+    change.commit().await.unwrap();
+    let claimed = claimer.await.unwrap();
+    assert_eq!(
+        claimed, ids,
+        "the limit was gone when the claim had the lock"
+    );
+    assert_eq!(
+        key_states(pool, "a").await,
+        HashMap::from([("running".to_owned(), 3)]),
+        "nothing held back"
+    );
+}
+
+/// Workload: 6 `record` jobs of one key in a queue limited to 2 starts per key in any
+/// second, one testbed that exits when idle.
+///
+/// Invariant: it exits only once all 6 succeeded: jobs held back by a per-key limit are
+/// not idleness (they run when the key's window has room, with nothing written).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_that_exits_when_idle_waits_for_jobs_held_back_by_their_key() {
+    let db = audited_db().await;
+    let pool = &db.pool;
+    skiplock::set_queue_limits(
+        pool,
+        "paced",
+        QueueLimits::default().key_rate(2, Duration::from_secs(1)),
+    )
+    .await
+    .unwrap();
+    enqueue_n(
+        pool,
+        "record",
+        json!({"ms": 0}),
+        6,
+        EnqueueOptions::new().queue("paced").concurrency_key("a"),
+    )
+    .await;
+    let args = TestbedArgs::new()
+        .set("kinds", "record")
+        .set("queue", "paced")
+        .flag("exit-when-idle");
+    let mut worker = Testbed::start(&db.url, "tb-idle-key", &args).await;
+    assert!(worker.wait_exit(PATIENCE).await.success());
+    assert_eq!(
+        states(pool).await,
+        HashMap::from([("succeeded".to_owned(), 6)]),
+        "every job ran before the worker called itself idle"
     );
 }

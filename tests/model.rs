@@ -12,8 +12,8 @@
 //! `record`, `panic`, `never_return`), restarted gracefully, at once, by SIGTERM or after
 //! `kill -9`; a pruning worker with zero retention; a killer of worker connections; and a
 //! sampler checking the "at most one" rules while the run goes on. The second queue has
-//! global limits (`max_running`, a rate limit and `key_max_running` over three concurrency
-//! keys) for the whole run. The invariants are listed in tests/model_support/checks.rs.
+//! global limits (`max_running`, a rate limit, and `key_max_running` and a per-key rate
+//! limit over three concurrency keys) for the whole run. The invariants are listed in tests/model_support/checks.rs.
 //!
 //! ```sh
 //! cargo test --all-features --test model -- --nocapture            # the default seeds
@@ -30,10 +30,13 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use model_support::checks::{Evidence, check_all, check_merged, limited_starts};
+use model_support::checks::{
+    Evidence, check_all, check_merged, limited_starts, limited_starts_per_key,
+};
 use model_support::workers::{Crew, start_pruner};
 use model_support::{
-    LIMITED_QUEUE, LIMITED_QUEUE_KEY_MAX, LIMITED_QUEUE_RATE, Sim, actors, extend_audit, logs,
+    LIMITED_QUEUE, LIMITED_QUEUE_KEY_MAX, LIMITED_QUEUE_KEY_RATE, LIMITED_QUEUE_RATE, Sim, actors,
+    extend_audit, logs,
 };
 
 /// Seeds run by default: the whole test stays within about two minutes on 2 cores.
@@ -114,11 +117,12 @@ async fn randomized_model_of_the_whole_system() {
 /// reaps, supersedes and deletions of unfinished jobs 3 to 7 times per seed, over the four
 /// seeds on a loaded 2-core machine) that a run taking one of them zero times means the
 /// model stopped exercising it.
-const PATHS_REQUIRED: [&str; 15] = [
+const PATHS_REQUIRED: [&str; 16] = [
     "claim of a lane job",
     "claim up to max_running",
     "rate limit filled a window",
     "claim up to key_max_running",
+    "key rate limit filled a window",
     "held back by its key",
     "claim of a child",
     "reap",
@@ -149,13 +153,15 @@ async fn run_seed(seed: u64, secs: u64) -> (Vec<String>, BTreeMap<&'static str, 
     extend_audit(&db.pool).await;
     sqlx::query(
         "SELECT skiplock.set_queue_limits($1, $2, $3, make_interval(secs => $4::float8 / 1000),
-                                          $5)",
+                                          $5, $6, make_interval(secs => $7::float8 / 1000))",
     )
     .bind(LIMITED_QUEUE.0)
     .bind(LIMITED_QUEUE.1 as i32)
     .bind(LIMITED_QUEUE_RATE.0 as i32)
     .bind(LIMITED_QUEUE_RATE.1)
     .bind(LIMITED_QUEUE_KEY_MAX as i32)
+    .bind(LIMITED_QUEUE_KEY_RATE.0 as i32)
+    .bind(LIMITED_QUEUE_KEY_RATE.1)
     .execute(&db.pool)
     .await
     .expect("limit the model's second queue");
@@ -342,6 +348,21 @@ fn coverage(evidence: &Evidence) -> BTreeMap<&'static str, usize> {
         .count();
     if filled > 0 {
         *paths.entry("rate limit filled a window").or_default() += filled;
+    }
+    let (key_limit, key_period_ms) = LIMITED_QUEUE_KEY_RATE;
+    let key_filled: usize = limited_starts_per_key(evidence)
+        .values()
+        .map(|starts| {
+            (key_limit..=starts.len())
+                .filter(|&end| {
+                    (starts[end - 1].0 - starts[end - key_limit].0)
+                        < chrono::Duration::milliseconds(key_period_ms)
+                })
+                .count()
+        })
+        .sum();
+    if key_filled > 0 {
+        *paths.entry("key rate limit filled a window").or_default() += key_filled;
     }
     for e in &evidence.events {
         let (old, new) = (e.old_state.as_deref(), e.new_state.as_deref());

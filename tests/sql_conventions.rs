@@ -115,7 +115,7 @@ const QUEUES_NOTHING: &[(&str, &str)] = &[
         "takes queued jobs and makes none runnable",
     ),
     (
-        "internal_hold_full_keys",
+        "internal_hold_keys",
         "moves queued jobs of full keys to waiting; internal_release_held announces them when they go",
     ),
     (

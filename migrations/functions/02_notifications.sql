@@ -89,35 +89,30 @@ $$;
 -- Jobs ended that held a slot (running jobs succeeded, failed, released, reaped or
 -- cancelled; a queued job with a concurrency key cancelled), given as parallel arrays of
 -- their queues and concurrency keys (one element per job, repeats allowed): the queues
--- among them that have max_running are looked at from the start, where the jobs the limit
--- held back wait, so a freed slot is taken at the next claim of any worker and not at its
--- next poll; in queues with key_max_running, the keys' held jobs are let go
--- (internal_release_held, one queue at a time in the order of their locks). Every
--- statement that ends claims calls it; a job ended by a hand-written UPDATE is noticed at
--- the workers' next poll and sweep. One probe of skiplock.queues per queue for queues
--- without limits.
+-- among them that have max_running or key_max_running are looked at from the start, where
+-- the jobs the limits held back wait, so a freed slot is taken at the next claim of any
+-- worker and not at its next poll; in queues with key_max_running, the freed keys are
+-- left in skiplock.key_slots_freed for that claim, which lets their held jobs go under the
+-- queue's lock (this statement takes no lock, so it never waits for the queue's claims nor
+-- holds them up until its caller commits). Every statement that ends claims calls it; a
+-- job ended by a hand-written UPDATE is noticed at the workers' next poll and sweep. One
+-- probe of skiplock.queues per queue for queues without limits.
 DROP FUNCTION IF EXISTS skiplock.internal_notify_freed(text[]);
 CREATE OR REPLACE FUNCTION skiplock.internal_notify_freed(queues text[], keys text[])
 RETURNS void
 LANGUAGE plpgsql AS $$
-DECLARE
-    keyed record;
 BEGIN
     IF cardinality(queues) > 0 THEN
         PERFORM skiplock.internal_notify_queue_start(q.name)
         FROM skiplock.queues q
-        WHERE q.name = ANY (queues) AND q.max_running IS NOT NULL;
-        FOR keyed IN
-            SELECT f.queue, array_agg(DISTINCT f.key) AS keys
-            FROM unnest(queues, keys) AS f(queue, key)
-            WHERE f.key IS NOT NULL
-              AND EXISTS (SELECT 1 FROM skiplock.queues q
-                          WHERE q.name = f.queue AND q.key_max_running IS NOT NULL)
-            GROUP BY f.queue
-            ORDER BY skiplock.internal_queue_limit_lock_id(f.queue)
-        LOOP
-            PERFORM skiplock.internal_release_held(keyed.queue, keyed.keys);
-        END LOOP;
+        WHERE q.name = ANY (queues)
+          AND (q.max_running IS NOT NULL OR q.key_max_running IS NOT NULL);
+        INSERT INTO skiplock.key_slots_freed (queue, concurrency_key)
+        SELECT DISTINCT f.queue, f.key
+        FROM unnest(queues, keys) AS f(queue, key)
+        WHERE f.key IS NOT NULL
+          AND EXISTS (SELECT 1 FROM skiplock.queues q
+                      WHERE q.name = f.queue AND q.key_max_running IS NOT NULL);
     END IF;
 END;
 $$;

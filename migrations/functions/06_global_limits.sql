@@ -1,10 +1,14 @@
 -- migrations/functions/06_global_limits.sql: Global limits: max_running and rate limits per
--- queue, and key_max_running per concurrency key, read and recorded by the claim.
+-- queue, and key_max_running and rate limits per concurrency key, read and recorded by the
+-- claim.
 --
 -- Defines:
 --   internal_queue_limit_lock_id, internal_make_rate_ring, internal_rate_room
---   internal_rate_record, internal_key_running, internal_hold_full_keys
---   internal_release_held
+--   internal_rate_record, internal_notify_refill, internal_key_running
+--   internal_hold_keys, internal_hold_full_keys, internal_release_held
+--   internal_release_freed_keys
+--   internal_window_room, internal_key_rate_take, internal_hold_rate_keys
+--   internal_release_refilled_keys, internal_forget_key_limit_rows
 
 -- ---- Global limits (skiplock.queues: max_running, rate_limit per rate_period) -----------
 --
@@ -103,7 +107,6 @@ SET jit = off
 AS $$
 DECLARE
     ring skiplock.queue_rate_rings;
-    refill_in_us bigint;
 BEGIN
     SELECT * INTO ring FROM skiplock.queue_rate_rings r WHERE r.queue = queue_name;
     IF taken > 0 THEN
@@ -116,17 +119,25 @@ BEGIN
         WHERE r.queue = queue_name;
     END IF;
     IF held_back THEN
-        SELECT (extract(epoch FROM s.started_at + rate_period - clock_timestamp()) * 1000000)::bigint + 1
-        INTO refill_in_us
+        PERFORM skiplock.internal_notify_refill(queue_name, s.started_at + rate_period)
         FROM skiplock.queue_rate_starts s
         WHERE s.queue = queue_name
           AND s.slot = (ring.next_slot + taken + ring.size - rate_limit) % ring.size;
-        PERFORM pg_notify('skiplock_due_later',
-            refill_in_us::text || E'\t' || refill_in_us::text || E'\t'
-            || skiplock.internal_runnable_payload(queue_name, (-32768)::smallint, '-infinity'))
-        WHERE refill_in_us IS NOT NULL;
     END IF;
 END;
+$$;
+
+-- Tells the workers that a queue's claims may take more at `refill_at` (a rate window with
+-- room again): skiplock_due_later, due then, from the queue's start, where what the limit
+-- held back waits. A microsecond later than the time given: a start is allowed only once
+-- the start it follows by rate_limit is more than the period old.
+CREATE OR REPLACE FUNCTION skiplock.internal_notify_refill(queue_name text, refill_at timestamptz)
+RETURNS void
+LANGUAGE sql AS $$
+    SELECT pg_notify('skiplock_due_later', in_us::text || E'\t' || in_us::text || E'\t'
+                     || skiplock.internal_runnable_payload(queue_name, (-32768)::smallint, '-infinity'))
+    FROM (SELECT (extract(epoch FROM refill_at - clock_timestamp()) * 1000000)::bigint + 1 AS in_us) t
+    WHERE refill_at IS NOT NULL;
 $$;
 
 -- ---- Per-key concurrency (skiplock.queues.key_max_running) -------------------------------
@@ -139,7 +150,8 @@ $$;
 -- of a thousand small tenants' few), the claim first holds back the queued, due jobs of
 -- every key that is full: they go to `waiting`, out of the claim's index
 -- (internal_hold_full_keys). They come back, in claim order and as many as the key has
--- room for, when a job of the key ends or a queued one is cancelled (internal_notify_freed),
+-- room for, when a job of the key ends or a queued one is cancelled (internal_notify_freed
+-- leaves the key for the queue's next claim: internal_release_freed_keys),
 -- when the limit is raised or removed (the queues' triggers), and at the periodic sweep of
 -- waiting jobs (internal_release_held). Holding and letting go both take the queue's lock,
 -- so a slot that frees while a claim holds a job back is seen by one of the two. A job
@@ -164,50 +176,59 @@ AS $$
         LIMIT cap) r;
 $$;
 
--- Holds back the queued, due jobs of the queue's keys that are full (key_max_running of
--- their jobs running): they become `waiting` until internal_release_held lets them go. The
--- full keys are found among the queue's running jobs with a key (at most the slots in
--- use), the held jobs in each key's range; rows other transactions hold are left. Called
--- by the claim under the queue's lock. Returns how many it held back.
-CREATE OR REPLACE FUNCTION skiplock.internal_hold_full_keys(queue_name text, key_max_running int)
+-- Holds back the queued, due jobs of the given keys of a queue: they become `waiting` until
+-- internal_release_held lets them go. Each key's jobs are a range of
+-- jobs_concurrency_key_idx; lane jobs stay (their lane queues one at a time), and rows
+-- other transactions hold are left. Called by the claim under the queue's lock. Returns
+-- how many it held back.
+CREATE OR REPLACE FUNCTION skiplock.internal_hold_keys(queue_name text, keys text[])
 RETURNS int
-LANGUAGE plpgsql
+LANGUAGE sql
 SET enable_seqscan = off
 SET enable_bitmapscan = off
 SET enable_hashjoin = off
 SET enable_mergejoin = off
 SET jit = off
 AS $$
-DECLARE
-    held int;
-BEGIN
-    WITH full_keys AS (
-        SELECT r.concurrency_key AS key
-        FROM skiplock.jobs_live r
-        WHERE r.queue = queue_name AND r.state = 'running' AND r.concurrency_key IS NOT NULL
-        GROUP BY r.concurrency_key
-        HAVING count(*) >= key_max_running
-    ), held AS (
+    WITH held AS (
         UPDATE skiplock.jobs_live j SET state = 'waiting'
         WHERE j.ctid = ANY (ARRAY(
             SELECT h.ctid
-            FROM full_keys f
+            FROM unnest(keys) AS k(key)
             CROSS JOIN LATERAL (
                 SELECT h.ctid FROM skiplock.jobs_live h
                 WHERE h.queue = queue_name AND h.state = 'queued'
-                  AND h.concurrency_key = f.key AND h.scheduled_at <= now()
+                  AND h.concurrency_key = k.key AND h.scheduled_at <= now()
                   AND h.ordering_key IS NULL
                 FOR UPDATE SKIP LOCKED) h))
         RETURNING 1
     )
-    SELECT count(*) INTO held FROM held;
-    RETURN held;
-END;
+    SELECT count(*)::int FROM held;
+$$;
+
+-- Holds back the queued, due jobs of the queue's keys that are full (key_max_running of
+-- their jobs running), found among the queue's running jobs with a key (at most the slots
+-- in use). Called by the claim under the queue's lock. Returns how many it held back.
+CREATE OR REPLACE FUNCTION skiplock.internal_hold_full_keys(queue_name text, key_max_running int)
+RETURNS int
+LANGUAGE sql
+SET enable_seqscan = off
+SET enable_bitmapscan = off
+SET enable_hashjoin = off
+SET enable_mergejoin = off
+SET jit = off
+AS $$
+    SELECT skiplock.internal_hold_keys(queue_name, ARRAY(
+        SELECT r.concurrency_key
+        FROM skiplock.jobs_live r
+        WHERE r.queue = queue_name AND r.state = 'running' AND r.concurrency_key IS NOT NULL
+        GROUP BY r.concurrency_key
+        HAVING count(*) >= key_max_running));
 $$;
 
 -- Lets held jobs of a queue go, in claim order, as many per key as the key has room for:
--- key_max_running less its running and queued due jobs (all of them when the queue has no
--- key_max_running any more). `keys`: the keys to look at; NULL: every key with waiting
+-- key_max_running less its running jobs, and the starts its rate window allows now (all of
+-- them when the queue has no per-key limit any more). `keys`: the keys to look at; NULL: every key with waiting
 -- jobs in the queue (a limit raised or removed). A held job is a waiting job with a key,
 -- no lane and no parent that has not succeeded. Takes the queue's lock (see above);
 -- announces what it queued; returns how many.
@@ -222,11 +243,15 @@ SET jit = off
 AS $$
 DECLARE
     key_limit int;
+    key_rate int;
+    key_period interval;
     released int;
     released_keys skiplock.runnable_key[];
 BEGIN
     PERFORM pg_advisory_xact_lock(skiplock.internal_queue_limit_lock_id(queue_name));
-    SELECT q.key_max_running INTO key_limit FROM skiplock.queues q WHERE q.name = queue_name;
+    SELECT q.key_max_running, q.key_rate_limit, q.key_rate_period
+    INTO key_limit, key_rate, key_period
+    FROM skiplock.queues q WHERE q.name = queue_name;
     WITH looked_at AS (
         SELECT DISTINCT k.key FROM unnest(keys) AS k(key) WHERE k.key IS NOT NULL
         UNION
@@ -234,13 +259,21 @@ BEGIN
         WHERE keys IS NULL AND w.queue = queue_name AND w.state = 'waiting'
           AND w.concurrency_key IS NOT NULL
     ), room AS (
-        SELECT l.key, key_limit - (
-            SELECT count(*) FROM (
-                SELECT FROM skiplock.jobs_live r
-                WHERE r.queue = queue_name AND r.state IN ('running', 'queued')
-                  AND r.concurrency_key = l.key
-                  AND (r.state = 'running' OR r.scheduled_at <= now())
-                LIMIT key_limit) t) AS room
+        -- The lesser of what each limit leaves (NULL: no limit holds the key). Queued jobs
+        -- of the key are not subtracted: one no worker takes (a kind nobody handles) would
+        -- keep the held ones back for good, and one of a lower priority would go before
+        -- them. A claim takes the best of them all; what it cannot take it holds again.
+        SELECT l.key, least(
+            key_limit - (
+                SELECT count(*) FROM (
+                    SELECT FROM skiplock.jobs_live r
+                    WHERE r.queue = queue_name AND r.state = 'running'
+                      AND r.concurrency_key = l.key
+                    LIMIT key_limit) t),
+            skiplock.internal_window_room(
+                (SELECT w.starts FROM skiplock.key_rate_windows w
+                 WHERE w.queue = queue_name AND w.concurrency_key = l.key),
+                key_rate, key_period, clock_timestamp(), key_rate)) AS room
         FROM looked_at l
     ), released AS (
         UPDATE skiplock.jobs_live j SET state = 'queued'
@@ -263,4 +296,221 @@ BEGIN
     PERFORM skiplock.internal_announce(released_keys);
     RETURN released;
 END;
+$$;
+
+-- Lets go the held jobs of the keys whose slots were freed since the queue's last claim
+-- (skiplock.key_slots_freed, left by internal_notify_freed), through internal_release_held.
+-- Called by the claim under the queue's lock before it holds full keys back; a slot freed
+-- by a statement that commits after this one is left for the next claim, which the
+-- statement's own notification brings. Returns how many it let go.
+CREATE OR REPLACE FUNCTION skiplock.internal_release_freed_keys(queue_name text)
+RETURNS int
+LANGUAGE plpgsql
+SET enable_seqscan = off
+SET enable_bitmapscan = off
+SET jit = off
+AS $$
+DECLARE
+    freed text[];
+BEGIN
+    WITH taken AS (
+        DELETE FROM skiplock.key_slots_freed f
+        WHERE f.queue = queue_name
+        RETURNING f.concurrency_key
+    )
+    SELECT array_agg(DISTINCT t.concurrency_key) INTO freed FROM taken t;
+    IF freed IS NULL THEN
+        RETURN 0;
+    END IF;
+    RETURN skiplock.internal_release_held(queue_name, freed);
+END;
+$$;
+
+-- ---- Per-key rate limits (skiplock.queues.key_rate_limit per key_rate_period) -----------
+--
+-- At most key_rate_limit of a queue's jobs with one concurrency_key start in any window of
+-- key_rate_period, across every worker: exact in every window, like the queue's rate
+-- limit. Each key's last starts are one row of skiplock.key_rate_windows, kept by the
+-- claim under the queue's lock (internal_key_rate_take): a start goes only once the
+-- key_rate_limit-th start of the key before it is more than the period old.
+--
+-- As with key_max_running, a key whose window is full has its queued, due jobs held back
+-- (to `waiting`) so that no claim walks its backlog: the claim that fills the window marks
+-- it (hold_pending) and holds them before it returns (internal_hold_rate_keys). The window
+-- says when it has room again (held_until), and the workers are told (skiplock_due_later):
+-- the first claim at or after that time lets the held jobs go, as many as the window and
+-- key_max_running leave (internal_release_refilled_keys), and the sweep of waiting jobs
+-- does too. A window whose newest start is a period old counts nothing and is deleted
+-- (internal_forget_key_limit_rows, from the sweep).
+
+-- Of `wanted` starts at `at`, how many a key's window of rate_limit per rate_period allows:
+-- the i-th needs the rate_limit-th start before it, starts[n - rate_limit + i] (n: the
+-- array's length; none there: '-infinity'), more than rate_period old. In order, so the
+-- first refused ends the count. NULL without a limit. Reads min(wanted, rate_limit)
+-- elements.
+CREATE OR REPLACE FUNCTION skiplock.internal_window_room(starts timestamptz[], rate_limit int,
+                                                         rate_period interval,
+                                                         at timestamptz, wanted bigint)
+RETURNS bigint
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT CASE WHEN rate_limit IS NULL THEN NULL ELSE coalesce(
+        (SELECT min(i) - 1
+         FROM generate_series(1, least(wanted, rate_limit)) AS i
+         WHERE coalesce(starts[coalesce(cardinality(starts), 0) - rate_limit + i],
+                        '-infinity') >= at - rate_period),
+        greatest(least(wanted, rate_limit), 0)) END;
+$$;
+
+-- Takes up to `wanted` starts of a key at `at` and records them in its window, in place of
+-- its oldest; returns how many it took. The window never shrinks (a limit lowered and raised
+-- again within the period still counts the starts made). When the window is full after
+-- them (it took fewer than wanted, or exactly what was left), it marks the key for
+-- internal_hold_rate_keys and keeps when the window has room again: the key's jobs queued
+-- later, and those held before, wait for that. Called by the claim under the queue's
+-- lock, once per key among the jobs it picked.
+CREATE OR REPLACE FUNCTION skiplock.internal_key_rate_take(queue_name text, key text,
+                                                           wanted bigint, at timestamptz,
+                                                           rate_limit int,
+                                                           rate_period interval)
+RETURNS bigint
+LANGUAGE plpgsql
+SET enable_seqscan = off
+SET enable_bitmapscan = off
+SET jit = off
+AS $$
+DECLARE
+    kept timestamptz[];
+    n int;
+    took bigint;
+BEGIN
+    IF wanted IS NULL OR wanted <= 0 THEN
+        RETURN 0;
+    END IF;
+    SELECT w.starts INTO kept FROM skiplock.key_rate_windows w
+    WHERE w.queue = queue_name AND w.concurrency_key = key;
+    kept := coalesce(kept, '{}');
+    took := skiplock.internal_window_room(kept, rate_limit, rate_period, at, wanted);
+    IF cardinality(kept) < rate_limit THEN
+        kept := array_fill('-infinity'::timestamptz, ARRAY[rate_limit - cardinality(kept)]) || kept;
+    END IF;
+    n := cardinality(kept);
+    IF took > 0 THEN
+        kept := kept[took + 1 : n] || array_fill(at, ARRAY[took::int]);
+    END IF;
+    INSERT INTO skiplock.key_rate_windows AS w (queue, concurrency_key, starts, expires_at,
+                                                held_until, hold_pending)
+    VALUES (queue_name, key, kept, kept[n] + rate_period,
+            CASE WHEN kept[n - rate_limit + 1] >= at - rate_period
+                 THEN kept[n - rate_limit + 1] + rate_period + interval '1 microsecond' END,
+            kept[n - rate_limit + 1] >= at - rate_period)
+    ON CONFLICT (queue, concurrency_key) DO UPDATE
+    SET starts = excluded.starts, expires_at = excluded.expires_at,
+        held_until = coalesce(excluded.held_until, w.held_until),
+        hold_pending = w.hold_pending OR excluded.hold_pending;
+    RETURN took;
+END;
+$$;
+
+-- Holds back the queued, due jobs of the keys whose windows the claim filled (marked by
+-- internal_key_rate_take), unmarks them, and tells the workers when the first of those
+-- windows that holds jobs back (just held or held before) has room again. Rows other
+-- transactions hold are left. Called by the claim under the queue's lock before it
+-- returns; its cost follows those keys' jobs, each held once. Returns how many it held
+-- back.
+CREATE OR REPLACE FUNCTION skiplock.internal_hold_rate_keys(queue_name text)
+RETURNS int
+LANGUAGE plpgsql
+SET enable_seqscan = off
+SET enable_bitmapscan = off
+SET jit = off
+AS $$
+DECLARE
+    filled text[];
+    held int;
+    refill timestamptz;
+BEGIN
+    WITH pending AS (
+        UPDATE skiplock.key_rate_windows w SET hold_pending = false
+        WHERE w.queue = queue_name AND w.hold_pending
+        RETURNING w.concurrency_key
+    )
+    SELECT array_agg(p.concurrency_key) INTO filled FROM pending p;
+    IF filled IS NULL THEN
+        RETURN 0;
+    END IF;
+    held := skiplock.internal_hold_keys(queue_name, filled);
+    -- A LATERAL probe with LIMIT, not EXISTS: a semi join walked every waiting job of the
+    -- queue for each window (132 buffers beside 10,000 held jobs, against 4).
+    SELECT min(w.held_until) INTO refill
+    FROM skiplock.key_rate_windows w
+    CROSS JOIN LATERAL (SELECT 1 FROM skiplock.jobs_live j
+                        WHERE j.queue = queue_name AND j.state = 'waiting'
+                          AND j.concurrency_key = w.concurrency_key
+                        LIMIT 1) waiting
+    WHERE w.queue = queue_name AND w.concurrency_key = ANY (filled);
+    PERFORM skiplock.internal_notify_refill(queue_name, refill);
+    RETURN held;
+END;
+$$;
+
+-- Lets go the held jobs of the queue's keys whose windows have room again at `at`
+-- (held_until passed), through internal_release_held. Called by the claim under the
+-- queue's lock before it walks. Returns how many it let go.
+CREATE OR REPLACE FUNCTION skiplock.internal_release_refilled_keys(queue_name text, at timestamptz)
+RETURNS int
+LANGUAGE plpgsql
+SET enable_seqscan = off
+SET enable_bitmapscan = off
+SET jit = off
+AS $$
+DECLARE
+    refilled text[];
+BEGIN
+    WITH due AS (
+        UPDATE skiplock.key_rate_windows w SET held_until = NULL
+        WHERE w.queue = queue_name AND w.held_until <= at
+        RETURNING w.concurrency_key
+    )
+    SELECT array_agg(d.concurrency_key) INTO refilled FROM due d;
+    IF refilled IS NULL THEN
+        RETURN 0;
+    END IF;
+    RETURN skiplock.internal_release_held(queue_name, refilled);
+END;
+$$;
+
+-- Deletes up to 500 windows that count nothing any more (their newest start a whole period
+-- old, holding nothing back), oldest first, and up to 500 freed key slots left for a queue
+-- that no longer has key_max_running (its row deleted or changed meanwhile): called by
+-- every pass of the waiting sweep, so the windows are about the keys that started a job
+-- within their period. Never waits: a row a claim holds is skipped (the claim holds its
+-- queue's lock, which the sweep's caller may want next), and a window a claim rewrote is
+-- kept (the condition is checked again on the row's newest version).
+CREATE OR REPLACE FUNCTION skiplock.internal_forget_key_limit_rows() RETURNS int
+LANGUAGE sql
+SET enable_seqscan = off
+SET enable_bitmapscan = off
+SET jit = off
+AS $$
+    WITH windows AS (
+        DELETE FROM skiplock.key_rate_windows w
+        WHERE (w.queue, w.concurrency_key) IN (
+                SELECT o.queue, o.concurrency_key FROM skiplock.key_rate_windows o
+                WHERE o.expires_at < now() AND o.held_until IS NULL AND NOT o.hold_pending
+                ORDER BY o.expires_at
+                LIMIT 500
+                FOR UPDATE SKIP LOCKED)
+          AND w.expires_at < now() AND w.held_until IS NULL AND NOT w.hold_pending
+        RETURNING 1
+    ), slots AS (
+        DELETE FROM skiplock.key_slots_freed f
+        WHERE f.ctid = ANY (ARRAY(
+                SELECT o.ctid FROM skiplock.key_slots_freed o
+                WHERE NOT EXISTS (SELECT 1 FROM skiplock.queues q
+                                  WHERE q.name = o.queue AND q.key_max_running IS NOT NULL)
+                LIMIT 500
+                FOR UPDATE SKIP LOCKED))
+        RETURNING 1
+    )
+    SELECT ((SELECT count(*) FROM windows) + (SELECT count(*) FROM slots))::int;
 $$;

@@ -39,10 +39,12 @@
 --   sorted after the update has finished, so an update that fails has returned nothing.
 -- * Global limits (see 06_global_limits.sql): a claim of a limited queue takes at most
 --   the room the queue's max_running and rate_limit leave, and of each concurrency key no
---   more than key_max_running less the key's running jobs, under the queue's lock, and
---   only in READ COMMITTED. With key_max_running it first holds back the jobs of the keys
---   that are full. The jobs it claims carry the time the limits were checked at as
---   claimed_at (now() otherwise).
+--   more than key_max_running less the key's running jobs and than its rate window
+--   (key_rate_limit) allows, under the queue's lock, and only in READ COMMITTED. With
+--   key_max_running it first holds back the jobs of the keys that are full, with
+--   key_rate_limit it first lets go the jobs of keys whose windows have room again, and
+--   it holds back the jobs of the keys whose windows it fills. The jobs it claims carry
+--   the time the limits were checked at as claimed_at (now() otherwise).
 DROP FUNCTION IF EXISTS skiplock.internal_claim_batch(text[], text[], bigint, text, smallint,
                                                       bigint, bigint, uuid, boolean, boolean,
                                                       boolean);
@@ -80,12 +82,15 @@ DECLARE
     lim_rate_limit int;
     lim_rate_period interval;
     lim_key_max_running int;
+    lim_key_rate_limit int;
+    lim_key_rate_period interval;
     room bigint := max_jobs;
     wanted bigint;
     rate_room bigint;
     claim_time timestamptz;
     taken bigint;
     taken_now bigint;
+    held_now int;
 BEGIN
     IF retry_lane_conflict AND take_lanes THEN
         -- The claim inside a subtransaction: a lane conflict it could not see rolls back
@@ -115,25 +120,40 @@ BEGIN
         END;
     END IF;
     -- The queue's row, if any: one probe for a queue without limits.
-    SELECT q.paused, q.max_running, q.rate_limit, q.rate_period, q.key_max_running
-    INTO is_paused, lim_max_running, lim_rate_limit, lim_rate_period, lim_key_max_running
+    SELECT q.paused, q.max_running, q.rate_limit, q.rate_period, q.key_max_running,
+           q.key_rate_limit, q.key_rate_period
+    INTO is_paused, lim_max_running, lim_rate_limit, lim_rate_period, lim_key_max_running,
+         lim_key_rate_limit, lim_key_rate_period
     FROM skiplock.queues q
     WHERE q.name = queue_name;
     IF is_paused THEN
         RETURN;
     END IF;
     IF lim_max_running IS NOT NULL OR lim_rate_limit IS NOT NULL
-       OR lim_key_max_running IS NOT NULL THEN
+       OR lim_key_max_running IS NOT NULL OR lim_key_rate_limit IS NOT NULL THEN
         IF current_setting('transaction_isolation') <> 'read committed' THEN
             -- An older snapshot would miss claims committed after it, and claim past the
             -- limit.
-            RAISE EXCEPTION 'queue % has a global limit (max_running, rate_limit or key_max_running), which a claim holds only in READ COMMITTED; this transaction is %',
+            RAISE EXCEPTION 'queue % has a global limit (max_running, rate_limit, key_max_running or key_rate_limit), which a claim holds only in READ COMMITTED; this transaction is %',
                 queue_name, upper(current_setting('transaction_isolation'))
                 USING ERRCODE = 'invalid_transaction_state',
                       HINT = 'claim in a READ COMMITTED transaction: BEGIN ISOLATION LEVEL READ COMMITTED, or SET default_transaction_isolation for the session';
         END IF;
         PERFORM pg_advisory_xact_lock(skiplock.internal_queue_limit_lock_id(queue_name));
+        -- The limits again, under the lock: a change committed while this claim waited
+        -- for it (its trigger let the held jobs go under the same lock) holds for it.
+        SELECT q.paused, q.max_running, q.rate_limit, q.rate_period, q.key_max_running,
+               q.key_rate_limit, q.key_rate_period
+        INTO is_paused, lim_max_running, lim_rate_limit, lim_rate_period, lim_key_max_running,
+             lim_key_rate_limit, lim_key_rate_period
+        FROM skiplock.queues q
+        WHERE q.name = queue_name;
+        IF is_paused THEN
+            RETURN;
+        END IF;
         IF lim_key_max_running IS NOT NULL THEN
+            -- Keys whose slots were freed since: their held jobs go back first.
+            PERFORM skiplock.internal_release_freed_keys(queue_name);
             PERFORM skiplock.internal_hold_full_keys(queue_name, lim_key_max_running);
         END IF;
         IF lim_max_running IS NOT NULL THEN
@@ -149,6 +169,10 @@ BEGIN
         -- the end of every job the count found ended, so the jobs' claimed_at and
         -- finished_at never show more running at once than the count allowed.
         claim_time := clock_timestamp();
+        IF lim_key_rate_limit IS NOT NULL THEN
+            -- Keys whose windows have room again: their held jobs go back first.
+            PERFORM skiplock.internal_release_refilled_keys(queue_name, claim_time);
+        END IF;
         IF lim_rate_limit IS NOT NULL THEN
             wanted := room;
             rate_room := skiplock.internal_rate_room(queue_name, lim_rate_limit,
@@ -212,10 +236,28 @@ BEGIN
             ORDER BY j.priority, j.scheduled_at, j.id
             LIMIT room
             FOR UPDATE OF j SKIP LOCKED
+        ), key_room AS (
+            -- With per-key limits, how many of each key picked may start: no more than
+            -- key_max_running less the key's running jobs, and of those no more than its
+            -- rate window allows (taken and recorded there). Evaluated only with such a
+            -- limit (see taken).
+            SELECT g.key,
+                   CASE WHEN lim_key_rate_limit IS NULL THEN g.room
+                        ELSE skiplock.internal_key_rate_take(queue_name, g.key, g.room,
+                                 claim_time, lim_key_rate_limit, lim_key_rate_period)
+                   END AS room
+            FROM (SELECT p.concurrency_key AS key,
+                         CASE WHEN lim_key_max_running IS NULL THEN count(*)
+                              ELSE least(count(*), lim_key_max_running - skiplock.internal_key_running(
+                                       queue_name, p.concurrency_key, lim_key_max_running))
+                         END AS room
+                  FROM picked p
+                  WHERE p.concurrency_key IS NOT NULL
+                  GROUP BY p.concurrency_key) g
         ), taken AS (
-            -- With key_max_running, of each key only as many as its running jobs leave room
-            -- for; the others picked stay queued (held back by the next claim).
-            SELECT CASE WHEN lim_key_max_running IS NULL
+            -- Of each key only as many as key_room says; the others picked stay queued,
+            -- held back below.
+            SELECT CASE WHEN lim_key_max_running IS NULL AND lim_key_rate_limit IS NULL
                 THEN ARRAY(SELECT p.ctid FROM picked p)
                 ELSE ARRAY(
                     SELECT k.ctid
@@ -223,9 +265,8 @@ BEGIN
                                  row_number() OVER (PARTITION BY p.concurrency_key
                                                     ORDER BY p.priority, p.scheduled_at, p.id) AS nth
                           FROM picked p) k
-                    WHERE k.concurrency_key IS NULL
-                       OR k.nth <= lim_key_max_running - skiplock.internal_key_running(
-                              queue_name, k.concurrency_key, lim_key_max_running))
+                    LEFT JOIN key_room r ON r.key = k.concurrency_key
+                    WHERE k.concurrency_key IS NULL OR k.nth <= r.room)
                 END AS ctids
         ), claimed AS (
             UPDATE skiplock.jobs_live j
@@ -246,8 +287,19 @@ BEGIN
         ORDER BY c.priority, c.scheduled_at, c.id;
         GET DIAGNOSTICS taken_now = ROW_COUNT;
         taken := taken + taken_now;
-        EXIT WHEN lim_key_max_running IS NULL OR taken_now >= room
-            OR skiplock.internal_hold_full_keys(queue_name, lim_key_max_running) = 0;
+        -- The keys whose windows this claim filled are held back whatever it took; when
+        -- it came back short, the keys that are full now too, and it goes on for the room
+        -- left if it held any.
+        held_now := 0;
+        IF lim_key_rate_limit IS NOT NULL THEN
+            held_now := skiplock.internal_hold_rate_keys(queue_name);
+        END IF;
+        EXIT WHEN taken_now >= room
+            OR (lim_key_max_running IS NULL AND lim_key_rate_limit IS NULL);
+        IF lim_key_max_running IS NOT NULL THEN
+            held_now := held_now + skiplock.internal_hold_full_keys(queue_name, lim_key_max_running);
+        END IF;
+        EXIT WHEN held_now = 0;
         room := room - taken_now;
     END LOOP;
     IF rate_room IS NOT NULL THEN

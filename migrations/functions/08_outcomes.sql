@@ -344,8 +344,9 @@ $$;
 -- finished (a parent finished while the child's enqueue was uncommitted, or was deleted:
 -- pruned after it succeeded, or deleted by hand before, leaving a tombstone) are settled,
 -- waiting jobs left without any dependency row (deleted by hand) are queued, and lanes
--- whose head finished while a new lane job was being enqueued move on. Returns how many
--- jobs moved.
+-- whose head finished while a new lane job was being enqueued move on; jobs held back by
+-- a per-key limit go as their keys have room; per-key rate windows that count nothing any
+-- more, and freed key slots left for a queue without key_max_running, are deleted. Returns how many jobs moved.
 --
 -- Incremental: a pass checks the next batch_size (500) waiting jobs after the
 -- position kept in skiplock.waiting_sweep, in id order, and starts from the first again
@@ -398,9 +399,9 @@ BEGIN
             UPDATE skiplock.waiting_sweep
             SET after_id = CASE WHEN seen < batch_size THEN 0 ELSE last_id END;
 
-            -- Waiting for nothing: no lane, no dependency row. Those a queue's
-            -- key_max_running holds back (a concurrency key, in a queue with the limit) go
-            -- only as their keys have room, through internal_release_held.
+            -- Waiting for nothing: no lane, no dependency row. Those a queue's per-key
+            -- limits hold back (a concurrency key, in a queue with key_max_running or
+            -- key_rate_limit) go only as their keys have room, through internal_release_held.
             IF orphans IS NOT NULL THEN
                 WITH queued AS (
                     UPDATE skiplock.jobs c SET state = 'queued'
@@ -408,7 +409,8 @@ BEGIN
                       AND NOT EXISTS (SELECT 1 FROM skiplock.job_dependencies d WHERE d.job_id = c.id)
                       AND NOT (c.concurrency_key IS NOT NULL AND EXISTS (
                           SELECT 1 FROM skiplock.queues q
-                          WHERE q.name = c.queue AND q.key_max_running IS NOT NULL))
+                          WHERE q.name = c.queue
+                            AND (q.key_max_running IS NOT NULL OR q.key_rate_limit IS NOT NULL)))
                     RETURNING c.queue, c.priority, c.scheduled_at
                 )
                 SELECT count(*), array_agg(ROW(queue, priority, scheduled_at)::skiplock.runnable_key)
@@ -445,6 +447,10 @@ BEGIN
                       AND (p.state IN ('dead', 'cancelled')
                            OR (p.state IS NULL AND d.parent_state IS NOT NULL))));
             END IF;
+            -- Per-key rate windows that count nothing any more go, and freed key slots no
+            -- claim will read (a bounded batch). Last, and skipping the rows a claim holds:
+            -- such a claim holds its queue's lock, which this pass may hold by now.
+            PERFORM skiplock.internal_forget_key_limit_rows();
             RETURN moved;
         EXCEPTION WHEN serialization_failure THEN
             -- A waiting job moved to jobs_done under the pass (cancelled meanwhile): run

@@ -215,14 +215,18 @@ END;
 $$;
 
 -- Sets a queue's global limits, each NULL for none: at most max_running jobs running at
--- once, and at most rate_limit starts in any window of rate_period. The same as writing the
--- columns of its skiplock.queues row, which plain SQL may do; this checks the values with
--- errors that say what to pass.
+-- once, and at most rate_limit starts in any window of rate_period; per concurrency key, at
+-- most key_max_running running at once and key_rate_limit starts per key_rate_period. The
+-- same as writing the columns of its skiplock.queues row, which plain SQL may do; this
+-- checks the values with errors that say what to pass.
 DROP FUNCTION IF EXISTS skiplock.set_queue_limits(text, int, int, interval);
+DROP FUNCTION IF EXISTS skiplock.set_queue_limits(text, int, int, interval, int);
 CREATE OR REPLACE FUNCTION skiplock.set_queue_limits(queue_name text, max_running int,
                                                      rate_limit int DEFAULT NULL,
                                                      rate_period interval DEFAULT NULL,
-                                                     key_max_running int DEFAULT NULL)
+                                                     key_max_running int DEFAULT NULL,
+                                                     key_rate_limit int DEFAULT NULL,
+                                                     key_rate_period interval DEFAULT NULL)
 RETURNS void
 LANGUAGE plpgsql AS $$
 BEGIN
@@ -251,18 +255,34 @@ BEGIN
         RAISE EXCEPTION 'rate_period is %, it must be longer than zero', rate_period
             USING ERRCODE = 'check_violation';
     END IF;
+    IF key_rate_limit < 1 OR key_rate_limit > 10000 THEN
+        RAISE EXCEPTION 'key_rate_limit is %, it must be between 1 and 10000', key_rate_limit
+            USING ERRCODE = 'check_violation',
+                  HINT = 'for more starts of a key per period, use a shorter period: 10000 a minute is 167 a second';
+    END IF;
+    IF (key_rate_limit IS NULL) <> (key_rate_period IS NULL) THEN
+        RAISE EXCEPTION 'key_rate_limit and key_rate_period go together: both or neither'
+            USING ERRCODE = 'check_violation',
+                  HINT = 'e.g. key_rate_limit => 10, key_rate_period => ''1 minute''';
+    END IF;
+    IF key_rate_period <= interval '0' THEN
+        RAISE EXCEPTION 'key_rate_period is %, it must be longer than zero', key_rate_period
+            USING ERRCODE = 'check_violation';
+    END IF;
     INSERT INTO skiplock.queues AS q (name, max_running, rate_limit, rate_period,
-                                      key_max_running)
+                                      key_max_running, key_rate_limit, key_rate_period)
     VALUES (queue_name, set_queue_limits.max_running, set_queue_limits.rate_limit,
-            set_queue_limits.rate_period, set_queue_limits.key_max_running)
+            set_queue_limits.rate_period, set_queue_limits.key_max_running,
+            set_queue_limits.key_rate_limit, set_queue_limits.key_rate_period)
     ON CONFLICT (name) DO UPDATE
     SET max_running = excluded.max_running, rate_limit = excluded.rate_limit,
         rate_period = excluded.rate_period, key_max_running = excluded.key_max_running,
+        key_rate_limit = excluded.key_rate_limit, key_rate_period = excluded.key_rate_period,
         updated_at = now();
 END;
 $$;
-COMMENT ON FUNCTION skiplock.set_queue_limits(text, int, int, interval, int) IS
-    'Sets a queue''s global limits across every worker (NULL: none): max_running jobs at once, rate_limit starts per rate_period, key_max_running jobs of one concurrency_key at once. Example: SELECT skiplock.set_queue_limits(''exports'', max_running => 5); SELECT skiplock.set_queue_limits(''mail'', NULL, 100, ''1 second''); SELECT skiplock.set_queue_limits(''reports'', NULL, key_max_running => 2);';
+COMMENT ON FUNCTION skiplock.set_queue_limits(text, int, int, interval, int, int, interval) IS
+    'Sets a queue''s global limits across every worker (NULL: none): max_running jobs at once, rate_limit starts per rate_period, and per concurrency_key key_max_running jobs at once and key_rate_limit starts per key_rate_period. Example: SELECT skiplock.set_queue_limits(''exports'', max_running => 5); SELECT skiplock.set_queue_limits(''mail'', NULL, 100, ''1 second''); SELECT skiplock.set_queue_limits(''reports'', NULL, key_max_running => 2, key_rate_limit => 10, key_rate_period => ''1 minute'');';
 
 CREATE OR REPLACE FUNCTION skiplock.pause_queue(queue_name text) RETURNS void
 LANGUAGE sql AS $$
@@ -287,10 +307,23 @@ DECLARE
     parents text;
     running bigint;
     rate_next timestamptz;
+    key_rate_next timestamptz;
 BEGIN
     SELECT * INTO job FROM skiplock.jobs_live j WHERE j.id = job_id;
     IF job.id IS NULL OR job.state = 'running' THEN
         RETURN NULL;
+    END IF;
+    SELECT * INTO queue_row FROM skiplock.queues q WHERE q.name = job.queue;
+    IF job.concurrency_key IS NOT NULL AND queue_row.key_rate_limit IS NOT NULL THEN
+        -- When the key's rate window has room again, if it is full now.
+        SELECT w.starts[cardinality(w.starts) - queue_row.key_rate_limit + 1]
+               + queue_row.key_rate_period
+        INTO key_rate_next
+        FROM skiplock.key_rate_windows w
+        WHERE w.queue = job.queue AND w.concurrency_key = job.concurrency_key;
+        IF key_rate_next <= now() THEN
+            key_rate_next := NULL;
+        END IF;
     END IF;
     IF job.state = 'waiting' THEN
         IF job.ordering_key IS NOT NULL THEN
@@ -309,12 +342,24 @@ BEGIN
             RETURN format('waits for its parent jobs to succeed: %s', parents);
         END IF;
         IF job.concurrency_key IS NOT NULL THEN
-            SELECT * INTO queue_row FROM skiplock.queues q WHERE q.name = job.queue;
+            IF queue_row.key_max_running IS NOT NULL THEN
+                running := skiplock.internal_key_running(job.queue, job.concurrency_key,
+                                                         queue_row.key_max_running);
+            END IF;
+            IF key_rate_next IS NOT NULL
+               AND (queue_row.key_max_running IS NULL OR running < queue_row.key_max_running) THEN
+                RETURN format('held back by the queue''s key_rate_limit of %s per %s for key %L; it is queued when the key''s window has room, at %s',
+                              queue_row.key_rate_limit, queue_row.key_rate_period,
+                              job.concurrency_key, key_rate_next);
+            END IF;
             IF queue_row.key_max_running IS NOT NULL THEN
                 RETURN format('held back by the queue''s key_max_running of %s for key %L (%s of its jobs run now); it is queued when a slot of the key frees',
-                              queue_row.key_max_running, job.concurrency_key,
-                              skiplock.internal_key_running(job.queue, job.concurrency_key,
-                                                            queue_row.key_max_running));
+                              queue_row.key_max_running, job.concurrency_key, running);
+            END IF;
+            IF queue_row.key_rate_limit IS NOT NULL THEN
+                RETURN format('held back by the queue''s key_rate_limit of %s per %s for key %L, whose window has room again; the next claim of queue %L queues it',
+                              queue_row.key_rate_limit, queue_row.key_rate_period,
+                              job.concurrency_key, job.queue);
             END IF;
         END IF;
         RETURN 'waiting; the next pass of a worker''s sweep (or skiplock.maintain) queues it';
@@ -322,7 +367,6 @@ BEGIN
     IF job.scheduled_at > now() THEN
         RETURN format('scheduled: runnable from %s', job.scheduled_at);
     END IF;
-    SELECT * INTO queue_row FROM skiplock.queues q WHERE q.name = job.queue;
     IF queue_row.paused THEN
         RETURN format('queue %L is paused (skiplock queue resume %s)', job.queue, job.queue);
     END IF;
@@ -343,6 +387,11 @@ BEGIN
             RETURN format('held back by the queue''s key_max_running: %s of key %L''s jobs run, its limit',
                           running, job.concurrency_key);
         END IF;
+    END IF;
+    IF key_rate_next IS NOT NULL THEN
+        RETURN format('held back by the queue''s key_rate_limit: %s starts of key %L in %s; the next may start at %s',
+                      queue_row.key_rate_limit, job.concurrency_key, queue_row.key_rate_period,
+                      key_rate_next);
     END IF;
     IF queue_row.rate_limit IS NOT NULL THEN
         SELECT s.started_at + queue_row.rate_period INTO rate_next
@@ -388,12 +437,33 @@ CREATE OR REPLACE TRIGGER queues_after_write
     WHEN (NOT NEW.paused)
     EXECUTE FUNCTION skiplock.internal_queues_after_write();
 
--- A queue's key_max_running raised, removed, or its row deleted: the jobs it held back
--- whose keys have room now (all of them, without the limit) are let go, announced, in the
--- statement that changed it. Costs the jobs held back, once.
+-- A queue's per-key limit (key_max_running, key_rate_limit or key_rate_period) changed or
+-- removed, or its row deleted: the jobs they held back whose keys have room now (all of
+-- them, without a per-key limit) are let go, announced, in the statement that changed it.
+-- The keys' rate windows go with their limit; a changed one counts the starts it kept
+-- under the new limit, and what it held back is looked at again at the next claim. Costs
+-- the jobs held back and the windows, once.
 CREATE OR REPLACE FUNCTION skiplock.internal_queues_after_key_limit() RETURNS trigger
 LANGUAGE plpgsql AS $$
 BEGIN
+    -- The queue's lock first, as a claim takes it before it writes the windows.
+    PERFORM pg_advisory_xact_lock(skiplock.internal_queue_limit_lock_id(OLD.name));
+    IF TG_OP = 'DELETE' THEN
+        DELETE FROM skiplock.key_rate_windows w WHERE w.queue = OLD.name;
+        DELETE FROM skiplock.key_slots_freed f WHERE f.queue = OLD.name;
+    ELSE
+        IF NEW.key_max_running IS NULL THEN
+            DELETE FROM skiplock.key_slots_freed f WHERE f.queue = NEW.name;
+        END IF;
+        IF NEW.key_rate_limit IS NULL THEN
+            DELETE FROM skiplock.key_rate_windows w WHERE w.queue = NEW.name;
+        ELSE
+            UPDATE skiplock.key_rate_windows w
+            SET expires_at = w.starts[cardinality(w.starts)] + NEW.key_rate_period,
+                held_until = CASE WHEN w.held_until IS NOT NULL THEN now() END
+            WHERE w.queue = NEW.name;
+        END IF;
+    END IF;
     PERFORM skiplock.internal_release_held(OLD.name, NULL);
     RETURN NULL;
 END;
@@ -402,14 +472,17 @@ $$;
 CREATE OR REPLACE TRIGGER queues_after_key_limit_change
     AFTER UPDATE ON skiplock.queues
     FOR EACH ROW
-    WHEN (OLD.key_max_running IS NOT NULL
-          AND NEW.key_max_running IS DISTINCT FROM OLD.key_max_running)
+    WHEN ((OLD.key_max_running IS NOT NULL
+           AND NEW.key_max_running IS DISTINCT FROM OLD.key_max_running)
+          OR (OLD.key_rate_limit IS NOT NULL
+              AND (NEW.key_rate_limit IS DISTINCT FROM OLD.key_rate_limit
+                   OR NEW.key_rate_period IS DISTINCT FROM OLD.key_rate_period)))
     EXECUTE FUNCTION skiplock.internal_queues_after_key_limit();
 
 CREATE OR REPLACE TRIGGER queues_after_key_limit_delete
     AFTER DELETE ON skiplock.queues
     FOR EACH ROW
-    WHEN (OLD.key_max_running IS NOT NULL)
+    WHEN (OLD.key_max_running IS NOT NULL OR OLD.key_rate_limit IS NOT NULL)
     EXECUTE FUNCTION skiplock.internal_queues_after_key_limit();
 
 -- A finished job going back to a live state (retry_job, or an UPDATE by hand) moves from

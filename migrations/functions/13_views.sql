@@ -85,7 +85,10 @@ SELECT q.name AS queue,
             THEN w.runnable ELSE 0 END AS held_back,
        q.key_max_running,
        k.keys_at_limit,
-       k.held_by_key
+       k.held_by_key,
+       q.key_rate_limit,
+       q.key_rate_period,
+       k.keys_rate_limited
 FROM skiplock.queues q
 CROSS JOIN LATERAL (SELECT count(*) AS running FROM skiplock.jobs_live j
                     WHERE j.queue = q.name AND j.state = 'running') r
@@ -94,22 +97,31 @@ CROSS JOIN LATERAL (SELECT count(*) AS started FROM skiplock.queue_rate_starts x
 CROSS JOIN LATERAL (SELECT count(*) AS runnable FROM skiplock.jobs_live j
                     WHERE j.queue = q.name AND j.state = 'queued'
                       AND j.scheduled_at <= now()) w
--- Keys at their key_max_running (among the running jobs with a key), and the jobs held
--- back for them (waiting with a key, no lane and no parent left to succeed); NULL without
--- the limit.
+-- Keys at their key_max_running (among the running jobs with a key; NULL without it), keys
+-- whose rate window is full (NULL without key_rate_limit), and the jobs held back for
+-- their keys (waiting with a key, no lane and no parent left to succeed); NULL without a
+-- per-key limit.
 LEFT JOIN LATERAL (
-    SELECT (SELECT count(*) FROM (
+    SELECT CASE WHEN q.key_max_running IS NOT NULL THEN (SELECT count(*) FROM (
                 SELECT FROM skiplock.jobs_live r
                 WHERE r.queue = q.name AND r.state = 'running' AND r.concurrency_key IS NOT NULL
-                GROUP BY r.concurrency_key HAVING count(*) >= q.key_max_running) f) AS keys_at_limit,
+                GROUP BY r.concurrency_key HAVING count(*) >= q.key_max_running) f)
+           END AS keys_at_limit,
+           CASE WHEN q.key_rate_limit IS NOT NULL THEN (SELECT count(*)
+                FROM skiplock.key_rate_windows w
+                WHERE w.queue = q.name
+                  AND w.starts[cardinality(w.starts) - q.key_rate_limit + 1]
+                      >= now() - q.key_rate_period)
+           END AS keys_rate_limited,
            (SELECT count(*) FROM skiplock.jobs_live h
             WHERE h.queue = q.name AND h.state = 'waiting' AND h.concurrency_key IS NOT NULL
               AND h.ordering_key IS NULL
               AND NOT skiplock.internal_has_unmet_parent(h.id)) AS held_by_key
-    WHERE q.key_max_running IS NOT NULL) k ON true
-WHERE q.max_running IS NOT NULL OR q.rate_limit IS NOT NULL OR q.key_max_running IS NOT NULL;
+    WHERE q.key_max_running IS NOT NULL OR q.key_rate_limit IS NOT NULL) k ON true
+WHERE q.max_running IS NOT NULL OR q.rate_limit IS NOT NULL OR q.key_max_running IS NOT NULL
+   OR q.key_rate_limit IS NOT NULL;
 COMMENT ON VIEW skiplock.queue_limits IS
-    'Per queue with a global limit: max_running and the jobs running, rate_limit per rate_period and the starts in the last period, which limit holds runnable jobs back now (holding_back) and how many (held_back); key_max_running, the keys at it (keys_at_limit) and the jobs held back for their keys (held_by_key). Example: SELECT queue, running, max_running, held_back FROM skiplock.queue_limits;';
+    'Per queue with a global limit: max_running and the jobs running, rate_limit per rate_period and the starts in the last period, which limit holds runnable jobs back now (holding_back) and how many (held_back); key_max_running and the keys at it (keys_at_limit), key_rate_limit per key_rate_period and the keys whose window is full (keys_rate_limited), and the jobs held back for their keys (held_by_key). Example: SELECT queue, running, max_running, held_back FROM skiplock.queue_limits;';
 
 CREATE OR REPLACE VIEW skiplock.queue_lag AS
 SELECT queue,

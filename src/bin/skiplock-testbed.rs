@@ -91,7 +91,8 @@ struct Args {
     #[arg(long, default_value_t = 5_000)]
     shutdown_grace_ms: u64,
 
-    /// Exit once nothing of this worker's kinds and queues is runnable or running.
+    /// Exit once nothing of this worker's kinds and queues is runnable, running or held
+    /// back by a per-key limit.
     #[arg(long)]
     exit_when_idle: bool,
 

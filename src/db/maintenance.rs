@@ -257,7 +257,8 @@ pub async fn jobs_delete_finished_unrolled(db: impl PgExecutor<'_>, id: i64) -> 
     Ok(deleted.rows_affected() == 1)
 }
 
-/// Whether any job of these queues and kinds is runnable now or running anywhere.
+/// Whether any job of these queues and kinds is runnable now or running anywhere, or held
+/// back by a per-key limit (it becomes runnable when its key has room, without a write).
 ///
 /// Planned afresh at every call, like [`jobs_settle_waiting`]: it runs only when a worker
 /// with `exit_when_idle` finds nothing to claim, and a plan cached on an empty table cost
@@ -272,6 +273,13 @@ pub async fn jobs_any_active(
              SELECT 1 FROM skiplock.jobs
              WHERE queue = ANY($1) AND kind = ANY($2)
                AND (state = 'running' OR (state = 'queued' AND scheduled_at <= now()))
+         ) OR EXISTS (
+             SELECT 1 FROM skiplock.jobs_live j
+             JOIN skiplock.queues q ON q.name = j.queue
+             WHERE j.queue = ANY($1) AND j.kind = ANY($2) AND j.state = 'waiting'
+               AND j.concurrency_key IS NOT NULL AND j.ordering_key IS NULL
+               AND (q.key_max_running IS NOT NULL OR q.key_rate_limit IS NOT NULL)
+               AND NOT skiplock.internal_has_unmet_parent(j.id)
          )",
     )
     .bind(queues)

@@ -28,12 +28,14 @@ pub async fn queues_paused(db: impl PgExecutor<'_>) -> sqlx::Result<Vec<String>>
 }
 
 /// A queue's limits as the columns of `skiplock.queues` hold them (`None`: no limit), the
-/// rate's period in microseconds; rate_limit and rate_period_us are both set or neither.
+/// rates' periods in microseconds; each rate's limit and period are both set or neither.
 pub struct LimitColumns {
     pub max_running: Option<i32>,
     pub rate_limit: Option<i32>,
     pub rate_period_us: Option<i64>,
     pub key_max_running: Option<i32>,
+    pub key_rate_limit: Option<i32>,
+    pub key_rate_period_us: Option<i64>,
 }
 
 /// Sets a queue's global limits.
@@ -42,14 +44,19 @@ pub async fn queues_set_limits(
     name: &str,
     limits: &LimitColumns,
 ) -> sqlx::Result<()> {
-    sqlx::query("SELECT skiplock.set_queue_limits($1, $2, $3, $4 * interval '1 microsecond', $5)")
-        .bind(name)
-        .bind(limits.max_running)
-        .bind(limits.rate_limit)
-        .bind(limits.rate_period_us)
-        .bind(limits.key_max_running)
-        .execute(db)
-        .await?;
+    sqlx::query(
+        "SELECT skiplock.set_queue_limits($1, $2, $3, $4 * interval '1 microsecond', $5, $6,
+                                          $7 * interval '1 microsecond')",
+    )
+    .bind(name)
+    .bind(limits.max_running)
+    .bind(limits.rate_limit)
+    .bind(limits.rate_period_us)
+    .bind(limits.key_max_running)
+    .bind(limits.key_rate_limit)
+    .bind(limits.key_rate_period_us)
+    .execute(db)
+    .await?;
     Ok(())
 }
 
@@ -69,6 +76,9 @@ pub struct QueueLimitsRow {
     pub key_max_running: Option<i32>,
     pub keys_at_limit: Option<i64>,
     pub held_by_key: Option<i64>,
+    pub key_rate_limit: Option<i32>,
+    pub key_rate_period_us: Option<i64>,
+    pub keys_rate_limited: Option<i64>,
 }
 
 /// The queues with a global limit, by name: `skiplock.queue_limits`.
@@ -77,7 +87,9 @@ pub async fn queues_limits(db: impl PgExecutor<'_>) -> sqlx::Result<Vec<QueueLim
         "SELECT queue, paused, max_running, running, rate_limit,
                 (extract(epoch FROM rate_period) * 1000000)::bigint AS rate_period_us,
                 started_in_period, holding_back, runnable, held_back, key_max_running,
-                keys_at_limit, held_by_key
+                keys_at_limit, held_by_key, key_rate_limit,
+                (extract(epoch FROM key_rate_period) * 1000000)::bigint AS key_rate_period_us,
+                keys_rate_limited
          FROM skiplock.queue_limits ORDER BY queue",
     )
     .fetch_all(db)

@@ -244,8 +244,8 @@ impl WorkerBuilder {
         self
     }
 
-    /// Makes [`Worker::run`] return once no job of its queues and kinds is runnable or
-    /// running (default false: run until shut down).
+    /// Makes [`Worker::run`] return once no job of its queues and kinds is runnable,
+    /// running, or held back by a per-key limit (default false: run until shut down).
     pub fn exit_when_idle(mut self, exit: bool) -> Self {
         self.config.exit_when_idle = exit;
         self

@@ -30,7 +30,8 @@
 //! - **global limits**: the limited queue never has more than its `max_running` jobs
 //!   running after any audit row, and no start of it (a claim's `claimed_at`) comes sooner
 //!   than its rate limit's period after the start `rate_limit` before it; no concurrency
-//!   key has more than the queue's `key_max_running` of its jobs running;
+//!   key has more than the queue's `key_max_running` of its jobs running, nor a start
+//!   sooner than its `key_rate_period` after the key's start `key_rate_limit` before it;
 //! - **logs**: no worker or maintenance statement failed except on a killed connection.
 
 use std::collections::{BTreeSet, HashMap, HashSet};
@@ -41,7 +42,7 @@ use uuid::Uuid;
 
 use super::kind::Run;
 use super::logs::{is_defect, strip_ansi};
-use super::{LIMITED_QUEUE, LIMITED_QUEUE_KEY_MAX, LIMITED_QUEUE_RATE};
+use super::{LIMITED_QUEUE, LIMITED_QUEUE_KEY_MAX, LIMITED_QUEUE_KEY_RATE, LIMITED_QUEUE_RATE};
 
 /// One row of the extended audit.
 #[derive(Debug, Clone, sqlx::FromRow)]
@@ -205,6 +206,7 @@ pub fn check_all(evidence: &Evidence) -> Vec<String> {
     check_superseded(evidence, &tracks, &mut found);
     check_lane_runs(evidence, &tracks, &mut found);
     check_rate_limit(evidence, &mut found);
+    check_key_rate_limit(evidence, &mut found);
     check_logs(evidence, &mut found);
     found
 }
@@ -220,6 +222,46 @@ pub fn limited_starts(evidence: &Evidence) -> Vec<(DateTime<Utc>, i64)> {
         .collect();
     starts.sort();
     starts
+}
+
+/// The starts of the limited queue's jobs with a concurrency key, per key, as
+/// [`limited_starts`].
+pub fn limited_starts_per_key(evidence: &Evidence) -> HashMap<String, Vec<(DateTime<Utc>, i64)>> {
+    let mut starts: HashMap<String, Vec<(DateTime<Utc>, i64)>> = HashMap::new();
+    for e in evidence
+        .events
+        .iter()
+        .filter(|e| e.is_claim() && e.queue.as_deref() == Some(LIMITED_QUEUE.0))
+    {
+        if let (Some(key), Some(at)) = (&e.concurrency_key, e.claimed_at) {
+            starts.entry(key.clone()).or_default().push((at, e.seq));
+        }
+    }
+    for key_starts in starts.values_mut() {
+        key_starts.sort();
+    }
+    starts
+}
+
+/// The per-key rate limit of the limited queue, exact in every window: a start of a key
+/// comes no sooner than a whole period after the key's start `key_rate_limit` before it.
+fn check_key_rate_limit(evidence: &Evidence, found: &mut Vec<String>) {
+    let (limit, period_ms) = LIMITED_QUEUE_KEY_RATE;
+    let period = chrono::Duration::milliseconds(period_ms);
+    for (key, starts) in limited_starts_per_key(evidence) {
+        for i in limit..starts.len() {
+            let (at, seq) = starts[i];
+            let (earlier, earlier_seq) = starts[i - limit];
+            if at - earlier < period {
+                found.push(format!(
+                    "[limit: over key_rate_limit] key {key} of queue {} started {} jobs within {} ms ({earlier} to {at}; audit seq {earlier_seq} to {seq}), over its key rate limit of {limit} per {period_ms} ms",
+                    LIMITED_QUEUE.0,
+                    limit + 1,
+                    (at - earlier).num_milliseconds()
+                ));
+            }
+        }
+    }
 }
 
 /// The rate limit of the limited queue, exact in every window: a start comes no sooner

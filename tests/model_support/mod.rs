@@ -43,6 +43,10 @@ pub const LIMITED_QUEUE_RATE: (usize, i64) = (10, 500);
 /// given (on every queue, so that the limit binds only where it is set): the replay fails
 /// a claim that makes more of one key's jobs of that queue run at once.
 pub const LIMITED_QUEUE_KEY_MAX: usize = 1;
+/// The same queue's per-key rate limit for the whole run: at most this many starts of one
+/// concurrency key in any window of this many milliseconds; the replay fails a start of a
+/// key that comes sooner after the key's start this many before it.
+pub const LIMITED_QUEUE_KEY_RATE: (usize, i64) = (2, 300);
 pub const CONCURRENCY_KEYS: [&str; 3] = ["tenant-a", "tenant-b", "tenant-c"];
 
 /// What every actor shares during one seed's run.

@@ -17,6 +17,7 @@ pub const EXAMPLES: &str = "Examples:
   skiplock queue limit mail --rate 100/1s           # at most 100 starts in any second
   skiplock queue limit mail --rate none             # remove the rate limit
   skiplock queue limit reports --key-max-running 2  # at most 2 running per concurrency key
+  skiplock queue limit reports --key-rate 10/1m     # at most 10 starts of a key in any minute
   skiplock queue limits                             # each limit, its use, the jobs held back";
 
 #[derive(Args)]
@@ -43,7 +44,7 @@ enum QueueAction {
     Paused,
     /// Set a queue's global limits, held by every worker on every host; a limit not
     /// named stays as it is.
-    #[command(group(ArgGroup::new("limits").required(true).multiple(true).args(["max_running", "rate", "key_max_running"])))]
+    #[command(group(ArgGroup::new("limits").required(true).multiple(true).args(["max_running", "rate", "key_max_running", "key_rate"])))]
     Limit {
         /// Queue name (it need not have jobs yet).
         #[arg(value_parser = crate::output::parse_queue_name)]
@@ -59,6 +60,10 @@ enum QueueAction {
         /// running at once; `none` removes the limit.
         #[arg(long, value_name = "N|none", value_parser = parse_max_running)]
         key_max_running: Option<Limit<u32>>,
+        /// At most N jobs of one concurrency key starting in any window of PERIOD, like
+        /// 10/1m; `none` removes the limit.
+        #[arg(long, value_name = "N/PERIOD|none", value_parser = parse_key_rate)]
+        key_rate: Option<Limit<(u32, Duration)>>,
     },
     /// List the queues with global limits: each limit, its use, the jobs it holds back.
     Limits {
@@ -94,6 +99,15 @@ fn parse_max_running(text: &str) -> Result<Limit<u32>, String> {
 }
 
 fn parse_rate(text: &str) -> Result<Limit<(u32, Duration)>, String> {
+    parse_rate_up_to(text, skiplock::RATE_LIMIT_MAX_STARTS)
+}
+
+fn parse_key_rate(text: &str) -> Result<Limit<(u32, Duration)>, String> {
+    parse_rate_up_to(text, skiplock::KEY_RATE_LIMIT_MAX_STARTS)
+}
+
+/// `starts/period` with 1 to `max_starts` starts, or `none`.
+fn parse_rate_up_to(text: &str, max_starts: u32) -> Result<Limit<(u32, Duration)>, String> {
     if text == "none" {
         return Ok(Limit::Remove);
     }
@@ -102,11 +116,10 @@ fn parse_rate(text: &str) -> Result<Limit<(u32, Duration)>, String> {
     };
     let (starts, period) = text.split_once('/').ok_or_else(refusal)?;
     let starts: u32 = starts.trim().parse().map_err(|_| refusal())?;
-    if starts == 0 || starts > skiplock::RATE_LIMIT_MAX_STARTS {
+    if starts == 0 || starts > max_starts {
         return Err(format!(
-            "a rate of {starts} starts per period is out of range; write 1 to {} \
-             (for more, use a shorter period), or `none`",
-            skiplock::RATE_LIMIT_MAX_STARTS
+            "a rate of {starts} starts per period is out of range; write 1 to {max_starts} \
+             (for more, use a shorter period), or `none`"
         ));
     }
     let period = parse_duration(period.trim())?;
@@ -136,6 +149,7 @@ pub async fn run(pool: &DbPool, args: QueueArgs) -> anyhow::Result<()> {
             max_running,
             rate,
             key_max_running,
+            key_rate,
         } => {
             let mut limits = skiplock::queue_limits(pool)
                 .await?
@@ -158,6 +172,11 @@ pub async fn run(pool: &DbPool, args: QueueArgs) -> anyhow::Result<()> {
                 Some(Limit::Remove) => limits = limits.key_max_running(0),
                 None => {}
             }
+            match key_rate {
+                Some(Limit::Set((starts, per))) => limits = limits.key_rate(starts, per),
+                Some(Limit::Remove) => limits = limits.key_rate(0, Duration::ZERO),
+                None => {}
+            }
             skiplock::set_queue_limits(pool, &queue, limits).await?;
             outln!("queue `{queue}`: {}", describe(&limits));
         }
@@ -176,25 +195,37 @@ pub async fn run(pool: &DbPool, args: QueueArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The limits in words: `max_running 5, rate 100 per 1s`.
+/// The limits in words: `max_running 5, rate 100 per 1s, …`.
 fn describe(limits: &QueueLimits) -> String {
-    let max_running = limits
-        .max_running
-        .map_or_else(|| "none".to_owned(), |n| n.to_string());
-    let rate = limits.rate.map_or_else(
-        || "none".to_owned(),
-        |rate| {
-            format!(
-                "{} per {}",
-                rate.starts,
-                humantime::format_duration(rate.per)
-            )
-        },
-    );
-    let key_max_running = limits
-        .key_max_running
-        .map_or_else(|| "none".to_owned(), |n| n.to_string());
-    format!("max_running {max_running}, rate {rate}, key_max_running {key_max_running}")
+    let count =
+        |n: Option<std::num::NonZeroU32>| n.map_or_else(|| "none".to_owned(), |n| n.to_string());
+    let rate = |rate: Option<skiplock::RateLimit>| {
+        rate.map_or_else(
+            || "none".to_owned(),
+            |rate| {
+                format!(
+                    "{} per {}",
+                    rate.starts,
+                    humantime::format_duration(rate.per)
+                )
+            },
+        )
+    };
+    format!(
+        "max_running {}, rate {}, key_max_running {}, key_rate {}",
+        count(limits.max_running),
+        rate(limits.rate),
+        count(limits.key_max_running),
+        rate(limits.key_rate)
+    )
+}
+
+/// A rate as a table cell: `100/1s`, or `-`.
+fn rate_cell(rate: Option<skiplock::RateLimit>) -> String {
+    rate.map_or_else(
+        || "-".to_owned(),
+        |rate| format!("{}/{}", rate.starts, humantime::format_duration(rate.per)),
+    )
 }
 
 /// One queue of `skiplock queue limits --json`; the same names as skiplock.queue_limits.
@@ -212,6 +243,9 @@ pub fn limits_json(status: &skiplock::QueueLimitStatus) -> serde_json::Value {
         "held_back": status.held_back,
         "key_max_running": status.limits.key_max_running.map(|n| n.get()),
         "keys_at_limit": status.keys_at_limit,
+        "key_rate_limit": status.limits.key_rate.map(|rate| rate.starts.get()),
+        "key_rate_period_seconds": status.limits.key_rate.map(|rate| rate.per.as_secs_f64()),
+        "keys_rate_limited": status.keys_rate_limited,
         "held_by_key": status.held_by_key,
     })
 }
@@ -236,6 +270,8 @@ pub fn limits_table(queues: &[skiplock::QueueLimitStatus]) -> Table {
         ">HELD",
         ">KEY MAX",
         ">KEYS FULL",
+        ">KEY RATE",
+        ">KEYS AT RATE",
         ">HELD BY KEY",
     ]);
     for status in queues {
@@ -247,10 +283,7 @@ pub fn limits_table(queues: &[skiplock::QueueLimitStatus]) -> Table {
                 .max_running
                 .map_or_else(|| "-".to_owned(), |n| n.to_string()),
             status.started_in_period.to_string(),
-            status.limits.rate.map_or_else(
-                || "-".to_owned(),
-                |rate| format!("{}/{}", rate.starts, humantime::format_duration(rate.per)),
-            ),
+            rate_cell(status.limits.rate),
             match (status.paused, status.holding_back) {
                 (true, _) => "paused".to_owned(),
                 (false, Some(kind)) => limit_name(kind).to_owned(),
@@ -262,6 +295,8 @@ pub fn limits_table(queues: &[skiplock::QueueLimitStatus]) -> Table {
                 .key_max_running
                 .map_or_else(|| "-".to_owned(), |n| n.to_string()),
             status.keys_at_limit.to_string(),
+            rate_cell(status.limits.key_rate),
+            status.keys_rate_limited.to_string(),
             status.held_by_key.to_string(),
         ]);
     }

@@ -312,7 +312,7 @@ type LimitValue = fn(&skiplock::QueueLimitStatus) -> Option<f64>;
 /// The global limits of the queues that have one (`skiplock.queue_limits`): each limit,
 /// its use now, and the runnable jobs it holds back.
 fn limit_families(out: &mut String, limits: &[skiplock::QueueLimitStatus]) {
-    let series: [(&str, &str, LimitValue); 8] = [
+    let series: [(&str, &str, LimitValue); 11] = [
         (
             "skiplock_queue_max_running",
             "The queue's max_running: at most this many of its jobs run at once across every worker.",
@@ -349,9 +349,27 @@ fn limit_families(out: &mut String, limits: &[skiplock::QueueLimitStatus]) {
             |s| s.limits.key_max_running.map(|_| s.keys_at_limit as f64),
         ),
         (
+            "skiplock_queue_key_rate_limit_starts",
+            "The queue's key_rate_limit: at most this many starts of one concurrency key in any window of key_rate_period.",
+            |s| s.limits.key_rate.map(|r| f64::from(r.starts.get())),
+        ),
+        (
+            "skiplock_queue_key_rate_period_seconds",
+            "The queue's key_rate_period.",
+            |s| s.limits.key_rate.map(|r| r.per.as_secs_f64()),
+        ),
+        (
+            "skiplock_queue_keys_rate_limited",
+            "Concurrency keys of the queue whose rate window is full now.",
+            |s| s.limits.key_rate.map(|_| s.keys_rate_limited as f64),
+        ),
+        (
             "skiplock_queue_held_by_key",
-            "Jobs of the queue waiting for a slot of their concurrency key.",
-            |s| s.limits.key_max_running.map(|_| s.held_by_key as f64),
+            "Jobs of the queue waiting until their concurrency key has room again (key_max_running or key_rate_limit).",
+            |s| {
+                (s.limits.key_max_running.is_some() || s.limits.key_rate.is_some())
+                    .then_some(s.held_by_key as f64)
+            },
         ),
     ];
     for (name, help, value) in series {

@@ -338,7 +338,8 @@ fn limits_table(limits: &[skiplock::QueueLimitStatus]) -> Markup {
                 th { "queue" } th.num { "running" } th.num { "max running" }
                 th.num { "started in period" } th.num { "rate limit" }
                 th { "holding back" } th.num { "held back" }
-                th.num { "key max running" } th.num { "keys full" } th.num { "held by key" }
+                th.num { "key max running" } th.num { "keys full" }
+                th.num { "key rate limit" } th.num { "keys at rate" } th.num { "held by key" }
             } }
             tbody {
                 @for status in limits {
@@ -368,6 +369,13 @@ fn limits_table(limits: &[skiplock::QueueLimitStatus]) -> Markup {
                             @match status.limits.key_max_running { Some(n) => (n), None => span.muted { "none" } }
                         }
                         td.num data-limit="keys_at_limit" { (status.keys_at_limit) }
+                        td.num data-limit="key_rate" {
+                            @match status.limits.key_rate {
+                                Some(rate) => (format!("{} per {}", rate.starts, humantime::format_duration(rate.per))),
+                                None => span.muted { "none" },
+                            }
+                        }
+                        td.num data-limit="keys_rate_limited" { (status.keys_rate_limited) }
                         td.num data-limit="held_by_key" { (status.held_by_key) }
                     }
                 }

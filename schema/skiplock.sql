@@ -1745,8 +1745,7 @@ CREATE FUNCTION skiplock.internal_hold_keys(queue_name text, keys text[]) RETURN
             CROSS JOIN LATERAL (
                 SELECT h.ctid FROM skiplock.jobs_live h
                 WHERE h.queue = queue_name AND h.state = 'queued'
-                  AND h.concurrency_key = k.key AND h.scheduled_at <= now()
-                  AND h.ordering_key IS NULL
+                  AND h.concurrency_key = k.key AND h.ordering_key IS NULL
                 FOR UPDATE SKIP LOCKED) h))
         RETURNING 1
     )

@@ -463,8 +463,10 @@ async fn why_not_running_costs_the_same_beside_many_jobs_under_history_statistic
 
 /// A claim of a queue with key_max_running: beside 33 times more jobs of a full key (one
 /// tenant's backlog ahead of the others'), it reads the same. The claim that first meets
-/// the backlog holds it back, each job once; the claims after it never walk it.
-async fn key_limited_claim_is_bounded(statistics: Statistics) {
+/// the backlog holds it back, each job once; the claims after it never walk it. With
+/// `later`, the backlog (but its first job) is scheduled a day ahead, as retries waiting
+/// for their backoff are.
+async fn key_limited_claim_is_bounded(statistics: Statistics, later: bool) {
     let db = with_statistics(statistics).await;
     let pool = &db.pool;
     let mut session = pool.acquire().await.unwrap();
@@ -472,12 +474,18 @@ async fn key_limited_claim_is_bounded(statistics: Statistics) {
         .execute(pool)
         .await
         .unwrap();
-    let add_hot = |count: i64| {
+    // `count` hot jobs; with `later`, all but the first of the first batch a day ahead.
+    let add_hot = |count: i64, first_batch: bool| {
         sqlx::query(
-            "INSERT INTO skiplock.jobs (kind, queue, concurrency_key)
-             SELECT 'noop', 'keyed', 'hot' FROM generate_series(1, $1)",
+            "INSERT INTO skiplock.jobs (kind, queue, concurrency_key, scheduled_at)
+             SELECT 'noop', 'keyed', 'hot',
+                    CASE WHEN $2 AND NOT ($3 AND g = 1) THEN now() + interval '1 day'
+                         ELSE now() END
+             FROM generate_series(1, $1) g",
         )
         .bind(count)
+        .bind(later)
+        .bind(first_batch)
         .execute(pool)
     };
     let add_small = |from: i64| {
@@ -488,7 +496,7 @@ async fn key_limited_claim_is_bounded(statistics: Statistics) {
         .bind(from)
         .execute(pool)
     };
-    add_hot(FEW_WAITING).await.unwrap();
+    add_hot(FEW_WAITING, true).await.unwrap();
     add_small(0).await.unwrap();
     let claim = "SELECT * FROM skiplock.claim('keyed', 1, 'bounded-test')";
     // The first claims take a hot job and hold the rest of the hot backlog back; then
@@ -496,7 +504,7 @@ async fn key_limited_claim_is_bounded(statistics: Statistics) {
     buffers_of(&mut session, claim).await;
     buffers_of(&mut session, claim).await;
     let few = buffers_of(&mut session, claim).await;
-    add_hot(MANY_WAITING - FEW_WAITING).await.unwrap();
+    add_hot(MANY_WAITING - FEW_WAITING, false).await.unwrap();
     add_small(10).await.unwrap();
     // This claim holds the new hot jobs back (what they cost, once)…
     buffers_of(&mut session, claim).await;
@@ -541,13 +549,19 @@ async fn key_limited_claim_is_bounded(statistics: Statistics) {
 #[tokio::test]
 async fn a_claim_of_a_key_limited_queue_costs_the_same_beside_a_full_keys_backlog_under_empty_statistics()
  {
-    key_limited_claim_is_bounded(Statistics::Empty).await;
+    key_limited_claim_is_bounded(Statistics::Empty, false).await;
+}
+
+#[tokio::test]
+async fn a_claim_of_a_key_limited_queue_costs_the_same_beside_a_full_keys_later_backlog_under_empty_statistics()
+ {
+    key_limited_claim_is_bounded(Statistics::Empty, true).await;
 }
 
 #[tokio::test]
 async fn a_claim_of_a_key_limited_queue_costs_the_same_beside_a_full_keys_backlog_under_history_statistics()
  {
-    key_limited_claim_is_bounded(Statistics::History).await;
+    key_limited_claim_is_bounded(Statistics::History, false).await;
 }
 
 /// A claim of a queue with a per-key rate limit: beside 33 times more jobs of a key whose

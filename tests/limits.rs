@@ -195,8 +195,7 @@ async fn max_running_holds_across_processes_sql_workers_and_a_killed_worker() {
 /// (the claims' `claimed_at`, the time each claim took its starts at), while 15 starts do
 /// fall within some second.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_rate_limit_holds_in_every_window_across_processes_sql_workers_and_a_killed_worker()
-{
+async fn a_rate_limit_holds_in_every_window_across_processes_sql_workers_and_a_killed_worker() {
     const JOBS: usize = 60;
     const LIMIT: usize = 15;
     let period = chrono::Duration::seconds(1);

@@ -147,7 +147,7 @@ $$;
 -- each job with a key it counts the key's running jobs and takes no more than they leave.
 --
 -- So that a claim never walks the backlog of a full key (one tenant's million jobs ahead
--- of a thousand small tenants' few), the claim first holds back the queued, due jobs of
+-- of a thousand small tenants' few), the claim first holds back the queued jobs of
 -- every key that is full: they go to `waiting`, out of the claim's index
 -- (internal_hold_full_keys). They come back, in claim order and as many as the key has
 -- room for, when a job of the key ends or a queued one is cancelled (internal_notify_freed
@@ -176,9 +176,11 @@ AS $$
         LIMIT cap) r;
 $$;
 
--- Holds back the queued, due jobs of the given keys of a queue: they become `waiting` until
--- internal_release_held lets them go. Each key's jobs are a range of
--- jobs_concurrency_key_idx; lane jobs stay (their lane queues one at a time), and rows
+-- Holds back the queued jobs of the given keys of a queue, due or not: they become
+-- `waiting` until internal_release_held lets them go. Each key's queued jobs are a range of
+-- jobs_concurrency_key_idx, held whole: holding only the due ones walked the key's jobs
+-- scheduled for later (retries waiting for their backoff) at every claim, as the index is
+-- in claim order, not by time. Lane jobs stay (their lane queues one at a time), and rows
 -- other transactions hold are left. Called by the claim under the queue's lock. Returns
 -- how many it held back.
 CREATE OR REPLACE FUNCTION skiplock.internal_hold_keys(queue_name text, keys text[])
@@ -198,15 +200,14 @@ AS $$
             CROSS JOIN LATERAL (
                 SELECT h.ctid FROM skiplock.jobs_live h
                 WHERE h.queue = queue_name AND h.state = 'queued'
-                  AND h.concurrency_key = k.key AND h.scheduled_at <= now()
-                  AND h.ordering_key IS NULL
+                  AND h.concurrency_key = k.key AND h.ordering_key IS NULL
                 FOR UPDATE SKIP LOCKED) h))
         RETURNING 1
     )
     SELECT count(*)::int FROM held;
 $$;
 
--- Holds back the queued, due jobs of the queue's keys that are full (key_max_running of
+-- Holds back the queued jobs of the queue's keys that are full (key_max_running of
 -- their jobs running), found among the queue's running jobs with a key (at most the slots
 -- in use). Called by the claim under the queue's lock. Returns how many it held back.
 CREATE OR REPLACE FUNCTION skiplock.internal_hold_full_keys(queue_name text, key_max_running int)
@@ -334,7 +335,7 @@ $$;
 -- claim under the queue's lock (internal_key_rate_take): a start goes only once the
 -- key_rate_limit-th start of the key before it is more than the period old.
 --
--- As with key_max_running, a key whose window is full has its queued, due jobs held back
+-- As with key_max_running, a key whose window is full has its queued jobs held back
 -- (to `waiting`) so that no claim walks its backlog: the claim that fills the window marks
 -- it (hold_pending) and holds them before it returns (internal_hold_rate_keys). The window
 -- says when it has room again (held_until), and the workers are told (skiplock_due_later):
@@ -411,7 +412,7 @@ BEGIN
 END;
 $$;
 
--- Holds back the queued, due jobs of the keys whose windows the claim filled (marked by
+-- Holds back the queued jobs of the keys whose windows the claim filled (marked by
 -- internal_key_rate_take), unmarks them, and tells the workers when the first of those
 -- windows that holds jobs back (just held or held before) has room again. Rows other
 -- transactions hold are left. Called by the claim under the queue's lock before it

@@ -4,7 +4,8 @@
 --
 -- Defines:
 --   internal_cancel_job_once, cancel_job, retry_job, retry_dead_jobs
---   internal_check_queue_name, internal_set_queue_paused, set_queue_limits, pause_queue
+--   internal_check_queue_name, internal_set_queue_paused, internal_check_running_limit
+--   internal_check_rate_limit, set_queue_limits, pause_queue
 --   why_not_running, resume_queue, internal_queues_after_write, trigger queues_after_write
 --   internal_queues_after_key_limit, trigger queues_after_key_limit_change
 --   trigger queues_after_key_limit_delete
@@ -214,6 +215,47 @@ BEGIN
 END;
 $$;
 
+-- A limit of running jobs (max_running, key_max_running) as set_queue_limits takes it:
+-- NULL or at least 1, else an error naming the column and what to write.
+CREATE OR REPLACE FUNCTION skiplock.internal_check_running_limit(name text, value int)
+RETURNS void
+LANGUAGE plpgsql IMMUTABLE AS $$
+BEGIN
+    IF value < 1 THEN
+        RAISE EXCEPTION '% is %, it must be at least 1', name, value
+            USING ERRCODE = 'check_violation',
+                  HINT = 'NULL removes the limit; to stop claiming, pause the queue (skiplock.pause_queue)';
+    END IF;
+END;
+$$;
+
+-- A rate limit (rate_limit per rate_period, key_rate_limit per key_rate_period) as
+-- set_queue_limits takes it: both or neither, 1 to `most` starts, a period longer than
+-- zero; else an error naming the column and what to write (`example`: starts to show).
+CREATE OR REPLACE FUNCTION skiplock.internal_check_rate_limit(limit_name text, period_name text,
+                                                              starts int, period interval,
+                                                              most int, example int)
+RETURNS void
+LANGUAGE plpgsql IMMUTABLE AS $$
+BEGIN
+    IF starts < 1 OR starts > most THEN
+        RAISE EXCEPTION '% is %, it must be between 1 and %', limit_name, starts, most
+            USING ERRCODE = 'check_violation',
+                  HINT = format('for more starts per period, use a shorter period: %s a minute is %s a second',
+                                most, ceil(most / 60.0));
+    END IF;
+    IF (starts IS NULL) <> (period IS NULL) THEN
+        RAISE EXCEPTION '% and % go together: both or neither', limit_name, period_name
+            USING ERRCODE = 'check_violation',
+                  HINT = format('e.g. %s => %s, %s => ''1 second''', limit_name, example, period_name);
+    END IF;
+    IF period <= interval '0' THEN
+        RAISE EXCEPTION '% is %, it must be longer than zero', period_name, period
+            USING ERRCODE = 'check_violation';
+    END IF;
+END;
+$$;
+
 -- Sets a queue's global limits, each NULL for none: at most max_running jobs running at
 -- once, and at most rate_limit starts in any window of rate_period; per concurrency key, at
 -- most key_max_running running at once and key_rate_limit starts per key_rate_period. The
@@ -231,44 +273,12 @@ RETURNS void
 LANGUAGE plpgsql AS $$
 BEGIN
     PERFORM skiplock.internal_check_queue_name(queue_name);
-    IF max_running < 1 THEN
-        RAISE EXCEPTION 'max_running is %, it must be at least 1', max_running
-            USING ERRCODE = 'check_violation',
-                  HINT = 'NULL removes the limit; to stop claiming, pause the queue (skiplock.pause_queue)';
-    END IF;
-    IF key_max_running < 1 THEN
-        RAISE EXCEPTION 'key_max_running is %, it must be at least 1', key_max_running
-            USING ERRCODE = 'check_violation',
-                  HINT = 'NULL removes the limit; to stop claiming, pause the queue (skiplock.pause_queue)';
-    END IF;
-    IF rate_limit < 1 OR rate_limit > 100000 THEN
-        RAISE EXCEPTION 'rate_limit is %, it must be between 1 and 100000', rate_limit
-            USING ERRCODE = 'check_violation',
-                  HINT = 'for more starts per period, use a shorter period: 100000 a minute is 1667 a second';
-    END IF;
-    IF (rate_limit IS NULL) <> (rate_period IS NULL) THEN
-        RAISE EXCEPTION 'rate_limit and rate_period go together: both or neither'
-            USING ERRCODE = 'check_violation',
-                  HINT = 'e.g. rate_limit => 100, rate_period => ''1 second''';
-    END IF;
-    IF rate_period <= interval '0' THEN
-        RAISE EXCEPTION 'rate_period is %, it must be longer than zero', rate_period
-            USING ERRCODE = 'check_violation';
-    END IF;
-    IF key_rate_limit < 1 OR key_rate_limit > 10000 THEN
-        RAISE EXCEPTION 'key_rate_limit is %, it must be between 1 and 10000', key_rate_limit
-            USING ERRCODE = 'check_violation',
-                  HINT = 'for more starts of a key per period, use a shorter period: 10000 a minute is 167 a second';
-    END IF;
-    IF (key_rate_limit IS NULL) <> (key_rate_period IS NULL) THEN
-        RAISE EXCEPTION 'key_rate_limit and key_rate_period go together: both or neither'
-            USING ERRCODE = 'check_violation',
-                  HINT = 'e.g. key_rate_limit => 10, key_rate_period => ''1 minute''';
-    END IF;
-    IF key_rate_period <= interval '0' THEN
-        RAISE EXCEPTION 'key_rate_period is %, it must be longer than zero', key_rate_period
-            USING ERRCODE = 'check_violation';
-    END IF;
+    PERFORM skiplock.internal_check_running_limit('max_running', max_running);
+    PERFORM skiplock.internal_check_running_limit('key_max_running', key_max_running);
+    PERFORM skiplock.internal_check_rate_limit('rate_limit', 'rate_period', rate_limit,
+                                               rate_period, 100000, 100);
+    PERFORM skiplock.internal_check_rate_limit('key_rate_limit', 'key_rate_period',
+                                               key_rate_limit, key_rate_period, 10000, 10);
     INSERT INTO skiplock.queues AS q (name, max_running, rate_limit, rate_period,
                                       key_max_running, key_rate_limit, key_rate_period)
     VALUES (queue_name, set_queue_limits.max_running, set_queue_limits.rate_limit,

@@ -1141,7 +1141,8 @@ async fn the_worker_retries_a_lane_conflict_without_lane_jobs_and_loses_nothing(
         || async {
             sqlx::query_scalar::<_, bool>(
                 "SELECT EXISTS (SELECT 1 FROM pg_stat_activity
-                                WHERE wait_event_type = 'Lock' AND query LIKE '%claim_batch%'
+                                WHERE datname = current_database() AND wait_event_type = 'Lock'
+                                  AND query LIKE '%claim_batch%'
                                   AND pid <> pg_backend_pid())",
             )
             .fetch_one(pool)

@@ -956,6 +956,49 @@ async fn bad_input_gets_one_clear_line_and_the_documented_exit_code() {
     );
 }
 
+/// Starts `skiplock work --metrics-addr` on a port found free and returns it with the
+/// address once the endpoint answers. A port found free may be taken before the worker
+/// binds it (by another test's server, or as some connection's local port): the worker
+/// then exits at once with its error, and it is started again on another port.
+async fn work_serving_metrics(
+    db: &common::TestDb,
+    client: &reqwest::Client,
+) -> (tokio::process::Child, String) {
+    for _ in 0..5 {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let addr = format!("127.0.0.1:{port}");
+        let mut worker = cli_support::command(db)
+            .args(["work", "--metrics-addr", &addr])
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        while std::time::Instant::now() < deadline {
+            if worker.try_wait().unwrap().is_some() {
+                break;
+            }
+            if client
+                .get(format!("http://{addr}/metrics"))
+                .send()
+                .await
+                .is_ok()
+            {
+                return (worker, addr);
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert!(
+            worker.try_wait().unwrap().is_some(),
+            "the worker neither served its metrics on {addr} nor exited within 30 s"
+        );
+    }
+    panic!("skiplock work could not serve its metrics on five ports found free");
+}
+
 #[tokio::test]
 async fn work_serves_its_metrics_as_prometheus_text() {
     let db = test_db().await;
@@ -968,16 +1011,9 @@ async fn work_serves_its_metrics_as_prometheus_text() {
             .fetch_one(&db.pool)
             .await
             .unwrap();
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let addr = format!("127.0.0.1:{port}");
-    let mut worker = cli_support::command(&db)
-        .args(["work", "--metrics-addr", &addr])
-        .spawn()
-        .unwrap();
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let client = reqwest::Client::new();
+    let (mut worker, addr) = work_serving_metrics(&db, &client).await;
     common::fixtures::wait_for("every job to end", Duration::from_secs(60), || async {
         let unfinished: i64 = sqlx::query_scalar(
             "SELECT count(*) FROM skiplock.jobs WHERE state NOT IN ('succeeded', 'dead')",
@@ -995,8 +1031,6 @@ async fn work_serves_its_metrics_as_prometheus_text() {
     );
     // The last outcome is counted just after its row is written: poll the endpoint.
     let url = format!("http://{addr}/metrics");
-    let _ = rustls::crypto::ring::default_provider().install_default();
-    let client = reqwest::Client::new();
     let mut text = String::new();
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
     while std::time::Instant::now() < deadline {

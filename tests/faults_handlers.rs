@@ -244,7 +244,8 @@ async fn a_claim_whose_reply_is_stranded_by_a_blocked_thread_is_not_reaped() {
     let waiting_on_lock = |statement: &'static str| async move {
         let waiting: i64 = sqlx::query_scalar(
             "SELECT count(*) FROM pg_stat_activity
-             WHERE application_name = $1 AND wait_event_type = 'Lock'
+             WHERE datname = current_database() AND application_name = $1
+               AND wait_event_type = 'Lock'
                AND query LIKE '%' || $2 || '%'",
         )
         .bind(WORKER)

@@ -403,7 +403,8 @@ async fn a_claim_that_waited_on_a_lock_does_not_commit_its_jobs_stale() {
             let waited: Option<bool> = sqlx::query_scalar(
                 "SELECT now() - xact_start > $1 * interval '1 millisecond' + interval '200 ms'
              FROM pg_stat_activity
-             WHERE wait_event_type = 'Lock' AND query LIKE '%claim_batch%'
+             WHERE datname = current_database() AND wait_event_type = 'Lock'
+               AND query LIKE '%claim_batch%'
                AND pid <> pg_backend_pid()",
             )
             .bind(STALE_MS as f64)

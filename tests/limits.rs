@@ -587,7 +587,8 @@ async fn a_freed_slot_is_taken_by_an_idle_worker_of_another_process() {
     wait_until("the testbed's first claim", PATIENCE, || async {
         let claimed: bool = sqlx::query_scalar(
             "SELECT EXISTS (SELECT FROM pg_stat_activity
-                            WHERE application_name = 'tb-idle' AND state = 'idle'
+                            WHERE datname = current_database() AND application_name = 'tb-idle'
+                              AND state = 'idle'
                               AND query LIKE '%internal_claim_batch%')",
         )
         .fetch_one(pool)
@@ -1205,7 +1206,8 @@ async fn a_claim_waiting_for_the_lock_holds_by_the_limits_committed_meanwhile() 
         || async {
             let waiting: i64 = sqlx::query_scalar(
                 "SELECT count(*) FROM pg_stat_activity
-             WHERE wait_event_type = 'Lock' AND wait_event = 'advisory'
+             WHERE datname = current_database() AND wait_event_type = 'Lock'
+               AND wait_event = 'advisory'
                AND query LIKE '%skiplock.claim(%'",
             )
             .fetch_one(pool)

@@ -5,7 +5,8 @@
 //! it) scanned the whole table for every completion: a
 //! steady 5,000 jobs/s fell behind as the table grew. Each test caches what it can on one
 //! connection while the table holds a few jobs, grows the table, and checks in
-//! `pg_stat_user_tables` that the statement did not scan `skiplock.jobs` sequentially.
+//! the backend's own counts of the statement's transaction (`pg_stat_get_xact_numscans`)
+//! that the statement did not scan `skiplock.jobs` sequentially.
 //! Each test turns autovacuum off on the test's own table first ([`no_autovacuum`]),
 //! whatever the server's setting: an autoanalyze after the table grew would invalidate
 //! the cached plan and let a statement that scans pass. The
@@ -62,50 +63,21 @@ async fn claim(conn: &mut PoolConnection<Postgres>, limit: i64) -> (Vec<i64>, Ve
     jobs.into_iter().map(|j| (j.id, j.claim_token)).unzip()
 }
 
-/// Sends this connection's pending statistics counts now: they are flushed when its
-/// transaction ends, and a statement of its own ends one.
-async fn flush_stats(conn: &mut sqlx::PgConnection) {
-    sqlx::query("SELECT pg_stat_force_next_flush()")
-        .execute(&mut *conn)
-        .await
-        .unwrap();
-    sqlx::query("SELECT 1").execute(&mut *conn).await.unwrap();
-}
-
-/// A statistics counter (`query`), read after the pending counts of this connection and
-/// of every connection of `pool` were flushed. Not the measured one's alone: a backend
-/// sends its counts at most once a second, so the scans that `pool`'s connections made
-/// while migrating and filling the table could otherwise arrive between two reads and be
-/// taken for the measured statement's (a loaded CI run counted 36).
-async fn flushed_stat(
-    conn: &mut PoolConnection<Postgres>,
-    pool: &PgPool,
-    query: &'static str,
-) -> i64 {
-    flush_stats(conn).await;
-    let mut others = Vec::new();
-    for _ in 0..pool.size().max(1) {
-        others.push(pool.acquire().await.unwrap());
-    }
-    for other in &mut others {
-        flush_stats(other).await;
-    }
-    sqlx::query_scalar(query)
-        .fetch_one(&mut *others[0])
-        .await
-        .unwrap()
-}
-
-/// Sequential scans of `skiplock.jobs` (both partitions) so far.
-async fn seq_scans(conn: &mut PoolConnection<Postgres>, pool: &PgPool) -> i64 {
-    flushed_stat(
-        conn,
-        pool,
-        "SELECT sum(seq_scan)::bigint FROM pg_stat_user_tables
-         WHERE schemaname = 'skiplock' AND relid IN (
-             SELECT relid FROM pg_partition_tree('skiplock.jobs') WHERE isleaf)",
+/// Sequential scans of `skiplock.jobs` (its leaf partitions) by this backend in its
+/// current transaction: the backend's own counts, which it reports only when a transaction
+/// ends, so no other session, and no connection flushing its counts as it closes, moves
+/// them (a cumulative count from `pg_stat_user_tables` once took 37 scans of a migration's
+/// connection, reported late on a loaded machine, for the heartbeat's).
+async fn own_seq_scans(conn: &mut sqlx::PgConnection) -> i64 {
+    sqlx::query_scalar(
+        // On a table, `numscans` counts its sequential scans (`pg_stat_xact_user_tables`
+        // shows it as `seq_scan`); index scans count on the indexes.
+        "SELECT coalesce(sum(pg_stat_get_xact_numscans(relid)), 0)::bigint
+         FROM pg_partition_tree('skiplock.jobs') WHERE isleaf",
     )
+    .fetch_one(conn)
     .await
+    .unwrap()
 }
 
 /// Runs `statement` on claims of one connection: [`WARM_UP_RUNS`] times with a few jobs
@@ -136,9 +108,13 @@ where
     }
     insert_jobs(&db.pool, GROWN_TO).await;
     let (ids, tokens) = claim(&mut conn, 100).await;
-    let before = seq_scans(&mut conn, &db.pool).await;
+    // The statement runs inside a transaction of the test's, so the backend's counts of
+    // that transaction, read before and after, are the statement's alone.
+    sqlx::query("BEGIN").execute(&mut *conn).await.unwrap();
+    let before = own_seq_scans(&mut conn).await;
     let (mut conn, matched) = statement(conn, ids, tokens).await;
-    let after = seq_scans(&mut conn, &db.pool).await;
+    let after = own_seq_scans(&mut conn).await;
+    sqlx::query("COMMIT").execute(&mut *conn).await.unwrap();
     (after - before, matched)
 }
 
@@ -206,15 +182,15 @@ async fn a_heartbeat_does_not_scan_the_table() {
     );
 }
 
-/// Index entries of `jobs_running_idx` read so far.
-async fn running_index_reads(conn: &mut PoolConnection<Postgres>, pool: &PgPool) -> i64 {
-    flushed_stat(
-        conn,
-        pool,
-        "SELECT idx_tup_read FROM pg_stat_user_indexes
-         WHERE schemaname = 'skiplock' AND indexrelname = 'jobs_running_idx'",
+/// Index entries of `jobs_running_idx` this backend read in its current transaction (its
+/// own counts, as [`own_seq_scans`]).
+async fn own_running_index_reads(conn: &mut sqlx::PgConnection) -> i64 {
+    sqlx::query_scalar(
+        "SELECT pg_stat_get_xact_tuples_returned('skiplock.jobs_running_idx'::regclass)",
     )
+    .fetch_one(conn)
     .await
+    .unwrap()
 }
 
 /// While another session holds a snapshot with an xid, every job that ran since keeps its
@@ -244,17 +220,21 @@ async fn a_reaper_window_steps_over_none_of_the_entries_a_held_snapshot_keeps() 
     // Stale after 0 ms: every heartbeat so far is before the threshold.
     let since = jobs_stale_threshold(&mut *conn, 0).await.unwrap();
 
-    let before = running_index_reads(&mut conn, pool).await;
-    let reaped = jobs_reap_stale_since(&mut *conn, 0, 1_000, since)
+    let mut tx = sqlx::Connection::begin(&mut *conn).await.unwrap();
+    let before = own_running_index_reads(&mut tx).await;
+    let reaped = jobs_reap_stale_since(&mut *tx, 0, 1_000, since)
         .await
         .unwrap();
     assert!(reaped.is_empty());
-    let window = running_index_reads(&mut conn, pool).await - before;
+    let window = own_running_index_reads(&mut tx).await - before;
+    tx.commit().await.unwrap();
 
-    let before = running_index_reads(&mut conn, pool).await;
-    let reaped = jobs_reap_stale(&mut *conn, 0, 1_000).await.unwrap();
+    let mut tx = sqlx::Connection::begin(&mut *conn).await.unwrap();
+    let before = own_running_index_reads(&mut tx).await;
+    let reaped = jobs_reap_stale(&mut *tx, 0, 1_000).await.unwrap();
     assert!(reaped.is_empty());
-    let full = running_index_reads(&mut conn, pool).await - before;
+    let full = own_running_index_reads(&mut tx).await - before;
+    tx.commit().await.unwrap();
     held.rollback().await.unwrap();
 
     assert!(

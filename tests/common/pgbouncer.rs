@@ -14,6 +14,9 @@ pub const PGBOUNCER: &str = "/usr/sbin/pgbouncer";
 /// How long PgBouncer may take to start listening.
 const START_LIMIT: Duration = Duration::from_secs(20);
 
+/// Ports tried before giving up, each found free a moment before.
+const START_ATTEMPTS: usize = 5;
+
 /// A running PgBouncer; killed when dropped.
 pub struct PgBouncer {
     /// The port it listens on, on 127.0.0.1.
@@ -34,12 +37,43 @@ impl PgBouncer {
     /// says it listens. Panics with its output when it does not start.
     pub async fn start(server: &PgConnectOptions, server_pool_size: u32) -> PgBouncer {
         let dir = tempfile::tempdir().expect("temporary directory");
-        // The free port is found by binding it and letting it go; nothing else on this
-        // machine takes ports from the ephemeral range on purpose.
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .expect("a free port")
-            .port();
+        let mut said = Vec::new();
+        for _ in 0..START_ATTEMPTS {
+            // A port free a moment ago may be taken before PgBouncer binds it (by another
+            // test's server, or as the local port of some connection): PgBouncer then
+            // exits saying so, and it is started again on another port.
+            let port = std::net::TcpListener::bind("127.0.0.1:0")
+                .and_then(|l| l.local_addr())
+                .expect("a free port")
+                .port();
+            match Self::start_on(server, server_pool_size, &dir, port).await {
+                Ok(child) => {
+                    return PgBouncer {
+                        port,
+                        _child: child,
+                        _dir: dir,
+                    };
+                }
+                Err(lines) => {
+                    let port_taken = lines.iter().any(|l| l.contains("Address already in use"));
+                    said = lines;
+                    if !port_taken {
+                        break;
+                    }
+                }
+            }
+        }
+        panic!("pgbouncer did not start listening: {}", said.join("\n"));
+    }
+
+    /// Starts PgBouncer on `port` and waits for the line that says it listens; returns
+    /// what it printed instead when it exits or does not listen within [`START_LIMIT`].
+    async fn start_on(
+        server: &PgConnectOptions,
+        server_pool_size: u32,
+        dir: &tempfile::TempDir,
+        port: u16,
+    ) -> Result<Child, Vec<String>> {
         let ini = format!(
             "[databases]\n\
              * = host={host} port={server_port} user={user}\n\
@@ -84,18 +118,12 @@ impl PgBouncer {
             false
         })
         .await;
-        assert!(
-            started == Ok(true),
-            "pgbouncer did not start listening: {}",
-            said.join("\n")
-        );
+        if started != Ok(true) {
+            return Err(said);
+        }
         // Keep reading its log so that it never blocks on a full pipe.
         tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
-        PgBouncer {
-            port,
-            _child: child,
-            _dir: dir,
-        }
+        Ok(child)
     }
 
     /// `server` as reached through this PgBouncer. PgBouncer refuses the startup

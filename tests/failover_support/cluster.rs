@@ -38,7 +38,7 @@ impl Cluster {
     /// throwaway ones. Replication connections from 127.0.0.1 are trusted (`initdb -A
     /// trust`), so a standby may be made from it at once.
     pub fn primary(bin: &Path, settings: &str) -> Cluster {
-        let cluster = Cluster::new(bin);
+        let mut cluster = Cluster::new(bin);
         let out = cluster
             .tool("initdb")
             .arg("-D")
@@ -58,7 +58,7 @@ impl Cluster {
     /// A hot standby of `primary`, streaming from it (`pg_basebackup -R` wrote its
     /// `primary_conninfo` and `standby.signal`), started.
     pub fn standby_of(primary: &Cluster) -> Cluster {
-        let cluster = Cluster::new(&primary.bin);
+        let mut cluster = Cluster::new(&primary.bin);
         let out = cluster
             .tool("pg_basebackup")
             .arg("-D")
@@ -121,29 +121,38 @@ impl Cluster {
         std::fs::write(&conf, text).expect("write postgresql.conf");
     }
 
-    fn start(&self) {
-        let out = self
-            .tool("pg_ctl")
-            .arg("-D")
-            .arg(&self.data)
-            .arg("-l")
-            .arg(self.dir.path().join("postgres.log"))
-            .args([
-                "-w",
-                "-t",
-                "60",
-                "-o",
-                &format!("-p {}", self.port),
-                "start",
-            ])
-            .output()
-            .expect("run pg_ctl start");
-        assert!(
-            out.status.success(),
-            "pg_ctl start: {}\n{}",
-            text(&out),
-            self.log_tail()
-        );
+    /// Starts the server; when its port was taken since it was found free (another
+    /// test's server, or the local port of some connection), on another one.
+    fn start(&mut self) {
+        for attempt in 1..=START_ATTEMPTS {
+            let out = self
+                .tool("pg_ctl")
+                .arg("-D")
+                .arg(&self.data)
+                .arg("-l")
+                .arg(self.dir.path().join("postgres.log"))
+                .args([
+                    "-w",
+                    "-t",
+                    "60",
+                    "-o",
+                    &format!("-p {}", self.port),
+                    "start",
+                ])
+                .output()
+                .expect("run pg_ctl start");
+            if out.status.success() {
+                return;
+            }
+            let log = self.log_tail();
+            let port_taken = log.contains("could not bind") || log.contains("already in use");
+            assert!(
+                port_taken && attempt < START_ATTEMPTS,
+                "pg_ctl start: {}\n{log}",
+                text(&out),
+            );
+            self.port = free_port();
+        }
     }
 
     /// `pg_ctl stop -m immediate`: every backend killed at once, no checkpoint. As far as
@@ -218,6 +227,9 @@ fn text(out: &std::process::Output) -> String {
         String::from_utf8_lossy(&out.stderr)
     )
 }
+
+/// Ports a server is started on before its test gives up, each found free a moment before.
+const START_ATTEMPTS: usize = 5;
 
 fn free_port() -> u16 {
     let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).expect("bind a free port");

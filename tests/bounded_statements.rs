@@ -2,7 +2,7 @@
 //! cost what their work costs, whatever the planner's statistics say.
 //!
 //! Each test takes statistics at a moment a real table is often caught in (empty, or
-//! dominated by finished jobs), keeps them (autovacuum off on the test's table), then
+//! dominated by finished jobs), keeps them (autovacuum off on the test's tables), then
 //! measures one step in the buffers it touches (the statements the SQL functions run
 //! included) twice: beside a few waiting jobs, and beside 33 times more. A step whose plan
 //! walks the waiting jobs reads more the second time; a bounded one reads the same.
@@ -34,10 +34,11 @@ enum Statistics {
 }
 
 /// A test database whose `skiplock.jobs` statistics were taken as `statistics` says and
-/// are kept there: autovacuum (and with it autoanalyze) is off on the table.
+/// are kept there: autovacuum (and with it autoanalyze) is off on the table, and on every
+/// other table of skiplock's ([`skiplock_autovacuum_off`]).
 async fn with_statistics(statistics: Statistics) -> TestDb {
     let db = test_db().await;
-    common::jobs_autovacuum_off(&db.pool).await;
+    skiplock_autovacuum_off(&db.pool).await;
     if let Statistics::History = statistics {
         sqlx::query(
             "INSERT INTO skiplock.jobs (kind, state, finished_at)
@@ -57,6 +58,78 @@ async fn with_statistics(statistics: Statistics) -> TestDb {
         .await
         .unwrap();
     db
+}
+
+/// Turns autovacuum and autoanalyze off on every table of the `skiplock` schema (each
+/// partition of `skiplock.jobs`, and `job_dependencies`, `queues`, the rate and key
+/// tables, …) and their TOAST tables, and checks it. Off on `skiplock.jobs` alone, an
+/// autoanalyze of another of them (which the test's writes invite) changed the plans
+/// between the two measures, and its snapshot kept [`vacuum_jobs_live`] from removing
+/// what it must.
+async fn skiplock_autovacuum_off(pool: &PgPool) {
+    let tables: Vec<String> = sqlx::query_scalar(
+        "SELECT c.oid::regclass::text FROM pg_class c
+         JOIN pg_namespace n ON n.oid = c.relnamespace
+         WHERE n.nspname = 'skiplock' AND c.relkind = 'r'",
+    )
+    .fetch_all(pool)
+    .await
+    .unwrap();
+    assert!(
+        tables.iter().any(|t| t == "skiplock.jobs_live"),
+        "{tables:?}"
+    );
+    for table in &tables {
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "ALTER TABLE {table}
+             SET (autovacuum_enabled = false, toast.autovacuum_enabled = false)"
+        )))
+        .execute(pool)
+        .await
+        .unwrap();
+    }
+    let on: Vec<String> = sqlx::query_scalar(
+        "SELECT c.oid::regclass::text FROM pg_class c
+         JOIN pg_namespace n ON n.oid = c.relnamespace
+         LEFT JOIN pg_class t ON t.oid = c.reltoastrelid
+         WHERE n.nspname = 'skiplock' AND c.relkind = 'r'
+           AND NOT ('autovacuum_enabled=false' = ANY (coalesce(c.reloptions, '{}'))
+                    AND (t.oid IS NULL
+                         OR 'autovacuum_enabled=false' = ANY (coalesce(t.reloptions, '{}'))))",
+    )
+    .fetch_all(pool)
+    .await
+    .unwrap();
+    assert!(on.is_empty(), "autovacuum still on for {on:?}");
+}
+
+/// Vacuums `skiplock.jobs_live` as autovacuum would, once no other session of the test's
+/// database holds a snapshot or a transaction id: one taken before the claims committed
+/// (an autoanalyze of a catalog after the migration, say) keeps the vacuum from removing
+/// the entries their updates left, and the next claim walks them (held open on purpose,
+/// one made a claim read 988 buffers against 61). A snapshot taken after this check sees
+/// those updates committed and keeps nothing. The wait only guards a hang.
+async fn vacuum_jobs_live(pool: &PgPool) {
+    common::fixtures::wait_for(
+        "no other session of the database to hold a snapshot",
+        std::time::Duration::from_secs(60),
+        || async {
+            sqlx::query_scalar::<_, bool>(
+                "SELECT NOT EXISTS (
+                     SELECT FROM pg_stat_activity
+                     WHERE datname = current_database() AND pid <> pg_backend_pid()
+                       AND (backend_xmin IS NOT NULL OR backend_xid IS NOT NULL))",
+            )
+            .fetch_one(pool)
+            .await
+            .unwrap()
+        },
+    )
+    .await;
+    sqlx::query("VACUUM skiplock.jobs_live")
+        .execute(pool)
+        .await
+        .unwrap();
 }
 
 /// Buffers (hit + read) of skiplock's own tables and indexes that `statement` touched,
@@ -512,10 +585,7 @@ async fn key_limited_claim_is_bounded(statistics: Statistics, later: bool) {
     // until vacuum removes them: the test has autovacuum off, so it vacuums as
     // autovacuum would after 2 % of jobs_live changed (a claim walking 9,700 dead entries
     // read 545 buffers against 48)…
-    sqlx::query("VACUUM skiplock.jobs_live")
-        .execute(pool)
-        .await
-        .unwrap();
+    vacuum_jobs_live(pool).await;
     // …and the next reads what the one beside the few read.
     let many = buffers_of(&mut session, claim).await;
     assert_bounded("a claim of a key-limited queue", statistics, few, many);
@@ -617,10 +687,7 @@ async fn key_rate_limited_claim_is_bounded(statistics: Statistics) {
         }
         buffers_of(&mut session, claim).await;
     }
-    sqlx::query("VACUUM skiplock.jobs_live")
-        .execute(pool)
-        .await
-        .unwrap();
+    vacuum_jobs_live(pool).await;
     // …and the next reads what the one beside the few read.
     let many = buffers_of(&mut session, claim).await;
     assert_bounded(

@@ -17,11 +17,11 @@ use tokio::io::{AsyncBufReadExt, BufReader};
 
 /// A login role limited to `limit` sessions that can do what `postgres` can in the test's
 /// database (as a member of it) without being a superuser (whose limit Postgres does not
-/// enforce), and `limit` sessions holding all of them.
+/// enforce), and `limit` sessions holding all of them (with their backends' process ids).
 struct FullRole {
     name: String,
     url: String,
-    held: Vec<PgConnection>,
+    held: Vec<(PgConnection, i32)>,
 }
 
 impl FullRole {
@@ -41,20 +41,37 @@ impl FullRole {
         assert_ne!(url, db.url(), "the test URL names the user postgres");
         let mut held = Vec::new();
         for _ in 0..limit {
-            held.push(PgConnection::connect(&url).await.unwrap());
+            let mut connection = PgConnection::connect(&url).await.unwrap();
+            let pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
+                .fetch_one(&mut connection)
+                .await
+                .unwrap();
+            held.push((connection, pid));
         }
         FullRole { name, url, held }
     }
 
-    /// Closes the sessions that filled the role's limit.
-    async fn release(&mut self) {
-        for connection in self.held.drain(..) {
-            connection.close().await.unwrap();
+    /// Ends the sessions that filled the role's limit, and returns once their backends
+    /// are gone. A backend goes on counting toward the limit after its client closed the
+    /// connection, until its process has exited (and it leaves pg_stat_activity a moment
+    /// before it stops counting): a session opened meanwhile could still be refused, and
+    /// `work` would log a refusal after it started. So each is terminated by the server,
+    /// which waits (up to a minute, a guard against a hang only) for its process to exit.
+    async fn release(&mut self, db: &TestDb) {
+        for (connection, pid) in self.held.drain(..) {
+            // False: no such backend any more (it counts no longer), or a hang.
+            sqlx::query_scalar::<_, bool>("SELECT pg_terminate_backend($1, 60000)")
+                .bind(pid)
+                .fetch_one(&db.pool)
+                .await
+                .unwrap();
+            // Its server end is gone: nothing to close.
+            drop(connection);
         }
     }
 
     async fn drop_role(mut self, db: &TestDb) {
-        self.release().await;
+        self.release(db).await;
         let name = &self.name;
         sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
             "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = '{name}';
@@ -72,9 +89,9 @@ async fn wait_for_refusal(
     child: &mut tokio::process::Child,
 ) -> tokio::io::Lines<BufReader<tokio::process::ChildStderr>> {
     let mut stderr = BufReader::new(child.stderr.take().unwrap()).lines();
-    let first = tokio::time::timeout(Duration::from_secs(30), stderr.next_line())
+    let first = tokio::time::timeout(Duration::from_secs(60), stderr.next_line())
         .await
-        .expect("a retry line within 30 s")
+        .expect("a retry line within 60 s")
         .unwrap()
         .unwrap_or_default();
     assert!(first.contains("too many connections for role"), "{first}");
@@ -142,7 +159,7 @@ async fn a_one_shot_command_gets_in_once_a_connection_is_free() {
     .spawn()
     .unwrap();
     let mut stderr = wait_for_refusal(&mut child).await;
-    role.release().await;
+    role.release(&db).await;
     let mut rest = Vec::new();
     while let Some(line) = stderr.next_line().await.unwrap() {
         rest.push(line);
@@ -178,7 +195,7 @@ async fn work_waits_for_a_connection_then_stays_within_its_cap() {
     .spawn()
     .unwrap();
     let mut stderr = wait_for_refusal(&mut child).await;
-    role.release().await;
+    role.release(&db).await;
     let mut rest = Vec::new();
     while let Some(line) = tokio::time::timeout(Duration::from_secs(90), stderr.next_line())
         .await

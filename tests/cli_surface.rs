@@ -6,8 +6,6 @@
 mod cli_support;
 mod common;
 
-use std::time::{Duration, Instant};
-
 use cli_support::{enqueue, job_json, skiplock, work_until_idle};
 use common::test_db;
 use serde_json::json;
@@ -211,11 +209,14 @@ async fn a_worker_that_exits_when_idle_names_the_jobs_it_leaves_to_others() {
     );
 }
 
+/// A one-shot command whose host does not resolve fails on its first attempt, with one line
+/// that names the host: it does not wait out `--connect-retry` (10 s by default) as for a
+/// server that does not answer yet, which would log "trying again" lines first. Judged by
+/// what it prints, not by how long it took.
 #[tokio::test]
 async fn a_host_that_does_not_resolve_fails_at_once_on_one_line() {
     let url = "postgres://postgres@no-such-host.invalid/x";
     for args in [&["jobs"][..], &["demo"]] {
-        let started = Instant::now();
         let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_skiplock"))
             .env_remove("DATABASE_URL")
             .env_remove("SKIPLOCK_CONNECT_RETRY")
@@ -229,9 +230,8 @@ async fn a_host_that_does_not_resolve_fails_at_once_on_one_line() {
         let stderr = String::from_utf8_lossy(&output.stderr);
         assert_eq!(output.status.code(), Some(1), "{args:?}: {stderr}");
         assert!(
-            started.elapsed() < Duration::from_secs(3),
-            "{args:?} took {:?}: {stderr}",
-            started.elapsed()
+            !stderr.contains("trying again"),
+            "{args:?} tried again instead of failing at once: {stderr}"
         );
         assert_eq!(stderr.lines().count(), 1, "{args:?}: {stderr}");
         assert!(

@@ -39,7 +39,7 @@ async fn a_cron_slot_produces_exactly_one_job_with_several_workers() {
         stops.push(worker.shutdown_handle());
         runs.push(tokio::spawn(worker.run()));
     }
-    wait_for("four cron jobs", Duration::from_secs(20), || async {
+    wait_for("four cron jobs", Duration::from_secs(60), || async {
         cron_jobs(pool).await.len() >= 4
     })
     .await;
@@ -50,22 +50,12 @@ async fn a_cron_slot_produces_exactly_one_job_with_several_workers() {
         run.await.unwrap().unwrap();
     }
     let jobs = cron_jobs(pool).await;
-    let mut slots: Vec<_> = jobs.iter().map(|(_, slot)| *slot).collect();
-    slots.sort();
-    // No slot twice, wherever its jobs sit in id order.
-    let distinct: std::collections::BTreeSet<_> = slots.iter().copied().collect();
+    // No slot twice, wherever its jobs sit in id order. Not that no slot is missing: a
+    // pass that comes more than a second after the last one (a loaded machine) makes the
+    // latest due slot's job only, as `MissedSlots::Latest` says. Which slot is due when is
+    // the database's computation, checked without a clock in tests/cron_slots.rs.
+    let distinct: std::collections::BTreeSet<_> = jobs.iter().map(|(_, slot)| *slot).collect();
     assert_eq!(distinct.len(), jobs.len(), "one job per slot: {jobs:?}");
-    // No slot missing between the first and the last: with three workers passing every
-    // 50 ms, each second's slot is due while one of them runs.
-    for pair in slots.windows(2) {
-        assert_eq!(
-            pair[1] - pair[0],
-            chrono::TimeDelta::seconds(1),
-            "a slot between {} and {} has no job: {jobs:?}",
-            pair[0],
-            pair[1]
-        );
-    }
     for (_, slot) in &jobs {
         assert_eq!(
             slot.timestamp_subsec_nanos(),
@@ -102,7 +92,7 @@ async fn missed_slots_follow_the_schedule_policy() {
         .unwrap();
     let stop = worker.shutdown_handle();
     let run = tokio::spawn(worker.run());
-    wait_for("both schedules to catch up", Duration::from_secs(10), || async {
+    wait_for("both schedules to catch up", Duration::from_secs(60), || async {
         sqlx::query_scalar::<_, bool>(
             "SELECT bool_and(last_slot_at > now() - interval '1 year') FROM skiplock.cron_schedules",
         )
@@ -269,7 +259,7 @@ async fn a_paused_queue_claims_nothing_until_resumed() {
     // Every claim of this worker ran after the pause, with the job in its queue.
     wait_for(
         "the worker's claimer to poll the paused queue three times",
-        Duration::from_secs(30),
+        Duration::from_secs(60),
         || async { claim_calls(pool).await >= 3 },
     )
     .await;
@@ -282,7 +272,7 @@ async fn a_paused_queue_claims_nothing_until_resumed() {
         .unwrap();
     wait_for(
         "the resumed queue's job",
-        Duration::from_secs(10),
+        Duration::from_secs(60),
         || async { state_of(pool, held.0).await == JobState::Succeeded },
     )
     .await;
@@ -300,7 +290,7 @@ struct Concurrency {
     max: AtomicUsize,
     /// Woken when two jobs run at once.
     two_at_once: tokio::sync::Notify,
-    /// A job waited 20 s for a second one in vain; the others do not wait.
+    /// A job waited 60 s for a second one in vain; the others do not wait.
     gave_up: std::sync::atomic::AtomicBool,
 }
 
@@ -314,7 +304,7 @@ impl Job for Gauge {
         if now >= 2 {
             c.two_at_once.notify_waiters();
         }
-        // Until two ran at once, a job waits for a second one (at most 20 s, once: a worker
+        // Until two ran at once, a job waits for a second one (at most 60 s, once: a worker
         // that runs them one by one never gets there, and the test says so).
         if !c.gave_up.load(Ordering::SeqCst) {
             let two = async {
@@ -326,7 +316,7 @@ impl Job for Gauge {
                     notified.await;
                 }
             };
-            if tokio::time::timeout(Duration::from_secs(20), two)
+            if tokio::time::timeout(Duration::from_secs(60), two)
                 .await
                 .is_err()
             {
@@ -399,13 +389,15 @@ async fn a_kind_timeout_stops_the_handler_and_fails_the_attempt() {
         .await
         .unwrap()
         .id;
+    // Claims that never go stale: only the kind's timeout may end an attempt.
     let worker = fast_worker(pool, &Recorder::default())
         .register::<Stuck>()
+        .heartbeat(Duration::from_millis(100), Duration::from_secs(3600))
         .build()
         .unwrap();
     let stop = worker.shutdown_handle();
     let run = tokio::spawn(worker.run());
-    wait_for("the job to die", Duration::from_secs(10), || async {
+    wait_for("the job to die", Duration::from_secs(60), || async {
         state_of(pool, id.0).await == JobState::Dead
     })
     .await;
@@ -488,7 +480,7 @@ async fn a_cancel_chosen_as_deadlock_victim_retries_and_succeeds() {
     let cancel = tokio::spawn(async move { skiplock::cancel(&mut canceller, head).await });
     wait_for(
         "the cancel to wait for the next job's lock",
-        Duration::from_secs(10),
+        Duration::from_secs(60),
         || async {
             sqlx::query_scalar::<_, bool>(
             "SELECT coalesce(wait_event_type = 'Lock', false) FROM pg_stat_activity WHERE pid = $1",
@@ -524,15 +516,17 @@ async fn cancelling_a_running_job_stops_its_handler_at_once() {
         .unwrap()
         .id;
     let recorder = Recorder::default();
-    // Heartbeats every 20 s: only the cancel notification can stop the handler in time.
+    // Heartbeats once an hour (one as the worker starts): a beat after the cancel would also
+    // find the claim gone and stop the handler, and none is due while the test waits (60 s
+    // at most), so only the cancel notification can stop it. The job sleeps ten minutes.
     let worker = fast_worker(pool, &recorder)
-        .heartbeat(Duration::from_secs(20), Duration::from_secs(60))
+        .heartbeat(Duration::from_secs(3600), Duration::from_secs(3 * 3600))
         .concurrency(1)
         .build()
         .unwrap();
     let stop = worker.shutdown_handle();
     let run = tokio::spawn(worker.run());
-    wait_for("the job to start", Duration::from_secs(10), || async {
+    wait_for("the job to start", Duration::from_secs(60), || async {
         recorder.total() == 1
     })
     .await;
@@ -548,7 +542,7 @@ async fn cancelling_a_running_job_stops_its_handler_at_once() {
         .id;
     wait_for(
         "the freed slot to run the next job",
-        Duration::from_secs(10),
+        Duration::from_secs(60),
         || async { recorder.runs().contains_key(&next.0) },
     )
     .await;

@@ -29,17 +29,24 @@ fn libfaketime() -> Option<PathBuf> {
     candidates.into_iter().find(|p| p.is_file())
 }
 
-/// Workload: an honest worker runs a 6 s job; then a worker 10 minutes ahead and one
-/// 10 minutes behind join it (all with a 2 s stale timeout and a reaper every 200 ms),
-/// each on a queue of its own holding 10 jobs due in 3 s, one due in 9 minutes, and one
-/// that fails its first attempt and asks for a 3 s retry delay.
+/// Workload: an honest worker runs a job that outlasts the test; then a worker 10 minutes
+/// ahead and one 10 minutes behind join it (all with a 30 s stale timeout and a reaper
+/// every 200 ms), each on a queue of its own holding 10 jobs due in 3 s, one due in 9
+/// minutes, and one that fails its first attempt and asks for a 3 s retry delay.
 ///
 /// Fault: the skewed system clocks (libfaketime, `FAKETIME=±10m`).
 ///
 /// Invariant: the skew is real (each skewed worker's own clock, recorded with its runs,
 /// is 10 minutes off the database's); no job is claimed before it is due by the database
 /// clock; the jobs due in 9 minutes are never claimed; retries wait their full delay; the
-/// honest worker's long job is never reaped and ends on attempt 1.
+/// honest worker's long job is never reaped: once everything else settled (the skewed
+/// workers' reapers ran for seconds meanwhile) it still runs, on attempt 1.
+///
+/// The stale timeout is 150 heartbeat intervals, so that no pause of a loaded machine
+/// gets the honest worker's live claim reaped (with 2 s it could, failing the test on the
+/// machine's speed), and still 20 times shorter than the skew: a reaper that judged
+/// staleness by its own clock 10 minutes ahead would take the claim back at once. The
+/// long job runs until the end, so that it surely runs while the skewed reapers do.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_worker_whose_clock_is_10_minutes_off_claims_and_reaps_by_the_database_clock() {
     let Some(lib) = libfaketime() else {
@@ -55,12 +62,12 @@ async fn a_worker_whose_clock_is_10_minutes_off_claims_and_reaps_by_the_database
     let args = TestbedArgs::new()
         .set("concurrency", 4)
         .set("heartbeat-ms", 200)
-        .set("stale-ms", 2_000);
+        .set("stale-ms", 30_000);
     let honest = Testbed::start(&db.url, "tb-honest", &args.clone().set("kinds", "record")).await;
     let long = enqueue_n(
         pool,
         "record",
-        json!({"ms": 6000}),
+        json!({"ms": 3_600_000}),
         1,
         EnqueueOptions::new(),
     )
@@ -118,9 +125,18 @@ async fn a_worker_whose_clock_is_10_minutes_off_claims_and_reaps_by_the_database
 
     wait_until("everything due to settle", PATIENCE, || async {
         let states = states(pool).await;
-        (states.get("succeeded") == Some(&21) && states.get("dead") == Some(&2)).then_some(())
+        (states.get("succeeded") == Some(&20) && states.get("dead") == Some(&2)).then_some(())
     })
     .await;
+    let row = skiplock::job(pool, skiplock::JobId(long))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        (row.state, row.attempt, row.claimed_by.as_deref()),
+        (skiplock::JobState::Running, 1, Some("tb-honest")),
+        "the honest worker's long job still runs on its first claim"
+    );
     let now = db_now(pool).await;
     drop((honest, ahead, behind));
 
@@ -148,14 +164,6 @@ async fn a_worker_whose_clock_is_10_minutes_off_claims_and_reaps_by_the_database
     let log = audit(pool).await;
     check_claim_discipline(&log, false);
     assert!(log.iter().all(|r| !r.is_reap()), "nothing was reaped");
-    let row = skiplock::job(pool, skiplock::JobId(long))
-        .await
-        .unwrap()
-        .unwrap();
-    assert_eq!(
-        (row.attempt, row.claimed_by.as_deref()),
-        (1, Some("tb-honest"))
-    );
     let scheduled: Vec<(
         i64,
         chrono::DateTime<chrono::Utc>,

@@ -9,17 +9,24 @@ mod fault_support;
 use std::collections::HashMap;
 use std::time::Duration;
 
+use chrono::{DateTime, Utc};
 use fault_support::{
-    PATIENCE, Testbed, TestbedArgs, audit, audited_db, check_claim_discipline, enqueue_n,
-    runs_by_job, states, wait_until,
+    PATIENCE, Testbed, TestbedArgs, age_claims_of, audit, audited_db, check_claim_discipline,
+    enqueue_n, runs_by_job, sessions_of, states, wait_until,
 };
 use serde_json::json;
 use skiplock::{EnqueueOptions, JobId, JobState};
 
-/// Workload: one worker (8 slots, 4 runtime threads, kinds' timeout 1 s, stale after 2 s)
-/// runs, each with `max_attempts = 3`: a handler that never returns, one that spins the
-/// CPU, one that panics, one that blocks its thread for 3 s (past the stale timeout), a
-/// well-behaved 4 s job, and 200 short jobs.
+/// Workload: one worker (8 slots, 4 runtime threads, kinds' timeout 1 s, heartbeat every
+/// 200 ms, stale after 8 s) runs, each with `max_attempts = 3`: a handler that never
+/// returns, one that spins the CPU, one that panics, one that blocks its thread for 10 s
+/// (past the stale timeout), a well-behaved 10 s job, and 200 short jobs.
+///
+/// The stale timeout is 40 heartbeat intervals: with a short one (it was 2 s) a loaded
+/// 2-core machine, with the spinning handler on it, could delay a heartbeat past it and
+/// the worker's own reaper took a live claim back, failing "nothing reaped" on the
+/// machine's speed. A heartbeat starved by the blocked thread would still leave the
+/// blocked and the long job 10 s without a beat, past it.
 ///
 /// Fault: the misbehaving handlers themselves.
 ///
@@ -36,8 +43,8 @@ async fn misbehaving_handlers_are_tried_max_attempts_times_while_the_queue_flows
     let never = enqueue_n(pool, "never_return", json!({}), 1, three.clone()).await[0];
     let spin = enqueue_n(pool, "spin", json!({}), 1, three.clone()).await[0];
     let panic = enqueue_n(pool, "panic", json!({}), 1, three.clone()).await[0];
-    let block = enqueue_n(pool, "block", json!({"ms": 3000}), 1, three.clone()).await[0];
-    let long = enqueue_n(pool, "record", json!({"ms": 4000}), 1, three.clone()).await[0];
+    let block = enqueue_n(pool, "block", json!({"ms": 10_000}), 1, three.clone()).await[0];
+    let long = enqueue_n(pool, "record", json!({"ms": 10_000}), 1, three.clone()).await[0];
     let short = enqueue_n(pool, "record", json!({"ms": 5}), 200, three.clone()).await;
 
     let worker = Testbed::start(
@@ -48,7 +55,7 @@ async fn misbehaving_handlers_are_tried_max_attempts_times_while_the_queue_flows
             .set("worker-threads", 4)
             .set("timeout-ms", 1_000)
             .set("heartbeat-ms", 200)
-            .set("stale-ms", 2_000),
+            .set("stale-ms", 8_000),
     )
     .await;
     wait_until("every job to settle", PATIENCE, || async {
@@ -126,14 +133,20 @@ async fn misbehaving_handlers_are_tried_max_attempts_times_while_the_queue_flows
 /// Invariant: the abort job is tried exactly 3 times (3 executions, 3 claims, 3 reaps, by
 /// three X processes), then goes `dead` with the reaper's reason; X dies exactly 3 times;
 /// every short job succeeds, and one that ran twice had first run in a process that died.
+///
+/// The workers' stale timeout is a minute, so that no pause of a loaded machine gets a
+/// live worker's claim reaped (its job would run twice after a live worker's run, which
+/// fails the test); a dead X's claims are made stale by hand once its sessions are gone
+/// ([`fault_support::age_claims_of`]), and the live workers' reaper takes them back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_handler_that_aborts_its_process_is_tried_max_attempts_times() {
+    const STALE: Duration = Duration::from_secs(60);
     let db = audited_db().await;
     let pool = &db.pool;
     let args = TestbedArgs::new()
         .set("concurrency", 4)
         .set("heartbeat-ms", 200)
-        .set("stale-ms", 1_500);
+        .set("stale-ms", STALE.as_millis());
     let stable = Testbed::start(&db.url, "tb-stable", &args.clone().set("kinds", "record")).await;
     let abort = enqueue_n(
         pool,
@@ -165,6 +178,13 @@ async fn a_handler_that_aborts_its_process_is_tried_max_attempts_times() {
             let status = x.wait_exit(PATIENCE).await;
             assert!(!status.success(), "X died of the abort: {status:?}");
             crashes.push(x.worker_id.clone());
+            // Its claims as the reaper finds a dead worker's after the stale timeout; only
+            // once its sessions are gone, so that nothing it sent lands after.
+            wait_until("the dead X's sessions to end", PATIENCE, || async {
+                (sessions_of(pool, &x.worker_id).await == 0).then_some(())
+            })
+            .await;
+            age_claims_of(pool, &x.worker_id, STALE).await;
             x = Testbed::start(&db.url, &format!("tb-abort-{}", crashes.len()), &x_args).await;
         }
         assert!(
@@ -192,7 +212,7 @@ async fn a_handler_that_aborts_its_process_is_tried_max_attempts_times() {
     assert_eq!((row.state, row.attempt), (JobState::Dead, 3));
     assert_eq!(
         row.last_error.as_deref(),
-        Some("no heartbeat from tb-abort-2 for over 1500 ms; claim taken back")
+        Some("no heartbeat from tb-abort-2 for over 60000 ms; claim taken back")
     );
     let runs = runs_by_job(pool).await;
     let ran_in: Vec<&str> = runs[&abort].iter().map(|r| r.worker_id.as_str()).collect();
@@ -221,8 +241,8 @@ async fn a_handler_that_aborts_its_process_is_tried_max_attempts_times() {
 }
 
 /// Workload: one worker with a single runtime thread (heartbeat 100 ms, stale after
-/// 2 s; its own reaper kept out of the way so the test decides when to reap) runs one
-/// `block` job that blocks that thread for 5 s, and 20 short jobs.
+/// 6 s; its own reaper kept out of the way so the test decides when to reap) runs one
+/// `block` job that blocks that thread for 30 s, and 20 short jobs.
 ///
 /// Fault: the block strands every task of the runtime, the producer included, right after
 /// it sent the claim of the short jobs: that claim commits, so its jobs are `running`, but
@@ -235,21 +255,34 @@ async fn a_handler_that_aborts_its_process_is_tried_max_attempts_times() {
 /// thread is still blocked, takes nothing back, and every job runs once. Before, those
 /// jobs kept their claim-time heartbeat and the reaper took them back, so they ran twice
 /// (the test above failed so about one run in ten).
+///
+/// Timing: the block must outlast the claim's commit, the stale timeout and the reaper's
+/// pass (a pass after the thread was let go proves nothing): with a 5 s block and a 2 s
+/// stale timeout that margin was under 3 s, which a loaded machine eats; now it is over
+/// 20 s, and the stale timeout is 60 heartbeat intervals of the heartbeat's own thread, so
+/// that only a heartbeat that does not extend the stranded claim lets it go stale. And
+/// the claim held at the lock must be one that can take the short jobs (see `poll-ms`):
+/// otherwise it claimed nothing, the short jobs waited for the block to end, and the
+/// reaper ran after it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_claim_whose_reply_is_stranded_by_a_blocked_thread_is_not_reaped() {
     const WORKER: &str = "tb-stranded";
-    const STALE_MS: i64 = 2_000;
+    const STALE_MS: i64 = 6_000;
     let db = audited_db().await;
     let pool = &db.pool;
-    let waiting_on_lock = |statement: &'static str| async move {
+    // A statement of the worker waiting for a lock, in a transaction begun at
+    // `begun_after` or later if given.
+    let waiting_on_lock = |statement: &'static str, begun_after: Option<DateTime<Utc>>| async move {
         let waiting: i64 = sqlx::query_scalar(
             "SELECT count(*) FROM pg_stat_activity
              WHERE datname = current_database() AND application_name = $1
                AND wait_event_type = 'Lock'
-               AND query LIKE '%' || $2 || '%'",
+               AND query LIKE '%' || $2 || '%'
+               AND ($3::timestamptz IS NULL OR xact_start >= $3)",
         )
         .bind(WORKER)
         .bind(statement)
+        .bind(begun_after)
         .fetch_one(pool)
         .await
         .unwrap();
@@ -263,7 +296,7 @@ async fn a_claim_whose_reply_is_stranded_by_a_blocked_thread_is_not_reaped() {
         .await
         .unwrap();
     let once = EnqueueOptions::new().max_attempts(1);
-    let block = enqueue_n(pool, "block", json!({"ms": 5000}), 1, once.clone()).await[0];
+    let block = enqueue_n(pool, "block", json!({"ms": 30_000}), 1, once.clone()).await[0];
     let worker = Testbed::start(
         &db.url,
         WORKER,
@@ -272,13 +305,18 @@ async fn a_claim_whose_reply_is_stranded_by_a_blocked_thread_is_not_reaped() {
             .set("worker-threads", 1)
             .set("heartbeat-ms", 100)
             .set("stale-ms", STALE_MS)
-            .set("poll-ms", 100)
+            // Claims come only at the start and when jobs are announced, never by the
+            // clock: a claim sent by a poll before the short jobs were enqueued, held at
+            // the lock below, would find them not yet due once let go (a claim takes jobs
+            // scheduled up to its transaction's start) and claim nothing, and the blocked
+            // thread could send no other until the block ended.
+            .set("poll-ms", 3_600_000)
             .set("reap-ms", 3_600_000)
             .set("timeout-ms", 60_000),
     )
     .await;
     wait_until("the block job to wait for its record", PATIENCE, || {
-        waiting_on_lock("testbed_runs")
+        waiting_on_lock("testbed_runs", None)
     })
     .await;
     // Hold the next claim: it reads `skiplock.queues` (paused queues) before it picks its
@@ -289,8 +327,15 @@ async fn a_claim_whose_reply_is_stranded_by_a_blocked_thread_is_not_reaped() {
         .await
         .unwrap();
     let short = enqueue_n(pool, "record", json!({}), 20, once).await;
+    let enqueued: DateTime<Utc> =
+        sqlx::query_scalar("SELECT max(scheduled_at) FROM skiplock.jobs WHERE id = ANY($1)")
+            .bind(&short)
+            .fetch_one(pool)
+            .await
+            .unwrap();
+    // The claim that will take them: one begun after they were due.
     wait_until("the short jobs' claim to wait", PATIENCE, || {
-        waiting_on_lock("claim_batch")
+        waiting_on_lock("claim_batch", Some(enqueued))
     })
     .await;
     // The block job records its run and blocks the runtime's only thread.

@@ -9,11 +9,19 @@ mod common;
 mod fault_support;
 
 use std::collections::{HashMap, HashSet};
+use std::time::Duration;
 
 use fault_support::{
-    PATIENCE, Testbed, TestbedArgs, audit, audited_db, check_claim_discipline, db_now, enqueue_n,
-    run_count, running_held_by, runs_by_job, sessions_of, states, wait_until,
+    PATIENCE, Testbed, TestbedArgs, age_claims_of, audit, audited_db, check_claim_discipline,
+    db_now, enqueue_n, run_count, running_held_by, runs_by_job, states, wait_no_statement_of,
+    wait_until,
 };
+
+/// Stale timeout of the live workers: far longer than any pause of a loaded machine, so
+/// that no live worker's claim is reaped (these tests count that as a failure). A killed
+/// or frozen worker's claims are made stale by hand ([`age_claims_of`]) once it can write
+/// nothing more, and the live workers' reaper takes them back at its next pass.
+const STALE: Duration = Duration::from_secs(60);
 use serde_json::json;
 use skiplock::EnqueueOptions;
 
@@ -21,7 +29,9 @@ use skiplock::EnqueueOptions;
 /// by three testbed workers of 16 slots each.
 ///
 /// Fault: five times during the drain (at 10 %, 25 %, 40 %, 55 % and 70 % of the runs) one
-/// worker is killed with SIGKILL, mid-flight, and a fresh one takes its place.
+/// worker is killed with SIGKILL, mid-flight, holding jobs (stopped first, so that none
+/// finishes between the check and the kill), and a fresh one takes its place. Its claims
+/// are reaped at once (made stale by hand; see [`STALE`]).
 ///
 /// Invariant: no job is lost (all 10,000 succeed); a job ran more than once only if a
 /// killed worker held it: every execution but a job's last, every claim but its last, and
@@ -44,7 +54,7 @@ async fn kill_9_during_a_drain_loses_nothing_and_reruns_only_the_killed_workers_
         .set("kinds", "record")
         .set("concurrency", 16)
         .set("heartbeat-ms", 200)
-        .set("stale-ms", 2_000);
+        .set("stale-ms", STALE.as_millis());
     let mut workers = Vec::new();
     for i in 0..3 {
         workers.push(Testbed::start(&db.url, &format!("tb-drain-{i}"), &args).await);
@@ -60,18 +70,14 @@ async fn kill_9_during_a_drain_loses_nothing_and_reruns_only_the_killed_workers_
         let slot = k % workers.len();
         let victim = &mut workers[slot];
         let id = victim.worker_id.clone();
-        wait_until("the victim to hold a job", PATIENCE, || async {
-            (running_held_by(pool, &id).await > 0).then_some(())
-        })
-        .await;
-        victim.kill9().await;
         // What it held when it died: counted once its sessions are gone, so that no
         // commit it sent before the kill lands after the count.
-        wait_until("the killed worker's sessions to end", PATIENCE, || async {
-            (sessions_of(pool, &id).await == 0).then_some(())
-        })
-        .await;
-        let held = running_held_by(pool, &id).await;
+        let held = victim.kill9_holding(pool).await;
+        assert_eq!(
+            age_claims_of(pool, &id, STALE).await,
+            held as u64,
+            "the dead worker's claims, made stale for the reaper"
+        );
         eprintln!("killed {id} holding {held} jobs");
         held_at_death.insert(id.clone(), held);
         killed.insert(id);
@@ -130,7 +136,7 @@ async fn kill_9_during_a_drain_loses_nothing_and_reruns_only_the_killed_workers_
     }
     // Every job a killed worker held when it died was reaped (the reaper may also have
     // taken some before they were counted, never fewer). A victim may die holding
-    // nothing (its jobs finished between the check and the kill); not all of them.
+    // nothing (a completion the server read after the check); not all of them.
     for (worker, &held) in &held_at_death {
         let reaped = reaped_from.get(worker.as_str()).copied().unwrap_or(0);
         assert!(
@@ -145,11 +151,16 @@ async fn kill_9_during_a_drain_loses_nothing_and_reruns_only_the_killed_workers_
     eprintln!("{reran} of {JOBS} jobs ran more than once, all after a kill");
 }
 
-/// Workload: two `record` jobs (4 s and 6 s) claimed by worker A.
+/// Workload: two `record` jobs (20 s and 21 s) claimed by worker A.
 ///
 /// Fault: A is frozen with SIGSTOP while it runs them; worker B's reaper takes the claims
-/// back once A's heartbeats are 2 s stale, and B runs both jobs again. While B runs them,
-/// A is resumed: its timers have expired, its heartbeat and completer write at once.
+/// back once A's heartbeats are stale, and B runs both jobs again. While B runs them, A is
+/// resumed: its timers have expired, its heartbeat and completer write at once.
+///
+/// A's heartbeats are made stale by hand once it is frozen with nothing in flight
+/// ([`age_claims_of`]): B keeps a stale timeout of a minute, so that no pause of a loaded
+/// machine gets B's own claims reaped (one reap per job is checked). The jobs are long so
+/// that B surely still runs them when A is resumed and has noticed its loss.
 ///
 /// Invariant: A's late writes change nothing (A notices it lost the claims; the jobs stay
 /// B's while B runs them); both jobs end `succeeded` by B on attempt 2, after exactly one
@@ -162,12 +173,12 @@ async fn a_frozen_worker_resumed_after_its_claims_were_reaped_changes_nothing() 
         .set("kinds", "record")
         .set("concurrency", 2)
         .set("heartbeat-ms", 200)
-        .set("stale-ms", 2_000);
+        .set("stale-ms", STALE.as_millis());
     let a = Testbed::start(&db.url, "tb-frozen", &args).await;
     let j1 = enqueue_n(
         pool,
         "record",
-        json!({"ms": 4000}),
+        json!({"ms": 20_000}),
         1,
         EnqueueOptions::new(),
     )
@@ -175,7 +186,7 @@ async fn a_frozen_worker_resumed_after_its_claims_were_reaped_changes_nothing() 
     let j2 = enqueue_n(
         pool,
         "record",
-        json!({"ms": 6000}),
+        json!({"ms": 21_000}),
         1,
         EnqueueOptions::new(),
     )
@@ -185,6 +196,12 @@ async fn a_frozen_worker_resumed_after_its_claims_were_reaped_changes_nothing() 
     })
     .await;
     a.signal("STOP");
+    wait_no_statement_of(pool, "tb-frozen").await;
+    assert_eq!(
+        age_claims_of(pool, "tb-frozen", STALE).await,
+        2,
+        "the frozen A holds both claims, made stale for B's reaper"
+    );
     let b = Testbed::start(&db.url, "tb-rescuer", &args).await;
     wait_until("B to run both jobs again", PATIENCE, || async {
         (run_count(pool).await == 4).then_some(())
@@ -207,7 +224,8 @@ async fn a_frozen_worker_resumed_after_its_claims_were_reaped_changes_nothing() 
         (a.log_count("claim lost") + a.log_count("outcome discarded") > 0).then_some(())
     })
     .await;
-    // While B still runs them, the jobs are B's, with B's claims.
+    // While B still runs them (for 20 s from moments ago), the jobs are B's, with B's
+    // claims.
     let now_held: Vec<(i64, uuid::Uuid)> = sqlx::query_as(
         "SELECT id, claim_token FROM skiplock.jobs
          WHERE state = 'running' AND claimed_by = 'tb-rescuer' ORDER BY id",
@@ -256,9 +274,21 @@ async fn a_frozen_worker_resumed_after_its_claims_were_reaped_changes_nothing() 
 /// Fault: a rolling restart: each worker in turn gets SIGTERM (the last one twice, which
 /// releases at once) and is replaced by a fresh one while the others keep working.
 ///
-/// Invariant: after a worker has acknowledged the signal it claims nothing new; when it
-/// exits it holds nothing (every job it held finished or was released); a release gives
-/// the attempt back, so every job ends `succeeded` on attempt 1 and nothing was reaped.
+/// Invariant: after a worker has acknowledged the signal it claims nothing new (only the
+/// claims it had in flight may still start their statement); when it exits it holds
+/// nothing (every job it held finished or was released); a release gives the attempt back,
+/// so every job ends `succeeded` on attempt 1 and nothing was reaped.
+///
+/// The acknowledgement is the worker's own "shutting down: no new claims", logged once its
+/// shutdown began (the testbed's "signal received" comes before it asks the worker to
+/// stop, so claims made in between are no fault). A claim the producer had in flight then
+/// (at most 2: `CLAIMS_IN_FLIGHT_ALONE` in src/worker/sharing.rs) can still start its
+/// statement later, when a loaded machine gives it a connection; one claim statement
+/// takes all its jobs with one claim token, so at most 2 tokens may follow the line.
+/// (The stale timeout is a minute: with the default 2 s, a pause of a loaded machine got
+/// a live worker's claim reaped, which says nothing about a graceful stop. A worker that
+/// left a claim behind at exit is caught when it exits, and its claim would be reaped a
+/// minute later, within the test's patience, and fail "nothing was reaped".)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rolling_sigterm_restart_claims_nothing_after_the_signal_and_loses_no_attempt() {
     const JOBS: usize = 150;
@@ -273,7 +303,10 @@ async fn a_rolling_sigterm_restart_claims_nothing_after_the_signal_and_loses_no_
     let args = TestbedArgs::new()
         .set("kinds", "record")
         .set("concurrency", 8)
-        .set("shutdown-grace-ms", 1_000);
+        .set("stale-ms", STALE.as_millis())
+        .set("shutdown-grace-ms", 1_000)
+        // The worker's "shutting down: no new claims" (info) on stderr.
+        .env("RUST_LOG", "warn,skiplock::worker=info");
     let mut workers = Vec::new();
     for i in 0..3 {
         workers.push(Testbed::start(&db.url, &format!("tb-roll-{i}"), &args).await);
@@ -285,7 +318,9 @@ async fn a_rolling_sigterm_restart_claims_nothing_after_the_signal_and_loses_no_
         })
         .await;
         worker.signal("TERM");
-        worker.wait_for_log("signal received", PATIENCE).await;
+        worker
+            .wait_for_log("shutting down: no new claims", PATIENCE)
+            .await;
         acknowledged.insert(worker.worker_id.clone(), db_now(pool).await);
         if slot == 2 {
             worker.signal("TERM");
@@ -308,16 +343,20 @@ async fn a_rolling_sigterm_restart_claims_nothing_after_the_signal_and_loses_no_
     let log = audit(pool).await;
     check_claim_discipline(&log, false);
     let mut releases = 0;
+    // Per stopped worker, the claim statements (tokens) that began after it acknowledged.
+    let mut late: HashMap<&str, HashMap<uuid::Uuid, Vec<i64>>> = HashMap::new();
     for row in &log {
         assert!(!row.is_reap(), "nothing was reaped: {row:?}");
         if row.is_claim() {
             let holder = row.new_holder.as_deref().unwrap();
-            if let Some(signalled) = acknowledged.get(holder) {
-                assert!(
-                    row.claimed_at.unwrap() <= *signalled,
-                    "{holder} claimed job {} after acknowledging SIGTERM: {row:?}",
-                    row.job_id
-                );
+            if let Some(signalled) = acknowledged.get(holder)
+                && row.claimed_at.unwrap() > *signalled
+            {
+                late.entry(holder)
+                    .or_default()
+                    .entry(row.new_token.unwrap())
+                    .or_default()
+                    .push(row.job_id);
             }
         }
         if row.is_release() {
@@ -327,6 +366,15 @@ async fn a_rolling_sigterm_restart_claims_nothing_after_the_signal_and_loses_no_
                 "only a stopping worker releases: {row:?}"
             );
         }
+    }
+    eprintln!("claims begun after the acknowledgement, by worker: {late:?}");
+    for (holder, claims) in &late {
+        assert!(
+            claims.len() <= 2,
+            "{holder} started {} claims after acknowledging SIGTERM, more than it can have in \
+             flight (jobs by claim: {claims:?})",
+            claims.len()
+        );
     }
     assert!(
         releases > 0,

@@ -189,9 +189,12 @@ async fn postgres_restarts_during_enqueue_and_work_lose_nothing_and_strand_nothi
 }
 
 /// Workload: one worker with 16 slots but a pool of only 2 connections (its LISTEN
-/// connection keeps one), heartbeating every second with a 20 s stale timeout; its
-/// handlers write through the same pool. 16 jobs of 17 s start first; 200 short jobs
-/// queue behind them.
+/// connection keeps one), heartbeating every second with a 30 s stale timeout; its
+/// handlers write through the same pool. 16 jobs of 40 s start first; 200 short jobs
+/// queue behind them. The long jobs outlast the lock by about 25 s, so their heartbeats
+/// after it have time to get through the jammed pool on a loaded machine (with 17 s jobs
+/// they had 2 s at most); the stale timeout leaves 15 s beyond the lock for the first of
+/// them.
 ///
 /// Fault: once the long jobs run, another session holds `LOCK TABLE skiplock.jobs IN
 /// ACCESS EXCLUSIVE MODE` for 15 s: every claim, heartbeat, completion and reaper pass
@@ -207,7 +210,7 @@ async fn a_table_locked_for_15_s_under_a_starved_pool_deadlocks_nothing_and_reap
     let long = enqueue_n(
         pool,
         "record",
-        json!({"ms": 17_000}),
+        json!({"ms": 40_000}),
         16,
         EnqueueOptions::new(),
     )
@@ -228,7 +231,7 @@ async fn a_table_locked_for_15_s_under_a_starved_pool_deadlocks_nothing_and_reap
             .set("concurrency", 16)
             .set("pool-size", 2)
             .set("heartbeat-ms", 1_000)
-            .set("stale-ms", 20_000),
+            .set("stale-ms", 30_000),
     )
     .await;
     wait_until("the long jobs to start", PATIENCE, || async {
@@ -369,15 +372,26 @@ impl skiplock::Job for FailsOnce {
     }
 }
 
-/// Takes 200 ms, so that a worker of concurrency 1 holds claims it has not started.
+/// Opened by the test: jobs of [`WaitsForTheGate`] wait until then.
+type Gate = tokio::sync::watch::Receiver<bool>;
+
+/// Runs until the test opens the [`Gate`] the worker was given, so that a worker of
+/// concurrency 1 surely holds claims it has not started (its one slot is taken) for as
+/// long as the test needs.
 #[derive(serde::Serialize, serde::Deserialize)]
-struct Takes200Ms {}
+struct WaitsForTheGate {}
 
-impl skiplock::Job for Takes200Ms {
-    const KIND: &'static str = "takes_200ms";
+impl skiplock::Job for WaitsForTheGate {
+    const KIND: &'static str = "waits_for_the_gate";
 
-    async fn run(self, _ctx: skiplock::JobContext) -> Result<(), skiplock::JobError> {
-        tokio::time::sleep(Duration::from_millis(200)).await;
+    async fn run(self, ctx: skiplock::JobContext) -> Result<(), skiplock::JobError> {
+        let mut gate = ctx
+            .data::<Gate>()
+            .ok_or_else(|| skiplock::JobError::permanent("no gate given"))?
+            .clone();
+        gate.wait_for(|open| *open)
+            .await
+            .map_err(|_| skiplock::JobError::permanent("the gate was dropped"))?;
         Ok(())
     }
 }
@@ -407,7 +421,7 @@ async fn worker_through_reply_cutter(
     let worker = skiplock::Worker::builder(worker_pool)
         .register::<Nothing>()
         .register::<FailsOnce>()
-        .register::<Takes200Ms>()
+        .register::<WaitsForTheGate>()
         .concurrency(8)
         .poll_interval(Duration::from_millis(100))
         .heartbeat(Duration::from_millis(100), Duration::from_secs(3))
@@ -492,14 +506,16 @@ async fn a_completion_whose_reply_is_lost_is_known_as_saved() {
 }
 
 /// Workload: 30 jobs, one worker connected through a proxy (stale timeout 3 s); a trigger
-/// of the user's refuses to give back the first job's attempt.
+/// of the user's refuses to give back the first job's attempt, which is its only one.
 ///
 /// Fault: the reply to the worker's first claim is lost after the claim committed.
 ///
 /// Invariant: the lost claim's release is split as every batch write is: the row that
 /// refuses it is left to the reaper, and every other job of the claim is released at once
 /// and runs on attempt 1 (before, the whole release failed and every job of the claim
-/// waited for the reaper).
+/// waited for the reaper). The refusing job has no attempt left, so the reaper makes it
+/// dead: with a retry, whether the worker ran it before exiting idle would depend on how
+/// its backoff raced the exit.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lost_claims_release_refused_by_one_row_releases_the_others() {
     let db = audited_db().await;
@@ -507,7 +523,8 @@ async fn a_lost_claims_release_refused_by_one_row_releases_the_others() {
     let ids = enqueue_n(pool, "nothing", json!({}), 30, EnqueueOptions::new()).await;
     let stubborn = ids[0];
     sqlx::raw_sql(AssertSqlSafe(format!(
-        "CREATE FUNCTION public.keep_attempt() RETURNS trigger LANGUAGE plpgsql AS $$
+        "UPDATE skiplock.jobs SET max_attempts = 1 WHERE id = {stubborn};
+         CREATE FUNCTION public.keep_attempt() RETURNS trigger LANGUAGE plpgsql AS $$
          BEGIN
              IF NEW.id = {stubborn} AND NEW.attempt < OLD.attempt THEN
                  RAISE EXCEPTION 'job {stubborn} keeps its attempt';
@@ -546,12 +563,8 @@ async fn a_lost_claims_release_refused_by_one_row_releases_the_others() {
             .await
             .unwrap();
     for (id, state, attempt) in &attempts {
-        // The reaped job waits for its retry's backoff; the worker exits before it.
-        let expected = if *id == stubborn {
-            "queued"
-        } else {
-            "succeeded"
-        };
+        // The reaped job had no attempt left.
+        let expected = if *id == stubborn { "dead" } else { "succeeded" };
         assert_eq!((state.as_str(), *attempt), (expected, 1), "job {id}");
     }
     assert_eq!(summary.succeeded, 29);
@@ -592,8 +605,9 @@ async fn a_failure_whose_reply_is_lost_is_known_as_saved() {
     );
 }
 
-/// Workload: 20 jobs of 200 ms, one worker of concurrency 1 connected through a proxy,
-/// shut down while it holds claims it has not started.
+/// Workload: 20 jobs that run until the test opens a gate, one worker of concurrency 1
+/// connected through a proxy, shut down while it holds claims it has not started (its
+/// one slot runs a job held at the gate); the gate opens once the release was sent.
 ///
 /// Fault: the reply to the shutdown's release is lost after it committed.
 ///
@@ -604,12 +618,29 @@ async fn a_failure_whose_reply_is_lost_is_known_as_saved() {
 async fn a_release_whose_reply_is_lost_is_known_as_saved() {
     let db = audited_db().await;
     let pool = &db.pool;
-    enqueue_n(pool, "takes_200ms", json!({}), 20, EnqueueOptions::new()).await;
+    enqueue_n(
+        pool,
+        "waits_for_the_gate",
+        json!({}),
+        20,
+        EnqueueOptions::new(),
+    )
+    .await;
     let (cutter, worker) = worker_through_reply_cutter(&db.url, b"internal_release_claims").await;
-    let worker = worker.concurrency(1).build().unwrap();
+    let (open_gate, gate) = tokio::sync::watch::channel(false);
+    // Claims go stale after a minute, not 3 s: they are held until the shutdown, and
+    // nothing here is for the reaper.
+    let worker = worker
+        .concurrency(1)
+        .data::<Gate>(gate)
+        .heartbeat(Duration::from_millis(100), Duration::from_secs(60))
+        .shutdown_grace(PATIENCE)
+        .build()
+        .unwrap();
     let stop = worker.shutdown_handle();
     let run = tokio::spawn(worker.run());
-    // One job runs and others are claimed behind it.
+    // One job runs (held at the gate) and others are claimed behind it: they cannot start
+    // before the shutdown, whatever the timing.
     wait_until(
         "the worker to hold claims it has not started",
         PATIENCE,
@@ -624,6 +655,13 @@ async fn a_release_whose_reply_is_lost_is_known_as_saved() {
     )
     .await;
     stop.shutdown();
+    // The shutdown releases the claims not started at once; the running job finishes
+    // after that (within the grace period), when the gate opens.
+    wait_until("the release's reply to be lost", PATIENCE, || async {
+        cutter.has_cut().then_some(())
+    })
+    .await;
+    open_gate.send(true).unwrap();
     let summary = tokio::time::timeout(PATIENCE, run)
         .await
         .expect("the worker stops")

@@ -43,13 +43,15 @@ async fn feed(pool: PgPool, stop: Arc<AtomicBool>, seed: u64) {
 /// The kinds of fault the soak injects (see [`soak_mixed_faults`]).
 const FAULTS: [&str; 5] = ["kill", "stop", "term", "listener", "lock"];
 
-/// Workload: three testbed workers (8 slots, stale after 2 s) on a steady stream of mixed
+/// Workload: three testbed workers (8 slots, stale after 6 s) on a steady stream of mixed
 /// jobs, for `SKIPLOCK_SOAK_SECS` seconds.
 ///
-/// Fault: every 2–6 s one at random: `kill -9` of a worker (replaced), SIGSTOP for 3 s
+/// Fault: every 2–6 s one at random: `kill -9` of a worker (replaced), SIGSTOP for 9 s
 /// (past the stale timeout) then SIGCONT, SIGTERM (replaced), the LISTEN connections
-/// killed, or the jobs table locked for 1 s (less than the stale timeout: a lock longer
-/// than `stale_after` rightly gets live claims reaped).
+/// killed, or the jobs table locked for 1 s (far less than the stale timeout: a lock
+/// longer than `stale_after` rightly gets live claims reaped, and with 2 s a loaded
+/// machine's delays on either side of the lock left too little for the heartbeats
+/// queued behind it).
 ///
 /// Invariant, once the stream stops and the queue drains: nothing is left queued or
 /// running; every `record` job succeeded and ran again only after a run by a killed or
@@ -67,7 +69,7 @@ async fn soak_mixed_faults() {
     let args = TestbedArgs::new()
         .set("kinds", "record,panic,never-return")
         .set("concurrency", 8)
-        .set("stale-ms", 2_000)
+        .set("stale-ms", 6_000)
         .set("timeout-ms", 1_000)
         .set("shutdown-grace-ms", 1_000);
     let mut generation = 0;
@@ -108,7 +110,8 @@ async fn soak_mixed_faults() {
             "stop" => {
                 rerun_ok.insert(workers[slot].worker_id.clone());
                 workers[slot].signal("STOP");
-                tokio::time::sleep(Duration::from_secs(3)).await;
+                // The fault itself: frozen past the stale timeout (6 s).
+                tokio::time::sleep(Duration::from_secs(9)).await;
                 workers[slot].signal("CONT");
             }
             "term" => {

@@ -192,7 +192,7 @@ async fn jobs_of_a_vanished_worker_run_again_after_the_stale_timeout() {
     let worker = fast_worker(pool, &recorder).build().unwrap();
     let stop = worker.shutdown_handle();
     let run = tokio::spawn(worker.run());
-    wait_for("the jobs to run again", Duration::from_secs(30), || async {
+    wait_for("the jobs to run again", Duration::from_secs(60), || async {
         count_in_state(pool, JobState::Succeeded).await == 3
     })
     .await;
@@ -227,7 +227,7 @@ async fn a_worker_whose_claim_is_taken_stops_the_handler_and_discards_its_outcom
     let worker = fast_worker(pool, &recorder).concurrency(1).build().unwrap();
     let stop = worker.shutdown_handle();
     let run = tokio::spawn(worker.run());
-    wait_for("the job to start", Duration::from_secs(10), || async {
+    wait_for("the job to start", Duration::from_secs(60), || async {
         recorder.total() == 1
     })
     .await;
@@ -241,12 +241,12 @@ async fn a_worker_whose_claim_is_taken_stops_the_handler_and_discards_its_outcom
     // The next heartbeat finds the claim gone and stops the handler, freeing the slot.
     wait_for(
         "the next job to run in the freed slot",
-        Duration::from_secs(10),
+        Duration::from_secs(60),
         || async { recorder.runs().contains_key(&next.0) },
     )
     .await;
     stop.shutdown();
-    let summary = tokio::time::timeout(Duration::from_secs(10), run)
+    let summary = tokio::time::timeout(Duration::from_secs(60), run)
         .await
         .expect("shutdown is not held up")
         .unwrap()
@@ -398,7 +398,7 @@ async fn a_claim_that_waited_on_a_lock_does_not_commit_its_jobs_stale() {
     // The claim waits for the lock until its transaction is older than the stale timeout.
     wait_for(
         "the claim to wait past the stale timeout",
-        Duration::from_secs(30),
+        Duration::from_secs(60),
         || async {
             let waited: Option<bool> = sqlx::query_scalar(
                 "SELECT now() - xact_start > $1 * interval '1 millisecond' + interval '200 ms'
@@ -415,16 +415,34 @@ async fn a_claim_that_waited_on_a_lock_does_not_commit_its_jobs_stale() {
         },
     )
     .await;
+    // The database clock before the lock goes: the claim, which waits for it, takes its
+    // jobs after this.
+    let released: chrono::DateTime<chrono::Utc> = sqlx::query_scalar("SELECT clock_timestamp()")
+        .fetch_one(&mut *operator)
+        .await
+        .unwrap();
     operator.commit().await.unwrap();
     let claimed = claim.await.unwrap();
     assert_eq!(claimed.len(), 2);
 
-    let reaped = jobs_reap_stale(pool, STALE_MS, 100).await.unwrap();
-    assert!(
-        reaped.is_empty(),
-        "jobs claimed a moment ago were reaped as stale: {reaped:?}"
-    );
-    assert_eq!(count_in_state(pool, JobState::Running).await, 2);
+    // Their first heartbeat is when the claim took them, after the lock went (its
+    // transaction began more than the stale timeout before): not stale. Compared with the
+    // clock read above rather than by a reaper pass with the stale timeout, which would
+    // also take them back if it came that long after the claim (a loaded machine).
+    let heartbeats: Vec<(i64, chrono::DateTime<chrono::Utc>)> = sqlx::query_as(
+        "SELECT id, heartbeat_at FROM skiplock.jobs WHERE state = 'running' ORDER BY id",
+    )
+    .fetch_all(pool)
+    .await
+    .unwrap();
+    assert_eq!(heartbeats.len(), 2, "{heartbeats:?}");
+    for (id, heartbeat_at) in &heartbeats {
+        assert!(
+            *heartbeat_at >= released,
+            "job {id} was claimed with a heartbeat ({heartbeat_at}) from before the lock went \
+             ({released}), stale as soon as committed"
+        );
+    }
 }
 
 /// Claims job `id` as `worker-a`, takes the claim back as the reaper does, claims it

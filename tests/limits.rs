@@ -16,8 +16,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use fault_support::{
-    AuditRow, PATIENCE, Testbed, TestbedArgs, audit, audited_db, check_claim_discipline, enqueue_n,
-    running_held_by, sessions_of, states, wait_until,
+    AuditRow, PATIENCE, Testbed, TestbedArgs, age_claims_of, audit, audited_db,
+    check_claim_discipline, enqueue_n, running_held_by, states, wait_until,
 };
 use serde_json::json;
 use skiplock::{EnqueueOptions, QueueLimits};
@@ -89,23 +89,36 @@ fn sql_worker(
 
 /// Drains `queue` (`total` jobs of kind `record`) with four testbed processes of 8 slots
 /// and a SQL-protocol worker, all polling once an hour (so that only notifications wake
-/// them); one process is killed (SIGKILL) while it holds jobs and its claims are reaped two
-/// seconds later. A completion the victim sent just before the kill can still commit, so
-/// what it held is counted once its sessions are gone, and another worker takes its place
-/// and is killed in turn until one dies holding a claim. Returns the audit log once every
-/// job succeeded and the others stopped, checked for claim discipline and a reap.
+/// them); one process is killed (SIGKILL) while it holds jobs and its claims are reaped.
+/// The victim is stopped (SIGSTOP) before it is checked for claims and killed, so that a
+/// job cannot finish between the check and the kill ([`Testbed::kill9_holding`]); what it
+/// held is counted once its sessions are gone, and in the rare case that nothing was left
+/// (a completion read by the server after the check), another worker takes its place and
+/// is killed in turn. Returns the audit log once every job succeeded and the others
+/// stopped, checked for claim discipline and a reap.
+///
+/// The workers' stale timeout is a minute, and the victim's claims are made stale by hand
+/// once it is dead ([`fault_support::age_claims_of`]), so that the live workers' reaper
+/// takes them at its next pass. With a short stale timeout (it was 2 s), a pause of a
+/// loaded machine got live claims reaped: the SQL worker's (it sends no heartbeat), whose
+/// completion then found its claim gone.
+///
+/// The drain checks upper bounds (a limit never exceeded, across processes, a kill and a
+/// reap); whether a limit is reached at all depends on how many jobs the machine runs at
+/// once, so the tests show that with [`claim_all_at_once`] before the drain.
 async fn drain_with_a_killed_worker(
     db: &common::TestDb,
     queue: &'static str,
     total: usize,
 ) -> Vec<AuditRow> {
     let pool = &db.pool;
+    const STALE: Duration = Duration::from_secs(60);
     let args = TestbedArgs::new()
         .set("kinds", "record")
         .set("queue", queue)
         .set("concurrency", 8)
         .set("heartbeat-ms", 200)
-        .set("stale-ms", 2_000)
+        .set("stale-ms", STALE.as_millis())
         .set("poll-ms", 3_600_000);
     let mut workers = Vec::new();
     for i in 0..4 {
@@ -115,17 +128,8 @@ async fn drain_with_a_killed_worker(
     let sql = sql_worker(pool.clone(), queue, Duration::from_millis(40), stop.clone());
     for attempt in 0.. {
         assert!(attempt < 10, "no killed worker held a claim");
-        let id = workers[0].worker_id.clone();
-        wait_until("the victim to hold a job", PATIENCE, || async {
-            (running_held_by(pool, &id).await > 0).then_some(())
-        })
-        .await;
-        workers[0].kill9().await;
-        wait_until("the killed worker's sessions to end", PATIENCE, || async {
-            (sessions_of(pool, &id).await == 0).then_some(())
-        })
-        .await;
-        if running_held_by(pool, &id).await > 0 {
+        if workers[0].kill9_holding(pool).await > 0 {
+            age_claims_of(pool, &workers[0].worker_id, STALE).await;
             break;
         }
         workers[0] = Testbed::start(&db.url, &format!("tb-{queue}-0-{attempt}"), &args).await;
@@ -154,12 +158,38 @@ async fn drain_with_a_killed_worker(
     log
 }
 
-/// Workload: 120 `record` jobs of 40 ms in a queue with max_running 3, drained by four
-/// testbed processes of 8 slots each and a SQL-protocol worker; one process is killed
-/// (SIGKILL) while it holds jobs and its claims are reaped two seconds later.
+/// Claims every queued job of `queue` that one claim may take under the queue's limits (a
+/// SQL-protocol claim of up to `n`, before any worker runs), completes them, and returns
+/// the ids it took. That a limit is reached, and not just never exceeded, is shown here
+/// deterministically, whatever the machine's speed: in a drain it depends on how many jobs
+/// the workers get to run at once.
+async fn claim_all_at_once(pool: &PgPool, queue: &str, n: i32) -> Vec<i64> {
+    let claimed: Vec<(i64, Uuid)> =
+        sqlx::query_as("SELECT id, claim_token FROM skiplock.claim($1, $2, 'one-claim')")
+            .bind(queue)
+            .bind(n)
+            .fetch_all(pool)
+            .await
+            .expect("claim");
+    for (id, token) in &claimed {
+        let held: bool = sqlx::query_scalar("SELECT skiplock.complete($1, $2)")
+            .bind(id)
+            .bind(token)
+            .fetch_one(pool)
+            .await
+            .expect("complete");
+        assert!(held, "job {id} was completed by its claim");
+    }
+    claimed.into_iter().map(|(id, _)| id).collect()
+}
+
+/// Workload: 120 `record` jobs of 40 ms in a queue with max_running 3: one claim of all
+/// of them before any worker runs, then a drain by four testbed processes of 8 slots each
+/// and a SQL-protocol worker; one process is killed (SIGKILL) while it holds jobs and its
+/// claims are reaped.
 ///
-/// Invariant: every job succeeds; at no point of the audit log do more than 3 jobs run
-/// (the killed worker's count until reaped), and 3 do at some point.
+/// Invariant: the one claim takes exactly 3; every job succeeds; at no point of the audit
+/// log do more than 3 jobs run (the killed worker's count until reaped).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn max_running_holds_across_processes_sql_workers_and_a_killed_worker() {
     const JOBS: usize = 120;
@@ -178,22 +208,27 @@ async fn max_running_holds_across_processes_sql_workers_and_a_killed_worker() {
     )
     .await;
 
+    assert_eq!(
+        claim_all_at_once(pool, "exports", JOBS as i32).await.len(),
+        LIMIT as usize,
+        "one claim takes up to max_running"
+    );
     let log = drain_with_a_killed_worker(&db, "exports", JOBS).await;
     assert_eq!(
         most_running(&log, &jobs),
         LIMIT as usize,
-        "at most max_running jobs ran at once, and the limit was reached"
+        "at most max_running jobs ran at once (and the claim before the drain ran that many)"
     );
 }
 
-/// Workload: 60 `record` jobs of 40 ms in a queue with a rate limit of 15 per second,
-/// drained by four testbed processes of 8 slots and a SQL-protocol worker; one process is
-/// killed (SIGKILL) while it holds jobs and its claims are reaped (a reaped job's second
-/// claim is a start too).
+/// Workload: 60 `record` jobs of 40 ms in a queue with a rate limit of 15 per second: one
+/// claim of all of them before any worker runs, then a drain by four testbed processes of
+/// 8 slots and a SQL-protocol worker; one process is killed (SIGKILL) while it holds jobs
+/// and its claims are reaped (a reaped job's second claim is a start too).
 ///
-/// Invariant: every job succeeds, and no window of one second holds more than 15 starts
-/// (the claims' `claimed_at`, the time each claim took its starts at), while 15 starts do
-/// fall within some second.
+/// Invariant: the one claim takes exactly 15; every job succeeds, and no window of one
+/// second holds more than 15 starts (the claims' `claimed_at`, the time each claim took
+/// its starts at).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rate_limit_holds_in_every_window_across_processes_sql_workers_and_a_killed_worker() {
     const JOBS: usize = 60;
@@ -217,6 +252,11 @@ async fn a_rate_limit_holds_in_every_window_across_processes_sql_workers_and_a_k
     )
     .await;
 
+    assert_eq!(
+        claim_all_at_once(pool, "mail", JOBS as i32).await.len(),
+        LIMIT,
+        "one claim takes as many starts as the window has"
+    );
     let log = drain_with_a_killed_worker(&db, "mail", JOBS).await;
     let mut starts: Vec<_> = log
         .iter()
@@ -237,7 +277,8 @@ async fn a_rate_limit_holds_in_every_window_across_processes_sql_workers_and_a_k
             .iter()
             .zip(&starts[LIMIT - 1..])
             .any(|(first, last)| *last - *first <= period),
-        "the limit was reached: {LIMIT} starts within some second"
+        "the limit was reached: {LIMIT} starts within some second (by the claim before the \
+         drain)"
     );
 }
 
@@ -577,10 +618,14 @@ async fn a_freed_slot_is_taken_by_an_idle_worker_of_another_process() {
             .fetch_one(pool)
             .await
             .unwrap();
+    // Stale after a minute: the SQL worker's claim sends no heartbeat, and with the
+    // testbed's default 2 s a loaded machine let its reaper take the claim back and free
+    // the slot, passing without the notification under test.
     let args = TestbedArgs::new()
         .set("kinds", "record")
         .set("queue", "one")
-        .set("poll-ms", 3_600_000);
+        .set("poll-ms", 3_600_000)
+        .set("stale-ms", 60_000);
     let mut worker = Testbed::start(&db.url, "tb-idle", &args).await;
     // The testbed claims at start and finds no room: a session of it has run a claim
     // and is idle, and it holds nothing.
@@ -661,14 +706,16 @@ fn most_running_per_key(
 }
 
 /// Workload: in a queue with key_max_running 2, a hot key's 60 jobs enqueued first, then
-/// two small keys' 15 each and 15 jobs without a key, all `record` jobs of 40 ms, drained
-/// by four testbed processes of 8 slots and a SQL-protocol worker; one process is killed
-/// while it holds jobs and its claims are reaped.
+/// two small keys' 15 each and 15 jobs without a key, all `record` jobs of 40 ms: one claim
+/// of all of them before any worker runs, then a drain by four testbed processes of 8 slots
+/// and a SQL-protocol worker; one process is killed while it holds jobs and its claims are
+/// reaped.
 ///
-/// Invariant: every job succeeds; at no point of the audit log do more than 2 jobs of one
-/// key run (the killed worker's count until reaped), and the hot key reaches 2; the jobs
-/// without a key are not limited by it. The workers poll once an hour: the jobs a full key
-/// held back reach them when a slot of the key frees, or the drain does not finish.
+/// Invariant: the one claim takes 2 of each key and every job without a key (the limit is
+/// reached and binds per key only), holding the other jobs of the keys back; every job
+/// succeeds; at no point of the audit log do more than 2 jobs of one key run (the killed
+/// worker's count until reaped). The workers poll once an hour: the jobs a full key held
+/// back reach them when a slot of the key frees, or the drain does not finish.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn key_max_running_holds_across_processes_sql_workers_and_a_killed_worker() {
     const KEY_LIMIT: u32 = 2;
@@ -703,6 +750,20 @@ async fn key_max_running_holds_across_processes_sql_workers_and_a_killed_worker(
     .await;
     let total = keys.values().map(Vec::len).sum::<usize>() + keyless.len();
 
+    let first = claim_all_at_once(pool, "tenants", total as i32).await;
+    let taken = |jobs: &[i64]| first.iter().filter(|id| jobs.contains(id)).count();
+    for (key, jobs) in &keys {
+        assert_eq!(
+            taken(jobs),
+            KEY_LIMIT as usize,
+            "one claim takes up to key_max_running of key {key}"
+        );
+    }
+    assert_eq!(
+        taken(&keyless),
+        keyless.len(),
+        "one claim takes every job without a key"
+    );
     let log = drain_with_a_killed_worker(&db, "tenants", total).await;
     assert!(
         log.iter()
@@ -719,11 +780,11 @@ async fn key_max_running_holds_across_processes_sql_workers_and_a_killed_worker(
     }
     assert_eq!(
         most["hot"], KEY_LIMIT as usize,
-        "the hot key reached its limit"
+        "the hot key reached its limit (in the claim before the drain)"
     );
     assert!(
         most_running(&log, &keyless) > KEY_LIMIT as usize,
-        "jobs without a key are not held to key_max_running"
+        "jobs without a key are not held to key_max_running (in the claim before the drain)"
     );
 }
 
@@ -917,14 +978,15 @@ fn starts_per_key(
 
 /// Workload: in a queue limited to 4 starts per key in any second, a hot key's 20 jobs
 /// enqueued first, then two small keys' 6 each and 12 jobs without a key, all `record` jobs
-/// of 40 ms, drained by four testbed processes of 8 slots and a SQL-protocol worker; one
-/// process is killed while it holds jobs and its claims are reaped (a reaped job's second
-/// claim is a start too).
+/// of 40 ms: one claim of all of them before any worker runs, then a drain by four testbed
+/// processes of 8 slots and a SQL-protocol worker; one process is killed while it holds
+/// jobs and its claims are reaped (a reaped job's second claim is a start too).
 ///
-/// Invariant: every job succeeds; no window of one second holds more than 4 starts of one
-/// key, and the hot key's starts fill some second; the jobs without a key are not limited
-/// by it. The workers poll once an hour: a refilled window of a key reaches them as a
-/// notification of when it comes, or the drain does not finish.
+/// Invariant: the one claim takes 4 of each key and every job without a key (the keys'
+/// windows fill, and the rate binds per key only), holding the other jobs of the keys back;
+/// every job succeeds; no window of one second holds more than 4 starts of one key. The
+/// workers poll once an hour: a refilled window of a key reaches them as a notification of
+/// when it comes, or the drain does not finish.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_per_key_rate_limit_holds_in_every_window_across_processes_and_a_killed_worker() {
     const KEY_RATE: usize = 4;
@@ -960,6 +1022,20 @@ async fn a_per_key_rate_limit_holds_in_every_window_across_processes_and_a_kille
     .await;
     let total = keys.values().map(Vec::len).sum::<usize>() + keyless.len();
 
+    let first = claim_all_at_once(pool, "tenants", total as i32).await;
+    let taken = |jobs: &[i64]| first.iter().filter(|id| jobs.contains(id)).count();
+    for (key, jobs) in &keys {
+        assert_eq!(
+            taken(jobs),
+            KEY_RATE,
+            "one claim takes as many starts of key {key} as its window has"
+        );
+    }
+    assert_eq!(
+        taken(&keyless),
+        keyless.len(),
+        "one claim takes every job without a key"
+    );
     let log = drain_with_a_killed_worker(&db, "tenants", total).await;
     assert!(
         log.iter()
@@ -981,7 +1057,8 @@ async fn a_per_key_rate_limit_holds_in_every_window_across_processes_and_a_kille
                     .iter()
                     .zip(&starts[KEY_RATE - 1..])
                     .any(|(first, last)| *last - *first <= period),
-                "the hot key reached its limit: {KEY_RATE} starts within some second"
+                "the hot key reached its limit: {KEY_RATE} starts within some second (in the \
+                 claim before the drain)"
             );
         }
     }
@@ -992,7 +1069,7 @@ async fn a_per_key_rate_limit_holds_in_every_window_across_processes_and_a_kille
             .iter()
             .zip(&keyless[KEY_RATE..])
             .any(|(first, later)| *later - *first <= period),
-        "jobs without a key are not held to the per-key rate"
+        "jobs without a key are not held to the per-key rate (in the claim before the drain)"
     );
 }
 

@@ -458,7 +458,11 @@ async fn a_worker_drains_lanes_and_dependants_reaps_prunes_and_runs_cron() {
         .data(recorder.clone())
         .register::<Record>()
         .poll_interval(Duration::from_millis(100))
-        .heartbeat(Duration::from_millis(100), Duration::from_secs(2))
+        // Stale after a minute: the ghost's heartbeat is an hour old, while no pause of a
+        // loaded machine makes this worker's own live claims stale (with 2 s, a live claim
+        // reaped would run twice, and a lane job run twice breaks the lane order checked
+        // below).
+        .heartbeat(Duration::from_millis(100), Duration::from_secs(60))
         .reap_interval(Duration::from_millis(100))
         .prune_interval(Some(Duration::from_millis(100)))
         .retention(Retention {
@@ -475,7 +479,7 @@ async fn a_worker_drains_lanes_and_dependants_reaps_prunes_and_runs_cron() {
 
     wait_for(
         "the enqueued jobs to run",
-        Duration::from_secs(20),
+        Duration::from_secs(60),
         || async {
             let runs = recorder.runs();
             expected.iter().all(|id| runs.contains_key(&id.0))
@@ -486,7 +490,7 @@ async fn a_worker_drains_lanes_and_dependants_reaps_prunes_and_runs_cron() {
     // worker ran it.
     wait_for(
         "the reaper to take the ghost back",
-        Duration::from_secs(20),
+        Duration::from_secs(60),
         || async { recorder.runs().get(&ghost) == Some(&vec![2]) },
     )
     .await;
@@ -496,7 +500,7 @@ async fn a_worker_drains_lanes_and_dependants_reaps_prunes_and_runs_cron() {
     pruned.extend([ghost, dead, old_succeeded]);
     wait_for(
         "the pruner to roll the jobs up",
-        Duration::from_secs(20),
+        Duration::from_secs(60),
         || async {
             sqlx::query_scalar::<_, bool>(
                 "SELECT NOT EXISTS (SELECT 1 FROM skiplock.jobs WHERE id = ANY($1))
@@ -511,7 +515,7 @@ async fn a_worker_drains_lanes_and_dependants_reaps_prunes_and_runs_cron() {
         },
     )
     .await;
-    wait_for("a cron job to run", Duration::from_secs(20), || async {
+    wait_for("a cron job to run", Duration::from_secs(60), || async {
         let cron_job: Option<i64> = sqlx::query_scalar(
             "SELECT last_job_id FROM skiplock.cron_schedules WHERE name = 'every-second'",
         )

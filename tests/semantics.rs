@@ -13,6 +13,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::json;
 use skiplock::{
     EnqueueOptions, Error, Job, JobContext, JobError, JobId, JobState, NewJob, UniquePolicy,
+    WorkerBuilder,
 };
 use sqlx::PgPool;
 
@@ -93,6 +94,14 @@ impl Job for Digest {
         received.lock().unwrap().push(self.0);
         Ok(())
     }
+}
+
+/// A worker with the short intervals of `fast_worker` whose claims never go stale while it
+/// runs (an hour): a live claim taken back under load would run its job twice, and the
+/// tests that use it count runs; reaping is not their subject.
+fn steady_worker(pool: &PgPool) -> WorkerBuilder {
+    fast_worker(pool, &Recorder::default())
+        .heartbeat(Duration::from_millis(100), Duration::from_secs(3600))
 }
 
 /// Runs `workers` workers until no job is waiting, queued or running (retries included).
@@ -211,7 +220,9 @@ async fn a_failing_head_blocks_its_lane_while_other_lanes_flow() {
     let db = test_db().await;
     let pool = &db.pool;
     let blocked = EnqueueOptions::new().ordering_key("blocked");
-    let head = skiplock::enqueue(pool, &Gated {}, blocked.clone())
+    // Retried every 50 ms while the gate is closed, for as long as the test takes: it must
+    // not die of its attempts first (the default 25 go in a couple of seconds).
+    let head = skiplock::enqueue(pool, &Gated {}, blocked.clone().max_attempts(i32::MAX))
         .await
         .unwrap()
         .id;
@@ -231,7 +242,7 @@ async fn a_failing_head_blocks_its_lane_while_other_lanes_flow() {
     let mut stops = Vec::new();
     let mut runs = Vec::new();
     for i in 0..2 {
-        let worker = fast_worker(pool, &Recorder::default())
+        let worker = steady_worker(pool)
             .data(timeline.clone())
             .data(gate.clone())
             .register::<Step>()
@@ -245,7 +256,7 @@ async fn a_failing_head_blocks_its_lane_while_other_lanes_flow() {
     // With the gate closed the head keeps failing; the free lane drains all the same.
     wait_for(
         "the free lane to drain while the head fails",
-        Duration::from_secs(30),
+        Duration::from_secs(60),
         || async {
             count_in_state(pool, JobState::Succeeded).await == 20
                 && timeline.runs().get(&head.0).is_some_and(|r| r.len() >= 2)
@@ -262,7 +273,7 @@ async fn a_failing_head_blocks_its_lane_while_other_lanes_flow() {
     gate.0.store(true, Ordering::SeqCst);
     wait_for(
         "the blocked lane to finish",
-        Duration::from_secs(30),
+        Duration::from_secs(60),
         || async { state_of(pool, behind.0).await == JobState::Succeeded },
     )
     .await;
@@ -357,7 +368,7 @@ async fn merged_payloads_reach_the_handler_once_in_order() {
         skiplock::enqueue_raw(pool, &[job]).await.unwrap();
     }
     let received: Received = Arc::default();
-    fast_worker(pool, &Recorder::default())
+    steady_worker(pool)
         .data(received.clone())
         .register::<Digest>()
         .exit_when_idle(true)
@@ -405,7 +416,7 @@ async fn concurrent_transactions_with_one_unique_key_leave_one_job() {
     });
     wait_for(
         "the second enqueue to wait on the first",
-        Duration::from_secs(10),
+        Duration::from_secs(60),
         || async {
             sqlx::query_scalar::<_, bool>(
                 "SELECT EXISTS (SELECT 1 FROM pg_stat_activity

@@ -92,7 +92,7 @@ async fn enqueue_in_lane(pool: &PgPool, key: &str) -> i64 {
 }
 
 async fn claim_from(
-    pool: &PgPool,
+    db: impl sqlx::PgExecutor<'_>,
     queue: &str,
     max_jobs: i32,
     kinds: Option<&[&str]>,
@@ -102,13 +102,13 @@ async fn claim_from(
         .bind(max_jobs)
         .bind(WORKER)
         .bind(kinds.map(strings))
-        .fetch_all(pool)
+        .fetch_all(db)
         .await
         .unwrap()
 }
 
-async fn claim(pool: &PgPool, max_jobs: i32) -> Vec<Claimed> {
-    claim_from(pool, QUEUE, max_jobs, None).await
+async fn claim(db: impl sqlx::PgExecutor<'_>, max_jobs: i32) -> Vec<Claimed> {
+    claim_from(db, QUEUE, max_jobs, None).await
 }
 
 /// Claims exactly one job and returns it.
@@ -133,12 +133,17 @@ async fn complete(pool: &PgPool, id: i64, token: Option<Uuid>) -> bool {
         .unwrap()
 }
 
-async fn fail(pool: &PgPool, id: i64, token: Option<Uuid>, error: &str) -> Option<String> {
+async fn fail(
+    db: impl sqlx::PgExecutor<'_>,
+    id: i64,
+    token: Option<Uuid>,
+    error: &str,
+) -> Option<String> {
     sqlx::query_scalar("SELECT skiplock.fail($1, $2, $3)::text")
         .bind(id)
         .bind(token)
         .bind(error)
-        .fetch_one(pool)
+        .fetch_one(db)
         .await
         .unwrap()
 }
@@ -197,10 +202,10 @@ async fn maintain(db: &mut PgConnection, stale_after_secs: f64) -> (i64, i64) {
 }
 
 /// The whole row, to compare before and after a call that must change nothing.
-async fn row(pool: &PgPool, id: i64) -> Value {
+async fn row(db: impl sqlx::PgExecutor<'_>, id: i64) -> Value {
     sqlx::query_scalar("SELECT to_jsonb(j) FROM skiplock.jobs j WHERE id = $1")
         .bind(id)
-        .fetch_one(pool)
+        .fetch_one(db)
         .await
         .unwrap()
 }
@@ -213,13 +218,15 @@ async fn state(pool: &PgPool, id: i64) -> String {
         .unwrap()
 }
 
-/// Seconds from now until the job is due (negative: overdue).
-async fn due_in_secs(pool: &PgPool, id: i64) -> f64 {
+/// Seconds from now until the job is due (negative: overdue). `now()` is the transaction's
+/// start: read in the transaction that set `scheduled_at`, it is exactly the delay that
+/// write gave, however long its statements took.
+async fn due_in_secs(db: impl sqlx::PgExecutor<'_>, id: i64) -> f64 {
     sqlx::query_scalar(
         "SELECT extract(epoch FROM scheduled_at - now())::float8 FROM skiplock.jobs WHERE id = $1",
     )
     .bind(id)
-    .fetch_one(pool)
+    .fetch_one(db)
     .await
     .unwrap()
 }
@@ -606,7 +613,8 @@ async fn complete_tells_listening_workers_of_the_next_job_of_its_lane() {
     let mut listener = PgListener::connect(db.url()).await.unwrap();
     listener.listen("skiplock_runnable").await.unwrap();
     assert!(complete(pool, first, Some(job.claim_token)).await);
-    let note = tokio::time::timeout(Duration::from_secs(10), listener.recv())
+    // Only guards a hang: the notification comes with the commit.
+    let note = tokio::time::timeout(Duration::from_secs(60), listener.recv())
         .await
         .expect("a skiplock_runnable notification")
         .unwrap();
@@ -630,12 +638,24 @@ async fn fail_queues_the_job_again_after_the_backoff_or_retry_in() {
     )
     .await;
     let job = claim_one(pool).await;
+    // The fail, the read of its delay and the claim in one transaction: they share its
+    // now(), so the delay is the backoff itself and the claim looks at the same moment,
+    // however long each statement takes on a loaded machine.
+    let mut tx = pool.begin().await.unwrap();
     assert_eq!(
-        fail(pool, id, Some(job.claim_token), "timeout")
+        fail(&mut *tx, id, Some(job.claim_token), "timeout")
             .await
             .as_deref(),
         Some("queued")
     );
+    // skiplock.backoff(1): 2 s × [0.75, 1.25).
+    let wait = due_in_secs(&mut *tx, id).await;
+    assert!((1.5..=2.5).contains(&wait), "due in {wait} s");
+    assert!(
+        claim(&mut *tx, 10).await.is_empty(),
+        "not before its backoff"
+    );
+    tx.commit().await.unwrap();
     let after = row(pool, id).await;
     assert_eq!(
         (
@@ -648,24 +668,22 @@ async fn fail_queues_the_job_again_after_the_backoff_or_retry_in() {
     );
     assert_eq!(after["errors"].as_array().map(Vec::len), Some(1), "{after}");
     assert_eq!(after["errors"][0]["message"], json!("timeout"));
-    // skiplock.backoff(1): 2 s × [0.75, 1.25).
-    let wait = due_in_secs(pool, id).await;
-    assert!((1.0..=2.5).contains(&wait), "due in {wait} s");
-    assert!(claim(pool, 10).await.is_empty(), "not before its backoff");
 
     make_due(pool, id).await;
     let job = claim_one(pool).await;
     assert_eq!(job.attempt, 2);
+    let mut tx = pool.begin().await.unwrap();
     let state: Option<String> =
         sqlx::query_scalar("SELECT skiplock.fail($1, $2, 'later', interval '1 hour')::text")
             .bind(id)
             .bind(job.claim_token)
-            .fetch_one(pool)
+            .fetch_one(&mut *tx)
             .await
             .unwrap();
     assert_eq!(state.as_deref(), Some("queued"));
-    let wait = due_in_secs(pool, id).await;
-    assert!((3590.0..=3610.0).contains(&wait), "due in {wait} s");
+    let wait = due_in_secs(&mut *tx, id).await;
+    assert!((wait - 3600.0).abs() < 0.001, "due in {wait} s");
+    tx.commit().await.unwrap();
 }
 
 #[tokio::test]
@@ -956,7 +974,13 @@ async fn maintain_takes_back_a_stale_claim_with_the_reason_recorded() {
     let live_before = row(pool, live).await;
 
     let mut conn = pool.acquire().await.unwrap();
-    assert_eq!(maintain(&mut conn, 30.0).await.0, 2);
+    // The reap and the read of the requeued job's delay in one transaction: they share its
+    // now(), so the delay read is the backoff the reap gave, however long the statements
+    // take.
+    let mut tx = sqlx::Connection::begin(&mut *conn).await.unwrap();
+    assert_eq!(maintain(&mut tx, 30.0).await.0, 2);
+    let wait = due_in_secs(&mut *tx, stale).await;
+    tx.commit().await.unwrap();
     let after = row(pool, stale).await;
     assert_eq!(
         (&after["state"], &after["claim_token"], &after["attempt"]),
@@ -967,9 +991,10 @@ async fn maintain_takes_back_a_stale_claim_with_the_reason_recorded() {
         reason.contains(WORKER),
         "last_error names the holder: {after}"
     );
+    // skiplock.backoff(1): 2 s × [0.75, 1.25).
     assert!(
-        due_in_secs(pool, stale).await > 0.0,
-        "requeued with a backoff: {after}"
+        (1.5..=2.5).contains(&wait),
+        "requeued with a backoff, due in {wait} s: {after}"
     );
     assert_eq!(state(pool, spent).await, "dead", "no attempt left");
     assert!(row(pool, spent).await["last_error"].is_string());
@@ -1112,7 +1137,7 @@ async fn maintain_in_a_transaction_begun_long_ago_leaves_a_live_claim_alone() {
         .unwrap();
     common::fixtures::wait_for(
         "the database clock to pass a second after the transaction began",
-        Duration::from_secs(10),
+        Duration::from_secs(60),
         || async {
             sqlx::query_scalar::<_, bool>("SELECT clock_timestamp() > $1 + interval '1 second'")
                 .bind(began)
@@ -1168,7 +1193,7 @@ async fn maintain_enqueues_each_due_cron_slot_once() {
     sqlx::query("BEGIN").execute(&mut a).await.unwrap();
     let (by_a, mut a) = cron_enqueued(a).await;
     sqlx::query("BEGIN").execute(&mut b).await.unwrap();
-    let (by_b, mut b) = tokio::time::timeout(Duration::from_secs(30), cron_enqueued(b))
+    let (by_b, mut b) = tokio::time::timeout(Duration::from_secs(60), cron_enqueued(b))
         .await
         .expect("the second session skips the schedule the first holds");
     sqlx::query("COMMIT").execute(&mut b).await.unwrap();
@@ -1238,16 +1263,36 @@ async fn maintain_from_two_sessions_at_once_takes_each_stale_claim_once() {
         let total = if round == 0 {
             sqlx::query("BEGIN").execute(&mut a).await.unwrap();
             let (reaped_a, _) = maintain(&mut a, 30.0).await;
+            let b_pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
+                .fetch_one(&mut b)
+                .await
+                .unwrap();
             let other = tokio::spawn(async move {
                 sqlx::query("BEGIN").execute(&mut b).await.unwrap();
                 let reaped = maintain(&mut b, 30.0).await;
                 sqlx::query("COMMIT").execute(&mut b).await.unwrap();
                 reaped
             });
-            // Let b meet a's locks (it skips them or waits for them), then commit a.
-            tokio::time::sleep(Duration::from_millis(200)).await;
+            // b meets a's locks (it skips them, and ends, or waits for them) before a
+            // commits: a wait on either, not on time.
+            common::fixtures::wait_for(
+                "the second maintain to end or to wait for the first's locks",
+                Duration::from_secs(60),
+                || async {
+                    other.is_finished()
+                        || sqlx::query_scalar::<_, bool>(
+                            "SELECT EXISTS (SELECT FROM pg_stat_activity
+                                            WHERE pid = $1 AND wait_event_type = 'Lock')",
+                        )
+                        .bind(b_pid)
+                        .fetch_one(pool)
+                        .await
+                        .unwrap()
+                },
+            )
+            .await;
             sqlx::query("COMMIT").execute(&mut a).await.unwrap();
-            let (reaped_b, _) = tokio::time::timeout(Duration::from_secs(30), other)
+            let (reaped_b, _) = tokio::time::timeout(Duration::from_secs(60), other)
                 .await
                 .expect("the second maintain ends once the first commits")
                 .unwrap();
@@ -1403,7 +1448,7 @@ async fn complete_many(
 /// `skiplock.fail_many(ids, tokens, errors, retry_in)`, each retry_in in seconds (None: the
 /// backoff): (id, state) per claim, in the order given.
 async fn fail_many(
-    pool: &PgPool,
+    db: impl sqlx::PgExecutor<'_>,
     claims: &[(i64, Option<Uuid>)],
     errors: &[&str],
     retry_in_secs: Option<Vec<Option<f64>>>,
@@ -1420,7 +1465,7 @@ async fn fail_many(
     .bind(&tokens)
     .bind(errors)
     .bind(retry_in_secs)
-    .fetch_all(pool)
+    .fetch_all(db)
     .await
     .unwrap()
 }
@@ -1540,8 +1585,12 @@ async fn fail_many_records_each_error_backs_off_and_moves_on_what_died() {
     );
     let stale_before = row(pool, stale).await;
 
+    // The failures, the read of the backoff and the claim in one transaction: they share
+    // its now(), so the delay read is the backoff itself and the claim looks at the moment
+    // of the failures, however long each statement takes on a loaded machine.
+    let mut tx = pool.begin().await.unwrap();
     let results = fail_many(
-        pool,
+        &mut *tx,
         &[
             (retry_now, token_of(&claimed, retry_now)),
             (stale, Some(Uuid::new_v4())),
@@ -1566,7 +1615,7 @@ async fn fail_many_records_each_error_backs_off_and_moves_on_what_died() {
         ]
     );
     assert_eq!(
-        row(pool, stale).await,
+        row(&mut *tx, stale).await,
         stale_before,
         "a stale claim changes nothing"
     );
@@ -1576,20 +1625,21 @@ async fn fail_many_records_each_error_backs_off_and_moves_on_what_died() {
         (parent, "parent failed"),
         (lane_head, "head failed"),
     ] {
-        let after = row(pool, id).await;
+        let after = row(&mut *tx, id).await;
         assert_eq!(after["last_error"], json!(message), "job {id}: {after}");
         assert_eq!(after["errors"][0]["message"], json!(message), "job {id}");
         assert_eq!(after["claim_token"], Value::Null, "job {id}");
     }
     // skiplock.backoff(1): 2 s × [0.75, 1.25).
-    let wait = due_in_secs(pool, backs_off).await;
-    assert!((1.0..=2.5).contains(&wait), "due in {wait} s");
-    assert_eq!(state(pool, child).await, "cancelled", "its parent died");
+    let wait = due_in_secs(&mut *tx, backs_off).await;
+    assert!((1.5..=2.5).contains(&wait), "due in {wait} s");
     assert_eq!(
-        ids(&claim(pool, 10).await),
+        ids(&claim(&mut *tx, 10).await),
         [behind, retry_now],
         "the lane moved on; a retry_in of zero is due at once; the backoff is not over"
     );
+    tx.commit().await.unwrap();
+    assert_eq!(state(pool, child).await, "cancelled", "its parent died");
 }
 
 /// One row that refuses its outcome (a trigger of the user's) never stops the others: the

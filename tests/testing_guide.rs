@@ -10,6 +10,7 @@ use serde_json::json;
 use skiplock::testing::{Enqueued, assert_enqueued, drain_queue, perform_job, refute_enqueued};
 use skiplock::{EnqueueOptions, Job, JobContext, JobError, JobEventOutcome, JobState, Worker};
 use sqlx::{Connection, PgConnection, PgPool};
+use std::time::Duration;
 
 /// Sends a welcome mail; fails while the mailer is down.
 #[derive(Serialize, Deserialize)]
@@ -32,6 +33,11 @@ impl Job for SendWelcome {
             return Err(JobError::retry("mail server unreachable"));
         }
         Ok(())
+    }
+
+    /// A mail server that is down stays down a while: try again in ten minutes.
+    fn retry_delay(_attempt: i32) -> Duration {
+        Duration::from_secs(600)
     }
 }
 
@@ -85,7 +91,7 @@ async fn signing_up_sends_one_welcome_mail() -> Result<(), Box<dyn std::error::E
     );
 
     // A second sign-up, then the queue drained with the mail server up: the new job runs;
-    // the retried one waits for its backoff, so it is not runnable yet.
+    // the retried one waits out its ten minutes, so it is not runnable yet.
     sign_up(&pool, "grace").await?;
     let up = Worker::builder(pool.clone())
         .register::<SendWelcome>()

@@ -11,8 +11,50 @@ use std::time::Duration;
 use common::fixtures::{Recorder, Slow, count_in_state, fast_worker, wait_for};
 use common::test_db;
 use skiplock::db::migrations::SCHEMA_VERSION_LATEST;
-use skiplock::{EnqueueOptions, Error, JobState};
+use skiplock::{EnqueueOptions, Error, Job, JobContext, JobError, JobState, WorkerBuilder};
 use sqlx::PgPool;
+
+/// Longest wait for a worker to settle what the database holds.
+const PATIENCE: Duration = Duration::from_secs(60);
+
+/// `fast_worker` with claims that never go stale while it runs (an hour), for the tests
+/// that count each job's runs: a live claim taken back under load would run its job twice.
+fn steady_worker(pool: &PgPool, recorder: &Recorder) -> WorkerBuilder {
+    fast_worker(pool, recorder).heartbeat(Duration::from_millis(100), Duration::from_secs(3600))
+}
+
+/// Runs until the test opens its [`Gate`], recording its start: a job the test knows is
+/// still running when a migration commits.
+#[derive(serde::Serialize, serde::Deserialize, Clone)]
+struct AtGate {}
+
+/// Each permit added lets one job through; opened (closed, as a semaphore), it lets every
+/// job through for good.
+#[derive(Clone)]
+struct Gate(std::sync::Arc<tokio::sync::Semaphore>);
+
+impl Gate {
+    fn closed() -> Self {
+        Self(std::sync::Arc::new(tokio::sync::Semaphore::new(0)))
+    }
+
+    fn open(&self) {
+        self.0.close();
+    }
+}
+
+impl Job for AtGate {
+    const KIND: &'static str = "at_gate";
+
+    async fn run(self, ctx: JobContext) -> Result<(), JobError> {
+        ctx.data::<Recorder>().unwrap().record(&ctx);
+        // A permit lets one job end; an error is the gate opening for all.
+        if let Ok(permit) = ctx.data::<Gate>().unwrap().0.acquire().await {
+            permit.forget();
+        }
+        Ok(())
+    }
+}
 
 /// Applies a synthetic next migration: `change`, and the ledger row of version
 /// `SCHEMA_VERSION_LATEST + 1`, in one transaction as `skiplock migrate` does, and, as it
@@ -53,10 +95,13 @@ async fn a_compatible_migration_leaves_running_workers_working() {
     let recorder = Recorder::default();
     // Not `exit_when_idle`: the worker could finish the first jobs and exit before the
     // second batch is enqueued.
-    let worker = fast_worker(pool, &recorder).concurrency(4).build().unwrap();
+    let worker = steady_worker(pool, &recorder)
+        .concurrency(4)
+        .build()
+        .unwrap();
     let shutdown = worker.shutdown_handle();
     let run = tokio::spawn(worker.run());
-    wait_for("a few jobs to succeed", Duration::from_secs(30), || async {
+    wait_for("a few jobs to succeed", PATIENCE, || async {
         count_in_state(pool, JobState::Succeeded).await >= 4
     })
     .await;
@@ -64,12 +109,12 @@ async fn a_compatible_migration_leaves_running_workers_working() {
     skiplock::enqueue_many(pool, &vec![Slow { ms: 20 }; 20], EnqueueOptions::default())
         .await
         .unwrap();
-    wait_for("every job to succeed", Duration::from_secs(60), || async {
+    wait_for("every job to succeed", PATIENCE, || async {
         count_in_state(pool, JobState::Succeeded).await == 40
     })
     .await;
     shutdown.shutdown();
-    let summary = tokio::time::timeout(Duration::from_secs(60), run)
+    let summary = tokio::time::timeout(PATIENCE, run)
         .await
         .expect("the worker stops")
         .unwrap()
@@ -83,15 +128,32 @@ async fn an_incompatible_migration_stops_workers_cleanly_and_loses_nothing() {
     // Regression: the worker logged "claim failed; retrying" forever.
     let db = test_db().await;
     let pool = &db.pool;
-    skiplock::enqueue_many(pool, &vec![Slow { ms: 100 }; 40], EnqueueOptions::default())
+    skiplock::enqueue_many(pool, &vec![AtGate {}; 40], EnqueueOptions::default())
         .await
         .unwrap();
     let recorder = Recorder::default();
-    let worker = fast_worker(pool, &recorder).concurrency(4).build().unwrap();
+    let gate = Gate::closed();
+    // A buffer of 4: with 4 running and 4 claimed ahead, most jobs are still queued when
+    // the migration commits, however fast the machine.
+    let worker = steady_worker(pool, &recorder)
+        .register::<AtGate>()
+        .data(gate.clone())
+        .concurrency(4)
+        .prefetch(4)
+        .build()
+        .unwrap();
     let run = tokio::spawn(worker.run());
-    wait_for("a few jobs to succeed", Duration::from_secs(30), || async {
-        count_in_state(pool, JobState::Succeeded).await >= 4
+    // Four jobs end, four more start and wait: the worker is draining.
+    wait_for("the first four jobs to start", PATIENCE, || async {
+        recorder.total() == 4
     })
+    .await;
+    gate.0.add_permits(4);
+    wait_for(
+        "four jobs to succeed and four more to run",
+        PATIENCE,
+        || async { count_in_state(pool, JobState::Succeeded).await == 4 && recorder.total() == 8 },
+    )
     .await;
     // The next version renamed the claim function.
     migrate_to_next_version(
@@ -99,7 +161,9 @@ async fn an_incompatible_migration_stops_workers_cleanly_and_loses_nothing() {
         "ALTER FUNCTION skiplock.internal_claim_batch RENAME TO claim_batch_next",
     )
     .await;
-    let result = tokio::time::timeout(Duration::from_secs(60), run)
+    // The running jobs end after the migration: the worker lets them finish.
+    gate.open();
+    let result = tokio::time::timeout(PATIENCE, run)
         .await
         .expect("the worker stops by itself")
         .unwrap();
@@ -137,7 +201,9 @@ async fn an_incompatible_migration_stops_workers_cleanly_and_loses_nothing() {
     .execute(pool)
     .await
     .unwrap();
-    let worker = fast_worker(pool, &recorder)
+    let worker = steady_worker(pool, &recorder)
+        .register::<AtGate>()
+        .data(gate)
         .concurrency(4)
         .exit_when_idle(true)
         .build()
@@ -236,10 +302,13 @@ async fn changed_function_bodies_are_applied_by_migrate_and_keep_grants() {
         .await
         .unwrap();
     let recorder = Recorder::default();
-    let worker = fast_worker(pool, &recorder).concurrency(4).build().unwrap();
+    let worker = steady_worker(pool, &recorder)
+        .concurrency(4)
+        .build()
+        .unwrap();
     let shutdown = worker.shutdown_handle();
     let run = tokio::spawn(worker.run());
-    wait_for("a few jobs to succeed", Duration::from_secs(30), || async {
+    wait_for("a few jobs to succeed", PATIENCE, || async {
         count_in_state(pool, JobState::Succeeded).await >= 4
     })
     .await;
@@ -247,12 +316,12 @@ async fn changed_function_bodies_are_applied_by_migrate_and_keep_grants() {
     assert_eq!(backoff_body(pool).await, current, "the file's body is back");
     let after: Option<String> = sqlx::query_scalar(acl).fetch_one(pool).await.unwrap();
     assert_eq!(after.as_deref(), Some(before.as_str()), "grants kept");
-    wait_for("every job to succeed", Duration::from_secs(60), || async {
+    wait_for("every job to succeed", PATIENCE, || async {
         count_in_state(pool, JobState::Succeeded).await == 40
     })
     .await;
     shutdown.shutdown();
-    tokio::time::timeout(Duration::from_secs(30), run)
+    tokio::time::timeout(PATIENCE, run)
         .await
         .expect("the worker stops")
         .unwrap()
@@ -285,14 +354,22 @@ async fn changed_function_bodies_are_applied_by_migrate_and_keep_grants() {
 async fn an_outcome_the_old_worker_cannot_write_is_reaped_and_run_by_a_new_one() {
     let db = test_db().await;
     let pool = &db.pool;
-    let id = skiplock::enqueue(pool, &Slow { ms: 1_000 }, EnqueueOptions::default())
+    let id = skiplock::enqueue(pool, &AtGate {}, EnqueueOptions::default())
         .await
         .unwrap()
         .id;
     let recorder = Recorder::default();
-    let worker = fast_worker(pool, &recorder).concurrency(1).build().unwrap();
+    let gate = Gate::closed();
+    // Its claim never goes stale while it runs: the job must still be held, attempt 1, when
+    // the migration commits.
+    let worker = steady_worker(pool, &recorder)
+        .register::<AtGate>()
+        .data(gate.clone())
+        .concurrency(1)
+        .build()
+        .unwrap();
     let run = tokio::spawn(worker.run());
-    wait_for("the job to start", Duration::from_secs(30), || async {
+    wait_for("the job to start", PATIENCE, || async {
         recorder.runs().contains_key(&id.0)
     })
     .await;
@@ -302,7 +379,9 @@ async fn an_outcome_the_old_worker_cannot_write_is_reaped_and_run_by_a_new_one()
         "ALTER FUNCTION skiplock.internal_complete_claims RENAME TO complete_claims_next",
     )
     .await;
-    let result = tokio::time::timeout(Duration::from_secs(60), run)
+    // Only now does the job end, its outcome to be written on the new schema.
+    gate.open();
+    let result = tokio::time::timeout(PATIENCE, run)
         .await
         .expect("the old worker stops by itself")
         .unwrap();
@@ -331,10 +410,16 @@ async fn an_outcome_the_old_worker_cannot_write_is_reaped_and_run_by_a_new_one()
     .execute(pool)
     .await
     .unwrap();
-    let worker = fast_worker(pool, &recorder).concurrency(1).build().unwrap();
+    // Its reaper takes the old worker's claim back after 3 s without a heartbeat.
+    let worker = fast_worker(pool, &recorder)
+        .register::<AtGate>()
+        .data(gate)
+        .concurrency(1)
+        .build()
+        .unwrap();
     let shutdown = worker.shutdown_handle();
     let run = tokio::spawn(worker.run());
-    wait_for("the job to succeed", Duration::from_secs(60), || async {
+    wait_for("the job to succeed", PATIENCE, || async {
         count_in_state(pool, JobState::Succeeded).await == 1
     })
     .await;

@@ -11,7 +11,18 @@ use common::fixtures::{
 };
 use common::test_db;
 use serde_json::json;
-use skiplock::{EnqueueOptions, JobId, JobState, NewJob};
+use skiplock::{EnqueueOptions, JobContext, JobError, JobId, JobState, NewJob, WorkerBuilder};
+use sqlx::PgPool;
+
+/// Longest wait for a worker to settle what the database holds.
+const PATIENCE: Duration = Duration::from_secs(60);
+
+/// `fast_worker` with claims that never go stale while it runs (an hour): the tests here
+/// count each job's runs, and a live claim taken back by the reaper on a loaded machine
+/// would run its job twice. Reaping is not their subject.
+fn steady_worker(pool: &PgPool, recorder: &Recorder) -> WorkerBuilder {
+    fast_worker(pool, recorder).heartbeat(Duration::from_millis(100), Duration::from_secs(3600))
+}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn three_workers_drain_ten_thousand_jobs_exactly_once() {
@@ -26,7 +37,7 @@ async fn three_workers_drain_ten_thousand_jobs_exactly_once() {
     let recorder = Recorder::default();
     let workers: Vec<_> = (0..3)
         .map(|i| {
-            let worker = fast_worker(&db.pool, &recorder)
+            let worker = steady_worker(&db.pool, &recorder)
                 .worker_id(format!("drain-{i}"))
                 .concurrency(16)
                 .exit_when_idle(true)
@@ -85,10 +96,10 @@ async fn failing_job_backs_off_dies_and_runs_again_after_manual_retry() {
     .id;
 
     let recorder = Recorder::default();
-    let worker = fast_worker(&db.pool, &recorder).build().unwrap();
+    let worker = steady_worker(&db.pool, &recorder).build().unwrap();
     let stop = worker.shutdown_handle();
     let run = tokio::spawn(worker.run());
-    wait_for("the job to die", Duration::from_secs(30), || async {
+    wait_for("the job to die", PATIENCE, || async {
         state_of(&db.pool, id.0).await == JobState::Dead
     })
     .await;
@@ -140,7 +151,7 @@ async fn failing_job_backs_off_dies_and_runs_again_after_manual_retry() {
     // A manual retry (API) gives it one more attempt...
     assert!(skiplock::retry(&db.pool, id).await.unwrap());
     let recorder = Recorder::default();
-    fast_worker(&db.pool, &recorder)
+    steady_worker(&db.pool, &recorder)
         .exit_when_idle(true)
         .build()
         .unwrap()
@@ -172,10 +183,10 @@ async fn flaky_job_succeeds_on_a_later_attempt() {
     .unwrap()
     .id;
     let recorder = Recorder::default();
-    let worker = fast_worker(&db.pool, &recorder).build().unwrap();
+    let worker = steady_worker(&db.pool, &recorder).build().unwrap();
     let stop = worker.shutdown_handle();
     let run = tokio::spawn(worker.run());
-    wait_for("the job to succeed", Duration::from_secs(30), || async {
+    wait_for("the job to succeed", PATIENCE, || async {
         state_of(&db.pool, id.0).await == JobState::Succeeded
     })
     .await;
@@ -205,16 +216,14 @@ async fn a_panicking_handler_fails_only_its_own_job() {
         .unwrap();
 
     let recorder = Recorder::default();
-    let worker = fast_worker(&db.pool, &recorder).build().unwrap();
+    let worker = steady_worker(&db.pool, &recorder).build().unwrap();
     let stop = worker.shutdown_handle();
     let run = tokio::spawn(worker.run());
-    wait_for(
-        "the panicking job to die",
-        Duration::from_secs(20),
-        || async { state_of(&db.pool, bad.0).await == JobState::Dead },
-    )
+    wait_for("the panicking job to die", PATIENCE, || async {
+        state_of(&db.pool, bad.0).await == JobState::Dead
+    })
     .await;
-    wait_for("the others to succeed", Duration::from_secs(20), || async {
+    wait_for("the others to succeed", PATIENCE, || async {
         count_in_state(&db.pool, JobState::Succeeded).await == 50
     })
     .await;
@@ -239,7 +248,7 @@ async fn undecodable_args_are_a_permanent_failure_with_a_clear_error() {
     .unwrap()[0]
         .id;
     let recorder = Recorder::default();
-    fast_worker(&db.pool, &recorder)
+    steady_worker(&db.pool, &recorder)
         .exit_when_idle(true)
         .build()
         .unwrap()
@@ -271,7 +280,7 @@ async fn a_job_of_an_unknown_kind_stays_queued_untouched() {
         .unwrap()
         .id;
     let recorder = Recorder::default();
-    fast_worker(&db.pool, &recorder)
+    steady_worker(&db.pool, &recorder)
         .exit_when_idle(true)
         .build()
         .unwrap()
@@ -297,16 +306,19 @@ async fn a_plain_sql_insert_wakes_an_idle_worker() {
     let db = test_db().await;
     let recorder = Recorder::default();
     // Polling once an hour: only the notification can bring the job in time.
-    let worker = fast_worker(&db.pool, &recorder)
+    let worker = steady_worker(&db.pool, &recorder)
         .poll_interval(Duration::from_secs(3600))
         .build()
         .unwrap();
     let stop = worker.shutdown_handle();
     let run = tokio::spawn(worker.run());
-    wait_for("the worker to LISTEN", Duration::from_secs(10), || async {
+    // `state = 'idle'`: the LISTEN has completed (while it runs, the session shows it as
+    // its query already, and a notification sent then is lost).
+    wait_for("the worker to LISTEN", PATIENCE, || async {
         sqlx::query_scalar::<_, bool>(
             "SELECT EXISTS (SELECT 1 FROM pg_stat_activity
-                            WHERE datname = current_database() AND query ILIKE 'LISTEN%')",
+                            WHERE datname = current_database() AND query ILIKE 'LISTEN%'
+                              AND state = 'idle')",
         )
         .fetch_one(&db.pool)
         .await
@@ -319,54 +331,111 @@ async fn a_plain_sql_insert_wakes_an_idle_worker() {
     .fetch_one(&db.pool)
     .await
     .unwrap();
-    wait_for(
-        "the inserted job to run",
-        Duration::from_secs(20),
-        || async { state_of(&db.pool, id).await == JobState::Succeeded },
-    )
+    wait_for("the inserted job to run", PATIENCE, || async {
+        state_of(&db.pool, id).await == JobState::Succeeded
+    })
     .await;
     stop.shutdown();
     run.await.unwrap().unwrap();
     assert_eq!(recorder.runs()[&id], vec![1]);
 }
 
+/// Waits until the test opens its [`Gate`], recording its start.
+#[derive(serde::Serialize, serde::Deserialize, Clone)]
+struct AtGate {}
+
+/// Opened once, for good (a closed semaphore lets every waiter through).
+#[derive(Clone)]
+struct Gate(std::sync::Arc<tokio::sync::Semaphore>);
+
+impl Gate {
+    fn closed() -> Self {
+        Self(std::sync::Arc::new(tokio::sync::Semaphore::new(0)))
+    }
+
+    fn open(&self) {
+        self.0.close();
+    }
+}
+
+impl skiplock::Job for AtGate {
+    const KIND: &'static str = "at_gate";
+
+    async fn run(self, ctx: JobContext) -> Result<(), JobError> {
+        ctx.data::<Recorder>().unwrap().record(&ctx);
+        let gate = ctx.data::<Gate>().unwrap();
+        // An error is the gate opening.
+        if let Ok(permit) = gate.0.acquire().await {
+            permit.forget();
+        }
+        Ok(())
+    }
+}
+
+/// How long the graceful shutdown in
+/// [`graceful_shutdown_finishes_short_jobs_and_releases_long_ones`] waits for running jobs:
+/// the short ones end as soon as the test sees the shutdown under way, far sooner on any
+/// machine; the long ones hold the test this long.
+const GRACE: Duration = Duration::from_secs(10);
+
+/// A graceful shutdown lets running jobs that end within the grace period succeed, and
+/// releases those still running at its end, and those claimed but never started at once,
+/// without spending their attempt. The short jobs end when the test lets them, once the
+/// shutdown is under way (the unstarted jobs are back in the queue): a shutdown that
+/// stopped running jobs at once would release them.
 #[tokio::test]
 async fn graceful_shutdown_finishes_short_jobs_and_releases_long_ones() {
     let db = test_db().await;
     let short: Vec<JobId> = common::ids(
-        skiplock::enqueue_many(
-            &db.pool,
-            &vec![Slow { ms: 300 }; 4],
-            EnqueueOptions::default(),
-        )
-        .await
-        .unwrap(),
+        skiplock::enqueue_many(&db.pool, &vec![AtGate {}; 4], EnqueueOptions::default())
+            .await
+            .unwrap(),
     );
     let long: Vec<JobId> = common::ids(
         skiplock::enqueue_many(
             &db.pool,
             &vec![Slow { ms: 600_000 }; 4],
-            EnqueueOptions::new().priority(1),
+            EnqueueOptions::default(),
         )
         .await
         .unwrap(),
     );
 
     let recorder = Recorder::default();
-    let worker = fast_worker(&db.pool, &recorder)
+    let gate = Gate::closed();
+    let worker = steady_worker(&db.pool, &recorder)
+        .register::<AtGate>()
+        .data(gate.clone())
         .concurrency(8)
-        .shutdown_grace(Duration::from_secs(2))
+        .shutdown_grace(GRACE)
         .build()
         .unwrap();
     let stop = worker.shutdown_handle();
     let run = tokio::spawn(worker.run());
-    wait_for(
-        "all eight jobs to start",
-        Duration::from_secs(10),
-        || async { recorder.total() == 8 },
-    )
+    wait_for("all eight jobs to start", PATIENCE, || async {
+        recorder.total() == 8
+    })
+    .await;
+    // Every slot is taken: these two are claimed into the local buffer and wait there.
+    let unstarted: Vec<JobId> = common::ids(
+        skiplock::enqueue_many(
+            &db.pool,
+            &vec![Slow { ms: 600_000 }; 2],
+            EnqueueOptions::default(),
+        )
+        .await
+        .unwrap(),
+    );
+    wait_for("the last two jobs to be claimed", PATIENCE, || async {
+        count_in_state(&db.pool, JobState::Running).await == 10
+    })
     .await;
     stop.shutdown();
+    wait_for("the unstarted jobs to be released", PATIENCE, || async {
+        count_in_state(&db.pool, JobState::Queued).await == 2
+    })
+    .await;
+    gate.open();
     let summary = run.await.unwrap().unwrap();
 
     assert_eq!(
@@ -381,7 +450,7 @@ async fn graceful_shutdown_finishes_short_jobs_and_releases_long_ones() {
             "short job {id} finished"
         );
     }
-    for id in &long {
+    for id in long.iter().chain(&unstarted) {
         let row = skiplock::job(&db.pool, *id).await.unwrap().unwrap();
         assert_eq!(row.state, JobState::Queued, "long job {id} released");
         assert_eq!(row.attempt, 0, "release does not spend an attempt");
@@ -392,7 +461,13 @@ async fn graceful_shutdown_finishes_short_jobs_and_releases_long_ones() {
                 && row.last_error.is_none()
         );
     }
-    assert_eq!((summary.succeeded, summary.released), (4, 4));
+    assert!(
+        unstarted
+            .iter()
+            .all(|id| !recorder.runs().contains_key(&id.0)),
+        "the last two never started"
+    );
+    assert_eq!((summary.succeeded, summary.released), (4, 6));
 }
 
 #[tokio::test]
@@ -407,14 +482,14 @@ async fn shutdown_releases_jobs_still_in_the_local_buffer() {
     .unwrap();
     let recorder = Recorder::default();
     // Two slots, four more claimed into the buffer.
-    let worker = fast_worker(&db.pool, &recorder)
+    let worker = steady_worker(&db.pool, &recorder)
         .concurrency(2)
         .prefetch(4)
         .build()
         .unwrap();
     let stop = worker.shutdown_handle();
     let run = tokio::spawn(worker.run());
-    wait_for("six claims", Duration::from_secs(10), || async {
+    wait_for("six claims", PATIENCE, || async {
         count_in_state(&db.pool, JobState::Running).await == 6 && recorder.total() == 2
     })
     .await;
@@ -451,7 +526,7 @@ async fn long_jobs_are_not_hoarded_by_the_adaptive_buffer() {
     .await
     .unwrap();
     let recorder = Recorder::default();
-    let worker = fast_worker(&db.pool, &recorder)
+    let worker = steady_worker(&db.pool, &recorder)
         .concurrency(2)
         .build()
         .unwrap();

@@ -18,8 +18,9 @@ use tokio::process::{Child, Command};
 use tokio::sync::{mpsc, oneshot};
 use tokio_tungstenite::tungstenite::Message;
 
-/// How long one protocol command or one wait may take.
-const LIMIT: Duration = Duration::from_secs(30);
+/// How long one protocol command or one wait may take: only guards a hang, so generous
+/// enough for a loaded machine.
+const LIMIT: Duration = Duration::from_secs(60);
 
 /// Viewport of the page, CSS pixels.
 pub const WIDTH: u32 = 1280;

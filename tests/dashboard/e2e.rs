@@ -101,7 +101,7 @@ async fn overview_counts_and_retrying_a_dead_job_by_clicking() {
         vec![format!("Retry job {id} now?")],
         "the click asked for confirmation"
     );
-    wait_for("the job to be queued", Duration::from_secs(10), || async {
+    wait_for("the job to be queued", Duration::from_secs(60), || async {
         state_of(&db.pool, id).await.as_deref() == Some("queued")
     })
     .await;

@@ -115,7 +115,7 @@ impl Cluster {
         text.push_str(&format!(
             "\n# skiplock failover test\nlisten_addresses = '127.0.0.1'\n\
              unix_socket_directories = '{}'\nfsync = off\nfull_page_writes = off\n\
-             max_connections = 100\n{settings}\n",
+             max_connections = 100\nlog_min_error_statement = error\n{settings}\n",
             self.dir.path().display()
         ));
         std::fs::write(&conf, text).expect("write postgresql.conf");
@@ -178,6 +178,11 @@ impl Cluster {
             .output()
             .expect("run pg_ctl promote");
         assert!(out.status.success(), "pg_ctl promote: {}", text(&out));
+    }
+
+    /// The server's whole log (with every failed statement: `log_min_error_statement`).
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("postgres.log")).unwrap_or_default()
     }
 
     /// The last lines of the server's log, for failure messages.

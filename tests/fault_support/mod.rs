@@ -337,6 +337,60 @@ pub async fn running_held_by(pool: &PgPool, worker_id: &str) -> i64 {
     .expect("count held jobs")
 }
 
+/// Waits until no session of worker `id` (its `application_name`) is running a statement.
+/// Once the worker is stopped (SIGSTOP), this means that nothing it sent is still in flight:
+/// what it holds stays as it is until it is continued or killed (only another worker's
+/// reaper can change it meanwhile), and a heartbeat it sent before the stop cannot land
+/// after a test's own write. Every statement of a worker is one round trip in autocommit
+/// (none waits on a lock its own idle sessions hold), so a stopped worker gets there.
+pub async fn wait_no_statement_of(pool: &PgPool, id: &str) {
+    wait_until(
+        "the worker's statements in flight to end",
+        PATIENCE,
+        || async {
+            let active: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM pg_stat_activity
+             WHERE datname = current_database() AND application_name = $1
+               AND state = 'active'",
+            )
+            .bind(id)
+            .fetch_one(pool)
+            .await
+            .expect("count the worker's statements in flight");
+            (active == 0).then_some(())
+        },
+    )
+    .await;
+}
+
+/// Makes the claims that worker `id` holds just stale (by 200 ms) for a reaper whose stale
+/// timeout is `stale_after`, as if the worker had stopped beating that long ago; returns
+/// how many claims it aged. The next pass of any worker's reaper takes them back: a
+/// heartbeat just past its threshold is inside the window a pass between full passes looks
+/// at (which starts a second before the previous pass's threshold), while one aged far
+/// into the past would wait for the next full pass (src/maintenance/reaper.rs).
+///
+/// This lets a test reap a killed or frozen worker at once and deterministically while
+/// the live workers keep a stale timeout far longer than any pause a loaded machine causes
+/// (with a short one, a live worker's late heartbeat gets its claims reaped and its jobs
+/// run twice, which such tests rightly count as a failure). Call it only once the worker
+/// writes nothing more: its sessions gone ([`sessions_of`] is 0) after a kill, or stopped
+/// with nothing in flight ([`wait_no_statement_of`]); otherwise a heartbeat already sent
+/// could land after it and freshen the claims again.
+pub async fn age_claims_of(pool: &PgPool, id: &str, stale_after: Duration) -> u64 {
+    sqlx::query(
+        "UPDATE skiplock.jobs
+         SET heartbeat_at = clock_timestamp() - ($2 + 200) * interval '1 millisecond'
+         WHERE state = 'running' AND claimed_by = $1",
+    )
+    .bind(id)
+    .bind(stale_after.as_millis() as i64)
+    .execute(pool)
+    .await
+    .expect("age the worker's heartbeats")
+    .rows_affected()
+}
+
 /// Connections of worker `id` (its `application_name`) still open on the server.
 pub async fn sessions_of(pool: &PgPool, id: &str) -> i64 {
     sqlx::query_scalar(

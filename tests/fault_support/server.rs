@@ -56,10 +56,17 @@ impl PrivateServer {
         .expect("start the server")
     }
 
-    /// The URL of database `name` on this server.
+    /// The URL of database `name` on this server, through its Unix socket in the
+    /// server's private directory (`?host=DIR`; the port only names the socket file
+    /// there). Not over TCP: while [`restart`](Self::restart) has the server down, any
+    /// process on the machine may take its TCP port (another test's server, the local
+    /// port of some connection), and the server could not come back on it; the socket's
+    /// name in a directory of this server alone cannot be taken. The URL stays the same
+    /// across restarts, so the workers given it reconnect by themselves.
     pub fn url(&self, name: &str) -> String {
         format!(
-            "postgres://postgres@127.0.0.1:{}/{name}",
+            "postgres://postgres@localhost/{name}?host={}&port={}",
+            url_encode_path(&self.server.dir().to_string_lossy()),
             self.server.port()
         )
     }
@@ -96,7 +103,9 @@ impl PrivateServer {
     }
 
     /// Restarts the server with `pg_ctl restart -m MODE`, waiting until it accepts
-    /// connections again.
+    /// connections again. It comes back listening on its Unix socket only (the one
+    /// [`url`](Self::url) names), on the same socket name: its TCP port may have been
+    /// taken while it was down.
     pub async fn restart(&self, mode: Restart) {
         let mode = match mode {
             Restart::Immediate => "immediate",
@@ -117,6 +126,11 @@ impl PrivateServer {
             .arg("-l")
             .arg(&log)
             .args(["-m", mode, "-w", "-t", "60", "restart"])
+            // Replaces the options of the first start (`-p PORT`, read back from
+            // postmaster.opts when no -o is given): the same port names the socket file,
+            // and no TCP listener, whose port someone else may hold by now.
+            .arg("-o")
+            .arg(format!("-p {} -c listen_addresses=''", self.server.port()))
             .current_dir(self.server.dir())
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -131,4 +145,16 @@ impl PrivateServer {
             String::from_utf8_lossy(&output.stderr)
         );
     }
+}
+
+/// `path` for a URL's query string: every byte but unreserved ones and `/` percent-encoded.
+fn url_encode_path(path: &str) -> String {
+    path.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' | b'/' => {
+                (b as char).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
 }

@@ -42,6 +42,9 @@ pub struct Testbed {
     child: Child,
     pid: u32,
     log: Arc<Mutex<Vec<String>>>,
+    /// The task that reads the process's stderr into `log`; it ends at EOF, once the
+    /// process exited and every line it wrote was collected. `None` once awaited.
+    reader: Option<tokio::task::JoinHandle<()>>,
 }
 
 /// Options of a testbed process: `--flag value` pairs appended to the command line.
@@ -101,7 +104,7 @@ impl Testbed {
         let log = Arc::new(Mutex::new(Vec::new()));
         let stderr = child.stderr.take().expect("stderr is piped");
         let lines = log.clone();
-        tokio::spawn(async move {
+        let reader = tokio::spawn(async move {
             let mut reader = BufReader::new(stderr).lines();
             while let Ok(Some(line)) = reader.next_line().await {
                 lines.lock().unwrap().push(line);
@@ -112,6 +115,7 @@ impl Testbed {
             child,
             pid,
             log,
+            reader: Some(reader),
         };
         testbed.wait_for_log("testbed ready", PATIENCE).await;
         testbed
@@ -131,15 +135,35 @@ impl Testbed {
         assert!(status.success(), "kill -{signal} {} failed", self.pid);
     }
 
-    /// Waits for the process to exit; returns its exit status.
+    /// Waits for the process to exit; returns its exit status. Its whole log is collected
+    /// by then (for [`log_text`](Self::log_text) and [`log_count`](Self::log_count)).
     pub async fn wait_exit(&mut self, limit: Duration) -> std::process::ExitStatus {
-        match tokio::time::timeout(limit, self.child.wait()).await {
+        let status = match tokio::time::timeout(limit, self.child.wait()).await {
             Ok(status) => status.expect("wait for the testbed"),
             Err(_) => panic!(
                 "testbed {} did not exit within {limit:?}; log:\n{}",
                 self.worker_id,
                 self.log_text()
             ),
+        };
+        self.collect_log().await;
+        status
+    }
+
+    /// Once the process has exited: waits until the reader has collected every line it
+    /// wrote (its stderr's EOF). Only the process held the pipe's write end, so EOF comes
+    /// with its exit.
+    async fn collect_log(&mut self) {
+        if let Some(reader) = self.reader.take() {
+            tokio::time::timeout(PATIENCE, reader)
+                .await
+                .unwrap_or_else(|_| {
+                    panic!(
+                        "the stderr of testbed {} did not end within {PATIENCE:?} of its exit",
+                        self.worker_id
+                    )
+                })
+                .expect("the testbed's log reader");
         }
     }
 
@@ -154,6 +178,42 @@ impl Testbed {
         self.wait_exit(PATIENCE).await;
     }
 
+    /// Kills the process (SIGKILL) at a moment it holds at least one claim; returns how
+    /// many claims it held once its sessions were gone (so that nothing it sent before the
+    /// kill can land after the count). Waiting to see it hold a job and then killing it
+    /// races with the job: a short one finishes in between. So it is stopped first
+    /// (SIGSTOP: a stopped process completes nothing), checked once nothing it sent is in
+    /// flight, and killed if it holds a claim; if not, continued and tried again.
+    ///
+    /// The count can still come out 0 when the other workers' reaper took the claims while
+    /// it was stopped, or (rarely) when a completion it had written just before the stop
+    /// was read by the server only after the check; a caller that needs a victim holding
+    /// claims starts another.
+    pub async fn kill9_holding(&mut self, pool: &sqlx::PgPool) -> i64 {
+        let id = self.worker_id.clone();
+        let deadline = Instant::now() + PATIENCE;
+        loop {
+            super::wait_until(
+                "the victim to hold a job",
+                deadline.saturating_duration_since(Instant::now()),
+                || async { (super::running_held_by(pool, &id).await > 0).then_some(()) },
+            )
+            .await;
+            self.signal("STOP");
+            super::wait_no_statement_of(pool, &id).await;
+            if super::running_held_by(pool, &id).await > 0 {
+                break;
+            }
+            self.signal("CONT");
+        }
+        self.kill9().await;
+        super::wait_until("the killed worker's sessions to end", PATIENCE, || async {
+            (super::sessions_of(pool, &id).await == 0).then_some(())
+        })
+        .await;
+        super::running_held_by(pool, &id).await
+    }
+
     /// Waits until a line of the process's stderr contains `needle`; returns the line.
     pub async fn wait_for_log(&mut self, needle: &str, limit: Duration) -> String {
         let deadline = Instant::now() + limit;
@@ -162,8 +222,9 @@ impl Testbed {
                 return line.clone();
             }
             if self.has_exited() {
-                // Give the reader task a moment to collect the last lines.
-                tokio::time::sleep(Duration::from_millis(100)).await;
+                // Every line it wrote is collected once its stderr ends: only then is a
+                // line known to be missing.
+                self.collect_log().await;
                 if let Some(line) = self.log.lock().unwrap().iter().find(|l| l.contains(needle)) {
                     return line.clone();
                 }

@@ -81,8 +81,10 @@ const STATEMENT_FAILED: [&str; 16] = [
     "local buffer refused",
 ];
 
-/// Errors that a killed connection (or a killed or stopped worker) explains.
-const TRANSIENT: [&str; 15] = [
+/// Errors that a killed connection (or a killed or stopped worker) explains, or a slow
+/// machine: a heartbeat that got no reply within its own timeout (half the stale timeout;
+/// src/worker/heartbeat.rs) failed on time, not on data, and is retried next interval.
+const TRANSIENT: [&str; 16] = [
     "terminating connection",
     "administrator command",
     "connection reset",
@@ -99,6 +101,7 @@ const TRANSIENT: [&str; 15] = [
     "57p01",
     // Deadlocks (two outcome batches locking unique keys in different orders) are retried.
     "deadlock detected",
+    "no reply within",
 ];
 
 /// Two requeues of one unique key in one batch (an outcome batch, or a reaper pass): the

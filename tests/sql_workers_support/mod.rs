@@ -215,9 +215,9 @@ impl Worker {
     /// returns the log.
     pub async fn kill(mut self) -> String {
         self.child.start_kill().unwrap();
-        let status = tokio::time::timeout(Duration::from_secs(30), self.child.wait())
+        let status = tokio::time::timeout(Duration::from_secs(60), self.child.wait())
             .await
-            .unwrap_or_else(|_| panic!("{} did not exit within 30 s of SIGKILL", self.name))
+            .unwrap_or_else(|_| panic!("{} did not exit within 60 s of SIGKILL", self.name))
             .unwrap();
         assert_eq!(status.code(), None, "{} was killed by a signal", self.name);
         self.reader.await.unwrap();
@@ -232,9 +232,9 @@ impl Worker {
             .status()
             .unwrap();
         assert!(sent.success(), "kill -TERM {pid}");
-        let status = tokio::time::timeout(Duration::from_secs(30), self.child.wait())
+        let status = tokio::time::timeout(Duration::from_secs(60), self.child.wait())
             .await
-            .unwrap_or_else(|_| panic!("{} did not exit within 30 s of SIGTERM", self.name))
+            .unwrap_or_else(|_| panic!("{} did not exit within 60 s of SIGTERM", self.name))
             .unwrap();
         self.reader.await.unwrap();
         let log = self.log.lock().unwrap().clone();
@@ -274,24 +274,29 @@ pub fn example_command(
 }
 
 /// Records every change of a job's state in `state_changes`, numbered in the order the
-/// database made them, with the worker that held the claim: what every worker did, without
-/// trusting timestamps taken at each transaction's start. Also records, in `job_writes`,
-/// the session (`application_name`) and the isolation level of every statement that writes
-/// `skiplock.jobs`, whether or not it changes a row: the workers' READ COMMITTED pin is
-/// then checked on each of their transactions ([`assert_workers_wrote_at_read_committed`]),
-/// not inferred from a serialization failure that may or may not happen.
+/// database made them, with the worker that held the claim, the attempt before and after,
+/// and how old the claim's heartbeat was by the clock as the change was made: what every
+/// worker did, without trusting timestamps taken at each transaction's start. Also
+/// records, in `job_writes`, the session (`application_name`) and the isolation level of
+/// every statement that writes `skiplock.jobs`, whether or not it changes a row: the
+/// workers' READ COMMITTED pin is then checked on each of their transactions
+/// ([`assert_workers_wrote_at_read_committed`]), not inferred from a serialization failure
+/// that may or may not happen.
 pub async fn install_audit(db: &TestDb) {
     for statement in [
         "CREATE TABLE public.state_changes (
              seq bigserial PRIMARY KEY, job_id bigint NOT NULL, ordering_key text,
-             from_state text NOT NULL, to_state text NOT NULL, claimed_by text)",
+             from_state text NOT NULL, to_state text NOT NULL, claimed_by text,
+             old_attempt int NOT NULL, new_attempt int NOT NULL, heartbeat_age_ms float8)",
         // Statement triggers with transition tables, on the table and its live partition
         // (which skiplock's statements name): a row trigger for UPDATE misses a job moved
         // between the partitions, which Postgres runs as a delete and an insert.
         "CREATE FUNCTION public.record_state_change() RETURNS trigger LANGUAGE plpgsql AS $$
          BEGIN
-             INSERT INTO public.state_changes (job_id, ordering_key, from_state, to_state, claimed_by)
-             SELECT n.id, n.ordering_key, o.state, n.state, n.claimed_by
+             INSERT INTO public.state_changes (job_id, ordering_key, from_state, to_state, claimed_by,
+                                               old_attempt, new_attempt, heartbeat_age_ms)
+             SELECT n.id, n.ordering_key, o.state, n.state, n.claimed_by, o.attempt, n.attempt,
+                    extract(epoch FROM clock_timestamp() - o.heartbeat_at) * 1000
              FROM old_rows o JOIN new_rows n ON n.id = o.id
              WHERE o.state IS DISTINCT FROM n.state
              ORDER BY n.id;
@@ -331,11 +336,16 @@ pub struct Change {
     pub from_state: String,
     pub to_state: String,
     pub claimed_by: Option<String>,
+    pub old_attempt: i32,
+    pub new_attempt: i32,
+    /// How old the claim's heartbeat was as the change was made (a running job's).
+    pub heartbeat_age_ms: Option<f64>,
 }
 
 pub async fn changes(db: &TestDb) -> Vec<Change> {
     sqlx::query_as(
-        "SELECT job_id, ordering_key, from_state, to_state, claimed_by
+        "SELECT job_id, ordering_key, from_state, to_state, claimed_by, old_attempt,
+                new_attempt, heartbeat_age_ms
          FROM public.state_changes ORDER BY seq",
     )
     .fetch_all(&db.pool)
@@ -411,11 +421,17 @@ pub fn completed_in_log(log: &str) -> Vec<i64> {
 }
 
 /// Every job was done exactly once, whatever the workers went through: its state changes
-/// are a claim and a success, or before them claims taken back from `killed` workers
-/// (running -> queued, by `maintain`); no job succeeded twice; and the lanes ran in order:
-/// a lane's job is claimed only when every job before it in the lane has succeeded and none
-/// of the lane runs.
-pub fn assert_each_job_done_once_and_lanes_in_order(changes: &[Change], killed: &[&str]) {
+/// are a claim and a success, or before them claims taken back (running -> queued); no job
+/// succeeded twice; and the lanes ran in order: a lane's job is claimed only when every job
+/// before it in the lane has succeeded and none of the lane runs.
+///
+/// A claim is taken back only by a release of its holder (its attempt given back) or by a
+/// reap of a claim whose heartbeat was older than `stale_after` as it was taken back: a
+/// killed worker's, and also a live worker's whose heartbeats stopped getting through
+/// (its session ended by a timeout, or a stall of a loaded machine), which stops its job
+/// and so may rightly see it run again. Which workers that befalls depends on timing; that
+/// no live claim is taken back does not.
+pub fn assert_each_job_done_once_and_lanes_in_order(changes: &[Change], stale_after: Duration) {
     let mut per_job: HashMap<i64, Vec<&Change>> = HashMap::new();
     for change in changes.iter().filter(|c| c.from_state != "waiting") {
         per_job.entry(change.job_id).or_default().push(change);
@@ -438,14 +454,20 @@ pub fn assert_each_job_done_once_and_lanes_in_order(changes: &[Change], killed: 
                 "job {id}: only claims taken back before its run: {steps:?}"
             );
         }
-        for (i, change) in of_job.iter().enumerate() {
-            if change.to_state == "queued" {
-                let by = of_job[i - 1].claimed_by.as_deref().unwrap_or("?");
-                assert!(
-                    killed.contains(&by),
-                    "job {id} taken back from {by}, which was not killed: {steps:?}"
-                );
-            }
+        for change in of_job.iter().filter(|c| c.to_state == "queued") {
+            let by = change.claimed_by.as_deref().unwrap_or("?");
+            let released = change.new_attempt == change.old_attempt - 1;
+            let stale = change
+                .heartbeat_age_ms
+                .is_some_and(|age| age >= stale_after.as_secs_f64() * 1000.0);
+            assert!(
+                released || stale,
+                "job {id} taken back from {by} neither by a release nor as stale (its \
+                 heartbeat {:?} ms old, attempt {} -> {}): {steps:?}",
+                change.heartbeat_age_ms,
+                change.old_attempt,
+                change.new_attempt
+            );
         }
     }
 

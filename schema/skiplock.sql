@@ -449,15 +449,15 @@ CREATE FUNCTION skiplock.internal_abandon_claims(ids bigint[], tokens uuid[], me
             ELSE jsonb_build_array(jsonb_build_object('attempt', j.attempt, 'at', now(), 'message', $3))
             END
     WHERE j.id = ANY(ARRAY(SELECT id FROM held)) AND j.state IN ('waiting', 'queued', 'running')
-    RETURNING j.id, j.state::text AS state,
-              EXISTS (SELECT 1 FROM skiplock.job_dependencies d WHERE d.parent_id = j.id)
-                  AS has_dependants,
-              j.ordering_key, j.queue, j.concurrency_key
+    RETURNING j.id, j.state::text AS state, j.ordering_key, j.queue, j.concurrency_key
     ), freed AS (
         SELECT skiplock.internal_notify_freed(array_agg(queue), array_agg(concurrency_key)) FROM abandoned
+    ), parents AS (
+        -- In a snapshot of its own, after the rows' locks (see internal_complete_claims).
+        SELECT skiplock.internal_parents_with_dependants(array_agg(id)) AS ids FROM abandoned
     )
-    SELECT id, state, has_dependants, ordering_key
-    FROM abandoned, (SELECT count(*) FROM freed) f;
+    SELECT a.id, a.state, a.id = ANY (p.ids) AS has_dependants, a.ordering_key
+    FROM abandoned a, parents p, (SELECT count(*) FROM freed) f;
 $_$;
 
 --
@@ -477,7 +477,37 @@ DECLARE
     waiting_heads bigint[];
     promoted_heads bigint[];
     runnable skiplock.runnable_key[];
+    lanes text[] := ARRAY(SELECT DISTINCT k FROM unnest(keys) AS k WHERE k IS NOT NULL ORDER BY 1);
+    lane text;
+    busy text;
 BEGIN
+    -- Every lane's lock, never waiting while holding one: a transaction that enqueues into
+    -- several lanes takes their locks in its own order, so waiting for one lock while
+    -- holding another could close a cycle with it (a deadlock, one side rolled back). All
+    -- are tried; when one is held elsewhere, those taken go with the subtransaction, this
+    -- waits for that one alone (and lets it go), and tries again. Usually no lock is
+    -- held elsewhere: one pass, one subtransaction that commits (no xid: advisory locks
+    -- need none).
+    LOOP
+        busy := NULL;
+        BEGIN
+            FOREACH lane IN ARRAY lanes LOOP
+                IF NOT pg_try_advisory_xact_lock(skiplock.internal_lane_lock_id(lane)) THEN
+                    busy := lane;
+                    RAISE SQLSTATE 'SKL02';
+                END IF;
+            END LOOP;
+        EXCEPTION WHEN SQLSTATE 'SKL02' THEN
+            NULL;
+        END;
+        EXIT WHEN busy IS NULL;
+        BEGIN
+            PERFORM pg_advisory_xact_lock(skiplock.internal_lane_lock_id(busy));
+            RAISE SQLSTATE 'SKL02';
+        EXCEPTION WHEN SQLSTATE 'SKL02' THEN
+            NULL;
+        END;
+    END LOOP;
     SELECT array_agg(h.id) FILTER (WHERE h.state = 'waiting'),
            coalesce(array_agg(ROW(h.queue, h.priority, h.scheduled_at)::skiplock.runnable_key)
                         FILTER (WHERE h.state = 'queued'), '{}')
@@ -976,15 +1006,16 @@ CREATE FUNCTION skiplock.internal_complete_claims(ids bigint[], tokens uuid[]) R
         SET state = 'succeeded', finished_at = now(), claim_token = NULL, heartbeat_at = NULL
         FROM unnest(ids, tokens) AS c(id, token)
         WHERE j.id = c.id AND j.claim_token = c.token AND j.state IN ('waiting', 'queued', 'running')
-        RETURNING j.id, j.state::text AS state,
-                  EXISTS (SELECT 1 FROM skiplock.job_dependencies d WHERE d.parent_id = j.id)
-                      AS has_dependants,
-                  j.ordering_key, j.queue, j.concurrency_key
+        RETURNING j.id, j.state::text AS state, j.ordering_key, j.queue, j.concurrency_key
     ), freed AS (
         SELECT skiplock.internal_notify_freed(array_agg(queue), array_agg(concurrency_key)) FROM done
+    ), parents AS (
+        -- After the update, in a snapshot of its own: an edge whose enqueue held a job's
+        -- row (FOR SHARE) while the update waited for it is seen (see the function).
+        SELECT skiplock.internal_parents_with_dependants(array_agg(id)) AS ids FROM done
     )
-    SELECT id, state, has_dependants, ordering_key
-    FROM done, (SELECT count(*) FROM freed) f;
+    SELECT d.id, d.state, d.id = ANY (p.ids) AS has_dependants, d.ordering_key
+    FROM done d, parents p, (SELECT count(*) FROM freed) f;
 $$;
 
 --
@@ -1539,8 +1570,6 @@ CREATE FUNCTION skiplock.internal_fail_claims(ids bigint[], tokens uuid[], messa
     FROM folded f
     WHERE j.id = ANY(ARRAY(SELECT id FROM folded)) AND j.id = f.id AND j.state IN ('waiting', 'queued', 'running')
     RETURNING j.id, j.state::text AS state,
-              EXISTS (SELECT 1 FROM skiplock.job_dependencies d WHERE d.parent_id = j.id)
-                  AS has_dependants,
               j.ordering_key, j.queue, j.priority, j.scheduled_at, j.concurrency_key
     ), runnable AS (
         -- A retry with no delay is runnable at once, and may be behind a position; one
@@ -1551,9 +1580,12 @@ CREATE FUNCTION skiplock.internal_fail_claims(ids bigint[], tokens uuid[], messa
         FROM saved
     ), freed AS (
         SELECT skiplock.internal_notify_freed(array_agg(queue), array_agg(concurrency_key)) FROM saved
+    ), parents AS (
+        -- In a snapshot of its own, after the rows' locks (see internal_complete_claims).
+        SELECT skiplock.internal_parents_with_dependants(array_agg(id)) AS ids FROM saved
     )
-    SELECT id, state, has_dependants, ordering_key
-    FROM saved, (SELECT count(*) FROM runnable) r, (SELECT count(*) FROM freed) f;
+    SELECT s.id, s.state, s.id = ANY (p.ids) AS has_dependants, s.ordering_key
+    FROM saved s, parents p, (SELECT count(*) FROM runnable) r, (SELECT count(*) FROM freed) f;
 $_$;
 
 --
@@ -1888,8 +1920,15 @@ BEGIN
             USING ERRCODE = 'foreign_key_violation';
     END IF;
     IF parent_now = 'succeeded' THEN
-        -- The child stays as it was; claims skipped it while it was locked.
-        IF child_now = 'queued' THEN
+        IF child_now = 'waiting' THEN
+            -- Written waiting while the parent ran (skiplock.enqueue looked before this
+            -- lock), and the parent succeeded since: its completion could not see this
+            -- edge, so the child is queued here once no other parent keeps it (the last
+            -- edge's trigger to find its parent done decides; a parent still unfinished is
+            -- locked by its own edge's trigger, and its completion sees the edge).
+            PERFORM skiplock.internal_queue_ready_dependants(ARRAY[NEW.job_id]);
+        ELSIF child_now = 'queued' THEN
+            -- The child stays as it was; claims skipped it while it was locked.
             PERFORM skiplock.internal_announce(ARRAY[ROW(child_queue, child_priority,
                                                          child_scheduled_at)::skiplock.runnable_key]);
         END IF;
@@ -1900,15 +1939,14 @@ BEGIN
             NEW.job_id, NEW.parent_id
             USING ERRCODE = 'object_not_in_prerequisite_state';
     END IF;
-    IF child_now = 'queued' THEN
-        IF parent_now IN ('dead', 'cancelled') THEN
-            UPDATE skiplock.jobs
-            SET state = 'cancelled', finished_at = now(),
-                last_error = format('parent job %s ended %s', NEW.parent_id, parent_now)
-            WHERE id = NEW.job_id;
-        ELSE
-            UPDATE skiplock.jobs SET state = 'waiting' WHERE id = NEW.job_id;
-        END IF;
+    IF child_now IN ('queued', 'waiting') AND parent_now IN ('dead', 'cancelled') THEN
+        -- A waiting child too: its parent ended while the enqueue was under way.
+        UPDATE skiplock.jobs
+        SET state = 'cancelled', finished_at = now(),
+            last_error = format('parent job %s ended %s', NEW.parent_id, parent_now)
+        WHERE id = NEW.job_id;
+    ELSIF child_now = 'queued' THEN
+        UPDATE skiplock.jobs SET state = 'waiting' WHERE id = NEW.job_id;
     END IF;
     RETURN NULL;
 END;
@@ -1969,6 +2007,7 @@ DECLARE
     holder bigint;
     policy text := coalesce(NEW.unique_policy, 'skip');
     merged jsonb;
+    lane_tail bigint;
 BEGIN
     IF current_setting('skiplock.requeue_moving', true) = NEW.id::text THEN
         PERFORM set_config('skiplock.requeue_moving', '', true);
@@ -1979,12 +2018,35 @@ BEGIN
     END IF;
     IF NEW.ordering_key IS NOT NULL AND NEW.state = 'queued' THEN
         -- Lane order: a job behind an unfinished job of its lane waits for its turn.
-        -- Enqueues into one lane take turns until commit, so each sees the one before it.
-        PERFORM pg_advisory_xact_lock(hashtextextended('skiplock.lane:' || NEW.ordering_key, 0));
-        IF EXISTS (SELECT 1 FROM skiplock.jobs o
-                   WHERE o.ordering_key = NEW.ordering_key
-                     AND o.state IN ('waiting', 'queued', 'running')) THEN
+        -- The lane's lock is held until commit: enqueues into one lane take turns, so each
+        -- sees the one before it, and the step that moves the lane on when its last job
+        -- finishes (internal_advance_lanes takes the same lock) waits for this commit and
+        -- then sees this job; a step that took the lock first has committed when this
+        -- read runs (a new snapshot after the wait, in READ COMMITTED) and its job is seen
+        -- finished.
+        PERFORM pg_advisory_xact_lock(skiplock.internal_lane_lock_id(NEW.ordering_key));
+        SELECT o.id INTO lane_tail FROM skiplock.jobs o
+        WHERE o.ordering_key = NEW.ordering_key AND o.state IN ('waiting', 'queued', 'running')
+        ORDER BY o.id DESC LIMIT 1;
+        IF lane_tail IS NOT NULL THEN
             NEW.state := 'waiting';
+            IF current_setting('transaction_isolation') <> 'read committed' THEN
+                -- The transaction's snapshot may be older than the lock: the lane's last
+                -- job may have finished, and its step run, after it. Finished since (moved
+                -- to jobs_done by a transaction committed after the snapshot), that job
+                -- cannot be locked: serialization failure (40001), to retry with a new
+                -- snapshot. An update that left it unfinished (a heartbeat, a claim) is no
+                -- conflict for FOR KEY SHARE, and one under way is skipped (its step will
+                -- wait for this commit). The lock goes with the subtransaction at once: it
+                -- would hold back that job's claim, heartbeat and completion.
+                BEGIN
+                    PERFORM 1 FROM skiplock.jobs_live o WHERE o.id = lane_tail
+                    FOR KEY SHARE SKIP LOCKED;
+                    RAISE SQLSTATE 'SKL01';
+                EXCEPTION WHEN SQLSTATE 'SKL01' THEN
+                    NULL;
+                END;
+            END IF;
         END IF;
     END IF;
     IF NEW.unique_key IS NOT NULL AND NEW.state IN ('waiting', 'queued') THEN
@@ -2090,6 +2152,16 @@ CREATE FUNCTION skiplock.internal_key_running(queue_name text, key text, cap int
         SELECT FROM skiplock.jobs_live j
         WHERE j.queue = queue_name AND j.state = 'running' AND j.concurrency_key = key
         LIMIT cap) r;
+$$;
+
+--
+-- Name: internal_lane_lock_id(text); Type: FUNCTION; Schema: skiplock; Owner: -
+--
+
+CREATE FUNCTION skiplock.internal_lane_lock_id(lane text) RETURNS bigint
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    AS $$
+    SELECT hashtextextended('skiplock.lane:' || lane, 0);
 $$;
 
 --
@@ -2338,6 +2410,21 @@ $$;
 --
 
 COMMENT ON FUNCTION skiplock.internal_others_claiming(queues text[], worker text) IS 'Of the given queues, those in which a claimer other than the given one holds running jobs. What a worker calls to choose how many claims and writes it keeps in flight; internal, not stable.';
+
+--
+-- Name: internal_parents_with_dependants(bigint[]); Type: FUNCTION; Schema: skiplock; Owner: -
+--
+
+CREATE FUNCTION skiplock.internal_parents_with_dependants(ids bigint[]) RETURNS bigint[]
+    LANGUAGE sql
+    SET enable_seqscan TO 'off'
+    SET enable_bitmapscan TO 'off'
+    SET jit TO 'off'
+    AS $$
+    SELECT coalesce(array_agg(i.id), '{}')
+    FROM unnest(ids) AS i(id)
+    WHERE EXISTS (SELECT 1 FROM skiplock.job_dependencies d WHERE d.parent_id = i.id);
+$$;
 
 --
 -- Name: internal_prepare_done_partitions(date, integer); Type: FUNCTION; Schema: skiplock; Owner: -
@@ -3177,7 +3264,12 @@ BEGIN
             END IF;
             -- The batch's lanes: each head is one index entry, and the queued ones are announced
             -- in one message per queue and priority.
-            IF lanes IS NOT NULL THEN
+            -- Only those whose lock is free: a lane an enqueue holds is moved on by the
+            -- step of its last job (which waits for that enqueue), else by the next lap;
+            -- the sweep never waits for an application's open transaction.
+            lanes := ARRAY(SELECT k FROM unnest(lanes) AS k
+                           WHERE pg_try_advisory_xact_lock(skiplock.internal_lane_lock_id(k)));
+            IF cardinality(lanes) > 0 THEN
                 moved := moved + skiplock.internal_advance_lanes(lanes);
             END IF;
             -- Jobs of the batch whose parents all succeeded (or were pruned after) are queued;
@@ -3572,7 +3664,7 @@ BEGIN
             -- a retry of that job that locked its row first and then waited for the key deadlocked.
             SELECT ordering_key, unique_key INTO lane, key FROM skiplock.jobs WHERE id = job_id;
             IF lane IS NOT NULL THEN
-                PERFORM pg_advisory_xact_lock(hashtextextended('skiplock.lane:' || lane, 0));
+                PERFORM pg_advisory_xact_lock(skiplock.internal_lane_lock_id(lane));
             END IF;
             IF key IS NOT NULL THEN
                 PERFORM pg_advisory_xact_lock(skiplock.internal_unique_key_lock_id(key));

@@ -5,6 +5,7 @@
 -- Defines:
 --   internal_has_unmet_parent, internal_announce_queued_by_others
 --   internal_queue_ready_dependants, internal_settle_dependants, internal_advance_lanes
+--   internal_lane_lock_id, internal_parents_with_dependants
 --   internal_tombstone_parents, internal_jobs_after_delete, trigger jobs_after_delete
 --   internal_job_dependencies_after_insert, trigger job_dependencies_after_insert
 
@@ -172,6 +173,13 @@ $$;
 -- finished jobs) gave a plan that read the whole lane once per waiting job: 2.3 s per step
 -- of a 3,000-job lane beside 100,000 finished rows, 1 ms after (docs/benchmarks.md,
 -- "Statements under stale statistics").
+--
+-- Each lane's lock (internal_lane_lock_id) first, held until commit: an
+-- enqueue into the lane holds it from its insert trigger to its commit, so a lane job
+-- enqueued in a transaction still open when its lane's last job finished is waited for,
+-- and seen by the reads below (each takes a new snapshot in READ COMMITTED, after the
+-- wait); an enqueue that comes after waits for this step and sees the job finished. The
+-- wait lasts as long as that transaction (the enqueue's side is in internal_jobs_before_insert).
 CREATE OR REPLACE FUNCTION skiplock.internal_advance_lanes(keys text[]) RETURNS int
 LANGUAGE plpgsql
 SET enable_seqscan = off
@@ -185,7 +193,37 @@ DECLARE
     waiting_heads bigint[];
     promoted_heads bigint[];
     runnable skiplock.runnable_key[];
+    lanes text[] := ARRAY(SELECT DISTINCT k FROM unnest(keys) AS k WHERE k IS NOT NULL ORDER BY 1);
+    lane text;
+    busy text;
 BEGIN
+    -- Every lane's lock, never waiting while holding one: a transaction that enqueues into
+    -- several lanes takes their locks in its own order, so waiting for one lock while
+    -- holding another could close a cycle with it (a deadlock, one side rolled back). All
+    -- are tried; when one is held elsewhere, those taken go with the subtransaction, this
+    -- waits for that one alone (and lets it go), and tries again. Usually no lock is
+    -- held elsewhere: one pass, one subtransaction that commits (no xid: advisory locks
+    -- need none).
+    LOOP
+        busy := NULL;
+        BEGIN
+            FOREACH lane IN ARRAY lanes LOOP
+                IF NOT pg_try_advisory_xact_lock(skiplock.internal_lane_lock_id(lane)) THEN
+                    busy := lane;
+                    RAISE SQLSTATE 'SKL02';
+                END IF;
+            END LOOP;
+        EXCEPTION WHEN SQLSTATE 'SKL02' THEN
+            NULL;
+        END;
+        EXIT WHEN busy IS NULL;
+        BEGIN
+            PERFORM pg_advisory_xact_lock(skiplock.internal_lane_lock_id(busy));
+            RAISE SQLSTATE 'SKL02';
+        EXCEPTION WHEN SQLSTATE 'SKL02' THEN
+            NULL;
+        END;
+    END LOOP;
     SELECT array_agg(h.id) FILTER (WHERE h.state = 'waiting'),
            coalesce(array_agg(ROW(h.queue, h.priority, h.scheduled_at)::skiplock.runnable_key)
                         FILTER (WHERE h.state = 'queued'), '{}')
@@ -221,6 +259,33 @@ BEGIN
     PERFORM skiplock.internal_announce(runnable);
     RETURN promoted;
 END;
+$$;
+
+-- The transaction-scoped advisory lock of an ordering lane, taken by whatever decides
+-- whether a lane job waits (the insert trigger, retry_job) and by whatever moves a lane on
+-- (internal_advance_lanes), so that one waits for the other's commit.
+CREATE OR REPLACE FUNCTION skiplock.internal_lane_lock_id(lane text) RETURNS bigint
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT hashtextextended('skiplock.lane:' || lane, 0);
+$$;
+
+-- Of the given jobs, those with a row in job_dependencies as a parent, read with a snapshot
+-- of its own: VOLATILE, so in READ COMMITTED it sees the edges committed while the
+-- statement that calls it waited for a row lock. A completion's UPDATE waits for the FOR
+-- SHARE lock an edge's insert trigger holds on the parent until the child's enqueue
+-- commits; read in the UPDATE's own snapshot (taken before that wait), the new edge was
+-- missed and the child was left waiting. Called once per statement with the ids of the
+-- rows it changed; one probe of job_dependencies_parent_idx per id, as before.
+CREATE OR REPLACE FUNCTION skiplock.internal_parents_with_dependants(ids bigint[])
+RETURNS bigint[]
+LANGUAGE sql VOLATILE
+SET enable_seqscan = off
+SET enable_bitmapscan = off
+SET jit = off
+AS $$
+    SELECT coalesce(array_agg(i.id), '{}')
+    FROM unnest(ids) AS i(id)
+    WHERE EXISTS (SELECT 1 FROM skiplock.job_dependencies d WHERE d.parent_id = i.id);
 $$;
 
 -- Jobs `parents` (with their `states`) are gone without having succeeded (deleted, or
@@ -374,8 +439,15 @@ BEGIN
             USING ERRCODE = 'foreign_key_violation';
     END IF;
     IF parent_now = 'succeeded' THEN
-        -- The child stays as it was; claims skipped it while it was locked.
-        IF child_now = 'queued' THEN
+        IF child_now = 'waiting' THEN
+            -- Written waiting while the parent ran (skiplock.enqueue looked before this
+            -- lock), and the parent succeeded since: its completion could not see this
+            -- edge, so the child is queued here once no other parent keeps it (the last
+            -- edge's trigger to find its parent done decides; a parent still unfinished is
+            -- locked by its own edge's trigger, and its completion sees the edge).
+            PERFORM skiplock.internal_queue_ready_dependants(ARRAY[NEW.job_id]);
+        ELSIF child_now = 'queued' THEN
+            -- The child stays as it was; claims skipped it while it was locked.
             PERFORM skiplock.internal_announce(ARRAY[ROW(child_queue, child_priority,
                                                          child_scheduled_at)::skiplock.runnable_key]);
         END IF;
@@ -386,15 +458,14 @@ BEGIN
             NEW.job_id, NEW.parent_id
             USING ERRCODE = 'object_not_in_prerequisite_state';
     END IF;
-    IF child_now = 'queued' THEN
-        IF parent_now IN ('dead', 'cancelled') THEN
-            UPDATE skiplock.jobs
-            SET state = 'cancelled', finished_at = now(),
-                last_error = format('parent job %s ended %s', NEW.parent_id, parent_now)
-            WHERE id = NEW.job_id;
-        ELSE
-            UPDATE skiplock.jobs SET state = 'waiting' WHERE id = NEW.job_id;
-        END IF;
+    IF child_now IN ('queued', 'waiting') AND parent_now IN ('dead', 'cancelled') THEN
+        -- A waiting child too: its parent ended while the enqueue was under way.
+        UPDATE skiplock.jobs
+        SET state = 'cancelled', finished_at = now(),
+            last_error = format('parent job %s ended %s', NEW.parent_id, parent_now)
+        WHERE id = NEW.job_id;
+    ELSIF child_now = 'queued' THEN
+        UPDATE skiplock.jobs SET state = 'waiting' WHERE id = NEW.job_id;
     END IF;
     RETURN NULL;
 END;

@@ -189,6 +189,7 @@ DECLARE
     holder bigint;
     policy text := coalesce(NEW.unique_policy, 'skip');
     merged jsonb;
+    lane_tail bigint;
 BEGIN
     IF current_setting('skiplock.requeue_moving', true) = NEW.id::text THEN
         PERFORM set_config('skiplock.requeue_moving', '', true);
@@ -199,12 +200,35 @@ BEGIN
     END IF;
     IF NEW.ordering_key IS NOT NULL AND NEW.state = 'queued' THEN
         -- Lane order: a job behind an unfinished job of its lane waits for its turn.
-        -- Enqueues into one lane take turns until commit, so each sees the one before it.
-        PERFORM pg_advisory_xact_lock(hashtextextended('skiplock.lane:' || NEW.ordering_key, 0));
-        IF EXISTS (SELECT 1 FROM skiplock.jobs o
-                   WHERE o.ordering_key = NEW.ordering_key
-                     AND o.state IN ('waiting', 'queued', 'running')) THEN
+        -- The lane's lock is held until commit: enqueues into one lane take turns, so each
+        -- sees the one before it, and the step that moves the lane on when its last job
+        -- finishes (internal_advance_lanes takes the same lock) waits for this commit and
+        -- then sees this job; a step that took the lock first has committed when this
+        -- read runs (a new snapshot after the wait, in READ COMMITTED) and its job is seen
+        -- finished.
+        PERFORM pg_advisory_xact_lock(skiplock.internal_lane_lock_id(NEW.ordering_key));
+        SELECT o.id INTO lane_tail FROM skiplock.jobs o
+        WHERE o.ordering_key = NEW.ordering_key AND o.state IN ('waiting', 'queued', 'running')
+        ORDER BY o.id DESC LIMIT 1;
+        IF lane_tail IS NOT NULL THEN
             NEW.state := 'waiting';
+            IF current_setting('transaction_isolation') <> 'read committed' THEN
+                -- The transaction's snapshot may be older than the lock: the lane's last
+                -- job may have finished, and its step run, after it. Finished since (moved
+                -- to jobs_done by a transaction committed after the snapshot), that job
+                -- cannot be locked: serialization failure (40001), to retry with a new
+                -- snapshot. An update that left it unfinished (a heartbeat, a claim) is no
+                -- conflict for FOR KEY SHARE, and one under way is skipped (its step will
+                -- wait for this commit). The lock goes with the subtransaction at once: it
+                -- would hold back that job's claim, heartbeat and completion.
+                BEGIN
+                    PERFORM 1 FROM skiplock.jobs_live o WHERE o.id = lane_tail
+                    FOR KEY SHARE SKIP LOCKED;
+                    RAISE SQLSTATE 'SKL01';
+                EXCEPTION WHEN SQLSTATE 'SKL01' THEN
+                    NULL;
+                END;
+            END IF;
         END IF;
     END IF;
     IF NEW.unique_key IS NOT NULL AND NEW.state IN ('waiting', 'queued') THEN

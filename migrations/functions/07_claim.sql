@@ -346,15 +346,16 @@ AS $$
         SET state = 'succeeded', finished_at = now(), claim_token = NULL, heartbeat_at = NULL
         FROM unnest(ids, tokens) AS c(id, token)
         WHERE j.id = c.id AND j.claim_token = c.token AND j.state IN ('waiting', 'queued', 'running')
-        RETURNING j.id, j.state::text AS state,
-                  EXISTS (SELECT 1 FROM skiplock.job_dependencies d WHERE d.parent_id = j.id)
-                      AS has_dependants,
-                  j.ordering_key, j.queue, j.concurrency_key
+        RETURNING j.id, j.state::text AS state, j.ordering_key, j.queue, j.concurrency_key
     ), freed AS (
         SELECT skiplock.internal_notify_freed(array_agg(queue), array_agg(concurrency_key)) FROM done
+    ), parents AS (
+        -- After the update, in a snapshot of its own: an edge whose enqueue held a job's
+        -- row (FOR SHARE) while the update waited for it is seen (see the function).
+        SELECT skiplock.internal_parents_with_dependants(array_agg(id)) AS ids FROM done
     )
-    SELECT id, state, has_dependants, ordering_key
-    FROM done, (SELECT count(*) FROM freed) f;
+    SELECT d.id, d.state, d.id = ANY (p.ids) AS has_dependants, d.ordering_key
+    FROM done d, parents p, (SELECT count(*) FROM freed) f;
 $$;
 COMMENT ON FUNCTION skiplock.internal_complete_claims(bigint[], uuid[]) IS
     'Marks the given running jobs succeeded, each only if it still holds the given claim token, locking them in the order given (pass them sorted by id, as a worker does); returns those it changed, with what the worker does next for each (its dependants, its lane). What a worker calls.';

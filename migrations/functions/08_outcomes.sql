@@ -63,8 +63,6 @@ LANGUAGE sql AS $$
     FROM folded f
     WHERE j.id = ANY(ARRAY(SELECT id FROM folded)) AND j.id = f.id AND j.state IN ('waiting', 'queued', 'running')
     RETURNING j.id, j.state::text AS state,
-              EXISTS (SELECT 1 FROM skiplock.job_dependencies d WHERE d.parent_id = j.id)
-                  AS has_dependants,
               j.ordering_key, j.queue, j.priority, j.scheduled_at, j.concurrency_key
     ), runnable AS (
         -- A retry with no delay is runnable at once, and may be behind a position; one
@@ -75,9 +73,12 @@ LANGUAGE sql AS $$
         FROM saved
     ), freed AS (
         SELECT skiplock.internal_notify_freed(array_agg(queue), array_agg(concurrency_key)) FROM saved
+    ), parents AS (
+        -- In a snapshot of its own, after the rows' locks (see internal_complete_claims).
+        SELECT skiplock.internal_parents_with_dependants(array_agg(id)) AS ids FROM saved
     )
-    SELECT id, state, has_dependants, ordering_key
-    FROM saved, (SELECT count(*) FROM runnable) r, (SELECT count(*) FROM freed) f;
+    SELECT s.id, s.state, s.id = ANY (p.ids) AS has_dependants, s.ordering_key
+    FROM saved s, parents p, (SELECT count(*) FROM runnable) r, (SELECT count(*) FROM freed) f;
 $$;
 
 -- Claims given back without counting the attempt: a graceful shutdown (delay 0: the job
@@ -329,15 +330,15 @@ LANGUAGE sql AS $$
             ELSE jsonb_build_array(jsonb_build_object('attempt', j.attempt, 'at', now(), 'message', $3))
             END
     WHERE j.id = ANY(ARRAY(SELECT id FROM held)) AND j.state IN ('waiting', 'queued', 'running')
-    RETURNING j.id, j.state::text AS state,
-              EXISTS (SELECT 1 FROM skiplock.job_dependencies d WHERE d.parent_id = j.id)
-                  AS has_dependants,
-              j.ordering_key, j.queue, j.concurrency_key
+    RETURNING j.id, j.state::text AS state, j.ordering_key, j.queue, j.concurrency_key
     ), freed AS (
         SELECT skiplock.internal_notify_freed(array_agg(queue), array_agg(concurrency_key)) FROM abandoned
+    ), parents AS (
+        -- In a snapshot of its own, after the rows' locks (see internal_complete_claims).
+        SELECT skiplock.internal_parents_with_dependants(array_agg(id)) AS ids FROM abandoned
     )
-    SELECT id, state, has_dependants, ordering_key
-    FROM abandoned, (SELECT count(*) FROM freed) f;
+    SELECT a.id, a.state, a.id = ANY (p.ids) AS has_dependants, a.ordering_key
+    FROM abandoned a, parents p, (SELECT count(*) FROM freed) f;
 $$;
 
 -- The periodic repair of what a race may have left: waiting jobs whose parents have all
@@ -430,7 +431,12 @@ BEGIN
             END IF;
             -- The batch's lanes: each head is one index entry, and the queued ones are announced
             -- in one message per queue and priority.
-            IF lanes IS NOT NULL THEN
+            -- Only those whose lock is free: a lane an enqueue holds is moved on by the
+            -- step of its last job (which waits for that enqueue), else by the next lap;
+            -- the sweep never waits for an application's open transaction.
+            lanes := ARRAY(SELECT k FROM unnest(lanes) AS k
+                           WHERE pg_try_advisory_xact_lock(skiplock.internal_lane_lock_id(k)));
+            IF cardinality(lanes) > 0 THEN
                 moved := moved + skiplock.internal_advance_lanes(lanes);
             END IF;
             -- Jobs of the batch whose parents all succeeded (or were pruned after) are queued;

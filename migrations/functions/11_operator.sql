@@ -110,7 +110,7 @@ BEGIN
             -- a retry of that job that locked its row first and then waited for the key deadlocked.
             SELECT ordering_key, unique_key INTO lane, key FROM skiplock.jobs WHERE id = job_id;
             IF lane IS NOT NULL THEN
-                PERFORM pg_advisory_xact_lock(hashtextextended('skiplock.lane:' || lane, 0));
+                PERFORM pg_advisory_xact_lock(skiplock.internal_lane_lock_id(lane));
             END IF;
             IF key IS NOT NULL THEN
                 PERFORM pg_advisory_xact_lock(skiplock.internal_unique_key_lock_id(key));

@@ -2,11 +2,13 @@
 //! that settles what the fast path missed.
 //!
 //! The completer and the reaper settle a finished job's dependants and advance its lane
-//! right after saving its outcome. A child enqueued in a transaction that commits *after*
-//! its parent finished is not seen by that fast path (its dependency row was not yet
-//! visible), and a fast path can fail, so every worker also sweeps periodically: waiting
-//! jobs whose parents have all finished are queued or cancelled, and lanes whose head
-//! finished move on.
+//! right after saving its outcome. A child or lane job whose enqueue overlaps that end is
+//! not missed: the lane's step waits for the enqueue's commit (both take the lane's lock),
+//! and a child's edge either holds its parent until it commits (the parent's end then
+//! sees it) or finds the parent ended and settles the child itself. A fast path can still
+//! fail, or its worker die between the outcome's commit and the follow-up, so every worker
+//! also sweeps periodically: waiting jobs whose parents have all finished are queued or
+//! cancelled, and lanes whose head finished move on.
 
 use std::sync::Arc;
 
@@ -77,6 +79,11 @@ impl MoveOn {
             self.lanes.push(key.clone());
         }
         self.parents.push(job.id);
+    }
+
+    /// Whether nothing was noted: no statement to run.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.parents.is_empty() && self.lanes.is_empty()
     }
 
     /// Settles the dependants and advances the lanes noted.

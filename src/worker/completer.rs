@@ -23,6 +23,7 @@ use std::sync::atomic::Ordering;
 
 use tokio::sync::mpsc;
 use tokio::task::JoinSet;
+use tokio_util::task::TaskTracker;
 use uuid::Uuid;
 
 use super::Shared;
@@ -43,6 +44,7 @@ use crate::maintenance::dependencies::MoveOn;
 pub(super) async fn complete(shared: Arc<Shared>, mut outcomes: mpsc::UnboundedReceiver<Finished>) {
     let max = shared.config.batch_max;
     let mut writes = JoinSet::new();
+    let follow_ups = TaskTracker::new();
     loop {
         // Wait for a free write slot first, so outcomes accumulate meanwhile.
         while writes.len() >= writes_in_flight(&shared) {
@@ -62,7 +64,8 @@ pub(super) async fn complete(shared: Arc<Shared>, mut outcomes: mpsc::UnboundedR
             }
         }
         let shared = shared.clone();
-        writes.spawn(async move { save(&shared, &mut batch).await });
+        let follow_ups = follow_ups.clone();
+        writes.spawn(async move { save(&shared, &mut batch, &follow_ups).await });
         // Reap finished writes so the set does not grow (a panic is logged, and its
         // claims stay held until the reaper returns them).
         while let Some(done) = writes.try_join_next() {
@@ -72,6 +75,8 @@ pub(super) async fn complete(shared: Arc<Shared>, mut outcomes: mpsc::UnboundedR
     while let Some(done) = writes.join_next().await {
         log_write_panic(done);
     }
+    follow_ups.close();
+    follow_ups.wait().await;
 }
 
 fn log_write_panic(done: Result<(), tokio::task::JoinError>) {
@@ -80,8 +85,9 @@ fn log_write_panic(done: Result<(), tokio::task::JoinError>) {
     }
 }
 
-/// Writes one batch of outcomes and forgets their claims.
-async fn save(shared: &Shared, batch: &mut Vec<Finished>) {
+/// Writes one batch of outcomes, then sets in motion what they let go (dependants, lanes)
+/// and forgets their claims.
+async fn save(shared: &Arc<Shared>, batch: &mut Vec<Finished>, follow_ups: &TaskTracker) {
     let mut done = (Vec::new(), Vec::new());
     let mut released = Releases::default();
     let mut snoozed = Releases::default();
@@ -247,8 +253,25 @@ async fn save(shared: &Shared, batch: &mut Vec<Finished>) {
         )
         .await;
     }
-    follow_up.run(&shared.pool).await;
-    shared.claims.remove_many(&settled);
+    if follow_up.is_empty() {
+        forget(shared, &settled);
+        return;
+    }
+    // A lane's step waits for an application's transaction that enqueues into the lane
+    // (see skiplock.internal_advance_lanes), and a dependants' settle for one that adds a
+    // child: the follow-up runs beside the next writes, not in this write slot. The claims
+    // stay held until it is done, so an idle check never sees a lane between its head's
+    // end and its next job's turn.
+    let shared = shared.clone();
+    follow_ups.spawn(async move {
+        follow_up.run(&shared.pool).await;
+        forget(&shared, &settled);
+    });
+}
+
+/// Forgets claims whose outcome is saved and whose follow-up is done.
+fn forget(shared: &Shared, settled: &[ClaimKey]) {
+    shared.claims.remove_many(settled);
     // Producers held back by the claim bound may claim again (a stored permit covers a
     // producer that is about to wait).
     for group in &shared.groups {

@@ -113,27 +113,36 @@ async fn drain_with_a_killed_worker(
 ) -> Vec<AuditRow> {
     let pool = &db.pool;
     const STALE: Duration = Duration::from_secs(60);
-    let args = TestbedArgs::new()
-        .set("kinds", "record")
-        .set("queue", queue)
-        .set("concurrency", 8)
-        .set("heartbeat-ms", 200)
-        .set("stale-ms", STALE.as_millis())
-        .set("poll-ms", 3_600_000);
-    let mut workers = Vec::new();
-    for i in 0..4 {
+    let args = |poll_ms: u64| {
+        TestbedArgs::new()
+            .set("kinds", "record")
+            .set("queue", queue)
+            .set("concurrency", 8)
+            .set("heartbeat-ms", 200)
+            .set("stale-ms", STALE.as_millis())
+            .set("poll-ms", poll_ms)
+    };
+    // The victim polls often: alone, it would otherwise wait for a notice (a rate window's
+    // refill) that came before it listened. The others poll once an hour.
+    let (victim_args, args) = (args(100), args(3_600_000));
+    // The victim runs alone until it is killed holding claims: beside the others it may
+    // get no job before the queue drains (a loaded run waited 90 s for it to hold one).
+    // Its claims count against the limits while the others drain, until they reap them.
+    let mut victim = Testbed::start(&db.url, &format!("tb-{queue}-0"), &victim_args).await;
+    for attempt in 0.. {
+        assert!(attempt < 10, "no killed worker held a claim");
+        if victim.kill9_holding(pool).await > 0 {
+            age_claims_of(pool, &victim.worker_id, STALE).await;
+            break;
+        }
+        victim = Testbed::start(&db.url, &format!("tb-{queue}-0-{attempt}"), &victim_args).await;
+    }
+    let mut workers = vec![victim];
+    for i in 1..4 {
         workers.push(Testbed::start(&db.url, &format!("tb-{queue}-{i}"), &args).await);
     }
     let stop = Arc::new(AtomicBool::new(false));
     let sql = sql_worker(pool.clone(), queue, Duration::from_millis(40), stop.clone());
-    for attempt in 0.. {
-        assert!(attempt < 10, "no killed worker held a claim");
-        if workers[0].kill9_holding(pool).await > 0 {
-            age_claims_of(pool, &workers[0].worker_id, STALE).await;
-            break;
-        }
-        workers[0] = Testbed::start(&db.url, &format!("tb-{queue}-0-{attempt}"), &args).await;
-    }
     wait_until("every job to succeed", PATIENCE, || async {
         (states(pool).await.get("succeeded").copied() == Some(total as i64)).then_some(())
     })

@@ -625,7 +625,16 @@ DECLARE
     previous skiplock.job_state;
     job_queue text;
     job_key text;
+    lane text;
 BEGIN
+    -- The lane's lock before the row's, in the order an enqueue and retry_job take them:
+    -- the lane's step below takes it, and waiting for it while holding the row closed a
+    -- cycle with a retry_job of the same job, which holds the lane's lock and waits for
+    -- the row (the model test, seed 3).
+    SELECT ordering_key INTO lane FROM skiplock.jobs WHERE id = job_id;
+    IF lane IS NOT NULL THEN
+        PERFORM pg_advisory_xact_lock(skiplock.internal_lane_lock_id(lane));
+    END IF;
     SELECT state, queue, concurrency_key INTO previous, job_queue, job_key
     FROM skiplock.jobs WHERE id = job_id FOR UPDATE;
     IF previous IS NULL OR previous NOT IN ('waiting', 'queued', 'running') THEN
@@ -3656,8 +3665,11 @@ DECLARE
     key text;
     current skiplock.job_state;
     holder bigint;
+    deadlocks int := 0;
+    back_off boolean;
 BEGIN
     LOOP
+        back_off := false;
         BEGIN
             -- The lane's and the unique key's locks before the row's, in the order an enqueue
             -- takes them: an enqueue holding the key's lock locks the key's pending job next, so
@@ -3712,7 +3724,21 @@ BEGIN
             IF NOT skiplock.internal_may_retry_moved(attempts) THEN
                 RAISE;
             END IF;
+        WHEN deadlock_detected THEN
+            -- Chosen as the victim of a cycle with a transaction that holds the job's row
+            -- and waits for its lane's lock (skiplock.complete or fail of the job, in one
+            -- transaction with its lane's step): rolled back to the subtransaction, which
+            -- lets the other side finish, then tried again after a short jittered wait, as
+            -- skiplock.cancel_job does (see there why not at once).
+            deadlocks := deadlocks + 1;
+            IF deadlocks >= 6 THEN
+                RAISE;
+            END IF;
+            back_off := true;
         END;
+        IF back_off THEN
+            PERFORM pg_sleep(0.01 * power(2, deadlocks - 1) * (1 + random()));
+        END IF;
     END LOOP;
 END;
 $$;

@@ -330,22 +330,30 @@ async fn a_dependency_settle_costs_the_same_beside_many_waiting_jobs_under_histo
     dependency_settle_is_bounded(Statistics::History).await;
 }
 
+/// Lanes one insert of [`maintain_is_bounded`] adds.
+const LANES_PER_INSERT: usize = 1_000;
+
 async fn maintain_is_bounded(statistics: Statistics) {
     let db = with_statistics(statistics).await;
-    // Lanes of two jobs each: every head queued, every second job waiting.
+    // Lanes of two jobs each: every head queued, every second job waiting. A thousand
+    // lanes a statement: an insert takes each new lane's lock until it commits, and the
+    // server's lock table, shared by every session (64 locks per connection slot by
+    // default), ran out when two tests inserted their ten thousand lanes at once.
     let add_lanes = |from: i64, to: i64| {
         let pool = db.pool.clone();
         async move {
-            sqlx::query(
-                "INSERT INTO skiplock.jobs (kind, queue, ordering_key)
-                 SELECT 'noop', 'lanes', 'lane-' || g FROM generate_series($1, $2) g,
-                        generate_series(1, 2)",
-            )
-            .bind(from)
-            .bind(to)
-            .execute(&pool)
-            .await
-            .unwrap();
+            for start in (from..=to).step_by(LANES_PER_INSERT) {
+                sqlx::query(
+                    "INSERT INTO skiplock.jobs (kind, queue, ordering_key)
+                     SELECT 'noop', 'lanes', 'lane-' || g FROM generate_series($1, $2) g,
+                            generate_series(1, 2)",
+                )
+                .bind(start)
+                .bind(to.min(start + LANES_PER_INSERT as i64 - 1))
+                .execute(&pool)
+                .await
+                .unwrap();
+            }
         }
     };
     let mut session = db.pool.acquire().await.unwrap();

@@ -7,13 +7,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::fixtures::{Recorder, count_in_state, fast_worker, state_of, wait_for};
+use common::fixtures::{Recorder, count_in_state, fast_worker, state_of, steady_worker, wait_for};
 use common::test_db;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 use skiplock::{
     EnqueueOptions, Error, Job, JobContext, JobError, JobId, JobState, NewJob, UniquePolicy,
-    WorkerBuilder,
 };
 use sqlx::PgPool;
 
@@ -94,14 +93,6 @@ impl Job for Digest {
         received.lock().unwrap().push(self.0);
         Ok(())
     }
-}
-
-/// A worker with the short intervals of `fast_worker` whose claims never go stale while it
-/// runs (an hour): a live claim taken back under load would run its job twice, and the
-/// tests that use it count runs; reaping is not their subject.
-fn steady_worker(pool: &PgPool) -> WorkerBuilder {
-    fast_worker(pool, &Recorder::default())
-        .heartbeat(Duration::from_millis(100), Duration::from_secs(3600))
 }
 
 /// Runs `workers` workers until no job is waiting, queued or running (retries included).
@@ -242,7 +233,7 @@ async fn a_failing_head_blocks_its_lane_while_other_lanes_flow() {
     let mut stops = Vec::new();
     let mut runs = Vec::new();
     for i in 0..2 {
-        let worker = steady_worker(pool)
+        let worker = steady_worker(pool, &Recorder::default())
             .data(timeline.clone())
             .data(gate.clone())
             .register::<Step>()
@@ -368,7 +359,7 @@ async fn merged_payloads_reach_the_handler_once_in_order() {
         skiplock::enqueue_raw(pool, &[job]).await.unwrap();
     }
     let received: Received = Arc::default();
-    steady_worker(pool)
+    steady_worker(pool, &Recorder::default())
         .data(received.clone())
         .register::<Digest>()
         .exit_when_idle(true)

@@ -8,53 +8,16 @@ mod common;
 
 use std::time::Duration;
 
-use common::fixtures::{Recorder, Slow, count_in_state, fast_worker, wait_for};
+use common::fixtures::{
+    AtGate, Gate, Recorder, Slow, count_in_state, fast_worker, steady_worker, wait_for,
+};
 use common::test_db;
 use skiplock::db::migrations::SCHEMA_VERSION_LATEST;
-use skiplock::{EnqueueOptions, Error, Job, JobContext, JobError, JobState, WorkerBuilder};
+use skiplock::{EnqueueOptions, Error, JobState};
 use sqlx::PgPool;
 
 /// Longest wait for a worker to settle what the database holds.
 const PATIENCE: Duration = Duration::from_secs(60);
-
-/// `fast_worker` with claims that never go stale while it runs (an hour), for the tests
-/// that count each job's runs: a live claim taken back under load would run its job twice.
-fn steady_worker(pool: &PgPool, recorder: &Recorder) -> WorkerBuilder {
-    fast_worker(pool, recorder).heartbeat(Duration::from_millis(100), Duration::from_secs(3600))
-}
-
-/// Runs until the test opens its [`Gate`], recording its start: a job the test knows is
-/// still running when a migration commits.
-#[derive(serde::Serialize, serde::Deserialize, Clone)]
-struct AtGate {}
-
-/// Each permit added lets one job through; opened (closed, as a semaphore), it lets every
-/// job through for good.
-#[derive(Clone)]
-struct Gate(std::sync::Arc<tokio::sync::Semaphore>);
-
-impl Gate {
-    fn closed() -> Self {
-        Self(std::sync::Arc::new(tokio::sync::Semaphore::new(0)))
-    }
-
-    fn open(&self) {
-        self.0.close();
-    }
-}
-
-impl Job for AtGate {
-    const KIND: &'static str = "at_gate";
-
-    async fn run(self, ctx: JobContext) -> Result<(), JobError> {
-        ctx.data::<Recorder>().unwrap().record(&ctx);
-        // A permit lets one job end; an error is the gate opening for all.
-        if let Ok(permit) = ctx.data::<Gate>().unwrap().0.acquire().await {
-            permit.forget();
-        }
-        Ok(())
-    }
-}
 
 /// Applies a synthetic next migration: `change`, and the ledger row of version
 /// `SCHEMA_VERSION_LATEST + 1`, in one transaction as `skiplock migrate` does, and, as it

@@ -6,23 +6,15 @@ mod common;
 use std::time::Duration;
 
 use common::fixtures::{
-    Flaky, Panics, Record, Recorder, Slow, count_in_state, fast_worker, flaky_delay, state_of,
-    wait_for,
+    AtGate, Flaky, Gate, Panics, Record, Recorder, Slow, count_in_state, flaky_delay, state_of,
+    steady_worker, wait_for,
 };
 use common::test_db;
 use serde_json::json;
-use skiplock::{EnqueueOptions, JobContext, JobError, JobId, JobState, NewJob, WorkerBuilder};
-use sqlx::PgPool;
+use skiplock::{EnqueueOptions, JobId, JobState, NewJob};
 
 /// Longest wait for a worker to settle what the database holds.
 const PATIENCE: Duration = Duration::from_secs(60);
-
-/// `fast_worker` with claims that never go stale while it runs (an hour): the tests here
-/// count each job's runs, and a live claim taken back by the reaper on a loaded machine
-/// would run its job twice. Reaping is not their subject.
-fn steady_worker(pool: &PgPool, recorder: &Recorder) -> WorkerBuilder {
-    fast_worker(pool, recorder).heartbeat(Duration::from_millis(100), Duration::from_secs(3600))
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn three_workers_drain_ten_thousand_jobs_exactly_once() {
@@ -338,38 +330,6 @@ async fn a_plain_sql_insert_wakes_an_idle_worker() {
     stop.shutdown();
     run.await.unwrap().unwrap();
     assert_eq!(recorder.runs()[&id], vec![1]);
-}
-
-/// Waits until the test opens its [`Gate`], recording its start.
-#[derive(serde::Serialize, serde::Deserialize, Clone)]
-struct AtGate {}
-
-/// Opened once, for good (a closed semaphore lets every waiter through).
-#[derive(Clone)]
-struct Gate(std::sync::Arc<tokio::sync::Semaphore>);
-
-impl Gate {
-    fn closed() -> Self {
-        Self(std::sync::Arc::new(tokio::sync::Semaphore::new(0)))
-    }
-
-    fn open(&self) {
-        self.0.close();
-    }
-}
-
-impl skiplock::Job for AtGate {
-    const KIND: &'static str = "at_gate";
-
-    async fn run(self, ctx: JobContext) -> Result<(), JobError> {
-        ctx.data::<Recorder>().unwrap().record(&ctx);
-        let gate = ctx.data::<Gate>().unwrap();
-        // An error is the gate opening.
-        if let Ok(permit) = gate.0.acquire().await {
-            permit.forget();
-        }
-        Ok(())
-    }
 }
 
 /// How long the graceful shutdown in

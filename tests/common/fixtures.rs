@@ -247,3 +247,49 @@ pub async fn wait_for_a_lock_wait(pool: &PgPool, what: &str) {
     })
     .await;
 }
+
+/// `fast_worker` with claims that never go stale while it runs (an hour), for the tests
+/// that count each job's runs: a live claim taken back under load would run its job twice,
+/// and reaping is not their subject.
+pub fn steady_worker(pool: &PgPool, recorder: &Recorder) -> WorkerBuilder {
+    fast_worker(pool, recorder).heartbeat(Duration::from_millis(100), Duration::from_secs(3600))
+}
+
+/// Runs until the test opens its [`Gate`] or adds a permit, recording its start: a job the
+/// test knows is still running, or lets end one at a time.
+#[derive(Serialize, Deserialize, Clone)]
+pub struct AtGate {}
+
+/// Each permit added lets one job through; opened (closed, as a semaphore), it lets every
+/// job through for good.
+#[derive(Clone)]
+pub struct Gate(pub Arc<tokio::sync::Semaphore>);
+
+impl Gate {
+    pub fn closed() -> Self {
+        Self(Arc::new(tokio::sync::Semaphore::new(0)))
+    }
+
+    pub fn open(&self) {
+        self.0.close();
+    }
+}
+
+impl Job for AtGate {
+    const KIND: &'static str = "at_gate";
+
+    async fn run(self, ctx: JobContext) -> Result<(), JobError> {
+        recorder(&ctx).record(&ctx);
+        // A permit lets one job end; an error is the gate opening for all.
+        if let Ok(permit) = ctx
+            .data::<Gate>()
+            .expect("a Gate on the worker")
+            .0
+            .acquire()
+            .await
+        {
+            permit.forget();
+        }
+        Ok(())
+    }
+}

@@ -99,6 +99,26 @@ fn args(id: i64, token: Option<Uuid>) -> PgArguments {
     args
 }
 
+/// Enqueues with `sql` in a transaction of its own on a new session while `held` (a
+/// transaction that ended what the job waits for) is still open: the enqueue waits for
+/// it, `held` commits, then the enqueue commits. Returns the job's id.
+async fn enqueue_beside_held(
+    pool: &PgPool,
+    held: sqlx::Transaction<'_, Postgres>,
+    sql: &'static str,
+    args: PgArguments,
+) -> i64 {
+    let mut enqueuer = pool.acquire().await.unwrap();
+    sqlx::query("BEGIN").execute(&mut *enqueuer).await.unwrap();
+    let enqueue = spawn_scalar(enqueuer, sql, args);
+    until_blocked_or_done(pool, &enqueue).await;
+    held.commit().await.unwrap();
+    let (mut enqueuer, id) = enqueue.await.unwrap();
+    let id = id.unwrap().expect("the enqueued job's id");
+    sqlx::query("COMMIT").execute(&mut *enqueuer).await.unwrap();
+    id
+}
+
 async fn enqueue_in_lane(pool: &PgPool, queue: &str, lane: &str) -> i64 {
     sqlx::query_scalar("SELECT skiplock.enqueue('noop', queue => $1, ordering_key => $2)")
         .bind(queue)
@@ -186,18 +206,13 @@ async fn a_lane_job_enqueued_beside_a_protocol_completion_is_queued_whichever_go
         .await
         .unwrap();
     assert!(done);
-    let mut enqueuer = pool.acquire().await.unwrap();
-    sqlx::query("BEGIN").execute(&mut *enqueuer).await.unwrap();
-    let enqueue = spawn_scalar(
-        enqueuer,
+    let next = enqueue_beside_held(
+        pool,
+        completion,
         "SELECT skiplock.enqueue('noop', queue => 'q', ordering_key => 'b')",
         PgArguments::default(),
-    );
-    until_blocked_or_done(pool, &enqueue).await;
-    completion.commit().await.unwrap();
-    let (mut enqueuer, next) = enqueue.await.unwrap();
-    let next = next.unwrap().unwrap();
-    sqlx::query("COMMIT").execute(&mut *enqueuer).await.unwrap();
+    )
+    .await;
     assert_claimable(pool, next, "q", "completed first, committed first").await;
 }
 
@@ -250,18 +265,13 @@ async fn a_child_enqueued_while_its_parent_completes_is_queued_whichever_goes_fi
         .await
         .unwrap();
     assert!(done);
-    let mut enqueuer = pool.acquire().await.unwrap();
-    sqlx::query("BEGIN").execute(&mut *enqueuer).await.unwrap();
-    let enqueue = spawn_scalar(
-        enqueuer,
+    let child = enqueue_beside_held(
+        pool,
+        completion,
         "SELECT skiplock.enqueue('noop', queue => 'c', depends_on => ARRAY[$1]::bigint[])",
         args(parent, None),
-    );
-    until_blocked_or_done(pool, &enqueue).await;
-    completion.commit().await.unwrap();
-    let (mut enqueuer, child) = enqueue.await.unwrap();
-    let child = child.unwrap().unwrap();
-    sqlx::query("COMMIT").execute(&mut *enqueuer).await.unwrap();
+    )
+    .await;
     assert_claimable(pool, child, "c", "the child enqueued after").await;
 }
 
@@ -282,18 +292,13 @@ async fn a_child_enqueued_while_its_parent_dies_is_cancelled() {
         .await
         .unwrap();
     assert_eq!(now, "dead");
-    let mut enqueuer = pool.acquire().await.unwrap();
-    sqlx::query("BEGIN").execute(&mut *enqueuer).await.unwrap();
-    let enqueue = spawn_scalar(
-        enqueuer,
+    let child = enqueue_beside_held(
+        pool,
+        failure,
         "SELECT skiplock.enqueue('noop', queue => 'c', depends_on => ARRAY[$1]::bigint[])",
         args(parent, None),
-    );
-    until_blocked_or_done(pool, &enqueue).await;
-    failure.commit().await.unwrap();
-    let (mut enqueuer, child) = enqueue.await.unwrap();
-    let child = child.unwrap().unwrap();
-    sqlx::query("COMMIT").execute(&mut *enqueuer).await.unwrap();
+    )
+    .await;
     assert_eq!(
         state_of(pool, child).await,
         "cancelled",

@@ -21,6 +21,8 @@
 #   WORKER_CPUS:  a CPU list (taskset) for the worker, as in benches/worker-processes.sh.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
+# shellcheck source=benches/support/listening.sh
+. benches/support/listening.sh
 
 probes="${1:-500}"
 warmup=20
@@ -56,13 +58,7 @@ SQL
 RUST_LOG=warn "${pin[@]}" "$bin" --database-url "$db" work --kinds noop >/dev/null 2>&1 &
 worker=$!
 trap 'kill "$worker" 2>/dev/null || true; wait "$worker" 2>/dev/null || true' EXIT
-# Until its listener is in: LISTEN shows as the last query of an idle session.
-for _ in $(seq 100); do
-    [ "$(psql "$db" -Atc "SELECT count(*) FROM pg_stat_activity
-                           WHERE datname = current_database() AND query ILIKE 'LISTEN%'")" -gt 0 ] && break
-    sleep 0.1
-done
-sleep 1
+wait_for_listener "$db"
 
 {
     echo "SET synchronous_commit = off;"

@@ -260,6 +260,44 @@ async fn a_lane_step_costs_the_same_beside_many_waiting_jobs_under_history_stati
     lane_step_is_bounded(Statistics::History).await;
 }
 
+/// An enqueue into a lane with jobs: the insert trigger reads the lane's last unfinished job
+/// (its tail) under the lane's lock. Beside 33 times more waiting jobs of the same lane and,
+/// enqueued after them, of another, it reads the same: the tail is one backward probe of the
+/// lane's index, not a walk of the newest jobs by id nor of the lane.
+async fn lane_enqueue_is_bounded(statistics: Statistics) {
+    let db = with_statistics(statistics).await;
+    let mut session = db.pool.acquire().await.unwrap();
+    const ENQUEUE: &str = "INSERT INTO skiplock.jobs (kind, queue, ordering_key) \
+                           VALUES ('noop', 'lane', 'measured')";
+    add_waiting_lane(&db.pool, "measured", FEW_WAITING).await;
+    add_waiting_lane(&db.pool, "beside", FEW_WAITING).await;
+    // Warm: the trigger's plans.
+    buffers_of(&mut session, ENQUEUE).await;
+    let few = buffers_of(&mut session, ENQUEUE).await;
+    add_waiting_lane(&db.pool, "measured", MANY_WAITING - FEW_WAITING).await;
+    add_waiting_lane(&db.pool, "beside", MANY_WAITING - FEW_WAITING).await;
+    let many = buffers_of(&mut session, ENQUEUE).await;
+    assert_bounded("an enqueue into a lane", statistics, few, many);
+    // The enqueues did their work: every job of the measured lane but its head waits.
+    let queued: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM skiplock.jobs WHERE ordering_key = 'measured' AND state = 'queued'",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(queued, 1, "the measured lane has one queued job, its head");
+}
+
+#[tokio::test]
+async fn an_enqueue_into_a_lane_costs_the_same_beside_many_waiting_jobs_under_empty_statistics() {
+    lane_enqueue_is_bounded(Statistics::Empty).await;
+}
+
+#[tokio::test]
+async fn an_enqueue_into_a_lane_costs_the_same_beside_many_waiting_jobs_under_history_statistics() {
+    lane_enqueue_is_bounded(Statistics::History).await;
+}
+
 /// Adds a parent in queue `queue` with `children` waiting dependants; returns its id.
 async fn add_parent_with_children(pool: &PgPool, queue: &str, children: i64) -> i64 {
     let parent: i64 = sqlx::query_scalar("SELECT skiplock.enqueue('noop', queue => $1)")
@@ -279,6 +317,10 @@ async fn add_parent_with_children(pool: &PgPool, queue: &str, children: i64) -> 
     parent
 }
 
+/// A parent's completion or discard and what it does to its dependants: its statement reads
+/// which of its jobs have dependants (`internal_parents_with_dependants`, a probe of the
+/// edges' parent index per job) and the settle queues or cancels them; beside 33 times more
+/// edges and waiting dependants of another parent, both read the same.
 async fn dependency_settle_is_bounded(statistics: Statistics) {
     let db = with_statistics(statistics).await;
     let mut session = db.pool.acquire().await.unwrap();

@@ -2,7 +2,8 @@
 //! each file opens with the list of what it defines, and every function that queues jobs
 //! announces them through `skiplock.internal_announce` (the one way statements tell
 //! workers of runnable work; a statement that forgets leaves its jobs to the workers' next
-//! walk from the start, up to a minute later). Reads the files only: no database.
+//! walk from the start, up to a minute later), and every function that reads a lane to
+//! move it takes the lane's lock. Reads the files only: no database.
 
 use std::path::PathBuf;
 
@@ -95,6 +96,45 @@ fn each_file_opens_with_the_list_of_what_it_defines() {
     }
 }
 
+/// Whether a function body writes rows of `skiplock.jobs`.
+fn writes_jobs(body: &str) -> bool {
+    ["UPDATE skiplock.jobs", "INSERT INTO skiplock.jobs"]
+        .iter()
+        .any(|write| body.contains(write))
+}
+
+/// The functions that break a rule, as `name (file)`: those for which `breaks` holds, less
+/// the ones `exempt` names (each with its reason). Panics, naming it, when `exempt` names a
+/// function that no longer breaks it, so a stale exemption goes.
+fn breaking(
+    exempt: &[(&str, &str)],
+    exempt_list: &str,
+    applies: impl Fn(&str) -> bool,
+    breaks: impl Fn(&str) -> bool,
+) -> Vec<String> {
+    let mut found = Vec::new();
+    let mut seen_exempt = Vec::new();
+    for (file, text) in files() {
+        for definition in definitions(&text) {
+            if !applies(&definition.body) || !breaks(&definition.body) {
+                continue;
+            }
+            if exempt.iter().any(|(name, _)| *name == definition.label) {
+                seen_exempt.push(definition.label);
+            } else {
+                found.push(format!("{} ({file})", definition.label));
+            }
+        }
+    }
+    for (name, _) in exempt {
+        assert!(
+            seen_exempt.iter().any(|seen| seen == name),
+            "{exempt_list} names {name}, which no longer needs the exemption: remove it"
+        );
+    }
+    found
+}
+
 /// Functions that write jobs and name the `queued` state without making jobs runnable
 /// themselves, each with the reason it announces nothing.
 const QUEUES_NOTHING: &[(&str, &str)] = &[
@@ -131,32 +171,15 @@ const QUEUES_NOTHING: &[(&str, &str)] = &[
 
 #[test]
 fn every_function_that_queues_jobs_announces_them() {
-    let mut silent = Vec::new();
-    let mut seen_exempt = Vec::new();
-    for (file, text) in files() {
-        for definition in definitions(&text) {
-            let body = &definition.body;
-            let writes_jobs = ["UPDATE skiplock.jobs", "INSERT INTO skiplock.jobs"]
-                .iter()
-                .any(|write| body.contains(write));
-            if !writes_jobs || !body.contains("'queued'") {
-                continue;
-            }
-            if body.contains("skiplock.internal_announce(")
-                || body.contains("skiplock.internal_announce_queued_by_others(")
-            {
-                continue;
-            }
-            if QUEUES_NOTHING
-                .iter()
-                .any(|(name, _)| *name == definition.label)
-            {
-                seen_exempt.push(definition.label.clone());
-                continue;
-            }
-            silent.push(format!("{} ({file})", definition.label));
-        }
-    }
+    let silent = breaking(
+        QUEUES_NOTHING,
+        "QUEUES_NOTHING",
+        |body| writes_jobs(body) && body.contains("'queued'"),
+        |body| {
+            !body.contains("skiplock.internal_announce(")
+                && !body.contains("skiplock.internal_announce_queued_by_others(")
+        },
+    );
     assert!(
         silent.is_empty(),
         "functions that write jobs in the queued state without calling \
@@ -164,10 +187,52 @@ fn every_function_that_queues_jobs_announces_them() {
          from the start): {silent:?}; call it with the jobs' keys, or add the function to \
          QUEUES_NOTHING with the reason it queues nothing"
     );
-    for (name, _) in QUEUES_NOTHING {
-        assert!(
-            seen_exempt.iter().any(|seen| seen == name),
-            "QUEUES_NOTHING names {name}, which no longer writes queued jobs: remove it"
-        );
+}
+
+/// Functions that read a lane (`ordering_key =`) and write jobs without its lock, each with
+/// the reason no enqueue or step of the lane can be missed by it.
+const READS_LANES_UNLOCKED: &[(&str, &str)] = &[(
+    "internal_claim_batch",
+    "takes only queued jobs whose lane has nothing running or before them; it never decides \
+     that a job waits nor lets a waiting one go",
+)];
+
+/// Whatever decides from a lane's rows that a job waits or may go (the insert trigger, a
+/// lane's step, `retry_job`, …) takes the lane's lock (`internal_lane_lock_id`) before it
+/// first reads the lane (`ordering_key =`): without it, an enqueue
+/// whose transaction commits after the lane's last job finished is seen by neither side,
+/// and the job waits for the sweep (issue 48, tests/admission_races.rs).
+#[test]
+fn every_function_that_reads_a_lane_to_move_it_takes_the_lane_lock() {
+    let unlocked = breaking(
+        READS_LANES_UNLOCKED,
+        "READS_LANES_UNLOCKED",
+        |body| writes_jobs(body) && first_lane_read(body).is_some(),
+        |body| {
+            let read = first_lane_read(body).unwrap();
+            !body
+                .find("skiplock.internal_lane_lock_id(")
+                .is_some_and(|lock| lock < read)
+        },
+    );
+    assert!(
+        unlocked.is_empty(),
+        "functions that read a lane and write jobs without taking the lane's lock first (an \
+         enqueue committing beside them is missed and its job waits for the sweep): \
+         {unlocked:?}; take pg_advisory_xact_lock(skiplock.internal_lane_lock_id(lane)) before \
+         the first read of the lane, or add the function to READS_LANES_UNLOCKED with the \
+         reason it cannot miss one"
+    );
+}
+
+/// Where a function body first compares a lane (`ordering_key =`), if it does.
+fn first_lane_read(body: &str) -> Option<usize> {
+    let mut at = 0;
+    for (nth, piece) in body.split("ordering_key").enumerate() {
+        if nth > 0 && piece.trim_start().starts_with('=') {
+            return Some(at - "ordering_key".len());
+        }
+        at += piece.len() + "ordering_key".len();
     }
+    None
 }

@@ -59,9 +59,9 @@ END \$\$;
 CREATE TRIGGER bench_lane_claimed BEFORE UPDATE ON skiplock.jobs FOR EACH ROW
     WHEN (OLD.state = 'queued' AND NEW.state = 'running' AND OLD.ordering_key = 'the-lane')
     EXECUTE FUNCTION public.bench_lane_claimed();
-SELECT skiplock.enqueue('noop', queue => 'elsewhere',
-                        depends_on => ARRAY[skiplock.enqueue('never', queue => 'elsewhere')])
-FROM generate_series(1, $waiting);
+WITH parent AS (SELECT skiplock.enqueue('never', queue => 'elsewhere') AS id)
+SELECT skiplock.enqueue('noop', queue => 'elsewhere', depends_on => ARRAY[parent.id])
+FROM parent, generate_series(1, $waiting);
 ANALYZE;
 SQL
 

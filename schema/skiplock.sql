@@ -481,23 +481,18 @@ DECLARE
     lane text;
     busy text;
 BEGIN
-    -- Every lane's lock that can matter, never waiting while holding one: a transaction
-    -- that enqueues into several lanes takes their locks in its own order, so waiting for
-    -- one lock while holding another could close a cycle with it (a deadlock, one side
-    -- rolled back). All are tried; a lane whose lock is held elsewhere but which has an
-    -- unfinished job committed goes on without it (see above). When another one is held,
-    -- those taken go with the subtransaction, this waits for that one alone (and lets it
-    -- go), and tries again. Usually no lock is held elsewhere: one pass, one
-    -- subtransaction that commits (no xid: advisory locks need none).
+    -- Every lane's lock, never waiting while holding one: a transaction that enqueues into
+    -- several lanes takes their locks in its own order, so waiting for one lock while
+    -- holding another could close a cycle with it (a deadlock, one side rolled back). All
+    -- are tried; when one is held elsewhere, those taken go with the subtransaction, this
+    -- waits for that one alone (and lets it go), and tries again. Usually no lock is
+    -- held elsewhere: one pass, one subtransaction that commits (no xid: advisory locks
+    -- need none).
     LOOP
         busy := NULL;
         BEGIN
             FOREACH lane IN ARRAY lanes LOOP
-                IF NOT pg_try_advisory_xact_lock(skiplock.internal_lane_lock_id(lane))
-                   AND NOT EXISTS (
-                       SELECT 1 FROM skiplock.jobs o
-                       WHERE o.ordering_key = lane AND o.state IN ('waiting', 'queued', 'running'))
-                THEN
+                IF NOT pg_try_advisory_xact_lock(skiplock.internal_lane_lock_id(lane)) THEN
                     busy := lane;
                     RAISE SQLSTATE 'SKL02';
                 END IF;
@@ -2048,10 +2043,9 @@ BEGIN
                 -- The id was drawn before the lock, and a job enqueued since, after it in
                 -- the lane, took a greater one: a lane runs in id order, so this job gets
                 -- a new id, behind that one. Otherwise it would be the lane's head, waiting
-                -- behind a job that may not run before it: nothing would queue it until
-                -- the sweep. Ids in a lane follow the order of its lock, so an enqueue still
-                -- open adds its job behind every unfinished job of the lane, which a lane's
-                -- step relies on (internal_advance_lanes). The statement returns the new id.
+                -- behind a job that may not run before it (the claim takes a lane's job
+                -- only when no unfinished job of the lane has a lower id), with no step to
+                -- queue it: nothing would, until the sweep. The statement returns the new id.
                 NEW.id := skiplock.internal_next_job_id();
             END IF;
             IF current_setting('transaction_isolation') <> 'read committed' THEN

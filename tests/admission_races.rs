@@ -5,9 +5,8 @@
 //!
 //! Before the fix each of these left the job `waiting` until a periodic sweep: the enqueue
 //! saw the lane's job (or the parent) unfinished, and the completion could not see the
-//! uncommitted job (or edge). Two more cases close the lane's: an enqueue whose id was drawn
-//! before a later one of its lane took the lane's lock, and a lane step that waited for an
-//! open enqueue it did not need.
+//! uncommitted job (or edge). One more case closes the lane's: an enqueue whose id was drawn
+//! before a later one of its lane took the lane's lock.
 
 mod common;
 
@@ -376,45 +375,4 @@ async fn a_lane_job_whose_id_was_drawn_before_a_later_enqueue_of_its_lane_goes_b
     );
     assert_eq!(state_of(pool, second).await, "waiting");
     assert_claimable(pool, first, "q", "the lane's first job").await;
-}
-
-#[tokio::test]
-async fn a_lane_step_does_not_wait_for_an_open_enqueue_when_its_next_job_is_committed() {
-    // The lane's head runs and its next job is committed; an enqueue of a third job is
-    // open. The head's completion moves the lane on at once: the open enqueue's job goes
-    // behind the next one whatever it commits, so nothing it does can change the step.
-    let db = test_db().await;
-    let pool = &db.pool;
-    let head = enqueue_in_lane(pool, "q", "fed").await;
-    let next = enqueue_in_lane(pool, "q", "fed").await;
-    let (claimed, token) = claim(pool, "q").await;
-    assert_eq!(claimed, head);
-    let mut open = pool.begin().await.unwrap();
-    let third: i64 =
-        sqlx::query_scalar("SELECT skiplock.enqueue('noop', queue => 'q', ordering_key => 'fed')")
-            .fetch_one(&mut *open)
-            .await
-            .unwrap();
-    let completer = pool.acquire().await.unwrap();
-    let complete = spawn_scalar(
-        completer,
-        "SELECT skiplock.complete($1, $2)::int::bigint",
-        args(head, Some(token)),
-    );
-    until_blocked_or_done(pool, &complete).await;
-    assert!(
-        complete.is_finished(),
-        "the head's completion waits for the open enqueue of the lane's third job"
-    );
-    let (_, done) = complete.await.unwrap();
-    assert_eq!(done.unwrap(), Some(1), "the head's completion succeeded");
-    assert_claimable(
-        pool,
-        next,
-        "q",
-        "the lane's next job, the enqueue still open",
-    )
-    .await;
-    open.commit().await.unwrap();
-    assert_eq!(state_of(pool, third).await, "waiting");
 }

@@ -179,14 +179,7 @@ $$;
 -- enqueued in a transaction still open when its lane's last job finished is waited for,
 -- and seen by the reads below (each takes a new snapshot in READ COMMITTED, after the
 -- wait); an enqueue that comes after waits for this step and sees the job finished. The
--- wait lasts as long as that transaction (the enqueue's side is in internal_jobs_before_insert),
--- so it is taken only when it can matter: a lane whose lock is held but which has an
--- unfinished job committed is stepped without it. An enqueue still open adds its job
--- behind every unfinished job of the lane (the insert trigger gives it a greater id when
--- its own was drawn before one of theirs), whose step comes when that job ends. Waiting
--- there held each job of a lane fed by overlapping transactions until the next enqueue
--- committed: 65 ms (p50) from its commit to its claim with 50 ms transactions, against
--- 6 ms (benches/lane-feed.sh, docs/benchmarks.md).
+-- wait lasts as long as that transaction (the enqueue's side is in internal_jobs_before_insert).
 CREATE OR REPLACE FUNCTION skiplock.internal_advance_lanes(keys text[]) RETURNS int
 LANGUAGE plpgsql
 SET enable_seqscan = off
@@ -204,23 +197,18 @@ DECLARE
     lane text;
     busy text;
 BEGIN
-    -- Every lane's lock that can matter, never waiting while holding one: a transaction
-    -- that enqueues into several lanes takes their locks in its own order, so waiting for
-    -- one lock while holding another could close a cycle with it (a deadlock, one side
-    -- rolled back). All are tried; a lane whose lock is held elsewhere but which has an
-    -- unfinished job committed goes on without it (see above). When another one is held,
-    -- those taken go with the subtransaction, this waits for that one alone (and lets it
-    -- go), and tries again. Usually no lock is held elsewhere: one pass, one
-    -- subtransaction that commits (no xid: advisory locks need none).
+    -- Every lane's lock, never waiting while holding one: a transaction that enqueues into
+    -- several lanes takes their locks in its own order, so waiting for one lock while
+    -- holding another could close a cycle with it (a deadlock, one side rolled back). All
+    -- are tried; when one is held elsewhere, those taken go with the subtransaction, this
+    -- waits for that one alone (and lets it go), and tries again. Usually no lock is
+    -- held elsewhere: one pass, one subtransaction that commits (no xid: advisory locks
+    -- need none).
     LOOP
         busy := NULL;
         BEGIN
             FOREACH lane IN ARRAY lanes LOOP
-                IF NOT pg_try_advisory_xact_lock(skiplock.internal_lane_lock_id(lane))
-                   AND NOT EXISTS (
-                       SELECT 1 FROM skiplock.jobs o
-                       WHERE o.ordering_key = lane AND o.state IN ('waiting', 'queued', 'running'))
-                THEN
+                IF NOT pg_try_advisory_xact_lock(skiplock.internal_lane_lock_id(lane)) THEN
                     busy := lane;
                     RAISE SQLSTATE 'SKL02';
                 END IF;

@@ -216,10 +216,9 @@ BEGIN
                 -- The id was drawn before the lock, and a job enqueued since, after it in
                 -- the lane, took a greater one: a lane runs in id order, so this job gets
                 -- a new id, behind that one. Otherwise it would be the lane's head, waiting
-                -- behind a job that may not run before it: nothing would queue it until
-                -- the sweep. Ids in a lane follow the order of its lock, so an enqueue still
-                -- open adds its job behind every unfinished job of the lane, which a lane's
-                -- step relies on (internal_advance_lanes). The statement returns the new id.
+                -- behind a job that may not run before it (the claim takes a lane's job
+                -- only when no unfinished job of the lane has a lower id), with no step to
+                -- queue it: nothing would, until the sweep. The statement returns the new id.
                 NEW.id := skiplock.internal_next_job_id();
             END IF;
             IF current_setting('transaction_isolation') <> 'read committed' THEN

@@ -26,8 +26,8 @@
 #                 build's binary measures that build (its own migration runs).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
-# shellcheck source=benches/support/listening.sh
-. benches/support/listening.sh
+# shellcheck source=benches/support/timed-worker.sh
+. benches/support/timed-worker.sh
 
 seconds="${1:-60}"
 rate="${RATE:-18}"
@@ -39,14 +39,8 @@ db="${server%/*}/skiplock_bench_lane_feed"
 bin=${SKIPLOCK_BIN:-target/release/skiplock}
 [ -n "${SKIPLOCK_BIN:-}" ] || [ -x "$bin" ] || cargo build --release --features cli --bin skiplock >&2
 
-if [ "$(psql "$server" -Atc "SHOW track_commit_timestamp")" != on ]; then
-    echo "track_commit_timestamp is off: run under benches/with-private-server.sh -c track_commit_timestamp=on" >&2
-    exit 2
-fi
-PGOPTIONS="-c client_min_messages=warning" psql "$server" -q \
-    -c "DROP DATABASE IF EXISTS skiplock_bench_lane_feed WITH (FORCE)" \
-    -c "CREATE DATABASE skiplock_bench_lane_feed" >/dev/null
-"$bin" --database-url "$db" migrate >/dev/null
+require_commit_timestamps "$server"
+fresh_database "$server" skiplock_bench_lane_feed "$bin"
 psql "$db" -q -v ON_ERROR_STOP=1 >/dev/null <<SQL
 SET client_min_messages = warning;
 CREATE TABLE public.bench_lane_probe (job_id bigint PRIMARY KEY, xid bigint NOT NULL);

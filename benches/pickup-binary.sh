@@ -21,8 +21,8 @@
 #   WORKER_CPUS:  a CPU list (taskset) for the worker, as in benches/worker-processes.sh.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
-# shellcheck source=benches/support/listening.sh
-. benches/support/listening.sh
+# shellcheck source=benches/support/timed-worker.sh
+. benches/support/timed-worker.sh
 
 probes="${1:-500}"
 warmup=20
@@ -33,14 +33,8 @@ bin=${SKIPLOCK_BIN:-target/release/skiplock}
 pin=()
 [ -z "${WORKER_CPUS:-}" ] || pin=(taskset -c "$WORKER_CPUS")
 
-if [ "$(psql "$server" -Atc "SHOW track_commit_timestamp")" != on ]; then
-    echo "track_commit_timestamp is off: run under benches/with-private-server.sh -c track_commit_timestamp=on" >&2
-    exit 2
-fi
-PGOPTIONS="-c client_min_messages=warning" psql "$server" -q \
-    -c "DROP DATABASE IF EXISTS skiplock_bench_pickup WITH (FORCE)" \
-    -c "CREATE DATABASE skiplock_bench_pickup" >/dev/null
-"$bin" --database-url "$db" migrate >/dev/null
+require_commit_timestamps "$server"
+fresh_database "$server" skiplock_bench_pickup "$bin"
 psql "$db" -q -v ON_ERROR_STOP=1 >/dev/null <<'SQL'
 SET client_min_messages = warning;
 CREATE TABLE public.bench_pickup_probe (job_id bigint PRIMARY KEY, xid bigint NOT NULL);

@@ -96,12 +96,12 @@ GRANT SELECT ON ALL TABLES IN SCHEMA skiplock TO skiplock_reader;
 
 -- ---- skiplock_operator: the dashboard read-write, `skiplock retry/cancel/queue/prune/cron`
 -- Reads everything; retries, cancels and deletes jobs through skiplock's functions (which
--- write state, times and errors, clear a cancelled job's claim and fold a unique key's
--- payloads); pauses and resumes queues and sets their limits; prunes (as the pruner); edits cron schedules. Not
+-- write state, times and errors, clear a cancelled job's claim and the reason it was
+-- held, and fold a unique key's payloads); pauses and resumes queues and sets their limits; prunes (as the pruner); edits cron schedules. Not
 -- claimed_by, claimed_at or attempt: an operator cannot claim a job.
 GRANT SELECT ON ALL TABLES IN SCHEMA skiplock TO skiplock_operator;
 GRANT UPDATE (state, scheduled_at, max_attempts, finished_at, last_error, claim_token,
-              heartbeat_at, args, unique_policy),
+              heartbeat_at, args, unique_policy, held_for),
       DELETE
     ON skiplock.jobs TO skiplock_operator;
 GRANT UPDATE (parent_state) ON skiplock.job_dependencies TO skiplock_operator;

@@ -523,7 +523,7 @@ BEGIN
     -- By id, not joined with the heads: a join let the planner, told by stale statistics
     -- that one job waits, walk every waiting job and test each.
     WITH ready AS (
-        UPDATE skiplock.jobs j SET state = 'queued'
+        UPDATE skiplock.jobs j SET state = 'queued', held_for = NULL
         WHERE j.id = ANY (waiting_heads) AND j.state = 'waiting'
           AND NOT EXISTS (
               SELECT 1 FROM skiplock.jobs o
@@ -642,7 +642,7 @@ BEGIN
     END IF;
     UPDATE skiplock.jobs
     SET state = 'cancelled', finished_at = now(), claim_token = NULL, heartbeat_at = NULL,
-        last_error = coalesce(last_error, 'cancelled by operator')
+        held_for = NULL, last_error = coalesce(last_error, 'cancelled by operator')
     WHERE id = job_id;
     IF previous = 'running' THEN
         PERFORM pg_notify('skiplock_cancel', job_id::text);
@@ -1805,14 +1805,14 @@ CREATE FUNCTION skiplock.internal_hold_full_keys(queue_name text, key_max_runnin
         FROM skiplock.jobs_live r
         WHERE r.queue = queue_name AND r.state = 'running' AND r.concurrency_key IS NOT NULL
         GROUP BY r.concurrency_key
-        HAVING count(*) >= key_max_running));
+        HAVING count(*) >= key_max_running), 'key');
 $$;
 
 --
--- Name: internal_hold_keys(text, text[]); Type: FUNCTION; Schema: skiplock; Owner: -
+-- Name: internal_hold_keys(text, text[], text); Type: FUNCTION; Schema: skiplock; Owner: -
 --
 
-CREATE FUNCTION skiplock.internal_hold_keys(queue_name text, keys text[]) RETURNS integer
+CREATE FUNCTION skiplock.internal_hold_keys(queue_name text, keys text[], reason text) RETURNS integer
     LANGUAGE sql
     SET enable_seqscan TO 'off'
     SET enable_bitmapscan TO 'off'
@@ -1821,7 +1821,7 @@ CREATE FUNCTION skiplock.internal_hold_keys(queue_name text, keys text[]) RETURN
     SET jit TO 'off'
     AS $$
     WITH held AS (
-        UPDATE skiplock.jobs_live j SET state = 'waiting'
+        UPDATE skiplock.jobs_live j SET state = 'waiting', held_for = reason
         WHERE j.ctid = ANY (ARRAY(
             SELECT h.ctid
             FROM unnest(keys) AS k(key)
@@ -1859,15 +1859,15 @@ BEGIN
     IF filled IS NULL THEN
         RETURN 0;
     END IF;
-    held := skiplock.internal_hold_keys(queue_name, filled);
+    held := skiplock.internal_hold_keys(queue_name, filled, 'rate');
     -- A LATERAL probe with LIMIT, not EXISTS: a semi join walked every waiting job of the
     -- queue for each window (132 buffers beside 10,000 held jobs, against 4).
     SELECT min(w.held_until) INTO refill
     FROM skiplock.key_rate_windows w
     CROSS JOIN LATERAL (SELECT 1 FROM skiplock.jobs_live j
                         WHERE j.queue = queue_name AND j.state = 'waiting'
-                          AND j.concurrency_key = w.concurrency_key
-                        LIMIT 1) waiting
+                          AND j.held_for IS NOT NULL AND j.concurrency_key = w.concurrency_key
+                        LIMIT 1) held
     WHERE w.queue = queue_name AND w.concurrency_key = ANY (filled);
     PERFORM skiplock.internal_notify_refill(queue_name, refill);
     RETURN held;
@@ -1890,6 +1890,7 @@ DECLARE
     child_priority smallint;
     child_scheduled_at timestamptz;
     child_now skiplock.job_state;
+    child_held boolean;
     attempts int := 0;
 BEGIN
     IF NEW.parent_state IS NOT NULL THEN
@@ -1913,8 +1914,8 @@ BEGIN
                 RAISE EXCEPTION 'parent job % does not exist', NEW.parent_id
                     USING ERRCODE = 'foreign_key_violation';
             END IF;
-            SELECT state, queue, priority, scheduled_at
-            INTO child_now, child_queue, child_priority, child_scheduled_at
+            SELECT state, queue, priority, scheduled_at, state = 'waiting' AND held_for IS NOT NULL
+            INTO child_now, child_queue, child_priority, child_scheduled_at, child_held
             FROM skiplock.jobs WHERE id = NEW.job_id FOR UPDATE;
             EXIT;
         EXCEPTION WHEN serialization_failure THEN
@@ -1951,11 +1952,14 @@ BEGIN
     IF child_now IN ('queued', 'waiting') AND parent_now IN ('dead', 'cancelled') THEN
         -- A waiting child too: its parent ended while the enqueue was under way.
         UPDATE skiplock.jobs
-        SET state = 'cancelled', finished_at = now(),
+        SET state = 'cancelled', finished_at = now(), held_for = NULL,
             last_error = format('parent job %s ended %s', NEW.parent_id, parent_now)
         WHERE id = NEW.job_id;
-    ELSIF child_now = 'queued' THEN
-        UPDATE skiplock.jobs SET state = 'waiting' WHERE id = NEW.job_id;
+    ELSIF child_now = 'queued' OR child_held THEN
+        -- Queued, or held back for its key (an edge added by hand: skiplock's enqueue
+        -- writes a child's edges before any claim sees it): it waits for this parent now,
+        -- which a release of its key must not pass.
+        UPDATE skiplock.jobs SET state = 'waiting', held_for = NULL WHERE id = NEW.job_id;
     END IF;
     RETURN NULL;
 END;
@@ -2555,7 +2559,7 @@ BEGIN
     END IF;
     WITH ready AS (
         UPDATE skiplock.jobs c
-        SET state = 'queued'
+        SET state = 'queued', held_for = NULL
         WHERE c.id = ANY (seen_waiting) AND c.state = 'waiting'
           AND EXISTS (SELECT 1 FROM skiplock.job_dependencies d WHERE d.job_id = c.id)
           AND NOT skiplock.internal_has_unmet_parent(c.id)
@@ -2873,12 +2877,22 @@ BEGIN
     SELECT q.key_max_running, q.key_rate_limit, q.key_rate_period
     INTO key_limit, key_rate, key_period
     FROM skiplock.queues q WHERE q.name = queue_name;
-    WITH looked_at AS (
+    WITH RECURSIVE held_keys(key) AS (
+        -- With keys NULL: the first held key, then the next after each.
+        (SELECT w.concurrency_key FROM skiplock.jobs_live w
+         WHERE keys IS NULL AND w.queue = queue_name AND w.state = 'waiting'
+           AND w.held_for IS NOT NULL
+         ORDER BY w.concurrency_key LIMIT 1)
+        UNION ALL
+        SELECT (SELECT w.concurrency_key FROM skiplock.jobs_live w
+                WHERE w.queue = queue_name AND w.state = 'waiting' AND w.held_for IS NOT NULL
+                  AND w.concurrency_key > h.key
+                ORDER BY w.concurrency_key LIMIT 1)
+        FROM held_keys h WHERE h.key IS NOT NULL
+    ), looked_at AS (
         SELECT DISTINCT k.key FROM unnest(keys) AS k(key) WHERE k.key IS NOT NULL
         UNION
-        SELECT DISTINCT w.concurrency_key FROM skiplock.jobs_live w
-        WHERE keys IS NULL AND w.queue = queue_name AND w.state = 'waiting'
-          AND w.concurrency_key IS NOT NULL
+        SELECT h.key FROM held_keys h WHERE h.key IS NOT NULL
     ), room AS (
         -- The lesser of what each limit leaves (NULL: no limit holds the key). Queued jobs
         -- of the key are not subtracted: one no worker takes (a kind nobody handles) would
@@ -2897,15 +2911,14 @@ BEGIN
                 key_rate, key_period, clock_timestamp(), key_rate)) AS room
         FROM looked_at l
     ), released AS (
-        UPDATE skiplock.jobs_live j SET state = 'queued'
+        UPDATE skiplock.jobs_live j SET state = 'queued', held_for = NULL
         WHERE j.ctid = ANY (ARRAY(
             SELECT h.ctid
             FROM room r
             CROSS JOIN LATERAL (
                 SELECT h.ctid FROM skiplock.jobs_live h
-                WHERE h.queue = queue_name AND h.state = 'waiting'
-                  AND h.concurrency_key = r.key AND h.ordering_key IS NULL
-                  AND NOT skiplock.internal_has_unmet_parent(h.id)
+                WHERE h.queue = queue_name AND h.state = 'waiting' AND h.held_for IS NOT NULL
+                  AND h.concurrency_key = r.key
                 ORDER BY h.priority, h.scheduled_at, h.id
                 LIMIT r.room
                 FOR UPDATE SKIP LOCKED) h
@@ -3189,7 +3202,7 @@ BEGIN
         -- One row at a time, by id (cancellations are rare; a join of the list with the
         -- table is what the planner can turn into a walk of every waiting job).
         UPDATE skiplock.jobs j
-        SET state = 'cancelled', finished_at = now(), last_error = victim.reason
+        SET state = 'cancelled', finished_at = now(), held_for = NULL, last_error = victim.reason
         WHERE j.id = victim.id AND j.state = 'waiting';
         IF FOUND THEN
             cancelled := cancelled + 1;
@@ -3251,18 +3264,16 @@ BEGIN
             UPDATE skiplock.waiting_sweep
             SET after_id = CASE WHEN seen < batch_size THEN 0 ELSE last_id END;
 
-            -- Waiting for nothing: no lane, no dependency row. Those a queue's per-key
-            -- limits hold back (a concurrency key, in a queue with key_max_running or
-            -- key_rate_limit) go only as their keys have room, through internal_release_held.
+            -- Waiting for nothing: no lane, no dependency row. Those held back for their
+            -- keys (held_for) go only as their keys have room, through
+            -- internal_release_held; the others (written waiting by hand) are queued, where
+            -- the claim holds them back if their key is full.
             IF orphans IS NOT NULL THEN
                 WITH queued AS (
                     UPDATE skiplock.jobs c SET state = 'queued'
                     WHERE c.id = ANY (orphans) AND c.state = 'waiting' AND c.ordering_key IS NULL
+                      AND c.held_for IS NULL
                       AND NOT EXISTS (SELECT 1 FROM skiplock.job_dependencies d WHERE d.job_id = c.id)
-                      AND NOT (c.concurrency_key IS NOT NULL AND EXISTS (
-                          SELECT 1 FROM skiplock.queues q
-                          WHERE q.name = c.queue
-                            AND (q.key_max_running IS NOT NULL OR q.key_rate_limit IS NOT NULL)))
                     RETURNING c.queue, c.priority, c.scheduled_at
                 )
                 SELECT count(*), array_agg(ROW(queue, priority, scheduled_at)::skiplock.runnable_key)
@@ -3273,7 +3284,7 @@ BEGIN
                     SELECT c.queue, array_agg(DISTINCT c.concurrency_key) AS keys
                     FROM skiplock.jobs_live c
                     WHERE c.id = ANY (orphans) AND c.state = 'waiting'
-                      AND c.concurrency_key IS NOT NULL
+                      AND c.held_for IS NOT NULL
                     GROUP BY c.queue
                     ORDER BY skiplock.internal_queue_limit_lock_id(c.queue)
                 LOOP
@@ -3380,7 +3391,7 @@ BEGIN
         FROM marked m ORDER BY m.job_id, m.parent_id
     LOOP
         UPDATE skiplock.jobs c
-        SET state = 'cancelled', finished_at = now(),
+        SET state = 'cancelled', finished_at = now(), held_for = NULL,
             last_error = format('parent job %s was deleted while %s', victim.parent_id, victim.state)
         WHERE c.id = victim.job_id AND c.state = 'waiting';
         IF FOUND THEN
@@ -3880,7 +3891,7 @@ BEGIN
         IF parents IS NOT NULL THEN
             RETURN format('waits for its parent jobs to succeed: %s', parents);
         END IF;
-        IF job.concurrency_key IS NOT NULL THEN
+        IF job.held_for IS NOT NULL THEN
             IF queue_row.key_max_running IS NOT NULL THEN
                 running := skiplock.internal_key_running(job.queue, job.concurrency_key,
                                                          queue_row.key_max_running);
@@ -4026,9 +4037,12 @@ CREATE TABLE skiplock.jobs (
     progress jsonb,
     output jsonb,
     concurrency_key text,
+    held_for text,
     CONSTRAINT jobs_attempt_not_negative CHECK ((attempt >= 0)),
     CONSTRAINT jobs_claim_token_only_running CHECK (((claim_token IS NULL) OR (state = 'running'::skiplock.job_state))),
     CONSTRAINT jobs_concurrency_key_not_empty CHECK ((concurrency_key <> ''::text)),
+    CONSTRAINT jobs_held_for_known CHECK ((held_for = ANY (ARRAY['key'::text, 'rate'::text]))),
+    CONSTRAINT jobs_held_for_only_waiting CHECK (((held_for IS NULL) OR (state = 'waiting'::skiplock.job_state))),
     CONSTRAINT jobs_kind_not_empty CHECK ((kind <> ''::text)),
     CONSTRAINT jobs_max_attempts_positive CHECK ((max_attempts >= 1)),
     CONSTRAINT jobs_queue_name_length CHECK ((octet_length(queue) <= 1000)),
@@ -4073,6 +4087,12 @@ COMMENT ON COLUMN skiplock.jobs.progress IS 'Latest progress reported by the han
 --
 
 COMMENT ON COLUMN skiplock.jobs.output IS 'Output recorded by the handler (any JSON).';
+
+--
+-- Name: COLUMN jobs.held_for; Type: COMMENT; Schema: skiplock; Owner: -
+--
+
+COMMENT ON COLUMN skiplock.jobs.held_for IS 'Why a waiting job is held back although its parents and its lane let it run: key (its concurrency_key is at key_max_running) or rate (its key''s rate window is full). NULL for a job waiting for its parents or its lane, and for every job not waiting: an UPDATE that takes a held job out of waiting sets it NULL too.';
 
 --
 -- Name: CONSTRAINT jobs_queue_name_length ON jobs; Type: COMMENT; Schema: skiplock; Owner: -
@@ -4194,9 +4214,12 @@ CREATE TABLE skiplock.jobs_done (
     progress jsonb,
     output jsonb,
     concurrency_key text,
+    held_for text,
     CONSTRAINT jobs_attempt_not_negative CHECK ((attempt >= 0)),
     CONSTRAINT jobs_claim_token_only_running CHECK (((claim_token IS NULL) OR (state = 'running'::skiplock.job_state))),
     CONSTRAINT jobs_concurrency_key_not_empty CHECK ((concurrency_key <> ''::text)),
+    CONSTRAINT jobs_held_for_known CHECK ((held_for = ANY (ARRAY['key'::text, 'rate'::text]))),
+    CONSTRAINT jobs_held_for_only_waiting CHECK (((held_for IS NULL) OR (state = 'waiting'::skiplock.job_state))),
     CONSTRAINT jobs_kind_not_empty CHECK ((kind <> ''::text)),
     CONSTRAINT jobs_max_attempts_positive CHECK ((max_attempts >= 1)),
     CONSTRAINT jobs_queue_name_length CHECK ((octet_length(queue) <= 1000)),
@@ -4234,9 +4257,12 @@ CREATE TABLE skiplock.jobs_done_default (
     progress jsonb,
     output jsonb,
     concurrency_key text,
+    held_for text,
     CONSTRAINT jobs_attempt_not_negative CHECK ((attempt >= 0)),
     CONSTRAINT jobs_claim_token_only_running CHECK (((claim_token IS NULL) OR (state = 'running'::skiplock.job_state))),
     CONSTRAINT jobs_concurrency_key_not_empty CHECK ((concurrency_key <> ''::text)),
+    CONSTRAINT jobs_held_for_known CHECK ((held_for = ANY (ARRAY['key'::text, 'rate'::text]))),
+    CONSTRAINT jobs_held_for_only_waiting CHECK (((held_for IS NULL) OR (state = 'waiting'::skiplock.job_state))),
     CONSTRAINT jobs_kind_not_empty CHECK ((kind <> ''::text)),
     CONSTRAINT jobs_max_attempts_positive CHECK ((max_attempts >= 1)),
     CONSTRAINT jobs_queue_name_length CHECK ((octet_length(queue) <= 1000)),
@@ -4286,9 +4312,12 @@ CREATE TABLE skiplock.jobs_live (
     progress jsonb,
     output jsonb,
     concurrency_key text,
+    held_for text,
     CONSTRAINT jobs_attempt_not_negative CHECK ((attempt >= 0)),
     CONSTRAINT jobs_claim_token_only_running CHECK (((claim_token IS NULL) OR (state = 'running'::skiplock.job_state))),
     CONSTRAINT jobs_concurrency_key_not_empty CHECK ((concurrency_key <> ''::text)),
+    CONSTRAINT jobs_held_for_known CHECK ((held_for = ANY (ARRAY['key'::text, 'rate'::text]))),
+    CONSTRAINT jobs_held_for_only_waiting CHECK (((held_for IS NULL) OR (state = 'waiting'::skiplock.job_state))),
     CONSTRAINT jobs_kind_not_empty CHECK ((kind <> ''::text)),
     CONSTRAINT jobs_max_attempts_positive CHECK ((max_attempts >= 1)),
     CONSTRAINT jobs_queue_name_length CHECK ((octet_length(queue) <= 1000)),
@@ -4455,7 +4484,7 @@ CREATE VIEW skiplock.queue_limits AS
                 END AS keys_rate_limited,
             ( SELECT count(*) AS count
                    FROM skiplock.jobs_live h
-                  WHERE ((h.queue = q.name) AND (h.state = 'waiting'::skiplock.job_state) AND (h.concurrency_key IS NOT NULL) AND (h.ordering_key IS NULL) AND (NOT skiplock.internal_has_unmet_parent(h.id)))) AS held_by_key
+                  WHERE ((h.queue = q.name) AND (h.state = 'waiting'::skiplock.job_state) AND (h.held_for IS NOT NULL))) AS held_by_key
           WHERE ((q.key_max_running IS NOT NULL) OR (q.key_rate_limit IS NOT NULL))) k ON (true))
   WHERE ((q.max_running IS NOT NULL) OR (q.rate_limit IS NOT NULL) OR (q.key_max_running IS NOT NULL) OR (q.key_rate_limit IS NOT NULL));
 
@@ -4702,7 +4731,7 @@ CREATE INDEX jobs_claim_idx ON skiplock.jobs_live USING btree (queue, priority, 
 -- Name: jobs_concurrency_key_idx; Type: INDEX; Schema: skiplock; Owner: -
 --
 
-CREATE INDEX jobs_concurrency_key_idx ON skiplock.jobs_live USING btree (queue, state, concurrency_key, priority, scheduled_at, id) WHERE (concurrency_key IS NOT NULL);
+CREATE INDEX jobs_concurrency_key_idx ON skiplock.jobs_live USING btree (queue, state, concurrency_key, priority, scheduled_at, id) WHERE ((concurrency_key IS NOT NULL) AND (state = ANY (ARRAY['queued'::skiplock.job_state, 'running'::skiplock.job_state])));
 
 --
 -- Name: jobs_done_id_idx; Type: INDEX; Schema: skiplock; Owner: -
@@ -4727,6 +4756,12 @@ CREATE INDEX jobs_finished_idx ON ONLY skiplock.jobs_done USING btree (state, fi
 --
 
 CREATE INDEX jobs_done_default_state_finished_at_idx ON skiplock.jobs_done_default USING btree (state, finished_at);
+
+--
+-- Name: jobs_held_idx; Type: INDEX; Schema: skiplock; Owner: -
+--
+
+CREATE INDEX jobs_held_idx ON skiplock.jobs_live USING btree (queue, concurrency_key, priority, scheduled_at, id) WHERE ((state = 'waiting'::skiplock.job_state) AND (held_for IS NOT NULL));
 
 --
 -- Name: jobs_ordering_key_lane_idx; Type: INDEX; Schema: skiplock; Owner: -

@@ -785,3 +785,112 @@ async fn a_claim_of_a_key_rate_limited_queue_costs_the_same_beside_a_full_keys_b
  {
     key_rate_limited_claim_is_bounded(Statistics::History).await;
 }
+
+/// Letting a key's held jobs go when a slot of the key frees: the claim after a completion
+/// of the key reads the same beside 33 times more of the key's jobs waiting for a parent
+/// (a tenant's fan-out enqueued ahead of its parent's end, before the held jobs in claim
+/// order). Held jobs are told apart from
+/// those by `held_for`, so the release walks the held ones alone; it walked every waiting
+/// job of the key, each parent checked, before (issue 48: 71k buffers a release beside
+/// 10,000 such children).
+async fn key_release_is_bounded(statistics: Statistics) {
+    let db = with_statistics(statistics).await;
+    let pool = &db.pool;
+    let mut session = pool.acquire().await.unwrap();
+    sqlx::query("SELECT skiplock.set_queue_limits('keyed', NULL, key_max_running => 1)")
+        .execute(pool)
+        .await
+        .unwrap();
+    let parent: i64 = sqlx::query_scalar("SELECT skiplock.enqueue('noop', queue => 'parents')")
+        .fetch_one(pool)
+        .await
+        .unwrap();
+    let add_children = |count: i64| {
+        sqlx::query(
+            "SELECT skiplock.enqueue('noop', queue => 'keyed', concurrency_key => 'hot',
+                                     priority => -1, depends_on => ARRAY[$1::bigint])
+             FROM generate_series(1, $2)",
+        )
+        .bind(parent)
+        .bind(count)
+        .execute(pool)
+    };
+    add_children(FEW_WAITING).await.unwrap();
+    // Jobs of the key that may run: the first claim takes one and holds the others back.
+    sqlx::query(
+        "INSERT INTO skiplock.jobs (kind, queue, concurrency_key)
+         SELECT 'noop', 'keyed', 'hot' FROM generate_series(1, 8)",
+    )
+    .execute(pool)
+    .await
+    .unwrap();
+    // A batch of several: a claim that picked more of the key than it may take holds the
+    // rest back.
+    let claim = "SELECT * FROM skiplock.claim('keyed', 5, 'bounded-test')";
+    buffers_of(&mut session, claim).await;
+    // Completes the key's running job, then measures the claim that lets the next held job
+    // go and takes it.
+    let mut completed = 0;
+    let mut next_of_key = async |session: &mut PgConnection| {
+        let (id, token): (i64, uuid::Uuid) = sqlx::query_as(
+            "SELECT id, claim_token FROM skiplock.jobs
+             WHERE concurrency_key = 'hot' AND state = 'running'",
+        )
+        .fetch_one(&mut *session)
+        .await
+        .expect("one running job of the key");
+        sqlx::query("SELECT skiplock.complete($1, $2)")
+            .bind(id)
+            .bind(token)
+            .execute(&mut *session)
+            .await
+            .unwrap();
+        completed += 1;
+        buffers_of(session, claim).await
+    };
+    next_of_key(&mut session).await;
+    next_of_key(&mut session).await;
+    let few = next_of_key(&mut session).await;
+    add_children(MANY_WAITING - FEW_WAITING).await.unwrap();
+    next_of_key(&mut session).await;
+    let many = next_of_key(&mut session).await;
+    assert_bounded(
+        "a claim that lets a key's held jobs go",
+        statistics,
+        few,
+        many,
+    );
+    let states: Vec<(String, Option<String>, i64)> = sqlx::query_as(
+        "SELECT state::text, held_for, count(*) FROM skiplock.jobs
+         WHERE concurrency_key = 'hot' GROUP BY 1, 2 ORDER BY 1, 2",
+    )
+    .fetch_all(pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        states,
+        vec![
+            ("running".to_owned(), None, 1),
+            ("succeeded".to_owned(), None, completed),
+            (
+                "waiting".to_owned(),
+                Some("key".to_owned()),
+                8 - 1 - completed
+            ),
+            ("waiting".to_owned(), None, MANY_WAITING),
+        ],
+        "each claim took the next held job of the key; its children still wait for their parent"
+    );
+}
+
+#[tokio::test]
+async fn a_release_of_a_keys_held_jobs_costs_the_same_beside_its_waiting_children_under_empty_statistics()
+ {
+    key_release_is_bounded(Statistics::Empty).await;
+}
+
+#[tokio::test]
+async fn a_release_of_a_keys_held_jobs_costs_the_same_beside_its_waiting_children_under_history_statistics()
+ {
+    key_release_is_bounded(Statistics::History).await;
+}

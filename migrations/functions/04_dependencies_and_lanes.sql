@@ -79,7 +79,7 @@ BEGIN
     END IF;
     WITH ready AS (
         UPDATE skiplock.jobs c
-        SET state = 'queued'
+        SET state = 'queued', held_for = NULL
         WHERE c.id = ANY (seen_waiting) AND c.state = 'waiting'
           AND EXISTS (SELECT 1 FROM skiplock.job_dependencies d WHERE d.job_id = c.id)
           AND NOT skiplock.internal_has_unmet_parent(c.id)
@@ -147,7 +147,7 @@ BEGIN
         -- One row at a time, by id (cancellations are rare; a join of the list with the
         -- table is what the planner can turn into a walk of every waiting job).
         UPDATE skiplock.jobs j
-        SET state = 'cancelled', finished_at = now(), last_error = victim.reason
+        SET state = 'cancelled', finished_at = now(), held_for = NULL, last_error = victim.reason
         WHERE j.id = victim.id AND j.state = 'waiting';
         IF FOUND THEN
             cancelled := cancelled + 1;
@@ -239,7 +239,7 @@ BEGIN
     -- By id, not joined with the heads: a join let the planner, told by stale statistics
     -- that one job waits, walk every waiting job and test each.
     WITH ready AS (
-        UPDATE skiplock.jobs j SET state = 'queued'
+        UPDATE skiplock.jobs j SET state = 'queued', held_for = NULL
         WHERE j.id = ANY (waiting_heads) AND j.state = 'waiting'
           AND NOT EXISTS (
               SELECT 1 FROM skiplock.jobs o
@@ -323,7 +323,7 @@ BEGIN
         FROM marked m ORDER BY m.job_id, m.parent_id
     LOOP
         UPDATE skiplock.jobs c
-        SET state = 'cancelled', finished_at = now(),
+        SET state = 'cancelled', finished_at = now(), held_for = NULL,
             last_error = format('parent job %s was deleted while %s', victim.parent_id, victim.state)
         WHERE c.id = victim.job_id AND c.state = 'waiting';
         IF FOUND THEN
@@ -461,7 +461,7 @@ BEGIN
     IF child_now IN ('queued', 'waiting') AND parent_now IN ('dead', 'cancelled') THEN
         -- A waiting child too: its parent ended while the enqueue was under way.
         UPDATE skiplock.jobs
-        SET state = 'cancelled', finished_at = now(),
+        SET state = 'cancelled', finished_at = now(), held_for = NULL,
             last_error = format('parent job %s ended %s', NEW.parent_id, parent_now)
         WHERE id = NEW.job_id;
     ELSIF child_now = 'queued' THEN

@@ -148,8 +148,9 @@ $$;
 --
 -- So that a claim never walks the backlog of a full key (one tenant's million jobs ahead
 -- of a thousand small tenants' few), the claim first holds back the queued jobs of
--- every key that is full: they go to `waiting`, out of the claim's index
--- (internal_hold_full_keys). They come back, in claim order and as many as the key has
+-- every key that is full: they go to `waiting` with held_for 'key', out of the claim's
+-- index and into jobs_held_idx (internal_hold_full_keys), apart from the key's jobs
+-- waiting for their parents, which letting them go never walks. They come back, in claim order and as many as the key has
 -- room for, when a job of the key ends or a queued one is cancelled (internal_notify_freed
 -- leaves the key for the queue's next claim: internal_release_freed_keys),
 -- when the limit is raised or removed (the queues' triggers), and at the periodic sweep of
@@ -177,13 +178,14 @@ AS $$
 $$;
 
 -- Holds back the queued jobs of the given keys of a queue, due or not: they become
--- `waiting` until internal_release_held lets them go. Each key's queued jobs are a range of
+-- `waiting`, held_for `reason` ('key' or 'rate'), until internal_release_held lets them go. Each key's queued jobs are a range of
 -- jobs_concurrency_key_idx, held whole: holding only the due ones walked the key's jobs
 -- scheduled for later (retries waiting for their backoff) at every claim, as the index is
 -- in claim order, not by time. Lane jobs stay (their lane queues one at a time), and rows
 -- other transactions hold are left. Called by the claim under the queue's lock. Returns
 -- how many it held back.
-CREATE OR REPLACE FUNCTION skiplock.internal_hold_keys(queue_name text, keys text[])
+DROP FUNCTION IF EXISTS skiplock.internal_hold_keys(text, text[]);
+CREATE OR REPLACE FUNCTION skiplock.internal_hold_keys(queue_name text, keys text[], reason text)
 RETURNS int
 LANGUAGE sql
 SET enable_seqscan = off
@@ -193,7 +195,7 @@ SET enable_mergejoin = off
 SET jit = off
 AS $$
     WITH held AS (
-        UPDATE skiplock.jobs_live j SET state = 'waiting'
+        UPDATE skiplock.jobs_live j SET state = 'waiting', held_for = reason
         WHERE j.ctid = ANY (ARRAY(
             SELECT h.ctid
             FROM unnest(keys) AS k(key)
@@ -224,15 +226,18 @@ AS $$
         FROM skiplock.jobs_live r
         WHERE r.queue = queue_name AND r.state = 'running' AND r.concurrency_key IS NOT NULL
         GROUP BY r.concurrency_key
-        HAVING count(*) >= key_max_running));
+        HAVING count(*) >= key_max_running), 'key');
 $$;
 
 -- Lets held jobs of a queue go, in claim order, as many per key as the key has room for:
 -- key_max_running less its running jobs, and the starts its rate window allows now (all of
--- them when the queue has no per-key limit any more). `keys`: the keys to look at; NULL: every key with waiting
--- jobs in the queue (a limit raised or removed). A held job is a waiting job with a key,
--- no lane and no parent that has not succeeded. Takes the queue's lock (see above);
--- announces what it queued; returns how many.
+-- them when the queue has no per-key limit any more). `keys`: the keys to look at; NULL:
+-- every key with held jobs in the queue (a limit raised or removed), each found once (a
+-- skip over jobs_held_idx, so its cost follows the keys, not their jobs). Held jobs are
+-- the waiting ones with held_for set: the key's jobs waiting for their parents or their
+-- lane are not walked (a held job is one that could run but for its key; one given a
+-- parent by hand since is passed over until that parent succeeds). Takes the queue's lock (see above); announces what it queued;
+-- returns how many.
 CREATE OR REPLACE FUNCTION skiplock.internal_release_held(queue_name text, keys text[])
 RETURNS int
 LANGUAGE plpgsql
@@ -253,12 +258,22 @@ BEGIN
     SELECT q.key_max_running, q.key_rate_limit, q.key_rate_period
     INTO key_limit, key_rate, key_period
     FROM skiplock.queues q WHERE q.name = queue_name;
-    WITH looked_at AS (
+    WITH RECURSIVE held_keys(key) AS (
+        -- With keys NULL: the first held key, then the next after each.
+        (SELECT w.concurrency_key FROM skiplock.jobs_live w
+         WHERE keys IS NULL AND w.queue = queue_name AND w.state = 'waiting'
+           AND w.held_for IS NOT NULL
+         ORDER BY w.concurrency_key LIMIT 1)
+        UNION ALL
+        SELECT (SELECT w.concurrency_key FROM skiplock.jobs_live w
+                WHERE w.queue = queue_name AND w.state = 'waiting' AND w.held_for IS NOT NULL
+                  AND w.concurrency_key > h.key
+                ORDER BY w.concurrency_key LIMIT 1)
+        FROM held_keys h WHERE h.key IS NOT NULL
+    ), looked_at AS (
         SELECT DISTINCT k.key FROM unnest(keys) AS k(key) WHERE k.key IS NOT NULL
         UNION
-        SELECT DISTINCT w.concurrency_key FROM skiplock.jobs_live w
-        WHERE keys IS NULL AND w.queue = queue_name AND w.state = 'waiting'
-          AND w.concurrency_key IS NOT NULL
+        SELECT h.key FROM held_keys h WHERE h.key IS NOT NULL
     ), room AS (
         -- The lesser of what each limit leaves (NULL: no limit holds the key). Queued jobs
         -- of the key are not subtracted: one no worker takes (a kind nobody handles) would
@@ -277,14 +292,16 @@ BEGIN
                 key_rate, key_period, clock_timestamp(), key_rate)) AS room
         FROM looked_at l
     ), released AS (
-        UPDATE skiplock.jobs_live j SET state = 'queued'
+        UPDATE skiplock.jobs_live j SET state = 'queued', held_for = NULL
         WHERE j.ctid = ANY (ARRAY(
             SELECT h.ctid
             FROM room r
             CROSS JOIN LATERAL (
                 SELECT h.ctid FROM skiplock.jobs_live h
-                WHERE h.queue = queue_name AND h.state = 'waiting'
-                  AND h.concurrency_key = r.key AND h.ordering_key IS NULL
+                WHERE h.queue = queue_name AND h.state = 'waiting' AND h.held_for IS NOT NULL
+                  AND h.concurrency_key = r.key
+                  -- An edge added by hand to a held job: it waits for that parent, whose
+                  -- success queues it (a probe of the job's edges, none for most).
                   AND NOT skiplock.internal_has_unmet_parent(h.id)
                 ORDER BY h.priority, h.scheduled_at, h.id
                 LIMIT r.room
@@ -439,15 +456,15 @@ BEGIN
     IF filled IS NULL THEN
         RETURN 0;
     END IF;
-    held := skiplock.internal_hold_keys(queue_name, filled);
+    held := skiplock.internal_hold_keys(queue_name, filled, 'rate');
     -- A LATERAL probe with LIMIT, not EXISTS: a semi join walked every waiting job of the
     -- queue for each window (132 buffers beside 10,000 held jobs, against 4).
     SELECT min(w.held_until) INTO refill
     FROM skiplock.key_rate_windows w
     CROSS JOIN LATERAL (SELECT 1 FROM skiplock.jobs_live j
                         WHERE j.queue = queue_name AND j.state = 'waiting'
-                          AND j.concurrency_key = w.concurrency_key
-                        LIMIT 1) waiting
+                          AND j.held_for IS NOT NULL AND j.concurrency_key = w.concurrency_key
+                        LIMIT 1) held
     WHERE w.queue = queue_name AND w.concurrency_key = ANY (filled);
     PERFORM skiplock.internal_notify_refill(queue_name, refill);
     RETURN held;

@@ -400,18 +400,16 @@ BEGIN
             UPDATE skiplock.waiting_sweep
             SET after_id = CASE WHEN seen < batch_size THEN 0 ELSE last_id END;
 
-            -- Waiting for nothing: no lane, no dependency row. Those a queue's per-key
-            -- limits hold back (a concurrency key, in a queue with key_max_running or
-            -- key_rate_limit) go only as their keys have room, through internal_release_held.
+            -- Waiting for nothing: no lane, no dependency row. Those held back for their
+            -- keys (held_for) go only as their keys have room, through
+            -- internal_release_held; the others (written waiting by hand) are queued, where
+            -- the claim holds them back if their key is full.
             IF orphans IS NOT NULL THEN
                 WITH queued AS (
                     UPDATE skiplock.jobs c SET state = 'queued'
                     WHERE c.id = ANY (orphans) AND c.state = 'waiting' AND c.ordering_key IS NULL
+                      AND c.held_for IS NULL
                       AND NOT EXISTS (SELECT 1 FROM skiplock.job_dependencies d WHERE d.job_id = c.id)
-                      AND NOT (c.concurrency_key IS NOT NULL AND EXISTS (
-                          SELECT 1 FROM skiplock.queues q
-                          WHERE q.name = c.queue
-                            AND (q.key_max_running IS NOT NULL OR q.key_rate_limit IS NOT NULL)))
                     RETURNING c.queue, c.priority, c.scheduled_at
                 )
                 SELECT count(*), array_agg(ROW(queue, priority, scheduled_at)::skiplock.runnable_key)
@@ -422,7 +420,7 @@ BEGIN
                     SELECT c.queue, array_agg(DISTINCT c.concurrency_key) AS keys
                     FROM skiplock.jobs_live c
                     WHERE c.id = ANY (orphans) AND c.state = 'waiting'
-                      AND c.concurrency_key IS NOT NULL
+                      AND c.held_for IS NOT NULL
                     GROUP BY c.queue
                     ORDER BY skiplock.internal_queue_limit_lock_id(c.queue)
                 LOOP

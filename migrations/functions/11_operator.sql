@@ -40,7 +40,7 @@ BEGIN
     END IF;
     UPDATE skiplock.jobs
     SET state = 'cancelled', finished_at = now(), claim_token = NULL, heartbeat_at = NULL,
-        last_error = coalesce(last_error, 'cancelled by operator')
+        held_for = NULL, last_error = coalesce(last_error, 'cancelled by operator')
     WHERE id = job_id;
     IF previous = 'running' THEN
         PERFORM pg_notify('skiplock_cancel', job_id::text);
@@ -377,7 +377,7 @@ BEGIN
         IF parents IS NOT NULL THEN
             RETURN format('waits for its parent jobs to succeed: %s', parents);
         END IF;
-        IF job.concurrency_key IS NOT NULL THEN
+        IF job.held_for IS NOT NULL THEN
             IF queue_row.key_max_running IS NOT NULL THEN
                 running := skiplock.internal_key_running(job.queue, job.concurrency_key,
                                                          queue_row.key_max_running);

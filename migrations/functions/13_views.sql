@@ -114,9 +114,7 @@ LEFT JOIN LATERAL (
                       >= now() - q.key_rate_period)
            END AS keys_rate_limited,
            (SELECT count(*) FROM skiplock.jobs_live h
-            WHERE h.queue = q.name AND h.state = 'waiting' AND h.concurrency_key IS NOT NULL
-              AND h.ordering_key IS NULL
-              AND NOT skiplock.internal_has_unmet_parent(h.id)) AS held_by_key
+            WHERE h.queue = q.name AND h.state = 'waiting' AND h.held_for IS NOT NULL) AS held_by_key
     WHERE q.key_max_running IS NOT NULL OR q.key_rate_limit IS NOT NULL) k ON true
 WHERE q.max_running IS NOT NULL OR q.rate_limit IS NOT NULL OR q.key_max_running IS NOT NULL
    OR q.key_rate_limit IS NOT NULL;

@@ -275,11 +275,8 @@ pub async fn jobs_any_active(
                AND (state = 'running' OR (state = 'queued' AND scheduled_at <= now()))
          ) OR EXISTS (
              SELECT 1 FROM skiplock.jobs_live j
-             JOIN skiplock.queues q ON q.name = j.queue
              WHERE j.queue = ANY($1) AND j.kind = ANY($2) AND j.state = 'waiting'
-               AND j.concurrency_key IS NOT NULL AND j.ordering_key IS NULL
-               AND (q.key_max_running IS NOT NULL OR q.key_rate_limit IS NOT NULL)
-               AND NOT skiplock.internal_has_unmet_parent(j.id)
+               AND j.held_for IS NOT NULL
          )",
     )
     .bind(queues)

@@ -425,8 +425,10 @@ pub async fn kill_connections(sim: &Sim, pool: PgPool) {
     }
 }
 
-/// Checks the two "at most one" rules the database state must obey at every instant:
-/// one pending (waiting or queued) job per unique key, one running job per lane.
+/// Checks the rules the database state must obey at every instant: one pending (waiting
+/// or queued) job per unique key, one running job per lane, and a job held back for its key
+/// (`held_for`) only when nothing but its key holds it: a key, no lane, no parent left to
+/// succeed (a release of the key queues it without looking at either).
 pub async fn sample(sim: &Sim, pool: PgPool) {
     loop {
         tokio::select! {
@@ -457,6 +459,20 @@ pub async fn sample(sim: &Sim, pool: PgPool) {
         for (lane, ids) in running {
             sim.violation(format!(
                 "[sampler] lane {lane} has several running jobs {ids:?}"
+            ));
+        }
+        let misheld: Vec<i64> = sqlx::query_scalar(
+            "SELECT id FROM skiplock.jobs_live
+             WHERE state = 'waiting' AND held_for IS NOT NULL
+               AND (concurrency_key IS NULL OR ordering_key IS NOT NULL
+                    OR skiplock.internal_has_unmet_parent(id))",
+        )
+        .fetch_all(&pool)
+        .await
+        .expect("sample held jobs");
+        if !misheld.is_empty() {
+            sim.violation(format!(
+                "[sampler] jobs {misheld:?} are held for their key but wait for a lane or a parent"
             ));
         }
         sim.count("samples");

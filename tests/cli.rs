@@ -1089,8 +1089,10 @@ async fn demo_never_touches_the_database_it_is_given() {
         .execute(&db.pool)
         .await
         .unwrap();
+    // A demo database of the test's own: `skiplock_demo` may hold the quick start's data.
+    let demo_name = format!("{}_demo", db.name);
     let output = cli_support::command(&db)
-        .arg("demo")
+        .args(["demo", "--database", &demo_name])
         .output()
         .await
         .unwrap();
@@ -1098,7 +1100,7 @@ async fn demo_never_touches_the_database_it_is_given() {
     assert!(output.status.success(), "{output:?}");
     assert!(
         stdout.contains(&format!(
-            "database `skiplock_demo` (recreated); database `{}` is not touched",
+            "database `{demo_name}` (recreated); database `{}` is not touched",
             db.name
         )),
         "{stdout}"
@@ -1113,20 +1115,34 @@ async fn demo_never_touches_the_database_it_is_given() {
     // Pointed at the demo's own database (as after a first demo), it recreates it: before,
     // its session in that database kept it from being dropped. One test for both runs:
     // two demos at once would drop each other's database.
-    let demo_url = db.url().replace(&format!("/{}", db.name), "/skiplock_demo");
+    let demo_url = db
+        .url()
+        .replace(&format!("/{}", db.name), &format!("/{demo_name}"));
     let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_skiplock"))
         .env_remove("DATABASE_URL")
         .env("RUST_LOG", "warn")
-        .args(["--database-url", &demo_url, "demo"])
+        .args([
+            "--database-url",
+            &demo_url,
+            "demo",
+            "--database",
+            &demo_name,
+        ])
         .output()
         .await
         .unwrap();
     let stdout = String::from_utf8_lossy(&output.stdout);
     assert!(output.status.success(), "{output:?}");
     assert!(
-        stdout.contains("database `skiplock_demo` (recreated).\n"),
+        stdout.contains(&format!("database `{demo_name}` (recreated).\n")),
         "{stdout}"
     );
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "DROP DATABASE \"{demo_name}\" WITH (FORCE)"
+    )))
+    .execute(&db.pool)
+    .await
+    .unwrap();
 }
 
 #[tokio::test]

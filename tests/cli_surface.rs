@@ -276,13 +276,14 @@ async fn the_demo_says_error_like_every_other_command() {
 #[tokio::test]
 async fn the_demo_runs_from_any_directory() {
     // After `cargo install`, `skiplock demo` runs wherever the user is: nothing it reads
-    // lives in the checkout. (tests/cli.rs runs it against the same server's
-    // `skiplock_demo` too; test binaries run one at a time.)
+    // lives in the checkout. In a demo database of the test's own: `skiplock_demo` may hold
+    // the quick start's data.
     let db = test_db().await;
+    let demo_name = format!("{}_demo", db.name);
     let elsewhere = tempfile::tempdir().unwrap();
     let output = cli_support::command(&db)
         .current_dir(elsewhere.path())
-        .arg("demo")
+        .args(["demo", "--database", &demo_name])
         .output()
         .await
         .unwrap();
@@ -290,6 +291,12 @@ async fn the_demo_runs_from_any_directory() {
     assert!(output.status.success(), "{output:?}");
     assert!(stdout.contains("Worker finished in"), "{stdout}");
     assert!(stdout.contains("dead job"), "{stdout}");
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "DROP DATABASE \"{demo_name}\" WITH (FORCE)"
+    )))
+    .execute(&db.pool)
+    .await
+    .unwrap();
 }
 
 #[tokio::test]

@@ -1,13 +1,19 @@
 //! The statements of `skiplock demo` (feature `cli`): the one job it enqueues with plain
-//! SQL, as another language would, and the demo's own database, which it drops and
-//! creates again at each run but never one it did not create.
+//! SQL, as another language would, and the demo's own database (named by `demo
+//! --database`, [`DEMO_DATABASE`] by default), which it drops and creates again at each run
+//! but never one it did not create.
 
 use sqlx::{PgConnection, PgExecutor, PgPool};
 
-/// The database the demo creates (and drops at its next run).
+/// The database the demo creates (and drops at its next run) unless told another.
 pub const DEMO_DATABASE: &str = "skiplock_demo";
 
-/// The comment that marks [`DEMO_DATABASE`] as the demo's own, so that the demo drops only
+/// `name` as an SQL identifier, double-quoted.
+fn quoted(name: &str) -> String {
+    format!("\"{}\"", name.replace('"', "\"\""))
+}
+
+/// The comment that marks the demo's database as its own, so that the demo drops only
 /// what it created.
 pub const DEMO_MARK: &str = "created by skiplock demo; dropped and recreated by each run";
 
@@ -22,34 +28,38 @@ pub async fn jobs_enqueue_by_sql_function(db: impl PgExecutor<'_>) -> sqlx::Resu
         .await
 }
 
-/// The comment on [`DEMO_DATABASE`]: `None` when no such database exists, `Some(None)` when
+/// The comment on database `name`: `None` when no such database exists, `Some(None)` when
 /// it has no comment.
 pub async fn demo_database_comment(
     db: impl PgExecutor<'_>,
+    name: &str,
 ) -> sqlx::Result<Option<Option<String>>> {
     sqlx::query_scalar(
         "SELECT shobj_description(oid, 'pg_database') FROM pg_database WHERE datname = $1",
     )
-    .bind(DEMO_DATABASE)
+    .bind(name)
     .fetch_optional(db)
     .await
 }
 
-/// Drops [`DEMO_DATABASE`], closing its sessions. The caller checks first that it is the
+/// Drops database `name`, closing its sessions. The caller checks first that it is the
 /// demo's ([`demo_database_comment`]).
-pub async fn demo_database_drop(db: impl PgExecutor<'_>) -> sqlx::Result<()> {
-    sqlx::raw_sql("DROP DATABASE skiplock_demo WITH (FORCE)")
-        .execute(db)
-        .await?;
+pub async fn demo_database_drop(db: impl PgExecutor<'_>, name: &str) -> sqlx::Result<()> {
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "DROP DATABASE {} WITH (FORCE)",
+        quoted(name)
+    )))
+    .execute(db)
+    .await?;
     Ok(())
 }
 
-/// Creates [`DEMO_DATABASE`] and marks it with [`DEMO_MARK`]. Two statements: `CREATE
+/// Creates database `name` and marks it with [`DEMO_MARK`]. Two statements: `CREATE
 /// DATABASE` cannot share an implicit transaction.
-pub async fn demo_database_create(db: &PgPool) -> sqlx::Result<()> {
+pub async fn demo_database_create(db: &PgPool, name: &str) -> sqlx::Result<()> {
     for statement in [
-        "CREATE DATABASE skiplock_demo".to_owned(),
-        format!("COMMENT ON DATABASE skiplock_demo IS '{DEMO_MARK}'"),
+        format!("CREATE DATABASE {}", quoted(name)),
+        format!("COMMENT ON DATABASE {} IS '{DEMO_MARK}'", quoted(name)),
     ] {
         sqlx::raw_sql(sqlx::AssertSqlSafe(statement))
             .execute(db)

@@ -181,13 +181,16 @@ pub async fn skiplock_at(
 
 /// A test whose tool is missing: in CI (`CI=true`, which `.ci/run` sets) it fails, so a
 /// test that checked nothing never passes there; elsewhere it says on stderr that it
-/// skipped (shown with `--nocapture`).
+/// skipped, one line per test, in `cargo test`'s own output: written to the process's
+/// stderr, not through `eprintln!`, which the test harness captures and shows only for a
+/// failed test (the test itself reports `ok`).
 pub fn missing_tool(what_is_skipped: &str, tool: &str, install: &str) {
+    use std::io::Write;
     let message = format!("{what_is_skipped} needs {tool}, which is missing: {install}");
     if std::env::var("CI").is_ok_and(|v| v == "true" || v == "1") {
         panic!("{message}");
     }
-    eprintln!("skipped: {message}");
+    let _ = writeln!(std::io::stderr(), "skipped: {message}");
 }
 
 /// The job ids of an enqueue's results, in input order.

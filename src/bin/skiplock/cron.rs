@@ -91,7 +91,9 @@ pub async fn run(pool: &DbPool, args: CronArgs) -> anyhow::Result<()> {
             // A schedule the library or the database refuses (a malformed expression, an
             // unknown time zone) is a bad argument: exit 2.
             match skiplock::cron::upsert(pool, &schedule).await {
-                Err(why @ skiplock::Error::InvalidCron(_)) => crate::usage_error(why),
+                Err(why @ skiplock::Error::InvalidCron(_)) => {
+                    crate::usage_error(&["cron", "add"], why)
+                }
                 result => result?,
             }
             outln!("cron schedule `{}` saved", add.name);

@@ -14,7 +14,26 @@ use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 
 use crate::connect::{Database, Patience};
 
-pub async fn run(db: &Database) -> anyhow::Result<()> {
+#[derive(clap::Args)]
+pub struct DemoArgs {
+    /// The database the demo creates on the server (dropping the one an earlier demo made
+    /// there; never one it did not create).
+    #[arg(long, value_name = "NAME", default_value = DEMO_DATABASE, value_parser = parse_database_name)]
+    database: String,
+}
+
+/// A database name Postgres keeps whole: not empty, at most 63 bytes.
+fn parse_database_name(text: &str) -> Result<String, String> {
+    if text.is_empty() || text.len() > 63 {
+        return Err(format!(
+            "`{text}` cannot name a database; write 1 to 63 bytes, like skiplock_demo"
+        ));
+    }
+    Ok(text.to_owned())
+}
+
+pub async fn run(db: &Database, args: DemoArgs) -> anyhow::Result<()> {
+    let name = args.database.as_str();
     let explicit = db.url.clone();
     let source = tokio::task::spawn_blocking(move || resolve_database_url(explicit.as_deref()))
         .await?
@@ -27,7 +46,7 @@ pub async fn run(db: &Database) -> anyhow::Result<()> {
             // The server given is checked as every command checks it, with the same
             // messages (a URL that is not Postgres's, a host that does not resolve, a
             // refused login), from the database the demo will work from.
-            let admin = admin_database(&given);
+            let admin = admin_database(&given, name);
             db.pool_on(admin, "demo", 1, Patience::OneShot)
                 .await?
                 .pool()
@@ -36,20 +55,18 @@ pub async fn run(db: &Database) -> anyhow::Result<()> {
             // Never the database given: it may hold an application's jobs and data (unless
             // it is the demo's own, which the demo recreates as ever).
             match given.get_database().unwrap_or("postgres") {
-                DEMO_DATABASE => {
-                    outln!("Using the server you gave, database `{DEMO_DATABASE}` (recreated).")
+                other if other == name => {
+                    outln!("Using the server you gave, database `{name}` (recreated).")
                 }
                 other => outln!(
-                    "Using the server you gave, database `{DEMO_DATABASE}` (recreated); database `{other}` is not touched."
+                    "Using the server you gave, database `{name}` (recreated); database `{other}` is not touched."
                 ),
             }
-            recreate_database(&given).await?
+            recreate_database(&given, name).await?
         }
         DatabaseSource::Local(url) => {
-            outln!(
-                "Using the local Postgres on 127.0.0.1:5432, database `{DEMO_DATABASE}` (recreated)."
-            );
-            recreate_database(&url.parse()?).await?
+            outln!("Using the local Postgres on 127.0.0.1:5432, database `{name}` (recreated).");
+            recreate_database(&url.parse()?, name).await?
         }
         DatabaseSource::Embedded(server) => {
             outln!(
@@ -231,45 +248,47 @@ async fn print_states(pool: &PgPool) -> anyhow::Result<()> {
 }
 
 /// The database the demo works from on a server given to it: the one the URL names (or
-/// the user's), except the demo's own: a session in it would keep it from being dropped,
-/// so `postgres` then.
-fn admin_database(server: &PgConnectOptions) -> &str {
+/// the user's), except the demo's own (`demo`): a session in it would keep it from being
+/// dropped, so `postgres` then.
+fn admin_database<'a>(server: &'a PgConnectOptions, demo: &str) -> &'a str {
     match crate::connect::database_name(server) {
-        DEMO_DATABASE => "postgres",
+        name if name == demo => "postgres",
         name => name,
     }
 }
 
-/// Creates the demo's database on the server `server` points at (after dropping the one
-/// an earlier demo left) and returns the options that reach it. A database of that name
-/// that the demo did not create is left alone, and the demo stops.
-async fn recreate_database(server: &PgConnectOptions) -> anyhow::Result<PgConnectOptions> {
-    let admin_options = server.clone().database(admin_database(server));
+/// Creates the demo's database `name` on the server `server` points at (after dropping the
+/// one an earlier demo left) and returns the options that reach it. A database of that
+/// name that the demo did not create is left alone, and the demo stops.
+async fn recreate_database(
+    server: &PgConnectOptions,
+    name: &str,
+) -> anyhow::Result<PgConnectOptions> {
+    let admin_options = server.clone().database(admin_database(server, name));
     let admin = PgPoolOptions::new()
         .max_connections(1)
         .connect_with(admin_options)
         .await
         .context("cannot connect to the server for the demo")?;
-    let mark = demo::demo_database_comment(&admin).await?;
+    let mark = demo::demo_database_comment(&admin, name).await?;
     if let Some(found) = mark {
         let ours = found.as_deref() == Some(DEMO_MARK)
-            || (found.is_none()
-                && holds_only_skiplock(&server.clone().database(DEMO_DATABASE)).await?);
+            || (found.is_none() && holds_only_skiplock(&server.clone().database(name)).await?);
         if !ours {
             anyhow::bail!(
-                "the server already has a database `{DEMO_DATABASE}` that skiplock demo did not create; \
-                 the demo leaves it alone: drop or rename it, or point the demo at another server"
+                "the server already has a database `{name}` that skiplock demo did not create; \
+                 the demo leaves it alone: drop or rename it, or give another with --database"
             );
         }
-        demo::demo_database_drop(&admin)
+        demo::demo_database_drop(&admin, name)
             .await
             .context("cannot drop the previous demo database")?;
     }
-    demo::demo_database_create(&admin)
+    demo::demo_database_create(&admin, name)
         .await
         .context("cannot create the demo database; give a server where you may create databases")?;
     admin.close().await;
-    Ok(server.clone().database(DEMO_DATABASE))
+    Ok(server.clone().database(name))
 }
 
 /// Whether a database holds no table outside the `skiplock` schema: what a demo of an

@@ -76,7 +76,7 @@ pub struct EnqueueArgs {
     at: Option<DateTime<Utc>>,
 
     /// Run no earlier than this long from now, e.g. 30s, 5m, 2h, 1d.
-    #[arg(long = "in", value_name = "DURATION", value_parser = parse_duration)]
+    #[arg(long = "in", value_name = "DURATION", allow_hyphen_values = true, value_parser = parse_duration)]
     delay: Option<Duration>,
 
     /// Attempts before the job goes dead (default: 25).
@@ -219,7 +219,7 @@ impl EnqueueArgs {
         if let Some(kind) = &self.kind {
             let args = self.args.clone().unwrap_or_else(|| json!({}));
             if let Err(why) = check_builtin_args(kind, &args) {
-                crate::usage_error(why);
+                crate::usage_error(&["enqueue"], why);
             }
             if let Some(builtin) = near_builtin(kind) {
                 eprintln!(

@@ -68,6 +68,7 @@ struct Cli {
         global = true,
         value_name = "DURATION",
         default_value = "10s",
+        allow_hyphen_values = true,
         value_parser = output::parse_duration
     )]
     connect_retry: std::time::Duration,
@@ -83,6 +84,7 @@ struct Cli {
         env = "SKIPLOCK_ARGS_MAX_BYTES",
         global = true,
         value_name = "BYTES",
+        allow_hyphen_values = true,
         value_parser = output::parse_args_max_bytes
     )]
     args_max_bytes: Option<u64>,
@@ -164,7 +166,7 @@ enum Command {
     /// Without DATABASE_URL it uses the local server (database `skiplock_demo`) or, if none
     /// answers on 127.0.0.1:5432, starts a temporary one from the installed Postgres binaries.
     #[command(after_help = "Example:\n  skiplock demo")]
-    Demo,
+    Demo(demo::DemoArgs),
 }
 
 fn main() -> ExitCode {
@@ -172,7 +174,7 @@ fn main() -> ExitCode {
     // The demo narrates on stdout; its logs would only interleave with the story.
     let default_level = match cli.command {
         // The demo fails some jobs on purpose and says so itself.
-        Command::Demo => "warn,sqlx=error,skiplock::worker::executor=off",
+        Command::Demo(_) => "warn,sqlx=error,skiplock::worker::executor=off",
         _ => "info,sqlx=warn",
     };
     init_logging(cli.log_format, default_level);
@@ -206,7 +208,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     // shows its errors on its pages.
     let needs_schema = !matches!(
         cli.command,
-        Command::Migrate | Command::Demo | Command::Dashboard(_)
+        Command::Migrate | Command::Demo(_) | Command::Dashboard(_)
     );
     match run_command(&db, cli.command).await {
         Err(error) if needs_schema && lacks_schema(&error) => Err(db.explain_schema(error).await),
@@ -281,7 +283,7 @@ async fn run_command(db: &Database, command: Command) -> anyhow::Result<()> {
         Command::Dashboard(args) => dashboard::run(db, args).await,
         Command::Cron(args) => cron::run(&one_shot("cron").await?, args).await,
         Command::Queue(args) => queue::run(&one_shot("queue").await?, args).await,
-        Command::Demo => demo::run(db).await,
+        Command::Demo(args) => demo::run(db, args).await,
     }
 }
 
@@ -321,11 +323,20 @@ fn without_server_source_line(text: &str) -> &str {
     }
 }
 
-/// Exits with status 2 and clap's usage message, for argument combinations clap's
-/// declarations cannot express.
-pub fn usage_error(message: impl std::fmt::Display) -> ! {
-    Cli::command()
-        .error(clap::error::ErrorKind::ArgumentConflict, message)
+/// Exits with status 2 and clap's usage message of the subcommand `path` names (like
+/// `["cron", "add"]`), for argument values and combinations clap's declarations cannot
+/// check: the usage shown is the one of the command the user typed.
+pub fn usage_error(path: &[&str], message: impl std::fmt::Display) -> ! {
+    let mut command = Cli::command();
+    // Built, the subcommands know their full names ("skiplock cron add") for the usage.
+    command.build();
+    let mut at = &mut command;
+    for name in path {
+        at = at
+            .find_subcommand_mut(name)
+            .unwrap_or_else(|| panic!("`{name}` is not a subcommand of `{path:?}`"));
+    }
+    at.error(clap::error::ErrorKind::ValueValidation, message)
         .exit()
 }
 

@@ -50,19 +50,19 @@ enum QueueAction {
         #[arg(value_parser = crate::output::parse_queue_name)]
         queue: String,
         /// At most N of the queue's jobs running at once; `none` removes the limit.
-        #[arg(long, value_name = "N|none", value_parser = parse_max_running)]
+        #[arg(long, value_name = "N|none", allow_hyphen_values = true, value_parser = parse_max_running)]
         max_running: Option<Limit<u32>>,
         /// At most N jobs starting in any window of PERIOD, like 100/1s or 5000/1m;
         /// `none` removes the limit.
-        #[arg(long, value_name = "N/PERIOD|none", value_parser = parse_rate)]
+        #[arg(long, value_name = "N/PERIOD|none", allow_hyphen_values = true, value_parser = parse_rate)]
         rate: Option<Limit<(u32, Duration)>>,
         /// At most N jobs of one concurrency key (`skiplock enqueue --concurrency-key`)
         /// running at once; `none` removes the limit.
-        #[arg(long, value_name = "N|none", value_parser = parse_max_running)]
+        #[arg(long, value_name = "N|none", allow_hyphen_values = true, value_parser = parse_max_running)]
         key_max_running: Option<Limit<u32>>,
         /// At most N jobs of one concurrency key starting in any window of PERIOD, like
         /// 10/1m; `none` removes the limit.
-        #[arg(long, value_name = "N/PERIOD|none", value_parser = parse_key_rate)]
+        #[arg(long, value_name = "N/PERIOD|none", allow_hyphen_values = true, value_parser = parse_key_rate)]
         key_rate: Option<Limit<(u32, Duration)>>,
     },
     /// List the queues with global limits: each limit, its use, the jobs it holds back.

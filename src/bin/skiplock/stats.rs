@@ -35,7 +35,7 @@ pub struct StatsArgs {
     watch: bool,
 
     /// With --watch: time between refreshes, e.g. 1s, 10s.
-    #[arg(long, value_name = "DURATION", default_value = "2s", value_parser = parse_refresh_interval, requires = "watch")]
+    #[arg(long, value_name = "DURATION", default_value = "2s", allow_hyphen_values = true, value_parser = parse_refresh_interval, requires = "watch")]
     interval: Duration,
 }
 

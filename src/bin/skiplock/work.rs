@@ -105,33 +105,33 @@ pub struct WorkArgs {
     prefetch: Option<usize>,
 
     /// How often the worker extends its claims [default: 2s].
-    #[arg(long, env = "SKIPLOCK_HEARTBEAT", value_name = "DURATION", value_parser = parse_duration)]
+    #[arg(long, env = "SKIPLOCK_HEARTBEAT", value_name = "DURATION", allow_hyphen_values = true, value_parser = parse_duration)]
     heartbeat: Option<Duration>,
 
     /// Heartbeat age after which any worker's reaper takes a claim back and the job runs
     /// again; more than twice --heartbeat [default: 30s].
-    #[arg(long, env = "SKIPLOCK_STALE_AFTER", value_name = "DURATION", value_parser = parse_duration)]
+    #[arg(long, env = "SKIPLOCK_STALE_AFTER", value_name = "DURATION", allow_hyphen_values = true, value_parser = parse_duration)]
     stale_after: Option<Duration>,
 
     /// How often the worker looks for jobs when no notification came [default: 1s].
-    #[arg(long, env = "SKIPLOCK_POLL_INTERVAL", value_name = "DURATION", value_parser = parse_duration)]
+    #[arg(long, env = "SKIPLOCK_POLL_INTERVAL", value_name = "DURATION", allow_hyphen_values = true, value_parser = parse_duration)]
     poll_interval: Option<Duration>,
 
     /// How often this worker deletes finished jobs past their retention; 0s leaves pruning
     /// to other workers [default: 30s].
-    #[arg(long, env = "SKIPLOCK_PRUNE_INTERVAL", value_name = "DURATION", value_parser = parse_duration)]
+    #[arg(long, env = "SKIPLOCK_PRUNE_INTERVAL", value_name = "DURATION", allow_hyphen_values = true, value_parser = parse_duration)]
     prune_interval: Option<Duration>,
 
     /// How long `succeeded` jobs are kept [default: 1d].
-    #[arg(long, env = "SKIPLOCK_RETAIN_SUCCEEDED", value_name = "DURATION", value_parser = parse_duration)]
+    #[arg(long, env = "SKIPLOCK_RETAIN_SUCCEEDED", value_name = "DURATION", allow_hyphen_values = true, value_parser = parse_duration)]
     retain_succeeded: Option<Duration>,
 
     /// How long `cancelled` jobs are kept [default: 1d].
-    #[arg(long, env = "SKIPLOCK_RETAIN_CANCELLED", value_name = "DURATION", value_parser = parse_duration)]
+    #[arg(long, env = "SKIPLOCK_RETAIN_CANCELLED", value_name = "DURATION", allow_hyphen_values = true, value_parser = parse_duration)]
     retain_cancelled: Option<Duration>,
 
     /// How long `dead` jobs are kept [default: 14d].
-    #[arg(long, env = "SKIPLOCK_RETAIN_DEAD", value_name = "DURATION", value_parser = parse_duration)]
+    #[arg(long, env = "SKIPLOCK_RETAIN_DEAD", value_name = "DURATION", allow_hyphen_values = true, value_parser = parse_duration)]
     retain_dead: Option<Duration>,
 
     /// Exit (status 0) once no job of this worker's kinds and queues is runnable or running.
@@ -151,7 +151,7 @@ pub struct WorkArgs {
     listen_url: Option<String>,
 
     /// Seconds a graceful shutdown waits for running jobs before releasing them.
-    #[arg(long, env = "SKIPLOCK_SHUTDOWN_GRACE", value_name = "SECONDS", default_value_t = WorkerConfig::default().shutdown_grace.as_secs(), value_parser = parse_seconds)]
+    #[arg(long, env = "SKIPLOCK_SHUTDOWN_GRACE", value_name = "SECONDS", allow_hyphen_values = true, default_value_t = WorkerConfig::default().shutdown_grace.as_secs(), value_parser = parse_seconds)]
     shutdown_grace: u64,
 
     /// Most pooled connections this worker opens (default: 4 plus one per 4 job slots, at
@@ -261,10 +261,16 @@ pub async fn run(pool: skiplock::unstable_cli::DbPool, args: WorkArgs) -> anyhow
         .exit_when_idle(args.exit_when_idle)
         .shutdown_grace(Duration::from_secs(args.shutdown_grace));
     if !args.kinds.contains(&Kind::Command) && !args.allow_commands.is_empty() {
-        crate::usage_error("--allow-command needs the `command` kind; add it to --kinds");
+        crate::usage_error(
+            &["work"],
+            "--allow-command needs the `command` kind; add it to --kinds",
+        );
     }
     if !args.kinds.contains(&Kind::Http) && !args.allow_http_hosts.is_empty() {
-        crate::usage_error("--allow-http-host needs the `http` kind; add it to --kinds");
+        crate::usage_error(
+            &["work"],
+            "--allow-http-host needs the `http` kind; add it to --kinds",
+        );
     }
     let mut kinds: Vec<Kind> = Vec::new();
     for kind in &args.kinds {
@@ -283,7 +289,7 @@ pub async fn run(pool: skiplock::unstable_cli::DbPool, args: WorkArgs) -> anyhow
                     HttpConfig::allow_hosts(&args.allow_http_hosts)
                 };
                 builder.register::<Http>().data(config.unwrap_or_else(|e| {
-                    crate::usage_error(format!("invalid --allow-http-host: {e}"))
+                    crate::usage_error(&["work"], format!("invalid --allow-http-host: {e}"))
                 }))
             }
             Kind::Command => {
@@ -346,7 +352,7 @@ pub async fn run(pool: skiplock::unstable_cli::DbPool, args: WorkArgs) -> anyhow
     let worker = match builder.build() {
         Ok(worker) => worker,
         Err(skiplock::Error::Config(why)) => {
-            crate::usage_error(format!("invalid worker settings: {why}"))
+            crate::usage_error(&["work"], format!("invalid worker settings: {why}"))
         }
         Err(e) => return Err(e).context("invalid worker settings"),
     };

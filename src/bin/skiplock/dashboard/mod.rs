@@ -105,14 +105,17 @@ pub type State = Arc<AppState>;
 /// Checks the arguments, connects, and serves until SIGINT or SIGTERM.
 pub async fn run(db: &crate::Database, args: DashboardArgs) -> anyhow::Result<()> {
     let auth = Auth::from_args(args.token.as_deref(), args.basic_auth.as_deref())
-        .unwrap_or_else(|message| crate::usage_error(message));
+        .unwrap_or_else(|message| crate::usage_error(&["dashboard"], message));
     let addr = resolve_bind(&args.bind).await?;
     if !addr.ip().is_loopback() && matches!(auth, Auth::None) {
-        crate::usage_error(format!(
-            "refusing to listen on {addr} without authentication: anyone who can reach that \
+        crate::usage_error(
+            &["dashboard"],
+            format!(
+                "refusing to listen on {addr} without authentication: anyone who can reach that \
              address could read job arguments and errors and retry, cancel or delete jobs. \
              Pass --token TOKEN or --basic-auth USER:PASS, or bind to 127.0.0.1"
-        ));
+            ),
+        );
     }
     let pool = db
         .pool("dashboard", POOL_SIZE, crate::Patience::UntilStopped)
@@ -153,9 +156,10 @@ async fn resolve_bind(bind: &str) -> anyhow::Result<SocketAddr> {
         .rsplit_once(':')
         .is_none_or(|(_, port)| port.parse::<u16>().is_err())
     {
-        crate::usage_error(format!(
-            "--bind {bind}: expected host:port, e.g. 127.0.0.1:7433"
-        ));
+        crate::usage_error(
+            &["dashboard"],
+            format!("--bind {bind}: expected host:port, e.g. 127.0.0.1:7433"),
+        );
     }
     let addrs: Vec<SocketAddr> = tokio::net::lookup_host(bind)
         .await

@@ -550,14 +550,18 @@ $$;
 --
 
 CREATE FUNCTION skiplock.internal_announce(keys skiplock.runnable_key[]) RETURNS void
-    LANGUAGE sql
+    LANGUAGE plpgsql
     AS $$
-    SELECT skiplock.internal_notify_runnable(k.queue, k.priority,
-               min(k.scheduled_at) FILTER (WHERE k.scheduled_at <= now())),
-           skiplock.internal_notify_due_later(k.queue, k.priority,
-               min(k.scheduled_at) FILTER (WHERE k.scheduled_at > now()), max(k.scheduled_at))
-    FROM unnest(keys) AS k
-    GROUP BY k.queue, k.priority;
+BEGIN
+    IF cardinality(keys) > 0 THEN
+        PERFORM skiplock.internal_notify_runnable(k.queue, k.priority,
+                    min(k.scheduled_at) FILTER (WHERE k.scheduled_at <= now())),
+                skiplock.internal_notify_due_later(k.queue, k.priority,
+                    min(k.scheduled_at) FILTER (WHERE k.scheduled_at > now()), max(k.scheduled_at))
+        FROM unnest(keys) AS k
+        GROUP BY k.queue, k.priority;
+    END IF;
+END;
 $$;
 
 --
@@ -1793,19 +1797,21 @@ $$;
 --
 
 CREATE FUNCTION skiplock.internal_hold_full_keys(queue_name text, key_max_running integer) RETURNS integer
-    LANGUAGE sql
+    LANGUAGE plpgsql
     SET enable_seqscan TO 'off'
     SET enable_bitmapscan TO 'off'
     SET enable_hashjoin TO 'off'
     SET enable_mergejoin TO 'off'
     SET jit TO 'off'
     AS $$
-    SELECT skiplock.internal_hold_keys(queue_name, ARRAY(
+BEGIN
+    RETURN skiplock.internal_hold_keys(queue_name, ARRAY(
         SELECT r.concurrency_key
         FROM skiplock.jobs_live r
         WHERE r.queue = queue_name AND r.state = 'running' AND r.concurrency_key IS NOT NULL
         GROUP BY r.concurrency_key
-        HAVING count(*) >= key_max_running), 'key');
+        HAVING count(*) >= internal_hold_full_keys.key_max_running), 'key');
+END;
 $$;
 
 --
@@ -1813,13 +1819,19 @@ $$;
 --
 
 CREATE FUNCTION skiplock.internal_hold_keys(queue_name text, keys text[], reason text) RETURNS integer
-    LANGUAGE sql
+    LANGUAGE plpgsql
     SET enable_seqscan TO 'off'
     SET enable_bitmapscan TO 'off'
     SET enable_hashjoin TO 'off'
     SET enable_mergejoin TO 'off'
     SET jit TO 'off'
     AS $$
+DECLARE
+    held_now int;
+BEGIN
+    IF cardinality(keys) = 0 THEN
+        RETURN 0;
+    END IF;
     WITH held AS (
         UPDATE skiplock.jobs_live j SET state = 'waiting', held_for = reason
         WHERE j.ctid = ANY (ARRAY(
@@ -1832,7 +1844,9 @@ CREATE FUNCTION skiplock.internal_hold_keys(queue_name text, keys text[], reason
                 FOR UPDATE SKIP LOCKED) h))
         RETURNING 1
     )
-    SELECT count(*)::int FROM held;
+    SELECT count(*)::int INTO held_now FROM held;
+    RETURN held_now;
+END;
 $$;
 
 --
@@ -1890,7 +1904,6 @@ DECLARE
     child_priority smallint;
     child_scheduled_at timestamptz;
     child_now skiplock.job_state;
-    child_held boolean;
     attempts int := 0;
 BEGIN
     IF NEW.parent_state IS NOT NULL THEN
@@ -1914,8 +1927,8 @@ BEGIN
                 RAISE EXCEPTION 'parent job % does not exist', NEW.parent_id
                     USING ERRCODE = 'foreign_key_violation';
             END IF;
-            SELECT state, queue, priority, scheduled_at, state = 'waiting' AND held_for IS NOT NULL
-            INTO child_now, child_queue, child_priority, child_scheduled_at, child_held
+            SELECT state, queue, priority, scheduled_at
+            INTO child_now, child_queue, child_priority, child_scheduled_at
             FROM skiplock.jobs WHERE id = NEW.job_id FOR UPDATE;
             EXIT;
         EXCEPTION WHEN serialization_failure THEN
@@ -1955,11 +1968,8 @@ BEGIN
         SET state = 'cancelled', finished_at = now(), held_for = NULL,
             last_error = format('parent job %s ended %s', NEW.parent_id, parent_now)
         WHERE id = NEW.job_id;
-    ELSIF child_now = 'queued' OR child_held THEN
-        -- Queued, or held back for its key (an edge added by hand: skiplock's enqueue
-        -- writes a child's edges before any claim sees it): it waits for this parent now,
-        -- which a release of its key must not pass.
-        UPDATE skiplock.jobs SET state = 'waiting', held_for = NULL WHERE id = NEW.job_id;
+    ELSIF child_now = 'queued' THEN
+        UPDATE skiplock.jobs SET state = 'waiting' WHERE id = NEW.job_id;
     END IF;
     RETURN NULL;
 END;
@@ -2165,15 +2175,17 @@ $$;
 --
 
 CREATE FUNCTION skiplock.internal_key_running(queue_name text, key text, cap integer) RETURNS integer
-    LANGUAGE sql STABLE
+    LANGUAGE plpgsql STABLE
     SET enable_seqscan TO 'off'
     SET enable_bitmapscan TO 'off'
     SET jit TO 'off'
     AS $$
-    SELECT count(*)::int FROM (
+BEGIN
+    RETURN (SELECT count(*)::int FROM (
         SELECT FROM skiplock.jobs_live j
         WHERE j.queue = queue_name AND j.state = 'running' AND j.concurrency_key = key
-        LIMIT cap) r;
+        LIMIT cap) r);
+END;
 $$;
 
 --
@@ -2314,11 +2326,14 @@ $$;
 --
 
 CREATE FUNCTION skiplock.internal_notify_due_later(queue text, priority smallint, first_at timestamp with time zone, last_at timestamp with time zone) RETURNS void
-    LANGUAGE sql
+    LANGUAGE plpgsql
     AS $$
-    SELECT pg_notify('skiplock_due_later', skiplock.internal_due_later_payload(queue, priority,
-               first_at, least(last_at, clock_timestamp() + interval '1 day')))
-    WHERE first_at > now() AND first_at <= clock_timestamp() + interval '1 day';
+BEGIN
+    IF first_at > now() AND first_at <= clock_timestamp() + interval '1 day' THEN
+        PERFORM pg_notify('skiplock_due_later', skiplock.internal_due_later_payload(queue,
+                    priority, first_at, least(last_at, clock_timestamp() + interval '1 day')));
+    END IF;
+END;
 $$;
 
 --
@@ -2397,10 +2412,14 @@ $$;
 --
 
 CREATE FUNCTION skiplock.internal_notify_runnable(queue text, priority smallint, scheduled_at timestamp with time zone) RETURNS void
-    LANGUAGE sql
+    LANGUAGE plpgsql
     AS $$
-    SELECT pg_notify('skiplock_runnable', skiplock.internal_runnable_payload(queue, priority, scheduled_at))
-    WHERE scheduled_at <= now();
+BEGIN
+    IF scheduled_at <= now() THEN
+        PERFORM pg_notify('skiplock_runnable',
+                          skiplock.internal_runnable_payload(queue, priority, scheduled_at));
+    END IF;
+END;
 $$;
 
 --
@@ -2919,6 +2938,9 @@ BEGIN
                 SELECT h.ctid FROM skiplock.jobs_live h
                 WHERE h.queue = queue_name AND h.state = 'waiting' AND h.held_for IS NOT NULL
                   AND h.concurrency_key = r.key
+                  -- An edge added by hand to a held job: it waits for that parent, whose
+                  -- success queues it (a probe of the job's edges, none for most).
+                  AND NOT skiplock.internal_has_unmet_parent(h.id)
                 ORDER BY h.priority, h.scheduled_at, h.id
                 LIMIT r.room
                 FOR UPDATE SKIP LOCKED) h

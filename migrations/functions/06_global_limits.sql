@@ -163,18 +163,22 @@ $$;
 -- Lane jobs (ordering_key) are never held: their lane already keeps one of them queued. A
 -- job with a key and parents is held like any other once its parents succeeded.
 
--- The running jobs of a queue's key, counted up to `cap`.
+-- The running jobs of a queue's key, counted up to `cap`. PL/pgSQL, as the hold and
+-- release functions below: the claim calls them at every claim of a key-limited queue, and
+-- Postgres 15 plans a SQL function's body at every call (see 02_notifications.sql).
 CREATE OR REPLACE FUNCTION skiplock.internal_key_running(queue_name text, key text, cap int)
 RETURNS int
-LANGUAGE sql STABLE
+LANGUAGE plpgsql STABLE
 SET enable_seqscan = off
 SET enable_bitmapscan = off
 SET jit = off
 AS $$
-    SELECT count(*)::int FROM (
+BEGIN
+    RETURN (SELECT count(*)::int FROM (
         SELECT FROM skiplock.jobs_live j
         WHERE j.queue = queue_name AND j.state = 'running' AND j.concurrency_key = key
-        LIMIT cap) r;
+        LIMIT cap) r);
+END;
 $$;
 
 -- Holds back the queued jobs of the given keys of a queue, due or not: they become
@@ -187,13 +191,19 @@ $$;
 DROP FUNCTION IF EXISTS skiplock.internal_hold_keys(text, text[]);
 CREATE OR REPLACE FUNCTION skiplock.internal_hold_keys(queue_name text, keys text[], reason text)
 RETURNS int
-LANGUAGE sql
+LANGUAGE plpgsql
 SET enable_seqscan = off
 SET enable_bitmapscan = off
 SET enable_hashjoin = off
 SET enable_mergejoin = off
 SET jit = off
 AS $$
+DECLARE
+    held_now int;
+BEGIN
+    IF cardinality(keys) = 0 THEN
+        RETURN 0;
+    END IF;
     WITH held AS (
         UPDATE skiplock.jobs_live j SET state = 'waiting', held_for = reason
         WHERE j.ctid = ANY (ARRAY(
@@ -206,7 +216,9 @@ AS $$
                 FOR UPDATE SKIP LOCKED) h))
         RETURNING 1
     )
-    SELECT count(*)::int FROM held;
+    SELECT count(*)::int INTO held_now FROM held;
+    RETURN held_now;
+END;
 $$;
 
 -- Holds back the queued jobs of the queue's keys that are full (key_max_running of
@@ -214,19 +226,21 @@ $$;
 -- in use). Called by the claim under the queue's lock. Returns how many it held back.
 CREATE OR REPLACE FUNCTION skiplock.internal_hold_full_keys(queue_name text, key_max_running int)
 RETURNS int
-LANGUAGE sql
+LANGUAGE plpgsql
 SET enable_seqscan = off
 SET enable_bitmapscan = off
 SET enable_hashjoin = off
 SET enable_mergejoin = off
 SET jit = off
 AS $$
-    SELECT skiplock.internal_hold_keys(queue_name, ARRAY(
+BEGIN
+    RETURN skiplock.internal_hold_keys(queue_name, ARRAY(
         SELECT r.concurrency_key
         FROM skiplock.jobs_live r
         WHERE r.queue = queue_name AND r.state = 'running' AND r.concurrency_key IS NOT NULL
         GROUP BY r.concurrency_key
-        HAVING count(*) >= key_max_running), 'key');
+        HAVING count(*) >= internal_hold_full_keys.key_max_running), 'key');
+END;
 $$;
 
 -- Lets held jobs of a queue go, in claim order, as many per key as the key has room for:

@@ -2938,8 +2938,9 @@ BEGIN
                 SELECT h.ctid FROM skiplock.jobs_live h
                 WHERE h.queue = queue_name AND h.state = 'waiting' AND h.held_for IS NOT NULL
                   AND h.concurrency_key = r.key
-                  -- An edge added by hand to a held job: it waits for that parent, whose
-                  -- success queues it (a probe of the job's edges, none for most).
+                  -- A parent retried by hand after the job was held, or an edge added by
+                  -- hand: it waits for that parent, whose success queues it (a probe of
+                  -- the job's edges, none for most).
                   AND NOT skiplock.internal_has_unmet_parent(h.id)
                 ORDER BY h.priority, h.scheduled_at, h.id
                 LIMIT r.room

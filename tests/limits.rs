@@ -1352,3 +1352,78 @@ async fn a_worker_that_exits_when_idle_waits_for_jobs_held_back_by_their_key() {
         "every job ran before the worker called itself idle"
     );
 }
+
+/// A job held back for its key has passed its parents; when the operator retries a parent
+/// after the hold, the held job waits for that parent again (a queued sibling would run,
+/// but a release is a new start): freeing the key's slot lets it go only once the parent
+/// succeeded again, and it is marked held until then, never lost. The model test's sampler
+/// met this state (a parent retried by `retry_job`) and must accept it.
+#[tokio::test]
+async fn a_held_job_whose_parent_is_retried_goes_once_the_parent_succeeds_again() {
+    let db = common::test_db().await;
+    let pool = &db.pool;
+    sqlx::query("SELECT skiplock.set_queue_limits('keyed', NULL, key_max_running => 1)")
+        .execute(pool)
+        .await
+        .unwrap();
+    let parent: i64 = sqlx::query_scalar("SELECT skiplock.enqueue('noop', queue => 'parents')")
+        .fetch_one(pool)
+        .await
+        .unwrap();
+    let child: i64 = sqlx::query_scalar(
+        "SELECT skiplock.enqueue('noop', queue => 'keyed', concurrency_key => 'k',
+                                 depends_on => ARRAY[$1::bigint])",
+    )
+    .bind(parent)
+    .fetch_one(pool)
+    .await
+    .unwrap();
+    let complete = |queue: &'static str| {
+        sqlx::query(
+            "SELECT skiplock.complete(id, claim_token) FROM skiplock.jobs
+             WHERE queue = $1 AND state = 'running'",
+        )
+        .bind(queue)
+        .execute(pool)
+    };
+    assert_eq!(claim(pool, "parents", 1).await, vec![parent]);
+    complete("parents").await.unwrap();
+    // A job of the key ahead of the child (a higher priority) runs; the claim holds the
+    // child back.
+    let first: i64 = sqlx::query_scalar(
+        "SELECT skiplock.enqueue('noop', queue => 'keyed', concurrency_key => 'k', priority => -1)",
+    )
+    .fetch_one(pool)
+    .await
+    .unwrap();
+    assert_eq!(claim(pool, "keyed", 5).await, vec![first]);
+    let held_for = |id: i64| {
+        sqlx::query_as::<_, (String, Option<String>)>(
+            "SELECT state::text, held_for FROM skiplock.jobs WHERE id = $1",
+        )
+        .bind(id)
+        .fetch_one(pool)
+    };
+    assert_eq!(
+        held_for(child).await.unwrap(),
+        ("waiting".to_owned(), Some("key".to_owned()))
+    );
+    // The parent retried; the key's slot frees: the child stays held, waiting for it.
+    let retried: bool = sqlx::query_scalar("SELECT skiplock.retry_job($1)")
+        .bind(parent)
+        .fetch_one(pool)
+        .await
+        .unwrap();
+    assert!(retried);
+    complete("keyed").await.unwrap();
+    assert_eq!(claim(pool, "keyed", 5).await, Vec::<i64>::new());
+    assert_eq!(
+        held_for(child).await.unwrap(),
+        ("waiting".to_owned(), Some("key".to_owned()))
+    );
+    // The parent succeeds again: the child is queued and runs.
+    assert_eq!(claim(pool, "parents", 1).await, vec![parent]);
+    complete("parents").await.unwrap();
+    assert_eq!(claim(pool, "keyed", 5).await, vec![child]);
+    assert_eq!(held_for(child).await.unwrap(), ("running".to_owned(), None));
+}

@@ -249,8 +249,9 @@ $$;
 -- every key with held jobs in the queue (a limit raised or removed), each found once (a
 -- skip over jobs_held_idx, so its cost follows the keys, not their jobs). Held jobs are
 -- the waiting ones with held_for set: the key's jobs waiting for their parents or their
--- lane are not walked (a held job is one that could run but for its key; one given a
--- parent by hand since is passed over until that parent succeeds). Takes the queue's lock (see above); announces what it queued;
+-- lane are not walked (a held job is one that could run but for its key; one whose parent
+-- was retried by hand since, or that was given a parent by hand, is passed over until that
+-- parent succeeds). Takes the queue's lock (see above); announces what it queued;
 -- returns how many.
 CREATE OR REPLACE FUNCTION skiplock.internal_release_held(queue_name text, keys text[])
 RETURNS int
@@ -314,8 +315,9 @@ BEGIN
                 SELECT h.ctid FROM skiplock.jobs_live h
                 WHERE h.queue = queue_name AND h.state = 'waiting' AND h.held_for IS NOT NULL
                   AND h.concurrency_key = r.key
-                  -- An edge added by hand to a held job: it waits for that parent, whose
-                  -- success queues it (a probe of the job's edges, none for most).
+                  -- A parent retried by hand after the job was held, or an edge added by
+                  -- hand: it waits for that parent, whose success queues it (a probe of
+                  -- the job's edges, none for most).
                   AND NOT skiplock.internal_has_unmet_parent(h.id)
                 ORDER BY h.priority, h.scheduled_at, h.id
                 LIMIT r.room

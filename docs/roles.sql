@@ -111,6 +111,9 @@ GRANT UPDATE, DELETE ON skiplock.key_rate_windows TO skiplock_operator;
 -- A cancel frees a key's slot (as a worker's outcome does); a per-key limit removed or the
 -- queue's row deleted drops the slots left for it.
 GRANT INSERT, DELETE ON skiplock.key_slots_freed TO skiplock_operator;
+-- ... and a per-key limit raised or removed lets the held jobs go, from the live partition
+-- by name (a statement naming skiplock.jobs_live is checked against its privileges alone).
+GRANT UPDATE (state, held_for) ON skiplock.jobs_live TO skiplock_operator;
 GRANT INSERT, UPDATE, DELETE ON skiplock.cron_schedules TO skiplock_operator;
 GRANT INSERT, UPDATE, DELETE ON skiplock.job_history TO skiplock_operator;
 

@@ -867,6 +867,34 @@ async fn an_operator_retries_cancels_pauses_and_prunes_but_never_claims() {
     .await
     .unwrap();
     assert_eq!(skiplock::queue_limits(o).await.unwrap().len(), 1);
+    // A per-key limit raised over held jobs lets them go (the queues' trigger, as the
+    // operator): one of the key runs, two are held, then all three may run.
+    sqlx::raw_sql(
+        "SELECT skiplock.set_queue_limits('keyed', NULL, key_max_running => 1);
+         SELECT skiplock.enqueue('record', queue => 'keyed', concurrency_key => 'k')
+         FROM generate_series(1, 3);",
+    )
+    .execute(&roles.owner)
+    .await
+    .unwrap();
+    sqlx::query("SELECT * FROM skiplock.claim('keyed', 5, 'w')")
+        .execute(&roles.owner)
+        .await
+        .unwrap();
+    skiplock::set_queue_limits(
+        o,
+        "keyed",
+        skiplock::QueueLimits::default().key_max_running(3),
+    )
+    .await
+    .unwrap();
+    let keyed: Vec<String> = sqlx::query_scalar(
+        "SELECT state::text FROM skiplock.jobs WHERE queue = 'keyed' ORDER BY id",
+    )
+    .fetch_all(&roles.owner)
+    .await
+    .unwrap();
+    assert_eq!(keyed, ["running", "queued", "queued"], "the held jobs went");
     assert_eq!(
         skiplock::admin::why_not_running(o, JobId(lane[1]))
             .await

@@ -415,12 +415,15 @@ CREATE INDEX jobs_waiting_idx ON skiplock.jobs_live (id) WHERE state = 'waiting'
 
 CREATE INDEX job_dependencies_parent_idx ON skiplock.job_dependencies (parent_id);
 
--- Ordering lanes. Only the head of a lane (its unfinished job with the lowest id) is
--- `queued`; the jobs behind it wait in `waiting` and are promoted one at a time by
--- skiplock.internal_advance_lanes when the head finishes. So the claim never scans a lane's
--- backlog, and the database itself refuses a second running job per key.
-CREATE UNIQUE INDEX jobs_ordering_key_running_idx ON skiplock.jobs_live (ordering_key)
-    WHERE state = 'running' AND ordering_key IS NOT NULL;
+-- Ordering lanes: a lane's turn. At most one job of a lane is `queued` or `running` (the
+-- job whose turn it is); the jobs behind it wait in `waiting`, and
+-- skiplock.internal_advance_lanes gives the turn to the lane's lowest id when it ends. So
+-- a queued lane job may run as soon as it is due: the claim takes it like any other job,
+-- never looks at the lane, and never meets a second job of it. The database refuses a
+-- second turn whoever writes it (a hand UPDATE that queues a job behind its lane's turn
+-- fails here: leave it waiting, its turn comes).
+CREATE UNIQUE INDEX jobs_lane_turn_idx ON skiplock.jobs_live (ordering_key)
+    WHERE ordering_key IS NOT NULL AND state IN ('queued', 'running');
 
 CREATE INDEX jobs_ordering_key_lane_idx ON skiplock.jobs_live (ordering_key, id)
     WHERE ordering_key IS NOT NULL AND state IN ('waiting', 'queued', 'running');

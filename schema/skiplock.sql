@@ -126,6 +126,8 @@ COMMENT ON FUNCTION skiplock.cancel_job(job_id bigint) IS 'Cancels a job that ha
 CREATE FUNCTION skiplock.claim(queue text, max_jobs integer, worker text, kinds text[] DEFAULT NULL::text[]) RETURNS SETOF skiplock.claimed_job
     LANGUAGE plpgsql
     AS $$
+DECLARE
+    attempts int := 0;
 BEGIN
     IF queue IS NULL OR queue = '' THEN
         RAISE EXCEPTION 'skiplock.claim: queue is NULL or empty; pass the queue to claim from'
@@ -143,9 +145,22 @@ BEGIN
     IF max_jobs = 0 THEN
         RETURN;
     END IF;
-    RETURN QUERY
-    SELECT c.id, c.queue, c.kind, c.args, c.attempt, c.max_attempts, c.claim_token
-    FROM skiplock.internal_claim_batch(claim.queue, kinds, max_jobs, worker) c;
+    LOOP
+        -- In a subtransaction: a queued row moved to jobs_done (cancelled) under the claim
+        -- fails it having claimed nothing (40001, see internal_claim_batch), and the claim
+        -- runs again with a new snapshot.
+        BEGIN
+            RETURN QUERY
+            SELECT c.id, c.queue, c.kind, c.args, c.attempt, c.max_attempts, c.claim_token
+            FROM skiplock.internal_claim_batch(claim.queue, kinds, max_jobs, worker) c;
+            RETURN;
+        EXCEPTION WHEN serialization_failure THEN
+            attempts := attempts + 1;
+            IF NOT skiplock.internal_may_retry_moved(attempts) THEN
+                RAISE;
+            END IF;
+        END;
+    END LOOP;
 END;
 $$;
 
@@ -526,8 +541,10 @@ BEGIN
         UPDATE skiplock.jobs j SET state = 'queued', held_for = NULL
         WHERE j.id = ANY (waiting_heads) AND j.state = 'waiting'
           AND NOT EXISTS (
-              SELECT 1 FROM skiplock.jobs o
-              WHERE o.ordering_key = j.ordering_key AND o.state = 'running'
+              -- The lane's turn is not taken (jobs_lane_turn_idx): by a job retried by
+              -- hand behind the head, say, which keeps its turn until it ends.
+              SELECT 1 FROM skiplock.jobs_live o
+              WHERE o.ordering_key = j.ordering_key AND o.state IN ('queued', 'running')
           )
           AND NOT skiplock.internal_has_unmet_parent(j.id)
         RETURNING j.id, j.queue, j.priority, j.scheduled_at
@@ -746,10 +763,10 @@ END;
 $$;
 
 --
--- Name: internal_claim_batch(text, text[], bigint, text, smallint, bigint, bigint, uuid, boolean, boolean, boolean); Type: FUNCTION; Schema: skiplock; Owner: -
+-- Name: internal_claim_batch(text, text[], bigint, text, smallint, bigint, bigint, uuid, boolean); Type: FUNCTION; Schema: skiplock; Owner: -
 --
 
-CREATE FUNCTION skiplock.internal_claim_batch(queue_name text, kinds text[], max_jobs bigint, worker text, after_priority smallint DEFAULT NULL::smallint, after_scheduled_at_us bigint DEFAULT NULL::bigint, after_id bigint DEFAULT NULL::bigint, claim_with uuid DEFAULT NULL::uuid, skip_in_flight boolean DEFAULT false, take_lanes boolean DEFAULT true, retry_lane_conflict boolean DEFAULT true) RETURNS TABLE(id bigint, queue text, kind text, args jsonb, attempt integer, max_attempts integer, claim_token uuid, priority smallint, scheduled_at_us bigint)
+CREATE FUNCTION skiplock.internal_claim_batch(queue_name text, kinds text[], max_jobs bigint, worker text, after_priority smallint DEFAULT NULL::smallint, after_scheduled_at_us bigint DEFAULT NULL::bigint, after_id bigint DEFAULT NULL::bigint, claim_with uuid DEFAULT NULL::uuid, skip_in_flight boolean DEFAULT false) RETURNS TABLE(id bigint, queue text, kind text, args jsonb, attempt integer, max_attempts integer, claim_token uuid, priority smallint, scheduled_at_us bigint)
     LANGUAGE plpgsql
     SET enable_sort TO 'off'
     SET enable_bitmapscan TO 'off'
@@ -784,33 +801,6 @@ DECLARE
     taken_now bigint;
     held_now int;
 BEGIN
-    IF retry_lane_conflict AND take_lanes THEN
-        -- The claim inside a subtransaction: a lane conflict it could not see rolls back
-        -- only that, and the claim runs again without lane jobs.
-        BEGIN
-            RETURN QUERY SELECT * FROM skiplock.internal_claim_batch(queue_name, kinds, max_jobs,
-                worker, after_priority, after_scheduled_at_us, after_id, claim_with,
-                skip_in_flight, true, false);
-            RETURN;
-        EXCEPTION
-            WHEN unique_violation THEN
-                RETURN QUERY SELECT * FROM skiplock.internal_claim_batch(queue_name, kinds,
-                    max_jobs, worker, after_priority, after_scheduled_at_us, after_id,
-                    claim_with, skip_in_flight, false, false);
-                RETURN;
-            WHEN serialization_failure THEN
-                -- A queued row moved to jobs_done (cancelled) after this statement's
-                -- snapshot: Postgres cannot follow it. Outside READ COMMITTED the snapshot
-                -- stays and so would the error: the caller retries.
-                IF current_setting('transaction_isolation') <> 'read committed' THEN
-                    RAISE;
-                END IF;
-                RETURN QUERY SELECT * FROM skiplock.internal_claim_batch(queue_name, kinds,
-                    max_jobs, worker, after_priority, after_scheduled_at_us, after_id,
-                    claim_with, skip_in_flight, true, false);
-                RETURN;
-        END;
-    END IF;
     -- The queue's row, if any: one probe for a queue without limits.
     SELECT q.paused, q.max_running, q.rate_limit, q.rate_period, q.key_max_running,
            q.key_rate_limit, q.key_rate_period
@@ -912,16 +902,6 @@ BEGIN
               AND (NOT filtering OR j.xmax = '0'::xid OR (
                   NOT j.xmax = ANY (in_flight)
                   AND (j.xmax::text::bigint - next_xid + 4294967296) % 4294967296 >= 1048576))
-              AND (j.ordering_key IS NULL OR (
-                  take_lanes
-                  AND NOT EXISTS (
-                      SELECT 1 FROM skiplock.jobs h
-                      WHERE h.ordering_key = j.ordering_key AND h.state = 'running')
-                  AND NOT EXISTS (
-                      SELECT 1 FROM skiplock.jobs h
-                      WHERE h.ordering_key = j.ordering_key AND h.id < j.id
-                        AND h.state IN ('waiting', 'queued', 'running'))
-              ))
               AND (lim_key_max_running IS NULL OR j.concurrency_key IS NULL
                    OR skiplock.internal_key_running(queue_name, j.concurrency_key,
                                                     lim_key_max_running) < lim_key_max_running)
@@ -2031,6 +2011,7 @@ DECLARE
     policy text := coalesce(NEW.unique_policy, 'skip');
     merged jsonb;
     lane_tail bigint;
+    lane_contended boolean;
 BEGIN
     IF current_setting('skiplock.requeue_moving', true) = NEW.id::text THEN
         PERFORM set_config('skiplock.requeue_moving', '', true);
@@ -2047,10 +2028,25 @@ BEGIN
         -- then sees this job; a step that took the lock first has committed when this
         -- read runs (a new snapshot after the wait, in READ COMMITTED) and its job is seen
         -- finished.
-        PERFORM pg_advisory_xact_lock(skiplock.internal_lane_lock_id(NEW.ordering_key));
+        lane_contended := NOT pg_try_advisory_xact_lock(skiplock.internal_lane_lock_id(NEW.ordering_key));
+        IF lane_contended THEN
+            PERFORM pg_advisory_xact_lock(skiplock.internal_lane_lock_id(NEW.ordering_key));
+        END IF;
         SELECT o.id INTO lane_tail FROM skiplock.jobs o
         WHERE o.ordering_key = NEW.ordering_key AND o.state IN ('waiting', 'queued', 'running')
         ORDER BY o.id DESC LIMIT 1;
+        IF lane_tail IS NULL AND lane_contended
+           AND current_setting('transaction_isolation') <> 'read committed' THEN
+            -- The lane looks empty to a snapshot older than the lock: the transaction
+            -- that held it may have given the lane's turn to a job this one cannot see,
+            -- and a second turn would fail on jobs_lane_turn_idx (23505, which callers do
+            -- not retry). Retry with a new snapshot. (A lane written and committed
+            -- between this snapshot and the lock, without a wait, still meets the index.)
+            RAISE EXCEPTION 'lane % was written by a transaction that committed after this transaction''s snapshot',
+                NEW.ordering_key
+                USING ERRCODE = 'serialization_failure',
+                      HINT = 'retry the transaction';
+        END IF;
         IF lane_tail IS NOT NULL THEN
             NEW.state := 'waiting';
             IF lane_tail > NEW.id THEN
@@ -2567,19 +2563,31 @@ DECLARE
     promoted int;
     promoted_ids bigint[];
     promoted_keys skiplock.runnable_key[];
+    lanes text[];
+    lane_moved int := 0;
 BEGIN
     -- One probe by id per job: the state is compared outside the probe (LIMIT 1 keeps it
     -- from being flattened), so no plan can walk the waiting jobs' index instead.
-    seen_waiting := ARRAY(SELECT i.id FROM unnest(ids) AS i(id)
-                          WHERE (SELECT c.state FROM skiplock.jobs_live c
-                                 WHERE c.id = i.id LIMIT 1) = 'waiting');
+    SELECT coalesce(array_agg(w.id) FILTER (WHERE w.ordering_key IS NULL), '{}'),
+           array_agg(DISTINCT w.ordering_key) FILTER (WHERE w.ordering_key IS NOT NULL)
+    INTO seen_waiting, lanes
+    FROM unnest(ids) AS i(id)
+    CROSS JOIN LATERAL (SELECT c.id, c.state, c.ordering_key FROM skiplock.jobs_live c
+                        WHERE c.id = i.id LIMIT 1) w
+    WHERE w.state = 'waiting';
+    -- A lane job with parents (given by plain SQL: skiplock.enqueue refuses both) runs
+    -- in its lane's turn: the lane's step queues it when it is the head and its parents
+    -- have all succeeded.
+    IF lanes IS NOT NULL THEN
+        lane_moved := skiplock.internal_advance_lanes(lanes);
+    END IF;
     IF cardinality(seen_waiting) = 0 THEN
-        RETURN 0;
+        RETURN lane_moved;
     END IF;
     WITH ready AS (
         UPDATE skiplock.jobs c
         SET state = 'queued', held_for = NULL
-        WHERE c.id = ANY (seen_waiting) AND c.state = 'waiting'
+        WHERE c.id = ANY (seen_waiting) AND c.state = 'waiting' AND c.ordering_key IS NULL
           AND EXISTS (SELECT 1 FROM skiplock.job_dependencies d WHERE d.job_id = c.id)
           AND NOT skiplock.internal_has_unmet_parent(c.id)
         RETURNING c.id, c.queue, c.priority, c.scheduled_at
@@ -2592,7 +2600,7 @@ BEGIN
             SELECT unnest(seen_waiting) EXCEPT SELECT unnest(promoted_ids)));
     END IF;
     PERFORM skiplock.internal_announce(promoted_keys);
-    RETURN promoted;
+    RETURN promoted + lane_moved;
 END;
 $$;
 
@@ -3906,6 +3914,13 @@ BEGIN
                 RETURN format('waits behind job %s of its lane %L: a lane runs its jobs one at a time, in order',
                               ahead, job.ordering_key);
             END IF;
+            -- The lane's turn held by a job behind it (one retried by hand while this waited).
+            SELECT h.id INTO ahead FROM skiplock.jobs_live h
+            WHERE h.ordering_key = job.ordering_key AND h.state IN ('queued', 'running');
+            IF ahead IS NOT NULL THEN
+                RETURN format('waits for the turn of its lane %L, which job %s has until it ends: a lane runs its jobs one at a time',
+                              job.ordering_key, ahead);
+            END IF;
         END IF;
         SELECT string_agg(d.parent_id::text, ', ' ORDER BY d.parent_id) INTO parents
         FROM skiplock.job_dependencies d
@@ -4787,16 +4802,16 @@ CREATE INDEX jobs_done_default_state_finished_at_idx ON skiplock.jobs_done_defau
 CREATE INDEX jobs_held_idx ON skiplock.jobs_live USING btree (queue, concurrency_key, priority, scheduled_at, id) WHERE ((state = 'waiting'::skiplock.job_state) AND (held_for IS NOT NULL));
 
 --
+-- Name: jobs_lane_turn_idx; Type: INDEX; Schema: skiplock; Owner: -
+--
+
+CREATE UNIQUE INDEX jobs_lane_turn_idx ON skiplock.jobs_live USING btree (ordering_key) WHERE ((ordering_key IS NOT NULL) AND (state = ANY (ARRAY['queued'::skiplock.job_state, 'running'::skiplock.job_state])));
+
+--
 -- Name: jobs_ordering_key_lane_idx; Type: INDEX; Schema: skiplock; Owner: -
 --
 
 CREATE INDEX jobs_ordering_key_lane_idx ON skiplock.jobs_live USING btree (ordering_key, id) WHERE ((ordering_key IS NOT NULL) AND (state = ANY (ARRAY['waiting'::skiplock.job_state, 'queued'::skiplock.job_state, 'running'::skiplock.job_state])));
-
---
--- Name: jobs_ordering_key_running_idx; Type: INDEX; Schema: skiplock; Owner: -
---
-
-CREATE UNIQUE INDEX jobs_ordering_key_running_idx ON skiplock.jobs_live USING btree (ordering_key) WHERE ((state = 'running'::skiplock.job_state) AND (ordering_key IS NOT NULL));
 
 --
 -- Name: jobs_running_idx; Type: INDEX; Schema: skiplock; Owner: -

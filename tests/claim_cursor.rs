@@ -12,7 +12,7 @@ use common::test_db;
 use serde::{Deserialize, Serialize};
 use skiplock::db::jobs::{
     ClaimArgs, ClaimMode, ClaimPosition, FailAction, FailBatch, jobs_claim, jobs_claim_batch,
-    jobs_claim_batch_after, jobs_fail_many, jobs_others_claiming, lane_conflict,
+    jobs_claim_batch_after, jobs_fail_many, jobs_others_claiming,
 };
 use skiplock::{Job, JobContext, JobError, JobState};
 use sqlx::{Connection, PgPool};
@@ -703,8 +703,7 @@ async fn observe_claims(pool: &PgPool) {
          CREATE FUNCTION skiplock.internal_claim_batch(queue_name text, kinds text[], max_jobs bigint,
                  worker text, after_priority smallint DEFAULT NULL,
                  after_scheduled_at_us bigint DEFAULT NULL, after_id bigint DEFAULT NULL,
-                 claim_with uuid DEFAULT NULL, skip_in_flight boolean DEFAULT false,
-                 take_lanes boolean DEFAULT true, retry_lane_conflict boolean DEFAULT true)
+                 claim_with uuid DEFAULT NULL, skip_in_flight boolean DEFAULT false)
          RETURNS TABLE (id bigint, queue text, kind text, args jsonb, attempt int,
                         max_attempts int, claim_token uuid, priority smallint,
                         scheduled_at_us bigint)
@@ -722,7 +721,7 @@ async fn observe_claims(pool: &PgPool) {
              WITH c AS (
                  SELECT * FROM skiplock.claim_batch_observed(queue_name, kinds, max_jobs, worker,
                      after_priority, after_scheduled_at_us, after_id, claim_with,
-                     skip_in_flight, take_lanes, retry_lane_conflict)
+                     skip_in_flight)
              ), logged AS (
                  INSERT INTO claim_log (full_walk, ids)
                  SELECT after_id IS NULL, coalesce(array_agg(c.id), '{}') FROM c
@@ -1015,8 +1014,6 @@ async fn claim_in_mode(
 
 const FILTERED: ClaimMode = ClaimMode {
     skip_in_flight: true,
-    take_lanes: true,
-    retry_lane_conflict: false,
 };
 
 /// The in-flight filter passes over a row only while the transaction
@@ -1078,126 +1075,15 @@ async fn the_in_flight_filter_passes_over_only_rows_a_running_transaction_holds(
     assert_eq!(claimed, vec![held], "claimed once its holder ended");
 }
 
-/// Marks job `id` running by hand in `tx`, as a claim would, with a heartbeat an hour
-/// ahead (the reaper leaves it alone until the test makes it stale).
-async fn run_by_hand(tx: &mut sqlx::PgTransaction<'_>, id: i64) {
-    sqlx::query(
-        "UPDATE skiplock.jobs SET state = 'running', claim_token = gen_random_uuid(),
-             claimed_by = 'by hand', claimed_at = now(),
-             heartbeat_at = now() + interval '1 hour', attempt = 1
-         WHERE id = $1",
-    )
-    .bind(id)
-    .execute(&mut **tx)
-    .await
-    .unwrap();
-}
-
-/// Holds lane `k` with a hand-written running job in an open transaction, starts a claim
-/// in `mode` (which sees no running job of the lane and takes its queued head, then waits
-/// on `jobs_ordering_key_running_idx`), lets the holder commit and returns what the claim
-/// returned, with the ids of the lane's queued head and of a job outside any lane.
-async fn claim_against_a_lane_taken_meanwhile(
-    pool: &PgPool,
-    mode: ClaimMode,
-) -> (Result<Vec<i64>, sqlx::Error>, i64, i64) {
-    let enqueue = "SELECT skiplock.enqueue('record', '{\"n\": 0}', ordering_key => $1)";
-    let head: i64 = sqlx::query_scalar(enqueue)
-        .bind("k")
-        .fetch_one(pool)
-        .await
-        .unwrap();
-    let next: i64 = sqlx::query_scalar(enqueue)
-        .bind("k")
-        .fetch_one(pool)
-        .await
-        .unwrap();
-    let plain: i64 = sqlx::query_scalar(enqueue)
-        .bind(None::<String>)
-        .fetch_one(pool)
-        .await
-        .unwrap();
-    let mut holder = pool.begin().await.unwrap();
-    run_by_hand(&mut holder, next).await;
-    let mut claimer = pool.acquire().await.unwrap().detach();
-    let claimer_pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
-        .fetch_one(&mut claimer)
-        .await
-        .unwrap();
-    let claim = tokio::spawn(async move { claim_in_mode(&mut claimer, mode).await });
-    wait_for(
-        "the claim to wait for the lane's holder",
-        Duration::from_secs(60),
-        || async {
-            sqlx::query_scalar::<_, bool>(
-                "SELECT EXISTS (SELECT 1 FROM pg_locks WHERE pid = $1 AND NOT granted)",
-            )
-            .bind(claimer_pid)
-            .fetch_one(pool)
-            .await
-            .unwrap()
-        },
-    )
-    .await;
-    holder.commit().await.unwrap();
-    (claim.await.unwrap(), head, plain)
-}
-
-/// A lane conflict the claim could not see in its snapshot: without the in-statement
-/// retry (`retry_lane_conflict: false`, as the worker claims) the
-/// claim fails with a `unique_violation` the worker recognises and claims nothing; by
-/// default it is retried inside, without lane jobs, as it always was.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_lane_conflict_fails_a_claim_without_retry_and_is_retried_inside_by_default() {
-    let db = test_db().await;
-    let pool = &db.pool;
-    let (raised, head, plain) = claim_against_a_lane_taken_meanwhile(pool, FILTERED).await;
-    let error = raised.expect_err("the claim meets the lane's new running job");
-    assert!(lane_conflict(&error), "{error}");
-    assert!(
-        error.to_string().contains("jobs_ordering_key_running_idx"),
-        "{error}"
-    );
-    for id in [head, plain] {
-        assert_eq!(state_of(pool, id).await, JobState::Queued, "job {id}");
-    }
-    let without_lanes = ClaimMode {
-        take_lanes: false,
-        ..FILTERED
-    };
-    assert_eq!(
-        claim_in_mode(pool, without_lanes).await.unwrap(),
-        vec![plain],
-        "the caller's retry without lane jobs takes the rest"
-    );
-
-    sqlx::query("TRUNCATE skiplock.jobs CASCADE")
-        .execute(pool)
-        .await
-        .unwrap();
-    let (retried, head, plain) =
-        claim_against_a_lane_taken_meanwhile(pool, ClaimMode::default()).await;
-    assert_eq!(
-        retried.unwrap(),
-        vec![plain],
-        "retried inside, without lanes"
-    );
-    assert_eq!(state_of(pool, head).await, JobState::Queued);
-}
-
-/// The worker's own retry of a lane conflict (it claims without the
-/// function's subtransaction): its first claim takes the head of lane `k` while a
-/// hand-written running job of the lane is not yet committed, waits for it and fails on
-/// `jobs_ordering_key_running_idx`. The worker claims again without lane jobs, runs the
-/// job outside the lane at once; the lane's head waits while the hand-written claim holds
-/// the lane and runs once that claim has gone stale and been reaped; each job runs once.
-///
-/// The worker's claims go stale only after 10 minutes, so the hand-written one is reaped
-/// when the test ages it and not before, however slowly the job outside the lane starts;
-/// and that claim's job has spent 12 attempts, so its retry comes an hour later (the
-/// backoff's cap), long after the worker has exited idle.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_worker_retries_a_lane_conflict_without_lane_jobs_and_loses_nothing() {
+/// A lane's turn is one row of `jobs_lane_turn_idx`, so a claim never meets a second job
+/// of a lane (it once did: two claims took two jobs of one lane, the second failed on the
+/// running jobs' unique index, and every caller had to retry without lane jobs). A hand
+/// UPDATE that would give lane `k` a second turn while its head is queued is refused,
+/// naming the index; the claim, as the worker runs it (filtered, outside a
+/// subtransaction), takes the head and the job outside any lane, and the lane's next job
+/// gets the turn once the head ends.
+#[tokio::test]
+async fn a_lane_has_one_turn_and_the_claim_takes_it_like_any_job() {
     let db = test_db().await;
     let pool = &db.pool;
     let enqueue = "SELECT skiplock.enqueue('record', '{\"n\": 0}', ordering_key => $1)";
@@ -1211,77 +1097,38 @@ async fn the_worker_retries_a_lane_conflict_without_lane_jobs_and_loses_nothing(
         ids.push(id);
     }
     let (head, next, plain) = (ids[0], ids[1], ids[2]);
-    let mut holder = pool.begin().await.unwrap();
-    run_by_hand(&mut holder, next).await;
-    sqlx::query("UPDATE skiplock.jobs SET attempt = 12 WHERE id = $1")
-        .bind(next)
-        .execute(&mut *holder)
-        .await
-        .unwrap();
-
-    let recorder = Recorder::default();
-    let worker = fast_worker(pool, &recorder)
-        .heartbeat(Duration::from_millis(100), Duration::from_secs(600))
-        .exit_when_idle(true)
-        .build()
-        .unwrap();
-    let run = tokio::spawn(worker.run());
-    wait_for(
-        "the worker's claim to wait for the lane's holder",
-        Duration::from_secs(60),
-        || async {
-            sqlx::query_scalar::<_, bool>(
-                "SELECT EXISTS (SELECT 1 FROM pg_stat_activity
-                                WHERE datname = current_database() AND wait_event_type = 'Lock'
-                                  AND query LIKE '%claim_batch%'
-                                  AND pid <> pg_backend_pid())",
-            )
+    assert_eq!(state_of(pool, next).await, JobState::Waiting);
+    for update in [
+        "UPDATE skiplock.jobs SET state = 'queued' WHERE id = $1",
+        "UPDATE skiplock.jobs SET state = 'running', claim_token = gen_random_uuid(),
+                                  heartbeat_at = now() WHERE id = $1",
+    ] {
+        let error = sqlx::query(update)
+            .bind(next)
+            .execute(pool)
+            .await
+            .expect_err("a second turn in lane k");
+        assert!(error.to_string().contains("jobs_lane_turn_idx"), "{error}");
+    }
+    let mut claimed = claim_in_mode(pool, FILTERED).await.unwrap();
+    claimed.sort_unstable();
+    assert_eq!(claimed, vec![head, plain]);
+    assert_eq!(state_of(pool, next).await, JobState::Waiting);
+    let token: uuid::Uuid =
+        sqlx::query_scalar("SELECT claim_token FROM skiplock.jobs WHERE id = $1")
+            .bind(head)
             .fetch_one(pool)
             .await
-            .unwrap()
-        },
-    )
-    .await;
-    // The hand-written claim's heartbeat, written an hour ahead (which the reaper takes
-    // back at its next pass, 100 ms), is made current as the holder commits: the claim
-    // then goes stale 10 minutes after the commit, and the lane stays held while the job
-    // outside it runs, however long the worker takes (with a stale timeout of 3 s, a
-    // loaded CI run reaped the lane before the job outside it ran, and the head ran too).
-    sqlx::query("UPDATE skiplock.jobs SET heartbeat_at = clock_timestamp() WHERE id = $1")
-        .bind(next)
-        .execute(&mut *holder)
+            .unwrap();
+    let completed: bool = sqlx::query_scalar("SELECT skiplock.complete($1, $2)")
+        .bind(head)
+        .bind(token)
+        .fetch_one(pool)
         .await
         .unwrap();
-    holder.commit().await.unwrap();
-    wait_for(
-        "the job outside the lane to run",
-        Duration::from_secs(60),
-        || async { state_of(pool, plain).await == JobState::Succeeded },
-    )
-    .await;
-    assert_eq!(
-        state_of(pool, head).await,
-        JobState::Queued,
-        "the lane's head waits while the lane runs"
-    );
-    // The hand-written claim goes stale: the reaper takes it back and the lane moves on.
-    sqlx::query("UPDATE skiplock.jobs SET heartbeat_at = now() - interval '1 hour' WHERE id = $1")
-        .bind(next)
-        .execute(pool)
-        .await
-        .unwrap();
-
-    let summary = tokio::time::timeout(Duration::from_secs(60), run)
-        .await
-        .expect("the worker drains what is runnable and exits")
-        .unwrap()
-        .unwrap();
-    for id in [head, plain] {
-        assert_eq!(state_of(pool, id).await, JobState::Succeeded, "job {id}");
-    }
-    // The hand-written claim was reaped, to run again after its backoff (an hour).
+    assert!(completed);
     assert_eq!(state_of(pool, next).await, JobState::Queued);
-    assert_eq!(recorder.total(), 2, "{summary:?}");
+    assert_eq!(claim_in_mode(pool, FILTERED).await.unwrap(), vec![next]);
 }
 
 /// A worker keeps fewer claims and writes in flight while another claimer holds running

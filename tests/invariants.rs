@@ -27,7 +27,7 @@ async fn insert(pool: &PgPool, sql: &'static str) -> i64 {
 }
 
 /// Rows no API would write, side by side: an attempt at the `int` maximum, an `errors`
-/// value that is not a list, a lane whose three jobs were all set `queued` by hand, a job
+/// value that is not a list, a lane whose three jobs someone tried to set `queued` by hand, a job
 /// `waiting` for nothing, args that do not decode, a kind no worker knows. Every runnable
 /// job runs (the lane's in id order, one at a time), and none of them stops the others.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -54,10 +54,16 @@ async fn rows_written_by_hand_never_stop_the_others() {
     .fetch_all(pool)
     .await
     .unwrap();
-    sqlx::query("UPDATE skiplock.jobs SET state = 'queued' WHERE ordering_key = 'h'")
+    // A lane has one turn (`jobs_lane_turn_idx`): queuing all three by hand is refused,
+    // and changes nothing.
+    let refused = sqlx::query("UPDATE skiplock.jobs SET state = 'queued' WHERE ordering_key = 'h'")
         .execute(pool)
         .await
-        .unwrap();
+        .expect_err("three turns in one lane");
+    assert!(
+        refused.to_string().contains("jobs_lane_turn_idx"),
+        "{refused}"
+    );
     let waiting_for_nothing = insert(
         pool,
         "INSERT INTO skiplock.jobs (kind, args, state)
@@ -258,6 +264,63 @@ async fn a_dependency_row_written_by_hand_makes_the_child_wait() {
         )),
         "{refused}"
     );
+}
+
+/// Claims job `id` by hand (it must be queued) and completes it through the SQL protocol.
+async fn run_by_sql(pool: &PgPool, id: i64) {
+    let token: uuid::Uuid = sqlx::query_scalar(
+        "UPDATE skiplock.jobs SET state = 'running', claim_token = gen_random_uuid(),
+                                  heartbeat_at = now()
+         WHERE id = $1 AND state = 'queued' RETURNING claim_token",
+    )
+    .bind(id)
+    .fetch_one(pool)
+    .await
+    .unwrap();
+    let done: bool = sqlx::query_scalar("SELECT skiplock.complete($1, $2)")
+        .bind(id)
+        .bind(token)
+        .fetch_one(pool)
+        .await
+        .unwrap();
+    assert!(done, "job {id} completed");
+}
+
+/// A lane job given a parent by plain SQL (`skiplock.enqueue` refuses both) runs in its
+/// lane's turn: when its parent succeeds while another job of the lane has the turn, it
+/// stays `waiting` (queuing it would give the lane a second turn, which
+/// `jobs_lane_turn_idx` refuses: the parent's completion failed), and it is queued when
+/// that job ends.
+#[tokio::test]
+async fn a_lane_job_whose_parent_succeeds_waits_for_its_lanes_turn() {
+    let db = test_db().await;
+    let pool = &db.pool;
+    let lane = "INSERT INTO skiplock.jobs (kind, ordering_key) VALUES ('record', 'l') RETURNING id";
+    let head = insert(pool, lane).await;
+    let behind = insert(pool, lane).await;
+    let parent = insert(
+        pool,
+        "INSERT INTO skiplock.jobs (kind) VALUES ('record') RETURNING id",
+    )
+    .await;
+    sqlx::query("INSERT INTO skiplock.job_dependencies (job_id, parent_id) VALUES ($1, $2)")
+        .bind(behind)
+        .bind(parent)
+        .execute(pool)
+        .await
+        .unwrap();
+    assert_eq!(state_of(pool, head).await, JobState::Queued);
+    assert_eq!(state_of(pool, behind).await, JobState::Waiting);
+
+    run_by_sql(pool, parent).await;
+    assert_eq!(
+        state_of(pool, behind).await,
+        JobState::Waiting,
+        "the head has the lane's turn"
+    );
+    run_by_sql(pool, head).await;
+    assert_eq!(state_of(pool, behind).await, JobState::Queued);
+    run_by_sql(pool, behind).await;
 }
 
 /// `skiplock retry` of a dead job whose unique key a pending job took says that the job

@@ -208,7 +208,7 @@ async fn insert_plain_sql_lane(pool: &PgPool) -> (i64, i64, i64) {
 // Item 1: lanes written by plain SQL.
 
 /// Issue 12 item 1: two jobs of one lane inserted by plain SQL are both `queued`; the
-/// claim took both and failed on `jobs_ordering_key_running_idx`, so nothing ever ran.
+/// claim took both and failed on the running jobs' unique index, so nothing ever ran.
 /// Fixed: all three jobs succeed, and the lane's jobs run one at a time, in id order.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn plain_sql_lane_jobs_run_one_at_a_time_in_id_order() {
@@ -239,20 +239,21 @@ async fn plain_sql_lane_jobs_run_one_at_a_time_in_id_order() {
 }
 
 /// Issue 12 item 1, at the SQL level: `claim_batch` on two `queued` jobs of one lane
-/// raised a duplicate key error on `jobs_ordering_key_running_idx`. Fixed: the insert
-/// stores the second lane job `waiting`, and even when a hand-written UPDATE makes it
-/// `queued` again, the claim returns only the lane's lower-id job and the lane-less job,
-/// and leaves the second lane job queued.
+/// raised a duplicate key error on the running jobs' unique index. Fixed: the insert
+/// stores the second lane job `waiting`, a hand-written UPDATE that makes it `queued`
+/// while the head is queued is refused (`jobs_lane_turn_idx`: a lane has one turn), and
+/// the claim returns the lane's head and the lane-less job, leaving the second waiting.
 #[tokio::test]
 async fn claim_batch_takes_only_the_lowest_id_job_of_a_plain_sql_lane() {
     let db = test_db().await;
     let (first, second, plain) = insert_plain_sql_lane(&db.pool).await;
     assert_eq!(state_of(&db.pool, second).await, JobState::Waiting);
-    sqlx::query("UPDATE skiplock.jobs SET state = 'queued' WHERE id = $1")
+    let error = sqlx::query("UPDATE skiplock.jobs SET state = 'queued' WHERE id = $1")
         .bind(second)
         .execute(&db.pool)
         .await
-        .unwrap();
+        .expect_err("a second turn in the lane");
+    assert!(error.to_string().contains("jobs_lane_turn_idx"), "{error}");
 
     let claimed = claim_k(&db.pool, 10)
         .await
@@ -264,7 +265,7 @@ async fn claim_batch_takes_only_the_lowest_id_job_of_a_plain_sql_lane() {
         claimed, expected,
         "claimed the lane head and the lane-less job"
     );
-    assert_eq!(state_of(&db.pool, second).await, JobState::Queued);
+    assert_eq!(state_of(&db.pool, second).await, JobState::Waiting);
 }
 
 /// Issue 12 item 1, the race: two REPEATABLE READ transactions whose snapshots predate

@@ -297,10 +297,7 @@ async fn the_database_refuses_two_running_jobs_in_one_lane() {
     .execute(&db.pool)
     .await
     .unwrap_err();
-    assert!(
-        error.to_string().contains("jobs_ordering_key_running_idx"),
-        "{error}"
-    );
+    assert!(error.to_string().contains("jobs_lane_turn_idx"), "{error}");
 }
 
 async fn enqueue_unique(

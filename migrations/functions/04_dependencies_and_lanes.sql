@@ -68,19 +68,31 @@ DECLARE
     promoted int;
     promoted_ids bigint[];
     promoted_keys skiplock.runnable_key[];
+    lanes text[];
+    lane_moved int := 0;
 BEGIN
     -- One probe by id per job: the state is compared outside the probe (LIMIT 1 keeps it
     -- from being flattened), so no plan can walk the waiting jobs' index instead.
-    seen_waiting := ARRAY(SELECT i.id FROM unnest(ids) AS i(id)
-                          WHERE (SELECT c.state FROM skiplock.jobs_live c
-                                 WHERE c.id = i.id LIMIT 1) = 'waiting');
+    SELECT coalesce(array_agg(w.id) FILTER (WHERE w.ordering_key IS NULL), '{}'),
+           array_agg(DISTINCT w.ordering_key) FILTER (WHERE w.ordering_key IS NOT NULL)
+    INTO seen_waiting, lanes
+    FROM unnest(ids) AS i(id)
+    CROSS JOIN LATERAL (SELECT c.id, c.state, c.ordering_key FROM skiplock.jobs_live c
+                        WHERE c.id = i.id LIMIT 1) w
+    WHERE w.state = 'waiting';
+    -- A lane job with parents (given by plain SQL: skiplock.enqueue refuses both) runs
+    -- in its lane's turn: the lane's step queues it when it is the head and its parents
+    -- have all succeeded.
+    IF lanes IS NOT NULL THEN
+        lane_moved := skiplock.internal_advance_lanes(lanes);
+    END IF;
     IF cardinality(seen_waiting) = 0 THEN
-        RETURN 0;
+        RETURN lane_moved;
     END IF;
     WITH ready AS (
         UPDATE skiplock.jobs c
         SET state = 'queued', held_for = NULL
-        WHERE c.id = ANY (seen_waiting) AND c.state = 'waiting'
+        WHERE c.id = ANY (seen_waiting) AND c.state = 'waiting' AND c.ordering_key IS NULL
           AND EXISTS (SELECT 1 FROM skiplock.job_dependencies d WHERE d.job_id = c.id)
           AND NOT skiplock.internal_has_unmet_parent(c.id)
         RETURNING c.id, c.queue, c.priority, c.scheduled_at
@@ -93,7 +105,7 @@ BEGIN
             SELECT unnest(seen_waiting) EXCEPT SELECT unnest(promoted_ids)));
     END IF;
     PERFORM skiplock.internal_announce(promoted_keys);
-    RETURN promoted;
+    RETURN promoted + lane_moved;
 END;
 $$;
 
@@ -161,10 +173,12 @@ BEGIN
 END;
 $$;
 
--- The next job of each lane: a lane's head (its unfinished job with the lowest id) becomes
--- queued when it waits, no job of the lane runs and it has no unmet parent; every queued
--- head is announced, promoted now or queued before (its turn came when the job before it
--- ended; claims skipped it while that job was unfinished), or when it comes due.
+-- The next job of each lane: a lane's head (its unfinished job with the lowest id) gets the
+-- lane's turn, queued, when it waits, no job of the lane has the turn (queued or running,
+-- jobs_lane_turn_idx) and it has no unmet parent; every queued head is announced, promoted
+-- now or queued before, or when it comes due. The only writer that gives a lane's turn
+-- to a job already in the lane (the insert trigger gives it to a job of an empty lane,
+-- retry_job calls this).
 --
 -- Costs one entry of jobs_ordering_key_lane_idx per lane, however long the lane and
 -- whatever the statistics say: each head is found by its own LIMIT 1 in the lane index's
@@ -242,8 +256,10 @@ BEGIN
         UPDATE skiplock.jobs j SET state = 'queued', held_for = NULL
         WHERE j.id = ANY (waiting_heads) AND j.state = 'waiting'
           AND NOT EXISTS (
-              SELECT 1 FROM skiplock.jobs o
-              WHERE o.ordering_key = j.ordering_key AND o.state = 'running'
+              -- The lane's turn is not taken (jobs_lane_turn_idx): by a job retried by
+              -- hand behind the head, say, which keeps its turn until it ends.
+              SELECT 1 FROM skiplock.jobs_live o
+              WHERE o.ordering_key = j.ordering_key AND o.state IN ('queued', 'running')
           )
           AND NOT skiplock.internal_has_unmet_parent(j.id)
         RETURNING j.id, j.queue, j.priority, j.scheduled_at

@@ -190,6 +190,7 @@ DECLARE
     policy text := coalesce(NEW.unique_policy, 'skip');
     merged jsonb;
     lane_tail bigint;
+    lane_contended boolean;
 BEGIN
     IF current_setting('skiplock.requeue_moving', true) = NEW.id::text THEN
         PERFORM set_config('skiplock.requeue_moving', '', true);
@@ -206,10 +207,25 @@ BEGIN
         -- then sees this job; a step that took the lock first has committed when this
         -- read runs (a new snapshot after the wait, in READ COMMITTED) and its job is seen
         -- finished.
-        PERFORM pg_advisory_xact_lock(skiplock.internal_lane_lock_id(NEW.ordering_key));
+        lane_contended := NOT pg_try_advisory_xact_lock(skiplock.internal_lane_lock_id(NEW.ordering_key));
+        IF lane_contended THEN
+            PERFORM pg_advisory_xact_lock(skiplock.internal_lane_lock_id(NEW.ordering_key));
+        END IF;
         SELECT o.id INTO lane_tail FROM skiplock.jobs o
         WHERE o.ordering_key = NEW.ordering_key AND o.state IN ('waiting', 'queued', 'running')
         ORDER BY o.id DESC LIMIT 1;
+        IF lane_tail IS NULL AND lane_contended
+           AND current_setting('transaction_isolation') <> 'read committed' THEN
+            -- The lane looks empty to a snapshot older than the lock: the transaction
+            -- that held it may have given the lane's turn to a job this one cannot see,
+            -- and a second turn would fail on jobs_lane_turn_idx (23505, which callers do
+            -- not retry). Retry with a new snapshot. (A lane written and committed
+            -- between this snapshot and the lock, without a wait, still meets the index.)
+            RAISE EXCEPTION 'lane % was written by a transaction that committed after this transaction''s snapshot',
+                NEW.ordering_key
+                USING ERRCODE = 'serialization_failure',
+                      HINT = 'retry the transaction';
+        END IF;
         IF lane_tail IS NOT NULL THEN
             NEW.state := 'waiting';
             IF lane_tail > NEW.id THEN

@@ -20,13 +20,14 @@
 -- * The plan is fixed to that ordered walk (no sort, no bitmap or sequential scan) and
 --   made once per connection: a plan made while the table was empty once sorted every
 --   queued row on each claim, and re-planning cost half an idle claim.
--- * Lanes: it takes a lane's job only when it is the lane's oldest unfinished job and
---   nothing of the lane runs, whatever the rows were written with. Two claims can still
---   take two jobs of one lane that neither sees the other take; the second fails on
---   jobs_ordering_key_running_idx. With retry_lane_conflict the claim runs inside a
---   subtransaction and, on that conflict, runs again without lane jobs; without it the
---   conflict reaches the caller (the worker retries itself, outside a subtransaction,
---   which the in-flight filter needs).
+-- * Lanes are not its concern: a lane's queued job is the one whose turn it is
+--   (jobs_lane_turn_idx), admitted by the writers that give turns, so it is taken like
+--   any other job and no two claims can take two jobs of one lane.
+-- * A queued row moved to jobs_done (cancelled) after the statement's snapshot cannot be
+--   followed by FOR UPDATE: the statement fails with serialization_failure (40001) having
+--   claimed nothing, and the caller claims again (the worker does; skiplock.claim does
+--   it in a subtransaction). Outside a subtransaction, so the in-flight filter sees what
+--   other claims hold.
 -- * skip_in_flight passes over rows whose xmax is a transaction running when the claim
 --   began (pg_current_snapshot()) or begun since, before FOR UPDATE SKIP LOCKED takes
 --   each to the lock manager: with several worker processes on one queue, most of what a
@@ -48,14 +49,15 @@
 DROP FUNCTION IF EXISTS skiplock.internal_claim_batch(text[], text[], bigint, text, smallint,
                                                       bigint, bigint, uuid, boolean, boolean,
                                                       boolean);
+DROP FUNCTION IF EXISTS skiplock.internal_claim_batch(text, text[], bigint, text, smallint,
+                                                      bigint, bigint, uuid, boolean, boolean,
+                                                      boolean);
 CREATE OR REPLACE FUNCTION skiplock.internal_claim_batch(queue_name text, kinds text[], max_jobs bigint, worker text,
                                      after_priority smallint DEFAULT NULL,
                                      after_scheduled_at_us bigint DEFAULT NULL,
                                      after_id bigint DEFAULT NULL,
                                      claim_with uuid DEFAULT NULL,
-                                     skip_in_flight boolean DEFAULT false,
-                                     take_lanes boolean DEFAULT true,
-                                     retry_lane_conflict boolean DEFAULT true)
+                                     skip_in_flight boolean DEFAULT false)
 RETURNS TABLE (id bigint, queue text, kind text, args jsonb, attempt int, max_attempts int,
                claim_token uuid, priority smallint, scheduled_at_us bigint)
 LANGUAGE plpgsql
@@ -92,33 +94,6 @@ DECLARE
     taken_now bigint;
     held_now int;
 BEGIN
-    IF retry_lane_conflict AND take_lanes THEN
-        -- The claim inside a subtransaction: a lane conflict it could not see rolls back
-        -- only that, and the claim runs again without lane jobs.
-        BEGIN
-            RETURN QUERY SELECT * FROM skiplock.internal_claim_batch(queue_name, kinds, max_jobs,
-                worker, after_priority, after_scheduled_at_us, after_id, claim_with,
-                skip_in_flight, true, false);
-            RETURN;
-        EXCEPTION
-            WHEN unique_violation THEN
-                RETURN QUERY SELECT * FROM skiplock.internal_claim_batch(queue_name, kinds,
-                    max_jobs, worker, after_priority, after_scheduled_at_us, after_id,
-                    claim_with, skip_in_flight, false, false);
-                RETURN;
-            WHEN serialization_failure THEN
-                -- A queued row moved to jobs_done (cancelled) after this statement's
-                -- snapshot: Postgres cannot follow it. Outside READ COMMITTED the snapshot
-                -- stays and so would the error: the caller retries.
-                IF current_setting('transaction_isolation') <> 'read committed' THEN
-                    RAISE;
-                END IF;
-                RETURN QUERY SELECT * FROM skiplock.internal_claim_batch(queue_name, kinds,
-                    max_jobs, worker, after_priority, after_scheduled_at_us, after_id,
-                    claim_with, skip_in_flight, true, false);
-                RETURN;
-        END;
-    END IF;
     -- The queue's row, if any: one probe for a queue without limits.
     SELECT q.paused, q.max_running, q.rate_limit, q.rate_period, q.key_max_running,
            q.key_rate_limit, q.key_rate_period
@@ -220,16 +195,6 @@ BEGIN
               AND (NOT filtering OR j.xmax = '0'::xid OR (
                   NOT j.xmax = ANY (in_flight)
                   AND (j.xmax::text::bigint - next_xid + 4294967296) % 4294967296 >= 1048576))
-              AND (j.ordering_key IS NULL OR (
-                  take_lanes
-                  AND NOT EXISTS (
-                      SELECT 1 FROM skiplock.jobs h
-                      WHERE h.ordering_key = j.ordering_key AND h.state = 'running')
-                  AND NOT EXISTS (
-                      SELECT 1 FROM skiplock.jobs h
-                      WHERE h.ordering_key = j.ordering_key AND h.id < j.id
-                        AND h.state IN ('waiting', 'queued', 'running'))
-              ))
               AND (lim_key_max_running IS NULL OR j.concurrency_key IS NULL
                    OR skiplock.internal_key_running(queue_name, j.concurrency_key,
                                                     lim_key_max_running) < lim_key_max_running)

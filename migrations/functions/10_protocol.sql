@@ -23,6 +23,8 @@ CREATE OR REPLACE FUNCTION skiplock.claim(queue text, max_jobs integer, worker t
                                           kinds text[] DEFAULT NULL)
 RETURNS SETOF skiplock.claimed_job
 LANGUAGE plpgsql AS $$
+DECLARE
+    attempts int := 0;
 BEGIN
     IF queue IS NULL OR queue = '' THEN
         RAISE EXCEPTION 'skiplock.claim: queue is NULL or empty; pass the queue to claim from'
@@ -40,9 +42,22 @@ BEGIN
     IF max_jobs = 0 THEN
         RETURN;
     END IF;
-    RETURN QUERY
-    SELECT c.id, c.queue, c.kind, c.args, c.attempt, c.max_attempts, c.claim_token
-    FROM skiplock.internal_claim_batch(claim.queue, kinds, max_jobs, worker) c;
+    LOOP
+        -- In a subtransaction: a queued row moved to jobs_done (cancelled) under the claim
+        -- fails it having claimed nothing (40001, see internal_claim_batch), and the claim
+        -- runs again with a new snapshot.
+        BEGIN
+            RETURN QUERY
+            SELECT c.id, c.queue, c.kind, c.args, c.attempt, c.max_attempts, c.claim_token
+            FROM skiplock.internal_claim_batch(claim.queue, kinds, max_jobs, worker) c;
+            RETURN;
+        EXCEPTION WHEN serialization_failure THEN
+            attempts := attempts + 1;
+            IF NOT skiplock.internal_may_retry_moved(attempts) THEN
+                RAISE;
+            END IF;
+        END;
+    END LOOP;
 END;
 $$;
 COMMENT ON FUNCTION skiplock.claim(text, integer, text, text[]) IS

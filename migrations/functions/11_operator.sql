@@ -369,6 +369,13 @@ BEGIN
                 RETURN format('waits behind job %s of its lane %L: a lane runs its jobs one at a time, in order',
                               ahead, job.ordering_key);
             END IF;
+            -- The lane's turn held by a job behind it (one retried by hand while this waited).
+            SELECT h.id INTO ahead FROM skiplock.jobs_live h
+            WHERE h.ordering_key = job.ordering_key AND h.state IN ('queued', 'running');
+            IF ahead IS NOT NULL THEN
+                RETURN format('waits for the turn of its lane %L, which job %s has until it ends: a lane runs its jobs one at a time',
+                              job.ordering_key, ahead);
+            END IF;
         END IF;
         SELECT string_agg(d.parent_id::text, ', ' ORDER BY d.parent_id) INTO parents
         FROM skiplock.job_dependencies d

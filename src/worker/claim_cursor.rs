@@ -203,8 +203,6 @@ pub(super) struct Walk {
     started: Instant,
     /// Whether it passes over rows other claims in flight hold (see the module docs).
     skip_in_flight: bool,
-    /// Whether it was claimed again without lane jobs after a lane conflict.
-    lanes_skipped: bool,
 }
 
 impl Walk {
@@ -227,12 +225,6 @@ impl Walk {
     /// Whether the claim should pass over rows other claims in flight hold.
     pub(super) fn skips_in_flight(&self) -> bool {
         self.skip_in_flight
-    }
-
-    /// Marks the walk as claimed again without lane jobs (after a lane conflict): the lane
-    /// jobs it passed over are owed a walk from its start when it lands.
-    pub(super) fn skipped_lanes(&mut self) {
-        self.lanes_skipped = true;
     }
 }
 
@@ -378,7 +370,6 @@ impl ClaimCursor {
             sequence: self.planned,
             started: now,
             skip_in_flight,
-            lanes_skipped: false,
         }
     }
 
@@ -409,9 +400,6 @@ impl ClaimCursor {
             WalkKind::Behind => {}
             WalkKind::Cursor => self.cursor_walk_ended(walk, now),
         }
-        if walk.lanes_skipped {
-            self.owe(walk.from.map_or(LookFrom::Start, LookFrom::After));
-        }
         let last = jobs.last().map(ClaimedJob::position);
         let full = jobs.len() >= limit;
         let stopped_behind = match (walk.kind, last, self.after) {
@@ -428,7 +416,7 @@ impl ClaimCursor {
                 false
             }
         };
-        if !walk.skip_in_flight && !stopped_behind && !walk.lanes_skipped {
+        if !walk.skip_in_flight && !stopped_behind {
             // The unfiltered pass got to the position.
             self.unfiltered_pass = false;
             self.next_unfiltered = now + UNFILTERED_WALK_INTERVAL;
@@ -1016,28 +1004,6 @@ mod tests {
         cursor.landed(walk, 1, &jobs(id..=id), t + MS);
         let walk = cursor.next_walk(t + Duration::from_secs(1));
         assert!(walk.skips_in_flight(), "filtered again after it");
-    }
-
-    #[test]
-    fn a_walk_claimed_again_without_lanes_owes_a_walk_from_its_start() {
-        let t0 = Instant::now();
-        let (mut cursor, t1) = warmed_up(t0, 5 * MS);
-        // Full walks cost a second: the next claims are cursor walks.
-        let full = cursor.next_walk(t1);
-        assert!(full.is_full());
-        let t2 = t1 + Duration::from_secs(1);
-        cursor.landed(full, 1, &jobs(4..=4), t2);
-        let mut walk = cursor.next_walk(t2);
-        assert_eq!(walk.from.map(|p| p.id), Some(4));
-        walk.skipped_lanes();
-        // It came back short: the lane jobs it passed over may be behind the position.
-        assert_eq!(
-            cursor.landed(walk, 10, &jobs(5..=6), t2 + MS),
-            Landing::LookBehind
-        );
-        let behind = cursor.next_walk(t2 + MS);
-        assert!(!behind.is_full());
-        assert_eq!(behind.from.map(|p| p.id), Some(4), "from where it started");
     }
 
     #[test]

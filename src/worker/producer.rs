@@ -29,7 +29,7 @@ use super::split_write::write_split;
 use super::{PREFETCH_HORIZON, Shared, reply_lost, schema_mismatch, stop_if_schema_outgrown};
 use crate::db::jobs::{
     ClaimArgs, ClaimMode, ClaimedJob, jobs_claim, jobs_claim_one, jobs_claimed_with,
-    jobs_release_many, lane_conflict,
+    jobs_release_many,
 };
 use crate::db::maintenance::jobs_any_active;
 use crate::metrics;
@@ -264,10 +264,8 @@ async fn claim(
         Some(_) => Ok(Vec::new()),
         None => {
             // Outside a subtransaction, so that the filter sees what other claims in
-            // flight hold; a lane conflict (rare: two claims took jobs of one lane at
-            // once) failed the statement, having claimed nothing, and it is claimed again
-            // without lane jobs, as `internal_claim_batch` itself would.
-            let mut args = ClaimArgs {
+            // flight hold.
+            let args = ClaimArgs {
                 queue: &group.queue,
                 kinds: &shared.kinds,
                 limit: limit as i64,
@@ -276,18 +274,9 @@ async fn claim(
                 claim_with: Some(token),
                 mode: ClaimMode {
                     skip_in_flight: walk.skips_in_flight(),
-                    take_lanes: true,
-                    retry_lane_conflict: false,
                 },
             };
-            match jobs_claim(&mut connection, &args).await {
-                Err(e) if lane_conflict(&e) => {
-                    walk.skipped_lanes();
-                    args.mode.take_lanes = false;
-                    jobs_claim(&mut connection, &args).await
-                }
-                claimed => claimed,
-            }
+            jobs_claim(&mut connection, &args).await
         }
     };
     if let Err(e) = &claimed

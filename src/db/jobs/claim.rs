@@ -85,9 +85,11 @@ pub struct ClaimPosition {
 /// the database's `clock_timestamp()` at the update as first heartbeat (not the
 /// transaction's start: a claim that waited behind a lock would commit its jobs stale).
 /// The function fixes the plan to an ordered walk of the claim index, so the claim stays
-/// O(limit) even when the table's statistics are stale. It takes a lane's job only when it
-/// is the lane's oldest unfinished one and nothing of the lane runs, and never fails on
-/// what the rows hold (a lane conflict it could not see is retried without lane jobs).
+/// O(limit) even when the table's statistics are stale. A lane's queued job is the one
+/// whose turn it is, taken like any other. A job cancelled under the claim (its row moved
+/// to `jobs_done` after the statement's snapshot) fails the claim with SQLSTATE 40001
+/// having claimed nothing: claim again, as the worker does (`skiplock.claim` does it
+/// inside).
 pub async fn jobs_claim_batch(
     db: impl PgExecutor<'_>,
     queue: &str,
@@ -137,40 +139,16 @@ pub async fn jobs_claim_batch_after(
     .await
 }
 
-/// How a claim treats the rows other claims are taking and a lane conflict
+/// How a claim treats the rows other claims are taking
 /// (`skiplock.internal_claim_batch` in `migrations/functions/07_claim.sql`). The default is the
-/// function's own: no filter, lane jobs taken, a lane conflict retried inside.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// function's own: no filter.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct ClaimMode {
     /// Pass over rows that transactions running when the claim began (or begun since)
     /// hold, before `FOR UPDATE SKIP LOCKED` takes them to the lock manager. A row whose
     /// `xmax` is a multixact can be passed over by mistake while that lasts, so a caller
     /// that sets it must also claim without it now and then.
     pub skip_in_flight: bool,
-    /// Take jobs of lanes (`ordering_key`).
-    pub take_lanes: bool,
-    /// Retry a lane conflict inside the statement, in a subtransaction (whose row locks
-    /// `skip_in_flight` cannot see). Without it a lane conflict fails the statement with a
-    /// `unique_violation` ([`lane_conflict`]), having claimed nothing, and the caller
-    /// claims again with `take_lanes: false`.
-    pub retry_lane_conflict: bool,
-}
-
-impl Default for ClaimMode {
-    fn default() -> Self {
-        Self {
-            skip_in_flight: false,
-            take_lanes: true,
-            retry_lane_conflict: true,
-        }
-    }
-}
-
-/// Whether a failed claim was a lane conflict: two claims took jobs of one lane at once
-/// (a `unique_violation`, SQLSTATE 23505, which only `jobs_ordering_key_running_idx` can
-/// raise in a claim). See [`ClaimMode::retry_lane_conflict`].
-pub fn lane_conflict(error: &sqlx::Error) -> bool {
-    matches!(error, sqlx::Error::Database(db) if db.code().as_deref() == Some("23505"))
 }
 
 /// What one claim statement asks for: see [`jobs_claim_batch_after`] and [`ClaimMode`].
@@ -188,7 +166,7 @@ pub struct ClaimArgs<'a> {
     pub after: Option<ClaimPosition>,
     /// The claim token every job gets (`None`: a random one each).
     pub claim_with: Option<Uuid>,
-    /// Filter and lane handling.
+    /// The in-flight filter.
     pub mode: ClaimMode,
 }
 
@@ -200,7 +178,7 @@ pub async fn jobs_claim(
     sqlx::query_as(
         "SELECT id, queue, kind, args, attempt, max_attempts, claim_token, priority,
                 scheduled_at_us
-         FROM skiplock.internal_claim_batch($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
+         FROM skiplock.internal_claim_batch($1, $2, $3, $4, $5, $6, $7, $8, $9)",
     )
     .bind(args.queue)
     .bind(args.kinds)
@@ -211,8 +189,6 @@ pub async fn jobs_claim(
     .bind(args.after.map(|p| p.id))
     .bind(args.claim_with)
     .bind(args.mode.skip_in_flight)
-    .bind(args.mode.take_lanes)
-    .bind(args.mode.retry_lane_conflict)
     .fetch_all(db)
     .await
 }
@@ -233,8 +209,9 @@ pub async fn jobs_others_claiming(
 
 /// Claims job `id` alone, now, whatever its `scheduled_at`, if it is `queued`, with the
 /// token `claim_with`: for running one chosen job through a worker (`skiplock::testing`).
-/// Lane and unique-key rules hold as for any claim (a lane whose job runs refuses it with
-/// `jobs_ordering_key_running_idx`).
+/// Lanes hold as for any claim (a queued lane job has its lane's turn,
+/// `jobs_lane_turn_idx`); a pause and the queue's global and per-key limits do not: the
+/// test names the job it runs.
 pub async fn jobs_claim_one(
     db: impl PgExecutor<'_>,
     id: i64,

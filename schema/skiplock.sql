@@ -672,9 +672,8 @@ BEGIN
     IF previous = 'running' OR (previous = 'queued' AND job_key IS NOT NULL) THEN
         PERFORM skiplock.internal_notify_freed(ARRAY[job_queue], ARRAY[job_key]);
     END IF;
-    PERFORM skiplock.internal_settle_dependants(ARRAY[job_id]);
-    PERFORM skiplock.internal_advance_lanes(ARRAY(
-        SELECT ordering_key FROM skiplock.jobs WHERE id = job_id AND ordering_key IS NOT NULL));
+    PERFORM skiplock.internal_settle_dependants(ARRAY[job_id],
+                                                 ARRAY(SELECT lane WHERE lane IS NOT NULL));
     RETURN true;
 END;
 $$;
@@ -1884,6 +1883,8 @@ DECLARE
     child_priority smallint;
     child_scheduled_at timestamptz;
     child_now skiplock.job_state;
+    child_lane text;
+    child_lanes text[];
     attempts int := 0;
 BEGIN
     IF NEW.parent_state IS NOT NULL THEN
@@ -1907,8 +1908,8 @@ BEGIN
                 RAISE EXCEPTION 'parent job % does not exist', NEW.parent_id
                     USING ERRCODE = 'foreign_key_violation';
             END IF;
-            SELECT state, queue, priority, scheduled_at
-            INTO child_now, child_queue, child_priority, child_scheduled_at
+            SELECT state, queue, priority, scheduled_at, ordering_key
+            INTO child_now, child_queue, child_priority, child_scheduled_at, child_lane
             FROM skiplock.jobs WHERE id = NEW.job_id FOR UPDATE;
             EXIT;
         EXCEPTION WHEN serialization_failure THEN
@@ -1929,7 +1930,12 @@ BEGIN
             -- edge, so the child is queued here once no other parent keeps it (the last
             -- edge's trigger to find its parent done decides; a parent still unfinished is
             -- locked by its own edge's trigger, and its completion sees the edge).
-            PERFORM skiplock.internal_queue_ready_dependants(ARRAY[NEW.job_id]);
+            SELECT r.lanes INTO child_lanes
+            FROM skiplock.internal_queue_ready_dependants(ARRAY[NEW.job_id]) r;
+            IF cardinality(child_lanes) > 0 THEN
+                -- In its lane's turn (see internal_queue_ready_dependants).
+                PERFORM skiplock.internal_advance_lanes(child_lanes);
+            END IF;
         ELSIF child_now = 'queued' THEN
             -- The child stays as it was; claims skipped it while it was locked.
             PERFORM skiplock.internal_announce(ARRAY[ROW(child_queue, child_priority,
@@ -1948,6 +1954,10 @@ BEGIN
         SET state = 'cancelled', finished_at = now(), held_for = NULL,
             last_error = format('parent job %s ended %s', NEW.parent_id, parent_now)
         WHERE id = NEW.job_id;
+        IF child_lane IS NOT NULL THEN
+            -- The job behind it in its lane gets the turn.
+            PERFORM skiplock.internal_advance_lanes(ARRAY[child_lane]);
+        END IF;
     ELSIF child_now = 'queued' THEN
         UPDATE skiplock.jobs SET state = 'waiting' WHERE id = NEW.job_id;
     END IF;
@@ -2288,13 +2298,9 @@ BEGIN
     END IF;
     LOOP
         BEGIN
-            moved := 0;
-            IF cardinality(parent_ids) > 0 THEN
-                moved := moved + skiplock.internal_settle_dependants(parent_ids);
-            END IF;
-            IF cardinality(lanes) > 0 THEN
-                moved := moved + skiplock.internal_advance_lanes(lanes);
-            END IF;
+            -- One call: the dependants and every lane to step, in one lane step.
+            moved := skiplock.internal_settle_dependants(coalesce(parent_ids, '{}'),
+                                                         coalesce(lanes, '{}'));
             RETURN moved;
         EXCEPTION WHEN serialization_failure THEN
             attempts := attempts + 1;
@@ -2550,7 +2556,7 @@ $$;
 -- Name: internal_queue_ready_dependants(bigint[]); Type: FUNCTION; Schema: skiplock; Owner: -
 --
 
-CREATE FUNCTION skiplock.internal_queue_ready_dependants(ids bigint[]) RETURNS integer
+CREATE FUNCTION skiplock.internal_queue_ready_dependants(ids bigint[], OUT promoted integer, OUT lanes text[]) RETURNS record
     LANGUAGE plpgsql
     SET enable_seqscan TO 'off'
     SET enable_bitmapscan TO 'off'
@@ -2560,29 +2566,21 @@ CREATE FUNCTION skiplock.internal_queue_ready_dependants(ids bigint[]) RETURNS i
     AS $$
 DECLARE
     seen_waiting bigint[];
-    promoted int;
     promoted_ids bigint[];
     promoted_keys skiplock.runnable_key[];
-    lanes text[];
-    lane_moved int := 0;
 BEGIN
     -- One probe by id per job: the state is compared outside the probe (LIMIT 1 keeps it
     -- from being flattened), so no plan can walk the waiting jobs' index instead.
     SELECT coalesce(array_agg(w.id) FILTER (WHERE w.ordering_key IS NULL), '{}'),
-           array_agg(DISTINCT w.ordering_key) FILTER (WHERE w.ordering_key IS NOT NULL)
+           coalesce(array_agg(DISTINCT w.ordering_key) FILTER (WHERE w.ordering_key IS NOT NULL), '{}')
     INTO seen_waiting, lanes
     FROM unnest(ids) AS i(id)
     CROSS JOIN LATERAL (SELECT c.id, c.state, c.ordering_key FROM skiplock.jobs_live c
                         WHERE c.id = i.id LIMIT 1) w
     WHERE w.state = 'waiting';
-    -- A lane job with parents (given by plain SQL: skiplock.enqueue refuses both) runs
-    -- in its lane's turn: the lane's step queues it when it is the head and its parents
-    -- have all succeeded.
-    IF lanes IS NOT NULL THEN
-        lane_moved := skiplock.internal_advance_lanes(lanes);
-    END IF;
+    promoted := 0;
     IF cardinality(seen_waiting) = 0 THEN
-        RETURN lane_moved;
+        RETURN;
     END IF;
     WITH ready AS (
         UPDATE skiplock.jobs c
@@ -2600,7 +2598,6 @@ BEGIN
             SELECT unnest(seen_waiting) EXCEPT SELECT unnest(promoted_ids)));
     END IF;
     PERFORM skiplock.internal_announce(promoted_keys);
-    RETURN promoted + lane_moved;
 END;
 $$;
 
@@ -3188,10 +3185,10 @@ END;
 $$;
 
 --
--- Name: internal_settle_dependants(bigint[]); Type: FUNCTION; Schema: skiplock; Owner: -
+-- Name: internal_settle_dependants(bigint[], text[], boolean); Type: FUNCTION; Schema: skiplock; Owner: -
 --
 
-CREATE FUNCTION skiplock.internal_settle_dependants(parent_ids bigint[]) RETURNS integer
+CREATE FUNCTION skiplock.internal_settle_dependants(parent_ids bigint[], lanes text[] DEFAULT '{}'::text[], wait boolean DEFAULT true) RETURNS integer
     LANGUAGE plpgsql
     SET enable_seqscan TO 'off'
     SET enable_bitmapscan TO 'off'
@@ -3203,6 +3200,8 @@ DECLARE
     promoted int := 0;
     cancelled int := 0;
     victim record;
+    lane text;
+    steps text[] := coalesce(lanes, '{}');
 BEGIN
     FOR victim IN
         -- Each lookup is a LATERAL subquery with LIMIT (or OFFSET 0), which the planner
@@ -3232,17 +3231,32 @@ BEGIN
     LOOP
         -- One row at a time, by id (cancellations are rare; a join of the list with the
         -- table is what the planner can turn into a walk of every waiting job).
+        lane := NULL;
         UPDATE skiplock.jobs j
         SET state = 'cancelled', finished_at = now(), held_for = NULL, last_error = victim.reason
-        WHERE j.id = victim.id AND j.state = 'waiting';
+        WHERE j.id = victim.id AND j.state = 'waiting'
+        RETURNING j.ordering_key INTO lane;
         IF FOUND THEN
             cancelled := cancelled + 1;
+            IF lane IS NOT NULL THEN
+                -- A lane's head cancelled: the job behind it gets the turn.
+                steps := steps || lane;
+            END IF;
         END IF;
     END LOOP;
 
-    promoted := skiplock.internal_queue_ready_dependants(ARRAY(
+    -- Waiting lane jobs among the dependants: their lane's step queues each in its turn.
+    SELECT r.promoted, steps || r.lanes INTO promoted, steps
+    FROM skiplock.internal_queue_ready_dependants(ARRAY(
         SELECT DISTINCT d.job_id FROM skiplock.job_dependencies d
-        WHERE d.parent_id = ANY (parent_ids)));
+        WHERE d.parent_id = ANY (parent_ids))) r;
+    IF NOT wait THEN
+        steps := ARRAY(SELECT DISTINCT k FROM unnest(steps) AS k
+                       WHERE pg_try_advisory_xact_lock(skiplock.internal_lane_lock_id(k)));
+    END IF;
+    IF cardinality(steps) > 0 THEN
+        promoted := promoted + skiplock.internal_advance_lanes(steps);
+    END IF;
     RETURN promoted + cancelled;
 END;
 $$;
@@ -3322,30 +3336,27 @@ BEGIN
                     moved := moved + skiplock.internal_release_held(held.queue, held.keys);
                 END LOOP;
             END IF;
-            -- The batch's lanes: each head is one index entry, and the queued ones are announced
-            -- in one message per queue and priority.
-            -- Only those whose lock is free: a lane an enqueue holds is moved on by the
-            -- step of its last job (which waits for that enqueue), else by the next lap;
-            -- the sweep never waits for an application's open transaction.
-            lanes := ARRAY(SELECT k FROM unnest(lanes) AS k
-                           WHERE pg_try_advisory_xact_lock(skiplock.internal_lane_lock_id(k)));
-            IF cardinality(lanes) > 0 THEN
-                moved := moved + skiplock.internal_advance_lanes(lanes);
-            END IF;
             -- Jobs of the batch whose parents all succeeded (or were pruned after) are queued;
             -- those with a parent that can never succeed are cancelled with that parent's other
             -- waiting dependants (their cost: the failed parents' edges, each cancelling a job).
             IF dependants IS NOT NULL THEN
-                moved := moved + skiplock.internal_queue_ready_dependants(dependants);
-                moved := moved + skiplock.internal_settle_dependants(ARRAY(
-                    SELECT DISTINCT d.parent_id
-                    FROM skiplock.job_dependencies d
-                    LEFT JOIN LATERAL (SELECT p.state FROM skiplock.jobs p
-                                       WHERE p.id = d.parent_id LIMIT 1) p ON true
-                    WHERE d.job_id = ANY (dependants)
-                      AND (p.state IN ('dead', 'cancelled')
-                           OR (p.state IS NULL AND d.parent_state IS NOT NULL))));
+                moved := moved + (skiplock.internal_queue_ready_dependants(dependants)).promoted;
             END IF;
+            -- Then the batch's lanes (each head is one index entry, and the queued ones
+            -- are announced in one message per queue and priority) and those of the jobs
+            -- cancelled, in one step: only those whose lock is free (wait false), as a
+            -- lane an enqueue holds is moved on by the step of its last job (which waits
+            -- for that enqueue), else by the next lap; the sweep never waits for an
+            -- application's open transaction.
+            moved := moved + skiplock.internal_settle_dependants(ARRAY(
+                SELECT DISTINCT d.parent_id
+                FROM skiplock.job_dependencies d
+                LEFT JOIN LATERAL (SELECT p.state FROM skiplock.jobs p
+                                   WHERE p.id = d.parent_id LIMIT 1) p ON true
+                WHERE d.job_id = ANY (coalesce(dependants, '{}'))
+                  AND (p.state IN ('dead', 'cancelled')
+                       OR (p.state IS NULL AND d.parent_state IS NOT NULL))),
+                coalesce(lanes, '{}'), false);
             -- Per-key rate windows that count nothing any more go, and freed key slots no
             -- claim will read (a bounded batch). Last, and skipping the rows a claim holds:
             -- such a claim holds its queue's lock, which this pass may hold by now.
@@ -3401,6 +3412,8 @@ CREATE FUNCTION skiplock.internal_tombstone_parents(parents bigint[], states ski
     AS $$
 DECLARE
     children bigint[] := '{}';
+    lanes text[] := '{}';
+    lane text;
     victim record;
 BEGIN
     IF coalesce(cardinality(parents), 0) = 0 THEN
@@ -3421,16 +3434,21 @@ BEGIN
         SELECT DISTINCT ON (m.job_id) m.job_id, m.parent_id, m.state
         FROM marked m ORDER BY m.job_id, m.parent_id
     LOOP
+        lane := NULL;
         UPDATE skiplock.jobs c
         SET state = 'cancelled', finished_at = now(), held_for = NULL,
             last_error = format('parent job %s was deleted while %s', victim.parent_id, victim.state)
-        WHERE c.id = victim.job_id AND c.state = 'waiting';
+        WHERE c.id = victim.job_id AND c.state = 'waiting'
+        RETURNING c.ordering_key INTO lane;
         IF FOUND THEN
             children := children || victim.job_id;
+            IF lane IS NOT NULL THEN
+                lanes := lanes || lane;
+            END IF;
         END IF;
     END LOOP;
     IF cardinality(children) > 0 THEN
-        PERFORM skiplock.internal_settle_dependants(children);
+        PERFORM skiplock.internal_settle_dependants(children, lanes);
     END IF;
 END;
 $$;
@@ -3757,13 +3775,11 @@ BEGIN
             IF q IS NULL THEN
                 RETURN false;
             END IF;
-            IF lane IS NOT NULL THEN
-                PERFORM skiplock.internal_advance_lanes(ARRAY[lane]);
-            END IF;
             -- A child of a dead, cancelled or deleted parent is cancelled again at once, with the
-            -- reason.
+            -- reason; then the lane's step (the job's turn, if it is its lane's head).
             PERFORM skiplock.internal_settle_dependants(ARRAY(
-                SELECT d.parent_id FROM skiplock.job_dependencies d WHERE d.job_id = retry_job.job_id));
+                SELECT d.parent_id FROM skiplock.job_dependencies d WHERE d.job_id = retry_job.job_id),
+                ARRAY(SELECT lane WHERE lane IS NOT NULL));
             IF now_state = 'queued' THEN
                 PERFORM skiplock.internal_announce(ARRAY[ROW(q, p, s)::skiplock.runnable_key]);
             END IF;

@@ -268,15 +268,7 @@ async fn a_dependency_row_written_by_hand_makes_the_child_wait() {
 
 /// Claims job `id` by hand (it must be queued) and completes it through the SQL protocol.
 async fn run_by_sql(pool: &PgPool, id: i64) {
-    let token: uuid::Uuid = sqlx::query_scalar(
-        "UPDATE skiplock.jobs SET state = 'running', claim_token = gen_random_uuid(),
-                                  heartbeat_at = now()
-         WHERE id = $1 AND state = 'queued' RETURNING claim_token",
-    )
-    .bind(id)
-    .fetch_one(pool)
-    .await
-    .unwrap();
+    let token = claim_by_sql(pool, id).await;
     let done: bool = sqlx::query_scalar("SELECT skiplock.complete($1, $2)")
         .bind(id)
         .bind(token)
@@ -321,6 +313,121 @@ async fn a_lane_job_whose_parent_succeeds_waits_for_its_lanes_turn() {
     run_by_sql(pool, head).await;
     assert_eq!(state_of(pool, behind).await, JobState::Queued);
     run_by_sql(pool, behind).await;
+}
+
+/// Claims job `id` by hand (it must be queued) and returns its claim token.
+async fn claim_by_sql(pool: &PgPool, id: i64) -> uuid::Uuid {
+    sqlx::query_scalar(
+        "UPDATE skiplock.jobs SET state = 'running', claim_token = gen_random_uuid(),
+                                  heartbeat_at = now()
+         WHERE id = $1 AND state = 'queued' RETURNING claim_token",
+    )
+    .bind(id)
+    .fetch_one(pool)
+    .await
+    .unwrap()
+}
+
+/// A completion whose follow-up steps two lanes takes their locks in one step, never
+/// waiting for one lane's lock while holding the other's. Job `h` of lane B runs; job `c`
+/// of lane A waits on `h` (an edge written by plain SQL). An application transaction
+/// enqueues into lane B (holding B's lock), `skiplock.complete(h)` starts, then the
+/// transaction enqueues into lane A. Stepping lane A (for `c`) and lane B (for `h`) in two
+/// calls, the completion held A while it waited for B and the transaction waited for A:
+/// a deadlock, one side rolled back (SQLSTATE 40P01). Both go through now, and `c` runs
+/// in lane A's turn after the transaction's job.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_completion_steps_its_lanes_without_closing_a_cycle_with_an_enqueue() {
+    let db = test_db().await;
+    let pool = &db.pool;
+    let in_b = insert(
+        pool,
+        "INSERT INTO skiplock.jobs (kind, ordering_key) VALUES ('record', 'B') RETURNING id",
+    )
+    .await;
+    let in_a = insert(
+        pool,
+        "INSERT INTO skiplock.jobs (kind, ordering_key) VALUES ('record', 'A') RETURNING id",
+    )
+    .await;
+    sqlx::query("INSERT INTO skiplock.job_dependencies (job_id, parent_id) VALUES ($1, $2)")
+        .bind(in_a)
+        .bind(in_b)
+        .execute(pool)
+        .await
+        .unwrap();
+    assert_eq!(state_of(pool, in_a).await, JobState::Waiting);
+    let token = claim_by_sql(pool, in_b).await;
+
+    let mut app = pool.begin().await.unwrap();
+    let enqueue = "SELECT skiplock.enqueue('record', ordering_key => $1)";
+    let _: i64 = sqlx::query_scalar(enqueue)
+        .bind("B")
+        .fetch_one(&mut *app)
+        .await
+        .unwrap();
+    let completer = pool.clone();
+    let completion = tokio::spawn(async move {
+        sqlx::query_scalar::<_, bool>("SELECT skiplock.complete($1, $2)")
+            .bind(in_b)
+            .bind(token)
+            .fetch_one(&completer)
+            .await
+    });
+    common::fixtures::wait_for_a_lock_wait(pool, "the completion to wait for lane B").await;
+    let behind_a: i64 = sqlx::query_scalar(enqueue)
+        .bind("A")
+        .fetch_one(&mut *app)
+        .await
+        .expect("the enqueue into lane A is not rolled back by a deadlock");
+    app.commit().await.unwrap();
+    assert!(
+        completion
+            .await
+            .unwrap()
+            .expect("the completion is not rolled back by a deadlock"),
+        "the claim was held"
+    );
+    assert_eq!(state_of(pool, in_b).await, JobState::Succeeded);
+    assert_eq!(
+        state_of(pool, in_a).await,
+        JobState::Queued,
+        "lane A's head"
+    );
+    assert_eq!(state_of(pool, behind_a).await, JobState::Waiting);
+}
+
+/// A lane's head cancelled because its parent died hands the lane's turn on at once: the
+/// job behind it is queued by the same statement, not left for a sweep (it was: nothing
+/// stepped the lane of a job cancelled for its parent).
+#[tokio::test]
+async fn a_lane_head_cancelled_for_its_parent_hands_on_the_turn() {
+    let db = test_db().await;
+    let pool = &db.pool;
+    let parent = insert(
+        pool,
+        "INSERT INTO skiplock.jobs (kind) VALUES ('record') RETURNING id",
+    )
+    .await;
+    let lane = "INSERT INTO skiplock.jobs (kind, ordering_key) VALUES ('record', 'l') RETURNING id";
+    let head = insert(pool, lane).await;
+    let behind = insert(pool, lane).await;
+    sqlx::query("INSERT INTO skiplock.job_dependencies (job_id, parent_id) VALUES ($1, $2)")
+        .bind(head)
+        .bind(parent)
+        .execute(pool)
+        .await
+        .unwrap();
+    assert_eq!(state_of(pool, head).await, JobState::Waiting);
+    assert_eq!(state_of(pool, behind).await, JobState::Waiting);
+    let cancelled: bool = sqlx::query_scalar("SELECT skiplock.cancel_job($1)")
+        .bind(parent)
+        .fetch_one(pool)
+        .await
+        .unwrap();
+    assert!(cancelled);
+    assert_eq!(state_of(pool, head).await, JobState::Cancelled);
+    assert_eq!(state_of(pool, behind).await, JobState::Queued);
 }
 
 /// `skiplock retry` of a dead job whose unique key a pending job took says that the job

@@ -54,8 +54,16 @@ AS $$
 $$;
 
 -- Of the given jobs, those that wait on dependencies that have all succeeded become
--- queued, announced; returns how many. By id: its cost follows the list.
-CREATE OR REPLACE FUNCTION skiplock.internal_queue_ready_dependants(ids bigint[]) RETURNS int
+-- queued, announced; returns how many (promoted). By id: its cost follows the list. A
+-- waiting lane job (given parents by plain SQL: skiplock.enqueue refuses both) is left to
+-- its lane's step, which queues it in its lane's turn once its parents have succeeded:
+-- their lanes are returned (lanes) for the caller's one step of all its lanes
+-- (internal_settle_dependants, the edge trigger; the sweep steps every waiting lane job's
+-- lane).
+DROP FUNCTION IF EXISTS skiplock.internal_queue_ready_dependants(bigint[]);
+CREATE OR REPLACE FUNCTION skiplock.internal_queue_ready_dependants(ids bigint[],
+                                                                    OUT promoted int,
+                                                                    OUT lanes text[])
 LANGUAGE plpgsql
 SET enable_seqscan = off
 SET enable_bitmapscan = off
@@ -65,29 +73,21 @@ SET jit = off
 AS $$
 DECLARE
     seen_waiting bigint[];
-    promoted int;
     promoted_ids bigint[];
     promoted_keys skiplock.runnable_key[];
-    lanes text[];
-    lane_moved int := 0;
 BEGIN
     -- One probe by id per job: the state is compared outside the probe (LIMIT 1 keeps it
     -- from being flattened), so no plan can walk the waiting jobs' index instead.
     SELECT coalesce(array_agg(w.id) FILTER (WHERE w.ordering_key IS NULL), '{}'),
-           array_agg(DISTINCT w.ordering_key) FILTER (WHERE w.ordering_key IS NOT NULL)
+           coalesce(array_agg(DISTINCT w.ordering_key) FILTER (WHERE w.ordering_key IS NOT NULL), '{}')
     INTO seen_waiting, lanes
     FROM unnest(ids) AS i(id)
     CROSS JOIN LATERAL (SELECT c.id, c.state, c.ordering_key FROM skiplock.jobs_live c
                         WHERE c.id = i.id LIMIT 1) w
     WHERE w.state = 'waiting';
-    -- A lane job with parents (given by plain SQL: skiplock.enqueue refuses both) runs
-    -- in its lane's turn: the lane's step queues it when it is the head and its parents
-    -- have all succeeded.
-    IF lanes IS NOT NULL THEN
-        lane_moved := skiplock.internal_advance_lanes(lanes);
-    END IF;
+    promoted := 0;
     IF cardinality(seen_waiting) = 0 THEN
-        RETURN lane_moved;
+        RETURN;
     END IF;
     WITH ready AS (
         UPDATE skiplock.jobs c
@@ -105,19 +105,27 @@ BEGIN
             SELECT unnest(seen_waiting) EXCEPT SELECT unnest(promoted_ids)));
     END IF;
     PERFORM skiplock.internal_announce(promoted_keys);
-    RETURN promoted + lane_moved;
 END;
 $$;
 
 -- The waiting dependants of jobs that finished (or were deleted): those with a parent that
 -- can never succeed are cancelled, transitively, with the reason; those whose parents all
--- succeeded become queued, announced.
+-- succeeded become queued, announced. Then one lane step (internal_advance_lanes) for the
+-- given lanes (the finished jobs' own), the lanes of the waiting lane jobs among the
+-- dependants and those of the jobs it cancelled: one call, so that it never waits for one
+-- lane's lock while holding another's (two calls did, and closed a cycle with an enqueue
+-- into both lanes). With wait false, only the lanes whose locks are free now (the sweep,
+-- which never waits for an application's transaction; the next lap takes the others).
 --
 -- Costs the edges of the given parents and of the cancelled jobs, whatever the statistics
 -- say: every step is driven by the parents' edges (job_dependencies_parent_idx) and finds
 -- jobs by id, never joined where the planner could choose to walk the waiting jobs first
 -- (it did, told by statistics taken before a burst of dependants that one job waits).
-CREATE OR REPLACE FUNCTION skiplock.internal_settle_dependants(parent_ids bigint[]) RETURNS int
+DROP FUNCTION IF EXISTS skiplock.internal_settle_dependants(bigint[]);
+CREATE OR REPLACE FUNCTION skiplock.internal_settle_dependants(parent_ids bigint[],
+                                                               lanes text[] DEFAULT '{}',
+                                                               wait boolean DEFAULT true)
+RETURNS int
 LANGUAGE plpgsql
 SET enable_seqscan = off
 SET enable_bitmapscan = off
@@ -129,6 +137,8 @@ DECLARE
     promoted int := 0;
     cancelled int := 0;
     victim record;
+    lane text;
+    steps text[] := coalesce(lanes, '{}');
 BEGIN
     FOR victim IN
         -- Each lookup is a LATERAL subquery with LIMIT (or OFFSET 0), which the planner
@@ -158,17 +168,32 @@ BEGIN
     LOOP
         -- One row at a time, by id (cancellations are rare; a join of the list with the
         -- table is what the planner can turn into a walk of every waiting job).
+        lane := NULL;
         UPDATE skiplock.jobs j
         SET state = 'cancelled', finished_at = now(), held_for = NULL, last_error = victim.reason
-        WHERE j.id = victim.id AND j.state = 'waiting';
+        WHERE j.id = victim.id AND j.state = 'waiting'
+        RETURNING j.ordering_key INTO lane;
         IF FOUND THEN
             cancelled := cancelled + 1;
+            IF lane IS NOT NULL THEN
+                -- A lane's head cancelled: the job behind it gets the turn.
+                steps := steps || lane;
+            END IF;
         END IF;
     END LOOP;
 
-    promoted := skiplock.internal_queue_ready_dependants(ARRAY(
+    -- Waiting lane jobs among the dependants: their lane's step queues each in its turn.
+    SELECT r.promoted, steps || r.lanes INTO promoted, steps
+    FROM skiplock.internal_queue_ready_dependants(ARRAY(
         SELECT DISTINCT d.job_id FROM skiplock.job_dependencies d
-        WHERE d.parent_id = ANY (parent_ids)));
+        WHERE d.parent_id = ANY (parent_ids))) r;
+    IF NOT wait THEN
+        steps := ARRAY(SELECT DISTINCT k FROM unnest(steps) AS k
+                       WHERE pg_try_advisory_xact_lock(skiplock.internal_lane_lock_id(k)));
+    END IF;
+    IF cardinality(steps) > 0 THEN
+        promoted := promoted + skiplock.internal_advance_lanes(steps);
+    END IF;
     RETURN promoted + cancelled;
 END;
 $$;
@@ -318,6 +343,8 @@ SET enable_mergejoin = off
 AS $$
 DECLARE
     children bigint[] := '{}';
+    lanes text[] := '{}';
+    lane text;
     victim record;
 BEGIN
     IF coalesce(cardinality(parents), 0) = 0 THEN
@@ -338,16 +365,21 @@ BEGIN
         SELECT DISTINCT ON (m.job_id) m.job_id, m.parent_id, m.state
         FROM marked m ORDER BY m.job_id, m.parent_id
     LOOP
+        lane := NULL;
         UPDATE skiplock.jobs c
         SET state = 'cancelled', finished_at = now(), held_for = NULL,
             last_error = format('parent job %s was deleted while %s', victim.parent_id, victim.state)
-        WHERE c.id = victim.job_id AND c.state = 'waiting';
+        WHERE c.id = victim.job_id AND c.state = 'waiting'
+        RETURNING c.ordering_key INTO lane;
         IF FOUND THEN
             children := children || victim.job_id;
+            IF lane IS NOT NULL THEN
+                lanes := lanes || lane;
+            END IF;
         END IF;
     END LOOP;
     IF cardinality(children) > 0 THEN
-        PERFORM skiplock.internal_settle_dependants(children);
+        PERFORM skiplock.internal_settle_dependants(children, lanes);
     END IF;
 END;
 $$;
@@ -416,6 +448,8 @@ DECLARE
     child_priority smallint;
     child_scheduled_at timestamptz;
     child_now skiplock.job_state;
+    child_lane text;
+    child_lanes text[];
     attempts int := 0;
 BEGIN
     IF NEW.parent_state IS NOT NULL THEN
@@ -439,8 +473,8 @@ BEGIN
                 RAISE EXCEPTION 'parent job % does not exist', NEW.parent_id
                     USING ERRCODE = 'foreign_key_violation';
             END IF;
-            SELECT state, queue, priority, scheduled_at
-            INTO child_now, child_queue, child_priority, child_scheduled_at
+            SELECT state, queue, priority, scheduled_at, ordering_key
+            INTO child_now, child_queue, child_priority, child_scheduled_at, child_lane
             FROM skiplock.jobs WHERE id = NEW.job_id FOR UPDATE;
             EXIT;
         EXCEPTION WHEN serialization_failure THEN
@@ -461,7 +495,12 @@ BEGIN
             -- edge, so the child is queued here once no other parent keeps it (the last
             -- edge's trigger to find its parent done decides; a parent still unfinished is
             -- locked by its own edge's trigger, and its completion sees the edge).
-            PERFORM skiplock.internal_queue_ready_dependants(ARRAY[NEW.job_id]);
+            SELECT r.lanes INTO child_lanes
+            FROM skiplock.internal_queue_ready_dependants(ARRAY[NEW.job_id]) r;
+            IF cardinality(child_lanes) > 0 THEN
+                -- In its lane's turn (see internal_queue_ready_dependants).
+                PERFORM skiplock.internal_advance_lanes(child_lanes);
+            END IF;
         ELSIF child_now = 'queued' THEN
             -- The child stays as it was; claims skipped it while it was locked.
             PERFORM skiplock.internal_announce(ARRAY[ROW(child_queue, child_priority,
@@ -480,6 +519,10 @@ BEGIN
         SET state = 'cancelled', finished_at = now(), held_for = NULL,
             last_error = format('parent job %s ended %s', NEW.parent_id, parent_now)
         WHERE id = NEW.job_id;
+        IF child_lane IS NOT NULL THEN
+            -- The job behind it in its lane gets the turn.
+            PERFORM skiplock.internal_advance_lanes(ARRAY[child_lane]);
+        END IF;
     ELSIF child_now = 'queued' THEN
         UPDATE skiplock.jobs SET state = 'waiting' WHERE id = NEW.job_id;
     END IF;

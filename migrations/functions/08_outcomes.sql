@@ -427,30 +427,27 @@ BEGIN
                     moved := moved + skiplock.internal_release_held(held.queue, held.keys);
                 END LOOP;
             END IF;
-            -- The batch's lanes: each head is one index entry, and the queued ones are announced
-            -- in one message per queue and priority.
-            -- Only those whose lock is free: a lane an enqueue holds is moved on by the
-            -- step of its last job (which waits for that enqueue), else by the next lap;
-            -- the sweep never waits for an application's open transaction.
-            lanes := ARRAY(SELECT k FROM unnest(lanes) AS k
-                           WHERE pg_try_advisory_xact_lock(skiplock.internal_lane_lock_id(k)));
-            IF cardinality(lanes) > 0 THEN
-                moved := moved + skiplock.internal_advance_lanes(lanes);
-            END IF;
             -- Jobs of the batch whose parents all succeeded (or were pruned after) are queued;
             -- those with a parent that can never succeed are cancelled with that parent's other
             -- waiting dependants (their cost: the failed parents' edges, each cancelling a job).
             IF dependants IS NOT NULL THEN
-                moved := moved + skiplock.internal_queue_ready_dependants(dependants);
-                moved := moved + skiplock.internal_settle_dependants(ARRAY(
-                    SELECT DISTINCT d.parent_id
-                    FROM skiplock.job_dependencies d
-                    LEFT JOIN LATERAL (SELECT p.state FROM skiplock.jobs p
-                                       WHERE p.id = d.parent_id LIMIT 1) p ON true
-                    WHERE d.job_id = ANY (dependants)
-                      AND (p.state IN ('dead', 'cancelled')
-                           OR (p.state IS NULL AND d.parent_state IS NOT NULL))));
+                moved := moved + (skiplock.internal_queue_ready_dependants(dependants)).promoted;
             END IF;
+            -- Then the batch's lanes (each head is one index entry, and the queued ones
+            -- are announced in one message per queue and priority) and those of the jobs
+            -- cancelled, in one step: only those whose lock is free (wait false), as a
+            -- lane an enqueue holds is moved on by the step of its last job (which waits
+            -- for that enqueue), else by the next lap; the sweep never waits for an
+            -- application's open transaction.
+            moved := moved + skiplock.internal_settle_dependants(ARRAY(
+                SELECT DISTINCT d.parent_id
+                FROM skiplock.job_dependencies d
+                LEFT JOIN LATERAL (SELECT p.state FROM skiplock.jobs p
+                                   WHERE p.id = d.parent_id LIMIT 1) p ON true
+                WHERE d.job_id = ANY (coalesce(dependants, '{}'))
+                  AND (p.state IN ('dead', 'cancelled')
+                       OR (p.state IS NULL AND d.parent_state IS NOT NULL))),
+                coalesce(lanes, '{}'), false);
             -- Per-key rate windows that count nothing any more go, and freed key slots no
             -- claim will read (a bounded batch). Last, and skipping the rows a claim holds:
             -- such a claim holds its queue's lock, which this pass may hold by now.
@@ -484,13 +481,9 @@ BEGIN
     END IF;
     LOOP
         BEGIN
-            moved := 0;
-            IF cardinality(parent_ids) > 0 THEN
-                moved := moved + skiplock.internal_settle_dependants(parent_ids);
-            END IF;
-            IF cardinality(lanes) > 0 THEN
-                moved := moved + skiplock.internal_advance_lanes(lanes);
-            END IF;
+            -- One call: the dependants and every lane to step, in one lane step.
+            moved := skiplock.internal_settle_dependants(coalesce(parent_ids, '{}'),
+                                                         coalesce(lanes, '{}'));
             RETURN moved;
         EXCEPTION WHEN serialization_failure THEN
             attempts := attempts + 1;

@@ -49,9 +49,8 @@ BEGIN
     IF previous = 'running' OR (previous = 'queued' AND job_key IS NOT NULL) THEN
         PERFORM skiplock.internal_notify_freed(ARRAY[job_queue], ARRAY[job_key]);
     END IF;
-    PERFORM skiplock.internal_settle_dependants(ARRAY[job_id]);
-    PERFORM skiplock.internal_advance_lanes(ARRAY(
-        SELECT ordering_key FROM skiplock.jobs WHERE id = job_id AND ordering_key IS NOT NULL));
+    PERFORM skiplock.internal_settle_dependants(ARRAY[job_id],
+                                                 ARRAY(SELECT lane WHERE lane IS NOT NULL));
     RETURN true;
 END;
 $$;
@@ -152,13 +151,11 @@ BEGIN
             IF q IS NULL THEN
                 RETURN false;
             END IF;
-            IF lane IS NOT NULL THEN
-                PERFORM skiplock.internal_advance_lanes(ARRAY[lane]);
-            END IF;
             -- A child of a dead, cancelled or deleted parent is cancelled again at once, with the
-            -- reason.
+            -- reason; then the lane's step (the job's turn, if it is its lane's head).
             PERFORM skiplock.internal_settle_dependants(ARRAY(
-                SELECT d.parent_id FROM skiplock.job_dependencies d WHERE d.job_id = retry_job.job_id));
+                SELECT d.parent_id FROM skiplock.job_dependencies d WHERE d.job_id = retry_job.job_id),
+                ARRAY(SELECT lane WHERE lane IS NOT NULL));
             IF now_state = 'queued' THEN
                 PERFORM skiplock.internal_announce(ARRAY[ROW(q, p, s)::skiplock.runnable_key]);
             END IF;

@@ -2838,7 +2838,14 @@ CREATE FUNCTION skiplock.internal_release_claims(ids bigint[], tokens uuid[], de
         FROM folded f
         WHERE j.id = ANY(ARRAY(SELECT id FROM folded)) AND j.id = f.id AND j.state IN ('waiting', 'queued', 'running')
         RETURNING j.id, j.queue, j.state, f.delay_ms, j.priority, j.scheduled_at,
-                  j.concurrency_key
+                  j.concurrency_key, j.ordering_key
+    ), superseded AS (
+        -- A superseded job ended (cancelled): its lane's turn passes on and its waiting
+        -- dependants are settled, as for any job that ends (no call when none did).
+        SELECT skiplock.internal_move_on(array_agg(id),
+                                         array_agg(ordering_key) FILTER (WHERE ordering_key IS NOT NULL))
+        FROM released WHERE state = 'cancelled'
+        HAVING count(*) > 0
     ), runnable AS (
         -- Released jobs keep their scheduled_at: behind the workers' positions. Snoozed
         -- ones (scheduled_at after now()) may come due behind them.
@@ -2849,7 +2856,8 @@ CREATE FUNCTION skiplock.internal_release_claims(ids bigint[], tokens uuid[], de
     ), freed AS (
         SELECT skiplock.internal_notify_freed(array_agg(queue), array_agg(concurrency_key)) FROM released
     )
-    SELECT id FROM released, (SELECT count(*) FROM runnable) r, (SELECT count(*) FROM freed) f;
+    SELECT id FROM released, (SELECT count(*) FROM runnable) r, (SELECT count(*) FROM freed) f,
+                             (SELECT count(*) FROM superseded) m;
 $_$;
 
 --

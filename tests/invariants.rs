@@ -430,6 +430,35 @@ async fn a_lane_head_cancelled_for_its_parent_hands_on_the_turn() {
     assert_eq!(state_of(pool, behind).await, JobState::Queued);
 }
 
+/// A lane job released by its worker while a newer job of its unique key waits behind it
+/// in the lane is superseded (it ends cancelled, the newer job runs instead), and the
+/// lane's turn passes to that job in the same statement: it was left for a sweep (the
+/// release returned ids only, and nothing stepped the lane).
+#[tokio::test]
+async fn a_released_lane_job_superseded_by_its_key_hands_on_the_turn() {
+    let db = test_db().await;
+    let pool = &db.pool;
+    let enqueue = "SELECT skiplock.enqueue('record', ordering_key => 'l', unique_key => 'k')";
+    let first: i64 = sqlx::query_scalar(enqueue).fetch_one(pool).await.unwrap();
+    let token = claim_by_sql(pool, first).await;
+    let second: i64 = sqlx::query_scalar(enqueue).fetch_one(pool).await.unwrap();
+    assert_ne!(first, second, "the running job holds no pending key");
+    assert_eq!(state_of(pool, second).await, JobState::Waiting);
+    let released: bool = sqlx::query_scalar("SELECT skiplock.release($1, $2)")
+        .bind(first)
+        .bind(token)
+        .fetch_one(pool)
+        .await
+        .unwrap();
+    assert!(released);
+    assert_eq!(
+        state_of(pool, first).await,
+        JobState::Cancelled,
+        "superseded"
+    );
+    assert_eq!(state_of(pool, second).await, JobState::Queued);
+}
+
 /// `skiplock retry` of a dead job whose unique key a pending job took says that the job
 /// was superseded, and by which job, instead of failing or claiming it was queued.
 #[tokio::test]

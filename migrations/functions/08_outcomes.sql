@@ -2,9 +2,9 @@
 -- reap, abandon, and the moving on of lanes and dependants.
 --
 -- Defines:
---   internal_fail_claims, internal_release_claims, internal_heartbeat_claims
+--   internal_fail_claims, internal_move_on, internal_release_claims, internal_heartbeat_claims
 --   internal_reap_stale, internal_stale_claims, internal_abandon_claims
---   internal_settle_waiting, internal_move_on, internal_error_message
+--   internal_settle_waiting, internal_error_message
 
 -- ---- Outcomes of a claim (shared by the worker and the SQL worker protocol) --------------
 --
@@ -81,6 +81,36 @@ LANGUAGE sql AS $$
     FROM saved s, parents p, (SELECT count(*) FROM runnable) r, (SELECT count(*) FROM freed) f;
 $$;
 
+-- The follow-up of jobs that finished (succeeded, dead or cancelled): their waiting
+-- dependants are settled and the next job of their lanes becomes queued, both announced.
+-- A waiting job moved to jobs_done under it (cancelled meanwhile) makes it run again (see
+-- skiplock.internal_may_retry_moved): its callers need no retry of their own.
+CREATE OR REPLACE FUNCTION skiplock.internal_move_on(parent_ids bigint[], lanes text[])
+RETURNS int
+LANGUAGE plpgsql AS $$
+DECLARE
+    moved int;
+    attempts int := 0;
+BEGIN
+    IF coalesce(cardinality(parent_ids), 0) = 0 AND coalesce(cardinality(lanes), 0) = 0 THEN
+        RETURN 0;
+    END IF;
+    LOOP
+        BEGIN
+            -- One call: the dependants and every lane to step, in one lane step.
+            moved := skiplock.internal_settle_dependants(coalesce(parent_ids, '{}'),
+                                                         coalesce(lanes, '{}'));
+            RETURN moved;
+        EXCEPTION WHEN serialization_failure THEN
+            attempts := attempts + 1;
+            IF NOT skiplock.internal_may_retry_moved(attempts) THEN
+                RAISE;
+            END IF;
+        END;
+    END LOOP;
+END;
+$$;
+
 -- Claims given back without counting the attempt: a graceful shutdown (delay 0: the job
 -- keeps its scheduled_at, and so its place in line) or a snooze (due again after the
 -- delay). A job whose unique_key another pending job took meanwhile is superseded by it and
@@ -115,7 +145,14 @@ LANGUAGE sql AS $$
         FROM folded f
         WHERE j.id = ANY(ARRAY(SELECT id FROM folded)) AND j.id = f.id AND j.state IN ('waiting', 'queued', 'running')
         RETURNING j.id, j.queue, j.state, f.delay_ms, j.priority, j.scheduled_at,
-                  j.concurrency_key
+                  j.concurrency_key, j.ordering_key
+    ), superseded AS (
+        -- A superseded job ended (cancelled): its lane's turn passes on and its waiting
+        -- dependants are settled, as for any job that ends (no call when none did).
+        SELECT skiplock.internal_move_on(array_agg(id),
+                                         array_agg(ordering_key) FILTER (WHERE ordering_key IS NOT NULL))
+        FROM released WHERE state = 'cancelled'
+        HAVING count(*) > 0
     ), runnable AS (
         -- Released jobs keep their scheduled_at: behind the workers' positions. Snoozed
         -- ones (scheduled_at after now()) may come due behind them.
@@ -126,7 +163,8 @@ LANGUAGE sql AS $$
     ), freed AS (
         SELECT skiplock.internal_notify_freed(array_agg(queue), array_agg(concurrency_key)) FROM released
     )
-    SELECT id FROM released, (SELECT count(*) FROM runnable) r, (SELECT count(*) FROM freed) f;
+    SELECT id FROM released, (SELECT count(*) FROM runnable) r, (SELECT count(*) FROM freed) f,
+                             (SELECT count(*) FROM superseded) m;
 $$;
 
 -- Extends the claims still held with the database clock, and returns those gone (reaped,
@@ -456,36 +494,6 @@ BEGIN
         EXCEPTION WHEN serialization_failure THEN
             -- A waiting job moved to jobs_done under the pass (cancelled meanwhile): run
             -- again (see skiplock.internal_may_retry_moved).
-            attempts := attempts + 1;
-            IF NOT skiplock.internal_may_retry_moved(attempts) THEN
-                RAISE;
-            END IF;
-        END;
-    END LOOP;
-END;
-$$;
-
--- The follow-up of jobs that finished (succeeded, dead or cancelled): their waiting
--- dependants are settled and the next job of their lanes becomes queued, both announced.
--- A waiting job moved to jobs_done under it (cancelled meanwhile) makes it run again (see
--- skiplock.internal_may_retry_moved): its callers need no retry of their own.
-CREATE OR REPLACE FUNCTION skiplock.internal_move_on(parent_ids bigint[], lanes text[])
-RETURNS int
-LANGUAGE plpgsql AS $$
-DECLARE
-    moved int;
-    attempts int := 0;
-BEGIN
-    IF coalesce(cardinality(parent_ids), 0) = 0 AND coalesce(cardinality(lanes), 0) = 0 THEN
-        RETURN 0;
-    END IF;
-    LOOP
-        BEGIN
-            -- One call: the dependants and every lane to step, in one lane step.
-            moved := skiplock.internal_settle_dependants(coalesce(parent_ids, '{}'),
-                                                         coalesce(lanes, '{}'));
-            RETURN moved;
-        EXCEPTION WHEN serialization_failure THEN
             attempts := attempts + 1;
             IF NOT skiplock.internal_may_retry_moved(attempts) THEN
                 RAISE;

@@ -409,6 +409,31 @@ $$;
 COMMENT ON FUNCTION skiplock.fail_many(ids bigint[], tokens uuid[], errors text[], retry_in interval[]) IS '`fail` for a batch, in one call and one transaction: each error (cut to 8 KiB) recorded, each job queued again after `skiplock.backoff(attempt)` or its element of `retry_in` (NULL: the backoff). Returns `id, state` per claim given, in the order given. `state` is `''queued''`, `''dead''` (no attempt left: its waiting dependants are cancelled and its lane moves on), `''cancelled''` (a retry whose `unique_key` another pending job took meanwhile), NULL when the claim was not held (nothing changed), and `''dead''` or `''running''` for a row that refused the change, as for `complete_many`. A negative `retry_in`, arrays of different lengths or an id given twice are an error (SQLSTATE 22023).';
 
 --
+-- Name: has_work(text[], text[]); Type: FUNCTION; Schema: skiplock; Owner: -
+--
+
+CREATE FUNCTION skiplock.has_work(queues text[], kinds text[] DEFAULT NULL::text[]) RETURNS boolean
+    LANGUAGE sql STABLE
+    SET jit TO 'off'
+    AS $$
+    SELECT EXISTS (
+        SELECT 1 FROM skiplock.jobs j
+        WHERE j.queue = ANY (queues) AND (kinds IS NULL OR j.kind = ANY (kinds))
+          AND (j.state = 'running' OR (j.state = 'queued' AND j.scheduled_at <= now()))
+    ) OR EXISTS (
+        SELECT 1 FROM skiplock.jobs_live j
+        WHERE j.queue = ANY (queues) AND (kinds IS NULL OR j.kind = ANY (kinds))
+          AND j.state = 'waiting' AND j.held_for IS NOT NULL
+    );
+$$;
+
+--
+-- Name: FUNCTION has_work(queues text[], kinds text[]); Type: COMMENT; Schema: skiplock; Owner: -
+--
+
+COMMENT ON FUNCTION skiplock.has_work(queues text[], kinds text[]) IS 'Whether a worker of these queues and kinds (NULL: every kind) has work now or once what runs anywhere ends: a job due and queued, a job running in any process (its end may let the next job of a lane or a child go), or a job held back by a per-key limit. What a worker asks before it exits when idle, after its own claim came back empty and nothing of its own runs. Jobs due later and jobs waiting for parents that have not ended are not counted. Example: SELECT skiplock.has_work(ARRAY[''mail''], NULL);';
+
+--
 -- Name: heartbeat(bigint[], uuid[]); Type: FUNCTION; Schema: skiplock; Owner: -
 --
 

@@ -485,6 +485,84 @@ async fn python_node_and_rust_workers_share_a_queue_each_job_once_and_lanes_in_o
     );
 }
 
+/// `--exit-when-idle` waits for the work another worker's running job will let go: job
+/// `first` of a lane runs elsewhere (claimed by hand) and `second` waits behind it, so the
+/// example's claim comes back empty with nothing of its own running. It asks
+/// `skiplock.has_work` (true: a job runs) and stays; once `first` completes, it runs
+/// `second` and exits 0. It exited at its first empty claim, leaving the lane's next job
+/// for a worker that was gone (two copies on a quarter of lane jobs: 5 queued and 608
+/// waiting left behind).
+#[tokio::test]
+async fn exit_when_idle_waits_for_the_jobs_other_workers_run() {
+    python_bin();
+    let db = test_db().await;
+    for lang in [Lang::Python, Lang::Node] {
+        let enqueue = "SELECT skiplock.enqueue('noop', '{}', $1, ordering_key => 'idle-lane')";
+        let first: i64 = sqlx::query_scalar(enqueue)
+            .bind(QUEUE)
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+        let second: i64 = sqlx::query_scalar(enqueue)
+            .bind(QUEUE)
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+        let token: uuid::Uuid = sqlx::query_scalar(
+            "UPDATE skiplock.jobs SET state = 'running', claim_token = gen_random_uuid(),
+                                      claimed_by = 'elsewhere', heartbeat_at = now()
+             WHERE id = $1 RETURNING claim_token",
+        )
+        .bind(first)
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+        let name = format!("idle-{lang:?}");
+        let worker = Worker::example(
+            lang,
+            db.url(),
+            &name,
+            10,
+            &[("SKIPLOCK_EXIT_WHEN_IDLE", "1")],
+        );
+        wait_for(
+            &format!("{name} to ask whether work is left"),
+            Duration::from_secs(60),
+            || async {
+                sqlx::query_scalar::<_, bool>(
+                    "SELECT EXISTS (SELECT FROM pg_stat_activity
+                                    WHERE datname = current_database() AND application_name = $1
+                                      AND query LIKE '%has_work%')",
+                )
+                .bind(&name)
+                .fetch_one(&db.pool)
+                .await
+                .unwrap()
+            },
+        )
+        .await;
+        let completed: bool = sqlx::query_scalar("SELECT skiplock.complete($1, $2)")
+            .bind(first)
+            .bind(token)
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+        assert!(completed);
+        let (code, log) = worker.exited().await;
+        assert_eq!(code, Some(0), "{name} exits 0 once idle; its log:\n{log}");
+        let state: String =
+            sqlx::query_scalar("SELECT state::text FROM skiplock.jobs WHERE id = $1")
+                .bind(second)
+                .fetch_one(&db.pool)
+                .await
+                .unwrap();
+        assert_eq!(
+            state, "succeeded",
+            "{name} ran the lane's next job; its log:\n{log}"
+        );
+    }
+}
+
 /// SIGTERM while a job runs: the running job finishes and is completed, the claimed jobs
 /// not yet started go back to the queue with their attempt not counted, exit 0.
 #[tokio::test]

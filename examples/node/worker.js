@@ -367,6 +367,10 @@ class Worker {
               // Running jobs, or outcomes not yet saved, may let more jobs run (the next of
               // a lane).
               await napUnlessWoken(100);
+            } else if (opts['exit-when-idle'] && await this.hasWork()) {
+              // Another worker's running jobs may let more jobs go (a lane's next job, a
+              // child), or jobs wait for their key's room: not idle yet.
+              await napUnlessWoken(100);
             } else if (opts['exit-when-idle']) {
               log('INFO', 'nothing to claim: exiting (--exit-when-idle)');
               this.stopping = true;
@@ -431,6 +435,18 @@ class Worker {
       this.held.set(job.id, job);
       return job;
     });
+  }
+
+  // Whether the queue still has work for this worker's kinds, now or once what runs
+  // anywhere ends (skiplock.has_work): asked before exiting when idle.
+  async hasWork() {
+    const rows = await this.main.call(
+      'has_work',
+      'SELECT skiplock.has_work($1, $2) AS busy',
+      [[opts.queue], kinds],
+      { giveUp: () => this.stopping },
+    );
+    return rows[0].busy;
   }
 
   start(job) {

@@ -297,6 +297,11 @@ class Worker:
                     # Outcomes not yet saved may let more jobs run (the next of a lane).
                     self.saved.wait(0.1)
                     self.saved.clear()
+                elif self.opts.exit_when_idle and self.has_work(session):
+                    # Another worker's running jobs may let more jobs go (a lane's next job,
+                    # a child), or jobs wait for their key's room: not idle yet.
+                    self.saved.wait(0.1)
+                    self.saved.clear()
                 elif self.opts.exit_when_idle:
                     log.info("nothing to claim: exiting (--exit-when-idle)")
                     self.stopping.set()
@@ -333,6 +338,13 @@ class Worker:
     def pending(self):
         with self.lock:
             return len(self.held)
+
+    def has_work(self, session):
+        """Whether the queue still has work for this worker's kinds, now or once what runs
+        anywhere ends (skiplock.has_work): asked before exiting when idle."""
+        rows = session.call("has_work", "SELECT skiplock.has_work(ARRAY[%s], %s::text[])",
+                            (self.opts.queue, self.opts.kinds), give_up=self.stopping)
+        return bool(rows[0][0])
 
     def claim(self, session):
         try:

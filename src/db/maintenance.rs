@@ -258,32 +258,20 @@ pub async fn jobs_delete_finished_unrolled(db: impl PgExecutor<'_>, id: i64) -> 
 }
 
 /// Whether any job of these queues and kinds is runnable now or running anywhere, or held
-/// back by a per-key limit (it becomes runnable when its key has room, without a write).
-///
-/// Planned afresh at every call, like [`jobs_settle_waiting`]: it runs only when a worker
-/// with `exit_when_idle` finds nothing to claim, and a plan cached on an empty table cost
-/// 5 ms instead of 1 ms on 200,000 rows.
+/// back by a per-key limit (it becomes runnable when its key has room, without a write):
+/// `skiplock.has_work`, which the example workers in other languages ask too. It runs only
+/// when a worker with `exit_when_idle` finds nothing to claim.
 pub async fn jobs_any_active(
     db: impl PgExecutor<'_>,
     queues: &[String],
     kinds: &[String],
 ) -> sqlx::Result<bool> {
-    sqlx::query_scalar(
-        "SELECT EXISTS (
-             SELECT 1 FROM skiplock.jobs
-             WHERE queue = ANY($1) AND kind = ANY($2)
-               AND (state = 'running' OR (state = 'queued' AND scheduled_at <= now()))
-         ) OR EXISTS (
-             SELECT 1 FROM skiplock.jobs_live j
-             WHERE j.queue = ANY($1) AND j.kind = ANY($2) AND j.state = 'waiting'
-               AND j.held_for IS NOT NULL
-         )",
-    )
-    .bind(queues)
-    .bind(kinds)
-    .persistent(false)
-    .fetch_one(db)
-    .await
+    sqlx::query_scalar("SELECT skiplock.has_work($1, $2)")
+        .bind(queues)
+        .bind(kinds)
+        .persistent(false)
+        .fetch_one(db)
+        .await
 }
 
 /// Moves the waiting children of `parent_ids` on: `queued` once all their parents

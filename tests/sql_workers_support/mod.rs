@@ -224,6 +224,24 @@ impl Worker {
         self.log.lock().unwrap().clone()
     }
 
+    /// Waits for the worker to exit by itself (within a minute); returns the exit code and
+    /// the whole log.
+    pub async fn exited(mut self) -> (Option<i32>, String) {
+        let status = tokio::time::timeout(Duration::from_secs(60), self.child.wait())
+            .await
+            .unwrap_or_else(|_| {
+                panic!(
+                    "{} did not exit within 60 s; its log:\n{}",
+                    self.name,
+                    self.log.lock().unwrap()
+                )
+            })
+            .unwrap();
+        self.reader.await.unwrap();
+        let log = self.log.lock().unwrap().clone();
+        (status.code(), log)
+    }
+
     /// Sends SIGTERM and waits for the exit; returns the exit code and the whole log.
     pub async fn terminate(mut self) -> (Option<i32>, String) {
         let pid = self.child.id().expect("still running").to_string();

@@ -89,6 +89,47 @@ async fn each_saved_outcome_is_published_once() {
     assert_eq!(events.dropped(), 0);
 }
 
+/// A running job cancelled by an UPDATE by hand (no `skiplock_cancel` notification: only
+/// the heartbeat finds its claim gone) is published `Cancelled`, as when the notification
+/// comes first: the heartbeat asks which of the claims it lost were cancelled. It was
+/// published `Lost`, and the cancel of `each_saved_outcome_is_published_once` was too
+/// whenever a loaded machine let the heartbeat see the claim gone before the notification.
+#[tokio::test]
+async fn a_job_cancelled_under_its_heartbeat_is_published_cancelled() {
+    let db = test_db().await;
+    let pool = &db.pool;
+    let slow = skiplock::enqueue(pool, &Slow { ms: 600_000 }, EnqueueOptions::default())
+        .await
+        .unwrap()
+        .id;
+    let recorder = Recorder::default();
+    let worker = fast_worker(pool, &recorder).build().unwrap();
+    let mut events = worker.subscribe();
+    let stop = worker.shutdown_handle();
+    let run = tokio::spawn(worker.run());
+    wait_for("the slow job to run", Duration::from_secs(30), || async {
+        recorder.runs().contains_key(&slow.0)
+    })
+    .await;
+    sqlx::query(
+        "UPDATE skiplock.jobs SET state = 'cancelled', finished_at = now(), claim_token = NULL,
+                                  heartbeat_at = NULL
+         WHERE id = $1",
+    )
+    .bind(slow.0)
+    .execute(pool)
+    .await
+    .unwrap();
+    let event = tokio::time::timeout(Duration::from_secs(30), events.recv())
+        .await
+        .expect("an event within 30 s")
+        .expect("the worker is running");
+    stop.shutdown();
+    run.await.unwrap().unwrap();
+    assert_eq!(event.id, slow);
+    assert_eq!(event.outcome, JobEventOutcome::Cancelled);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_subscriber_that_never_reads_loses_the_oldest_and_the_worker_goes_on() {
     let db = test_db().await;

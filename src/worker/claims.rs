@@ -208,7 +208,8 @@ impl HeldClaims {
             .iter()
             .filter_map(|claim| {
                 let held = map.get(claim)?;
-                if held.completed_in_tx.load(Ordering::Acquire) {
+                if held.completed_in_tx.load(Ordering::Acquire) || held.cancelled {
+                    // Done in the handler's own transaction, or stopped by its cancel.
                     return None;
                 }
                 held.stop.cancel();

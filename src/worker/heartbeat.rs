@@ -24,7 +24,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::Shared;
 use super::claims::ClaimKey;
-use crate::db::jobs::jobs_heartbeat_many;
+use crate::db::jobs::{jobs_cancelled_among, jobs_heartbeat_many};
 use crate::pool::DbConnection;
 
 /// How long the heartbeat keeps its connection open with no claim to extend.
@@ -155,10 +155,33 @@ async fn beat_loop(shared: Arc<Shared>, stop: CancellationToken, application: Op
                 .await
                 .map_err(|e| e.to_string()),
         };
+        if let Ok(lost) = &outcome
+            && !lost.is_empty()
+        {
+            mark_cancelled(&shared, lost).await;
+        }
         settle_beat(&shared, outcome, ids.len(), interval);
     }
     if let Some(own) = connection {
         let _ = (*own.into_inner()).close().await;
+    }
+}
+
+/// Of the lost claims, those whose job was cancelled are stopped as the cancel's
+/// notification would have stopped them (their outcome is `cancelled`, not lost): the beat
+/// can find the claim gone before the notification arrives. If the database cannot say,
+/// they are reported lost.
+async fn mark_cancelled(shared: &Shared, lost: &[ClaimKey]) {
+    let ids: Vec<i64> = lost.iter().map(|claim| claim.0).collect();
+    match jobs_cancelled_among(&shared.pool, &ids).await {
+        Ok(cancelled) => {
+            for id in cancelled {
+                for id in shared.claims.stop_job(id) {
+                    tracing::info!(job_id = id, "job cancelled; stopping its handler");
+                }
+            }
+        }
+        Err(e) => tracing::debug!(error = %e, "could not tell cancelled claims from lost ones"),
     }
 }
 

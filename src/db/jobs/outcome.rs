@@ -358,6 +358,23 @@ pub async fn jobs_heartbeat_many(
         .await
 }
 
+/// Of the jobs whose claims a heartbeat found gone, those cancelled (`skiplock.cancel_job`
+/// or an operator's UPDATE): a worker whose heartbeat saw the claim gone before the
+/// cancel's notification arrived reports them cancelled, not lost. By id, once per beat
+/// that lost claims (seldom).
+pub async fn jobs_cancelled_among(db: impl PgExecutor<'_>, ids: &[i64]) -> sqlx::Result<Vec<i64>> {
+    sqlx::query_scalar(
+        "SELECT j.id FROM unnest($1::bigint[]) AS i(id)
+         CROSS JOIN LATERAL (SELECT j.id, j.state FROM skiplock.jobs j
+                             WHERE j.id = i.id LIMIT 1) j
+         WHERE j.state = 'cancelled'",
+    )
+    .bind(ids)
+    .persistent(false)
+    .fetch_all(db)
+    .await
+}
+
 /// Marks held jobs `dead` with `message` as their last error: the last resort for claims
 /// whose outcome cannot be saved as it is (`skiplock.internal_abandon_claims` in
 /// migrations/functions/08_outcomes.sql says when and how). The caller moves the returned jobs' lanes

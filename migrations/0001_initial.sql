@@ -25,9 +25,9 @@
 --
 -- Rows written by hand (INSERT/UPDATE), by skiplock.enqueue, by the CLI and by the Rust API
 -- go through the same rules, in the database:
---   * the claim enforces lane order itself (at most one running job per lane, always the
---     lane's oldest unfinished job), whatever states the rows of a lane were written with,
---     and never fails for a lane conflict;
+--   * a lane has one turn, its one queued or running job (jobs_lane_turn_idx refuses a
+--     second, whoever writes it), so the claim takes a lane's queued job like any other
+--     and never meets two jobs of one lane;
 --   * an insert with an ordering_key behind an unfinished job of its lane waits; an insert
 --     with a pending unique_key applies the key's policy; args over the limit are refused;
 --   * a requeue (retry after a failure, reap, release, manual retry) of a job whose

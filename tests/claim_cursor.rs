@@ -1,6 +1,6 @@
 //! The claim from a position (`claim_batch`, `worker::claim_cursor`): what a claim after
 //! a position takes, and that jobs landing behind a worker's position still run; and the
-//! claim's modes: the in-flight filter and lane conflicts; and how a worker learns that
+//! claim's mode (the in-flight filter) and a lane's one turn; and how a worker learns that
 //! others claim from its queue (`worker::sharing`).
 
 mod common;

@@ -4,11 +4,13 @@
 
 mod common;
 
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use common::fixtures::{Flaky, Record, Recorder, Slow, fast_worker, flaky_delay, wait_for};
 use common::test_db;
 use skiplock::{EnqueueOptions, JobEvent, JobEventOutcome, JobId};
+use sqlx::postgres::PgPoolOptions;
 
 #[tokio::test]
 async fn each_saved_outcome_is_published_once() {
@@ -94,10 +96,38 @@ async fn each_saved_outcome_is_published_once() {
 /// comes first: the heartbeat asks which of the claims it lost were cancelled. It was
 /// published `Lost`, and the cancel of `each_saved_outcome_is_published_once` was too
 /// whenever a loaded machine let the heartbeat see the claim gone before the notification.
+///
+/// The heartbeat runs on a thread and runtime of its own, which ends with the worker: it
+/// must never use the worker's pool there (a connection the pool opened on that runtime is
+/// broken once the worker stops, "A Tokio 1.x context was found, but it is being
+/// shutdown", as tests/roles.rs met it in CI). The worker's pool records the thread of
+/// every connection it opens or hands out.
 #[tokio::test]
 async fn a_job_cancelled_under_its_heartbeat_is_published_cancelled() {
     let db = test_db().await;
-    let pool = &db.pool;
+    let threads: Arc<Mutex<Vec<String>>> = Arc::default();
+    let record = |threads: &Arc<Mutex<Vec<String>>>| {
+        let threads = threads.clone();
+        move || {
+            let name = std::thread::current().name().unwrap_or("").to_owned();
+            threads.lock().unwrap().push(name);
+        }
+    };
+    let (on_connect, on_acquire) = (record(&threads), record(&threads));
+    let worker_pool = PgPoolOptions::new()
+        .max_connections(4)
+        .after_connect(move |_, _| {
+            on_connect();
+            Box::pin(async { Ok(()) })
+        })
+        .before_acquire(move |_, _| {
+            on_acquire();
+            Box::pin(async { Ok(true) })
+        })
+        .connect(&db.url)
+        .await
+        .unwrap();
+    let pool = &worker_pool;
     let slow = skiplock::enqueue(pool, &Slow { ms: 600_000 }, EnqueueOptions::default())
         .await
         .unwrap()
@@ -128,6 +158,12 @@ async fn a_job_cancelled_under_its_heartbeat_is_published_cancelled() {
     run.await.unwrap().unwrap();
     assert_eq!(event.id, slow);
     assert_eq!(event.outcome, JobEventOutcome::Cancelled);
+    let threads = threads.lock().unwrap().clone();
+    assert!(!threads.is_empty(), "the pool recorded its connections");
+    assert!(
+        threads.iter().all(|name| name != "skiplock-heartbeat"),
+        "the heartbeat's thread used the worker's pool: {threads:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

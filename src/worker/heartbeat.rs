@@ -158,7 +158,21 @@ async fn beat_loop(shared: Arc<Shared>, stop: CancellationToken, application: Op
         if let Ok(lost) = &outcome
             && !lost.is_empty()
         {
-            mark_cancelled(&shared, lost).await;
+            let ids: Vec<i64> = lost.iter().map(|claim| claim.0).collect();
+            // On the heartbeat's thread the pool is never used directly: a connection the
+            // pool opened here would belong to this runtime and break once it ends.
+            let cancelled = match (connection.as_mut(), &application) {
+                (Some(own), _) => jobs_cancelled_among(own, &ids).await,
+                (None, Some(application)) => {
+                    let pool = shared.pool.clone();
+                    application
+                        .spawn(async move { jobs_cancelled_among(&pool, &ids).await })
+                        .await
+                        .unwrap_or_else(|e| Err(sqlx::Error::Protocol(e.to_string())))
+                }
+                (None, None) => jobs_cancelled_among(&shared.pool, &ids).await,
+            };
+            mark_cancelled(&shared, cancelled);
         }
         settle_beat(&shared, outcome, ids.len(), interval);
     }
@@ -167,13 +181,12 @@ async fn beat_loop(shared: Arc<Shared>, stop: CancellationToken, application: Op
     }
 }
 
-/// Of the lost claims, those whose job was cancelled are stopped as the cancel's
-/// notification would have stopped them (their outcome is `cancelled`, not lost): the beat
-/// can find the claim gone before the notification arrives. If the database cannot say,
-/// they are reported lost.
-async fn mark_cancelled(shared: &Shared, lost: &[ClaimKey]) {
-    let ids: Vec<i64> = lost.iter().map(|claim| claim.0).collect();
-    match jobs_cancelled_among(&shared.pool, &ids).await {
+/// Of the lost claims, those whose job was cancelled (`cancelled`) are stopped as the
+/// cancel's notification would have stopped them (their outcome is `cancelled`, not lost):
+/// the beat can find the claim gone before the notification arrives. If the database
+/// could not say, they are reported lost.
+fn mark_cancelled(shared: &Shared, cancelled: sqlx::Result<Vec<i64>>) {
+    match cancelled {
         Ok(cancelled) => {
             for id in cancelled {
                 for id in shared.claims.stop_job(id) {

@@ -417,13 +417,17 @@ CREATE FUNCTION skiplock.has_work(queues text[], kinds text[] DEFAULT NULL::text
     SET jit TO 'off'
     AS $$
     SELECT EXISTS (
-        SELECT 1 FROM skiplock.jobs j
-        WHERE j.queue = ANY (queues) AND (kinds IS NULL OR j.kind = ANY (kinds))
-          AND (j.state = 'running' OR (j.state = 'queued' AND j.scheduled_at <= now()))
-    ) OR EXISTS (
         SELECT 1 FROM skiplock.jobs_live j
         WHERE j.queue = ANY (queues) AND (kinds IS NULL OR j.kind = ANY (kinds))
-          AND j.state = 'waiting' AND j.held_for IS NOT NULL
+          AND j.state = 'running'
+    ) OR EXISTS (
+        SELECT 1 FROM skiplock.jobs_live j
+        WHERE j.queue = ANY (ARRAY(SELECT q FROM unnest(queues) AS q
+                                   WHERE NOT EXISTS (SELECT 1 FROM skiplock.queues p
+                                                     WHERE p.name = q AND p.paused)))
+          AND (kinds IS NULL OR j.kind = ANY (kinds))
+          AND ((j.state = 'queued' AND j.scheduled_at <= now())
+               OR (j.state = 'waiting' AND j.held_for IS NOT NULL))
     );
 $$;
 
@@ -431,7 +435,7 @@ $$;
 -- Name: FUNCTION has_work(queues text[], kinds text[]); Type: COMMENT; Schema: skiplock; Owner: -
 --
 
-COMMENT ON FUNCTION skiplock.has_work(queues text[], kinds text[]) IS 'Whether a worker of these queues and kinds (NULL: every kind) has work now or once what runs anywhere ends: a job due and queued, a job running in any process (its end may let the next job of a lane or a child go), or a job held back by a per-key limit. What a worker asks before it exits when idle, after its own claim came back empty and nothing of its own runs. Jobs due later and jobs waiting for parents that have not ended are not counted. Example: SELECT skiplock.has_work(ARRAY[''mail''], NULL);';
+COMMENT ON FUNCTION skiplock.has_work(queues text[], kinds text[]) IS 'Whether a worker of these queues and kinds (NULL: every kind) has work now or once what runs anywhere ends: a job due and queued, a job running in any process (its end may let the next job of a lane or a child go), or a job held back by a per-key limit. What a worker asks before it exits when idle, after its own claim came back empty and nothing of its own runs. Jobs due later, jobs of a paused queue and jobs waiting for parents that have not ended are not counted (skiplock.left_behind names them). Example: SELECT skiplock.has_work(ARRAY[''mail''], NULL);';
 
 --
 -- Name: heartbeat(bigint[], uuid[]); Type: FUNCTION; Schema: skiplock; Owner: -
@@ -3580,6 +3584,64 @@ CREATE FUNCTION skiplock.internal_window_room(starts timestamp with time zone[],
                         '-infinity') >= at - rate_period),
         greatest(least(wanted, rate_limit), 0)) END;
 $$;
+
+--
+-- Name: left_behind(text[], text[]); Type: FUNCTION; Schema: skiplock; Owner: -
+--
+
+CREATE FUNCTION skiplock.left_behind(queues text[], kinds text[] DEFAULT NULL::text[]) RETURNS text
+    LANGUAGE sql STABLE
+    SET jit TO 'off'
+    AS $$
+    WITH paused AS (
+        SELECT coalesce(array_agg(p.name ORDER BY p.name), '{}') AS names
+        FROM skiplock.queues p WHERE p.name = ANY (queues) AND p.paused
+    ), counted AS (
+        SELECT p.names,
+               count(j.id) FILTER (WHERE j.queue = ANY (p.names)) AS in_paused,
+               count(j.id) FILTER (WHERE j.queue <> ALL (p.names) AND j.attempt > 0
+                                     AND j.state = 'queued' AND j.scheduled_at > now()) AS retrying,
+               count(j.id) FILTER (WHERE j.queue <> ALL (p.names) AND j.attempt = 0
+                                     AND j.state = 'queued' AND j.scheduled_at > now()) AS later,
+               min(j.scheduled_at) FILTER (WHERE j.queue <> ALL (p.names)
+                                             AND j.state = 'queued') AS next_due
+        FROM paused p
+        LEFT JOIN skiplock.jobs_live j
+          ON j.queue = ANY (queues) AND (kinds IS NULL OR j.kind = ANY (kinds))
+         AND (j.state = 'queued' OR (j.state = 'waiting' AND j.held_for IS NOT NULL))
+        GROUP BY p.names
+    )
+    SELECT 'left behind: ' || concat_ws('; ',
+        CASE WHEN in_paused > 0 THEN
+            format('%s job%s in paused queue%s %s (resume: %s)',
+                   in_paused, CASE WHEN in_paused = 1 THEN '' ELSE 's' END,
+                   CASE WHEN cardinality(names) = 1 THEN '' ELSE 's' END,
+                   array_to_string(names, ', '),
+                   CASE WHEN cardinality(names) = 1
+                        THEN format('skiplock queue resume %s, or SELECT skiplock.resume_queue(%L)',
+                                    names[1], names[1])
+                        ELSE 'skiplock queue resume NAME, or SELECT skiplock.resume_queue(NAME)'
+                   END)
+        END,
+        CASE WHEN retrying > 0 THEN
+            format('%s job%s waiting out a retry''s backoff or a snooze', retrying,
+                   CASE WHEN retrying = 1 THEN '' ELSE 's' END)
+        END,
+        CASE WHEN later > 0 THEN
+            format('%s job%s scheduled later', later, CASE WHEN later = 1 THEN '' ELSE 's' END)
+        END,
+        CASE WHEN retrying + later > 0 THEN
+            format('the next due in %s', date_trunc('second', next_due - now()))
+        END)
+    FROM counted
+    WHERE in_paused + retrying + later > 0;
+$$;
+
+--
+-- Name: FUNCTION left_behind(queues text[], kinds text[]); Type: COMMENT; Schema: skiplock; Owner: -
+--
+
+COMMENT ON FUNCTION skiplock.left_behind(queues text[], kinds text[]) IS 'The line a worker of these queues and kinds (NULL: every kind) prints when it exits idle, or NULL when nothing is left: jobs of a paused queue, jobs waiting out a retry''s backoff or a snooze, jobs scheduled later, and when the next is due. Example: SELECT skiplock.left_behind(ARRAY[''mail''], NULL);';
 
 --
 -- Name: maintain(interval); Type: FUNCTION; Schema: skiplock; Owner: -

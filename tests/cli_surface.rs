@@ -6,7 +6,7 @@
 mod cli_support;
 mod common;
 
-use cli_support::{enqueue, job_json, skiplock, work_until_idle};
+use cli_support::{command, enqueue, job_json, skiplock, work_until_idle};
 use common::test_db;
 use serde_json::json;
 
@@ -207,6 +207,59 @@ async fn a_worker_that_exits_when_idle_names_the_jobs_it_leaves_to_others() {
         "{}",
         run.stderr
     );
+}
+
+/// A worker that exits when idle does not wait for a paused queue's jobs (it waited for
+/// good: `skiplock.has_work` counted them as work) and says what it leaves behind: the
+/// paused queue's jobs and how to resume it, the jobs waiting out a retry's backoff, the
+/// jobs scheduled later, and when the next is due. It touches none of them.
+#[tokio::test]
+async fn a_worker_that_exits_when_idle_leaves_a_paused_queue_and_says_what_it_leaves() {
+    let db = test_db().await;
+    let paused = enqueue(&db, "noop", &json!({}), &["--queue", "mail"]).await;
+    assert_eq!(
+        skiplock(&db, &["queue", "pause", "mail"]).await.code,
+        Some(0)
+    );
+    let retrying = enqueue(&db, "noop", &json!({}), &[]).await;
+    sqlx::query(
+        "UPDATE skiplock.jobs SET attempt = 1, scheduled_at = now() + interval '1 hour'
+         WHERE id = $1",
+    )
+    .bind(retrying)
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    let later = enqueue(&db, "noop", &json!({}), &["--in", "2h"]).await;
+
+    // The line is the worker's log at INFO, the binary's default level.
+    let run = tokio::time::timeout(
+        std::time::Duration::from_secs(60),
+        command(&db)
+            .env("RUST_LOG", "info")
+            .args(["work", "--exit-when-idle", "--queue", "default,mail"])
+            .output(),
+    )
+    .await
+    .expect("the worker exits although a paused queue holds a job")
+    .unwrap();
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    assert_eq!(run.status.code(), Some(0), "{stderr}");
+    assert!(
+        stderr.contains(
+            "exiting as asked (left behind: 1 job in paused queue mail (resume: skiplock queue \
+             resume mail, or SELECT skiplock.resume_queue('mail')); 1 job waiting out a \
+             retry's backoff or a snooze; 1 job scheduled later; the next due in "
+        ),
+        "{stderr}"
+    );
+    for id in [paused, retrying, later] {
+        assert_eq!(
+            job_json(&db.pool, id).await["state"],
+            json!("queued"),
+            "{id}"
+        );
+    }
 }
 
 /// A one-shot command whose host does not resolve fails on its first attempt, with one line

@@ -13,7 +13,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::json;
 use skiplock::cron::{CronSchedule, MissedSlots};
 use skiplock::{EnqueueOptions, Error, Job, JobContext, JobError, JobState};
-use sqlx::{AssertSqlSafe, PgPool};
+use sqlx::PgPool;
 
 async fn cron_jobs(pool: &PgPool) -> Vec<(i64, chrono::DateTime<chrono::Utc>)> {
     sqlx::query_as("SELECT id, scheduled_at FROM skiplock.jobs WHERE kind = 'record' ORDER BY id")
@@ -237,13 +237,7 @@ async fn a_paused_queue_claims_nothing_until_resumed() {
     skiplock::pause_queue(pool, "mail").await.unwrap();
     // The worker's sessions count their function calls, so the test knows its claimer
     // polled the paused queue (not merely that it has not got to it yet).
-    sqlx::query(AssertSqlSafe(format!(
-        "ALTER DATABASE \"{}\" SET track_functions = 'all'",
-        db.name
-    )))
-    .execute(pool)
-    .await
-    .unwrap();
+    db.set_for_new_sessions("track_functions = 'all'").await;
     let worker_pool = sqlx::postgres::PgPoolOptions::new()
         .max_connections(5)
         .connect(&db.url)

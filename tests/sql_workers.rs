@@ -264,13 +264,7 @@ async fn set_serializable_default(db: &TestDb, more: &[&str]) {
         .iter()
         .chain(more)
     {
-        sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
-            "ALTER DATABASE \"{}\" SET {setting}",
-            db.name
-        )))
-        .execute(&db.pool)
-        .await
-        .unwrap();
+        db.set_for_new_sessions(setting).await;
     }
     let isolation: String = {
         use sqlx::Connection;
@@ -561,6 +555,62 @@ async fn exit_when_idle_waits_for_the_jobs_other_workers_run() {
             "{name} ran the lane's next job; its log:\n{log}"
         );
     }
+}
+
+/// `--exit-when-idle` on a paused queue exits 0 and says what it leaves there (both
+/// examples waited for good: `skiplock.has_work` counted the paused queue's jobs), then
+/// prints its closing line with jobs and jobs/s. The jobs stay as they were.
+#[tokio::test]
+async fn exit_when_idle_leaves_a_paused_queue_and_says_what_it_leaves() {
+    python_bin();
+    let db = test_db().await;
+    let jobs: Vec<i64> = sqlx::query_scalar(
+        "SELECT skiplock.enqueue('noop', '{}', $1, scheduled_at => now() + g * interval '1 hour')
+         FROM generate_series(0, 1) AS g",
+    )
+    .bind(QUEUE)
+    .fetch_all(&db.pool)
+    .await
+    .unwrap();
+    sqlx::query("SELECT skiplock.pause_queue($1)")
+        .bind(QUEUE)
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    for lang in [Lang::Python, Lang::Node] {
+        let name = format!("paused-{lang:?}");
+        let worker = Worker::example(
+            lang,
+            db.url(),
+            &name,
+            10,
+            &[("SKIPLOCK_EXIT_WHEN_IDLE", "1")],
+        );
+        let (code, log) = worker.exited().await;
+        assert_eq!(code, Some(0), "{name} exits 0; its log:\n{log}");
+        let left = format!(
+            "nothing to claim: exiting (--exit-when-idle) (left behind: 2 jobs in paused queue \
+             {QUEUE} (resume: skiplock queue resume {QUEUE}, or SELECT \
+             skiplock.resume_queue('{QUEUE}')))"
+        );
+        assert!(
+            log.contains(&left),
+            "{name} says what it leaves; its log:\n{log}"
+        );
+        assert!(
+            log.contains(
+                "worker stopped: 0 succeeded, 0 failed, 0 released, 0 claims lost; 0 jobs in "
+            ),
+            "{name}'s closing line; its log:\n{log}"
+        );
+    }
+    let states: Vec<String> =
+        sqlx::query_scalar("SELECT state::text FROM skiplock.jobs WHERE id = ANY($1)")
+            .bind(&jobs)
+            .fetch_all(&db.pool)
+            .await
+            .unwrap();
+    assert_eq!(states, ["queued", "queued"]);
 }
 
 /// SIGTERM while a job runs: the running job finishes and is completed, the claimed jobs

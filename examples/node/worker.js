@@ -352,6 +352,7 @@ class Worker {
     const completer = this.completeOutcomes();
     const keeper = this.keepClaims();
     const watchdog = setInterval(() => this.watchHeartbeats(), Math.min(250, staleAfterMs / 20));
+    const started = Date.now();
     log('INFO', `worker started: queue ${opts.queue}, kinds ${kinds}, batch ${batchSize}, concurrency ${concurrency}, stale after ${staleAfterSecs} s, database ${safeUrl(this.url)}`);
     try {
       while (!this.stopping) {
@@ -372,7 +373,8 @@ class Worker {
               // child), or jobs wait for their key's room: not idle yet.
               await napUnlessWoken(100);
             } else if (opts['exit-when-idle']) {
-              log('INFO', 'nothing to claim: exiting (--exit-when-idle)');
+              const left = await this.leftBehind();
+              log('INFO', `nothing to claim: exiting (--exit-when-idle)${left ? ` (${left})` : ''}`);
               this.stopping = true;
             } else {
               await napUnlessWoken(IDLE_POLL_MS);
@@ -409,7 +411,9 @@ class Worker {
       this.main.close();
     }
     const c = this.counts;
-    log('INFO', `worker stopped: ${c.succeeded} succeeded, ${c.failed} failed, ${c.released} released, ${c.lost} claims lost`);
+    const seconds = (Date.now() - started) / 1000;
+    const ended = c.succeeded + c.failed + c.released;
+    log('INFO', `worker stopped: ${c.succeeded} succeeded, ${c.failed} failed, ${c.released} released, ${c.lost} claims lost; ${ended} jobs in ${seconds.toFixed(1)} s (${seconds > 0 ? Math.round(ended / seconds) : 0} jobs/s)`);
   }
 
   async claim() {
@@ -447,6 +451,19 @@ class Worker {
       { giveUp: () => this.stopping },
     );
     return rows[0].busy;
+  }
+
+  // What exiting when idle leaves behind (a paused queue's jobs, retries in their backoff,
+  // jobs scheduled later), as the line to log, or null: skiplock.left_behind, which
+  // `skiplock work` and the Python example print too.
+  async leftBehind() {
+    const rows = await this.main.call(
+      'left_behind',
+      'SELECT skiplock.left_behind($1, $2) AS left',
+      [[opts.queue], kinds],
+      { giveUp: () => this.stopping },
+    );
+    return rows[0].left;
   }
 
   start(job) {

@@ -281,6 +281,7 @@ class Worker:
                    for target in (self.complete_outcomes, self.keep_claims, self.watch_heartbeats)]
         for thread in threads:
             thread.start()
+        started = time.monotonic()
         log.info("worker started: queue %s, kinds %s, batch %s, concurrency %s, stale after %s s,"
                  " database %s", self.opts.queue, ",".join(self.opts.kinds), self.opts.batch,
                  self.opts.concurrency, self.stale_after, safe_url(self.url))
@@ -303,7 +304,9 @@ class Worker:
                     self.saved.wait(0.1)
                     self.saved.clear()
                 elif self.opts.exit_when_idle:
-                    log.info("nothing to claim: exiting (--exit-when-idle)")
+                    left = self.left_behind(session)
+                    log.info("nothing to claim: exiting (--exit-when-idle)%s",
+                             f" ({left})" if left else "")
                     self.stopping.set()
                 else:
                     self.wait_for_work(session)
@@ -316,9 +319,12 @@ class Worker:
             for thread in threads[1:]:
                 thread.join()
             session.close()
-        log.info("worker stopped: %s succeeded, %s failed, %s released, %s claims lost",
+        seconds = time.monotonic() - started
+        ended = sum(self.counts[outcome] for outcome in ("succeeded", "failed", "released"))
+        log.info("worker stopped: %s succeeded, %s failed, %s released, %s claims lost;"
+                 " %s jobs in %.1f s (%.0f jobs/s)",
                  self.counts["succeeded"], self.counts["failed"], self.counts["released"],
-                 self.counts["lost"])
+                 self.counts["lost"], ended, seconds, ended / seconds if seconds > 0 else 0)
 
     def fatal_on_error(self, target):
         """Runs a thread's loop; an error it does not handle ends the process, loudly: a
@@ -345,6 +351,14 @@ class Worker:
         rows = session.call("has_work", "SELECT skiplock.has_work(ARRAY[%s], %s::text[])",
                             (self.opts.queue, self.opts.kinds), give_up=self.stopping)
         return bool(rows[0][0])
+
+    def left_behind(self, session):
+        """What exiting when idle leaves behind (a paused queue's jobs, retries in their
+        backoff, jobs scheduled later), as the line to log, or None: skiplock.left_behind,
+        which `skiplock work` and the Node example print too."""
+        rows = session.call("left_behind", "SELECT skiplock.left_behind(ARRAY[%s], %s::text[])",
+                            (self.opts.queue, self.opts.kinds), give_up=self.stopping)
+        return rows[0][0]
 
     def claim(self, session):
         try:

@@ -4,7 +4,7 @@
 -- Defines:
 --   claim, heartbeat, complete, internal_fail_one, fail, discard, release, snooze
 --   internal_save_outcomes, internal_save_outcomes_many, complete_many, fail_many
---   internal_reap_stale_tally, maintain, has_work
+--   internal_reap_stale_tally, maintain, has_work, left_behind
 
 -- ---- The SQL worker protocol (stable) ----------------------------------------------------
 --
@@ -576,24 +576,88 @@ COMMENT ON FUNCTION skiplock.maintain(interval) IS
 -- and the example workers ask before they exit, once their claim came back empty with
 -- nothing of theirs running: a worker that exited on its empty claim alone left the lane
 -- jobs that another worker's jobs were about to let go. Jobs due later (a retry's backoff,
--- a snooze) and jobs waiting for parents that have not ended are not work now. Planned at
--- each call (a SQL function with settings is not inlined, and Postgres plans its body at
--- every call): a plan cached while the table was empty cost 5 ms instead of 1 ms on
--- 200,000 rows.
+-- a snooze), jobs of a paused queue (nothing claims them until someone resumes it: a
+-- worker waiting for them waited for good) and jobs waiting for parents that have not
+-- ended are not work now; skiplock.left_behind says what they are. Planned at each call
+-- (a SQL function with settings is not inlined, and Postgres plans its body at every
+-- call): a plan cached while the table was empty cost 5 ms instead of 1 ms on 200,000
+-- rows.
 CREATE OR REPLACE FUNCTION skiplock.has_work(queues text[], kinds text[] DEFAULT NULL)
 RETURNS boolean
 LANGUAGE sql STABLE
 SET jit = off
 AS $$
     SELECT EXISTS (
-        SELECT 1 FROM skiplock.jobs j
-        WHERE j.queue = ANY (queues) AND (kinds IS NULL OR j.kind = ANY (kinds))
-          AND (j.state = 'running' OR (j.state = 'queued' AND j.scheduled_at <= now()))
-    ) OR EXISTS (
         SELECT 1 FROM skiplock.jobs_live j
         WHERE j.queue = ANY (queues) AND (kinds IS NULL OR j.kind = ANY (kinds))
-          AND j.state = 'waiting' AND j.held_for IS NOT NULL
+          AND j.state = 'running'
+    ) OR EXISTS (
+        SELECT 1 FROM skiplock.jobs_live j
+        WHERE j.queue = ANY (ARRAY(SELECT q FROM unnest(queues) AS q
+                                   WHERE NOT EXISTS (SELECT 1 FROM skiplock.queues p
+                                                     WHERE p.name = q AND p.paused)))
+          AND (kinds IS NULL OR j.kind = ANY (kinds))
+          AND ((j.state = 'queued' AND j.scheduled_at <= now())
+               OR (j.state = 'waiting' AND j.held_for IS NOT NULL))
     );
 $$;
 COMMENT ON FUNCTION skiplock.has_work(text[], text[]) IS
-    'Whether a worker of these queues and kinds (NULL: every kind) has work now or once what runs anywhere ends: a job due and queued, a job running in any process (its end may let the next job of a lane or a child go), or a job held back by a per-key limit. What a worker asks before it exits when idle, after its own claim came back empty and nothing of its own runs. Jobs due later and jobs waiting for parents that have not ended are not counted. Example: SELECT skiplock.has_work(ARRAY[''mail''], NULL);';
+    'Whether a worker of these queues and kinds (NULL: every kind) has work now or once what runs anywhere ends: a job due and queued, a job running in any process (its end may let the next job of a lane or a child go), or a job held back by a per-key limit. What a worker asks before it exits when idle, after its own claim came back empty and nothing of its own runs. Jobs due later, jobs of a paused queue and jobs waiting for parents that have not ended are not counted (skiplock.left_behind names them). Example: SELECT skiplock.has_work(ARRAY[''mail''], NULL);';
+
+-- The line a worker that exits when idle (has_work said no) leaves behind, or NULL when it
+-- leaves nothing: the jobs of its queues and kinds that nobody may claim now and that will
+-- not go by themselves, so that an exit is never silent about them. Jobs of a paused
+-- queue (until someone resumes it), jobs waiting out a retry's backoff or a snooze
+-- (attempt > 0) and jobs scheduled later, with when the next is due. `skiplock work` and
+-- both example workers print it, so that --exit-when-idle says the same everywhere. Its
+-- cost follows the jobs it counts, read once, at exit.
+CREATE OR REPLACE FUNCTION skiplock.left_behind(queues text[], kinds text[] DEFAULT NULL)
+RETURNS text
+LANGUAGE sql STABLE
+SET jit = off
+AS $$
+    WITH paused AS (
+        SELECT coalesce(array_agg(p.name ORDER BY p.name), '{}') AS names
+        FROM skiplock.queues p WHERE p.name = ANY (queues) AND p.paused
+    ), counted AS (
+        SELECT p.names,
+               count(j.id) FILTER (WHERE j.queue = ANY (p.names)) AS in_paused,
+               count(j.id) FILTER (WHERE j.queue <> ALL (p.names) AND j.attempt > 0
+                                     AND j.state = 'queued' AND j.scheduled_at > now()) AS retrying,
+               count(j.id) FILTER (WHERE j.queue <> ALL (p.names) AND j.attempt = 0
+                                     AND j.state = 'queued' AND j.scheduled_at > now()) AS later,
+               min(j.scheduled_at) FILTER (WHERE j.queue <> ALL (p.names)
+                                             AND j.state = 'queued') AS next_due
+        FROM paused p
+        LEFT JOIN skiplock.jobs_live j
+          ON j.queue = ANY (queues) AND (kinds IS NULL OR j.kind = ANY (kinds))
+         AND (j.state = 'queued' OR (j.state = 'waiting' AND j.held_for IS NOT NULL))
+        GROUP BY p.names
+    )
+    SELECT 'left behind: ' || concat_ws('; ',
+        CASE WHEN in_paused > 0 THEN
+            format('%s job%s in paused queue%s %s (resume: %s)',
+                   in_paused, CASE WHEN in_paused = 1 THEN '' ELSE 's' END,
+                   CASE WHEN cardinality(names) = 1 THEN '' ELSE 's' END,
+                   array_to_string(names, ', '),
+                   CASE WHEN cardinality(names) = 1
+                        THEN format('skiplock queue resume %s, or SELECT skiplock.resume_queue(%L)',
+                                    names[1], names[1])
+                        ELSE 'skiplock queue resume NAME, or SELECT skiplock.resume_queue(NAME)'
+                   END)
+        END,
+        CASE WHEN retrying > 0 THEN
+            format('%s job%s waiting out a retry''s backoff or a snooze', retrying,
+                   CASE WHEN retrying = 1 THEN '' ELSE 's' END)
+        END,
+        CASE WHEN later > 0 THEN
+            format('%s job%s scheduled later', later, CASE WHEN later = 1 THEN '' ELSE 's' END)
+        END,
+        CASE WHEN retrying + later > 0 THEN
+            format('the next due in %s', date_trunc('second', next_due - now()))
+        END)
+    FROM counted
+    WHERE in_paused + retrying + later > 0;
+$$;
+COMMENT ON FUNCTION skiplock.left_behind(text[], text[]) IS
+    'The line a worker of these queues and kinds (NULL: every kind) prints when it exits idle, or NULL when nothing is left: jobs of a paused queue, jobs waiting out a retry''s backoff or a snooze, jobs scheduled later, and when the next is due. Example: SELECT skiplock.left_behind(ARRAY[''mail''], NULL);';

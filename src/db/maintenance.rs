@@ -274,6 +274,23 @@ pub async fn jobs_any_active(
         .await
 }
 
+/// What a worker that exits when idle leaves behind in these queues and kinds (jobs of a
+/// paused queue, in a retry's backoff or a snooze, scheduled later), as the line to print,
+/// or `None`: `skiplock.left_behind`, which the example workers print too.
+pub async fn jobs_left_behind(
+    db: impl PgExecutor<'_>,
+    queues: &[String],
+    kinds: &[String],
+) -> sqlx::Result<Option<String>> {
+    sqlx::query_scalar("SELECT skiplock.left_behind($1, $2)")
+        .bind(queues)
+        .bind(kinds)
+        .persistent(false)
+        .fetch_optional(db)
+        .await
+        .map(Option::flatten)
+}
+
 /// Moves the waiting children of `parent_ids` on: `queued` once all their parents
 /// succeeded, `cancelled` (transitively) once one is dead or cancelled. Returns how many
 /// jobs moved.

@@ -245,7 +245,9 @@ impl WorkerBuilder {
     }
 
     /// Makes [`Worker::run`] return once no job of its queues and kinds is runnable,
-    /// running, or held back by a per-key limit (default false: run until shut down).
+    /// running, or held back by a per-key limit (default false: run until shut down). A
+    /// paused queue's jobs are not waited for; the exit's log line says what is left
+    /// behind (a paused queue's jobs, retries in their backoff, jobs scheduled later).
     pub fn exit_when_idle(mut self, exit: bool) -> Self {
         self.config.exit_when_idle = exit;
         self

@@ -31,7 +31,7 @@ use crate::db::jobs::{
     ClaimArgs, ClaimMode, ClaimedJob, jobs_claim, jobs_claim_one, jobs_claimed_with,
     jobs_release_many,
 };
-use crate::db::maintenance::jobs_any_active;
+use crate::db::maintenance::{jobs_any_active, jobs_left_behind};
 use crate::metrics;
 use crate::pacing::{db_retry_delay, sleep_jittered};
 
@@ -199,7 +199,23 @@ pub(super) async fn produce(
                     && shared.claims.len() == 0
                     && (only_job_done || (walk.is_full() && idle(&shared).await))
                 {
-                    tracing::info!("no runnable or running job left; exiting as asked");
+                    // Said once, by the group that decides first (each group asks).
+                    let left =
+                        jobs_left_behind(&shared.pool, &shared.config.queues, &shared.kinds)
+                            .await;
+                    match left {
+                        _ if shared.graceful.is_cancelled() => {}
+                        Ok(Some(left)) => tracing::info!(
+                            "no runnable or running job left; exiting as asked ({left})"
+                        ),
+                        Ok(None) => {
+                            tracing::info!("no runnable or running job left; exiting as asked")
+                        }
+                        Err(e) => tracing::info!(
+                            error = %e,
+                            "no runnable or running job left; exiting as asked (cannot say what is left behind)"
+                        ),
+                    }
                     shared.graceful.cancel();
                 }
             }

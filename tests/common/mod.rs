@@ -57,6 +57,18 @@ impl TestDb {
         &self.url
     }
 
+    /// Sets `setting` (`name = value`) for every session opened on this database from now
+    /// on (`ALTER DATABASE … SET`).
+    pub async fn set_for_new_sessions(&self, setting: &str) {
+        sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+            "ALTER DATABASE \"{}\" SET {setting}",
+            self.name
+        )))
+        .execute(&self.pool)
+        .await
+        .unwrap_or_else(|e| panic!("ALTER DATABASE … SET {setting}: {e}"));
+    }
+
     /// How many rows `skiplock.jobs` holds, finished ones included.
     pub async fn job_count(&self) -> i64 {
         sqlx::query_scalar("SELECT count(*) FROM skiplock.jobs")

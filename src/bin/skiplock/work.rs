@@ -134,7 +134,8 @@ pub struct WorkArgs {
     #[arg(long, env = "SKIPLOCK_RETAIN_DEAD", value_name = "DURATION", allow_hyphen_values = true, value_parser = parse_duration)]
     retain_dead: Option<Duration>,
 
-    /// Exit (status 0) once no job of this worker's kinds and queues is runnable or running.
+    /// Exit (status 0) once no job of this worker's kinds and queues is runnable or running
+    /// (a paused queue's jobs are not waited for), saying what is left behind.
     #[arg(long)]
     exit_when_idle: bool,
 

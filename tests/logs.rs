@@ -4,46 +4,11 @@
 
 mod common;
 
-use std::io::Write;
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::fixtures::{Flaky, Panics, Recorder, fast_worker, state_of, wait_for};
+use common::fixtures::{Captured, Flaky, Panics, Recorder, fast_worker, state_of, wait_for};
 use common::test_db;
 use skiplock::{EnqueueOptions, Job, JobContext, JobError, JobState};
-
-/// Log output captured in memory.
-#[derive(Clone, Default)]
-struct Captured(Arc<Mutex<Vec<u8>>>);
-
-impl Captured {
-    fn lines(&self) -> Vec<String> {
-        let bytes = self.0.lock().unwrap().clone();
-        String::from_utf8_lossy(&bytes)
-            .lines()
-            .map(str::to_owned)
-            .collect()
-    }
-}
-
-impl Write for Captured {
-    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(bytes);
-        Ok(bytes.len())
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for Captured {
-    type Writer = Captured;
-
-    fn make_writer(&'a self) -> Self::Writer {
-        self.clone()
-    }
-}
 
 /// Logs one line of its own, then succeeds.
 #[derive(serde::Serialize, serde::Deserialize)]

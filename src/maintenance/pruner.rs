@@ -137,9 +137,14 @@ pub(crate) async fn prune_finished(
     done_partitions_prepare(pool).await?;
     // Rows first: a day that cannot be dropped never holds them up.
     loop {
-        let pass =
-            jobs_prune_finished_rolled_up(pool, succeeded_ms, cancelled_ms, dead_ms, PRUNE_BATCH)
-                .await;
+        let pass = jobs_prune_finished_rolled_up(
+            pool.pool(),
+            succeeded_ms,
+            cancelled_ms,
+            dead_ms,
+            PRUNE_BATCH,
+        )
+        .await;
         match pass {
             Ok(deleted) => {
                 pruned.jobs += deleted;

@@ -2030,6 +2030,9 @@ DECLARE
     parents bigint[];
     states skiplock.job_state[];
 BEGIN
+    IF false THEN
+        RETURN NULL;
+    END IF;
     SELECT array_agg(o.id), array_agg(o.state) INTO parents, states
     FROM deleted o WHERE o.state <> 'succeeded';
     PERFORM skiplock.internal_tombstone_parents(parents, states);
@@ -2508,7 +2511,7 @@ CREATE FUNCTION skiplock.internal_prepare_done_partitions(first_day date DEFAULT
     SET lock_timeout TO '100ms'
     SET "TimeZone" TO 'UTC'
     SET "DateStyle" TO 'ISO, YMD'
-    AS $$
+    AS $_$
 DECLARE
     day date;
     finished skiplock.job_state;
@@ -2530,14 +2533,33 @@ BEGIN
         FOREACH finished IN ARRAY ARRAY['succeeded', 'dead', 'cancelled']::skiplock.job_state[] LOOP
             leaf := format('jobs_done_%s_%s', finished, to_char(day, 'YYYYMMDD'));
             CONTINUE WHEN to_regclass(format('skiplock.%I', leaf)) IS NOT NULL;
-            CONTINUE WHEN EXISTS (
-                SELECT 1 FROM skiplock.jobs_done_default d
-                WHERE d.state = finished AND d.finished_at >= starts AND d.finished_at < ends);
             BEGIN
-                EXECUTE format(
-                    'CREATE TABLE skiplock.%I PARTITION OF skiplock.jobs_done
-                     FOR VALUES FROM (%L, %L) TO (%L, %L)',
-                    leaf, finished, starts, finished, ends);
+                IF EXISTS (SELECT 1 FROM skiplock.jobs_done_default d
+                           WHERE d.state = finished AND d.finished_at >= starts
+                             AND d.finished_at < ends) THEN
+                    EXECUTE format(
+                        'CREATE TABLE skiplock.%I
+                             (LIKE skiplock.jobs_done INCLUDING DEFAULTS INCLUDING CONSTRAINTS)',
+                        leaf);
+                    PERFORM set_config('skiplock.moving_day', 'jobs_done_default', true);
+                    EXECUTE format(
+                        'WITH moved AS (
+                             DELETE FROM skiplock.jobs_done_default d
+                             WHERE d.state = $1 AND d.finished_at >= $2 AND d.finished_at < $3
+                             RETURNING d.*)
+                         INSERT INTO skiplock.%I SELECT * FROM moved', leaf)
+                        USING finished, starts, ends;
+                    PERFORM set_config('skiplock.moving_day', '', true);
+                    EXECUTE format(
+                        'ALTER TABLE skiplock.jobs_done ATTACH PARTITION skiplock.%I
+                         FOR VALUES FROM (%L, %L) TO (%L, %L)',
+                        leaf, finished, starts, finished, ends);
+                ELSE
+                    EXECUTE format(
+                        'CREATE TABLE skiplock.%I PARTITION OF skiplock.jobs_done
+                         FOR VALUES FROM (%L, %L) TO (%L, %L)',
+                        leaf, finished, starts, finished, ends);
+                END IF;
                 -- A statement trigger fires for the table a DELETE names (see jobs_after_delete).
                 EXECUTE format(
                     'CREATE TRIGGER jobs_after_delete AFTER DELETE ON skiplock.%I
@@ -2546,15 +2568,16 @@ BEGIN
                     leaf);
                 created := created + 1;
             EXCEPTION WHEN lock_not_available OR duplicate_table OR check_violation THEN
-                -- Busy, made by another caller meanwhile, or a row of that day reached
-                -- jobs_done_default meanwhile: the next call looks again.
+                -- Busy (a table or a moving row locked), made by another caller meanwhile,
+                -- or a row of that day reached jobs_done_default meanwhile: the next call
+                -- looks again.
                 NULL;
             END;
         END LOOP;
     END LOOP;
     RETURN created;
 END;
-$$;
+$_$;
 
 --
 -- Name: internal_prune_cutoff(skiplock.job_state, bigint); Type: FUNCTION; Schema: skiplock; Owner: -

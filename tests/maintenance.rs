@@ -507,10 +507,12 @@ async fn a_busy_day_is_dropped_at_a_later_pass_and_counted_once() {
 }
 
 /// Days are made ahead by `skiplock.maintain` too (deployments with SQL workers only), and
-/// a day whose jobs already sit in `jobs_done_default` (nobody made it in time) stays there
-/// without an error, its jobs readable and pruned one by one when due.
+/// a day whose jobs already sit in `jobs_done_default` is made all the same, its jobs moved
+/// into it with their dependency edges: a day made late (nobody made it in time) and a day
+/// ahead that holds a `finished_at` written by hand. Both stayed in the default before, and
+/// so did every job that finished on such a day afterwards (a whole day pruned row by row).
 #[tokio::test]
-async fn days_are_made_ahead_and_a_late_day_stays_in_the_default_partition() {
+async fn days_are_made_ahead_and_a_late_day_takes_its_jobs_from_the_default_partition() {
     let db = test_db().await;
     let pool = &db.pool;
     let tomorrow = day_partition(pool, "succeeded", -1).await;
@@ -527,30 +529,67 @@ async fn days_are_made_ahead_and_a_late_day_stays_in_the_default_partition() {
         "maintain makes the days ahead"
     );
 
-    // Two days ago was never made: its jobs went to jobs_done_default.
+    // Two days ago was never made: its jobs went to jobs_done_default. One of them is a
+    // child whose edge to its (succeeded) parent is still there.
     let late = finished_days_ago(pool, "succeeded", 2, 4).await;
-    let made: i32 = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
-        "SELECT skiplock.internal_prepare_done_partitions({UTC_DAY}, 1)"
-    )))
-    .bind(2)
+    // Five days ahead, by hand.
+    let ahead = finished_days_ago(pool, "succeeded", -5, 1).await;
+    let parent = finished_days_ago(pool, "succeeded", 0, 1).await[0];
+    sqlx::query("INSERT INTO skiplock.job_dependencies (job_id, parent_id) VALUES ($1, $2)")
+        .bind(late[0])
+        .bind(parent)
+        .execute(pool)
+        .await
+        .unwrap();
+    let where_they_are = async |ids: &[i64]| -> Vec<String> {
+        sqlx::query_scalar(
+            "SELECT DISTINCT tableoid::regclass::text FROM skiplock.jobs WHERE id = ANY($1)",
+        )
+        .bind(ids)
+        .fetch_all(pool)
+        .await
+        .unwrap()
+    };
+    assert_eq!(where_they_are(&late).await, ["skiplock.jobs_done_default"]);
+    assert_eq!(where_they_are(&ahead).await, ["skiplock.jobs_done_default"]);
+
+    for days_ago in [2, -5] {
+        let made: i32 = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+            "SELECT skiplock.internal_prepare_done_partitions({UTC_DAY}, 1)"
+        )))
+        .bind(days_ago)
+        .fetch_one(pool)
+        .await
+        .unwrap();
+        assert_eq!(
+            made, 3,
+            "every state's table of the day {days_ago} days ago"
+        );
+    }
+    let late_day = day_partition(pool, "succeeded", 2).await;
+    assert_eq!(where_they_are(&late).await, [late_day.clone()]);
+    assert_eq!(
+        where_they_are(&ahead).await,
+        [day_partition(pool, "succeeded", -5).await]
+    );
+    let edges: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM skiplock.job_dependencies WHERE job_id = $1 AND parent_id = $2",
+    )
+    .bind(late[0])
+    .bind(parent)
     .fetch_one(pool)
     .await
     .unwrap();
-    assert_eq!(made, 2, "the day's dead and cancelled partitions only");
-    assert!(!table_exists(pool, &day_partition(pool, "succeeded", 2).await).await);
-    let where_they_are: Vec<String> = sqlx::query_scalar(
-        "SELECT DISTINCT tableoid::regclass::text FROM skiplock.jobs WHERE id = ANY($1)",
-    )
-    .bind(&late)
-    .fetch_all(pool)
-    .await
-    .unwrap();
-    assert_eq!(where_they_are, ["skiplock.jobs_done_default"]);
+    assert_eq!(edges, 1, "the moved child keeps its edge");
+    // The day is a day like the others: dropped whole once past retention.
     let pruned = skiplock::admin::prune(pool, Retention::default())
         .await
         .unwrap();
-    assert_eq!(pruned.jobs, 4, "{pruned:?}");
+    // Its succeeded and (empty) cancelled tables; dead jobs are kept 14 days.
+    assert_eq!((pruned.jobs, pruned.days), (4, 2), "{pruned:?}");
+    assert!(!table_exists(pool, &late_day).await);
     assert_eq!(history_succeeded(pool).await, 4);
+    assert_eq!(where_they_are(&ahead).await.len(), 1, "the day ahead stays");
 }
 
 /// The pruner's delete is never JIT-compiled: its plan's estimate follows the rows the

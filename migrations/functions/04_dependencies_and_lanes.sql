@@ -394,6 +394,10 @@ $$;
 --
 -- It runs as its owner (SECURITY DEFINER), as a foreign key's cascade did: whoever may
 -- delete jobs needs no privilege on job_dependencies.
+--
+-- Rows that internal_prepare_done_partitions moves out of jobs_done_default into their
+-- day's new table are not gone: that DELETE sets skiplock.moving_day to the table it
+-- deletes from for its own statement, and this trigger leaves their edges as they are.
 CREATE OR REPLACE FUNCTION skiplock.internal_jobs_after_delete() RETURNS trigger
 LANGUAGE plpgsql
 SECURITY DEFINER
@@ -406,6 +410,9 @@ DECLARE
     parents bigint[];
     states skiplock.job_state[];
 BEGIN
+    IF current_setting('skiplock.moving_day', true) = TG_TABLE_NAME THEN
+        RETURN NULL;
+    END IF;
     SELECT array_agg(o.id), array_agg(o.state) INTO parents, states
     FROM deleted o WHERE o.state <> 'succeeded';
     PERFORM skiplock.internal_tombstone_parents(parents, states);

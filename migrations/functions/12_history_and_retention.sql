@@ -102,8 +102,16 @@ $$;
 -- days, those missing; returns how many it created. Called by every worker's pruner,
 -- skiplock prune, skiplock.maintain and skiplock migrate, with the default two days ahead,
 -- so that each day exists before a job finishes in it. A day busy now is created at the
--- next call. A day for which jobs_done_default already holds rows stays there (Postgres
--- would refuse the partition); the pruner deletes those rows as they expire.
+-- next call.
+--
+-- A day for which jobs_done_default already holds rows (a day made late: its first jobs
+-- finished before any pruner ran; or a finished_at written by hand in a future day) is
+-- made all the same, or a whole day of completions would go to the default: Postgres
+-- refuses a partition whose rows the default holds, so the day's table is made on its
+-- own, those rows move into it (one DELETE … RETURNING feeding the INSERT; the delete
+-- trigger leaves their edges, see internal_jobs_after_delete) and it is attached as the
+-- day, all in one subtransaction. A row of theirs locked by another transaction (a retry
+-- by hand) makes the day wait for the next call.
 CREATE OR REPLACE FUNCTION skiplock.internal_prepare_done_partitions(
     first_day date DEFAULT NULL, days int DEFAULT 3)
 RETURNS int
@@ -135,14 +143,33 @@ BEGIN
         FOREACH finished IN ARRAY ARRAY['succeeded', 'dead', 'cancelled']::skiplock.job_state[] LOOP
             leaf := format('jobs_done_%s_%s', finished, to_char(day, 'YYYYMMDD'));
             CONTINUE WHEN to_regclass(format('skiplock.%I', leaf)) IS NOT NULL;
-            CONTINUE WHEN EXISTS (
-                SELECT 1 FROM skiplock.jobs_done_default d
-                WHERE d.state = finished AND d.finished_at >= starts AND d.finished_at < ends);
             BEGIN
-                EXECUTE format(
-                    'CREATE TABLE skiplock.%I PARTITION OF skiplock.jobs_done
-                     FOR VALUES FROM (%L, %L) TO (%L, %L)',
-                    leaf, finished, starts, finished, ends);
+                IF EXISTS (SELECT 1 FROM skiplock.jobs_done_default d
+                           WHERE d.state = finished AND d.finished_at >= starts
+                             AND d.finished_at < ends) THEN
+                    EXECUTE format(
+                        'CREATE TABLE skiplock.%I
+                             (LIKE skiplock.jobs_done INCLUDING DEFAULTS INCLUDING CONSTRAINTS)',
+                        leaf);
+                    PERFORM set_config('skiplock.moving_day', 'jobs_done_default', true);
+                    EXECUTE format(
+                        'WITH moved AS (
+                             DELETE FROM skiplock.jobs_done_default d
+                             WHERE d.state = $1 AND d.finished_at >= $2 AND d.finished_at < $3
+                             RETURNING d.*)
+                         INSERT INTO skiplock.%I SELECT * FROM moved', leaf)
+                        USING finished, starts, ends;
+                    PERFORM set_config('skiplock.moving_day', '', true);
+                    EXECUTE format(
+                        'ALTER TABLE skiplock.jobs_done ATTACH PARTITION skiplock.%I
+                         FOR VALUES FROM (%L, %L) TO (%L, %L)',
+                        leaf, finished, starts, finished, ends);
+                ELSE
+                    EXECUTE format(
+                        'CREATE TABLE skiplock.%I PARTITION OF skiplock.jobs_done
+                         FOR VALUES FROM (%L, %L) TO (%L, %L)',
+                        leaf, finished, starts, finished, ends);
+                END IF;
                 -- A statement trigger fires for the table a DELETE names (see jobs_after_delete).
                 EXECUTE format(
                     'CREATE TRIGGER jobs_after_delete AFTER DELETE ON skiplock.%I
@@ -151,8 +178,9 @@ BEGIN
                     leaf);
                 created := created + 1;
             EXCEPTION WHEN lock_not_available OR duplicate_table OR check_violation THEN
-                -- Busy, made by another caller meanwhile, or a row of that day reached
-                -- jobs_done_default meanwhile: the next call looks again.
+                -- Busy (a table or a moving row locked), made by another caller meanwhile,
+                -- or a row of that day reached jobs_done_default meanwhile: the next call
+                -- looks again.
                 NULL;
             END;
         END LOOP;

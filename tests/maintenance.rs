@@ -567,7 +567,7 @@ async fn days_are_made_ahead_and_a_late_day_takes_its_jobs_from_the_default_part
         );
     }
     let late_day = day_partition(pool, "succeeded", 2).await;
-    assert_eq!(where_they_are(&late).await, [late_day.clone()]);
+    assert_eq!(where_they_are(&late).await, std::slice::from_ref(&late_day));
     assert_eq!(
         where_they_are(&ahead).await,
         [day_partition(pool, "succeeded", -5).await]

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 
-use common::fixtures::strings;
+use common::fixtures::{strings, wait_for_a_lock_wait};
 use common::test_db;
 use serde_json::{Value, json};
 use sqlx::postgres::PgListener;
@@ -1782,4 +1782,66 @@ async fn complete_many_runs_in_the_callers_transaction() {
         "behind its lane's head"
     );
     assert!(claim(pool, 10).await.is_empty(), "the lane is still held");
+}
+
+/// Each call that writes a held job, made while another transaction moves the job's row to
+/// the other partition (an operator's cancel written by hand, which the call waits for):
+/// the call meets SQLSTATE 40001 (the row moved under it), runs again in a new snapshot and
+/// answers "not held", changing nothing. A `complete` mutated to return true on 40001
+/// instead of running again passed every test before this one; a call that let the error
+/// out fails here too. (The heartbeat never waits for a row, it skips locked ones, so no
+/// move can be forced under it this way.)
+#[tokio::test]
+async fn each_call_on_a_job_whose_row_moves_under_it_answers_not_held() {
+    let db = test_db().await;
+    let pool = &db.pool;
+    for (call, not_held) in [
+        ("SELECT skiplock.complete($1, $2)::text", Some("false")),
+        (
+            "SELECT skiplock.complete($1, $2, '{\"n\": 1}')::text",
+            Some("false"),
+        ),
+        ("SELECT skiplock.fail($1, $2, 'boom')::text", None),
+        ("SELECT skiplock.discard($1, $2, 'boom')::text", None),
+        ("SELECT skiplock.release($1, $2)::text", Some("false")),
+        (
+            "SELECT skiplock.snooze($1, $2, interval '1 minute')::text",
+            Some("false"),
+        ),
+    ] {
+        let id = enqueue_noop(pool).await;
+        let claimed = claim_one(pool).await;
+        assert_eq!(claimed.id, id);
+        let mut mover = pool.begin().await.unwrap();
+        sqlx::query(
+            "UPDATE skiplock.jobs SET state = 'cancelled', finished_at = now(),
+                                      claim_token = NULL, heartbeat_at = NULL
+             WHERE id = $1",
+        )
+        .bind(id)
+        .execute(&mut *mover)
+        .await
+        .unwrap();
+        let waiting = tokio::spawn({
+            let pool = pool.clone();
+            async move {
+                sqlx::query_scalar::<_, Option<String>>(call)
+                    .bind(id)
+                    .bind(claimed.claim_token)
+                    .fetch_one(&pool)
+                    .await
+            }
+        });
+        wait_for_a_lock_wait(pool, call).await;
+        mover.commit().await.unwrap();
+        let answer = waiting
+            .await
+            .unwrap()
+            .unwrap_or_else(|e| panic!("{call}: {e}"));
+        assert_eq!(answer.as_deref(), not_held, "{call}");
+        let after = row(pool, id).await;
+        assert_eq!(after["state"], json!("cancelled"), "{call}: {after}");
+        assert_eq!(after["output"], Value::Null, "{call}: {after}");
+        assert_eq!(after["last_error"], Value::Null, "{call}: {after}");
+    }
 }

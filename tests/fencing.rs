@@ -6,7 +6,8 @@ mod common;
 use std::time::Duration;
 
 use common::fixtures::{
-    Record, Recorder, Slow, count_in_state, fast_worker, state_of, strings, wait_for,
+    Gate, Record, Recorder, Slow, count_in_state, fast_worker, state_of, steady_worker, strings,
+    wait_for, wait_for_a_lock_wait,
 };
 use common::test_db;
 use skiplock::db::jobs::{
@@ -600,4 +601,103 @@ async fn a_note_that_meets_its_job_cancelled_under_it_writes_nothing() {
             .await
             .unwrap();
     assert_eq!(progress, None);
+}
+
+/// Waits at the worker's [`Gate`], then ends its attempt as `ends` says.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct EndsAtGate {
+    ends: String,
+}
+
+impl skiplock::Job for EndsAtGate {
+    const KIND: &'static str = "ends_at_gate";
+
+    async fn run(self, ctx: skiplock::JobContext) -> Result<(), skiplock::JobError> {
+        common::fixtures::recorder(&ctx).record(&ctx);
+        let gate = ctx.data::<Gate>().expect("a Gate on the worker");
+        if let Ok(permit) = gate.0.acquire().await {
+            permit.forget();
+        }
+        match self.ends.as_str() {
+            "complete" => Ok(()),
+            "retry" => Err(skiplock::JobError::retry("planned failure")),
+            "permanent" => Err(skiplock::JobError::permanent("planned failure")),
+            "snooze" => Err(skiplock::JobError::snooze(Duration::from_secs(60))),
+            other => panic!("no ending {other}"),
+        }
+    }
+}
+
+/// Each outcome the worker writes (a completion, a failure to retry, a permanent one, a
+/// snooze) while another transaction moves the job's row to the finished partition (an
+/// operator's cancel written by hand, which the write waits for): the write meets
+/// SQLSTATE 40001, runs again, finds the claim gone and saves nothing; the job stays
+/// cancelled and the worker reports the claim lost. Nothing is saved twice and nothing
+/// errors out of the worker.
+#[tokio::test]
+async fn an_outcome_written_while_the_jobs_row_moves_is_not_saved() {
+    for ends in ["complete", "retry", "permanent", "snooze"] {
+        let db = test_db().await;
+        let pool = &db.pool;
+        let id = skiplock::enqueue(
+            pool,
+            &EndsAtGate {
+                ends: ends.to_owned(),
+            },
+            EnqueueOptions::default(),
+        )
+        .await
+        .unwrap()
+        .id;
+        let recorder = Recorder::default();
+        let gate = Gate::closed();
+        let worker = steady_worker(pool, &recorder)
+            .register::<EndsAtGate>()
+            .data(gate.clone())
+            .build()
+            .unwrap();
+        let stop = worker.shutdown_handle();
+        let run = tokio::spawn(worker.run());
+        wait_for("the job to start", Duration::from_secs(60), || async {
+            recorder.total() == 1
+        })
+        .await;
+        let mut mover = pool.begin().await.unwrap();
+        sqlx::query(
+            "UPDATE skiplock.jobs SET state = 'cancelled', finished_at = now(),
+                                      claim_token = NULL, heartbeat_at = NULL
+             WHERE id = $1",
+        )
+        .bind(id.0)
+        .execute(&mut *mover)
+        .await
+        .unwrap();
+        gate.0.add_permits(1);
+        wait_for_a_lock_wait(pool, &format!("the worker's write of {ends} to wait")).await;
+        mover.commit().await.unwrap();
+        stop.shutdown();
+        let summary = tokio::time::timeout(Duration::from_secs(60), run)
+            .await
+            .expect("shutdown is not held up")
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            (
+                summary.succeeded,
+                summary.failed,
+                summary.snoozed,
+                summary.lost
+            ),
+            (0, 0, 0, 1),
+            "{ends}: {summary:?}"
+        );
+        let row: (String, Option<String>, Option<serde_json::Value>) = sqlx::query_as(
+            "SELECT state::text, last_error, output FROM skiplock.jobs WHERE id = $1",
+        )
+        .bind(id.0)
+        .fetch_one(pool)
+        .await
+        .unwrap();
+        assert_eq!(row, ("cancelled".to_owned(), None, None), "{ends}");
+    }
 }

@@ -66,7 +66,8 @@ impl Recorder {
     }
 }
 
-fn recorder(ctx: &JobContext) -> &Recorder {
+/// The worker's [`Recorder`] (given with `.data`).
+pub fn recorder(ctx: &JobContext) -> &Recorder {
     ctx.data::<Recorder>().expect("worker was given a Recorder")
 }
 

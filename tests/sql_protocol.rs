@@ -1845,3 +1845,68 @@ async fn each_call_on_a_job_whose_row_moves_under_it_answers_not_held() {
         assert_eq!(after["last_error"], Value::Null, "{call}: {after}");
     }
 }
+
+/// The operator's calls on a job whose row another transaction moves between partitions
+/// while the call waits for it: `cancel_job` of a running job completed meanwhile (moved
+/// to jobs_done) answers false and leaves it succeeded; `retry_job` of a dead job moved to
+/// another day meanwhile puts it back in line. Each meets 40001 and runs again. (The
+/// reaper skips locked rows, so no move can be forced under it this way.)
+#[tokio::test]
+async fn operator_calls_on_a_job_whose_row_moves_under_them_run_again() {
+    let db = test_db().await;
+    let pool = &db.pool;
+    let running = enqueue_noop(pool).await;
+    assert_eq!(claim_one(pool).await.id, running);
+    let dead = enqueue_noop(pool).await;
+    sqlx::query(
+        "UPDATE skiplock.jobs SET state = 'dead', finished_at = now(), last_error = 'boom'
+         WHERE id = $1",
+    )
+    .bind(dead)
+    .execute(pool)
+    .await
+    .unwrap();
+    for (id, moves, call, answer, state_after) in [
+        (
+            running,
+            "UPDATE skiplock.jobs SET state = 'succeeded', finished_at = now(),
+                                      claim_token = NULL, heartbeat_at = NULL
+             WHERE id = $1",
+            "SELECT skiplock.cancel_job($1)",
+            false,
+            "succeeded",
+        ),
+        (
+            dead,
+            "UPDATE skiplock.jobs SET finished_at = finished_at - interval '30 days'
+             WHERE id = $1",
+            "SELECT skiplock.retry_job($1)",
+            true,
+            "queued",
+        ),
+    ] {
+        let mut mover = pool.begin().await.unwrap();
+        sqlx::query(moves)
+            .bind(id)
+            .execute(&mut *mover)
+            .await
+            .unwrap();
+        let waiting = tokio::spawn({
+            let pool = pool.clone();
+            async move {
+                sqlx::query_scalar::<_, bool>(call)
+                    .bind(id)
+                    .fetch_one(&pool)
+                    .await
+            }
+        });
+        wait_for_a_lock_wait(pool, call).await;
+        mover.commit().await.unwrap();
+        let got = waiting
+            .await
+            .unwrap()
+            .unwrap_or_else(|e| panic!("{call}: {e}"));
+        assert_eq!(got, answer, "{call}");
+        assert_eq!(state(pool, id).await, state_after, "{call}");
+    }
+}

@@ -51,4 +51,10 @@ fi
 # skiplock's target directory, so the crates already built with the same features are reused.
 cp "$repo/Cargo.lock" "$app/Cargo.lock"
 cd "$app"
-CARGO_TARGET_DIR="$repo/target" cargo test --test signup
+CARGO_TARGET_DIR="$repo/target" cargo test --test signup 2>&1 | tee "$app/test.log"
+# A step that ran no test (the block lost its #[tokio::test], a filter matched nothing)
+# passes cargo; it must not pass here.
+if ! grep -Eq '^test result: ok\. [1-9][0-9]* passed' "$app/test.log"; then
+    echo "error: the guide's example ran no test (docs/testing-your-jobs.md, '## A complete example')" >&2
+    exit 1
+fi

@@ -242,8 +242,8 @@ async fn a_table_locked_for_15_s_under_a_starved_pool_deadlocks_nothing_and_reap
     // The lock takes skiplock.jobs, then each of its tables: a worker's transaction that
     // already holds jobs_live (a statement on it alone) and then asks for skiplock.jobs
     // closes a cycle with it, and Postgres may choose the lock as the deadlock's victim
-    // (once in a whole run of the suite on a loaded machine). The worker's side goes on; the fault is
-    // then applied again.
+    // (once in a whole run of the suite on a loaded machine). The worker's side goes on;
+    // the fault is then applied again.
     let mut tries = 0;
     let mut locker = loop {
         let mut locker = pool.begin().await.unwrap();

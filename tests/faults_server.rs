@@ -245,7 +245,7 @@ async fn a_table_locked_for_15_s_under_a_starved_pool_deadlocks_nothing_and_reap
     // (once in a whole run of the suite on a loaded machine). The worker's side goes on;
     // the fault is then applied again.
     let mut tries = 0;
-    let mut locker = loop {
+    let locker = loop {
         let mut locker = pool.begin().await.unwrap();
         match sqlx::query("LOCK TABLE skiplock.jobs IN ACCESS EXCLUSIVE MODE")
             .execute(&mut *locker)

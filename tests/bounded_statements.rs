@@ -894,3 +894,86 @@ async fn a_release_of_a_keys_held_jobs_costs_the_same_beside_its_waiting_childre
  {
     key_release_is_bounded(Statistics::History).await;
 }
+
+/// How many of `tables` this session holds a lock on.
+async fn tables_locked(session: &mut PgConnection, tables: &[sqlx::postgres::types::Oid]) -> i64 {
+    sqlx::query_scalar(
+        "SELECT count(*) FROM pg_locks WHERE pid = pg_backend_pid() AND relation = ANY ($1)",
+    )
+    .bind(tables)
+    .fetch_one(&mut *session)
+    .await
+    .unwrap()
+}
+
+/// A lookup by id of a job that has not finished costs the same whatever days of finished
+/// jobs are kept: with 31 days made (94 tables of finished jobs), a cancel of a queued job
+/// and an enqueue whose parent has not finished lock only the tables their rows move into,
+/// not every day's (through `skiplock.jobs`,
+/// each such lookup planned, probed and locked them all: an enqueue with a parent held 202
+/// locks on them and took 5.3-7.5 ms against 1.9-2.7 ms with one day kept;
+/// benches/days-kept.sh, docs/benchmarks.md). Counted in locks, not time: the count does
+/// not depend on the machine.
+#[tokio::test]
+async fn lookups_of_jobs_not_finished_lock_no_day_of_finished_jobs() {
+    let db = test_db().await;
+    let pool = &db.pool;
+    sqlx::query(
+        "SELECT skiplock.internal_prepare_done_partitions((now() AT TIME ZONE 'UTC')::date - 30, 31)",
+    )
+    .execute(pool)
+    .await
+    .unwrap();
+    // Read outside the measured transactions: pg_partition_tree locks what it lists.
+    let done_tables: Vec<sqlx::postgres::types::Oid> =
+        sqlx::query_scalar("SELECT relid::oid FROM pg_partition_tree('skiplock.jobs_done')")
+            .fetch_all(pool)
+            .await
+            .unwrap();
+    assert!(
+        done_tables.len() > 90,
+        "{} tables of finished jobs",
+        done_tables.len()
+    );
+    let parent: i64 = sqlx::query_scalar("SELECT skiplock.enqueue('noop', queue => 'held')")
+        .fetch_one(pool)
+        .await
+        .unwrap();
+    let queued: i64 = sqlx::query_scalar("SELECT skiplock.enqueue('noop')")
+        .fetch_one(pool)
+        .await
+        .unwrap();
+    let mut session = pool.acquire().await.unwrap();
+    // Each step twice, in a transaction rolled back, so that the second runs the plans the
+    // session keeps (the steady state of a worker's or an application's session).
+    for (what, step, allowed) in [
+        (
+            "an enqueue whose parent has not finished",
+            format!("SELECT skiplock.enqueue('noop', depends_on => ARRAY[{parent}::bigint])"),
+            0,
+        ),
+        (
+            // Its row moves into jobs_done and today's table of cancelled jobs.
+            "a cancel of a queued job",
+            format!("SELECT skiplock.cancel_job({queued})"),
+            2,
+        ),
+    ] {
+        for _ in 0..2 {
+            sqlx::query("BEGIN").execute(&mut *session).await.unwrap();
+            sqlx::raw_sql(sqlx::AssertSqlSafe(step.clone()))
+                .execute(&mut *session)
+                .await
+                .unwrap_or_else(|e| panic!("{what}: {e}"));
+            let locked = tables_locked(&mut session, &done_tables).await;
+            sqlx::query("ROLLBACK")
+                .execute(&mut *session)
+                .await
+                .unwrap();
+            assert!(
+                locked <= allowed,
+                "{what} locked {locked} tables of finished jobs (at most {allowed})"
+            );
+        }
+    }
+}

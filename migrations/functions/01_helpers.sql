@@ -103,6 +103,26 @@ $$;
 
 ALTER TABLE skiplock.jobs_live ALTER COLUMN id SET DEFAULT skiplock.internal_next_job_id();
 
+-- ---- A job looked up by id through skiplock.jobs ---------------------------------------
+--
+-- skiplock.jobs holds jobs_live and a table per finished state and day: a lookup by id
+-- that cannot say the job is live (a parent that may have finished) is planned, probed and
+-- locked over every table, so its cost follows the days kept (with 31 days, 101 tables:
+-- a cancel_job took 3.7-4.7 ms against 1.4-1.5 ms with one day, an enqueue with a parent
+-- 5.3-7.5 ms against 1.9-2.7, completing a parent of 40 waiting children 29-42 ms against
+-- 8-9; benches/days-kept.sh, docs/benchmarks.md). So:
+-- - a job that must be live (a cancel, a child, a parent that has not finished) is read
+--   from jobs_live first (or through skiplock.jobs with `state IN ('waiting', 'queued',
+--   'running')`, planned over jobs_live alone), and from jobs_done only when not there;
+-- - a finished parent is looked up once per parent, among the states that matter (dead
+--   and cancelled, or succeeded), not once per edge among every table;
+-- - the functions on the dependency and cancel paths say `SET plan_cache_mode =
+--   force_generic_plan`: PL/pgSQL planned their statements again at each call while a
+--   plan made for the values given looked cheaper; now once per session, with the index
+--   lookups their other settings pin.
+-- tests/bounded_statements.rs lookups_of_jobs_not_finished_lock_no_day_of_finished_jobs
+-- counts the tables of finished jobs a cancel and an enqueue with a parent lock.
+
 -- ---- A row moved to the other partition under a statement ------------------------------
 --
 -- A statement that locks or updates a row that another transaction moved between jobs_live

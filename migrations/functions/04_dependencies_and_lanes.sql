@@ -12,17 +12,40 @@
 -- ---- Dependencies and lanes --------------------------------------------------------------
 
 -- Whether a job still has a parent that has not succeeded: a parent row in any other state,
--- or a tombstone. An edge whose parent row is gone with parent_state NULL is satisfied.
--- Simple enough for the planner to inline into the statements that call it.
-CREATE OR REPLACE FUNCTION skiplock.internal_has_unmet_parent(job bigint) RETURNS boolean
-LANGUAGE sql STABLE AS $$
-    SELECT EXISTS (
+-- or a tombstone. An edge whose parent row is gone with parent_state NULL is satisfied, and
+-- so is an edge to a parent the caller knows succeeded (succeeded: the parents whose
+-- dependants it is settling), with no lookup. A parent that has not finished is found in
+-- jobs_live alone; only the other edges look into the finished jobs (see "A job looked up
+-- by id" in 01_helpers.sql). Its statements read the calling statement's snapshot (a
+-- STABLE function), so a parent moving between the two tables in between is seen in one
+-- place. PL/pgSQL, planned once per session: as a SQL function it was never inlined (its
+-- body holds a subquery) and was planned over every table of skiplock.jobs at each call,
+-- once per dependant.
+DROP FUNCTION IF EXISTS skiplock.internal_has_unmet_parent(bigint);
+CREATE OR REPLACE FUNCTION skiplock.internal_has_unmet_parent(job bigint,
+                                                              succeeded bigint[] DEFAULT '{}')
+RETURNS boolean
+LANGUAGE plpgsql STABLE
+SET plan_cache_mode = force_generic_plan
+AS $$
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM skiplock.job_dependencies d
+                   WHERE d.job_id = job AND d.parent_id <> ALL (succeeded)) THEN
+        RETURN false;
+    END IF;
+    IF EXISTS (SELECT 1 FROM skiplock.job_dependencies d
+               JOIN skiplock.jobs_live p ON p.id = d.parent_id
+               WHERE d.job_id = job AND d.parent_id <> ALL (succeeded)) THEN
+        RETURN true;
+    END IF;
+    RETURN EXISTS (
         SELECT 1 FROM skiplock.job_dependencies d
-        LEFT JOIN skiplock.jobs p ON p.id = d.parent_id
-        WHERE d.job_id = job
+        LEFT JOIN skiplock.jobs_done p ON p.id = d.parent_id
+        WHERE d.job_id = job AND d.parent_id <> ALL (succeeded)
           AND p.state IS DISTINCT FROM 'succeeded'
           AND (p.id IS NOT NULL OR d.parent_state IS NOT NULL)
     );
+END;
 $$;
 
 -- Jobs this transaction saw waiting and did not queue itself, announced if they are queued
@@ -54,7 +77,8 @@ AS $$
 $$;
 
 -- Of the given jobs, those that wait on dependencies that have all succeeded become
--- queued, announced; returns how many (promoted). By id: its cost follows the list. A
+-- queued, announced; returns how many (promoted). succeeded: parents the caller knows
+-- succeeded (internal_has_unmet_parent looks none of them up). By id: its cost follows the list. A
 -- waiting lane job (given parents by plain SQL: skiplock.enqueue refuses both) is left to
 -- its lane's step, which queues it in its lane's turn once its parents have succeeded:
 -- their lanes are returned (lanes) for the caller's one step of all its lanes
@@ -62,6 +86,7 @@ $$;
 -- lane).
 DROP FUNCTION IF EXISTS skiplock.internal_queue_ready_dependants(bigint[]);
 CREATE OR REPLACE FUNCTION skiplock.internal_queue_ready_dependants(ids bigint[],
+                                                                    succeeded bigint[],
                                                                     OUT promoted int,
                                                                     OUT lanes text[])
 LANGUAGE plpgsql
@@ -70,6 +95,7 @@ SET enable_bitmapscan = off
 SET enable_hashjoin = off
 SET enable_mergejoin = off
 SET jit = off
+SET plan_cache_mode = force_generic_plan
 AS $$
 DECLARE
     seen_waiting bigint[];
@@ -94,7 +120,7 @@ BEGIN
         SET state = 'queued', held_for = NULL
         WHERE c.id = ANY (seen_waiting) AND c.state = 'waiting' AND c.ordering_key IS NULL
           AND EXISTS (SELECT 1 FROM skiplock.job_dependencies d WHERE d.job_id = c.id)
-          AND NOT skiplock.internal_has_unmet_parent(c.id)
+          AND NOT skiplock.internal_has_unmet_parent(c.id, succeeded)
         RETURNING c.id, c.queue, c.priority, c.scheduled_at
     )
     SELECT count(*), array_agg(id),
@@ -132,6 +158,7 @@ SET enable_bitmapscan = off
 SET enable_hashjoin = off
 SET enable_mergejoin = off
 SET jit = off
+SET plan_cache_mode = force_generic_plan
 AS $$
 DECLARE
     promoted int := 0;
@@ -140,53 +167,81 @@ DECLARE
     lane text;
     steps text[] := coalesce(lanes, '{}');
 BEGIN
-    FOR victim IN
-        -- Each lookup is a LATERAL subquery with LIMIT (or OFFSET 0), which the planner
-        -- neither flattens nor reorders: the edges of the parents drive, the jobs are
-        -- found by id.
-        WITH RECURSIVE doomed (id, reason) AS (
-            SELECT e.job_id,
-                   CASE WHEN p.id IS NULL
-                        THEN format('parent job %s was deleted while %s', e.parent_id, e.parent_state)
-                        ELSE format('parent job %s ended %s', p.id, p.state) END
-            FROM skiplock.job_dependencies e
-            LEFT JOIN LATERAL (SELECT p.id, p.state FROM skiplock.jobs p
-                               WHERE p.id = e.parent_id LIMIT 1) p ON true
-            CROSS JOIN LATERAL (SELECT FROM skiplock.jobs c
-                                WHERE c.id = e.job_id AND c.state = 'waiting' LIMIT 1) c
-            WHERE e.parent_id = ANY (parent_ids)
-              AND (p.state IN ('dead', 'cancelled') OR (p.id IS NULL AND e.parent_state IS NOT NULL))
-            UNION
-            SELECT e.job_id, format('parent job %s was cancelled', doomed.id)
-            FROM doomed
-            CROSS JOIN LATERAL (SELECT d.job_id FROM skiplock.job_dependencies d
-                                WHERE d.parent_id = doomed.id OFFSET 0) e
-            CROSS JOIN LATERAL (SELECT FROM skiplock.jobs c
-                                WHERE c.id = e.job_id AND c.state = 'waiting' LIMIT 1) c
-        )
-        SELECT DISTINCT ON (d.id) d.id, d.reason FROM doomed d ORDER BY d.id, d.reason
-    LOOP
-        -- One row at a time, by id (cancellations are rare; a join of the list with the
-        -- table is what the planner can turn into a walk of every waiting job).
-        lane := NULL;
-        UPDATE skiplock.jobs j
-        SET state = 'cancelled', finished_at = now(), held_for = NULL, last_error = victim.reason
-        WHERE j.id = victim.id AND j.state = 'waiting'
-        RETURNING j.ordering_key INTO lane;
-        IF FOUND THEN
-            cancelled := cancelled + 1;
-            IF lane IS NOT NULL THEN
-                -- A lane's head cancelled: the job behind it gets the turn.
-                steps := steps || lane;
+    -- Parents without dependants (most jobs) settle nothing: the statements below, which
+    -- look parents up among the finished jobs, are not even started.
+    IF NOT EXISTS (SELECT 1 FROM skiplock.job_dependencies d WHERE d.parent_id = ANY (parent_ids))
+    THEN
+        promoted := 0;
+    ELSE
+        FOR victim IN
+            -- Each lookup is a LATERAL subquery with LIMIT (or OFFSET 0), which the planner
+            -- neither flattens nor reorders: the edges of the parents drive, the jobs are
+            -- found by id.
+            -- A parent is looked up once, among the dead and cancelled jobs only, not once
+            -- per edge among every table of skiplock.jobs (see "A job looked up by id" in
+            -- 01_helpers.sql); a tombstone is looked up only on the edges that carry one.
+            WITH RECURSIVE doomed (id, reason) AS (
+                (SELECT e.job_id, format('parent job %s ended %s', b.id, b.state)
+                 FROM (SELECT i.id FROM unnest(parent_ids) AS i(id)
+                       WHERE EXISTS (SELECT 1 FROM skiplock.job_dependencies d
+                                     WHERE d.parent_id = i.id)
+                       OFFSET 0) i
+                 CROSS JOIN LATERAL (SELECT p.id, p.state FROM skiplock.jobs p
+                                     WHERE p.id = i.id AND p.state IN ('dead', 'cancelled')
+                                     LIMIT 1) b
+                 CROSS JOIN LATERAL (SELECT d.job_id FROM skiplock.job_dependencies d
+                                     WHERE d.parent_id = b.id OFFSET 0) e
+                 CROSS JOIN LATERAL (SELECT FROM skiplock.jobs_live c
+                                     WHERE c.id = e.job_id AND c.state = 'waiting' LIMIT 1) c
+                 UNION
+                 SELECT e.job_id,
+                        format('parent job %s was deleted while %s', e.parent_id, e.parent_state)
+                 FROM skiplock.job_dependencies e
+                 CROSS JOIN LATERAL (SELECT FROM skiplock.jobs_live c
+                                     WHERE c.id = e.job_id AND c.state = 'waiting' LIMIT 1) c
+                 WHERE e.parent_id = ANY (parent_ids) AND e.parent_state IS NOT NULL
+                   AND NOT EXISTS (SELECT 1 FROM skiplock.jobs p WHERE p.id = e.parent_id))
+                UNION
+                SELECT e.job_id, format('parent job %s was cancelled', doomed.id)
+                FROM doomed
+                CROSS JOIN LATERAL (SELECT d.job_id FROM skiplock.job_dependencies d
+                                    WHERE d.parent_id = doomed.id OFFSET 0) e
+                CROSS JOIN LATERAL (SELECT FROM skiplock.jobs_live c
+                                    WHERE c.id = e.job_id AND c.state = 'waiting' LIMIT 1) c
+            )
+            SELECT DISTINCT ON (d.id) d.id, d.reason FROM doomed d ORDER BY d.id, d.reason
+        LOOP
+            -- One row at a time, by id (cancellations are rare; a join of the list with the
+            -- table is what the planner can turn into a walk of every waiting job).
+            lane := NULL;
+            UPDATE skiplock.jobs j
+            SET state = 'cancelled', finished_at = now(), held_for = NULL, last_error = victim.reason
+            WHERE j.id = victim.id AND j.state = 'waiting'
+            RETURNING j.ordering_key INTO lane;
+            IF FOUND THEN
+                cancelled := cancelled + 1;
+                IF lane IS NOT NULL THEN
+                    -- A lane's head cancelled: the job behind it gets the turn.
+                    steps := steps || lane;
+                END IF;
             END IF;
-        END IF;
-    END LOOP;
+        END LOOP;
 
-    -- Waiting lane jobs among the dependants: their lane's step queues each in its turn.
-    SELECT r.promoted, steps || r.lanes INTO promoted, steps
-    FROM skiplock.internal_queue_ready_dependants(ARRAY(
-        SELECT DISTINCT d.job_id FROM skiplock.job_dependencies d
-        WHERE d.parent_id = ANY (parent_ids))) r;
+        -- Waiting lane jobs among the dependants: their lane's step queues each in its turn.
+        -- The parents that succeeded, looked up once among the succeeded jobs, spare each
+        -- dependant a lookup of its edge to them.
+        SELECT r.promoted, steps || r.lanes INTO promoted, steps
+        FROM skiplock.internal_queue_ready_dependants(
+            ARRAY(SELECT DISTINCT d.job_id FROM skiplock.job_dependencies d
+                  WHERE d.parent_id = ANY (parent_ids)),
+            ARRAY(SELECT i.id
+                  FROM (SELECT i.id FROM unnest(parent_ids) AS i(id)
+                        WHERE EXISTS (SELECT 1 FROM skiplock.job_dependencies d
+                                      WHERE d.parent_id = i.id)
+                        OFFSET 0) i
+                  WHERE EXISTS (SELECT 1 FROM skiplock.jobs p
+                                WHERE p.id = i.id AND p.state = 'succeeded'))) r;
+    END IF;
     IF NOT wait THEN
         steps := ARRAY(SELECT DISTINCT k FROM unnest(steps) AS k
                        WHERE pg_try_advisory_xact_lock(skiplock.internal_lane_lock_id(k)));
@@ -226,6 +281,7 @@ SET enable_bitmapscan = off
 SET enable_hashjoin = off
 SET enable_mergejoin = off
 SET jit = off
+SET plan_cache_mode = force_generic_plan
 AS $$
 DECLARE
     promoted int;
@@ -340,6 +396,7 @@ LANGUAGE plpgsql
 SET enable_seqscan = off
 SET enable_hashjoin = off
 SET enable_mergejoin = off
+SET plan_cache_mode = force_generic_plan
 AS $$
 DECLARE
     children bigint[] := '{}';
@@ -445,7 +502,9 @@ CREATE OR REPLACE TRIGGER jobs_after_delete
     FOR EACH STATEMENT EXECUTE FUNCTION skiplock.internal_jobs_after_delete();
 
 CREATE OR REPLACE FUNCTION skiplock.internal_job_dependencies_after_insert() RETURNS trigger
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql
+SET plan_cache_mode = force_generic_plan
+AS $$
 DECLARE
     parent_now skiplock.job_state;
     parent_queue text;
@@ -468,9 +527,16 @@ BEGIN
     -- skiplock.internal_may_retry_moved).
     LOOP
         BEGIN
+            -- In jobs_live first, in the finished jobs only when it is not there (see "A job
+            -- looked up by id" in 01_helpers.sql).
             SELECT state, queue, priority, scheduled_at
             INTO parent_now, parent_queue, parent_priority, parent_scheduled_at
-            FROM skiplock.jobs WHERE id = NEW.parent_id FOR SHARE;
+            FROM skiplock.jobs_live WHERE id = NEW.parent_id FOR SHARE;
+            IF NOT FOUND THEN
+                SELECT state, queue, priority, scheduled_at
+                INTO parent_now, parent_queue, parent_priority, parent_scheduled_at
+                FROM skiplock.jobs_done WHERE id = NEW.parent_id FOR SHARE;
+            END IF;
             -- Claims skip the parent while this transaction holds it locked.
             IF parent_now = 'queued' THEN
                 PERFORM skiplock.internal_announce(ARRAY[ROW(parent_queue, parent_priority,
@@ -482,7 +548,12 @@ BEGIN
             END IF;
             SELECT state, queue, priority, scheduled_at, ordering_key
             INTO child_now, child_queue, child_priority, child_scheduled_at, child_lane
-            FROM skiplock.jobs WHERE id = NEW.job_id FOR UPDATE;
+            FROM skiplock.jobs_live WHERE id = NEW.job_id FOR UPDATE;
+            IF NOT FOUND THEN
+                SELECT state, queue, priority, scheduled_at, ordering_key
+                INTO child_now, child_queue, child_priority, child_scheduled_at, child_lane
+                FROM skiplock.jobs_done WHERE id = NEW.job_id FOR UPDATE;
+            END IF;
             EXIT;
         EXCEPTION WHEN serialization_failure THEN
             attempts := attempts + 1;
@@ -503,7 +574,8 @@ BEGIN
             -- edge's trigger to find its parent done decides; a parent still unfinished is
             -- locked by its own edge's trigger, and its completion sees the edge).
             SELECT r.lanes INTO child_lanes
-            FROM skiplock.internal_queue_ready_dependants(ARRAY[NEW.job_id]) r;
+            FROM skiplock.internal_queue_ready_dependants(ARRAY[NEW.job_id],
+                                                          ARRAY[NEW.parent_id]) r;
             IF cardinality(child_lanes) > 0 THEN
                 -- In its lane's turn (see internal_queue_ready_dependants).
                 PERFORM skiplock.internal_advance_lanes(child_lanes);

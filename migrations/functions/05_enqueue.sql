@@ -29,7 +29,8 @@ DECLARE
     inserted boolean;
     initial skiplock.job_state := 'queued';
     reason text;
-    missing bigint;
+    parent bigint;
+    parent_state skiplock.job_state;
 BEGIN
     IF priority NOT BETWEEN -32768 AND 32767 THEN
         RAISE EXCEPTION 'priority must be between -32768 and 32767 (lower runs first), not %',
@@ -47,23 +48,25 @@ BEGIN
         RAISE EXCEPTION 'a job cannot have both an ordering_key and dependencies'
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    IF cardinality(depends_on) > 0 THEN
-        SELECT d INTO missing FROM unnest(depends_on) AS d
-        WHERE NOT EXISTS (SELECT 1 FROM skiplock.jobs p WHERE p.id = d) LIMIT 1;
-        IF missing IS NOT NULL THEN
-            RAISE EXCEPTION 'parent job % does not exist', missing
-                USING ERRCODE = 'foreign_key_violation';
+    -- Each parent in jobs_live first, and in the finished jobs only when it is not there:
+    -- the cost of a parent that has not finished does not follow the days kept (see "A job
+    -- looked up by id" in 01_helpers.sql). The first dead or cancelled one cancels the job.
+    FOREACH parent IN ARRAY coalesce(depends_on, '{}') LOOP
+        SELECT p.state INTO parent_state FROM skiplock.jobs_live p WHERE p.id = parent;
+        IF NOT FOUND THEN
+            SELECT p.state INTO parent_state FROM skiplock.jobs_done p WHERE p.id = parent;
+            IF NOT FOUND THEN
+                RAISE EXCEPTION 'parent job % does not exist', parent
+                    USING ERRCODE = 'foreign_key_violation';
+            END IF;
         END IF;
-        SELECT format('parent job %s ended %s', p.id, p.state) INTO reason
-        FROM skiplock.jobs p
-        WHERE p.id = ANY (depends_on) AND p.state IN ('dead', 'cancelled') LIMIT 1;
-        IF reason IS NOT NULL THEN
+        IF parent_state IN ('dead', 'cancelled') THEN
+            reason := coalesce(reason, format('parent job %s ended %s', parent, parent_state));
             initial := 'cancelled';
-        ELSIF EXISTS (SELECT 1 FROM skiplock.jobs p
-                      WHERE p.id = ANY (depends_on) AND p.state <> 'succeeded') THEN
+        ELSIF parent_state <> 'succeeded' AND initial = 'queued' THEN
             initial := 'waiting';
         END IF;
-    END IF;
+    END LOOP;
     PERFORM set_config('skiplock.unique_holder', '', true);
     IF initial = 'cancelled' THEN
         -- Finished on arrival: into jobs_done, through the parent. Its args are checked

@@ -469,7 +469,7 @@ BEGIN
             -- those with a parent that can never succeed are cancelled with that parent's other
             -- waiting dependants (their cost: the failed parents' edges, each cancelling a job).
             IF dependants IS NOT NULL THEN
-                moved := moved + (skiplock.internal_queue_ready_dependants(dependants)).promoted;
+                moved := moved + (skiplock.internal_queue_ready_dependants(dependants, '{}')).promoted;
             END IF;
             -- Then the batch's lanes (each head is one index entry, and the queued ones
             -- are announced in one message per queue and priority) and those of the jobs

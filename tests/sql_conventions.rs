@@ -2,8 +2,10 @@
 //! each file opens with the list of what it defines, and every function that queues jobs
 //! announces them through `skiplock.internal_announce` (the one way statements tell
 //! workers of runnable work; a statement that forgets leaves its jobs to the workers' next
-//! walk from the start, up to a minute later), and every function that reads a lane to
-//! move it takes the lane's lock. Reads the files only: no database.
+//! walk from the start, up to a minute later), every function that reads a lane to
+//! move it takes the lane's lock, and every function that writes or locks a job another
+//! transaction may move between partitions handles 40001 or names the callers that do.
+//! Reads the files only: no database.
 
 use std::path::PathBuf;
 
@@ -230,4 +232,174 @@ fn first_lane_read(body: &str) -> Option<usize> {
         at += piece.len() + "ordering_key".len();
     }
     None
+}
+
+/// Functions that write or lock job rows (which another transaction may move between
+/// jobs_live and jobs_done under them, failing the statement with 40001, see
+/// `internal_may_retry_moved` in 01_helpers.sql) and do not catch `serialization_failure`
+/// themselves, each with the callers that run them again.
+const MOVED_ROWS_RETRIED_BY_CALLERS: &[(&str, &str)] = &[
+    (
+        "internal_fold_into_key_holder",
+        "retry_job and the outcome statements' callers (the SQL protocol's calls, the worker)",
+    ),
+    (
+        "internal_queue_ready_dependants",
+        "internal_settle_dependants, the edge trigger, internal_settle_waiting: each under a caller that retries",
+    ),
+    (
+        "internal_settle_dependants",
+        "internal_move_on, cancel_job, retry_job, internal_settle_waiting (maintain), the tombstones",
+    ),
+    (
+        "internal_advance_lanes",
+        "internal_settle_dependants and the lane steps of callers that retry",
+    ),
+    (
+        "internal_tombstone_parents",
+        "the delete trigger and the drop of a day: a DELETE or the pruner, which runs again",
+    ),
+    (
+        "internal_hold_keys",
+        "internal_claim_batch's callers: skiplock.claim's loop, the worker (40001 is transient)",
+    ),
+    (
+        "internal_release_held",
+        "the claim's and the outcomes' callers, internal_settle_waiting",
+    ),
+    (
+        "internal_claim_batch",
+        "skiplock.claim's loop; the worker claims again on 40001 (producer.rs, is_row_moved)",
+    ),
+    (
+        "internal_complete_claims",
+        "skiplock.complete's loop; the worker's completer retries 40001 (is_transient_sqlx)",
+    ),
+    (
+        "internal_fail_claims",
+        "internal_fail_one's loop (fail, discard); the worker's completer",
+    ),
+    (
+        "internal_release_claims",
+        "release's and snooze's loops; the worker's completer and shutdown",
+    ),
+    (
+        "internal_abandon_claims",
+        "the worker's completer, the last resort of a batch it could not save",
+    ),
+    (
+        "internal_save_outcomes",
+        "internal_save_outcomes_many's loop (complete_many, fail_many)",
+    ),
+    ("internal_cancel_job_once", "cancel_job's loop"),
+];
+
+/// Functions that call one of MOVED_ROWS_RETRIED_BY_CALLERS and leave 40001 to their own
+/// callers, each with those callers.
+const MOVED_ROWS_PASSED_TO_CALLERS: &[(&str, &str)] = &[
+    (
+        "internal_jobs_after_delete",
+        "the trigger of a DELETE: the pruner runs again at its next pass; a DELETE written by \
+         hand meets 40001 as any serialization failure",
+    ),
+    ("internal_hold_full_keys", "internal_claim_batch's callers"),
+    ("internal_hold_rate_keys", "internal_claim_batch's callers"),
+    (
+        "internal_release_freed_keys",
+        "internal_claim_batch's callers",
+    ),
+    (
+        "internal_release_refilled_keys",
+        "internal_claim_batch's callers",
+    ),
+    (
+        "internal_queues_after_key_limit",
+        "the trigger of an UPDATE of skiplock.queues: that statement meets 40001 as any \
+         serialization failure",
+    ),
+    (
+        "internal_drop_done_partition",
+        "the pruner, which leaves the day for its next pass",
+    ),
+];
+
+/// Whether a function body writes job rows, or locks them and waits (`FOR UPDATE` or `FOR
+/// SHARE` without `SKIP LOCKED`).
+fn writes_or_waits_for_jobs(body: &str) -> bool {
+    if body.contains("UPDATE skiplock.jobs") || body.contains("DELETE FROM skiplock.jobs") {
+        return true;
+    }
+    body.contains("skiplock.jobs")
+        && ["FOR UPDATE", "FOR SHARE"].iter().any(|clause| {
+            body.match_indices(clause).any(|(at, _)| {
+                !body[at + clause.len()..]
+                    .trim_start()
+                    .starts_with("SKIP LOCKED")
+            })
+        })
+}
+
+/// A row another transaction moved between jobs_live and jobs_done under a statement fails
+/// it with 40001; in READ COMMITTED the statement run again finds the row where it went.
+/// Each function that writes or waits for job rows runs itself again on it, or is run
+/// again by every caller (MOVED_ROWS_RETRIED_BY_CALLERS names them): a function that did
+/// neither returned an error for a job that had merely finished, or, mutated to answer
+/// true, reported success for a job left cancelled (tests/sql_protocol.rs
+/// each_call_on_a_job_whose_row_moves_under_it_answers_not_held).
+#[test]
+fn every_function_that_writes_or_waits_for_jobs_meets_a_moved_row() {
+    let unhandled = breaking(
+        MOVED_ROWS_RETRIED_BY_CALLERS,
+        "MOVED_ROWS_RETRIED_BY_CALLERS",
+        writes_or_waits_for_jobs,
+        |body| !body.contains("serialization_failure"),
+    );
+    assert!(
+        unhandled.is_empty(),
+        "functions that write or wait for job rows without handling 40001 (a row moved \
+         between jobs_live and jobs_done under them): {unhandled:?}; run the statement again \
+         on serialization_failure while skiplock.internal_may_retry_moved(attempts) says so, \
+         or add the function to MOVED_ROWS_RETRIED_BY_CALLERS with the callers that do"
+    );
+    // And the callers do: a SQL function that calls one of them handles 40001 itself or is
+    // listed (its own callers then do). Callers in Rust retry 40001 as transient.
+    let passing: Vec<&str> = MOVED_ROWS_RETRIED_BY_CALLERS
+        .iter()
+        .chain(MOVED_ROWS_PASSED_TO_CALLERS)
+        .map(|(name, _)| *name)
+        .collect();
+    let mut unretried = Vec::new();
+    let mut passed_seen = Vec::new();
+    for (file, text) in files() {
+        for definition in definitions(&text) {
+            let calls: Vec<&str> = passing
+                .iter()
+                .filter(|name| definition.body.contains(&format!("skiplock.{name}(")))
+                .copied()
+                .collect();
+            if calls.is_empty() || definition.body.contains("serialization_failure") {
+                continue;
+            }
+            if MOVED_ROWS_PASSED_TO_CALLERS
+                .iter()
+                .any(|(name, _)| *name == definition.label)
+            {
+                passed_seen.push(definition.label.clone());
+            } else if !passing.contains(&definition.label.as_str()) {
+                unretried.push(format!("{} ({file}) calls {calls:?}", definition.label));
+            }
+        }
+    }
+    assert!(
+        unretried.is_empty(),
+        "functions that call a function of MOVED_ROWS_RETRIED_BY_CALLERS and neither handle \
+         40001 nor are listed: {unretried:?}; handle it, or add the function to \
+         MOVED_ROWS_PASSED_TO_CALLERS with the callers that do"
+    );
+    for (name, _) in MOVED_ROWS_PASSED_TO_CALLERS {
+        assert!(
+            passed_seen.iter().any(|seen| seen == name),
+            "MOVED_ROWS_PASSED_TO_CALLERS names {name}, which no longer needs it: remove it"
+        );
+    }
 }

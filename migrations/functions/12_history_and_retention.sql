@@ -177,10 +177,12 @@ BEGIN
                      FOR EACH STATEMENT EXECUTE FUNCTION skiplock.internal_jobs_after_delete()',
                     leaf);
                 created := created + 1;
-            EXCEPTION WHEN lock_not_available OR duplicate_table OR check_violation THEN
+            EXCEPTION WHEN lock_not_available OR duplicate_table OR check_violation
+                           OR serialization_failure THEN
                 -- Busy (a table or a moving row locked), made by another caller meanwhile,
-                -- or a row of that day reached jobs_done_default meanwhile: the next call
-                -- looks again.
+                -- a row of that day reached jobs_done_default meanwhile, or a row to move
+                -- was moved out of it by another transaction (40001): the next call looks
+                -- again.
                 NULL;
             END;
         END LOOP;

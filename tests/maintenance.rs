@@ -399,6 +399,7 @@ async fn retention_drops_whole_days_and_keeps_their_history() {
     .unwrap();
     let old = finished_days_ago(pool, "succeeded", 4, 500).await;
     let recent = finished_days_ago(pool, "succeeded", 0, 3).await;
+    let yesterday = finished_days_ago(pool, "succeeded", 1, 3).await;
     // Outside every day partition: ten days ago, before the first prepared day.
     let stray = finished_days_ago(pool, "succeeded", 10, 2).await;
     let old_day = day_partition(pool, "succeeded", 4).await;
@@ -429,7 +430,8 @@ async fn retention_drops_whole_days_and_keeps_their_history() {
     };
     assert_eq!(left(old.clone()).await, 0);
     assert_eq!(left(stray).await, 0);
-    assert_eq!(left(recent).await, 3, "yesterday and today stay");
+    assert_eq!(left(recent).await, 3, "today stays");
+    assert_eq!(left(yesterday).await, 3, "yesterday stays");
     assert_eq!(left(vec![child, dead_parent]).await, 2);
     assert_eq!(
         history_succeeded(pool).await,
@@ -672,4 +674,92 @@ async fn the_pruners_delete_is_never_jit_compiled() {
         plans.iter().any(|plan| plan.contains("JIT:")),
         "no plan of the pass was JIT-compiled, so the capture proves nothing:\n{log}"
     );
+}
+
+/// Seconds from the start of the UTC day `days_ago` days before today to now, by the
+/// database's clock, and today's UTC date.
+async fn since_day_start(pool: &PgPool, days_ago: i32) -> (f64, chrono::NaiveDate) {
+    sqlx::query_as(sqlx::AssertSqlSafe(format!(
+        "SELECT extract(epoch FROM now() - {UTC_DAY}::timestamp AT TIME ZONE 'UTC')::float8,
+                (now() AT TIME ZONE 'UTC')::date"
+    )))
+    .bind(days_ago)
+    .fetch_one(pool)
+    .await
+    .unwrap()
+}
+
+async fn count_of(pool: &PgPool, ids: &[i64]) -> i64 {
+    sqlx::query_scalar("SELECT count(*) FROM skiplock.jobs WHERE id = ANY($1)")
+        .bind(ids)
+        .fetch_one(pool)
+        .await
+        .unwrap()
+}
+
+/// Retention at its edges (issue 49, item 3; docs/operating.md, "Retention: whole days
+/// dropped": a job stays at least its retention and at most a day longer). With the
+/// retention a minute longer than the time since the end of the day two days ago, that
+/// day stays whole (its rows are past retention, but not every row of its table could be
+/// dropped by then); a minute shorter, its table of succeeded jobs goes, while its table of
+/// dead jobs (kept 14 days) and yesterday stay. A `finished_at` written by hand before
+/// every day kept is deleted as a row once past retention; one in a day ahead stays. Run
+/// again once if a UTC midnight passes while it runs (the days it names would shift).
+#[tokio::test]
+async fn retention_holds_at_the_edges_of_a_day() {
+    for _ in 0..2 {
+        let db = test_db().await;
+        let pool = &db.pool;
+        prepare_days_ago(pool, 4, 5).await;
+        let (to_end_of_two_days_ago, today) = since_day_start(pool, 1).await;
+        let two_days_ago = finished_days_ago(pool, "succeeded", 2, 3).await;
+        let dead_two_days_ago = finished_days_ago(pool, "dead", 2, 2).await;
+        let yesterday = finished_days_ago(pool, "succeeded", 1, 3).await;
+        let long_ago = finished_days_ago(pool, "succeeded", 10, 1).await;
+        let ahead = finished_days_ago(pool, "succeeded", -3, 1).await;
+        let succeeded_kept = |seconds: f64| Retention {
+            succeeded: Duration::from_secs_f64(seconds),
+            cancelled: Duration::from_secs_f64(seconds),
+            dead: Duration::from_secs(14 * 24 * 3600),
+        };
+
+        // A minute longer than since the day ended: the day stays whole.
+        let first = skiplock::admin::prune(pool, succeeded_kept(to_end_of_two_days_ago + 60.0))
+            .await
+            .unwrap();
+        let after_first = (
+            count_of(pool, &two_days_ago).await,
+            count_of(pool, &long_ago).await,
+            count_of(pool, &ahead).await,
+        );
+        // A minute shorter: its table of succeeded jobs goes, with all three.
+        let second = skiplock::admin::prune(pool, succeeded_kept(to_end_of_two_days_ago - 60.0))
+            .await
+            .unwrap();
+        if since_day_start(pool, 1).await.1 != today {
+            continue;
+        }
+        assert_eq!(after_first, (3, 0, 1), "{first:?}");
+        assert_eq!(
+            first.jobs, 1,
+            "the row from before every day kept: {first:?}"
+        );
+        assert_eq!(
+            (second.jobs, second.days),
+            (3, 2),
+            "succeeded and cancelled tables of two days ago: {second:?}"
+        );
+        assert_eq!(count_of(pool, &two_days_ago).await, 0);
+        assert_eq!(
+            count_of(pool, &dead_two_days_ago).await,
+            2,
+            "dead jobs are kept 14 days"
+        );
+        assert_eq!(count_of(pool, &yesterday).await, 3, "yesterday stays");
+        assert_eq!(count_of(pool, &ahead).await, 1, "a day ahead stays");
+        assert!(table_exists(pool, &day_partition(pool, "dead", 2).await).await);
+        assert!(!table_exists(pool, &day_partition(pool, "succeeded", 2).await).await);
+        return;
+    }
+    panic!("two UTC midnights passed while the test ran");
 }

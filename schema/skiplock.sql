@@ -2571,13 +2571,13 @@ BEGIN
             leaf := format('jobs_done_%s_%s', finished, to_char(day, 'YYYYMMDD'));
             CONTINUE WHEN to_regclass(format('skiplock.%I', leaf)) IS NOT NULL;
             BEGIN
+                EXECUTE format(
+                    'CREATE TABLE skiplock.%I
+                         (LIKE skiplock.jobs_done INCLUDING DEFAULTS INCLUDING CONSTRAINTS)',
+                    leaf);
                 IF EXISTS (SELECT 1 FROM skiplock.jobs_done_default d
                            WHERE d.state = finished AND d.finished_at >= starts
                              AND d.finished_at < ends) THEN
-                    EXECUTE format(
-                        'CREATE TABLE skiplock.%I
-                             (LIKE skiplock.jobs_done INCLUDING DEFAULTS INCLUDING CONSTRAINTS)',
-                        leaf);
                     PERFORM set_config('skiplock.moving_day', 'jobs_done_default', true);
                     EXECUTE format(
                         'WITH moved AS (
@@ -2587,16 +2587,11 @@ BEGIN
                          INSERT INTO skiplock.%I SELECT * FROM moved', leaf)
                         USING finished, starts, ends;
                     PERFORM set_config('skiplock.moving_day', '', true);
-                    EXECUTE format(
-                        'ALTER TABLE skiplock.jobs_done ATTACH PARTITION skiplock.%I
-                         FOR VALUES FROM (%L, %L) TO (%L, %L)',
-                        leaf, finished, starts, finished, ends);
-                ELSE
-                    EXECUTE format(
-                        'CREATE TABLE skiplock.%I PARTITION OF skiplock.jobs_done
-                         FOR VALUES FROM (%L, %L) TO (%L, %L)',
-                        leaf, finished, starts, finished, ends);
                 END IF;
+                EXECUTE format(
+                    'ALTER TABLE skiplock.jobs_done ATTACH PARTITION skiplock.%I
+                     FOR VALUES FROM (%L, %L) TO (%L, %L)',
+                    leaf, finished, starts, finished, ends);
                 -- A statement trigger fires for the table a DELETE names (see jobs_after_delete).
                 EXECUTE format(
                     'CREATE TRIGGER jobs_after_delete AFTER DELETE ON skiplock.%I

@@ -806,3 +806,63 @@ async fn a_day_is_made_beside_an_open_transaction_that_finished_a_job() {
     );
     assert!(table_exists(pool, &day_partition(pool, "succeeded", -5).await).await);
 }
+
+/// A day is never dropped while a transaction that read the finished jobs sits idle: the
+/// drop's request for ACCESS EXCLUSIVE on `skiplock.jobs_done` would wait its 100 ms behind
+/// that transaction at every pass, and every completion would queue behind the request (12
+/// stalls in 20 s beside one idle reader, issue 49). The pruner leaves such a day without
+/// asking for the lock: while it runs, no session ever waits for ACCESS EXCLUSIVE on
+/// `skiplock.jobs_done` (watched the whole time; on the code before, the request waited
+/// 100 ms). Once the reader ends, the day goes.
+#[tokio::test]
+async fn a_day_is_left_without_a_lock_request_while_a_reader_of_the_jobs_sits_idle() {
+    let db = test_db().await;
+    let pool = &db.pool;
+    prepare_days_ago(pool, 3, 1).await;
+    finished_days_ago(pool, "succeeded", 3, 20).await;
+    let mut reader = pool.begin().await.unwrap();
+    let read: i64 = sqlx::query_scalar("SELECT count(*) FROM skiplock.jobs")
+        .fetch_one(&mut *reader)
+        .await
+        .unwrap();
+    assert_eq!(read, 20);
+
+    let prune = tokio::spawn({
+        let pool = pool.clone();
+        async move {
+            skiplock::admin::prune(&pool, Retention::default())
+                .await
+                .unwrap()
+        }
+    });
+    // Watched from a session of its own: the reader stays idle in its transaction.
+    let mut watcher = pool.acquire().await.unwrap();
+    let mut requests_seen = 0;
+    while !prune.is_finished() {
+        let waiting: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM pg_locks
+             WHERE NOT granted AND mode = 'AccessExclusiveLock'
+               AND relation = 'skiplock.jobs_done'::regclass",
+        )
+        .fetch_one(&mut *watcher)
+        .await
+        .unwrap();
+        requests_seen += waiting;
+    }
+    let busy = prune.await.unwrap();
+    assert_eq!(
+        requests_seen, 0,
+        "the drop asked for the lock behind the idle reader"
+    );
+    assert_eq!((busy.days, busy.days_left), (0, 2), "{busy:?}");
+
+    reader.rollback().await.unwrap();
+    let pruned = skiplock::admin::prune(pool, Retention::default())
+        .await
+        .unwrap();
+    assert_eq!(
+        (pruned.jobs, pruned.days, pruned.days_left),
+        (20, 2, 0),
+        "{pruned:?}"
+    );
+}

@@ -336,6 +336,22 @@ async fn drain(sim: &Sim, pool: &sqlx::PgPool) -> bool {
             still_since = Instant::now();
         }
         if Instant::now() > deadline || still_since.elapsed() > STALL_LIMIT {
+            // What a stalled drain left, for the report: the queues' settings and the
+            // unfinished jobs by queue, state and hold.
+            let queues: Vec<String> =
+                sqlx::query_scalar("SELECT to_jsonb(q)::text FROM skiplock.queues q")
+                    .fetch_all(pool)
+                    .await
+                    .unwrap_or_default();
+            let left: Vec<String> = sqlx::query_scalar(
+                "SELECT format('%s %s held_for=%s due=%s: %s', queue, state, held_for,
+                               scheduled_at <= now(), count(*))
+                 FROM skiplock.jobs_live GROUP BY queue, state, held_for, scheduled_at <= now()",
+            )
+            .fetch_all(pool)
+            .await
+            .unwrap_or_default();
+            eprintln!("model: the drain stalled; queues {queues:?}; unfinished {left:?}");
             return false;
         }
         // Announced as docs/operating.md tells operators to, so that workers whose

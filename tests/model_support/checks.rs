@@ -551,8 +551,11 @@ fn check_drained(evidence: &Evidence, tracks: &HashMap<i64, Track>, found: &mut 
                     .map(|(other, t)| format!("{other}:{}", t.state.as_deref().unwrap_or("?")))
                     .collect();
                 found.push(format!(
-                    "[drain: unfinished] job {job} is still {state} after the drain (lane {:?} with \
-                     unfinished [{}], unique key {:?}, parents [{}])\n{}",
+                    "[drain: unfinished] job {job} is still {state} after the drain (queue {:?}, \
+                     concurrency key {:?}, lane {:?} with unfinished [{}], unique key {:?}, \
+                     parents [{}])\n{}",
+                    track.queue,
+                    track.concurrency_key,
                     track.lane,
                     lane_mates.join(", "),
                     track.unique,

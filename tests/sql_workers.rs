@@ -359,12 +359,9 @@ async fn on_a_serializable_database_with_tight_timeouts_each_job_runs_once() {
     }
 }
 
-/// PgBouncer in transaction mode, on a database whose default is serializable: the
-/// examples find the pooler (it refuses their startup options), pin READ COMMITTED in each
-/// transaction (their BEGIN is all that pins it here) and use no named prepared statement,
-/// and drain with killed workers: every job once, none left running.
-#[tokio::test]
-async fn behind_pgbouncer_in_transaction_mode_each_job_runs_once() {
+/// A PgBouncer in transaction mode in front of `db`'s server, and the URL of `db` through
+/// it; fails (in CI) or says it skips when PgBouncer is not installed.
+async fn behind_pgbouncer(db: &TestDb) -> (PgBouncer, String) {
     if !PgBouncer::installed() {
         common::missing_tool(
             "the example workers behind PgBouncer",
@@ -376,10 +373,6 @@ async fn behind_pgbouncer_in_transaction_mode_each_job_runs_once() {
             pgbouncer::PGBOUNCER
         );
     }
-    let db = test_db().await;
-    let total = prepare_drain(&db).await;
-    // Before PgBouncer opens its server sessions, which take the default then.
-    set_serializable_default(&db, &[]).await;
     let server: sqlx::postgres::PgConnectOptions = db.url().parse().unwrap();
     let bouncer = PgBouncer::start(&server, 4).await;
     let url = with_database(
@@ -390,6 +383,20 @@ async fn behind_pgbouncer_in_transaction_mode_each_job_runs_once() {
         ),
         &db.name,
     );
+    (bouncer, url)
+}
+
+/// PgBouncer in transaction mode, on a database whose default is serializable: the
+/// examples find the pooler (it refuses their startup options), pin READ COMMITTED in each
+/// transaction (their BEGIN is all that pins it here) and use no named prepared statement,
+/// and drain with killed workers: every job once, none left running.
+#[tokio::test]
+async fn behind_pgbouncer_in_transaction_mode_each_job_runs_once() {
+    let db = test_db().await;
+    let total = prepare_drain(&db).await;
+    // Before PgBouncer opens its server sessions, which take the default then.
+    set_serializable_default(&db, &[]).await;
+    let (_bouncer, url) = behind_pgbouncer(&db).await;
     let logs = drain_with_killed_workers(&db, &url, total, async || {}).await;
     assert_no_line_with(
         &logs,
@@ -417,31 +424,11 @@ async fn behind_pgbouncer_in_transaction_mode_each_job_runs_once() {
 #[tokio::test]
 async fn two_copies_that_exit_when_idle_behind_pgbouncer_leave_no_lane_job_behind() {
     python_bin();
-    if !PgBouncer::installed() {
-        common::missing_tool(
-            "the example workers behind PgBouncer",
-            "pgbouncer",
-            "apt-get install pgbouncer (.ci/run does)",
-        );
-        panic!(
-            "the example workers behind PgBouncer need {}",
-            pgbouncer::PGBOUNCER
-        );
-    }
     for lang in [Lang::Python, Lang::Node] {
         let db = test_db().await;
         let total = enqueue_mix(&db, 25, 30, 2250).await;
         set_serializable_default(&db, &[]).await;
-        let server: sqlx::postgres::PgConnectOptions = db.url().parse().unwrap();
-        let bouncer = PgBouncer::start(&server, 4).await;
-        let url = with_database(
-            &format!(
-                "postgres://{}@127.0.0.1:{}/postgres",
-                server.get_username(),
-                bouncer.port
-            ),
-            &db.name,
-        );
+        let (_bouncer, url) = behind_pgbouncer(&db).await;
         let copies: Vec<Worker> = ["one", "two"]
             .iter()
             .map(|copy| {

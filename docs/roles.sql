@@ -90,6 +90,13 @@ GRANT SELECT (id, queue, priority, scheduled_at, state, ordering_key, unique_key
               unique_policy, args, xmax),
       UPDATE (args, unique_policy)
     ON skiplock.jobs_live TO skiplock_enqueuer;
+-- Waiting for the outcome of a job (skiplock::wait_for, skiplock.watch_job) marks it
+-- awaited on the live partition and reads how it ended: its attempts, output, last error
+-- and time; not its errors list, claims or progress.
+GRANT SELECT (attempt, output, last_error, finished_at, awaited)
+    ON skiplock.jobs TO skiplock_enqueuer;
+GRANT SELECT (attempt, awaited), UPDATE (awaited)
+    ON skiplock.jobs_live TO skiplock_enqueuer;
 
 -- ---- skiplock_reader: the dashboard read-only, `skiplock jobs/show/stats`, SQL reports --
 GRANT SELECT ON ALL TABLES IN SCHEMA skiplock TO skiplock_reader;
@@ -114,6 +121,8 @@ GRANT INSERT, DELETE ON skiplock.key_slots_freed TO skiplock_operator;
 -- ... and a per-key limit raised or removed lets the held jobs go, from the live partition
 -- by name (a statement naming skiplock.jobs_live is checked against its privileges alone).
 GRANT UPDATE (state, held_for) ON skiplock.jobs_live TO skiplock_operator;
+-- ... and waits for outcomes as an enqueuer does (skiplock.watch_job marks the job).
+GRANT UPDATE (awaited) ON skiplock.jobs_live TO skiplock_operator;
 GRANT INSERT, UPDATE, DELETE ON skiplock.cron_schedules TO skiplock_operator;
 GRANT INSERT, UPDATE, DELETE ON skiplock.job_history TO skiplock_operator;
 

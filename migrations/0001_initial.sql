@@ -131,6 +131,11 @@ CREATE TABLE skiplock.jobs (
     -- it out of waiting (jobs_held_for_only_waiting fails a writer that does not); NULL for
     -- a job waiting for its parents or its lane.
     held_for      text,
+    -- Whether someone waits for this job's outcome (skiplock.watch_job sets it, a waiter's
+    -- own write): when such a job finishes, skiplock_finished is notified with its id (the
+    -- trigger jobs_notify_finished). NULL for a job nobody waits for, which the trigger's
+    -- WHEN passes over without a call.
+    awaited       boolean,
     CONSTRAINT jobs_kind_not_empty CHECK (kind <> ''),
     CONSTRAINT jobs_concurrency_key_not_empty CHECK (concurrency_key <> ''),
     CONSTRAINT jobs_queue_not_empty CHECK (queue <> ''),
@@ -468,6 +473,9 @@ COMMENT ON COLUMN skiplock.jobs.output IS 'Output recorded by the handler (any J
 
 COMMENT ON COLUMN skiplock.jobs.held_for IS
     'Why a waiting job is held back although its parents and its lane let it run: key (its concurrency_key is at key_max_running) or rate (its key''s rate window is full). NULL for a job waiting for its parents or its lane, and for every job not waiting: an UPDATE that takes a held job out of waiting sets it NULL too.';
+
+COMMENT ON COLUMN skiplock.jobs.awaited IS
+    'true once someone waits for the job''s outcome (skiplock.watch_job, skiplock::wait_for): when it finishes (succeeded, dead or cancelled) its id is notified on skiplock_finished. NULL otherwise.';
 
 COMMENT ON TABLE skiplock.job_dependencies IS
     'Edges of the dependency graph: job_id runs only after parent_id succeeded. An edge whose '

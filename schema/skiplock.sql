@@ -2423,6 +2423,19 @@ END;
 $$;
 
 --
+-- Name: internal_notify_finished(); Type: FUNCTION; Schema: skiplock; Owner: -
+--
+
+CREATE FUNCTION skiplock.internal_notify_finished() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    PERFORM pg_notify('skiplock_finished', NEW.id::text);
+    RETURN NULL;
+END;
+$$;
+
+--
 -- Name: internal_notify_freed(text[], text[]); Type: FUNCTION; Schema: skiplock; Owner: -
 --
 
@@ -4087,6 +4100,67 @@ $$;
 COMMENT ON FUNCTION skiplock.snooze(id bigint, token uuid, delay interval) IS '`queued` again after `delay`, the attempt not counted: for a handler that must wait for something. `false`: the claim was not held, nothing changed.';
 
 --
+-- Name: watch_job(bigint); Type: FUNCTION; Schema: skiplock; Owner: -
+--
+
+CREATE FUNCTION skiplock.watch_job(job_id bigint) RETURNS TABLE(id bigint, state skiplock.job_state, attempt integer, output jsonb, last_error text, finished_at timestamp with time zone)
+    LANGUAGE plpgsql
+    SET plan_cache_mode TO 'force_generic_plan'
+    AS $$
+DECLARE
+    attempts int := 0;
+    marked record;
+BEGIN
+    LOOP
+        BEGIN
+            UPDATE skiplock.jobs_live j SET awaited = true
+            WHERE j.id = watch_job.job_id AND j.awaited IS NOT TRUE
+            RETURNING j.id, j.state, j.attempt, j.queue, j.priority, j.scheduled_at
+            INTO marked;
+            IF FOUND THEN
+                IF marked.state = 'queued' THEN
+                    PERFORM skiplock.internal_announce(ARRAY[
+                        (marked.queue, marked.priority, marked.scheduled_at)::skiplock.runnable_key]);
+                END IF;
+                RETURN QUERY SELECT marked.id, marked.state, marked.attempt, NULL::jsonb,
+                                    NULL::text, NULL::timestamptz;
+                RETURN;
+            END IF;
+            -- Awaited already, or not live: live jobs first (see "A job looked up by id
+            -- through skiplock.jobs" in 01_helpers.sql), then the finished ones.
+            RETURN QUERY
+            SELECT j.id, j.state, j.attempt, NULL::jsonb, NULL::text, NULL::timestamptz
+            FROM skiplock.jobs_live j WHERE j.id = watch_job.job_id;
+            IF FOUND THEN
+                RETURN;
+            END IF;
+            RETURN QUERY
+            SELECT j.id, j.state, j.attempt, j.output, j.last_error,
+                   -- A finished row written by hand may lack its time; finished all the
+                   -- same.
+                   coalesce(j.finished_at, '-infinity')
+            FROM skiplock.jobs j
+            WHERE j.id = watch_job.job_id AND j.state IN ('succeeded', 'dead', 'cancelled');
+            RETURN;
+        EXCEPTION WHEN serialization_failure THEN
+            -- Its row moved to the other partition meanwhile: run again (see
+            -- skiplock.internal_may_retry_moved).
+            attempts := attempts + 1;
+            IF NOT skiplock.internal_may_retry_moved(attempts) THEN
+                RAISE;
+            END IF;
+        END;
+    END LOOP;
+END;
+$$;
+
+--
+-- Name: FUNCTION watch_job(job_id bigint); Type: COMMENT; Schema: skiplock; Owner: -
+--
+
+COMMENT ON FUNCTION skiplock.watch_job(job_id bigint) IS 'Marks the job awaited, so that it notifies skiplock_finished with its id when it finishes, and returns where it stands: finished_at set once it finished (succeeded with output, dead with last_error, cancelled); no row when it does not exist. LISTEN skiplock_finished before calling it, and call it again at each notification of the id.';
+
+--
 -- Name: why_not_running(bigint); Type: FUNCTION; Schema: skiplock; Owner: -
 --
 
@@ -4290,6 +4364,7 @@ CREATE TABLE skiplock.jobs (
     output jsonb,
     concurrency_key text,
     held_for text,
+    awaited boolean,
     CONSTRAINT jobs_attempt_not_negative CHECK ((attempt >= 0)),
     CONSTRAINT jobs_claim_token_only_running CHECK (((claim_token IS NULL) OR (state = 'running'::skiplock.job_state))),
     CONSTRAINT jobs_concurrency_key_not_empty CHECK ((concurrency_key <> ''::text)),
@@ -4345,6 +4420,12 @@ COMMENT ON COLUMN skiplock.jobs.output IS 'Output recorded by the handler (any J
 --
 
 COMMENT ON COLUMN skiplock.jobs.held_for IS 'Why a waiting job is held back although its parents and its lane let it run: key (its concurrency_key is at key_max_running) or rate (its key''s rate window is full). NULL for a job waiting for its parents or its lane, and for every job not waiting: an UPDATE that takes a held job out of waiting sets it NULL too.';
+
+--
+-- Name: COLUMN jobs.awaited; Type: COMMENT; Schema: skiplock; Owner: -
+--
+
+COMMENT ON COLUMN skiplock.jobs.awaited IS 'true once someone waits for the job''s outcome (skiplock.watch_job, skiplock::wait_for): when it finishes (succeeded, dead or cancelled) its id is notified on skiplock_finished. NULL otherwise.';
 
 --
 -- Name: CONSTRAINT jobs_queue_name_length ON jobs; Type: COMMENT; Schema: skiplock; Owner: -
@@ -4467,6 +4548,7 @@ CREATE TABLE skiplock.jobs_done (
     output jsonb,
     concurrency_key text,
     held_for text,
+    awaited boolean,
     CONSTRAINT jobs_attempt_not_negative CHECK ((attempt >= 0)),
     CONSTRAINT jobs_claim_token_only_running CHECK (((claim_token IS NULL) OR (state = 'running'::skiplock.job_state))),
     CONSTRAINT jobs_concurrency_key_not_empty CHECK ((concurrency_key <> ''::text)),
@@ -4510,6 +4592,7 @@ CREATE TABLE skiplock.jobs_done_default (
     output jsonb,
     concurrency_key text,
     held_for text,
+    awaited boolean,
     CONSTRAINT jobs_attempt_not_negative CHECK ((attempt >= 0)),
     CONSTRAINT jobs_claim_token_only_running CHECK (((claim_token IS NULL) OR (state = 'running'::skiplock.job_state))),
     CONSTRAINT jobs_concurrency_key_not_empty CHECK ((concurrency_key <> ''::text)),
@@ -4565,6 +4648,7 @@ CREATE TABLE skiplock.jobs_live (
     output jsonb,
     concurrency_key text,
     held_for text,
+    awaited boolean,
     CONSTRAINT jobs_attempt_not_negative CHECK ((attempt >= 0)),
     CONSTRAINT jobs_claim_token_only_running CHECK (((claim_token IS NULL) OR (state = 'running'::skiplock.job_state))),
     CONSTRAINT jobs_concurrency_key_not_empty CHECK ((concurrency_key <> ''::text)),
@@ -5128,6 +5212,12 @@ CREATE TRIGGER jobs_before_insert BEFORE INSERT ON skiplock.jobs_live FOR EACH R
 --
 
 CREATE TRIGGER jobs_done_before_requeue BEFORE UPDATE ON skiplock.jobs_done FOR EACH ROW WHEN ((new.state = ANY (ARRAY['waiting'::skiplock.job_state, 'queued'::skiplock.job_state, 'running'::skiplock.job_state]))) EXECUTE FUNCTION skiplock.internal_jobs_done_before_requeue();
+
+--
+-- Name: jobs_done jobs_notify_finished; Type: TRIGGER; Schema: skiplock; Owner: -
+--
+
+CREATE TRIGGER jobs_notify_finished AFTER INSERT ON skiplock.jobs_done FOR EACH ROW WHEN (new.awaited) EXECUTE FUNCTION skiplock.internal_notify_finished();
 
 --
 -- Name: jobs jobs_notify_inserted; Type: TRIGGER; Schema: skiplock; Owner: -

@@ -95,6 +95,31 @@ pub enum Error {
     /// A worker, enqueue or queue setting is out of range or contradictory.
     #[error("invalid configuration: {0}")]
     Config(String),
+
+    /// [`wait_for`](crate::wait_for) found no job with this id: it was never enqueued (or
+    /// its enqueue has not committed yet), or it was deleted or pruned.
+    #[error(
+        "job {id} does not exist: never enqueued, not committed yet, or deleted or pruned since"
+    )]
+    JobNotFound {
+        /// The job.
+        id: crate::JobId,
+    },
+
+    /// [`wait_for`](crate::wait_for) gave up: the job had not finished when its timeout
+    /// ran out. The job itself is untouched; wait again, or look at it with
+    /// [`job`](crate::job).
+    #[error(
+        "job {id} had not finished after {waited:?}; it is untouched, wait again or look at it"
+    )]
+    WaitTimedOut {
+        /// The job.
+        id: crate::JobId,
+        /// The timeout given.
+        waited: std::time::Duration,
+        /// Its state when the wait gave up.
+        state: crate::JobState,
+    },
 }
 
 /// Shorthand for results of skiplock operations.

@@ -86,6 +86,7 @@
 #![warn(unreachable_pub)]
 
 pub mod admin;
+mod awaiting;
 pub mod backoff;
 pub mod builtin;
 pub mod cron;
@@ -126,6 +127,10 @@ pub mod testing;
 pub mod unstable_cli;
 pub mod worker;
 
+#[cfg(feature = "internals")]
+#[doc(hidden)]
+pub use awaiting::wait_for_with_fallbacks;
+pub use awaiting::{JobOutcome, wait_for};
 pub use db::jobs::JobRow;
 pub use enqueue::{
     EnqueueOutcome, EnqueueResult, NewJob, QUEUE_NAME_MAX_BYTES, enqueue, enqueue_many, enqueue_raw,

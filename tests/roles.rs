@@ -19,7 +19,7 @@ use common::fixtures::{Record, Recorder, wait_for};
 use common::{TestDb, server_url, test_db};
 use serde_json::json;
 use skiplock::cron::CronSchedule;
-use skiplock::{EnqueueOptions, JobId, Retention, UniquePolicy, Worker};
+use skiplock::{EnqueueOptions, JobId, JobState, Retention, UniquePolicy, Worker};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{AssertSqlSafe, Connection, Executor, PgConnection, PgPool};
 
@@ -701,6 +701,35 @@ async fn an_enqueuer_enqueues_every_way_and_does_nothing_else() {
     skiplock::check_schema(e)
         .await
         .expect("the enqueuer checks the schema version");
+    // It waits for the outcome of what it enqueued (the job marked, then woken).
+    let awaited = skiplock::enqueue(e, &Record { n: 8 }, EnqueueOptions::default())
+        .await
+        .unwrap()
+        .id;
+    let waiter = {
+        let e = e.clone();
+        tokio::spawn(async move { skiplock::wait_for(&e, awaited, Duration::from_secs(60)).await })
+    };
+    wait_for(
+        "the enqueuer's wait to mark its job",
+        Duration::from_secs(60),
+        || async {
+            sqlx::query_scalar::<_, Option<bool>>("SELECT awaited FROM skiplock.jobs WHERE id = $1")
+                .bind(awaited.0)
+                .fetch_one(&roles.owner)
+                .await
+                .unwrap()
+                == Some(true)
+        },
+    )
+    .await;
+    assert!(skiplock::cancel(&roles.operator, awaited).await.unwrap());
+    let outcome = waiter
+        .await
+        .unwrap()
+        .expect("the enqueuer waits for an outcome");
+    assert_eq!(outcome.state, JobState::Cancelled);
+    assert_eq!(outcome.last_error.as_deref(), Some("cancelled by operator"));
 
     // Nothing more.
     let queued = roles.queued("default").await;
@@ -734,8 +763,9 @@ async fn an_enqueuer_enqueues_every_way_and_does_nothing_else() {
         // reads beyond what enqueue needs
         "SELECT kind FROM skiplock.jobs".to_owned(),
         "SELECT claim_token FROM skiplock.jobs".to_owned(),
-        "SELECT errors, last_error FROM skiplock.jobs".to_owned(),
-        "SELECT output FROM skiplock.jobs".to_owned(),
+        "SELECT errors FROM skiplock.jobs".to_owned(),
+        "SELECT progress FROM skiplock.jobs".to_owned(),
+        format!("UPDATE skiplock.jobs SET output = '1' WHERE id = {queued}"),
         "SELECT * FROM skiplock.jobs".to_owned(),
         "SELECT * FROM skiplock.stats".to_owned(),
         "SELECT * FROM skiplock.dead_jobs".to_owned(),

@@ -62,6 +62,7 @@ const FUNCTIONS_SQL: &str = concat!(
     include_str!("../../migrations/functions/11_operator.sql"),
     include_str!("../../migrations/functions/12_history_and_retention.sql"),
     include_str!("../../migrations/functions/13_views.sql"),
+    include_str!("../../migrations/functions/14_awaited_outcomes.sql"),
 );
 
 /// The schema version this build of skiplock expects.

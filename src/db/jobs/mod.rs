@@ -181,3 +181,52 @@ pub async fn jobs_count_by_state(db: impl PgExecutor<'_>) -> sqlx::Result<Vec<(J
     .fetch_all(db)
     .await
 }
+
+/// Where a job someone waits for stands: a row of `skiplock.watch_job`.
+#[derive(Debug, Clone)]
+pub struct WatchedJob {
+    /// Job id.
+    pub id: JobId,
+    /// Its state now.
+    pub state: JobState,
+    /// Attempts started so far.
+    pub attempt: i32,
+    /// Output recorded by the handler (finished jobs only).
+    pub output: Option<Value>,
+    /// Message of the latest failure (finished jobs only).
+    pub last_error: Option<String>,
+    /// When it finished (`DateTime::<Utc>::MIN_UTC` for a finished row written by hand
+    /// without a time); `None` while it is live.
+    pub finished_at: Option<DateTime<Utc>>,
+}
+
+/// Marks a job awaited and reads where it stands (`skiplock.watch_job`); `None` when it
+/// does not exist. Unnamed, and its state read as text, so that it also runs through
+/// PgBouncer in transaction mode (see the module's doc on custom types).
+pub async fn jobs_watch(db: impl PgExecutor<'_>, id: JobId) -> sqlx::Result<Option<WatchedJob>> {
+    let row = sqlx::query(
+        "SELECT id, state::text, attempt, output, last_error, finished_at
+         FROM skiplock.watch_job($1)",
+    )
+    .bind(id.0)
+    .persistent(false)
+    .fetch_optional(db)
+    .await?;
+    let Some(row) = row else {
+        return Ok(None);
+    };
+    let state: &str = row.try_get(1)?;
+    Ok(Some(WatchedJob {
+        id: JobId(row.try_get(0)?),
+        state: state
+            .parse()
+            .map_err(|e: String| sqlx::Error::ColumnDecode {
+                index: "1 (state)".into(),
+                source: e.into(),
+            })?,
+        attempt: row.try_get(2)?,
+        output: row.try_get::<Option<Json<Value>>, _>(3)?.map(|json| json.0),
+        last_error: row.try_get(4)?,
+        finished_at: row.try_get::<MaybeTimestamp, _>(5)?.into(),
+    }))
+}

@@ -1,0 +1,100 @@
+-- migrations/functions/14_awaited_outcomes.sql: Waiting for a job's outcome: a waiter marks
+-- the job awaited (skiplock.watch_job), and an awaited job that finishes notifies
+-- skiplock_finished with its id.
+--
+-- Defines:
+--   internal_notify_finished, trigger jobs_notify_finished, watch_job
+--
+-- The protocol, for any language (docs/sql.md, "Waiting for a job's outcome"; the Rust
+-- form is skiplock::wait_for): LISTEN skiplock_finished on a connection of its own, then
+-- SELECT * FROM skiplock.watch_job(id). A row whose finished_at is set is the outcome;
+-- otherwise wait for a notification whose payload is the id (or for a slow fallback
+-- timeout) and call watch_job again. No row: the job does not exist (never did, deleted,
+-- or pruned). The LISTEN comes first so that a job finishing between the call and the wait
+-- is heard; the flag is written on the job's own row, under its row lock, so the
+-- statement that finishes it either sees the flag (and notifies) or finished it before
+-- (and watch_job returns the outcome): no order of the two loses the wake-up.
+
+-- The notification of an awaited job that finished, at its writer's commit. Its payload is
+-- the id alone (a waiter reads the outcome itself: a payload is capped at 8,000 bytes, an
+-- output is not).
+CREATE OR REPLACE FUNCTION skiplock.internal_notify_finished() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM pg_notify('skiplock_finished', NEW.id::text);
+    RETURN NULL;
+END;
+$$;
+
+-- A job finishes by entering jobs_done (every writer: a completion, a failure that leaves
+-- it dead, a cancel, the reaper, an UPDATE by hand; each moves the row between partitions,
+-- which fires the destination's INSERT row triggers). Declared on jobs_done, so that every
+-- day's table has it, those made later too (ATTACH clones it). Its WHEN reads the new row
+-- only: a job nobody waits for costs no call.
+CREATE OR REPLACE TRIGGER jobs_notify_finished
+    AFTER INSERT ON skiplock.jobs_done
+    FOR EACH ROW WHEN (NEW.awaited)
+    EXECUTE FUNCTION skiplock.internal_notify_finished();
+
+-- Marks the job awaited, and returns where it stands: finished_at set once it finished
+-- (state succeeded with its output, dead with its last error, or cancelled), NULL while it
+-- is live; no row when it does not exist. A live job's row is written once (the first
+-- waiter; the ones after find the flag and write nothing), under its row lock: a
+-- completion writing it meanwhile is waited for, and the row it moved to jobs_done is read
+-- instead (the 40001 of a row moved under the statement: run again). A queued row the
+-- write held locked was passed over by the claims meanwhile, so it is announced, as any
+-- writer that holds a queued row does.
+CREATE OR REPLACE FUNCTION skiplock.watch_job(job_id bigint)
+RETURNS TABLE (id bigint, state skiplock.job_state, attempt int, output jsonb,
+               last_error text, finished_at timestamptz)
+LANGUAGE plpgsql
+SET plan_cache_mode = force_generic_plan
+AS $$
+DECLARE
+    attempts int := 0;
+    marked record;
+BEGIN
+    LOOP
+        BEGIN
+            UPDATE skiplock.jobs_live j SET awaited = true
+            WHERE j.id = watch_job.job_id AND j.awaited IS NOT TRUE
+            RETURNING j.id, j.state, j.attempt, j.queue, j.priority, j.scheduled_at
+            INTO marked;
+            IF FOUND THEN
+                IF marked.state = 'queued' THEN
+                    PERFORM skiplock.internal_announce(ARRAY[
+                        (marked.queue, marked.priority, marked.scheduled_at)::skiplock.runnable_key]);
+                END IF;
+                RETURN QUERY SELECT marked.id, marked.state, marked.attempt, NULL::jsonb,
+                                    NULL::text, NULL::timestamptz;
+                RETURN;
+            END IF;
+            -- Awaited already, or not live: live jobs first (see "A job looked up by id
+            -- through skiplock.jobs" in 01_helpers.sql), then the finished ones.
+            RETURN QUERY
+            SELECT j.id, j.state, j.attempt, NULL::jsonb, NULL::text, NULL::timestamptz
+            FROM skiplock.jobs_live j WHERE j.id = watch_job.job_id;
+            IF FOUND THEN
+                RETURN;
+            END IF;
+            RETURN QUERY
+            SELECT j.id, j.state, j.attempt, j.output, j.last_error,
+                   -- A finished row written by hand may lack its time; finished all the
+                   -- same.
+                   coalesce(j.finished_at, '-infinity')
+            FROM skiplock.jobs j
+            WHERE j.id = watch_job.job_id AND j.state IN ('succeeded', 'dead', 'cancelled');
+            RETURN;
+        EXCEPTION WHEN serialization_failure THEN
+            -- Its row moved to the other partition meanwhile: run again (see
+            -- skiplock.internal_may_retry_moved).
+            attempts := attempts + 1;
+            IF NOT skiplock.internal_may_retry_moved(attempts) THEN
+                RAISE;
+            END IF;
+        END;
+    END LOOP;
+END;
+$$;
+COMMENT ON FUNCTION skiplock.watch_job(bigint) IS
+    'Marks the job awaited, so that it notifies skiplock_finished with its id when it finishes, and returns where it stands: finished_at set once it finished (succeeded with output, dead with last_error, cancelled); no row when it does not exist. LISTEN skiplock_finished before calling it, and call it again at each notification of the id.';

@@ -1,0 +1,371 @@
+//! Waiting for a job's outcome (`skiplock::wait_for`, `skiplock.watch_job`): a waiter is
+//! woken by the commit that finishes its job, whatever wrote it and in whichever order the
+//! wait and the finish meet; a job that is not there is a clear error; a thousand waiters
+//! share one listening connection.
+//!
+//! The waits here that must be woken by a notification run with the fallback look set to
+//! an hour ([`by_notification`]): woken by time, they would hang, and the hang guard (60 s)
+//! fails the test.
+
+mod common;
+
+use std::time::Duration;
+
+use common::fixtures::{wait_for, wait_for_a_lock_wait};
+use common::test_db;
+use serde_json::json;
+use skiplock::{Error, JobId, JobOutcome, JobState};
+use sqlx::postgres::PgListener;
+use sqlx::{Connection, PgConnection, PgPool};
+use uuid::Uuid;
+
+/// What only guards a hang.
+const HANG_GUARD: Duration = Duration::from_secs(60);
+
+/// A fallback look so far off that only a notification wakes the waiter in a test.
+const NEVER: Duration = Duration::from_secs(3600);
+
+/// Waits for `id` woken by notifications only (both fallbacks an hour away).
+async fn by_notification(pool: &PgPool, id: JobId) -> skiplock::Result<JobOutcome> {
+    skiplock::wait_for_with_fallbacks(pool, id, NEVER, NEVER, NEVER).await
+}
+
+async fn enqueue(pool: &PgPool, args: serde_json::Value) -> JobId {
+    JobId(
+        sqlx::query_scalar("SELECT skiplock.enqueue('noop', $1, max_attempts => 1)")
+            .bind(args)
+            .fetch_one(pool)
+            .await
+            .unwrap(),
+    )
+}
+
+/// Claims the job (the only one queued) as a SQL worker does.
+async fn claim(db: &mut PgConnection, id: JobId) -> Uuid {
+    let (claimed, token): (i64, Uuid) =
+        sqlx::query_as("SELECT id, claim_token FROM skiplock.claim('default', 1, 'test')")
+            .fetch_one(&mut *db)
+            .await
+            .unwrap();
+    assert_eq!(claimed, id.0);
+    token
+}
+
+/// Until the job's row says someone waits for it.
+async fn until_awaited(pool: &PgPool, id: JobId) {
+    wait_for("the waiter to mark its job", HANG_GUARD, || async {
+        sqlx::query_scalar::<_, Option<bool>>("SELECT awaited FROM skiplock.jobs WHERE id = $1")
+            .bind(id.0)
+            .fetch_one(pool)
+            .await
+            .unwrap()
+            == Some(true)
+    })
+    .await;
+}
+
+async fn guarded<T>(what: &str, future: impl std::future::Future<Output = T>) -> T {
+    tokio::time::timeout(HANG_GUARD, future)
+        .await
+        .unwrap_or_else(|_| panic!("{what}: no wake-up in {HANG_GUARD:?}"))
+}
+
+#[tokio::test]
+async fn a_waiter_is_woken_by_the_commit_that_finishes_its_job_and_not_before() {
+    let db = test_db().await;
+    let id = enqueue(&db.pool, json!({})).await;
+    let pool = db.pool.clone();
+    let mut waiter = tokio::spawn(async move { by_notification(&pool, id).await });
+    until_awaited(&db.pool, id).await;
+
+    let mut worker = PgConnection::connect(db.url()).await.unwrap();
+    let token = claim(&mut worker, id).await;
+    let mut finishing = worker.begin().await.unwrap();
+    let saved: bool = sqlx::query_scalar("SELECT skiplock.complete($1, $2, '{\"rows\": 7}')")
+        .bind(id.0)
+        .bind(token)
+        .fetch_one(&mut *finishing)
+        .await
+        .unwrap();
+    assert!(saved);
+    // Finished but not committed: nothing to return yet.
+    assert!(
+        tokio::time::timeout(Duration::from_millis(300), &mut waiter)
+            .await
+            .is_err(),
+        "the waiter returned before the job's completion committed"
+    );
+    finishing.commit().await.unwrap();
+
+    let outcome = guarded("the completion's commit", waiter)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(outcome.id, id);
+    assert_eq!(outcome.state, JobState::Succeeded);
+    assert_eq!(outcome.attempt, 1);
+    assert_eq!(outcome.output, Some(json!({"rows": 7})));
+    assert_eq!(outcome.last_error, None);
+}
+
+/// Every way a job finishes notifies its waiter: a failure that leaves it dead, a cancel,
+/// and a plain UPDATE by hand.
+#[tokio::test]
+async fn every_writer_that_finishes_a_job_wakes_its_waiter() {
+    let db = test_db().await;
+    let mut sql = PgConnection::connect(db.url()).await.unwrap();
+
+    let dead = enqueue(&db.pool, json!({})).await;
+    let pool = db.pool.clone();
+    let waiter = tokio::spawn(async move { by_notification(&pool, dead).await });
+    until_awaited(&db.pool, dead).await;
+    let token = claim(&mut sql, dead).await;
+    let state: String =
+        sqlx::query_scalar("SELECT skiplock.fail($1, $2, 'the disk is full')::text")
+            .bind(dead.0)
+            .bind(token)
+            .fetch_one(&mut sql)
+            .await
+            .unwrap();
+    assert_eq!(state, "dead");
+    let outcome = guarded("the failure", waiter).await.unwrap().unwrap();
+    assert_eq!(outcome.state, JobState::Dead);
+    assert_eq!(outcome.last_error.as_deref(), Some("the disk is full"));
+
+    let cancelled = enqueue(&db.pool, json!({})).await;
+    let pool = db.pool.clone();
+    let waiter = tokio::spawn(async move { by_notification(&pool, cancelled).await });
+    until_awaited(&db.pool, cancelled).await;
+    assert!(skiplock::cancel(&db.pool, cancelled).await.unwrap());
+    let outcome = guarded("the cancel", waiter).await.unwrap().unwrap();
+    assert_eq!(outcome.state, JobState::Cancelled);
+
+    let by_hand = enqueue(&db.pool, json!({})).await;
+    let pool = db.pool.clone();
+    let waiter = tokio::spawn(async move { by_notification(&pool, by_hand).await });
+    until_awaited(&db.pool, by_hand).await;
+    sqlx::query(
+        "UPDATE skiplock.jobs SET state = 'succeeded', finished_at = now(), output = '42'
+         WHERE id = $1",
+    )
+    .bind(by_hand.0)
+    .execute(&mut sql)
+    .await
+    .unwrap();
+    let outcome = guarded("the UPDATE by hand", waiter)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(outcome.state, JobState::Succeeded);
+    assert_eq!(outcome.output, Some(json!(42)));
+}
+
+#[tokio::test]
+async fn a_job_finished_already_returns_at_once_and_a_missing_one_is_a_clear_error() {
+    let db = test_db().await;
+    let id = enqueue(&db.pool, json!({})).await;
+    assert!(skiplock::cancel(&db.pool, id).await.unwrap());
+    let outcome = by_notification(&db.pool, id).await.unwrap();
+    assert_eq!(outcome.state, JobState::Cancelled);
+    // Finished before anyone waited: its row was not written again.
+    let awaited: Option<bool> =
+        sqlx::query_scalar("SELECT awaited FROM skiplock.jobs WHERE id = $1")
+            .bind(id.0)
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+    assert_eq!(awaited, None);
+
+    let missing = JobId(id.0 + 1000);
+    match by_notification(&db.pool, missing).await {
+        Err(Error::JobNotFound { id }) => assert_eq!(id, missing),
+        other => panic!("expected JobNotFound, got {other:?}"),
+    }
+    let message = Error::JobNotFound { id: missing }.to_string();
+    assert!(message.contains(&missing.0.to_string()) && message.contains("does not exist"));
+}
+
+#[tokio::test]
+async fn a_wait_that_runs_out_says_so_and_leaves_the_job_alone() {
+    let db = test_db().await;
+    let id = enqueue(&db.pool, json!({})).await;
+    match skiplock::wait_for(&db.pool, id, Duration::from_millis(200)).await {
+        Err(Error::WaitTimedOut {
+            id: late, state, ..
+        }) => {
+            assert_eq!(late, id);
+            assert_eq!(state, JobState::Queued);
+        }
+        other => panic!("expected WaitTimedOut, got {other:?}"),
+    }
+    let state: String = sqlx::query_scalar("SELECT state::text FROM skiplock.jobs WHERE id = $1")
+        .bind(id.0)
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(state, "queued");
+}
+
+/// A job deleted while waited for ends the wait with JobNotFound at the next look (no
+/// notification: a delete of a live job does not notify), not with a hang.
+#[tokio::test]
+async fn a_job_deleted_while_waited_for_ends_the_wait_with_a_clear_error() {
+    let db = test_db().await;
+    let id = enqueue(&db.pool, json!({})).await;
+    let pool = db.pool.clone();
+    let waiter = tokio::spawn(async move {
+        skiplock::wait_for_with_fallbacks(&pool, id, NEVER, Duration::from_millis(100), NEVER).await
+    });
+    until_awaited(&db.pool, id).await;
+    sqlx::query("DELETE FROM skiplock.jobs WHERE id = $1")
+        .bind(id.0)
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    match guarded("the fallback look", waiter).await.unwrap() {
+        Err(Error::JobNotFound { id: gone }) => assert_eq!(gone, id),
+        other => panic!("expected JobNotFound, got {other:?}"),
+    }
+}
+
+/// The two orders of a watch and a finish that overlap, in plain SQL: the watch waits for
+/// a completion that holds the row and then reads the finished row (the row moved under
+/// it: 40001, run again); a completion that waits for a watch holding the row sees the
+/// flag and notifies.
+#[tokio::test]
+async fn a_watch_and_a_finish_that_overlap_lose_no_wake_up_in_either_order() {
+    let db = test_db().await;
+    let mut worker = PgConnection::connect(db.url()).await.unwrap();
+
+    // The completion first, held open; the watch waits for it.
+    let first = enqueue(&db.pool, json!({})).await;
+    let token = claim(&mut worker, first).await;
+    let mut finishing = worker.begin().await.unwrap();
+    sqlx::query("SELECT skiplock.complete($1, $2)")
+        .bind(first.0)
+        .bind(token)
+        .execute(&mut *finishing)
+        .await
+        .unwrap();
+    let pool = db.pool.clone();
+    let watch = tokio::spawn(async move {
+        sqlx::query_as::<_, (String, Option<chrono::DateTime<chrono::Utc>>)>(
+            "SELECT state::text, finished_at FROM skiplock.watch_job($1)",
+        )
+        .bind(first.0)
+        .fetch_one(&pool)
+        .await
+    });
+    wait_for_a_lock_wait(&db.pool, "the watch to wait for the completion's row").await;
+    finishing.commit().await.unwrap();
+    let (state, finished_at) = guarded("the watch", watch).await.unwrap().unwrap();
+    assert_eq!(state, "succeeded");
+    assert!(finished_at.is_some());
+
+    // The watch first, held open; the completion waits for it and notifies.
+    let second = enqueue(&db.pool, json!({})).await;
+    let token = claim(&mut worker, second).await;
+    let mut listener = PgListener::connect(db.url()).await.unwrap();
+    listener.listen("skiplock_finished").await.unwrap();
+    let mut watcher = PgConnection::connect(db.url()).await.unwrap();
+    let mut watching = watcher.begin().await.unwrap();
+    let (state, finished_at): (String, Option<chrono::DateTime<chrono::Utc>>) =
+        sqlx::query_as("SELECT state::text, finished_at FROM skiplock.watch_job($1)")
+            .bind(second.0)
+            .fetch_one(&mut *watching)
+            .await
+            .unwrap();
+    assert_eq!((state.as_str(), finished_at), ("running", None));
+    let pool = db.pool.clone();
+    let completion = tokio::spawn(async move {
+        sqlx::query_scalar::<_, bool>("SELECT skiplock.complete($1, $2)")
+            .bind(second.0)
+            .bind(token)
+            .fetch_one(&pool)
+            .await
+    });
+    wait_for_a_lock_wait(&db.pool, "the completion to wait for the watched row").await;
+    watching.commit().await.unwrap();
+    assert!(
+        guarded("the completion", completion)
+            .await
+            .unwrap()
+            .unwrap()
+    );
+    let heard = guarded("the notification", listener.recv()).await.unwrap();
+    assert_eq!(heard.payload(), second.0.to_string());
+}
+
+/// A thousand waiters on a pool of four connections: one listening connection between
+/// them, and each woken with its own job's outcome when a plain UPDATE finishes them all.
+#[tokio::test]
+async fn a_thousand_waiters_share_one_listening_connection() {
+    const WAITERS: i64 = 1000;
+    let db = test_db().await;
+    let ids: Vec<i64> = sqlx::query_scalar(
+        "SELECT skiplock.enqueue('noop', jsonb_build_object('n', n)) FROM generate_series(1, $1) n",
+    )
+    .bind(WAITERS)
+    .fetch_all(&db.pool)
+    .await
+    .unwrap();
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(4)
+        .connect(db.url())
+        .await
+        .unwrap();
+    let mut waiters = tokio::task::JoinSet::new();
+    for &id in &ids {
+        let pool = pool.clone();
+        waiters.spawn(async move { (id, by_notification(&pool, JobId(id)).await) });
+    }
+    wait_for("every waiter to mark its job", HANG_GUARD, || async {
+        sqlx::query_scalar::<_, i64>("SELECT count(*) FROM skiplock.jobs WHERE awaited")
+            .fetch_one(&db.pool)
+            .await
+            .unwrap()
+            == WAITERS
+    })
+    .await;
+    let listening: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM pg_stat_activity
+         WHERE datname = current_database() AND query LIKE 'LISTEN%'",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        listening, 1,
+        "waiters of one pool share one listening connection"
+    );
+
+    sqlx::query(
+        "UPDATE skiplock.jobs SET state = 'succeeded', finished_at = now(), output = args
+         WHERE state = 'queued'",
+    )
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    let mut woken = 0;
+    while let Some(joined) = guarded("the waiters", waiters.join_next()).await {
+        let (id, outcome) = joined.unwrap();
+        let outcome = outcome.unwrap();
+        assert_eq!(outcome.id, id);
+        assert_eq!(outcome.state, JobState::Succeeded);
+        assert!(outcome.output.unwrap()["n"].is_number());
+        woken += 1;
+    }
+    assert_eq!(woken, WAITERS);
+    // The last waiter closed the hub's connection.
+    wait_for("the listening connection to close", HANG_GUARD, || async {
+        sqlx::query_scalar::<_, i64>(
+            "SELECT count(*) FROM pg_stat_activity
+             WHERE datname = current_database() AND query LIKE 'LISTEN%'",
+        )
+        .fetch_one(&db.pool)
+        .await
+        .unwrap()
+            == 0
+    })
+    .await;
+}

@@ -109,19 +109,18 @@ async fn main() -> Result<(), Box<dyn Error>> {
         })
         .exit_when_idle(true)
         .build()?;
-    let summary = worker.run().await?;
+    let running = tokio::spawn(worker.run());
+
+    // A caller that answers with the result waits for it, woken when the outcome commits.
+    let outcome = skiplock::wait_for(&pool, job_id, Duration::from_secs(30)).await?;
+    let summary = running.await??;
     println!(
         "worker stopped: {} claimed, {} succeeded, {} failed",
         summary.claimed, summary.succeeded, summary.failed
     );
-
-    // The job as operators see it (`skiplock show ID`).
-    let job = skiplock::job(&pool, job_id)
-        .await?
-        .ok_or("the job is gone")?;
     pool.close().await;
-    if job.state != JobState::Succeeded {
-        return Err(format!("job {job_id} is {}: {:?}", job.state, job.last_error).into());
+    if outcome.state != JobState::Succeeded {
+        return Err(format!("job {job_id} did not succeed: {outcome:?}").into());
     }
     Ok(())
 }

@@ -369,3 +369,32 @@ async fn a_thousand_waiters_share_one_listening_connection() {
     })
     .await;
 }
+
+/// Finished rows written by hand with no time, or times chrono cannot hold, are outcomes
+/// all the same (saturated times), never a failed decode.
+#[tokio::test]
+async fn a_finished_row_written_by_hand_with_any_time_is_an_outcome() {
+    let db = test_db().await;
+    for (finished_at, expected) in [
+        ("NULL", chrono::DateTime::<chrono::Utc>::MIN_UTC),
+        ("'-infinity'", chrono::DateTime::<chrono::Utc>::MIN_UTC),
+        ("'infinity'", chrono::DateTime::<chrono::Utc>::MAX_UTC),
+        (
+            "'294276-12-31 23:59:59+00'",
+            chrono::DateTime::<chrono::Utc>::MAX_UTC,
+        ),
+    ] {
+        let id = enqueue(&db.pool, json!({})).await;
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "UPDATE skiplock.jobs SET state = 'dead', finished_at = {finished_at}, last_error = 'x'
+             WHERE id = $1"
+        )))
+        .bind(id.0)
+        .execute(&db.pool)
+        .await
+        .unwrap();
+        let outcome = by_notification(&db.pool, id).await.unwrap();
+        assert_eq!(outcome.state, JobState::Dead, "{finished_at}");
+        assert_eq!(outcome.finished_at, expected, "{finished_at}");
+    }
+}

@@ -587,3 +587,59 @@ async fn the_dashboard_answers_through_pgbouncer() {
         }
     }
 }
+
+/// `skiplock::wait_for` on a pool through PgBouncer: no LISTEN holds there, so each waiter
+/// looks at its job on a timer; its statements are unnamed, so twenty waiters on three
+/// server connections never clash, and each gets its own job's outcome.
+#[tokio::test]
+async fn wait_for_gets_each_outcome_through_pgbouncer() {
+    const WAITERS: i64 = 20;
+    let db = test_db().await;
+    let Some(bouncer) = bouncer(&db).await else {
+        return;
+    };
+    let ids: Vec<i64> = sqlx::query_scalar(
+        "SELECT skiplock.enqueue('counted', jsonb_build_object('n', n)) FROM generate_series(1, $1) n",
+    )
+    .bind(WAITERS)
+    .fetch_all(&db.pool)
+    .await
+    .unwrap();
+    let through = bouncer.pool(10);
+    let mut waiters = tokio::task::JoinSet::new();
+    for &id in &ids {
+        let pool = through.clone();
+        waiters.spawn(async move {
+            (
+                id,
+                skiplock::wait_for(&pool, JobId(id), Duration::from_secs(120)).await,
+            )
+        });
+    }
+    common::fixtures::wait_for(
+        "every waiter to mark its job",
+        Duration::from_secs(60),
+        || async {
+            sqlx::query_scalar::<_, i64>("SELECT count(*) FROM skiplock.jobs WHERE awaited")
+                .fetch_one(&db.pool)
+                .await
+                .unwrap()
+                == WAITERS
+        },
+    )
+    .await;
+    sqlx::query(
+        "UPDATE skiplock.jobs SET state = 'succeeded', finished_at = now(), output = args
+         WHERE state = 'queued'",
+    )
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    while let Some(joined) = waiters.join_next().await {
+        let (id, outcome) = joined.unwrap();
+        let outcome = outcome.expect("an outcome through PgBouncer");
+        assert_eq!(outcome.id, id);
+        assert_eq!(outcome.state, JobState::Succeeded);
+        assert!(outcome.output.unwrap()["n"].is_number());
+    }
+}

@@ -35,6 +35,17 @@ fn saturated(micros: i64) -> DateTime<Utc> {
         })
 }
 
+/// The instant `micros` after the Unix epoch, saturated like [`saturated`]: for times a
+/// statement returns as integers (a statement in the simple query protocol, whose text
+/// form of a `timestamptz` follows the session's `DateStyle`).
+pub(crate) fn from_unix_micros_saturated(micros: i64) -> DateTime<Utc> {
+    DateTime::from_timestamp_micros(micros).unwrap_or(if micros < 0 {
+        DateTime::<Utc>::MIN_UTC
+    } else {
+        DateTime::<Utc>::MAX_UTC
+    })
+}
+
 impl Type<Postgres> for Timestamp {
     fn type_info() -> PgTypeInfo {
         <DateTime<Utc> as Type<Postgres>>::type_info()

@@ -201,21 +201,30 @@ pub struct WatchedJob {
 }
 
 /// Marks a job awaited and reads where it stands (`skiplock.watch_job`); `None` when it
-/// does not exist. Unnamed, and its state read as text, so that it also runs through
-/// PgBouncer in transaction mode (see the module's doc on custom types).
+/// does not exist. In the simple query protocol, its id written into the text (an integer),
+/// every column a text Postgres writes the same way whatever the session's settings (the
+/// time as microseconds since the epoch): one round trip and no prepared statement, so it
+/// runs as it is through PgBouncer in transaction mode too, where a statement prepared on
+/// one server connection may be executed on another.
 pub async fn jobs_watch(db: impl PgExecutor<'_>, id: JobId) -> sqlx::Result<Option<WatchedJob>> {
-    let row = sqlx::query(
-        "SELECT id, state::text, attempt, output, last_error, finished_at
-         FROM skiplock.watch_job($1)",
-    )
-    .bind(id.0)
-    .persistent(false)
-    .fetch_optional(db)
-    .await?;
+    let sql = format!(
+        "SELECT id, state::text, attempt, output::text, last_error,
+                CASE WHEN finished_at = 'infinity' THEN 9223372036854775807
+                     WHEN finished_at = '-infinity' THEN -9223372036854775808
+                     WHEN finished_at IS NOT NULL
+                     THEN least(extract(epoch FROM finished_at) * 1000000,
+                                9223372036854775807)::bigint END
+         FROM skiplock.watch_job({})",
+        id.0
+    );
+    let row = sqlx::raw_sql(sqlx::AssertSqlSafe(sql))
+        .fetch_optional(db)
+        .await?;
     let Some(row) = row else {
         return Ok(None);
     };
     let state: &str = row.try_get(1)?;
+    let output: Option<&str> = row.try_get(3)?;
     Ok(Some(WatchedJob {
         id: JobId(row.try_get(0)?),
         state: state
@@ -225,8 +234,15 @@ pub async fn jobs_watch(db: impl PgExecutor<'_>, id: JobId) -> sqlx::Result<Opti
                 source: e.into(),
             })?,
         attempt: row.try_get(2)?,
-        output: row.try_get::<Option<Json<Value>>, _>(3)?.map(|json| json.0),
+        output: output.map(serde_json::from_str).transpose().map_err(|e| {
+            sqlx::Error::ColumnDecode {
+                index: "3 (output)".into(),
+                source: e.into(),
+            }
+        })?,
         last_error: row.try_get(4)?,
-        finished_at: row.try_get::<MaybeTimestamp, _>(5)?.into(),
+        finished_at: row
+            .try_get::<Option<i64>, _>(5)?
+            .map(super::timestamp::from_unix_micros_saturated),
     }))
 }

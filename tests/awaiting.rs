@@ -398,3 +398,34 @@ async fn a_finished_row_written_by_hand_with_any_time_is_an_outcome() {
         assert_eq!(outcome.finished_at, expected, "{finished_at}");
     }
 }
+
+/// The listening connection killed while a waiter waits, and its job finished at once:
+/// the notification may be lost with the connection, so the listener's return makes every
+/// waiter look again (fallbacks an hour away: only that look, or the notification if the
+/// listener was back in time, can wake it).
+#[tokio::test]
+async fn a_waiter_whose_listener_was_killed_still_gets_its_outcome() {
+    let db = test_db().await;
+    let id = enqueue(&db.pool, json!({})).await;
+    let pool = db.pool.clone();
+    let waiter = tokio::spawn(async move { by_notification(&pool, id).await });
+    until_awaited(&db.pool, id).await;
+    let killed: i64 = sqlx::query_scalar(
+        "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
+         WHERE datname = current_database() AND query LIKE 'LISTEN%'",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(killed, 1, "the hub's listening connection");
+    sqlx::query("UPDATE skiplock.jobs SET state = 'succeeded', finished_at = now() WHERE id = $1")
+        .bind(id.0)
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    let outcome = guarded("the listener's return", waiter)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(outcome.state, JobState::Succeeded);
+}

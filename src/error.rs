@@ -110,7 +110,7 @@ pub enum Error {
     /// ran out. The job itself is untouched; wait again, or look at it with
     /// [`job`](crate::job).
     #[error(
-        "job {id} had not finished after {waited:?}; it is untouched, wait again or look at it"
+        "job {id} had not finished after {waited:?} (it is {state}); it is untouched, wait again or look at it"
     )]
     WaitTimedOut {
         /// The job.

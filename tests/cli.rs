@@ -1401,3 +1401,89 @@ async fn work_retention_sets_what_the_pruner_deletes() {
         .unwrap();
     assert_eq!(left, vec![ids[1]]);
 }
+
+/// `skiplock wait`: it returns once the jobs' outcomes committed, a line each, exit 0 only
+/// when every one succeeded; a job that is not there or not finished in time is its own
+/// line, and exit 1.
+#[tokio::test]
+async fn wait_prints_each_outcome_once_it_committed() {
+    let db = test_db().await;
+    let done = enqueue(&db, "noop", &json!({}), &[]).await;
+    let dead = enqueue(&db, "noop", &json!({}), &[]).await;
+    let waiter = {
+        let args = [
+            "wait".to_owned(),
+            done.to_string(),
+            dead.to_string(),
+            "--json".to_owned(),
+        ];
+        let command = cli_support::command(&db);
+        tokio::spawn(async move {
+            let mut command = command;
+            command.args(&args).output().await.unwrap()
+        })
+    };
+    common::fixtures::wait_for(
+        "the wait to mark both jobs",
+        Duration::from_secs(60),
+        || async {
+            sqlx::query_scalar::<_, i64>("SELECT count(*) FROM skiplock.jobs WHERE awaited")
+                .fetch_one(&db.pool)
+                .await
+                .unwrap()
+                == 2
+        },
+    )
+    .await;
+    // One succeeds by a worker's hand, the other dies by an operator's UPDATE.
+    sqlx::query(
+        "UPDATE skiplock.jobs SET state = 'dead', finished_at = now(), last_error = 'gave up'
+         WHERE id = $1",
+    )
+    .bind(dead)
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    work_until_idle(&db, &[]).await;
+    let output = waiter.await.unwrap();
+    assert_eq!(output.status.code(), Some(1), "{output:?}");
+    let lines: Vec<Value> = String::from_utf8_lossy(&output.stdout)
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap())
+        .collect();
+    assert_eq!(lines.len(), 2);
+    assert_eq!(
+        (lines[0]["id"].as_i64(), lines[0]["state"].as_str()),
+        (Some(done), Some("succeeded"))
+    );
+    assert_eq!(
+        (lines[1]["id"].as_i64(), lines[1]["state"].as_str()),
+        (Some(dead), Some("dead"))
+    );
+    assert_eq!(lines[1]["last_error"], "gave up");
+    assert!(String::from_utf8_lossy(&output.stderr).contains("1 of 2 jobs did not succeed"));
+
+    let text = skiplock(&db, &["wait", &done.to_string()]).await.ok();
+    assert!(
+        text.starts_with(&format!("job {done} succeeded (attempt 1) at ")),
+        "{text}"
+    );
+
+    let waiting = enqueue(&db, "noop", &json!({}), &["--queue", "nobody-works-here"]).await;
+    let late = skiplock(
+        &db,
+        &["wait", &waiting.to_string(), "424242", "--timeout", "1s"],
+    )
+    .await;
+    assert_eq!(late.code, Some(1));
+    assert!(
+        late.stdout.contains(&format!(
+            "job {waiting} had not finished after 1s (it is queued)"
+        )),
+        "{late:?}"
+    );
+    assert!(
+        late.stdout.contains("job 424242 does not exist"),
+        "{late:?}"
+    );
+}

@@ -32,6 +32,7 @@ mod queue;
 mod retry;
 mod show;
 mod stats;
+mod wait;
 mod work;
 
 use std::process::ExitCode;
@@ -142,6 +143,9 @@ enum Command {
     /// Cancel jobs that have not finished; a running job's handler is stopped.
     #[command(after_help = cancel::EXAMPLES)]
     Cancel(cancel::CancelArgs),
+    /// Wait until jobs have finished and print their outcomes (exit 0: all succeeded).
+    #[command(after_help = wait::EXAMPLES)]
+    Wait(wait::WaitArgs),
     /// Per queue and kind: runnable, scheduled, running, succeeded and dead in the last hour,
     /// lag and jobs per second.
     #[command(after_help = stats::EXAMPLES)]
@@ -278,6 +282,7 @@ async fn run_command(db: &Database, command: Command) -> anyhow::Result<()> {
         Command::Show(args) => show::run(&one_shot("show").await?, args).await,
         Command::Retry(args) => retry::run(&one_shot("retry").await?, args).await,
         Command::Cancel(args) => cancel::run(&one_shot("cancel").await?, args).await,
+        Command::Wait(args) => wait::run(&one_shot("wait").await?, args).await,
         Command::Stats(args) => stats::run(&one_shot("stats").await?, args).await,
         Command::Prune(args) => prune::run(&one_shot("prune").await?, args).await,
         Command::Dashboard(args) => dashboard::run(db, args).await,

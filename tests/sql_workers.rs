@@ -895,82 +895,100 @@ async fn a_failed_attempt_keeps_the_message_in_last_error_and_the_stack_in_the_l
     }
 }
 
-/// examples/python/wait.py, as its README runs it: it enqueues, waits (LISTEN, then
-/// skiplock.watch_job), and prints the outcome once the job's completion commits: exit 0
-/// with the output of a job that succeeded, 1 with the error of one that died, 2 when it
-/// did not finish in time (the job left queued).
+/// examples/python/wait.py and examples/node/wait.js, as their READMEs run them: each
+/// enqueues, waits (LISTEN, then skiplock.watch_job), and prints the outcome once the
+/// job's completion commits: exit 0 with the output of a job that succeeded, 1 with the
+/// error of one that died, 2 when it did not finish in time (the job left queued).
 #[tokio::test]
-async fn the_python_wait_example_prints_each_outcome_with_its_exit_code() {
+async fn the_wait_examples_print_each_outcome_with_its_exit_code() {
     let python = python_bin();
-    let db = test_db().await;
-    let wait = |kind: &str, timeout: &str| {
-        tokio::process::Command::new(&python)
-            .arg(sql_workers_support::examples().join("python/wait.py"))
-            .args(["--kind", kind, "--queue", "waited", "--timeout", timeout])
-            .env("DATABASE_URL", db.url())
-            .kill_on_drop(true)
-            .output()
-    };
-    // Ends the queue's one job, once waited for, as a SQL worker would.
-    let end = |sql: &'static str| {
-        let pool = db.pool.clone();
-        async move {
-            wait_for(
-                "wait.py to mark its job",
-                Duration::from_secs(60),
-                || async {
-                    sqlx::query_scalar::<_, i64>(
-                        "SELECT count(*) FROM skiplock.jobs WHERE awaited AND state = 'queued'",
-                    )
-                    .fetch_one(&pool)
-                    .await
-                    .unwrap()
-                        == 1
-                },
-            )
-            .await;
-            let (id, token): (i64, uuid::Uuid) =
-                sqlx::query_as("SELECT id, claim_token FROM skiplock.claim('waited', 1, 'test')")
-                    .fetch_one(&pool)
-                    .await
-                    .unwrap();
-            sqlx::query(sql)
-                .bind(id)
-                .bind(token)
-                .execute(&pool)
+    for lang in Lang::BOTH {
+        let db = test_db().await;
+        let (program, script) = match lang {
+            Lang::Python => (python.clone(), "python/wait.py"),
+            Lang::Node => ("node".into(), "node/wait.js"),
+        };
+        let wait = |timeout: &str| {
+            tokio::process::Command::new(&program)
+                .arg(sql_workers_support::examples().join(script))
+                .args([
+                    "--kind",
+                    "report",
+                    "--queue",
+                    "waited",
+                    "--timeout",
+                    timeout,
+                ])
+                .env("DATABASE_URL", db.url())
+                .kill_on_drop(true)
+                .output()
+        };
+        // Ends the queue's one job, once waited for, as a SQL worker would.
+        let end = |sql: &'static str| {
+            let pool = db.pool.clone();
+            async move {
+                wait_for(
+                    "the example to mark its job",
+                    Duration::from_secs(60),
+                    || async {
+                        sqlx::query_scalar::<_, i64>(
+                            "SELECT count(*) FROM skiplock.jobs WHERE awaited AND state = 'queued'",
+                        )
+                        .fetch_one(&pool)
+                        .await
+                        .unwrap()
+                            == 1
+                    },
+                )
+                .await;
+                let (id, token): (i64, uuid::Uuid) = sqlx::query_as(
+                    "SELECT id, claim_token FROM skiplock.claim('waited', 1, 'test')",
+                )
+                .fetch_one(&pool)
                 .await
                 .unwrap();
-        }
-    };
+                sqlx::query(sql)
+                    .bind(id)
+                    .bind(token)
+                    .execute(&pool)
+                    .await
+                    .unwrap();
+            }
+        };
+        let name = lang.name();
 
-    let (done, ()) = tokio::join!(
-        wait("report", "60"),
-        end("SELECT skiplock.complete($1, $2, '{\"rows\": 3}')")
-    );
-    let done = done.unwrap();
-    let line = String::from_utf8_lossy(&done.stdout);
-    assert_eq!(
-        done.status.code(),
-        Some(0),
-        "{line}{}",
-        String::from_utf8_lossy(&done.stderr)
-    );
-    let outcome: serde_json::Value = serde_json::from_str(line.trim()).unwrap();
-    assert_eq!(outcome["state"], "succeeded");
-    assert_eq!(outcome["output"], serde_json::json!({"rows": 3}));
+        let (done, ()) = tokio::join!(
+            wait("60"),
+            end("SELECT skiplock.complete($1, $2, '{\"rows\": 3}')")
+        );
+        let done = done.unwrap();
+        let line = String::from_utf8_lossy(&done.stdout);
+        assert_eq!(
+            done.status.code(),
+            Some(0),
+            "{name}: {line}{}",
+            String::from_utf8_lossy(&done.stderr)
+        );
+        let outcome: serde_json::Value = serde_json::from_str(line.trim()).unwrap();
+        assert_eq!(outcome["state"], "succeeded", "{name}");
+        assert_eq!(outcome["output"], serde_json::json!({"rows": 3}), "{name}");
 
-    let (died, ()) = tokio::join!(
-        wait("report", "60"),
-        end("SELECT skiplock.discard($1, $2, 'no such report')")
-    );
-    let died = died.unwrap();
-    assert_eq!(died.status.code(), Some(1));
-    let outcome: serde_json::Value =
-        serde_json::from_str(String::from_utf8_lossy(&died.stdout).trim()).unwrap();
-    assert_eq!(outcome["state"], "dead");
-    assert_eq!(outcome["last_error"], "no such report");
+        let (died, ()) = tokio::join!(
+            wait("60"),
+            end("SELECT skiplock.discard($1, $2, 'no such report')")
+        );
+        let died = died.unwrap();
+        assert_eq!(died.status.code(), Some(1), "{name}: {died:?}");
+        let outcome: serde_json::Value =
+            serde_json::from_str(String::from_utf8_lossy(&died.stdout).trim()).unwrap();
+        assert_eq!(outcome["state"], "dead", "{name}");
+        assert_eq!(outcome["last_error"], "no such report", "{name}");
 
-    let late = wait("report", "0.5").await.unwrap();
-    assert_eq!(late.status.code(), Some(2));
-    assert!(String::from_utf8_lossy(&late.stderr).contains("had not finished"));
+        let late = wait("0.5").await.unwrap();
+        assert_eq!(late.status.code(), Some(2), "{name}: {late:?}");
+        assert!(
+            String::from_utf8_lossy(&late.stderr).contains("had not finished"),
+            "{name}: {late:?}"
+        );
+    }
 }

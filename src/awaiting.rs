@@ -106,7 +106,7 @@ pub async fn wait_for(pool: &PgPool, id: JobId, timeout: Duration) -> Result<Job
 /// that must tell a wake-up by notification from one by time sets the first to hours);
 /// not part of the API.
 #[doc(hidden)]
-#[cfg_attr(not(feature = "internals"), allow(dead_code))]
+#[cfg_attr(not(feature = "internals"), allow(unreachable_pub))]
 pub async fn wait_for_with_fallbacks(
     pool: &PgPool,
     id: JobId,

@@ -18,7 +18,9 @@
 -- The roles get EXECUTE explicitly as well, so that a database whose owner revoked it from
 -- PUBLIC (ALTER DEFAULT PRIVILEGES … REVOKE EXECUTE ON FUNCTIONS FROM PUBLIC) works too.
 -- The exceptions run as their owner (SECURITY DEFINER): the id of a new job, the delete
--- trigger's cascade, and the days of finished jobs (made, locked and dropped as the owner
+-- trigger's cascade, a held job's release asked again when a waiter's mark locked it
+-- (skiplock.internal_release_watched: it can only have a key's held jobs let go), and the
+-- days of finished jobs (made, locked and dropped as the owner
 -- of their tables). The last three are the pruner's: migrations/functions/ revokes them from
 -- PUBLIC, and below they go to the roles that prune only.
 
@@ -92,10 +94,11 @@ GRANT SELECT (id, queue, priority, scheduled_at, state, ordering_key, unique_key
     ON skiplock.jobs_live TO skiplock_enqueuer;
 -- Waiting for the outcome of a job (skiplock::wait_for, skiplock.watch_job) marks it
 -- awaited on the live partition and reads how it ended: its attempts, output, last error
--- and time; not its errors list, claims or progress.
+-- and time (and, to ask a held job's release again, why it is held and its key); not its
+-- errors list, claims or progress.
 GRANT SELECT (attempt, output, last_error, finished_at, awaited)
     ON skiplock.jobs TO skiplock_enqueuer;
-GRANT SELECT (attempt, awaited), UPDATE (awaited)
+GRANT SELECT (attempt, awaited, held_for, concurrency_key), UPDATE (awaited)
     ON skiplock.jobs_live TO skiplock_enqueuer;
 
 -- ---- skiplock_reader: the dashboard read-only, `skiplock jobs/show/stats`, SQL reports --

@@ -3110,6 +3110,25 @@ END;
 $$;
 
 --
+-- Name: internal_release_watched(text, text, text); Type: FUNCTION; Schema: skiplock; Owner: -
+--
+
+CREATE FUNCTION skiplock.internal_release_watched(queue text, key text, held_for text) RETURNS void
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+BEGIN
+    IF held_for = 'key' THEN
+        PERFORM skiplock.internal_notify_freed(ARRAY[queue], ARRAY[key]);
+    ELSIF held_for = 'rate' THEN
+        PERFORM 1 FROM skiplock.key_rate_windows w
+        WHERE w.queue = internal_release_watched.queue AND w.concurrency_key = key
+        FOR UPDATE;
+    END IF;
+END;
+$$;
+
+--
 -- Name: internal_runnable_payload(text, smallint, timestamp with time zone); Type: FUNCTION; Schema: skiplock; Owner: -
 --
 
@@ -4109,29 +4128,34 @@ CREATE FUNCTION skiplock.watch_job(job_id bigint) RETURNS TABLE(id bigint, state
     AS $$
 DECLARE
     attempts int := 0;
-    marked record;
+    live record;
 BEGIN
     LOOP
         BEGIN
             UPDATE skiplock.jobs_live j SET awaited = true
             WHERE j.id = watch_job.job_id AND j.awaited IS NOT TRUE
-            RETURNING j.id, j.state, j.attempt, j.queue, j.priority, j.scheduled_at
-            INTO marked;
-            IF FOUND THEN
-                IF marked.state = 'queued' THEN
-                    PERFORM skiplock.internal_announce(ARRAY[
-                        (marked.queue, marked.priority, marked.scheduled_at)::skiplock.runnable_key]);
-                END IF;
-                RETURN QUERY SELECT marked.id, marked.state, marked.attempt, NULL::jsonb,
-                                    NULL::text, NULL::timestamptz;
-                RETURN;
+            RETURNING j.id, j.state, j.attempt, j.queue, j.priority, j.scheduled_at,
+                      j.held_for, j.concurrency_key
+            INTO live;
+            IF NOT FOUND THEN
+                -- Awaited already, or not live: live jobs first (see "A job looked up by
+                -- id through skiplock.jobs" in 01_helpers.sql), then the finished ones.
+                SELECT j.id, j.state, j.attempt, j.queue, j.priority, j.scheduled_at,
+                       j.held_for, j.concurrency_key
+                INTO live
+                FROM skiplock.jobs_live j WHERE j.id = watch_job.job_id;
             END IF;
-            -- Awaited already, or not live: live jobs first (see "A job looked up by id
-            -- through skiplock.jobs" in 01_helpers.sql), then the finished ones.
-            RETURN QUERY
-            SELECT j.id, j.state, j.attempt, NULL::jsonb, NULL::text, NULL::timestamptz
-            FROM skiplock.jobs_live j WHERE j.id = watch_job.job_id;
-            IF FOUND THEN
+            IF live.id IS NOT NULL THEN
+                IF live.state = 'queued' THEN
+                    PERFORM skiplock.internal_announce(ARRAY[
+                        (live.queue, live.priority, live.scheduled_at)::skiplock.runnable_key]);
+                ELSIF live.held_for IS NOT NULL THEN
+                    PERFORM skiplock.internal_release_watched(live.queue,
+                                                              live.concurrency_key,
+                                                              live.held_for);
+                END IF;
+                RETURN QUERY SELECT live.id, live.state, live.attempt, NULL::jsonb,
+                                    NULL::text, NULL::timestamptz;
                 RETURN;
             END IF;
             RETURN QUERY

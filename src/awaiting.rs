@@ -42,6 +42,10 @@ pub(crate) const FINISHED_CHANNEL: &str = "skiplock_finished";
 /// makes this the wake-up (a listener reconnecting wakes every waiter itself).
 const FALLBACK_LISTENING: Duration = Duration::from_secs(10);
 
+/// How long a waiter waits for the listening connection before its first look, at most:
+/// past it, it looks (and looks every [`FALLBACK_POLLING`] until the listener is up).
+const READY_WAIT_MAX: Duration = Duration::from_secs(5);
+
 /// How often a waiter looks at its job while no notification can arrive (no listening
 /// connection, or PgBouncer in transaction mode).
 const FALLBACK_POLLING: Duration = Duration::from_secs(1);
@@ -118,14 +122,30 @@ pub async fn wait_for_with_fallbacks(
     let waiter = Hub::register(pool, id);
     let mut listening = waiter.hub.listening.subscribe();
     // LISTEN first (or know that nothing will be heard), so that a finish after the look
-    // below is heard.
+    // below is heard; for [`READY_WAIT_MAX`] at most (a connection that hangs must not
+    // keep a finished job from being returned).
     let ready = listening.wait_for(|state| *state != Listening::Starting);
-    let _ = tokio::time::timeout_at(deadline, ready).await;
+    let _ = tokio::time::timeout_at(deadline.min(Instant::now() + READY_WAIT_MAX), ready).await;
+    let mut last_state = None;
     loop {
-        let job = jobs_watch(pool, id)
-            .await?
-            .ok_or(Error::JobNotFound { id })?;
-        if let Some(outcome) = finished(job.clone()) {
+        // The listening state before the look: a change after it (the listener back after
+        // a finish it could not hear) wakes the wait below.
+        let fallback = match *listening.borrow_and_update() {
+            Listening::Yes => fallback_listening,
+            Listening::Starting | Listening::No => fallback_polling,
+        };
+        // Bounded by the deadline: the look waits for the job's row while another
+        // transaction holds it locked.
+        let Ok(looked) = tokio::time::timeout_at(deadline, look(pool, id)).await else {
+            return Err(Error::WaitTimedOut {
+                id,
+                waited: timeout,
+                state: last_state,
+            });
+        };
+        let job = looked?.ok_or(Error::JobNotFound { id })?;
+        last_state = Some(job.state);
+        if let Some(outcome) = finished(job) {
             return Ok(outcome);
         }
         let now = Instant::now();
@@ -133,17 +153,32 @@ pub async fn wait_for_with_fallbacks(
             return Err(Error::WaitTimedOut {
                 id,
                 waited: timeout,
-                state: job.state,
+                state: last_state,
             });
         }
-        let fallback = match *listening.borrow_and_update() {
-            Listening::Yes => fallback_listening,
-            Listening::Starting | Listening::No => fallback_polling,
-        };
         tokio::select! {
             () = waiter.wake.notified() => {}
             _ = listening.changed() => {}
             () = tokio::time::sleep_until(deadline.min(now + fallback)) => {}
+        }
+    }
+}
+
+/// One look at the job (`skiplock.watch_job`), run again on a serialization failure: under
+/// a database whose default isolation is above READ COMMITTED (the caller's pool is not
+/// pinned), a finish committed while the look waited for the row fails the statement
+/// instead of being read; a new statement, a new snapshot, reads it.
+async fn look(pool: &PgPool, id: JobId) -> Result<Option<WatchedJob>> {
+    let mut failures = 0u32;
+    loop {
+        match jobs_watch(pool, id).await {
+            Err(sqlx::Error::Database(e))
+                if e.code().as_deref() == Some("40001") && failures < 10 =>
+            {
+                failures += 1;
+                tokio::time::sleep(Duration::from_millis(u64::from(failures) * 5)).await;
+            }
+            looked => return Ok(looked?),
         }
     }
 }

@@ -110,15 +110,17 @@ pub enum Error {
     /// ran out. The job itself is untouched; wait again, or look at it with
     /// [`job`](crate::job).
     #[error(
-        "job {id} had not finished after {waited:?} (it is {state}); it is untouched, wait again or look at it"
+        "job {id} had not finished after {waited:?}{}; it is untouched, wait again or look at it",
+        .state.map(|state| format!(" (it is {state})")).unwrap_or_default()
     )]
     WaitTimedOut {
         /// The job.
         id: crate::JobId,
         /// The timeout given.
         waited: std::time::Duration,
-        /// Its state when the wait gave up.
-        state: crate::JobState,
+        /// Its state when the wait last looked; `None` when no look came back in time
+        /// (its row locked by another transaction all along).
+        state: Option<crate::JobState>,
     },
 }
 

@@ -194,7 +194,7 @@ async fn a_wait_that_runs_out_says_so_and_leaves_the_job_alone() {
             id: late, state, ..
         }) => {
             assert_eq!(late, id);
-            assert_eq!(state, JobState::Queued);
+            assert_eq!(state, Some(JobState::Queued));
         }
         other => panic!("expected WaitTimedOut, got {other:?}"),
     }
@@ -428,4 +428,130 @@ async fn a_waiter_whose_listener_was_killed_still_gets_its_outcome() {
         .unwrap()
         .unwrap();
     assert_eq!(outcome.state, JobState::Succeeded);
+}
+
+/// A look that waits for the job's row (another transaction holds it locked) still ends at
+/// the timeout, with no state known.
+#[tokio::test]
+async fn a_wait_whose_job_row_stays_locked_still_times_out() {
+    let db = test_db().await;
+    let id = enqueue(&db.pool, json!({})).await;
+    let mut holder = PgConnection::connect(db.url()).await.unwrap();
+    let mut holding = holder.begin().await.unwrap();
+    sqlx::query("SELECT 1 FROM skiplock.jobs_live WHERE id = $1 FOR UPDATE")
+        .bind(id.0)
+        .execute(&mut *holding)
+        .await
+        .unwrap();
+    let waited = guarded(
+        "a wait of 300 ms",
+        skiplock::wait_for(&db.pool, id, Duration::from_millis(300)),
+    )
+    .await;
+    match waited {
+        Err(Error::WaitTimedOut { state, .. }) => assert_eq!(state, None),
+        other => panic!("expected WaitTimedOut, got {other:?}"),
+    }
+    holding.rollback().await.unwrap();
+}
+
+/// On a database whose default isolation is REPEATABLE READ (the caller's pool is not
+/// pinned), a look that waited for a finishing transaction fails with 40001 instead of
+/// reading the finished row; it looks again and returns the outcome.
+#[tokio::test]
+async fn a_wait_on_a_repeatable_read_database_returns_a_finish_it_waited_for() {
+    let db = test_db().await;
+    let id = enqueue(&db.pool, json!({})).await;
+    db.set_for_new_sessions("default_transaction_isolation = 'repeatable read'")
+        .await;
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(2)
+        .connect(db.url())
+        .await
+        .unwrap();
+    let mut finisher = PgConnection::connect(db.url()).await.unwrap();
+    let mut finishing = finisher.begin().await.unwrap();
+    sqlx::query("UPDATE skiplock.jobs SET state = 'cancelled', finished_at = now() WHERE id = $1")
+        .bind(id.0)
+        .execute(&mut *finishing)
+        .await
+        .unwrap();
+    let waiter = tokio::spawn(async move { by_notification(&pool, id).await });
+    wait_for_a_lock_wait(&db.pool, "the look to wait for the finishing row").await;
+    finishing.commit().await.unwrap();
+    let outcome = guarded("the finish", waiter).await.unwrap().unwrap();
+    assert_eq!(outcome.state, JobState::Cancelled);
+}
+
+/// A second waiter whose write waited for the first one's holds the queued row until it
+/// commits, as the first did: it announces the row too, so a claim that passed over it
+/// meanwhile is told to look again.
+#[tokio::test]
+async fn a_second_watch_of_a_queued_job_announces_it_again() {
+    let db = test_db().await;
+    let id = enqueue(&db.pool, json!({})).await;
+    let mut runnable = PgListener::connect(db.url()).await.unwrap();
+    runnable.listen("skiplock_runnable").await.unwrap();
+    let mut first = PgConnection::connect(db.url()).await.unwrap();
+    let mut first_tx = first.begin().await.unwrap();
+    sqlx::query("SELECT * FROM skiplock.watch_job($1)")
+        .bind(id.0)
+        .execute(&mut *first_tx)
+        .await
+        .unwrap();
+    let url = db.url().to_owned();
+    let second = tokio::spawn(async move {
+        let mut second = PgConnection::connect(&url).await.unwrap();
+        let mut second_tx = second.begin().await.unwrap();
+        let (state,): (String,) = sqlx::query_as("SELECT state::text FROM skiplock.watch_job($1)")
+            .bind(id.0)
+            .fetch_one(&mut *second_tx)
+            .await
+            .unwrap();
+        second_tx.commit().await.unwrap();
+        (second, state)
+    });
+    wait_for_a_lock_wait(&db.pool, "the second watch to wait for the first").await;
+    first_tx.commit().await.unwrap();
+    let heard = guarded("the first watch's announce", runnable.recv())
+        .await
+        .unwrap();
+    assert!(
+        heard.payload().ends_with("\tdefault"),
+        "{}",
+        heard.payload()
+    );
+    let (_second, state) = guarded("the second watch", second).await.unwrap();
+    assert_eq!(state, "queued");
+    let heard = guarded("the second watch's announce", runnable.recv())
+        .await
+        .unwrap();
+    assert!(
+        heard.payload().ends_with("\tdefault"),
+        "{}",
+        heard.payload()
+    );
+}
+
+/// An output serde_json cannot hold (a number beyond f64) is returned as its text, in a
+/// string, instead of failing the wait.
+#[tokio::test]
+async fn an_output_serde_json_cannot_hold_comes_back_as_its_text() {
+    let db = test_db().await;
+    let id = enqueue(&db.pool, json!({})).await;
+    sqlx::query(
+        "UPDATE skiplock.jobs SET state = 'succeeded', finished_at = now(), output = '1e400'
+         WHERE id = $1",
+    )
+    .bind(id.0)
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    let outcome = by_notification(&db.pool, id).await.unwrap();
+    let text = outcome.output.unwrap();
+    assert!(
+        text.as_str()
+            .is_some_and(|t| t.starts_with('1') && t.len() > 100),
+        "{text}"
+    );
 }

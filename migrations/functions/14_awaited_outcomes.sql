@@ -3,7 +3,8 @@
 -- skiplock_finished with its id.
 --
 -- Defines:
---   internal_notify_finished, trigger jobs_notify_finished, watch_job
+--   internal_notify_finished, trigger jobs_notify_finished
+--   internal_release_watched, watch_job
 --
 -- The protocol, for any language (docs/sql.md, "Waiting for a job's outcome"; the Rust
 -- form is skiplock::wait_for): LISTEN skiplock_finished on a connection of its own, then
@@ -36,14 +37,46 @@ CREATE OR REPLACE TRIGGER jobs_notify_finished
     FOR EACH ROW WHEN (NEW.awaited)
     EXECUTE FUNCTION skiplock.internal_notify_finished();
 
+-- For watch_job, which holds a job held for its key (held_for 'key' or 'rate') locked:
+-- asks the release that may skip it meanwhile again (see watch_job). As the owner
+-- (SECURITY DEFINER): a waiter, an enqueuer, has no privilege on the limits' tables, and
+-- this can do nothing but have a key's held jobs let go, which a claim holds back again
+-- while the key is full.
+CREATE OR REPLACE FUNCTION skiplock.internal_release_watched(queue text, key text,
+                                                             held_for text)
+RETURNS void
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF held_for = 'key' THEN
+        PERFORM skiplock.internal_notify_freed(ARRAY[queue], ARRAY[key]);
+    ELSIF held_for = 'rate' THEN
+        PERFORM 1 FROM skiplock.key_rate_windows w
+        WHERE w.queue = internal_release_watched.queue AND w.concurrency_key = key
+        FOR UPDATE;
+    END IF;
+END;
+$$;
+
 -- Marks the job awaited, and returns where it stands: finished_at set once it finished
 -- (state succeeded with its output, dead with its last error, or cancelled), NULL while it
 -- is live; no row when it does not exist. A live job's row is written once (the first
 -- waiter; the ones after find the flag and write nothing), under its row lock: a
 -- completion writing it meanwhile is waited for, and the row it moved to jobs_done is read
--- instead (the 40001 of a row moved under the statement: run again). A queued row the
--- write held locked was passed over by the claims meanwhile, so it is announced, as any
--- writer that holds a queued row does.
+-- instead (the 40001 of a row moved under the statement: run again).
+--
+-- The row lock also makes the statements that pass over locked rows pass over this one
+-- until the waiter commits, so what they would have done is asked for again:
+-- * a queued row is announced, as any writer that holds a queued row does (claims walked
+--   past it), also by a later waiter that found the flag set (it held the row while it
+--   waited for the first waiter's write);
+-- * a row held for its key ('key') leaves the key's slot freed for the next claim, which
+--   lets the key's held jobs go (or holds them again); one held for its key's rate window
+--   ('rate') locks the key's window row, so that a claim letting the key go waits for this
+--   transaction and then finds the row unlocked. Without these a release that skipped the
+--   row left it held until the sweep.
 CREATE OR REPLACE FUNCTION skiplock.watch_job(job_id bigint)
 RETURNS TABLE (id bigint, state skiplock.job_state, attempt int, output jsonb,
                last_error text, finished_at timestamptz)
@@ -52,29 +85,34 @@ SET plan_cache_mode = force_generic_plan
 AS $$
 DECLARE
     attempts int := 0;
-    marked record;
+    live record;
 BEGIN
     LOOP
         BEGIN
             UPDATE skiplock.jobs_live j SET awaited = true
             WHERE j.id = watch_job.job_id AND j.awaited IS NOT TRUE
-            RETURNING j.id, j.state, j.attempt, j.queue, j.priority, j.scheduled_at
-            INTO marked;
-            IF FOUND THEN
-                IF marked.state = 'queued' THEN
-                    PERFORM skiplock.internal_announce(ARRAY[
-                        (marked.queue, marked.priority, marked.scheduled_at)::skiplock.runnable_key]);
-                END IF;
-                RETURN QUERY SELECT marked.id, marked.state, marked.attempt, NULL::jsonb,
-                                    NULL::text, NULL::timestamptz;
-                RETURN;
+            RETURNING j.id, j.state, j.attempt, j.queue, j.priority, j.scheduled_at,
+                      j.held_for, j.concurrency_key
+            INTO live;
+            IF NOT FOUND THEN
+                -- Awaited already, or not live: live jobs first (see "A job looked up by
+                -- id through skiplock.jobs" in 01_helpers.sql), then the finished ones.
+                SELECT j.id, j.state, j.attempt, j.queue, j.priority, j.scheduled_at,
+                       j.held_for, j.concurrency_key
+                INTO live
+                FROM skiplock.jobs_live j WHERE j.id = watch_job.job_id;
             END IF;
-            -- Awaited already, or not live: live jobs first (see "A job looked up by id
-            -- through skiplock.jobs" in 01_helpers.sql), then the finished ones.
-            RETURN QUERY
-            SELECT j.id, j.state, j.attempt, NULL::jsonb, NULL::text, NULL::timestamptz
-            FROM skiplock.jobs_live j WHERE j.id = watch_job.job_id;
-            IF FOUND THEN
+            IF live.id IS NOT NULL THEN
+                IF live.state = 'queued' THEN
+                    PERFORM skiplock.internal_announce(ARRAY[
+                        (live.queue, live.priority, live.scheduled_at)::skiplock.runnable_key]);
+                ELSIF live.held_for IS NOT NULL THEN
+                    PERFORM skiplock.internal_release_watched(live.queue,
+                                                              live.concurrency_key,
+                                                              live.held_for);
+                END IF;
+                RETURN QUERY SELECT live.id, live.state, live.attempt, NULL::jsonb,
+                                    NULL::text, NULL::timestamptz;
                 RETURN;
             END IF;
             RETURN QUERY

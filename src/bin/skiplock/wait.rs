@@ -66,15 +66,10 @@ pub async fn run(pool: &DbPool, args: WaitArgs) -> anyhow::Result<()> {
                     "finished_at": outcome.finished_at,
                 })
             ),
-            (Err(e @ (Error::JobNotFound { .. } | Error::WaitTimedOut { .. })), false) => {
-                outln!("{e}");
-            }
-            (Err(e @ (Error::JobNotFound { .. } | Error::WaitTimedOut { .. })), true) => {
-                outln!("{}", json!({"id": id, "error": e.to_string()}));
-            }
-            (Err(e), _) => {
-                return Err(anyhow::Error::new(e).context(format!("cannot wait for job {id}")));
-            }
+            // A job that is not there, not finished in time, or could not be looked at:
+            // its own line, and the others are still waited for.
+            (Err(e), false) => outln!("{}", describe_error(id, &e)),
+            (Err(e), true) => outln!("{}", json!({"id": id, "error": describe_error(id, &e)})),
         }
     }
     if unsucceeded > 0 {
@@ -84,6 +79,14 @@ pub async fn run(pool: &DbPool, args: WaitArgs) -> anyhow::Result<()> {
         );
     }
     Ok(())
+}
+
+/// One line for a job that could not be waited for.
+fn describe_error(id: i64, error: &Error) -> String {
+    match error {
+        Error::JobNotFound { .. } | Error::WaitTimedOut { .. } => error.to_string(),
+        other => format!("cannot wait for job {id}: {other}"),
+    }
 }
 
 /// One line for a finished job: its state, attempts and time, then its output or error.

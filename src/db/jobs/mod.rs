@@ -234,12 +234,11 @@ pub async fn jobs_watch(db: impl PgExecutor<'_>, id: JobId) -> sqlx::Result<Opti
                 source: e.into(),
             })?,
         attempt: row.try_get(2)?,
-        output: output.map(serde_json::from_str).transpose().map_err(|e| {
-            sqlx::Error::ColumnDecode {
-                index: "3 (output)".into(),
-                source: e.into(),
-            }
-        })?,
+        // JSON that serde_json cannot hold (a number beyond f64, nesting deeper than 128)
+        // comes back as its text, in a string: the outcome is still returned.
+        output: output.map(|text| {
+            serde_json::from_str(text).unwrap_or_else(|_| Value::String(text.to_owned()))
+        }),
         last_error: row.try_get(4)?,
         finished_at: row
             .try_get::<Option<i64>, _>(5)?

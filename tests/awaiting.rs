@@ -555,3 +555,66 @@ async fn an_output_serde_json_cannot_hold_comes_back_as_its_text() {
         "{text}"
     );
 }
+
+/// A job held for its key, watched (its row locked by the waiter's mark) while its key's
+/// slot frees: the release the next claim makes skips the locked row, so the mark asks for
+/// it again, and the claim after the waiter's commit takes the job (not the sweep, minutes
+/// later beside many waiting jobs).
+#[tokio::test]
+async fn a_watched_job_held_for_its_key_is_let_go_when_the_key_frees() {
+    let db = test_db().await;
+    sqlx::query("INSERT INTO skiplock.queues (name, key_max_running) VALUES ('keyed', 1)")
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    let ids: Vec<i64> = sqlx::query_scalar(
+        "SELECT skiplock.enqueue('noop', '{}', queue => 'keyed', concurrency_key => 'k')
+         FROM generate_series(1, 2)",
+    )
+    .fetch_all(&db.pool)
+    .await
+    .unwrap();
+    let claim = || async {
+        sqlx::query_as::<_, (i64, Uuid)>(
+            "SELECT id, claim_token FROM skiplock.claim('keyed', 10, 'test')",
+        )
+        .fetch_all(&db.pool)
+        .await
+        .unwrap()
+    };
+    let first = claim().await;
+    assert_eq!(first.iter().map(|c| c.0).collect::<Vec<_>>(), [ids[0]]);
+    let held: Option<String> =
+        sqlx::query_scalar("SELECT held_for FROM skiplock.jobs WHERE id = $1")
+            .bind(ids[1])
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+    assert_eq!(
+        held.as_deref(),
+        Some("key"),
+        "the second job is held for its key"
+    );
+
+    let mut watcher = PgConnection::connect(db.url()).await.unwrap();
+    let mut watching = watcher.begin().await.unwrap();
+    sqlx::query("SELECT * FROM skiplock.watch_job($1)")
+        .bind(ids[1])
+        .execute(&mut *watching)
+        .await
+        .unwrap();
+    let saved: bool = sqlx::query_scalar("SELECT skiplock.complete($1, $2)")
+        .bind(first[0].0)
+        .bind(first[0].1)
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert!(saved);
+    assert!(
+        claim().await.is_empty(),
+        "the release skipped the watched row"
+    );
+    watching.commit().await.unwrap();
+    let after = claim().await;
+    assert_eq!(after.iter().map(|c| c.0).collect::<Vec<_>>(), [ids[1]]);
+}

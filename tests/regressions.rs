@@ -2132,3 +2132,43 @@ async fn deleting_an_unfinished_parent_from_the_live_partition_cancels_its_waiti
         Some(format!("parent job {parent} was deleted while queued").as_str())
     );
 }
+
+/// A job whose args are JSON serde_json cannot hold (`1e400`, which a plain INSERT
+/// accepts) failed every claim of its queue ("number out of range" decoding the claim's
+/// rows), so the queue stopped, and `skiplock::jobs` and `job` failed on it. Now the job
+/// fails alone (its args, given as their text, do not decode: dead at once), the others
+/// run, and the listings show it.
+#[tokio::test]
+async fn args_serde_json_cannot_hold_fail_their_job_not_the_queue() {
+    let db = test_db().await;
+    let ids: Vec<i64> = sqlx::query_scalar(
+        "INSERT INTO skiplock.jobs (kind, args, max_attempts)
+         VALUES ('k', '1e400', 1), ('k', '{}', 1), ('k', (repeat('[', 204) || repeat(']', 204))::jsonb, 1)
+         RETURNING id",
+    )
+    .fetch_all(&db.pool)
+    .await
+    .unwrap();
+    let timeline = Timeline::default();
+    let summary = run_to_idle(&db.pool, k_worker(&db.pool, &timeline), "unholdable args").await;
+    assert_eq!((summary.succeeded, summary.failed), (1, 2), "{summary:?}");
+    assert_eq!(state_of(&db.pool, ids[0]).await, JobState::Dead);
+    assert_eq!(state_of(&db.pool, ids[1]).await, JobState::Succeeded);
+    assert_eq!(state_of(&db.pool, ids[2]).await, JobState::Dead);
+    let listed = skiplock::jobs(&db.pool, &skiplock::JobFilter::default())
+        .await
+        .expect("the listing with the unholdable args");
+    assert_eq!(listed.len(), 3);
+    let job = skiplock::job(&db.pool, skiplock::JobId(ids[0]))
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        job.args
+            .0
+            .as_str()
+            .is_some_and(|text| text.starts_with("1000")),
+        "{:?}",
+        job.args
+    );
+}

@@ -106,10 +106,25 @@ pub async fn jobs_of_kind(
 /// build does not model in [`JobRow`] (so `skiplock show` never hides one).
 #[cfg(any(feature = "cli", feature = "internals"))]
 pub async fn jobs_get_json(db: impl PgExecutor<'_>, id: JobId) -> sqlx::Result<Option<Value>> {
-    sqlx::query_scalar("SELECT to_jsonb(j) FROM skiplock.jobs j WHERE id = $1")
-        .bind(id.0)
-        .fetch_optional(db)
-        .await
+    // Field by field, each read with json_lossy: JSON serde_json cannot hold in one of them
+    // (args of `1e400`) shows as its text instead of failing the whole job.
+    let fields = sqlx::query(
+        "SELECT e.key, e.value
+         FROM (SELECT to_jsonb(j) AS row FROM skiplock.jobs j WHERE id = $1 LIMIT 1) r,
+              jsonb_each(r.row) e",
+    )
+    .bind(id.0)
+    .fetch_all(db)
+    .await?;
+    if fields.is_empty() {
+        return Ok(None);
+    }
+    let mut job = serde_json::Map::new();
+    for field in &fields {
+        let value = super::json::json_lossy(field, 1)?.unwrap_or(Value::Null);
+        job.insert(sqlx::Row::try_get(field, 0)?, value);
+    }
+    Ok(Some(Value::Object(job)))
 }
 
 /// The state of one job, `None` if it does not exist.

@@ -31,6 +31,7 @@ pub mod demo;
 pub mod enqueue;
 pub mod history;
 pub mod jobs;
+pub mod json;
 pub mod maintenance;
 pub mod migrations;
 pub mod queues;

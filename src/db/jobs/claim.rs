@@ -41,7 +41,7 @@ impl<'r> FromRow<'r, PgRow> for ClaimedJob {
             id: row.try_get(0)?,
             queue: row.try_get(1)?,
             kind: row.try_get(2)?,
-            args: row.try_get(3)?,
+            args: Json(super::super::json::json_lossy(row, 3)?.unwrap_or(Value::Null)),
             attempt: row.try_get(4)?,
             max_attempts: row.try_get(5)?,
             claim_token: row.try_get(6)?,

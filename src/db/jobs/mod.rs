@@ -113,6 +113,7 @@ pub struct JobRow {
 impl<'r> FromRow<'r, PgRow> for JobRow {
     fn from_row(row: &'r PgRow) -> sqlx::Result<Self> {
         let time = |name: &str| row.try_get::<Timestamp, _>(name).map(DateTime::from);
+        let lossy = |name: &str| super::json::json_lossy(row, name);
         let maybe_time = |name: &str| {
             row.try_get::<MaybeTimestamp, _>(name)
                 .map(Option::<DateTime<Utc>>::from)
@@ -121,7 +122,7 @@ impl<'r> FromRow<'r, PgRow> for JobRow {
             id: row.try_get("id")?,
             queue: row.try_get("queue")?,
             kind: row.try_get("kind")?,
-            args: row.try_get("args")?,
+            args: Json(lossy("args")?.unwrap_or(Value::Null)),
             state: row.try_get("state")?,
             priority: row.try_get("priority")?,
             scheduled_at: time("scheduled_at")?,
@@ -133,10 +134,10 @@ impl<'r> FromRow<'r, PgRow> for JobRow {
             ordering_key: row.try_get("ordering_key")?,
             unique_key: row.try_get("unique_key")?,
             unique_policy: row.try_get("unique_policy")?,
-            progress: row.try_get("progress")?,
-            output: row.try_get("output")?,
+            progress: lossy("progress")?.map(Json),
+            output: lossy("output")?.map(Json),
             last_error: row.try_get("last_error")?,
-            errors: row.try_get("errors")?,
+            errors: Json(lossy("errors")?.unwrap_or(Value::Null)),
             created_at: time("created_at")?,
             finished_at: maybe_time("finished_at")?,
         })

@@ -4125,6 +4125,9 @@ COMMENT ON FUNCTION skiplock.snooze(id bigint, token uuid, delay interval) IS '`
 CREATE FUNCTION skiplock.watch_job(job_id bigint) RETURNS TABLE(id bigint, state skiplock.job_state, attempt integer, output jsonb, last_error text, finished_at timestamp with time zone)
     LANGUAGE plpgsql
     SET plan_cache_mode TO 'force_generic_plan'
+    SET enable_seqscan TO 'off'
+    SET enable_bitmapscan TO 'off'
+    SET jit TO 'off'
     AS $$
 DECLARE
     attempts int := 0;

@@ -77,11 +77,17 @@ $$;
 --   ('rate') locks the key's window row, so that a claim letting the key go waits for this
 --   transaction and then finds the row unlocked. Without these a release that skipped the
 --   row left it held until the sweep.
+--
+-- Lookups by id, pinned to the indexes: a plan made under empty statistics scanned
+-- jobs_live and every day's table whole (EXPLAIN of its generic plans on a fresh schema).
 CREATE OR REPLACE FUNCTION skiplock.watch_job(job_id bigint)
 RETURNS TABLE (id bigint, state skiplock.job_state, attempt int, output jsonb,
                last_error text, finished_at timestamptz)
 LANGUAGE plpgsql
 SET plan_cache_mode = force_generic_plan
+SET enable_seqscan = off
+SET enable_bitmapscan = off
+SET jit = off
 AS $$
 DECLARE
     attempts int := 0;

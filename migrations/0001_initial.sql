@@ -57,7 +57,9 @@ CREATE TYPE skiplock.claimed_job AS (
     args         jsonb,
     attempt      int,
     max_attempts int,
-    claim_token  uuid
+    claim_token  uuid,
+    traceparent  text,
+    tracestate   text
 );
 
 -- =========================================================================================
@@ -136,6 +138,13 @@ CREATE TABLE skiplock.jobs (
     -- trigger jobs_notify_finished). NULL for a job nobody waits for, which the trigger's
     -- WHEN passes over without a call.
     awaited       boolean,
+    -- The W3C trace context of the span that enqueued the job (skiplock.enqueue's
+    -- traceparent and tracestate, the Rust API's EnqueueOptions::trace_context, captured
+    -- from the current span under the opentelemetry feature): each attempt's span continues
+    -- that trace. Stored as given; a worker that cannot parse it starts a new trace, as W3C
+    -- Trace Context asks of a receiver. NULL for a job enqueued outside any trace.
+    traceparent   text,
+    tracestate    text,
     CONSTRAINT jobs_kind_not_empty CHECK (kind <> ''),
     CONSTRAINT jobs_concurrency_key_not_empty CHECK (concurrency_key <> ''),
     CONSTRAINT jobs_queue_not_empty CHECK (queue <> ''),
@@ -150,7 +159,11 @@ CREATE TABLE skiplock.jobs (
     CONSTRAINT jobs_unique_policy_known CHECK (unique_policy IN ('skip', 'replace', 'merge')),
     CONSTRAINT jobs_claim_token_only_running CHECK (claim_token IS NULL OR state = 'running'),
     CONSTRAINT jobs_held_for_known CHECK (held_for IN ('key', 'rate')),
-    CONSTRAINT jobs_held_for_only_waiting CHECK (held_for IS NULL OR state = 'waiting')
+    CONSTRAINT jobs_held_for_only_waiting CHECK (held_for IS NULL OR state = 'waiting'),
+    -- A version-00 traceparent is 55 bytes; later versions may append fields. W3C asks a
+    -- tracestate of at most 32 members and lets a carrier drop members past 512 bytes.
+    CONSTRAINT jobs_traceparent_length CHECK (octet_length(traceparent) <= 512),
+    CONSTRAINT jobs_tracestate_length CHECK (octet_length(tracestate) <= 8192)
 ) PARTITION BY LIST (state);
 
 -- The live partition turns rows over fast: every job leaves dead row versions behind, and
@@ -476,6 +489,12 @@ COMMENT ON COLUMN skiplock.jobs.held_for IS
 
 COMMENT ON COLUMN skiplock.jobs.awaited IS
     'true once someone waits for the job''s outcome (skiplock.watch_job, skiplock::wait_for): when it finishes (succeeded, dead or cancelled) its id is notified on skiplock_finished. NULL otherwise.';
+
+COMMENT ON COLUMN skiplock.jobs.traceparent IS
+    'W3C traceparent of the span that enqueued the job (skiplock.enqueue''s traceparent, the Rust API''s trace context): each attempt''s span continues that trace. At most 512 bytes; a value no worker can parse starts a new trace. NULL: no trace.';
+
+COMMENT ON COLUMN skiplock.jobs.tracestate IS
+    'W3C tracestate that goes with traceparent (vendors'' entries), at most 8,192 bytes. NULL: none.';
 
 COMMENT ON TABLE skiplock.job_dependencies IS
     'Edges of the dependency graph: job_id runs only after parent_id succeeded. An edge whose '

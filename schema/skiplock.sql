@@ -19,7 +19,9 @@ CREATE TYPE skiplock.claimed_job AS (
 	args jsonb,
 	attempt integer,
 	max_attempts integer,
-	claim_token uuid
+	claim_token uuid,
+	traceparent text,
+	tracestate text
 );
 
 --
@@ -151,7 +153,8 @@ BEGIN
         -- runs again with a new snapshot.
         BEGIN
             RETURN QUERY
-            SELECT c.id, c.queue, c.kind, c.args, c.attempt, c.max_attempts, c.claim_token
+            SELECT c.id, c.queue, c.kind, c.args, c.attempt, c.max_attempts, c.claim_token,
+                   c.traceparent, c.tracestate
             FROM skiplock.internal_claim_batch(claim.queue, kinds, max_jobs, worker) c;
             RETURN;
         EXCEPTION WHEN serialization_failure THEN
@@ -168,7 +171,7 @@ $$;
 -- Name: FUNCTION claim(queue text, max_jobs integer, worker text, kinds text[]); Type: COMMENT; Schema: skiplock; Owner: -
 --
 
-COMMENT ON FUNCTION skiplock.claim(queue text, max_jobs integer, worker text, kinds text[]) IS 'Takes up to `max_jobs` runnable jobs of one queue, in claim order (`priority`, lower first, then `scheduled_at`, then `id`), with `FOR UPDATE SKIP LOCKED`: any number of workers claim at once and never take the same job. Returns `id, queue, kind, args, attempt, max_attempts, claim_token` per job. `kinds` NULL means every kind; pass the kinds you have handlers for. Jobs of a paused queue, not yet due, waiting for parents or behind an unfinished job of their lane are not taken, nor more than the queue''s global limits leave (`max_running`, `rate_limit`, and per concurrency key `key_max_running` and `key_rate_limit`; such a claim must run in READ COMMITTED, else SQLSTATE 25000). Each job comes back `running` with `attempt` counted and a fresh `claim_token`. `max_jobs` 0 returns nothing; NULL, negative or over 10,000, or a NULL or empty `queue` or `worker`, is an error (SQLSTATE 22023).';
+COMMENT ON FUNCTION skiplock.claim(queue text, max_jobs integer, worker text, kinds text[]) IS 'Takes up to `max_jobs` runnable jobs of one queue, in claim order (`priority`, lower first, then `scheduled_at`, then `id`), with `FOR UPDATE SKIP LOCKED`: any number of workers claim at once and never take the same job. Returns `id, queue, kind, args, attempt, max_attempts, claim_token, traceparent, tracestate` per job (the last two: the W3C trace context the job was enqueued with, NULL without one; a worker continues that trace in its span). `kinds` NULL means every kind; pass the kinds you have handlers for. Jobs of a paused queue, not yet due, waiting for parents or behind an unfinished job of their lane are not taken, nor more than the queue''s global limits leave (`max_running`, `rate_limit`, and per concurrency key `key_max_running` and `key_rate_limit`; such a claim must run in READ COMMITTED, else SQLSTATE 25000). Each job comes back `running` with `attempt` counted and a fresh `claim_token`. `max_jobs` 0 returns nothing; NULL, negative or over 10,000, or a NULL or empty `queue` or `worker`, is an error (SQLSTATE 22023).';
 
 --
 -- Name: complete(bigint, uuid, jsonb); Type: FUNCTION; Schema: skiplock; Owner: -
@@ -248,28 +251,29 @@ $$;
 COMMENT ON FUNCTION skiplock.discard(id bigint, token uuid, error text) IS 'As `fail`, but `''dead''` now, whatever attempts are left: for errors no retry will mend (bad arguments).';
 
 --
--- Name: enqueue(text, jsonb, text, integer, timestamp with time zone, integer, text, text, text, bigint[], text); Type: FUNCTION; Schema: skiplock; Owner: -
+-- Name: enqueue(text, jsonb, text, integer, timestamp with time zone, integer, text, text, text, bigint[], text, text, text); Type: FUNCTION; Schema: skiplock; Owner: -
 --
 
-CREATE FUNCTION skiplock.enqueue(kind text, args jsonb DEFAULT '{}'::jsonb, queue text DEFAULT 'default'::text, priority integer DEFAULT 0, scheduled_at timestamp with time zone DEFAULT now(), max_attempts integer DEFAULT 25, ordering_key text DEFAULT NULL::text, unique_key text DEFAULT NULL::text, on_conflict text DEFAULT 'skip'::text, depends_on bigint[] DEFAULT '{}'::bigint[], concurrency_key text DEFAULT NULL::text) RETURNS bigint
+CREATE FUNCTION skiplock.enqueue(kind text, args jsonb DEFAULT '{}'::jsonb, queue text DEFAULT 'default'::text, priority integer DEFAULT 0, scheduled_at timestamp with time zone DEFAULT now(), max_attempts integer DEFAULT 25, ordering_key text DEFAULT NULL::text, unique_key text DEFAULT NULL::text, on_conflict text DEFAULT 'skip'::text, depends_on bigint[] DEFAULT '{}'::bigint[], concurrency_key text DEFAULT NULL::text, traceparent text DEFAULT NULL::text, tracestate text DEFAULT NULL::text) RETURNS bigint
     LANGUAGE sql
     AS $$
     SELECT e.id FROM skiplock.enqueue_job(kind, args, queue, priority, scheduled_at,
                                           max_attempts, ordering_key, unique_key,
-                                          on_conflict, depends_on, concurrency_key) e;
+                                          on_conflict, depends_on, concurrency_key,
+                                          traceparent, tracestate) e;
 $$;
 
 --
--- Name: FUNCTION enqueue(kind text, args jsonb, queue text, priority integer, scheduled_at timestamp with time zone, max_attempts integer, ordering_key text, unique_key text, on_conflict text, depends_on bigint[], concurrency_key text); Type: COMMENT; Schema: skiplock; Owner: -
+-- Name: FUNCTION enqueue(kind text, args jsonb, queue text, priority integer, scheduled_at timestamp with time zone, max_attempts integer, ordering_key text, unique_key text, on_conflict text, depends_on bigint[], concurrency_key text, traceparent text, tracestate text); Type: COMMENT; Schema: skiplock; Owner: -
 --
 
-COMMENT ON FUNCTION skiplock.enqueue(kind text, args jsonb, queue text, priority integer, scheduled_at timestamp with time zone, max_attempts integer, ordering_key text, unique_key text, on_conflict text, depends_on bigint[], concurrency_key text) IS 'Enqueues a job from any language and returns its id (or, for a unique_key already pending, that job''s id). Example: SELECT skiplock.enqueue(''send_email'', ''{"to": "a@example.com"}'', priority => -1);';
+COMMENT ON FUNCTION skiplock.enqueue(kind text, args jsonb, queue text, priority integer, scheduled_at timestamp with time zone, max_attempts integer, ordering_key text, unique_key text, on_conflict text, depends_on bigint[], concurrency_key text, traceparent text, tracestate text) IS 'Enqueues a job from any language and returns its id (or, for a unique_key already pending, that job''s id). traceparent and tracestate (W3C Trace Context, as an incoming request carried them) make each attempt''s span continue that trace. Example: SELECT skiplock.enqueue(''send_email'', ''{"to": "a@example.com"}'', priority => -1);';
 
 --
--- Name: enqueue_job(text, jsonb, text, integer, timestamp with time zone, integer, text, text, text, bigint[], text); Type: FUNCTION; Schema: skiplock; Owner: -
+-- Name: enqueue_job(text, jsonb, text, integer, timestamp with time zone, integer, text, text, text, bigint[], text, text, text); Type: FUNCTION; Schema: skiplock; Owner: -
 --
 
-CREATE FUNCTION skiplock.enqueue_job(kind text, args jsonb DEFAULT '{}'::jsonb, queue text DEFAULT 'default'::text, priority integer DEFAULT 0, scheduled_at timestamp with time zone DEFAULT now(), max_attempts integer DEFAULT 25, ordering_key text DEFAULT NULL::text, unique_key text DEFAULT NULL::text, on_conflict text DEFAULT 'skip'::text, depends_on bigint[] DEFAULT '{}'::bigint[], concurrency_key text DEFAULT NULL::text) RETURNS TABLE(id bigint, outcome text)
+CREATE FUNCTION skiplock.enqueue_job(kind text, args jsonb DEFAULT '{}'::jsonb, queue text DEFAULT 'default'::text, priority integer DEFAULT 0, scheduled_at timestamp with time zone DEFAULT now(), max_attempts integer DEFAULT 25, ordering_key text DEFAULT NULL::text, unique_key text DEFAULT NULL::text, on_conflict text DEFAULT 'skip'::text, depends_on bigint[] DEFAULT '{}'::bigint[], concurrency_key text DEFAULT NULL::text, traceparent text DEFAULT NULL::text, tracestate text DEFAULT NULL::text) RETURNS TABLE(id bigint, outcome text)
     LANGUAGE plpgsql
     AS $$
 #variable_conflict use_column
@@ -323,24 +327,27 @@ BEGIN
         PERFORM skiplock.internal_check_args_size(enqueue_job.args);
         INSERT INTO skiplock.jobs (kind, args, queue, priority, scheduled_at, max_attempts,
                                    ordering_key, unique_key, unique_policy, state,
-                                   finished_at, last_error, concurrency_key)
+                                   finished_at, last_error, concurrency_key, traceparent,
+                                   tracestate)
         VALUES (enqueue_job.kind, enqueue_job.args, enqueue_job.queue,
                 enqueue_job.priority::smallint, enqueue_job.scheduled_at,
                 enqueue_job.max_attempts, enqueue_job.ordering_key, enqueue_job.unique_key,
                 CASE WHEN enqueue_job.unique_key IS NOT NULL THEN on_conflict END, initial,
-                now(), reason, enqueue_job.concurrency_key)
+                now(), reason, enqueue_job.concurrency_key, enqueue_job.traceparent,
+                enqueue_job.tracestate)
         RETURNING skiplock.jobs.id, true INTO new_id, inserted;
     ELSE
         -- Into jobs_live itself: ON CONFLICT needs a unique index of the table it names,
         -- and the pending unique keys' index is the live partition's.
         INSERT INTO skiplock.jobs_live AS j (kind, args, queue, priority, scheduled_at,
                                              max_attempts, ordering_key, unique_key,
-                                             unique_policy, state, concurrency_key)
+                                             unique_policy, state, concurrency_key,
+                                             traceparent, tracestate)
         VALUES (enqueue_job.kind, enqueue_job.args, enqueue_job.queue,
                 enqueue_job.priority::smallint, enqueue_job.scheduled_at,
                 enqueue_job.max_attempts, enqueue_job.ordering_key, enqueue_job.unique_key,
                 CASE WHEN enqueue_job.unique_key IS NOT NULL THEN on_conflict END, initial,
-                enqueue_job.concurrency_key)
+                enqueue_job.concurrency_key, enqueue_job.traceparent, enqueue_job.tracestate)
         ON CONFLICT (unique_key) WHERE unique_key IS NOT NULL AND state IN ('waiting', 'queued')
         -- Reached when the insert trigger could not see the key's holder (a snapshot
         -- older than it: REPEATABLE READ, where the update then fails to serialize); the
@@ -373,10 +380,10 @@ END;
 $$;
 
 --
--- Name: FUNCTION enqueue_job(kind text, args jsonb, queue text, priority integer, scheduled_at timestamp with time zone, max_attempts integer, ordering_key text, unique_key text, on_conflict text, depends_on bigint[], concurrency_key text); Type: COMMENT; Schema: skiplock; Owner: -
+-- Name: FUNCTION enqueue_job(kind text, args jsonb, queue text, priority integer, scheduled_at timestamp with time zone, max_attempts integer, ordering_key text, unique_key text, on_conflict text, depends_on bigint[], concurrency_key text, traceparent text, tracestate text); Type: COMMENT; Schema: skiplock; Owner: -
 --
 
-COMMENT ON FUNCTION skiplock.enqueue_job(kind text, args jsonb, queue text, priority integer, scheduled_at timestamp with time zone, max_attempts integer, ordering_key text, unique_key text, on_conflict text, depends_on bigint[], concurrency_key text) IS 'As skiplock.enqueue, and says what it did: the job''s id with inserted, or, for a unique_key already pending, that job''s id with skipped, replaced or merged. Example: SELECT * FROM skiplock.enqueue_job(''send_email'', ''{"to": "a@example.com"}'', unique_key => ''welcome-42'');';
+COMMENT ON FUNCTION skiplock.enqueue_job(kind text, args jsonb, queue text, priority integer, scheduled_at timestamp with time zone, max_attempts integer, ordering_key text, unique_key text, on_conflict text, depends_on bigint[], concurrency_key text, traceparent text, tracestate text) IS 'As skiplock.enqueue, and says what it did: the job''s id with inserted, or, for a unique_key already pending, that job''s id with skipped, replaced or merged. Example: SELECT * FROM skiplock.enqueue_job(''send_email'', ''{"to": "a@example.com"}'', unique_key => ''welcome-42'');';
 
 --
 -- Name: fail(bigint, uuid, text, interval); Type: FUNCTION; Schema: skiplock; Owner: -
@@ -805,7 +812,7 @@ $$;
 -- Name: internal_claim_batch(text, text[], bigint, text, smallint, bigint, bigint, uuid, boolean); Type: FUNCTION; Schema: skiplock; Owner: -
 --
 
-CREATE FUNCTION skiplock.internal_claim_batch(queue_name text, kinds text[], max_jobs bigint, worker text, after_priority smallint DEFAULT NULL::smallint, after_scheduled_at_us bigint DEFAULT NULL::bigint, after_id bigint DEFAULT NULL::bigint, claim_with uuid DEFAULT NULL::uuid, skip_in_flight boolean DEFAULT false) RETURNS TABLE(id bigint, queue text, kind text, args jsonb, attempt integer, max_attempts integer, claim_token uuid, priority smallint, scheduled_at_us bigint)
+CREATE FUNCTION skiplock.internal_claim_batch(queue_name text, kinds text[], max_jobs bigint, worker text, after_priority smallint DEFAULT NULL::smallint, after_scheduled_at_us bigint DEFAULT NULL::bigint, after_id bigint DEFAULT NULL::bigint, claim_with uuid DEFAULT NULL::uuid, skip_in_flight boolean DEFAULT false) RETURNS TABLE(id bigint, queue text, kind text, args jsonb, attempt integer, max_attempts integer, claim_token uuid, priority smallint, scheduled_at_us bigint, traceparent text, tracestate text)
     LANGUAGE plpgsql
     SET enable_sort TO 'off'
     SET enable_bitmapscan TO 'off'
@@ -986,14 +993,15 @@ BEGIN
                 attempt = least(j.attempt, 2147483646) + 1
             WHERE j.ctid = ANY ((SELECT t.ctids FROM taken t)::tid[])
             RETURNING j.id, j.queue, j.kind, j.args, j.attempt, j.max_attempts,
-                      j.claim_token, j.priority, j.scheduled_at
+                      j.claim_token, j.priority, j.scheduled_at, j.traceparent, j.tracestate
         )
         SELECT c.id, c.queue, c.kind, c.args, c.attempt, c.max_attempts, c.claim_token,
                c.priority,
                -- A claimed row is due, so its scheduled_at is finite or '-infinity'.
                CASE WHEN isfinite(c.scheduled_at)
                     THEN (extract(epoch FROM c.scheduled_at) * 1000000)::bigint
-                    ELSE -9223372036854775808 END
+                    ELSE -9223372036854775808 END,
+               c.traceparent, c.tracestate
         FROM claimed c
         ORDER BY c.priority, c.scheduled_at, c.id;
         GET DIAGNOSTICS taken_now = ROW_COUNT;
@@ -4392,6 +4400,8 @@ CREATE TABLE skiplock.jobs (
     concurrency_key text,
     held_for text,
     awaited boolean,
+    traceparent text,
+    tracestate text,
     CONSTRAINT jobs_attempt_not_negative CHECK ((attempt >= 0)),
     CONSTRAINT jobs_claim_token_only_running CHECK (((claim_token IS NULL) OR (state = 'running'::skiplock.job_state))),
     CONSTRAINT jobs_concurrency_key_not_empty CHECK ((concurrency_key <> ''::text)),
@@ -4402,6 +4412,8 @@ CREATE TABLE skiplock.jobs (
     CONSTRAINT jobs_queue_name_length CHECK ((octet_length(queue) <= 1000)),
     CONSTRAINT jobs_queue_not_empty CHECK ((queue <> ''::text)),
     CONSTRAINT jobs_running_has_claim CHECK (((state <> 'running'::skiplock.job_state) OR ((claim_token IS NOT NULL) AND (heartbeat_at IS NOT NULL)))),
+    CONSTRAINT jobs_traceparent_length CHECK ((octet_length(traceparent) <= 512)),
+    CONSTRAINT jobs_tracestate_length CHECK ((octet_length(tracestate) <= 8192)),
     CONSTRAINT jobs_unique_policy_known CHECK ((unique_policy = ANY (ARRAY['skip'::text, 'replace'::text, 'merge'::text])))
 )
 PARTITION BY LIST (state);
@@ -4453,6 +4465,18 @@ COMMENT ON COLUMN skiplock.jobs.held_for IS 'Why a waiting job is held back alth
 --
 
 COMMENT ON COLUMN skiplock.jobs.awaited IS 'true once someone waits for the job''s outcome (skiplock.watch_job, skiplock::wait_for): when it finishes (succeeded, dead or cancelled) its id is notified on skiplock_finished. NULL otherwise.';
+
+--
+-- Name: COLUMN jobs.traceparent; Type: COMMENT; Schema: skiplock; Owner: -
+--
+
+COMMENT ON COLUMN skiplock.jobs.traceparent IS 'W3C traceparent of the span that enqueued the job (skiplock.enqueue''s traceparent, the Rust API''s trace context): each attempt''s span continues that trace. At most 512 bytes; a value no worker can parse starts a new trace. NULL: no trace.';
+
+--
+-- Name: COLUMN jobs.tracestate; Type: COMMENT; Schema: skiplock; Owner: -
+--
+
+COMMENT ON COLUMN skiplock.jobs.tracestate IS 'W3C tracestate that goes with traceparent (vendors'' entries), at most 8,192 bytes. NULL: none.';
 
 --
 -- Name: CONSTRAINT jobs_queue_name_length ON jobs; Type: COMMENT; Schema: skiplock; Owner: -
@@ -4576,6 +4600,8 @@ CREATE TABLE skiplock.jobs_done (
     concurrency_key text,
     held_for text,
     awaited boolean,
+    traceparent text,
+    tracestate text,
     CONSTRAINT jobs_attempt_not_negative CHECK ((attempt >= 0)),
     CONSTRAINT jobs_claim_token_only_running CHECK (((claim_token IS NULL) OR (state = 'running'::skiplock.job_state))),
     CONSTRAINT jobs_concurrency_key_not_empty CHECK ((concurrency_key <> ''::text)),
@@ -4586,6 +4612,8 @@ CREATE TABLE skiplock.jobs_done (
     CONSTRAINT jobs_queue_name_length CHECK ((octet_length(queue) <= 1000)),
     CONSTRAINT jobs_queue_not_empty CHECK ((queue <> ''::text)),
     CONSTRAINT jobs_running_has_claim CHECK (((state <> 'running'::skiplock.job_state) OR ((claim_token IS NOT NULL) AND (heartbeat_at IS NOT NULL)))),
+    CONSTRAINT jobs_traceparent_length CHECK ((octet_length(traceparent) <= 512)),
+    CONSTRAINT jobs_tracestate_length CHECK ((octet_length(tracestate) <= 8192)),
     CONSTRAINT jobs_unique_policy_known CHECK ((unique_policy = ANY (ARRAY['skip'::text, 'replace'::text, 'merge'::text])))
 )
 PARTITION BY RANGE (state, finished_at);
@@ -4620,6 +4648,8 @@ CREATE TABLE skiplock.jobs_done_default (
     concurrency_key text,
     held_for text,
     awaited boolean,
+    traceparent text,
+    tracestate text,
     CONSTRAINT jobs_attempt_not_negative CHECK ((attempt >= 0)),
     CONSTRAINT jobs_claim_token_only_running CHECK (((claim_token IS NULL) OR (state = 'running'::skiplock.job_state))),
     CONSTRAINT jobs_concurrency_key_not_empty CHECK ((concurrency_key <> ''::text)),
@@ -4630,6 +4660,8 @@ CREATE TABLE skiplock.jobs_done_default (
     CONSTRAINT jobs_queue_name_length CHECK ((octet_length(queue) <= 1000)),
     CONSTRAINT jobs_queue_not_empty CHECK ((queue <> ''::text)),
     CONSTRAINT jobs_running_has_claim CHECK (((state <> 'running'::skiplock.job_state) OR ((claim_token IS NOT NULL) AND (heartbeat_at IS NOT NULL)))),
+    CONSTRAINT jobs_traceparent_length CHECK ((octet_length(traceparent) <= 512)),
+    CONSTRAINT jobs_tracestate_length CHECK ((octet_length(tracestate) <= 8192)),
     CONSTRAINT jobs_unique_policy_known CHECK ((unique_policy = ANY (ARRAY['skip'::text, 'replace'::text, 'merge'::text])))
 );
 
@@ -4676,6 +4708,8 @@ CREATE TABLE skiplock.jobs_live (
     concurrency_key text,
     held_for text,
     awaited boolean,
+    traceparent text,
+    tracestate text,
     CONSTRAINT jobs_attempt_not_negative CHECK ((attempt >= 0)),
     CONSTRAINT jobs_claim_token_only_running CHECK (((claim_token IS NULL) OR (state = 'running'::skiplock.job_state))),
     CONSTRAINT jobs_concurrency_key_not_empty CHECK ((concurrency_key <> ''::text)),
@@ -4686,6 +4720,8 @@ CREATE TABLE skiplock.jobs_live (
     CONSTRAINT jobs_queue_name_length CHECK ((octet_length(queue) <= 1000)),
     CONSTRAINT jobs_queue_not_empty CHECK ((queue <> ''::text)),
     CONSTRAINT jobs_running_has_claim CHECK (((state <> 'running'::skiplock.job_state) OR ((claim_token IS NOT NULL) AND (heartbeat_at IS NOT NULL)))),
+    CONSTRAINT jobs_traceparent_length CHECK ((octet_length(traceparent) <= 512)),
+    CONSTRAINT jobs_tracestate_length CHECK ((octet_length(tracestate) <= 8192)),
     CONSTRAINT jobs_unique_policy_known CHECK ((unique_policy = ANY (ARRAY['skip'::text, 'replace'::text, 'merge'::text])))
 )
 WITH (autovacuum_vacuum_scale_factor='0.02', autovacuum_analyze_scale_factor='0.02');

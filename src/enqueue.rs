@@ -245,6 +245,15 @@ async fn insert<'e>(db: impl PgExecutor<'e>, jobs: &[NewJob]) -> Result<Inserted
         });
     }
     let mut batch = InsertBatch::default();
+    // The enqueuer's trace, for the jobs whose options name none: read once per call.
+    #[cfg(feature = "opentelemetry")]
+    let current = jobs
+        .iter()
+        .any(|job| job.options.trace_context.is_none())
+        .then(crate::trace_context::TraceContext::current)
+        .flatten();
+    #[cfg(not(feature = "opentelemetry"))]
+    let current: Option<crate::trace_context::TraceContext> = None;
     for (index, job) in jobs.iter().enumerate() {
         validate(job).map_err(|why| {
             Error::InvalidJob(if jobs.len() == 1 {
@@ -280,6 +289,13 @@ async fn insert<'e>(db: impl PgExecutor<'e>, jobs: &[NewJob]) -> Result<Inserted
         batch
             .depends_on
             .push(Json(options.depends_on.iter().map(|id| id.0).collect()));
+        let trace = options.trace_context.as_ref().or(current.as_ref());
+        batch
+            .traceparents
+            .push(trace.map(|trace| trace.traceparent().to_owned()));
+        batch
+            .tracestates
+            .push(trace.and_then(|trace| trace.tracestate().map(str::to_owned)));
     }
     jobs_insert_reporting(db, &batch).await.map_err(refused)
 }

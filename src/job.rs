@@ -12,6 +12,8 @@ use chrono::{DateTime, Utc};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use sqlx::PgPool;
+
+use crate::trace_context::TraceContext;
 use tokio_util::sync::CancellationToken;
 
 use crate::backoff;
@@ -128,6 +130,10 @@ pub struct EnqueueOptions {
     /// Jobs that must all succeed before this one runs. Cannot be combined with a unique
     /// key or an ordering key.
     pub depends_on: Vec<JobId>,
+    /// The trace the job continues (see [`TraceContext`]). `None`: under the
+    /// `opentelemetry` feature, the current span's context; without it, no trace. A job
+    /// folded into a pending one by its unique key keeps the pending job's trace.
+    pub trace_context: Option<TraceContext>,
 }
 
 impl EnqueueOptions {
@@ -193,6 +199,13 @@ impl EnqueueOptions {
         self.depends_on.extend(parents);
         self
     }
+
+    /// Records `context` as the trace each attempt of the job continues: the headers of
+    /// the request that caused the job, say ([`TraceContext::from_headers`]).
+    pub fn trace_context(mut self, context: TraceContext) -> Self {
+        self.trace_context = Some(context);
+        self
+    }
 }
 
 /// What a running handler knows about its job, and how it learns it must stop.
@@ -210,6 +223,7 @@ pub struct JobContext {
     /// `worker::claims`).
     pub(crate) completed_in_tx: Arc<std::sync::atomic::AtomicBool>,
     pub(crate) data: Arc<DataMap>,
+    pub(crate) trace_context: Option<TraceContext>,
 }
 
 /// Values shared with every handler of a worker, by type (see
@@ -240,6 +254,15 @@ impl JobContext {
     /// The job's attempt budget.
     pub fn max_attempts(&self) -> i32 {
         self.max_attempts
+    }
+
+    /// The trace context the job was enqueued with, as stored (`traceparent`,
+    /// `tracestate`): for a handler that passes it on, to an HTTP call or a program it
+    /// starts. `None` for a job enqueued outside any trace. Under the `opentelemetry`
+    /// feature the attempt's span already continues it, and the current span's context
+    /// (`TraceContext::current()`) is the one to pass on.
+    pub fn trace_context(&self) -> Option<&TraceContext> {
+        self.trace_context.as_ref()
     }
 
     /// The worker's connection pool, for handlers that write to the database. Behind

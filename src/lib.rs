@@ -122,6 +122,7 @@ mod state;
 pub mod stats;
 #[cfg(feature = "testing")]
 pub mod testing;
+mod trace_context;
 #[cfg(feature = "cli")]
 #[doc(hidden)]
 pub mod unstable_cli;
@@ -148,6 +149,7 @@ pub use queue_limits::{
     KEY_RATE_LIMIT_MAX_STARTS, LimitKind, QueueLimitStatus, QueueLimits, RATE_LIMIT_MAX_STARTS,
     RateLimit, queue_limits, set_queue_limits,
 };
+pub use trace_context::{TRACEPARENT_MAX_BYTES, TRACESTATE_MAX_BYTES, TraceContext};
 pub use worker::events::{JobEvent, JobEventOutcome, JobEvents};
 pub use worker::{Retention, ShutdownHandle, Worker, WorkerBuilder, WorkerConfig, WorkerSummary};
 

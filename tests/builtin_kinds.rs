@@ -581,3 +581,82 @@ async fn cancelling_a_running_command_kills_its_process_group() {
     worker.kill().await.unwrap();
     assert_eq!(job_json(&db.pool, id).await["state"], json!("cancelled"));
 }
+
+/// A job enqueued in a trace passes it on: the http kind as `traceparent` and `tracestate`
+/// headers (not over a `traceparent` the job's own headers name), the command kind as the
+/// `TRACEPARENT` and `TRACESTATE` environment of its program; a job outside any trace
+/// sends neither.
+#[tokio::test]
+async fn http_and_command_jobs_pass_their_trace_on() {
+    const TRACEPARENT: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    let db = test_db().await;
+    let server = Server::start(routes).await;
+    let traced = |kind: &'static str, args: Value| {
+        let pool = db.pool.clone();
+        async move {
+            sqlx::query_scalar::<_, i64>(
+                "SELECT skiplock.enqueue($1, $2, traceparent => $3, tracestate => 'congo=t61')",
+            )
+            .bind(kind)
+            .bind(args)
+            .bind(TRACEPARENT)
+            .fetch_one(&pool)
+            .await
+            .unwrap()
+        }
+    };
+    let own = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
+    traced(
+        "http",
+        json!({"url": server.url("/ok"), "headers": {"X-Which": "traced"}}),
+    )
+    .await;
+    traced(
+        "http",
+        json!({"url": server.url("/ok"), "headers": {"X-Which": "own", "traceparent": own}}),
+    )
+    .await;
+    enqueue(
+        &db,
+        "http",
+        &json!({"url": server.url("/ok"), "headers": {"X-Which": "untraced"}}),
+        &[],
+    )
+    .await;
+    let script = "printf '%s|%s' \"$TRACEPARENT\" \"$TRACESTATE\"";
+    let command = traced("command", json!({"program": script, "shell": true})).await;
+    let untraced_command = enqueue(
+        &db,
+        "command",
+        &json!({"program": script, "shell": true}),
+        &[],
+    )
+    .await;
+    work_until_idle(&db, &["--kinds", "http,command", "--allow-command", "sh"]).await;
+
+    let seen = server.seen();
+    let header = |which: &str, name: &str| {
+        let request = seen
+            .iter()
+            .find(|s| s.headers.get("x-which").map(String::as_str) == Some(which))
+            .unwrap_or_else(|| panic!("no {which} request in {seen:?}"));
+        request.headers.get(name).cloned()
+    };
+    assert_eq!(
+        header("traced", "traceparent").as_deref(),
+        Some(TRACEPARENT)
+    );
+    assert_eq!(header("traced", "tracestate").as_deref(), Some("congo=t61"));
+    assert_eq!(header("own", "traceparent").as_deref(), Some(own));
+    assert_eq!(header("untraced", "traceparent"), None);
+    assert_eq!(header("untraced", "tracestate"), None);
+    let stdout = |id| {
+        let pool = db.pool.clone();
+        async move { job_json(&pool, id).await["output"]["stdout_prefix"].clone() }
+    };
+    assert_eq!(
+        stdout(command).await,
+        json!(format!("{TRACEPARENT}|congo=t61"))
+    );
+    assert_eq!(stdout(untraced_command).await, json!("|"));
+}

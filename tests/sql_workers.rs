@@ -992,3 +992,45 @@ async fn the_wait_examples_print_each_outcome_with_its_exit_code() {
         );
     }
 }
+
+/// The examples carry the caller's trace from the enqueue to the handler: wait.py and
+/// wait.js pass TRACEPARENT and TRACESTATE from their environment to skiplock.enqueue, the
+/// example worker of the same language claims the job with them, logs the traceparent
+/// with the job's start, and its `echo_trace` handler returns them as the job's output.
+#[tokio::test]
+async fn the_examples_carry_the_callers_trace_from_the_enqueue_to_the_handler() {
+    const TRACEPARENT: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    let python = python_bin();
+    for lang in Lang::BOTH {
+        let db = test_db().await;
+        let name = lang.name();
+        let worker = Worker::example(lang, db.url(), &format!("{name}-traced"), 10, &[]);
+        let (program, script) = match lang {
+            Lang::Python => (python.clone(), "python/wait.py"),
+            Lang::Node => ("node".into(), "node/wait.js"),
+        };
+        let waited = tokio::process::Command::new(&program)
+            .arg(sql_workers_support::examples().join(script))
+            .args(["--kind", "echo_trace", "--queue", QUEUE, "--timeout", "60"])
+            .env("DATABASE_URL", db.url())
+            .env("TRACEPARENT", TRACEPARENT)
+            .env("TRACESTATE", "congo=t61rcWkgMzE")
+            .kill_on_drop(true)
+            .output()
+            .await
+            .unwrap();
+        let line = String::from_utf8_lossy(&waited.stdout);
+        assert_eq!(waited.status.code(), Some(0), "{name}: {waited:?}");
+        let outcome: serde_json::Value = serde_json::from_str(line.trim()).unwrap();
+        assert_eq!(
+            outcome["output"],
+            serde_json::json!({"traceparent": TRACEPARENT, "tracestate": "congo=t61rcWkgMzE"}),
+            "{name}"
+        );
+        worker
+            .wait_for_log(&format!("started in trace {TRACEPARENT}"))
+            .await;
+        let (code, log) = worker.terminate().await;
+        assert_eq!(code, Some(0), "{name}:\n{log}");
+    }
+}

@@ -14,6 +14,10 @@
 // 10 s in case a notification was lost (a job deleted while live notifies nothing).
 // DATABASE_URL defaults to postgres://postgres@127.0.0.1:5432/postgres, as `skiplock` does;
 // LISTEN needs a direct connection (not PgBouncer in transaction mode).
+//
+// The job continues the caller's trace: TRACEPARENT and TRACESTATE from the environment
+// (OpenTelemetry's carriers for a process; an HTTP service passes its request's headers
+// instead) go to skiplock.enqueue, and every attempt gets them.
 'use strict';
 
 const { parseArgs } = require('node:util');
@@ -89,8 +93,10 @@ async function main() {
   try {
     // Each statement commits at once: the enqueue must commit before a worker sees the job.
     const { rows } = await client.query(
-      'SELECT skiplock.enqueue($1, $2::jsonb, queue => $3) AS id',
-      [options.kind, JSON.parse(options.args), options.queue],
+      'SELECT skiplock.enqueue($1, $2::jsonb, queue => $3, traceparent => $4,'
+        + ' tracestate => $5) AS id',
+      [options.kind, JSON.parse(options.args), options.queue,
+        process.env.TRACEPARENT || null, process.env.TRACESTATE || null],
     );
     const jobId = Number(rows[0].id);
     console.error(`job ${jobId} enqueued; waiting up to ${timeoutSecs} s`);

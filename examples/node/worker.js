@@ -80,6 +80,10 @@ const handlers = {
     if (job.attempt === 1) throw new Error('planned failure on the first attempt');
     return null;
   },
+  // Returns the W3C trace context the job was enqueued with: what a handler passes on, as
+  // the traceparent and tracestate headers of an HTTP call it makes, or as the TRACEPARENT
+  // and TRACESTATE environment variables of a program it starts (OpenTelemetry's carriers).
+  echo_trace: async (args, job) => ({ traceparent: job.traceparent, tracestate: job.tracestate }),
   // The first attempt hangs until it is aborted (its claim was lost, or heartbeats failed);
   // later attempts succeed. For tests of the reaper.
   hang_once: async (args, job) => {
@@ -173,6 +177,8 @@ class Job {
     this.args = row.args;
     this.attempt = row.attempt;
     this.claim_token = row.claim_token;
+    this.traceparent = row.traceparent;
+    this.tracestate = row.tracestate;
     this.started = null;
     this.finished = false;
     this.aborted = null; // why it must stop, once it must
@@ -421,7 +427,8 @@ class Worker {
     try {
       rows = await this.main.call(
         'claim',
-        'SELECT id, kind, args, attempt, claim_token FROM skiplock.claim($1, $2, $3, $4)',
+        'SELECT id, kind, args, attempt, claim_token, traceparent, tracestate'
+          + ' FROM skiplock.claim($1, $2, $3, $4)',
         [opts.queue, this.claimSize, opts.name, kinds],
         { retryTimeouts: this.claimSize === 1, giveUp: () => this.stopping },
       );
@@ -476,7 +483,11 @@ class Worker {
 
   async runJob(job) {
     job.started = Date.now();
-    if (infoEnabled) log('INFO', `job ${job.id} (${job.kind}) attempt ${job.attempt} started`);
+    // The enqueuer's trace (its traceparent), so that a log line finds the request.
+    if (infoEnabled) {
+      const trace = job.traceparent ? ` in trace ${job.traceparent}` : '';
+      log('INFO', `job ${job.id} (${job.kind}) attempt ${job.attempt} started${trace}`);
+    }
     let output;
     try {
       output = await handlers[job.kind](job.args, job);

@@ -13,6 +13,10 @@ the commit that finished it, and watch_job is asked again. No polling, but a loo
 10 s in case a notification was lost (a job deleted while live notifies nothing).
 DATABASE_URL defaults to postgres://postgres@127.0.0.1:5432/postgres, as `skiplock` does;
 LISTEN needs a direct connection (not PgBouncer in transaction mode).
+
+The job continues the caller's trace: TRACEPARENT and TRACESTATE from the environment
+(OpenTelemetry's carriers for a process; an HTTP service passes its request's headers
+instead) go to skiplock.enqueue, and every attempt gets them.
 """
 
 import argparse
@@ -79,8 +83,9 @@ def main():
     # can see the job), and notifications arrive between statements.
     with psycopg.connect(url, autocommit=True) as conn:
         (job_id,) = conn.execute(
-            "SELECT skiplock.enqueue(%s, %s, queue => %s)",
-            (options.kind, Jsonb(json.loads(options.args)), options.queue),
+            "SELECT skiplock.enqueue(%s, %s, queue => %s, traceparent => %s, tracestate => %s)",
+            (options.kind, Jsonb(json.loads(options.args)), options.queue,
+             os.environ.get("TRACEPARENT") or None, os.environ.get("TRACESTATE") or None),
             prepare=False,
         ).fetchone()
         print(f"job {job_id} enqueued; waiting up to {options.timeout:g} s", file=sys.stderr)

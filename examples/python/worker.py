@@ -115,16 +115,26 @@ def hang_once(args, job):
     return None
 
 
-HANDLERS = {"noop": noop, "sleep": sleep, "fail_once": fail_once, "hang_once": hang_once}
+def echo_trace(args, job):
+    """Returns the W3C trace context the job was enqueued with: what a handler passes on, as
+    the traceparent and tracestate headers of an HTTP call it makes, or as the TRACEPARENT
+    and TRACESTATE environment variables of a program it starts (OpenTelemetry's carriers)."""
+    return {"traceparent": job.traceparent, "tracestate": job.tracestate}
+
+
+HANDLERS = {"noop": noop, "sleep": sleep, "fail_once": fail_once, "hang_once": hang_once,
+            "echo_trace": echo_trace}
 
 
 class Job:
-    __slots__ = ("id", "kind", "args", "attempt", "token", "_stop", "started", "finished")
+    __slots__ = ("id", "kind", "args", "attempt", "token", "traceparent", "tracestate", "_stop",
+                 "started", "finished")
     # Guards the making of a job's stop event, which two threads may ask for at once.
     _stop_lock = threading.Lock()
 
     def __init__(self, row):
-        self.id, self.kind, self.args, self.attempt, self.token = row
+        (self.id, self.kind, self.args, self.attempt, self.token, self.traceparent,
+         self.tracestate) = row
         self._stop = None
         self.started = None
         self.finished = False
@@ -362,7 +372,8 @@ class Worker:
 
     def claim(self, session):
         try:
-            rows = session.call("claim", "SELECT id, kind, args, attempt, claim_token"
+            rows = session.call("claim", "SELECT id, kind, args, attempt, claim_token,"
+                                " traceparent, tracestate"
                                 " FROM skiplock.claim(%s, %s::int, %s, %s::text[])",
                                 (self.opts.queue, self.claim_size, self.opts.name, self.opts.kinds),
                                 retry_timeouts=self.claim_size == 1, give_up=self.stopping)
@@ -424,7 +435,9 @@ class Worker:
         handler = HANDLERS[job.kind]
         job.started = time.monotonic()
         self.running.add(job)  # One step for the interpreter; readers take a copy().
-        log.info("job %s (%s) attempt %s started", job.id, job.kind, job.attempt)
+        # The enqueuer's trace (its traceparent), so that a log line finds the request.
+        log.info("job %s (%s) attempt %s started%s", job.id, job.kind, job.attempt,
+                 f" in trace {job.traceparent}" if job.traceparent else "")
         try:
             output = handler(job.args, job)
         except Stopped:

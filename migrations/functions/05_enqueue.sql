@@ -9,6 +9,8 @@
 
 DROP FUNCTION IF EXISTS skiplock.enqueue_job(text, jsonb, text, int, timestamptz, int, text,
                                              text, text, bigint[]);
+DROP FUNCTION IF EXISTS skiplock.enqueue_job(text, jsonb, text, int, timestamptz, int, text,
+                                             text, text, bigint[], text);
 CREATE OR REPLACE FUNCTION skiplock.enqueue_job(
     kind          text,
     args          jsonb       DEFAULT '{}',
@@ -20,7 +22,9 @@ CREATE OR REPLACE FUNCTION skiplock.enqueue_job(
     unique_key    text        DEFAULT NULL,
     on_conflict   text        DEFAULT 'skip',
     depends_on    bigint[]    DEFAULT '{}',
-    concurrency_key text      DEFAULT NULL
+    concurrency_key text      DEFAULT NULL,
+    traceparent   text        DEFAULT NULL,
+    tracestate    text        DEFAULT NULL
 ) RETURNS TABLE (id bigint, outcome text)
 LANGUAGE plpgsql AS $$
 #variable_conflict use_column
@@ -74,24 +78,27 @@ BEGIN
         PERFORM skiplock.internal_check_args_size(enqueue_job.args);
         INSERT INTO skiplock.jobs (kind, args, queue, priority, scheduled_at, max_attempts,
                                    ordering_key, unique_key, unique_policy, state,
-                                   finished_at, last_error, concurrency_key)
+                                   finished_at, last_error, concurrency_key, traceparent,
+                                   tracestate)
         VALUES (enqueue_job.kind, enqueue_job.args, enqueue_job.queue,
                 enqueue_job.priority::smallint, enqueue_job.scheduled_at,
                 enqueue_job.max_attempts, enqueue_job.ordering_key, enqueue_job.unique_key,
                 CASE WHEN enqueue_job.unique_key IS NOT NULL THEN on_conflict END, initial,
-                now(), reason, enqueue_job.concurrency_key)
+                now(), reason, enqueue_job.concurrency_key, enqueue_job.traceparent,
+                enqueue_job.tracestate)
         RETURNING skiplock.jobs.id, true INTO new_id, inserted;
     ELSE
         -- Into jobs_live itself: ON CONFLICT needs a unique index of the table it names,
         -- and the pending unique keys' index is the live partition's.
         INSERT INTO skiplock.jobs_live AS j (kind, args, queue, priority, scheduled_at,
                                              max_attempts, ordering_key, unique_key,
-                                             unique_policy, state, concurrency_key)
+                                             unique_policy, state, concurrency_key,
+                                             traceparent, tracestate)
         VALUES (enqueue_job.kind, enqueue_job.args, enqueue_job.queue,
                 enqueue_job.priority::smallint, enqueue_job.scheduled_at,
                 enqueue_job.max_attempts, enqueue_job.ordering_key, enqueue_job.unique_key,
                 CASE WHEN enqueue_job.unique_key IS NOT NULL THEN on_conflict END, initial,
-                enqueue_job.concurrency_key)
+                enqueue_job.concurrency_key, enqueue_job.traceparent, enqueue_job.tracestate)
         ON CONFLICT (unique_key) WHERE unique_key IS NOT NULL AND state IN ('waiting', 'queued')
         -- Reached when the insert trigger could not see the key's holder (a snapshot
         -- older than it: REPEATABLE READ, where the update then fails to serialize); the
@@ -122,11 +129,13 @@ BEGIN
     RETURN NEXT;
 END;
 $$;
-COMMENT ON FUNCTION skiplock.enqueue_job(text, jsonb, text, int, timestamptz, int, text, text, text, bigint[], text) IS
+COMMENT ON FUNCTION skiplock.enqueue_job(text, jsonb, text, int, timestamptz, int, text, text, text, bigint[], text, text, text) IS
     'As skiplock.enqueue, and says what it did: the job''s id with inserted, or, for a unique_key already pending, that job''s id with skipped, replaced or merged. Example: SELECT * FROM skiplock.enqueue_job(''send_email'', ''{"to": "a@example.com"}'', unique_key => ''welcome-42'');';
 
 DROP FUNCTION IF EXISTS skiplock.enqueue(text, jsonb, text, int, timestamptz, int, text, text,
                                          text, bigint[]);
+DROP FUNCTION IF EXISTS skiplock.enqueue(text, jsonb, text, int, timestamptz, int, text, text,
+                                         text, bigint[], text);
 CREATE OR REPLACE FUNCTION skiplock.enqueue(
     kind          text,
     args          jsonb       DEFAULT '{}',
@@ -138,15 +147,18 @@ CREATE OR REPLACE FUNCTION skiplock.enqueue(
     unique_key    text        DEFAULT NULL,
     on_conflict   text        DEFAULT 'skip',
     depends_on    bigint[]    DEFAULT '{}',
-    concurrency_key text      DEFAULT NULL
+    concurrency_key text      DEFAULT NULL,
+    traceparent   text        DEFAULT NULL,
+    tracestate    text        DEFAULT NULL
 ) RETURNS bigint
 LANGUAGE sql AS $$
     SELECT e.id FROM skiplock.enqueue_job(kind, args, queue, priority, scheduled_at,
                                           max_attempts, ordering_key, unique_key,
-                                          on_conflict, depends_on, concurrency_key) e;
+                                          on_conflict, depends_on, concurrency_key,
+                                          traceparent, tracestate) e;
 $$;
-COMMENT ON FUNCTION skiplock.enqueue(text, jsonb, text, int, timestamptz, int, text, text, text, bigint[], text) IS
-    'Enqueues a job from any language and returns its id (or, for a unique_key already pending, that job''s id). Example: SELECT skiplock.enqueue(''send_email'', ''{"to": "a@example.com"}'', priority => -1);';
+COMMENT ON FUNCTION skiplock.enqueue(text, jsonb, text, int, timestamptz, int, text, text, text, bigint[], text, text, text) IS
+    'Enqueues a job from any language and returns its id (or, for a unique_key already pending, that job''s id). traceparent and tracestate (W3C Trace Context, as an incoming request carried them) make each attempt''s span continue that trace. Example: SELECT skiplock.enqueue(''send_email'', ''{"to": "a@example.com"}'', priority => -1);';
 
 -- Inserts: one notification per statement, queue and priority for the jobs due now, at the
 -- earliest time, and one for those due later, with when the first and the last come due.

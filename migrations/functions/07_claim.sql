@@ -52,6 +52,18 @@ DROP FUNCTION IF EXISTS skiplock.internal_claim_batch(text[], text[], bigint, te
 DROP FUNCTION IF EXISTS skiplock.internal_claim_batch(text, text[], bigint, text, smallint,
                                                       bigint, bigint, uuid, boolean, boolean,
                                                       boolean);
+-- Its rows gained the trace context: a changed result type needs a drop, not a replace,
+-- made only of the older one, so that applying this file again keeps the grants.
+DO $$
+BEGIN
+    IF EXISTS (SELECT FROM pg_proc p
+               WHERE p.oid = to_regprocedure('skiplock.internal_claim_batch(text, text[], bigint,
+                                 text, smallint, bigint, bigint, uuid, boolean)')
+                 AND NOT 'traceparent' = ANY (p.proargnames)) THEN
+        DROP FUNCTION skiplock.internal_claim_batch(text, text[], bigint, text, smallint, bigint,
+                                                    bigint, uuid, boolean);
+    END IF;
+END $$;
 CREATE OR REPLACE FUNCTION skiplock.internal_claim_batch(queue_name text, kinds text[], max_jobs bigint, worker text,
                                      after_priority smallint DEFAULT NULL,
                                      after_scheduled_at_us bigint DEFAULT NULL,
@@ -59,7 +71,8 @@ CREATE OR REPLACE FUNCTION skiplock.internal_claim_batch(queue_name text, kinds 
                                      claim_with uuid DEFAULT NULL,
                                      skip_in_flight boolean DEFAULT false)
 RETURNS TABLE (id bigint, queue text, kind text, args jsonb, attempt int, max_attempts int,
-               claim_token uuid, priority smallint, scheduled_at_us bigint)
+               claim_token uuid, priority smallint, scheduled_at_us bigint, traceparent text,
+               tracestate text)
 LANGUAGE plpgsql
 SET enable_sort = off
 SET enable_bitmapscan = off
@@ -240,14 +253,15 @@ BEGIN
                 attempt = least(j.attempt, 2147483646) + 1
             WHERE j.ctid = ANY ((SELECT t.ctids FROM taken t)::tid[])
             RETURNING j.id, j.queue, j.kind, j.args, j.attempt, j.max_attempts,
-                      j.claim_token, j.priority, j.scheduled_at
+                      j.claim_token, j.priority, j.scheduled_at, j.traceparent, j.tracestate
         )
         SELECT c.id, c.queue, c.kind, c.args, c.attempt, c.max_attempts, c.claim_token,
                c.priority,
                -- A claimed row is due, so its scheduled_at is finite or '-infinity'.
                CASE WHEN isfinite(c.scheduled_at)
                     THEN (extract(epoch FROM c.scheduled_at) * 1000000)::bigint
-                    ELSE -9223372036854775808 END
+                    ELSE -9223372036854775808 END,
+               c.traceparent, c.tracestate
         FROM claimed c
         ORDER BY c.priority, c.scheduled_at, c.id;
         GET DIAGNOSTICS taken_now = ROW_COUNT;

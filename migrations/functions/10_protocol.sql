@@ -48,7 +48,8 @@ BEGIN
         -- runs again with a new snapshot.
         BEGIN
             RETURN QUERY
-            SELECT c.id, c.queue, c.kind, c.args, c.attempt, c.max_attempts, c.claim_token
+            SELECT c.id, c.queue, c.kind, c.args, c.attempt, c.max_attempts, c.claim_token,
+                   c.traceparent, c.tracestate
             FROM skiplock.internal_claim_batch(claim.queue, kinds, max_jobs, worker) c;
             RETURN;
         EXCEPTION WHEN serialization_failure THEN
@@ -61,7 +62,7 @@ BEGIN
 END;
 $$;
 COMMENT ON FUNCTION skiplock.claim(text, integer, text, text[]) IS
-    'Takes up to `max_jobs` runnable jobs of one queue, in claim order (`priority`, lower first, then `scheduled_at`, then `id`), with `FOR UPDATE SKIP LOCKED`: any number of workers claim at once and never take the same job. Returns `id, queue, kind, args, attempt, max_attempts, claim_token` per job. `kinds` NULL means every kind; pass the kinds you have handlers for. Jobs of a paused queue, not yet due, waiting for parents or behind an unfinished job of their lane are not taken, nor more than the queue''s global limits leave (`max_running`, `rate_limit`, and per concurrency key `key_max_running` and `key_rate_limit`; such a claim must run in READ COMMITTED, else SQLSTATE 25000). Each job comes back `running` with `attempt` counted and a fresh `claim_token`. `max_jobs` 0 returns nothing; NULL, negative or over 10,000, or a NULL or empty `queue` or `worker`, is an error (SQLSTATE 22023).';
+    'Takes up to `max_jobs` runnable jobs of one queue, in claim order (`priority`, lower first, then `scheduled_at`, then `id`), with `FOR UPDATE SKIP LOCKED`: any number of workers claim at once and never take the same job. Returns `id, queue, kind, args, attempt, max_attempts, claim_token, traceparent, tracestate` per job (the last two: the W3C trace context the job was enqueued with, NULL without one; a worker continues that trace in its span). `kinds` NULL means every kind; pass the kinds you have handlers for. Jobs of a paused queue, not yet due, waiting for parents or behind an unfinished job of their lane are not taken, nor more than the queue''s global limits leave (`max_running`, `rate_limit`, and per concurrency key `key_max_running` and `key_rate_limit`; such a claim must run in READ COMMITTED, else SQLSTATE 25000). Each job comes back `running` with `attempt` counted and a fresh `claim_token`. `max_jobs` 0 returns nothing; NULL, negative or over 10,000, or a NULL or empty `queue` or `worker`, is an error (SQLSTATE 22023).';
 
 -- Extends the claims the caller still holds (heartbeat_at = the database clock) and says,
 -- for each claim given, whether it is still held: false means the job was reaped,

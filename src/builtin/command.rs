@@ -16,7 +16,8 @@
 //!   when the program exits (nothing it started outlives the job) and when the job is
 //!   stopped (cancelled, reaped, hard shutdown).
 //! - The child inherits the worker's environment minus `DATABASE_URL` and `PGPASSWORD`,
-//!   plus `env`.
+//!   plus the job's trace as `TRACEPARENT` and `TRACESTATE` (OpenTelemetry's environment
+//!   carriers; see the http kind) when it has one, plus `env`.
 //! - The job's `output` records `{"exit_code", "signal", "timed_out", "stdout_prefix",
 //!   "stdout_truncated", "stderr_prefix", "stderr_truncated"}`: the first
 //!   [`OUTPUT_PREFIX_MAX_BYTES`] of each stream (the rest is read and discarded).
@@ -36,6 +37,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio_util::sync::CancellationToken;
 
 use crate::job::{Job, JobContext, JobError};
+use crate::trace_context::TraceContext;
 
 /// Timeout of a command whose args give none.
 pub const COMMAND_TIMEOUT_DEFAULT: Duration = Duration::from_secs(300);
@@ -140,7 +142,9 @@ impl Job for Command {
 
     async fn run(self, ctx: JobContext) -> Result<(), JobError> {
         self.check_allowed(ctx.data::<CommandConfig>())?;
-        let run = self.execute().await?;
+        let run = self
+            .execute(crate::trace_context::to_pass_on(&ctx).as_ref())
+            .await?;
         let output = json!({
             "exit_code": run.status.and_then(|s| s.code()),
             "signal": run.status.and_then(|s| s.signal()),
@@ -223,7 +227,7 @@ impl Command {
         )))
     }
 
-    async fn execute(&self) -> Result<Run, JobError> {
+    async fn execute(&self, trace: Option<&TraceContext>) -> Result<Run, JobError> {
         let mut process = if self.shell {
             let mut process = tokio::process::Command::new("/bin/sh");
             process.arg("-c").arg(&self.program).arg("sh");
@@ -231,6 +235,14 @@ impl Command {
         } else {
             tokio::process::Command::new(&self.program)
         };
+        // The job's trace, as OpenTelemetry's environment carriers; the job's own `env`
+        // comes after, and wins.
+        if let Some(trace) = trace {
+            process.env("TRACEPARENT", trace.traceparent());
+            if let Some(state) = trace.tracestate() {
+                process.env("TRACESTATE", state);
+            }
+        }
         process
             .args(&self.args)
             .envs(&self.env)

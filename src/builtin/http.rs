@@ -8,6 +8,9 @@
 //! - `method` defaults to `GET`; `headers`, `body` and `timeout_ms` are optional. A string
 //!   `body` is sent as is; any other JSON value is sent as JSON with
 //!   `Content-Type: application/json` (unless the headers name a content type).
+//! - A job enqueued in a trace passes it on: `traceparent` and `tracestate` headers (the
+//!   attempt's span under the `opentelemetry` feature, else the job's stored context),
+//!   unless the job's own headers name a `traceparent`.
 //! - 2xx succeeds. 408, 429, 5xx, timeouts and network errors fail the attempt as
 //!   retryable, after the delay in `Retry-After` when the response has one (seconds or an
 //!   HTTP date, at most [`RETRY_AFTER_MAX`]). Any other status is permanent: the job goes
@@ -30,6 +33,7 @@ use serde_json::{Value, json};
 
 use crate::error::{Error, Result};
 use crate::job::{Job, JobContext, JobError};
+use crate::trace_context::TraceContext;
 
 /// Timeout of a request whose args give none: connect, send and read the body prefix.
 pub const HTTP_TIMEOUT_DEFAULT: Duration = Duration::from_secs(30);
@@ -284,7 +288,8 @@ impl Job for Http {
             Some(config) => config,
             None => config_default().map_err(JobError::retry)?,
         };
-        let request = self.request(config)?;
+        let trace = crate::trace_context::to_pass_on(&ctx);
+        let request = self.request(config, trace.as_ref())?;
         let shown = display_url(request.url());
         let response = match config.client.execute(request).await {
             Ok(response) => response,
@@ -333,7 +338,11 @@ impl Job for Http {
 impl Http {
     /// Checks the args against the config and builds the request; every problem here is
     /// permanent, since retrying the same args cannot fix it.
-    fn request(&self, config: &HttpConfig) -> std::result::Result<reqwest::Request, JobError> {
+    fn request(
+        &self,
+        config: &HttpConfig,
+        trace: Option<&TraceContext>,
+    ) -> std::result::Result<reqwest::Request, JobError> {
         let method = Method::from_bytes(self.method.to_ascii_uppercase().as_bytes())
             .map_err(|_| JobError::permanent(format!("`{}` is not an HTTP method", self.method)))?;
         let url = Url::parse(&self.url)
@@ -360,6 +369,19 @@ impl Http {
                 JobError::permanent(format!("the value of header `{name}` is not valid"))
             })?;
             headers.append(name, value);
+        }
+        // The job's trace goes on to the service it calls, unless its own headers name one.
+        if let Some(trace) = trace
+            && !headers.contains_key("traceparent")
+        {
+            for (name, value) in [
+                ("traceparent", Some(trace.traceparent())),
+                ("tracestate", trace.tracestate()),
+            ] {
+                if let Some(value) = value.and_then(|v| HeaderValue::from_str(v).ok()) {
+                    headers.insert(name, value);
+                }
+            }
         }
         let body = match &self.body {
             None => None,

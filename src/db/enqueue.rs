@@ -34,6 +34,10 @@ pub struct InsertBatch {
     pub unique_policies: Vec<&'static str>,
     /// Parent job ids per job, as a JSON array.
     pub depends_on: Vec<Json<Vec<i64>>>,
+    /// W3C `traceparent` per job.
+    pub traceparents: Vec<Option<String>>,
+    /// W3C `tracestate` per job.
+    pub tracestates: Vec<Option<String>>,
 }
 
 impl InsertBatch {
@@ -93,15 +97,15 @@ pub async fn jobs_insert_reporting(
     }
     let mut ids: Vec<i64> = sqlx::query_scalar(
         "INSERT INTO skiplock.jobs (kind, args, queue, priority, scheduled_at, max_attempts,
-                                    ordering_key, concurrency_key)
+                                    ordering_key, concurrency_key, traceparent, tracestate)
          SELECT kind, args, queue, priority,
                 coalesce(run_at, now() + delay_ms * interval '1 millisecond'), max_attempts,
-                ordering_key, concurrency_key
+                ordering_key, concurrency_key, traceparent, tracestate
          FROM unnest($1::text[], $2::jsonb[], $3::text[], $4::smallint[], $5::timestamptz[],
-                     $6::bigint[], $7::int[], $8::text[], $9::text[])
+                     $6::bigint[], $7::int[], $8::text[], $9::text[], $10::text[], $11::text[])
               WITH ORDINALITY
               AS j(kind, args, queue, priority, run_at, delay_ms, max_attempts, ordering_key,
-                   concurrency_key, ord)
+                   concurrency_key, traceparent, tracestate, ord)
          ORDER BY ord
          RETURNING id",
     )
@@ -114,6 +118,8 @@ pub async fn jobs_insert_reporting(
     .bind(&batch.max_attempts)
     .bind(&batch.ordering_keys)
     .bind(&batch.concurrency_keys)
+    .bind(&batch.traceparents)
+    .bind(&batch.tracestates)
     .fetch_all(db)
     .await?;
     ids.sort_unstable();
@@ -133,16 +139,16 @@ async fn jobs_insert_each(
         "SELECT ord, e.id, e.outcome
          FROM unnest($1::text[], $2::jsonb[], $3::text[], $4::smallint[], $5::timestamptz[],
                      $6::bigint[], $7::int[], $8::text[], $9::text[], $10::text[], $11::jsonb[],
-                     $12::text[])
+                     $12::text[], $13::text[], $14::text[])
               WITH ORDINALITY
               AS j(kind, args, queue, priority, run_at, delay_ms, max_attempts, ordering_key,
-                   unique_key, policy, parents, concurrency_key, ord),
+                   unique_key, policy, parents, concurrency_key, traceparent, tracestate, ord),
               LATERAL skiplock.enqueue_job(
                     kind, args, queue, priority,
                     coalesce(run_at, now() + delay_ms * interval '1 millisecond'), max_attempts,
                     ordering_key, unique_key, coalesce(policy, 'skip'),
                     ARRAY(SELECT jsonb_array_elements_text(parents)::bigint),
-                    concurrency_key) e",
+                    concurrency_key, traceparent, tracestate) e",
     )
     .bind(&batch.kinds)
     .bind(&batch.args)
@@ -156,6 +162,8 @@ async fn jobs_insert_each(
     .bind(&batch.unique_policies)
     .bind(&batch.depends_on)
     .bind(&batch.concurrency_keys)
+    .bind(&batch.traceparents)
+    .bind(&batch.tracestates)
     .fetch_all(db)
     .await?;
     rows.sort_unstable_by_key(|(ord, _, _)| *ord);

@@ -535,6 +535,8 @@ mod tests {
             claim_token: Uuid::nil(),
             priority: 0,
             scheduled_at_us: 1_000,
+            traceparent: None,
+            tracestate: None,
         }
     }
 

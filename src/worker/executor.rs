@@ -19,6 +19,7 @@ use crate::db::jobs::ClaimedJob;
 use crate::enqueue::duration_ms;
 use crate::job::{Fate, JobContext, JobId};
 use crate::metrics;
+use crate::trace_context::TraceContext;
 
 /// What became of one claimed job, for the completer to save.
 #[derive(Debug)]
@@ -100,7 +101,7 @@ pub(super) async fn dispatch(
             }
             slot = slots.acquire(member) => slot,
         };
-        let BufferedJob { job, handles } = buffered;
+        let BufferedJob { mut job, handles } = buffered;
         space.notify_one();
         metrics::buffered(-1.0);
         shared.groups[group]
@@ -118,6 +119,13 @@ pub(super) async fn dispatch(
             queue = %job.queue,
             attempt = job.attempt
         );
+        // The attempt continues the enqueuer's trace: its span is a child of the span that
+        // enqueued the job (set before the span is first entered, as the layer requires).
+        let trace = TraceContext::stored(job.traceparent.take(), job.tracestate.take());
+        #[cfg(feature = "opentelemetry")]
+        if let Some(trace) = &trace {
+            trace.continue_in(&span);
+        }
         executors.spawn(
             async move {
                 let mut job = job;
@@ -129,7 +137,7 @@ pub(super) async fn dispatch(
                 let args = std::mem::take(&mut job.args.0);
                 let started = std::time::Instant::now();
                 metrics::running(1.0);
-                let outcome = execute(&shared, &job, args, &handles).await;
+                let outcome = execute(&shared, &job, args, trace, &handles).await;
                 let completed_in_tx = handles
                     .completed_in_tx
                     .load(std::sync::atomic::Ordering::Acquire);
@@ -209,6 +217,7 @@ async fn execute(
     shared: &Shared,
     job: &ClaimedJob,
     args: serde_json::Value,
+    trace_context: Option<TraceContext>,
     handles: &ClaimHandles,
 ) -> Outcome {
     let Some(handler) = shared.handlers.get(&job.kind).cloned() else {
@@ -227,6 +236,7 @@ async fn execute(
         stop: stop.clone(),
         completed_in_tx: handles.completed_in_tx.clone(),
         data: shared.data.clone(),
+        trace_context,
     };
     let timeout = handler.timeout();
     let policy_delay_ms = delay_ms(handler.retry_delay(job.attempt));

@@ -33,6 +33,10 @@ pub struct ClaimedJob {
     /// `scheduled_at` in microseconds since the Unix epoch, part of the claim key;
     /// `i64::MIN` for a row scheduled at `-infinity`.
     pub scheduled_at_us: i64,
+    /// The W3C `traceparent` the job was enqueued with, as stored (unchecked).
+    pub traceparent: Option<String>,
+    /// The W3C `tracestate` that goes with it.
+    pub tracestate: Option<String>,
 }
 
 impl<'r> FromRow<'r, PgRow> for ClaimedJob {
@@ -47,6 +51,8 @@ impl<'r> FromRow<'r, PgRow> for ClaimedJob {
             claim_token: row.try_get(6)?,
             priority: row.try_get(7)?,
             scheduled_at_us: row.try_get(8)?,
+            traceparent: row.try_get(9)?,
+            tracestate: row.try_get(10)?,
         })
     }
 }
@@ -177,7 +183,7 @@ pub async fn jobs_claim(
 ) -> sqlx::Result<Vec<ClaimedJob>> {
     sqlx::query_as(
         "SELECT id, queue, kind, args, attempt, max_attempts, claim_token, priority,
-                scheduled_at_us
+                scheduled_at_us, traceparent, tracestate
          FROM skiplock.internal_claim_batch($1, $2, $3, $4, $5, $6, $7, $8, $9)",
     )
     .bind(args.queue)
@@ -226,7 +232,8 @@ pub async fn jobs_claim_one(
          RETURNING id, queue, kind, args, attempt, max_attempts, claim_token, priority,
                    CASE WHEN isfinite(scheduled_at)
                         THEN (extract(epoch FROM scheduled_at) * 1000000)::bigint
-                        ELSE -9223372036854775808 END AS scheduled_at_us",
+                        ELSE -9223372036854775808 END AS scheduled_at_us,
+                   traceparent, tracestate",
     )
     .bind(id)
     .bind(claimed_by)

@@ -520,3 +520,261 @@ COMMENT ON CONSTRAINT jobs_queue_name_length ON skiplock.jobs IS
 
 COMMENT ON COLUMN skiplock.job_history.run_histogram IS
     'Run times counted per interval of skiplock.internal_job_history_run_bounds() (16 bounds, 17 elements): element 1 counts run times under bounds[1], element i+1 those from bounds[i] up to bounds[i+1], element 17 those from bounds[16] on.';
+
+-- Every table and column says what it holds (\d+ in psql): docs/architecture.md's tables
+-- are generated from these comments by tests/sql_reference.rs, which fails on one without.
+
+COMMENT ON TABLE skiplock.queues IS
+    'A queue''s settings: paused, and its global and per-key limits, held by every claim on every host. A queue needs no row until one of them is set; changed at any time, they hold from the next claim.';
+
+COMMENT ON TABLE skiplock.queue_rate_rings IS
+    'Internal (rate_limit): a rate-limited queue''s ring of its last starts, its size and where it is written next.';
+
+COMMENT ON TABLE skiplock.queue_rate_starts IS
+    'Internal (rate_limit): a ring''s slots, each the start time of one claimed job.';
+
+COMMENT ON TABLE skiplock.key_slots_freed IS
+    'Internal (key_max_running): a row per key and statement that freed a slot of the key, for the queue''s next claim to let the key''s held jobs go; deleted by that claim.';
+
+COMMENT ON TABLE skiplock.key_rate_windows IS
+    'Internal (key_rate_limit): a concurrency key''s last starts within its rate window, and whether the window holds the key''s jobs back.';
+
+COMMENT ON TABLE skiplock.cron_schedules IS
+    'Named cron schedules: each slot of a schedule enqueues exactly one job, whoever fires it first.';
+
+COMMENT ON TABLE skiplock.waiting_sweep IS
+    'Internal: where the periodic sweep of waiting jobs (internal_settle_waiting) goes on.';
+
+COMMENT ON TABLE skiplock.schema_functions IS
+    'Internal: the text of migrations/functions/ last applied, so that migrate applies it again only when it changed.';
+
+COMMENT ON TABLE skiplock.schema_migrations IS
+    'The migrations applied (migrations/NNNN_*.sql), a row each; skiplock never uses sqlx''s _sqlx_migrations.';
+
+COMMENT ON COLUMN skiplock.jobs.id IS
+    'The job''s id, from an identity shared by every partition: unique across live and finished jobs.';
+
+COMMENT ON COLUMN skiplock.jobs.queue IS
+    'The queue it waits in; workers claim only the queues they serve. Not empty, at most 1,000 bytes.';
+
+COMMENT ON COLUMN skiplock.jobs.kind IS
+    'The handler that runs it (a job type''s KIND, a built-in kind such as http or command). Not empty.';
+
+COMMENT ON COLUMN skiplock.jobs.args IS
+    'The handler''s input (any JSON), at most skiplock.args_max_bytes (1 MiB by default) as text.';
+
+COMMENT ON COLUMN skiplock.jobs.state IS
+    'waiting (for its parents, its lane, or held_for), queued (may run from scheduled_at), running (claimed), succeeded, dead (attempts exhausted or failed permanently), cancelled. Decides the partition.';
+
+COMMENT ON COLUMN skiplock.jobs.priority IS
+    'Lower runs first (-32768 to 32767); with scheduled_at and id, the claim order.';
+
+COMMENT ON COLUMN skiplock.jobs.scheduled_at IS
+    'When the job may run first; a retry or a snooze moves it forward. -infinity runs before anything due.';
+
+COMMENT ON COLUMN skiplock.jobs.attempt IS
+    'Attempts started so far; each claim counts one, a release or a snooze gives it back.';
+
+COMMENT ON COLUMN skiplock.jobs.max_attempts IS
+    'Attempts before a failing job goes dead (at least 1).';
+
+COMMENT ON COLUMN skiplock.jobs.claimed_by IS
+    'The worker that holds or last held the claim (its name: host, pid).';
+
+COMMENT ON COLUMN skiplock.jobs.claimed_at IS
+    'When the current or last claim was made.';
+
+COMMENT ON COLUMN skiplock.jobs.heartbeat_at IS
+    'The claim''s last heartbeat (database clock); a running job whose heartbeat is older than stale_after is reaped.';
+
+COMMENT ON COLUMN skiplock.jobs.ordering_key IS
+    'The job''s lane: the jobs of one key run one at a time, in enqueue (id) order.';
+
+COMMENT ON COLUMN skiplock.jobs.unique_key IS
+    'At most one pending (waiting or queued) job per key; unique_policy says what a second enqueue does.';
+
+COMMENT ON COLUMN skiplock.jobs.last_error IS
+    'The last failure''s message (or why the job was cancelled or is dead).';
+
+COMMENT ON COLUMN skiplock.jobs.created_at IS
+    'When the job was enqueued.';
+
+COMMENT ON COLUMN skiplock.jobs.finished_at IS
+    'When the job reached succeeded, dead or cancelled; with state, decides its day partition.';
+
+COMMENT ON COLUMN skiplock.jobs.concurrency_key IS
+    'A tenant or an account: in a queue with key_max_running or key_rate_limit, the limit holds per key. Not empty.';
+
+COMMENT ON COLUMN skiplock.job_dependencies.job_id IS
+    'The child: it waits until every parent succeeded.';
+
+COMMENT ON COLUMN skiplock.job_dependencies.parent_id IS
+    'A parent of job_id.';
+
+COMMENT ON COLUMN skiplock.queues.name IS
+    'The queue''s name, as jobs.queue names it; a row may come before any job of the queue.';
+
+COMMENT ON COLUMN skiplock.queues.paused IS
+    'true: no claim takes the queue''s jobs; running ones finish.';
+
+COMMENT ON COLUMN skiplock.queues.updated_at IS
+    'When the row was last changed.';
+
+COMMENT ON COLUMN skiplock.queues.max_running IS
+    'At most this many of the queue''s jobs running at once, across every worker. NULL: no limit.';
+
+COMMENT ON COLUMN skiplock.queues.rate_limit IS
+    'At most this many of the queue''s jobs started in any window of rate_period (1 to 100,000). NULL: no limit.';
+
+COMMENT ON COLUMN skiplock.queues.rate_period IS
+    'The window of rate_limit.';
+
+COMMENT ON COLUMN skiplock.queues.key_max_running IS
+    'At most this many jobs of one concurrency_key running at once. NULL: no limit.';
+
+COMMENT ON COLUMN skiplock.queues.key_rate_limit IS
+    'At most this many jobs of one concurrency_key started in any window of key_rate_period (1 to 10,000). NULL: no limit.';
+
+COMMENT ON COLUMN skiplock.queues.key_rate_period IS
+    'The window of key_rate_limit.';
+
+COMMENT ON COLUMN skiplock.queue_rate_rings.queue IS
+    'The rate-limited queue.';
+
+COMMENT ON COLUMN skiplock.queue_rate_rings.size IS
+    'Slots in the ring: the highest rate_limit it served.';
+
+COMMENT ON COLUMN skiplock.queue_rate_rings.next_slot IS
+    'The slot that holds the oldest start, written next.';
+
+COMMENT ON COLUMN skiplock.queue_rate_starts.queue IS
+    'The ring''s queue.';
+
+COMMENT ON COLUMN skiplock.queue_rate_starts.slot IS
+    'The slot, 0 to size - 1.';
+
+COMMENT ON COLUMN skiplock.queue_rate_starts.started_at IS
+    'When the job that took the slot was claimed.';
+
+COMMENT ON COLUMN skiplock.key_slots_freed.queue IS
+    'The queue with key_max_running.';
+
+COMMENT ON COLUMN skiplock.key_slots_freed.concurrency_key IS
+    'The key one of whose jobs ended (or was cancelled while queued).';
+
+COMMENT ON COLUMN skiplock.key_rate_windows.queue IS
+    'The queue with key_rate_limit.';
+
+COMMENT ON COLUMN skiplock.key_rate_windows.concurrency_key IS
+    'The key.';
+
+COMMENT ON COLUMN skiplock.key_rate_windows.starts IS
+    'The key''s last starts, oldest first; -infinity where fewer were made.';
+
+COMMENT ON COLUMN skiplock.key_rate_windows.expires_at IS
+    'When the newest start is a whole period old: the row counts nothing from then on and the sweep deletes it.';
+
+COMMENT ON COLUMN skiplock.key_rate_windows.held_until IS
+    'While a full window holds the key''s jobs back, when it has room again.';
+
+COMMENT ON COLUMN skiplock.key_rate_windows.hold_pending IS
+    'Set by the claim that filled the window, for it to hold back the key''s queued jobs before it returns.';
+
+COMMENT ON COLUMN skiplock.cron_schedules.name IS
+    'The schedule''s name.';
+
+COMMENT ON COLUMN skiplock.cron_schedules.expression IS
+    'Cron expression: five fields (minute hour day-of-month month day-of-week), or six with seconds first (the syntax: src/cron.rs).';
+
+COMMENT ON COLUMN skiplock.cron_schedules.timezone IS
+    'IANA time zone the expression is read in.';
+
+COMMENT ON COLUMN skiplock.cron_schedules.kind IS
+    'The kind of each slot''s job.';
+
+COMMENT ON COLUMN skiplock.cron_schedules.args IS
+    'The args of each slot''s job.';
+
+COMMENT ON COLUMN skiplock.cron_schedules.queue IS
+    'The queue of each slot''s job.';
+
+COMMENT ON COLUMN skiplock.cron_schedules.priority IS
+    'The priority of each slot''s job.';
+
+COMMENT ON COLUMN skiplock.cron_schedules.max_attempts IS
+    'The attempt budget of each slot''s job.';
+
+COMMENT ON COLUMN skiplock.cron_schedules.enabled IS
+    'false: the schedule enqueues nothing.';
+
+COMMENT ON COLUMN skiplock.cron_schedules.last_slot_at IS
+    'Slots up to and including this instant are done (enqueued or deliberately skipped).';
+
+COMMENT ON COLUMN skiplock.cron_schedules.last_job_id IS
+    'The job the last slot enqueued.';
+
+COMMENT ON COLUMN skiplock.cron_schedules.last_error IS
+    'Why the last slot could not enqueue its job, until one does.';
+
+COMMENT ON COLUMN skiplock.cron_schedules.created_at IS
+    'When the schedule was made.';
+
+COMMENT ON COLUMN skiplock.cron_schedules.updated_at IS
+    'When the schedule was last changed.';
+
+COMMENT ON COLUMN skiplock.waiting_sweep.singleton IS
+    'Always true: one row.';
+
+COMMENT ON COLUMN skiplock.waiting_sweep.after_id IS
+    'The sweep of waiting jobs goes on after this id, and from the first again after the last.';
+
+COMMENT ON COLUMN skiplock.job_history.bucket IS
+    'The hour (UTC) the numbers are for; -infinity folds everything older than the retention.';
+
+COMMENT ON COLUMN skiplock.job_history.queue IS
+    'The jobs'' queue.';
+
+COMMENT ON COLUMN skiplock.job_history.kind IS
+    'The jobs'' kind.';
+
+COMMENT ON COLUMN skiplock.job_history.succeeded IS
+    'Jobs that succeeded in the hour (by finished_at).';
+
+COMMENT ON COLUMN skiplock.job_history.dead IS
+    'Jobs that went dead in the hour.';
+
+COMMENT ON COLUMN skiplock.job_history.cancelled IS
+    'Jobs cancelled in the hour.';
+
+COMMENT ON COLUMN skiplock.job_history.run_count IS
+    'Succeeded and dead jobs whose run time (finished_at - claimed_at, the last attempt) is counted.';
+
+COMMENT ON COLUMN skiplock.job_history.run_seconds IS
+    'Their run times summed, in seconds.';
+
+COMMENT ON COLUMN skiplock.job_history.wait_count IS
+    'Succeeded and dead jobs whose wait (claimed_at - scheduled_at: due until claimed) is counted.';
+
+COMMENT ON COLUMN skiplock.job_history.wait_seconds IS
+    'Their waits summed, in seconds.';
+
+COMMENT ON COLUMN skiplock.schema_functions.singleton IS
+    'Always true: one row.';
+
+COMMENT ON COLUMN skiplock.schema_functions.md5 IS
+    'md5 of the text of migrations/functions/ last applied.';
+
+COMMENT ON COLUMN skiplock.schema_functions.skiplock_version IS
+    'The skiplock version that applied it; an older build leaves it alone.';
+
+COMMENT ON COLUMN skiplock.schema_functions.applied_at IS
+    'When it was applied.';
+
+COMMENT ON COLUMN skiplock.schema_migrations.version IS
+    'The migration''s number (migrations/NNNN_*.sql).';
+
+COMMENT ON COLUMN skiplock.schema_migrations.name IS
+    'Its file name.';
+
+COMMENT ON COLUMN skiplock.schema_migrations.applied_at IS
+    'When it was applied.';

@@ -4365,10 +4365,100 @@ CREATE TABLE skiplock.cron_schedules (
 );
 
 --
+-- Name: TABLE cron_schedules; Type: COMMENT; Schema: skiplock; Owner: -
+--
+
+COMMENT ON TABLE skiplock.cron_schedules IS 'Named cron schedules: each slot of a schedule enqueues exactly one job, whoever fires it first.';
+
+--
+-- Name: COLUMN cron_schedules.name; Type: COMMENT; Schema: skiplock; Owner: -
+--
+
+COMMENT ON COLUMN skiplock.cron_schedules.name IS 'The schedule''s name.';
+
+--
+-- Name: COLUMN cron_schedules.expression; Type: COMMENT; Schema: skiplock; Owner: -
+--
+
+COMMENT ON COLUMN skiplock.cron_schedules.expression IS 'Cron expression: five fields (minute hour day-of-month month day-of-week), or six with seconds first (the syntax: src/cron.rs).';
+
+--
+-- Name: COLUMN cron_schedules.timezone; Type: COMMENT; Schema: skiplock; Owner: -
+--
+
+COMMENT ON COLUMN skiplock.cron_schedules.timezone IS 'IANA time zone the expression is read in.';
+
+--
+-- Name: COLUMN cron_schedules.kind; Type: COMMENT; Schema: skiplock; Owner: -
+--
+
+COMMENT ON COLUMN skiplock.cron_schedules.kind IS 'The kind of each slot''s job.';
+
+--
+-- Name: COLUMN cron_schedules.args; Type: COMMENT; Schema: skiplock; Owner: -
+--
+
+COMMENT ON COLUMN skiplock.cron_schedules.args IS 'The args of each slot''s job.';
+
+--
+-- Name: COLUMN cron_schedules.queue; Type: COMMENT; Schema: skiplock; Owner: -
+--
+
+COMMENT ON COLUMN skiplock.cron_schedules.queue IS 'The queue of each slot''s job.';
+
+--
+-- Name: COLUMN cron_schedules.priority; Type: COMMENT; Schema: skiplock; Owner: -
+--
+
+COMMENT ON COLUMN skiplock.cron_schedules.priority IS 'The priority of each slot''s job.';
+
+--
+-- Name: COLUMN cron_schedules.max_attempts; Type: COMMENT; Schema: skiplock; Owner: -
+--
+
+COMMENT ON COLUMN skiplock.cron_schedules.max_attempts IS 'The attempt budget of each slot''s job.';
+
+--
 -- Name: COLUMN cron_schedules.missed; Type: COMMENT; Schema: skiplock; Owner: -
 --
 
 COMMENT ON COLUMN skiplock.cron_schedules.missed IS 'Slots missed while no worker ran: latest = run the most recent missed slot once; skip = run none of them.';
+
+--
+-- Name: COLUMN cron_schedules.enabled; Type: COMMENT; Schema: skiplock; Owner: -
+--
+
+COMMENT ON COLUMN skiplock.cron_schedules.enabled IS 'false: the schedule enqueues nothing.';
+
+--
+-- Name: COLUMN cron_schedules.last_slot_at; Type: COMMENT; Schema: skiplock; Owner: -
+--
+
+COMMENT ON COLUMN skiplock.cron_schedules.last_slot_at IS 'Slots up to and including this instant are done (enqueued or deliberately skipped).';
+
+--
+-- Name: COLUMN cron_schedules.last_job_id; Type: COMMENT; Schema: skiplock; Owner: -
+--
+
+COMMENT ON COLUMN skiplock.cron_schedules.last_job_id IS 'The job the last slot enqueued.';
+
+--
+-- Name: COLUMN cron_schedules.last_error; Type: COMMENT; Schema: skiplock; Owner: -
+--
+
+COMMENT ON COLUMN skiplock.cron_schedules.last_error IS 'Why the last slot could not enqueue its job, until one does.';
+
+--
+-- Name: COLUMN cron_schedules.created_at; Type: COMMENT; Schema: skiplock; Owner: -
+--
+
+COMMENT ON COLUMN skiplock.cron_schedules.created_at IS 'When the schedule was made.';
+
+--
+-- Name: COLUMN cron_schedules.updated_at; Type: COMMENT; Schema: skiplock; Owner: -
+--
+
+COMMENT ON COLUMN skiplock.cron_schedules.updated_at IS 'When the schedule was last changed.';
 
 --
 -- Name: jobs; Type: TABLE; Schema: skiplock; Owner: -
@@ -4425,16 +4515,118 @@ PARTITION BY LIST (state);
 COMMENT ON TABLE skiplock.jobs IS 'Every skiplock job, finished ones included until the pruner removes them. Partitioned by state: jobs_live (waiting, queued, running) and jobs_done (succeeded, dead, cancelled).';
 
 --
+-- Name: COLUMN jobs.id; Type: COMMENT; Schema: skiplock; Owner: -
+--
+
+COMMENT ON COLUMN skiplock.jobs.id IS 'The job''s id, from an identity shared by every partition: unique across live and finished jobs.';
+
+--
+-- Name: COLUMN jobs.queue; Type: COMMENT; Schema: skiplock; Owner: -
+--
+
+COMMENT ON COLUMN skiplock.jobs.queue IS 'The queue it waits in; workers claim only the queues they serve. Not empty, at most 1,000 bytes.';
+
+--
+-- Name: COLUMN jobs.kind; Type: COMMENT; Schema: skiplock; Owner: -
+--
+
+COMMENT ON COLUMN skiplock.jobs.kind IS 'The handler that runs it (a job type''s KIND, a built-in kind such as http or command). Not empty.';
+
+--
+-- Name: COLUMN jobs.args; Type: COMMENT; Schema: skiplock; Owner: -
+--
+
+COMMENT ON COLUMN skiplock.jobs.args IS 'The handler''s input (any JSON), at most skiplock.args_max_bytes (1 MiB by default) as text.';
+
+--
+-- Name: COLUMN jobs.state; Type: COMMENT; Schema: skiplock; Owner: -
+--
+
+COMMENT ON COLUMN skiplock.jobs.state IS 'waiting (for its parents, its lane, or held_for), queued (may run from scheduled_at), running (claimed), succeeded, dead (attempts exhausted or failed permanently), cancelled. Decides the partition.';
+
+--
+-- Name: COLUMN jobs.priority; Type: COMMENT; Schema: skiplock; Owner: -
+--
+
+COMMENT ON COLUMN skiplock.jobs.priority IS 'Lower runs first (-32768 to 32767); with scheduled_at and id, the claim order.';
+
+--
+-- Name: COLUMN jobs.scheduled_at; Type: COMMENT; Schema: skiplock; Owner: -
+--
+
+COMMENT ON COLUMN skiplock.jobs.scheduled_at IS 'When the job may run first; a retry or a snooze moves it forward. -infinity runs before anything due.';
+
+--
+-- Name: COLUMN jobs.attempt; Type: COMMENT; Schema: skiplock; Owner: -
+--
+
+COMMENT ON COLUMN skiplock.jobs.attempt IS 'Attempts started so far; each claim counts one, a release or a snooze gives it back.';
+
+--
+-- Name: COLUMN jobs.max_attempts; Type: COMMENT; Schema: skiplock; Owner: -
+--
+
+COMMENT ON COLUMN skiplock.jobs.max_attempts IS 'Attempts before a failing job goes dead (at least 1).';
+
+--
 -- Name: COLUMN jobs.claim_token; Type: COMMENT; Schema: skiplock; Owner: -
 --
 
 COMMENT ON COLUMN skiplock.jobs.claim_token IS 'Fencing token of the current claim: only a write that presents it may heartbeat, complete or fail the job.';
 
 --
+-- Name: COLUMN jobs.claimed_by; Type: COMMENT; Schema: skiplock; Owner: -
+--
+
+COMMENT ON COLUMN skiplock.jobs.claimed_by IS 'The worker that holds or last held the claim (its name: host, pid).';
+
+--
+-- Name: COLUMN jobs.claimed_at; Type: COMMENT; Schema: skiplock; Owner: -
+--
+
+COMMENT ON COLUMN skiplock.jobs.claimed_at IS 'When the current or last claim was made.';
+
+--
+-- Name: COLUMN jobs.heartbeat_at; Type: COMMENT; Schema: skiplock; Owner: -
+--
+
+COMMENT ON COLUMN skiplock.jobs.heartbeat_at IS 'The claim''s last heartbeat (database clock); a running job whose heartbeat is older than stale_after is reaped.';
+
+--
+-- Name: COLUMN jobs.ordering_key; Type: COMMENT; Schema: skiplock; Owner: -
+--
+
+COMMENT ON COLUMN skiplock.jobs.ordering_key IS 'The job''s lane: the jobs of one key run one at a time, in enqueue (id) order.';
+
+--
+-- Name: COLUMN jobs.unique_key; Type: COMMENT; Schema: skiplock; Owner: -
+--
+
+COMMENT ON COLUMN skiplock.jobs.unique_key IS 'At most one pending (waiting or queued) job per key; unique_policy says what a second enqueue does.';
+
+--
+-- Name: COLUMN jobs.last_error; Type: COMMENT; Schema: skiplock; Owner: -
+--
+
+COMMENT ON COLUMN skiplock.jobs.last_error IS 'The last failure''s message (or why the job was cancelled or is dead).';
+
+--
 -- Name: COLUMN jobs.errors; Type: COMMENT; Schema: skiplock; Owner: -
 --
 
 COMMENT ON COLUMN skiplock.jobs.errors IS 'The most recent failures (at most 20), oldest first: {attempt, at, message}.';
+
+--
+-- Name: COLUMN jobs.created_at; Type: COMMENT; Schema: skiplock; Owner: -
+--
+
+COMMENT ON COLUMN skiplock.jobs.created_at IS 'When the job was enqueued.';
+
+--
+-- Name: COLUMN jobs.finished_at; Type: COMMENT; Schema: skiplock; Owner: -
+--
+
+COMMENT ON COLUMN skiplock.jobs.finished_at IS 'When the job reached succeeded, dead or cancelled; with state, decides its day partition.';
 
 --
 -- Name: COLUMN jobs.unique_policy; Type: COMMENT; Schema: skiplock; Owner: -
@@ -4453,6 +4645,12 @@ COMMENT ON COLUMN skiplock.jobs.progress IS 'Latest progress reported by the han
 --
 
 COMMENT ON COLUMN skiplock.jobs.output IS 'Output recorded by the handler (any JSON).';
+
+--
+-- Name: COLUMN jobs.concurrency_key; Type: COMMENT; Schema: skiplock; Owner: -
+--
+
+COMMENT ON COLUMN skiplock.jobs.concurrency_key IS 'A tenant or an account: in a queue with key_max_running or key_rate_limit, the limit holds per key. Not empty.';
 
 --
 -- Name: COLUMN jobs.held_for; Type: COMMENT; Schema: skiplock; Owner: -
@@ -4528,6 +4726,18 @@ CREATE TABLE skiplock.job_dependencies (
 COMMENT ON TABLE skiplock.job_dependencies IS 'Edges of the dependency graph: job_id runs only after parent_id succeeded. An edge whose parent row is gone is satisfied when parent_state is NULL (the parent succeeded and was pruned) and never satisfied when parent_state is set (the parent was deleted in that state before it succeeded).';
 
 --
+-- Name: COLUMN job_dependencies.job_id; Type: COMMENT; Schema: skiplock; Owner: -
+--
+
+COMMENT ON COLUMN skiplock.job_dependencies.job_id IS 'The child: it waits until every parent succeeded.';
+
+--
+-- Name: COLUMN job_dependencies.parent_id; Type: COMMENT; Schema: skiplock; Owner: -
+--
+
+COMMENT ON COLUMN skiplock.job_dependencies.parent_id IS 'A parent of job_id.';
+
+--
 -- Name: COLUMN job_dependencies.parent_state; Type: COMMENT; Schema: skiplock; Owner: -
 --
 
@@ -4559,10 +4769,70 @@ CREATE TABLE skiplock.job_history (
 COMMENT ON TABLE skiplock.job_history IS 'Hourly (UTC) numbers of pruned jobs per queue and kind; bucket -infinity holds everything older than the retention. Live (not yet pruned) jobs are not in it.';
 
 --
+-- Name: COLUMN job_history.bucket; Type: COMMENT; Schema: skiplock; Owner: -
+--
+
+COMMENT ON COLUMN skiplock.job_history.bucket IS 'The hour (UTC) the numbers are for; -infinity folds everything older than the retention.';
+
+--
+-- Name: COLUMN job_history.queue; Type: COMMENT; Schema: skiplock; Owner: -
+--
+
+COMMENT ON COLUMN skiplock.job_history.queue IS 'The jobs'' queue.';
+
+--
+-- Name: COLUMN job_history.kind; Type: COMMENT; Schema: skiplock; Owner: -
+--
+
+COMMENT ON COLUMN skiplock.job_history.kind IS 'The jobs'' kind.';
+
+--
+-- Name: COLUMN job_history.succeeded; Type: COMMENT; Schema: skiplock; Owner: -
+--
+
+COMMENT ON COLUMN skiplock.job_history.succeeded IS 'Jobs that succeeded in the hour (by finished_at).';
+
+--
 -- Name: COLUMN job_history.failed; Type: COMMENT; Schema: skiplock; Owner: -
 --
 
 COMMENT ON COLUMN skiplock.job_history.failed IS 'Failed attempts (entries of the jobs'' errors lists), in the hour each failure happened.';
+
+--
+-- Name: COLUMN job_history.dead; Type: COMMENT; Schema: skiplock; Owner: -
+--
+
+COMMENT ON COLUMN skiplock.job_history.dead IS 'Jobs that went dead in the hour.';
+
+--
+-- Name: COLUMN job_history.cancelled; Type: COMMENT; Schema: skiplock; Owner: -
+--
+
+COMMENT ON COLUMN skiplock.job_history.cancelled IS 'Jobs cancelled in the hour.';
+
+--
+-- Name: COLUMN job_history.run_count; Type: COMMENT; Schema: skiplock; Owner: -
+--
+
+COMMENT ON COLUMN skiplock.job_history.run_count IS 'Succeeded and dead jobs whose run time (finished_at - claimed_at, the last attempt) is counted.';
+
+--
+-- Name: COLUMN job_history.run_seconds; Type: COMMENT; Schema: skiplock; Owner: -
+--
+
+COMMENT ON COLUMN skiplock.job_history.run_seconds IS 'Their run times summed, in seconds.';
+
+--
+-- Name: COLUMN job_history.wait_count; Type: COMMENT; Schema: skiplock; Owner: -
+--
+
+COMMENT ON COLUMN skiplock.job_history.wait_count IS 'Succeeded and dead jobs whose wait (claimed_at - scheduled_at: due until claimed) is counted.';
+
+--
+-- Name: COLUMN job_history.wait_seconds; Type: COMMENT; Schema: skiplock; Owner: -
+--
+
+COMMENT ON COLUMN skiplock.job_history.wait_seconds IS 'Their waits summed, in seconds.';
 
 --
 -- Name: COLUMN job_history.run_histogram; Type: COMMENT; Schema: skiplock; Owner: -
@@ -4740,6 +5010,48 @@ CREATE TABLE skiplock.key_rate_windows (
 );
 
 --
+-- Name: TABLE key_rate_windows; Type: COMMENT; Schema: skiplock; Owner: -
+--
+
+COMMENT ON TABLE skiplock.key_rate_windows IS 'Internal (key_rate_limit): a concurrency key''s last starts within its rate window, and whether the window holds the key''s jobs back.';
+
+--
+-- Name: COLUMN key_rate_windows.queue; Type: COMMENT; Schema: skiplock; Owner: -
+--
+
+COMMENT ON COLUMN skiplock.key_rate_windows.queue IS 'The queue with key_rate_limit.';
+
+--
+-- Name: COLUMN key_rate_windows.concurrency_key; Type: COMMENT; Schema: skiplock; Owner: -
+--
+
+COMMENT ON COLUMN skiplock.key_rate_windows.concurrency_key IS 'The key.';
+
+--
+-- Name: COLUMN key_rate_windows.starts; Type: COMMENT; Schema: skiplock; Owner: -
+--
+
+COMMENT ON COLUMN skiplock.key_rate_windows.starts IS 'The key''s last starts, oldest first; -infinity where fewer were made.';
+
+--
+-- Name: COLUMN key_rate_windows.expires_at; Type: COMMENT; Schema: skiplock; Owner: -
+--
+
+COMMENT ON COLUMN skiplock.key_rate_windows.expires_at IS 'When the newest start is a whole period old: the row counts nothing from then on and the sweep deletes it.';
+
+--
+-- Name: COLUMN key_rate_windows.held_until; Type: COMMENT; Schema: skiplock; Owner: -
+--
+
+COMMENT ON COLUMN skiplock.key_rate_windows.held_until IS 'While a full window holds the key''s jobs back, when it has room again.';
+
+--
+-- Name: COLUMN key_rate_windows.hold_pending; Type: COMMENT; Schema: skiplock; Owner: -
+--
+
+COMMENT ON COLUMN skiplock.key_rate_windows.hold_pending IS 'Set by the claim that filled the window, for it to hold back the key''s queued jobs before it returns.';
+
+--
 -- Name: key_slots_freed; Type: TABLE; Schema: skiplock; Owner: -
 --
 
@@ -4747,6 +5059,24 @@ CREATE TABLE skiplock.key_slots_freed (
     queue text NOT NULL,
     concurrency_key text NOT NULL
 );
+
+--
+-- Name: TABLE key_slots_freed; Type: COMMENT; Schema: skiplock; Owner: -
+--
+
+COMMENT ON TABLE skiplock.key_slots_freed IS 'Internal (key_max_running): a row per key and statement that freed a slot of the key, for the queue''s next claim to let the key''s held jobs go; deleted by that claim.';
+
+--
+-- Name: COLUMN key_slots_freed.queue; Type: COMMENT; Schema: skiplock; Owner: -
+--
+
+COMMENT ON COLUMN skiplock.key_slots_freed.queue IS 'The queue with key_max_running.';
+
+--
+-- Name: COLUMN key_slots_freed.concurrency_key; Type: COMMENT; Schema: skiplock; Owner: -
+--
+
+COMMENT ON COLUMN skiplock.key_slots_freed.concurrency_key IS 'The key one of whose jobs ended (or was cancelled while queued).';
 
 --
 -- Name: queues; Type: TABLE; Schema: skiplock; Owner: -
@@ -4773,6 +5103,66 @@ CREATE TABLE skiplock.queues (
     CONSTRAINT queues_rate_limit_and_period_together CHECK (((rate_limit IS NULL) = (rate_period IS NULL))),
     CONSTRAINT queues_rate_period_positive CHECK ((rate_period > '00:00:00'::interval))
 );
+
+--
+-- Name: TABLE queues; Type: COMMENT; Schema: skiplock; Owner: -
+--
+
+COMMENT ON TABLE skiplock.queues IS 'A queue''s settings: paused, and its global and per-key limits, held by every claim on every host. A queue needs no row until one of them is set; changed at any time, they hold from the next claim.';
+
+--
+-- Name: COLUMN queues.name; Type: COMMENT; Schema: skiplock; Owner: -
+--
+
+COMMENT ON COLUMN skiplock.queues.name IS 'The queue''s name, as jobs.queue names it; a row may come before any job of the queue.';
+
+--
+-- Name: COLUMN queues.paused; Type: COMMENT; Schema: skiplock; Owner: -
+--
+
+COMMENT ON COLUMN skiplock.queues.paused IS 'true: no claim takes the queue''s jobs; running ones finish.';
+
+--
+-- Name: COLUMN queues.updated_at; Type: COMMENT; Schema: skiplock; Owner: -
+--
+
+COMMENT ON COLUMN skiplock.queues.updated_at IS 'When the row was last changed.';
+
+--
+-- Name: COLUMN queues.max_running; Type: COMMENT; Schema: skiplock; Owner: -
+--
+
+COMMENT ON COLUMN skiplock.queues.max_running IS 'At most this many of the queue''s jobs running at once, across every worker. NULL: no limit.';
+
+--
+-- Name: COLUMN queues.rate_limit; Type: COMMENT; Schema: skiplock; Owner: -
+--
+
+COMMENT ON COLUMN skiplock.queues.rate_limit IS 'At most this many of the queue''s jobs started in any window of rate_period (1 to 100,000). NULL: no limit.';
+
+--
+-- Name: COLUMN queues.rate_period; Type: COMMENT; Schema: skiplock; Owner: -
+--
+
+COMMENT ON COLUMN skiplock.queues.rate_period IS 'The window of rate_limit.';
+
+--
+-- Name: COLUMN queues.key_max_running; Type: COMMENT; Schema: skiplock; Owner: -
+--
+
+COMMENT ON COLUMN skiplock.queues.key_max_running IS 'At most this many jobs of one concurrency_key running at once. NULL: no limit.';
+
+--
+-- Name: COLUMN queues.key_rate_limit; Type: COMMENT; Schema: skiplock; Owner: -
+--
+
+COMMENT ON COLUMN skiplock.queues.key_rate_limit IS 'At most this many jobs of one concurrency_key started in any window of key_rate_period (1 to 10,000). NULL: no limit.';
+
+--
+-- Name: COLUMN queues.key_rate_period; Type: COMMENT; Schema: skiplock; Owner: -
+--
+
+COMMENT ON COLUMN skiplock.queues.key_rate_period IS 'The window of key_rate_limit.';
 
 --
 -- Name: queue_counts; Type: VIEW; Schema: skiplock; Owner: -
@@ -4826,6 +5216,30 @@ CREATE TABLE skiplock.queue_rate_starts (
     slot integer NOT NULL,
     started_at timestamp with time zone NOT NULL
 );
+
+--
+-- Name: TABLE queue_rate_starts; Type: COMMENT; Schema: skiplock; Owner: -
+--
+
+COMMENT ON TABLE skiplock.queue_rate_starts IS 'Internal (rate_limit): a ring''s slots, each the start time of one claimed job.';
+
+--
+-- Name: COLUMN queue_rate_starts.queue; Type: COMMENT; Schema: skiplock; Owner: -
+--
+
+COMMENT ON COLUMN skiplock.queue_rate_starts.queue IS 'The ring''s queue.';
+
+--
+-- Name: COLUMN queue_rate_starts.slot; Type: COMMENT; Schema: skiplock; Owner: -
+--
+
+COMMENT ON COLUMN skiplock.queue_rate_starts.slot IS 'The slot, 0 to size - 1.';
+
+--
+-- Name: COLUMN queue_rate_starts.started_at; Type: COMMENT; Schema: skiplock; Owner: -
+--
+
+COMMENT ON COLUMN skiplock.queue_rate_starts.started_at IS 'When the job that took the slot was claimed.';
 
 --
 -- Name: queue_limits; Type: VIEW; Schema: skiplock; Owner: -
@@ -4905,6 +5319,30 @@ CREATE TABLE skiplock.queue_rate_rings (
 );
 
 --
+-- Name: TABLE queue_rate_rings; Type: COMMENT; Schema: skiplock; Owner: -
+--
+
+COMMENT ON TABLE skiplock.queue_rate_rings IS 'Internal (rate_limit): a rate-limited queue''s ring of its last starts, its size and where it is written next.';
+
+--
+-- Name: COLUMN queue_rate_rings.queue; Type: COMMENT; Schema: skiplock; Owner: -
+--
+
+COMMENT ON COLUMN skiplock.queue_rate_rings.queue IS 'The rate-limited queue.';
+
+--
+-- Name: COLUMN queue_rate_rings.size; Type: COMMENT; Schema: skiplock; Owner: -
+--
+
+COMMENT ON COLUMN skiplock.queue_rate_rings.size IS 'Slots in the ring: the highest rate_limit it served.';
+
+--
+-- Name: COLUMN queue_rate_rings.next_slot; Type: COMMENT; Schema: skiplock; Owner: -
+--
+
+COMMENT ON COLUMN skiplock.queue_rate_rings.next_slot IS 'The slot that holds the oldest start, written next.';
+
+--
 -- Name: schema_functions; Type: TABLE; Schema: skiplock; Owner: -
 --
 
@@ -4917,6 +5355,36 @@ CREATE TABLE skiplock.schema_functions (
 );
 
 --
+-- Name: TABLE schema_functions; Type: COMMENT; Schema: skiplock; Owner: -
+--
+
+COMMENT ON TABLE skiplock.schema_functions IS 'Internal: the text of migrations/functions/ last applied, so that migrate applies it again only when it changed.';
+
+--
+-- Name: COLUMN schema_functions.singleton; Type: COMMENT; Schema: skiplock; Owner: -
+--
+
+COMMENT ON COLUMN skiplock.schema_functions.singleton IS 'Always true: one row.';
+
+--
+-- Name: COLUMN schema_functions.md5; Type: COMMENT; Schema: skiplock; Owner: -
+--
+
+COMMENT ON COLUMN skiplock.schema_functions.md5 IS 'md5 of the text of migrations/functions/ last applied.';
+
+--
+-- Name: COLUMN schema_functions.skiplock_version; Type: COMMENT; Schema: skiplock; Owner: -
+--
+
+COMMENT ON COLUMN skiplock.schema_functions.skiplock_version IS 'The skiplock version that applied it; an older build leaves it alone.';
+
+--
+-- Name: COLUMN schema_functions.applied_at; Type: COMMENT; Schema: skiplock; Owner: -
+--
+
+COMMENT ON COLUMN skiplock.schema_functions.applied_at IS 'When it was applied.';
+
+--
 -- Name: schema_migrations; Type: TABLE; Schema: skiplock; Owner: -
 --
 
@@ -4925,6 +5393,30 @@ CREATE TABLE skiplock.schema_migrations (
     name text NOT NULL,
     applied_at timestamp with time zone DEFAULT now() NOT NULL
 );
+
+--
+-- Name: TABLE schema_migrations; Type: COMMENT; Schema: skiplock; Owner: -
+--
+
+COMMENT ON TABLE skiplock.schema_migrations IS 'The migrations applied (migrations/NNNN_*.sql), a row each; skiplock never uses sqlx''s _sqlx_migrations.';
+
+--
+-- Name: COLUMN schema_migrations.version; Type: COMMENT; Schema: skiplock; Owner: -
+--
+
+COMMENT ON COLUMN skiplock.schema_migrations.version IS 'The migration''s number (migrations/NNNN_*.sql).';
+
+--
+-- Name: COLUMN schema_migrations.name; Type: COMMENT; Schema: skiplock; Owner: -
+--
+
+COMMENT ON COLUMN skiplock.schema_migrations.name IS 'Its file name.';
+
+--
+-- Name: COLUMN schema_migrations.applied_at; Type: COMMENT; Schema: skiplock; Owner: -
+--
+
+COMMENT ON COLUMN skiplock.schema_migrations.applied_at IS 'When it was applied.';
 
 --
 -- Name: stats; Type: VIEW; Schema: skiplock; Owner: -
@@ -5018,6 +5510,24 @@ CREATE TABLE skiplock.waiting_sweep (
     after_id bigint DEFAULT 0 NOT NULL,
     CONSTRAINT waiting_sweep_singleton_check CHECK (singleton)
 );
+
+--
+-- Name: TABLE waiting_sweep; Type: COMMENT; Schema: skiplock; Owner: -
+--
+
+COMMENT ON TABLE skiplock.waiting_sweep IS 'Internal: where the periodic sweep of waiting jobs (internal_settle_waiting) goes on.';
+
+--
+-- Name: COLUMN waiting_sweep.singleton; Type: COMMENT; Schema: skiplock; Owner: -
+--
+
+COMMENT ON COLUMN skiplock.waiting_sweep.singleton IS 'Always true: one row.';
+
+--
+-- Name: COLUMN waiting_sweep.after_id; Type: COMMENT; Schema: skiplock; Owner: -
+--
+
+COMMENT ON COLUMN skiplock.waiting_sweep.after_id IS 'The sweep of waiting jobs goes on after this id, and from the first again after the last.';
 
 --
 -- Name: jobs_done; Type: TABLE ATTACH; Schema: skiplock; Owner: -

@@ -145,6 +145,8 @@ CREATE TABLE skiplock.jobs (
     -- Trace Context asks of a receiver. NULL for a job enqueued outside any trace.
     traceparent   text,
     tracestate    text,
+    -- (A column added here before 0.1.0 is released is named in src/db/migrations.rs's
+    -- INITIAL_NEWEST_COLUMN, so that a database migrated before it is refused.)
     CONSTRAINT jobs_kind_not_empty CHECK (kind <> ''),
     CONSTRAINT jobs_concurrency_key_not_empty CHECK (concurrency_key <> ''),
     CONSTRAINT jobs_queue_not_empty CHECK (queue <> ''),

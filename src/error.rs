@@ -71,11 +71,12 @@ pub enum Error {
         expected: i32,
     },
 
-    /// The database's skiplock schema was made by a development build from before the
-    /// migrations were folded into one (its ledger names `0001_jobs.sql`); it cannot be
-    /// upgraded in place.
+    /// The database's skiplock schema was made by a development build of 0.1.0 from before
+    /// its schema was final: from before the migrations were folded into one (its ledger
+    /// names `0001_jobs.sql`), or without a column 0001_initial.sql has since gained; it
+    /// cannot be upgraded in place.
     #[error(
-        "the database's skiplock schema (version {found}) was made by a development build of skiplock from before its migrations were folded into one, and cannot be upgraded; use a new database, or drop the schema (`DROP SCHEMA skiplock CASCADE`, which deletes its jobs) and run `skiplock migrate`"
+        "the database's skiplock schema (version {found}) was made by a development build of skiplock from before its schema was final, and cannot be upgraded; use a new database, or drop the schema (`DROP SCHEMA skiplock CASCADE`, which deletes its jobs) and run `skiplock migrate`"
     )]
     SchemaFromBeforeFold {
         /// Version found in `skiplock.schema_migrations` (of the old numbering).

@@ -74,8 +74,9 @@ impl TraceContext {
     }
 
     /// The context of the current `tracing` span as its OpenTelemetry layer knows it
-    /// (`tracing-opentelemetry`); `None` outside a sampled or recorded span, or without the
-    /// layer. What an enqueue records when its options name no context.
+    /// (`tracing-opentelemetry`), its sampled flag included (`-00` for a span the sampler
+    /// dropped); `None` outside a span the layer knows, or without the layer. What an
+    /// enqueue records when its options name no context.
     #[cfg(feature = "opentelemetry")]
     pub fn current() -> Option<Self> {
         use opentelemetry::propagation::TextMapPropagator;
@@ -97,6 +98,15 @@ impl TraceContext {
         use opentelemetry::trace::TraceContextExt;
         use tracing_opentelemetry::OpenTelemetrySpanExt;
 
+        // The propagator reads ids of any length as numbers: the shape is checked first,
+        // so that what starts a new trace is what `from_headers` refuses.
+        if !is_traceparent(&self.traceparent) {
+            tracing::debug!(
+                traceparent = %self.traceparent,
+                "the job's traceparent is not a W3C traceparent; its span starts a new trace"
+            );
+            return;
+        }
         let mut headers = std::collections::HashMap::new();
         headers.insert("traceparent".to_owned(), self.traceparent.clone());
         if let Some(state) = &self.tracestate {
@@ -139,10 +149,13 @@ fn is_traceparent(value: &str) -> bool {
                 .bytes()
                 .all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
     }
-    if value.len() > TRACEPARENT_MAX_BYTES || value.len() < 55 {
+    if value.len() > TRACEPARENT_MAX_BYTES {
         return false;
     }
-    let (head, rest) = value.split_at(55);
+    // By bytes: a header is ASCII, and a character that is not must not split a field.
+    let (Some(head), Some(rest)) = (value.get(..55), value.get(55..)) else {
+        return false;
+    };
     let mut fields = head.split('-');
     let (Some(version), Some(trace_id), Some(parent_id), Some(flags), None) = (
         fields.next(),
@@ -184,6 +197,10 @@ mod tests {
             "ff-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
             "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-extra",
             "00_4bf92f3577b34da6a3ce929d0e0e4736_00f067aa0ba902b7_01",
+            "00-1-2-01",
+            // A character that is not ASCII across the 55th byte.
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-0é",
+            "é0-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-é",
         ] {
             assert!(TraceContext::from_headers(bad, None).is_none(), "{bad:?}");
         }

@@ -583,9 +583,9 @@ async fn cancelling_a_running_command_kills_its_process_group() {
 }
 
 /// A job enqueued in a trace passes it on: the http kind as `traceparent` and `tracestate`
-/// headers (not over a `traceparent` the job's own headers name), the command kind as the
+/// headers (neither when the job's own headers name one), the command kind as the
 /// `TRACEPARENT` and `TRACESTATE` environment of its program; a job outside any trace
-/// sends neither.
+/// sends neither, whatever trace the worker itself was started in.
 #[tokio::test]
 async fn http_and_command_jobs_pass_their_trace_on() {
     const TRACEPARENT: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
@@ -616,6 +616,11 @@ async fn http_and_command_jobs_pass_their_trace_on() {
         json!({"url": server.url("/ok"), "headers": {"X-Which": "own", "traceparent": own}}),
     )
     .await;
+    traced(
+        "http",
+        json!({"url": server.url("/ok"), "headers": {"X-Which": "own-state", "tracestate": "mine=1"}}),
+    )
+    .await;
     enqueue(
         &db,
         "http",
@@ -632,7 +637,17 @@ async fn http_and_command_jobs_pass_their_trace_on() {
         &[],
     )
     .await;
-    work_until_idle(&db, &["--kinds", "http,command", "--allow-command", "sh"]).await;
+    // A worker started inside a trace of its own (a traced deploy script) passes on the
+    // job's trace, or none: never its own.
+    let worked = cli_support::command(&db)
+        .args(["work", "--exit-when-idle", "--kinds", "http,command"])
+        .args(["--allow-command", "sh"])
+        .env("TRACEPARENT", own)
+        .env("TRACESTATE", "worker=1")
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(worked.status.code(), Some(0), "{worked:?}");
 
     let seen = server.seen();
     let header = |which: &str, name: &str| {
@@ -648,6 +663,9 @@ async fn http_and_command_jobs_pass_their_trace_on() {
     );
     assert_eq!(header("traced", "tracestate").as_deref(), Some("congo=t61"));
     assert_eq!(header("own", "traceparent").as_deref(), Some(own));
+    assert_eq!(header("own", "tracestate"), None);
+    assert_eq!(header("own-state", "tracestate").as_deref(), Some("mine=1"));
+    assert_eq!(header("own-state", "traceparent"), None);
     assert_eq!(header("untraced", "traceparent"), None);
     assert_eq!(header("untraced", "tracestate"), None);
     let stdout = |id| {

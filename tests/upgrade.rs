@@ -225,6 +225,37 @@ async fn a_schema_from_before_the_fold_is_refused_with_what_to_do() {
     }
 }
 
+/// A database a development build migrated before 0001_initial.sql gained its newest
+/// column (the ledger at version 1, named as today, the column missing) is refused with
+/// what to do, by `migrate` and by the start-up check, and left as it was: upgraded in
+/// place, it got functions that name a column it lacks, and every enqueue and claim failed.
+#[tokio::test]
+async fn a_schema_from_before_the_initial_migrations_last_column_is_refused() {
+    let db = test_db().await;
+    sqlx::raw_sql(
+        "ALTER TABLE skiplock.jobs DROP COLUMN tracestate;
+         UPDATE skiplock.schema_functions SET md5 = 'older'",
+    )
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    for error in [
+        skiplock::migrate(&db.pool).await.unwrap_err(),
+        skiplock::check_schema(&db.pool).await.unwrap_err(),
+    ] {
+        assert!(
+            matches!(error, Error::SchemaFromBeforeFold { found: 1 }),
+            "{error:?}"
+        );
+        assert!(error.to_string().contains("drop the schema"), "{error}");
+    }
+    let md5: String = sqlx::query_scalar("SELECT md5 FROM skiplock.schema_functions")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(md5, "older", "the functions were not applied");
+}
+
 /// The body of `skiplock.backoff` as the database holds it.
 async fn backoff_body(pool: &PgPool) -> String {
     sqlx::query_scalar("SELECT prosrc FROM pg_proc WHERE oid = 'skiplock.backoff'::regproc")

@@ -235,8 +235,9 @@ impl Command {
         } else {
             tokio::process::Command::new(&self.program)
         };
-        // The job's trace, as OpenTelemetry's environment carriers; the job's own `env`
-        // comes after, and wins.
+        // The job's trace, as OpenTelemetry's environment carriers, and never the worker's
+        // own (a traced deploy script's): the job's own `env` comes after, and wins.
+        process.env_remove("TRACEPARENT").env_remove("TRACESTATE");
         if let Some(trace) = trace {
             process.env("TRACEPARENT", trace.traceparent());
             if let Some(state) = trace.tracestate() {

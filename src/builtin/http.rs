@@ -10,7 +10,7 @@
 //!   `Content-Type: application/json` (unless the headers name a content type).
 //! - A job enqueued in a trace passes it on: `traceparent` and `tracestate` headers (the
 //!   attempt's span under the `opentelemetry` feature, else the job's stored context),
-//!   unless the job's own headers name a `traceparent`.
+//!   unless the job's own headers name a `traceparent` or a `tracestate`.
 //! - 2xx succeeds. 408, 429, 5xx, timeouts and network errors fail the attempt as
 //!   retryable, after the delay in `Retry-After` when the response has one (seconds or an
 //!   HTTP date, at most [`RETRY_AFTER_MAX`]). Any other status is permanent: the job goes
@@ -370,17 +370,19 @@ impl Http {
             })?;
             headers.append(name, value);
         }
-        // The job's trace goes on to the service it calls, unless its own headers name one.
+        // The job's trace goes on to the service it calls, unless its own headers name a
+        // trace (either header); a tracestate only beside its traceparent.
         if let Some(trace) = trace
             && !headers.contains_key("traceparent")
+            && !headers.contains_key("tracestate")
+            && let Ok(parent) = HeaderValue::from_str(trace.traceparent())
         {
-            for (name, value) in [
-                ("traceparent", Some(trace.traceparent())),
-                ("tracestate", trace.tracestate()),
-            ] {
-                if let Some(value) = value.and_then(|v| HeaderValue::from_str(v).ok()) {
-                    headers.insert(name, value);
-                }
+            headers.insert("traceparent", parent);
+            if let Some(state) = trace
+                .tracestate()
+                .and_then(|state| HeaderValue::from_str(state).ok())
+            {
+                headers.insert("tracestate", state);
             }
         }
         let body = match &self.body {

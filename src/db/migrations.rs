@@ -36,6 +36,11 @@ struct Migration {
     sql: &'static str,
 }
 
+/// The column 0001_initial.sql added last (table, column): a schema at version 1 without it
+/// was made by a development build from before it, and cannot be upgraded in place. Name
+/// here any column added to 0001_initial.sql before 0.1.0 is released.
+const INITIAL_NEWEST_COLUMN: (&str, &str) = ("skiplock.jobs", "tracestate");
+
 /// Every migration, in order. Append only: an applied migration never changes.
 const MIGRATIONS: &[Migration] = &[Migration {
     version: 1,
@@ -285,6 +290,28 @@ async fn schema_version_in(conn: &mut PgConnection) -> Result<i32> {
         return Err(Error::SchemaFromBeforeFold {
             found: version.unwrap_or(0),
         });
+    }
+    // Until 0.1.0 is released its schema is still written in 0001_initial.sql, and a
+    // column added there reaches no database a development build migrated before: such a
+    // database is refused as well, rather than given functions that name columns it lacks
+    // (every enqueue and claim would fail).
+    if version.is_some_and(|v| v >= 1) {
+        let (table, column) = INITIAL_NEWEST_COLUMN;
+        let complete: bool = sqlx::query_scalar(
+            "SELECT EXISTS (SELECT FROM pg_attribute
+                            WHERE attrelid = to_regclass($1) AND attname = $2
+                              AND NOT attisdropped)",
+        )
+        .bind(table)
+        .bind(column)
+        .persistent(false)
+        .fetch_one(&mut *conn)
+        .await?;
+        if !complete {
+            return Err(Error::SchemaFromBeforeFold {
+                found: version.unwrap_or(0),
+            });
+        }
     }
     Ok(version.unwrap_or(0))
 }

@@ -1487,3 +1487,79 @@ async fn wait_prints_each_outcome_once_it_committed() {
         "{late:?}"
     );
 }
+
+/// `skiplock enqueue` records a trace context: `--traceparent` (and `--tracestate`), else
+/// the `TRACEPARENT` and `TRACESTATE` of its environment (OpenTelemetry's carriers for a
+/// process), one there that does not parse being no trace (the job is enqueued without
+/// one), and an NDJSON line's own `traceparent` over the command line's.
+#[tokio::test]
+async fn enqueue_records_the_trace_context_from_its_flags_its_environment_or_a_line() {
+    const FLAG: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    const ENV: &str = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
+    const LINE: &str = "00-11111111111111111111111111111111-2222222222222222-00";
+    let db = test_db().await;
+    let enqueue_with = |args: Vec<String>, env: Vec<(&'static str, &'static str)>| {
+        let mut command = cli_support::command(&db);
+        command
+            .env_remove("TRACEPARENT")
+            .env_remove("TRACESTATE")
+            .arg("enqueue")
+            .args(args)
+            .envs(env);
+        async move {
+            let out = command.output().await.unwrap();
+            assert_eq!(out.status.code(), Some(0), "{out:?}");
+            String::from_utf8_lossy(&out.stdout).trim().to_owned()
+        }
+    };
+    let trace_of = |id: String| {
+        let pool = db.pool.clone();
+        async move {
+            let job = job_json(&pool, id.parse().unwrap()).await;
+            (job["traceparent"].clone(), job["tracestate"].clone())
+        }
+    };
+    let flagged = enqueue_with(
+        vec![
+            "noop".into(),
+            "--traceparent".into(),
+            FLAG.into(),
+            "--tracestate".into(),
+            "a=1".into(),
+        ],
+        vec![("TRACEPARENT", ENV)],
+    )
+    .await;
+    assert_eq!(trace_of(flagged).await, (json!(FLAG), json!("a=1")));
+    let from_env = enqueue_with(
+        vec!["noop".into()],
+        vec![("TRACEPARENT", ENV), ("TRACESTATE", "b=2")],
+    )
+    .await;
+    assert_eq!(trace_of(from_env).await, (json!(ENV), json!("b=2")));
+    let junk = enqueue_with(vec!["noop".into()], vec![("TRACEPARENT", "junk")]).await;
+    assert_eq!(trace_of(junk).await, (Value::Null, Value::Null));
+
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("jobs.ndjson");
+    std::fs::write(
+        &path,
+        format!("{{\"kind\": \"noop\", \"traceparent\": \"{LINE}\"}}\n{{\"kind\": \"noop\"}}\n"),
+    )
+    .unwrap();
+    let out = enqueue_with(
+        vec![
+            "--file".into(),
+            path.to_str().unwrap().into(),
+            "--json".into(),
+        ],
+        vec![("TRACEPARENT", ENV)],
+    )
+    .await;
+    let ids: Vec<String> = out
+        .lines()
+        .map(|line| serde_json::from_str::<Value>(line).unwrap()["id"].to_string())
+        .collect();
+    assert_eq!(trace_of(ids[0].clone()).await.0, json!(LINE));
+    assert_eq!(trace_of(ids[1].clone()).await.0, json!(ENV));
+}

@@ -12,7 +12,7 @@ use serde_json::{Value, json};
 use skiplock::Job;
 use skiplock::builtin::{Command, Http, Noop, Sleep};
 use skiplock::unstable_cli::DbPool;
-use skiplock::{EnqueueOptions, JobId, NewJob, Schedule};
+use skiplock::{EnqueueOptions, JobId, NewJob, Schedule, TraceContext};
 
 use crate::output::{
     parse_count, parse_duration, parse_job_id, parse_non_empty, parse_priority, parse_queue_name,
@@ -33,7 +33,8 @@ as given.
 
 An NDJSON line is an object with `kind`, optional `args`, and optionally the enqueue options
 by their column names: queue, priority, scheduled_at (RFC 3339), max_attempts, ordering_key,
-concurrency_key, unique_key, on_conflict (skip|replace|merge), depends_on (array of ids). Options given on
+concurrency_key, unique_key, on_conflict (skip|replace|merge), depends_on (array of ids),
+traceparent, tracestate. Options given on
 the command line apply to lines that do not set them. The whole file is enqueued in one
 transaction: if any line is bad (args a built-in kind cannot decode included), nothing is
 enqueued (unless --skip-invalid). With --json it prints one object per line:
@@ -125,6 +126,15 @@ pub struct EnqueueArgs {
     )]
     depends_on: Vec<i64>,
 
+    /// The W3C traceparent each attempt's span continues (default: $TRACEPARENT when it
+    /// holds one, OpenTelemetry's carrier for a process; one that does not is ignored).
+    #[arg(long, value_name = "TRACEPARENT", value_parser = parse_traceparent)]
+    traceparent: Option<String>,
+
+    /// The W3C tracestate that goes with --traceparent (default: $TRACESTATE).
+    #[arg(long, value_name = "TRACESTATE", requires = "traceparent")]
+    tracestate: Option<String>,
+
     /// Enqueue every line of this NDJSON file (`-` for stdin) in one transaction.
     #[arg(long, value_name = "JOBS.ndjson")]
     file: Option<PathBuf>,
@@ -138,6 +148,18 @@ pub struct EnqueueArgs {
     /// "line") per line of the file.
     #[arg(long)]
     json: bool,
+}
+
+/// A W3C traceparent given on the command line (clap value parser: exit 2 when bad).
+fn parse_traceparent(text: &str) -> Result<String, String> {
+    TraceContext::from_headers(text, None)
+        .map(|context| context.traceparent().to_owned())
+        .ok_or_else(|| {
+            format!(
+                "`{text}` is not a W3C traceparent; write it like \
+                 00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+            )
+        })
 }
 
 /// Parses args given as JSON on the command line (clap value parser: exit 2 when bad).
@@ -244,6 +266,19 @@ impl EnqueueArgs {
             options = options.unique_key(key.clone(), policy.parse().unwrap_or_default());
         }
         options.depends_on = self.depends_on.iter().copied().map(JobId).collect();
+        options.trace_context = match &self.traceparent {
+            Some(traceparent) => {
+                TraceContext::from_headers(traceparent, self.tracestate.as_deref())
+            }
+            // The environment's, as a traced script passes it down; W3C's rule for a
+            // receiver: one that does not parse is no trace.
+            None => std::env::var("TRACEPARENT").ok().and_then(|traceparent| {
+                TraceContext::from_headers(
+                    &traceparent,
+                    std::env::var("TRACESTATE").ok().as_deref(),
+                )
+            }),
+        };
         options
     }
 }

@@ -11,7 +11,8 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 use skiplock::unstable_cli::DbPool;
 use skiplock::{
-    EnqueueOptions, EnqueueOutcome, EnqueueResult, JobId, NewJob, Schedule, UniquePolicy,
+    EnqueueOptions, EnqueueOutcome, EnqueueResult, JobId, NewJob, Schedule, TraceContext,
+    UniquePolicy,
 };
 use sqlx::{Acquire, PgConnection};
 
@@ -34,6 +35,8 @@ struct Line {
     on_conflict: Option<UniquePolicy>,
     #[serde(default)]
     depends_on: Vec<JobId>,
+    traceparent: Option<String>,
+    tracestate: Option<String>,
 }
 
 impl Line {
@@ -55,6 +58,17 @@ impl Line {
         if self.on_conflict.is_some() && self.unique_key.is_none() {
             return Err("`on_conflict` needs a `unique_key`".into());
         }
+        let trace_context = match &self.traceparent {
+            Some(traceparent) => Some(
+                TraceContext::from_headers(traceparent, self.tracestate.as_deref()).ok_or_else(
+                    || format!("`traceparent` {traceparent:?} is not a W3C traceparent"),
+                )?,
+            ),
+            None if self.tracestate.is_some() => {
+                return Err("`tracestate` needs a `traceparent`".into());
+            }
+            None => None,
+        };
         let args = self.args.unwrap_or_else(|| json!({}));
         check_builtin_args(&self.kind, &args)?;
         let mut options = defaults.clone();
@@ -69,6 +83,7 @@ impl Line {
         options.unique_key = self.unique_key;
         options.on_conflict = self.on_conflict.unwrap_or_default();
         options.depends_on = self.depends_on;
+        options.trace_context = trace_context.or(options.trace_context);
         Ok(NewJob::new(self.kind, args).with_options(options))
     }
 }

@@ -351,7 +351,33 @@ async fn drain(sim: &Sim, pool: &sqlx::PgPool) -> bool {
             .fetch_all(pool)
             .await
             .unwrap_or_default();
-            eprintln!("model: the drain stalled; queues {queues:?}; unfinished {left:?}");
+            // Who holds the running jobs, and what each session of the database is doing:
+            // a stalled drain seen twice (seed 16) had two jobs running for a whole minute,
+            // heartbeated by a live testbed, with no outcome written.
+            let running: Vec<String> = sqlx::query_scalar(
+                "SELECT format('job %s (%s, %s) claimed by %s %s ago, heartbeat %s ago',
+                               id, queue, kind, claimed_by, now() - claimed_at,
+                               now() - heartbeat_at)
+                 FROM skiplock.jobs_live WHERE state = 'running' ORDER BY id",
+            )
+            .fetch_all(pool)
+            .await
+            .unwrap_or_default();
+            let sessions: Vec<String> = sqlx::query_scalar(
+                "SELECT format('%s: %s for %s, wait %s/%s, xact %s: %s', application_name,
+                               state, now() - state_change, wait_event_type, wait_event,
+                               now() - xact_start, left(query, 200))
+                 FROM pg_stat_activity
+                 WHERE datname = current_database() AND pid <> pg_backend_pid()
+                 ORDER BY application_name",
+            )
+            .fetch_all(pool)
+            .await
+            .unwrap_or_default();
+            eprintln!(
+                "model: the drain stalled; queues {queues:?}; unfinished {left:?}\n  running: \
+                 {running:#?}\n  sessions: {sessions:#?}"
+            );
             return false;
         }
         // Announced as docs/operating.md tells operators to, so that workers whose

@@ -272,6 +272,18 @@ async fn run_seed(
     eprintln!("model: seed {seed}: fault phase over, draining");
 
     let drained = drain(&sim, &db.pool).await;
+    if !drained {
+        // The running jobs' holders are named above; what each live testbed said last.
+        for testbed in &crew.testbeds {
+            let log = testbed.log_text();
+            let lines: Vec<&str> = log.lines().collect();
+            eprintln!(
+                "model: testbed {}, the end of its log:\n{}",
+                testbed.worker_id,
+                lines[lines.len().saturating_sub(40)..].join("\n")
+            );
+        }
+    }
     sim.sampling_over.cancel();
     sampler.await.unwrap();
     crew.stop_all(&sim).await;

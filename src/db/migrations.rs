@@ -38,7 +38,9 @@ struct Migration {
 
 /// The column 0001_initial.sql added last (table, column): a schema at version 1 without it
 /// was made by a development build from before it, and cannot be upgraded in place. Name
-/// here any column added to 0001_initial.sql before 0.1.0 is released.
+/// here any column added to 0001_initial.sql before 0.1.0 is released; the unit test
+/// `the_newest_column_is_the_last_one_of_jobs` fails when a column is added to
+/// `skiplock.jobs` after it.
 const INITIAL_NEWEST_COLUMN: (&str, &str) = ("skiplock.jobs", "tracestate");
 
 /// Every migration, in order. Append only: an applied migration never changes.
@@ -274,51 +276,66 @@ async fn schema_version_in(conn: &mut PgConnection) -> Result<i32> {
     if !exists {
         return Ok(0);
     }
-    let (version, first): (Option<i32>, Option<String>) = sqlx::query_as(
-        "SELECT max(version), min(name) FILTER (WHERE version = 1)
+    // The ledger and, in the same statement, whether the newest column of
+    // 0001_initial.sql is there (see below).
+    let (table, column) = INITIAL_NEWEST_COLUMN;
+    let (version, first, complete): (Option<i32>, Option<String>, bool) = sqlx::query_as(
+        "SELECT max(version), min(name) FILTER (WHERE version = 1),
+                EXISTS (SELECT FROM pg_attribute
+                        WHERE attrelid = to_regclass($1) AND attname = $2
+                          AND NOT attisdropped)
          FROM skiplock.schema_migrations",
     )
+    .bind(table)
+    .bind(column)
     .persistent(false)
     .fetch_one(&mut *conn)
     .await?;
     // A first migration of another name was made by a development build from before the
     // migrations were folded into 0.1.0's; its versions mean other schemas than today's.
+    // And until 0.1.0 is released its schema is still written in 0001_initial.sql: a
+    // column added there reaches no database a development build migrated before, which
+    // is refused as well rather than given functions that name columns it lacks (every
+    // enqueue and claim would fail).
     if first
         .as_deref()
         .is_some_and(|name| name != MIGRATIONS[0].name)
+        || (version.is_some_and(|v| v >= 1) && !complete)
     {
         return Err(Error::SchemaFromBeforeFold {
             found: version.unwrap_or(0),
         });
-    }
-    // Until 0.1.0 is released its schema is still written in 0001_initial.sql, and a
-    // column added there reaches no database a development build migrated before: such a
-    // database is refused as well, rather than given functions that name columns it lacks
-    // (every enqueue and claim would fail).
-    if version.is_some_and(|v| v >= 1) {
-        let (table, column) = INITIAL_NEWEST_COLUMN;
-        let complete: bool = sqlx::query_scalar(
-            "SELECT EXISTS (SELECT FROM pg_attribute
-                            WHERE attrelid = to_regclass($1) AND attname = $2
-                              AND NOT attisdropped)",
-        )
-        .bind(table)
-        .bind(column)
-        .persistent(false)
-        .fetch_one(&mut *conn)
-        .await?;
-        if !complete {
-            return Err(Error::SchemaFromBeforeFold {
-                found: version.unwrap_or(0),
-            });
-        }
     }
     Ok(version.unwrap_or(0))
 }
 
 #[cfg(test)]
 mod tests {
-    use super::{FUNCTIONS_SQL, version_newer};
+    use super::{FUNCTIONS_SQL, INITIAL_NEWEST_COLUMN, MIGRATIONS, version_newer};
+
+    #[test]
+    fn the_newest_column_is_the_last_one_of_jobs() {
+        // The column lines of `CREATE TABLE skiplock.jobs (`, up to its first constraint.
+        let sql = MIGRATIONS[0].sql;
+        let start = sql
+            .find("CREATE TABLE skiplock.jobs (")
+            .expect("jobs is made");
+        let last = sql[start..]
+            .lines()
+            .skip(1)
+            .map(str::trim)
+            .take_while(|line| !line.starts_with("CONSTRAINT"))
+            .filter(|line| !line.is_empty() && !line.starts_with("--"))
+            .last()
+            .and_then(|line| line.split_whitespace().next())
+            .expect("jobs has columns");
+        assert_eq!(
+            ("skiplock.jobs", last),
+            INITIAL_NEWEST_COLUMN,
+            "a column was added to skiplock.jobs in 0001_initial.sql: name it in \
+             INITIAL_NEWEST_COLUMN, so that a database migrated before it is refused"
+        );
+    }
 
     #[test]
     fn every_functions_file_is_applied() {

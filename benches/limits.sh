@@ -21,7 +21,7 @@
 #
 # Usage: benches/limits.sh [JOBS] [RATE_JOBS]   (defaults 3000 and 4000)
 #        PARTS="keys key-rate" benches/limits.sh   (default: every part)
-# Needs a release build: cargo build --release --bin skiplock (or SKIPLOCK_BIN=...).
+# Needs a release build: cargo build --release --features cli --bin skiplock (or SKIPLOCK_BIN=...).
 set -euo pipefail
 
 JOBS=${1:-3000}
@@ -33,7 +33,7 @@ SERVER=${SKIPLOCK_BENCH_SERVER:-postgres://postgres@127.0.0.1:5432}
 DB=skiplock_bench_limits
 URL="$SERVER/$DB"
 
-[ -x "$BIN" ] || { echo "no $BIN: cargo build --release --bin skiplock" >&2; exit 1; }
+[ -x "$BIN" ] || { echo "no $BIN: cargo build --release --features cli --bin skiplock" >&2; exit 1; }
 psql "$SERVER/postgres" -qX -c "DROP DATABASE IF EXISTS $DB" -c "CREATE DATABASE $DB"
 DATABASE_URL=$URL "$BIN" migrate >/dev/null
 sql() { psql "$URL" -qXAt -v ON_ERROR_STOP=1 -c "$1"; }

@@ -20,6 +20,8 @@
 #                 and `{}`). With `sleep` and `{"ms": 10}` one process is bounded by its
 #                 slots, not by the database, so the rate shows whether throughput grows
 #                 with processes until the database saturates.
+#   MAX_RUNNING:  a max_running for the jobs' queue (`default`), for example 100000 to
+#                 measure a limit that never binds against none.
 #   SKIPLOCK_BIN: the binary to run (default target/release/skiplock, built by
 #                 `cargo build --release --features cli` if missing), for A/B runs of two builds.
 #
@@ -45,6 +47,8 @@ pin=()
 psql "$server" -qc "DROP DATABASE IF EXISTS skiplock_bench_procs WITH (FORCE)" \
     -c "CREATE DATABASE skiplock_bench_procs" >/dev/null
 "$bin" --database-url "$db" migrate >/dev/null
+[ -z "${MAX_RUNNING:-}" ] ||
+    psql "$db" -qAt -v ON_ERROR_STOP=1 -c "SELECT skiplock.set_queue_limits('default', $MAX_RUNNING)" >/dev/null
 
 # The postmaster, from its pid file (the server runs on this machine).
 postmaster=$(head -n 1 "$(psql "$db" -Atc "SHOW data_directory")/postmaster.pid")

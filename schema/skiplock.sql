@@ -846,6 +846,13 @@ DECLARE
     taken bigint;
     taken_now bigint;
     held_now int;
+    -- Claim shares (see above): a share's room, whether this claim holds one, what the
+    -- claims of this transaction took of the shares they hold, by queue.
+    share_room int;
+    shares_room bigint;
+    sharing boolean := false;
+    shares_held jsonb;
+    taken_before bigint;
 BEGIN
     -- The queue's row, if any: one probe for a queue without limits.
     SELECT q.paused, q.max_running, q.rate_limit, q.rate_period, q.key_max_running,
@@ -867,52 +874,115 @@ BEGIN
                 USING ERRCODE = 'invalid_transaction_state',
                       HINT = 'claim in a READ COMMITTED transaction: BEGIN ISOLATION LEVEL READ COMMITTED, or SET default_transaction_isolation for the session';
         END IF;
-        PERFORM pg_advisory_xact_lock(skiplock.internal_queue_limit_lock_id(queue_name));
-        -- The limits again, under the lock: a change committed while this claim waited
-        -- for it (its trigger let the held jobs go under the same lock) holds for it.
-        SELECT q.paused, q.max_running, q.rate_limit, q.rate_period, q.key_max_running,
-               q.key_rate_limit, q.key_rate_period
-        INTO is_paused, lim_max_running, lim_rate_limit, lim_rate_period, lim_key_max_running,
-             lim_key_rate_limit, lim_key_rate_period
-        FROM skiplock.queues q
-        WHERE q.name = queue_name;
-        IF is_paused THEN
-            RETURN;
+        -- A claim share, when the queue's only limit is max_running and the claim asks at
+        -- most a share's room; else, or when the queue is more than half full, the
+        -- queue's turn (06_global_limits.sql, "Claim shares").
+        share_room := CASE WHEN lim_rate_limit IS NULL AND lim_key_max_running IS NULL
+                                AND lim_key_rate_limit IS NULL
+                           THEN skiplock.internal_claim_share_room(lim_max_running) ELSE 0 END;
+        shares_held := nullif(current_setting('skiplock.claim_shares', true), '')::jsonb;
+        taken_before := (shares_held ->> queue_name)::bigint;
+        IF taken_before IS NOT NULL THEN
+            -- This transaction holds a share of the queue: its claims take what is left of
+            -- the share's room, and never wait for the turn holding it.
+            sharing := true;
+            room := least(room, greatest(0, share_room - taken_before));
+        ELSIF share_room >= max_jobs THEN
+            BEGIN
+                PERFORM skiplock.internal_take_claim_share(queue_name);
+                -- The limits again, holding the share: a change of max_running waited for
+                -- the claims holding shares, and holds for this one.
+                SELECT q.paused, q.max_running, q.rate_limit, q.key_max_running,
+                       q.key_rate_limit
+                INTO is_paused, lim_max_running, lim_rate_limit, lim_key_max_running,
+                     lim_key_rate_limit
+                FROM skiplock.queues q
+                WHERE q.name = queue_name;
+                IF is_paused THEN
+                    RETURN;
+                END IF;
+                share_room := CASE WHEN lim_rate_limit IS NULL AND lim_key_max_running IS NULL
+                                        AND lim_key_rate_limit IS NULL
+                                   THEN coalesce(skiplock.internal_claim_share_room(lim_max_running),
+                                                 max_jobs)
+                                   ELSE 0 END;
+                -- The running jobs, counted up to what leaves every share's room (through
+                -- jobs_running_idx, as below).
+                shares_room := skiplock.internal_claim_shares() * share_room::bigint;
+                IF share_room < max_jobs
+                   OR (lim_max_running IS NOT NULL AND shares_room + (
+                       SELECT count(*) FROM (SELECT FROM skiplock.jobs_live j
+                                             WHERE j.queue = queue_name AND j.state = 'running'
+                                             LIMIT greatest(lim_max_running - shares_room + 1, 1)) r)
+                       > lim_max_running) THEN
+                    -- Gives the share back (the subtransaction's locks go with it).
+                    RAISE EXCEPTION 'the queue needs its turn' USING ERRCODE = 'SL001';
+                END IF;
+                sharing := true;
+            EXCEPTION WHEN SQLSTATE 'SL001' THEN
+                sharing := false;
+            END;
         END IF;
-        IF lim_key_max_running IS NOT NULL THEN
-            -- Keys whose slots were freed since: their held jobs go back first.
-            PERFORM skiplock.internal_release_freed_keys(queue_name);
-            PERFORM skiplock.internal_hold_full_keys(queue_name, lim_key_max_running);
+        IF sharing THEN
+            -- After the share and the count: the jobs' claimed_at and finished_at never show
+            -- more running at once than the shares allow (see claim_time below).
+            claim_time := clock_timestamp();
         END IF;
-        IF lim_max_running IS NOT NULL THEN
-            -- Through jobs_running_idx: every running job's entry, the queue's found among
-            -- them (see the index's comment in 0001_initial.sql).
-            room := least(room, greatest(0, lim_max_running - (
-                SELECT count(*) FROM (SELECT FROM skiplock.jobs_live j
-                                      WHERE j.queue = queue_name AND j.state = 'running'
-                                      LIMIT lim_max_running) r)));
-        END IF;
-        -- After the lock and the count: later than every claim of the queue committed
-        -- before, so the starts the rate limit records follow each other, and later than
-        -- the end of every job the count found ended, so the jobs' claimed_at and
-        -- finished_at never show more running at once than the count allowed.
-        claim_time := clock_timestamp();
-        IF lim_key_rate_limit IS NOT NULL THEN
-            -- Keys whose windows have room again: their held jobs go back first.
-            PERFORM skiplock.internal_release_refilled_keys(queue_name, claim_time);
-        END IF;
-        IF lim_rate_limit IS NOT NULL THEN
-            wanted := room;
-            rate_room := skiplock.internal_rate_room(queue_name, lim_rate_limit,
-                                                     lim_rate_period, claim_time, wanted);
-            room := least(room, rate_room);
+        IF NOT sharing THEN
+            PERFORM pg_advisory_xact_lock(skiplock.internal_queue_limit_lock_id(queue_name));
+            -- The limits again, under the lock: a change committed while this claim waited
+            -- for it (its trigger let the held jobs go under the same lock) holds for it.
+            SELECT q.paused, q.max_running, q.rate_limit, q.rate_period, q.key_max_running,
+                   q.key_rate_limit, q.key_rate_period
+            INTO is_paused, lim_max_running, lim_rate_limit, lim_rate_period, lim_key_max_running,
+                 lim_key_rate_limit, lim_key_rate_period
+            FROM skiplock.queues q
+            WHERE q.name = queue_name;
+            IF is_paused THEN
+                RETURN;
+            END IF;
+            IF skiplock.internal_claim_share_room(lim_max_running) > 0 THEN
+                -- The rest of the turn: no claim holds a share while it lasts.
+                PERFORM skiplock.internal_take_every_claim_share(queue_name);
+            END IF;
+            IF lim_key_max_running IS NOT NULL THEN
+                -- Keys whose slots were freed since: their held jobs go back first.
+                PERFORM skiplock.internal_release_freed_keys(queue_name);
+                PERFORM skiplock.internal_hold_full_keys(queue_name, lim_key_max_running);
+            END IF;
+            IF lim_max_running IS NOT NULL THEN
+                -- Through jobs_running_idx: every running job's entry, the queue's found among
+                -- them (see the index's comment in 0001_initial.sql).
+                room := least(room, greatest(0, lim_max_running - (
+                    SELECT count(*) FROM (SELECT FROM skiplock.jobs_live j
+                                          WHERE j.queue = queue_name AND j.state = 'running'
+                                          LIMIT lim_max_running) r)));
+            END IF;
+            -- After the lock and the count: later than every claim of the queue committed
+            -- before, so the starts the rate limit records follow each other, and later than
+            -- the end of every job the count found ended, so the jobs' claimed_at and
+            -- finished_at never show more running at once than the count allowed.
+            claim_time := clock_timestamp();
+            IF lim_key_rate_limit IS NOT NULL THEN
+                -- Keys whose windows have room again: their held jobs go back first.
+                PERFORM skiplock.internal_release_refilled_keys(queue_name, claim_time);
+            END IF;
+            IF lim_rate_limit IS NOT NULL THEN
+                wanted := room;
+                rate_room := skiplock.internal_rate_room(queue_name, lim_rate_limit,
+                                                         lim_rate_period, claim_time, wanted);
+                room := least(room, rate_room);
+            END IF;
+            IF room <= 0 THEN
+                IF rate_room IS NOT NULL THEN
+                    PERFORM skiplock.internal_rate_record(queue_name, 0, claim_time,
+                                                          lim_rate_limit, lim_rate_period,
+                                                          rate_room < wanted);
+                END IF;
+                RETURN;
+            END IF;
         END IF;
         IF room <= 0 THEN
-            IF rate_room IS NOT NULL THEN
-                PERFORM skiplock.internal_rate_record(queue_name, 0, claim_time,
-                                                      lim_rate_limit, lim_rate_period,
-                                                      rate_room < wanted);
-            END IF;
             RETURN;
         END IF;
     END IF;
@@ -1026,7 +1096,43 @@ BEGIN
                                               lim_rate_period,
                                               rate_room < wanted AND taken >= rate_room);
     END IF;
+    IF sharing THEN
+        PERFORM set_config('skiplock.claim_shares',
+                           jsonb_set(coalesce(shares_held, '{}'), ARRAY[queue_name],
+                                     to_jsonb(coalesce(taken_before, 0) + taken))::text,
+                           true);
+    END IF;
 END;
+$$;
+
+--
+-- Name: internal_claim_share_lock_id(text, integer); Type: FUNCTION; Schema: skiplock; Owner: -
+--
+
+CREATE FUNCTION skiplock.internal_claim_share_lock_id(queue_name text, share integer) RETURNS bigint
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    AS $$
+    SELECT hashtextextended('skiplock.claim_share:' || share || ':' || queue_name, 0);
+$$;
+
+--
+-- Name: internal_claim_share_room(integer); Type: FUNCTION; Schema: skiplock; Owner: -
+--
+
+CREATE FUNCTION skiplock.internal_claim_share_room(max_running integer) RETURNS integer
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    AS $$
+    SELECT max_running / (2 * skiplock.internal_claim_shares());
+$$;
+
+--
+-- Name: internal_claim_shares(); Type: FUNCTION; Schema: skiplock; Owner: -
+--
+
+CREATE FUNCTION skiplock.internal_claim_shares() RETURNS integer
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    AS $$
+    SELECT 8;
 $$;
 
 --
@@ -2756,6 +2862,20 @@ END;
 $$;
 
 --
+-- Name: internal_queues_after_max_running_change(); Type: FUNCTION; Schema: skiplock; Owner: -
+--
+
+CREATE FUNCTION skiplock.internal_queues_after_max_running_change() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    PERFORM pg_advisory_xact_lock(skiplock.internal_queue_limit_lock_id(NEW.name));
+    PERFORM skiplock.internal_take_every_claim_share(NEW.name);
+    RETURN NULL;
+END;
+$$;
+
+--
 -- Name: internal_queues_after_write(); Type: FUNCTION; Schema: skiplock; Owner: -
 --
 
@@ -3577,6 +3697,41 @@ CREATE FUNCTION skiplock.internal_superseded_message(holder bigint, key text) RE
     LANGUAGE sql IMMUTABLE
     AS $$
     SELECT format('superseded: pending job %s holds unique_key %s and runs instead', holder, key);
+$$;
+
+--
+-- Name: internal_take_claim_share(text); Type: FUNCTION; Schema: skiplock; Owner: -
+--
+
+CREATE FUNCTION skiplock.internal_take_claim_share(queue_name text) RETURNS void
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    shares int := skiplock.internal_claim_shares();
+    first int := pg_backend_pid() % skiplock.internal_claim_shares();
+BEGIN
+    FOR i IN 0 .. shares - 1 LOOP
+        IF pg_try_advisory_xact_lock(
+               skiplock.internal_claim_share_lock_id(queue_name, (first + i) % shares)) THEN
+            RETURN;
+        END IF;
+    END LOOP;
+    PERFORM pg_advisory_xact_lock(skiplock.internal_claim_share_lock_id(queue_name, first));
+END;
+$$;
+
+--
+-- Name: internal_take_every_claim_share(text); Type: FUNCTION; Schema: skiplock; Owner: -
+--
+
+CREATE FUNCTION skiplock.internal_take_every_claim_share(queue_name text) RETURNS void
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    FOR i IN 0 .. skiplock.internal_claim_shares() - 1 LOOP
+        PERFORM pg_advisory_xact_lock(skiplock.internal_claim_share_lock_id(queue_name, i));
+    END LOOP;
+END;
 $$;
 
 --
@@ -5815,6 +5970,12 @@ CREATE TRIGGER queues_after_key_limit_change AFTER UPDATE ON skiplock.queues FOR
 --
 
 CREATE TRIGGER queues_after_key_limit_delete AFTER DELETE ON skiplock.queues FOR EACH ROW WHEN (((old.key_max_running IS NOT NULL) OR (old.key_rate_limit IS NOT NULL))) EXECUTE FUNCTION skiplock.internal_queues_after_key_limit();
+
+--
+-- Name: queues queues_after_max_running_change; Type: TRIGGER; Schema: skiplock; Owner: -
+--
+
+CREATE TRIGGER queues_after_max_running_change AFTER UPDATE ON skiplock.queues FOR EACH ROW WHEN (((old.max_running IS NOT NULL) AND (new.max_running IS DISTINCT FROM old.max_running))) EXECUTE FUNCTION skiplock.internal_queues_after_max_running_change();
 
 --
 -- Name: queues queues_after_write; Type: TRIGGER; Schema: skiplock; Owner: -

@@ -1289,18 +1289,7 @@ async fn a_claim_waiting_for_the_lock_holds_by_the_limits_committed_meanwhile() 
     wait_until(
         "the claim to wait for the queue's lock",
         PATIENCE,
-        || async {
-            let waiting: i64 = sqlx::query_scalar(
-                "SELECT count(*) FROM pg_stat_activity
-             WHERE datname = current_database() AND wait_event_type = 'Lock'
-               AND wait_event = 'advisory'
-               AND query LIKE '%skiplock.claim(%'",
-            )
-            .fetch_one(pool)
-            .await
-            .unwrap();
-            (waiting == 1).then_some(())
-        },
+        || async { (waiting_for_a_turn(pool, "skiplock.claim(").await == 1).then_some(()) },
     )
     .await;
     change.commit().await.unwrap();
@@ -1426,4 +1415,244 @@ async fn a_held_job_whose_parent_is_retried_goes_once_the_parent_succeeds_again(
     complete("parents").await.unwrap();
     assert_eq!(claim(pool, "keyed", 5).await, vec![child]);
     assert_eq!(held_for(child).await.unwrap(), ("running".to_owned(), None));
+}
+
+/// The sessions of this database waiting for an advisory lock (a queue's turn or a claim
+/// share) in a statement whose text contains `statement`.
+async fn waiting_for_a_turn(pool: &PgPool, statement: &str) -> i64 {
+    sqlx::query_scalar(
+        "SELECT count(*) FROM pg_stat_activity
+         WHERE datname = current_database() AND wait_event_type = 'Lock'
+           AND wait_event = 'advisory' AND strpos(query, $1) > 0
+           AND pid <> pg_backend_pid()",
+    )
+    .bind(statement)
+    .fetch_one(pool)
+    .await
+    .unwrap()
+}
+
+/// A claim of up to `n` jobs of `queue` in a task of its own: `Ok` with how many it took
+/// when it returned without waiting, `Err` with the task once it is seen waiting for an
+/// advisory lock (a turn, or a share).
+async fn claim_unless_it_waits(
+    pool: &PgPool,
+    queue: &'static str,
+    n: i32,
+) -> Result<usize, tokio::task::JoinHandle<usize>> {
+    let task = {
+        let pool = pool.clone();
+        tokio::spawn(async move { claim(&pool, queue, n).await.len() })
+    };
+    let returned = wait_until("the claim to return or to wait", PATIENCE, || async {
+        if task.is_finished() {
+            return Some(true);
+        }
+        (waiting_for_a_turn(pool, "skiplock.claim(").await > 0).then_some(false)
+    })
+    .await;
+    if returned {
+        Ok(task.await.unwrap())
+    } else {
+        Err(task)
+    }
+}
+
+/// How many jobs of queue `q` a claim of up to `n` takes in the transaction `tx`.
+async fn claim_count_in(tx: &mut sqlx::PgConnection, n: i32) -> i64 {
+    sqlx::query_scalar("SELECT count(*) FROM skiplock.claim('q', $1, 'open')")
+        .bind(n)
+        .fetch_one(tx)
+        .await
+        .unwrap()
+}
+
+/// Queue `q` with max_running 160 (a claim share's room: 10) and `jobs` queued jobs, and an
+/// open transaction that claimed 10 of them under a claim share.
+async fn an_open_claim_of_ten_sharing_160(
+    pool: &PgPool,
+    jobs: usize,
+) -> sqlx::Transaction<'static, sqlx::Postgres> {
+    skiplock::set_queue_limits(pool, "q", QueueLimits::default().max_running(160))
+        .await
+        .unwrap();
+    queue_jobs(pool, "q", jobs).await;
+    let mut open = pool.begin().await.unwrap();
+    assert_eq!(claim_count_in(&mut open, 10).await, 10);
+    open
+}
+
+/// Workload: a queue with max_running 160 (a claim share's room: 160 / 16 = 10) and 200
+/// queued jobs; one transaction claims 10 and stays open.
+///
+/// Invariant: a claim of another session beside it returns at once (the two hold shares,
+/// they do not take turns: on the code before claim shares it waited for the open
+/// transaction); a claim asking more than a share's room waits for its turn, which
+/// the open share holds back; a second claim of the open transaction takes what is left
+/// of its share (nothing) instead of waiting for a turn it holds back itself; once more
+/// than half the limit runs, a claim takes its turn even for one job; nothing ever runs
+/// past 160.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claims_of_a_queue_far_from_its_max_running_share_it_without_taking_turns() {
+    let db = common::test_db().await;
+    let pool = &db.pool;
+    let mut open = an_open_claim_of_ten_sharing_160(pool, 200).await;
+
+    assert_eq!(
+        claim_unless_it_waits(pool, "q", 10).await.ok(),
+        Some(10),
+        "a claim beside the open one shares the queue without waiting"
+    );
+    assert_eq!(
+        claim_count_in(&mut open, 5).await,
+        0,
+        "the open transaction's second claim takes what is left of its share"
+    );
+    let Err(over_a_share) = claim_unless_it_waits(pool, "q", 11).await else {
+        panic!("a claim asking more than a share's room took no turn");
+    };
+    open.commit().await.unwrap();
+    assert_eq!(
+        over_a_share.await.unwrap(),
+        11,
+        "its turn, once the share is given back"
+    );
+
+    // 31 running; shares until more than 160 - 8 * 10 = 80 run.
+    for _ in 0..5 {
+        assert_eq!(claim_unless_it_waits(pool, "q", 10).await.ok(), Some(10));
+    }
+    let mut turn = pool.begin().await.unwrap();
+    assert_eq!(claim_count_in(&mut turn, 1).await, 1);
+    let Err(behind) = claim_unless_it_waits(pool, "q", 1).await else {
+        panic!("with 82 of 160 running a claim shared the queue");
+    };
+    turn.commit().await.unwrap();
+    assert_eq!(behind.await.unwrap(), 1);
+    assert_eq!(
+        claim(pool, "q", 200).await.len(),
+        160 - 83,
+        "its turn takes what the limit leaves"
+    );
+}
+
+/// Workload: 600 `noop` jobs in a queue with max_running 32 (a share's room: 2), taken by
+/// 40 SQL-protocol claimers at once, each claiming 1 to 3 jobs (3: more than a share's
+/// room, so some take turns), holding them 0 to 15 ms and completing them.
+///
+/// Invariant: one claim before them takes exactly 32; every job succeeds; at no point of
+/// the audit log do more than 32 run, whatever mix of shares and turns the claims took.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn max_running_holds_across_claims_that_share_it_and_take_turns() {
+    const JOBS: usize = 600;
+    const LIMIT: u32 = 32;
+    let db = audited_db().await;
+    let pool = &db.pool;
+    skiplock::set_queue_limits(pool, "shared", QueueLimits::default().max_running(LIMIT))
+        .await
+        .unwrap();
+    let jobs = queue_jobs(pool, "shared", JOBS).await;
+    assert_eq!(
+        claim_all_at_once(pool, "shared", JOBS as i32).await.len(),
+        LIMIT as usize,
+        "one claim takes up to max_running"
+    );
+    let claimers: Vec<_> = (0..40)
+        .map(|i| {
+            let pool = pool.clone();
+            tokio::spawn(async move {
+                let mut rng = fastrand::Rng::with_seed(i);
+                loop {
+                    let claimed: Vec<(i64, Uuid)> = sqlx::query_as(
+                        "SELECT id, claim_token FROM skiplock.claim('shared', $1, 'sharer')",
+                    )
+                    .bind(rng.i32(1..=3))
+                    .fetch_all(&pool)
+                    .await
+                    .expect("claim");
+                    if claimed.is_empty() {
+                        let left: bool = sqlx::query_scalar(
+                            "SELECT EXISTS (SELECT FROM skiplock.jobs_live WHERE queue = 'shared')",
+                        )
+                        .fetch_one(&pool)
+                        .await
+                        .unwrap();
+                        if !left {
+                            return;
+                        }
+                        tokio::time::sleep(Duration::from_millis(2)).await;
+                        continue;
+                    }
+                    tokio::time::sleep(Duration::from_millis(rng.u64(0..=15))).await;
+                    for (id, token) in claimed {
+                        let held: bool = sqlx::query_scalar("SELECT skiplock.complete($1, $2)")
+                            .bind(id)
+                            .bind(token)
+                            .fetch_one(&pool)
+                            .await
+                            .expect("complete");
+                        assert!(held, "job {id} was completed by its claim");
+                    }
+                }
+            })
+        })
+        .collect();
+    for claimer in claimers {
+        claimer.await.unwrap();
+    }
+    assert_eq!(
+        states(pool).await,
+        HashMap::from([("succeeded".to_owned(), JOBS as i64)])
+    );
+    let log = audit(pool).await;
+    check_claim_discipline(&log, false);
+    let most = most_running(&log, &jobs);
+    assert!(
+        most <= LIMIT as usize,
+        "{most} jobs ran at once, past max_running {LIMIT}"
+    );
+    assert_eq!(
+        most, LIMIT as usize,
+        "the claim before the drain ran 32 at once"
+    );
+}
+
+/// Workload: a queue with max_running 160 and 100 queued jobs; one transaction claims 10
+/// under a claim share and stays open; another lowers max_running to 16.
+///
+/// Invariant: the change waits for the open claim (its share was a share of 160, which a
+/// claim after the change must not count on) and then holds: the next claim takes the 6
+/// that 16 leaves beside the 10 running.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_changed_max_running_waits_for_the_claims_that_share_the_old_one() {
+    let db = common::test_db().await;
+    let pool = &db.pool;
+    let open = an_open_claim_of_ten_sharing_160(pool, 100).await;
+    let change = {
+        let pool = pool.clone();
+        tokio::spawn(async move {
+            sqlx::query("UPDATE skiplock.queues SET max_running = 16 WHERE name = 'q'")
+                .execute(&pool)
+                .await
+                .unwrap();
+        })
+    };
+    wait_until(
+        "the change to wait for the open claim",
+        PATIENCE,
+        || async {
+            if change.is_finished() {
+                panic!("max_running changed while a claim held a share of the old one");
+            }
+            (waiting_for_a_turn(pool, "SET max_running = 16").await == 1).then_some(())
+        },
+    )
+    .await;
+    open.commit().await.unwrap();
+    change.await.unwrap();
+    assert_eq!(
+        claim(pool, "q", 100).await.len(),
+        6,
+        "16 less the 10 running"
+    );
 }

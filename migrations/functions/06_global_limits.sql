@@ -3,7 +3,9 @@
 -- claim.
 --
 -- Defines:
---   internal_queue_limit_lock_id, internal_make_rate_ring, internal_rate_room
+--   internal_queue_limit_lock_id, internal_claim_shares, internal_claim_share_lock_id
+--   internal_claim_share_room, internal_take_claim_share, internal_take_every_claim_share
+--   internal_make_rate_ring, internal_rate_room
 --   internal_rate_record, internal_notify_refill, internal_key_running
 --   internal_hold_keys, internal_hold_full_keys, internal_release_held
 --   internal_release_freed_keys
@@ -14,17 +16,87 @@
 --
 -- Held by the claim itself (internal_claim_batch), so every claimer obeys them: the Rust
 -- worker, `skiplock work`, skiplock.claim. A claim of a limited queue takes the queue's
--- advisory lock until commit, so the claims of one limited queue take turns; then, in
--- statements that see every claim committed before (READ COMMITTED, which such a claim
--- requires), it counts what the queue runs and reads the starts the rate limit keeps, and
--- claims at most what both leave. A killed worker's claims stay running, and so count,
--- until they are reaped. Running jobs past a lowered limit finish; the claims wait until
--- the queue is under it.
+-- turn (its advisory lock until commit, so the claims of one limited queue take turns, and
+-- its claim shares, below); then, in statements that see every claim committed before
+-- (READ COMMITTED, which such a claim requires), it counts what the queue runs and reads
+-- the starts the rate limit keeps, and claims at most what both leave. A killed worker's
+-- claims stay running, and so count, until they are reaped. Running jobs past a lowered
+-- limit finish; the claims wait until the queue is under it.
+--
+-- Claim shares: a max_running far from binding takes no turns. A claim of a queue whose
+-- only limit is max_running, asking at most a share's room (max_running / 16), takes one
+-- of the queue's eight claim shares instead of the turn (an advisory lock each; the first
+-- free one, or it waits for one when all are held), counts the running jobs, and claims
+-- without a turn if the running jobs and eight shares' room fit under max_running (at most
+-- half of it runs). Exact at every instant: at most eight claims hold shares at once, each
+-- takes at most a share's room, and each checked, after every claim committed before it
+-- took its share, that what runs plus the room of every share fits; a turn holds every
+-- share (internal_take_every_claim_share), so it never overlaps a claim that holds one. A claim
+-- that finds the queue more than half full gives its share back (taken in a
+-- subtransaction, rolled back) before it waits for the turn: it never waits holding one.
+-- The claims of one transaction share the share it took (the transaction-local setting
+-- skiplock.claim_shares keeps what they took of it), so a transaction never waits for a
+-- turn while it holds a share. A changed max_running waits for the claims holding shares
+-- (internal_queues_after_max_running_change), whose room was a share of the old one.
+-- Measured: docs/benchmarks.md, "What each mechanism costs or buys".
 
 -- The advisory lock id under which a limited queue's claims take turns.
 CREATE OR REPLACE FUNCTION skiplock.internal_queue_limit_lock_id(queue_name text) RETURNS bigint
 LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
     SELECT hashtextextended('skiplock.queue_limit:' || queue_name, 0);
+$$;
+
+-- How many claims of a queue may hold a claim share at once.
+CREATE OR REPLACE FUNCTION skiplock.internal_claim_shares() RETURNS int
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT 8;
+$$;
+
+-- The advisory lock id of a queue's claim share `share` (0 to internal_claim_shares() - 1).
+CREATE OR REPLACE FUNCTION skiplock.internal_claim_share_lock_id(queue_name text, share int)
+RETURNS bigint
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT hashtextextended('skiplock.claim_share:' || share || ':' || queue_name, 0);
+$$;
+
+-- A share's room: the most the claims holding one share of a queue with this max_running
+-- take, so that every share's room is half the limit (0: too small a limit to share).
+CREATE OR REPLACE FUNCTION skiplock.internal_claim_share_room(max_running int) RETURNS int
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT max_running / (2 * skiplock.internal_claim_shares());
+$$;
+
+-- Takes one of a queue's claim shares until the transaction ends: the first free one from
+-- a place the session chooses (so that claims spread), or, when every share is held, waits
+-- for that first one. Waits holding no share and no turn.
+CREATE OR REPLACE FUNCTION skiplock.internal_take_claim_share(queue_name text) RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+    shares int := skiplock.internal_claim_shares();
+    first int := pg_backend_pid() % skiplock.internal_claim_shares();
+BEGIN
+    FOR i IN 0 .. shares - 1 LOOP
+        IF pg_try_advisory_xact_lock(
+               skiplock.internal_claim_share_lock_id(queue_name, (first + i) % shares)) THEN
+            RETURN;
+        END IF;
+    END LOOP;
+    PERFORM pg_advisory_xact_lock(skiplock.internal_claim_share_lock_id(queue_name, first));
+END;
+$$;
+
+-- Takes every claim share of a queue until the transaction ends, in order, waiting for the
+-- claims that hold them: taken after the queue's lock, so that no claim holds a share while
+-- the queue's turn lasts (see above). A turn whose max_running is too small to share
+-- (internal_claim_share_room 0) takes none: no claim can hold one then.
+CREATE OR REPLACE FUNCTION skiplock.internal_take_every_claim_share(queue_name text)
+RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    FOR i IN 0 .. skiplock.internal_claim_shares() - 1 LOOP
+        PERFORM pg_advisory_xact_lock(skiplock.internal_claim_share_lock_id(queue_name, i));
+    END LOOP;
+END;
 $$;
 
 -- Makes a queue's ring of start times for `size` starts: the starts it held, oldest

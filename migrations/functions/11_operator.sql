@@ -7,6 +7,7 @@
 --   internal_check_queue_name, internal_set_queue_paused, internal_check_running_limit
 --   internal_check_rate_limit, set_queue_limits, pause_queue
 --   why_not_running, resume_queue, internal_queues_after_write, trigger queues_after_write
+--   internal_queues_after_max_running_change, trigger queues_after_max_running_change
 --   internal_queues_after_key_limit, trigger queues_after_key_limit_change
 --   trigger queues_after_key_limit_delete
 --   internal_jobs_done_before_requeue, trigger jobs_done_before_requeue
@@ -484,6 +485,24 @@ CREATE OR REPLACE TRIGGER queues_after_write
     FOR EACH ROW
     WHEN (NOT NEW.paused)
     EXECUTE FUNCTION skiplock.internal_queues_after_write();
+
+-- A queue's max_running changed or removed: the claims that hold its claim shares each
+-- took a share of the old limit (06_global_limits.sql, "Claim shares"), so the change
+-- waits for them, holding the queue's turn, and the claims after it share the new one.
+CREATE OR REPLACE FUNCTION skiplock.internal_queues_after_max_running_change() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM pg_advisory_xact_lock(skiplock.internal_queue_limit_lock_id(NEW.name));
+    PERFORM skiplock.internal_take_every_claim_share(NEW.name);
+    RETURN NULL;
+END;
+$$;
+
+CREATE OR REPLACE TRIGGER queues_after_max_running_change
+    AFTER UPDATE ON skiplock.queues
+    FOR EACH ROW
+    WHEN (OLD.max_running IS NOT NULL AND NEW.max_running IS DISTINCT FROM OLD.max_running)
+    EXECUTE FUNCTION skiplock.internal_queues_after_max_running_change();
 
 -- A queue's per-key limit (key_max_running, key_rate_limit or key_rate_period) changed or
 -- removed, or its row deleted: the jobs they held back whose keys have room now (all of

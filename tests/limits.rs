@@ -1656,3 +1656,136 @@ async fn a_changed_max_running_waits_for_the_claims_that_share_the_old_one() {
         "16 less the 10 running"
     );
 }
+
+/// Waits until a session of this database waits for a queue's turn or a claim share in a
+/// statement containing `statement`; fails if `task` ends first (it did not wait).
+async fn wait_for_a_turn_of<T>(pool: &PgPool, statement: &str, task: &tokio::task::JoinHandle<T>) {
+    wait_until(
+        &format!("`{statement}` to wait for a turn"),
+        PATIENCE,
+        || async {
+            assert!(
+                !task.is_finished(),
+                "`{statement}` did not wait for the claims in flight"
+            );
+            (waiting_for_a_turn(pool, statement).await == 1).then_some(())
+        },
+    )
+    .await;
+}
+
+/// Runs `sql` on the pool in a task of its own.
+fn execute_in_task(pool: &PgPool, sql: &'static str) -> tokio::task::JoinHandle<()> {
+    let pool = pool.clone();
+    tokio::spawn(async move {
+        sqlx::query(sql).execute(&pool).await.unwrap();
+    })
+}
+
+/// Workload: (1) a queue with only a rate limit, one transaction holding its turn with 100
+/// jobs claimed, and a session that replaces the rate limit with max_running 160; (2) a
+/// queue with max_running 160 and an open claim of 10 under a share, its row deleted and
+/// written again with max_running 16.
+///
+/// Invariant: each write waits for the claim in flight (a claim after it that shared the
+/// queue without counting the 100 or the 10 would run past the new limit: 181 of 160 and
+/// 19 of 16 in a race review), and the limit then holds exactly.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_limit_written_over_claims_in_flight_waits_for_them() {
+    let db = common::test_db().await;
+    let pool = &db.pool;
+    skiplock::set_queue_limits(
+        pool,
+        "r",
+        QueueLimits::default().rate(1000, Duration::from_secs(1)),
+    )
+    .await
+    .unwrap();
+    queue_jobs(pool, "r", 300).await;
+    let mut turn = pool.begin().await.unwrap();
+    let taken: i64 = sqlx::query_scalar("SELECT count(*) FROM skiplock.claim('r', 100, 'turn')")
+        .fetch_one(&mut *turn)
+        .await
+        .unwrap();
+    assert_eq!(taken, 100);
+    let change = execute_in_task(
+        pool,
+        "UPDATE skiplock.queues SET rate_limit = NULL, rate_period = NULL, max_running = 160
+         WHERE name = 'r'",
+    );
+    wait_for_a_turn_of(pool, "max_running = 160", &change).await;
+    turn.commit().await.unwrap();
+    change.await.unwrap();
+    assert_eq!(claim(pool, "r", 10).await.len(), 10, "a share");
+    assert_eq!(
+        claim(pool, "r", 300).await.len(),
+        50,
+        "160 less the 110 running"
+    );
+
+    let open = an_open_claim_of_ten_sharing_160(pool, 100).await;
+    sqlx::query("DELETE FROM skiplock.queues WHERE name = 'q'")
+        .execute(pool)
+        .await
+        .unwrap();
+    let written = execute_in_task(
+        pool,
+        "INSERT INTO skiplock.queues (name, max_running) VALUES ('q', 16)",
+    );
+    wait_for_a_turn_of(pool, "max_running) VALUES ('q', 16)", &written).await;
+    open.commit().await.unwrap();
+    written.await.unwrap();
+    assert_eq!(
+        claim(pool, "q", 100).await.len(),
+        6,
+        "16 less the 10 running"
+    );
+}
+
+/// Workload: a queue with max_running 160 (a share's room: 10) whose eight claim shares are
+/// held by open claims; a ninth claim, in a transaction of its own, waits for a share; the
+/// queue is paused, then the eight commit.
+///
+/// Invariant: the ninth finds the queue paused under its share, claims nothing and keeps no
+/// lock (a share kept and not recorded made a later claim of its transaction wait for a
+/// turn that waited for it: a deadlock).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_that_finds_its_queue_paused_under_a_share_keeps_no_lock() {
+    let db = common::test_db().await;
+    let pool = &db.pool;
+    skiplock::set_queue_limits(pool, "q", QueueLimits::default().max_running(160))
+        .await
+        .unwrap();
+    queue_jobs(pool, "q", 100).await;
+    let mut holders = Vec::new();
+    for _ in 0..8 {
+        let mut holder = pool.begin().await.unwrap();
+        assert_eq!(claim_count_in(&mut holder, 1).await, 1);
+        holders.push(holder);
+    }
+    let mut ninth = pool.begin().await.unwrap();
+    let pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
+        .fetch_one(&mut *ninth)
+        .await
+        .unwrap();
+    let ninth = tokio::spawn(async move {
+        let taken = claim_count_in(&mut ninth, 1).await;
+        (ninth, taken)
+    });
+    wait_for_a_turn_of(pool, "skiplock.claim(", &ninth).await;
+    skiplock::pause_queue(pool, "q").await.unwrap();
+    for holder in holders {
+        holder.commit().await.unwrap();
+    }
+    let (ninth, taken) = ninth.await.unwrap();
+    assert_eq!(taken, 0, "the queue is paused");
+    let locks: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM pg_locks WHERE pid = $1 AND locktype = 'advisory'",
+    )
+    .bind(pid)
+    .fetch_one(pool)
+    .await
+    .unwrap();
+    assert_eq!(locks, 0, "the share went back with the paused claim");
+    ninth.rollback().await.unwrap();
+}

@@ -30,14 +30,17 @@
 -- without a turn if the running jobs and eight shares' room fit under max_running (at most
 -- half of it runs). Exact at every instant: at most eight claims hold shares at once, each
 -- takes at most a share's room, and each checked, after every claim committed before it
--- took its share, that what runs plus the room of every share fits; a turn holds every
--- share (internal_take_every_claim_share), so it never overlaps a claim that holds one. A claim
--- that finds the queue more than half full gives its share back (taken in a
--- subtransaction, rolled back) before it waits for the turn: it never waits holding one.
--- The claims of one transaction share the share it took (the transaction-local setting
--- skiplock.claim_shares keeps what they took of it), so a transaction never waits for a
--- turn while it holds a share. A changed max_running waits for the claims holding shares
--- (internal_queues_after_max_running_change), whose room was a share of the old one.
+-- took its share, that what runs plus the room of every share fits; the turn of such a
+-- queue holds every share (internal_take_every_claim_share), so it never overlaps a claim
+-- that holds one. A claim that finds the queue more than half full, or paused, gives its
+-- share back (taken in a subtransaction, rolled back) before it waits for the turn: it
+-- never waits holding one. The claims of one transaction share the share it took (the
+-- transaction-local setting skiplock.claim_shares keeps what they took of it), so a
+-- transaction never waits for a turn while it holds a share. A change of the limits of a
+-- queue that has or had a max_running, and a new row with one, wait for the claims in
+-- flight, the turn and every share (internal_queues_after_max_running_change): each of
+-- them counted by the limits it read, so no claim after the change overlaps one that
+-- shares or takes turns by the old ones.
 -- Measured: docs/benchmarks.md, "What each mechanism costs or buys".
 
 -- The advisory lock id under which a limited queue's claims take turns.

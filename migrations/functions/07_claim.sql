@@ -161,7 +161,8 @@ BEGIN
                 FROM skiplock.queues q
                 WHERE q.name = queue_name;
                 IF is_paused THEN
-                    RETURN;
+                    -- Nothing to claim: the share goes back too (returned after the block).
+                    RAISE EXCEPTION 'the queue is paused' USING ERRCODE = 'SL001';
                 END IF;
                 share_room := CASE WHEN lim_rate_limit IS NULL AND lim_key_max_running IS NULL
                                         AND lim_key_rate_limit IS NULL
@@ -184,6 +185,9 @@ BEGIN
             EXCEPTION WHEN SQLSTATE 'SL001' THEN
                 sharing := false;
             END;
+            IF is_paused THEN
+                RETURN;
+            END IF;
         END IF;
         IF sharing THEN
             -- After the share and the count: the jobs' claimed_at and finished_at never show
@@ -203,8 +207,11 @@ BEGIN
             IF is_paused THEN
                 RETURN;
             END IF;
-            IF skiplock.internal_claim_share_room(lim_max_running) > 0 THEN
-                -- The rest of the turn: no claim holds a share while it lasts.
+            IF lim_rate_limit IS NULL AND lim_key_max_running IS NULL AND lim_key_rate_limit IS NULL
+               AND skiplock.internal_claim_share_room(lim_max_running) > 0 THEN
+                -- The rest of the turn of a queue whose claims may share it: no claim holds
+                -- a share while it lasts. (Other limits, or a max_running too small to
+                -- share: no claim holds one, as a change to that waited for them.)
                 PERFORM skiplock.internal_take_every_claim_share(queue_name);
             END IF;
             IF lim_key_max_running IS NOT NULL THEN

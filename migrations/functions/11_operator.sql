@@ -8,6 +8,7 @@
 --   internal_check_rate_limit, set_queue_limits, pause_queue
 --   why_not_running, resume_queue, internal_queues_after_write, trigger queues_after_write
 --   internal_queues_after_max_running_change, trigger queues_after_max_running_change
+--   trigger queues_after_max_running_insert
 --   internal_queues_after_key_limit, trigger queues_after_key_limit_change
 --   trigger queues_after_key_limit_delete
 --   internal_jobs_done_before_requeue, trigger jobs_done_before_requeue
@@ -486,9 +487,12 @@ CREATE OR REPLACE TRIGGER queues_after_write
     WHEN (NOT NEW.paused)
     EXECUTE FUNCTION skiplock.internal_queues_after_write();
 
--- A queue's max_running changed or removed: the claims that hold its claim shares each
--- took a share of the old limit (06_global_limits.sql, "Claim shares"), so the change
--- waits for them, holding the queue's turn, and the claims after it share the new one.
+-- A queue's limits changed where a max_running is or was, or a row with one written: the
+-- claims in flight each counted by the limits they read, a share of the old max_running
+-- for those holding claim shares (06_global_limits.sql, "Claim shares"), the old limits
+-- for those holding the turn. The change waits for them all (the queue's turn and every
+-- share), so a claim after it counts what they took, and a turn never meets a claim that
+-- shares by limits it no longer has. A row deleted needs no wait: no limit is left to hold.
 CREATE OR REPLACE FUNCTION skiplock.internal_queues_after_max_running_change() RETURNS trigger
 LANGUAGE plpgsql AS $$
 BEGIN
@@ -501,7 +505,18 @@ $$;
 CREATE OR REPLACE TRIGGER queues_after_max_running_change
     AFTER UPDATE ON skiplock.queues
     FOR EACH ROW
-    WHEN (OLD.max_running IS NOT NULL AND NEW.max_running IS DISTINCT FROM OLD.max_running)
+    WHEN ((OLD.max_running IS NOT NULL OR NEW.max_running IS NOT NULL)
+          AND (NEW.max_running IS DISTINCT FROM OLD.max_running
+               OR NEW.rate_limit IS DISTINCT FROM OLD.rate_limit
+               OR NEW.key_max_running IS DISTINCT FROM OLD.key_max_running
+               OR NEW.key_rate_limit IS DISTINCT FROM OLD.key_rate_limit
+               OR NEW.name IS DISTINCT FROM OLD.name))
+    EXECUTE FUNCTION skiplock.internal_queues_after_max_running_change();
+
+CREATE OR REPLACE TRIGGER queues_after_max_running_insert
+    AFTER INSERT ON skiplock.queues
+    FOR EACH ROW
+    WHEN (NEW.max_running IS NOT NULL)
     EXECUTE FUNCTION skiplock.internal_queues_after_max_running_change();
 
 -- A queue's per-key limit (key_max_running, key_rate_limit or key_rate_period) changed or

@@ -386,9 +386,28 @@ async fn drain(sim: &Sim, pool: &sqlx::PgPool) -> bool {
             .fetch_all(pool)
             .await
             .unwrap_or_default();
+            // How the running and the due queued jobs got there, heartbeats included (the
+            // third sighting, on a6632be: a lane head running, claimed 0.26 s before the
+            // report, whose audit ended with its first attempt's timeout, queued again).
+            let recent: Vec<String> = sqlx::query_scalar(
+                "SELECT format('job %s #%s %s %s->%s att %s->%s holder %s->%s hb=%s app=%s txid=%s at %s',
+                               a.job_id, a.seq, a.op, a.old_state, a.new_state, a.old_attempt,
+                               a.new_attempt, a.old_holder, a.new_holder, a.heartbeat, a.app,
+                               a.txid, a.at)
+                 FROM (SELECT j.id FROM skiplock.jobs_live j
+                       WHERE j.state = 'running'
+                          OR (j.state = 'queued' AND j.scheduled_at <= now())
+                       ORDER BY j.id LIMIT 12) j
+                 CROSS JOIN LATERAL (SELECT * FROM public.job_audit a WHERE a.job_id = j.id
+                                     ORDER BY a.seq DESC LIMIT 8) a
+                 ORDER BY a.job_id, a.seq",
+            )
+            .fetch_all(pool)
+            .await
+            .unwrap_or_default();
             eprintln!(
                 "model: the drain stalled; queues {queues:?}; unfinished {left:?}\n  running: \
-                 {running:#?}\n  sessions: {sessions:#?}"
+                 {running:#?}\n  their last audit rows: {recent:#?}\n  sessions: {sessions:#?}"
             );
             return false;
         }

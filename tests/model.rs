@@ -367,9 +367,11 @@ async fn drain(sim: &Sim, pool: &sqlx::PgPool) -> bool {
             // a stalled drain seen twice (seed 16) had two jobs running for a whole minute,
             // heartbeated by a live testbed, with no outcome written.
             let running: Vec<String> = sqlx::query_scalar(
-                "SELECT format('job %s (%s, %s) claimed by %s %s ago, heartbeat %s ago',
+                "SELECT format('job %s (%s, %s) claimed by %s %s ago, heartbeat %s ago, attempt %s, \
+                                row %s %s xmin %s xmax %s',
                                id, queue, kind, claimed_by, now() - claimed_at,
-                               now() - heartbeat_at)
+                               now() - heartbeat_at, attempt, tableoid::regclass, ctid, xmin,
+                               xmax)
                  FROM skiplock.jobs_live WHERE state = 'running' ORDER BY id",
             )
             .fetch_all(pool)

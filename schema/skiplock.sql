@@ -179,6 +179,7 @@ COMMENT ON FUNCTION skiplock.claim(queue text, max_jobs integer, worker text, ki
 
 CREATE FUNCTION skiplock.complete(id bigint, token uuid, output jsonb DEFAULT NULL::jsonb) RETURNS boolean
     LANGUAGE plpgsql
+    SET jit TO 'off'
     AS $$
 DECLARE
     attempts int := 0;
@@ -275,6 +276,7 @@ COMMENT ON FUNCTION skiplock.enqueue(kind text, args jsonb, queue text, priority
 
 CREATE FUNCTION skiplock.enqueue_job(kind text, args jsonb DEFAULT '{}'::jsonb, queue text DEFAULT 'default'::text, priority integer DEFAULT 0, scheduled_at timestamp with time zone DEFAULT now(), max_attempts integer DEFAULT 25, ordering_key text DEFAULT NULL::text, unique_key text DEFAULT NULL::text, on_conflict text DEFAULT 'skip'::text, depends_on bigint[] DEFAULT '{}'::bigint[], concurrency_key text DEFAULT NULL::text, traceparent text DEFAULT NULL::text, tracestate text DEFAULT NULL::text) RETURNS TABLE(id bigint, outcome text)
     LANGUAGE plpgsql
+    SET jit TO 'off'
     AS $$
 #variable_conflict use_column
 DECLARE
@@ -488,6 +490,7 @@ COMMENT ON FUNCTION skiplock.heartbeat(ids bigint[], tokens uuid[]) IS 'Extends 
 
 CREATE FUNCTION skiplock.internal_abandon_claims(ids bigint[], tokens uuid[], message text) RETURNS TABLE(id bigint, state text, has_dependants boolean, ordering_key text)
     LANGUAGE sql
+    SET jit TO 'off'
     AS $_$
     WITH held AS (
         SELECT j.id FROM unnest($1::bigint[], $2::uuid[]) AS c(id, token),
@@ -682,6 +685,7 @@ $$;
 CREATE FUNCTION skiplock.internal_cancel_job_once(job_id bigint) RETURNS boolean
     LANGUAGE plpgsql
     SET plan_cache_mode TO 'force_generic_plan'
+    SET jit TO 'off'
     AS $$
 DECLARE
     previous skiplock.job_state;
@@ -1510,6 +1514,7 @@ CREATE FUNCTION skiplock.internal_drop_done_partition(leaf text) RETURNS void
     SET enable_bitmapscan TO 'off'
     SET enable_hashjoin TO 'off'
     SET enable_mergejoin TO 'off'
+    SET jit TO 'off'
     AS $_$
 DECLARE
     day_table regclass := skiplock.internal_done_partition(leaf);
@@ -1564,6 +1569,7 @@ $$;
 
 CREATE FUNCTION skiplock.internal_enqueue_cron_slots() RETURNS integer
     LANGUAGE plpgsql
+    SET jit TO 'off'
     AS $$
 DECLARE
     s record;
@@ -1692,6 +1698,7 @@ $$;
 
 CREATE FUNCTION skiplock.internal_fail_claims(ids bigint[], tokens uuid[], messages text[], delays_ms bigint[], actions text[]) RETURNS TABLE(id bigint, state text, has_dependants boolean, ordering_key text)
     LANGUAGE sql
+    SET jit TO 'off'
     AS $_$
     SELECT skiplock.internal_lock_unique_keys_of($1);
     WITH failed AS (
@@ -1747,6 +1754,7 @@ $_$;
 
 CREATE FUNCTION skiplock.internal_fail_one(job_id bigint, token uuid, message text, retry_in interval, action text) RETURNS skiplock.job_state
     LANGUAGE plpgsql
+    SET jit TO 'off'
     AS $$
 DECLARE
     attempts int := 0;
@@ -1796,6 +1804,7 @@ $$;
 
 CREATE FUNCTION skiplock.internal_fold_into_key_holder(job_id bigint) RETURNS bigint
     LANGUAGE plpgsql
+    SET jit TO 'off'
     AS $$
 DECLARE
     job skiplock.jobs%ROWTYPE;
@@ -1867,6 +1876,7 @@ $$;
 CREATE FUNCTION skiplock.internal_has_unmet_parent(job bigint, succeeded bigint[] DEFAULT '{}'::bigint[]) RETURNS boolean
     LANGUAGE plpgsql STABLE
     SET plan_cache_mode TO 'force_generic_plan'
+    SET jit TO 'off'
     AS $$
 BEGIN
     IF NOT EXISTS (SELECT 1 FROM skiplock.job_dependencies d
@@ -2183,6 +2193,7 @@ CREATE FUNCTION skiplock.internal_jobs_after_delete() RETURNS trigger
     SET enable_seqscan TO 'off'
     SET enable_hashjoin TO 'off'
     SET enable_mergejoin TO 'off'
+    SET jit TO 'off'
     AS $$
 DECLARE
     parents bigint[];
@@ -2437,6 +2448,7 @@ $$;
 CREATE FUNCTION skiplock.internal_lock_unique_keys_of(ids bigint[]) RETURNS void
     LANGUAGE plpgsql
     SET enable_seqscan TO 'off'
+    SET jit TO 'off'
     AS $$
 DECLARE
     lock_id bigint;
@@ -2697,6 +2709,7 @@ CREATE FUNCTION skiplock.internal_prepare_done_partitions(first_day date DEFAULT
     SET lock_timeout TO '100ms'
     SET "TimeZone" TO 'UTC'
     SET "DateStyle" TO 'ISO, YMD'
+    SET jit TO 'off'
     AS $_$
 DECLARE
     day date;
@@ -2966,6 +2979,7 @@ $$;
 
 CREATE FUNCTION skiplock.internal_reap_stale(stale_after_ms bigint, max_jobs bigint, only_id bigint DEFAULT NULL::bigint, since timestamp with time zone DEFAULT NULL::timestamp with time zone) RETURNS TABLE(id bigint, state text, claimed_by text, ordering_key text)
     LANGUAGE plpgsql
+    SET jit TO 'off'
     AS $_$
 DECLARE
     attempts int := 0;
@@ -3061,6 +3075,7 @@ $$;
 
 CREATE FUNCTION skiplock.internal_release_claims(ids bigint[], tokens uuid[], delays_ms bigint[]) RETURNS SETOF bigint
     LANGUAGE sql
+    SET jit TO 'off'
     AS $_$
     SELECT skiplock.internal_lock_unique_keys_of($1);
     WITH held AS (
@@ -3289,6 +3304,7 @@ COMMENT ON FUNCTION skiplock.internal_runnable_payload(queue text, priority smal
 
 CREATE FUNCTION skiplock.internal_save_outcomes(outcome text, ids bigint[], tokens uuid[], outputs jsonb[], messages text[], retry_ins interval[]) RETURNS TABLE(id bigint, state text, has_dependants boolean, ordering_key text)
     LANGUAGE plpgsql
+    SET jit TO 'off'
     AS $$
 BEGIN
     IF outcome = 'complete' THEN
@@ -3686,6 +3702,7 @@ $$;
 
 CREATE FUNCTION skiplock.internal_stale_claims(stale_after_ms bigint, max_jobs bigint) RETURNS TABLE(id bigint, claim_token uuid)
     LANGUAGE sql
+    SET jit TO 'off'
     AS $$
     SELECT j.id, j.claim_token FROM skiplock.jobs_live j
     WHERE j.state = 'running'
@@ -3751,6 +3768,7 @@ CREATE FUNCTION skiplock.internal_tombstone_parents(parents bigint[], states ski
     SET enable_hashjoin TO 'off'
     SET enable_mergejoin TO 'off'
     SET plan_cache_mode TO 'force_generic_plan'
+    SET jit TO 'off'
     AS $$
 DECLARE
     children bigint[] := '{}';
@@ -3813,6 +3831,7 @@ $$;
 
 CREATE FUNCTION skiplock.internal_unique_key_holder(key text, self bigint) RETURNS bigint
     LANGUAGE plpgsql
+    SET jit TO 'off'
     AS $$
 DECLARE
     holder bigint;
@@ -4091,6 +4110,7 @@ COMMENT ON FUNCTION skiplock.resume_queue(queue_name text) IS 'Lets workers clai
 
 CREATE FUNCTION skiplock.retry_dead_jobs(queue_name text DEFAULT NULL::text) RETURNS SETOF bigint
     LANGUAGE plpgsql
+    SET jit TO 'off'
     AS $$
 DECLARE
     dead_id bigint;
@@ -4123,6 +4143,7 @@ COMMENT ON FUNCTION skiplock.retry_dead_jobs(queue_name text) IS '`retry_job` fo
 
 CREATE FUNCTION skiplock.retry_job(job_id bigint) RETURNS boolean
     LANGUAGE plpgsql
+    SET jit TO 'off'
     AS $$
 DECLARE
     attempts int := 0;
@@ -4365,6 +4386,7 @@ CREATE FUNCTION skiplock.why_not_running(job_id bigint) RETURNS text
     LANGUAGE plpgsql STABLE
     SET enable_seqscan TO 'off'
     SET enable_bitmapscan TO 'off'
+    SET jit TO 'off'
     AS $$
 DECLARE
     job skiplock.jobs;

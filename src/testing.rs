@@ -231,6 +231,11 @@ const PATIENCE: Duration = Duration::from_secs(300);
 /// cancelled. Other jobs are left alone. `id` is a [`JobId`] (what `enqueue` returns) or
 /// the `i64` of a row's `id` (what [`assert_enqueued`] returns).
 ///
+/// **Not the production claim**: a paused queue, `max_running`, `rate_limit`,
+/// `key_max_running` and `key_rate_limit` do not stop it (the test names the job it runs);
+/// a lane does, as its waiting jobs are not `queued`. [`drain_queue`] claims as production
+/// does, limits included.
+///
 /// # Errors
 ///
 /// [`Error::InvalidJob`] when the job does not exist, is not `queued`, its kind is not

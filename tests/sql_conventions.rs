@@ -3,8 +3,9 @@
 //! announces them through `skiplock.internal_announce` (the one way statements tell
 //! workers of runnable work; a statement that forgets leaves its jobs to the workers' next
 //! walk from the start, up to a minute later), every function that reads a lane to
-//! move it takes the lane's lock, and every function that writes or locks a job another
-//! transaction may move between partitions handles 40001 or names the callers that do.
+//! move it takes the lane's lock, every function that ends a claim tells of the slot it
+//! frees, every function on job rows runs without JIT, and every function that writes or locks a job another transaction may move
+//! between partitions handles 40001 or names the callers that do.
 //! Reads the files only: no database.
 
 use std::path::PathBuf;
@@ -15,6 +16,9 @@ struct Definition {
     label: String,
     /// A function's body (between its `$$`), empty for the others.
     body: String,
+    /// A function's arguments, result and settings (before its first `$$`), empty for the
+    /// others.
+    header: String,
 }
 
 fn functions_dir() -> PathBuf {
@@ -50,20 +54,25 @@ fn definitions(text: &str) -> Vec<Definition> {
             .take_while(|c| c.is_alphanumeric() || *c == '_' || *c == '.')
             .collect();
         let name = name.trim_start_matches("skiplock.").to_owned();
-        let (label, body) = match kind {
+        let (label, body, header) = match kind {
             "FUNCTION" => {
                 let start = rest.find("$$").unwrap() + 2;
                 let end = start + rest[start..].find("$$").unwrap();
+                let header = rest[..start - 2].to_owned();
                 let body = rest[start..end].to_owned();
                 rest = &rest[end + 2..];
-                (name, body)
+                (name, body, header)
             }
-            "TRIGGER" => (format!("trigger {name}"), String::new()),
-            "VIEW" => (format!("view {name}"), String::new()),
-            "AGGREGATE" => (format!("aggregate {name}"), String::new()),
+            "TRIGGER" => (format!("trigger {name}"), String::new(), String::new()),
+            "VIEW" => (format!("view {name}"), String::new(), String::new()),
+            "AGGREGATE" => (format!("aggregate {name}"), String::new(), String::new()),
             other => panic!("unexpected CREATE OR REPLACE {other}"),
         };
-        found.push(Definition { label, body });
+        found.push(Definition {
+            label,
+            body,
+            header,
+        });
     }
     found
 }
@@ -111,14 +120,14 @@ fn writes_jobs(body: &str) -> bool {
 fn breaking(
     exempt: &[(&str, &str)],
     exempt_list: &str,
-    applies: impl Fn(&str) -> bool,
-    breaks: impl Fn(&str) -> bool,
+    applies: impl Fn(&Definition) -> bool,
+    breaks: impl Fn(&Definition) -> bool,
 ) -> Vec<String> {
     let mut found = Vec::new();
     let mut seen_exempt = Vec::new();
     for (file, text) in files() {
         for definition in definitions(&text) {
-            if !applies(&definition.body) || !breaks(&definition.body) {
+            if !applies(&definition) || !breaks(&definition) {
                 continue;
             }
             if exempt.iter().any(|(name, _)| *name == definition.label) {
@@ -176,10 +185,12 @@ fn every_function_that_queues_jobs_announces_them() {
     let silent = breaking(
         QUEUES_NOTHING,
         "QUEUES_NOTHING",
-        |body| writes_jobs(body) && body.contains("'queued'"),
-        |body| {
-            !body.contains("skiplock.internal_announce(")
-                && !body.contains("skiplock.internal_announce_queued_by_others(")
+        |f| writes_jobs(&f.body) && f.body.contains("'queued'"),
+        |f| {
+            !f.body.contains("skiplock.internal_announce(")
+                && !f
+                    .body
+                    .contains("skiplock.internal_announce_queued_by_others(")
         },
     );
     assert!(
@@ -188,6 +199,79 @@ fn every_function_that_queues_jobs_announces_them() {
          skiplock.internal_announce (workers would hear of their jobs only at their next walk \
          from the start): {silent:?}; call it with the jobs' keys, or add the function to \
          QUEUES_NOTHING with the reason it queues nothing"
+    );
+}
+
+/// Functions that end claims (`claim_token = NULL`: every transition out of `running`
+/// clears the token, `jobs_claim_token_only_running`) without calling
+/// `internal_notify_freed`, each with the reason no slot of a limit is freed unseen.
+const ENDS_CLAIMS_SILENTLY: &[(&str, &str)] = &[];
+
+/// A running job that ends frees a slot of its queue's `max_running` and of its key's
+/// `key_max_running`: the statement that ends it calls `skiplock.internal_notify_freed`,
+/// which points the workers at the queue's start and leaves the key for the next claim to
+/// let its held jobs go (02_notifications.sql). A statement that forgot leaves the key's
+/// held jobs to the periodic sweep of waiting jobs (200 ms to a minute later) and the freed
+/// slot to the workers' next poll.
+#[test]
+fn every_function_that_ends_a_claim_tells_of_the_freed_slot() {
+    let silent = breaking(
+        ENDS_CLAIMS_SILENTLY,
+        "ENDS_CLAIMS_SILENTLY",
+        |f| writes_jobs(&f.body) && f.body.contains("claim_token = NULL"),
+        |f| !f.body.contains("skiplock.internal_notify_freed("),
+    );
+    assert!(
+        silent.is_empty(),
+        "functions that end claims (claim_token = NULL) without calling \
+         skiplock.internal_notify_freed (a key's held jobs then wait for the sweep): \
+         {silent:?}; call it with the ended jobs' queues and concurrency keys, or add the \
+         function to ENDS_CLAIMS_SILENTLY with the reason no slot is freed"
+    );
+}
+
+/// Functions that read or write job rows and may be JIT-compiled, each with the reason.
+const JOB_ROWS_WITH_JIT: &[(&str, &str)] = &[
+    (
+        "internal_jobs_before_insert",
+        "runs once per row inserted, where a SET clause would cost every enqueued job; its \
+         reads are probes of unique indexes (tests/bounded_statements.rs)",
+    ),
+    (
+        "internal_job_dependencies_after_insert",
+        "runs once per edge inserted, as above; its reads are primary-key probes",
+    ),
+];
+
+/// Whether a function body reads or writes job rows.
+fn touches_jobs(body: &str) -> bool {
+    ["FROM", "JOIN", "UPDATE", "INSERT INTO"]
+        .iter()
+        .any(|verb| body.contains(&format!("{verb} skiplock.jobs")))
+}
+
+/// JIT compilation costs tens to thousands of milliseconds a statement and saves nothing on
+/// statements that read a few rows by index, as every statement on job rows should. Postgres
+/// compiles a plan whose estimated cost passes `jit_above_cost` (100,000 by default), which
+/// a large or badly estimated history reaches, and which a plan type turned off reaches
+/// at once: a statement with no other path carries `disable_cost` (10^10). The pruner's
+/// delete spent 1.2–2.9 s a pass compiling for 0.03 s of work (issue 49). So every
+/// function that reads or writes job rows, and every function that turns a plan type off
+/// (`SET enable_… = off`), runs with `jit = off` (its settings hold for the functions it
+/// calls), or JOB_ROWS_WITH_JIT names it with the reason.
+#[test]
+fn every_function_on_job_rows_runs_without_jit() {
+    let compiled = breaking(
+        JOB_ROWS_WITH_JIT,
+        "JOB_ROWS_WITH_JIT",
+        |f| touches_jobs(&f.body) || f.header.contains("SET enable_"),
+        |f| !f.header.contains("SET jit = off"),
+    );
+    assert!(
+        compiled.is_empty(),
+        "functions that read or write job rows, or turn a plan type off, without \
+         `SET jit = off`: {compiled:?}; add it to the function's settings, or add the \
+         function to JOB_ROWS_WITH_JIT with the reason"
     );
 }
 
@@ -205,10 +289,11 @@ fn every_function_that_reads_a_lane_to_move_it_takes_the_lane_lock() {
     let unlocked = breaking(
         READS_LANES_UNLOCKED,
         "READS_LANES_UNLOCKED",
-        |body| writes_jobs(body) && first_lane_read(body).is_some(),
-        |body| {
-            let read = first_lane_read(body).unwrap();
-            body.find("skiplock.internal_lane_lock_id(")
+        |f| writes_jobs(&f.body) && first_lane_read(&f.body).is_some(),
+        |f| {
+            let read = first_lane_read(&f.body).unwrap();
+            f.body
+                .find("skiplock.internal_lane_lock_id(")
                 .is_none_or(|lock| lock >= read)
         },
     );
@@ -351,8 +436,8 @@ fn every_function_that_writes_or_waits_for_jobs_meets_a_moved_row() {
     let unhandled = breaking(
         MOVED_ROWS_RETRIED_BY_CALLERS,
         "MOVED_ROWS_RETRIED_BY_CALLERS",
-        writes_or_waits_for_jobs,
-        |body| !body.contains("serialization_failure"),
+        |f| writes_or_waits_for_jobs(&f.body),
+        |f| !f.body.contains("serialization_failure"),
     );
     assert!(
         unhandled.is_empty(),

@@ -146,6 +146,43 @@ async fn perform_job_runs_one_job_and_reports_its_outcome() {
     }
 }
 
+/// `perform_job` runs the job it is given past the claim's rules (a pause, here, as the
+/// global and key limits), as its documentation says; `drain_queue` claims as production
+/// does and runs nothing of a paused queue.
+#[tokio::test]
+async fn perform_job_runs_its_job_in_a_paused_queue_where_drain_queue_runs_none() {
+    let db = test_db().await;
+    let pool = &db.pool;
+    let paused = EnqueueOptions::new().queue("paused");
+    let named = skiplock::enqueue(pool, &Record { n: 1 }, paused.clone())
+        .await
+        .unwrap()
+        .id;
+    let other = skiplock::enqueue(pool, &Record { n: 2 }, paused)
+        .await
+        .unwrap()
+        .id;
+    sqlx::query("SELECT skiplock.pause_queue('paused')")
+        .execute(pool)
+        .await
+        .unwrap();
+    let recorder = Recorder::default();
+    let events = drain_queue(fast_worker(pool, &recorder), "paused")
+        .await
+        .unwrap();
+    assert!(events.is_empty(), "a paused queue drained: {events:?}");
+    let event = perform_job(fast_worker(pool, &recorder), named.0)
+        .await
+        .unwrap();
+    assert!(
+        matches!(event.outcome, JobEventOutcome::Completed { .. }),
+        "{event:?}"
+    );
+    let runs = recorder.runs();
+    assert_eq!(runs.get(&named.0), Some(&vec![1]));
+    assert_eq!(runs.get(&other.0), None, "the other job was left alone");
+}
+
 /// `drain_queue` runs what is runnable in one queue and returns every outcome; other
 /// queues and later jobs stay.
 #[tokio::test]

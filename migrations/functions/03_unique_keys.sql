@@ -46,6 +46,7 @@ $$;
 CREATE OR REPLACE FUNCTION skiplock.internal_lock_unique_keys_of(ids bigint[]) RETURNS void
 LANGUAGE plpgsql
 SET enable_seqscan = off
+SET jit = off
 AS $$
 DECLARE
     lock_id bigint;
@@ -74,7 +75,9 @@ END;
 $$;
 
 CREATE OR REPLACE FUNCTION skiplock.internal_unique_key_holder(key text, self bigint) RETURNS bigint
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql
+SET jit = off
+AS $$
 DECLARE
     holder bigint;
     holder_state skiplock.job_state;
@@ -142,7 +145,9 @@ $$;
 -- in the drain benchmark) even when its WHEN clause is false. A plain UPDATE written by
 -- hand that requeues into a taken key is refused by jobs_unique_key_pending_idx.
 CREATE OR REPLACE FUNCTION skiplock.internal_fold_into_key_holder(job_id bigint) RETURNS bigint
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql
+SET jit = off
+AS $$
 DECLARE
     job skiplock.jobs%ROWTYPE;
     holder bigint;

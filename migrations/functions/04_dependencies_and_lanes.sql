@@ -27,6 +27,7 @@ CREATE OR REPLACE FUNCTION skiplock.internal_has_unmet_parent(job bigint,
 RETURNS boolean
 LANGUAGE plpgsql STABLE
 SET plan_cache_mode = force_generic_plan
+SET jit = off
 AS $$
 BEGIN
     IF NOT EXISTS (SELECT 1 FROM skiplock.job_dependencies d
@@ -397,6 +398,7 @@ SET enable_seqscan = off
 SET enable_hashjoin = off
 SET enable_mergejoin = off
 SET plan_cache_mode = force_generic_plan
+SET jit = off
 AS $$
 DECLARE
     children bigint[] := '{}';
@@ -462,6 +464,7 @@ SET search_path = pg_catalog, pg_temp
 SET enable_seqscan = off
 SET enable_hashjoin = off
 SET enable_mergejoin = off
+SET jit = off
 AS $$
 DECLARE
     parents bigint[];

@@ -26,7 +26,9 @@ CREATE OR REPLACE FUNCTION skiplock.enqueue_job(
     traceparent   text        DEFAULT NULL,
     tracestate    text        DEFAULT NULL
 ) RETURNS TABLE (id bigint, outcome text)
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql
+SET jit = off
+AS $$
 #variable_conflict use_column
 DECLARE
     new_id bigint;

@@ -32,7 +32,9 @@ CREATE OR REPLACE FUNCTION skiplock.internal_fail_claims(ids bigint[], tokens uu
                                                          messages text[], delays_ms bigint[],
                                                          actions text[])
 RETURNS TABLE (id bigint, state text, has_dependants boolean, ordering_key text)
-LANGUAGE sql AS $$
+LANGUAGE sql
+SET jit = off
+AS $$
     SELECT skiplock.internal_lock_unique_keys_of($1);
     WITH failed AS (
         SELECT f.*, j.unique_key, CASE
@@ -118,7 +120,9 @@ $$;
 CREATE OR REPLACE FUNCTION skiplock.internal_release_claims(ids bigint[], tokens uuid[],
                                                             delays_ms bigint[])
 RETURNS SETOF bigint
-LANGUAGE sql AS $$
+LANGUAGE sql
+SET jit = off
+AS $$
     SELECT skiplock.internal_lock_unique_keys_of($1);
     WITH held AS (
         SELECT j.id, j.unique_key, c.delay_ms
@@ -256,7 +260,9 @@ CREATE OR REPLACE FUNCTION skiplock.internal_reap_stale(stale_after_ms bigint, m
                                                         only_id bigint DEFAULT NULL,
                                                         since timestamptz DEFAULT NULL)
 RETURNS TABLE (id bigint, state text, claimed_by text, ordering_key text)
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql
+SET jit = off
+AS $$
 DECLARE
     attempts int := 0;
     taken skiplock.internal_reaped[];
@@ -336,7 +342,9 @@ $$;
 -- time when one row made its batch fail.
 CREATE OR REPLACE FUNCTION skiplock.internal_stale_claims(stale_after_ms bigint, max_jobs bigint)
 RETURNS TABLE (id bigint, claim_token uuid)
-LANGUAGE sql AS $$
+LANGUAGE sql
+SET jit = off
+AS $$
     SELECT j.id, j.claim_token FROM skiplock.jobs_live j
     WHERE j.state = 'running'
       AND (j.heartbeat_at < now() - stale_after_ms * interval '1 millisecond'
@@ -353,7 +361,9 @@ $$;
 -- hand) is replaced by a list of this failure, since appending to it may be what failed.
 CREATE OR REPLACE FUNCTION skiplock.internal_abandon_claims(ids bigint[], tokens uuid[], message text)
 RETURNS TABLE (id bigint, state text, has_dependants boolean, ordering_key text)
-LANGUAGE sql AS $$
+LANGUAGE sql
+SET jit = off
+AS $$
     WITH held AS (
         SELECT j.id FROM unnest($1::bigint[], $2::uuid[]) AS c(id, token),
         LATERAL (SELECT id FROM skiplock.jobs_live j

@@ -311,7 +311,9 @@ $$;
 -- nothing about the row (a deadlock, a serialization failure, a server running out of
 -- something) is left for the next pass, unrecorded.
 CREATE OR REPLACE FUNCTION skiplock.internal_enqueue_cron_slots() RETURNS int
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql
+SET jit = off
+AS $$
 DECLARE
     s record;
     slot timestamptz;

@@ -99,7 +99,9 @@ COMMENT ON FUNCTION skiplock.heartbeat(bigint[], uuid[]) IS
 -- transaction, and workers are told.
 CREATE OR REPLACE FUNCTION skiplock.complete(id bigint, token uuid, output jsonb DEFAULT NULL)
 RETURNS boolean
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql
+SET jit = off
+AS $$
 DECLARE
     attempts int := 0;
     saved record;
@@ -139,7 +141,9 @@ COMMENT ON FUNCTION skiplock.complete(bigint, uuid, jsonb) IS
 CREATE OR REPLACE FUNCTION skiplock.internal_fail_one(job_id bigint, token uuid, message text,
                                                       retry_in interval, action text)
 RETURNS skiplock.job_state
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql
+SET jit = off
+AS $$
 DECLARE
     attempts int := 0;
     held_attempt int;
@@ -288,7 +292,9 @@ CREATE OR REPLACE FUNCTION skiplock.internal_save_outcomes(outcome text, ids big
                                                            outputs jsonb[], messages text[],
                                                            retry_ins interval[])
 RETURNS TABLE (id bigint, state text, has_dependants boolean, ordering_key text)
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql
+SET jit = off
+AS $$
 BEGIN
     IF outcome = 'complete' THEN
         IF EXISTS (SELECT FROM unnest(outputs) AS o(output) WHERE o.output IS NOT NULL) THEN

@@ -22,6 +22,7 @@
 CREATE OR REPLACE FUNCTION skiplock.internal_cancel_job_once(job_id bigint) RETURNS boolean
 LANGUAGE plpgsql
 SET plan_cache_mode = force_generic_plan
+SET jit = off
 AS $$
 DECLARE
     previous skiplock.job_state;
@@ -109,7 +110,9 @@ COMMENT ON FUNCTION skiplock.cancel_job(bigint) IS
     'Cancels a job that has not finished: `cancelled` at once, or, if it runs, its claim voided and its worker told to stop it (skiplock_cancel); its waiting dependants are cancelled and its lane moves on. A deadlock with another transaction is retried after a short jittered wait, up to six attempts in all. Returns false if the job had finished or does not exist. Example: SELECT skiplock.cancel_job(42);';
 
 CREATE OR REPLACE FUNCTION skiplock.retry_job(job_id bigint) RETURNS boolean
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql
+SET jit = off
+AS $$
 DECLARE
     attempts int := 0;
     q text;
@@ -204,7 +207,9 @@ COMMENT ON FUNCTION skiplock.retry_job(bigint) IS
 -- else a single row may raise: that job is left dead with a warning, so one row never
 -- fails the whole call. Example: SELECT count(*) FROM skiplock.retry_dead_jobs('mail');
 CREATE OR REPLACE FUNCTION skiplock.retry_dead_jobs(queue_name text DEFAULT NULL) RETURNS SETOF bigint
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql
+SET jit = off
+AS $$
 DECLARE
     dead_id bigint;
 BEGIN
@@ -342,6 +347,7 @@ CREATE OR REPLACE FUNCTION skiplock.why_not_running(job_id bigint) RETURNS text
 LANGUAGE plpgsql STABLE
 SET enable_seqscan = off
 SET enable_bitmapscan = off
+SET jit = off
 AS $$
 DECLARE
     job skiplock.jobs;

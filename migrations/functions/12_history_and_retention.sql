@@ -129,6 +129,7 @@ SET search_path = pg_catalog, pg_temp
 SET lock_timeout = '100ms'
 SET TimeZone = 'UTC'
 SET DateStyle = 'ISO, YMD'
+SET jit = off
 AS $$
 DECLARE
     day date;
@@ -267,6 +268,7 @@ SET enable_seqscan = off
 SET enable_bitmapscan = off
 SET enable_hashjoin = off
 SET enable_mergejoin = off
+SET jit = off
 AS $$
 DECLARE
     day_table regclass := skiplock.internal_done_partition(leaf);

@@ -5,7 +5,11 @@
 #   - cancel: skiplock.cancel_job of a queued job, 250 times;
 #   - enqueue with a parent: skiplock.enqueue(depends_on => a queued parent), 250 times;
 #   - complete a parent of 40: skiplock.complete of a claimed parent with 40 waiting
-#     children (all queued after), 50 times.
+#     children (all queued after), 50 times;
+#   - show: the lookup skiplock::job and `skiplock show` make (SELECT * FROM skiplock.jobs
+#     WHERE id = …) of a job that finished today, 250 times, prepared as sqlx prepares it
+#     (after five plans for the values given, one generic plan for the session);
+#   - retry: skiplock.retry_job of a job that went dead today, 250 times.
 # Prints the mean milliseconds per operation for each. A lookup whose cost follows the
 # days kept shows as a gap between the two lines.
 #
@@ -68,7 +72,21 @@ for days in 1 31; do
     queued=$("${P[@]}" -c "SELECT count(*) FROM skiplock.jobs_live WHERE queue = 'children' AND state = 'queued'")
     [ "$queued" = 2000 ] || { echo "error: $queued of 2000 children queued" >&2; exit 1; }
 
-    printf "days=%-2s tables=%-3s cancel=%.2f ms  enqueue with a parent=%.2f ms  complete a parent of 40=%.2f ms\n" \
-        "$days" "$tables" "$cancel" "$enqueue" "$complete"
+    # Jobs that end today.
+    ids=$("${P[@]}" -c "SELECT skiplock.enqueue('noop', queue => 'ends') FROM generate_series(1, 250)")
+    "${P[@]}" -c "UPDATE skiplock.jobs SET state = 'dead', finished_at = now()
+                  WHERE queue = 'ends' AND state = 'queued'" >/dev/null
+    { echo "PREPARE show(bigint) AS SELECT * FROM skiplock.jobs WHERE id = \$1;"
+      for id in $ids; do echo "EXECUTE show($id);"; done; } >"$work/show.sql"
+    s=$(date +%s.%N); "${P[@]}" -f "$work/show.sql" >/dev/null; e=$(date +%s.%N)
+    show=$(ms_per "$s" "$e" 250)
+    for id in $ids; do echo "SELECT skiplock.retry_job($id);"; done >"$work/retry.sql"
+    s=$(date +%s.%N); "${P[@]}" -f "$work/retry.sql" >/dev/null; e=$(date +%s.%N)
+    retry=$(ms_per "$s" "$e" 250)
+    retried=$("${P[@]}" -c "SELECT count(*) FROM skiplock.jobs_live WHERE queue = 'ends' AND state = 'queued'")
+    [ "$retried" = 250 ] || { echo "error: $retried of 250 retried" >&2; exit 1; }
+
+    printf "days=%-2s tables=%-3s cancel=%.2f ms  enqueue with a parent=%.2f ms  complete a parent of 40=%.2f ms  show=%.2f ms  retry=%.2f ms\n" \
+        "$days" "$tables" "$cancel" "$enqueue" "$complete" "$show" "$retry"
     psql "$server" -qc "DROP DATABASE $db" >/dev/null
 done

@@ -70,10 +70,14 @@ pub struct Ev {
     pub at: DateTime<Utc>,
     /// The row's `claimed_at` after the write: a claim's start, as the rate limit counts it.
     pub claimed_at: Option<DateTime<Utc>>,
+    /// Why a `waiting` job waits when a per-key limit holds it back ('key' or 'rate').
+    pub held_for: Option<String>,
+    /// When the job may run (clamped to finite times: '-infinity' reads as year 1).
+    pub scheduled_at: Option<DateTime<Utc>>,
 }
 
 impl Ev {
-    fn is_claim(&self) -> bool {
+    pub fn is_claim(&self) -> bool {
         self.old_state.as_deref() == Some("queued") && self.new_state.as_deref() == Some("running")
     }
 
@@ -145,9 +149,22 @@ struct Track {
     released_after_parents: bool,
 }
 
+/// The limited queue's own limits as the database holds them (the model sets them before
+/// the run and never changes them): what the coverage measures their binding against, so
+/// that a limit not set never binds. `None` where it is not set. (The per-key limits show
+/// their binding by the jobs they hold back, `held_for`.)
+#[derive(Debug, Clone, Copy, Default, sqlx::FromRow)]
+pub struct LimitsInForce {
+    pub max_running: Option<i32>,
+    pub rate_limit: Option<i32>,
+    pub rate_period_ms: Option<i64>,
+}
+
 /// Everything the checks read.
 pub struct Evidence {
     pub events: Vec<Ev>,
+    /// The limited queue's limits in force.
+    pub limits: LimitsInForce,
     /// (seq, child, parent)
     pub deps: Vec<(i64, i64, i64)>,
     pub runs: Vec<Run>,
@@ -161,7 +178,8 @@ impl Evidence {
             "SELECT seq, job_id, op, old_state::text, new_state::text, old_attempt,
                     new_attempt, max_attempts, old_token, new_token, old_holder, new_holder,
                     heartbeat, failure, last_error, app, ordering_key, unique_key, queue,
-                    concurrency_key, at, claimed_at
+                    concurrency_key, at, claimed_at, held_for,
+                    greatest(least(scheduled_at, '9999-12-31'), '0001-01-01') AS scheduled_at
              FROM public.job_audit ORDER BY seq",
         )
         .fetch_all(pool)
@@ -172,8 +190,19 @@ impl Evidence {
                 .fetch_all(pool)
                 .await
                 .expect("read the dependency edges");
+        let limits = sqlx::query_as(
+            "SELECT max_running, rate_limit,
+                    (extract(epoch FROM rate_period) * 1000)::bigint AS rate_period_ms
+             FROM skiplock.queues WHERE name = $1",
+        )
+        .bind(LIMITED_QUEUE.0)
+        .fetch_optional(pool)
+        .await
+        .expect("read the limited queue's limits")
+        .unwrap_or_default();
         Evidence {
             events,
+            limits,
             deps,
             runs,
             logs,

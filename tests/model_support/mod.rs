@@ -10,11 +10,14 @@
 //!   enqueuers (Rust API, SQL function, plain INSERT), operators (SQL and CLI retry,
 //!   cancel, delete), the connection killer and the sampler;
 //! - [`logs`]: the in-process workers' tracing output, and which lines are defects;
-//! - [`checks`]: the invariants, read from the audit log after the queue drained.
+//! - [`checks`]: the invariants, read from the audit log after the queue drained;
+//! - [`coverage`]: the paths a run took (the events the invariants are about), from the
+//!   same audit.
 #![allow(dead_code)]
 
 pub mod actors;
 pub mod checks;
+pub mod coverage;
 pub mod kind;
 pub mod logs;
 pub mod workers;
@@ -164,7 +167,8 @@ impl Sim {
 
 /// Extends the audit of `tests/fault_support` (already installed): every row also records
 /// the job's ordering and unique keys, unique policy and args (so a merge is checked after
-/// the pruner removed both jobs), inserts record their `last_error` (a job enqueued
+/// the pruner removed both jobs), its queue, concurrency key, `held_for` and
+/// `scheduled_at` (so the coverage sees a limit hold back a due job), inserts record their `last_error` (a job enqueued
 /// behind a dead parent is born cancelled), and the edges of the dependency graph are
 /// recorded in `public.model_deps` numbered from the audit's own sequence, so a claim
 /// and an edge can be ordered, and edges survive the cascade when a parent is pruned.
@@ -172,7 +176,8 @@ pub async fn extend_audit(pool: &PgPool) {
     sqlx::raw_sql(
         "ALTER TABLE public.job_audit ADD COLUMN ordering_key text, ADD COLUMN unique_key text,
              ADD COLUMN unique_policy text, ADD COLUMN args jsonb, ADD COLUMN queue text,
-             ADD COLUMN concurrency_key text;
+             ADD COLUMN concurrency_key text, ADD COLUMN held_for text,
+             ADD COLUMN scheduled_at timestamptz;
          CREATE OR REPLACE FUNCTION public.job_audit_record() RETURNS trigger
          LANGUAGE plpgsql AS $$
          BEGIN
@@ -180,18 +185,21 @@ pub async fn extend_audit(pool: &PgPool) {
                  INSERT INTO public.job_audit (job_id, op, new_state, new_attempt, max_attempts,
                                                new_token, new_holder, heartbeat, claimed_at,
                                                last_error, ordering_key, unique_key,
-                                               unique_policy, args, queue, concurrency_key)
+                                               unique_policy, args, queue, concurrency_key,
+                                               held_for, scheduled_at)
                  SELECT n.id, 'insert', n.state, n.attempt, n.max_attempts,
                         n.claim_token, n.claimed_by, false, n.claimed_at,
                         n.last_error, n.ordering_key, n.unique_key,
-                        n.unique_policy, n.args, n.queue, n.concurrency_key
+                        n.unique_policy, n.args, n.queue, n.concurrency_key,
+                        n.held_for, n.scheduled_at
                  FROM new_rows n ORDER BY n.id;
              ELSIF TG_OP = 'UPDATE' THEN
                  INSERT INTO public.job_audit (job_id, op, old_state, new_state, old_attempt,
                                                new_attempt, max_attempts, old_token, new_token,
                                                old_holder, new_holder, heartbeat, failure,
                                                last_error, claimed_at, ordering_key, unique_key,
-                                               unique_policy, args, queue, concurrency_key)
+                                               unique_policy, args, queue, concurrency_key,
+                                               held_for, scheduled_at)
                  SELECT n.id, 'update', o.state, n.state, o.attempt, n.attempt,
                         n.max_attempts, o.claim_token, n.claim_token, o.claimed_by,
                         n.claimed_by,
@@ -200,16 +208,18 @@ pub async fn extend_audit(pool: &PgPool) {
                             AND o.heartbeat_at IS DISTINCT FROM n.heartbeat_at,
                         o.errors IS DISTINCT FROM n.errors,
                         n.last_error, n.claimed_at, n.ordering_key, n.unique_key,
-                        n.unique_policy, n.args, n.queue, n.concurrency_key
+                        n.unique_policy, n.args, n.queue, n.concurrency_key,
+                        n.held_for, n.scheduled_at
                  FROM old_rows o JOIN new_rows n ON n.id = o.id ORDER BY n.id;
              ELSE
                  INSERT INTO public.job_audit (job_id, op, old_state, old_attempt, old_token,
                                                old_holder, heartbeat, last_error, ordering_key,
                                                unique_key, unique_policy, args, queue,
-                                               concurrency_key)
+                                               concurrency_key, held_for, scheduled_at)
                  SELECT o.id, 'delete', o.state, o.attempt, o.claim_token,
                         o.claimed_by, false, o.last_error, o.ordering_key,
-                        o.unique_key, o.unique_policy, o.args, o.queue, o.concurrency_key
+                        o.unique_key, o.unique_policy, o.args, o.queue, o.concurrency_key,
+                        o.held_for, o.scheduled_at
                  FROM old_rows o ORDER BY o.id;
              END IF;
              RETURN NULL;

@@ -12,8 +12,9 @@ mod common;
 
 use std::time::Duration;
 
-use common::fixtures::strings;
+use common::fixtures::{sql_claim_one, state_of, strings};
 use common::test_db;
+use skiplock::JobState;
 use skiplock::db::jobs::jobs_complete_many;
 use skiplock::db::maintenance::{jobs_advance_lanes, jobs_settle_dependants};
 use sqlx::Arguments;
@@ -23,27 +24,10 @@ use sqlx::{PgPool, Postgres};
 use tokio::task::JoinHandle;
 use uuid::Uuid;
 
-/// Claims the next job of `queue` with the SQL protocol; returns `(id, claim token)`.
-async fn claim(pool: &PgPool, queue: &str) -> (i64, Uuid) {
-    sqlx::query_as("SELECT id, claim_token FROM skiplock.claim($1, 1, 'race-test')")
-        .bind(queue)
-        .fetch_one(pool)
-        .await
-        .unwrap_or_else(|e| panic!("a job of queue {queue} to claim: {e}"))
-}
-
-async fn state_of(pool: &PgPool, id: i64) -> String {
-    sqlx::query_scalar("SELECT state::text FROM skiplock.jobs WHERE id = $1")
-        .bind(id)
-        .fetch_one(pool)
-        .await
-        .unwrap()
-}
-
 /// The job is queued and a claim of its queue takes it.
 async fn assert_claimable(pool: &PgPool, id: i64, queue: &str, what: &str) {
-    assert_eq!(state_of(pool, id).await, "queued", "{what}");
-    let (claimed, _) = claim(pool, queue).await;
+    assert_eq!(state_of(pool, id).await, JobState::Queued, "{what}");
+    let (claimed, _) = sql_claim_one(pool, queue, "race-test").await;
     assert_eq!(claimed, id, "{what}: the claim takes it");
 }
 
@@ -136,7 +120,7 @@ async fn a_lane_job_committed_after_its_head_finished_and_the_lane_stepped_is_qu
     let db = test_db().await;
     let pool = &db.pool;
     let head = enqueue_in_lane(pool, "q", "lane").await;
-    let (claimed, token) = claim(pool, "q").await;
+    let (claimed, token) = sql_claim_one(pool, "q", "race-test").await;
     assert_eq!(claimed, head);
 
     let mut enqueue = pool.begin().await.unwrap();
@@ -170,7 +154,7 @@ async fn a_lane_job_enqueued_beside_a_protocol_completion_is_queued_whichever_go
     // The enqueue first (a plain INSERT), then skiplock.complete in a transaction of its
     // own; the enqueue commits first.
     let head = enqueue_in_lane(pool, "q", "a").await;
-    let (_, token) = claim(pool, "q").await;
+    let (_, token) = sql_claim_one(pool, "q", "race-test").await;
     let mut enqueue = pool.begin().await.unwrap();
     let next: i64 = sqlx::query_scalar(
         "INSERT INTO skiplock.jobs (kind, queue, ordering_key) VALUES ('noop', 'q', 'a')
@@ -198,7 +182,7 @@ async fn a_lane_job_enqueued_beside_a_protocol_completion_is_queued_whichever_go
 
     // The completion first, held open; then skiplock.enqueue; the completion commits first.
     let head = enqueue_in_lane(pool, "q", "b").await;
-    let (_, token) = claim(pool, "q").await;
+    let (_, token) = sql_claim_one(pool, "q", "race-test").await;
     let mut completion = pool.begin().await.unwrap();
     let done: bool = sqlx::query_scalar("SELECT skiplock.complete($1, $2)")
         .bind(head)
@@ -228,7 +212,7 @@ async fn a_child_enqueued_while_its_parent_completes_is_queued_whichever_goes_fi
         .fetch_one(pool)
         .await
         .unwrap();
-    let (_, token) = claim(pool, "p").await;
+    let (_, token) = sql_claim_one(pool, "p", "race-test").await;
     let mut enqueue = pool.begin().await.unwrap();
     let child: i64 = sqlx::query_scalar(
         "SELECT skiplock.enqueue('noop', queue => 'c', depends_on => ARRAY[$1]::bigint[])",
@@ -257,7 +241,7 @@ async fn a_child_enqueued_while_its_parent_completes_is_queued_whichever_goes_fi
         .fetch_one(pool)
         .await
         .unwrap();
-    let (_, token) = claim(pool, "p").await;
+    let (_, token) = sql_claim_one(pool, "p", "race-test").await;
     let mut completion = pool.begin().await.unwrap();
     let done: bool = sqlx::query_scalar("SELECT skiplock.complete($1, $2)")
         .bind(parent)
@@ -284,7 +268,7 @@ async fn a_child_enqueued_while_its_parent_dies_is_cancelled() {
         .fetch_one(pool)
         .await
         .unwrap();
-    let (_, token) = claim(pool, "default").await;
+    let (_, token) = sql_claim_one(pool, "default", "race-test").await;
     let mut failure = pool.begin().await.unwrap();
     let now: String = sqlx::query_scalar("SELECT skiplock.fail($1, $2, 'boom')::text")
         .bind(parent)
@@ -302,7 +286,7 @@ async fn a_child_enqueued_while_its_parent_dies_is_cancelled() {
     .await;
     assert_eq!(
         state_of(pool, child).await,
-        "cancelled",
+        JobState::Cancelled,
         "the child of a parent that died while it was enqueued"
     );
 }
@@ -315,7 +299,7 @@ async fn a_repeatable_read_enqueue_behind_a_lane_job_finished_since_its_snapshot
     let db = test_db().await;
     let pool = &db.pool;
     let head = enqueue_in_lane(pool, "q", "rr").await;
-    let (_, token) = claim(pool, "q").await;
+    let (_, token) = sql_claim_one(pool, "q", "race-test").await;
     let mut enqueue = pool.begin().await.unwrap();
     sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
         .execute(&mut *enqueue)
@@ -373,6 +357,6 @@ async fn a_lane_job_whose_id_was_drawn_before_a_later_enqueue_of_its_lane_goes_b
         second > first,
         "the later insert's job ({second}) goes behind the lane's job ({first})"
     );
-    assert_eq!(state_of(pool, second).await, "waiting");
+    assert_eq!(state_of(pool, second).await, JobState::Waiting);
     assert_claimable(pool, first, "q", "the lane's first job").await;
 }

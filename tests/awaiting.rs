@@ -11,7 +11,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::fixtures::{wait_for, wait_for_a_lock_wait};
+use common::fixtures::{sql_claim, sql_claim_one, state_of, wait_for, wait_for_a_lock_wait};
 use common::test_db;
 use serde_json::json;
 use skiplock::{Error, JobId, JobOutcome, JobState};
@@ -42,11 +42,7 @@ async fn enqueue(pool: &PgPool, args: serde_json::Value) -> JobId {
 
 /// Claims the job (the only one queued) as a SQL worker does.
 async fn claim(db: &mut PgConnection, id: JobId) -> Uuid {
-    let (claimed, token): (i64, Uuid) =
-        sqlx::query_as("SELECT id, claim_token FROM skiplock.claim('default', 1, 'test')")
-            .fetch_one(&mut *db)
-            .await
-            .unwrap();
+    let (claimed, token) = sql_claim_one(&mut *db, "default", "test").await;
     assert_eq!(claimed, id.0);
     token
 }
@@ -198,12 +194,7 @@ async fn a_wait_that_runs_out_says_so_and_leaves_the_job_alone() {
         }
         other => panic!("expected WaitTimedOut, got {other:?}"),
     }
-    let state: String = sqlx::query_scalar("SELECT state::text FROM skiplock.jobs WHERE id = $1")
-        .bind(id.0)
-        .fetch_one(&db.pool)
-        .await
-        .unwrap();
-    assert_eq!(state, "queued");
+    assert_eq!(state_of(&db.pool, id.0).await, JobState::Queued);
 }
 
 /// A job deleted while waited for ends the wait with JobNotFound at the next look (no
@@ -574,14 +565,7 @@ async fn a_watched_job_held_for_its_key_is_let_go_when_the_key_frees() {
     .fetch_all(&db.pool)
     .await
     .unwrap();
-    let claim = || async {
-        sqlx::query_as::<_, (i64, Uuid)>(
-            "SELECT id, claim_token FROM skiplock.claim('keyed', 10, 'test')",
-        )
-        .fetch_all(&db.pool)
-        .await
-        .unwrap()
-    };
+    let claim = || sql_claim(&db.pool, "keyed", 10, "test");
     let first = claim().await;
     assert_eq!(first.iter().map(|c| c.0).collect::<Vec<_>>(), [ids[0]]);
     let held: Option<String> =

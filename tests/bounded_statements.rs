@@ -14,6 +14,7 @@
 
 mod common;
 
+use common::fixtures::sql_claim_one;
 use common::{TestDb, test_db};
 use sqlx::{PgConnection, PgPool};
 
@@ -169,18 +170,9 @@ async fn buffers_of(session: &mut PgConnection, statement: &str) -> i64 {
     after - before
 }
 
-/// Claims the next job of `queue` with the SQL protocol; returns `(id, claim token)`.
-async fn claim_one(session: &mut PgConnection, queue: &str) -> (i64, uuid::Uuid) {
-    sqlx::query_as("SELECT id, claim_token FROM skiplock.claim($1, 1, 'bounded-test')")
-        .bind(queue)
-        .fetch_one(session)
-        .await
-        .unwrap_or_else(|e| panic!("a job of queue {queue} to claim: {e}"))
-}
-
 /// `SELECT skiplock.complete(id, token)` of the next job of `queue`, measured.
 async fn buffers_of_completing_next(session: &mut PgConnection, queue: &str) -> i64 {
-    let (id, token) = claim_one(session, queue).await;
+    let (id, token) = sql_claim_one(&mut *session, queue, "bounded-test").await;
     buffers_of(
         session,
         &format!("SELECT skiplock.complete({id}, '{token}')"),
@@ -190,7 +182,7 @@ async fn buffers_of_completing_next(session: &mut PgConnection, queue: &str) -> 
 
 /// `SELECT skiplock.discard(id, token, …)` of the next job of `queue`, measured.
 async fn buffers_of_discarding_next(session: &mut PgConnection, queue: &str) -> i64 {
-    let (id, token) = claim_one(session, queue).await;
+    let (id, token) = sql_claim_one(&mut *session, queue, "bounded-test").await;
     buffers_of(
         session,
         &format!("SELECT skiplock.discard({id}, '{token}', 'test')"),
@@ -540,8 +532,8 @@ async fn why_not_running_is_bounded(statistics: Statistics) {
         .execute(pool)
     };
     queue_limited(3).await.unwrap();
-    claim_one(&mut session, "limited").await;
-    claim_one(&mut session, "limited").await;
+    sql_claim_one(&mut *session, "limited", "bounded-test").await;
+    sql_claim_one(&mut *session, "limited", "bounded-test").await;
     let held: i64 = sqlx::query_scalar(
         "SELECT id FROM skiplock.jobs WHERE queue = 'limited' AND state = 'queued'",
     )

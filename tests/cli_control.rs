@@ -5,7 +5,9 @@ mod cli_support;
 mod common;
 
 use cli_support::skiplock;
+use common::fixtures::state_of;
 use common::test_db;
+use skiplock::JobState;
 
 #[tokio::test]
 async fn cron_add_list_remove_and_bad_expressions() {
@@ -231,14 +233,9 @@ async fn queue_limits_are_set_kept_listed_and_removed() {
         .ok(),
         "queue `exports`: max_running none, rate none, key_max_running none, key_rate none\n"
     );
-    let held_state: String =
-        sqlx::query_scalar("SELECT state::text FROM skiplock.jobs WHERE id = $1")
-            .bind(held)
-            .fetch_one(&db.pool)
-            .await
-            .unwrap();
     assert_eq!(
-        held_state, "queued",
+        state_of(&db.pool, held).await,
+        JobState::Queued,
         "the limit removed, the held job is queued"
     );
     assert_eq!(

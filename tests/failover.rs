@@ -441,7 +441,8 @@ async fn a_failover_to_an_asynchronous_standby_loses_what_it_never_received_and_
         PATIENCE,
         || async {
             sqlx::query_scalar::<_, i64>(
-                "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'worker'",
+                "SELECT count(*) FROM pg_stat_activity
+                 WHERE datname = current_database() AND application_name = 'worker'",
             )
             .fetch_one(&primary_pool)
             .await

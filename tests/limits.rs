@@ -15,12 +15,13 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
+use common::fixtures::{sql_claim, state_of};
 use fault_support::{
     AuditRow, PATIENCE, Testbed, TestbedArgs, age_claims_of, audit, audited_db,
     check_claim_discipline, enqueue_n, running_held_by, states, wait_until,
 };
 use serde_json::json;
-use skiplock::{EnqueueOptions, QueueLimits};
+use skiplock::{EnqueueOptions, JobState, QueueLimits};
 use sqlx::PgPool;
 use uuid::Uuid;
 
@@ -61,12 +62,7 @@ fn sql_worker(
     tokio::spawn(async move {
         let mut done = 0;
         while !stop.load(Ordering::Relaxed) {
-            let claimed: Vec<(i64, Uuid)> =
-                sqlx::query_as("SELECT id, claim_token FROM skiplock.claim($1, 4, 'sql-worker')")
-                    .bind(queue)
-                    .fetch_all(&pool)
-                    .await
-                    .expect("claim on the SQL protocol");
+            let claimed = sql_claim(&pool, queue, 4, "sql-worker").await;
             if claimed.is_empty() {
                 tokio::time::sleep(Duration::from_millis(20)).await;
                 continue;
@@ -173,13 +169,7 @@ async fn drain_with_a_killed_worker(
 /// deterministically, whatever the machine's speed: in a drain it depends on how many jobs
 /// the workers get to run at once.
 async fn claim_all_at_once(pool: &PgPool, queue: &str, n: i32) -> Vec<i64> {
-    let claimed: Vec<(i64, Uuid)> =
-        sqlx::query_as("SELECT id, claim_token FROM skiplock.claim($1, $2, 'one-claim')")
-            .bind(queue)
-            .bind(n)
-            .fetch_all(pool)
-            .await
-            .expect("claim");
+    let claimed = sql_claim(pool, queue, n, "one-claim").await;
     for (id, token) in &claimed {
         let held: bool = sqlx::query_scalar("SELECT skiplock.complete($1, $2)")
             .bind(id)
@@ -291,14 +281,10 @@ async fn a_rate_limit_holds_in_every_window_across_processes_sql_workers_and_a_k
     );
 }
 
-/// Claims up to `n` jobs of `queue` on the SQL protocol; returns their ids.
+/// Claims up to `n` jobs of `queue` on the SQL protocol as worker `w`; returns their ids.
 async fn claim(pool: &PgPool, queue: &str, n: i32) -> Vec<i64> {
-    sqlx::query_scalar("SELECT id FROM skiplock.claim($1, $2, 'w')")
-        .bind(queue)
-        .bind(n)
-        .fetch_all(pool)
-        .await
-        .expect("claim")
+    let claimed = sql_claim(pool, queue, n, "w").await;
+    claimed.into_iter().map(|(id, _)| id).collect()
 }
 
 async fn queue_jobs(pool: &PgPool, queue: &str, n: usize) -> Vec<i64> {
@@ -561,11 +547,7 @@ async fn a_freed_slot_of_a_limited_queue_is_announced() {
         .unwrap();
     let mut listener = sqlx::postgres::PgListener::connect(&db.url).await.unwrap();
     listener.listen("skiplock_runnable").await.unwrap();
-    let claimed: Vec<(i64, Uuid)> =
-        sqlx::query_as("SELECT id, claim_token FROM skiplock.claim('limited', 5, 'w')")
-            .fetch_all(pool)
-            .await
-            .unwrap();
+    let claimed = sql_claim(pool, "limited", 5, "w").await;
     assert_eq!(claimed.len(), 1);
     let why: String = sqlx::query_scalar(
         "SELECT skiplock.why_not_running(id) FROM skiplock.jobs
@@ -578,11 +560,7 @@ async fn a_freed_slot_of_a_limited_queue_is_announced() {
         why.contains("held back by the queue's max_running: 1 of queue 'limited'"),
         "{why}"
     );
-    let free: Vec<(i64, Uuid)> =
-        sqlx::query_as("SELECT id, claim_token FROM skiplock.claim('free', 5, 'w')")
-            .fetch_all(pool)
-            .await
-            .unwrap();
+    let free = sql_claim(pool, "free", 5, "w").await;
     for (id, token) in [free[0], claimed[0]] {
         sqlx::query("SELECT skiplock.complete($1, $2)")
             .bind(id)
@@ -622,11 +600,7 @@ async fn a_freed_slot_is_taken_by_an_idle_worker_of_another_process() {
         EnqueueOptions::new().queue("one"),
     )
     .await;
-    let held: (i64, Uuid) =
-        sqlx::query_as("SELECT id, claim_token FROM skiplock.claim('one', 5, 'sql-worker')")
-            .fetch_one(pool)
-            .await
-            .unwrap();
+    let held = sql_claim(pool, "one", 5, "sql-worker").await[0];
     // Stale after a minute: the SQL worker's claim sends no heartbeat, and with the
     // testbed's default 2 s a loaded machine let its reaper take the claim back and free
     // the slot, passing without the notification under test.
@@ -958,12 +932,7 @@ async fn held_jobs_go_when_a_running_job_is_cancelled_or_the_queue_row_is_delete
         vec![ids[2], ids[3]],
         "the queue's row deleted: no limit, the held jobs are queued"
     );
-    let state: String = sqlx::query_scalar("SELECT state::text FROM skiplock.jobs WHERE id = $1")
-        .bind(unhandled)
-        .fetch_one(pool)
-        .await
-        .unwrap();
-    assert_eq!(state, "queued");
+    assert_eq!(state_of(pool, unhandled).await, JobState::Queued);
 }
 
 /// The start times (`claimed_at` of the claims in the audit log) of each key's jobs,
@@ -1563,13 +1532,7 @@ async fn max_running_holds_across_claims_that_share_it_and_take_turns() {
             tokio::spawn(async move {
                 let mut rng = fastrand::Rng::with_seed(i);
                 loop {
-                    let claimed: Vec<(i64, Uuid)> = sqlx::query_as(
-                        "SELECT id, claim_token FROM skiplock.claim('shared', $1, 'sharer')",
-                    )
-                    .bind(rng.i32(1..=3))
-                    .fetch_all(&pool)
-                    .await
-                    .expect("claim");
+                    let claimed = sql_claim(&pool, "shared", rng.i32(1..=3), "sharer").await;
                     if claimed.is_empty() {
                         let left: bool = sqlx::query_scalar(
                             "SELECT EXISTS (SELECT FROM skiplock.jobs_live WHERE queue = 'shared')",

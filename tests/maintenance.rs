@@ -5,14 +5,13 @@ mod common;
 use std::time::Duration;
 
 use common::fixtures::{
-    Captured, Record, Recorder, count_in_state, fast_worker, state_of, wait_for,
+    Captured, Record, Recorder, count_in_state, fast_worker, sql_claim_one, state_of, wait_for,
     wait_for_a_lock_wait,
 };
 use common::test_db;
 use skiplock::{EnqueueOptions, JobState, Retention};
 use sqlx::postgres::PgListener;
 use sqlx::{Connection, PgConnection, PgPool};
-use uuid::Uuid;
 
 /// Longest wait for a worker to settle what the database holds.
 const PATIENCE: Duration = Duration::from_secs(60);
@@ -50,11 +49,7 @@ async fn a_sweep_that_waited_on_a_child_queued_meanwhile_announces_it_at_commit(
         .fetch_one(pool)
         .await
         .unwrap();
-    let token: Uuid =
-        sqlx::query_scalar("SELECT claim_token FROM skiplock.claim('default', 1, 'w')")
-            .fetch_one(pool)
-            .await
-            .unwrap();
+    let (_, token) = sql_claim_one(pool, "default", "w").await;
     // The worker's first transaction: the parent's success.
     sqlx::query("SELECT * FROM skiplock.internal_complete_claims($1, $2)")
         .bind(vec![parent])
@@ -779,11 +774,7 @@ async fn a_day_is_made_beside_an_open_transaction_that_finished_a_job() {
         .execute(pool)
         .await
         .unwrap();
-    let (id, token): (i64, uuid::Uuid) =
-        sqlx::query_as("SELECT id, claim_token FROM skiplock.claim('default', 1, 'test')")
-            .fetch_one(pool)
-            .await
-            .unwrap();
+    let (id, token) = sql_claim_one(pool, "default", "test").await;
     let mut open = pool.begin().await.unwrap();
     let completed: bool = sqlx::query_scalar("SELECT skiplock.complete($1, $2)")
         .bind(id)

@@ -31,6 +31,7 @@ use skiplock::{
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{Connection, PgConnection, PgPool};
 
+use common::fixtures::state_of;
 use common::{TestDb, test_db};
 use pgbouncer::PgBouncer;
 use support::Dashboard;
@@ -474,14 +475,6 @@ async fn cli(url: &str, args: &[&str]) -> String {
     String::from_utf8_lossy(&output.stdout).into_owned()
 }
 
-async fn state_of(db: &TestDb, id: &str) -> String {
-    sqlx::query_scalar("SELECT state::text FROM skiplock.jobs WHERE id = $1")
-        .bind(id.trim().parse::<i64>().unwrap())
-        .fetch_one(&db.pool)
-        .await
-        .unwrap()
-}
-
 #[tokio::test]
 async fn the_cli_runs_through_pgbouncer() {
     let db = test_db().await;
@@ -505,6 +498,8 @@ async fn the_cli_runs_through_pgbouncer() {
     }
     let later = cli(&url, &["enqueue", "noop", "--in", "1h"]).await;
     let other = cli(&url, &["enqueue", "noop", "--in", "1h"]).await;
+    let (later_id, other_id): (i64, i64) =
+        (later.trim().parse().unwrap(), other.trim().parse().unwrap());
     cli(
         &url,
         &[
@@ -527,14 +522,14 @@ async fn the_cli_runs_through_pgbouncer() {
     assert_eq!(succeeded, 4010);
 
     cli(&url, &["cancel", later.trim()]).await;
-    assert_eq!(state_of(&db, &later).await, "cancelled");
+    assert_eq!(state_of(&db.pool, later_id).await, JobState::Cancelled);
     cli(&url, &["retry", later.trim()]).await;
-    assert_eq!(state_of(&db, &later).await, "queued");
+    assert_eq!(state_of(&db.pool, later_id).await, JobState::Queued);
     cli(&url, &["retry", other.trim()]).await;
-    assert_eq!(state_of(&db, &other).await, "queued");
+    assert_eq!(state_of(&db.pool, other_id).await, JobState::Queued);
     let due_now: bool =
         sqlx::query_scalar("SELECT scheduled_at <= now() FROM skiplock.jobs WHERE id = $1")
-            .bind(other.trim().parse::<i64>().unwrap())
+            .bind(other_id)
             .fetch_one(&db.pool)
             .await
             .unwrap();

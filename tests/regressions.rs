@@ -14,7 +14,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::fixtures::{Record, Recorder, count_in_state, fast_worker, state_of, wait_for};
+use common::fixtures::{
+    Record, Recorder, count_in_state, fast_worker, sql_claim_one, state_if_any, state_of, wait_for,
+};
 use common::test_db;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
@@ -1080,14 +1082,8 @@ async fn pruning_a_dead_parent_cancels_its_waiting_child() {
         || {
             let pool = watched.clone();
             async move {
-                let state: Option<JobState> =
-                    sqlx::query_scalar("SELECT state FROM skiplock.jobs WHERE id = $1")
-                        .bind(c)
-                        .fetch_optional(&pool)
-                        .await
-                        .unwrap();
                 !matches!(
-                    state,
+                    state_if_any(&pool, c).await,
                     Some(JobState::Waiting | JobState::Queued | JobState::Running)
                 )
             }
@@ -1096,13 +1092,11 @@ async fn pruning_a_dead_parent_cancels_its_waiting_child() {
     .await;
 
     assert!(!timeline.ran(c), "C must never run: its parent {p} died");
-    let state: Option<JobState> =
-        sqlx::query_scalar("SELECT state FROM skiplock.jobs WHERE id = $1")
-            .bind(c)
-            .fetch_optional(pool)
-            .await
-            .unwrap();
-    assert_eq!(state, Some(JobState::Cancelled), "job C");
+    assert_eq!(
+        state_if_any(pool, c).await,
+        Some(JobState::Cancelled),
+        "job C"
+    );
 }
 
 /// Issue 12 item 5(d): `retry_job` put a cancelled child straight back in `queued`
@@ -1640,11 +1634,7 @@ async fn payloads_merged_into_a_skip_holder_survive_its_requeue_into_a_taken_key
         .await
         .unwrap();
     assert_eq!(merged, (holder, "merged".to_owned()));
-    let claimed: i64 = sqlx::query_scalar("SELECT id FROM skiplock.claim('default', 1, 'w')")
-        .fetch_one(pool)
-        .await
-        .unwrap();
-    assert_eq!(claimed, holder);
+    assert_eq!(sql_claim_one(pool, "default", "w").await.0, holder);
     let (newer, outcome) = enqueue(r#"{"c": 3}"#, "replace")
         .fetch_one(pool)
         .await
@@ -1884,11 +1874,7 @@ async fn an_enqueue_and_a_requeue_of_the_keys_claimed_job_do_not_deadlock(requeu
     .execute(&mut *a)
     .await
     .unwrap();
-    let (claimed, token): (i64, uuid::Uuid) =
-        sqlx::query_as("SELECT id, claim_token FROM skiplock.claim('default', 1, 'test')")
-            .fetch_one(pool)
-            .await
-            .unwrap();
+    let (claimed, token) = sql_claim_one(pool, "default", "test").await;
     assert_eq!(claimed, job);
     if requeue == Requeue::Reap {
         sqlx::query(
@@ -2043,11 +2029,7 @@ async fn a_fold_into_the_key_holder_over_the_args_limit_is_refused_and_keeps_the
         .fetch_one(&mut *conn)
         .await
         .unwrap();
-    let (claimed, token): (i64, uuid::Uuid) =
-        sqlx::query_as("SELECT id, claim_token FROM skiplock.claim('default', 1, 'w')")
-            .fetch_one(&mut *conn)
-            .await
-            .unwrap();
+    let (claimed, token) = sql_claim_one(&mut *conn, "default", "w").await;
     assert_eq!(claimed, first);
     // The key is free while the first runs: a second pending job takes it.
     let holder: i64 = sqlx::query_scalar(enqueue_merge)

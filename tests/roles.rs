@@ -15,7 +15,7 @@ mod common;
 use std::str::FromStr;
 use std::time::Duration;
 
-use common::fixtures::{Record, Recorder, wait_for};
+use common::fixtures::{Record, Recorder, state_of, wait_for};
 use common::{TestDb, server_url, test_db};
 use serde_json::json;
 use skiplock::cron::CronSchedule;
@@ -238,14 +238,6 @@ impl Roles {
             .await
             .unwrap()
     }
-
-    async fn state_of(&self, id: i64) -> String {
-        sqlx::query_scalar("SELECT state::text FROM skiplock.jobs WHERE id = $1")
-            .bind(id)
-            .fetch_one(&self.owner)
-            .await
-            .unwrap()
-    }
 }
 
 impl Drop for Roles {
@@ -436,7 +428,7 @@ async fn a_worker_drains_lanes_and_dependants_reaps_prunes_and_runs_cron() {
     .await
     .unwrap()
     .id;
-    assert_eq!(roles.state_of(child.0).await, "waiting");
+    assert_eq!(state_of(&roles.owner, child.0).await, JobState::Waiting);
     expected.extend([parent, child]);
     // A claim whose holder vanished (for the reaper) and finished jobs past their
     // retention, a dead one among them (for the pruner, whose delete of a job that had not
@@ -603,7 +595,11 @@ async fn a_sql_protocol_worker_claims_heartbeats_completes_fails_and_maintains()
         .await
         .unwrap();
     assert!(completed);
-    assert_eq!(roles.state_of(ids[3]).await, "queued", "the lane moved on");
+    assert_eq!(
+        state_of(&roles.owner, ids[3]).await,
+        JobState::Queued,
+        "the lane moved on"
+    );
     let failed: String = sqlx::query_scalar("SELECT skiplock.fail($1, $2, 'boom')::text")
         .bind(claimed[0].0)
         .bind(claimed[0].1)
@@ -630,8 +626,8 @@ async fn a_sql_protocol_worker_claims_heartbeats_completes_fails_and_maintains()
         .unwrap();
     assert_eq!(reaped, 1);
     assert_eq!(
-        roles.state_of(ghost).await,
-        "dead",
+        state_of(&roles.owner, ghost).await,
+        JobState::Dead,
         "its one attempt was spent"
     );
 }
@@ -655,7 +651,10 @@ async fn an_enqueuer_enqueues_every_way_and_does_nothing_else() {
     )
     .await
     .unwrap();
-    assert_eq!(roles.state_of(in_lane[1].id.0).await, "waiting");
+    assert_eq!(
+        state_of(&roles.owner, in_lane[1].id.0).await,
+        JobState::Waiting
+    );
     for policy in [
         UniquePolicy::Skip,
         UniquePolicy::Replace,
@@ -681,7 +680,7 @@ async fn an_enqueuer_enqueues_every_way_and_does_nothing_else() {
     .await
     .unwrap()
     .id;
-    assert_eq!(roles.state_of(child.0).await, "waiting");
+    assert_eq!(state_of(&roles.owner, child.0).await, JobState::Waiting);
     // SQL: the function, a plain INSERT (with a lane and a unique key: the trigger's path).
     for sql in [
         "SELECT skiplock.enqueue('record', '{\"n\": 6}')",
@@ -878,15 +877,19 @@ async fn an_operator_retries_cancels_pauses_and_prunes_but_never_claims() {
     .unwrap();
 
     assert!(skiplock::retry(o, JobId(dead)).await.unwrap());
-    assert_eq!(roles.state_of(dead).await, "queued");
+    assert_eq!(state_of(&roles.owner, dead).await, JobState::Queued);
     let retried = skiplock::retry_dead(o, None).await.unwrap();
     assert_eq!(retried, [JobId(dead_too)]);
     assert!(skiplock::cancel(o, JobId(queued)).await.unwrap());
-    assert_eq!(roles.state_of(queued).await, "cancelled");
+    assert_eq!(state_of(&roles.owner, queued).await, JobState::Cancelled);
     assert!(skiplock::cancel(o, JobId(running)).await.unwrap());
-    assert_eq!(roles.state_of(running).await, "cancelled");
+    assert_eq!(state_of(&roles.owner, running).await, JobState::Cancelled);
     assert!(skiplock::cancel(o, JobId(lane[0])).await.unwrap());
-    assert_eq!(roles.state_of(lane[1]).await, "queued", "the lane moved on");
+    assert_eq!(
+        state_of(&roles.owner, lane[1]).await,
+        JobState::Queued,
+        "the lane moved on"
+    );
     skiplock::pause_queue(o, "default").await.unwrap();
     skiplock::resume_queue(o, "default").await.unwrap();
     skiplock::set_queue_limits(

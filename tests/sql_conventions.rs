@@ -4,9 +4,10 @@
 //! workers of runnable work; a statement that forgets leaves its jobs to the workers' next
 //! walk from the start, up to a minute later), every function that reads a lane to
 //! move it takes the lane's lock, every function that ends a claim tells of the slot it
-//! frees, every function on job rows runs without JIT, and every function that writes or locks a job another transaction may move
-//! between partitions handles 40001 or names the callers that do.
-//! Reads the files only: no database.
+//! frees, every function on job rows runs without JIT, and every function that writes or
+//! locks a job another transaction may move between partitions handles 40001 or names the
+//! callers that do. And one rule of the SQL the tests write: a query of the sessions view
+//! under tests/ names the test's own sessions only. Reads the files only: no database.
 
 use std::path::PathBuf;
 
@@ -487,4 +488,194 @@ fn every_function_that_writes_or_waits_for_jobs_meets_a_moved_row() {
             "MOVED_ROWS_PASSED_TO_CALLERS names {name}, which no longer needs it: remove it"
         );
     }
+}
+
+/// The server's view of its sessions, spelled in two pieces here so that this file's own
+/// text does not name it.
+const SESSIONS_VIEW: &str = concat!("pg_stat_", "activity");
+
+/// Queries of the sessions view under tests/ that may see other databases' sessions, each
+/// as (file under tests/, a piece of the query's text, why it may).
+const SESSIONS_OF_EVERY_DATABASE: &[(&str, &str, &str)] = &[(
+    "cli_connections.rs",
+    "WHERE usename = '{name}'",
+    "ends every session of the test's own role (named after the test's database, so each \
+     of its sessions is this test's, in whatever database) before the role is dropped; it \
+     waits for and counts nothing, so it cannot pass on another test's sessions",
+)];
+
+/// A wait for, or a count of, sessions in the sessions view (`pg_stat_activity`) that does
+/// not restrict itself to the test's own sessions can be satisfied by a neighbouring test's
+/// (the test binaries run at once, each test in its own database on one server), and so
+/// pass without the behaviour it names (issue 49, item 4). So every string literal of a
+/// Rust file under tests/ that names the view also restricts it, in the same literal, to
+/// `datname = current_database()` (on a connection to the test's own database), or to
+/// sessions the test owns by process id: `pid = $n`, `pid = ANY (…)` or `pid IN (…)`,
+/// bound to ids the test read with `pg_backend_pid()` on connections it holds. The check
+/// reads text only: it cannot see which database a pool is on, nor whose pids are bound.
+/// A query that must see every database says why in SESSIONS_OF_EVERY_DATABASE.
+#[test]
+fn every_query_of_the_sessions_view_in_the_tests_is_restricted_to_the_tests_own() {
+    let tests = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests");
+    let mut files = Vec::new();
+    all_files(&tests, &mut files);
+    files.sort();
+    let mut unrestricted = Vec::new();
+    let mut exempt_seen = Vec::new();
+    let mut queries = 0;
+    for path in &files {
+        let name = path.strip_prefix(&tests).unwrap().display().to_string();
+        let text = std::fs::read_to_string(path).unwrap_or_default();
+        if path.extension().is_none_or(|ext| ext != "rs") {
+            assert!(
+                !text.to_lowercase().contains(SESSIONS_VIEW),
+                "tests/{name} names {SESSIONS_VIEW}: this check reads Rust string literals \
+                 only; query it from Rust, or teach the check this kind of file"
+            );
+            continue;
+        }
+        for (line, literal) in string_literals(&text) {
+            if !literal.to_lowercase().contains(SESSIONS_VIEW) {
+                continue;
+            }
+            queries += 1;
+            if restricted_to_own_sessions(literal) {
+                continue;
+            }
+            match SESSIONS_OF_EVERY_DATABASE
+                .iter()
+                .find(|(file, piece, _)| *file == name && literal.contains(piece))
+            {
+                Some((file, piece, _)) => exempt_seen.push((*file, *piece)),
+                None => unrestricted.push(format!("tests/{name}:{line}")),
+            }
+        }
+    }
+    assert!(
+        queries > 20,
+        "found only {queries} queries of {SESSIONS_VIEW}"
+    );
+    assert!(
+        unrestricted.is_empty(),
+        "queries of {SESSIONS_VIEW} that other tests' sessions can satisfy: {unrestricted:?}; \
+         add `datname = current_database()` (or `pid = $n` for a session the test holds) to \
+         the query, or add it to SESSIONS_OF_EVERY_DATABASE with the reason it must see every \
+         database"
+    );
+    for (file, piece, _) in SESSIONS_OF_EVERY_DATABASE {
+        assert!(
+            exempt_seen.contains(&(*file, *piece)),
+            "SESSIONS_OF_EVERY_DATABASE names {piece:?} in tests/{file}, which no longer \
+             needs it: remove it"
+        );
+    }
+}
+
+/// Whether a query names only the test's own sessions: `datname = current_database()`, or
+/// `pid = $n`, `pid = ANY (…)`, `pid IN (…)` (case and white space aside).
+fn restricted_to_own_sessions(query: &str) -> bool {
+    let query = query
+        .to_lowercase()
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ");
+    if query.contains("datname = current_database()") {
+        return true;
+    }
+    query.match_indices("pid ").any(|(at, _)| {
+        let whole_word = query[..at]
+            .chars()
+            .next_back()
+            .is_none_or(|c| !(c.is_alphanumeric() || c == '_'));
+        let rest = &query[at + "pid ".len()..];
+        whole_word
+            && ["= $", "= any(", "= any (", "in ("]
+                .iter()
+                .any(|form| rest.starts_with(form))
+    })
+}
+
+fn all_files(dir: &std::path::Path, found: &mut Vec<PathBuf>) {
+    for entry in std::fs::read_dir(dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display())) {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            all_files(&path, found);
+        } else {
+            found.push(path);
+        }
+    }
+}
+
+/// The string literals of Rust source `text` (plain, byte and raw ones), each with the line
+/// it starts on and its text between the quotes as written. Comments, character literals
+/// and lifetimes are passed over.
+fn string_literals(text: &str) -> Vec<(usize, &str)> {
+    let bytes = text.as_bytes();
+    let line_at = |at: usize| text[..at].matches('\n').count() + 1;
+    let mut found = Vec::new();
+    let mut i = 0;
+    while i < bytes.len() {
+        let rest = &text[i..];
+        let after_word = i == 0 || !(bytes[i - 1].is_ascii_alphanumeric() || bytes[i - 1] == b'_');
+        if rest.starts_with("//") {
+            i += rest.find('\n').unwrap_or(rest.len());
+        } else if rest.starts_with("/*") {
+            // Block comments nest.
+            let mut depth = 0;
+            while i < bytes.len() {
+                if text[i..].starts_with("/*") {
+                    depth += 1;
+                    i += 2;
+                } else if text[i..].starts_with("*/") {
+                    depth -= 1;
+                    i += 2;
+                    if depth == 0 {
+                        break;
+                    }
+                } else {
+                    i += 1;
+                }
+            }
+        } else if after_word
+            && (rest.starts_with("r\"")
+                || rest.starts_with("r#")
+                || rest.starts_with("br\"")
+                || rest.starts_with("br#"))
+        {
+            let start = i + rest.find('r').unwrap() + 1;
+            let hashes = text[start..].len() - text[start..].trim_start_matches('#').len();
+            if bytes.get(start + hashes) != Some(&b'"') {
+                i += 1;
+                continue;
+            }
+            let open = start + hashes + 1;
+            let close = format!("\"{}", "#".repeat(hashes));
+            let end = open + text[open..].find(&close).expect("a raw string ends");
+            found.push((line_at(open), &text[open..end]));
+            i = end + close.len();
+        } else if bytes[i] == b'"' {
+            let open = i + 1;
+            let mut j = open;
+            while bytes[j] != b'"' {
+                j += if bytes[j] == b'\\' { 2 } else { 1 };
+            }
+            found.push((line_at(open), &text[open..j]));
+            i = j + 1;
+        } else if bytes[i] == b'\'' {
+            // A character literal ('x', '\n', '\''), or a lifetime or label ('a).
+            if bytes.get(i + 1) == Some(&b'\\') {
+                i += 2 + text[i + 2..].find('\'').map_or(0, |end| end.max(1)) + 1;
+            } else {
+                let c = text[i + 1..].chars().next().map_or(1, char::len_utf8);
+                i += if bytes.get(i + 1 + c) == Some(&b'\'') {
+                    c + 2
+                } else {
+                    1
+                };
+            }
+        } else {
+            i += 1;
+        }
+    }
+    found
 }

@@ -10,9 +10,10 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 
-use common::fixtures::{strings, wait_for_a_lock_wait};
+use common::fixtures::{state_of, strings, wait_for_a_lock_wait};
 use common::test_db;
 use serde_json::{Value, json};
+use skiplock::JobState;
 use sqlx::postgres::PgListener;
 use sqlx::{Connection, PgConnection, PgPool};
 use uuid::Uuid;
@@ -210,14 +211,6 @@ async fn row(db: impl sqlx::PgExecutor<'_>, id: i64) -> Value {
         .unwrap()
 }
 
-async fn state(pool: &PgPool, id: i64) -> String {
-    sqlx::query_scalar("SELECT state::text FROM skiplock.jobs WHERE id = $1")
-        .bind(id)
-        .fetch_one(pool)
-        .await
-        .unwrap()
-}
-
 /// Seconds from now until the job is due (negative: overdue). `now()` is the transaction's
 /// start: read in the transaction that set `scheduled_at`, it is exactly the delay that
 /// write gave, however long its statements took.
@@ -375,7 +368,7 @@ async fn claim_skips_a_paused_queue_until_it_is_resumed() {
         claim(pool, 10).await.is_empty(),
         "a paused queue gives nothing"
     );
-    assert_eq!(state(pool, id).await, "queued");
+    assert_eq!(state_of(pool, id).await, JobState::Queued);
     assert_eq!(
         ids(&claim_from(pool, "other", 10, None).await),
         [other],
@@ -500,14 +493,14 @@ async fn a_child_is_claimable_right_after_its_parents_complete() {
         },
     )
     .await;
-    assert_eq!(state(pool, child).await, "waiting");
+    assert_eq!(state_of(pool, child).await, JobState::Waiting);
     let parents = claim(pool, 10).await;
     assert_eq!(ids(&parents), [p1, p2]);
     let token = |id: i64| parents.iter().find(|c| c.id == id).unwrap().claim_token;
     assert!(complete(pool, p1, Some(token(p1))).await);
     assert_eq!(
-        state(pool, child).await,
-        "waiting",
+        state_of(pool, child).await,
+        JobState::Waiting,
         "one parent is still running"
     );
     assert!(claim(pool, 10).await.is_empty());
@@ -542,7 +535,7 @@ async fn a_parent_dead_after_its_last_attempt_cancels_its_waiting_child() {
             .as_deref(),
         Some("dead")
     );
-    assert_eq!(state(pool, child).await, "cancelled");
+    assert_eq!(state_of(pool, child).await, JobState::Cancelled);
     assert!(claim(pool, 10).await.is_empty());
 }
 
@@ -566,7 +559,7 @@ async fn a_discarded_parent_cancels_its_waiting_child() {
             .as_deref(),
         Some("dead")
     );
-    assert_eq!(state(pool, child).await, "cancelled");
+    assert_eq!(state_of(pool, child).await, JobState::Cancelled);
     let row = row(pool, parent).await;
     assert_eq!(
         (&row["last_error"], &row["attempt"]),
@@ -766,7 +759,7 @@ async fn snooze_queues_the_job_after_the_delay_without_counting_the_attempt() {
     let id = enqueue_noop(pool).await;
     let job = claim_one(pool).await;
     assert!(snooze(pool, id, Some(job.claim_token), 3600.0).await);
-    assert_eq!(state(pool, id).await, "queued");
+    assert_eq!(state_of(pool, id).await, JobState::Queued);
     let wait = due_in_secs(pool, id).await;
     assert!((3590.0..=3610.0).contains(&wait), "due in {wait} s");
     assert!(claim(pool, 10).await.is_empty());
@@ -817,8 +810,8 @@ async fn each_function_runs_in_the_callers_transaction() {
         "a rolled-back complete leaves the claim"
     );
     assert_eq!(
-        state(pool, next).await,
-        "waiting",
+        state_of(pool, next).await,
+        JobState::Waiting,
         "and the lane where it was"
     );
     assert!(complete(pool, id, Some(job.claim_token)).await);
@@ -855,8 +848,8 @@ async fn heartbeat_extends_the_claims_held_and_reports_the_others() {
     let mut conn = pool.acquire().await.unwrap();
     assert_eq!(maintain(&mut conn, 30.0).await.0, 1);
     assert_eq!(
-        (state(pool, a).await, state(pool, b).await),
-        ("running".into(), "queued".into())
+        (state_of(pool, a).await, state_of(pool, b).await),
+        (JobState::Running, JobState::Queued)
     );
     assert_eq!(
         heartbeat(pool, &[(a, Some(token(a))), (b, Some(token(b)))]).await,
@@ -915,8 +908,8 @@ async fn a_wrong_stale_or_null_token_changes_nothing() {
     assert_eq!((second.id, second.attempt), (id, 2));
     assert_fenced(pool, id, Some(first.claim_token)).await;
     assert_eq!(
-        state(pool, next).await,
-        "waiting",
+        state_of(pool, next).await,
+        JobState::Waiting,
         "the stale token moved no lane"
     );
 
@@ -942,7 +935,7 @@ async fn a_cancelled_job_tells_its_worker_through_heartbeat_and_complete() {
         [(id, false)]
     );
     assert_fenced(pool, id, Some(job.claim_token)).await;
-    assert_eq!(state(pool, id).await, "cancelled");
+    assert_eq!(state_of(pool, id).await, JobState::Cancelled);
 }
 
 // ---- maintain ------------------------------------------------------------------------------
@@ -996,7 +989,11 @@ async fn maintain_takes_back_a_stale_claim_with_the_reason_recorded() {
         (1.5..=2.5).contains(&wait),
         "requeued with a backoff, due in {wait} s: {after}"
     );
-    assert_eq!(state(pool, spent).await, "dead", "no attempt left");
+    assert_eq!(
+        state_of(pool, spent).await,
+        JobState::Dead,
+        "no attempt left"
+    );
     assert!(row(pool, spent).await["last_error"].is_string());
     assert_eq!(
         row(pool, live).await,
@@ -1047,10 +1044,10 @@ async fn maintain_moves_on_the_lane_and_dependants_of_a_job_it_reaped_dead() {
     assert_eq!(reaped, 2);
     assert!(moved_on >= 2, "moved_on {moved_on}");
     assert_eq!(
-        (state(pool, head).await, state(pool, parent).await),
-        ("dead".into(), "dead".into())
+        (state_of(pool, head).await, state_of(pool, parent).await),
+        (JobState::Dead, JobState::Dead)
     );
-    assert_eq!(state(pool, child).await, "cancelled");
+    assert_eq!(state_of(pool, child).await, JobState::Cancelled);
     assert_eq!(ids(&claim(pool, 10).await), [behind]);
 }
 
@@ -1112,8 +1109,12 @@ async fn a_row_that_fails_maintains_batch_is_set_aside_and_the_others_are_taken_
             "taken back from a stale claim, but could not be requeued: job {refused} must not be requeued"
         )
     );
-    assert_eq!(state(pool, behind).await, "queued");
-    assert_eq!(state(pool, stuck).await, "running", "left as it was");
+    assert_eq!(state_of(pool, behind).await, JobState::Queued);
+    assert_eq!(
+        state_of(pool, stuck).await,
+        JobState::Running,
+        "left as it was"
+    );
     // The next pass meets the same row again and still takes nothing else by mistake.
     assert_eq!(maintain(&mut conn, 30.0).await.0, 0);
 }
@@ -1347,9 +1348,9 @@ async fn claim_refuses_bad_arguments_with_sqlstate_22023() {
     ] {
         assert_eq!(sqlstate_of(pool, sql).await, "22023", "{sql}");
     }
-    assert_eq!(state(pool, id).await, "queued");
+    assert_eq!(state_of(pool, id).await, JobState::Queued);
     assert!(claim(pool, 0).await.is_empty(), "max_jobs 0 claims nothing");
-    assert_eq!(state(pool, id).await, "queued");
+    assert_eq!(state_of(pool, id).await, JobState::Queued);
     assert_eq!(ids(&claim(pool, 10_000).await), [id], "10,000 is allowed");
 }
 
@@ -1639,7 +1640,11 @@ async fn fail_many_records_each_error_backs_off_and_moves_on_what_died() {
         "the lane moved on; a retry_in of zero is due at once; the backoff is not over"
     );
     tx.commit().await.unwrap();
-    assert_eq!(state(pool, child).await, "cancelled", "its parent died");
+    assert_eq!(
+        state_of(pool, child).await,
+        JobState::Cancelled,
+        "its parent died"
+    );
 }
 
 /// One row that refuses its outcome (a trigger of the user's) never stops the others: the
@@ -1775,10 +1780,10 @@ async fn complete_many_runs_in_the_callers_transaction() {
         [(head, Some("succeeded".to_owned()))]
     );
     tx.rollback().await.unwrap();
-    assert_eq!(state(pool, head).await, "running");
+    assert_eq!(state_of(pool, head).await, JobState::Running);
     assert_eq!(
-        state(pool, behind).await,
-        "waiting",
+        state_of(pool, behind).await,
+        JobState::Waiting,
         "behind its lane's head"
     );
     assert!(claim(pool, 10).await.is_empty(), "the lane is still held");
@@ -1874,7 +1879,7 @@ async fn operator_calls_on_a_job_whose_row_moves_under_them_run_again() {
              WHERE id = $1",
             "SELECT skiplock.cancel_job($1)",
             false,
-            "succeeded",
+            JobState::Succeeded,
         ),
         (
             dead,
@@ -1882,7 +1887,7 @@ async fn operator_calls_on_a_job_whose_row_moves_under_them_run_again() {
              WHERE id = $1",
             "SELECT skiplock.retry_job($1)",
             true,
-            "queued",
+            JobState::Queued,
         ),
     ] {
         let mut mover = pool.begin().await.unwrap();
@@ -1907,6 +1912,6 @@ async fn operator_calls_on_a_job_whose_row_moves_under_them_run_again() {
             .unwrap()
             .unwrap_or_else(|e| panic!("{call}: {e}"));
         assert_eq!(got, answer, "{call}");
-        assert_eq!(state(pool, id).await, state_after, "{call}");
+        assert_eq!(state_of(pool, id).await, state_after, "{call}");
     }
 }

@@ -25,9 +25,10 @@ mod sql_workers_support;
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
-use common::fixtures::wait_for;
+use common::fixtures::{sql_claim_one, state_of, wait_for};
 use common::{TestDb, test_db, with_database};
 use pgbouncer::PgBouncer;
+use skiplock::JobState;
 use sql_workers_support::{
     Lang, QUEUE, Worker, assert_each_job_done_once_and_lanes_in_order,
     assert_workers_wrote_at_read_committed, changes, completed_in_log, install_audit,
@@ -583,14 +584,9 @@ async fn exit_when_idle_waits_for_the_jobs_other_workers_run() {
         assert!(completed);
         let (code, log) = worker.exited().await;
         assert_eq!(code, Some(0), "{name} exits 0 once idle; its log:\n{log}");
-        let state: String =
-            sqlx::query_scalar("SELECT state::text FROM skiplock.jobs WHERE id = $1")
-                .bind(second)
-                .fetch_one(&db.pool)
-                .await
-                .unwrap();
         assert_eq!(
-            state, "succeeded",
+            state_of(&db.pool, second).await,
+            JobState::Succeeded,
             "{name} ran the lane's next job; its log:\n{log}"
         );
     }
@@ -757,15 +753,9 @@ async fn a_worker_whose_heartbeats_fail_stops_its_job_and_claims_nothing_until_t
         // not in the test's seconds.
         let failures = worker.count(HEARTBEAT_FAILED);
         worker.wait_for_lines(HEARTBEAT_FAILED, failures + 6).await;
-        let noop_state: String =
-            sqlx::query_scalar("SELECT state::text FROM skiplock.jobs WHERE id = $1")
-                .bind(noop)
-                .fetch_one(&db.pool)
-                .await
-                .unwrap();
         assert_eq!(
-            noop_state,
-            "queued",
+            state_of(&db.pool, noop).await,
+            JobState::Queued,
             "{name} claims nothing meanwhile:\n{}",
             worker.log()
         );
@@ -941,12 +931,7 @@ async fn the_wait_examples_print_each_outcome_with_its_exit_code() {
                     },
                 )
                 .await;
-                let (id, token): (i64, uuid::Uuid) = sqlx::query_as(
-                    "SELECT id, claim_token FROM skiplock.claim('waited', 1, 'test')",
-                )
-                .fetch_one(&pool)
-                .await
-                .unwrap();
+                let (id, token) = sql_claim_one(&pool, "waited", "test").await;
                 sqlx::query(sql)
                     .bind(id)
                     .bind(token)

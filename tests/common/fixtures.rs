@@ -215,13 +215,49 @@ pub async fn count_in_state(pool: &PgPool, state: JobState) -> i64 {
         .unwrap()
 }
 
-/// State of one job.
+/// State of one job, which must exist.
 pub async fn state_of(pool: &PgPool, id: i64) -> JobState {
+    state_if_any(pool, id)
+        .await
+        .unwrap_or_else(|| panic!("no job {id}"))
+}
+
+/// State of one job, `None` when there is no such job (deleted, or never enqueued).
+pub async fn state_if_any(pool: &PgPool, id: i64) -> Option<JobState> {
     sqlx::query_scalar("SELECT state FROM skiplock.jobs WHERE id = $1")
         .bind(id)
-        .fetch_one(pool)
+        .fetch_optional(pool)
         .await
         .unwrap()
+}
+
+/// Claims up to `max_jobs` jobs of `queue` on the SQL protocol (`skiplock.claim`) as worker
+/// `worker`; returns each job's id and claim token, in the order the claim gives them.
+pub async fn sql_claim(
+    db: impl sqlx::PgExecutor<'_>,
+    queue: &str,
+    max_jobs: i32,
+    worker: &str,
+) -> Vec<(i64, uuid::Uuid)> {
+    sqlx::query_as("SELECT id, claim_token FROM skiplock.claim($1, $2, $3)")
+        .bind(queue)
+        .bind(max_jobs)
+        .bind(worker)
+        .fetch_all(db)
+        .await
+        .unwrap_or_else(|e| panic!("claim on the SQL protocol, queue {queue}: {e}"))
+}
+
+/// [`sql_claim`] of one job of `queue`, which must have one to claim.
+pub async fn sql_claim_one(
+    db: impl sqlx::PgExecutor<'_>,
+    queue: &str,
+    worker: &str,
+) -> (i64, uuid::Uuid) {
+    let claimed = sql_claim(db, queue, 1, worker).await;
+    *claimed
+        .first()
+        .unwrap_or_else(|| panic!("a job of queue {queue} to claim"))
 }
 
 /// A job's current claim token (`JobRow` does not expose it).

@@ -18,6 +18,7 @@
 #![allow(dead_code)]
 
 pub mod fixtures;
+pub mod job_triggers;
 pub mod scratch_db;
 
 use std::sync::OnceLock;

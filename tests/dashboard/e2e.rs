@@ -12,10 +12,13 @@ use std::time::Duration;
 use serde_json::json;
 use sqlx::PgPool;
 
+use skiplock::JobState;
+
 use crate::cdp::{Browser, chromium_path};
+use crate::common::fixtures::state_if_any;
 use crate::common::fixtures::wait_for;
 use crate::common::test_db;
-use crate::support::{Dashboard, seed, state_of};
+use crate::support::{Dashboard, seed};
 
 #[tokio::test]
 async fn overview_counts_and_retrying_a_dead_job_by_clicking() {
@@ -102,12 +105,12 @@ async fn overview_counts_and_retrying_a_dead_job_by_clicking() {
         "the click asked for confirmation"
     );
     wait_for("the job to be queued", Duration::from_secs(60), || async {
-        state_of(&db.pool, id).await.as_deref() == Some("queued")
+        state_if_any(&db.pool, id).await == Some(JobState::Queued)
     })
     .await;
     assert_eq!(
-        state_of(&db.pool, seeded.dead[0]).await.as_deref(),
-        Some("dead")
+        state_if_any(&db.pool, seeded.dead[0]).await,
+        Some(JobState::Dead)
     );
 
     if screenshots.is_some() {

@@ -2,16 +2,17 @@
 //! finished job is counted once, live or rolled up; retention folds old hours into totals.
 
 use chrono::{Duration, Utc};
-use skiplock::JobId;
 use skiplock::db::history::{
     Granularity, HistoryFilter, HistoryRow, job_history_list, job_history_prune_expired,
     job_history_totals, jobs_delete_rolled_up, jobs_prune_finished_rolled_up,
 };
 use skiplock::db::maintenance::jobs_prune_finished;
+use skiplock::{JobId, JobState};
 use sqlx::PgPool;
 
+use crate::common::fixtures::state_if_any;
 use crate::common::test_db;
-use crate::support::{seed, state_of};
+use crate::support::seed;
 
 async fn hours(pool: &PgPool) -> Vec<HistoryRow> {
     let filter = HistoryFilter {
@@ -115,7 +116,7 @@ async fn deleting_a_job_keeps_its_history_and_refuses_running_jobs_and_parents()
             .await
             .unwrap()
     );
-    assert_eq!(state_of(&db.pool, seeded.dead[0]).await, None);
+    assert_eq!(state_if_any(&db.pool, seeded.dead[0]).await, None);
     assert_eq!(hours(&db.pool).await, before);
     // An unfinished job leaves no trace in the history.
     assert!(
@@ -141,8 +142,8 @@ async fn deleting_a_job_keeps_its_history_and_refuses_running_jobs_and_parents()
             .unwrap()
     );
     assert_eq!(
-        state_of(&db.pool, seeded.parent).await.as_deref(),
-        Some("queued")
+        state_if_any(&db.pool, seeded.parent).await,
+        Some(JobState::Queued)
     );
 }
 

@@ -2,8 +2,11 @@
 
 use reqwest::header::HeaderMap;
 
+use skiplock::JobState;
+
+use crate::common::fixtures::state_if_any;
 use crate::common::test_db;
-use crate::support::{Dashboard, card, seed, state_of};
+use crate::support::{Dashboard, card, seed};
 
 #[tokio::test]
 async fn overview_shows_the_counts_by_state_queue_and_kind() {
@@ -286,31 +289,31 @@ async fn job_actions_retry_cancel_and_delete() {
         .act(&format!("/jobs/{}/retry", seeded.dead[0]), &[])
         .await;
     assert_eq!(
-        state_of(&db.pool, seeded.dead[0]).await.as_deref(),
-        Some("queued")
+        state_if_any(&db.pool, seeded.dead[0]).await,
+        Some(JobState::Queued)
     );
 
     dashboard
         .act(&format!("/jobs/{}/cancel", seeded.runnable[0]), &[])
         .await;
     assert_eq!(
-        state_of(&db.pool, seeded.runnable[0]).await.as_deref(),
-        Some("cancelled")
+        state_if_any(&db.pool, seeded.runnable[0]).await,
+        Some(JobState::Cancelled)
     );
     // Cancelling a parent cancels the child waiting for it.
     dashboard
         .act(&format!("/jobs/{}/cancel", seeded.parent), &[])
         .await;
     assert_eq!(
-        state_of(&db.pool, seeded.child).await.as_deref(),
-        Some("cancelled")
+        state_if_any(&db.pool, seeded.child).await,
+        Some(JobState::Cancelled)
     );
 
     let location = dashboard
         .act(&format!("/jobs/{}/delete", seeded.succeeded[0]), &[])
         .await;
     assert!(location.contains("is%20deleted"), "{location}");
-    assert_eq!(state_of(&db.pool, seeded.succeeded[0]).await, None);
+    assert_eq!(state_if_any(&db.pool, seeded.succeeded[0]).await, None);
     // A deleted finished job still counts in the history: 5 succeeded, 2 failed attempts.
     let history = dashboard.page("/history").await;
     assert!(
@@ -324,8 +327,8 @@ async fn job_actions_retry_cancel_and_delete() {
         .await;
     assert!(location.contains("not%20deleted"), "{location}");
     assert_eq!(
-        state_of(&db.pool, seeded.running[0]).await.as_deref(),
-        Some("running")
+        state_if_any(&db.pool, seeded.running[0]).await,
+        Some(JobState::Running)
     );
     let location = dashboard
         .act(&format!("/jobs/{}/cancel", seeded.dead[1]), &[])
@@ -351,7 +354,7 @@ async fn queue_actions_retry_dead_pause_and_resume() {
         .await;
     assert!(location.contains("2%20dead"), "{location}");
     for id in &seeded.dead {
-        assert_eq!(state_of(&db.pool, *id).await.as_deref(), Some("queued"));
+        assert_eq!(state_if_any(&db.pool, *id).await, Some(JobState::Queued));
     }
 
     let paused = || async {
@@ -400,8 +403,8 @@ async fn an_unconfirmed_action_asks_first_and_changes_nothing() {
     assert!(page.contains("Please confirm"));
     assert!(page.contains("name=\"confirmed\" value=\"yes\""));
     assert_eq!(
-        state_of(&db.pool, seeded.dead[0]).await.as_deref(),
-        Some("dead")
+        state_if_any(&db.pool, seeded.dead[0]).await,
+        Some(JobState::Dead)
     );
 }
 

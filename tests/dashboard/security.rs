@@ -3,8 +3,11 @@
 
 use reqwest::header::{HeaderMap, HeaderValue};
 
+use skiplock::JobState;
+
+use crate::common::fixtures::state_if_any;
 use crate::common::test_db;
-use crate::support::{Dashboard, command, csrf_in, seed, state_of};
+use crate::support::{Dashboard, command, csrf_in, seed};
 
 const TOKEN: &str = "t0ken-for-tests";
 
@@ -113,8 +116,8 @@ async fn token_mode_rejects_without_the_token_and_logs_browsers_in() {
     let response = dashboard.post(&path, &fields, HeaderMap::new()).await;
     assert_eq!(response.status(), 401);
     assert_eq!(
-        state_of(&db.pool, seeded.dead[0]).await.as_deref(),
-        Some("dead")
+        state_if_any(&db.pool, seeded.dead[0]).await,
+        Some(JobState::Dead)
     );
 
     // The login form: a wrong token is refused, the right one sets a cookie.
@@ -167,8 +170,8 @@ async fn token_mode_rejects_without_the_token_and_logs_browsers_in() {
     let response = dashboard.post(&path, &fields, headers).await;
     assert_eq!(response.status(), 303);
     assert_eq!(
-        state_of(&db.pool, seeded.dead[0]).await.as_deref(),
-        Some("queued")
+        state_if_any(&db.pool, seeded.dead[0]).await,
+        Some(JobState::Queued)
     );
 }
 
@@ -210,8 +213,8 @@ async fn basic_auth_mode_rejects_without_credentials() {
     let anonymous = dashboard.post(path, &fields, HeaderMap::new()).await;
     assert_eq!(anonymous.status(), 401);
     assert_eq!(
-        state_of(&db.pool, seeded.dead[0]).await.as_deref(),
-        Some("dead")
+        state_if_any(&db.pool, seeded.dead[0]).await,
+        Some(JobState::Dead)
     );
     let mut headers = HeaderMap::new();
     headers.insert(
@@ -221,8 +224,8 @@ async fn basic_auth_mode_rejects_without_credentials() {
     let allowed = dashboard.post(path, &fields, headers).await;
     assert_eq!(allowed.status(), 303);
     assert_eq!(
-        state_of(&db.pool, seeded.dead[0]).await.as_deref(),
-        Some("queued")
+        state_if_any(&db.pool, seeded.dead[0]).await,
+        Some(JobState::Queued)
     );
 }
 
@@ -277,8 +280,8 @@ async fn actions_need_the_csrf_token_and_a_same_origin_request() {
         .await;
     assert_eq!(queue.status(), 403);
     assert_eq!(
-        state_of(&db.pool, seeded.dead[0]).await.as_deref(),
-        Some("dead")
+        state_if_any(&db.pool, seeded.dead[0]).await,
+        Some(JobState::Dead)
     );
 
     // Behind a proxy that rewrites Host, the browser's host arrives as X-Forwarded-Host.
@@ -298,8 +301,8 @@ async fn actions_need_the_csrf_token_and_a_same_origin_request() {
         303
     );
     assert_eq!(
-        state_of(&db.pool, seeded.dead[0]).await.as_deref(),
-        Some("queued")
+        state_if_any(&db.pool, seeded.dead[0]).await,
+        Some(JobState::Queued)
     );
 }
 
@@ -349,7 +352,7 @@ async fn read_only_mode_shows_no_actions_and_refuses_them() {
         assert!(response.text().await.unwrap().contains("read-only"));
     }
     assert_eq!(
-        state_of(&db.pool, seeded.dead[0]).await.as_deref(),
-        Some("dead")
+        state_if_any(&db.pool, seeded.dead[0]).await,
+        Some(JobState::Dead)
     );
 }

@@ -319,12 +319,3 @@ pub async fn seed(pool: &PgPool) -> Seeded {
         child: family[1],
     }
 }
-
-/// The state of a job, `None` when it is gone.
-pub async fn state_of(pool: &PgPool, id: i64) -> Option<String> {
-    sqlx::query_scalar("SELECT state::text FROM skiplock.jobs WHERE id = $1")
-        .bind(id)
-        .fetch_optional(pool)
-        .await
-        .expect("state")
-}

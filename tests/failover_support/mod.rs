@@ -20,6 +20,8 @@ use sqlx::postgres::PgPoolOptions;
 use tokio::sync::watch;
 use uuid::Uuid;
 
+use crate::common::job_triggers::{JobWrites, after_job_statements};
+
 /// What the handler shares with the test: its runs per job id, and a gate it waits at.
 #[derive(Clone)]
 pub struct Runs {
@@ -209,26 +211,17 @@ pub async fn install_audit(pool: &PgPool) {
                  ORDER BY n.id;
              END IF;
              RETURN NULL;
-         END $$;
-         -- Statement triggers with transition tables, on the table and its live partition
-         -- (which skiplock's statements name): a row trigger for UPDATE misses a job moved
-         -- between the partitions, which Postgres runs as a delete and an insert.
-         CREATE TRIGGER job_audit_insert AFTER INSERT ON skiplock.jobs
-             REFERENCING NEW TABLE AS new_rows
-             FOR EACH STATEMENT EXECUTE FUNCTION public.job_audit_record();
-         CREATE TRIGGER job_audit_update AFTER UPDATE ON skiplock.jobs
-             REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows
-             FOR EACH STATEMENT EXECUTE FUNCTION public.job_audit_record();
-         CREATE TRIGGER job_audit_insert AFTER INSERT ON skiplock.jobs_live
-             REFERENCING NEW TABLE AS new_rows
-             FOR EACH STATEMENT EXECUTE FUNCTION public.job_audit_record();
-         CREATE TRIGGER job_audit_update AFTER UPDATE ON skiplock.jobs_live
-             REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows
-             FOR EACH STATEMENT EXECUTE FUNCTION public.job_audit_record();",
+         END $$;",
     )
     .execute(pool)
     .await
-    .expect("install the audit trigger");
+    .expect("create the audit table and its function");
+    for (name, writes) in [
+        ("job_audit_insert", JobWrites::Insert),
+        ("job_audit_update", JobWrites::Update),
+    ] {
+        after_job_statements(pool, name, writes, "public.job_audit_record").await;
+    }
 }
 
 /// One audited change of a job.

@@ -24,6 +24,8 @@ use std::time::Duration;
 use sqlx::PgPool;
 use uuid::Uuid;
 
+use crate::common::job_triggers::{JobWrites, after_job_statements};
+
 /// Generous limit for anything a test waits on: the machine is small and shared.
 pub const PATIENCE: Duration = Duration::from_secs(90);
 
@@ -39,12 +41,10 @@ pub fn soak_secs() -> Option<u64> {
 // Audit trigger
 
 /// Creates `public.job_audit` and triggers that record every insert, update and delete
-/// of `skiplock.jobs` in it (statement triggers with transition tables, on the table and
-/// on its live partition, which skiplock's own statements name: a row trigger for UPDATE
-/// would miss a job moved between the partitions, which Postgres runs as a delete and an
-/// insert): the state, attempt and claim token before and after, the
-/// holder, whether the change was only a heartbeat, and `application_name` of the writing
-/// connection (testbed workers set it to their worker id).
+/// of `skiplock.jobs` in it ([`after_job_statements`]): the state, attempt and claim token
+/// before and after, the holder, whether the change was only a heartbeat, and
+/// `application_name` of the writing connection (testbed workers set it to their worker
+/// id).
 pub async fn install_audit(pool: &PgPool) {
     sqlx::raw_sql(
         "CREATE TABLE public.job_audit (
@@ -99,29 +99,18 @@ pub async fn install_audit(pool: &PgPool) {
              END IF;
              RETURN NULL;
          END;
-         $$;
-         CREATE TRIGGER jobs_audit_insert AFTER INSERT ON skiplock.jobs
-             REFERENCING NEW TABLE AS new_rows
-             FOR EACH STATEMENT EXECUTE FUNCTION public.job_audit_record();
-         CREATE TRIGGER jobs_audit_update AFTER UPDATE ON skiplock.jobs
-             REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows
-             FOR EACH STATEMENT EXECUTE FUNCTION public.job_audit_record();
-         CREATE TRIGGER jobs_audit_delete AFTER DELETE ON skiplock.jobs
-             REFERENCING OLD TABLE AS old_rows
-             FOR EACH STATEMENT EXECUTE FUNCTION public.job_audit_record();
-         CREATE TRIGGER jobs_audit_insert AFTER INSERT ON skiplock.jobs_live
-             REFERENCING NEW TABLE AS new_rows
-             FOR EACH STATEMENT EXECUTE FUNCTION public.job_audit_record();
-         CREATE TRIGGER jobs_audit_update AFTER UPDATE ON skiplock.jobs_live
-             REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows
-             FOR EACH STATEMENT EXECUTE FUNCTION public.job_audit_record();
-         CREATE TRIGGER jobs_audit_delete AFTER DELETE ON skiplock.jobs_live
-             REFERENCING OLD TABLE AS old_rows
-             FOR EACH STATEMENT EXECUTE FUNCTION public.job_audit_record();",
+         $$;",
     )
     .execute(pool)
     .await
-    .expect("install the audit trigger");
+    .expect("create the audit table and its function");
+    for (name, writes) in [
+        ("jobs_audit_insert", JobWrites::Insert),
+        ("jobs_audit_update", JobWrites::Update),
+        ("jobs_audit_delete", JobWrites::Delete),
+    ] {
+        after_job_statements(pool, name, writes, "public.job_audit_record").await;
+    }
 }
 
 /// One row of `public.job_audit`.

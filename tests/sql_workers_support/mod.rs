@@ -12,6 +12,7 @@ use tokio::process::Child;
 use tokio::task::JoinHandle;
 
 use crate::common::fixtures::wait_for;
+use crate::common::job_triggers::{JobWrites, after_job_statements};
 use crate::common::{self, TestDb};
 
 pub const QUEUE: &str = "polyglot";
@@ -299,16 +300,13 @@ pub fn example_command(
 /// every statement that writes `skiplock.jobs`, whether or not it changes a row: the
 /// workers' READ COMMITTED pin is then checked on each of their transactions
 /// ([`assert_workers_wrote_at_read_committed`]), not inferred from a serialization failure
-/// that may or may not happen.
+/// that may or may not happen. Both by statement triggers ([`after_job_statements`]).
 pub async fn install_audit(db: &TestDb) {
     for statement in [
         "CREATE TABLE public.state_changes (
              seq bigserial PRIMARY KEY, job_id bigint NOT NULL, ordering_key text,
              from_state text NOT NULL, to_state text NOT NULL, claimed_by text,
              old_attempt int NOT NULL, new_attempt int NOT NULL, heartbeat_age_ms float8)",
-        // Statement triggers with transition tables, on the table and its live partition
-        // (which skiplock's statements name): a row trigger for UPDATE misses a job moved
-        // between the partitions, which Postgres runs as a delete and an insert.
         "CREATE FUNCTION public.record_state_change() RETURNS trigger LANGUAGE plpgsql AS $$
          BEGIN
              INSERT INTO public.state_changes (job_id, ordering_key, from_state, to_state, claimed_by,
@@ -320,12 +318,6 @@ pub async fn install_audit(db: &TestDb) {
              ORDER BY n.id;
              RETURN NULL;
          END $$",
-        "CREATE TRIGGER record_state_change AFTER UPDATE ON skiplock.jobs
-         REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows
-         FOR EACH STATEMENT EXECUTE FUNCTION public.record_state_change()",
-        "CREATE TRIGGER record_state_change AFTER UPDATE ON skiplock.jobs_live
-         REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows
-         FOR EACH STATEMENT EXECUTE FUNCTION public.record_state_change()",
         // The defaults are taken in the writing transaction: its own isolation level, not
         // the session's default (a pooled worker pins the level in BEGIN).
         "CREATE TABLE public.job_writes (
@@ -337,12 +329,22 @@ pub async fn install_audit(db: &TestDb) {
              INSERT INTO public.job_writes DEFAULT VALUES;
              RETURN NULL;
          END $$",
-        "CREATE TRIGGER record_job_write AFTER INSERT OR UPDATE OR DELETE ON skiplock.jobs
-         FOR EACH STATEMENT EXECUTE FUNCTION public.record_job_write()",
-        "CREATE TRIGGER record_job_write AFTER INSERT OR UPDATE OR DELETE ON skiplock.jobs_live
-         FOR EACH STATEMENT EXECUTE FUNCTION public.record_job_write()",
     ] {
         sqlx::query(statement).execute(&db.pool).await.unwrap();
+    }
+    for (name, writes, function) in [
+        (
+            "record_state_change",
+            JobWrites::Update,
+            "public.record_state_change",
+        ),
+        (
+            "record_job_write",
+            JobWrites::Any,
+            "public.record_job_write",
+        ),
+    ] {
+        after_job_statements(&db.pool, name, writes, function).await;
     }
 }
 

@@ -139,11 +139,15 @@ BEGIN
             IF key IS NOT NULL THEN
                 PERFORM pg_advisory_xact_lock(skiplock.internal_unique_key_lock_id(key));
             END IF;
-            SELECT state INTO current FROM skiplock.jobs WHERE id = job_id FOR UPDATE;
+            SELECT j.state, j.unique_key INTO current, key
+            FROM skiplock.jobs j WHERE j.id = job_id FOR UPDATE;
             IF current IS NULL OR current NOT IN ('queued', 'dead', 'cancelled', 'succeeded') THEN
                 RETURN false;
             END IF;
-            holder := skiplock.internal_fold_into_key_holder(job_id);
+            -- A job with a unique key (as the row holds it, locked) may be superseded; one
+            -- without costs no second lookup by id (each reads every day kept).
+            holder := CASE WHEN key IS NOT NULL
+                           THEN skiplock.internal_fold_into_key_holder(job_id) END;
             UPDATE skiplock.jobs j
             SET state = CASE
                     WHEN holder IS NOT NULL THEN 'cancelled'

@@ -1530,7 +1530,7 @@ BEGIN
         RAISE EXCEPTION 'skiplock.%: the day is not over; only a past day is dropped', leaf
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    EXECUTE format('LOCK TABLE %s IN SHARE ROW EXCLUSIVE MODE', day_table);
+    EXECUTE format('LOCK TABLE %s IN EXCLUSIVE MODE', day_table);
     EXECUTE format('SELECT min(id), max(id) FROM %s', day_table) INTO first_id, last_id;
     IF first_id IS NOT NULL THEN
         EXECUTE format(
@@ -2436,7 +2436,7 @@ BEGIN
             USING ERRCODE = 'lock_not_available';
     END IF;
     day_table := skiplock.internal_done_partition(leaf);
-    EXECUTE format('LOCK TABLE %s IN SHARE ROW EXCLUSIVE MODE', day_table);
+    EXECUTE format('LOCK TABLE %s IN EXCLUSIVE MODE', day_table);
     RETURN true;
 END;
 $$;

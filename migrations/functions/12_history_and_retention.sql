@@ -216,7 +216,13 @@ $$;
 -- Locks the day partition `leaf` against writes (a retry or a DELETE by hand, another
 -- pruner's drop of the same day) until the transaction ends, so that the history the
 -- pruner rolls up from it next is exactly what internal_drop_done_partition removes after.
--- SHARE ROW EXCLUSIVE: reads and row locks (FOR SHARE, the dependency trigger's) go on.
+-- EXCLUSIVE: plain reads go on; row locks wait, the FOR SHARE of a parent by the dependency
+-- trigger among them. Under SHARE ROW EXCLUSIVE that trigger went through: an edge to a
+-- parent of the day, committed after the drop read the day's edges and before it dropped
+-- the day, was left with no tombstone, and a retry ran its child (issue 49, tests/
+-- maintenance.rs a_child_enqueued_while_its_parents_day_is_dropped_is_never_run). Now
+-- the edge's enqueue commits before the lock is granted, or waits for the drop and finds
+-- its parent gone.
 -- Returns false, locking nothing, when the day is gone already (another pruner dropped
 -- it); refuses a day that is not over.
 CREATE OR REPLACE FUNCTION skiplock.internal_lock_done_partition(leaf text) RETURNS boolean
@@ -247,7 +253,7 @@ BEGIN
             USING ERRCODE = 'lock_not_available';
     END IF;
     day_table := skiplock.internal_done_partition(leaf);
-    EXECUTE format('LOCK TABLE %s IN SHARE ROW EXCLUSIVE MODE', day_table);
+    EXECUTE format('LOCK TABLE %s IN EXCLUSIVE MODE', day_table);
     RETURN true;
 END;
 $$;
@@ -284,7 +290,7 @@ BEGIN
         RAISE EXCEPTION 'skiplock.%: the day is not over; only a past day is dropped', leaf
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    EXECUTE format('LOCK TABLE %s IN SHARE ROW EXCLUSIVE MODE', day_table);
+    EXECUTE format('LOCK TABLE %s IN EXCLUSIVE MODE', day_table);
     EXECUTE format('SELECT min(id), max(id) FROM %s', day_table) INTO first_id, last_id;
     IF first_id IS NOT NULL THEN
         EXECUTE format(

@@ -305,7 +305,7 @@ BEGIN
     END IF;
     -- Each parent in jobs_live first, and in the finished jobs only when it is not there:
     -- the cost of a parent that has not finished does not follow the days kept (see "A job
-    -- looked up by id" in 01_helpers.sql). The first dead or cancelled one cancels the job.
+    -- looked up by id" in 15_partitions.sql). The first dead or cancelled one cancels the job.
     FOREACH parent IN ARRAY coalesce(depends_on, '{}') LOOP
         SELECT p.state INTO parent_state FROM skiplock.jobs_live p WHERE p.id = parent;
         IF NOT FOUND THEN
@@ -2081,7 +2081,7 @@ BEGIN
     LOOP
         BEGIN
             -- In jobs_live first, in the finished jobs only when it is not there (see "A job
-            -- looked up by id" in 01_helpers.sql).
+            -- looked up by id" in 15_partitions.sql).
             SELECT state, queue, priority, scheduled_at
             INTO parent_now, parent_queue, parent_priority, parent_scheduled_at
             FROM skiplock.jobs_live WHERE id = NEW.parent_id FOR SHARE;
@@ -3509,7 +3509,7 @@ BEGIN
             -- found by id.
             -- A parent is looked up once, among the dead and cancelled jobs only, not once
             -- per edge among every table of skiplock.jobs (see "A job looked up by id" in
-            -- 01_helpers.sql); a tombstone is looked up only on the edges that carry one.
+            -- 15_partitions.sql); a tombstone is looked up only on the edges that carry one.
             WITH RECURSIVE doomed (id, reason) AS (
                 (SELECT e.job_id, format('parent job %s ended %s', b.id, b.state)
                  FROM (SELECT i.id FROM unnest(parent_ids) AS i(id)
@@ -4337,7 +4337,7 @@ BEGIN
             INTO live;
             IF NOT FOUND THEN
                 -- Awaited already, or not live: live jobs first (see "A job looked up by
-                -- id through skiplock.jobs" in 01_helpers.sql), then the finished ones.
+                -- id through skiplock.jobs" in 15_partitions.sql), then the finished ones.
                 SELECT j.id, j.state, j.attempt, j.queue, j.priority, j.scheduled_at,
                        j.held_for, j.concurrency_key
                 INTO live

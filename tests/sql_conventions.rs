@@ -322,7 +322,7 @@ fn first_lane_read(body: &str) -> Option<usize> {
 
 /// Functions that write or lock job rows (which another transaction may move between
 /// jobs_live and jobs_done under them, failing the statement with 40001, see
-/// `internal_may_retry_moved` in 01_helpers.sql) and do not catch `serialization_failure`
+/// `internal_may_retry_moved` in 15_partitions.sql) and do not catch `serialization_failure`
 /// themselves, each with the callers that run them again.
 const MOVED_ROWS_RETRIED_BY_CALLERS: &[(&str, &str)] = &[
     (

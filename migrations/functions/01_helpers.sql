@@ -1,10 +1,9 @@
 -- migrations/functions/01_helpers.sql: Helpers: backoff, error lists, the args limit, job
--- ids, and the retry of a statement whose row moved between the partitions.
+-- ids.
 --
 -- Defines:
 --   backoff, internal_append_error, internal_error_time, args_max_bytes
 --   internal_check_args_size, internal_args_within_limit, internal_next_job_id
---   internal_may_retry_moved
 
 -- ---- Backoff, errors and the args limit --------------------------------------------------
 
@@ -102,43 +101,3 @@ AS $$
 $$;
 
 ALTER TABLE skiplock.jobs_live ALTER COLUMN id SET DEFAULT skiplock.internal_next_job_id();
-
--- ---- A job looked up by id through skiplock.jobs ---------------------------------------
---
--- skiplock.jobs holds jobs_live and a table per finished state and day: a lookup by id
--- that cannot say the job is live (a parent that may have finished) is planned, probed and
--- locked over every table, so its cost follows the days kept (with 31 days, 101 tables:
--- a cancel_job took 3.7-4.7 ms against 1.4-1.5 ms with one day, an enqueue with a parent
--- 5.3-7.5 ms against 1.9-2.7, completing a parent of 40 waiting children 29-42 ms against
--- 8-9; benches/days-kept.sh, docs/benchmarks.md). So:
--- - a job that must be live (a cancel, a child, a parent that has not finished) is read
---   from jobs_live first (or through skiplock.jobs with `state IN ('waiting', 'queued',
---   'running')`, planned over jobs_live alone), and from jobs_done only when not there;
--- - a finished parent is looked up once per parent, among the states that matter (dead
---   and cancelled, or succeeded), not once per edge among every table;
--- - the functions on the dependency and cancel paths say `SET plan_cache_mode =
---   force_generic_plan`: PL/pgSQL planned their statements again at each call while a
---   plan made for the values given looked cheaper; now once per session, with the index
---   lookups their other settings pin.
--- tests/bounded_statements.rs lookups_of_jobs_not_finished_lock_no_day_of_finished_jobs
--- counts the tables of finished jobs a cancel and an enqueue with a parent lock.
-
--- ---- A row moved to the other partition under a statement ------------------------------
---
--- A statement that locks or updates a row that another transaction moved between jobs_live
--- and jobs_done after the statement's snapshot was taken fails with 40001 ("tuple to be
--- locked was already moved to another partition due to concurrent update"): Postgres
--- cannot follow a row into another partition, where in one table it would have found the
--- row changed and passed it over. In READ COMMITTED each statement takes a new snapshot,
--- in which the row is where it went, so the statement run again treats it as it treats any
--- job someone else finished first. The functions that can meet it on their own rows (the
--- heartbeat, the reaper, the SQL protocol's calls, the claim, cancel_job, maintain) run
--- again; under REPEATABLE READ or SERIALIZABLE the snapshot stays and the error goes to
--- the caller, whose transaction must be retried, as for any serialization failure.
-
--- Whether a statement that failed with 40001 may run again in this transaction: in READ
--- COMMITTED, up to 10 times.
-CREATE OR REPLACE FUNCTION skiplock.internal_may_retry_moved(attempts int) RETURNS boolean
-LANGUAGE sql STABLE AS $$
-    SELECT attempts < 10 AND current_setting('transaction_isolation') = 'read committed';
-$$;

@@ -1,12 +1,13 @@
 -- migrations/functions/04_dependencies_and_lanes.sql: Dependencies and lanes: queuing
 -- waiting jobs when their parents or their turn come, the periodic sweep (in 08),
--- tombstones of deleted parents, and the triggers that keep those rules.
+-- tombstones of deleted parents (left by the delete trigger, 15_partitions.sql), and the
+-- trigger on new edges.
 --
 -- Defines:
 --   internal_has_unmet_parent, internal_announce_queued_by_others
 --   internal_queue_ready_dependants, internal_settle_dependants, internal_advance_lanes
 --   internal_lane_lock_id, internal_parents_with_dependants
---   internal_tombstone_parents, internal_jobs_after_delete, trigger jobs_after_delete
+--   internal_tombstone_parents
 --   internal_job_dependencies_after_insert, trigger job_dependencies_after_insert
 
 -- ---- Dependencies and lanes --------------------------------------------------------------
@@ -16,7 +17,7 @@
 -- so is an edge to a parent the caller knows succeeded (succeeded: the parents whose
 -- dependants it is settling), with no lookup. A parent that has not finished is found in
 -- jobs_live alone; only the other edges look into the finished jobs (see "A job looked up
--- by id" in 01_helpers.sql). Its statements read the calling statement's snapshot (a
+-- by id" in 15_partitions.sql). Its statements read the calling statement's snapshot (a
 -- STABLE function), so a parent moving between the two tables in between is seen in one
 -- place. PL/pgSQL, planned once per session: as a SQL function it was never inlined (its
 -- body holds a subquery) and was planned over every table of skiplock.jobs at each call,
@@ -180,7 +181,7 @@ BEGIN
             -- found by id.
             -- A parent is looked up once, among the dead and cancelled jobs only, not once
             -- per edge among every table of skiplock.jobs (see "A job looked up by id" in
-            -- 01_helpers.sql); a tombstone is looked up only on the edges that carry one.
+            -- 15_partitions.sql); a tombstone is looked up only on the edges that carry one.
             WITH RECURSIVE doomed (id, reason) AS (
                 (SELECT e.job_id, format('parent job %s ended %s', b.id, b.state)
                  FROM (SELECT i.id FROM unnest(parent_ids) AS i(id)
@@ -443,67 +444,6 @@ BEGIN
 END;
 $$;
 
--- After a DELETE statement on skiplock.jobs (by hand, or the pruner), once for all its
--- rows: the deleted jobs that had not succeeded leave tombstones and their waiting
--- children are cancelled (internal_tombstone_parents), and the deleted jobs' own edges go
--- with them (what a foreign key's cascade did). A statement trigger: a row moved between
--- jobs_live and jobs_done by an UPDATE is not a DELETE statement and does not fire it, and
--- a DELETE of a parent and its waiting children in one statement (DELETE … WHERE queue =
--- 'x') sees them all gone.
---
--- It runs as its owner (SECURITY DEFINER), as a foreign key's cascade did: whoever may
--- delete jobs needs no privilege on job_dependencies.
---
--- Rows that internal_prepare_done_partitions moves out of jobs_done_default into their
--- day's new table are not gone: that DELETE sets skiplock.moving_day to the table it
--- deletes from for its own statement, and this trigger leaves their edges as they are.
-CREATE OR REPLACE FUNCTION skiplock.internal_jobs_after_delete() RETURNS trigger
-LANGUAGE plpgsql
-SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
-SET enable_seqscan = off
-SET enable_hashjoin = off
-SET enable_mergejoin = off
-SET jit = off
-AS $$
-DECLARE
-    parents bigint[];
-    states skiplock.job_state[];
-BEGIN
-    IF current_setting('skiplock.moving_day', true) = TG_TABLE_NAME THEN
-        RETURN NULL;
-    END IF;
-    SELECT array_agg(o.id), array_agg(o.state) INTO parents, states
-    FROM deleted o WHERE o.state <> 'succeeded';
-    PERFORM skiplock.internal_tombstone_parents(parents, states);
-    DELETE FROM skiplock.job_dependencies d USING deleted o WHERE d.job_id = o.id;
-    RETURN NULL;
-END;
-$$;
-
--- On the table and on each partition: a statement trigger fires for the table a statement
--- names, and a DELETE FROM skiplock.jobs_live must tombstone and cascade as well. (Each
--- day partition of jobs_done gets its own as it is made.)
-CREATE OR REPLACE TRIGGER jobs_after_delete
-    AFTER DELETE ON skiplock.jobs
-    REFERENCING OLD TABLE AS deleted
-    FOR EACH STATEMENT EXECUTE FUNCTION skiplock.internal_jobs_after_delete();
-
-CREATE OR REPLACE TRIGGER jobs_after_delete
-    AFTER DELETE ON skiplock.jobs_live
-    REFERENCING OLD TABLE AS deleted
-    FOR EACH STATEMENT EXECUTE FUNCTION skiplock.internal_jobs_after_delete();
-
-CREATE OR REPLACE TRIGGER jobs_after_delete
-    AFTER DELETE ON skiplock.jobs_done
-    REFERENCING OLD TABLE AS deleted
-    FOR EACH STATEMENT EXECUTE FUNCTION skiplock.internal_jobs_after_delete();
-
-CREATE OR REPLACE TRIGGER jobs_after_delete
-    AFTER DELETE ON skiplock.jobs_done_default
-    REFERENCING OLD TABLE AS deleted
-    FOR EACH STATEMENT EXECUTE FUNCTION skiplock.internal_jobs_after_delete();
-
 CREATE OR REPLACE FUNCTION skiplock.internal_job_dependencies_after_insert() RETURNS trigger
 LANGUAGE plpgsql
 SET plan_cache_mode = force_generic_plan
@@ -531,7 +471,7 @@ BEGIN
     LOOP
         BEGIN
             -- In jobs_live first, in the finished jobs only when it is not there (see "A job
-            -- looked up by id" in 01_helpers.sql).
+            -- looked up by id" in 15_partitions.sql).
             SELECT state, queue, priority, scheduled_at
             INTO parent_now, parent_queue, parent_priority, parent_scheduled_at
             FROM skiplock.jobs_live WHERE id = NEW.parent_id FOR SHARE;

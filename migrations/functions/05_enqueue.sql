@@ -56,7 +56,7 @@ BEGIN
     END IF;
     -- Each parent in jobs_live first, and in the finished jobs only when it is not there:
     -- the cost of a parent that has not finished does not follow the days kept (see "A job
-    -- looked up by id" in 01_helpers.sql). The first dead or cancelled one cancels the job.
+    -- looked up by id" in 15_partitions.sql). The first dead or cancelled one cancels the job.
     FOREACH parent IN ARRAY coalesce(depends_on, '{}') LOOP
         SELECT p.state INTO parent_state FROM skiplock.jobs_live p WHERE p.id = parent;
         IF NOT FOUND THEN

@@ -1,6 +1,5 @@
 -- migrations/functions/11_operator.sql: Operator actions: cancel, retry, pause and resume,
--- limits, why a job is not running, and the triggers on queues and on requeued finished
--- jobs.
+-- limits, why a job is not running, and the triggers on queues.
 --
 -- Defines:
 --   internal_cancel_job_once, cancel_job, retry_job, retry_dead_jobs
@@ -11,7 +10,6 @@
 --   trigger queues_after_max_running_insert
 --   internal_queues_after_key_limit, trigger queues_after_key_limit_change
 --   trigger queues_after_key_limit_delete
---   internal_jobs_done_before_requeue, trigger jobs_done_before_requeue
 
 -- ---- Operator actions --------------------------------------------------------------------
 
@@ -576,21 +574,3 @@ CREATE OR REPLACE TRIGGER queues_after_key_limit_delete
     FOR EACH ROW
     WHEN (OLD.key_max_running IS NOT NULL OR OLD.key_rate_limit IS NOT NULL)
     EXECUTE FUNCTION skiplock.internal_queues_after_key_limit();
-
--- A finished job going back to a live state (retry_job, or an UPDATE by hand) moves from
--- jobs_done to jobs_live: Postgres runs this BEFORE UPDATE trigger on jobs_done, then the
--- insert trigger of jobs_live, which this marks so that it lets the row pass. (Finished
--- rows are seldom updated: the completion path never pays for it.)
-CREATE OR REPLACE FUNCTION skiplock.internal_jobs_done_before_requeue() RETURNS trigger
-LANGUAGE plpgsql AS $$
-BEGIN
-    PERFORM set_config('skiplock.requeue_moving', NEW.id::text, true);
-    RETURN NEW;
-END;
-$$;
-
-CREATE OR REPLACE TRIGGER jobs_done_before_requeue
-    BEFORE UPDATE ON skiplock.jobs_done
-    FOR EACH ROW
-    WHEN (NEW.state IN ('waiting', 'queued', 'running'))
-    EXECUTE FUNCTION skiplock.internal_jobs_done_before_requeue();

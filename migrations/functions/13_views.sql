@@ -162,7 +162,3 @@ WHERE state = 'dead'
 ORDER BY finished_at DESC, id DESC;
 COMMENT ON VIEW skiplock.dead_jobs IS
     'Dead jobs with their last error, newest first. Example: SELECT id, kind, last_error FROM skiplock.dead_jobs LIMIT 20;';
-
--- The days ahead of finished jobs exist from the migration on (the pruner and
--- skiplock.maintain make the next ones).
-SELECT skiplock.internal_prepare_done_partitions();

@@ -102,7 +102,7 @@ BEGIN
             INTO live;
             IF NOT FOUND THEN
                 -- Awaited already, or not live: live jobs first (see "A job looked up by
-                -- id through skiplock.jobs" in 01_helpers.sql), then the finished ones.
+                -- id through skiplock.jobs" in 15_partitions.sql), then the finished ones.
                 SELECT j.id, j.state, j.attempt, j.queue, j.priority, j.scheduled_at,
                        j.held_for, j.concurrency_key
                 INTO live

@@ -1,5 +1,5 @@
 //! Statements on `skiplock.job_history`, the hourly rollup that keeps the numbers of
-//! finished jobs after the pruner deleted them (`migrations/0001_initial.sql` and `migrations/functions/12_history_and_retention.sql`).
+//! finished jobs after the pruner deleted them (`migrations/0001_initial.sql` and `migrations/functions/12_history_and_retention.sql`; the days themselves: `migrations/functions/15_partitions.sql`).
 //!
 //! A finished job is counted live in `skiplock.jobs` until a statement of this file deletes
 //! it, and in the rollup from then on: the delete and the rollup happen in one statement

@@ -70,6 +70,7 @@ const FUNCTIONS_SQL: &str = concat!(
     include_str!("../../migrations/functions/12_history_and_retention.sql"),
     include_str!("../../migrations/functions/13_views.sql"),
     include_str!("../../migrations/functions/14_awaited_outcomes.sql"),
+    include_str!("../../migrations/functions/15_partitions.sql"),
 );
 
 /// The schema version this build of skiplock expects.

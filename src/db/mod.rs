@@ -34,6 +34,7 @@ pub mod jobs;
 pub mod json;
 pub mod maintenance;
 pub mod migrations;
+pub mod partitions;
 pub mod queues;
 #[cfg(feature = "testbed")]
 pub mod testbed;

@@ -27,9 +27,10 @@ use crate::db::history::{
     HISTORY_RETENTION_DEFAULT, job_history_prune_expired, job_history_roll_up_finished_between,
     jobs_delete_rolled_up, jobs_prune_finished_rolled_up,
 };
-use crate::db::maintenance::{
+use crate::db::maintenance::{jobs_delete_finished_unrolled, jobs_list_prunable};
+use crate::db::partitions::{
     DonePartition, done_partition_drop, done_partition_lock, done_partitions_expired,
-    done_partitions_prepare, jobs_delete_finished_unrolled, jobs_list_prunable,
+    done_partitions_prepare,
 };
 use crate::enqueue::duration_ms;
 use crate::error::{describe_sqlx, is_transient_sqlx};

@@ -6,8 +6,8 @@ mod common;
 use std::time::Duration;
 
 use common::fixtures::{
-    Gate, Record, Recorder, Slow, count_in_state, fast_worker, state_of, steady_worker, strings,
-    wait_for, wait_for_a_lock_wait,
+    AtGate, Gate, Record, Recorder, Slow, count_in_state, fast_worker, state_of, steady_worker,
+    strings, wait_for, wait_for_a_lock_wait,
 };
 use common::test_db;
 use skiplock::db::jobs::{
@@ -700,4 +700,79 @@ async fn an_outcome_written_while_the_jobs_row_moves_is_not_saved() {
         .unwrap();
         assert_eq!(row, ("cancelled".to_owned(), None, None), "{ends}");
     }
+}
+
+/// A job claimed by a worker whose slots are all taken waits there at most the stale
+/// timeout: then the heartbeat gives its claim back to the queue (released, the attempt not
+/// counted) and whichever worker claims it next runs it. Before, it stayed claimed and
+/// heartbeated for as long as the job in its way ran, while other workers sat idle, and a
+/// dispatcher that never got its slot kept it for as long as the process lived (the
+/// randomized model once saw two lane heads claimed and never started). Here one slot, two
+/// jobs: one runs at a closed gate, the other waits in the worker; the queue is paused once
+/// both are claimed, so that nobody claims the second again, and it must come back queued
+/// with its attempt given back while the first still runs. Then both run once.
+#[tokio::test]
+async fn a_job_that_waits_too_long_for_a_slot_is_given_back_to_the_queue() {
+    let db = test_db().await;
+    let pool = &db.pool;
+    let mut ids = Vec::new();
+    for _ in 0..2 {
+        ids.push(
+            skiplock::enqueue(pool, &AtGate {}, EnqueueOptions::default())
+                .await
+                .unwrap()
+                .id
+                .0,
+        );
+    }
+    let recorder = Recorder::default();
+    let gate = Gate::closed();
+    let worker = fast_worker(pool, &recorder)
+        .register::<AtGate>()
+        .data(gate.clone())
+        .concurrency(1)
+        .prefetch(2)
+        .heartbeat(Duration::from_millis(100), Duration::from_secs(2))
+        .build()
+        .unwrap();
+    let stop = worker.shutdown_handle();
+    let run = tokio::spawn(worker.run());
+    wait_for(
+        "both jobs claimed, one started",
+        Duration::from_secs(60),
+        || async { recorder.total() == 1 && count_in_state(pool, JobState::Running).await == 2 },
+    )
+    .await;
+    skiplock::pause_queue(pool, "default").await.unwrap();
+    let started = *recorder.runs().keys().next().unwrap();
+    let waiting = *ids.iter().find(|id| **id != started).unwrap();
+    wait_for(
+        "the job waiting for a slot to be given back",
+        Duration::from_secs(60),
+        || async { state_of(pool, waiting).await == JobState::Queued },
+    )
+    .await;
+    let attempt: i32 = sqlx::query_scalar("SELECT attempt FROM skiplock.jobs WHERE id = $1")
+        .bind(waiting)
+        .fetch_one(pool)
+        .await
+        .unwrap();
+    assert_eq!(attempt, 0, "the attempt is given back");
+    assert_eq!(state_of(pool, started).await, JobState::Running);
+    assert_eq!(recorder.total(), 1, "the job given back never started here");
+
+    skiplock::resume_queue(pool, "default").await.unwrap();
+    gate.open();
+    wait_for("both jobs to succeed", Duration::from_secs(60), || async {
+        count_in_state(pool, JobState::Succeeded).await == 2
+    })
+    .await;
+    stop.shutdown();
+    run.await.unwrap().unwrap();
+    let runs = recorder.runs();
+    assert_eq!(
+        (runs[&started].clone(), runs[&waiting].clone()),
+        (vec![1], vec![1]),
+        "each ran once, in its first attempt"
+    );
 }

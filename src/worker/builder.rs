@@ -224,7 +224,9 @@ impl WorkerBuilder {
     }
 
     /// Sets how often claims are extended (default 2 s) and the heartbeat age after which
-    /// a reaper takes a claim back (default 30 s; it must exceed twice the interval).
+    /// a reaper takes a claim back (default 30 s; it must exceed twice the interval). A
+    /// claimed job that waits in this worker for a slot for longer than `stale_after` is
+    /// given back to the queue, its attempt not counted.
     pub fn heartbeat(mut self, interval: Duration, stale_after: Duration) -> Self {
         self.config.heartbeat_interval = interval;
         self.config.stale_after = stale_after;

@@ -11,7 +11,7 @@
 
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -21,9 +21,20 @@ use uuid::Uuid;
 /// One claim: a job id and the fencing token the claim was made with.
 pub(crate) type ClaimKey = (i64, Uuid);
 
+/// Where a claimed job is: in the local buffer (or in the dispatcher's hand, waiting for a
+/// slot), started, or given back by the heartbeat after waiting too long (see
+/// [`HeldClaims::beat_list`]). Moves from `BUFFERED` to one of the others, once.
+const BUFFERED: u8 = 0;
+const STARTED: u8 = 1;
+const GIVEN_BACK: u8 = 2;
+
 struct HeldClaim {
     /// Stops the job's handler (lost claim, hard shutdown).
     stop: CancellationToken,
+    /// `BUFFERED`, `STARTED` or `GIVEN_BACK`, shared with the dispatcher's handles.
+    phase: Arc<AtomicU8>,
+    /// When the claim landed.
+    claimed: Instant,
     /// The handler has returned; only the completer's write remains.
     finished: bool,
     /// Stopped because the job was cancelled (a notification from `cancel_job`), not
@@ -41,6 +52,22 @@ struct HeldClaim {
 pub(crate) struct ClaimHandles {
     pub(crate) stop: CancellationToken,
     pub(crate) completed_in_tx: Arc<AtomicBool>,
+    phase: Arc<AtomicU8>,
+}
+
+impl ClaimHandles {
+    /// Marks the job started, as its dispatcher hands it a slot; false when the heartbeat
+    /// gave the claim back first (the job is not this worker's to run any more).
+    pub(crate) fn start(&self) -> bool {
+        self.phase
+            .compare_exchange(BUFFERED, STARTED, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+    }
+
+    /// Whether the heartbeat gave the claim back while the job waited for a slot.
+    pub(crate) fn given_back(&self) -> bool {
+        self.phase.load(Ordering::Acquire) == GIVEN_BACK
+    }
 }
 
 /// Hashes the keys of held claims: a multiply-rotate mix of their words (the scheme of
@@ -156,11 +183,14 @@ impl HeldClaims {
         let handles = ClaimHandles {
             stop: CancellationToken::new(),
             completed_in_tx: Arc::default(),
+            phase: Arc::new(AtomicU8::new(BUFFERED)),
         };
         self.lock().insert(
             claim,
             HeldClaim {
                 stop: handles.stop.clone(),
+                phase: handles.phase.clone(),
+                claimed: Instant::now(),
                 finished: false,
                 cancelled: false,
                 completed_in_tx: handles.completed_in_tx.clone(),
@@ -175,6 +205,7 @@ impl HeldClaims {
         self.lock().get(&claim).map(|held| ClaimHandles {
             stop: held.stop.clone(),
             completed_in_tx: held.completed_in_tx.clone(),
+            phase: held.phase.clone(),
         })
     }
 
@@ -185,9 +216,47 @@ impl HeldClaims {
         }
     }
 
-    /// Ids and tokens of every held claim, column-wise for the heartbeat statement.
-    pub(crate) fn snapshot(&self) -> (Vec<i64>, Vec<Uuid>) {
-        self.lock().keys().copied().unzip()
+    /// What the heartbeat extends: the ids and tokens of the held claims, column-wise for
+    /// its statement, and, taken out of the held claims and returned apart, those whose
+    /// job has waited for a slot for longer than `unstarted_max` without starting, which
+    /// it gives back to the queue instead.
+    ///
+    /// A job waits in the local buffer (or in its dispatcher's hand) until a slot frees.
+    /// Behind long jobs that can take as long as they run, while other workers sit idle;
+    /// and a dispatcher that never gets its slot (a wedged runtime, a slot never given
+    /// back) held its jobs for as long as the process lived, since the heartbeat runs on a
+    /// thread of its own and kept their claims alive (the randomized model once saw two
+    /// lane heads claimed and never started, everything behind them waiting). Given back,
+    /// a job goes to whichever worker claims it next, its attempt not counted; its
+    /// dispatcher, if it ever gets to it, finds it gone ([`ClaimHandles::start`]).
+    pub(crate) fn beat_list(
+        &self,
+        unstarted_max: Duration,
+    ) -> (Vec<i64>, Vec<Uuid>, Vec<ClaimKey>) {
+        self.beat_list_at(Instant::now(), unstarted_max)
+    }
+
+    /// [`beat_list`](Self::beat_list) as of `now`.
+    fn beat_list_at(
+        &self,
+        now: Instant,
+        unstarted_max: Duration,
+    ) -> (Vec<i64>, Vec<Uuid>, Vec<ClaimKey>) {
+        let mut map = self.lock();
+        let mut given_back = Vec::new();
+        map.retain(|claim, held| {
+            let waited_too_long = now.saturating_duration_since(held.claimed) > unstarted_max
+                && held
+                    .phase
+                    .compare_exchange(BUFFERED, GIVEN_BACK, Ordering::AcqRel, Ordering::Acquire)
+                    .is_ok();
+            if waited_too_long {
+                given_back.push(*claim);
+            }
+            !waited_too_long
+        });
+        let (ids, tokens) = map.keys().copied().unzip();
+        (ids, tokens, given_back)
     }
 
     /// Forgets claims whose outcome was saved or found stale.
@@ -266,7 +335,10 @@ mod tests {
         claims.mark_finished(stale);
         claims.remove_many(&[stale]);
         assert_eq!(claims.len(), 1);
-        assert_eq!(claims.snapshot(), (vec![7], vec![live.1]));
+        assert_eq!(
+            claims.beat_list(Duration::MAX),
+            (vec![7], vec![live.1], Vec::new())
+        );
         assert!(!claims.handles(live).unwrap().stop.is_cancelled());
         // A hard stop reaches every handler, the stale attempt's included while it is held.
         claims.insert(stale);
@@ -342,5 +414,40 @@ mod tests {
         assert_eq!(claims.stop_lost(&[done, lost]), vec![8]);
         assert!(!done_handles.stop.is_cancelled());
         assert!(lost_stop.is_cancelled());
+    }
+
+    /// A job that waited for a slot longer than the bound is given back and taken out of
+    /// the held claims; one that started, or has waited less, is extended. A claim given
+    /// back never starts, and one that started is never given back. (Times are the
+    /// instants around the inserts, so the test holds however slowly it runs.)
+    #[test]
+    fn a_job_that_waited_too_long_for_a_slot_is_given_back_once_and_never_starts() {
+        let claims = HeldClaims::default();
+        let (waited, running, fresh) = (
+            (1, Uuid::new_v4()),
+            (2, Uuid::new_v4()),
+            (3, Uuid::new_v4()),
+        );
+        let waited_handles = claims.insert(waited);
+        let running_handles = claims.insert(running);
+        std::thread::sleep(Duration::from_millis(20));
+        let fresh_at = Instant::now();
+        let fresh_handles = claims.insert(fresh);
+        // 5 ms after the fresh claim landed, at least 25 ms after the others.
+        let beat = fresh_at + Duration::from_millis(5);
+        let bound = Duration::from_millis(10);
+        assert!(running_handles.start());
+        let (mut ids, _, given_back) = claims.beat_list_at(beat, bound);
+        ids.sort_unstable();
+        assert_eq!((ids, given_back), (vec![2, 3], vec![waited]));
+        assert!(waited_handles.given_back());
+        assert!(!waited_handles.start(), "a job given back never starts");
+        assert!(!running_handles.given_back());
+        assert!(!running_handles.start(), "a job starts once");
+        // Once started, the fresh job is extended however long it waited.
+        assert!(fresh_handles.start());
+        let (mut ids, _, given_back) = claims.beat_list_at(beat + Duration::from_secs(60), bound);
+        ids.sort_unstable();
+        assert_eq!((ids, given_back), (vec![2, 3], Vec::new()));
     }
 }

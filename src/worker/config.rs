@@ -79,7 +79,9 @@ pub struct WorkerConfig {
     /// 2 s.
     pub heartbeat_interval: Duration,
     /// Heartbeat age after which any worker's reaper takes a claim back; must exceed twice
-    /// the heartbeat interval. Default 30 s.
+    /// the heartbeat interval. Default 30 s. Also how long a claimed job may wait in this
+    /// worker for a slot: past that, without having started, it is given back to the
+    /// queue (its attempt not counted) for any worker to claim.
     pub stale_after: Duration,
     /// How often this worker's reaper looks for stale claims. Default 5 s.
     pub reap_interval: Duration,

@@ -93,6 +93,14 @@ pub(super) async fn dispatch(
                 None => break,
             },
         };
+        // A claim the heartbeat gave back while its job waited (see
+        // `HeldClaims::beat_list`) is not this worker's to run: passed over, before or
+        // after the wait for a slot.
+        if buffered.handles.given_back() {
+            space.notify_one();
+            metrics::buffered(-1.0);
+            continue;
+        }
         let permit = tokio::select! {
             biased;
             () = shared.graceful.cancelled() => {
@@ -101,9 +109,12 @@ pub(super) async fn dispatch(
             }
             slot = slots.acquire(member) => slot,
         };
-        let BufferedJob { mut job, handles } = buffered;
         space.notify_one();
         metrics::buffered(-1.0);
+        if !buffered.handles.start() {
+            continue;
+        }
+        let BufferedJob { mut job, handles } = buffered;
         shared.groups[group]
             .started
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -188,6 +199,11 @@ pub(super) async fn dispatch(
         unstarted.push(buffered);
     }
     for buffered in unstarted {
+        if buffered.handles.given_back() {
+            // Released by the heartbeat already.
+            metrics::buffered(-1.0);
+            continue;
+        }
         release_unstarted(buffered.job, &shared.groups[group].series, &outcomes);
     }
 }

@@ -21,10 +21,11 @@ use sqlx::{ConnectOptions, Connection, PgConnection};
 use tokio::runtime::Handle;
 use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
 
 use super::Shared;
 use super::claims::ClaimKey;
-use crate::db::jobs::{jobs_cancelled_among, jobs_heartbeat_many};
+use crate::db::jobs::{jobs_cancelled_among, jobs_heartbeat_many, jobs_release_many};
 use crate::pool::DbConnection;
 
 /// How long the heartbeat keeps its connection open with no claim to extend.
@@ -68,6 +69,64 @@ pub(super) async fn beat(shared: Arc<Shared>, stop: CancellationToken) {
     }
 }
 
+/// Runs `$body` (an expression using `$db`, a `PgExecutor`) where the heartbeat runs its
+/// statements: on its own connection when it has one, else through the worker's pool, on
+/// the application's runtime from the heartbeat's thread (a connection the pool opened
+/// on this thread's runtime would break once it ends). Evaluates to the body's
+/// `sqlx::Result`.
+macro_rules! on_beat_session {
+    ($shared:expr, $connection:expr, $application:expr, |$db:ident| $body:expr) => {
+        match ($connection.as_mut(), $application) {
+            (Some($db), _) => $body,
+            (None, Some(application)) => {
+                let $db = $shared.pool.clone();
+                application
+                    .spawn(async move {
+                        let $db = &$db;
+                        $body
+                    })
+                    .await
+                    .unwrap_or_else(|e| Err(sqlx::Error::Protocol(e.to_string())))
+            }
+            (None, None) => {
+                let $db = &$shared.pool;
+                $body
+            }
+        }
+    };
+}
+
+/// Gives back to the queue the claims whose job waited for a slot for longer than the
+/// stale timeout (see [`HeldClaims::beat_list`](super::claims::HeldClaims::beat_list)):
+/// released as at a graceful shutdown, the attempt not counted, the job in its place in
+/// line. If the release fails the claim is no longer extended all the same, and the
+/// reaper takes it back after the stale timeout.
+async fn give_back(
+    shared: &Shared,
+    connection: &mut Option<DbConnection<Box<PgConnection>>>,
+    application: &Option<Handle>,
+    claims: Vec<ClaimKey>,
+) {
+    let (ids, tokens): (Vec<i64>, Vec<Uuid>) = claims.into_iter().unzip();
+    let count = ids.len();
+    let delays = vec![0; count];
+    let released = on_beat_session!(shared, connection, application, |db| {
+        jobs_release_many(db, &ids, &tokens, &delays).await
+    });
+    match released {
+        Ok(released) => tracing::warn!(
+            jobs = released.len(),
+            waited_over = ?shared.config.stale_after,
+            "claimed jobs waited too long for a slot in this worker; given back to the queue"
+        ),
+        Err(e) => tracing::warn!(
+            error = %e,
+            jobs = count,
+            "could not give back jobs that waited too long for a slot; the reaper will take them back"
+        ),
+    }
+}
+
 /// The heartbeat's loop. On its own thread (`application` is the worker's runtime) it
 /// beats on its own connection, opened again when needed, and through the worker's pool
 /// on `application` while it cannot; without a thread (`None`) it beats through the pool.
@@ -98,7 +157,10 @@ async fn beat_loop(shared: Arc<Shared>, stop: CancellationToken, application: Op
         let in_flight = shared
             .claims
             .in_flight_for(interval, shared.config.stale_after.saturating_mul(2));
-        let (ids, tokens) = shared.claims.snapshot();
+        let (ids, tokens, given_back) = shared.claims.beat_list(shared.config.stale_after);
+        if !given_back.is_empty() {
+            give_back(&shared, &mut connection, &application, given_back).await;
+        }
         if ids.is_empty() && in_flight.is_empty() {
             // A quiet worker gives the session back; the next claim opens it again.
             if last_beat.elapsed() >= CONNECTION_IDLE_MAX
@@ -161,17 +223,9 @@ async fn beat_loop(shared: Arc<Shared>, stop: CancellationToken, application: Op
             let ids: Vec<i64> = lost.iter().map(|claim| claim.0).collect();
             // On the heartbeat's thread the pool is never used directly: a connection the
             // pool opened here would belong to this runtime and break once it ends.
-            let cancelled = match (connection.as_mut(), &application) {
-                (Some(own), _) => jobs_cancelled_among(own, &ids).await,
-                (None, Some(application)) => {
-                    let pool = shared.pool.clone();
-                    application
-                        .spawn(async move { jobs_cancelled_among(&pool, &ids).await })
-                        .await
-                        .unwrap_or_else(|e| Err(sqlx::Error::Protocol(e.to_string())))
-                }
-                (None, None) => jobs_cancelled_among(&shared.pool, &ids).await,
-            };
+            let cancelled = on_beat_session!(&shared, &mut connection, &application, |db| {
+                jobs_cancelled_among(db, &ids).await
+            });
             mark_cancelled(&shared, cancelled);
         }
         settle_beat(&shared, outcome, ids.len(), interval);

@@ -117,7 +117,8 @@ impl JobSeries {
         series.duration.record(took.as_secs_f64());
     }
 
-    /// A claimed job was given back before it started (shutdown).
+    /// A claimed job was given back before it started (a shutdown, or a wait for a slot
+    /// longer than the stale timeout).
     pub(crate) fn job_released_unstarted(&self, kind: &str) {
         let series = self.kind(kind);
         self.count(kind, &series, "released");

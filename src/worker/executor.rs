@@ -99,6 +99,9 @@ pub(super) async fn dispatch(
         if buffered.handles.given_back() {
             space.notify_one();
             metrics::buffered(-1.0);
+            shared.groups[group]
+                .series
+                .job_released_unstarted(&buffered.job.kind);
             continue;
         }
         let permit = tokio::select! {
@@ -112,6 +115,9 @@ pub(super) async fn dispatch(
         space.notify_one();
         metrics::buffered(-1.0);
         if !buffered.handles.start() {
+            shared.groups[group]
+                .series
+                .job_released_unstarted(&buffered.job.kind);
             continue;
         }
         let BufferedJob { mut job, handles } = buffered;
@@ -202,6 +208,9 @@ pub(super) async fn dispatch(
         if buffered.handles.given_back() {
             // Released by the heartbeat already.
             metrics::buffered(-1.0);
+            shared.groups[group]
+                .series
+                .job_released_unstarted(&buffered.job.kind);
             continue;
         }
         release_unstarted(buffered.job, &shared.groups[group].series, &outcomes);

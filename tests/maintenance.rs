@@ -842,7 +842,8 @@ async fn a_day_is_left_without_a_lock_request_while_a_reader_of_the_jobs_sits_id
         let waiting: i64 = sqlx::query_scalar(
             "SELECT count(*) FROM pg_locks
              WHERE NOT granted AND mode = 'AccessExclusiveLock'
-               AND relation = 'skiplock.jobs_done'::regclass",
+               AND relation = 'skiplock.jobs_done'::regclass
+               AND database = (SELECT oid FROM pg_database WHERE datname = current_database())",
         )
         .fetch_one(&mut *watcher)
         .await

@@ -490,12 +490,12 @@ fn every_function_that_writes_or_waits_for_jobs_meets_a_moved_row() {
     }
 }
 
-/// The server's view of its sessions, spelled in two pieces here so that this file's own
-/// text does not name it.
-const SESSIONS_VIEW: &str = concat!("pg_stat_", "activity");
+/// The server's views of every database's sessions and of their locks, each spelled in two
+/// pieces here so that this file's own text does not name it.
+const SERVER_WIDE_VIEWS: &[&str] = &[concat!("pg_stat_", "activity"), concat!("pg_", "locks")];
 
-/// Queries of the sessions view under tests/ that may see other databases' sessions, each
-/// as (file under tests/, a piece of the query's text, why it may).
+/// Queries of those views under tests/ that may see other databases' sessions, each as
+/// (file under tests/, a piece of the query's text, why it may).
 const SESSIONS_OF_EVERY_DATABASE: &[(&str, &str, &str)] = &[(
     "cli_connections.rs",
     "WHERE usename = '{name}'",
@@ -504,13 +504,16 @@ const SESSIONS_OF_EVERY_DATABASE: &[(&str, &str, &str)] = &[(
      waits for and counts nothing, so it cannot pass on another test's sessions",
 )];
 
-/// A wait for, or a count of, sessions in the sessions view (`pg_stat_activity`) that does
-/// not restrict itself to the test's own sessions can be satisfied by a neighbouring test's
-/// (the test binaries run at once, each test in its own database on one server), and so
-/// pass without the behaviour it names (issue 49, item 4). So every string literal of a
-/// Rust file under tests/ that names the view also restricts it, in the same literal, to
-/// `datname = current_database()` (on a connection to the test's own database), or to
-/// sessions the test owns by process id: `pid = $n`, `pid = ANY (…)` or `pid IN (…)`,
+/// A wait for, or a count of, sessions in the sessions view (`pg_stat_activity`), or of
+/// locks in the locks view (`pg_locks`), that does not restrict itself to the test's own
+/// sessions can be satisfied by a neighbouring test's (the test binaries run at once, each
+/// test in its own database on one server), and so pass without the behaviour it names, or
+/// fail on another test's lock (issue 49, item 4; a relation's OID is only unique within
+/// its database). So every string literal of a Rust file under tests/ that names either
+/// view also restricts it, in the same literal, to `datname = current_database()` (on a
+/// connection to the test's own database; for the locks view, through `database = (SELECT
+/// oid FROM pg_database WHERE datname = current_database())`), or to sessions the test owns
+/// by process id: `pid = $n`, `pid = ANY (…)`, `pid IN (…)` or `pid = pg_backend_pid()`,
 /// bound to ids the test read with `pg_backend_pid()` on connections it holds. The check
 /// reads text only: it cannot see which database a pool is on, nor whose pids are bound.
 /// A query that must see every database says why in SESSIONS_OF_EVERY_DATABASE.
@@ -526,16 +529,20 @@ fn every_query_of_the_sessions_view_in_the_tests_is_restricted_to_the_tests_own(
     for path in &files {
         let name = path.strip_prefix(&tests).unwrap().display().to_string();
         let text = std::fs::read_to_string(path).unwrap_or_default();
+        let names_a_view = |text: &str| {
+            let text = text.to_lowercase();
+            SERVER_WIDE_VIEWS.iter().any(|view| text.contains(view))
+        };
         if path.extension().is_none_or(|ext| ext != "rs") {
             assert!(
-                !text.to_lowercase().contains(SESSIONS_VIEW),
-                "tests/{name} names {SESSIONS_VIEW}: this check reads Rust string literals \
-                 only; query it from Rust, or teach the check this kind of file"
+                !names_a_view(&text),
+                "tests/{name} names one of {SERVER_WIDE_VIEWS:?}: this check reads Rust string \
+                 literals only; query it from Rust, or teach the check this kind of file"
             );
             continue;
         }
         for (line, literal) in string_literals(&text) {
-            if !literal.to_lowercase().contains(SESSIONS_VIEW) {
+            if !names_a_view(literal) {
                 continue;
             }
             queries += 1;
@@ -553,14 +560,14 @@ fn every_query_of_the_sessions_view_in_the_tests_is_restricted_to_the_tests_own(
     }
     assert!(
         queries > 20,
-        "found only {queries} queries of {SESSIONS_VIEW}"
+        "found only {queries} queries of {SERVER_WIDE_VIEWS:?}"
     );
     assert!(
         unrestricted.is_empty(),
-        "queries of {SESSIONS_VIEW} that other tests' sessions can satisfy: {unrestricted:?}; \
-         add `datname = current_database()` (or `pid = $n` for a session the test holds) to \
-         the query, or add it to SESSIONS_OF_EVERY_DATABASE with the reason it must see every \
-         database"
+        "queries of {SERVER_WIDE_VIEWS:?} that other tests' sessions can satisfy: \
+         {unrestricted:?}; add `datname = current_database()` (or `pid = $n` for a session \
+         the test holds) to the query, or add it to SESSIONS_OF_EVERY_DATABASE with the reason \
+         it must see every database"
     );
     for (file, piece, _) in SESSIONS_OF_EVERY_DATABASE {
         assert!(
@@ -572,7 +579,8 @@ fn every_query_of_the_sessions_view_in_the_tests_is_restricted_to_the_tests_own(
 }
 
 /// Whether a query names only the test's own sessions: `datname = current_database()`, or
-/// `pid = $n`, `pid = ANY (…)`, `pid IN (…)` (case and white space aside).
+/// `pid = $n`, `pid = ANY (…)`, `pid IN (…)`, `pid = pg_backend_pid()` (case and white
+/// space aside).
 fn restricted_to_own_sessions(query: &str) -> bool {
     let query = query
         .to_lowercase()
@@ -589,7 +597,7 @@ fn restricted_to_own_sessions(query: &str) -> bool {
             .is_none_or(|c| !(c.is_alphanumeric() || c == '_'));
         let rest = &query[at + "pid ".len()..];
         whole_word
-            && ["= $", "= any(", "= any (", "in ("]
+            && ["= $", "= any(", "= any (", "in (", "= pg_backend_pid()"]
                 .iter()
                 .any(|form| rest.starts_with(form))
     })

@@ -67,43 +67,15 @@ pub async fn install_audit(pool: &PgPool) {
              claimed_at   timestamptz,
              txid         bigint      NOT NULL DEFAULT txid_current(),
              at           timestamptz NOT NULL DEFAULT clock_timestamp()
-         );
-         CREATE FUNCTION public.job_audit_record() RETURNS trigger
-         LANGUAGE plpgsql AS $$
-         BEGIN
-             IF TG_OP = 'INSERT' THEN
-                 INSERT INTO public.job_audit (job_id, op, new_state, new_attempt, max_attempts,
-                                               new_token, new_holder, heartbeat, claimed_at)
-                 SELECT n.id, 'insert', n.state, n.attempt, n.max_attempts,
-                        n.claim_token, n.claimed_by, false, n.claimed_at
-                 FROM new_rows n ORDER BY n.id;
-             ELSIF TG_OP = 'UPDATE' THEN
-                 INSERT INTO public.job_audit (job_id, op, old_state, new_state, old_attempt,
-                                               new_attempt, max_attempts, old_token, new_token,
-                                               old_holder, new_holder, heartbeat, failure,
-                                               last_error, claimed_at)
-                 SELECT n.id, 'update', o.state, n.state, o.attempt, n.attempt,
-                        n.max_attempts, o.claim_token, n.claim_token, o.claimed_by,
-                        n.claimed_by,
-                        o.state = n.state
-                            AND o.claim_token IS NOT DISTINCT FROM n.claim_token
-                            AND o.heartbeat_at IS DISTINCT FROM n.heartbeat_at,
-                        o.errors IS DISTINCT FROM n.errors,
-                        n.last_error, n.claimed_at
-                 FROM old_rows o JOIN new_rows n ON n.id = o.id ORDER BY n.id;
-             ELSE
-                 INSERT INTO public.job_audit (job_id, op, old_state, old_attempt, old_token,
-                                               old_holder, heartbeat)
-                 SELECT o.id, 'delete', o.state, o.attempt, o.claim_token, o.claimed_by, false
-                 FROM old_rows o ORDER BY o.id;
-             END IF;
-             RETURN NULL;
-         END;
-         $$;",
+         );",
     )
     .execute(pool)
     .await
-    .expect("create the audit table and its function");
+    .expect("create the audit table");
+    sqlx::raw_sql(sqlx::AssertSqlSafe(audit_function_sql(&[])))
+        .execute(pool)
+        .await
+        .expect("create the audit's function");
     for (name, writes) in [
         ("jobs_audit_insert", JobWrites::Insert),
         ("jobs_audit_update", JobWrites::Update),
@@ -111,6 +83,57 @@ pub async fn install_audit(pool: &PgPool) {
     ] {
         after_job_statements(pool, name, writes, "public.job_audit_record").await;
     }
+}
+
+/// The function behind the audit's triggers (`public.job_audit_record()`, created or
+/// replaced): one row per job an insert, update or delete statement touched. `extra` names
+/// columns of `skiplock.jobs` it copies too, each into the column of `public.job_audit`
+/// by that name (the model's audit adds its own: `model_support::extend_audit`).
+pub fn audit_function_sql(extra: &[&str]) -> String {
+    let names: String = extra.iter().map(|column| format!(", {column}")).collect();
+    let of = |row: &str| -> String {
+        extra
+            .iter()
+            .map(|column| format!(", {row}.{column}"))
+            .collect()
+    };
+    let (new, old) = (of("n"), of("o"));
+    format!(
+        "CREATE OR REPLACE FUNCTION public.job_audit_record() RETURNS trigger
+         LANGUAGE plpgsql AS $$
+         BEGIN
+             IF TG_OP = 'INSERT' THEN
+                 INSERT INTO public.job_audit (job_id, op, new_state, new_attempt, max_attempts,
+                                               new_token, new_holder, heartbeat, claimed_at,
+                                               last_error{names})
+                 SELECT n.id, 'insert', n.state, n.attempt, n.max_attempts,
+                        n.claim_token, n.claimed_by, false, n.claimed_at, n.last_error{new}
+                 FROM new_rows n ORDER BY n.id;
+             ELSIF TG_OP = 'UPDATE' THEN
+                 INSERT INTO public.job_audit (job_id, op, old_state, new_state, old_attempt,
+                                               new_attempt, max_attempts, old_token, new_token,
+                                               old_holder, new_holder, heartbeat, failure,
+                                               last_error, claimed_at{names})
+                 SELECT n.id, 'update', o.state, n.state, o.attempt, n.attempt,
+                        n.max_attempts, o.claim_token, n.claim_token, o.claimed_by,
+                        n.claimed_by,
+                        o.state = n.state
+                            AND o.claim_token IS NOT DISTINCT FROM n.claim_token
+                            AND o.heartbeat_at IS DISTINCT FROM n.heartbeat_at,
+                        o.errors IS DISTINCT FROM n.errors,
+                        n.last_error, n.claimed_at{new}
+                 FROM old_rows o JOIN new_rows n ON n.id = o.id ORDER BY n.id;
+             ELSE
+                 INSERT INTO public.job_audit (job_id, op, old_state, old_attempt, old_token,
+                                               old_holder, heartbeat, last_error{names})
+                 SELECT o.id, 'delete', o.state, o.attempt, o.claim_token, o.claimed_by, false,
+                        o.last_error{old}
+                 FROM old_rows o ORDER BY o.id;
+             END IF;
+             RETURN NULL;
+         END;
+         $$;"
+    )
 }
 
 /// One row of `public.job_audit`.

@@ -165,67 +165,46 @@ impl Sim {
     }
 }
 
+/// The columns of `skiplock.jobs` the model's audit copies beyond the fault tests' own,
+/// with their types.
+const MODEL_AUDIT_COLUMNS: &[(&str, &str)] = &[
+    ("ordering_key", "text"),
+    ("unique_key", "text"),
+    ("unique_policy", "text"),
+    ("args", "jsonb"),
+    ("queue", "text"),
+    ("concurrency_key", "text"),
+    ("held_for", "text"),
+    ("scheduled_at", "timestamptz"),
+];
+
 /// Extends the audit of `tests/fault_support` (already installed): every row also records
 /// the job's ordering and unique keys, unique policy and args (so a merge is checked after
 /// the pruner removed both jobs), its queue, concurrency key, `held_for` and
-/// `scheduled_at` (so the coverage sees a limit hold back a due job), inserts record their `last_error` (a job enqueued
-/// behind a dead parent is born cancelled), and the edges of the dependency graph are
+/// `scheduled_at` (so the coverage sees a limit hold back a due job), through the same
+/// function as the fault tests' audit (`fault_support::audit_function_sql`), and the edges of the dependency graph are
 /// recorded in `public.model_deps` numbered from the audit's own sequence, so a claim
 /// and an edge can be ordered, and edges survive the cascade when a parent is pruned.
 pub async fn extend_audit(pool: &PgPool) {
+    let added: Vec<String> = MODEL_AUDIT_COLUMNS
+        .iter()
+        .map(|(column, kind)| format!("ADD COLUMN {column} {kind}"))
+        .collect();
+    let columns: Vec<&str> = MODEL_AUDIT_COLUMNS
+        .iter()
+        .map(|(column, _)| *column)
+        .collect();
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "ALTER TABLE public.job_audit {};
+         {}",
+        added.join(", "),
+        crate::fault_support::audit_function_sql(&columns)
+    )))
+    .execute(pool)
+    .await
+    .expect("extend the audit's table and function");
     sqlx::raw_sql(
-        "ALTER TABLE public.job_audit ADD COLUMN ordering_key text, ADD COLUMN unique_key text,
-             ADD COLUMN unique_policy text, ADD COLUMN args jsonb, ADD COLUMN queue text,
-             ADD COLUMN concurrency_key text, ADD COLUMN held_for text,
-             ADD COLUMN scheduled_at timestamptz;
-         CREATE OR REPLACE FUNCTION public.job_audit_record() RETURNS trigger
-         LANGUAGE plpgsql AS $$
-         BEGIN
-             IF TG_OP = 'INSERT' THEN
-                 INSERT INTO public.job_audit (job_id, op, new_state, new_attempt, max_attempts,
-                                               new_token, new_holder, heartbeat, claimed_at,
-                                               last_error, ordering_key, unique_key,
-                                               unique_policy, args, queue, concurrency_key,
-                                               held_for, scheduled_at)
-                 SELECT n.id, 'insert', n.state, n.attempt, n.max_attempts,
-                        n.claim_token, n.claimed_by, false, n.claimed_at,
-                        n.last_error, n.ordering_key, n.unique_key,
-                        n.unique_policy, n.args, n.queue, n.concurrency_key,
-                        n.held_for, n.scheduled_at
-                 FROM new_rows n ORDER BY n.id;
-             ELSIF TG_OP = 'UPDATE' THEN
-                 INSERT INTO public.job_audit (job_id, op, old_state, new_state, old_attempt,
-                                               new_attempt, max_attempts, old_token, new_token,
-                                               old_holder, new_holder, heartbeat, failure,
-                                               last_error, claimed_at, ordering_key, unique_key,
-                                               unique_policy, args, queue, concurrency_key,
-                                               held_for, scheduled_at)
-                 SELECT n.id, 'update', o.state, n.state, o.attempt, n.attempt,
-                        n.max_attempts, o.claim_token, n.claim_token, o.claimed_by,
-                        n.claimed_by,
-                        o.state = n.state
-                            AND o.claim_token IS NOT DISTINCT FROM n.claim_token
-                            AND o.heartbeat_at IS DISTINCT FROM n.heartbeat_at,
-                        o.errors IS DISTINCT FROM n.errors,
-                        n.last_error, n.claimed_at, n.ordering_key, n.unique_key,
-                        n.unique_policy, n.args, n.queue, n.concurrency_key,
-                        n.held_for, n.scheduled_at
-                 FROM old_rows o JOIN new_rows n ON n.id = o.id ORDER BY n.id;
-             ELSE
-                 INSERT INTO public.job_audit (job_id, op, old_state, old_attempt, old_token,
-                                               old_holder, heartbeat, last_error, ordering_key,
-                                               unique_key, unique_policy, args, queue,
-                                               concurrency_key, held_for, scheduled_at)
-                 SELECT o.id, 'delete', o.state, o.attempt, o.claim_token,
-                        o.claimed_by, false, o.last_error, o.ordering_key,
-                        o.unique_key, o.unique_policy, o.args, o.queue, o.concurrency_key,
-                        o.held_for, o.scheduled_at
-                 FROM old_rows o ORDER BY o.id;
-             END IF;
-             RETURN NULL;
-         END;
-         $$;
-         CREATE TABLE public.model_deps (
+        "CREATE TABLE public.model_deps (
              seq       bigint NOT NULL DEFAULT nextval('public.job_audit_seq_seq'),
              job_id    bigint NOT NULL,
              parent_id bigint NOT NULL,

@@ -98,10 +98,7 @@ pub(super) async fn dispatch(
         // after the wait for a slot.
         if buffered.handles.given_back() {
             space.notify_one();
-            metrics::buffered(-1.0);
-            shared.groups[group]
-                .series
-                .job_released_unstarted(&buffered.job.kind);
+            set_aside(&buffered.job, &shared.groups[group].series);
             continue;
         }
         let permit = tokio::select! {
@@ -113,13 +110,11 @@ pub(super) async fn dispatch(
             slot = slots.acquire(member) => slot,
         };
         space.notify_one();
-        metrics::buffered(-1.0);
         if !buffered.handles.start() {
-            shared.groups[group]
-                .series
-                .job_released_unstarted(&buffered.job.kind);
+            set_aside(&buffered.job, &shared.groups[group].series);
             continue;
         }
+        metrics::buffered(-1.0);
         let BufferedJob { mut job, handles } = buffered;
         shared.groups[group]
             .started
@@ -207,14 +202,18 @@ pub(super) async fn dispatch(
     for buffered in unstarted {
         if buffered.handles.given_back() {
             // Released by the heartbeat already.
-            metrics::buffered(-1.0);
-            shared.groups[group]
-                .series
-                .job_released_unstarted(&buffered.job.kind);
+            set_aside(&buffered.job, &shared.groups[group].series);
             continue;
         }
         release_unstarted(buffered.job, &shared.groups[group].series, &outcomes);
     }
+}
+
+/// Counts a claimed job that leaves the buffer without starting as released: given back
+/// by the heartbeat, or by [`release_unstarted`].
+fn set_aside(job: &ClaimedJob, series: &metrics::JobSeries) {
+    metrics::buffered(-1.0);
+    series.job_released_unstarted(&job.kind);
 }
 
 /// Gives a claimed job that never started back to the queue (through the completer).
@@ -223,8 +222,7 @@ fn release_unstarted(
     series: &metrics::JobSeries,
     outcomes: &mpsc::UnboundedSender<Finished>,
 ) {
-    metrics::buffered(-1.0);
-    series.job_released_unstarted(&job.kind);
+    set_aside(&job, series);
     let _ = outcomes.send(Finished {
         id: job.id,
         token: job.claim_token,

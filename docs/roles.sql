@@ -100,6 +100,10 @@ GRANT SELECT (attempt, output, last_error, finished_at, awaited)
     ON skiplock.jobs TO skiplock_enqueuer;
 GRANT SELECT (attempt, awaited, held_for, concurrency_key), UPDATE (awaited)
     ON skiplock.jobs_live TO skiplock_enqueuer;
+-- A job with a concurrency key is held for its turn in a queue with key_claimable (fair
+-- queueing): its insert reads the queue's key_claimable, and its key's queued and held
+-- jobs (their queue, state, held_for, concurrency_key, priority and scheduled_at).
+GRANT SELECT (name, key_claimable) ON skiplock.queues TO skiplock_enqueuer;
 
 -- ---- skiplock_reader: the dashboard read-only, `skiplock jobs/show/stats`, SQL reports --
 GRANT SELECT ON ALL TABLES IN SCHEMA skiplock TO skiplock_reader;
@@ -121,9 +125,10 @@ GRANT UPDATE, DELETE ON skiplock.key_rate_windows TO skiplock_operator;
 -- A cancel frees a key's slot (as a worker's outcome does); a per-key limit removed or the
 -- queue's row deleted drops the slots left for it.
 GRANT INSERT, DELETE ON skiplock.key_slots_freed TO skiplock_operator;
--- ... and a per-key limit raised or removed lets the held jobs go, from the live partition
--- by name (a statement naming skiplock.jobs_live is checked against its privileges alone).
-GRANT UPDATE (state, held_for) ON skiplock.jobs_live TO skiplock_operator;
+-- ... and a per-key limit or key_claimable raised or removed lets the held jobs go (in a
+-- fair queue, behind what is queued: scheduled_at), from the live partition by name (a
+-- statement naming skiplock.jobs_live is checked against its privileges alone).
+GRANT UPDATE (state, held_for, scheduled_at) ON skiplock.jobs_live TO skiplock_operator;
 -- ... and waits for outcomes as an enqueuer does (skiplock.watch_job marks the job).
 GRANT UPDATE (awaited) ON skiplock.jobs_live TO skiplock_operator;
 GRANT INSERT, UPDATE, DELETE ON skiplock.cron_schedules TO skiplock_operator;

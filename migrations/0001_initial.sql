@@ -128,8 +128,9 @@ CREATE TABLE skiplock.jobs (
     -- account). Unlike ordering_key, no order among a key's jobs.
     concurrency_key text,
     -- Why a waiting job is held back although it could run as far as its parents and its
-    -- lane go: 'key' (its concurrency_key is at the queue's key_max_running) or 'rate' (its
-    -- key's rate window is full). Set by the claim that holds it, cleared by whatever takes
+    -- lane go: 'key' (its concurrency_key is at the queue's key_max_running), 'rate' (its
+    -- key's rate window is full) or 'fair' (its key has the queue's key_claimable jobs
+    -- queued: it waits its turn). Set by the claim or the insert that holds it, cleared by whatever takes
     -- it out of waiting (jobs_held_for_only_waiting fails a writer that does not); NULL for
     -- a job waiting for its parents or its lane.
     held_for      text,
@@ -160,7 +161,7 @@ CREATE TABLE skiplock.jobs (
     ),
     CONSTRAINT jobs_unique_policy_known CHECK (unique_policy IN ('skip', 'replace', 'merge')),
     CONSTRAINT jobs_claim_token_only_running CHECK (claim_token IS NULL OR state = 'running'),
-    CONSTRAINT jobs_held_for_known CHECK (held_for IN ('key', 'rate')),
+    CONSTRAINT jobs_held_for_known CHECK (held_for IN ('key', 'rate', 'fair')),
     CONSTRAINT jobs_held_for_only_waiting CHECK (held_for IS NULL OR state = 'waiting'),
     -- A version-00 traceparent is 55 bytes; later versions may append fields. W3C asks a
     -- tracestate of at most 32 members and lets a carrier drop members past 512 bytes.
@@ -246,11 +247,13 @@ CREATE TABLE skiplock.queues (
     key_max_running int,
     key_rate_limit  int,
     key_rate_period interval,
+    key_claimable   int,
     CONSTRAINT queues_name_not_empty CHECK (name <> ''),
     CONSTRAINT queues_name_length CHECK (octet_length(name) <= 1000),
     -- Zero would be a pause; `paused` says that.
     CONSTRAINT queues_max_running_at_least_1 CHECK (max_running >= 1),
     CONSTRAINT queues_key_max_running_at_least_1 CHECK (key_max_running >= 1),
+    CONSTRAINT queues_key_claimable_at_least_1 CHECK (key_claimable >= 1),
     -- The claim keeps the last rate_limit start times of the queue (queue_rate_starts).
     CONSTRAINT queues_rate_limit_1_to_100000 CHECK (rate_limit BETWEEN 1 AND 100000),
     CONSTRAINT queues_rate_period_positive CHECK (rate_period > interval '0'),
@@ -284,9 +287,11 @@ CREATE TABLE skiplock.queue_rate_starts (
     PRIMARY KEY (queue, slot)
 );
 
--- Slots of concurrency keys freed in queues with key_max_running (a job of the key ended,
--- or a queued one was cancelled), a row per key and statement, for the queue's next claim
--- to let the key's held jobs go under the queue's lock (internal_release_freed_keys). The
+-- Keys whose held jobs the queue's next claim looks at again (internal_release_freed_keys):
+-- in queues with key_max_running, a slot of the key freed (a job of the key ended, or a
+-- queued one was cancelled); in queues with key_claimable, a job of the key claimed or
+-- cancelled while others of it were held, or a job of the key held by its insert. A row
+-- per key and statement. The
 -- statements that end jobs only insert here, so they never wait for the queue's lock nor
 -- hold it until their caller commits, whatever the caller's isolation; a row is deleted by
 -- the claim that reads it.
@@ -487,7 +492,7 @@ COMMENT ON COLUMN skiplock.jobs.progress IS 'Latest progress reported by the han
 COMMENT ON COLUMN skiplock.jobs.output IS 'Output recorded by the handler (any JSON).';
 
 COMMENT ON COLUMN skiplock.jobs.held_for IS
-    'Why a waiting job is held back although its parents and its lane let it run: key (its concurrency_key is at key_max_running) or rate (its key''s rate window is full). NULL for a job waiting for its parents or its lane, and for every job not waiting: an UPDATE that takes a held job out of waiting sets it NULL too.';
+    'Why a waiting job is held back although its parents and its lane let it run: key (its concurrency_key is at key_max_running), rate (its key''s rate window is full) or fair (its key has key_claimable jobs queued; it waits its turn). NULL for a job waiting for its parents or its lane, and for every job not waiting: an UPDATE that takes a held job out of waiting sets it NULL too.';
 
 COMMENT ON COLUMN skiplock.jobs.awaited IS
     'true once someone waits for the job''s outcome (skiplock.watch_job, skiplock::wait_for): when it finishes (succeeded, dead or cancelled) its id is notified on skiplock_finished. NULL otherwise.';
@@ -536,7 +541,7 @@ COMMENT ON TABLE skiplock.queue_rate_starts IS
     'Internal (rate_limit): a ring''s slots, each the start time of one claimed job.';
 
 COMMENT ON TABLE skiplock.key_slots_freed IS
-    'Internal (key_max_running): a row per key and statement that freed a slot of the key, for the queue''s next claim to let the key''s held jobs go; deleted by that claim.';
+    'Internal (key_max_running, key_claimable): a row per key and statement that freed a slot of the key or changed what of it is queued, for the queue''s next claim to let the key''s held jobs go; deleted by that claim.';
 
 COMMENT ON TABLE skiplock.key_rate_windows IS
     'Internal (key_rate_limit): a concurrency key''s last starts within its rate window, and whether the window holds the key''s jobs back.';
@@ -640,6 +645,9 @@ COMMENT ON COLUMN skiplock.queues.key_rate_limit IS
 COMMENT ON COLUMN skiplock.queues.key_rate_period IS
     'The window of key_rate_limit.';
 
+COMMENT ON COLUMN skiplock.queues.key_claimable IS
+    'Fair queueing by concurrency_key: at most this many due jobs of one key queued at once at each priority; the key''s others wait (held_for fair) and each is let go, behind what is queued then, when one of the key''s is claimed, so keys take turns. NULL: jobs are taken in claim order whatever their key.';
+
 COMMENT ON COLUMN skiplock.queue_rate_rings.queue IS
     'The rate-limited queue.';
 
@@ -659,10 +667,10 @@ COMMENT ON COLUMN skiplock.queue_rate_starts.started_at IS
     'When the job that took the slot was claimed.';
 
 COMMENT ON COLUMN skiplock.key_slots_freed.queue IS
-    'The queue with key_max_running.';
+    'The queue with key_max_running or key_claimable.';
 
 COMMENT ON COLUMN skiplock.key_slots_freed.concurrency_key IS
-    'The key one of whose jobs ended (or was cancelled while queued).';
+    'The key one of whose jobs ended, was claimed, was cancelled while queued, or was held by its insert.';
 
 COMMENT ON COLUMN skiplock.key_rate_windows.queue IS
     'The queue with key_rate_limit.';

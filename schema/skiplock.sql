@@ -719,9 +719,13 @@ BEGIN
     IF previous = 'running' THEN
         PERFORM pg_notify('skiplock_cancel', job_id::text);
     END IF;
-    -- A running job's slot, or a queued job's place among its key's admitted jobs.
+    -- A running job's slot, or a queued job's place among its key's admitted jobs (and,
+    -- with key_claimable, its key's turn).
     IF previous = 'running' OR (previous = 'queued' AND job_key IS NOT NULL) THEN
         PERFORM skiplock.internal_notify_freed(ARRAY[job_queue], ARRAY[job_key]);
+    END IF;
+    IF previous = 'queued' AND job_key IS NOT NULL THEN
+        PERFORM skiplock.internal_recheck_keys(ARRAY[job_queue], ARRAY[job_key]);
     END IF;
     PERFORM skiplock.internal_settle_dependants(ARRAY[job_id],
                                                  ARRAY(SELECT lane WHERE lane IS NOT NULL));
@@ -843,6 +847,7 @@ DECLARE
     lim_key_max_running int;
     lim_key_rate_limit int;
     lim_key_rate_period interval;
+    lim_key_claimable int;
     room bigint := max_jobs;
     wanted bigint;
     rate_room bigint;
@@ -860,9 +865,9 @@ DECLARE
 BEGIN
     -- The queue's row, if any: one probe for a queue without limits.
     SELECT q.paused, q.max_running, q.rate_limit, q.rate_period, q.key_max_running,
-           q.key_rate_limit, q.key_rate_period
+           q.key_rate_limit, q.key_rate_period, q.key_claimable
     INTO is_paused, lim_max_running, lim_rate_limit, lim_rate_period, lim_key_max_running,
-         lim_key_rate_limit, lim_key_rate_period
+         lim_key_rate_limit, lim_key_rate_period, lim_key_claimable
     FROM skiplock.queues q
     WHERE q.name = queue_name;
     IF is_paused THEN
@@ -997,6 +1002,11 @@ BEGIN
             RETURN;
         END IF;
     END IF;
+    IF lim_key_claimable IS NOT NULL AND lim_key_max_running IS NULL THEN
+        -- Fair queueing: the keys whose turns were given up since are let go first (with
+        -- key_max_running, under the queue's lock above).
+        PERFORM skiplock.internal_release_freed_keys(queue_name);
+    END IF;
     -- Without a position, a key before every row: the full walk.
     IF after_priority IS NOT NULL AND after_scheduled_at_us IS NOT NULL
        AND after_id IS NOT NULL THEN
@@ -1074,7 +1084,18 @@ BEGIN
                 attempt = least(j.attempt, 2147483646) + 1
             WHERE j.ctid = ANY ((SELECT t.ctids FROM taken t)::tid[])
             RETURNING j.id, j.queue, j.kind, j.args, j.attempt, j.max_attempts,
-                      j.claim_token, j.priority, j.scheduled_at, j.traceparent, j.tracestate
+                      j.claim_token, j.priority, j.scheduled_at, j.traceparent, j.tracestate,
+                      j.concurrency_key
+        ), turns_given AS (
+            -- Fair queueing: the keys taken that have jobs held for their turn, for the
+            -- queue's next claim (run whether or not the result is read).
+            INSERT INTO skiplock.key_slots_freed (queue, concurrency_key)
+            SELECT DISTINCT queue_name, c.concurrency_key
+            FROM claimed c
+            WHERE lim_key_claimable IS NOT NULL AND c.concurrency_key IS NOT NULL
+              AND EXISTS (SELECT 1 FROM skiplock.jobs_live h
+                          WHERE h.queue = queue_name AND h.state = 'waiting'
+                            AND h.held_for IS NOT NULL AND h.concurrency_key = c.concurrency_key)
         )
         SELECT c.id, c.queue, c.kind, c.args, c.attempt, c.max_attempts, c.claim_token,
                c.priority,
@@ -1102,6 +1123,12 @@ BEGIN
         EXIT WHEN held_now = 0;
         room := room - taken_now;
     END LOOP;
+    IF lim_key_claimable IS NOT NULL AND taken > 0 THEN
+        -- The next claim lets go the keys' next jobs: after this one commits, a worker
+        -- makes it.
+        PERFORM skiplock.internal_notify_queue_start(queue_name)
+        WHERE EXISTS (SELECT 1 FROM skiplock.key_slots_freed f WHERE f.queue = queue_name);
+    END IF;
     IF rate_room IS NOT NULL THEN
         PERFORM skiplock.internal_rate_record(queue_name, taken, claim_time, lim_rate_limit,
                                               lim_rate_period,
@@ -1861,7 +1888,9 @@ CREATE FUNCTION skiplock.internal_forget_key_limit_rows() RETURNS integer
         WHERE f.ctid = ANY (ARRAY(
                 SELECT o.ctid FROM skiplock.key_slots_freed o
                 WHERE NOT EXISTS (SELECT 1 FROM skiplock.queues q
-                                  WHERE q.name = o.queue AND q.key_max_running IS NOT NULL)
+                                  WHERE q.name = o.queue
+                                    AND (q.key_max_running IS NOT NULL
+                                         OR q.key_claimable IS NOT NULL))
                 LIMIT 500
                 FOR UPDATE SKIP LOCKED))
         RETURNING 1
@@ -2223,6 +2252,7 @@ DECLARE
     merged jsonb;
     lane_tail bigint;
     lane_contended boolean;
+    claimable int;
 BEGIN
     IF current_setting('skiplock.requeue_moving', true) = NEW.id::text THEN
         PERFORM set_config('skiplock.requeue_moving', '', true);
@@ -2317,6 +2347,18 @@ BEGIN
             RETURN NULL;
         END IF;
     END IF;
+    IF NEW.concurrency_key IS NOT NULL AND NEW.state = 'queued' AND NEW.ordering_key IS NULL
+       AND NEW.scheduled_at <= now() THEN
+        -- Fair queueing (06_global_limits.sql): a due job whose key has its turns taken
+        -- waits for one; the statement's trigger leaves the key for the next claim.
+        SELECT q.key_claimable INTO claimable FROM skiplock.queues q WHERE q.name = NEW.queue;
+        IF claimable IS NOT NULL
+           AND skiplock.internal_key_turn_taken(NEW.queue, NEW.concurrency_key, NEW.priority,
+                                                claimable) THEN
+            NEW.state := 'waiting';
+            NEW.held_for := 'fair';
+        END IF;
+    END IF;
     RETURN NEW;
 END;
 $$;
@@ -2331,6 +2373,34 @@ CREATE FUNCTION skiplock.internal_jobs_done_before_requeue() RETURNS trigger
 BEGIN
     PERFORM set_config('skiplock.requeue_moving', NEW.id::text, true);
     RETURN NEW;
+END;
+$$;
+
+--
+-- Name: internal_key_queued(text, text, integer); Type: FUNCTION; Schema: skiplock; Owner: -
+--
+
+CREATE FUNCTION skiplock.internal_key_queued(queue_name text, key text, cap integer) RETURNS integer
+    LANGUAGE plpgsql STABLE
+    SET enable_seqscan TO 'off'
+    SET enable_bitmapscan TO 'off'
+    SET jit TO 'off'
+    AS $$
+DECLARE
+    first_held smallint;
+BEGIN
+    IF cap IS NULL THEN
+        RETURN NULL;
+    END IF;
+    SELECT h.priority INTO first_held FROM skiplock.jobs_live h
+    WHERE h.queue = queue_name AND h.state = 'waiting' AND h.held_for IS NOT NULL
+      AND h.concurrency_key = key
+    ORDER BY h.priority LIMIT 1;
+    RETURN (SELECT count(*)::int FROM (
+        SELECT FROM skiplock.jobs_live j
+        WHERE j.queue = queue_name AND j.state = 'queued' AND j.concurrency_key = key
+          AND j.priority <= coalesce(first_held, 32767) AND j.scheduled_at <= now()
+        LIMIT cap) r);
 END;
 $$;
 
@@ -2392,6 +2462,30 @@ BEGIN
         SELECT FROM skiplock.jobs_live j
         WHERE j.queue = queue_name AND j.state = 'running' AND j.concurrency_key = key
         LIMIT cap) r);
+END;
+$$;
+
+--
+-- Name: internal_key_turn_taken(text, text, smallint, integer); Type: FUNCTION; Schema: skiplock; Owner: -
+--
+
+CREATE FUNCTION skiplock.internal_key_turn_taken(queue_name text, key text, priority smallint, cap integer) RETURNS boolean
+    LANGUAGE plpgsql STABLE
+    SET enable_seqscan TO 'off'
+    SET enable_bitmapscan TO 'off'
+    SET jit TO 'off'
+    AS $$
+BEGIN
+    RETURN EXISTS (SELECT 1 FROM skiplock.jobs_live h
+                   WHERE h.queue = queue_name AND h.state = 'waiting'
+                     AND h.held_for IS NOT NULL AND h.concurrency_key = key
+                     AND h.priority <= internal_key_turn_taken.priority)
+        OR (SELECT count(*) FROM (
+                SELECT FROM skiplock.jobs_live j
+                WHERE j.queue = queue_name AND j.state = 'queued' AND j.concurrency_key = key
+                  AND j.priority <= internal_key_turn_taken.priority
+                  AND j.scheduled_at <= now()
+                LIMIT cap) r) >= cap;
 END;
 $$;
 
@@ -2612,6 +2706,11 @@ BEGIN
               GROUP BY i.queue, i.priority) g
         CROSS JOIN LATERAL unnest(ARRAY[g.due, g.later_first, g.later_last]) AS k(at)
         WHERE k.at IS NOT NULL));
+    -- Jobs held for their turn (fair queueing): their keys, for the queue's next claim.
+    PERFORM skiplock.internal_recheck_keys(array_agg(i.queue), array_agg(i.concurrency_key))
+    FROM inserted i
+    WHERE i.held_for = 'fair'
+    HAVING count(*) > 0;
     RETURN NULL;
 END;
 $$;
@@ -2864,7 +2963,7 @@ BEGIN
         DELETE FROM skiplock.key_rate_windows w WHERE w.queue = OLD.name;
         DELETE FROM skiplock.key_slots_freed f WHERE f.queue = OLD.name;
     ELSE
-        IF NEW.key_max_running IS NULL THEN
+        IF NEW.key_max_running IS NULL AND NEW.key_claimable IS NULL THEN
             DELETE FROM skiplock.key_slots_freed f WHERE f.queue = NEW.name;
         END IF;
         IF NEW.key_rate_limit IS NULL THEN
@@ -3070,6 +3169,28 @@ CREATE FUNCTION skiplock.internal_reap_stale_tally(stale_after_ms bigint, max_jo
 $$;
 
 --
+-- Name: internal_recheck_keys(text[], text[]); Type: FUNCTION; Schema: skiplock; Owner: -
+--
+
+CREATE FUNCTION skiplock.internal_recheck_keys(queues text[], keys text[]) RETURNS void
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    SET jit TO 'off'
+    AS $$
+BEGIN
+    INSERT INTO skiplock.key_slots_freed (queue, concurrency_key)
+    SELECT DISTINCT f.queue, f.key
+    FROM unnest(queues, keys) AS f(queue, key)
+    WHERE f.key IS NOT NULL
+      AND EXISTS (SELECT 1 FROM skiplock.queues q
+                  WHERE q.name = f.queue AND q.key_claimable IS NOT NULL);
+    PERFORM skiplock.internal_notify_queue_start(q.name)
+    FROM skiplock.queues q
+    WHERE q.name = ANY (queues) AND q.key_claimable IS NOT NULL;
+END;
+$$;
+
+--
 -- Name: internal_release_claims(bigint[], uuid[], bigint[]); Type: FUNCTION; Schema: skiplock; Owner: -
 --
 
@@ -3137,15 +3258,22 @@ CREATE FUNCTION skiplock.internal_release_freed_keys(queue_name text) RETURNS in
     AS $$
 DECLARE
     freed text[];
+    rows_taken int;
 BEGIN
     WITH taken AS (
         DELETE FROM skiplock.key_slots_freed f
-        WHERE f.queue = queue_name
+        WHERE f.ctid = ANY (ARRAY(SELECT o.ctid FROM skiplock.key_slots_freed o
+                                  WHERE o.queue = queue_name
+                                  LIMIT 1000
+                                  FOR UPDATE SKIP LOCKED))
         RETURNING f.concurrency_key
     )
-    SELECT array_agg(DISTINCT t.concurrency_key) INTO freed FROM taken t;
+    SELECT array_agg(DISTINCT t.concurrency_key), count(*) INTO freed, rows_taken FROM taken t;
     IF freed IS NULL THEN
         RETURN 0;
+    END IF;
+    IF rows_taken >= 1000 THEN
+        PERFORM skiplock.internal_notify_queue_start(queue_name);
     END IF;
     RETURN skiplock.internal_release_held(queue_name, freed);
 END;
@@ -3167,12 +3295,19 @@ DECLARE
     key_limit int;
     key_rate int;
     key_period interval;
+    claimable int;
     released int;
     released_keys skiplock.runnable_key[];
 BEGIN
-    PERFORM pg_advisory_xact_lock(skiplock.internal_queue_limit_lock_id(queue_name));
     SELECT q.key_max_running, q.key_rate_limit, q.key_rate_period
     INTO key_limit, key_rate, key_period
+    FROM skiplock.queues q WHERE q.name = queue_name;
+    IF key_limit IS NOT NULL OR key_rate IS NOT NULL THEN
+        PERFORM pg_advisory_xact_lock(skiplock.internal_queue_limit_lock_id(queue_name));
+    END IF;
+    -- Again after the lock: a change committed while this waited for it holds.
+    SELECT q.key_max_running, q.key_rate_limit, q.key_rate_period, q.key_claimable
+    INTO key_limit, key_rate, key_period, claimable
     FROM skiplock.queues q WHERE q.name = queue_name;
     WITH RECURSIVE held_keys(key) AS (
         -- With keys NULL: the first held key, then the next after each.
@@ -3192,9 +3327,11 @@ BEGIN
         SELECT h.key FROM held_keys h WHERE h.key IS NOT NULL
     ), room AS (
         -- The lesser of what each limit leaves (NULL: no limit holds the key). Queued jobs
-        -- of the key are not subtracted: one no worker takes (a kind nobody handles) would
-        -- keep the held ones back for good, and one of a lower priority would go before
-        -- them. A claim takes the best of them all; what it cannot take it holds again.
+        -- of the key are not subtracted for the per-key limits: one no worker takes (a kind
+        -- nobody handles) would keep the held ones back for good, and one of a lower
+        -- priority would go before them. A claim takes the best of them all; what it cannot
+        -- take it holds again. key_claimable bounds the queued jobs themselves: those at
+        -- the priority of the key's most urgent held job or better.
         SELECT l.key, least(
             key_limit - (
                 SELECT count(*) FROM (
@@ -3205,10 +3342,14 @@ BEGIN
             skiplock.internal_window_room(
                 (SELECT w.starts FROM skiplock.key_rate_windows w
                  WHERE w.queue = queue_name AND w.concurrency_key = l.key),
-                key_rate, key_period, clock_timestamp(), key_rate)) AS room
+                key_rate, key_period, clock_timestamp(), key_rate),
+            claimable - skiplock.internal_key_queued(queue_name, l.key, claimable)) AS room
         FROM looked_at l
     ), released AS (
-        UPDATE skiplock.jobs_live j SET state = 'queued', held_for = NULL
+        UPDATE skiplock.jobs_live j SET state = 'queued', held_for = NULL,
+            -- Fair queueing: behind what is queued now, so that the keys take turns.
+            scheduled_at = CASE WHEN claimable IS NOT NULL
+                                THEN greatest(j.scheduled_at, now()) ELSE j.scheduled_at END
         WHERE j.ctid = ANY (ARRAY(
             SELECT h.ctid
             FROM room r
@@ -3270,6 +3411,8 @@ CREATE FUNCTION skiplock.internal_release_watched(queue text, key text, held_for
 BEGIN
     IF held_for = 'key' THEN
         PERFORM skiplock.internal_notify_freed(ARRAY[queue], ARRAY[key]);
+    ELSIF held_for = 'fair' THEN
+        PERFORM skiplock.internal_recheck_keys(ARRAY[queue], ARRAY[key]);
     ELSIF held_for = 'rate' THEN
         PERFORM 1 FROM skiplock.key_rate_windows w
         WHERE w.queue = internal_release_watched.queue AND w.concurrency_key = key
@@ -4242,38 +4385,41 @@ $$;
 COMMENT ON FUNCTION skiplock.retry_job(job_id bigint) IS 'Puts a finished job (dead, cancelled or succeeded) back in line, due now, with an attempt to spare (a queued job is made due now): `queued`, or `waiting` behind an unfinished job of its lane or a parent that has not succeeded. A job whose `unique_key` another pending job holds is superseded by it (it ends `cancelled` naming that job; under the policy `merge` its payloads are merged in first). Returns true if it was put back in line, false for a running or waiting job or no such job. Example: SELECT skiplock.retry_job(42);';
 
 --
--- Name: set_queue_limits(text, integer, integer, interval, integer, integer, interval); Type: FUNCTION; Schema: skiplock; Owner: -
+-- Name: set_queue_limits(text, integer, integer, interval, integer, integer, interval, integer); Type: FUNCTION; Schema: skiplock; Owner: -
 --
 
-CREATE FUNCTION skiplock.set_queue_limits(queue_name text, max_running integer, rate_limit integer DEFAULT NULL::integer, rate_period interval DEFAULT NULL::interval, key_max_running integer DEFAULT NULL::integer, key_rate_limit integer DEFAULT NULL::integer, key_rate_period interval DEFAULT NULL::interval) RETURNS void
+CREATE FUNCTION skiplock.set_queue_limits(queue_name text, max_running integer, rate_limit integer DEFAULT NULL::integer, rate_period interval DEFAULT NULL::interval, key_max_running integer DEFAULT NULL::integer, key_rate_limit integer DEFAULT NULL::integer, key_rate_period interval DEFAULT NULL::interval, key_claimable integer DEFAULT NULL::integer) RETURNS void
     LANGUAGE plpgsql
     AS $$
 BEGIN
     PERFORM skiplock.internal_check_queue_name(queue_name);
     PERFORM skiplock.internal_check_running_limit('max_running', max_running);
     PERFORM skiplock.internal_check_running_limit('key_max_running', key_max_running);
+    PERFORM skiplock.internal_check_running_limit('key_claimable', key_claimable);
     PERFORM skiplock.internal_check_rate_limit('rate_limit', 'rate_period', rate_limit,
                                                rate_period, 100000, 100);
     PERFORM skiplock.internal_check_rate_limit('key_rate_limit', 'key_rate_period',
                                                key_rate_limit, key_rate_period, 10000, 10);
     INSERT INTO skiplock.queues AS q (name, max_running, rate_limit, rate_period,
-                                      key_max_running, key_rate_limit, key_rate_period)
+                                      key_max_running, key_rate_limit, key_rate_period,
+                                      key_claimable)
     VALUES (queue_name, set_queue_limits.max_running, set_queue_limits.rate_limit,
             set_queue_limits.rate_period, set_queue_limits.key_max_running,
-            set_queue_limits.key_rate_limit, set_queue_limits.key_rate_period)
+            set_queue_limits.key_rate_limit, set_queue_limits.key_rate_period,
+            set_queue_limits.key_claimable)
     ON CONFLICT (name) DO UPDATE
     SET max_running = excluded.max_running, rate_limit = excluded.rate_limit,
         rate_period = excluded.rate_period, key_max_running = excluded.key_max_running,
         key_rate_limit = excluded.key_rate_limit, key_rate_period = excluded.key_rate_period,
-        updated_at = now();
+        key_claimable = excluded.key_claimable, updated_at = now();
 END;
 $$;
 
 --
--- Name: FUNCTION set_queue_limits(queue_name text, max_running integer, rate_limit integer, rate_period interval, key_max_running integer, key_rate_limit integer, key_rate_period interval); Type: COMMENT; Schema: skiplock; Owner: -
+-- Name: FUNCTION set_queue_limits(queue_name text, max_running integer, rate_limit integer, rate_period interval, key_max_running integer, key_rate_limit integer, key_rate_period interval, key_claimable integer); Type: COMMENT; Schema: skiplock; Owner: -
 --
 
-COMMENT ON FUNCTION skiplock.set_queue_limits(queue_name text, max_running integer, rate_limit integer, rate_period interval, key_max_running integer, key_rate_limit integer, key_rate_period interval) IS 'Sets a queue''s global limits across every worker (NULL: none): max_running jobs at once, rate_limit starts per rate_period, and per concurrency_key key_max_running jobs at once and key_rate_limit starts per key_rate_period. Example: SELECT skiplock.set_queue_limits(''exports'', max_running => 5); SELECT skiplock.set_queue_limits(''mail'', NULL, 100, ''1 second''); SELECT skiplock.set_queue_limits(''reports'', NULL, key_max_running => 2, key_rate_limit => 10, key_rate_period => ''1 minute'');';
+COMMENT ON FUNCTION skiplock.set_queue_limits(queue_name text, max_running integer, rate_limit integer, rate_period interval, key_max_running integer, key_rate_limit integer, key_rate_period interval, key_claimable integer) IS 'Sets a queue''s global limits across every worker (NULL: none): max_running jobs at once, rate_limit starts per rate_period, per concurrency_key key_max_running jobs at once and key_rate_limit starts per key_rate_period, and fair queueing by key: at most key_claimable due jobs of one key queued at once, the keys taking turns. Example: SELECT skiplock.set_queue_limits(''exports'', max_running => 5); SELECT skiplock.set_queue_limits(''mail'', NULL, 100, ''1 second''); SELECT skiplock.set_queue_limits(''reports'', NULL, key_max_running => 2, key_rate_limit => 10, key_rate_period => ''1 minute''); SELECT skiplock.set_queue_limits(''tenants'', NULL, key_claimable => 32);';
 
 --
 -- Name: snooze(bigint, uuid, interval); Type: FUNCTION; Schema: skiplock; Owner: -
@@ -4439,6 +4585,12 @@ BEGIN
         WHERE d.job_id = job.id AND p.state IS DISTINCT FROM 'succeeded' AND d.parent_state IS NULL;
         IF parents IS NOT NULL THEN
             RETURN format('waits for its parent jobs to succeed: %s', parents);
+        END IF;
+        IF job.held_for = 'fair' AND queue_row.key_claimable IS NOT NULL THEN
+            RETURN format('waits its turn among the jobs of key %L: the queue''s key_claimable lets %s of a key''s jobs be queued at once (%s are now); it is queued behind the others when one of them is claimed',
+                          job.concurrency_key, queue_row.key_claimable,
+                          skiplock.internal_key_queued(job.queue, job.concurrency_key,
+                                                       queue_row.key_claimable));
         END IF;
         IF job.held_for IS NOT NULL THEN
             IF queue_row.key_max_running IS NOT NULL THEN
@@ -4683,7 +4835,7 @@ CREATE TABLE skiplock.jobs (
     CONSTRAINT jobs_attempt_not_negative CHECK ((attempt >= 0)),
     CONSTRAINT jobs_claim_token_only_running CHECK (((claim_token IS NULL) OR (state = 'running'::skiplock.job_state))),
     CONSTRAINT jobs_concurrency_key_not_empty CHECK ((concurrency_key <> ''::text)),
-    CONSTRAINT jobs_held_for_known CHECK ((held_for = ANY (ARRAY['key'::text, 'rate'::text]))),
+    CONSTRAINT jobs_held_for_known CHECK ((held_for = ANY (ARRAY['key'::text, 'rate'::text, 'fair'::text]))),
     CONSTRAINT jobs_held_for_only_waiting CHECK (((held_for IS NULL) OR (state = 'waiting'::skiplock.job_state))),
     CONSTRAINT jobs_kind_not_empty CHECK ((kind <> ''::text)),
     CONSTRAINT jobs_max_attempts_positive CHECK ((max_attempts >= 1)),
@@ -4844,7 +4996,7 @@ COMMENT ON COLUMN skiplock.jobs.concurrency_key IS 'A tenant or an account: in a
 -- Name: COLUMN jobs.held_for; Type: COMMENT; Schema: skiplock; Owner: -
 --
 
-COMMENT ON COLUMN skiplock.jobs.held_for IS 'Why a waiting job is held back although its parents and its lane let it run: key (its concurrency_key is at key_max_running) or rate (its key''s rate window is full). NULL for a job waiting for its parents or its lane, and for every job not waiting: an UPDATE that takes a held job out of waiting sets it NULL too.';
+COMMENT ON COLUMN skiplock.jobs.held_for IS 'Why a waiting job is held back although its parents and its lane let it run: key (its concurrency_key is at key_max_running), rate (its key''s rate window is full) or fair (its key has key_claimable jobs queued; it waits its turn). NULL for a job waiting for its parents or its lane, and for every job not waiting: an UPDATE that takes a held job out of waiting sets it NULL too.';
 
 --
 -- Name: COLUMN jobs.awaited; Type: COMMENT; Schema: skiplock; Owner: -
@@ -5063,7 +5215,7 @@ CREATE TABLE skiplock.jobs_done (
     CONSTRAINT jobs_attempt_not_negative CHECK ((attempt >= 0)),
     CONSTRAINT jobs_claim_token_only_running CHECK (((claim_token IS NULL) OR (state = 'running'::skiplock.job_state))),
     CONSTRAINT jobs_concurrency_key_not_empty CHECK ((concurrency_key <> ''::text)),
-    CONSTRAINT jobs_held_for_known CHECK ((held_for = ANY (ARRAY['key'::text, 'rate'::text]))),
+    CONSTRAINT jobs_held_for_known CHECK ((held_for = ANY (ARRAY['key'::text, 'rate'::text, 'fair'::text]))),
     CONSTRAINT jobs_held_for_only_waiting CHECK (((held_for IS NULL) OR (state = 'waiting'::skiplock.job_state))),
     CONSTRAINT jobs_kind_not_empty CHECK ((kind <> ''::text)),
     CONSTRAINT jobs_max_attempts_positive CHECK ((max_attempts >= 1)),
@@ -5111,7 +5263,7 @@ CREATE TABLE skiplock.jobs_done_default (
     CONSTRAINT jobs_attempt_not_negative CHECK ((attempt >= 0)),
     CONSTRAINT jobs_claim_token_only_running CHECK (((claim_token IS NULL) OR (state = 'running'::skiplock.job_state))),
     CONSTRAINT jobs_concurrency_key_not_empty CHECK ((concurrency_key <> ''::text)),
-    CONSTRAINT jobs_held_for_known CHECK ((held_for = ANY (ARRAY['key'::text, 'rate'::text]))),
+    CONSTRAINT jobs_held_for_known CHECK ((held_for = ANY (ARRAY['key'::text, 'rate'::text, 'fair'::text]))),
     CONSTRAINT jobs_held_for_only_waiting CHECK (((held_for IS NULL) OR (state = 'waiting'::skiplock.job_state))),
     CONSTRAINT jobs_kind_not_empty CHECK ((kind <> ''::text)),
     CONSTRAINT jobs_max_attempts_positive CHECK ((max_attempts >= 1)),
@@ -5171,7 +5323,7 @@ CREATE TABLE skiplock.jobs_live (
     CONSTRAINT jobs_attempt_not_negative CHECK ((attempt >= 0)),
     CONSTRAINT jobs_claim_token_only_running CHECK (((claim_token IS NULL) OR (state = 'running'::skiplock.job_state))),
     CONSTRAINT jobs_concurrency_key_not_empty CHECK ((concurrency_key <> ''::text)),
-    CONSTRAINT jobs_held_for_known CHECK ((held_for = ANY (ARRAY['key'::text, 'rate'::text]))),
+    CONSTRAINT jobs_held_for_known CHECK ((held_for = ANY (ARRAY['key'::text, 'rate'::text, 'fair'::text]))),
     CONSTRAINT jobs_held_for_only_waiting CHECK (((held_for IS NULL) OR (state = 'waiting'::skiplock.job_state))),
     CONSTRAINT jobs_kind_not_empty CHECK ((kind <> ''::text)),
     CONSTRAINT jobs_max_attempts_positive CHECK ((max_attempts >= 1)),
@@ -5252,19 +5404,19 @@ CREATE TABLE skiplock.key_slots_freed (
 -- Name: TABLE key_slots_freed; Type: COMMENT; Schema: skiplock; Owner: -
 --
 
-COMMENT ON TABLE skiplock.key_slots_freed IS 'Internal (key_max_running): a row per key and statement that freed a slot of the key, for the queue''s next claim to let the key''s held jobs go; deleted by that claim.';
+COMMENT ON TABLE skiplock.key_slots_freed IS 'Internal (key_max_running, key_claimable): a row per key and statement that freed a slot of the key or changed what of it is queued, for the queue''s next claim to let the key''s held jobs go; deleted by that claim.';
 
 --
 -- Name: COLUMN key_slots_freed.queue; Type: COMMENT; Schema: skiplock; Owner: -
 --
 
-COMMENT ON COLUMN skiplock.key_slots_freed.queue IS 'The queue with key_max_running.';
+COMMENT ON COLUMN skiplock.key_slots_freed.queue IS 'The queue with key_max_running or key_claimable.';
 
 --
 -- Name: COLUMN key_slots_freed.concurrency_key; Type: COMMENT; Schema: skiplock; Owner: -
 --
 
-COMMENT ON COLUMN skiplock.key_slots_freed.concurrency_key IS 'The key one of whose jobs ended (or was cancelled while queued).';
+COMMENT ON COLUMN skiplock.key_slots_freed.concurrency_key IS 'The key one of whose jobs ended, was claimed, was cancelled while queued, or was held by its insert.';
 
 --
 -- Name: queues; Type: TABLE; Schema: skiplock; Owner: -
@@ -5280,6 +5432,8 @@ CREATE TABLE skiplock.queues (
     key_max_running integer,
     key_rate_limit integer,
     key_rate_period interval,
+    key_claimable integer,
+    CONSTRAINT queues_key_claimable_at_least_1 CHECK ((key_claimable >= 1)),
     CONSTRAINT queues_key_max_running_at_least_1 CHECK ((key_max_running >= 1)),
     CONSTRAINT queues_key_rate_limit_1_to_10000 CHECK (((key_rate_limit >= 1) AND (key_rate_limit <= 10000))),
     CONSTRAINT queues_key_rate_limit_and_period_together CHECK (((key_rate_limit IS NULL) = (key_rate_period IS NULL))),
@@ -5351,6 +5505,12 @@ COMMENT ON COLUMN skiplock.queues.key_rate_limit IS 'At most this many jobs of o
 --
 
 COMMENT ON COLUMN skiplock.queues.key_rate_period IS 'The window of key_rate_limit.';
+
+--
+-- Name: COLUMN queues.key_claimable; Type: COMMENT; Schema: skiplock; Owner: -
+--
+
+COMMENT ON COLUMN skiplock.queues.key_claimable IS 'Fair queueing by concurrency_key: at most this many due jobs of one key queued at once at each priority; the key''s others wait (held_for fair) and each is let go, behind what is queued then, when one of the key''s is claimed, so keys take turns. NULL: jobs are taken in claim order whatever their key.';
 
 --
 -- Name: queue_counts; Type: VIEW; Schema: skiplock; Owner: -
@@ -5456,7 +5616,8 @@ CREATE VIEW skiplock.queue_limits AS
     k.held_by_key,
     q.key_rate_limit,
     q.key_rate_period,
-    k.keys_rate_limited
+    k.keys_rate_limited,
+    q.key_claimable
    FROM ((((skiplock.queues q
      CROSS JOIN LATERAL ( SELECT count(*) AS running
            FROM skiplock.jobs_live j
@@ -5486,14 +5647,14 @@ CREATE VIEW skiplock.queue_limits AS
             ( SELECT count(*) AS count
                    FROM skiplock.jobs_live h
                   WHERE ((h.queue = q.name) AND (h.state = 'waiting'::skiplock.job_state) AND (h.held_for IS NOT NULL))) AS held_by_key
-          WHERE ((q.key_max_running IS NOT NULL) OR (q.key_rate_limit IS NOT NULL))) k ON (true))
-  WHERE ((q.max_running IS NOT NULL) OR (q.rate_limit IS NOT NULL) OR (q.key_max_running IS NOT NULL) OR (q.key_rate_limit IS NOT NULL));
+          WHERE ((q.key_max_running IS NOT NULL) OR (q.key_rate_limit IS NOT NULL) OR (q.key_claimable IS NOT NULL))) k ON (true))
+  WHERE ((q.max_running IS NOT NULL) OR (q.rate_limit IS NOT NULL) OR (q.key_max_running IS NOT NULL) OR (q.key_rate_limit IS NOT NULL) OR (q.key_claimable IS NOT NULL));
 
 --
 -- Name: VIEW queue_limits; Type: COMMENT; Schema: skiplock; Owner: -
 --
 
-COMMENT ON VIEW skiplock.queue_limits IS 'Per queue with a global limit: max_running and the jobs running, rate_limit per rate_period and the starts in the last period, which limit holds runnable jobs back now (holding_back) and how many (held_back); key_max_running and the keys at it (keys_at_limit), key_rate_limit per key_rate_period and the keys whose window is full (keys_rate_limited), and the jobs held back for their keys (held_by_key). Example: SELECT queue, running, max_running, held_back FROM skiplock.queue_limits;';
+COMMENT ON VIEW skiplock.queue_limits IS 'Per queue with a global limit: max_running and the jobs running, rate_limit per rate_period and the starts in the last period, which limit holds runnable jobs back now (holding_back) and how many (held_back); key_max_running and the keys at it (keys_at_limit), key_rate_limit per key_rate_period and the keys whose window is full (keys_rate_limited), the jobs held back for their keys (held_by_key), and key_claimable (fair queueing by key: the jobs waiting their turn are among held_by_key). Example: SELECT queue, running, max_running, held_back FROM skiplock.queue_limits;';
 
 --
 -- Name: queue_rate_rings; Type: TABLE; Schema: skiplock; Owner: -
@@ -5966,7 +6127,7 @@ CREATE TRIGGER jobs_after_delete AFTER DELETE ON skiplock.jobs_live REFERENCING 
 -- Name: jobs_live jobs_before_insert; Type: TRIGGER; Schema: skiplock; Owner: -
 --
 
-CREATE TRIGGER jobs_before_insert BEFORE INSERT ON skiplock.jobs_live FOR EACH ROW WHEN (((new.ordering_key IS NOT NULL) OR (new.unique_key IS NOT NULL) OR (pg_column_size(new.args) > 4096))) EXECUTE FUNCTION skiplock.internal_jobs_before_insert();
+CREATE TRIGGER jobs_before_insert BEFORE INSERT ON skiplock.jobs_live FOR EACH ROW WHEN (((new.ordering_key IS NOT NULL) OR (new.unique_key IS NOT NULL) OR (new.concurrency_key IS NOT NULL) OR (pg_column_size(new.args) > 4096))) EXECUTE FUNCTION skiplock.internal_jobs_before_insert();
 
 --
 -- Name: jobs_done jobs_done_before_requeue; Type: TRIGGER; Schema: skiplock; Owner: -
@@ -5996,13 +6157,13 @@ CREATE TRIGGER jobs_notify_inserted AFTER INSERT ON skiplock.jobs_live REFERENCI
 -- Name: queues queues_after_key_limit_change; Type: TRIGGER; Schema: skiplock; Owner: -
 --
 
-CREATE TRIGGER queues_after_key_limit_change AFTER UPDATE ON skiplock.queues FOR EACH ROW WHEN ((((old.key_max_running IS NOT NULL) AND (new.key_max_running IS DISTINCT FROM old.key_max_running)) OR ((old.key_rate_limit IS NOT NULL) AND ((new.key_rate_limit IS DISTINCT FROM old.key_rate_limit) OR (new.key_rate_period IS DISTINCT FROM old.key_rate_period))))) EXECUTE FUNCTION skiplock.internal_queues_after_key_limit();
+CREATE TRIGGER queues_after_key_limit_change AFTER UPDATE ON skiplock.queues FOR EACH ROW WHEN ((((old.key_max_running IS NOT NULL) AND (new.key_max_running IS DISTINCT FROM old.key_max_running)) OR ((old.key_claimable IS NOT NULL) AND (new.key_claimable IS DISTINCT FROM old.key_claimable)) OR ((old.key_rate_limit IS NOT NULL) AND ((new.key_rate_limit IS DISTINCT FROM old.key_rate_limit) OR (new.key_rate_period IS DISTINCT FROM old.key_rate_period))))) EXECUTE FUNCTION skiplock.internal_queues_after_key_limit();
 
 --
 -- Name: queues queues_after_key_limit_delete; Type: TRIGGER; Schema: skiplock; Owner: -
 --
 
-CREATE TRIGGER queues_after_key_limit_delete AFTER DELETE ON skiplock.queues FOR EACH ROW WHEN (((old.key_max_running IS NOT NULL) OR (old.key_rate_limit IS NOT NULL))) EXECUTE FUNCTION skiplock.internal_queues_after_key_limit();
+CREATE TRIGGER queues_after_key_limit_delete AFTER DELETE ON skiplock.queues FOR EACH ROW WHEN (((old.key_max_running IS NOT NULL) OR (old.key_rate_limit IS NOT NULL) OR (old.key_claimable IS NOT NULL))) EXECUTE FUNCTION skiplock.internal_queues_after_key_limit();
 
 --
 -- Name: queues queues_after_max_running_change; Type: TRIGGER; Schema: skiplock; Owner: -

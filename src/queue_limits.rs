@@ -8,7 +8,8 @@
 //! change holds from the next claim. Jobs over a limit are not touched otherwise (no
 //! attempt spent): those over a queue's limit stay queued; those of a key at a per-key
 //! limit wait in `waiting` until the key has room again. A killed worker's claims count
-//! until reaped.
+//! until reaped. `key_claimable` is not a limit but fair queueing by key: at most that
+//! many due jobs of one key are queued at once, and the keys take turns.
 //! docs/guarantees.md says what each limit promises and under which faults.
 
 use std::num::NonZeroU32;
@@ -37,7 +38,8 @@ pub const KEY_RATE_LIMIT_MAX_STARTS: u32 = 10_000;
 /// let mail = QueueLimits::default().rate(100, Duration::from_secs(1));
 /// let reports = QueueLimits::default().key_max_running(2);
 /// let tenants = QueueLimits::default().key_rate(10, Duration::from_secs(60));
-/// # let _ = (exports, mail, reports, tenants);
+/// let fair = QueueLimits::default().key_claimable(32);
+/// # let _ = (exports, mail, reports, tenants, fair);
 /// ```
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 #[non_exhaustive]
@@ -51,6 +53,10 @@ pub struct QueueLimits {
     /// At most this many starts of one concurrency key in any window of its period, across
     /// every worker.
     pub key_rate: Option<RateLimit>,
+    /// Fair queueing by concurrency key: at most this many due jobs of one key queued at
+    /// once at each priority; the key's others wait their turn and are queued, behind
+    /// what is queued then, as its queued ones are claimed. `None`: claim order alone.
+    pub key_claimable: Option<NonZeroU32>,
 }
 
 /// At most `starts` jobs of a queue (or of one concurrency key of it) starting in any
@@ -77,6 +83,17 @@ impl QueueLimits {
     #[must_use]
     pub fn key_max_running(mut self, n: u32) -> Self {
         self.key_max_running = NonZeroU32::new(n);
+        self
+    }
+
+    /// These limits with fair queueing by concurrency key (0: none): at most `n` due jobs
+    /// of one key queued (claimable) at once at each priority, the rest waiting their turn
+    /// (`held_for = 'fair'`), so one key's backlog delays another key's next job by at most
+    /// `n` of its jobs. About a claim's batch (a worker's `prefetch`) keeps a lone key's
+    /// drain as fast as without; jobs without a key are taken in claim order as before.
+    #[must_use]
+    pub fn key_claimable(mut self, n: u32) -> Self {
+        self.key_claimable = NonZeroU32::new(n);
         self
     }
 
@@ -108,6 +125,7 @@ impl QueueLimits {
         };
         let max_running = column("max_running", self.max_running)?;
         let key_max_running = column("key_max_running", self.key_max_running)?;
+        let key_claimable = column("key_claimable", self.key_claimable)?;
         let rate = |what: &str, max: u32, limit: Option<RateLimit>| {
             limit
                 .map(|RateLimit { starts, per }| {
@@ -144,6 +162,7 @@ impl QueueLimits {
             key_max_running,
             key_rate_limit: key_rate.map(|(starts, _)| starts),
             key_rate_period_us: key_rate.map(|(_, period_us)| period_us),
+            key_claimable,
         })
     }
 }
@@ -161,7 +180,7 @@ fn rate_from_columns(starts: Option<i32>, period_us: Option<i64>) -> Option<Rate
 /// Sets a queue's global limits, replacing those it had (a queue with no jobs yet may be
 /// given limits; they hold for the jobs that come). Same as
 /// `SELECT skiplock.set_queue_limits(queue, max_running, rate_limit, rate_period,
-/// key_max_running, key_rate_limit, key_rate_period)`.
+/// key_max_running, key_rate_limit, key_rate_period, key_claimable)`.
 ///
 /// # Errors
 ///
@@ -210,7 +229,8 @@ pub struct QueueLimitStatus {
     pub keys_at_limit: u64,
     /// Concurrency keys whose rate window is full now (0 without a per-key rate limit).
     pub keys_rate_limited: u64,
-    /// Jobs waiting until their concurrency key has room again (0 without a per-key limit).
+    /// Jobs waiting until their concurrency key has room again, or (with `key_claimable`)
+    /// for their key's turn (0 without a per-key limit or `key_claimable`).
     pub held_by_key: u64,
 }
 
@@ -244,6 +264,9 @@ pub async fn queue_limits<'e>(db: impl sqlx::PgExecutor<'e>) -> Result<Vec<Queue
                     .key_max_running
                     .and_then(|n| NonZeroU32::new(u32::try_from(n).unwrap_or(0))),
                 key_rate: rate_from_columns(row.key_rate_limit, row.key_rate_period_us),
+                key_claimable: row
+                    .key_claimable
+                    .and_then(|n| NonZeroU32::new(u32::try_from(n).unwrap_or(0))),
             },
             queue: row.queue,
             paused: row.paused,

@@ -117,14 +117,14 @@ async fn queue_limits_are_set_kept_listed_and_removed() {
         skiplock(&db, &["queue", "limit", "exports", "--max-running", "5"])
             .await
             .ok(),
-        "queue `exports`: max_running 5, rate none, key_max_running none, key_rate none\n"
+        "queue `exports`: max_running 5, rate none, key_max_running none, key_rate none, key_claimable none\n"
     );
     // A limit not named stays as it is.
     assert_eq!(
         skiplock(&db, &["queue", "limit", "exports", "--rate", "100/1m"])
             .await
             .ok(),
-        "queue `exports`: max_running 5, rate 100 per 1m, key_max_running none, key_rate none\n"
+        "queue `exports`: max_running 5, rate 100 per 1m, key_max_running none, key_rate none, key_claimable none\n"
     );
     assert_eq!(
         skiplock(
@@ -133,13 +133,35 @@ async fn queue_limits_are_set_kept_listed_and_removed() {
         )
         .await
         .ok(),
-        "queue `exports`: max_running 5, rate 100 per 1m, key_max_running 2, key_rate none\n"
+        "queue `exports`: max_running 5, rate 100 per 1m, key_max_running 2, key_rate none, key_claimable none\n"
     );
     assert_eq!(
         skiplock(&db, &["queue", "limit", "exports", "--key-rate", "10/1m"])
             .await
             .ok(),
-        "queue `exports`: max_running 5, rate 100 per 1m, key_max_running 2, key_rate 10 per 1m\n"
+        "queue `exports`: max_running 5, rate 100 per 1m, key_max_running 2, key_rate 10 per 1m, key_claimable none\n"
+    );
+    assert_eq!(
+        skiplock(&db, &["queue", "limit", "exports", "--key-claimable", "4"])
+            .await
+            .ok(),
+        "queue `exports`: max_running 5, rate 100 per 1m, key_max_running 2, key_rate 10 per 1m, key_claimable 4\n"
+    );
+    let refused = skiplock(&db, &["queue", "limit", "exports", "--key-claimable", "0"]).await;
+    assert_eq!(refused.code, Some(2), "{refused:?}");
+    assert!(
+        refused.stderr.contains("write 1 or more, or `none`"),
+        "{}",
+        refused.stderr
+    );
+    assert_eq!(
+        skiplock(
+            &db,
+            &["queue", "limit", "exports", "--key-claimable", "none"]
+        )
+        .await
+        .ok(),
+        "queue `exports`: max_running 5, rate 100 per 1m, key_max_running 2, key_rate 10 per 1m, key_claimable none\n"
     );
     for (value, needle) in [
         ("10001/1m", "write 1 to 10000"),
@@ -231,7 +253,7 @@ async fn queue_limits_are_set_kept_listed_and_removed() {
         )
         .await
         .ok(),
-        "queue `exports`: max_running none, rate none, key_max_running none, key_rate none\n"
+        "queue `exports`: max_running none, rate none, key_max_running none, key_rate none, key_claimable none\n"
     );
     assert_eq!(
         state_of(&db.pool, held).await,

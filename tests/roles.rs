@@ -19,7 +19,7 @@ use common::fixtures::{Record, Recorder, state_of, wait_for};
 use common::{TestDb, server_url, test_db};
 use serde_json::json;
 use skiplock::cron::CronSchedule;
-use skiplock::{EnqueueOptions, JobId, JobState, Retention, UniquePolicy, Worker};
+use skiplock::{EnqueueOptions, JobId, JobState, QueueLimits, Retention, UniquePolicy, Worker};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{AssertSqlSafe, Connection, Executor, PgConnection, PgPool};
 
@@ -681,6 +681,33 @@ async fn an_enqueuer_enqueues_every_way_and_does_nothing_else() {
     .unwrap()
     .id;
     assert_eq!(state_of(&roles.owner, child.0).await, JobState::Waiting);
+    // Jobs with a concurrency key, in a queue with fair queueing (the second waits its
+    // turn) and without.
+    skiplock::set_queue_limits(
+        &roles.owner,
+        "fair",
+        QueueLimits::default().key_claimable(1),
+    )
+    .await
+    .unwrap();
+    for queue in ["fair", "default"] {
+        let keyed = skiplock::enqueue_many(
+            e,
+            &vec![Record { n: 8 }; 2],
+            EnqueueOptions::new().queue(queue).concurrency_key("tenant"),
+        )
+        .await
+        .unwrap();
+        assert_eq!(
+            state_of(&roles.owner, keyed[1].id.0).await,
+            if queue == "fair" {
+                JobState::Waiting
+            } else {
+                JobState::Queued
+            },
+            "{queue}"
+        );
+    }
     // SQL: the function, a plain INSERT (with a lane and a unique key: the trigger's path).
     for sql in [
         "SELECT skiplock.enqueue('record', '{\"n\": 6}')",
@@ -689,6 +716,7 @@ async fn an_enqueuer_enqueues_every_way_and_does_nothing_else() {
         "INSERT INTO skiplock.jobs (kind, args) VALUES ('record', '{\"n\": 7}')",
         "INSERT INTO skiplock.jobs (kind, ordering_key) VALUES ('record', 'lane'), ('record', 'lane')",
         "INSERT INTO skiplock.jobs (kind, unique_key, unique_policy) VALUES ('record', 'k', 'replace')",
+        "INSERT INTO skiplock.jobs (kind, queue, concurrency_key) VALUES ('record', 'fair', 't')",
         "INSERT INTO skiplock.jobs (kind) VALUES ('record') RETURNING id, state",
         // What it may read: the columns enqueue needs.
         "SELECT id, queue, priority, scheduled_at, state, ordering_key, unique_key,

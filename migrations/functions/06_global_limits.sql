@@ -11,6 +11,7 @@
 --   internal_release_freed_keys
 --   internal_window_room, internal_key_rate_take, internal_hold_rate_keys
 --   internal_release_refilled_keys, internal_forget_key_limit_rows
+--   internal_key_queued, internal_key_turn_taken, internal_recheck_keys
 
 -- ---- Global limits (skiplock.queues: max_running, rate_limit per rate_period) -----------
 --
@@ -319,15 +320,17 @@ END;
 $$;
 
 -- Lets held jobs of a queue go, in claim order, as many per key as the key has room for:
--- key_max_running less its running jobs, and the starts its rate window allows now (all of
--- them when the queue has no per-key limit any more). `keys`: the keys to look at; NULL:
+-- key_max_running less its running jobs, the starts its rate window allows now, and
+-- key_claimable less its due queued jobs (internal_key_queued); all of them when the queue
+-- has none of these any more. In a queue with key_claimable, each goes behind what is
+-- queued now (scheduled_at moved to now() if earlier). `keys`: the keys to look at; NULL:
 -- every key with held jobs in the queue (a limit raised or removed), each found once (a
 -- skip over jobs_held_idx, so its cost follows the keys, not their jobs). Held jobs are
 -- the waiting ones with held_for set: the key's jobs waiting for their parents or their
 -- lane are not walked (a held job is one that could run but for its key; one whose parent
 -- was retried by hand since, or that was given a parent by hand, is passed over until that
--- parent succeeds). Takes the queue's lock (see above); announces what it queued;
--- returns how many.
+-- parent succeeds). Takes the queue's lock when the queue has a per-key limit (see above);
+-- announces what it queued; returns how many.
 CREATE OR REPLACE FUNCTION skiplock.internal_release_held(queue_name text, keys text[])
 RETURNS int
 LANGUAGE plpgsql
@@ -341,12 +344,19 @@ DECLARE
     key_limit int;
     key_rate int;
     key_period interval;
+    claimable int;
     released int;
     released_keys skiplock.runnable_key[];
 BEGIN
-    PERFORM pg_advisory_xact_lock(skiplock.internal_queue_limit_lock_id(queue_name));
     SELECT q.key_max_running, q.key_rate_limit, q.key_rate_period
     INTO key_limit, key_rate, key_period
+    FROM skiplock.queues q WHERE q.name = queue_name;
+    IF key_limit IS NOT NULL OR key_rate IS NOT NULL THEN
+        PERFORM pg_advisory_xact_lock(skiplock.internal_queue_limit_lock_id(queue_name));
+    END IF;
+    -- Again after the lock: a change committed while this waited for it holds.
+    SELECT q.key_max_running, q.key_rate_limit, q.key_rate_period, q.key_claimable
+    INTO key_limit, key_rate, key_period, claimable
     FROM skiplock.queues q WHERE q.name = queue_name;
     WITH RECURSIVE held_keys(key) AS (
         -- With keys NULL: the first held key, then the next after each.
@@ -366,9 +376,11 @@ BEGIN
         SELECT h.key FROM held_keys h WHERE h.key IS NOT NULL
     ), room AS (
         -- The lesser of what each limit leaves (NULL: no limit holds the key). Queued jobs
-        -- of the key are not subtracted: one no worker takes (a kind nobody handles) would
-        -- keep the held ones back for good, and one of a lower priority would go before
-        -- them. A claim takes the best of them all; what it cannot take it holds again.
+        -- of the key are not subtracted for the per-key limits: one no worker takes (a kind
+        -- nobody handles) would keep the held ones back for good, and one of a lower
+        -- priority would go before them. A claim takes the best of them all; what it cannot
+        -- take it holds again. key_claimable bounds the queued jobs themselves: those at
+        -- the priority of the key's most urgent held job or better.
         SELECT l.key, least(
             key_limit - (
                 SELECT count(*) FROM (
@@ -379,10 +391,14 @@ BEGIN
             skiplock.internal_window_room(
                 (SELECT w.starts FROM skiplock.key_rate_windows w
                  WHERE w.queue = queue_name AND w.concurrency_key = l.key),
-                key_rate, key_period, clock_timestamp(), key_rate)) AS room
+                key_rate, key_period, clock_timestamp(), key_rate),
+            claimable - skiplock.internal_key_queued(queue_name, l.key, claimable)) AS room
         FROM looked_at l
     ), released AS (
-        UPDATE skiplock.jobs_live j SET state = 'queued', held_for = NULL
+        UPDATE skiplock.jobs_live j SET state = 'queued', held_for = NULL,
+            -- Fair queueing: behind what is queued now, so that the keys take turns.
+            scheduled_at = CASE WHEN claimable IS NOT NULL
+                                THEN greatest(j.scheduled_at, now()) ELSE j.scheduled_at END
         WHERE j.ctid = ANY (ARRAY(
             SELECT h.ctid
             FROM room r
@@ -407,11 +423,14 @@ BEGIN
 END;
 $$;
 
--- Lets go the held jobs of the keys whose slots were freed since the queue's last claim
--- (skiplock.key_slots_freed, left by internal_notify_freed), through internal_release_held.
--- Called by the claim under the queue's lock before it holds full keys back; a slot freed
--- by a statement that commits after this one is left for the next claim, which the
--- statement's own notification brings. Returns how many it let go.
+-- Lets go the held jobs of the keys left in skiplock.key_slots_freed for the queue since
+-- its last claim (by internal_notify_freed: slots freed; by a fair queue's claims, inserts
+-- and cancels: turns given up), through internal_release_held. Called by the claim, under
+-- the queue's lock before it holds full keys back in a queue with key_max_running; a row
+-- left by a statement that commits after this one is for the next claim, which the
+-- statement's own notification brings. At most 1,000 rows a claim, skipping those another
+-- claim is taking (each key's room is counted afresh by whichever claim takes its row):
+-- with more, the workers are told to claim again. Returns how many it let go.
 CREATE OR REPLACE FUNCTION skiplock.internal_release_freed_keys(queue_name text)
 RETURNS int
 LANGUAGE plpgsql
@@ -421,15 +440,22 @@ SET jit = off
 AS $$
 DECLARE
     freed text[];
+    rows_taken int;
 BEGIN
     WITH taken AS (
         DELETE FROM skiplock.key_slots_freed f
-        WHERE f.queue = queue_name
+        WHERE f.ctid = ANY (ARRAY(SELECT o.ctid FROM skiplock.key_slots_freed o
+                                  WHERE o.queue = queue_name
+                                  LIMIT 1000
+                                  FOR UPDATE SKIP LOCKED))
         RETURNING f.concurrency_key
     )
-    SELECT array_agg(DISTINCT t.concurrency_key) INTO freed FROM taken t;
+    SELECT array_agg(DISTINCT t.concurrency_key), count(*) INTO freed, rows_taken FROM taken t;
     IF freed IS NULL THEN
         RETURN 0;
+    END IF;
+    IF rows_taken >= 1000 THEN
+        PERFORM skiplock.internal_notify_queue_start(queue_name);
     END IF;
     RETURN skiplock.internal_release_held(queue_name, freed);
 END;
@@ -590,7 +616,8 @@ $$;
 
 -- Deletes up to 500 windows that count nothing any more (their newest start a whole period
 -- old, holding nothing back), oldest first, and up to 500 freed key slots left for a queue
--- that no longer has key_max_running (its row deleted or changed meanwhile): called by
+-- that no longer has key_max_running nor key_claimable (its row deleted or changed
+-- meanwhile): called by
 -- every pass of the waiting sweep, so the windows are about the keys that started a job
 -- within their period. Never waits: a row a claim holds is skipped (the claim holds its
 -- queue's lock, which the sweep's caller may want next), and a window a claim rewrote is
@@ -616,10 +643,108 @@ AS $$
         WHERE f.ctid = ANY (ARRAY(
                 SELECT o.ctid FROM skiplock.key_slots_freed o
                 WHERE NOT EXISTS (SELECT 1 FROM skiplock.queues q
-                                  WHERE q.name = o.queue AND q.key_max_running IS NOT NULL)
+                                  WHERE q.name = o.queue
+                                    AND (q.key_max_running IS NOT NULL
+                                         OR q.key_claimable IS NOT NULL))
                 LIMIT 500
                 FOR UPDATE SKIP LOCKED))
         RETURNING 1
     )
     SELECT ((SELECT count(*) FROM windows) + (SELECT count(*) FROM slots))::int;
+$$;
+
+-- ---- Fair queueing by key (skiplock.queues.key_claimable) --------------------------------
+--
+-- In a queue with key_claimable, at most that many due jobs of one concurrency_key are
+-- queued at once at each priority: a job inserted while its key has that many queued at its
+-- priority or better (or has jobs held before it) waits, held_for 'fair', and is let go when
+-- one of the key's queued jobs is claimed or cancelled, with scheduled_at moved to then, so
+-- it queues behind every job queued before: the keys take turns, and one key's backlog
+-- delays another key's next job by at most key_claimable of its jobs per priority. Jobs
+-- without a key, lane jobs and jobs scheduled ahead are never held; what lets a job go is
+-- internal_release_held, as for the per-key limits, with the fair room as one more bound.
+-- Nothing here takes a lock: the insert decides on what it sees, the claim lets go on what
+-- it sees, and each leaves the key in skiplock.key_slots_freed for the queue's next claim
+-- (the insert only for the jobs it held, the claim only for keys with held jobs), which
+-- looks at the key again with both committed, so neither order of their commits leaves a
+-- key with held jobs and nothing queued. Two claims that let go the same key's jobs at once
+-- may queue a few more than key_claimable; none is left behind. The cost follows the jobs
+-- of keys in such queues: an insert's probes of its key, a held job's second write.
+
+-- The due queued jobs of a queue's key at its most urgent held job's priority or better
+-- (every due queued job when none is held), counted up to `cap`; NULL without a cap.
+CREATE OR REPLACE FUNCTION skiplock.internal_key_queued(queue_name text, key text, cap int)
+RETURNS int
+LANGUAGE plpgsql STABLE
+SET enable_seqscan = off
+SET enable_bitmapscan = off
+SET jit = off
+AS $$
+DECLARE
+    first_held smallint;
+BEGIN
+    IF cap IS NULL THEN
+        RETURN NULL;
+    END IF;
+    SELECT h.priority INTO first_held FROM skiplock.jobs_live h
+    WHERE h.queue = queue_name AND h.state = 'waiting' AND h.held_for IS NOT NULL
+      AND h.concurrency_key = key
+    ORDER BY h.priority LIMIT 1;
+    RETURN (SELECT count(*)::int FROM (
+        SELECT FROM skiplock.jobs_live j
+        WHERE j.queue = queue_name AND j.state = 'queued' AND j.concurrency_key = key
+          AND j.priority <= coalesce(first_held, 32767) AND j.scheduled_at <= now()
+        LIMIT cap) r);
+END;
+$$;
+
+-- Whether a job of a queue's key at `priority` waits its turn: the key has jobs held at
+-- that priority or better, or `cap` due jobs queued there. What the insert trigger of
+-- jobs_live asks for a due job with a key in a queue with key_claimable.
+CREATE OR REPLACE FUNCTION skiplock.internal_key_turn_taken(queue_name text, key text,
+                                                            priority smallint, cap int)
+RETURNS boolean
+LANGUAGE plpgsql STABLE
+SET enable_seqscan = off
+SET enable_bitmapscan = off
+SET jit = off
+AS $$
+BEGIN
+    RETURN EXISTS (SELECT 1 FROM skiplock.jobs_live h
+                   WHERE h.queue = queue_name AND h.state = 'waiting'
+                     AND h.held_for IS NOT NULL AND h.concurrency_key = key
+                     AND h.priority <= internal_key_turn_taken.priority)
+        OR (SELECT count(*) FROM (
+                SELECT FROM skiplock.jobs_live j
+                WHERE j.queue = queue_name AND j.state = 'queued' AND j.concurrency_key = key
+                  AND j.priority <= internal_key_turn_taken.priority
+                  AND j.scheduled_at <= now()
+                LIMIT cap) r) >= cap;
+END;
+$$;
+
+-- Leaves the given keys (parallel arrays of queues and keys, repeats allowed) of queues
+-- with key_claimable in skiplock.key_slots_freed for their queues' next claims, and tells
+-- the workers to claim (at commit). Called by the statement that held jobs at their insert
+-- and by a cancel of a queued job with a key. As the owner (SECURITY DEFINER): an enqueuer
+-- has no privilege on the table, and this can do nothing but have a key's held jobs looked
+-- at again.
+CREATE OR REPLACE FUNCTION skiplock.internal_recheck_keys(queues text[], keys text[])
+RETURNS void
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+SET jit = off
+AS $$
+BEGIN
+    INSERT INTO skiplock.key_slots_freed (queue, concurrency_key)
+    SELECT DISTINCT f.queue, f.key
+    FROM unnest(queues, keys) AS f(queue, key)
+    WHERE f.key IS NOT NULL
+      AND EXISTS (SELECT 1 FROM skiplock.queues q
+                  WHERE q.name = f.queue AND q.key_claimable IS NOT NULL);
+    PERFORM skiplock.internal_notify_queue_start(q.name)
+    FROM skiplock.queues q
+    WHERE q.name = ANY (queues) AND q.key_claimable IS NOT NULL;
+END;
 $$;

@@ -48,6 +48,9 @@
 --   key_rate_limit it first lets go the jobs of keys whose windows have room again, and
 --   it holds back the jobs of the keys whose windows it fills. The jobs it claims carry
 --   the time the limits were checked at as claimed_at (now() otherwise).
+-- * Fair queueing (key_claimable, 06_global_limits.sql): admission, not a check of the
+--   walk. The claim first lets go the held jobs of the keys left for it, and leaves the
+--   keys it took that have held jobs for the next claim.
 DROP FUNCTION IF EXISTS skiplock.internal_claim_batch(text[], text[], bigint, text, smallint,
                                                       bigint, bigint, uuid, boolean, boolean,
                                                       boolean);
@@ -101,6 +104,7 @@ DECLARE
     lim_key_max_running int;
     lim_key_rate_limit int;
     lim_key_rate_period interval;
+    lim_key_claimable int;
     room bigint := max_jobs;
     wanted bigint;
     rate_room bigint;
@@ -118,9 +122,9 @@ DECLARE
 BEGIN
     -- The queue's row, if any: one probe for a queue without limits.
     SELECT q.paused, q.max_running, q.rate_limit, q.rate_period, q.key_max_running,
-           q.key_rate_limit, q.key_rate_period
+           q.key_rate_limit, q.key_rate_period, q.key_claimable
     INTO is_paused, lim_max_running, lim_rate_limit, lim_rate_period, lim_key_max_running,
-         lim_key_rate_limit, lim_key_rate_period
+         lim_key_rate_limit, lim_key_rate_period, lim_key_claimable
     FROM skiplock.queues q
     WHERE q.name = queue_name;
     IF is_paused THEN
@@ -255,6 +259,11 @@ BEGIN
             RETURN;
         END IF;
     END IF;
+    IF lim_key_claimable IS NOT NULL AND lim_key_max_running IS NULL THEN
+        -- Fair queueing: the keys whose turns were given up since are let go first (with
+        -- key_max_running, under the queue's lock above).
+        PERFORM skiplock.internal_release_freed_keys(queue_name);
+    END IF;
     -- Without a position, a key before every row: the full walk.
     IF after_priority IS NOT NULL AND after_scheduled_at_us IS NOT NULL
        AND after_id IS NOT NULL THEN
@@ -332,7 +341,18 @@ BEGIN
                 attempt = least(j.attempt, 2147483646) + 1
             WHERE j.ctid = ANY ((SELECT t.ctids FROM taken t)::tid[])
             RETURNING j.id, j.queue, j.kind, j.args, j.attempt, j.max_attempts,
-                      j.claim_token, j.priority, j.scheduled_at, j.traceparent, j.tracestate
+                      j.claim_token, j.priority, j.scheduled_at, j.traceparent, j.tracestate,
+                      j.concurrency_key
+        ), turns_given AS (
+            -- Fair queueing: the keys taken that have jobs held for their turn, for the
+            -- queue's next claim (run whether or not the result is read).
+            INSERT INTO skiplock.key_slots_freed (queue, concurrency_key)
+            SELECT DISTINCT queue_name, c.concurrency_key
+            FROM claimed c
+            WHERE lim_key_claimable IS NOT NULL AND c.concurrency_key IS NOT NULL
+              AND EXISTS (SELECT 1 FROM skiplock.jobs_live h
+                          WHERE h.queue = queue_name AND h.state = 'waiting'
+                            AND h.held_for IS NOT NULL AND h.concurrency_key = c.concurrency_key)
         )
         SELECT c.id, c.queue, c.kind, c.args, c.attempt, c.max_attempts, c.claim_token,
                c.priority,
@@ -360,6 +380,12 @@ BEGIN
         EXIT WHEN held_now = 0;
         room := room - taken_now;
     END LOOP;
+    IF lim_key_claimable IS NOT NULL AND taken > 0 THEN
+        -- The next claim lets go the keys' next jobs: after this one commits, a worker
+        -- makes it.
+        PERFORM skiplock.internal_notify_queue_start(queue_name)
+        WHERE EXISTS (SELECT 1 FROM skiplock.key_slots_freed f WHERE f.queue = queue_name);
+    END IF;
     IF rate_room IS NOT NULL THEN
         PERFORM skiplock.internal_rate_record(queue_name, taken, claim_time, lim_rate_limit,
                                               lim_rate_period,

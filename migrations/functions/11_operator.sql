@@ -54,9 +54,13 @@ BEGIN
     IF previous = 'running' THEN
         PERFORM pg_notify('skiplock_cancel', job_id::text);
     END IF;
-    -- A running job's slot, or a queued job's place among its key's admitted jobs.
+    -- A running job's slot, or a queued job's place among its key's admitted jobs (and,
+    -- with key_claimable, its key's turn).
     IF previous = 'running' OR (previous = 'queued' AND job_key IS NOT NULL) THEN
         PERFORM skiplock.internal_notify_freed(ARRAY[job_queue], ARRAY[job_key]);
+    END IF;
+    IF previous = 'queued' AND job_key IS NOT NULL THEN
+        PERFORM skiplock.internal_recheck_keys(ARRAY[job_queue], ARRAY[job_key]);
     END IF;
     PERFORM skiplock.internal_settle_dependants(ARRAY[job_id],
                                                  ARRAY(SELECT lane WHERE lane IS NOT NULL));
@@ -298,41 +302,47 @@ $$;
 
 -- Sets a queue's global limits, each NULL for none: at most max_running jobs running at
 -- once, and at most rate_limit starts in any window of rate_period; per concurrency key, at
--- most key_max_running running at once and key_rate_limit starts per key_rate_period. The
--- same as writing the columns of its skiplock.queues row, which plain SQL may do; this
--- checks the values with errors that say what to pass.
+-- most key_max_running running at once and key_rate_limit starts per key_rate_period, and
+-- fair queueing by key with key_claimable. The same as writing the columns of its
+-- skiplock.queues row, which plain SQL may do; this checks the values with errors that say
+-- what to pass.
 DROP FUNCTION IF EXISTS skiplock.set_queue_limits(text, int, int, interval);
 DROP FUNCTION IF EXISTS skiplock.set_queue_limits(text, int, int, interval, int);
+DROP FUNCTION IF EXISTS skiplock.set_queue_limits(text, int, int, interval, int, int, interval);
 CREATE OR REPLACE FUNCTION skiplock.set_queue_limits(queue_name text, max_running int,
                                                      rate_limit int DEFAULT NULL,
                                                      rate_period interval DEFAULT NULL,
                                                      key_max_running int DEFAULT NULL,
                                                      key_rate_limit int DEFAULT NULL,
-                                                     key_rate_period interval DEFAULT NULL)
+                                                     key_rate_period interval DEFAULT NULL,
+                                                     key_claimable int DEFAULT NULL)
 RETURNS void
 LANGUAGE plpgsql AS $$
 BEGIN
     PERFORM skiplock.internal_check_queue_name(queue_name);
     PERFORM skiplock.internal_check_running_limit('max_running', max_running);
     PERFORM skiplock.internal_check_running_limit('key_max_running', key_max_running);
+    PERFORM skiplock.internal_check_running_limit('key_claimable', key_claimable);
     PERFORM skiplock.internal_check_rate_limit('rate_limit', 'rate_period', rate_limit,
                                                rate_period, 100000, 100);
     PERFORM skiplock.internal_check_rate_limit('key_rate_limit', 'key_rate_period',
                                                key_rate_limit, key_rate_period, 10000, 10);
     INSERT INTO skiplock.queues AS q (name, max_running, rate_limit, rate_period,
-                                      key_max_running, key_rate_limit, key_rate_period)
+                                      key_max_running, key_rate_limit, key_rate_period,
+                                      key_claimable)
     VALUES (queue_name, set_queue_limits.max_running, set_queue_limits.rate_limit,
             set_queue_limits.rate_period, set_queue_limits.key_max_running,
-            set_queue_limits.key_rate_limit, set_queue_limits.key_rate_period)
+            set_queue_limits.key_rate_limit, set_queue_limits.key_rate_period,
+            set_queue_limits.key_claimable)
     ON CONFLICT (name) DO UPDATE
     SET max_running = excluded.max_running, rate_limit = excluded.rate_limit,
         rate_period = excluded.rate_period, key_max_running = excluded.key_max_running,
         key_rate_limit = excluded.key_rate_limit, key_rate_period = excluded.key_rate_period,
-        updated_at = now();
+        key_claimable = excluded.key_claimable, updated_at = now();
 END;
 $$;
-COMMENT ON FUNCTION skiplock.set_queue_limits(text, int, int, interval, int, int, interval) IS
-    'Sets a queue''s global limits across every worker (NULL: none): max_running jobs at once, rate_limit starts per rate_period, and per concurrency_key key_max_running jobs at once and key_rate_limit starts per key_rate_period. Example: SELECT skiplock.set_queue_limits(''exports'', max_running => 5); SELECT skiplock.set_queue_limits(''mail'', NULL, 100, ''1 second''); SELECT skiplock.set_queue_limits(''reports'', NULL, key_max_running => 2, key_rate_limit => 10, key_rate_period => ''1 minute'');';
+COMMENT ON FUNCTION skiplock.set_queue_limits(text, int, int, interval, int, int, interval, int) IS
+    'Sets a queue''s global limits across every worker (NULL: none): max_running jobs at once, rate_limit starts per rate_period, per concurrency_key key_max_running jobs at once and key_rate_limit starts per key_rate_period, and fair queueing by key: at most key_claimable due jobs of one key queued at once, the keys taking turns. Example: SELECT skiplock.set_queue_limits(''exports'', max_running => 5); SELECT skiplock.set_queue_limits(''mail'', NULL, 100, ''1 second''); SELECT skiplock.set_queue_limits(''reports'', NULL, key_max_running => 2, key_rate_limit => 10, key_rate_period => ''1 minute''); SELECT skiplock.set_queue_limits(''tenants'', NULL, key_claimable => 32);';
 
 CREATE OR REPLACE FUNCTION skiplock.pause_queue(queue_name text) RETURNS void
 LANGUAGE sql AS $$
@@ -398,6 +408,12 @@ BEGIN
         WHERE d.job_id = job.id AND p.state IS DISTINCT FROM 'succeeded' AND d.parent_state IS NULL;
         IF parents IS NOT NULL THEN
             RETURN format('waits for its parent jobs to succeed: %s', parents);
+        END IF;
+        IF job.held_for = 'fair' AND queue_row.key_claimable IS NOT NULL THEN
+            RETURN format('waits its turn among the jobs of key %L: the queue''s key_claimable lets %s of a key''s jobs be queued at once (%s are now); it is queued behind the others when one of them is claimed',
+                          job.concurrency_key, queue_row.key_claimable,
+                          skiplock.internal_key_queued(job.queue, job.concurrency_key,
+                                                       queue_row.key_claimable));
         END IF;
         IF job.held_for IS NOT NULL THEN
             IF queue_row.key_max_running IS NOT NULL THEN
@@ -527,9 +543,10 @@ CREATE OR REPLACE TRIGGER queues_after_max_running_insert
     WHEN (NEW.max_running IS NOT NULL)
     EXECUTE FUNCTION skiplock.internal_queues_after_max_running_change();
 
--- A queue's per-key limit (key_max_running, key_rate_limit or key_rate_period) changed or
--- removed, or its row deleted: the jobs they held back whose keys have room now (all of
--- them, without a per-key limit) are let go, announced, in the statement that changed it.
+-- A queue's per-key limit (key_max_running, key_rate_limit or key_rate_period) or its
+-- key_claimable changed or removed, or its row deleted: the jobs they held back whose keys
+-- have room now (all of them, without any) are let go, announced, in the statement that
+-- changed it.
 -- The keys' rate windows go with their limit; a changed one counts the starts it kept
 -- under the new limit, and what it held back is looked at again at the next claim. Costs
 -- the jobs held back and the windows, once.
@@ -542,7 +559,7 @@ BEGIN
         DELETE FROM skiplock.key_rate_windows w WHERE w.queue = OLD.name;
         DELETE FROM skiplock.key_slots_freed f WHERE f.queue = OLD.name;
     ELSE
-        IF NEW.key_max_running IS NULL THEN
+        IF NEW.key_max_running IS NULL AND NEW.key_claimable IS NULL THEN
             DELETE FROM skiplock.key_slots_freed f WHERE f.queue = NEW.name;
         END IF;
         IF NEW.key_rate_limit IS NULL THEN
@@ -564,6 +581,8 @@ CREATE OR REPLACE TRIGGER queues_after_key_limit_change
     FOR EACH ROW
     WHEN ((OLD.key_max_running IS NOT NULL
            AND NEW.key_max_running IS DISTINCT FROM OLD.key_max_running)
+          OR (OLD.key_claimable IS NOT NULL
+              AND NEW.key_claimable IS DISTINCT FROM OLD.key_claimable)
           OR (OLD.key_rate_limit IS NOT NULL
               AND (NEW.key_rate_limit IS DISTINCT FROM OLD.key_rate_limit
                    OR NEW.key_rate_period IS DISTINCT FROM OLD.key_rate_period)))
@@ -572,5 +591,6 @@ CREATE OR REPLACE TRIGGER queues_after_key_limit_change
 CREATE OR REPLACE TRIGGER queues_after_key_limit_delete
     AFTER DELETE ON skiplock.queues
     FOR EACH ROW
-    WHEN (OLD.key_max_running IS NOT NULL OR OLD.key_rate_limit IS NOT NULL)
+    WHEN (OLD.key_max_running IS NOT NULL OR OLD.key_rate_limit IS NOT NULL
+          OR OLD.key_claimable IS NOT NULL)
     EXECUTE FUNCTION skiplock.internal_queues_after_key_limit();

@@ -88,7 +88,8 @@ SELECT q.name AS queue,
        k.held_by_key,
        q.key_rate_limit,
        q.key_rate_period,
-       k.keys_rate_limited
+       k.keys_rate_limited,
+       q.key_claimable
 FROM skiplock.queues q
 CROSS JOIN LATERAL (SELECT count(*) AS running FROM skiplock.jobs_live j
                     WHERE j.queue = q.name AND j.state = 'running') r
@@ -115,11 +116,12 @@ LEFT JOIN LATERAL (
            END AS keys_rate_limited,
            (SELECT count(*) FROM skiplock.jobs_live h
             WHERE h.queue = q.name AND h.state = 'waiting' AND h.held_for IS NOT NULL) AS held_by_key
-    WHERE q.key_max_running IS NOT NULL OR q.key_rate_limit IS NOT NULL) k ON true
+    WHERE q.key_max_running IS NOT NULL OR q.key_rate_limit IS NOT NULL
+       OR q.key_claimable IS NOT NULL) k ON true
 WHERE q.max_running IS NOT NULL OR q.rate_limit IS NOT NULL OR q.key_max_running IS NOT NULL
-   OR q.key_rate_limit IS NOT NULL;
+   OR q.key_rate_limit IS NOT NULL OR q.key_claimable IS NOT NULL;
 COMMENT ON VIEW skiplock.queue_limits IS
-    'Per queue with a global limit: max_running and the jobs running, rate_limit per rate_period and the starts in the last period, which limit holds runnable jobs back now (holding_back) and how many (held_back); key_max_running and the keys at it (keys_at_limit), key_rate_limit per key_rate_period and the keys whose window is full (keys_rate_limited), and the jobs held back for their keys (held_by_key). Example: SELECT queue, running, max_running, held_back FROM skiplock.queue_limits;';
+    'Per queue with a global limit: max_running and the jobs running, rate_limit per rate_period and the starts in the last period, which limit holds runnable jobs back now (holding_back) and how many (held_back); key_max_running and the keys at it (keys_at_limit), key_rate_limit per key_rate_period and the keys whose window is full (keys_rate_limited), the jobs held back for their keys (held_by_key), and key_claimable (fair queueing by key: the jobs waiting their turn are among held_by_key). Example: SELECT queue, running, max_running, held_back FROM skiplock.queue_limits;';
 
 CREATE OR REPLACE VIEW skiplock.queue_lag AS
 SELECT queue,

@@ -37,7 +37,7 @@ CREATE OR REPLACE TRIGGER jobs_notify_finished
     FOR EACH ROW WHEN (NEW.awaited)
     EXECUTE FUNCTION skiplock.internal_notify_finished();
 
--- For watch_job, which holds a job held for its key (held_for 'key' or 'rate') locked:
+-- For watch_job, which holds a job held for its key (held_for 'key', 'rate' or 'fair') locked:
 -- asks the release that may skip it meanwhile again (see watch_job). As the owner
 -- (SECURITY DEFINER): a waiter, an enqueuer, has no privilege on the limits' tables, and
 -- this can do nothing but have a key's held jobs let go, which a claim holds back again
@@ -52,6 +52,8 @@ AS $$
 BEGIN
     IF held_for = 'key' THEN
         PERFORM skiplock.internal_notify_freed(ARRAY[queue], ARRAY[key]);
+    ELSIF held_for = 'fair' THEN
+        PERFORM skiplock.internal_recheck_keys(ARRAY[queue], ARRAY[key]);
     ELSIF held_for = 'rate' THEN
         PERFORM 1 FROM skiplock.key_rate_windows w
         WHERE w.queue = internal_release_watched.queue AND w.concurrency_key = key

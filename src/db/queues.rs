@@ -36,6 +36,7 @@ pub struct LimitColumns {
     pub key_max_running: Option<i32>,
     pub key_rate_limit: Option<i32>,
     pub key_rate_period_us: Option<i64>,
+    pub key_claimable: Option<i32>,
 }
 
 /// Sets a queue's global limits.
@@ -46,7 +47,7 @@ pub async fn queues_set_limits(
 ) -> sqlx::Result<()> {
     sqlx::query(
         "SELECT skiplock.set_queue_limits($1, $2, $3, $4 * interval '1 microsecond', $5, $6,
-                                          $7 * interval '1 microsecond')",
+                                          $7 * interval '1 microsecond', $8)",
     )
     .bind(name)
     .bind(limits.max_running)
@@ -55,6 +56,7 @@ pub async fn queues_set_limits(
     .bind(limits.key_max_running)
     .bind(limits.key_rate_limit)
     .bind(limits.key_rate_period_us)
+    .bind(limits.key_claimable)
     .execute(db)
     .await?;
     Ok(())
@@ -79,6 +81,7 @@ pub struct QueueLimitsRow {
     pub key_rate_limit: Option<i32>,
     pub key_rate_period_us: Option<i64>,
     pub keys_rate_limited: Option<i64>,
+    pub key_claimable: Option<i32>,
 }
 
 /// The queues with a global limit, by name: `skiplock.queue_limits`.
@@ -89,7 +92,7 @@ pub async fn queues_limits(db: impl PgExecutor<'_>) -> sqlx::Result<Vec<QueueLim
                 started_in_period, holding_back, runnable, held_back, key_max_running,
                 keys_at_limit, held_by_key, key_rate_limit,
                 (extract(epoch FROM key_rate_period) * 1000000)::bigint AS key_rate_period_us,
-                keys_rate_limited
+                keys_rate_limited, key_claimable
          FROM skiplock.queue_limits ORDER BY queue",
     )
     .fetch_all(db)

@@ -44,7 +44,7 @@ enum QueueAction {
     Paused,
     /// Set a queue's global limits, held by every worker on every host; a limit not
     /// named stays as it is.
-    #[command(group(ArgGroup::new("limits").required(true).multiple(true).args(["max_running", "rate", "key_max_running", "key_rate"])))]
+    #[command(group(ArgGroup::new("limits").required(true).multiple(true).args(["max_running", "rate", "key_max_running", "key_rate", "key_claimable"])))]
     Limit {
         /// Queue name (it need not have jobs yet).
         #[arg(value_parser = crate::output::parse_queue_name)]
@@ -64,6 +64,11 @@ enum QueueAction {
         /// 10/1m; `none` removes the limit.
         #[arg(long, value_name = "N/PERIOD|none", allow_hyphen_values = true, value_parser = parse_key_rate)]
         key_rate: Option<Limit<(u32, Duration)>>,
+        /// Fair queueing by concurrency key: at most N due jobs of one key queued at once
+        /// (per priority), the keys taking turns; `none` turns it off. About a worker's
+        /// prefetch (32) keeps a lone key's drain as fast.
+        #[arg(long, value_name = "N|none", allow_hyphen_values = true, value_parser = parse_key_claimable)]
+        key_claimable: Option<Limit<u32>>,
     },
     /// List the queues with global limits: each limit, its use, the jobs it holds back.
     Limits {
@@ -95,6 +100,15 @@ fn parse_max_running(text: &str) -> Result<Limit<u32>, String> {
             "`{text}` is not a number of jobs; write one from 1 to {}, or `none`",
             i32::MAX
         )),
+    }
+}
+
+fn parse_key_claimable(text: &str) -> Result<Limit<u32>, String> {
+    match text.parse::<u32>() {
+        Ok(0) => Err("a key's turn of 0 jobs would hold every job with a key; \
+                      write 1 or more, or `none` to turn fair queueing off"
+            .to_owned()),
+        _ => parse_max_running(text),
     }
 }
 
@@ -150,6 +164,7 @@ pub async fn run(pool: &DbPool, args: QueueArgs) -> anyhow::Result<()> {
             rate,
             key_max_running,
             key_rate,
+            key_claimable,
         } => {
             let mut limits = skiplock::queue_limits(pool)
                 .await?
@@ -175,6 +190,11 @@ pub async fn run(pool: &DbPool, args: QueueArgs) -> anyhow::Result<()> {
             match key_rate {
                 Some(Limit::Set((starts, per))) => limits = limits.key_rate(starts, per),
                 Some(Limit::Remove) => limits = limits.key_rate(0, Duration::ZERO),
+                None => {}
+            }
+            match key_claimable {
+                Some(Limit::Set(n)) => limits = limits.key_claimable(n),
+                Some(Limit::Remove) => limits = limits.key_claimable(0),
                 None => {}
             }
             skiplock::set_queue_limits(pool, &queue, limits).await?;
@@ -212,11 +232,12 @@ fn describe(limits: &QueueLimits) -> String {
         )
     };
     format!(
-        "max_running {}, rate {}, key_max_running {}, key_rate {}",
+        "max_running {}, rate {}, key_max_running {}, key_rate {}, key_claimable {}",
         count(limits.max_running),
         rate(limits.rate),
         count(limits.key_max_running),
-        rate(limits.key_rate)
+        rate(limits.key_rate),
+        count(limits.key_claimable)
     )
 }
 
@@ -247,6 +268,7 @@ pub fn limits_json(status: &skiplock::QueueLimitStatus) -> serde_json::Value {
         "key_rate_period_seconds": status.limits.key_rate.map(|rate| rate.per.as_secs_f64()),
         "keys_rate_limited": status.keys_rate_limited,
         "held_by_key": status.held_by_key,
+        "key_claimable": status.limits.key_claimable.map(|n| n.get()),
     })
 }
 
@@ -273,6 +295,7 @@ pub fn limits_table(queues: &[skiplock::QueueLimitStatus]) -> Table {
         ">KEY RATE",
         ">KEYS AT RATE",
         ">HELD BY KEY",
+        ">KEY TURN",
     ]);
     for status in queues {
         table.row(vec![
@@ -298,6 +321,10 @@ pub fn limits_table(queues: &[skiplock::QueueLimitStatus]) -> Table {
             rate_cell(status.limits.key_rate),
             status.keys_rate_limited.to_string(),
             status.held_by_key.to_string(),
+            status
+                .limits
+                .key_claimable
+                .map_or_else(|| "-".to_owned(), |n| n.to_string()),
         ]);
     }
     table

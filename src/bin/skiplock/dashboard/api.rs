@@ -312,7 +312,7 @@ type LimitValue = fn(&skiplock::QueueLimitStatus) -> Option<f64>;
 /// The global limits of the queues that have one (`skiplock.queue_limits`): each limit,
 /// its use now, and the runnable jobs it holds back.
 fn limit_families(out: &mut String, limits: &[skiplock::QueueLimitStatus]) {
-    let series: [(&str, &str, LimitValue); 11] = [
+    let series: [(&str, &str, LimitValue); 12] = [
         (
             "skiplock_queue_max_running",
             "The queue's max_running: at most this many of its jobs run at once across every worker.",
@@ -365,11 +365,18 @@ fn limit_families(out: &mut String, limits: &[skiplock::QueueLimitStatus]) {
         ),
         (
             "skiplock_queue_held_by_key",
-            "Jobs of the queue waiting until their concurrency key has room again (key_max_running or key_rate_limit).",
+            "Jobs of the queue waiting until their concurrency key has room again (key_max_running or key_rate_limit) or for its turn (key_claimable).",
             |s| {
-                (s.limits.key_max_running.is_some() || s.limits.key_rate.is_some())
-                    .then_some(s.held_by_key as f64)
+                (s.limits.key_max_running.is_some()
+                    || s.limits.key_rate.is_some()
+                    || s.limits.key_claimable.is_some())
+                .then_some(s.held_by_key as f64)
             },
+        ),
+        (
+            "skiplock_queue_key_claimable",
+            "The queue's key_claimable (fair queueing by key): at most this many due jobs of one concurrency key queued at once.",
+            |s| s.limits.key_claimable.map(|n| f64::from(n.get())),
         ),
     ];
     for (name, help, value) in series {

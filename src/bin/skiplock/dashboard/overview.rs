@@ -339,7 +339,7 @@ fn limits_table(limits: &[skiplock::QueueLimitStatus]) -> Markup {
                 th.num { "started in period" } th.num { "rate limit" }
                 th { "holding back" } th.num { "held back" }
                 th.num { "key max running" } th.num { "keys full" }
-                th.num { "key rate limit" } th.num { "keys at rate" } th.num { "held by key" }
+                th.num { "key rate limit" } th.num { "keys at rate" } th.num { "held by key" } th.num { "key turn" }
             } }
             tbody {
                 @for status in limits {
@@ -377,6 +377,9 @@ fn limits_table(limits: &[skiplock::QueueLimitStatus]) -> Markup {
                         }
                         td.num data-limit="keys_rate_limited" { (status.keys_rate_limited) }
                         td.num data-limit="held_by_key" { (status.held_by_key) }
+                        td.num data-limit="key_claimable" {
+                            @match status.limits.key_claimable { Some(n) => (n), None => span.muted { "none" } }
+                        }
                     }
                 }
             }

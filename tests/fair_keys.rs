@@ -1,0 +1,399 @@
+//! Fair queueing by concurrency key (`skiplock.queues.key_claimable`, issue 50 item 1):
+//! at most `key_claimable` due jobs of one key are queued at once at each priority, the
+//! rest wait their turn (`held_for = 'fair'`) and are let go behind what is queued when the
+//! key's queued ones are claimed or cancelled. The tests claim on the SQL protocol, whose
+//! order is the claim order, so the start order they check is exact; one drains with the
+//! Rust worker. The insert and the claim that lets a key's jobs go take no lock on each
+//! other: both orders of their commits are held open here, with no sweep running.
+
+mod common;
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use common::fixtures::{Record, Recorder, fast_worker, sql_claim, state_of, wait_for};
+use common::test_db;
+use skiplock::{EnqueueOptions, JobState, QueueLimits};
+use sqlx::PgPool;
+
+/// Claims batches of `batch` jobs of `queue` on the SQL protocol until a claim comes back
+/// empty twice (the second claim lets go what the first left for it); returns the keys of
+/// the jobs in the order they were claimed.
+async fn claim_order(pool: &PgPool, queue: &str, batch: i32) -> Vec<String> {
+    let mut order = Vec::new();
+    let mut empty = 0;
+    while empty < 2 {
+        let claimed = sql_claim(pool, queue, batch, "fair-test").await;
+        if claimed.is_empty() {
+            empty += 1;
+            continue;
+        }
+        empty = 0;
+        let ids: Vec<i64> = claimed.iter().map(|(id, _)| *id).collect();
+        let keys: Vec<String> = sqlx::query_scalar(
+            "SELECT j.concurrency_key FROM unnest($1::bigint[]) WITH ORDINALITY AS c(id, n)
+             JOIN skiplock.jobs j ON j.id = c.id ORDER BY c.n",
+        )
+        .bind(&ids)
+        .fetch_all(pool)
+        .await
+        .unwrap();
+        order.extend(keys);
+    }
+    order
+}
+
+/// How many of `queue`'s jobs are in each state (held ones as `waiting/fair`).
+async fn states(pool: &PgPool, queue: &str) -> HashMap<String, i64> {
+    sqlx::query_as::<_, (String, i64)>(
+        "SELECT state::text || coalesce('/' || held_for, ''), count(*) FROM skiplock.jobs
+         WHERE queue = $1 GROUP BY 1",
+    )
+    .bind(queue)
+    .fetch_all(pool)
+    .await
+    .unwrap()
+    .into_iter()
+    .collect()
+}
+
+/// One key's backlog of 40, enqueued first, then five keys of three: the small keys'
+/// first jobs (and all their jobs) are claimed before the big key's third, with
+/// `skiplock.enqueue`, a plain `INSERT` and the Rust API as the writers; the same jobs in a
+/// queue without key_claimable start the big key's 40 first. Nothing is left waiting.
+#[tokio::test]
+async fn keys_take_turns_and_a_backlog_delays_a_new_key_by_at_most_its_turn() {
+    let db = test_db().await;
+    let pool = &db.pool;
+    skiplock::set_queue_limits(pool, "fair", QueueLimits::default().key_claimable(2))
+        .await
+        .unwrap();
+    for queue in ["fair", "fifo"] {
+        sqlx::query(
+            "SELECT skiplock.enqueue('noop', queue => $1, concurrency_key => 'big')
+             FROM generate_series(1, 20)",
+        )
+        .bind(queue)
+        .execute(pool)
+        .await
+        .unwrap();
+        sqlx::query(
+            "INSERT INTO skiplock.jobs (kind, queue, concurrency_key)
+             SELECT 'noop', $1, 'big' FROM generate_series(1, 20)",
+        )
+        .bind(queue)
+        .execute(pool)
+        .await
+        .unwrap();
+        for small in 1..=5 {
+            for _ in 0..3 {
+                skiplock::enqueue(
+                    pool,
+                    &Record { n: small },
+                    EnqueueOptions::new()
+                        .queue(queue)
+                        .concurrency_key(format!("small-{small}")),
+                )
+                .await
+                .unwrap();
+            }
+        }
+    }
+    assert_eq!(
+        states(pool, "fair").await,
+        HashMap::from([
+            ("queued".to_owned(), 2 + 5 * 2),
+            ("waiting/fair".to_owned(), 38 + 5)
+        ]),
+        "two of each key queued, the rest waiting their turn"
+    );
+    let fair = claim_order(pool, "fair", 4).await;
+    let fifo = claim_order(pool, "fifo", 4).await;
+    assert_eq!(fair.len(), 55, "every job claimed once: {fair:?}");
+    assert_eq!(fifo.len(), 55);
+    let third_big = |order: &[String]| {
+        order
+            .iter()
+            .enumerate()
+            .filter(|(_, key)| *key == "big")
+            .nth(2)
+            .map(|(at, _)| at)
+            .unwrap()
+    };
+    let first_small = |order: &[String], small: usize| {
+        order
+            .iter()
+            .position(|key| *key == format!("small-{small}"))
+            .unwrap()
+    };
+    for small in 1..=5 {
+        assert!(
+            first_small(&fair, small) < third_big(&fair),
+            "small-{small} waits at most the big key's turn of 2: {fair:?}"
+        );
+        assert!(
+            first_small(&fifo, small) > 39,
+            "without key_claimable the backlog goes first: {fifo:?}"
+        );
+    }
+    assert_eq!(
+        states(pool, "fair").await,
+        HashMap::from([("running".to_owned(), 55)]),
+        "nothing left waiting"
+    );
+}
+
+/// Within a key, a job more urgent than its queued ones is not held behind them; one as
+/// urgent or less waits. Jobs without a key, lane jobs and jobs scheduled ahead are never
+/// held. Raising key_claimable lets more go; removing it lets every held job go; a queued
+/// job cancelled gives its turn to the next held one at the next claim.
+#[tokio::test]
+async fn priorities_keys_lanes_schedules_and_changes_of_the_setting_keep_their_meaning() {
+    let db = test_db().await;
+    let pool = &db.pool;
+    sqlx::query("INSERT INTO skiplock.queues (name, key_claimable) VALUES ('q', 2)")
+        .execute(pool)
+        .await
+        .unwrap();
+    let enqueue = |sql: &'static str| async move {
+        sqlx::query_scalar::<_, i64>(sql)
+            .fetch_one(pool)
+            .await
+            .unwrap()
+    };
+    let queued_a = [
+        enqueue("SELECT skiplock.enqueue('noop', queue => 'q', concurrency_key => 'a')").await,
+        enqueue("SELECT skiplock.enqueue('noop', queue => 'q', concurrency_key => 'a')").await,
+    ];
+    let urgent = enqueue(
+        "SELECT skiplock.enqueue('noop', queue => 'q', concurrency_key => 'a', priority => -1)",
+    )
+    .await;
+    let same =
+        enqueue("SELECT skiplock.enqueue('noop', queue => 'q', concurrency_key => 'a')").await;
+    let later = enqueue(
+        "SELECT skiplock.enqueue('noop', queue => 'q', concurrency_key => 'a', priority => 1)",
+    )
+    .await;
+    let ahead = enqueue(
+        "SELECT skiplock.enqueue('noop', queue => 'q', concurrency_key => 'a',
+                                 scheduled_at => now() + interval '1 hour')",
+    )
+    .await;
+    let no_key = enqueue("SELECT skiplock.enqueue('noop', queue => 'q')").await;
+    // A lane's job of a key whose turn is taken (two of c queued).
+    enqueue("SELECT max(skiplock.enqueue('noop', queue => 'q', concurrency_key => 'c')) FROM generate_series(1, 2)").await;
+    let lane = enqueue(
+        "INSERT INTO skiplock.jobs (kind, queue, concurrency_key, ordering_key)
+         VALUES ('noop', 'q', 'c', 'lane') RETURNING id",
+    )
+    .await;
+    for (id, state, what) in [
+        (queued_a[0], JobState::Queued, "the first of a"),
+        (queued_a[1], JobState::Queued, "the second of a"),
+        (urgent, JobState::Queued, "more urgent than a's queued jobs"),
+        (same, JobState::Waiting, "a's third at its priority"),
+        (later, JobState::Waiting, "a's job behind its priority"),
+        (ahead, JobState::Queued, "scheduled ahead"),
+        (no_key, JobState::Queued, "without a key"),
+        (lane, JobState::Queued, "a lane's job"),
+    ] {
+        assert_eq!(state_of(pool, id).await, state, "{what}");
+    }
+    let why: String = sqlx::query_scalar("SELECT skiplock.why_not_running($1)")
+        .bind(same)
+        .fetch_one(pool)
+        .await
+        .unwrap();
+    assert!(
+        why.contains("waits its turn") && why.contains("'a'"),
+        "{why}"
+    );
+
+    // Queued jobs cancelled: their turns go to the oldest held job at the next claim.
+    for id in [queued_a[0], urgent] {
+        let cancelled: bool = sqlx::query_scalar("SELECT skiplock.cancel_job($1)")
+            .bind(id)
+            .fetch_one(pool)
+            .await
+            .unwrap();
+        assert!(cancelled);
+    }
+    sql_claim(pool, "unrelated", 1, "fair-test").await;
+    assert_eq!(
+        state_of(pool, same).await,
+        JobState::Waiting,
+        "no claim of q yet"
+    );
+    let claimed: Vec<i64> = sql_claim(pool, "q", 1, "fair-test")
+        .await
+        .into_iter()
+        .map(|(id, _)| id)
+        .collect();
+    assert_eq!(claimed, vec![queued_a[1]], "the oldest first");
+    assert_eq!(
+        state_of(pool, same).await,
+        JobState::Queued,
+        "the cancel's turn"
+    );
+    assert_eq!(state_of(pool, later).await, JobState::Waiting);
+
+    // Raised, then removed.
+    sqlx::query(
+        "INSERT INTO skiplock.jobs (kind, queue, concurrency_key)
+         SELECT 'noop', 'q', 'b' FROM generate_series(1, 6)",
+    )
+    .execute(pool)
+    .await
+    .unwrap();
+    let held_b = || async {
+        sqlx::query_scalar::<_, i64>(
+            "SELECT count(*) FROM skiplock.jobs WHERE concurrency_key = 'b' AND held_for = 'fair'",
+        )
+        .fetch_one(pool)
+        .await
+        .unwrap()
+    };
+    assert_eq!(held_b().await, 4);
+    sqlx::query("UPDATE skiplock.queues SET key_claimable = 4 WHERE name = 'q'")
+        .execute(pool)
+        .await
+        .unwrap();
+    assert_eq!(held_b().await, 2, "raised to 4: two more of b queued");
+    sqlx::query("UPDATE skiplock.queues SET key_claimable = NULL WHERE name = 'q'")
+        .execute(pool)
+        .await
+        .unwrap();
+    assert_eq!(held_b().await, 0, "removed: every held job queued");
+    assert_eq!(state_of(pool, later).await, JobState::Queued);
+    let waiting: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM skiplock.jobs WHERE state = 'waiting'")
+            .fetch_one(pool)
+            .await
+            .unwrap();
+    assert_eq!(waiting, 0, "nothing left waiting");
+}
+
+/// The insert that holds a job and the claim that takes its key's queued ones overlap,
+/// each held open while the other commits: after both, the held job is claimable at the
+/// next claim, with no sweep. `insert_first`: the insert holds (it sees the key's queued
+/// jobs) before the claim takes them; else the claim takes them first, uncommitted, and
+/// the insert still sees them queued.
+async fn a_turn_is_never_lost_between_an_insert_and_a_claim(insert_first: bool) {
+    let db = test_db().await;
+    let pool = &db.pool;
+    sqlx::query("INSERT INTO skiplock.queues (name, key_claimable) VALUES ('q', 1)")
+        .execute(pool)
+        .await
+        .unwrap();
+    let first: i64 =
+        sqlx::query_scalar("SELECT skiplock.enqueue('noop', queue => 'q', concurrency_key => 'k')")
+            .fetch_one(pool)
+            .await
+            .unwrap();
+    let mut inserter = pool.begin().await.unwrap();
+    let mut claimer = pool.begin().await.unwrap();
+    let insert = "SELECT skiplock.enqueue('noop', queue => 'q', concurrency_key => 'k')";
+    let claim = "SELECT id FROM skiplock.claim('q', 10, 'fair-test')";
+    let (held, claimed): (i64, Vec<i64>) = if insert_first {
+        let held = sqlx::query_scalar(insert)
+            .fetch_one(&mut *inserter)
+            .await
+            .unwrap();
+        let claimed = sqlx::query_scalar(claim)
+            .fetch_all(&mut *claimer)
+            .await
+            .unwrap();
+        (held, claimed)
+    } else {
+        let claimed = sqlx::query_scalar(claim)
+            .fetch_all(&mut *claimer)
+            .await
+            .unwrap();
+        let held = sqlx::query_scalar(insert)
+            .fetch_one(&mut *inserter)
+            .await
+            .unwrap();
+        (held, claimed)
+    };
+    assert_eq!(claimed, vec![first]);
+    let held_for: Option<String> =
+        sqlx::query_scalar("SELECT held_for FROM skiplock.jobs WHERE id = $1")
+            .bind(held)
+            .fetch_one(&mut *inserter)
+            .await
+            .unwrap();
+    assert_eq!(
+        held_for.as_deref(),
+        Some("fair"),
+        "the key's turn looked taken"
+    );
+    claimer.commit().await.unwrap();
+    // A claim between the two commits finds nothing it may take.
+    assert!(sql_claim(pool, "q", 10, "fair-test").await.is_empty());
+    inserter.commit().await.unwrap();
+    let next: Vec<i64> = sql_claim(pool, "q", 10, "fair-test")
+        .await
+        .into_iter()
+        .map(|(id, _)| id)
+        .collect();
+    assert_eq!(
+        next,
+        vec![held],
+        "the held job's turn came at the next claim"
+    );
+}
+
+#[tokio::test]
+async fn a_turn_is_never_lost_when_the_insert_holds_before_the_claim_takes() {
+    a_turn_is_never_lost_between_an_insert_and_a_claim(true).await;
+}
+
+#[tokio::test]
+async fn a_turn_is_never_lost_when_the_claim_takes_before_the_insert_holds() {
+    a_turn_is_never_lost_between_an_insert_and_a_claim(false).await;
+}
+
+/// The Rust worker drains a fair queue of one large key and many small ones, prefetching
+/// more than a key's turn, and leaves nothing waiting; `skiplock queue limits` shows the
+/// setting.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_worker_drains_a_fair_queue_and_leaves_nothing_waiting() {
+    let db = test_db().await;
+    let pool = &db.pool;
+    skiplock::set_queue_limits(pool, "default", QueueLimits::default().key_claimable(3))
+        .await
+        .unwrap();
+    let limits = skiplock::queue_limits(pool).await.unwrap();
+    assert_eq!(
+        limits[0].limits.key_claimable.map(|n| n.get()),
+        Some(3),
+        "{limits:?}"
+    );
+    sqlx::query(
+        "INSERT INTO skiplock.jobs (kind, args, concurrency_key)
+         SELECT 'record', jsonb_build_object('n', i), CASE WHEN i <= 300 THEN 'big' ELSE 'k' || i % 30 END
+         FROM generate_series(1, 400) i",
+    )
+    .execute(pool)
+    .await
+    .unwrap();
+    let recorder = Recorder::default();
+    let worker = fast_worker(pool, &recorder)
+        .concurrency(8)
+        .prefetch(16)
+        .build()
+        .unwrap();
+    let stop = worker.shutdown_handle();
+    let run = tokio::spawn(worker.run());
+    wait_for("every job done", Duration::from_secs(60), || async {
+        recorder.total() >= 400
+    })
+    .await;
+    stop.shutdown();
+    run.await.unwrap().unwrap();
+    assert_eq!(
+        states(pool, "default").await,
+        HashMap::from([("succeeded".to_owned(), 400)])
+    );
+}

@@ -36,8 +36,8 @@ use model_support::checks::{Evidence, check_all, check_merged};
 use model_support::coverage::coverage;
 use model_support::workers::{Crew, start_pruner};
 use model_support::{
-    LIMITED_QUEUE, LIMITED_QUEUE_KEY_MAX, LIMITED_QUEUE_KEY_RATE, LIMITED_QUEUE_RATE, Sim, actors,
-    extend_audit, logs,
+    KEY_CLAIMABLE, LIMITED_QUEUE, LIMITED_QUEUE_KEY_MAX, LIMITED_QUEUE_KEY_RATE,
+    LIMITED_QUEUE_RATE, Sim, actors, extend_audit, logs,
 };
 
 /// Seeds run by default: the whole test stays within about two minutes on 2 cores.
@@ -156,8 +156,10 @@ fn a_heartbeat_that_timed_out_is_transient_and_one_that_failed_on_data_is_a_defe
 /// planned 14 s on a loaded 2-core machine, so a seed that takes one of them zero times
 /// even with the extension means the model stopped exercising it. The limits' paths count
 /// a limit holding a due job back (tests/model_support/coverage.rs), not a start under it.
-const PATHS_REQUIRED: [&str; 15] = [
+const PATHS_REQUIRED: [&str; 17] = [
     "claim of a lane job",
+    "key_claimable held a job at its insert",
+    "a job waiting its turn was queued",
     "max_running held a due job back",
     "rate_limit held a due job back",
     "key_max_running held a due job back",
@@ -192,7 +194,8 @@ async fn run_seed(seed: u64, secs: u64) -> (Vec<String>, BTreeMap<&'static str, 
     extend_audit(&db.pool).await;
     sqlx::query(
         "SELECT skiplock.set_queue_limits($1, $2, $3, make_interval(secs => $4::float8 / 1000),
-                                          $5, $6, make_interval(secs => $7::float8 / 1000))",
+                                          $5, $6, make_interval(secs => $7::float8 / 1000),
+                                          $8)",
     )
     .bind(LIMITED_QUEUE.0)
     .bind(LIMITED_QUEUE.1 as i32)
@@ -201,9 +204,16 @@ async fn run_seed(seed: u64, secs: u64) -> (Vec<String>, BTreeMap<&'static str, 
     .bind(LIMITED_QUEUE_KEY_MAX as i32)
     .bind(LIMITED_QUEUE_KEY_RATE.0 as i32)
     .bind(LIMITED_QUEUE_KEY_RATE.1)
+    .bind(KEY_CLAIMABLE as i32)
     .execute(&db.pool)
     .await
     .expect("limit the model's second queue");
+    // Fair queueing by key on the other queue too, where no lock is taken for it.
+    sqlx::query("SELECT skiplock.set_queue_limits('default', NULL, key_claimable => $1)")
+        .bind(KEY_CLAIMABLE as i32)
+        .execute(&db.pool)
+        .await
+        .expect("fair queueing on the model's first queue");
     let sim = Arc::new(Sim::new(seed, db.url.clone()));
 
     let mut crew = Crew::start(&sim, 2, 1).await;

@@ -40,8 +40,23 @@ pub fn coverage(evidence: &Evidence) -> BTreeMap<&'static str, usize> {
         .map(|e| e.job_id)
         .collect();
     let children: HashSet<i64> = evidence.deps.iter().map(|&(_, child, _)| child).collect();
+    // Jobs waiting their turn (fair queueing), from the write that held them.
+    let mut waiting_turn: HashSet<i64> = HashSet::new();
     for e in &evidence.events {
         let (old, new) = (e.old_state.as_deref(), e.new_state.as_deref());
+        if old == Some("waiting") && waiting_turn.remove(&e.job_id) && new == Some("queued") {
+            *paths
+                .entry("a job waiting its turn was queued")
+                .or_default() += 1;
+        }
+        if new == Some("waiting") && e.held_for.as_deref() == Some("fair") {
+            waiting_turn.insert(e.job_id);
+            if e.op == "insert" {
+                *paths
+                    .entry("key_claimable held a job at its insert")
+                    .or_default() += 1;
+            }
+        }
         let error = e.last_error.as_deref().unwrap_or_default();
         let path = match (e.op.as_str(), old, new) {
             ("update", Some("queued"), Some("running")) if lanes.contains(&e.job_id) => {

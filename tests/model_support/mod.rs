@@ -51,6 +51,9 @@ pub const LIMITED_QUEUE_KEY_MAX: usize = 1;
 /// key that comes sooner after the key's start this many before it.
 pub const LIMITED_QUEUE_KEY_RATE: (usize, i64) = (2, 300);
 pub const CONCURRENCY_KEYS: [&str; 3] = ["tenant-a", "tenant-b", "tenant-c"];
+/// Both queues' key_claimable for the whole run (fair queueing by key): a key's jobs past
+/// it wait their turn (`held_for = 'fair'`); the drain shows none is stranded.
+pub const KEY_CLAIMABLE: usize = 2;
 
 /// What every actor shares during one seed's run.
 pub struct Sim {

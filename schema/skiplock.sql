@@ -848,6 +848,8 @@ DECLARE
     lim_key_rate_limit int;
     lim_key_rate_period interval;
     lim_key_claimable int;
+    -- Fair queueing: the keys whose held jobs a pass takes (NULL: the walk of queued jobs).
+    held_keys text[];
     room bigint := max_jobs;
     wanted bigint;
     rate_room bigint;
@@ -1030,10 +1032,11 @@ BEGIN
     taken := 0;
     LOOP
         RETURN QUERY
-        WITH picked AS (
+        WITH picked_queued AS (
             SELECT j.ctid, j.concurrency_key, j.priority, j.scheduled_at, j.id
             FROM skiplock.jobs_live j
-            WHERE j.queue = queue_name AND j.state = 'queued' AND j.scheduled_at <= now()
+            WHERE held_keys IS NULL
+              AND j.queue = queue_name AND j.state = 'queued' AND j.scheduled_at <= now()
               AND (j.priority, j.scheduled_at, j.id) > (from_priority, from_scheduled_at, from_id)
               AND (kinds IS NULL OR j.kind = ANY (kinds))
               AND (NOT filtering OR j.xmax = '0'::xid OR (
@@ -1045,6 +1048,28 @@ BEGIN
             ORDER BY j.priority, j.scheduled_at, j.id
             LIMIT room
             FOR UPDATE OF j SKIP LOCKED
+        ), picked_held AS (
+            -- Fair queueing, after a pass that came back short: the jobs of the keys it
+            -- took that wait their turn, straight from jobs_held_idx (nothing else was
+            -- there to take; one write each, not a release and then a claim). Such a job
+            -- could run but for its turn, and, as a queued job, is not looked at again
+            -- for parents (a parent retried by hand since does not hold it back).
+            SELECT h.ctid, h.concurrency_key, h.priority, h.scheduled_at, h.id
+            FROM unnest(held_keys) AS k(key)
+            CROSS JOIN LATERAL (
+                SELECT j.ctid, j.concurrency_key, j.priority, j.scheduled_at, j.id
+                FROM skiplock.jobs_live j
+                WHERE j.queue = queue_name AND j.state = 'waiting' AND j.held_for = 'fair'
+                  AND j.concurrency_key = k.key AND j.scheduled_at <= now()
+                  AND (kinds IS NULL OR j.kind = ANY (kinds))
+                ORDER BY j.priority, j.scheduled_at, j.id
+                LIMIT room
+                FOR UPDATE OF j SKIP LOCKED) h
+            LIMIT room
+        ), picked AS (
+            SELECT * FROM picked_queued
+            UNION ALL
+            SELECT * FROM picked_held
         ), key_room AS (
             -- With per-key limits, how many of each key picked may start: no more than
             -- key_max_running less the key's running jobs, and of those no more than its
@@ -1079,7 +1104,8 @@ BEGIN
                 END AS ctids
         ), claimed AS (
             UPDATE skiplock.jobs_live j
-            SET state = 'running', claim_token = coalesce(claim_with, gen_random_uuid()), claimed_by = worker,
+            SET state = 'running', held_for = NULL,
+                claim_token = coalesce(claim_with, gen_random_uuid()), claimed_by = worker,
                 claimed_at = coalesce(claim_time, now()), heartbeat_at = clock_timestamp(),
                 attempt = least(j.attempt, 2147483646) + 1
             WHERE j.ctid = ANY ((SELECT t.ctids FROM taken t)::tid[])
@@ -1089,13 +1115,15 @@ BEGIN
         ), turns_given AS (
             -- Fair queueing: the keys taken that have jobs held for their turn, for the
             -- queue's next claim (run whether or not the result is read).
+            -- A LATERAL probe with LIMIT, not EXISTS: a hashed semi join read every held job.
             INSERT INTO skiplock.key_slots_freed (queue, concurrency_key)
-            SELECT DISTINCT queue_name, c.concurrency_key
-            FROM claimed c
-            WHERE lim_key_claimable IS NOT NULL AND c.concurrency_key IS NOT NULL
-              AND EXISTS (SELECT 1 FROM skiplock.jobs_live h
-                          WHERE h.queue = queue_name AND h.state = 'waiting'
-                            AND h.held_for IS NOT NULL AND h.concurrency_key = c.concurrency_key)
+            SELECT queue_name, k.key
+            FROM (SELECT DISTINCT c.concurrency_key AS key FROM claimed c
+                  WHERE lim_key_claimable IS NOT NULL AND c.concurrency_key IS NOT NULL) k
+            CROSS JOIN LATERAL (SELECT 1 FROM skiplock.jobs_live h
+                                WHERE h.queue = queue_name AND h.state = 'waiting'
+                                  AND h.held_for IS NOT NULL AND h.concurrency_key = k.key
+                                LIMIT 1) held
         )
         SELECT c.id, c.queue, c.kind, c.args, c.attempt, c.max_attempts, c.claim_token,
                c.priority,
@@ -1110,15 +1138,29 @@ BEGIN
         taken := taken + taken_now;
         -- The keys whose windows this claim filled are held back whatever it took; when
         -- it came back short, the keys that are full now too, and it goes on for the room
-        -- left if it held any.
+        -- left if it held any. In a fair queue, short means nothing else may be taken now:
+        -- it goes on with the held jobs of the keys it took (left in key_slots_freed
+        -- above), so a lone key drains a claim's batch at a time.
         held_now := 0;
         IF lim_key_rate_limit IS NOT NULL THEN
             held_now := skiplock.internal_hold_rate_keys(queue_name);
         END IF;
         EXIT WHEN taken_now >= room
-            OR (lim_key_max_running IS NULL AND lim_key_rate_limit IS NULL);
+            OR (lim_key_max_running IS NULL AND lim_key_rate_limit IS NULL
+                AND lim_key_claimable IS NULL);
         IF lim_key_max_running IS NOT NULL THEN
             held_now := held_now + skiplock.internal_hold_full_keys(queue_name, lim_key_max_running);
+        END IF;
+        IF lim_key_claimable IS NOT NULL THEN
+            -- One pass over held jobs at most, after one that took jobs.
+            EXIT WHEN held_keys IS NOT NULL OR taken_now = 0;
+            held_keys := ARRAY(SELECT DISTINCT f.concurrency_key FROM skiplock.key_slots_freed f
+                               WHERE f.queue = queue_name);
+            IF cardinality(held_keys) > 0 THEN
+                held_now := held_now + 1;
+            ELSE
+                held_keys := NULL;
+            END IF;
         END IF;
         EXIT WHEN held_now = 0;
         room := room - taken_now;
@@ -1984,6 +2026,84 @@ END;
 $$;
 
 --
+-- Name: internal_hold_for_turns(bigint[]); Type: FUNCTION; Schema: skiplock; Owner: -
+--
+
+CREATE FUNCTION skiplock.internal_hold_for_turns(ids bigint[]) RETURNS bigint[]
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    SET enable_seqscan TO 'off'
+    SET enable_bitmapscan TO 'off'
+    SET enable_hashjoin TO 'off'
+    SET enable_mergejoin TO 'off'
+    SET jit TO 'off'
+    AS $$
+DECLARE
+    held bigint[];
+    held_queues text[];
+    held_keys text[];
+BEGIN
+    IF cardinality(ids) = 0 THEN
+        RETURN '{}';
+    END IF;
+    held := ARRAY(
+        WITH given AS (
+            SELECT j.id, j.queue, j.concurrency_key AS key, j.priority, q.key_claimable AS cap,
+                   row_number() OVER (PARTITION BY j.queue, j.concurrency_key
+                                      ORDER BY j.priority, j.scheduled_at, j.id) - 1 AS ahead,
+                   count(*) OVER (PARTITION BY j.queue, j.concurrency_key
+                                  ORDER BY j.priority
+                                  RANGE BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) AS up_to
+            -- Each id probed (LATERAL with LIMIT, which the planner keeps), not
+            -- `j.id = ANY (ids)` nor a join it may turn around: a walk testing each row
+            -- against the whole list was quadratic in the statement's jobs.
+            FROM unnest(ids) AS i(id)
+            CROSS JOIN LATERAL (SELECT * FROM skiplock.jobs_live l WHERE l.id = i.id LIMIT 1) j
+            CROSS JOIN LATERAL (SELECT q.key_claimable FROM skiplock.queues q
+                                WHERE q.name = j.queue AND q.key_claimable IS NOT NULL) q
+            WHERE j.state = 'queued' AND j.concurrency_key IS NOT NULL
+              AND j.ordering_key IS NULL AND j.scheduled_at <= now()
+        ), levels AS MATERIALIZED (
+            -- Once per level (MATERIALIZED: inlined, its probes ran once per job).
+            SELECT g.queue, g.key, g.priority, g.cap, g.up_to,
+                   EXISTS (SELECT 1 FROM skiplock.jobs_live h
+                           WHERE h.queue = g.queue AND h.state = 'waiting'
+                             AND h.held_for IS NOT NULL AND h.concurrency_key = g.key
+                             AND h.priority <= g.priority) AS has_held,
+                   -- The others: all of them counted up to cap beyond the given ones, less
+                   -- the given ones (up_to; no test of each against the list). (state IN
+                   -- … AND <> 'running': see internal_key_queued.)
+                   greatest(0, (SELECT count(*) FROM (
+                        SELECT FROM skiplock.jobs_live o
+                        WHERE o.queue = g.queue AND o.state IN ('queued', 'running')
+                          AND o.state <> 'running'
+                          AND o.concurrency_key = g.key AND o.priority <= g.priority
+                          AND o.scheduled_at <= now()
+                        LIMIT g.cap + g.up_to) r) - g.up_to) AS queued
+            FROM (SELECT DISTINCT g.queue, g.key, g.priority, g.cap, g.up_to FROM given g) g
+        )
+        SELECT g.id
+        FROM given g
+        JOIN levels l ON l.queue = g.queue AND l.key = g.key AND l.priority = g.priority
+        WHERE l.has_held OR l.queued + g.ahead >= g.cap);
+    IF cardinality(held) > 0 THEN
+        WITH waiting AS (
+            UPDATE skiplock.jobs_live j SET state = 'waiting', held_for = 'fair'
+            WHERE j.ctid = ANY (ARRAY(
+                SELECT l.ctid FROM unnest(held) AS h(id)
+                CROSS JOIN LATERAL (SELECT l.ctid FROM skiplock.jobs_live l
+                                    WHERE l.id = h.id AND l.state = 'queued' LIMIT 1) l))
+            RETURNING j.queue, j.concurrency_key
+        )
+        SELECT array_agg(w.queue), array_agg(w.concurrency_key) INTO held_queues, held_keys
+        FROM waiting w;
+        PERFORM skiplock.internal_recheck_keys(held_queues, held_keys);
+    END IF;
+    RETURN held;
+END;
+$$;
+
+--
 -- Name: internal_hold_full_keys(text, integer); Type: FUNCTION; Schema: skiplock; Owner: -
 --
 
@@ -2252,7 +2372,6 @@ DECLARE
     merged jsonb;
     lane_tail bigint;
     lane_contended boolean;
-    claimable int;
 BEGIN
     IF current_setting('skiplock.requeue_moving', true) = NEW.id::text THEN
         PERFORM set_config('skiplock.requeue_moving', '', true);
@@ -2347,18 +2466,6 @@ BEGIN
             RETURN NULL;
         END IF;
     END IF;
-    IF NEW.concurrency_key IS NOT NULL AND NEW.state = 'queued' AND NEW.ordering_key IS NULL
-       AND NEW.scheduled_at <= now() THEN
-        -- Fair queueing (06_global_limits.sql): a due job whose key has its turns taken
-        -- waits for one; the statement's trigger leaves the key for the next claim.
-        SELECT q.key_claimable INTO claimable FROM skiplock.queues q WHERE q.name = NEW.queue;
-        IF claimable IS NOT NULL
-           AND skiplock.internal_key_turn_taken(NEW.queue, NEW.concurrency_key, NEW.priority,
-                                                claimable) THEN
-            NEW.state := 'waiting';
-            NEW.held_for := 'fair';
-        END IF;
-    END IF;
     RETURN NEW;
 END;
 $$;
@@ -2396,9 +2503,14 @@ BEGIN
     WHERE h.queue = queue_name AND h.state = 'waiting' AND h.held_for IS NOT NULL
       AND h.concurrency_key = key
     ORDER BY h.priority LIMIT 1;
+    -- `state IN ('queued', 'running') AND state <> 'running'`, not `state = 'queued'`: only
+    -- jobs_concurrency_key_idx can serve it, whatever the statistics say (through
+    -- jobs_claim_idx the count walked every key's queued jobs when the statistics said
+    -- the queue held one key).
     RETURN (SELECT count(*)::int FROM (
         SELECT FROM skiplock.jobs_live j
-        WHERE j.queue = queue_name AND j.state = 'queued' AND j.concurrency_key = key
+        WHERE j.queue = queue_name AND j.state IN ('queued', 'running') AND j.state <> 'running'
+          AND j.concurrency_key = key
           AND j.priority <= coalesce(first_held, 32767) AND j.scheduled_at <= now()
         LIMIT cap) r);
 END;
@@ -2462,30 +2574,6 @@ BEGIN
         SELECT FROM skiplock.jobs_live j
         WHERE j.queue = queue_name AND j.state = 'running' AND j.concurrency_key = key
         LIMIT cap) r);
-END;
-$$;
-
---
--- Name: internal_key_turn_taken(text, text, smallint, integer); Type: FUNCTION; Schema: skiplock; Owner: -
---
-
-CREATE FUNCTION skiplock.internal_key_turn_taken(queue_name text, key text, priority smallint, cap integer) RETURNS boolean
-    LANGUAGE plpgsql STABLE
-    SET enable_seqscan TO 'off'
-    SET enable_bitmapscan TO 'off'
-    SET jit TO 'off'
-    AS $$
-BEGIN
-    RETURN EXISTS (SELECT 1 FROM skiplock.jobs_live h
-                   WHERE h.queue = queue_name AND h.state = 'waiting'
-                     AND h.held_for IS NOT NULL AND h.concurrency_key = key
-                     AND h.priority <= internal_key_turn_taken.priority)
-        OR (SELECT count(*) FROM (
-                SELECT FROM skiplock.jobs_live j
-                WHERE j.queue = queue_name AND j.state = 'queued' AND j.concurrency_key = key
-                  AND j.priority <= internal_key_turn_taken.priority
-                  AND j.scheduled_at <= now()
-                LIMIT cap) r) >= cap;
 END;
 $$;
 
@@ -2693,6 +2781,20 @@ CREATE FUNCTION skiplock.internal_notify_jobs_inserted() RETURNS trigger
     LANGUAGE plpgsql
     AS $$
 BEGIN
+    IF EXISTS (SELECT 1 FROM skiplock.queues q WHERE q.key_claimable IS NOT NULL) THEN
+        -- Fair queueing (06_global_limits.sql): the due jobs of this statement whose keys
+        -- have their turns taken wait for one, and their keys are left for the next claim.
+        -- Decided here, once per statement, so that inserts into other queues pay one
+        -- probe of skiplock.queues per statement, not a call per row.
+        -- (The announcement below counts them too: a worker told of them finds the
+        -- others, or nothing.)
+        PERFORM skiplock.internal_hold_for_turns(ARRAY(
+            SELECT i.id
+            FROM inserted i
+            JOIN skiplock.queues q ON q.name = i.queue AND q.key_claimable IS NOT NULL
+            WHERE i.state = 'queued' AND i.concurrency_key IS NOT NULL
+              AND i.ordering_key IS NULL AND i.scheduled_at <= now()));
+    END IF;
     -- Reduced first to three keys per queue and priority at most (the first due, the first
     -- and the last due later): a bulk insert of thousands of jobs makes no array of them.
     PERFORM skiplock.internal_announce(ARRAY(
@@ -2706,11 +2808,6 @@ BEGIN
               GROUP BY i.queue, i.priority) g
         CROSS JOIN LATERAL unnest(ARRAY[g.due, g.later_first, g.later_last]) AS k(at)
         WHERE k.at IS NOT NULL));
-    -- Jobs held for their turn (fair queueing): their keys, for the queue's next claim.
-    PERFORM skiplock.internal_recheck_keys(array_agg(i.queue), array_agg(i.concurrency_key))
-    FROM inserted i
-    WHERE i.held_for = 'fair'
-    HAVING count(*) > 0;
     RETURN NULL;
 END;
 $$;
@@ -3333,12 +3430,12 @@ BEGIN
         -- take it holds again. key_claimable bounds the queued jobs themselves: those at
         -- the priority of the key's most urgent held job or better.
         SELECT l.key, least(
-            key_limit - (
+            CASE WHEN key_limit IS NOT NULL THEN key_limit - (
                 SELECT count(*) FROM (
                     SELECT FROM skiplock.jobs_live r
                     WHERE r.queue = queue_name AND r.state = 'running'
                       AND r.concurrency_key = l.key
-                    LIMIT key_limit) t),
+                    LIMIT key_limit) t) END,
             skiplock.internal_window_room(
                 (SELECT w.starts FROM skiplock.key_rate_windows w
                  WHERE w.queue = queue_name AND w.concurrency_key = l.key),
@@ -6127,7 +6224,7 @@ CREATE TRIGGER jobs_after_delete AFTER DELETE ON skiplock.jobs_live REFERENCING 
 -- Name: jobs_live jobs_before_insert; Type: TRIGGER; Schema: skiplock; Owner: -
 --
 
-CREATE TRIGGER jobs_before_insert BEFORE INSERT ON skiplock.jobs_live FOR EACH ROW WHEN (((new.ordering_key IS NOT NULL) OR (new.unique_key IS NOT NULL) OR (new.concurrency_key IS NOT NULL) OR (pg_column_size(new.args) > 4096))) EXECUTE FUNCTION skiplock.internal_jobs_before_insert();
+CREATE TRIGGER jobs_before_insert BEFORE INSERT ON skiplock.jobs_live FOR EACH ROW WHEN (((new.ordering_key IS NOT NULL) OR (new.unique_key IS NOT NULL) OR (pg_column_size(new.args) > 4096))) EXECUTE FUNCTION skiplock.internal_jobs_before_insert();
 
 --
 -- Name: jobs_done jobs_done_before_requeue; Type: TRIGGER; Schema: skiplock; Owner: -

@@ -151,6 +151,10 @@ fn breaking(
 /// themselves, each with the reason it announces nothing.
 const QUEUES_NOTHING: &[(&str, &str)] = &[
     (
+        "internal_hold_for_turns",
+        "moves jobs its statement just inserted from queued to waiting (their turn); the statement's trigger announced them",
+    ),
+    (
         "internal_fold_into_key_holder",
         "changes a pending holder's args; internal_unique_key_holder announced the holder it locked",
     ),
@@ -326,6 +330,10 @@ fn first_lane_read(body: &str) -> Option<usize> {
 /// themselves, each with the callers that run them again.
 const MOVED_ROWS_RETRIED_BY_CALLERS: &[(&str, &str)] = &[
     (
+        "internal_hold_for_turns",
+        "none needed: it writes only the rows its caller's statement inserted, uncommitted, which no other transaction can move",
+    ),
+    (
         "internal_fold_into_key_holder",
         "retry_job and the outcome statements' callers (the SQL protocol's calls, the worker)",
     ),
@@ -389,6 +397,11 @@ const MOVED_ROWS_PASSED_TO_CALLERS: &[(&str, &str)] = &[
          hand meets 40001 as any serialization failure",
     ),
     ("internal_hold_full_keys", "internal_claim_batch's callers"),
+    (
+        "internal_notify_jobs_inserted",
+        "the trigger of an INSERT; internal_hold_for_turns writes only that statement's own rows, \
+         which nothing else can move",
+    ),
     ("internal_hold_rate_keys", "internal_claim_batch's callers"),
     (
         "internal_release_freed_keys",

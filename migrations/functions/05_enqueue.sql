@@ -163,12 +163,27 @@ $$;
 COMMENT ON FUNCTION skiplock.enqueue(text, jsonb, text, int, timestamptz, int, text, text, text, bigint[], text, text, text) IS
     'Enqueues a job from any language and returns its id (or, for a unique_key already pending, that job''s id). traceparent and tracestate (W3C Trace Context, as an incoming request carried them) make each attempt''s span continue that trace. Example: SELECT skiplock.enqueue(''send_email'', ''{"to": "a@example.com"}'', priority => -1);';
 
--- Inserts: one notification per statement, queue and priority for the jobs due now, at the
--- earliest time, and one for those due later, with when the first and the last come due;
--- the keys of the jobs held for their turn are left for their queues' next claims.
+-- Inserts: in queues with key_claimable, the jobs whose keys have their turns taken wait
+-- for one; then one notification per statement, queue and priority for the jobs due now,
+-- at the earliest time, and one for those due later, with when the first and the last
+-- come due.
 CREATE OR REPLACE FUNCTION skiplock.internal_notify_jobs_inserted() RETURNS trigger
 LANGUAGE plpgsql AS $$
 BEGIN
+    IF EXISTS (SELECT 1 FROM skiplock.queues q WHERE q.key_claimable IS NOT NULL) THEN
+        -- Fair queueing (06_global_limits.sql): the due jobs of this statement whose keys
+        -- have their turns taken wait for one, and their keys are left for the next claim.
+        -- Decided here, once per statement, so that inserts into other queues pay one
+        -- probe of skiplock.queues per statement, not a call per row.
+        -- (The announcement below counts them too: a worker told of them finds the
+        -- others, or nothing.)
+        PERFORM skiplock.internal_hold_for_turns(ARRAY(
+            SELECT i.id
+            FROM inserted i
+            JOIN skiplock.queues q ON q.name = i.queue AND q.key_claimable IS NOT NULL
+            WHERE i.state = 'queued' AND i.concurrency_key IS NOT NULL
+              AND i.ordering_key IS NULL AND i.scheduled_at <= now()));
+    END IF;
     -- Reduced first to three keys per queue and priority at most (the first due, the first
     -- and the last due later): a bulk insert of thousands of jobs makes no array of them.
     PERFORM skiplock.internal_announce(ARRAY(
@@ -182,11 +197,6 @@ BEGIN
               GROUP BY i.queue, i.priority) g
         CROSS JOIN LATERAL unnest(ARRAY[g.due, g.later_first, g.later_last]) AS k(at)
         WHERE k.at IS NOT NULL));
-    -- Jobs held for their turn (fair queueing): their keys, for the queue's next claim.
-    PERFORM skiplock.internal_recheck_keys(array_agg(i.queue), array_agg(i.concurrency_key))
-    FROM inserted i
-    WHERE i.held_for = 'fair'
-    HAVING count(*) > 0;
     RETURN NULL;
 END;
 $$;
@@ -215,7 +225,6 @@ DECLARE
     merged jsonb;
     lane_tail bigint;
     lane_contended boolean;
-    claimable int;
 BEGIN
     IF current_setting('skiplock.requeue_moving', true) = NEW.id::text THEN
         PERFORM set_config('skiplock.requeue_moving', '', true);
@@ -310,29 +319,16 @@ BEGIN
             RETURN NULL;
         END IF;
     END IF;
-    IF NEW.concurrency_key IS NOT NULL AND NEW.state = 'queued' AND NEW.ordering_key IS NULL
-       AND NEW.scheduled_at <= now() THEN
-        -- Fair queueing (06_global_limits.sql): a due job whose key has its turns taken
-        -- waits for one; the statement's trigger leaves the key for the next claim.
-        SELECT q.key_claimable INTO claimable FROM skiplock.queues q WHERE q.name = NEW.queue;
-        IF claimable IS NOT NULL
-           AND skiplock.internal_key_turn_taken(NEW.queue, NEW.concurrency_key, NEW.priority,
-                                                claimable) THEN
-            NEW.state := 'waiting';
-            NEW.held_for := 'fair';
-        END IF;
-    END IF;
     RETURN NEW;
 END;
 $$;
 
--- Only rows that use lanes, unique keys or concurrency keys (or carry large args) pay for
--- the call: the trigger's WHEN clause is evaluated without entering PL/pgSQL. On jobs_live
--- only: a row moved into jobs_done (a completion) is no enqueue, and must not be refused
--- for its args.
+-- Only rows that use lanes or unique keys (or carry large args) pay for the call: the
+-- trigger's WHEN clause is evaluated without entering PL/pgSQL. On jobs_live only: a row
+-- moved into jobs_done (a completion) is no enqueue, and must not be refused for its args.
 CREATE OR REPLACE TRIGGER jobs_before_insert
     BEFORE INSERT ON skiplock.jobs_live
     FOR EACH ROW
     WHEN (NEW.ordering_key IS NOT NULL OR NEW.unique_key IS NOT NULL
-          OR NEW.concurrency_key IS NOT NULL OR pg_column_size(NEW.args) > 4096)
+          OR pg_column_size(NEW.args) > 4096)
     EXECUTE FUNCTION skiplock.internal_jobs_before_insert();

@@ -11,7 +11,8 @@
 --   internal_release_freed_keys
 --   internal_window_room, internal_key_rate_take, internal_hold_rate_keys
 --   internal_release_refilled_keys, internal_forget_key_limit_rows
---   internal_key_queued, internal_key_turn_taken, internal_recheck_keys
+--   internal_key_queued, internal_hold_for_turns
+--   internal_recheck_keys
 
 -- ---- Global limits (skiplock.queues: max_running, rate_limit per rate_period) -----------
 --
@@ -382,12 +383,12 @@ BEGIN
         -- take it holds again. key_claimable bounds the queued jobs themselves: those at
         -- the priority of the key's most urgent held job or better.
         SELECT l.key, least(
-            key_limit - (
+            CASE WHEN key_limit IS NOT NULL THEN key_limit - (
                 SELECT count(*) FROM (
                     SELECT FROM skiplock.jobs_live r
                     WHERE r.queue = queue_name AND r.state = 'running'
                       AND r.concurrency_key = l.key
-                    LIMIT key_limit) t),
+                    LIMIT key_limit) t) END,
             skiplock.internal_window_room(
                 (SELECT w.starts FROM skiplock.key_rate_windows w
                  WHERE w.queue = queue_name AND w.concurrency_key = l.key),
@@ -656,8 +657,9 @@ $$;
 -- ---- Fair queueing by key (skiplock.queues.key_claimable) --------------------------------
 --
 -- In a queue with key_claimable, at most that many due jobs of one concurrency_key are
--- queued at once at each priority: a job inserted while its key has that many queued at its
--- priority or better (or has jobs held before it) waits, held_for 'fair', and is let go when
+-- queued at once at each priority: a job inserted while its key has that many queued ahead
+-- of it (or has jobs held at its priority or better) waits, held_for 'fair' (set by the
+-- insert's statement trigger, once per statement), and is let go when
 -- one of the key's queued jobs is claimed or cancelled, with scheduled_at moved to then, so
 -- it queues behind every job queued before: the keys take turns, and one key's backlog
 -- delays another key's next job by at most key_claimable of its jobs per priority. Jobs
@@ -669,7 +671,9 @@ $$;
 -- looks at the key again with both committed, so neither order of their commits leaves a
 -- key with held jobs and nothing queued. Two claims that let go the same key's jobs at once
 -- may queue a few more than key_claimable; none is left behind. The cost follows the jobs
--- of keys in such queues: an insert's probes of its key, a held job's second write.
+-- of keys in such queues: an insert's probes of its key, a held job's two more writes (held
+-- after its insert, queued when let go); other inserts pay a probe of skiplock.queues per
+-- statement.
 
 -- The due queued jobs of a queue's key at its most urgent held job's priority or better
 -- (every due queued job when none is held), counted up to `cap`; NULL without a cap.
@@ -690,43 +694,114 @@ BEGIN
     WHERE h.queue = queue_name AND h.state = 'waiting' AND h.held_for IS NOT NULL
       AND h.concurrency_key = key
     ORDER BY h.priority LIMIT 1;
+    -- `state IN ('queued', 'running') AND state <> 'running'`, not `state = 'queued'`: only
+    -- jobs_concurrency_key_idx can serve it, whatever the statistics say (through
+    -- jobs_claim_idx the count walked every key's queued jobs when the statistics said
+    -- the queue held one key).
     RETURN (SELECT count(*)::int FROM (
         SELECT FROM skiplock.jobs_live j
-        WHERE j.queue = queue_name AND j.state = 'queued' AND j.concurrency_key = key
+        WHERE j.queue = queue_name AND j.state IN ('queued', 'running') AND j.state <> 'running'
+          AND j.concurrency_key = key
           AND j.priority <= coalesce(first_held, 32767) AND j.scheduled_at <= now()
         LIMIT cap) r);
 END;
 $$;
 
--- Whether a job of a queue's key at `priority` waits its turn: the key has jobs held at
--- that priority or better, or `cap` due jobs queued there. What the insert trigger of
--- jobs_live asks for a due job with a key in a queue with key_claimable.
-CREATE OR REPLACE FUNCTION skiplock.internal_key_turn_taken(queue_name text, key text,
-                                                            priority smallint, cap int)
-RETURNS boolean
-LANGUAGE plpgsql STABLE
+DROP FUNCTION IF EXISTS skiplock.internal_key_turn_taken(text, text, smallint, int);
+DROP FUNCTION IF EXISTS skiplock.internal_key_turn_taken(text, text, smallint, timestamptz,
+                                                         bigint, int);
+
+-- Of the given jobs (just inserted), holds those that wait their turn, as `waiting` with
+-- held_for 'fair', leaves their keys for their queues' next claims, and returns their ids.
+-- A job waits its turn when its key has jobs held at its priority or better, or when the
+-- key's due queued jobs at its priority or better, other than the given ones, and the given
+-- ones of its key ahead of it in claim order are key_claimable or more (a given job scheduled
+-- in the past counts the others as ahead of it). Only a queued, due
+-- job with a key and no lane, in a queue with key_claimable, is held, whoever passes it.
+-- Set-based: each (queue, key, priority) of the given jobs is probed once, so a statement
+-- of a million jobs of one key costs a walk of them, not a count per job. As the owner
+-- (SECURITY DEFINER): an enqueuer may not write a job's state.
+DROP FUNCTION IF EXISTS skiplock.internal_hold_for_turns(bigint[]);
+CREATE OR REPLACE FUNCTION skiplock.internal_hold_for_turns(ids bigint[])
+RETURNS bigint[]
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
 SET enable_seqscan = off
 SET enable_bitmapscan = off
+SET enable_hashjoin = off
+SET enable_mergejoin = off
 SET jit = off
 AS $$
+DECLARE
+    held bigint[];
+    held_queues text[];
+    held_keys text[];
 BEGIN
-    RETURN EXISTS (SELECT 1 FROM skiplock.jobs_live h
-                   WHERE h.queue = queue_name AND h.state = 'waiting'
-                     AND h.held_for IS NOT NULL AND h.concurrency_key = key
-                     AND h.priority <= internal_key_turn_taken.priority)
-        OR (SELECT count(*) FROM (
-                SELECT FROM skiplock.jobs_live j
-                WHERE j.queue = queue_name AND j.state = 'queued' AND j.concurrency_key = key
-                  AND j.priority <= internal_key_turn_taken.priority
-                  AND j.scheduled_at <= now()
-                LIMIT cap) r) >= cap;
+    IF cardinality(ids) = 0 THEN
+        RETURN '{}';
+    END IF;
+    held := ARRAY(
+        WITH given AS (
+            SELECT j.id, j.queue, j.concurrency_key AS key, j.priority, q.key_claimable AS cap,
+                   row_number() OVER (PARTITION BY j.queue, j.concurrency_key
+                                      ORDER BY j.priority, j.scheduled_at, j.id) - 1 AS ahead,
+                   count(*) OVER (PARTITION BY j.queue, j.concurrency_key
+                                  ORDER BY j.priority
+                                  RANGE BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) AS up_to
+            -- Each id probed (LATERAL with LIMIT, which the planner keeps), not
+            -- `j.id = ANY (ids)` nor a join it may turn around: a walk testing each row
+            -- against the whole list was quadratic in the statement's jobs.
+            FROM unnest(ids) AS i(id)
+            CROSS JOIN LATERAL (SELECT * FROM skiplock.jobs_live l WHERE l.id = i.id LIMIT 1) j
+            CROSS JOIN LATERAL (SELECT q.key_claimable FROM skiplock.queues q
+                                WHERE q.name = j.queue AND q.key_claimable IS NOT NULL) q
+            WHERE j.state = 'queued' AND j.concurrency_key IS NOT NULL
+              AND j.ordering_key IS NULL AND j.scheduled_at <= now()
+        ), levels AS MATERIALIZED (
+            -- Once per level (MATERIALIZED: inlined, its probes ran once per job).
+            SELECT g.queue, g.key, g.priority, g.cap, g.up_to,
+                   EXISTS (SELECT 1 FROM skiplock.jobs_live h
+                           WHERE h.queue = g.queue AND h.state = 'waiting'
+                             AND h.held_for IS NOT NULL AND h.concurrency_key = g.key
+                             AND h.priority <= g.priority) AS has_held,
+                   -- The others: all of them counted up to cap beyond the given ones, less
+                   -- the given ones (up_to; no test of each against the list). (state IN
+                   -- … AND <> 'running': see internal_key_queued.)
+                   greatest(0, (SELECT count(*) FROM (
+                        SELECT FROM skiplock.jobs_live o
+                        WHERE o.queue = g.queue AND o.state IN ('queued', 'running')
+                          AND o.state <> 'running'
+                          AND o.concurrency_key = g.key AND o.priority <= g.priority
+                          AND o.scheduled_at <= now()
+                        LIMIT g.cap + g.up_to) r) - g.up_to) AS queued
+            FROM (SELECT DISTINCT g.queue, g.key, g.priority, g.cap, g.up_to FROM given g) g
+        )
+        SELECT g.id
+        FROM given g
+        JOIN levels l ON l.queue = g.queue AND l.key = g.key AND l.priority = g.priority
+        WHERE l.has_held OR l.queued + g.ahead >= g.cap);
+    IF cardinality(held) > 0 THEN
+        WITH waiting AS (
+            UPDATE skiplock.jobs_live j SET state = 'waiting', held_for = 'fair'
+            WHERE j.ctid = ANY (ARRAY(
+                SELECT l.ctid FROM unnest(held) AS h(id)
+                CROSS JOIN LATERAL (SELECT l.ctid FROM skiplock.jobs_live l
+                                    WHERE l.id = h.id AND l.state = 'queued' LIMIT 1) l))
+            RETURNING j.queue, j.concurrency_key
+        )
+        SELECT array_agg(w.queue), array_agg(w.concurrency_key) INTO held_queues, held_keys
+        FROM waiting w;
+        PERFORM skiplock.internal_recheck_keys(held_queues, held_keys);
+    END IF;
+    RETURN held;
 END;
 $$;
 
 -- Leaves the given keys (parallel arrays of queues and keys, repeats allowed) of queues
 -- with key_claimable in skiplock.key_slots_freed for their queues' next claims, and tells
--- the workers to claim (at commit). Called by the statement that held jobs at their insert
--- and by a cancel of a queued job with a key. As the owner (SECURITY DEFINER): an enqueuer
+-- the workers to claim (at commit). Called by the insert's statement trigger for the jobs it
+-- held and by a cancel of a queued job with a key. As the owner (SECURITY DEFINER): an enqueuer
 -- has no privilege on the table, and this can do nothing but have a key's held jobs looked
 -- at again.
 CREATE OR REPLACE FUNCTION skiplock.internal_recheck_keys(queues text[], keys text[])

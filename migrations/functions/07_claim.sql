@@ -50,7 +50,8 @@
 --   the time the limits were checked at as claimed_at (now() otherwise).
 -- * Fair queueing (key_claimable, 06_global_limits.sql): admission, not a check of the
 --   walk. The claim first lets go the held jobs of the keys left for it, and leaves the
---   keys it took that have held jobs for the next claim.
+--   keys it took that have held jobs for the next claim; when it comes back short, it takes
+--   those keys' held jobs itself (nothing else was there to take).
 DROP FUNCTION IF EXISTS skiplock.internal_claim_batch(text[], text[], bigint, text, smallint,
                                                       bigint, bigint, uuid, boolean, boolean,
                                                       boolean);
@@ -105,6 +106,8 @@ DECLARE
     lim_key_rate_limit int;
     lim_key_rate_period interval;
     lim_key_claimable int;
+    -- Fair queueing: the keys whose held jobs a pass takes (NULL: the walk of queued jobs).
+    held_keys text[];
     room bigint := max_jobs;
     wanted bigint;
     rate_room bigint;
@@ -287,10 +290,11 @@ BEGIN
     taken := 0;
     LOOP
         RETURN QUERY
-        WITH picked AS (
+        WITH picked_queued AS (
             SELECT j.ctid, j.concurrency_key, j.priority, j.scheduled_at, j.id
             FROM skiplock.jobs_live j
-            WHERE j.queue = queue_name AND j.state = 'queued' AND j.scheduled_at <= now()
+            WHERE held_keys IS NULL
+              AND j.queue = queue_name AND j.state = 'queued' AND j.scheduled_at <= now()
               AND (j.priority, j.scheduled_at, j.id) > (from_priority, from_scheduled_at, from_id)
               AND (kinds IS NULL OR j.kind = ANY (kinds))
               AND (NOT filtering OR j.xmax = '0'::xid OR (
@@ -302,6 +306,28 @@ BEGIN
             ORDER BY j.priority, j.scheduled_at, j.id
             LIMIT room
             FOR UPDATE OF j SKIP LOCKED
+        ), picked_held AS (
+            -- Fair queueing, after a pass that came back short: the jobs of the keys it
+            -- took that wait their turn, straight from jobs_held_idx (nothing else was
+            -- there to take; one write each, not a release and then a claim). Such a job
+            -- could run but for its turn, and, as a queued job, is not looked at again
+            -- for parents (a parent retried by hand since does not hold it back).
+            SELECT h.ctid, h.concurrency_key, h.priority, h.scheduled_at, h.id
+            FROM unnest(held_keys) AS k(key)
+            CROSS JOIN LATERAL (
+                SELECT j.ctid, j.concurrency_key, j.priority, j.scheduled_at, j.id
+                FROM skiplock.jobs_live j
+                WHERE j.queue = queue_name AND j.state = 'waiting' AND j.held_for = 'fair'
+                  AND j.concurrency_key = k.key AND j.scheduled_at <= now()
+                  AND (kinds IS NULL OR j.kind = ANY (kinds))
+                ORDER BY j.priority, j.scheduled_at, j.id
+                LIMIT room
+                FOR UPDATE OF j SKIP LOCKED) h
+            LIMIT room
+        ), picked AS (
+            SELECT * FROM picked_queued
+            UNION ALL
+            SELECT * FROM picked_held
         ), key_room AS (
             -- With per-key limits, how many of each key picked may start: no more than
             -- key_max_running less the key's running jobs, and of those no more than its
@@ -336,7 +362,8 @@ BEGIN
                 END AS ctids
         ), claimed AS (
             UPDATE skiplock.jobs_live j
-            SET state = 'running', claim_token = coalesce(claim_with, gen_random_uuid()), claimed_by = worker,
+            SET state = 'running', held_for = NULL,
+                claim_token = coalesce(claim_with, gen_random_uuid()), claimed_by = worker,
                 claimed_at = coalesce(claim_time, now()), heartbeat_at = clock_timestamp(),
                 attempt = least(j.attempt, 2147483646) + 1
             WHERE j.ctid = ANY ((SELECT t.ctids FROM taken t)::tid[])
@@ -346,13 +373,15 @@ BEGIN
         ), turns_given AS (
             -- Fair queueing: the keys taken that have jobs held for their turn, for the
             -- queue's next claim (run whether or not the result is read).
+            -- A LATERAL probe with LIMIT, not EXISTS: a hashed semi join read every held job.
             INSERT INTO skiplock.key_slots_freed (queue, concurrency_key)
-            SELECT DISTINCT queue_name, c.concurrency_key
-            FROM claimed c
-            WHERE lim_key_claimable IS NOT NULL AND c.concurrency_key IS NOT NULL
-              AND EXISTS (SELECT 1 FROM skiplock.jobs_live h
-                          WHERE h.queue = queue_name AND h.state = 'waiting'
-                            AND h.held_for IS NOT NULL AND h.concurrency_key = c.concurrency_key)
+            SELECT queue_name, k.key
+            FROM (SELECT DISTINCT c.concurrency_key AS key FROM claimed c
+                  WHERE lim_key_claimable IS NOT NULL AND c.concurrency_key IS NOT NULL) k
+            CROSS JOIN LATERAL (SELECT 1 FROM skiplock.jobs_live h
+                                WHERE h.queue = queue_name AND h.state = 'waiting'
+                                  AND h.held_for IS NOT NULL AND h.concurrency_key = k.key
+                                LIMIT 1) held
         )
         SELECT c.id, c.queue, c.kind, c.args, c.attempt, c.max_attempts, c.claim_token,
                c.priority,
@@ -367,15 +396,29 @@ BEGIN
         taken := taken + taken_now;
         -- The keys whose windows this claim filled are held back whatever it took; when
         -- it came back short, the keys that are full now too, and it goes on for the room
-        -- left if it held any.
+        -- left if it held any. In a fair queue, short means nothing else may be taken now:
+        -- it goes on with the held jobs of the keys it took (left in key_slots_freed
+        -- above), so a lone key drains a claim's batch at a time.
         held_now := 0;
         IF lim_key_rate_limit IS NOT NULL THEN
             held_now := skiplock.internal_hold_rate_keys(queue_name);
         END IF;
         EXIT WHEN taken_now >= room
-            OR (lim_key_max_running IS NULL AND lim_key_rate_limit IS NULL);
+            OR (lim_key_max_running IS NULL AND lim_key_rate_limit IS NULL
+                AND lim_key_claimable IS NULL);
         IF lim_key_max_running IS NOT NULL THEN
             held_now := held_now + skiplock.internal_hold_full_keys(queue_name, lim_key_max_running);
+        END IF;
+        IF lim_key_claimable IS NOT NULL THEN
+            -- One pass over held jobs at most, after one that took jobs.
+            EXIT WHEN held_keys IS NOT NULL OR taken_now = 0;
+            held_keys := ARRAY(SELECT DISTINCT f.concurrency_key FROM skiplock.key_slots_freed f
+                               WHERE f.queue = queue_name);
+            IF cardinality(held_keys) > 0 THEN
+                held_now := held_now + 1;
+            ELSE
+                held_keys := NULL;
+            END IF;
         END IF;
         EXIT WHEN held_now = 0;
         room := room - taken_now;

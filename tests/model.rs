@@ -159,7 +159,7 @@ fn a_heartbeat_that_timed_out_is_transient_and_one_that_failed_on_data_is_a_defe
 const PATHS_REQUIRED: [&str; 17] = [
     "claim of a lane job",
     "key_claimable held a job at its insert",
-    "a job waiting its turn was queued",
+    "a job waiting its turn got it",
     "max_running held a due job back",
     "rate_limit held a due job back",
     "key_max_running held a due job back",

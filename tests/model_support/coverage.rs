@@ -44,14 +44,17 @@ pub fn coverage(evidence: &Evidence) -> BTreeMap<&'static str, usize> {
     let mut waiting_turn: HashSet<i64> = HashSet::new();
     for e in &evidence.events {
         let (old, new) = (e.old_state.as_deref(), e.new_state.as_deref());
-        if old == Some("waiting") && waiting_turn.remove(&e.job_id) && new == Some("queued") {
-            *paths
-                .entry("a job waiting its turn was queued")
-                .or_default() += 1;
+        // Its turn: queued by a claim's release, or claimed straight from the held jobs.
+        if old == Some("waiting")
+            && waiting_turn.remove(&e.job_id)
+            && matches!(new, Some("queued" | "running"))
+        {
+            *paths.entry("a job waiting its turn got it").or_default() += 1;
         }
         if new == Some("waiting") && e.held_for.as_deref() == Some("fair") {
+            // Held by its insert statement's trigger (written queued, then held).
             waiting_turn.insert(e.job_id);
-            if e.op == "insert" {
+            if old != Some("waiting") {
                 *paths
                     .entry("key_claimable held a job at its insert")
                     .or_default() += 1;

@@ -320,13 +320,44 @@ async fn a_claim_whose_reply_is_stranded_by_a_blocked_thread_is_not_reaped() {
     })
     .await;
     // Hold the next claim: it reads `skiplock.queues` (paused queues) before it picks its
-    // jobs, so it waits there and picks them once let go.
-    let mut claim_lock = pool.begin().await.unwrap();
-    sqlx::query("LOCK TABLE skiplock.queues IN ACCESS EXCLUSIVE MODE")
-        .execute(&mut *claim_lock)
+    // jobs, so it waits there and picks them once let go. The enqueue reads that table
+    // too (whether a queue is fair): enqueue first in a transaction left open, queue the
+    // lock behind it, then commit. The lock is granted at that commit, before the
+    // announcement wakes the worker, and a claim asking after it waits behind it anyway.
+    let mut enqueuing = pool.begin().await.unwrap();
+    let jobs: Vec<skiplock::NewJob> = (0..20)
+        .map(|_| skiplock::NewJob::new("record", json!({})).with_options(once.clone()))
+        .collect();
+    let short: Vec<i64> = skiplock::enqueue_raw(&mut *enqueuing, &jobs)
         .await
-        .unwrap();
-    let short = enqueue_n(pool, "record", json!({}), 20, once).await;
+        .expect("enqueue")
+        .into_iter()
+        .map(|job| job.id.0)
+        .collect();
+    let mut claim_lock = pool.begin().await.unwrap();
+    let lock = sqlx::query("LOCK TABLE skiplock.queues IN ACCESS EXCLUSIVE MODE")
+        .execute(&mut *claim_lock);
+    let enqueue_commits = async {
+        wait_until(
+            "the claim lock to queue behind the enqueue",
+            PATIENCE,
+            || async {
+                let waiting: i64 = sqlx::query_scalar(
+                    "SELECT count(*) FROM pg_stat_activity
+                 WHERE datname = current_database() AND wait_event_type = 'Lock'
+                   AND query LIKE 'LOCK TABLE skiplock.queues%'",
+                )
+                .fetch_one(pool)
+                .await
+                .unwrap();
+                (waiting > 0).then_some(())
+            },
+        )
+        .await;
+        enqueuing.commit().await.unwrap();
+    };
+    let (locked, ()) = tokio::join!(lock, enqueue_commits);
+    locked.unwrap();
     let enqueued: DateTime<Utc> =
         sqlx::query_scalar("SELECT max(scheduled_at) FROM skiplock.jobs WHERE id = ANY($1)")
             .bind(&short)

@@ -887,6 +887,130 @@ async fn a_release_of_a_keys_held_jobs_costs_the_same_beside_its_waiting_childre
     key_release_is_bounded(Statistics::History).await;
 }
 
+/// Fair queueing (`key_claimable` 2): beside 33 times more jobs of one key waiting their
+/// turn (one tenant's backlog), an insert of one more job of that key (held at once) and a
+/// claim read the same. The claim lets the key's next jobs go (its turn, given by the
+/// claim before), walks the queued jobs (the key's two and three small keys' one each),
+/// comes back short and takes the rest of its batch from the key's held jobs.
+async fn fair_queue_is_bounded(statistics: Statistics) {
+    const CLAIMED: i64 = 10;
+    let db = with_statistics(statistics).await;
+    let pool = &db.pool;
+    let mut session = pool.acquire().await.unwrap();
+    sqlx::query("SELECT skiplock.set_queue_limits('fair', NULL, key_claimable => 2)")
+        .execute(pool)
+        .await
+        .unwrap();
+    let add_hot = |count: i64| {
+        sqlx::query(
+            "INSERT INTO skiplock.jobs (kind, queue, concurrency_key)
+             SELECT 'noop', 'fair', 'hot' FROM generate_series(1, $1)",
+        )
+        .bind(count)
+        .execute(pool)
+    };
+    let insert_one =
+        "INSERT INTO skiplock.jobs (kind, queue, concurrency_key) VALUES ('noop', 'fair', 'hot')";
+    let claim = format!("SELECT * FROM skiplock.claim('fair', {CLAIMED}, 'bounded-test')");
+    let mut small_keys = 0;
+    // Three small keys' jobs, then the claim, measured; checks what it took.
+    let mut claim_beside_small_keys = async |session: &mut PgConnection| {
+        sqlx::query(
+            "INSERT INTO skiplock.jobs (kind, queue, concurrency_key)
+             SELECT 'noop', 'fair', 'small-' || g FROM generate_series($1, $1 + 2) g",
+        )
+        .bind(small_keys)
+        .execute(pool)
+        .await
+        .unwrap();
+        small_keys += 3;
+        let buffers = buffers_of(session, &claim).await;
+        let (queued, running): (i64, i64) = sqlx::query_as(
+            "SELECT count(*) FILTER (WHERE state = 'queued'),
+                    count(*) FILTER (WHERE state = 'running' AND concurrency_key LIKE 'small-%')
+             FROM skiplock.jobs WHERE queue = 'fair'",
+        )
+        .fetch_one(pool)
+        .await
+        .unwrap();
+        assert_eq!(running, small_keys, "the claim took every small key's job");
+        assert!(
+            queued <= 2,
+            "the hot key keeps at most two jobs queued: {queued}"
+        );
+        buffers
+    };
+    // One more job of the hot key, measured; it waits its turn behind the key's two queued.
+    let insert_held = async |session: &mut PgConnection| {
+        let buffers = buffers_of(session, insert_one).await;
+        let newest: (String, Option<String>) = sqlx::query_as(
+            "SELECT state::text, held_for FROM skiplock.jobs ORDER BY id DESC LIMIT 1",
+        )
+        .fetch_one(pool)
+        .await
+        .unwrap();
+        assert_eq!(newest, ("waiting".to_owned(), Some("fair".to_owned())));
+        buffers
+    };
+    add_hot(FEW_WAITING).await.unwrap();
+    // Warm: plans (and the hot key's turn, given by the first claim).
+    insert_held(&mut session).await;
+    let few_insert = insert_held(&mut session).await;
+    claim_beside_small_keys(&mut session).await;
+    claim_beside_small_keys(&mut session).await;
+    let few_claim = claim_beside_small_keys(&mut session).await;
+    add_hot(MANY_WAITING - FEW_WAITING).await.unwrap();
+    // The held jobs' queued versions left dead entries in jobs_claim_idx (held after their
+    // insert, by the statement's trigger): vacuum as autovacuum would (see
+    // key_limited_claim_is_bounded).
+    vacuum_jobs_live(pool).await;
+    let many_insert = insert_held(&mut session).await;
+    let many_claim = claim_beside_small_keys(&mut session).await;
+    assert_bounded(
+        "an insert of a job into a fair queue's key with a backlog",
+        statistics,
+        few_insert,
+        many_insert,
+    );
+    assert_bounded(
+        "a claim of a fair queue beside a key's backlog",
+        statistics,
+        few_claim,
+        many_claim,
+    );
+    let hot: Vec<(String, Option<String>, i64)> = sqlx::query_as(
+        "SELECT state::text, held_for, count(*) FROM skiplock.jobs
+         WHERE concurrency_key = 'hot' GROUP BY 1, 2 ORDER BY 1, 2",
+    )
+    .fetch_all(pool)
+    .await
+    .unwrap();
+    // Each claim took 3 small keys' jobs, the hot key's 2 queued and 5 of its held.
+    let running = 4 * (CLAIMED - 3);
+    assert_eq!(
+        hot,
+        vec![
+            ("running".to_owned(), None, running),
+            (
+                "waiting".to_owned(),
+                Some("fair".to_owned()),
+                MANY_WAITING + 3 - running
+            ),
+        ],
+        "each claim took the rest of its batch from the hot key; the rest waits its turn"
+    );
+}
+
+#[tokio::test]
+async fn a_fair_queue_costs_the_same_beside_a_keys_backlog_under_empty_statistics() {
+    fair_queue_is_bounded(Statistics::Empty).await;
+}
+
+#[tokio::test]
+async fn a_fair_queue_costs_the_same_beside_a_keys_backlog_under_history_statistics() {
+    fair_queue_is_bounded(Statistics::History).await;
+}
+
 /// How many of `tables` this session holds a lock on.
 async fn tables_locked(session: &mut PgConnection, tables: &[sqlx::postgres::types::Oid]) -> i64 {
     sqlx::query_scalar(

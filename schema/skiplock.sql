@@ -1049,9 +1049,10 @@ BEGIN
             LIMIT room
             FOR UPDATE OF j SKIP LOCKED
         ), picked_held AS (
-            -- Fair queueing, after a pass that came back short: the jobs of the keys it
-            -- took that wait their turn, straight from jobs_held_idx (nothing else was
-            -- there to take; one write each, not a release and then a claim). Such a job
+            -- Fair queueing, after a pass that came back short: the jobs of the keys whose
+            -- turns came (key_slots_freed) that wait for one, straight from jobs_held_idx
+            -- (nothing else was there to take; one write each, not a release and then a
+            -- claim). Such a job
             -- could run but for its turn, and, as a queued job, is not looked at again
             -- for parents (a parent retried by hand since does not hold it back).
             SELECT h.ctid, h.concurrency_key, h.priority, h.scheduled_at, h.id
@@ -1139,8 +1140,9 @@ BEGIN
         -- The keys whose windows this claim filled are held back whatever it took; when
         -- it came back short, the keys that are full now too, and it goes on for the room
         -- left if it held any. In a fair queue, short means nothing else may be taken now:
-        -- it goes on with the held jobs of the keys it took (left in key_slots_freed
-        -- above), so a lone key drains a claim's batch at a time.
+        -- it goes on with the held jobs of the keys whose turns came (left in
+        -- key_slots_freed: by this claim above, or by others), so a lone key drains a
+        -- claim's batch at a time.
         held_now := 0;
         IF lim_key_rate_limit IS NOT NULL THEN
             held_now := skiplock.internal_hold_rate_keys(queue_name);
@@ -1152,8 +1154,12 @@ BEGIN
             held_now := held_now + skiplock.internal_hold_full_keys(queue_name, lim_key_max_running);
         END IF;
         IF lim_key_claimable IS NOT NULL THEN
-            -- One pass over held jobs at most, after one that took jobs.
-            EXIT WHEN held_keys IS NOT NULL OR taken_now = 0;
+            -- One pass over held jobs at most, also after one that took nothing: beside
+            -- another claim in flight, whose locks it skipped (the key's queued jobs, the
+            -- rows of key_slots_freed it lets go), it takes the keys' held jobs instead of
+            -- coming back empty and waiting for that claim's commit (two processes on one
+            -- key's backlog took turns).
+            EXIT WHEN held_keys IS NOT NULL;
             held_keys := ARRAY(SELECT DISTINCT f.concurrency_key FROM skiplock.key_slots_freed f
                                WHERE f.queue = queue_name);
             IF cardinality(held_keys) > 0 THEN

@@ -354,6 +354,55 @@ async fn a_turn_is_never_lost_when_the_claim_takes_before_the_insert_holds() {
     a_turn_is_never_lost_between_an_insert_and_a_claim(false).await;
 }
 
+/// Two claims of a fair queue at once: the second, beside the first still in flight (the
+/// key's queued jobs locked, the row that gave the key its turn being deleted), takes the
+/// key's held jobs instead of coming back empty. Before, a claim that found nothing queued
+/// never looked at the held jobs, so two processes on one key's backlog took turns, each
+/// waiting for the other's commit.
+#[tokio::test]
+async fn a_claim_beside_another_in_flight_takes_the_keys_held_jobs() {
+    let db = test_db().await;
+    let pool = &db.pool;
+    sqlx::query("INSERT INTO skiplock.queues (name, key_claimable) VALUES ('q', 2)")
+        .execute(pool)
+        .await
+        .unwrap();
+    sqlx::query(
+        "INSERT INTO skiplock.jobs (kind, queue, concurrency_key)
+         SELECT 'noop', 'q', 'k' FROM generate_series(1, 10)",
+    )
+    .execute(pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        states(pool, "q").await,
+        HashMap::from([("queued".to_owned(), 2), ("waiting/fair".to_owned(), 8)])
+    );
+    let mut first = pool.begin().await.unwrap();
+    let claim = "SELECT id FROM skiplock.claim('q', 3, 'fair-test')";
+    let taken_first: Vec<i64> = sqlx::query_scalar(claim)
+        .fetch_all(&mut *first)
+        .await
+        .unwrap();
+    assert_eq!(
+        taken_first.len(),
+        3,
+        "the key's two queued jobs and one held"
+    );
+    let taken_second: Vec<i64> = sqlx::query_scalar(claim).fetch_all(pool).await.unwrap();
+    first.commit().await.unwrap();
+    assert_eq!(
+        taken_second.len(),
+        3,
+        "the claim beside the one in flight took the key's held jobs"
+    );
+    assert!(taken_second.iter().all(|id| !taken_first.contains(id)));
+    assert_eq!(
+        states(pool, "q").await,
+        HashMap::from([("running".to_owned(), 6), ("waiting/fair".to_owned(), 4)])
+    );
+}
+
 /// The Rust worker drains a fair queue of one large key and many small ones, prefetching
 /// more than a key's turn, and leaves nothing waiting; `skiplock queue limits` shows the
 /// setting.

@@ -1039,9 +1039,7 @@ BEGIN
               AND j.queue = queue_name AND j.state = 'queued' AND j.scheduled_at <= now()
               AND (j.priority, j.scheduled_at, j.id) > (from_priority, from_scheduled_at, from_id)
               AND (kinds IS NULL OR j.kind = ANY (kinds))
-              AND (NOT filtering OR j.xmax = '0'::xid OR (
-                  NOT j.xmax = ANY (in_flight)
-                  AND (j.xmax::text::bigint - next_xid + 4294967296) % 4294967296 >= 1048576))
+              AND NOT (filtering AND skiplock.internal_taken_in_flight(j.xmax, in_flight, next_xid))
               AND (lim_key_max_running IS NULL OR j.concurrency_key IS NULL
                    OR skiplock.internal_key_running(queue_name, j.concurrency_key,
                                                     lim_key_max_running) < lim_key_max_running)
@@ -1063,6 +1061,12 @@ BEGIN
                 WHERE j.queue = queue_name AND j.state = 'waiting' AND j.held_for = 'fair'
                   AND j.concurrency_key = k.key AND j.scheduled_at <= now()
                   AND (kinds IS NULL OR j.kind = ANY (kinds))
+                  -- The in-flight filter too: a row another claim took and committed
+                  -- since this statement's snapshot would be locked (its newest version,
+                  -- running) before the recheck passes it over, and that job's completion
+                  -- would wait for this claim's commit.
+                  AND NOT (filtering
+                           AND skiplock.internal_taken_in_flight(j.xmax, in_flight, next_xid))
                 ORDER BY j.priority, j.scheduled_at, j.id
                 LIMIT room
                 FOR UPDATE OF j SKIP LOCKED) h
@@ -4002,6 +4006,18 @@ BEGIN
         PERFORM pg_advisory_xact_lock(skiplock.internal_claim_share_lock_id(queue_name, i));
     END LOOP;
 END;
+$$;
+
+--
+-- Name: internal_taken_in_flight(xid, xid[], bigint); Type: FUNCTION; Schema: skiplock; Owner: -
+--
+
+CREATE FUNCTION skiplock.internal_taken_in_flight(row_xmax xid, in_flight xid[], next_xid bigint) RETURNS boolean
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    AS $$
+    SELECT row_xmax <> '0'::xid
+       AND (row_xmax = ANY (in_flight)
+            OR (row_xmax::text::bigint - next_xid + 4294967296) % 4294967296 < 1048576);
 $$;
 
 --

@@ -1,7 +1,8 @@
 -- migrations/functions/07_claim.sql: Claim and completion: the worker's own statements.
 --
 -- Defines:
---   internal_claim_batch, internal_others_claiming, internal_complete_claims
+--   internal_taken_in_flight, internal_claim_batch, internal_others_claiming
+--   internal_complete_claims
 
 -- ---- Claim and completion (the worker's own statements) ----------------------------------
 
@@ -52,6 +53,19 @@
 --   walk. The claim first lets go the held jobs of the keys left for it, and leaves the
 --   keys it took that have held jobs for the next claim; when it comes back short, it takes
 --   those keys' held jobs itself (nothing else was there to take).
+-- Whether a row's xmax is a transaction running when the claim began (in_flight, from its
+-- snapshot) or begun since (an id within 2^20 past next_xid, modulo the 32 bits xmax holds):
+-- the in-flight filter of both walks of internal_claim_batch (see above). A plain SQL
+-- expression, inlined into the walks: no call per row.
+CREATE OR REPLACE FUNCTION skiplock.internal_taken_in_flight(row_xmax xid, in_flight xid[],
+                                                             next_xid bigint)
+RETURNS boolean
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT row_xmax <> '0'::xid
+       AND (row_xmax = ANY (in_flight)
+            OR (row_xmax::text::bigint - next_xid + 4294967296) % 4294967296 < 1048576);
+$$;
+
 DROP FUNCTION IF EXISTS skiplock.internal_claim_batch(text[], text[], bigint, text, smallint,
                                                       bigint, bigint, uuid, boolean, boolean,
                                                       boolean);
@@ -297,9 +311,7 @@ BEGIN
               AND j.queue = queue_name AND j.state = 'queued' AND j.scheduled_at <= now()
               AND (j.priority, j.scheduled_at, j.id) > (from_priority, from_scheduled_at, from_id)
               AND (kinds IS NULL OR j.kind = ANY (kinds))
-              AND (NOT filtering OR j.xmax = '0'::xid OR (
-                  NOT j.xmax = ANY (in_flight)
-                  AND (j.xmax::text::bigint - next_xid + 4294967296) % 4294967296 >= 1048576))
+              AND NOT (filtering AND skiplock.internal_taken_in_flight(j.xmax, in_flight, next_xid))
               AND (lim_key_max_running IS NULL OR j.concurrency_key IS NULL
                    OR skiplock.internal_key_running(queue_name, j.concurrency_key,
                                                     lim_key_max_running) < lim_key_max_running)
@@ -321,6 +333,12 @@ BEGIN
                 WHERE j.queue = queue_name AND j.state = 'waiting' AND j.held_for = 'fair'
                   AND j.concurrency_key = k.key AND j.scheduled_at <= now()
                   AND (kinds IS NULL OR j.kind = ANY (kinds))
+                  -- The in-flight filter too: a row another claim took and committed
+                  -- since this statement's snapshot would be locked (its newest version,
+                  -- running) before the recheck passes it over, and that job's completion
+                  -- would wait for this claim's commit.
+                  AND NOT (filtering
+                           AND skiplock.internal_taken_in_flight(j.xmax, in_flight, next_xid))
                 ORDER BY j.priority, j.scheduled_at, j.id
                 LIMIT room
                 FOR UPDATE OF j SKIP LOCKED) h

@@ -694,13 +694,15 @@ BEGIN
     WHERE h.queue = queue_name AND h.state = 'waiting' AND h.held_for IS NOT NULL
       AND h.concurrency_key = key
     ORDER BY h.priority LIMIT 1;
-    -- `state IN ('queued', 'running') AND state <> 'running'`, not `state = 'queued'`: only
+    -- `state IN ('queued', 'running') AND state < 'running'`, not `state = 'queued'`: only
     -- jobs_concurrency_key_idx can serve it, whatever the statistics say (through
     -- jobs_claim_idx the count walked every key's queued jobs when the statistics said
-    -- the queue held one key).
+    -- the queue held one key). `<`, an index condition, not `<>`, a filter: with `<>` the
+    -- scan walked the key's running range too, over the dead entries of every job of the
+    -- key that ran since the last vacuum.
     RETURN (SELECT count(*)::int FROM (
         SELECT FROM skiplock.jobs_live j
-        WHERE j.queue = queue_name AND j.state IN ('queued', 'running') AND j.state <> 'running'
+        WHERE j.queue = queue_name AND j.state IN ('queued', 'running') AND j.state < 'running'
           AND j.concurrency_key = key
           AND j.priority <= coalesce(first_held, 32767) AND j.scheduled_at <= now()
         LIMIT cap) r);
@@ -767,11 +769,11 @@ BEGIN
                              AND h.priority <= g.priority) AS has_held,
                    -- The others: all of them counted up to cap beyond the given ones, less
                    -- the given ones (up_to; no test of each against the list). (state IN
-                   -- … AND <> 'running': see internal_key_queued.)
+                   -- … AND < 'running': see internal_key_queued.)
                    greatest(0, (SELECT count(*) FROM (
                         SELECT FROM skiplock.jobs_live o
                         WHERE o.queue = g.queue AND o.state IN ('queued', 'running')
-                          AND o.state <> 'running'
+                          AND o.state < 'running'
                           AND o.concurrency_key = g.key AND o.priority <= g.priority
                           AND o.scheduled_at <= now()
                         LIMIT g.cap + g.up_to) r) - g.up_to) AS queued

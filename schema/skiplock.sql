@@ -1050,9 +1050,9 @@ BEGIN
             -- Fair queueing, after a pass that came back short: the jobs of the keys whose
             -- turns came (key_slots_freed) that wait for one, straight from jobs_held_idx
             -- (nothing else was there to take; one write each, not a release and then a
-            -- claim). Such a job
-            -- could run but for its turn, and, as a queued job, is not looked at again
-            -- for parents (a parent retried by hand since does not hold it back).
+            -- claim). Such a job could run but for its turn, and, as a queued job, is not
+            -- looked at again for parents (a parent retried by hand since does not hold it
+            -- back).
             SELECT h.ctid, h.concurrency_key, h.priority, h.scheduled_at, h.id
             FROM unnest(held_keys) AS k(key)
             CROSS JOIN LATERAL (

@@ -270,24 +270,25 @@ async fn a_claim_whose_reply_is_stranded_by_a_blocked_thread_is_not_reaped() {
     const STALE_MS: i64 = 6_000;
     let db = audited_db().await;
     let pool = &db.pool;
-    // A statement of the worker waiting for a lock, in a transaction begun at
-    // `begun_after` or later if given.
-    let waiting_on_lock = |statement: &'static str, begun_after: Option<DateTime<Utc>>| async move {
-        let waiting: i64 = sqlx::query_scalar(
-            "SELECT count(*) FROM pg_stat_activity
-             WHERE datname = current_database() AND application_name = $1
+    // A statement of the worker (or, with `of_worker` false, of any session) waiting for
+    // a lock, in a transaction begun at `begun_after` or later if given.
+    let waiting_on_lock =
+        |of_worker: bool, statement: &'static str, begun_after: Option<DateTime<Utc>>| async move {
+            let waiting: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM pg_stat_activity
+             WHERE datname = current_database() AND ($1::text IS NULL OR application_name = $1)
                AND wait_event_type = 'Lock'
                AND query LIKE '%' || $2 || '%'
                AND ($3::timestamptz IS NULL OR xact_start >= $3)",
-        )
-        .bind(WORKER)
-        .bind(statement)
-        .bind(begun_after)
-        .fetch_one(pool)
-        .await
-        .unwrap();
-        (waiting > 0).then_some(())
-    };
+            )
+            .bind(of_worker.then_some(WORKER))
+            .bind(statement)
+            .bind(begun_after)
+            .fetch_one(pool)
+            .await
+            .unwrap();
+            (waiting > 0).then_some(())
+        };
 
     // The block job records its run first: hold that until the claim is waiting.
     let mut runs_lock = pool.begin().await.unwrap();
@@ -316,7 +317,7 @@ async fn a_claim_whose_reply_is_stranded_by_a_blocked_thread_is_not_reaped() {
     )
     .await;
     wait_until("the block job to wait for its record", PATIENCE, || {
-        waiting_on_lock("testbed_runs", None)
+        waiting_on_lock(true, "testbed_runs", None)
     })
     .await;
     // Hold the next claim: it reads `skiplock.queues` (paused queues) before it picks its
@@ -325,15 +326,7 @@ async fn a_claim_whose_reply_is_stranded_by_a_blocked_thread_is_not_reaped() {
     // lock behind it, then commit. The lock is granted at that commit, before the
     // announcement wakes the worker, and a claim asking after it waits behind it anyway.
     let mut enqueuing = pool.begin().await.unwrap();
-    let jobs: Vec<skiplock::NewJob> = (0..20)
-        .map(|_| skiplock::NewJob::new("record", json!({})).with_options(once.clone()))
-        .collect();
-    let short: Vec<i64> = skiplock::enqueue_raw(&mut *enqueuing, &jobs)
-        .await
-        .expect("enqueue")
-        .into_iter()
-        .map(|job| job.id.0)
-        .collect();
+    let short = enqueue_n(&mut *enqueuing, "record", json!({}), 20, once).await;
     let mut claim_lock = pool.begin().await.unwrap();
     let lock = sqlx::query("LOCK TABLE skiplock.queues IN ACCESS EXCLUSIVE MODE")
         .execute(&mut *claim_lock);
@@ -341,17 +334,7 @@ async fn a_claim_whose_reply_is_stranded_by_a_blocked_thread_is_not_reaped() {
         wait_until(
             "the claim lock to queue behind the enqueue",
             PATIENCE,
-            || async {
-                let waiting: i64 = sqlx::query_scalar(
-                    "SELECT count(*) FROM pg_stat_activity
-                 WHERE datname = current_database() AND wait_event_type = 'Lock'
-                   AND query LIKE 'LOCK TABLE skiplock.queues%'",
-                )
-                .fetch_one(pool)
-                .await
-                .unwrap();
-                (waiting > 0).then_some(())
-            },
+            || waiting_on_lock(false, "LOCK TABLE skiplock.queues", None),
         )
         .await;
         enqueuing.commit().await.unwrap();
@@ -366,7 +349,7 @@ async fn a_claim_whose_reply_is_stranded_by_a_blocked_thread_is_not_reaped() {
             .unwrap();
     // The claim that will take them: one begun after they were due.
     wait_until("the short jobs' claim to wait", PATIENCE, || {
-        waiting_on_lock("claim_batch", Some(enqueued))
+        waiting_on_lock(true, "claim_batch", Some(enqueued))
     })
     .await;
     // The block job records its run and blocks the runtime's only thread.

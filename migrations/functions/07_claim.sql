@@ -51,8 +51,10 @@
 --   the time the limits were checked at as claimed_at (now() otherwise).
 -- * Fair queueing (key_claimable, 06_global_limits.sql): admission, not a check of the
 --   walk. The claim first lets go the held jobs of the keys left for it, and leaves the
---   keys it took that have held jobs for the next claim; when it comes back short, it takes
---   those keys' held jobs itself (nothing else was there to take).
+--   keys it took that have held jobs for the next claim; when it comes back short (or
+--   empty, beside another claim in flight), it takes the held jobs of the keys whose turns
+--   came itself (nothing else was there to take), through the in-flight filter too.
+
 -- Whether a row's xmax is a transaction running when the claim began (in_flight, from its
 -- snapshot) or begun since (an id within 2^20 past next_xid, modulo the 32 bits xmax holds):
 -- the in-flight filter of both walks of internal_claim_batch (see above). A plain SQL
@@ -322,9 +324,9 @@ BEGIN
             -- Fair queueing, after a pass that came back short: the jobs of the keys whose
             -- turns came (key_slots_freed) that wait for one, straight from jobs_held_idx
             -- (nothing else was there to take; one write each, not a release and then a
-            -- claim). Such a job
-            -- could run but for its turn, and, as a queued job, is not looked at again
-            -- for parents (a parent retried by hand since does not hold it back).
+            -- claim). Such a job could run but for its turn, and, as a queued job, is not
+            -- looked at again for parents (a parent retried by hand since does not hold it
+            -- back).
             SELECT h.ctid, h.concurrency_key, h.priority, h.scheduled_at, h.id
             FROM unnest(held_keys) AS k(key)
             CROSS JOIN LATERAL (

@@ -417,7 +417,7 @@ pub async fn sessions_of(pool: &PgPool, id: &str) -> i64 {
 
 /// Enqueues `count` jobs of `kind` with the same args in one statement; returns the ids.
 pub async fn enqueue_n(
-    pool: &PgPool,
+    db: impl sqlx::PgExecutor<'_>,
     kind: &str,
     args: serde_json::Value,
     count: usize,
@@ -426,7 +426,7 @@ pub async fn enqueue_n(
     let jobs: Vec<skiplock::NewJob> = (0..count)
         .map(|_| skiplock::NewJob::new(kind, args.clone()).with_options(options.clone()))
         .collect();
-    skiplock::enqueue_raw(pool, &jobs)
+    skiplock::enqueue_raw(db, &jobs)
         .await
         .expect("enqueue")
         .into_iter()

@@ -179,36 +179,12 @@ COMMENT ON FUNCTION skiplock.claim(queue text, max_jobs integer, worker text, ki
 
 CREATE FUNCTION skiplock.complete(id bigint, token uuid, output jsonb DEFAULT NULL::jsonb) RETURNS boolean
     LANGUAGE plpgsql
-    SET jit TO 'off'
     AS $$
-DECLARE
-    attempts int := 0;
-    saved record;
 BEGIN
-    LOOP
-        BEGIN
-            IF complete.output IS NOT NULL THEN
-                UPDATE skiplock.jobs_live j SET output = complete.output
-                WHERE j.id = complete.id AND j.claim_token = complete.token;
-            END IF;
-            SELECT * INTO saved
-            FROM skiplock.internal_complete_claims(ARRAY[complete.id], ARRAY[complete.token]);
-            IF NOT FOUND THEN
-                RETURN false;
-            END IF;
-            PERFORM skiplock.internal_move_on(
-                CASE WHEN saved.has_dependants THEN ARRAY[saved.id] ELSE '{}' END,
-                CASE WHEN saved.ordering_key IS NOT NULL THEN ARRAY[saved.ordering_key] ELSE '{}' END);
-            RETURN true;
-        EXCEPTION WHEN serialization_failure THEN
-            -- Its row moved to the other partition meanwhile: run again (see
-            -- skiplock.internal_may_retry_moved).
-            attempts := attempts + 1;
-            IF NOT skiplock.internal_may_retry_moved(attempts) THEN
-                RAISE;
-            END IF;
-        END;
-    END LOOP;
+    RETURN (SELECT s.state IS NOT NULL
+            FROM skiplock.internal_save_outcomes_many('complete', 'complete', ARRAY[complete.id],
+                                                      ARRAY[complete.token],
+                                                      ARRAY[complete.output], NULL, NULL) s);
 END;
 $$;
 
@@ -216,7 +192,7 @@ $$;
 -- Name: FUNCTION complete(id bigint, token uuid, output jsonb); Type: COMMENT; Schema: skiplock; Owner: -
 --
 
-COMMENT ON FUNCTION skiplock.complete(id bigint, token uuid, output jsonb) IS 'Marks the job `succeeded` (keeping `output`). In the same transaction the next job of its lane becomes queued, waiting children whose parents have all succeeded become queued, and listening workers are notified, so they are claimable at once, with no skiplock process running. `false`: the claim was not held, nothing changed.';
+COMMENT ON FUNCTION skiplock.complete(id bigint, token uuid, output jsonb) IS 'Marks the job `succeeded` (keeping `output`). In the same transaction the next job of its lane becomes queued, waiting children whose parents have all succeeded become queued, and listening workers are notified, so they are claimable at once, with no skiplock process running. `false`: the claim was not held, nothing changed. A row that refuses the change (a trigger of yours) goes `dead` instead, with `the outcome of this attempt could not be saved: …` in `last_error`, as in `complete_many` (`true`: the claim was held).';
 
 --
 -- Name: complete_many(bigint[], uuid[], jsonb[]); Type: FUNCTION; Schema: skiplock; Owner: -
@@ -240,9 +216,14 @@ COMMENT ON FUNCTION skiplock.complete_many(ids bigint[], tokens uuid[], outputs 
 --
 
 CREATE FUNCTION skiplock.discard(id bigint, token uuid, error text) RETURNS skiplock.job_state
-    LANGUAGE sql
+    LANGUAGE plpgsql
     AS $$
-    SELECT skiplock.internal_fail_one(id, token, error, NULL, 'dead');
+BEGIN
+    RETURN (SELECT s.state
+            FROM skiplock.internal_save_outcomes_many('discard', 'dead', ARRAY[discard.id],
+                                                      ARRAY[discard.token], NULL,
+                                                      ARRAY[discard.error], ARRAY[NULL::interval]) s);
+END;
 $$;
 
 --
@@ -392,16 +373,21 @@ COMMENT ON FUNCTION skiplock.enqueue_job(kind text, args jsonb, queue text, prio
 --
 
 CREATE FUNCTION skiplock.fail(id bigint, token uuid, error text, retry_in interval DEFAULT NULL::interval) RETURNS skiplock.job_state
-    LANGUAGE sql
+    LANGUAGE plpgsql
     AS $$
-    SELECT skiplock.internal_fail_one(id, token, error, retry_in, 'retry');
+BEGIN
+    RETURN (SELECT s.state
+            FROM skiplock.internal_save_outcomes_many('fail', 'retry', ARRAY[fail.id],
+                                                      ARRAY[fail.token], NULL, ARRAY[fail.error],
+                                                      ARRAY[fail.retry_in]) s);
+END;
 $$;
 
 --
 -- Name: FUNCTION fail(id bigint, token uuid, error text, retry_in interval); Type: COMMENT; Schema: skiplock; Owner: -
 --
 
-COMMENT ON FUNCTION skiplock.fail(id bigint, token uuid, error text, retry_in interval) IS 'Records `error` (cut to 8 KiB) in `last_error` and `errors`. `''queued''`: runs again after `skiplock.backoff(attempt)` (2^attempt seconds, at most an hour, ±25 %) or after `retry_in`. `''dead''`: no attempt left; its waiting dependants are cancelled and its lane moves on. `''cancelled''`: the job would run again, but its `unique_key` was taken meanwhile by another pending job, which runs instead (the job is superseded: `last_error` names that job; under the policy `merge` its payloads are merged into it). NULL: the claim was not held, nothing changed.';
+COMMENT ON FUNCTION skiplock.fail(id bigint, token uuid, error text, retry_in interval) IS 'Records `error` (cut to 8 KiB) in `last_error` and `errors`. `''queued''`: runs again after `skiplock.backoff(attempt)` (2^attempt seconds, at most an hour, ±25 %) or after `retry_in`. `''dead''`: no attempt left; its waiting dependants are cancelled and its lane moves on. `''cancelled''`: the job would run again, but its `unique_key` was taken meanwhile by another pending job, which runs instead (the job is superseded: `last_error` names that job; under the policy `merge` its payloads are merged into it). NULL: the claim was not held, nothing changed. A row that refuses the change goes `dead` with the reason, as in `fail_many`. A negative `retry_in` is an error (SQLSTATE 22023).';
 
 --
 -- Name: fail_many(bigint[], uuid[], text[], interval[]); Type: FUNCTION; Schema: skiplock; Owner: -
@@ -1826,56 +1812,6 @@ CREATE FUNCTION skiplock.internal_fail_claims(ids bigint[], tokens uuid[], messa
     SELECT s.id, s.state, s.id = ANY (p.ids) AS has_dependants, s.ordering_key
     FROM saved s, parents p, (SELECT count(*) FROM runnable) r, (SELECT count(*) FROM freed) f;
 $_$;
-
---
--- Name: internal_fail_one(bigint, uuid, text, interval, text); Type: FUNCTION; Schema: skiplock; Owner: -
---
-
-CREATE FUNCTION skiplock.internal_fail_one(job_id bigint, token uuid, message text, retry_in interval, action text) RETURNS skiplock.job_state
-    LANGUAGE plpgsql
-    SET jit TO 'off'
-    AS $$
-DECLARE
-    attempts int := 0;
-    held_attempt int;
-    saved record;
-BEGIN
-    LOOP
-        BEGIN
-            IF retry_in < interval '0' THEN
-                RAISE EXCEPTION 'retry_in is %, it must not be negative', retry_in
-                    USING ERRCODE = 'invalid_parameter_value';
-            END IF;
-            SELECT j.attempt INTO held_attempt
-            FROM skiplock.jobs_live j WHERE j.id = job_id AND j.claim_token = token;
-            IF NOT FOUND THEN
-                RETURN NULL;
-            END IF;
-            SELECT * INTO saved
-            FROM skiplock.internal_fail_claims(
-                ARRAY[job_id], ARRAY[token], ARRAY[skiplock.internal_error_message(message)],
-                ARRAY[(extract(epoch FROM coalesce(retry_in, skiplock.backoff(held_attempt))) * 1000)::bigint],
-                ARRAY[action]);
-            IF NOT FOUND THEN
-                RETURN NULL;
-            END IF;
-            IF saved.state <> 'queued' THEN
-                PERFORM skiplock.internal_move_on(
-                    CASE WHEN saved.has_dependants THEN ARRAY[saved.id] ELSE '{}' END,
-                    CASE WHEN saved.ordering_key IS NOT NULL THEN ARRAY[saved.ordering_key] ELSE '{}' END);
-            END IF;
-            RETURN saved.state::skiplock.job_state;
-        EXCEPTION WHEN serialization_failure THEN
-            -- Its row moved to the other partition meanwhile: run again (see
-            -- skiplock.internal_may_retry_moved).
-            attempts := attempts + 1;
-            IF NOT skiplock.internal_may_retry_moved(attempts) THEN
-                RAISE;
-            END IF;
-        END;
-    END LOOP;
-END;
-$$;
 
 --
 -- Name: internal_fold_into_key_holder(bigint); Type: FUNCTION; Schema: skiplock; Owner: -
@@ -3303,7 +3239,7 @@ $$;
 -- Name: internal_release_claims(bigint[], uuid[], bigint[]); Type: FUNCTION; Schema: skiplock; Owner: -
 --
 
-CREATE FUNCTION skiplock.internal_release_claims(ids bigint[], tokens uuid[], delays_ms bigint[]) RETURNS SETOF bigint
+CREATE FUNCTION skiplock.internal_release_claims(ids bigint[], tokens uuid[], delays_ms bigint[]) RETURNS TABLE(id bigint, state text)
     LANGUAGE sql
     SET jit TO 'off'
     AS $_$
@@ -3351,8 +3287,9 @@ CREATE FUNCTION skiplock.internal_release_claims(ids bigint[], tokens uuid[], de
     ), freed AS (
         SELECT skiplock.internal_notify_freed(array_agg(queue), array_agg(concurrency_key)) FROM released
     )
-    SELECT id FROM released, (SELECT count(*) FROM runnable) r, (SELECT count(*) FROM freed) f,
-                             (SELECT count(*) FROM superseded) m;
+    SELECT id, state::text FROM released, (SELECT count(*) FROM runnable) r,
+                                          (SELECT count(*) FROM freed) f,
+                                          (SELECT count(*) FROM superseded) m;
 $_$;
 
 --
@@ -3572,6 +3509,12 @@ BEGIN
             WHERE c.output IS NOT NULL AND j.id = c.id AND j.claim_token = c.token;
         END IF;
         RETURN QUERY SELECT * FROM skiplock.internal_complete_claims(ids, tokens);
+    ELSIF outcome = 'release' THEN
+        RETURN QUERY SELECT r.id, r.state, false, NULL::text
+        FROM skiplock.internal_release_claims(
+            ids, tokens,
+            ARRAY(SELECT (extract(epoch FROM coalesce(f.delay, interval '0')) * 1000)::bigint
+                  FROM unnest(ids, retry_ins) WITH ORDINALITY AS f(id, delay, n) ORDER BY f.n)) r;
     ELSE
         -- The attempt of each held claim, for its backoff: it cannot change while the token
         -- holds (a new claim brings a new token). One primary-key probe per claim.
@@ -3586,7 +3529,7 @@ BEGIN
                                      WHERE j.id = f.id AND j.claim_token = f.token
                                      LIMIT 1) h ON true
                   ORDER BY f.n),
-            array_fill('retry'::text, ARRAY[cardinality(ids)]));
+            array_fill(outcome, ARRAY[cardinality(ids)]));
     END IF;
 END;
 $$;
@@ -3615,25 +3558,38 @@ DECLARE
 BEGIN
     IF ids IS NULL OR tokens IS NULL OR cardinality(ids) <> cardinality(tokens)
        OR cardinality(outputs) <> cardinality(ids) OR cardinality(retry_ins) <> cardinality(ids)
-       OR (outcome = 'retry' AND (messages IS NULL OR cardinality(messages) <> cardinality(ids))) THEN
+       OR (outcome IN ('retry', 'dead')
+           AND (messages IS NULL OR cardinality(messages) <> cardinality(ids))) THEN
         RAISE EXCEPTION 'skiplock.%: the arrays must have one element per claim (ids has %)',
             caller, coalesce(cardinality(ids)::text, 'NULL')
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    IF (SELECT count(c.i) <> count(DISTINCT c.i) FROM unnest(ids) AS c(i)) THEN
+    IF cardinality(ids) > 1
+       AND (SELECT count(c.i) <> count(DISTINCT c.i) FROM unnest(ids) AS c(i)) THEN
         RAISE EXCEPTION 'skiplock.%: a job id appears twice in ids; give each claim once', caller
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    IF EXISTS (SELECT FROM unnest(retry_ins) AS r(delay) WHERE r.delay < interval '0') THEN
+    IF retry_ins IS NOT NULL
+       AND EXISTS (SELECT FROM unnest(retry_ins) AS r(delay) WHERE r.delay < interval '0') THEN
         RAISE EXCEPTION 'skiplock.%: a retry_in is negative; give NULL (the backoff) or zero or more', caller
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    -- A claim with a NULL id or token is not held: left out, and its result is NULL.
-    SELECT array_agg(c.i ORDER BY c.i), array_agg(c.t ORDER BY c.i), array_agg(c.o ORDER BY c.i),
-           array_agg(c.m ORDER BY c.i), array_agg(c.r ORDER BY c.i)
-    INTO s_ids, s_tokens, s_outputs, s_messages, s_retry_ins
-    FROM unnest(ids, tokens, outputs, messages, retry_ins) AS c(i, t, o, m, r)
-    WHERE c.i IS NOT NULL AND c.t IS NOT NULL;
+    -- A claim with a NULL id or token is not held: left out, and its result is NULL. One
+    -- claim (complete, fail, discard, release, snooze) needs no sorting, which took about
+    -- 5 % of a complete's time.
+    IF cardinality(ids) > 1 THEN
+        SELECT array_agg(c.i ORDER BY c.i), array_agg(c.t ORDER BY c.i), array_agg(c.o ORDER BY c.i),
+               array_agg(c.m ORDER BY c.i), array_agg(c.r ORDER BY c.i)
+        INTO s_ids, s_tokens, s_outputs, s_messages, s_retry_ins
+        FROM unnest(ids, tokens, outputs, messages, retry_ins) AS c(i, t, o, m, r)
+        WHERE c.i IS NOT NULL AND c.t IS NOT NULL;
+    ELSIF ids[1] IS NOT NULL AND tokens[1] IS NOT NULL THEN
+        s_ids := ids;
+        s_tokens := tokens;
+        s_outputs := outputs;
+        s_messages := messages;
+        s_retry_ins := retry_ins;
+    END IF;
     WHILE s_ids IS NOT NULL LOOP
         BEGIN
             SELECT coalesce(array_agg(o.id), '{}'), coalesce(array_agg(o.state), '{}'),
@@ -4327,22 +4283,11 @@ COMMENT ON FUNCTION skiplock.pause_queue(queue_name text) IS 'Stops every worker
 CREATE FUNCTION skiplock.release(id bigint, token uuid) RETURNS boolean
     LANGUAGE plpgsql
     AS $$
-DECLARE
-    attempts int := 0;
 BEGIN
-    LOOP
-        BEGIN
-            RETURN EXISTS (SELECT FROM skiplock.internal_release_claims(
-                ARRAY[release.id], ARRAY[release.token], ARRAY[0::bigint]));
-        EXCEPTION WHEN serialization_failure THEN
-            -- Its row moved to the other partition meanwhile: run again (see
-            -- skiplock.internal_may_retry_moved).
-            attempts := attempts + 1;
-            IF NOT skiplock.internal_may_retry_moved(attempts) THEN
-                RAISE;
-            END IF;
-        END;
-    END LOOP;
+    RETURN (SELECT s.state IS NOT NULL
+            FROM skiplock.internal_save_outcomes_many('release', 'release', ARRAY[release.id],
+                                                      ARRAY[release.token], NULL, NULL,
+                                                      ARRAY[interval '0']) s);
 END;
 $$;
 
@@ -4350,7 +4295,7 @@ $$;
 -- Name: FUNCTION release(id bigint, token uuid); Type: COMMENT; Schema: skiplock; Owner: -
 --
 
-COMMENT ON FUNCTION skiplock.release(id bigint, token uuid) IS 'Gives a claimed job back: `queued` at once, in its place in line, its attempt not counted. For jobs claimed but not started when the worker stops. `false`: the claim was not held, nothing changed.';
+COMMENT ON FUNCTION skiplock.release(id bigint, token uuid) IS 'Gives a claimed job back: `queued` at once, in its place in line, its attempt not counted. For jobs claimed but not started when the worker stops. `false`: the claim was not held, nothing changed. A row that refuses the change goes `dead` with the reason, as in `complete_many`.';
 
 --
 -- Name: resume_queue(text); Type: FUNCTION; Schema: skiplock; Owner: -
@@ -4549,28 +4494,18 @@ COMMENT ON FUNCTION skiplock.set_queue_limits(queue_name text, max_running integ
 CREATE FUNCTION skiplock.snooze(id bigint, token uuid, delay interval) RETURNS boolean
     LANGUAGE plpgsql
     AS $$
-DECLARE
-    attempts int := 0;
 BEGIN
-    LOOP
-        BEGIN
-            IF delay IS NULL OR delay < interval '0' THEN
-                RAISE EXCEPTION 'skiplock.snooze: delay is %, it must be an interval of zero or more',
-                    coalesce(delay::text, 'NULL')
-                    USING ERRCODE = 'invalid_parameter_value';
-            END IF;
-            RETURN EXISTS (SELECT FROM skiplock.internal_release_claims(
-                ARRAY[snooze.id], ARRAY[snooze.token],
-                ARRAY[greatest((extract(epoch FROM delay) * 1000)::bigint, 1)]));
-        EXCEPTION WHEN serialization_failure THEN
-            -- Its row moved to the other partition meanwhile: run again (see
-            -- skiplock.internal_may_retry_moved).
-            attempts := attempts + 1;
-            IF NOT skiplock.internal_may_retry_moved(attempts) THEN
-                RAISE;
-            END IF;
-        END;
-    END LOOP;
+    IF delay IS NULL OR delay < interval '0' THEN
+        RAISE EXCEPTION 'skiplock.snooze: delay is %, it must be an interval of zero or more',
+            coalesce(delay::text, 'NULL')
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    -- At least a millisecond: a delay of zero would keep the job's place in line, as a
+    -- release does, instead of putting it at the back of what is due now.
+    RETURN (SELECT s.state IS NOT NULL
+            FROM skiplock.internal_save_outcomes_many(
+                'snooze', 'release', ARRAY[snooze.id], ARRAY[snooze.token], NULL, NULL,
+                ARRAY[greatest(delay, interval '1 millisecond')]) s);
 END;
 $$;
 
@@ -4578,7 +4513,7 @@ $$;
 -- Name: FUNCTION snooze(id bigint, token uuid, delay interval); Type: COMMENT; Schema: skiplock; Owner: -
 --
 
-COMMENT ON FUNCTION skiplock.snooze(id bigint, token uuid, delay interval) IS '`queued` again after `delay`, the attempt not counted: for a handler that must wait for something. `false`: the claim was not held, nothing changed.';
+COMMENT ON FUNCTION skiplock.snooze(id bigint, token uuid, delay interval) IS '`queued` again after `delay`, the attempt not counted: for a handler that must wait for something. `false`: the claim was not held, nothing changed. A row that refuses the change goes `dead` with the reason, as in `complete_many`.';
 
 --
 -- Name: watch_job(bigint); Type: FUNCTION; Schema: skiplock; Owner: -

@@ -367,15 +367,17 @@ const MOVED_ROWS_RETRIED_BY_CALLERS: &[(&str, &str)] = &[
     ),
     (
         "internal_complete_claims",
-        "skiplock.complete's loop; the worker's completer retries 40001 (is_transient_sqlx)",
+        "internal_save_outcomes_many's loop (every outcome of the SQL protocol); the worker's \
+         completer retries 40001 (is_transient_sqlx)",
     ),
     (
         "internal_fail_claims",
-        "internal_fail_one's loop (fail, discard); the worker's completer",
+        "internal_save_outcomes_many's loop; the worker's completer",
     ),
     (
         "internal_release_claims",
-        "release's and snooze's loops; the worker's completer and shutdown",
+        "internal_save_outcomes_many's loop (release, snooze); the worker's completer and \
+         shutdown",
     ),
     (
         "internal_abandon_claims",
@@ -383,7 +385,7 @@ const MOVED_ROWS_RETRIED_BY_CALLERS: &[(&str, &str)] = &[
     ),
     (
         "internal_save_outcomes",
-        "internal_save_outcomes_many's loop (complete_many, fail_many)",
+        "internal_save_outcomes_many's loop (every outcome of the SQL protocol)",
     ),
     ("internal_cancel_job_once", "cancel_job's loop"),
 ];

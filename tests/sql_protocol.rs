@@ -1647,6 +1647,25 @@ async fn fail_many_records_each_error_backs_off_and_moves_on_what_died() {
     );
 }
 
+/// A trigger of the user's on `skiplock.jobs` that refuses to make a job whose args have a
+/// `refuse` key succeeded or queued: `job <id> refused`.
+async fn refuse_success_and_requeue(pool: &PgPool) {
+    sqlx::raw_sql(
+        "CREATE FUNCTION public.refuse() RETURNS trigger LANGUAGE plpgsql AS $$
+         BEGIN
+             IF NEW.args ? 'refuse' AND NEW.state IN ('succeeded', 'queued') THEN
+                 RAISE EXCEPTION 'job % refused', NEW.id;
+             END IF;
+             RETURN NEW;
+         END $$;
+         CREATE TRIGGER refuse BEFORE UPDATE ON skiplock.jobs
+             FOR EACH ROW EXECUTE FUNCTION public.refuse();",
+    )
+    .execute(pool)
+    .await
+    .unwrap();
+}
+
 /// One row that refuses its outcome (a trigger of the user's) never stops the others: the
 /// batch is saved one claim at a time, the refused job goes dead with the reason (so that
 /// nothing stays running behind a finished handler) and its lane moves on. The same for a
@@ -1670,20 +1689,7 @@ async fn a_row_that_refuses_its_outcome_goes_dead_with_the_reason_and_the_batch_
         ids(&claimed),
         [refused, others[0], others[1], fail_refused, fail_ok]
     );
-    sqlx::raw_sql(
-        "CREATE FUNCTION public.refuse() RETURNS trigger LANGUAGE plpgsql AS $$
-         BEGIN
-             IF NEW.args ? 'refuse' AND NEW.state IN ('succeeded', 'queued') THEN
-                 RAISE EXCEPTION 'job % refused', NEW.id;
-             END IF;
-             RETURN NEW;
-         END $$;
-         CREATE TRIGGER refuse BEFORE UPDATE ON skiplock.jobs
-             FOR EACH ROW EXECUTE FUNCTION public.refuse();",
-    )
-    .execute(pool)
-    .await
-    .unwrap();
+    refuse_success_and_requeue(pool).await;
 
     let claims: Vec<(i64, Option<Uuid>)> = [others[0], refused, others[1]]
         .into_iter()
@@ -1725,6 +1731,72 @@ async fn a_row_that_refuses_its_outcome_goes_dead_with_the_reason_and_the_batch_
     );
     assert_eq!(row(pool, fail_ok).await["last_error"], json!("bang"));
     assert_eq!(ids(&claim(pool, 10).await), [behind], "the lane moved on");
+}
+
+/// The calls for one claim keep the batch forms' promise: a row that refuses its outcome (a
+/// trigger of the user's) goes dead with the reason and its lane moves on, and the call
+/// says the claim was held, instead of failing the caller's transaction and leaving the job
+/// running until the reaper takes it back and runs it again.
+#[tokio::test]
+async fn each_call_for_one_claim_on_a_row_that_refuses_its_outcome_leaves_it_dead_with_the_reason()
+{
+    let db = test_db().await;
+    let pool = &db.pool;
+    let calls = [
+        ("SELECT skiplock.complete($1, $2)::text", "true"),
+        (
+            "SELECT skiplock.complete($1, $2, '{\"n\": 1}')::text",
+            "true",
+        ),
+        ("SELECT skiplock.fail($1, $2, 'boom')::text", "dead"),
+        ("SELECT skiplock.release($1, $2)::text", "true"),
+        (
+            "SELECT skiplock.snooze($1, $2, interval '1 minute')::text",
+            "true",
+        ),
+    ];
+    // A lane per call: the job that refuses its outcome, and one behind it.
+    let mut lanes = Vec::new();
+    for n in 0..calls.len() {
+        let lane = format!("l{n}");
+        lanes.push((
+            enqueue_in_lane(pool, &lane).await,
+            enqueue_in_lane(pool, &lane).await,
+        ));
+    }
+    let refusing: Vec<i64> = lanes.iter().map(|(refused, _)| *refused).collect();
+    sqlx::query("UPDATE skiplock.jobs SET args = '{\"refuse\": true}' WHERE id = ANY($1)")
+        .bind(&refusing)
+        .execute(pool)
+        .await
+        .unwrap();
+    refuse_success_and_requeue(pool).await;
+    for ((call, held), (refused, behind)) in calls.into_iter().zip(lanes) {
+        let claimed = claim_one(pool).await;
+        assert_eq!(claimed.id, refused, "{call}");
+        let answer: String = sqlx::query_scalar(call)
+            .bind(refused)
+            .bind(claimed.claim_token)
+            .fetch_one(pool)
+            .await
+            .unwrap_or_else(|e| panic!("{call}: {e}"));
+        assert_eq!(answer, held, "{call}");
+        let after = row(pool, refused).await;
+        assert_eq!(after["state"], json!("dead"), "{call}: {after}");
+        assert_eq!(
+            after["last_error"],
+            json!(format!(
+                "the outcome of this attempt could not be saved: job {refused} refused"
+            )),
+            "{call}"
+        );
+        let next = claim_one(pool).await;
+        assert_eq!(next.id, behind, "{call}: the lane moved on");
+        assert!(
+            complete(pool, next.id, Some(next.claim_token)).await,
+            "{call}"
+        );
+    }
 }
 
 /// Bad arguments are refused with SQLSTATE 22023 before anything changes; empty arrays

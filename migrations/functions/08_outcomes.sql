@@ -113,13 +113,23 @@ BEGIN
 END;
 $$;
 
+-- It returned the ids alone before the SQL protocol's release and snooze went through
+-- internal_save_outcomes: that form is dropped once (its return type cannot be replaced).
+DO $$
+BEGIN
+    IF (SELECT p.prorettype = 'bigint'::regtype FROM pg_proc p
+        WHERE p.oid = to_regprocedure('skiplock.internal_release_claims(bigint[], uuid[], bigint[])')) THEN
+        DROP FUNCTION skiplock.internal_release_claims(bigint[], uuid[], bigint[]);
+    END IF;
+END;
+$$;
+
 -- Claims given back without counting the attempt: a graceful shutdown (delay 0: the job
 -- keeps its scheduled_at, and so its place in line) or a snooze (due again after the
 -- delay). A job whose unique_key another pending job took meanwhile is superseded by it and
--- ends cancelled. Returns the ids whose claim was still held.
-CREATE OR REPLACE FUNCTION skiplock.internal_release_claims(ids bigint[], tokens uuid[],
-                                                            delays_ms bigint[])
-RETURNS SETOF bigint
+-- ends cancelled. Returns the claims still held, with the state each job has now.
+CREATE OR REPLACE FUNCTION skiplock.internal_release_claims(ids bigint[], tokens uuid[], delays_ms bigint[])
+RETURNS TABLE (id bigint, state text)
 LANGUAGE sql
 SET jit = off
 AS $$
@@ -167,8 +177,9 @@ AS $$
     ), freed AS (
         SELECT skiplock.internal_notify_freed(array_agg(queue), array_agg(concurrency_key)) FROM released
     )
-    SELECT id FROM released, (SELECT count(*) FROM runnable) r, (SELECT count(*) FROM freed) f,
-                             (SELECT count(*) FROM superseded) m;
+    SELECT id, state::text FROM released, (SELECT count(*) FROM runnable) r,
+                                          (SELECT count(*) FROM freed) f,
+                                          (SELECT count(*) FROM superseded) m;
 $$;
 
 -- Extends the claims still held with the database clock, and returns those gone (reaped,

@@ -325,7 +325,7 @@ pub async fn jobs_release_many(
     let ids: Vec<i64> = order.iter().map(|&i| ids[i]).collect();
     let tokens: Vec<Uuid> = order.iter().map(|&i| tokens[i]).collect();
     let delays_ms: Vec<i64> = order.iter().map(|&i| delays_ms[i]).collect();
-    sqlx::query_scalar("SELECT skiplock.internal_release_claims($1, $2, $3)")
+    sqlx::query_scalar("SELECT id FROM skiplock.internal_release_claims($1, $2, $3)")
         .bind(&ids)
         .bind(&tokens)
         .bind(&delays_ms)

@@ -97,21 +97,8 @@ COMMENT ON FUNCTION skiplock.backoff(attempt integer) IS 'The default delay befo
 CREATE FUNCTION skiplock.cancel_job(job_id bigint) RETURNS boolean
     LANGUAGE plpgsql
     AS $$
-DECLARE
-    attempts int := 0;
 BEGIN
-    LOOP
-        BEGIN
-            RETURN skiplock.internal_cancel_job_once(job_id);
-        EXCEPTION WHEN deadlock_detected OR serialization_failure THEN
-            attempts := attempts + 1;
-            IF attempts >= 6 THEN
-                RAISE;
-            END IF;
-        END;
-        -- Outside the subtransaction: its locks are gone while this sleeps.
-        PERFORM pg_sleep(0.01 * power(2, attempts - 1) * (1 + random()));
-    END LOOP;
+    RETURN skiplock.internal_run_job_action('cancel', job_id);
 END;
 $$;
 
@@ -723,7 +710,7 @@ $$;
 -- Name: FUNCTION internal_cancel_job_once(job_id bigint); Type: COMMENT; Schema: skiplock; Owner: -
 --
 
-COMMENT ON FUNCTION skiplock.internal_cancel_job_once(job_id bigint) IS 'One attempt of skiplock.cancel_job, without the deadlock retry; call cancel_job instead.';
+COMMENT ON FUNCTION skiplock.internal_cancel_job_once(job_id bigint) IS 'One attempt of skiplock.cancel_job, without its retry on a deadlock or a moved row; call cancel_job instead.';
 
 --
 -- Name: internal_check_args_size(jsonb); Type: FUNCTION; Schema: skiplock; Owner: -
@@ -3468,6 +3455,118 @@ END;
 $$;
 
 --
+-- Name: internal_retry_job_once(bigint); Type: FUNCTION; Schema: skiplock; Owner: -
+--
+
+CREATE FUNCTION skiplock.internal_retry_job_once(job_id bigint) RETURNS boolean
+    LANGUAGE plpgsql
+    SET jit TO 'off'
+    AS $$
+DECLARE
+    q text;
+    p smallint;
+    s timestamptz;
+    now_state skiplock.job_state;
+    lane text;
+    key text;
+    current skiplock.job_state;
+    holder bigint;
+BEGIN
+    -- The lane's and the unique key's locks before the row's, in the order an enqueue
+    -- takes them: an enqueue holding the key's lock locks the key's pending job next, so
+    -- a retry of that job that locked its row first and then waited for the key deadlocked.
+    SELECT ordering_key, unique_key INTO lane, key FROM skiplock.jobs WHERE id = job_id;
+    IF lane IS NOT NULL THEN
+        PERFORM pg_advisory_xact_lock(skiplock.internal_lane_lock_id(lane));
+    END IF;
+    IF key IS NOT NULL THEN
+        PERFORM pg_advisory_xact_lock(skiplock.internal_unique_key_lock_id(key));
+    END IF;
+    SELECT j.state, j.unique_key INTO current, key
+    FROM skiplock.jobs j WHERE j.id = job_id FOR UPDATE;
+    IF current IS NULL OR current NOT IN ('queued', 'dead', 'cancelled', 'succeeded') THEN
+        RETURN false;
+    END IF;
+    -- A job with a unique key (as the row holds it, locked) may be superseded; one
+    -- without costs no second lookup by id (each reads every day kept).
+    holder := CASE WHEN key IS NOT NULL
+                   THEN skiplock.internal_fold_into_key_holder(job_id) END;
+    UPDATE skiplock.jobs j
+    SET state = CASE
+            WHEN holder IS NOT NULL THEN 'cancelled'
+            WHEN lane IS NOT NULL AND EXISTS (
+                SELECT 1 FROM skiplock.jobs o
+                WHERE o.ordering_key = lane AND o.id <> job_id
+                  AND o.state IN ('waiting', 'queued', 'running'))
+            THEN 'waiting'
+            WHEN skiplock.internal_has_unmet_parent(j.id) THEN 'waiting'
+            ELSE 'queued' END::skiplock.job_state,
+        scheduled_at = now(),
+        max_attempts = greatest(max_attempts, attempt + 1),
+        finished_at = CASE WHEN holder IS NOT NULL THEN now() END,
+        last_error = CASE WHEN holder IS NOT NULL
+            THEN skiplock.internal_superseded_message(holder, unique_key) ELSE last_error END
+    WHERE id = job_id AND state IN ('queued', 'dead', 'cancelled', 'succeeded')
+    RETURNING queue, priority, scheduled_at, state INTO q, p, s, now_state;
+    IF q IS NULL THEN
+        RETURN false;
+    END IF;
+    -- A child of a dead, cancelled or deleted parent is cancelled again at once, with the
+    -- reason; then the lane's step (the job's turn, if it is its lane's head).
+    PERFORM skiplock.internal_settle_dependants(ARRAY(
+        SELECT d.parent_id FROM skiplock.job_dependencies d
+        WHERE d.job_id = internal_retry_job_once.job_id),
+        ARRAY(SELECT lane WHERE lane IS NOT NULL));
+    IF now_state = 'queued' THEN
+        PERFORM skiplock.internal_announce(ARRAY[ROW(q, p, s)::skiplock.runnable_key]);
+    END IF;
+    RETURN true;
+END;
+$$;
+
+--
+-- Name: FUNCTION internal_retry_job_once(job_id bigint); Type: COMMENT; Schema: skiplock; Owner: -
+--
+
+COMMENT ON FUNCTION skiplock.internal_retry_job_once(job_id bigint) IS 'One attempt of skiplock.retry_job, without its retry on a deadlock or a moved row; call retry_job instead.';
+
+--
+-- Name: internal_run_job_action(text, bigint); Type: FUNCTION; Schema: skiplock; Owner: -
+--
+
+CREATE FUNCTION skiplock.internal_run_job_action(action text, job_id bigint) RETURNS boolean
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    moved int := 0;
+    deadlocks int := 0;
+BEGIN
+    LOOP
+        BEGIN
+            IF action = 'cancel' THEN
+                RETURN skiplock.internal_cancel_job_once(job_id);
+            END IF;
+            RETURN skiplock.internal_retry_job_once(job_id);
+        EXCEPTION
+            WHEN serialization_failure THEN
+                moved := moved + 1;
+                IF NOT skiplock.internal_may_retry_moved(moved) THEN
+                    RAISE;
+                END IF;
+                CONTINUE;
+            WHEN deadlock_detected THEN
+                deadlocks := deadlocks + 1;
+                IF deadlocks >= 6 THEN
+                    RAISE;
+                END IF;
+        END;
+        -- Outside the subtransaction: its locks are gone while this sleeps.
+        PERFORM pg_sleep(0.01 * power(2, deadlocks - 1) * (1 + random()));
+    END LOOP;
+END;
+$$;
+
+--
 -- Name: internal_runnable_payload(text, smallint, timestamp with time zone); Type: FUNCTION; Schema: skiplock; Owner: -
 --
 
@@ -4352,95 +4451,9 @@ COMMENT ON FUNCTION skiplock.retry_dead_jobs(queue_name text) IS '`retry_job` fo
 
 CREATE FUNCTION skiplock.retry_job(job_id bigint) RETURNS boolean
     LANGUAGE plpgsql
-    SET jit TO 'off'
     AS $$
-DECLARE
-    attempts int := 0;
-    q text;
-    p smallint;
-    s timestamptz;
-    now_state skiplock.job_state;
-    lane text;
-    key text;
-    current skiplock.job_state;
-    holder bigint;
-    deadlocks int := 0;
-    back_off boolean;
 BEGIN
-    LOOP
-        back_off := false;
-        BEGIN
-            -- The lane's and the unique key's locks before the row's, in the order an enqueue
-            -- takes them: an enqueue holding the key's lock locks the key's pending job next, so
-            -- a retry of that job that locked its row first and then waited for the key deadlocked.
-            SELECT ordering_key, unique_key INTO lane, key FROM skiplock.jobs WHERE id = job_id;
-            IF lane IS NOT NULL THEN
-                PERFORM pg_advisory_xact_lock(skiplock.internal_lane_lock_id(lane));
-            END IF;
-            IF key IS NOT NULL THEN
-                PERFORM pg_advisory_xact_lock(skiplock.internal_unique_key_lock_id(key));
-            END IF;
-            SELECT j.state, j.unique_key INTO current, key
-            FROM skiplock.jobs j WHERE j.id = job_id FOR UPDATE;
-            IF current IS NULL OR current NOT IN ('queued', 'dead', 'cancelled', 'succeeded') THEN
-                RETURN false;
-            END IF;
-            -- A job with a unique key (as the row holds it, locked) may be superseded; one
-            -- without costs no second lookup by id (each reads every day kept).
-            holder := CASE WHEN key IS NOT NULL
-                           THEN skiplock.internal_fold_into_key_holder(job_id) END;
-            UPDATE skiplock.jobs j
-            SET state = CASE
-                    WHEN holder IS NOT NULL THEN 'cancelled'
-                    WHEN lane IS NOT NULL AND EXISTS (
-                        SELECT 1 FROM skiplock.jobs o
-                        WHERE o.ordering_key = lane AND o.id <> job_id
-                          AND o.state IN ('waiting', 'queued', 'running'))
-                    THEN 'waiting'
-                    WHEN skiplock.internal_has_unmet_parent(j.id) THEN 'waiting'
-                    ELSE 'queued' END::skiplock.job_state,
-                scheduled_at = now(),
-                max_attempts = greatest(max_attempts, attempt + 1),
-                finished_at = CASE WHEN holder IS NOT NULL THEN now() END,
-                last_error = CASE WHEN holder IS NOT NULL
-                    THEN skiplock.internal_superseded_message(holder, unique_key) ELSE last_error END
-            WHERE id = job_id AND state IN ('queued', 'dead', 'cancelled', 'succeeded')
-            RETURNING queue, priority, scheduled_at, state INTO q, p, s, now_state;
-            IF q IS NULL THEN
-                RETURN false;
-            END IF;
-            -- A child of a dead, cancelled or deleted parent is cancelled again at once, with the
-            -- reason; then the lane's step (the job's turn, if it is its lane's head).
-            PERFORM skiplock.internal_settle_dependants(ARRAY(
-                SELECT d.parent_id FROM skiplock.job_dependencies d WHERE d.job_id = retry_job.job_id),
-                ARRAY(SELECT lane WHERE lane IS NOT NULL));
-            IF now_state = 'queued' THEN
-                PERFORM skiplock.internal_announce(ARRAY[ROW(q, p, s)::skiplock.runnable_key]);
-            END IF;
-            RETURN true;
-        EXCEPTION WHEN serialization_failure THEN
-            -- Its row moved to the other partition meanwhile: run again (see
-            -- skiplock.internal_may_retry_moved).
-            attempts := attempts + 1;
-            IF NOT skiplock.internal_may_retry_moved(attempts) THEN
-                RAISE;
-            END IF;
-        WHEN deadlock_detected THEN
-            -- Chosen as the victim of a cycle with a transaction that holds the job's row
-            -- and waits for its lane's lock (skiplock.complete or fail of the job, in one
-            -- transaction with its lane's step): rolled back to the subtransaction, which
-            -- lets the other side finish, then tried again after a short jittered wait, as
-            -- skiplock.cancel_job does (see there why not at once).
-            deadlocks := deadlocks + 1;
-            IF deadlocks >= 6 THEN
-                RAISE;
-            END IF;
-            back_off := true;
-        END;
-        IF back_off THEN
-            PERFORM pg_sleep(0.01 * power(2, deadlocks - 1) * (1 + random()));
-        END IF;
-    END LOOP;
+    RETURN skiplock.internal_run_job_action('retry', job_id);
 END;
 $$;
 

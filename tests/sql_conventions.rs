@@ -387,7 +387,14 @@ const MOVED_ROWS_RETRIED_BY_CALLERS: &[(&str, &str)] = &[
         "internal_save_outcomes",
         "internal_save_outcomes_many's loop (every outcome of the SQL protocol)",
     ),
-    ("internal_cancel_job_once", "cancel_job's loop"),
+    (
+        "internal_cancel_job_once",
+        "internal_run_job_action's loop (cancel_job)",
+    ),
+    (
+        "internal_retry_job_once",
+        "internal_run_job_action's loop (retry_job)",
+    ),
 ];
 
 /// Functions that call one of MOVED_ROWS_RETRIED_BY_CALLERS and leave 40001 to their own

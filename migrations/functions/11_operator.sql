@@ -2,7 +2,8 @@
 -- limits, why a job is not running, and the triggers on queues.
 --
 -- Defines:
---   internal_cancel_job_once, cancel_job, retry_job, retry_dead_jobs
+--   internal_cancel_job_once, internal_retry_job_once, internal_run_job_action, cancel_job
+--   retry_job, retry_dead_jobs
 --   internal_check_queue_name, internal_set_queue_paused, internal_check_running_limit
 --   internal_check_rate_limit, set_queue_limits, pause_queue
 --   why_not_running, resume_queue, internal_queues_after_write, trigger queues_after_write
@@ -68,55 +69,14 @@ BEGIN
 END;
 $$;
 COMMENT ON FUNCTION skiplock.internal_cancel_job_once(bigint) IS
-    'One attempt of skiplock.cancel_job, without the deadlock retry; call cancel_job instead.';
+    'One attempt of skiplock.cancel_job, without its retry on a deadlock or a moved row; call cancel_job instead.';
 
--- Cancel a job that has not finished, surviving being chosen as a deadlock victim.
---
--- cancel_job_once locks its job, then (through advance_lanes and settle_dependants) the
--- next job of its lane and its waiting children. A transaction that already holds one of
--- those and then waits for the cancelled job closes a cycle, and Postgres aborts one side
--- after deadlock_timeout. When that side is the cancel, it rolls back only its own work
--- (each attempt runs in a subtransaction, so its row locks go too), which lets the other
--- side finish, and tries again. This works inside the caller's transaction as well, which
--- a client-side retry cannot.
---
--- A retry at once would not do: a row whose locker has just rolled back is free to
--- whoever asks first, and the other side, woken, still has to be scheduled to take it,
--- while the retry is already running in this backend; it would take the cancelled job's
--- row again, wait again for the row the other side holds and close the same cycle (seen
--- as an intermittent failure of
--- control::a_cancel_chosen_as_deadlock_victim_retries_and_succeeds). So each retry first
--- sleeps a short, growing, jittered while (10 to 20 ms, then twice that each time, below
--- a second in all) so the other side takes its lock and finishes; after six attempts the
--- error reaches the caller.
-CREATE OR REPLACE FUNCTION skiplock.cancel_job(job_id bigint) RETURNS boolean
-LANGUAGE plpgsql AS $$
-DECLARE
-    attempts int := 0;
-BEGIN
-    LOOP
-        BEGIN
-            RETURN skiplock.internal_cancel_job_once(job_id);
-        EXCEPTION WHEN deadlock_detected OR serialization_failure THEN
-            attempts := attempts + 1;
-            IF attempts >= 6 THEN
-                RAISE;
-            END IF;
-        END;
-        -- Outside the subtransaction: its locks are gone while this sleeps.
-        PERFORM pg_sleep(0.01 * power(2, attempts - 1) * (1 + random()));
-    END LOOP;
-END;
-$$;
-COMMENT ON FUNCTION skiplock.cancel_job(bigint) IS
-    'Cancels a job that has not finished: `cancelled` at once, or, if it runs, its claim voided and its worker told to stop it (skiplock_cancel); its waiting dependants are cancelled and its lane moves on. A deadlock with another transaction is retried after a short jittered wait, up to six attempts in all. Returns false if the job had finished or does not exist. Example: SELECT skiplock.cancel_job(42);';
-
-CREATE OR REPLACE FUNCTION skiplock.retry_job(job_id bigint) RETURNS boolean
+-- One attempt at putting a finished job back in line; skiplock.retry_job wraps it.
+CREATE OR REPLACE FUNCTION skiplock.internal_retry_job_once(job_id bigint) RETURNS boolean
 LANGUAGE plpgsql
 SET jit = off
 AS $$
 DECLARE
-    attempts int := 0;
     q text;
     p smallint;
     s timestamptz;
@@ -125,83 +85,134 @@ DECLARE
     key text;
     current skiplock.job_state;
     holder bigint;
+BEGIN
+    -- The lane's and the unique key's locks before the row's, in the order an enqueue
+    -- takes them: an enqueue holding the key's lock locks the key's pending job next, so
+    -- a retry of that job that locked its row first and then waited for the key deadlocked.
+    SELECT ordering_key, unique_key INTO lane, key FROM skiplock.jobs WHERE id = job_id;
+    IF lane IS NOT NULL THEN
+        PERFORM pg_advisory_xact_lock(skiplock.internal_lane_lock_id(lane));
+    END IF;
+    IF key IS NOT NULL THEN
+        PERFORM pg_advisory_xact_lock(skiplock.internal_unique_key_lock_id(key));
+    END IF;
+    SELECT j.state, j.unique_key INTO current, key
+    FROM skiplock.jobs j WHERE j.id = job_id FOR UPDATE;
+    IF current IS NULL OR current NOT IN ('queued', 'dead', 'cancelled', 'succeeded') THEN
+        RETURN false;
+    END IF;
+    -- A job with a unique key (as the row holds it, locked) may be superseded; one
+    -- without costs no second lookup by id (each reads every day kept).
+    holder := CASE WHEN key IS NOT NULL
+                   THEN skiplock.internal_fold_into_key_holder(job_id) END;
+    UPDATE skiplock.jobs j
+    SET state = CASE
+            WHEN holder IS NOT NULL THEN 'cancelled'
+            WHEN lane IS NOT NULL AND EXISTS (
+                SELECT 1 FROM skiplock.jobs o
+                WHERE o.ordering_key = lane AND o.id <> job_id
+                  AND o.state IN ('waiting', 'queued', 'running'))
+            THEN 'waiting'
+            WHEN skiplock.internal_has_unmet_parent(j.id) THEN 'waiting'
+            ELSE 'queued' END::skiplock.job_state,
+        scheduled_at = now(),
+        max_attempts = greatest(max_attempts, attempt + 1),
+        finished_at = CASE WHEN holder IS NOT NULL THEN now() END,
+        last_error = CASE WHEN holder IS NOT NULL
+            THEN skiplock.internal_superseded_message(holder, unique_key) ELSE last_error END
+    WHERE id = job_id AND state IN ('queued', 'dead', 'cancelled', 'succeeded')
+    RETURNING queue, priority, scheduled_at, state INTO q, p, s, now_state;
+    IF q IS NULL THEN
+        RETURN false;
+    END IF;
+    -- A child of a dead, cancelled or deleted parent is cancelled again at once, with the
+    -- reason; then the lane's step (the job's turn, if it is its lane's head).
+    PERFORM skiplock.internal_settle_dependants(ARRAY(
+        SELECT d.parent_id FROM skiplock.job_dependencies d
+        WHERE d.job_id = internal_retry_job_once.job_id),
+        ARRAY(SELECT lane WHERE lane IS NOT NULL));
+    IF now_state = 'queued' THEN
+        PERFORM skiplock.internal_announce(ARRAY[ROW(q, p, s)::skiplock.runnable_key]);
+    END IF;
+    RETURN true;
+END;
+$$;
+
+COMMENT ON FUNCTION skiplock.internal_retry_job_once(bigint) IS
+    'One attempt of skiplock.retry_job, without its retry on a deadlock or a moved row; call retry_job instead.';
+
+-- An operator's call on one job (action 'cancel': internal_cancel_job_once, 'retry':
+-- internal_retry_job_once), run again when it meets a moved row or a deadlock: the one loop
+-- of cancel_job and retry_job.
+--
+-- Each locks its job, then (through advance_lanes and settle_dependants) the next job of its
+-- lane and its waiting children; a retry takes its lane's lock first. A transaction that
+-- already holds one of those and then waits for the job (a complete or fail of it, in one
+-- transaction with its lane's step) closes a cycle, and Postgres aborts one side after
+-- deadlock_timeout. When that side is the call, it rolls back only its own work (each
+-- attempt runs in a subtransaction, so its row locks go too), which lets the other side
+-- finish, and tries again. This works inside the caller's transaction as well, which a
+-- client-side retry cannot.
+--
+-- A retry at once would not do: a row whose locker has just rolled back is free to
+-- whoever asks first, and the other side, woken, still has to be scheduled to take it,
+-- while the retry is already running in this backend; it would take the job's row again,
+-- wait again for the row the other side holds and close the same cycle (seen as an
+-- intermittent failure of control::a_cancel_chosen_as_deadlock_victim_retries_and_succeeds).
+-- So each retry after a deadlock first sleeps a short, growing, jittered while (10 to 20 ms,
+-- then twice that each time, below a second in all) so the other side takes its lock and
+-- finishes; after six attempts the error reaches the caller. A row moved to the other
+-- partition under the call (40001) is read again at once (see
+-- skiplock.internal_may_retry_moved).
+CREATE OR REPLACE FUNCTION skiplock.internal_run_job_action(action text, job_id bigint)
+RETURNS boolean
+LANGUAGE plpgsql AS $$
+DECLARE
+    moved int := 0;
     deadlocks int := 0;
-    back_off boolean;
 BEGIN
     LOOP
-        back_off := false;
         BEGIN
-            -- The lane's and the unique key's locks before the row's, in the order an enqueue
-            -- takes them: an enqueue holding the key's lock locks the key's pending job next, so
-            -- a retry of that job that locked its row first and then waited for the key deadlocked.
-            SELECT ordering_key, unique_key INTO lane, key FROM skiplock.jobs WHERE id = job_id;
-            IF lane IS NOT NULL THEN
-                PERFORM pg_advisory_xact_lock(skiplock.internal_lane_lock_id(lane));
+            IF action = 'cancel' THEN
+                RETURN skiplock.internal_cancel_job_once(job_id);
             END IF;
-            IF key IS NOT NULL THEN
-                PERFORM pg_advisory_xact_lock(skiplock.internal_unique_key_lock_id(key));
-            END IF;
-            SELECT j.state, j.unique_key INTO current, key
-            FROM skiplock.jobs j WHERE j.id = job_id FOR UPDATE;
-            IF current IS NULL OR current NOT IN ('queued', 'dead', 'cancelled', 'succeeded') THEN
-                RETURN false;
-            END IF;
-            -- A job with a unique key (as the row holds it, locked) may be superseded; one
-            -- without costs no second lookup by id (each reads every day kept).
-            holder := CASE WHEN key IS NOT NULL
-                           THEN skiplock.internal_fold_into_key_holder(job_id) END;
-            UPDATE skiplock.jobs j
-            SET state = CASE
-                    WHEN holder IS NOT NULL THEN 'cancelled'
-                    WHEN lane IS NOT NULL AND EXISTS (
-                        SELECT 1 FROM skiplock.jobs o
-                        WHERE o.ordering_key = lane AND o.id <> job_id
-                          AND o.state IN ('waiting', 'queued', 'running'))
-                    THEN 'waiting'
-                    WHEN skiplock.internal_has_unmet_parent(j.id) THEN 'waiting'
-                    ELSE 'queued' END::skiplock.job_state,
-                scheduled_at = now(),
-                max_attempts = greatest(max_attempts, attempt + 1),
-                finished_at = CASE WHEN holder IS NOT NULL THEN now() END,
-                last_error = CASE WHEN holder IS NOT NULL
-                    THEN skiplock.internal_superseded_message(holder, unique_key) ELSE last_error END
-            WHERE id = job_id AND state IN ('queued', 'dead', 'cancelled', 'succeeded')
-            RETURNING queue, priority, scheduled_at, state INTO q, p, s, now_state;
-            IF q IS NULL THEN
-                RETURN false;
-            END IF;
-            -- A child of a dead, cancelled or deleted parent is cancelled again at once, with the
-            -- reason; then the lane's step (the job's turn, if it is its lane's head).
-            PERFORM skiplock.internal_settle_dependants(ARRAY(
-                SELECT d.parent_id FROM skiplock.job_dependencies d WHERE d.job_id = retry_job.job_id),
-                ARRAY(SELECT lane WHERE lane IS NOT NULL));
-            IF now_state = 'queued' THEN
-                PERFORM skiplock.internal_announce(ARRAY[ROW(q, p, s)::skiplock.runnable_key]);
-            END IF;
-            RETURN true;
-        EXCEPTION WHEN serialization_failure THEN
-            -- Its row moved to the other partition meanwhile: run again (see
-            -- skiplock.internal_may_retry_moved).
-            attempts := attempts + 1;
-            IF NOT skiplock.internal_may_retry_moved(attempts) THEN
-                RAISE;
-            END IF;
-        WHEN deadlock_detected THEN
-            -- Chosen as the victim of a cycle with a transaction that holds the job's row
-            -- and waits for its lane's lock (skiplock.complete or fail of the job, in one
-            -- transaction with its lane's step): rolled back to the subtransaction, which
-            -- lets the other side finish, then tried again after a short jittered wait, as
-            -- skiplock.cancel_job does (see there why not at once).
-            deadlocks := deadlocks + 1;
-            IF deadlocks >= 6 THEN
-                RAISE;
-            END IF;
-            back_off := true;
+            RETURN skiplock.internal_retry_job_once(job_id);
+        EXCEPTION
+            WHEN serialization_failure THEN
+                moved := moved + 1;
+                IF NOT skiplock.internal_may_retry_moved(moved) THEN
+                    RAISE;
+                END IF;
+                CONTINUE;
+            WHEN deadlock_detected THEN
+                deadlocks := deadlocks + 1;
+                IF deadlocks >= 6 THEN
+                    RAISE;
+                END IF;
         END;
-        IF back_off THEN
-            PERFORM pg_sleep(0.01 * power(2, deadlocks - 1) * (1 + random()));
-        END IF;
+        -- Outside the subtransaction: its locks are gone while this sleeps.
+        PERFORM pg_sleep(0.01 * power(2, deadlocks - 1) * (1 + random()));
     END LOOP;
+END;
+$$;
+
+-- Cancel a job that has not finished (internal_cancel_job_once), surviving being chosen as
+-- a deadlock victim (internal_run_job_action).
+CREATE OR REPLACE FUNCTION skiplock.cancel_job(job_id bigint) RETURNS boolean
+LANGUAGE plpgsql AS $$
+BEGIN
+    RETURN skiplock.internal_run_job_action('cancel', job_id);
+END;
+$$;
+COMMENT ON FUNCTION skiplock.cancel_job(bigint) IS
+    'Cancels a job that has not finished: `cancelled` at once, or, if it runs, its claim voided and its worker told to stop it (skiplock_cancel); its waiting dependants are cancelled and its lane moves on. A deadlock with another transaction is retried after a short jittered wait, up to six attempts in all. Returns false if the job had finished or does not exist. Example: SELECT skiplock.cancel_job(42);';
+
+-- Put a finished job back in line (internal_retry_job_once), surviving being chosen as a
+-- deadlock victim (internal_run_job_action).
+CREATE OR REPLACE FUNCTION skiplock.retry_job(job_id bigint) RETURNS boolean
+LANGUAGE plpgsql AS $$
+BEGIN
+    RETURN skiplock.internal_run_job_action('retry', job_id);
 END;
 $$;
 COMMENT ON FUNCTION skiplock.retry_job(bigint) IS

@@ -887,6 +887,17 @@ async fn a_release_of_a_keys_held_jobs_costs_the_same_beside_its_waiting_childre
     key_release_is_bounded(Statistics::History).await;
 }
 
+/// A test database (statistics as `statistics` says) with the queue `fair`, whose
+/// `key_claimable` is 2.
+async fn fair_queue(statistics: Statistics) -> TestDb {
+    let db = with_statistics(statistics).await;
+    sqlx::query("SELECT skiplock.set_queue_limits('fair', NULL, key_claimable => 2)")
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    db
+}
+
 /// Fair queueing (`key_claimable` 2): beside 33 times more jobs of one key waiting their
 /// turn (one tenant's backlog), an insert of one more job of that key (held at once) and a
 /// claim read the same. The claim lets the key's next jobs go (its turn, given by the
@@ -894,13 +905,9 @@ async fn a_release_of_a_keys_held_jobs_costs_the_same_beside_its_waiting_childre
 /// comes back short and takes the rest of its batch from the key's held jobs.
 async fn fair_queue_is_bounded(statistics: Statistics) {
     const CLAIMED: i64 = 10;
-    let db = with_statistics(statistics).await;
+    let db = fair_queue(statistics).await;
     let pool = &db.pool;
     let mut session = pool.acquire().await.unwrap();
-    sqlx::query("SELECT skiplock.set_queue_limits('fair', NULL, key_claimable => 2)")
-        .execute(pool)
-        .await
-        .unwrap();
     let add_hot = |count: i64| {
         sqlx::query(
             "INSERT INTO skiplock.jobs (kind, queue, concurrency_key)
@@ -1009,6 +1016,81 @@ async fn a_fair_queue_costs_the_same_beside_a_keys_backlog_under_empty_statistic
 #[tokio::test]
 async fn a_fair_queue_costs_the_same_beside_a_keys_backlog_under_history_statistics() {
     fair_queue_is_bounded(Statistics::History).await;
+}
+
+/// Fair queueing (`key_claimable` 2): the count of a key's queued jobs, which every
+/// release of its jobs makes (`internal_key_queued`), and an insert of one more job of the
+/// key (held at once) read the same after 33 times more of the key's held jobs were taken.
+/// Each taken job leaves a dead entry at the front of the key's range in `jobs_held_idx`
+/// until a vacuum (none here): whether the key has held jobs, and at which priority, is read
+/// from the back of the range. From the front, the count read 401 buffers after 64,000
+/// taken, against 21.
+async fn fair_probes_are_bounded(statistics: Statistics) {
+    let db = fair_queue(statistics).await;
+    let pool = &db.pool;
+    let mut session = pool.acquire().await.unwrap();
+    sqlx::query(
+        "INSERT INTO skiplock.jobs (kind, queue, concurrency_key)
+         SELECT 'noop', 'fair', 'hot' FROM generate_series(1, $1)",
+    )
+    .bind(2 * MANY_WAITING)
+    .execute(pool)
+    .await
+    .unwrap();
+    vacuum_jobs_live(pool).await;
+    // Takes `count` more of the hot key's jobs: its queued ones, then (the claim came back
+    // short) the rest from its held ones.
+    let take = async |count: i64| {
+        let taken: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM skiplock.claim('fair', $1::int, 'bounded-test')",
+        )
+        .bind(count)
+        .fetch_one(pool)
+        .await
+        .unwrap();
+        assert_eq!(taken, count, "the claim took its batch from the hot key");
+    };
+    let count_queued = "SELECT skiplock.internal_key_queued('fair', 'hot', 2)";
+    let insert_one =
+        "INSERT INTO skiplock.jobs (kind, queue, concurrency_key) VALUES ('noop', 'fair', 'hot')";
+    // Warm: plans, and the key's turn given.
+    take(2).await;
+    take(FEW_WAITING).await;
+    buffers_of(&mut session, count_queued).await;
+    buffers_of(&mut session, insert_one).await;
+    let few_count = buffers_of(&mut session, count_queued).await;
+    let few_insert = buffers_of(&mut session, insert_one).await;
+    take(MANY_WAITING).await;
+    let many_count = buffers_of(&mut session, count_queued).await;
+    let many_insert = buffers_of(&mut session, insert_one).await;
+    assert_bounded(
+        "the count of a fair queue's key's queued jobs beside its taken held jobs",
+        statistics,
+        few_count,
+        many_count,
+    );
+    assert_bounded(
+        "an insert into a fair queue's key beside its taken held jobs",
+        statistics,
+        few_insert,
+        many_insert,
+    );
+    let newest: (String, Option<String>) =
+        sqlx::query_as("SELECT state::text, held_for FROM skiplock.jobs ORDER BY id DESC LIMIT 1")
+            .fetch_one(pool)
+            .await
+            .unwrap();
+    assert_eq!(newest, ("waiting".to_owned(), Some("fair".to_owned())));
+}
+
+#[tokio::test]
+async fn a_fair_keys_probes_cost_the_same_beside_its_taken_held_jobs_under_empty_statistics() {
+    fair_probes_are_bounded(Statistics::Empty).await;
+}
+
+#[tokio::test]
+async fn a_fair_keys_probes_cost_the_same_beside_its_taken_held_jobs_under_history_statistics() {
+    fair_probes_are_bounded(Statistics::History).await;
 }
 
 /// How many of `tables` this session holds a lock on.

@@ -690,10 +690,23 @@ BEGIN
     IF cap IS NULL THEN
         RETURN NULL;
     END IF;
+    -- The most urgent priority among the key's held jobs: that of its last held job, read
+    -- from the back of the key's range in jobs_held_idx, then any more urgent one. Not
+    -- from the front: every held job of the key taken since the last vacuum leaves a dead
+    -- entry there, which a walk from the front steps over (390 pages after 64,000 taken,
+    -- against 4 from the back).
     SELECT h.priority INTO first_held FROM skiplock.jobs_live h
     WHERE h.queue = queue_name AND h.state = 'waiting' AND h.held_for IS NOT NULL
       AND h.concurrency_key = key
-    ORDER BY h.priority LIMIT 1;
+    ORDER BY h.priority DESC, h.scheduled_at DESC, h.id DESC LIMIT 1;
+    IF first_held IS NOT NULL THEN
+        first_held := coalesce(
+            (SELECT h.priority FROM skiplock.jobs_live h
+             WHERE h.queue = queue_name AND h.state = 'waiting' AND h.held_for IS NOT NULL
+               AND h.concurrency_key = key AND h.priority < first_held
+             ORDER BY h.priority LIMIT 1),
+            first_held);
+    END IF;
     -- `state IN ('queued', 'running') AND state < 'running'`, not `state = 'queued'`: only
     -- jobs_concurrency_key_idx can serve it, whatever the statistics say (through
     -- jobs_claim_idx the count walked every key's queued jobs when the statistics said
@@ -763,10 +776,13 @@ BEGIN
         ), levels AS MATERIALIZED (
             -- Once per level (MATERIALIZED: inlined, its probes ran once per job).
             SELECT g.queue, g.key, g.priority, g.cap, g.up_to,
-                   EXISTS (SELECT 1 FROM skiplock.jobs_live h
-                           WHERE h.queue = g.queue AND h.state = 'waiting'
-                             AND h.held_for IS NOT NULL AND h.concurrency_key = g.key
-                             AND h.priority <= g.priority) AS has_held,
+                   -- From the back of the key's range (see internal_key_queued).
+                   (SELECT true FROM skiplock.jobs_live h
+                    WHERE h.queue = g.queue AND h.state = 'waiting'
+                      AND h.held_for IS NOT NULL AND h.concurrency_key = g.key
+                      AND h.priority <= g.priority
+                    ORDER BY h.priority DESC, h.scheduled_at DESC, h.id DESC
+                    LIMIT 1) IS NOT NULL AS has_held,
                    -- The others: all of them counted up to cap beyond the given ones, less
                    -- the given ones (up_to; no test of each against the list). (state IN
                    -- … AND < 'running': see internal_key_queued.)

@@ -395,6 +395,7 @@ BEGIN
             -- Fair queueing: the keys taken that have jobs held for their turn, for the
             -- queue's next claim (run whether or not the result is read).
             -- A LATERAL probe with LIMIT, not EXISTS: a hashed semi join read every held job.
+            -- From the back of the key's range (see internal_key_queued).
             INSERT INTO skiplock.key_slots_freed (queue, concurrency_key)
             SELECT queue_name, k.key
             FROM (SELECT DISTINCT c.concurrency_key AS key FROM claimed c
@@ -402,6 +403,7 @@ BEGIN
             CROSS JOIN LATERAL (SELECT 1 FROM skiplock.jobs_live h
                                 WHERE h.queue = queue_name AND h.state = 'waiting'
                                   AND h.held_for IS NOT NULL AND h.concurrency_key = k.key
+                                ORDER BY h.priority DESC, h.scheduled_at DESC, h.id DESC
                                 LIMIT 1) held
         )
         SELECT c.id, c.queue, c.kind, c.args, c.attempt, c.max_attempts, c.claim_token,

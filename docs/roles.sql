@@ -64,6 +64,8 @@ GRANT SELECT, INSERT, UPDATE, DELETE ON skiplock.key_rate_windows TO skiplock_wo
 -- next claim, which reads and deletes it (the sweep deletes those no claim will read,
 -- skipping the rows locked: FOR UPDATE).
 GRANT SELECT, INSERT, UPDATE, DELETE ON skiplock.key_slots_freed TO skiplock_worker;
+-- A claim of a fair queue (key_claimable) keeps where each key's held jobs start.
+GRANT SELECT, INSERT, UPDATE, DELETE ON skiplock.key_held_from TO skiplock_worker;
 GRANT SELECT, INSERT, UPDATE ON skiplock.cron_schedules TO skiplock_worker;
 GRANT SELECT, INSERT, UPDATE, DELETE ON skiplock.job_history TO skiplock_worker;
 
@@ -125,6 +127,9 @@ GRANT UPDATE, DELETE ON skiplock.key_rate_windows TO skiplock_operator;
 -- A cancel frees a key's slot (as a worker's outcome does); a per-key limit removed or the
 -- queue's row deleted drops the slots left for it.
 GRANT INSERT, DELETE ON skiplock.key_slots_freed TO skiplock_operator;
+-- A per-key limit or key_claimable changed, or the queue's row deleted, drops where the
+-- keys' held jobs start; letting them go (a cancel's follow-up) moves it.
+GRANT INSERT, UPDATE, DELETE ON skiplock.key_held_from TO skiplock_operator;
 -- ... and a per-key limit or key_claimable raised or removed lets the held jobs go (in a
 -- fair queue, behind what is queued: scheduled_at), from the live partition by name (a
 -- statement naming skiplock.jobs_live is checked against its privileges alone).

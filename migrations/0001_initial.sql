@@ -295,11 +295,40 @@ CREATE TABLE skiplock.queue_rate_starts (
 -- statements that end jobs only insert here, so they never wait for the queue's lock nor
 -- hold it until their caller commits, whatever the caller's isolation; a row is deleted by
 -- the claim that reads it.
+-- A row left by a hold in a fair queue also says where the jobs it held start in claim
+-- order (from_*): the key's walks of held jobs start no later than that (key_held_from).
 CREATE TABLE skiplock.key_slots_freed (
-    queue           text NOT NULL,
-    concurrency_key text NOT NULL
+    queue             text NOT NULL,
+    concurrency_key   text NOT NULL,
+    from_priority     smallint,
+    from_scheduled_at timestamptz,
+    from_id           bigint,
+    CONSTRAINT key_slots_freed_from_whole CHECK (
+        (from_priority IS NULL) = (from_scheduled_at IS NULL)
+        AND (from_priority IS NULL) = (from_id IS NULL))
 );
 CREATE INDEX key_slots_freed_queue_idx ON skiplock.key_slots_freed (queue);
+
+-- Fair queueing (key_claimable, with no other per-key limit): where a key's held jobs start
+-- in claim order, at the earliest, so that a walk of them (the release of a key's next
+-- jobs, a claim's take of held jobs) starts there instead of at the front of the key's
+-- range in jobs_held_idx, over the dead entries of every held job taken since the last
+-- vacuum (a key's drain was quadratic in its backlog). Every held job of a key is at or
+-- after its row, or after the from_* of a row of key_slots_freed left by the hold; a key
+-- without a row is walked from the front. A release moves the row to the first job still
+-- held after its walk, without waiting for the row (a row locked or changed meanwhile is
+-- left as it is, and the position left in key_slots_freed instead), and deletes it when
+-- none is; holds never write it. Updated in place (HOT: no index column changes), so its
+-- index does not fill with dead entries; rows of a queue go when its limits change.
+-- No foreign key to skiplock.queues, as key_rate_windows (see there).
+CREATE TABLE skiplock.key_held_from (
+    queue           text NOT NULL,
+    concurrency_key text NOT NULL,
+    priority        smallint NOT NULL,
+    scheduled_at    timestamptz NOT NULL,
+    id              bigint NOT NULL,
+    PRIMARY KEY (queue, concurrency_key)
+) WITH (fillfactor = 50);
 
 -- Per-key rate limits (skiplock.queues.key_rate_limit per key_rate_period): a row per
 -- concurrency key of a queue that started a job within the last period, with its last
@@ -543,6 +572,9 @@ COMMENT ON TABLE skiplock.queue_rate_starts IS
 COMMENT ON TABLE skiplock.key_slots_freed IS
     'Internal (key_max_running, key_claimable): a row per key and statement that freed a slot of the key or changed what of it is queued, for the queue''s next claim to let the key''s held jobs go; deleted by that claim.';
 
+COMMENT ON TABLE skiplock.key_held_from IS
+    'Internal (key_claimable): where a key''s held jobs start in claim order, at the earliest, for the walks that let them go.';
+
 COMMENT ON TABLE skiplock.key_rate_windows IS
     'Internal (key_rate_limit): a concurrency key''s last starts within its rate window, and whether the window holds the key''s jobs back.';
 
@@ -671,6 +703,30 @@ COMMENT ON COLUMN skiplock.key_slots_freed.queue IS
 
 COMMENT ON COLUMN skiplock.key_slots_freed.concurrency_key IS
     'The key one of whose jobs ended, was claimed, was cancelled while queued, or was held by its insert.';
+
+COMMENT ON COLUMN skiplock.key_slots_freed.from_priority IS
+    'Left by a hold in a fair queue: the priority of the first job it held (with from_scheduled_at and from_id, its claim key); NULL otherwise.';
+
+COMMENT ON COLUMN skiplock.key_slots_freed.from_scheduled_at IS
+    'The scheduled_at of the first job the hold held; NULL otherwise.';
+
+COMMENT ON COLUMN skiplock.key_slots_freed.from_id IS
+    'The id of the first job the hold held; NULL otherwise.';
+
+COMMENT ON COLUMN skiplock.key_held_from.queue IS
+    'The queue with key_claimable.';
+
+COMMENT ON COLUMN skiplock.key_held_from.concurrency_key IS
+    'The key.';
+
+COMMENT ON COLUMN skiplock.key_held_from.priority IS
+    'With scheduled_at and id: a claim key no held job of the key sorts before, unless a row of key_slots_freed says where.';
+
+COMMENT ON COLUMN skiplock.key_held_from.scheduled_at IS
+    'See priority.';
+
+COMMENT ON COLUMN skiplock.key_held_from.id IS
+    'See priority.';
 
 COMMENT ON COLUMN skiplock.key_rate_windows.queue IS
     'The queue with key_rate_limit.';

@@ -823,6 +823,9 @@ DECLARE
     lim_key_claimable int;
     -- Fair queueing: the keys whose held jobs a pass takes (NULL: the walk of queued jobs).
     held_keys text[];
+    -- Fair queueing alone (no other per-key limit): a walk of a key's held jobs starts
+    -- where they start (key_held_from).
+    fair_only boolean;
     room bigint := max_jobs;
     wanted bigint;
     rate_room bigint;
@@ -982,6 +985,8 @@ BEGIN
         -- key_max_running, under the queue's lock above).
         PERFORM skiplock.internal_release_freed_keys(queue_name);
     END IF;
+    fair_only := lim_key_claimable IS NOT NULL AND lim_key_max_running IS NULL
+                 AND lim_key_rate_limit IS NULL;
     -- Without a position, a key before every row: the full walk.
     IF after_priority IS NOT NULL AND after_scheduled_at_us IS NOT NULL
        AND after_id IS NOT NULL THEN
@@ -1028,11 +1033,24 @@ BEGIN
             -- back).
             SELECT h.ctid, h.concurrency_key, h.priority, h.scheduled_at, h.id
             FROM unnest(held_keys) AS k(key)
+            -- From where the key's held jobs start (its row of key_held_from, or a mark of
+            -- a hold in key_slots_freed before it); with other per-key limits, the front.
+            CROSS JOIN LATERAL (
+                SELECT CASE WHEN fair_only THEN s.priority ELSE -32768 END AS priority,
+                       CASE WHEN fair_only THEN s.scheduled_at ELSE '-infinity' END
+                           AS scheduled_at,
+                       CASE WHEN fair_only THEN s.id ELSE -9223372036854775808 END AS id
+                FROM skiplock.internal_held_from(
+                         queue_name, k.key,
+                         ARRAY(SELECT f FROM skiplock.key_slots_freed f
+                               WHERE f.queue = queue_name AND f.concurrency_key = k.key
+                                 AND f.from_id IS NOT NULL)) s) w
             CROSS JOIN LATERAL (
                 SELECT j.ctid, j.concurrency_key, j.priority, j.scheduled_at, j.id
                 FROM skiplock.jobs_live j
                 WHERE j.queue = queue_name AND j.state = 'waiting' AND j.held_for = 'fair'
                   AND j.concurrency_key = k.key AND j.scheduled_at <= now()
+                  AND (j.priority, j.scheduled_at, j.id) >= (w.priority, w.scheduled_at, w.id)
                   AND (kinds IS NULL OR j.kind = ANY (kinds))
                   -- The in-flight filter too: a row another claim took and committed
                   -- since this statement's snapshot would be locked (its newest version,
@@ -1961,6 +1979,80 @@ END;
 $$;
 
 --
+-- Name: key_slots_freed; Type: TABLE; Schema: skiplock; Owner: -
+--
+
+CREATE TABLE skiplock.key_slots_freed (
+    queue text NOT NULL,
+    concurrency_key text NOT NULL,
+    from_priority smallint,
+    from_scheduled_at timestamp with time zone,
+    from_id bigint,
+    CONSTRAINT key_slots_freed_from_whole CHECK ((((from_priority IS NULL) = (from_scheduled_at IS NULL)) AND ((from_priority IS NULL) = (from_id IS NULL))))
+);
+
+--
+-- Name: TABLE key_slots_freed; Type: COMMENT; Schema: skiplock; Owner: -
+--
+
+COMMENT ON TABLE skiplock.key_slots_freed IS 'Internal (key_max_running, key_claimable): a row per key and statement that freed a slot of the key or changed what of it is queued, for the queue''s next claim to let the key''s held jobs go; deleted by that claim.';
+
+--
+-- Name: COLUMN key_slots_freed.queue; Type: COMMENT; Schema: skiplock; Owner: -
+--
+
+COMMENT ON COLUMN skiplock.key_slots_freed.queue IS 'The queue with key_max_running or key_claimable.';
+
+--
+-- Name: COLUMN key_slots_freed.concurrency_key; Type: COMMENT; Schema: skiplock; Owner: -
+--
+
+COMMENT ON COLUMN skiplock.key_slots_freed.concurrency_key IS 'The key one of whose jobs ended, was claimed, was cancelled while queued, or was held by its insert.';
+
+--
+-- Name: COLUMN key_slots_freed.from_priority; Type: COMMENT; Schema: skiplock; Owner: -
+--
+
+COMMENT ON COLUMN skiplock.key_slots_freed.from_priority IS 'Left by a hold in a fair queue: the priority of the first job it held (with from_scheduled_at and from_id, its claim key); NULL otherwise.';
+
+--
+-- Name: COLUMN key_slots_freed.from_scheduled_at; Type: COMMENT; Schema: skiplock; Owner: -
+--
+
+COMMENT ON COLUMN skiplock.key_slots_freed.from_scheduled_at IS 'The scheduled_at of the first job the hold held; NULL otherwise.';
+
+--
+-- Name: COLUMN key_slots_freed.from_id; Type: COMMENT; Schema: skiplock; Owner: -
+--
+
+COMMENT ON COLUMN skiplock.key_slots_freed.from_id IS 'The id of the first job the hold held; NULL otherwise.';
+
+--
+-- Name: internal_held_from(text, text, skiplock.key_slots_freed[]); Type: FUNCTION; Schema: skiplock; Owner: -
+--
+
+CREATE FUNCTION skiplock.internal_held_from(queue_name text, key text, marks skiplock.key_slots_freed[], OUT priority smallint, OUT scheduled_at timestamp with time zone, OUT id bigint) RETURNS record
+    LANGUAGE sql STABLE
+    SET jit TO 'off'
+    AS $$
+    SELECT coalesce(c.p, -32768), coalesce(c.s, '-infinity'), coalesce(c.i, -9223372036854775808)
+    FROM (SELECT 1) one
+    LEFT JOIN LATERAL (
+        SELECT starts.p, starts.s, starts.i
+        FROM (SELECT f.priority AS p, f.scheduled_at AS s, f.id AS i
+              FROM skiplock.key_held_from f
+              WHERE f.queue = queue_name AND f.concurrency_key = key
+              UNION ALL
+              SELECT m.from_priority, m.from_scheduled_at, m.from_id
+              FROM unnest(marks) AS m
+              WHERE m.queue = queue_name AND m.concurrency_key = key AND m.from_id IS NOT NULL
+                AND EXISTS (SELECT 1 FROM skiplock.key_held_from f
+                            WHERE f.queue = queue_name AND f.concurrency_key = key)) starts
+        ORDER BY starts.p, starts.s, starts.i
+        LIMIT 1) c ON true;
+$$;
+
+--
 -- Name: internal_hold_for_turns(bigint[]); Type: FUNCTION; Schema: skiplock; Owner: -
 --
 
@@ -1977,6 +2069,7 @@ DECLARE
     held bigint[];
     held_queues text[];
     held_keys text[];
+    held_marks skiplock.key_slots_freed[];
 BEGIN
     IF cardinality(ids) = 0 THEN
         RETURN '{}';
@@ -2031,11 +2124,20 @@ BEGIN
                 SELECT l.ctid FROM unnest(held) AS h(id)
                 CROSS JOIN LATERAL (SELECT l.ctid FROM skiplock.jobs_live l
                                     WHERE l.id = h.id AND l.state = 'queued' LIMIT 1) l))
-            RETURNING j.queue, j.concurrency_key
+            RETURNING j.queue, j.concurrency_key, j.priority, j.scheduled_at, j.id
+        ), firsts AS (
+            -- Each key's first job held, in claim order: where its walks must start
+            -- (key_held_from).
+            SELECT DISTINCT ON (w.queue, w.concurrency_key) w.*
+            FROM waiting w
+            ORDER BY w.queue, w.concurrency_key, w.priority, w.scheduled_at, w.id
         )
-        SELECT array_agg(w.queue), array_agg(w.concurrency_key) INTO held_queues, held_keys
-        FROM waiting w;
-        PERFORM skiplock.internal_recheck_keys(held_queues, held_keys);
+        SELECT array_agg(f.queue), array_agg(f.concurrency_key),
+               array_agg(ROW(f.queue, f.concurrency_key, f.priority, f.scheduled_at, f.id)
+                             ::skiplock.key_slots_freed)
+        INTO held_queues, held_keys, held_marks
+        FROM firsts f;
+        PERFORM skiplock.internal_recheck_keys(held_queues, held_keys, held_marks);
     END IF;
     RETURN held;
 END;
@@ -3009,6 +3111,9 @@ CREATE FUNCTION skiplock.internal_queues_after_key_limit() RETURNS trigger
 BEGIN
     -- The queue's lock first, as a claim takes it before it writes the windows.
     PERFORM pg_advisory_xact_lock(skiplock.internal_queue_limit_lock_id(OLD.name));
+    -- Where the keys' held jobs start holds only for a queue whose one per-key limit is
+    -- key_claimable, from its releases on (see key_held_from): the next ones record it again.
+    DELETE FROM skiplock.key_held_from f WHERE f.queue = OLD.name;
     IF TG_OP = 'DELETE' THEN
         DELETE FROM skiplock.key_rate_windows w WHERE w.queue = OLD.name;
         DELETE FROM skiplock.key_slots_freed f WHERE f.queue = OLD.name;
@@ -3219,21 +3324,28 @@ CREATE FUNCTION skiplock.internal_reap_stale_tally(stale_after_ms bigint, max_jo
 $$;
 
 --
--- Name: internal_recheck_keys(text[], text[]); Type: FUNCTION; Schema: skiplock; Owner: -
+-- Name: internal_recheck_keys(text[], text[], skiplock.key_slots_freed[]); Type: FUNCTION; Schema: skiplock; Owner: -
 --
 
-CREATE FUNCTION skiplock.internal_recheck_keys(queues text[], keys text[]) RETURNS void
+CREATE FUNCTION skiplock.internal_recheck_keys(queues text[], keys text[], marks skiplock.key_slots_freed[] DEFAULT NULL::skiplock.key_slots_freed[]) RETURNS void
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'pg_temp'
     SET jit TO 'off'
     AS $$
 BEGIN
-    INSERT INTO skiplock.key_slots_freed (queue, concurrency_key)
-    SELECT DISTINCT f.queue, f.key
-    FROM unnest(queues, keys) AS f(queue, key)
-    WHERE f.key IS NOT NULL
-      AND EXISTS (SELECT 1 FROM skiplock.queues q
-                  WHERE q.name = f.queue AND q.key_claimable IS NOT NULL);
+    INSERT INTO skiplock.key_slots_freed (queue, concurrency_key, from_priority,
+                                          from_scheduled_at, from_id)
+    SELECT k.queue, k.key, m.from_priority, m.from_scheduled_at, m.from_id
+    FROM (SELECT DISTINCT f.queue, f.key
+          FROM unnest(queues, keys) AS f(queue, key)
+          WHERE f.key IS NOT NULL
+            AND EXISTS (SELECT 1 FROM skiplock.queues q
+                        WHERE q.name = f.queue AND q.key_claimable IS NOT NULL)) k
+    LEFT JOIN LATERAL (SELECT m.from_priority, m.from_scheduled_at, m.from_id
+                       FROM unnest(marks) AS m
+                       WHERE m.queue = k.queue AND m.concurrency_key = k.key
+                       ORDER BY m.from_priority, m.from_scheduled_at, m.from_id
+                       LIMIT 1) m ON true;
     PERFORM skiplock.internal_notify_queue_start(q.name)
     FROM skiplock.queues q
     WHERE q.name = ANY (queues) AND q.key_claimable IS NOT NULL;
@@ -3298,6 +3410,97 @@ CREATE FUNCTION skiplock.internal_release_claims(ids bigint[], tokens uuid[], de
 $_$;
 
 --
+-- Name: internal_release_fair_key(text, text, integer, skiplock.key_slots_freed[]); Type: FUNCTION; Schema: skiplock; Owner: -
+--
+
+CREATE FUNCTION skiplock.internal_release_fair_key(queue_name text, key text, claimable integer, marks skiplock.key_slots_freed[]) RETURNS integer
+    LANGUAGE plpgsql
+    SET enable_seqscan TO 'off'
+    SET enable_bitmapscan TO 'off'
+    SET enable_hashjoin TO 'off'
+    SET enable_mergejoin TO 'off'
+    SET jit TO 'off'
+    AS $$
+DECLARE
+    row_at record;
+    walk_from record;
+    room int;
+    released int;
+    released_keys skiplock.runnable_key[];
+    still_held record;
+    recorded boolean := false;
+BEGIN
+    SELECT f.priority, f.scheduled_at, f.id INTO row_at
+    FROM skiplock.key_held_from f
+    WHERE f.queue = queue_name AND f.concurrency_key = key;
+    SELECT * INTO walk_from FROM skiplock.internal_held_from(queue_name, key, marks);
+    room := greatest(claimable - skiplock.internal_key_queued(queue_name, key, claimable), 0);
+    WITH released AS (
+        UPDATE skiplock.jobs_live j SET state = 'queued', held_for = NULL,
+            -- Behind what is queued now, so that the keys take turns.
+            scheduled_at = greatest(j.scheduled_at, now())
+        WHERE j.ctid = ANY (ARRAY(
+            SELECT h.ctid FROM skiplock.jobs_live h
+            WHERE h.queue = queue_name AND h.state = 'waiting' AND h.held_for IS NOT NULL
+              AND h.concurrency_key = key
+              AND (h.priority, h.scheduled_at, h.id)
+                  >= (walk_from.priority, walk_from.scheduled_at, walk_from.id)
+              -- See internal_release_held.
+              AND NOT skiplock.internal_has_unmet_parent(h.id)
+            ORDER BY h.priority, h.scheduled_at, h.id
+            LIMIT room
+            FOR UPDATE SKIP LOCKED))
+        RETURNING j.queue, j.priority, j.scheduled_at
+    )
+    SELECT count(*), array_agg(ROW(r.queue, r.priority, r.scheduled_at)::skiplock.runnable_key)
+    INTO released, released_keys FROM released r;
+    PERFORM skiplock.internal_announce(released_keys);
+    SELECT h.priority, h.scheduled_at, h.id INTO still_held
+    FROM skiplock.jobs_live h
+    WHERE h.queue = queue_name AND h.state = 'waiting' AND h.held_for IS NOT NULL
+      AND h.concurrency_key = key
+      AND (h.priority, h.scheduled_at, h.id)
+          >= (walk_from.priority, walk_from.scheduled_at, walk_from.id)
+    ORDER BY h.priority, h.scheduled_at, h.id
+    LIMIT 1;
+    IF still_held.id IS NULL THEN
+        IF row_at.id IS NOT NULL THEN
+            DELETE FROM skiplock.key_held_from f
+            WHERE f.ctid = (SELECT o.ctid FROM skiplock.key_held_from o
+                            WHERE o.queue = queue_name AND o.concurrency_key = key
+                            FOR UPDATE SKIP LOCKED)
+              AND (f.priority, f.scheduled_at, f.id) = (row_at.priority, row_at.scheduled_at, row_at.id);
+        END IF;
+        RETURN released;
+    END IF;
+    IF row_at.id IS NULL THEN
+        INSERT INTO skiplock.key_held_from (queue, concurrency_key, priority, scheduled_at, id)
+        VALUES (queue_name, key, still_held.priority, still_held.scheduled_at, still_held.id)
+        ON CONFLICT DO NOTHING;
+        recorded := FOUND;
+    ELSIF (still_held.priority, still_held.scheduled_at, still_held.id)
+          = (row_at.priority, row_at.scheduled_at, row_at.id) THEN
+        recorded := true;
+    ELSE
+        UPDATE skiplock.key_held_from f
+        SET priority = still_held.priority, scheduled_at = still_held.scheduled_at,
+            id = still_held.id
+        WHERE f.ctid = (SELECT o.ctid FROM skiplock.key_held_from o
+                        WHERE o.queue = queue_name AND o.concurrency_key = key
+                        FOR UPDATE SKIP LOCKED)
+          AND (f.priority, f.scheduled_at, f.id) = (row_at.priority, row_at.scheduled_at, row_at.id);
+        recorded := FOUND;
+    END IF;
+    IF NOT recorded THEN
+        INSERT INTO skiplock.key_slots_freed (queue, concurrency_key, from_priority,
+                                              from_scheduled_at, from_id)
+        VALUES (queue_name, key, still_held.priority, still_held.scheduled_at, still_held.id);
+    END IF;
+    RETURN released;
+END;
+$$;
+
+--
 -- Name: internal_release_freed_keys(text); Type: FUNCTION; Schema: skiplock; Owner: -
 --
 
@@ -3310,6 +3513,7 @@ CREATE FUNCTION skiplock.internal_release_freed_keys(queue_name text) RETURNS in
 DECLARE
     freed text[];
     rows_taken int;
+    marks skiplock.key_slots_freed[];
 BEGIN
     WITH taken AS (
         DELETE FROM skiplock.key_slots_freed f
@@ -3317,24 +3521,27 @@ BEGIN
                                   WHERE o.queue = queue_name
                                   LIMIT 1000
                                   FOR UPDATE SKIP LOCKED))
-        RETURNING f.concurrency_key
+        RETURNING f.*
     )
-    SELECT array_agg(DISTINCT t.concurrency_key), count(*) INTO freed, rows_taken FROM taken t;
+    SELECT array_agg(DISTINCT t.concurrency_key), count(*),
+           array_agg(t) FILTER (WHERE t.from_id IS NOT NULL)
+    INTO freed, rows_taken, marks FROM taken t;
     IF freed IS NULL THEN
         RETURN 0;
     END IF;
     IF rows_taken >= 1000 THEN
         PERFORM skiplock.internal_notify_queue_start(queue_name);
     END IF;
-    RETURN skiplock.internal_release_held(queue_name, freed);
+    -- The rows' positions go with them (see key_held_from).
+    RETURN skiplock.internal_release_held(queue_name, freed, marks);
 END;
 $$;
 
 --
--- Name: internal_release_held(text, text[]); Type: FUNCTION; Schema: skiplock; Owner: -
+-- Name: internal_release_held(text, text[], skiplock.key_slots_freed[]); Type: FUNCTION; Schema: skiplock; Owner: -
 --
 
-CREATE FUNCTION skiplock.internal_release_held(queue_name text, keys text[]) RETURNS integer
+CREATE FUNCTION skiplock.internal_release_held(queue_name text, keys text[], marks skiplock.key_slots_freed[] DEFAULT NULL::skiplock.key_slots_freed[]) RETURNS integer
     LANGUAGE plpgsql
     SET enable_seqscan TO 'off'
     SET enable_bitmapscan TO 'off'
@@ -3349,6 +3556,7 @@ DECLARE
     claimable int;
     released int;
     released_keys skiplock.runnable_key[];
+    key text;
 BEGIN
     SELECT q.key_max_running, q.key_rate_limit, q.key_rate_period
     INTO key_limit, key_rate, key_period
@@ -3360,6 +3568,16 @@ BEGIN
     SELECT q.key_max_running, q.key_rate_limit, q.key_rate_period, q.key_claimable
     INTO key_limit, key_rate, key_period, claimable
     FROM skiplock.queues q WHERE q.name = queue_name;
+    IF claimable IS NOT NULL AND key_limit IS NULL AND key_rate IS NULL AND keys IS NOT NULL THEN
+        -- Fair queueing alone: each key from where its held jobs start (key_held_from).
+        released := 0;
+        FOR key IN SELECT DISTINCT k.key FROM unnest(keys) AS k(key)
+                   WHERE k.key IS NOT NULL ORDER BY 1 LOOP
+            released := released
+                + skiplock.internal_release_fair_key(queue_name, key, claimable, marks);
+        END LOOP;
+        RETURN released;
+    END IF;
     WITH RECURSIVE held_keys(key) AS (
         -- With keys NULL: the first held key, then the next after each.
         (SELECT w.concurrency_key FROM skiplock.jobs_live w
@@ -3729,7 +3947,7 @@ BEGIN
                 END IF;
             WHEN transaction_rollback OR lock_not_available OR read_only_sql_transaction
                  OR insufficient_resources OR operator_intervention OR connection_exception
-                 OR invalid_sql_statement_name THEN
+                 OR invalid_sql_statement_name OR insufficient_privilege THEN
                 RAISE;
             WHEN OTHERS THEN
                 FOR i IN 1 .. cardinality(s_ids) LOOP
@@ -3741,7 +3959,8 @@ BEGIN
                     EXCEPTION
                         WHEN transaction_rollback OR lock_not_available OR read_only_sql_transaction
                              OR insufficient_resources OR operator_intervention
-                             OR connection_exception OR invalid_sql_statement_name THEN
+                             OR connection_exception OR invalid_sql_statement_name
+                             OR insufficient_privilege THEN
                             RAISE;
                         WHEN OTHERS THEN
                             reason := SQLERRM;
@@ -3755,7 +3974,8 @@ BEGIN
                                 WHEN transaction_rollback OR lock_not_available
                                      OR read_only_sql_transaction OR insufficient_resources
                                      OR operator_intervention OR connection_exception
-                                     OR invalid_sql_statement_name THEN
+                                     OR invalid_sql_statement_name
+                                     OR insufficient_privilege THEN
                                     RAISE;
                                 WHEN OTHERS THEN
                                     RAISE WARNING 'skiplock.%: job % could not be saved (%) nor marked dead (%); it stays running until maintain takes it back',
@@ -3972,15 +4192,21 @@ BEGIN
                 INTO queued_orphans, orphan_keys FROM queued;
                 PERFORM skiplock.internal_announce(orphan_keys);
                 moved := queued_orphans;
+                -- Each held one is also a mark of where its key's held jobs start (see
+                -- key_held_from): a job held by a write of no hold of skiplock's (by hand)
+                -- is walked to within a lap of the sweep.
                 FOR held IN
-                    SELECT c.queue, array_agg(DISTINCT c.concurrency_key) AS keys
+                    SELECT c.queue, array_agg(DISTINCT c.concurrency_key) AS keys,
+                           array_agg(ROW(c.queue, c.concurrency_key, c.priority, c.scheduled_at,
+                                         c.id)::skiplock.key_slots_freed) AS marks
                     FROM skiplock.jobs_live c
                     WHERE c.id = ANY (orphans) AND c.state = 'waiting'
                       AND c.held_for IS NOT NULL
                     GROUP BY c.queue
                     ORDER BY skiplock.internal_queue_limit_lock_id(c.queue)
                 LOOP
-                    moved := moved + skiplock.internal_release_held(held.queue, held.keys);
+                    moved := moved + skiplock.internal_release_held(held.queue, held.keys,
+                                                                    held.marks);
                 END LOOP;
             END IF;
             -- Jobs of the batch whose parents all succeeded (or were pruned after) are queued;
@@ -5424,6 +5650,55 @@ CREATE TABLE skiplock.jobs_live (
 WITH (autovacuum_vacuum_scale_factor='0.02', autovacuum_analyze_scale_factor='0.02');
 
 --
+-- Name: key_held_from; Type: TABLE; Schema: skiplock; Owner: -
+--
+
+CREATE TABLE skiplock.key_held_from (
+    queue text NOT NULL,
+    concurrency_key text NOT NULL,
+    priority smallint NOT NULL,
+    scheduled_at timestamp with time zone NOT NULL,
+    id bigint NOT NULL
+)
+WITH (fillfactor='50');
+
+--
+-- Name: TABLE key_held_from; Type: COMMENT; Schema: skiplock; Owner: -
+--
+
+COMMENT ON TABLE skiplock.key_held_from IS 'Internal (key_claimable): where a key''s held jobs start in claim order, at the earliest, for the walks that let them go.';
+
+--
+-- Name: COLUMN key_held_from.queue; Type: COMMENT; Schema: skiplock; Owner: -
+--
+
+COMMENT ON COLUMN skiplock.key_held_from.queue IS 'The queue with key_claimable.';
+
+--
+-- Name: COLUMN key_held_from.concurrency_key; Type: COMMENT; Schema: skiplock; Owner: -
+--
+
+COMMENT ON COLUMN skiplock.key_held_from.concurrency_key IS 'The key.';
+
+--
+-- Name: COLUMN key_held_from.priority; Type: COMMENT; Schema: skiplock; Owner: -
+--
+
+COMMENT ON COLUMN skiplock.key_held_from.priority IS 'With scheduled_at and id: a claim key no held job of the key sorts before, unless a row of key_slots_freed says where.';
+
+--
+-- Name: COLUMN key_held_from.scheduled_at; Type: COMMENT; Schema: skiplock; Owner: -
+--
+
+COMMENT ON COLUMN skiplock.key_held_from.scheduled_at IS 'See priority.';
+
+--
+-- Name: COLUMN key_held_from.id; Type: COMMENT; Schema: skiplock; Owner: -
+--
+
+COMMENT ON COLUMN skiplock.key_held_from.id IS 'See priority.';
+
+--
 -- Name: key_rate_windows; Type: TABLE; Schema: skiplock; Owner: -
 --
 
@@ -5477,33 +5752,6 @@ COMMENT ON COLUMN skiplock.key_rate_windows.held_until IS 'While a full window h
 --
 
 COMMENT ON COLUMN skiplock.key_rate_windows.hold_pending IS 'Set by the claim that filled the window, for it to hold back the key''s queued jobs before it returns.';
-
---
--- Name: key_slots_freed; Type: TABLE; Schema: skiplock; Owner: -
---
-
-CREATE TABLE skiplock.key_slots_freed (
-    queue text NOT NULL,
-    concurrency_key text NOT NULL
-);
-
---
--- Name: TABLE key_slots_freed; Type: COMMENT; Schema: skiplock; Owner: -
---
-
-COMMENT ON TABLE skiplock.key_slots_freed IS 'Internal (key_max_running, key_claimable): a row per key and statement that freed a slot of the key or changed what of it is queued, for the queue''s next claim to let the key''s held jobs go; deleted by that claim.';
-
---
--- Name: COLUMN key_slots_freed.queue; Type: COMMENT; Schema: skiplock; Owner: -
---
-
-COMMENT ON COLUMN skiplock.key_slots_freed.queue IS 'The queue with key_max_running or key_claimable.';
-
---
--- Name: COLUMN key_slots_freed.concurrency_key; Type: COMMENT; Schema: skiplock; Owner: -
---
-
-COMMENT ON COLUMN skiplock.key_slots_freed.concurrency_key IS 'The key one of whose jobs ended, was claimed, was cancelled while queued, or was held by its insert.';
 
 --
 -- Name: queues; Type: TABLE; Schema: skiplock; Owner: -
@@ -6010,6 +6258,13 @@ ALTER TABLE ONLY skiplock.job_history
 
 ALTER TABLE ONLY skiplock.jobs_live
     ADD CONSTRAINT jobs_live_pkey PRIMARY KEY (id);
+
+--
+-- Name: key_held_from key_held_from_pkey; Type: CONSTRAINT; Schema: skiplock; Owner: -
+--
+
+ALTER TABLE ONLY skiplock.key_held_from
+    ADD CONSTRAINT key_held_from_pkey PRIMARY KEY (queue, concurrency_key);
 
 --
 -- Name: key_rate_windows key_rate_windows_pkey; Type: CONSTRAINT; Schema: skiplock; Owner: -

@@ -1018,6 +1018,31 @@ async fn a_fair_queue_costs_the_same_beside_a_keys_backlog_under_history_statist
     fair_queue_is_bounded(Statistics::History).await;
 }
 
+/// 20,000 jobs of the key `hot` in the queue `fair` (two queued, the rest held), vacuumed.
+async fn hot_key_backlog(pool: &PgPool) {
+    sqlx::query(
+        "INSERT INTO skiplock.jobs (kind, queue, concurrency_key)
+         SELECT 'noop', 'fair', 'hot' FROM generate_series(1, $1)",
+    )
+    .bind(2 * MANY_WAITING)
+    .execute(pool)
+    .await
+    .unwrap();
+    vacuum_jobs_live(pool).await;
+}
+
+/// Takes `count` more of the hot key's jobs in one claim: its queued ones, then (the claim
+/// came back short) the rest from its held ones.
+async fn take_hot(pool: &PgPool, count: i64) {
+    let taken: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM skiplock.claim('fair', $1::int, 'bounded-test')")
+            .bind(count)
+            .fetch_one(pool)
+            .await
+            .unwrap();
+    assert_eq!(taken, count, "the claim took its batch from the hot key");
+}
+
 /// Fair queueing (`key_claimable` 2): the count of a key's queued jobs, which every
 /// release of its jobs makes (`internal_key_queued`), and an insert of one more job of the
 /// key (held at once) read the same after 33 times more of the key's held jobs were taken.
@@ -1029,27 +1054,8 @@ async fn fair_probes_are_bounded(statistics: Statistics) {
     let db = fair_queue(statistics).await;
     let pool = &db.pool;
     let mut session = pool.acquire().await.unwrap();
-    sqlx::query(
-        "INSERT INTO skiplock.jobs (kind, queue, concurrency_key)
-         SELECT 'noop', 'fair', 'hot' FROM generate_series(1, $1)",
-    )
-    .bind(2 * MANY_WAITING)
-    .execute(pool)
-    .await
-    .unwrap();
-    vacuum_jobs_live(pool).await;
-    // Takes `count` more of the hot key's jobs: its queued ones, then (the claim came back
-    // short) the rest from its held ones.
-    let take = async |count: i64| {
-        let taken: i64 = sqlx::query_scalar(
-            "SELECT count(*) FROM skiplock.claim('fair', $1::int, 'bounded-test')",
-        )
-        .bind(count)
-        .fetch_one(pool)
-        .await
-        .unwrap();
-        assert_eq!(taken, count, "the claim took its batch from the hot key");
-    };
+    hot_key_backlog(pool).await;
+    let take = async |count: i64| take_hot(pool, count).await;
     let count_queued = "SELECT skiplock.internal_key_queued('fair', 'hot', 2)";
     let insert_one =
         "INSERT INTO skiplock.jobs (kind, queue, concurrency_key) VALUES ('noop', 'fair', 'hot')";
@@ -1081,6 +1087,57 @@ async fn fair_probes_are_bounded(statistics: Statistics) {
             .await
             .unwrap();
     assert_eq!(newest, ("waiting".to_owned(), Some("fair".to_owned())));
+}
+
+/// Fair queueing (`key_claimable` 2): the release of a key's next jobs (its turn) reads the
+/// same after 33 times more of the key's held jobs were taken, their dead entries at the
+/// front of the key's range in `jobs_held_idx` (no vacuum): it walks from where the key's
+/// held jobs start (`skiplock.key_held_from`), which the releases before it recorded.
+async fn fair_release_is_bounded(statistics: Statistics) {
+    let db = fair_queue(statistics).await;
+    let pool = &db.pool;
+    let mut session = pool.acquire().await.unwrap();
+    hot_key_backlog(pool).await;
+    let take = async |count: i64| take_hot(pool, count).await;
+    // The key's turn: its next two let go (measured), then claimed.
+    let mut release = async || {
+        let buffers = buffers_of(
+            &mut session,
+            "SELECT skiplock.internal_release_held('fair', ARRAY['hot'])",
+        )
+        .await;
+        take(2).await;
+        buffers
+    };
+    // Taken a claim of 50 at a time, as a worker takes them: each lets the key's next
+    // jobs go, which moves where its walks start, then takes the rest from its held jobs.
+    let take_many = async |count: i64| {
+        for _ in 0..count / 50 {
+            take(50).await;
+        }
+    };
+    take(2).await;
+    take_many(FEW_WAITING).await;
+    release().await;
+    let few = release().await;
+    take_many(MANY_WAITING).await;
+    let many = release().await;
+    assert_bounded(
+        "the release of a fair queue's key's next jobs beside its taken held jobs",
+        statistics,
+        few,
+        many,
+    );
+}
+
+#[tokio::test]
+async fn a_fair_keys_release_costs_the_same_beside_its_taken_held_jobs_under_empty_statistics() {
+    fair_release_is_bounded(Statistics::Empty).await;
+}
+
+#[tokio::test]
+async fn a_fair_keys_release_costs_the_same_beside_its_taken_held_jobs_under_history_statistics() {
+    fair_release_is_bounded(Statistics::History).await;
 }
 
 #[tokio::test]

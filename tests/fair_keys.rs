@@ -446,3 +446,116 @@ async fn the_worker_drains_a_fair_queue_and_leaves_nothing_waiting() {
         HashMap::from([("succeeded".to_owned(), 400)])
     );
 }
+
+/// The queue `fair` (`key_claimable` 2) with 20 jobs of the key `k`, three claims of two
+/// made: the key's queued jobs, then (its turn given) its next ones let go from its held
+/// jobs, which records where they start. Returns the job id at that position.
+async fn a_key_whose_walks_moved_on(pool: &PgPool) -> i64 {
+    skiplock::set_queue_limits(pool, "fair", QueueLimits::default().key_claimable(2))
+        .await
+        .unwrap();
+    sqlx::query(
+        "INSERT INTO skiplock.jobs (kind, queue, concurrency_key)
+         SELECT 'noop', 'fair', 'k' FROM generate_series(1, 20)",
+    )
+    .execute(pool)
+    .await
+    .unwrap();
+    for _ in 0..3 {
+        assert_eq!(sql_claim(pool, "fair", 2, "fair-test").await.len(), 2);
+    }
+    sqlx::query_scalar(
+        "SELECT id FROM skiplock.key_held_from WHERE queue = 'fair' AND concurrency_key = 'k'",
+    )
+    .fetch_one(pool)
+    .await
+    .unwrap()
+}
+
+/// A key's walks of its held jobs start where they start (`skiplock.key_held_from`), not
+/// at the front of the key's range: a job held after they moved on, earlier in claim
+/// order (a `scheduled_at` in the past), leaves where it is with its hold (a row of
+/// `key_slots_freed`), and the key's next turn takes it before the key's other held jobs.
+/// Without that mark the walks passed over it until every other held job of the key had
+/// gone.
+#[tokio::test]
+async fn a_job_held_behind_where_the_keys_walks_start_goes_first() {
+    let db = test_db().await;
+    let pool = &db.pool;
+    let walks_from = a_key_whose_walks_moved_on(pool).await;
+    let early: i64 = sqlx::query_scalar(
+        "INSERT INTO skiplock.jobs (kind, queue, concurrency_key, scheduled_at)
+         VALUES ('noop', 'fair', 'k', now() - interval '1 hour') RETURNING id",
+    )
+    .fetch_one(pool)
+    .await
+    .unwrap();
+    assert_eq!(state_of(pool, early).await, JobState::Waiting, "held");
+    let first_held: i64 = sqlx::query_scalar(
+        "SELECT min(id) FROM skiplock.jobs WHERE concurrency_key = 'k' AND held_for = 'fair'
+                                              AND id <> $1",
+    )
+    .bind(early)
+    .fetch_one(pool)
+    .await
+    .unwrap();
+    assert!(
+        first_held >= walks_from,
+        "the key's held jobs start at or after its row ({first_held} >= {walks_from})"
+    );
+    // The key's next turn (two jobs let go, in claim order from where its held jobs start,
+    // both behind what is queued now) takes the early job with the key's first held one.
+    let mut claimed = Vec::new();
+    for _ in 0..2 {
+        let batch = sql_claim(pool, "fair", 1, "fair-test").await;
+        assert_eq!(batch.len(), 1, "claimed so far: {claimed:?}");
+        claimed.push(batch[0].0);
+    }
+    claimed.sort_unstable();
+    assert_eq!(
+        claimed,
+        [first_held, early],
+        "the key's next turn let the early job go with its first held one"
+    );
+}
+
+/// A job held by a write of no hold of skiplock's (a row inserted `waiting` with `held_for`
+/// by hand) leaves no mark of where it is: the sweep of `skiplock.maintain` finds it within
+/// a lap and moves where its key's walks start back to it, so the key's next turn takes
+/// it, not only once every other held job of the key has gone.
+#[tokio::test]
+async fn a_job_held_by_hand_behind_where_the_keys_walks_start_goes_after_a_sweep() {
+    let db = test_db().await;
+    let pool = &db.pool;
+    let walks_from = a_key_whose_walks_moved_on(pool).await;
+    let by_hand: i64 = sqlx::query_scalar(
+        "INSERT INTO skiplock.jobs (kind, queue, concurrency_key, state, held_for, scheduled_at)
+         VALUES ('noop', 'fair', 'k', 'waiting', 'fair', now() - interval '1 hour')
+         RETURNING id",
+    )
+    .fetch_one(pool)
+    .await
+    .unwrap();
+    assert!(
+        by_hand > walks_from,
+        "its id is after where the key's walks start, its claim key before"
+    );
+    sqlx::query("SELECT * FROM skiplock.maintain()")
+        .execute(pool)
+        .await
+        .unwrap();
+    // The key's queued jobs, then its next turn of two.
+    let mut claimed = Vec::new();
+    for _ in 0..4 {
+        claimed.extend(
+            sql_claim(pool, "fair", 1, "fair-test")
+                .await
+                .into_iter()
+                .map(|(id, _)| id),
+        );
+    }
+    assert!(
+        claimed.contains(&by_hand),
+        "the job held by hand ({by_hand}) went with the key's next turn: {claimed:?}"
+    );
+}

@@ -362,6 +362,10 @@ const MOVED_ROWS_RETRIED_BY_CALLERS: &[(&str, &str)] = &[
         "the claim's and the outcomes' callers, internal_settle_waiting",
     ),
     (
+        "internal_release_fair_key",
+        "internal_release_held's callers",
+    ),
+    (
         "internal_claim_batch",
         "skiplock.claim's loop; the worker claims again on 40001 (producer.rs, is_row_moved)",
     ),

@@ -8,7 +8,7 @@
 --   internal_make_rate_ring, internal_rate_room
 --   internal_rate_record, internal_notify_refill, internal_key_running
 --   internal_hold_keys, internal_hold_full_keys, internal_release_held
---   internal_release_freed_keys
+--   internal_held_from, internal_release_fair_key, internal_release_freed_keys
 --   internal_window_room, internal_key_rate_take, internal_hold_rate_keys
 --   internal_release_refilled_keys, internal_forget_key_limit_rows
 --   internal_key_queued, internal_hold_for_turns
@@ -332,7 +332,9 @@ $$;
 -- was retried by hand since, or that was given a parent by hand, is passed over until that
 -- parent succeeds). Takes the queue's lock when the queue has a per-key limit (see above);
 -- announces what it queued; returns how many.
-CREATE OR REPLACE FUNCTION skiplock.internal_release_held(queue_name text, keys text[])
+DROP FUNCTION IF EXISTS skiplock.internal_release_held(text, text[]);
+CREATE OR REPLACE FUNCTION skiplock.internal_release_held(
+    queue_name text, keys text[], marks skiplock.key_slots_freed[] DEFAULT NULL)
 RETURNS int
 LANGUAGE plpgsql
 SET enable_seqscan = off
@@ -348,6 +350,7 @@ DECLARE
     claimable int;
     released int;
     released_keys skiplock.runnable_key[];
+    key text;
 BEGIN
     SELECT q.key_max_running, q.key_rate_limit, q.key_rate_period
     INTO key_limit, key_rate, key_period
@@ -359,6 +362,16 @@ BEGIN
     SELECT q.key_max_running, q.key_rate_limit, q.key_rate_period, q.key_claimable
     INTO key_limit, key_rate, key_period, claimable
     FROM skiplock.queues q WHERE q.name = queue_name;
+    IF claimable IS NOT NULL AND key_limit IS NULL AND key_rate IS NULL AND keys IS NOT NULL THEN
+        -- Fair queueing alone: each key from where its held jobs start (key_held_from).
+        released := 0;
+        FOR key IN SELECT DISTINCT k.key FROM unnest(keys) AS k(key)
+                   WHERE k.key IS NOT NULL ORDER BY 1 LOOP
+            released := released
+                + skiplock.internal_release_fair_key(queue_name, key, claimable, marks);
+        END LOOP;
+        RETURN released;
+    END IF;
     WITH RECURSIVE held_keys(key) AS (
         -- With keys NULL: the first held key, then the next after each.
         (SELECT w.concurrency_key FROM skiplock.jobs_live w
@@ -424,6 +437,136 @@ BEGIN
 END;
 $$;
 
+-- Where a walk of a fair queue's key's held jobs starts, as (priority, scheduled_at, id):
+-- the key's row of key_held_from, or the earliest of the given marks (rows of
+-- key_slots_freed left by holds) of the key when one is earlier; the front of the key's
+-- range, (-32768, '-infinity', the least bigint), for a key without a row (see the table).
+CREATE OR REPLACE FUNCTION skiplock.internal_held_from(queue_name text, key text,
+                                                       marks skiplock.key_slots_freed[],
+                                                       OUT priority smallint,
+                                                       OUT scheduled_at timestamptz,
+                                                       OUT id bigint)
+LANGUAGE sql STABLE
+SET jit = off
+AS $$
+    SELECT coalesce(c.p, -32768), coalesce(c.s, '-infinity'), coalesce(c.i, -9223372036854775808)
+    FROM (SELECT 1) one
+    LEFT JOIN LATERAL (
+        SELECT starts.p, starts.s, starts.i
+        FROM (SELECT f.priority AS p, f.scheduled_at AS s, f.id AS i
+              FROM skiplock.key_held_from f
+              WHERE f.queue = queue_name AND f.concurrency_key = key
+              UNION ALL
+              SELECT m.from_priority, m.from_scheduled_at, m.from_id
+              FROM unnest(marks) AS m
+              WHERE m.queue = queue_name AND m.concurrency_key = key AND m.from_id IS NOT NULL
+                AND EXISTS (SELECT 1 FROM skiplock.key_held_from f
+                            WHERE f.queue = queue_name AND f.concurrency_key = key)) starts
+        ORDER BY starts.p, starts.s, starts.i
+        LIMIT 1) c ON true;
+$$;
+
+-- Lets go one key's held jobs in a queue with key_claimable and no other per-key limit, as
+-- internal_release_held does (as many as key_claimable leaves), walking from where they
+-- start (internal_held_from: the key's row of key_held_from and the marks given, the rows
+-- of key_slots_freed the caller took), then records where they start now: the first job
+-- still held from that point on, read after the release (what others hold locked counts as
+-- held). Recorded in key_held_from without waiting: a row locked by another claim, or
+-- changed since it was read, or made meanwhile by another, is left as it is, and the
+-- position is left as a row of key_slots_freed instead (a turn of the key too, which only
+-- lets go what its room allows). A key with nothing held from the walk's start on loses its
+-- row (walked from the front next time): jobs held before it are after some other mark.
+-- Returns how many it let go.
+CREATE OR REPLACE FUNCTION skiplock.internal_release_fair_key(queue_name text, key text,
+                                                              claimable int,
+                                                              marks skiplock.key_slots_freed[])
+RETURNS int
+LANGUAGE plpgsql
+SET enable_seqscan = off
+SET enable_bitmapscan = off
+SET enable_hashjoin = off
+SET enable_mergejoin = off
+SET jit = off
+AS $$
+DECLARE
+    row_at record;
+    walk_from record;
+    room int;
+    released int;
+    released_keys skiplock.runnable_key[];
+    still_held record;
+    recorded boolean := false;
+BEGIN
+    SELECT f.priority, f.scheduled_at, f.id INTO row_at
+    FROM skiplock.key_held_from f
+    WHERE f.queue = queue_name AND f.concurrency_key = key;
+    SELECT * INTO walk_from FROM skiplock.internal_held_from(queue_name, key, marks);
+    room := greatest(claimable - skiplock.internal_key_queued(queue_name, key, claimable), 0);
+    WITH released AS (
+        UPDATE skiplock.jobs_live j SET state = 'queued', held_for = NULL,
+            -- Behind what is queued now, so that the keys take turns.
+            scheduled_at = greatest(j.scheduled_at, now())
+        WHERE j.ctid = ANY (ARRAY(
+            SELECT h.ctid FROM skiplock.jobs_live h
+            WHERE h.queue = queue_name AND h.state = 'waiting' AND h.held_for IS NOT NULL
+              AND h.concurrency_key = key
+              AND (h.priority, h.scheduled_at, h.id)
+                  >= (walk_from.priority, walk_from.scheduled_at, walk_from.id)
+              -- See internal_release_held.
+              AND NOT skiplock.internal_has_unmet_parent(h.id)
+            ORDER BY h.priority, h.scheduled_at, h.id
+            LIMIT room
+            FOR UPDATE SKIP LOCKED))
+        RETURNING j.queue, j.priority, j.scheduled_at
+    )
+    SELECT count(*), array_agg(ROW(r.queue, r.priority, r.scheduled_at)::skiplock.runnable_key)
+    INTO released, released_keys FROM released r;
+    PERFORM skiplock.internal_announce(released_keys);
+    SELECT h.priority, h.scheduled_at, h.id INTO still_held
+    FROM skiplock.jobs_live h
+    WHERE h.queue = queue_name AND h.state = 'waiting' AND h.held_for IS NOT NULL
+      AND h.concurrency_key = key
+      AND (h.priority, h.scheduled_at, h.id)
+          >= (walk_from.priority, walk_from.scheduled_at, walk_from.id)
+    ORDER BY h.priority, h.scheduled_at, h.id
+    LIMIT 1;
+    IF still_held.id IS NULL THEN
+        IF row_at.id IS NOT NULL THEN
+            DELETE FROM skiplock.key_held_from f
+            WHERE f.ctid = (SELECT o.ctid FROM skiplock.key_held_from o
+                            WHERE o.queue = queue_name AND o.concurrency_key = key
+                            FOR UPDATE SKIP LOCKED)
+              AND (f.priority, f.scheduled_at, f.id) = (row_at.priority, row_at.scheduled_at, row_at.id);
+        END IF;
+        RETURN released;
+    END IF;
+    IF row_at.id IS NULL THEN
+        INSERT INTO skiplock.key_held_from (queue, concurrency_key, priority, scheduled_at, id)
+        VALUES (queue_name, key, still_held.priority, still_held.scheduled_at, still_held.id)
+        ON CONFLICT DO NOTHING;
+        recorded := FOUND;
+    ELSIF (still_held.priority, still_held.scheduled_at, still_held.id)
+          = (row_at.priority, row_at.scheduled_at, row_at.id) THEN
+        recorded := true;
+    ELSE
+        UPDATE skiplock.key_held_from f
+        SET priority = still_held.priority, scheduled_at = still_held.scheduled_at,
+            id = still_held.id
+        WHERE f.ctid = (SELECT o.ctid FROM skiplock.key_held_from o
+                        WHERE o.queue = queue_name AND o.concurrency_key = key
+                        FOR UPDATE SKIP LOCKED)
+          AND (f.priority, f.scheduled_at, f.id) = (row_at.priority, row_at.scheduled_at, row_at.id);
+        recorded := FOUND;
+    END IF;
+    IF NOT recorded THEN
+        INSERT INTO skiplock.key_slots_freed (queue, concurrency_key, from_priority,
+                                              from_scheduled_at, from_id)
+        VALUES (queue_name, key, still_held.priority, still_held.scheduled_at, still_held.id);
+    END IF;
+    RETURN released;
+END;
+$$;
+
 -- Lets go the held jobs of the keys left in skiplock.key_slots_freed for the queue since
 -- its last claim (by internal_notify_freed: slots freed; by a fair queue's claims, inserts
 -- and cancels: turns given up), through internal_release_held. Called by the claim, under
@@ -442,6 +585,7 @@ AS $$
 DECLARE
     freed text[];
     rows_taken int;
+    marks skiplock.key_slots_freed[];
 BEGIN
     WITH taken AS (
         DELETE FROM skiplock.key_slots_freed f
@@ -449,16 +593,19 @@ BEGIN
                                   WHERE o.queue = queue_name
                                   LIMIT 1000
                                   FOR UPDATE SKIP LOCKED))
-        RETURNING f.concurrency_key
+        RETURNING f.*
     )
-    SELECT array_agg(DISTINCT t.concurrency_key), count(*) INTO freed, rows_taken FROM taken t;
+    SELECT array_agg(DISTINCT t.concurrency_key), count(*),
+           array_agg(t) FILTER (WHERE t.from_id IS NOT NULL)
+    INTO freed, rows_taken, marks FROM taken t;
     IF freed IS NULL THEN
         RETURN 0;
     END IF;
     IF rows_taken >= 1000 THEN
         PERFORM skiplock.internal_notify_queue_start(queue_name);
     END IF;
-    RETURN skiplock.internal_release_held(queue_name, freed);
+    -- The rows' positions go with them (see key_held_from).
+    RETURN skiplock.internal_release_held(queue_name, freed, marks);
 END;
 $$;
 
@@ -752,6 +899,7 @@ DECLARE
     held bigint[];
     held_queues text[];
     held_keys text[];
+    held_marks skiplock.key_slots_freed[];
 BEGIN
     IF cardinality(ids) = 0 THEN
         RETURN '{}';
@@ -806,11 +954,20 @@ BEGIN
                 SELECT l.ctid FROM unnest(held) AS h(id)
                 CROSS JOIN LATERAL (SELECT l.ctid FROM skiplock.jobs_live l
                                     WHERE l.id = h.id AND l.state = 'queued' LIMIT 1) l))
-            RETURNING j.queue, j.concurrency_key
+            RETURNING j.queue, j.concurrency_key, j.priority, j.scheduled_at, j.id
+        ), firsts AS (
+            -- Each key's first job held, in claim order: where its walks must start
+            -- (key_held_from).
+            SELECT DISTINCT ON (w.queue, w.concurrency_key) w.*
+            FROM waiting w
+            ORDER BY w.queue, w.concurrency_key, w.priority, w.scheduled_at, w.id
         )
-        SELECT array_agg(w.queue), array_agg(w.concurrency_key) INTO held_queues, held_keys
-        FROM waiting w;
-        PERFORM skiplock.internal_recheck_keys(held_queues, held_keys);
+        SELECT array_agg(f.queue), array_agg(f.concurrency_key),
+               array_agg(ROW(f.queue, f.concurrency_key, f.priority, f.scheduled_at, f.id)
+                             ::skiplock.key_slots_freed)
+        INTO held_queues, held_keys, held_marks
+        FROM firsts f;
+        PERFORM skiplock.internal_recheck_keys(held_queues, held_keys, held_marks);
     END IF;
     RETURN held;
 END;
@@ -819,10 +976,13 @@ $$;
 -- Leaves the given keys (parallel arrays of queues and keys, repeats allowed) of queues
 -- with key_claimable in skiplock.key_slots_freed for their queues' next claims, and tells
 -- the workers to claim (at commit). Called by the insert's statement trigger for the jobs it
--- held and by a cancel of a queued job with a key. As the owner (SECURITY DEFINER): an enqueuer
--- has no privilege on the table, and this can do nothing but have a key's held jobs looked
--- at again.
-CREATE OR REPLACE FUNCTION skiplock.internal_recheck_keys(queues text[], keys text[])
+-- held and by a cancel of a queued job with a key. marks: for the holds, each key's first
+-- job held (as a row of key_slots_freed), whose position its row keeps (see key_held_from).
+-- As the owner (SECURITY DEFINER): an enqueuer has no privilege on the table, and this can
+-- do nothing but have a key's held jobs looked at again.
+DROP FUNCTION IF EXISTS skiplock.internal_recheck_keys(text[], text[]);
+CREATE OR REPLACE FUNCTION skiplock.internal_recheck_keys(queues text[], keys text[],
+                                                          marks skiplock.key_slots_freed[] DEFAULT NULL)
 RETURNS void
 LANGUAGE plpgsql
 SECURITY DEFINER
@@ -830,12 +990,19 @@ SET search_path = pg_catalog, pg_temp
 SET jit = off
 AS $$
 BEGIN
-    INSERT INTO skiplock.key_slots_freed (queue, concurrency_key)
-    SELECT DISTINCT f.queue, f.key
-    FROM unnest(queues, keys) AS f(queue, key)
-    WHERE f.key IS NOT NULL
-      AND EXISTS (SELECT 1 FROM skiplock.queues q
-                  WHERE q.name = f.queue AND q.key_claimable IS NOT NULL);
+    INSERT INTO skiplock.key_slots_freed (queue, concurrency_key, from_priority,
+                                          from_scheduled_at, from_id)
+    SELECT k.queue, k.key, m.from_priority, m.from_scheduled_at, m.from_id
+    FROM (SELECT DISTINCT f.queue, f.key
+          FROM unnest(queues, keys) AS f(queue, key)
+          WHERE f.key IS NOT NULL
+            AND EXISTS (SELECT 1 FROM skiplock.queues q
+                        WHERE q.name = f.queue AND q.key_claimable IS NOT NULL)) k
+    LEFT JOIN LATERAL (SELECT m.from_priority, m.from_scheduled_at, m.from_id
+                       FROM unnest(marks) AS m
+                       WHERE m.queue = k.queue AND m.concurrency_key = k.key
+                       ORDER BY m.from_priority, m.from_scheduled_at, m.from_id
+                       LIMIT 1) m ON true;
     PERFORM skiplock.internal_notify_queue_start(q.name)
     FROM skiplock.queues q
     WHERE q.name = ANY (queues) AND q.key_claimable IS NOT NULL;

@@ -124,6 +124,9 @@ DECLARE
     lim_key_claimable int;
     -- Fair queueing: the keys whose held jobs a pass takes (NULL: the walk of queued jobs).
     held_keys text[];
+    -- Fair queueing alone (no other per-key limit): a walk of a key's held jobs starts
+    -- where they start (key_held_from).
+    fair_only boolean;
     room bigint := max_jobs;
     wanted bigint;
     rate_room bigint;
@@ -283,6 +286,8 @@ BEGIN
         -- key_max_running, under the queue's lock above).
         PERFORM skiplock.internal_release_freed_keys(queue_name);
     END IF;
+    fair_only := lim_key_claimable IS NOT NULL AND lim_key_max_running IS NULL
+                 AND lim_key_rate_limit IS NULL;
     -- Without a position, a key before every row: the full walk.
     IF after_priority IS NOT NULL AND after_scheduled_at_us IS NOT NULL
        AND after_id IS NOT NULL THEN
@@ -329,11 +334,24 @@ BEGIN
             -- back).
             SELECT h.ctid, h.concurrency_key, h.priority, h.scheduled_at, h.id
             FROM unnest(held_keys) AS k(key)
+            -- From where the key's held jobs start (its row of key_held_from, or a mark of
+            -- a hold in key_slots_freed before it); with other per-key limits, the front.
+            CROSS JOIN LATERAL (
+                SELECT CASE WHEN fair_only THEN s.priority ELSE -32768 END AS priority,
+                       CASE WHEN fair_only THEN s.scheduled_at ELSE '-infinity' END
+                           AS scheduled_at,
+                       CASE WHEN fair_only THEN s.id ELSE -9223372036854775808 END AS id
+                FROM skiplock.internal_held_from(
+                         queue_name, k.key,
+                         ARRAY(SELECT f FROM skiplock.key_slots_freed f
+                               WHERE f.queue = queue_name AND f.concurrency_key = k.key
+                                 AND f.from_id IS NOT NULL)) s) w
             CROSS JOIN LATERAL (
                 SELECT j.ctid, j.concurrency_key, j.priority, j.scheduled_at, j.id
                 FROM skiplock.jobs_live j
                 WHERE j.queue = queue_name AND j.state = 'waiting' AND j.held_for = 'fair'
                   AND j.concurrency_key = k.key AND j.scheduled_at <= now()
+                  AND (j.priority, j.scheduled_at, j.id) >= (w.priority, w.scheduled_at, w.id)
                   AND (kinds IS NULL OR j.kind = ANY (kinds))
                   -- The in-flight filter too: a row another claim took and committed
                   -- since this statement's snapshot would be locked (its newest version,

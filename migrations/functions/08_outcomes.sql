@@ -475,15 +475,21 @@ BEGIN
                 INTO queued_orphans, orphan_keys FROM queued;
                 PERFORM skiplock.internal_announce(orphan_keys);
                 moved := queued_orphans;
+                -- Each held one is also a mark of where its key's held jobs start (see
+                -- key_held_from): a job held by a write of no hold of skiplock's (by hand)
+                -- is walked to within a lap of the sweep.
                 FOR held IN
-                    SELECT c.queue, array_agg(DISTINCT c.concurrency_key) AS keys
+                    SELECT c.queue, array_agg(DISTINCT c.concurrency_key) AS keys,
+                           array_agg(ROW(c.queue, c.concurrency_key, c.priority, c.scheduled_at,
+                                         c.id)::skiplock.key_slots_freed) AS marks
                     FROM skiplock.jobs_live c
                     WHERE c.id = ANY (orphans) AND c.state = 'waiting'
                       AND c.held_for IS NOT NULL
                     GROUP BY c.queue
                     ORDER BY skiplock.internal_queue_limit_lock_id(c.queue)
                 LOOP
-                    moved := moved + skiplock.internal_release_held(held.queue, held.keys);
+                    moved := moved + skiplock.internal_release_held(held.queue, held.keys,
+                                                                    held.marks);
                 END LOOP;
             END IF;
             -- Jobs of the batch whose parents all succeeded (or were pruned after) are queued;

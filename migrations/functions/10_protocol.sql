@@ -113,8 +113,9 @@ COMMENT ON FUNCTION skiplock.heartbeat(bigint[], uuid[]) IS
 -- the pass (40001) runs the pass again (see skiplock.internal_may_retry_moved): the one
 -- place the protocol's outcomes handle it. Another error of the server or the transaction
 -- rather than of a row (serialization failure, deadlock, lock_timeout, a read-only server,
--- a lost prepared statement: those the Rust worker retries, src/error.rs) fails the call,
--- which then changed nothing, for the caller to retry.
+-- a lost prepared statement: those the Rust worker retries, src/error.rs), or a caller
+-- without the privilege to write jobs (SQLSTATE 42501), fails the call, which then changed
+-- nothing.
 
 -- One pass of an outcome over claims sorted by id: 'complete' (with each output given),
 -- 'retry' (a failed attempt: queued again after its retry_in, NULL meaning
@@ -250,7 +251,7 @@ BEGIN
                 END IF;
             WHEN transaction_rollback OR lock_not_available OR read_only_sql_transaction
                  OR insufficient_resources OR operator_intervention OR connection_exception
-                 OR invalid_sql_statement_name THEN
+                 OR invalid_sql_statement_name OR insufficient_privilege THEN
                 RAISE;
             WHEN OTHERS THEN
                 FOR i IN 1 .. cardinality(s_ids) LOOP
@@ -262,7 +263,8 @@ BEGIN
                     EXCEPTION
                         WHEN transaction_rollback OR lock_not_available OR read_only_sql_transaction
                              OR insufficient_resources OR operator_intervention
-                             OR connection_exception OR invalid_sql_statement_name THEN
+                             OR connection_exception OR invalid_sql_statement_name
+                             OR insufficient_privilege THEN
                             RAISE;
                         WHEN OTHERS THEN
                             reason := SQLERRM;
@@ -276,7 +278,8 @@ BEGIN
                                 WHEN transaction_rollback OR lock_not_available
                                      OR read_only_sql_transaction OR insufficient_resources
                                      OR operator_intervention OR connection_exception
-                                     OR invalid_sql_statement_name THEN
+                                     OR invalid_sql_statement_name
+                                     OR insufficient_privilege THEN
                                     RAISE;
                                 WHEN OTHERS THEN
                                     RAISE WARNING 'skiplock.%: job % could not be saved (%) nor marked dead (%); it stays running until maintain takes it back',

@@ -566,6 +566,9 @@ LANGUAGE plpgsql AS $$
 BEGIN
     -- The queue's lock first, as a claim takes it before it writes the windows.
     PERFORM pg_advisory_xact_lock(skiplock.internal_queue_limit_lock_id(OLD.name));
+    -- Where the keys' held jobs start holds only for a queue whose one per-key limit is
+    -- key_claimable, from its releases on (see key_held_from): the next ones record it again.
+    DELETE FROM skiplock.key_held_from f WHERE f.queue = OLD.name;
     IF TG_OP = 'DELETE' THEN
         DELETE FROM skiplock.key_rate_windows w WHERE w.queue = OLD.name;
         DELETE FROM skiplock.key_slots_freed f WHERE f.queue = OLD.name;

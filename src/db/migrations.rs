@@ -36,12 +36,15 @@ struct Migration {
     sql: &'static str,
 }
 
-/// The column 0001_initial.sql added last (table, column): a schema at version 1 without it
-/// was made by a development build from before it, and cannot be upgraded in place. Name
-/// here any column added to 0001_initial.sql before 0.1.0 is released; the unit test
-/// `the_newest_column_is_the_last_one_of_jobs` fails when a column is added to
-/// `skiplock.jobs` after it.
-const INITIAL_NEWEST_COLUMN: (&str, &str) = ("skiplock.jobs", "tracestate");
+/// The columns 0001_initial.sql added last (table, column): a schema at version 1 without
+/// one of them was made by a development build from before it, and cannot be upgraded in
+/// place. Name here any column added to 0001_initial.sql before 0.1.0 is released; the unit
+/// test `the_newest_column_is_the_last_one_of_jobs` fails when a column is added to
+/// `skiplock.jobs` after its entry.
+const INITIAL_NEWEST_COLUMNS: &[(&str, &str)] = &[
+    ("skiplock.jobs", "tracestate"),
+    ("skiplock.key_slots_freed", "from_id"),
+];
 
 /// Every migration, in order. Append only: an applied migration never changes.
 const MIGRATIONS: &[Migration] = &[Migration {
@@ -279,16 +282,17 @@ async fn schema_version_in(conn: &mut PgConnection) -> Result<i32> {
     }
     // The ledger and, in the same statement, whether the newest column of
     // 0001_initial.sql is there (see below).
-    let (table, column) = INITIAL_NEWEST_COLUMN;
+    let (tables, columns): (Vec<&str>, Vec<&str>) = INITIAL_NEWEST_COLUMNS.iter().copied().unzip();
     let (version, first, complete): (Option<i32>, Option<String>, bool) = sqlx::query_as(
         "SELECT max(version), min(name) FILTER (WHERE version = 1),
-                EXISTS (SELECT FROM pg_attribute
-                        WHERE attrelid = to_regclass($1) AND attname = $2
-                          AND NOT attisdropped)
+                (SELECT bool_and(EXISTS (SELECT FROM pg_attribute
+                                         WHERE attrelid = to_regclass(c.t) AND attname = c.a
+                                           AND NOT attisdropped))
+                 FROM unnest($1::text[], $2::text[]) AS c(t, a))
          FROM skiplock.schema_migrations",
     )
-    .bind(table)
-    .bind(column)
+    .bind(&tables)
+    .bind(&columns)
     .persistent(false)
     .fetch_one(&mut *conn)
     .await?;
@@ -312,7 +316,7 @@ async fn schema_version_in(conn: &mut PgConnection) -> Result<i32> {
 
 #[cfg(test)]
 mod tests {
-    use super::{FUNCTIONS_SQL, INITIAL_NEWEST_COLUMN, MIGRATIONS, version_newer};
+    use super::{FUNCTIONS_SQL, INITIAL_NEWEST_COLUMNS, MIGRATIONS, version_newer};
 
     #[test]
     fn the_newest_column_is_the_last_one_of_jobs() {
@@ -330,11 +334,10 @@ mod tests {
             .last()
             .and_then(|line| line.split_whitespace().next())
             .expect("jobs has columns");
-        assert_eq!(
-            ("skiplock.jobs", last),
-            INITIAL_NEWEST_COLUMN,
+        assert!(
+            INITIAL_NEWEST_COLUMNS.contains(&("skiplock.jobs", last)),
             "a column was added to skiplock.jobs in 0001_initial.sql: name it in \
-             INITIAL_NEWEST_COLUMN, so that a database migrated before it is refused"
+             INITIAL_NEWEST_COLUMNS, so that a database migrated before it is refused"
         );
     }
 

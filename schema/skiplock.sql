@@ -2524,6 +2524,17 @@ END;
 $$;
 
 --
+-- Name: internal_key_held_from_lock_id(text, text); Type: FUNCTION; Schema: skiplock; Owner: -
+--
+
+CREATE FUNCTION skiplock.internal_key_held_from_lock_id(queue_name text, key text) RETURNS bigint
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    AS $$
+    SELECT hashtextextended('skiplock.key_held_from:' || length(queue_name) || ':'
+                            || queue_name || '/' || key, 0);
+$$;
+
+--
 -- Name: internal_key_queued(text, text, integer); Type: FUNCTION; Schema: skiplock; Owner: -
 --
 
@@ -3102,6 +3113,19 @@ END;
 $$;
 
 --
+-- Name: internal_queues_after_fairness_change(); Type: FUNCTION; Schema: skiplock; Owner: -
+--
+
+CREATE FUNCTION skiplock.internal_queues_after_fairness_change() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    DELETE FROM skiplock.key_held_from f WHERE f.queue = OLD.name;
+    RETURN NULL;
+END;
+$$;
+
+--
 -- Name: internal_queues_after_key_limit(); Type: FUNCTION; Schema: skiplock; Owner: -
 --
 
@@ -3111,9 +3135,6 @@ CREATE FUNCTION skiplock.internal_queues_after_key_limit() RETURNS trigger
 BEGIN
     -- The queue's lock first, as a claim takes it before it writes the windows.
     PERFORM pg_advisory_xact_lock(skiplock.internal_queue_limit_lock_id(OLD.name));
-    -- Where the keys' held jobs start holds only for a queue whose one per-key limit is
-    -- key_claimable, from its releases on (see key_held_from): the next ones record it again.
-    DELETE FROM skiplock.key_held_from f WHERE f.queue = OLD.name;
     IF TG_OP = 'DELETE' THEN
         DELETE FROM skiplock.key_rate_windows w WHERE w.queue = OLD.name;
         DELETE FROM skiplock.key_slots_freed f WHERE f.queue = OLD.name;
@@ -3422,6 +3443,7 @@ CREATE FUNCTION skiplock.internal_release_fair_key(queue_name text, key text, cl
     SET jit TO 'off'
     AS $$
 DECLARE
+    writes_row boolean;
     row_at record;
     walk_from record;
     room int;
@@ -3430,6 +3452,8 @@ DECLARE
     still_held record;
     recorded boolean := false;
 BEGIN
+    writes_row := pg_try_advisory_xact_lock(
+        skiplock.internal_key_held_from_lock_id(queue_name, key));
     SELECT f.priority, f.scheduled_at, f.id INTO row_at
     FROM skiplock.key_held_from f
     WHERE f.queue = queue_name AND f.concurrency_key = key;
@@ -3464,7 +3488,7 @@ BEGIN
     ORDER BY h.priority, h.scheduled_at, h.id
     LIMIT 1;
     IF still_held.id IS NULL THEN
-        IF row_at.id IS NOT NULL THEN
+        IF writes_row AND row_at.id IS NOT NULL THEN
             DELETE FROM skiplock.key_held_from f
             WHERE f.ctid = (SELECT o.ctid FROM skiplock.key_held_from o
                             WHERE o.queue = queue_name AND o.concurrency_key = key
@@ -3473,7 +3497,9 @@ BEGIN
         END IF;
         RETURN released;
     END IF;
-    IF row_at.id IS NULL THEN
+    IF NOT writes_row THEN
+        recorded := false;
+    ELSIF row_at.id IS NULL THEN
         INSERT INTO skiplock.key_held_from (queue, concurrency_key, priority, scheduled_at, id)
         VALUES (queue_name, key, still_held.priority, still_held.scheduled_at, still_held.id)
         ON CONFLICT DO NOTHING;
@@ -6494,6 +6520,18 @@ CREATE TRIGGER jobs_notify_inserted AFTER INSERT ON skiplock.jobs REFERENCING NE
 --
 
 CREATE TRIGGER jobs_notify_inserted AFTER INSERT ON skiplock.jobs_live REFERENCING NEW TABLE AS inserted FOR EACH STATEMENT EXECUTE FUNCTION skiplock.internal_notify_jobs_inserted();
+
+--
+-- Name: queues queues_after_fairness_change; Type: TRIGGER; Schema: skiplock; Owner: -
+--
+
+CREATE TRIGGER queues_after_fairness_change AFTER UPDATE ON skiplock.queues FOR EACH ROW WHEN (((new.key_claimable IS DISTINCT FROM old.key_claimable) OR (new.key_max_running IS DISTINCT FROM old.key_max_running) OR (new.key_rate_limit IS DISTINCT FROM old.key_rate_limit))) EXECUTE FUNCTION skiplock.internal_queues_after_fairness_change();
+
+--
+-- Name: queues queues_after_fairness_delete; Type: TRIGGER; Schema: skiplock; Owner: -
+--
+
+CREATE TRIGGER queues_after_fairness_delete AFTER DELETE ON skiplock.queues FOR EACH ROW WHEN ((old.key_claimable IS NOT NULL)) EXECUTE FUNCTION skiplock.internal_queues_after_fairness_change();
 
 --
 -- Name: queues queues_after_key_limit_change; Type: TRIGGER; Schema: skiplock; Owner: -

@@ -1090,7 +1090,7 @@ async fn fair_probes_are_bounded(statistics: Statistics) {
 }
 
 /// Fair queueing (`key_claimable` 2): the release of a key's next jobs (its turn) reads the
-/// same after 33 times more of the key's held jobs were taken, their dead entries at the
+/// same after 25 times more of the key's held jobs were taken, their dead entries at the
 /// front of the key's range in `jobs_held_idx` (no vacuum): it walks from where the key's
 /// held jobs start (`skiplock.key_held_from`), which the releases before it recorded.
 async fn fair_release_is_bounded(statistics: Statistics) {
@@ -1109,18 +1109,23 @@ async fn fair_release_is_bounded(statistics: Statistics) {
         take(2).await;
         buffers
     };
-    // Taken a claim of 50 at a time, as a worker takes them: each lets the key's next
-    // jobs go, which moves where its walks start, then takes the rest from its held jobs.
-    let take_many = async |count: i64| {
-        for _ in 0..count / 50 {
-            take(50).await;
+    // Taken as a worker takes them, in CLAIMS claims: each lets the key's next jobs go,
+    // which moves where its walks start, then takes the rest of its batch from the key's
+    // held jobs. As many claims (and moves of the key's row) before both measures, so that
+    // only the dead entries differ: a row moved 200 times reads the same as one moved 6
+    // times only where its old versions could be pruned, which a snapshot held anywhere in
+    // the database (an autoanalyze) can keep from happening.
+    const CLAIMS: i64 = 200;
+    let take_in_claims = async |jobs: i64| {
+        for _ in 0..CLAIMS {
+            take(jobs / CLAIMS).await;
         }
     };
     take(2).await;
-    take_many(FEW_WAITING).await;
+    take_in_claims(2 * CLAIMS).await;
     release().await;
     let few = release().await;
-    take_many(MANY_WAITING).await;
+    take_in_claims(MANY_WAITING).await;
     let many = release().await;
     assert_bounded(
         "the release of a fair queue's key's next jobs beside its taken held jobs",

@@ -447,20 +447,31 @@ async fn the_worker_drains_a_fair_queue_and_leaves_nothing_waiting() {
     );
 }
 
+/// The queue `fair` with `key_claimable` as given, and `jobs` jobs of the key `k` inserted
+/// (the first `claimable` queued, the rest held).
+async fn fair_key_with_jobs(pool: &PgPool, claimable: u32, jobs: i64) {
+    skiplock::set_queue_limits(
+        pool,
+        "fair",
+        QueueLimits::default().key_claimable(claimable),
+    )
+    .await
+    .unwrap();
+    sqlx::query(
+        "INSERT INTO skiplock.jobs (kind, queue, concurrency_key)
+         SELECT 'noop', 'fair', 'k' FROM generate_series(1, $1)",
+    )
+    .bind(jobs)
+    .execute(pool)
+    .await
+    .unwrap();
+}
+
 /// The queue `fair` (`key_claimable` 2) with 20 jobs of the key `k`, three claims of two
 /// made: the key's queued jobs, then (its turn given) its next ones let go from its held
 /// jobs, which records where they start. Returns the job id at that position.
 async fn a_key_whose_walks_moved_on(pool: &PgPool) -> i64 {
-    skiplock::set_queue_limits(pool, "fair", QueueLimits::default().key_claimable(2))
-        .await
-        .unwrap();
-    sqlx::query(
-        "INSERT INTO skiplock.jobs (kind, queue, concurrency_key)
-         SELECT 'noop', 'fair', 'k' FROM generate_series(1, 20)",
-    )
-    .execute(pool)
-    .await
-    .unwrap();
+    fair_key_with_jobs(pool, 2, 20).await;
     for _ in 0..3 {
         assert_eq!(sql_claim(pool, "fair", 2, "fair-test").await.len(), 2);
     }
@@ -557,5 +568,115 @@ async fn a_job_held_by_hand_behind_where_the_keys_walks_start_goes_after_a_sweep
     assert!(
         claimed.contains(&by_hand),
         "the job held by hand ({by_hand}) went with the key's next turn: {claimed:?}"
+    );
+}
+
+/// Two releases of one key whose reads of `key_held_from` cross: the first (left open) lets
+/// the key's first held job go and moves the row to the next; a job is then held between
+/// the two, earlier in claim order than that next one; a second release takes that hold's
+/// mark, reads the row as it was (the first has not committed), finds the key's first held
+/// job unchanged and commits; then the first commits. The row is written only under the
+/// key's advisory lock, which the second does not get: it leaves its position as a mark,
+/// and the job held in between goes before the later one. Before the lock the second kept
+/// the row as it read it, the first moved it past the job, and the mark was gone (found by
+/// review; `b` went before `j`).
+#[tokio::test]
+async fn two_releases_whose_reads_of_where_a_keys_held_jobs_start_cross_lose_no_job() {
+    let db = test_db().await;
+    let pool = &db.pool;
+    skiplock::set_queue_limits(pool, "fair", QueueLimits::default().key_claimable(1))
+        .await
+        .unwrap();
+    let insert = async |args: &str, priority: i16| -> i64 {
+        sqlx::query_scalar(
+            "INSERT INTO skiplock.jobs (kind, queue, concurrency_key, args, priority)
+             VALUES ('noop', 'fair', 'k', $1::jsonb, $2) RETURNING id",
+        )
+        .bind(args)
+        .bind(priority)
+        .fetch_one(pool)
+        .await
+        .unwrap()
+    };
+    let release = "SELECT skiplock.internal_release_freed_keys('fair')";
+    // x1 queued (the key's one place), a and b held; the row recorded at a (nothing to let
+    // go yet); x1 claimed, which gives the key its turn.
+    insert(r#"{"n": "x1"}"#, 1).await;
+    let a = insert(r#"{"n": "a"}"#, 1).await;
+    insert(r#"{"n": "b"}"#, 3).await;
+    sqlx::query("SELECT skiplock.internal_release_held('fair', ARRAY['k'])")
+        .execute(pool)
+        .await
+        .unwrap();
+    let row_at =
+        "SELECT id FROM skiplock.key_held_from WHERE queue = 'fair' AND concurrency_key = 'k'";
+    let at: i64 = sqlx::query_scalar(row_at).fetch_one(pool).await.unwrap();
+    assert_eq!(at, a);
+    assert_eq!(sql_claim(pool, "fair", 1, "fair-test").await.len(), 1);
+    // The first release, left open: lets a go, moves the row to b.
+    let mut first = pool.begin().await.unwrap();
+    sqlx::query(release).execute(&mut *first).await.unwrap();
+    // q0 queued, j held (a still looks held): j's hold leaves its mark.
+    sqlx::query(
+        "INSERT INTO skiplock.jobs (kind, queue, concurrency_key, args, priority)
+         VALUES ('noop', 'fair', 'k', '{\"n\": \"q0\"}', 0),
+                ('noop', 'fair', 'k', '{\"n\": \"j\"}', 2)",
+    )
+    .execute(pool)
+    .await
+    .unwrap();
+    // The second release takes j's mark and commits.
+    let mut second = pool.begin().await.unwrap();
+    sqlx::query(release).execute(&mut *second).await.unwrap();
+    second.commit().await.unwrap();
+    first.commit().await.unwrap();
+    let mut order = Vec::new();
+    loop {
+        let claimed = sql_claim(pool, "fair", 1, "fair-test").await;
+        let Some((id, _)) = claimed.first() else {
+            break;
+        };
+        let name: String = sqlx::query_scalar("SELECT args->>'n' FROM skiplock.jobs WHERE id = $1")
+            .bind(id)
+            .fetch_one(pool)
+            .await
+            .unwrap();
+        order.push(name);
+    }
+    assert_eq!(order, ["q0", "a", "j", "b"], "claim order");
+}
+
+/// Two releases of a key without a row of `key_held_from`, at once: the first records the
+/// row and stays open; the second leaves its position as a mark instead of waiting for the
+/// first's insert of the row (which a claim, or the sweep, would have waited on until the
+/// first committed). Its wait would fail it here under `lock_timeout`.
+#[tokio::test]
+async fn a_release_never_waits_for_another_to_record_where_a_keys_held_jobs_start() {
+    let db = test_db().await;
+    let pool = &db.pool;
+    fair_key_with_jobs(pool, 1, 5).await;
+    let release = "SELECT skiplock.internal_release_held('fair', ARRAY['k'])";
+    let marks = "SELECT count(*) FROM skiplock.key_slots_freed
+                 WHERE queue = 'fair' AND concurrency_key = 'k' AND from_id IS NOT NULL";
+    // The insert's hold left one.
+    let marks_before: i64 = sqlx::query_scalar(marks).fetch_one(pool).await.unwrap();
+    let mut first = pool.begin().await.unwrap();
+    sqlx::query(release).execute(&mut *first).await.unwrap();
+    let mut second = pool.begin().await.unwrap();
+    sqlx::query("SET LOCAL lock_timeout = '2s'")
+        .execute(&mut *second)
+        .await
+        .unwrap();
+    sqlx::query(release)
+        .execute(&mut *second)
+        .await
+        .expect("the second release went on without waiting for the first");
+    second.commit().await.unwrap();
+    first.commit().await.unwrap();
+    let marks_after: i64 = sqlx::query_scalar(marks).fetch_one(pool).await.unwrap();
+    assert_eq!(
+        marks_after,
+        marks_before + 1,
+        "the second left its position as a mark"
     );
 }

@@ -3,7 +3,8 @@
 -- claim.
 --
 -- Defines:
---   internal_queue_limit_lock_id, internal_claim_shares, internal_claim_share_lock_id
+--   internal_queue_limit_lock_id, internal_key_held_from_lock_id, internal_claim_shares
+--   internal_claim_share_lock_id
 --   internal_claim_share_room, internal_take_claim_share, internal_take_every_claim_share
 --   internal_make_rate_ring, internal_rate_room
 --   internal_rate_record, internal_notify_refill, internal_key_running
@@ -49,6 +50,15 @@
 CREATE OR REPLACE FUNCTION skiplock.internal_queue_limit_lock_id(queue_name text) RETURNS bigint
 LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
     SELECT hashtextextended('skiplock.queue_limit:' || queue_name, 0);
+$$;
+
+-- The advisory lock under which a key's row of skiplock.key_held_from is written (see
+-- internal_release_fair_key); the queue's length first, as a name may hold any character.
+CREATE OR REPLACE FUNCTION skiplock.internal_key_held_from_lock_id(queue_name text, key text)
+RETURNS bigint
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT hashtextextended('skiplock.key_held_from:' || length(queue_name) || ':'
+                            || queue_name || '/' || key, 0);
 $$;
 
 -- How many claims of a queue may hold a claim share at once.
@@ -471,12 +481,17 @@ $$;
 -- start (internal_held_from: the key's row of key_held_from and the marks given, the rows
 -- of key_slots_freed the caller took), then records where they start now: the first job
 -- still held from that point on, read after the release (what others hold locked counts as
--- held). Recorded in key_held_from without waiting: a row locked by another claim, or
--- changed since it was read, or made meanwhile by another, is left as it is, and the
--- position is left as a row of key_slots_freed instead (a turn of the key too, which only
--- lets go what its room allows). A key with nothing held from the walk's start on loses its
--- row (walked from the front next time): jobs held before it are after some other mark.
--- Returns how many it let go.
+-- held). The row is written only under the key's advisory lock
+-- (internal_key_held_from_lock_id), taken without waiting and before the row is read, so
+-- that each writer reads what the one before it committed: two releases that read the row
+-- before either committed could otherwise both keep it (one finding the key's first held
+-- job unchanged wrote nothing, the other moved it past a job held in between, whose mark
+-- the first had taken), and an insert of the row waited for another's. A release that does
+-- not get the lock, or finds the row locked (a change of the queue's limits deleting it),
+-- leaves its position as a row of key_slots_freed instead (a turn of the key too, which
+-- only lets go what its room allows). A key with nothing held from the walk's start on
+-- loses its row (walked from the front next time): jobs held before it are after some
+-- other mark. Returns how many it let go.
 CREATE OR REPLACE FUNCTION skiplock.internal_release_fair_key(queue_name text, key text,
                                                               claimable int,
                                                               marks skiplock.key_slots_freed[])
@@ -489,6 +504,7 @@ SET enable_mergejoin = off
 SET jit = off
 AS $$
 DECLARE
+    writes_row boolean;
     row_at record;
     walk_from record;
     room int;
@@ -497,6 +513,8 @@ DECLARE
     still_held record;
     recorded boolean := false;
 BEGIN
+    writes_row := pg_try_advisory_xact_lock(
+        skiplock.internal_key_held_from_lock_id(queue_name, key));
     SELECT f.priority, f.scheduled_at, f.id INTO row_at
     FROM skiplock.key_held_from f
     WHERE f.queue = queue_name AND f.concurrency_key = key;
@@ -531,7 +549,7 @@ BEGIN
     ORDER BY h.priority, h.scheduled_at, h.id
     LIMIT 1;
     IF still_held.id IS NULL THEN
-        IF row_at.id IS NOT NULL THEN
+        IF writes_row AND row_at.id IS NOT NULL THEN
             DELETE FROM skiplock.key_held_from f
             WHERE f.ctid = (SELECT o.ctid FROM skiplock.key_held_from o
                             WHERE o.queue = queue_name AND o.concurrency_key = key
@@ -540,7 +558,9 @@ BEGIN
         END IF;
         RETURN released;
     END IF;
-    IF row_at.id IS NULL THEN
+    IF NOT writes_row THEN
+        recorded := false;
+    ELSIF row_at.id IS NULL THEN
         INSERT INTO skiplock.key_held_from (queue, concurrency_key, priority, scheduled_at, id)
         VALUES (queue_name, key, still_held.priority, still_held.scheduled_at, still_held.id)
         ON CONFLICT DO NOTHING;

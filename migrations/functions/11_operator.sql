@@ -9,6 +9,8 @@
 --   why_not_running, resume_queue, internal_queues_after_write, trigger queues_after_write
 --   internal_queues_after_max_running_change, trigger queues_after_max_running_change
 --   trigger queues_after_max_running_insert
+--   internal_queues_after_fairness_change, trigger queues_after_fairness_change
+--   trigger queues_after_fairness_delete
 --   internal_queues_after_key_limit, trigger queues_after_key_limit_change
 --   trigger queues_after_key_limit_delete
 
@@ -566,9 +568,6 @@ LANGUAGE plpgsql AS $$
 BEGIN
     -- The queue's lock first, as a claim takes it before it writes the windows.
     PERFORM pg_advisory_xact_lock(skiplock.internal_queue_limit_lock_id(OLD.name));
-    -- Where the keys' held jobs start holds only for a queue whose one per-key limit is
-    -- key_claimable, from its releases on (see key_held_from): the next ones record it again.
-    DELETE FROM skiplock.key_held_from f WHERE f.queue = OLD.name;
     IF TG_OP = 'DELETE' THEN
         DELETE FROM skiplock.key_rate_windows w WHERE w.queue = OLD.name;
         DELETE FROM skiplock.key_slots_freed f WHERE f.queue = OLD.name;
@@ -589,6 +588,33 @@ BEGIN
     RETURN NULL;
 END;
 $$;
+
+-- Where a fair queue's keys' held jobs start (skiplock.key_held_from) holds only while the
+-- queue's one per-key limit is key_claimable, from its releases on: any change of its
+-- per-key limits, either way, drops the rows (the next releases record them again), and
+-- so does deleting its row. Holds for key_max_running or key_rate_limit leave no marks, so
+-- rows kept from before such a limit came and went could pass over their jobs.
+CREATE OR REPLACE FUNCTION skiplock.internal_queues_after_fairness_change() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    DELETE FROM skiplock.key_held_from f WHERE f.queue = OLD.name;
+    RETURN NULL;
+END;
+$$;
+
+CREATE OR REPLACE TRIGGER queues_after_fairness_change
+    AFTER UPDATE ON skiplock.queues
+    FOR EACH ROW
+    WHEN (NEW.key_claimable IS DISTINCT FROM OLD.key_claimable
+          OR NEW.key_max_running IS DISTINCT FROM OLD.key_max_running
+          OR NEW.key_rate_limit IS DISTINCT FROM OLD.key_rate_limit)
+    EXECUTE FUNCTION skiplock.internal_queues_after_fairness_change();
+
+CREATE OR REPLACE TRIGGER queues_after_fairness_delete
+    AFTER DELETE ON skiplock.queues
+    FOR EACH ROW
+    WHEN (OLD.key_claimable IS NOT NULL)
+    EXECUTE FUNCTION skiplock.internal_queues_after_fairness_change();
 
 CREATE OR REPLACE TRIGGER queues_after_key_limit_change
     AFTER UPDATE ON skiplock.queues

@@ -3498,7 +3498,12 @@ BEGIN
         RETURN released;
     END IF;
     IF NOT writes_row THEN
-        recorded := false;
+        -- The row is left to the release holding the lock: this one walked from the row
+        -- (as committed, which that release reads too, or moves past only what it saw
+        -- held), and needs to keep only the marks it took, as one mark.
+        recorded := NOT EXISTS (SELECT 1 FROM unnest(marks) AS m
+                                WHERE m.queue = queue_name AND m.concurrency_key = key
+                                  AND m.from_id IS NOT NULL);
     ELSIF row_at.id IS NULL THEN
         INSERT INTO skiplock.key_held_from (queue, concurrency_key, priority, scheduled_at, id)
         VALUES (queue_name, key, still_held.priority, still_held.scheduled_at, still_held.id)

@@ -647,19 +647,15 @@ async fn two_releases_whose_reads_of_where_a_keys_held_jobs_start_cross_lose_no_
 }
 
 /// Two releases of a key without a row of `key_held_from`, at once: the first records the
-/// row and stays open; the second leaves its position as a mark instead of waiting for the
-/// first's insert of the row (which a claim, or the sweep, would have waited on until the
-/// first committed). Its wait would fail it here under `lock_timeout`.
+/// row and stays open; the second leaves the row to it instead of waiting for its insert
+/// of the row (which a claim, or the sweep, would have waited on until the first
+/// committed). Its wait would fail it here under `lock_timeout`.
 #[tokio::test]
 async fn a_release_never_waits_for_another_to_record_where_a_keys_held_jobs_start() {
     let db = test_db().await;
     let pool = &db.pool;
     fair_key_with_jobs(pool, 1, 5).await;
     let release = "SELECT skiplock.internal_release_held('fair', ARRAY['k'])";
-    let marks = "SELECT count(*) FROM skiplock.key_slots_freed
-                 WHERE queue = 'fair' AND concurrency_key = 'k' AND from_id IS NOT NULL";
-    // The insert's hold left one.
-    let marks_before: i64 = sqlx::query_scalar(marks).fetch_one(pool).await.unwrap();
     let mut first = pool.begin().await.unwrap();
     sqlx::query(release).execute(&mut *first).await.unwrap();
     let mut second = pool.begin().await.unwrap();
@@ -673,10 +669,16 @@ async fn a_release_never_waits_for_another_to_record_where_a_keys_held_jobs_star
         .expect("the second release went on without waiting for the first");
     second.commit().await.unwrap();
     first.commit().await.unwrap();
-    let marks_after: i64 = sqlx::query_scalar(marks).fetch_one(pool).await.unwrap();
-    assert_eq!(
-        marks_after,
-        marks_before + 1,
-        "the second left its position as a mark"
-    );
+    // The first's row: the key's first held job (the key's one place is queued, so
+    // neither let any go).
+    let (at, first_held): (Option<i64>, Option<i64>) = sqlx::query_as(
+        "SELECT (SELECT id FROM skiplock.key_held_from
+                 WHERE queue = 'fair' AND concurrency_key = 'k'),
+                (SELECT min(id) FROM skiplock.jobs
+                 WHERE concurrency_key = 'k' AND held_for = 'fair')",
+    )
+    .fetch_one(pool)
+    .await
+    .unwrap();
+    assert_eq!(at, first_held);
 }

@@ -556,6 +556,33 @@ CREATE OR REPLACE TRIGGER queues_after_max_running_insert
     WHEN (NEW.max_running IS NOT NULL)
     EXECUTE FUNCTION skiplock.internal_queues_after_max_running_change();
 
+-- Where a fair queue's keys' held jobs start (skiplock.key_held_from) holds only while the
+-- queue's one per-key limit is key_claimable, from its releases on: any change of its
+-- per-key limits, either way, drops the rows (the next releases record them again), and
+-- so does deleting its row. Holds for key_max_running or key_rate_limit leave no marks, so
+-- rows kept from before such a limit came and went could pass over their jobs.
+CREATE OR REPLACE FUNCTION skiplock.internal_queues_after_fairness_change() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    DELETE FROM skiplock.key_held_from f WHERE f.queue = OLD.name;
+    RETURN NULL;
+END;
+$$;
+
+CREATE OR REPLACE TRIGGER queues_after_fairness_change
+    AFTER UPDATE ON skiplock.queues
+    FOR EACH ROW
+    WHEN (NEW.key_claimable IS DISTINCT FROM OLD.key_claimable
+          OR NEW.key_max_running IS DISTINCT FROM OLD.key_max_running
+          OR NEW.key_rate_limit IS DISTINCT FROM OLD.key_rate_limit)
+    EXECUTE FUNCTION skiplock.internal_queues_after_fairness_change();
+
+CREATE OR REPLACE TRIGGER queues_after_fairness_delete
+    AFTER DELETE ON skiplock.queues
+    FOR EACH ROW
+    WHEN (OLD.key_claimable IS NOT NULL)
+    EXECUTE FUNCTION skiplock.internal_queues_after_fairness_change();
+
 -- A queue's per-key limit (key_max_running, key_rate_limit or key_rate_period) or its
 -- key_claimable changed or removed, or its row deleted: the jobs they held back whose keys
 -- have room now (all of them, without any) are let go, announced, in the statement that
@@ -588,33 +615,6 @@ BEGIN
     RETURN NULL;
 END;
 $$;
-
--- Where a fair queue's keys' held jobs start (skiplock.key_held_from) holds only while the
--- queue's one per-key limit is key_claimable, from its releases on: any change of its
--- per-key limits, either way, drops the rows (the next releases record them again), and
--- so does deleting its row. Holds for key_max_running or key_rate_limit leave no marks, so
--- rows kept from before such a limit came and went could pass over their jobs.
-CREATE OR REPLACE FUNCTION skiplock.internal_queues_after_fairness_change() RETURNS trigger
-LANGUAGE plpgsql AS $$
-BEGIN
-    DELETE FROM skiplock.key_held_from f WHERE f.queue = OLD.name;
-    RETURN NULL;
-END;
-$$;
-
-CREATE OR REPLACE TRIGGER queues_after_fairness_change
-    AFTER UPDATE ON skiplock.queues
-    FOR EACH ROW
-    WHEN (NEW.key_claimable IS DISTINCT FROM OLD.key_claimable
-          OR NEW.key_max_running IS DISTINCT FROM OLD.key_max_running
-          OR NEW.key_rate_limit IS DISTINCT FROM OLD.key_rate_limit)
-    EXECUTE FUNCTION skiplock.internal_queues_after_fairness_change();
-
-CREATE OR REPLACE TRIGGER queues_after_fairness_delete
-    AFTER DELETE ON skiplock.queues
-    FOR EACH ROW
-    WHEN (OLD.key_claimable IS NOT NULL)
-    EXECUTE FUNCTION skiplock.internal_queues_after_fairness_change();
 
 CREATE OR REPLACE TRIGGER queues_after_key_limit_change
     AFTER UPDATE ON skiplock.queues

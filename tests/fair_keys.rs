@@ -11,7 +11,9 @@ mod common;
 use std::collections::HashMap;
 use std::time::Duration;
 
-use common::fixtures::{Record, Recorder, fast_worker, sql_claim, state_of, wait_for};
+use common::fixtures::{
+    Record, Recorder, fast_worker, sql_claim, state_of, wait_for, wait_for_a_lock_wait,
+};
 use common::test_db;
 use skiplock::{EnqueueOptions, JobState, QueueLimits};
 use sqlx::PgPool;
@@ -681,4 +683,37 @@ async fn a_release_never_waits_for_another_to_record_where_a_keys_held_jobs_star
     .await
     .unwrap();
     assert_eq!(at, first_held);
+}
+
+/// A change of a fair queue's per-key limits drops where its keys' held jobs start, also a
+/// row a release has made and not committed (an application's claim on the SQL protocol,
+/// left open): the change waits for it, and the row is gone after both. Before, the
+/// change's DELETE did not see the row, which outlived it: once a `key_max_running` came
+/// and went meanwhile, jobs held without a mark could sit before it (found by review).
+#[tokio::test]
+async fn a_change_of_the_limits_drops_a_row_made_by_a_release_not_yet_committed() {
+    let db = test_db().await;
+    let pool = &db.pool;
+    fair_key_with_jobs(pool, 1, 5).await;
+    let mut release = pool.begin().await.unwrap();
+    sqlx::query("SELECT skiplock.internal_release_held('fair', ARRAY['k'])")
+        .execute(&mut *release)
+        .await
+        .unwrap();
+    let change = tokio::spawn({
+        let pool = pool.clone();
+        async move {
+            sqlx::query("UPDATE skiplock.queues SET key_max_running = 5 WHERE name = 'fair'")
+                .execute(&pool)
+                .await
+        }
+    });
+    wait_for_a_lock_wait(pool, "the change waits for the release").await;
+    release.commit().await.unwrap();
+    change.await.unwrap().unwrap();
+    let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM skiplock.key_held_from")
+        .fetch_one(pool)
+        .await
+        .unwrap();
+    assert_eq!(rows, 0, "the change dropped the row the release made");
 }

@@ -568,10 +568,16 @@ BEGIN
                                 WHERE m.queue = queue_name AND m.concurrency_key = key
                                   AND m.from_id IS NOT NULL);
     ELSIF row_at.id IS NULL THEN
-        INSERT INTO skiplock.key_held_from (queue, concurrency_key, priority, scheduled_at, id)
-        VALUES (queue_name, key, still_held.priority, still_held.scheduled_at, still_held.id)
-        ON CONFLICT DO NOTHING;
-        recorded := FOUND;
+        -- Made only under the queue's lock, shared and not waited for: a change of the
+        -- queue's limits, which takes it to drop the queue's rows, cannot miss a row made
+        -- and not yet committed (it waits for it, as for a row another has updated).
+        IF pg_try_advisory_xact_lock_shared(skiplock.internal_queue_limit_lock_id(queue_name)) THEN
+            INSERT INTO skiplock.key_held_from (queue, concurrency_key, priority, scheduled_at,
+                                                id)
+            VALUES (queue_name, key, still_held.priority, still_held.scheduled_at, still_held.id)
+            ON CONFLICT DO NOTHING;
+            recorded := FOUND;
+        END IF;
     ELSIF (still_held.priority, still_held.scheduled_at, still_held.id)
           = (row_at.priority, row_at.scheduled_at, row_at.id) THEN
         recorded := true;

@@ -560,10 +560,13 @@ CREATE OR REPLACE TRIGGER queues_after_max_running_insert
 -- queue's one per-key limit is key_claimable, from its releases on: any change of its
 -- per-key limits, either way, drops the rows (the next releases record them again), and
 -- so does deleting its row. Holds for key_max_running or key_rate_limit leave no marks, so
--- rows kept from before such a limit came and went could pass over their jobs.
+-- rows kept from before such a limit came and went could pass over their jobs. Under the
+-- queue's lock, which a release holds (shared) while the row it made is not committed: the
+-- DELETE sees no such row, and would leave it.
 CREATE OR REPLACE FUNCTION skiplock.internal_queues_after_fairness_change() RETURNS trigger
 LANGUAGE plpgsql AS $$
 BEGIN
+    PERFORM pg_advisory_xact_lock(skiplock.internal_queue_limit_lock_id(OLD.name));
     DELETE FROM skiplock.key_held_from f WHERE f.queue = OLD.name;
     RETURN NULL;
 END;

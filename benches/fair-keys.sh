@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Fair queueing by key (issue 50's targets): one key's backlog of BIG `sleep` jobs of 1 ms,
+# Fair queueing by key (issue 50's targets): one key's backlog of BIG `sleep` jobs of 1 ms
+# (spread over BIG_KEYS keys when given, for what fairness costs where it does not bind),
 # and KEYS keys of PER_KEY such jobs each, enqueued (a statement per key) AFTER seconds into
 # the backlog's drain by PROCS `skiplock work` processes of concurrency CONC. Run twice on
 # databases of their own: the queue with key_claimable CLAIMABLE, then without it.
@@ -20,6 +21,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 bin="${SKIPLOCK_BIN:-target/release/skiplock}"
 server="${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/postgres}"
 big="${BIG:-200000}"
+big_keys="${BIG_KEYS:-1}"
 keys="${KEYS:-1000}"
 per_key="${PER_KEY:-10}"
 claimable="${CLAIMABLE:-32}"
@@ -35,7 +37,8 @@ run() { # NAME KEY_CLAIMABLE(or NULL)
     sql() { psql "$url" -qXAt -v ON_ERROR_STOP=1 -c "$1"; }
     sql "INSERT INTO skiplock.queues (name, key_claimable) VALUES ('default', $2)"
     sql "INSERT INTO skiplock.jobs (kind, args, concurrency_key)
-         SELECT 'sleep', '{\"ms\": 1}', 'big' FROM generate_series(1, $big)"
+         SELECT 'sleep', '{\"ms\": 1}', CASE WHEN $big_keys = 1 THEN 'big' ELSE 'big-' || g % $big_keys END
+         FROM generate_series(1, $big) g"
     sql "VACUUM ANALYZE skiplock.jobs_live"
     local pids=()
     for i in $(seq "$procs"); do
@@ -62,18 +65,18 @@ run() { # NAME KEY_CLAIMABLE(or NULL)
         sleep 0.2
     done
     for pid in "${pids[@]}"; do kill -TERM "$pid"; wait "$pid" || true; done
-    echo "## key_claimable $2: $big jobs of one key, then $keys keys of $per_key after ${after}s; $procs processes x $conc"
+    echo "## key_claimable $2: $big jobs of $big_keys key(s), then $keys keys of $per_key after ${after}s; $procs processes x $conc"
     sql "SELECT 'small keys'' first job, start after enqueue, ms: p50 '
                 || round(percentile_cont(0.5) WITHIN GROUP (ORDER BY ms)::numeric, 1)
                 || ', p99 ' || round(percentile_cont(0.99) WITHIN GROUP (ORDER BY ms)::numeric, 1)
                 || ', max ' || round(max(ms)::numeric, 1)
          FROM (SELECT DISTINCT ON (concurrency_key)
                       extract(epoch FROM claimed_at - created_at) * 1000 AS ms
-               FROM skiplock.jobs WHERE concurrency_key <> 'big'
+               FROM skiplock.jobs WHERE concurrency_key NOT LIKE 'big%'
                ORDER BY concurrency_key, claimed_at) f"
     sql "SELECT 'last small job done after their enqueue began, s: '
                 || round(extract(epoch FROM max(j.finished_at) - min(s.at))::numeric, 2)
-         FROM skiplock.jobs j, small_from s WHERE j.concurrency_key <> 'big'"
+         FROM skiplock.jobs j, small_from s WHERE j.concurrency_key NOT LIKE 'big%'"
     sql "SELECT 'drain, jobs/s (first claim to last finish): '
                 || round(count(*) / extract(epoch FROM max(finished_at) - min(claimed_at)))
                 || '; succeeded ' || count(*) FILTER (WHERE state = 'succeeded') || ' of ' || count(*)

@@ -1109,19 +1109,28 @@ BEGIN
                       j.claim_token, j.priority, j.scheduled_at, j.traceparent, j.tracestate,
                       j.concurrency_key
         ), turns_given AS (
-            -- Fair queueing: the keys taken that have jobs held for their turn, for the
-            -- queue's next claim (run whether or not the result is read).
+            -- Fair queueing: the keys taken that have jobs held for their turn, or more than
+            -- twice key_claimable due jobs queued besides those taken (come due, or queued
+            -- past the insert's hold: the next claim's release holds them), for the queue's
+            -- next claim (run whether or not the result is read).
             -- A LATERAL probe with LIMIT, not EXISTS: a hashed semi join read every held job.
-            -- From the back of the key's range (see internal_key_queued).
+            -- From the back of the key's range (see internal_key_first_held). The count
+            -- reads this statement's snapshot, in which the jobs taken are still queued.
             INSERT INTO skiplock.key_slots_freed (queue, concurrency_key)
             SELECT queue_name, k.key
-            FROM (SELECT DISTINCT c.concurrency_key AS key FROM claimed c
-                  WHERE lim_key_claimable IS NOT NULL AND c.concurrency_key IS NOT NULL) k
-            CROSS JOIN LATERAL (SELECT 1 FROM skiplock.jobs_live h
-                                WHERE h.queue = queue_name AND h.state = 'waiting'
-                                  AND h.held_for IS NOT NULL AND h.concurrency_key = k.key
-                                ORDER BY h.priority DESC, h.scheduled_at DESC, h.id DESC
-                                LIMIT 1) held
+            FROM (SELECT c.concurrency_key AS key, count(*)::int AS taken FROM claimed c
+                  WHERE lim_key_claimable IS NOT NULL AND c.concurrency_key IS NOT NULL
+                  GROUP BY c.concurrency_key) k
+            LEFT JOIN LATERAL (SELECT true AS found FROM skiplock.jobs_live h
+                               WHERE h.queue = queue_name AND h.state = 'waiting'
+                                 AND h.held_for IS NOT NULL AND h.concurrency_key = k.key
+                               ORDER BY h.priority DESC, h.scheduled_at DESC, h.id DESC
+                               LIMIT 1) held ON true
+            WHERE held.found
+               OR skiplock.internal_key_queued(
+                      queue_name, k.key,
+                      least(2 * lim_key_claimable::bigint + k.taken + 1, 2147483647)::int)
+                  > 2 * lim_key_claimable::bigint + k.taken
         )
         SELECT c.id, c.queue, c.kind, c.args, c.attempt, c.max_attempts, c.claim_token,
                c.priority,
@@ -1821,6 +1830,17 @@ CREATE FUNCTION skiplock.internal_fail_claims(ids bigint[], tokens uuid[], messa
 $_$;
 
 --
+-- Name: internal_fails_the_call(text); Type: FUNCTION; Schema: skiplock; Owner: -
+--
+
+CREATE FUNCTION skiplock.internal_fails_the_call(code text) RETURNS boolean
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    AS $$
+    SELECT left(code, 2) IN ('40', '53', '57', '08')
+        OR code IN ('55P03', '25006', '26000', '42501');
+$$;
+
+--
 -- Name: internal_fold_into_key_holder(bigint); Type: FUNCTION; Schema: skiplock; Owner: -
 --
 
@@ -2061,7 +2081,6 @@ CREATE FUNCTION skiplock.internal_hold_for_turns(ids bigint[]) RETURNS bigint[]
     SET search_path TO 'pg_catalog', 'pg_temp'
     SET enable_seqscan TO 'off'
     SET enable_bitmapscan TO 'off'
-    SET enable_hashjoin TO 'off'
     SET enable_mergejoin TO 'off'
     SET jit TO 'off'
     AS $$
@@ -2094,25 +2113,22 @@ BEGIN
         ), levels AS MATERIALIZED (
             -- Once per level (MATERIALIZED: inlined, its probes ran once per job).
             SELECT g.queue, g.key, g.priority, g.cap, g.up_to,
-                   -- From the back of the key's range (see internal_key_queued).
-                   (SELECT true FROM skiplock.jobs_live h
-                    WHERE h.queue = g.queue AND h.state = 'waiting'
-                      AND h.held_for IS NOT NULL AND h.concurrency_key = g.key
-                      AND h.priority <= g.priority
-                    ORDER BY h.priority DESC, h.scheduled_at DESC, h.id DESC
-                    LIMIT 1) IS NOT NULL AS has_held,
+                   coalesce(skiplock.internal_key_first_held(g.queue, g.key) <= g.priority,
+                            false) AS has_held,
                    -- The others: all of them counted up to cap beyond the given ones, less
-                   -- the given ones (up_to; no test of each against the list). (state IN
-                   -- … AND < 'running': see internal_key_queued.)
+                   -- the given ones (up_to; no test of each against the list). (The state
+                   -- compared twice: see internal_key_queued.)
                    greatest(0, (SELECT count(*) FROM (
                         SELECT FROM skiplock.jobs_live o
                         WHERE o.queue = g.queue AND o.state IN ('queued', 'running')
-                          AND o.state < 'running'
+                          AND o.state = (SELECT 'queued'::skiplock.job_state)
                           AND o.concurrency_key = g.key AND o.priority <= g.priority
                           AND o.scheduled_at <= now()
                         LIMIT g.cap + g.up_to) r) - g.up_to) AS queued
             FROM (SELECT DISTINCT g.queue, g.key, g.priority, g.cap, g.up_to FROM given g) g
         )
+        -- A hash join of the two (hash joins allowed here for it): as a nested loop over
+        -- the levels, an insert of 8,000 jobs of 800 keys compared 6,400,000 pairs.
         SELECT g.id
         FROM given g
         JOIN levels l ON l.queue = g.queue AND l.key = g.key AND l.priority = g.priority
@@ -2197,6 +2213,39 @@ BEGIN
     )
     SELECT count(*)::int INTO held_now FROM held;
     RETURN held_now;
+END;
+$$;
+
+--
+-- Name: internal_hold_overflow(text, text); Type: FUNCTION; Schema: skiplock; Owner: -
+--
+
+CREATE FUNCTION skiplock.internal_hold_overflow(queue_name text, key text) RETURNS skiplock.key_slots_freed
+    LANGUAGE plpgsql
+    SET enable_seqscan TO 'off'
+    SET enable_bitmapscan TO 'off'
+    SET jit TO 'off'
+    AS $$
+DECLARE
+    bound smallint := coalesce(skiplock.internal_key_first_held(queue_name, key), 32767);
+    mark skiplock.key_slots_freed;
+BEGIN
+    WITH held AS (
+        UPDATE skiplock.jobs_live j SET state = 'waiting', held_for = 'fair'
+        WHERE j.ctid = ANY (ARRAY(
+            SELECT h.ctid FROM skiplock.jobs_live h
+            WHERE h.queue = queue_name AND h.state IN ('queued', 'running')
+              AND h.state = (SELECT 'queued'::skiplock.job_state) AND h.concurrency_key = key
+              AND h.priority <= bound AND h.scheduled_at <= now() AND h.ordering_key IS NULL
+            FOR UPDATE SKIP LOCKED))
+        RETURNING j.priority, j.scheduled_at, j.id
+    )
+    SELECT ROW(queue_name, key, h.priority, h.scheduled_at, h.id)::skiplock.key_slots_freed
+    INTO mark
+    FROM held h
+    ORDER BY h.priority, h.scheduled_at, h.id
+    LIMIT 1;
+    RETURN mark;
 END;
 $$;
 
@@ -2524,6 +2573,36 @@ END;
 $$;
 
 --
+-- Name: internal_key_first_held(text, text); Type: FUNCTION; Schema: skiplock; Owner: -
+--
+
+CREATE FUNCTION skiplock.internal_key_first_held(queue_name text, key text) RETURNS smallint
+    LANGUAGE plpgsql STABLE
+    SET enable_sort TO 'off'
+    SET enable_seqscan TO 'off'
+    SET enable_bitmapscan TO 'off'
+    SET jit TO 'off'
+    AS $$
+DECLARE
+    first_held smallint;
+BEGIN
+    SELECT h.priority INTO first_held FROM skiplock.jobs_live h
+    WHERE h.queue = queue_name AND h.state = 'waiting' AND h.held_for IS NOT NULL
+      AND h.concurrency_key = key
+    ORDER BY h.priority DESC, h.scheduled_at DESC, h.id DESC LIMIT 1;
+    IF first_held IS NULL THEN
+        RETURN NULL;
+    END IF;
+    RETURN coalesce(
+        (SELECT h.priority FROM skiplock.jobs_live h
+         WHERE h.queue = queue_name AND h.state = 'waiting' AND h.held_for IS NOT NULL
+           AND h.concurrency_key = key AND h.priority < first_held
+         ORDER BY h.priority LIMIT 1),
+        first_held);
+END;
+$$;
+
+--
 -- Name: internal_key_held_from_lock_id(text, text); Type: FUNCTION; Schema: skiplock; Owner: -
 --
 
@@ -2545,39 +2624,28 @@ CREATE FUNCTION skiplock.internal_key_queued(queue_name text, key text, cap inte
     SET jit TO 'off'
     AS $$
 DECLARE
-    first_held smallint;
+    bound smallint;
 BEGIN
     IF cap IS NULL THEN
         RETURN NULL;
     END IF;
-    -- The most urgent priority among the key's held jobs: that of its last held job, read
-    -- from the back of the key's range in jobs_held_idx, then any more urgent one. Not
-    -- from the front: every held job of the key taken since the last vacuum leaves a dead
-    -- entry there, which a walk from the front steps over (390 pages after 64,000 taken,
-    -- against 4 from the back).
-    SELECT h.priority INTO first_held FROM skiplock.jobs_live h
-    WHERE h.queue = queue_name AND h.state = 'waiting' AND h.held_for IS NOT NULL
-      AND h.concurrency_key = key
-    ORDER BY h.priority DESC, h.scheduled_at DESC, h.id DESC LIMIT 1;
-    IF first_held IS NOT NULL THEN
-        first_held := coalesce(
-            (SELECT h.priority FROM skiplock.jobs_live h
-             WHERE h.queue = queue_name AND h.state = 'waiting' AND h.held_for IS NOT NULL
-               AND h.concurrency_key = key AND h.priority < first_held
-             ORDER BY h.priority LIMIT 1),
-            first_held);
-    END IF;
-    -- `state IN ('queued', 'running') AND state < 'running'`, not `state = 'queued'`: only
-    -- jobs_concurrency_key_idx can serve it, whatever the statistics say (through
-    -- jobs_claim_idx the count walked every key's queued jobs when the statistics said
-    -- the queue held one key). `<`, an index condition, not `<>`, a filter: with `<>` the
-    -- scan walked the key's running range too, over the dead entries of every job of the
-    -- key that ran since the last vacuum.
+    bound := coalesce(skiplock.internal_key_first_held(queue_name, key), 32767);
+    -- The key's queued range of jobs_concurrency_key_idx alone, whatever the statistics
+    -- say: `state IN ('queued', 'running')` proves that index's predicate, and the state
+    -- compared with `(SELECT 'queued')`, a value known only when the scan starts, proves
+    -- nothing else, so jobs_claim_idx (`WHERE state = 'queued'`) cannot serve it (through
+    -- it the count walked every key's queued jobs when the statistics said the queue held
+    -- one key), and, being an equality, bounds the scan to the key's range. Written as
+    -- `state < 'running'` instead, a range, the scan walked the queued jobs of every key
+    -- of the queue (93 pages for any key beside 800 keys of 10 jobs, against 12), and an
+    -- insert's hold of 300,000 jobs of 30,000 keys ran for more than 7 minutes. The same
+    -- form serves every walk of a key's queued jobs (internal_hold_overflow,
+    -- internal_hold_for_turns).
     RETURN (SELECT count(*)::int FROM (
         SELECT FROM skiplock.jobs_live j
-        WHERE j.queue = queue_name AND j.state IN ('queued', 'running') AND j.state < 'running'
-          AND j.concurrency_key = key
-          AND j.priority <= coalesce(first_held, 32767) AND j.scheduled_at <= now()
+        WHERE j.queue = queue_name AND j.state IN ('queued', 'running')
+          AND j.state = (SELECT 'queued'::skiplock.job_state) AND j.concurrency_key = key
+          AND j.priority <= bound AND j.scheduled_at <= now()
         LIMIT cap) r);
 END;
 $$;
@@ -3447,6 +3515,8 @@ DECLARE
     writes_row boolean;
     row_at record;
     walk_from record;
+    queued int;
+    overflow skiplock.key_slots_freed;
     room int;
     released int;
     released_keys skiplock.runnable_key[];
@@ -3459,7 +3529,22 @@ BEGIN
     FROM skiplock.key_held_from f
     WHERE f.queue = queue_name AND f.concurrency_key = key;
     SELECT * INTO walk_from FROM skiplock.internal_held_from(queue_name, key, marks);
-    room := greatest(claimable - skiplock.internal_key_queued(queue_name, key, claimable), 0);
+    queued := skiplock.internal_key_queued(queue_name, key,
+                                           least(2 * claimable::bigint + 1, 2147483647)::int);
+    IF queued > 2 * claimable::bigint THEN
+        -- More than twice the bound queued (come due, or queued past the insert's hold;
+        -- two releases at once may leave up to twice): they are held, and this walk, which
+        -- lets the first of them go again, starts no later than the first.
+        overflow := skiplock.internal_hold_overflow(queue_name, key);
+        queued := skiplock.internal_key_queued(queue_name, key, claimable);
+        IF (overflow.from_priority, overflow.from_scheduled_at, overflow.from_id)
+           < (walk_from.priority, walk_from.scheduled_at, walk_from.id) THEN
+            walk_from.priority := overflow.from_priority;
+            walk_from.scheduled_at := overflow.from_scheduled_at;
+            walk_from.id := overflow.from_id;
+        END IF;
+    END IF;
+    room := greatest(claimable - least(queued, claimable), 0);
     WITH released AS (
         UPDATE skiplock.jobs_live j SET state = 'queued', held_for = NULL,
             -- Behind what is queued now, so that the keys take turns.
@@ -3501,10 +3586,11 @@ BEGIN
     IF NOT writes_row THEN
         -- The row is left to the release holding the lock: this one walked from the row
         -- (as committed, which that release reads too, or moves past only what it saw
-        -- held), and needs to keep only the marks it took, as one mark.
-        recorded := NOT EXISTS (SELECT 1 FROM unnest(marks) AS m
-                                WHERE m.queue = queue_name AND m.concurrency_key = key
-                                  AND m.from_id IS NOT NULL);
+        -- held), and needs to keep only the marks it took and the jobs it held, as one mark.
+        recorded := overflow.from_id IS NULL
+                    AND NOT EXISTS (SELECT 1 FROM unnest(marks) AS m
+                                    WHERE m.queue = queue_name AND m.concurrency_key = key
+                                      AND m.from_id IS NOT NULL);
     ELSIF row_at.id IS NULL THEN
         -- Made only under the queue's lock, shared and not waited for: a change of the
         -- queue's limits, which takes it to drop the queue's rows, cannot miss a row made
@@ -3615,6 +3701,16 @@ BEGIN
                 + skiplock.internal_release_fair_key(queue_name, key, claimable, marks);
         END LOOP;
         RETURN released;
+    END IF;
+    IF claimable IS NOT NULL AND keys IS NOT NULL THEN
+        -- As internal_release_fair_key: a key with more than twice key_claimable queued has
+        -- them held, and lets the first go again below (walked from the front here: no marks
+        -- needed).
+        PERFORM skiplock.internal_hold_overflow(queue_name, k.key)
+        FROM (SELECT DISTINCT k.key FROM unnest(keys) AS k(key) WHERE k.key IS NOT NULL) k
+        WHERE skiplock.internal_key_queued(queue_name, k.key,
+                                           least(2 * claimable::bigint + 1, 2147483647)::int)
+              > 2 * claimable::bigint;
     END IF;
     WITH RECURSIVE held_keys(key) AS (
         -- With keys NULL: the first held key, then the next after each.
@@ -3983,45 +4079,37 @@ BEGIN
                 IF NOT skiplock.internal_may_retry_moved(attempts) THEN
                     RAISE;
                 END IF;
-            WHEN transaction_rollback OR lock_not_available OR read_only_sql_transaction
-                 OR insufficient_resources OR operator_intervention OR connection_exception
-                 OR invalid_sql_statement_name OR insufficient_privilege THEN
-                RAISE;
             WHEN OTHERS THEN
+                IF skiplock.internal_fails_the_call(SQLSTATE) THEN
+                    RAISE;
+                END IF;
                 FOR i IN 1 .. cardinality(s_ids) LOOP
                     BEGIN
                         SELECT * INTO one
                         FROM skiplock.internal_save_outcomes(
                             outcome, ARRAY[s_ids[i]], ARRAY[s_tokens[i]], ARRAY[s_outputs[i]],
                             ARRAY[s_messages[i]], ARRAY[s_retry_ins[i]]);
-                    EXCEPTION
-                        WHEN transaction_rollback OR lock_not_available OR read_only_sql_transaction
-                             OR insufficient_resources OR operator_intervention
-                             OR connection_exception OR invalid_sql_statement_name
-                             OR insufficient_privilege THEN
+                    EXCEPTION WHEN OTHERS THEN
+                        IF skiplock.internal_fails_the_call(SQLSTATE) THEN
                             RAISE;
-                        WHEN OTHERS THEN
-                            reason := SQLERRM;
-                            BEGIN
-                                SELECT * INTO one
-                                FROM skiplock.internal_abandon_claims(
-                                    ARRAY[s_ids[i]], ARRAY[s_tokens[i]],
-                                    skiplock.internal_error_message(
-                                        'the outcome of this attempt could not be saved: ' || reason));
-                            EXCEPTION
-                                WHEN transaction_rollback OR lock_not_available
-                                     OR read_only_sql_transaction OR insufficient_resources
-                                     OR operator_intervention OR connection_exception
-                                     OR invalid_sql_statement_name
-                                     OR insufficient_privilege THEN
-                                    RAISE;
-                                WHEN OTHERS THEN
-                                    RAISE WARNING 'skiplock.%: job % could not be saved (%) nor marked dead (%); it stays running until maintain takes it back',
-                                        caller, s_ids[i], reason, SQLERRM;
-                                    saved_ids := saved_ids || s_ids[i];
-                                    saved_states := saved_states || 'running'::text;
-                                    CONTINUE;
-                            END;
+                        END IF;
+                        reason := SQLERRM;
+                        BEGIN
+                            SELECT * INTO one
+                            FROM skiplock.internal_abandon_claims(
+                                ARRAY[s_ids[i]], ARRAY[s_tokens[i]],
+                                skiplock.internal_error_message(
+                                    'the outcome of this attempt could not be saved: ' || reason));
+                        EXCEPTION WHEN OTHERS THEN
+                            IF skiplock.internal_fails_the_call(SQLSTATE) THEN
+                                RAISE;
+                            END IF;
+                            RAISE WARNING 'skiplock.%: job % could not be saved (%) nor marked dead (%); it stays running until maintain takes it back',
+                                caller, s_ids[i], reason, SQLERRM;
+                            saved_ids := saved_ids || s_ids[i];
+                            saved_states := saved_states || 'running'::text;
+                            CONTINUE;
+                        END;
                     END;
                     IF FOUND THEN
                         saved_ids := saved_ids || one.id;

@@ -1018,6 +1018,59 @@ async fn a_fair_queue_costs_the_same_beside_a_keys_backlog_under_history_statist
     fair_queue_is_bounded(Statistics::History).await;
 }
 
+/// Fair queueing: a count of one key's queued jobs (what each release of the key and the
+/// claim's turn for it ask) reads the key's range alone, as much beside 10,000 other keys'
+/// queued jobs as beside 300. With the state as a range (`state < 'running'`) the count
+/// walked the queued jobs of every key of the queue.
+async fn key_count_is_bounded(statistics: Statistics) {
+    let db = fair_queue(statistics).await;
+    let pool = &db.pool;
+    let mut session = pool.acquire().await.unwrap();
+    let add_keys = |from: i64, to: i64| {
+        sqlx::query(
+            "INSERT INTO skiplock.jobs (kind, queue, concurrency_key)
+             SELECT 'noop', 'fair', 'key-' || g FROM generate_series($1, $2) g",
+        )
+        .bind(from)
+        .bind(to)
+        .execute(pool)
+    };
+    // The key counted sorts after every other one.
+    sqlx::query(
+        "INSERT INTO skiplock.jobs (kind, queue, concurrency_key)
+         SELECT 'noop', 'fair', 'zzz' FROM generate_series(1, 2)",
+    )
+    .execute(pool)
+    .await
+    .unwrap();
+    let count = "SELECT skiplock.internal_key_queued('fair', 'zzz', 3)";
+    add_keys(1, FEW_WAITING).await.unwrap();
+    buffers_of(&mut session, count).await; // warm: plans
+    let few = buffers_of(&mut session, count).await;
+    add_keys(FEW_WAITING + 1, MANY_WAITING).await.unwrap();
+    let many = buffers_of(&mut session, count).await;
+    let counted: i32 = sqlx::query_scalar(count).fetch_one(pool).await.unwrap();
+    assert_eq!(counted, 2, "the key's two queued jobs");
+    assert_bounded(
+        "a count of a fair key's queued jobs beside other keys' queued jobs",
+        statistics,
+        few,
+        many,
+    );
+}
+
+#[tokio::test]
+async fn a_count_of_a_fair_keys_queued_jobs_costs_the_same_beside_other_keys_under_empty_statistics()
+ {
+    key_count_is_bounded(Statistics::Empty).await;
+}
+
+#[tokio::test]
+async fn a_count_of_a_fair_keys_queued_jobs_costs_the_same_beside_other_keys_under_history_statistics()
+ {
+    key_count_is_bounded(Statistics::History).await;
+}
+
 /// 20,000 jobs of the key `hot` in the queue `fair` (two queued, the rest held), vacuumed.
 async fn hot_key_backlog(pool: &PgPool) {
     sqlx::query(

@@ -45,6 +45,15 @@ async fn claim_order(pool: &PgPool, queue: &str, batch: i32) -> Vec<String> {
     order
 }
 
+/// Makes queue `q` fair, with `key_claimable` `turn`.
+async fn fair_queue_q(pool: &PgPool, turn: i32) {
+    sqlx::query("INSERT INTO skiplock.queues (name, key_claimable) VALUES ('q', $1)")
+        .bind(turn)
+        .execute(pool)
+        .await
+        .unwrap();
+}
+
 /// How many of `queue`'s jobs are in each state (held ones as `waiting/fair`).
 async fn states(pool: &PgPool, queue: &str) -> HashMap<String, i64> {
     sqlx::query_as::<_, (String, i64)>(
@@ -145,6 +154,129 @@ async fn keys_take_turns_and_a_backlog_delays_a_new_key_by_at_most_its_turn() {
     );
 }
 
+/// Claims `queue`'s jobs one at a time on the SQL protocol until `key`'s first job comes,
+/// and returns how many claims came before it.
+async fn claims_before(pool: &PgPool, queue: &str, key: &str) -> usize {
+    for before in 0..100 {
+        let claimed = sql_claim(pool, queue, 1, "fair-test").await;
+        let (id, _) = claimed
+            .first()
+            .unwrap_or_else(|| panic!("{key}'s job never claimed; {before} claims before"));
+        let claimed_key: String =
+            sqlx::query_scalar("SELECT concurrency_key FROM skiplock.jobs WHERE id = $1")
+                .bind(id)
+                .fetch_one(pool)
+                .await
+                .unwrap();
+        if claimed_key == key {
+            return before;
+        }
+    }
+    panic!("{key}'s job not among the first 100 claims")
+}
+
+/// Claims queue `q`, holding the key `big`'s 20 jobs queued at once and one of `small`
+/// after them in claim order: `small`'s goes after at most one claim (of one job here) and
+/// `big`'s turn of 2, not after the 20; then every job is claimed once and none is left
+/// waiting.
+async fn small_goes_after_one_claim_and_a_turn(pool: &PgPool) {
+    let before = claims_before(pool, "q", "small").await;
+    assert!(
+        before <= 3,
+        "small's job waits for at most one claim and big's turn, not for big's 20: \
+         {before} claims before it"
+    );
+    let rest = claim_order(pool, "q", 4).await;
+    assert_eq!(rest.len(), 20 - before, "every job claimed once: {rest:?}");
+    assert_eq!(
+        states(pool, "q").await,
+        HashMap::from([("running".to_owned(), 21)]),
+        "nothing left waiting"
+    );
+}
+
+/// A backlog that was not held at its insert but is queued all at once later (here: 20 jobs
+/// of one key scheduled ahead, coming due together) is brought back under key_claimable by
+/// the claim after the first that takes its jobs: a job of another key due just after them
+/// goes after at most that claim and the key's turn (2), not after all 20.
+#[tokio::test]
+async fn a_backlog_scheduled_ahead_takes_turns_once_it_comes_due() {
+    let db = test_db().await;
+    let pool = &db.pool;
+    fair_queue_q(pool, 2).await;
+    let due: chrono::DateTime<chrono::Utc> = sqlx::query_scalar(
+        "WITH t AS (SELECT now() + interval '300 milliseconds' AS at),
+              big AS (INSERT INTO skiplock.jobs (kind, queue, concurrency_key, scheduled_at)
+                      SELECT 'noop', 'q', 'big', t.at FROM t, generate_series(1, 20)),
+              small AS (INSERT INTO skiplock.jobs (kind, queue, concurrency_key, scheduled_at)
+                        SELECT 'noop', 'q', 'small', t.at + interval '1 millisecond' FROM t)
+         SELECT at FROM t",
+    )
+    .fetch_one(pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        states(pool, "q").await,
+        HashMap::from([("queued".to_owned(), 21)]),
+        "jobs scheduled ahead are not held at their insert"
+    );
+    wait_for("the jobs to come due", Duration::from_secs(10), || async {
+        sqlx::query_scalar::<_, bool>("SELECT clock_timestamp() > $1 + interval '1 millisecond'")
+            .bind(due)
+            .fetch_one(pool)
+            .await
+            .unwrap()
+    })
+    .await;
+    small_goes_after_one_claim_and_a_turn(pool).await;
+}
+
+/// Children queued together when their parent succeeds take turns with the other keys: a
+/// job of another key enqueued after them, before the parent's success, waits for at most
+/// one claim and the key's turn.
+#[tokio::test]
+async fn children_queued_by_their_parent_take_turns() {
+    let db = test_db().await;
+    let pool = &db.pool;
+    fair_queue_q(pool, 2).await;
+    let parent: i64 = sqlx::query_scalar("SELECT skiplock.enqueue('noop', queue => 'parents')")
+        .fetch_one(pool)
+        .await
+        .unwrap();
+    sqlx::query(
+        "SELECT skiplock.enqueue('noop', queue => 'q', concurrency_key => 'big',
+                                 depends_on => ARRAY[$1::bigint])
+         FROM generate_series(1, 20)",
+    )
+    .bind(parent)
+    .execute(pool)
+    .await
+    .unwrap();
+    sqlx::query("SELECT skiplock.enqueue('noop', queue => 'q', concurrency_key => 'small')")
+        .execute(pool)
+        .await
+        .unwrap();
+    let (id, token) = sql_claim(pool, "parents", 1, "fair-test")
+        .await
+        .first()
+        .copied()
+        .expect("the parent to claim");
+    assert_eq!(id, parent);
+    let completed: bool = sqlx::query_scalar("SELECT skiplock.complete($1, $2)")
+        .bind(id)
+        .bind(token)
+        .fetch_one(pool)
+        .await
+        .unwrap();
+    assert!(completed);
+    assert_eq!(
+        states(pool, "q").await.get("queued"),
+        Some(&21),
+        "the parent's success queued its 20 children"
+    );
+    small_goes_after_one_claim_and_a_turn(pool).await;
+}
+
 /// Within a key, a job more urgent than its queued ones is not held behind them; one as
 /// urgent or less waits. Jobs without a key, lane jobs and jobs scheduled ahead are never
 /// held. Raising key_claimable lets more go; removing it lets every held job go; a queued
@@ -153,10 +285,7 @@ async fn keys_take_turns_and_a_backlog_delays_a_new_key_by_at_most_its_turn() {
 async fn priorities_keys_lanes_schedules_and_changes_of_the_setting_keep_their_meaning() {
     let db = test_db().await;
     let pool = &db.pool;
-    sqlx::query("INSERT INTO skiplock.queues (name, key_claimable) VALUES ('q', 2)")
-        .execute(pool)
-        .await
-        .unwrap();
+    fair_queue_q(pool, 2).await;
     let enqueue = |sql: &'static str| async move {
         sqlx::query_scalar::<_, i64>(sql)
             .fetch_one(pool)
@@ -284,10 +413,7 @@ async fn priorities_keys_lanes_schedules_and_changes_of_the_setting_keep_their_m
 async fn a_turn_is_never_lost_between_an_insert_and_a_claim(insert_first: bool) {
     let db = test_db().await;
     let pool = &db.pool;
-    sqlx::query("INSERT INTO skiplock.queues (name, key_claimable) VALUES ('q', 1)")
-        .execute(pool)
-        .await
-        .unwrap();
+    fair_queue_q(pool, 1).await;
     let first: i64 =
         sqlx::query_scalar("SELECT skiplock.enqueue('noop', queue => 'q', concurrency_key => 'k')")
             .fetch_one(pool)
@@ -365,10 +491,7 @@ async fn a_turn_is_never_lost_when_the_claim_takes_before_the_insert_holds() {
 async fn a_claim_beside_another_in_flight_takes_the_keys_held_jobs() {
     let db = test_db().await;
     let pool = &db.pool;
-    sqlx::query("INSERT INTO skiplock.queues (name, key_claimable) VALUES ('q', 2)")
-        .execute(pool)
-        .await
-        .unwrap();
+    fair_queue_q(pool, 2).await;
     sqlx::query(
         "INSERT INTO skiplock.jobs (kind, queue, concurrency_key)
          SELECT 'noop', 'q', 'k' FROM generate_series(1, 10)",

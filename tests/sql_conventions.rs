@@ -4,9 +4,10 @@
 //! workers of runnable work; a statement that forgets leaves its jobs to the workers' next
 //! walk from the start, up to a minute later), every function that reads a lane to
 //! move it takes the lane's lock, every function that ends a claim tells of the slot it
-//! frees, every function on job rows runs without JIT, and every function that writes or
-//! locks a job another transaction may move between partitions handles 40001 or names the
-//! callers that do. And one rule of the SQL the tests write: a query of the sessions view
+//! frees, every function on job rows runs without JIT, every function that holds jobs for
+//! their key's turn leaves the marks the walks of held jobs start from, and every function
+//! that writes or locks a job another transaction may move between partitions handles 40001
+//! or names the callers that do. And one rule of the SQL the tests write: a query of the sessions view
 //! under tests/ names the test's own sessions only. Reads the files only: no database.
 
 use std::path::PathBuf;
@@ -175,6 +176,10 @@ const QUEUES_NOTHING: &[(&str, &str)] = &[
         "moves queued jobs of full keys to waiting; internal_release_held announces them when they go",
     ),
     (
+        "internal_hold_overflow",
+        "moves queued jobs past their key's turn to waiting; internal_release_held announces them when they go",
+    ),
+    (
         "internal_complete_claims",
         "ends claims (succeeded); the caller moves lanes and dependants on",
     ),
@@ -232,6 +237,62 @@ fn every_function_that_ends_a_claim_tells_of_the_freed_slot() {
          skiplock.internal_notify_freed (a key's held jobs then wait for the sweep): \
          {silent:?}; call it with the ended jobs' queues and concurrency keys, or add the \
          function to ENDS_CLAIMS_SILENTLY with the reason no slot is freed"
+    );
+}
+
+/// Whether a function body holds jobs for their key's turn: an `UPDATE` whose `SET` writes
+/// `held_for = 'fair'` (not a comparison in a `WHERE` or an `IF`).
+fn holds_for_turns(body: &str) -> bool {
+    body.match_indices("held_for = 'fair'").any(|(at, _)| {
+        let statement = &body[body[..at].rfind(';').map_or(0, |end| end + 1)..at];
+        statement.contains("UPDATE skiplock.jobs")
+            && statement
+                .rfind(" SET ")
+                .is_some_and(|set| !statement[set..].contains("WHERE"))
+    })
+}
+
+/// In a fair queue a walk of a key's held jobs starts where they start
+/// (`skiplock.key_held_from`, 0001_initial.sql), which only holds while every job held for
+/// its turn sorts at or after the row or after a mark its hold left: the function that holds
+/// jobs for their turn hands each key's first job held to `skiplock.internal_recheck_keys`
+/// as a mark (its third argument), or returns its mark (`RETURNS skiplock.key_slots_freed`)
+/// to its caller, which keeps it (`internal_hold_overflow`, whose caller walks from it and
+/// records it). A holder without marks would leave jobs before the row,
+/// which the walks pass by until the sweep of waiting jobs finds them (tests/fair_keys.rs
+/// `a_job_held_by_hand_behind_where_the_keys_walks_start_goes_after_a_sweep`).
+#[test]
+fn every_function_that_holds_jobs_for_their_turn_leaves_its_marks() {
+    let unmarked = breaking(
+        &[],
+        "no exemption list",
+        |f| holds_for_turns(&f.body),
+        |f| {
+            !f.header.contains("RETURNS skiplock.key_slots_freed")
+                && !f
+                    .body
+                    .match_indices("skiplock.internal_recheck_keys(")
+                    .any(|(at, call)| {
+                        let rest = &f.body[at + call.len()..];
+                        rest[..rest.find(')').unwrap_or(rest.len())]
+                            .matches(',')
+                            .count()
+                            == 2
+                    })
+        },
+    );
+    assert!(
+        unmarked.is_empty(),
+        "functions that hold jobs for their key's turn (held_for = 'fair') without handing \
+         each key's first job held to skiplock.internal_recheck_keys as a mark, nor returning \
+         it to their caller (the walks of held jobs start at key_held_from and would pass the \
+         jobs by): {unmarked:?}"
+    );
+    assert!(
+        files()
+            .iter()
+            .any(|(_, text)| definitions(text).iter().any(|f| holds_for_turns(&f.body))),
+        "no function holds jobs for their turn: the check above looks at nothing"
     );
 }
 
@@ -364,6 +425,10 @@ const MOVED_ROWS_RETRIED_BY_CALLERS: &[(&str, &str)] = &[
     (
         "internal_release_fair_key",
         "internal_release_held's callers",
+    ),
+    (
+        "internal_hold_overflow",
+        "internal_release_fair_key and internal_release_held, as theirs",
     ),
     (
         "internal_claim_batch",

@@ -12,7 +12,8 @@
 --   internal_held_from, internal_release_fair_key, internal_release_freed_keys
 --   internal_window_room, internal_key_rate_take, internal_hold_rate_keys
 --   internal_release_refilled_keys, internal_forget_key_limit_rows
---   internal_key_queued, internal_hold_for_turns
+--   internal_key_first_held, internal_key_queued, internal_hold_overflow
+--   internal_hold_for_turns
 --   internal_recheck_keys
 
 -- ---- Global limits (skiplock.queues: max_running, rate_limit per rate_period) -----------
@@ -382,6 +383,16 @@ BEGIN
         END LOOP;
         RETURN released;
     END IF;
+    IF claimable IS NOT NULL AND keys IS NOT NULL THEN
+        -- As internal_release_fair_key: a key with more than twice key_claimable queued has
+        -- them held, and lets the first go again below (walked from the front here: no marks
+        -- needed).
+        PERFORM skiplock.internal_hold_overflow(queue_name, k.key)
+        FROM (SELECT DISTINCT k.key FROM unnest(keys) AS k(key) WHERE k.key IS NOT NULL) k
+        WHERE skiplock.internal_key_queued(queue_name, k.key,
+                                           least(2 * claimable::bigint + 1, 2147483647)::int)
+              > 2 * claimable::bigint;
+    END IF;
     WITH RECURSIVE held_keys(key) AS (
         -- With keys NULL: the first held key, then the next after each.
         (SELECT w.concurrency_key FROM skiplock.jobs_live w
@@ -477,7 +488,8 @@ AS $$
 $$;
 
 -- Lets go one key's held jobs in a queue with key_claimable and no other per-key limit, as
--- internal_release_held does (as many as key_claimable leaves), walking from where they
+-- internal_release_held does (as many as key_claimable leaves; with more than twice that
+-- queued, it holds them first: internal_hold_overflow), walking from where they
 -- start (internal_held_from: the key's row of key_held_from and the marks given, the rows
 -- of key_slots_freed the caller took), then records where they start now: the first job
 -- still held from that point on, read after the release (what others hold locked counts as
@@ -491,7 +503,7 @@ $$;
 -- queue's limits deleting it), leaves its position as a row of key_slots_freed instead (a
 -- turn of the key too, which only lets go what its room allows); one that took none needs
 -- to write nothing (a mark for each release that lost the lock cost 5 to 10 % of a lone
--- key's drain). A key with nothing held from the walk's start on
+-- key's drain), unless it held jobs itself. A key with nothing held from the walk's start on
 -- loses its row (walked from the front next time): jobs held before it are after some
 -- other mark. Returns how many it let go.
 CREATE OR REPLACE FUNCTION skiplock.internal_release_fair_key(queue_name text, key text,
@@ -509,6 +521,8 @@ DECLARE
     writes_row boolean;
     row_at record;
     walk_from record;
+    queued int;
+    overflow skiplock.key_slots_freed;
     room int;
     released int;
     released_keys skiplock.runnable_key[];
@@ -521,7 +535,22 @@ BEGIN
     FROM skiplock.key_held_from f
     WHERE f.queue = queue_name AND f.concurrency_key = key;
     SELECT * INTO walk_from FROM skiplock.internal_held_from(queue_name, key, marks);
-    room := greatest(claimable - skiplock.internal_key_queued(queue_name, key, claimable), 0);
+    queued := skiplock.internal_key_queued(queue_name, key,
+                                           least(2 * claimable::bigint + 1, 2147483647)::int);
+    IF queued > 2 * claimable::bigint THEN
+        -- More than twice the bound queued (come due, or queued past the insert's hold;
+        -- two releases at once may leave up to twice): they are held, and this walk, which
+        -- lets the first of them go again, starts no later than the first.
+        overflow := skiplock.internal_hold_overflow(queue_name, key);
+        queued := skiplock.internal_key_queued(queue_name, key, claimable);
+        IF (overflow.from_priority, overflow.from_scheduled_at, overflow.from_id)
+           < (walk_from.priority, walk_from.scheduled_at, walk_from.id) THEN
+            walk_from.priority := overflow.from_priority;
+            walk_from.scheduled_at := overflow.from_scheduled_at;
+            walk_from.id := overflow.from_id;
+        END IF;
+    END IF;
+    room := greatest(claimable - least(queued, claimable), 0);
     WITH released AS (
         UPDATE skiplock.jobs_live j SET state = 'queued', held_for = NULL,
             -- Behind what is queued now, so that the keys take turns.
@@ -563,10 +592,11 @@ BEGIN
     IF NOT writes_row THEN
         -- The row is left to the release holding the lock: this one walked from the row
         -- (as committed, which that release reads too, or moves past only what it saw
-        -- held), and needs to keep only the marks it took, as one mark.
-        recorded := NOT EXISTS (SELECT 1 FROM unnest(marks) AS m
-                                WHERE m.queue = queue_name AND m.concurrency_key = key
-                                  AND m.from_id IS NOT NULL);
+        -- held), and needs to keep only the marks it took and the jobs it held, as one mark.
+        recorded := overflow.from_id IS NULL
+                    AND NOT EXISTS (SELECT 1 FROM unnest(marks) AS m
+                                    WHERE m.queue = queue_name AND m.concurrency_key = key
+                                      AND m.from_id IS NOT NULL);
     ELSIF row_at.id IS NULL THEN
         -- Made only under the queue's lock, shared and not waited for: a change of the
         -- queue's limits, which takes it to drop the queue's rows, cannot miss a row made
@@ -843,17 +873,56 @@ $$;
 -- one of the key's queued jobs is claimed or cancelled, with scheduled_at moved to then, so
 -- it queues behind every job queued before: the keys take turns, and one key's backlog
 -- delays another key's next job by at most key_claimable of its jobs per priority. Jobs
--- without a key, lane jobs and jobs scheduled ahead are never held; what lets a job go is
--- internal_release_held, as for the per-key limits, with the fair room as one more bound.
+-- without a key and lane jobs are never held; what lets a job go is internal_release_held,
+-- as for the per-key limits, with the fair room as one more bound. Jobs queued without the
+-- insert's hold (scheduled ahead and come due, children, retries) are held once a claim
+-- that took some of them finds more than twice key_claimable queued
+-- (internal_hold_overflow), and let go again in turn.
 -- Nothing here takes a lock: the insert decides on what it sees, the claim lets go on what
 -- it sees, and each leaves the key in skiplock.key_slots_freed for the queue's next claim
--- (the insert only for the jobs it held, the claim only for keys with held jobs), which
+-- (the insert only for the jobs it held, the claim only for keys with held jobs or more
+-- than twice key_claimable queued), which
 -- looks at the key again with both committed, so neither order of their commits leaves a
 -- key with held jobs and nothing queued. Two claims that let go the same key's jobs at once
--- may queue a few more than key_claimable; none is left behind. The cost follows the jobs
+-- may queue up to twice key_claimable (more, and the next release of the key holds them
+-- again); none is left behind. The cost follows the jobs
 -- of keys in such queues: an insert's probes of its key, a held job's two more writes (held
 -- after its insert, queued when let go); other inserts pay a probe of skiplock.queues per
 -- statement.
+
+-- The priority of a queue's key's most urgent held job; NULL when none is held: that of its
+-- last held job, read from the back of the key's range in jobs_held_idx, then any more
+-- urgent one. Not from the front: every held job of the key taken since the last vacuum
+-- leaves a dead entry there, which a walk from the front steps over (390 pages after 64,000
+-- taken, against 4 from the back).
+CREATE OR REPLACE FUNCTION skiplock.internal_key_first_held(queue_name text, key text)
+RETURNS smallint
+LANGUAGE plpgsql STABLE
+-- Without a sort, only jobs_held_idx gives the order: through jobs_waiting_idx and a sort
+-- (chosen while the statistics said nothing waits) it read every waiting job.
+SET enable_sort = off
+SET enable_seqscan = off
+SET enable_bitmapscan = off
+SET jit = off
+AS $$
+DECLARE
+    first_held smallint;
+BEGIN
+    SELECT h.priority INTO first_held FROM skiplock.jobs_live h
+    WHERE h.queue = queue_name AND h.state = 'waiting' AND h.held_for IS NOT NULL
+      AND h.concurrency_key = key
+    ORDER BY h.priority DESC, h.scheduled_at DESC, h.id DESC LIMIT 1;
+    IF first_held IS NULL THEN
+        RETURN NULL;
+    END IF;
+    RETURN coalesce(
+        (SELECT h.priority FROM skiplock.jobs_live h
+         WHERE h.queue = queue_name AND h.state = 'waiting' AND h.held_for IS NOT NULL
+           AND h.concurrency_key = key AND h.priority < first_held
+         ORDER BY h.priority LIMIT 1),
+        first_held);
+END;
+$$;
 
 -- The due queued jobs of a queue's key at its most urgent held job's priority or better
 -- (every due queued job when none is held), counted up to `cap`; NULL without a cap.
@@ -865,40 +934,76 @@ SET enable_bitmapscan = off
 SET jit = off
 AS $$
 DECLARE
-    first_held smallint;
+    bound smallint;
 BEGIN
     IF cap IS NULL THEN
         RETURN NULL;
     END IF;
-    -- The most urgent priority among the key's held jobs: that of its last held job, read
-    -- from the back of the key's range in jobs_held_idx, then any more urgent one. Not
-    -- from the front: every held job of the key taken since the last vacuum leaves a dead
-    -- entry there, which a walk from the front steps over (390 pages after 64,000 taken,
-    -- against 4 from the back).
-    SELECT h.priority INTO first_held FROM skiplock.jobs_live h
-    WHERE h.queue = queue_name AND h.state = 'waiting' AND h.held_for IS NOT NULL
-      AND h.concurrency_key = key
-    ORDER BY h.priority DESC, h.scheduled_at DESC, h.id DESC LIMIT 1;
-    IF first_held IS NOT NULL THEN
-        first_held := coalesce(
-            (SELECT h.priority FROM skiplock.jobs_live h
-             WHERE h.queue = queue_name AND h.state = 'waiting' AND h.held_for IS NOT NULL
-               AND h.concurrency_key = key AND h.priority < first_held
-             ORDER BY h.priority LIMIT 1),
-            first_held);
-    END IF;
-    -- `state IN ('queued', 'running') AND state < 'running'`, not `state = 'queued'`: only
-    -- jobs_concurrency_key_idx can serve it, whatever the statistics say (through
-    -- jobs_claim_idx the count walked every key's queued jobs when the statistics said
-    -- the queue held one key). `<`, an index condition, not `<>`, a filter: with `<>` the
-    -- scan walked the key's running range too, over the dead entries of every job of the
-    -- key that ran since the last vacuum.
+    bound := coalesce(skiplock.internal_key_first_held(queue_name, key), 32767);
+    -- The key's queued range of jobs_concurrency_key_idx alone, whatever the statistics
+    -- say: `state IN ('queued', 'running')` proves that index's predicate, and the state
+    -- compared with `(SELECT 'queued')`, a value known only when the scan starts, proves
+    -- nothing else, so jobs_claim_idx (`WHERE state = 'queued'`) cannot serve it (through
+    -- it the count walked every key's queued jobs when the statistics said the queue held
+    -- one key), and, being an equality, bounds the scan to the key's range. Written as
+    -- `state < 'running'` instead, a range, the scan walked the queued jobs of every key
+    -- of the queue (93 pages for any key beside 800 keys of 10 jobs, against 12), and an
+    -- insert's hold of 300,000 jobs of 30,000 keys ran for more than 7 minutes. The same
+    -- form serves every walk of a key's queued jobs (internal_hold_overflow,
+    -- internal_hold_for_turns).
     RETURN (SELECT count(*)::int FROM (
         SELECT FROM skiplock.jobs_live j
-        WHERE j.queue = queue_name AND j.state IN ('queued', 'running') AND j.state < 'running'
-          AND j.concurrency_key = key
-          AND j.priority <= coalesce(first_held, 32767) AND j.scheduled_at <= now()
+        WHERE j.queue = queue_name AND j.state IN ('queued', 'running')
+          AND j.state = (SELECT 'queued'::skiplock.job_state) AND j.concurrency_key = key
+          AND j.priority <= bound AND j.scheduled_at <= now()
         LIMIT cap) r);
+END;
+$$;
+
+-- Holds, as `waiting` with held_for 'fair', every due queued job of a queue's key (at its
+-- most urgent held job's priority or better, as internal_key_queued counts them), for a key
+-- found with more than twice key_claimable queued: what came due or was queued without
+-- passing the insert's hold (jobs scheduled ahead, children whose parents succeeded,
+-- retries, an operator's retry) goes back under the bound when its caller then lets the
+-- first key_claimable go again, in claim order, from jobs_held_idx, behind what is queued.
+-- Not at more than key_claimable: two releases of a key at once may leave up to twice that
+-- queued, which would then be held and let go again at every such pair. All of them, not those past
+-- the first key_claimable: that needs the key's queued jobs in claim order, which
+-- jobs_claim_idx gives too, and a plan through it walked every key's queued jobs when the
+-- statistics said the queue held one key; this walk is served by the key's range of
+-- jobs_concurrency_key_idx alone (see internal_key_queued). Lane jobs count but stay queued, and rows other
+-- transactions hold are left (a claim is taking them). Returns the first job it held as a
+-- mark (a row of key_slots_freed: where the key's walks of held jobs must start at the
+-- latest), NULL when it held none. Called by the releases (internal_release_fair_key,
+-- internal_release_held) of a key whose count found that many; a claim that took the key's
+-- jobs and saw that many left queued leaves the key for them.
+CREATE OR REPLACE FUNCTION skiplock.internal_hold_overflow(queue_name text, key text)
+RETURNS skiplock.key_slots_freed
+LANGUAGE plpgsql
+SET enable_seqscan = off
+SET enable_bitmapscan = off
+SET jit = off
+AS $$
+DECLARE
+    bound smallint := coalesce(skiplock.internal_key_first_held(queue_name, key), 32767);
+    mark skiplock.key_slots_freed;
+BEGIN
+    WITH held AS (
+        UPDATE skiplock.jobs_live j SET state = 'waiting', held_for = 'fair'
+        WHERE j.ctid = ANY (ARRAY(
+            SELECT h.ctid FROM skiplock.jobs_live h
+            WHERE h.queue = queue_name AND h.state IN ('queued', 'running')
+              AND h.state = (SELECT 'queued'::skiplock.job_state) AND h.concurrency_key = key
+              AND h.priority <= bound AND h.scheduled_at <= now() AND h.ordering_key IS NULL
+            FOR UPDATE SKIP LOCKED))
+        RETURNING j.priority, j.scheduled_at, j.id
+    )
+    SELECT ROW(queue_name, key, h.priority, h.scheduled_at, h.id)::skiplock.key_slots_freed
+    INTO mark
+    FROM held h
+    ORDER BY h.priority, h.scheduled_at, h.id
+    LIMIT 1;
+    RETURN mark;
 END;
 $$;
 
@@ -924,7 +1029,6 @@ SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 SET enable_seqscan = off
 SET enable_bitmapscan = off
-SET enable_hashjoin = off
 SET enable_mergejoin = off
 SET jit = off
 AS $$
@@ -957,25 +1061,22 @@ BEGIN
         ), levels AS MATERIALIZED (
             -- Once per level (MATERIALIZED: inlined, its probes ran once per job).
             SELECT g.queue, g.key, g.priority, g.cap, g.up_to,
-                   -- From the back of the key's range (see internal_key_queued).
-                   (SELECT true FROM skiplock.jobs_live h
-                    WHERE h.queue = g.queue AND h.state = 'waiting'
-                      AND h.held_for IS NOT NULL AND h.concurrency_key = g.key
-                      AND h.priority <= g.priority
-                    ORDER BY h.priority DESC, h.scheduled_at DESC, h.id DESC
-                    LIMIT 1) IS NOT NULL AS has_held,
+                   coalesce(skiplock.internal_key_first_held(g.queue, g.key) <= g.priority,
+                            false) AS has_held,
                    -- The others: all of them counted up to cap beyond the given ones, less
-                   -- the given ones (up_to; no test of each against the list). (state IN
-                   -- … AND < 'running': see internal_key_queued.)
+                   -- the given ones (up_to; no test of each against the list). (The state
+                   -- compared twice: see internal_key_queued.)
                    greatest(0, (SELECT count(*) FROM (
                         SELECT FROM skiplock.jobs_live o
                         WHERE o.queue = g.queue AND o.state IN ('queued', 'running')
-                          AND o.state < 'running'
+                          AND o.state = (SELECT 'queued'::skiplock.job_state)
                           AND o.concurrency_key = g.key AND o.priority <= g.priority
                           AND o.scheduled_at <= now()
                         LIMIT g.cap + g.up_to) r) - g.up_to) AS queued
             FROM (SELECT DISTINCT g.queue, g.key, g.priority, g.cap, g.up_to FROM given g) g
         )
+        -- A hash join of the two (hash joins allowed here for it): as a nested loop over
+        -- the levels, an insert of 8,000 jobs of 800 keys compared 6,400,000 pairs.
         SELECT g.id
         FROM given g
         JOIN levels l ON l.queue = g.queue AND l.key = g.key AND l.priority = g.priority

@@ -410,19 +410,28 @@ BEGIN
                       j.claim_token, j.priority, j.scheduled_at, j.traceparent, j.tracestate,
                       j.concurrency_key
         ), turns_given AS (
-            -- Fair queueing: the keys taken that have jobs held for their turn, for the
-            -- queue's next claim (run whether or not the result is read).
+            -- Fair queueing: the keys taken that have jobs held for their turn, or more than
+            -- twice key_claimable due jobs queued besides those taken (come due, or queued
+            -- past the insert's hold: the next claim's release holds them), for the queue's
+            -- next claim (run whether or not the result is read).
             -- A LATERAL probe with LIMIT, not EXISTS: a hashed semi join read every held job.
-            -- From the back of the key's range (see internal_key_queued).
+            -- From the back of the key's range (see internal_key_first_held). The count
+            -- reads this statement's snapshot, in which the jobs taken are still queued.
             INSERT INTO skiplock.key_slots_freed (queue, concurrency_key)
             SELECT queue_name, k.key
-            FROM (SELECT DISTINCT c.concurrency_key AS key FROM claimed c
-                  WHERE lim_key_claimable IS NOT NULL AND c.concurrency_key IS NOT NULL) k
-            CROSS JOIN LATERAL (SELECT 1 FROM skiplock.jobs_live h
-                                WHERE h.queue = queue_name AND h.state = 'waiting'
-                                  AND h.held_for IS NOT NULL AND h.concurrency_key = k.key
-                                ORDER BY h.priority DESC, h.scheduled_at DESC, h.id DESC
-                                LIMIT 1) held
+            FROM (SELECT c.concurrency_key AS key, count(*)::int AS taken FROM claimed c
+                  WHERE lim_key_claimable IS NOT NULL AND c.concurrency_key IS NOT NULL
+                  GROUP BY c.concurrency_key) k
+            LEFT JOIN LATERAL (SELECT true AS found FROM skiplock.jobs_live h
+                               WHERE h.queue = queue_name AND h.state = 'waiting'
+                                 AND h.held_for IS NOT NULL AND h.concurrency_key = k.key
+                               ORDER BY h.priority DESC, h.scheduled_at DESC, h.id DESC
+                               LIMIT 1) held ON true
+            WHERE held.found
+               OR skiplock.internal_key_queued(
+                      queue_name, k.key,
+                      least(2 * lim_key_claimable::bigint + k.taken + 1, 2147483647)::int)
+                  > 2 * lim_key_claimable::bigint + k.taken
         )
         SELECT c.id, c.queue, c.kind, c.args, c.attempt, c.max_attempts, c.claim_token,
                c.priority,

@@ -2,7 +2,8 @@
 -- complete, fail, discard, release, snooze, complete_many, fail_many, maintain.
 --
 -- Defines:
---   claim, heartbeat, internal_save_outcomes, internal_save_outcomes_many, complete_many
+--   claim, heartbeat, internal_save_outcomes, internal_fails_the_call
+--   internal_save_outcomes_many, complete_many
 --   fail_many, complete, fail, discard, release, snooze
 --   internal_reap_stale_tally, maintain, has_work, left_behind
 
@@ -170,6 +171,18 @@ BEGIN
 END;
 $$;
 
+-- Whether an error caught while saving outcomes is one of the server or the transaction
+-- rather than of a row, which fails the call instead of sending a job dead: a rollback
+-- (serialization failure, deadlock), lock_timeout, a read-only server, resources, an
+-- operator's cancel or shutdown, a lost connection or prepared statement (those the Rust
+-- worker retries, src/error.rs), or a caller without the privilege to write jobs (42501).
+-- The one list of them (three handlers of internal_save_outcomes_many ask).
+CREATE OR REPLACE FUNCTION skiplock.internal_fails_the_call(code text) RETURNS boolean
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT left(code, 2) IN ('40', '53', '57', '08')
+        OR code IN ('55P03', '25006', '26000', '42501');
+$$;
+
 -- The path behind every outcome of the protocol (see above): checks the arguments, sorts the claims
 -- by id, saves them in one pass (or one at a time when the pass fails for a row: see above),
 -- moves on what finished, and returns one row per claim given, in the order given: the
@@ -249,45 +262,37 @@ BEGIN
                 IF NOT skiplock.internal_may_retry_moved(attempts) THEN
                     RAISE;
                 END IF;
-            WHEN transaction_rollback OR lock_not_available OR read_only_sql_transaction
-                 OR insufficient_resources OR operator_intervention OR connection_exception
-                 OR invalid_sql_statement_name OR insufficient_privilege THEN
-                RAISE;
             WHEN OTHERS THEN
+                IF skiplock.internal_fails_the_call(SQLSTATE) THEN
+                    RAISE;
+                END IF;
                 FOR i IN 1 .. cardinality(s_ids) LOOP
                     BEGIN
                         SELECT * INTO one
                         FROM skiplock.internal_save_outcomes(
                             outcome, ARRAY[s_ids[i]], ARRAY[s_tokens[i]], ARRAY[s_outputs[i]],
                             ARRAY[s_messages[i]], ARRAY[s_retry_ins[i]]);
-                    EXCEPTION
-                        WHEN transaction_rollback OR lock_not_available OR read_only_sql_transaction
-                             OR insufficient_resources OR operator_intervention
-                             OR connection_exception OR invalid_sql_statement_name
-                             OR insufficient_privilege THEN
+                    EXCEPTION WHEN OTHERS THEN
+                        IF skiplock.internal_fails_the_call(SQLSTATE) THEN
                             RAISE;
-                        WHEN OTHERS THEN
-                            reason := SQLERRM;
-                            BEGIN
-                                SELECT * INTO one
-                                FROM skiplock.internal_abandon_claims(
-                                    ARRAY[s_ids[i]], ARRAY[s_tokens[i]],
-                                    skiplock.internal_error_message(
-                                        'the outcome of this attempt could not be saved: ' || reason));
-                            EXCEPTION
-                                WHEN transaction_rollback OR lock_not_available
-                                     OR read_only_sql_transaction OR insufficient_resources
-                                     OR operator_intervention OR connection_exception
-                                     OR invalid_sql_statement_name
-                                     OR insufficient_privilege THEN
-                                    RAISE;
-                                WHEN OTHERS THEN
-                                    RAISE WARNING 'skiplock.%: job % could not be saved (%) nor marked dead (%); it stays running until maintain takes it back',
-                                        caller, s_ids[i], reason, SQLERRM;
-                                    saved_ids := saved_ids || s_ids[i];
-                                    saved_states := saved_states || 'running'::text;
-                                    CONTINUE;
-                            END;
+                        END IF;
+                        reason := SQLERRM;
+                        BEGIN
+                            SELECT * INTO one
+                            FROM skiplock.internal_abandon_claims(
+                                ARRAY[s_ids[i]], ARRAY[s_tokens[i]],
+                                skiplock.internal_error_message(
+                                    'the outcome of this attempt could not be saved: ' || reason));
+                        EXCEPTION WHEN OTHERS THEN
+                            IF skiplock.internal_fails_the_call(SQLSTATE) THEN
+                                RAISE;
+                            END IF;
+                            RAISE WARNING 'skiplock.%: job % could not be saved (%) nor marked dead (%); it stays running until maintain takes it back',
+                                caller, s_ids[i], reason, SQLERRM;
+                            saved_ids := saved_ids || s_ids[i];
+                            saved_states := saved_states || 'running'::text;
+                            CONTINUE;
+                        END;
                     END;
                     IF FOUND THEN
                         saved_ids := saved_ids || one.id;

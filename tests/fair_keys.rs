@@ -195,6 +195,22 @@ async fn small_goes_after_one_claim_and_a_turn(pool: &PgPool) {
     );
 }
 
+/// Waits until the database's clock is past `at` (jobs scheduled then are due).
+async fn until_the_database_clock_passes(pool: &PgPool, at: chrono::DateTime<chrono::Utc>) {
+    wait_for(
+        "the database clock to pass",
+        Duration::from_secs(10),
+        || async {
+            sqlx::query_scalar::<_, bool>("SELECT clock_timestamp() > $1")
+                .bind(at)
+                .fetch_one(pool)
+                .await
+                .unwrap()
+        },
+    )
+    .await;
+}
+
 /// A backlog that was not held at its insert but is queued all at once later (here: 20 jobs
 /// of one key scheduled ahead, coming due together) is brought back under key_claimable by
 /// the claim after the first that takes its jobs: a job of another key due just after them
@@ -220,24 +236,14 @@ async fn a_backlog_scheduled_ahead_takes_turns_once_it_comes_due() {
         HashMap::from([("queued".to_owned(), 21)]),
         "jobs scheduled ahead are not held at their insert"
     );
-    wait_for("the jobs to come due", Duration::from_secs(10), || async {
-        sqlx::query_scalar::<_, bool>("SELECT clock_timestamp() > $1 + interval '1 millisecond'")
-            .bind(due)
-            .fetch_one(pool)
-            .await
-            .unwrap()
-    })
-    .await;
+    until_the_database_clock_passes(pool, due + chrono::Duration::milliseconds(1)).await;
     small_goes_after_one_claim_and_a_turn(pool).await;
 }
 
-/// Children queued together when their parent succeeds take turns with the other keys: a
-/// job of another key enqueued after them, before the parent's success, waits for at most
-/// one claim and the key's turn.
-#[tokio::test]
-async fn children_queued_by_their_parent_take_turns() {
-    let db = test_db().await;
-    let pool = &db.pool;
+/// Queue `q` (key_claimable 2) with the 20 children of one parent of queue `parents`, all
+/// of key `big`, and then one job of key `small`; the parent claimed and completed, so that
+/// its success queues the 20 at once.
+async fn children_queued_at_once(pool: &PgPool) {
     fair_queue_q(pool, 2).await;
     let parent: i64 = sqlx::query_scalar("SELECT skiplock.enqueue('noop', queue => 'parents')")
         .fetch_one(pool)
@@ -274,7 +280,115 @@ async fn children_queued_by_their_parent_take_turns() {
         Some(&21),
         "the parent's success queued its 20 children"
     );
+}
+
+/// Children queued together when their parent succeeds take turns with the other keys: a
+/// job of another key enqueued after them, before the parent's success, waits for at most
+/// one claim and the key's turn.
+#[tokio::test]
+async fn children_queued_by_their_parent_take_turns() {
+    let db = test_db().await;
+    let pool = &db.pool;
+    children_queued_at_once(pool).await;
     small_goes_after_one_claim_and_a_turn(pool).await;
+}
+
+/// Children held past their key's turn (they have dependency rows, all met) are let go by
+/// the sweep of waiting jobs in turn, as any held job, not queued all at once as dependants
+/// whose parents succeeded.
+#[tokio::test]
+async fn the_sweep_lets_held_children_go_in_turn() {
+    let db = test_db().await;
+    let pool = &db.pool;
+    children_queued_at_once(pool).await;
+    // The first claim leaves the key for the second, which holds its children and lets
+    // two go again.
+    for _ in 0..2 {
+        sql_claim(pool, "q", 1, "fair-test").await;
+    }
+    let held = states(pool, "q").await.get("waiting/fair").copied();
+    assert!(
+        held.is_some_and(|held| held > 10),
+        "the key's children held: {:?}",
+        states(pool, "q").await
+    );
+    sqlx::query("SELECT * FROM skiplock.maintain()")
+        .execute(pool)
+        .await
+        .unwrap();
+    let states = states(pool, "q").await;
+    assert!(
+        states.get("queued").copied().unwrap_or(0) <= 3,
+        "the sweep queued the key's held children at once: {states:?}"
+    );
+}
+
+/// Jobs that come due more urgent than a key's held jobs, after the key's walks of held jobs
+/// start at a row of key_held_from, are held from where they sort and let go first: the
+/// walk starts at the first of them, not at the row (then they waited for the sweep).
+#[tokio::test]
+async fn jobs_come_due_before_where_a_keys_walks_start_go_first() {
+    let db = test_db().await;
+    let pool = &db.pool;
+    fair_queue_q(pool, 2).await;
+    sqlx::query(
+        "INSERT INTO skiplock.jobs (kind, queue, concurrency_key, priority)
+         SELECT 'noop', 'q', 'big', 5 FROM generate_series(1, 10)",
+    )
+    .execute(pool)
+    .await
+    .unwrap();
+    // Two claims: the second lets the key's next go and records where its held jobs start.
+    for _ in 0..2 {
+        sql_claim(pool, "q", 1, "fair-test").await;
+    }
+    let row: Option<i16> = sqlx::query_scalar(
+        "SELECT priority FROM skiplock.key_held_from WHERE queue = 'q' AND concurrency_key = 'big'",
+    )
+    .fetch_optional(pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        row,
+        Some(5),
+        "the key's walks start among its priority-5 jobs"
+    );
+    let due: chrono::DateTime<chrono::Utc> = sqlx::query_scalar(
+        "WITH t AS (SELECT now() + interval '300 milliseconds' AS at),
+              urgent AS (INSERT INTO skiplock.jobs (kind, queue, concurrency_key, priority,
+                                                   scheduled_at)
+                         SELECT 'noop', 'q', 'big', 0, t.at FROM t, generate_series(1, 20))
+         SELECT at FROM t",
+    )
+    .fetch_one(pool)
+    .await
+    .unwrap();
+    until_the_database_clock_passes(pool, due).await;
+    let priorities: Vec<i16> = {
+        // Until two claims in a row come back empty (see claim_order).
+        let (mut taken, mut empty) = (Vec::new(), 0);
+        while empty < 2 && taken.len() < 40 {
+            let claimed = sql_claim(pool, "q", 1, "fair-test").await;
+            let Some((id, _)) = claimed.first() else {
+                empty += 1;
+                continue;
+            };
+            empty = 0;
+            taken.push(
+                sqlx::query_scalar("SELECT priority FROM skiplock.jobs WHERE id = $1")
+                    .bind(id)
+                    .fetch_one(pool)
+                    .await
+                    .unwrap(),
+            );
+        }
+        taken
+    };
+    assert_eq!(
+        priorities,
+        [vec![0; 20], vec![5; 8]].concat(),
+        "the urgent jobs first, then the rest, none left waiting: {priorities:?}"
+    );
 }
 
 /// Within a key, a job more urgent than its queued ones is not held behind them; one as

@@ -387,11 +387,15 @@ BEGIN
         -- As internal_release_fair_key: a key with more than twice key_claimable queued has
         -- them held, and lets the first go again below (walked from the front here: no marks
         -- needed).
-        PERFORM skiplock.internal_hold_overflow(queue_name, k.key)
-        FROM (SELECT DISTINCT k.key FROM unnest(keys) AS k(key) WHERE k.key IS NOT NULL) k
-        WHERE skiplock.internal_key_queued(queue_name, k.key,
-                                           least(2 * claimable::bigint + 1, 2147483647)::int)
-              > 2 * claimable::bigint;
+        -- Each such key is looked at again by the next claim, as there.
+        INSERT INTO skiplock.key_slots_freed (queue, concurrency_key)
+        SELECT queue_name, o.key
+        FROM (SELECT k.key, skiplock.internal_hold_overflow(queue_name, k.key) AS mark
+              FROM (SELECT DISTINCT k.key FROM unnest(keys) AS k(key)
+                    WHERE k.key IS NOT NULL) k
+              WHERE skiplock.internal_key_queued(
+                        queue_name, k.key, least(2 * claimable::bigint + 1, 2147483647)::int)
+                    > 2 * claimable::bigint) o;
     END IF;
     WITH RECURSIVE held_keys(key) AS (
         -- With keys NULL: the first held key, then the next after each.
@@ -540,15 +544,28 @@ BEGIN
     IF queued > 2 * claimable::bigint THEN
         -- More than twice the bound queued (come due, or queued past the insert's hold;
         -- two releases at once may leave up to twice): they are held, and this walk, which
-        -- lets the first of them go again, starts no later than the first.
-        overflow := skiplock.internal_hold_overflow(queue_name, key);
-        queued := skiplock.internal_key_queued(queue_name, key, claimable);
-        IF (overflow.from_priority, overflow.from_scheduled_at, overflow.from_id)
-           < (walk_from.priority, walk_from.scheduled_at, walk_from.id) THEN
-            walk_from.priority := overflow.from_priority;
-            walk_from.scheduled_at := overflow.from_scheduled_at;
-            walk_from.id := overflow.from_id;
+        -- lets the first of them go again, starts no later than the first. Only in READ
+        -- COMMITTED (an older snapshot fails with 40001 on the rows other claims took
+        -- since), and under the queue's lock, shared and not waited for, as a row of
+        -- key_held_from is made: a change of the queue's limits waits for the jobs held
+        -- here and lets them go.
+        IF current_setting('transaction_isolation') = 'read committed'
+           AND pg_try_advisory_xact_lock_shared(
+                   skiplock.internal_queue_limit_lock_id(queue_name)) THEN
+            overflow := skiplock.internal_hold_overflow(queue_name, key);
+            IF (overflow.from_priority, overflow.from_scheduled_at, overflow.from_id)
+               < (walk_from.priority, walk_from.scheduled_at, walk_from.id) THEN
+                walk_from.priority := overflow.from_priority;
+                walk_from.scheduled_at := overflow.from_scheduled_at;
+                walk_from.id := overflow.from_id;
+            END IF;
         END IF;
+        queued := skiplock.internal_key_queued(queue_name, key, claimable);
+        -- And the key is looked at again by the claim after this one commits: the jobs
+        -- another claim in flight is taking were counted here as queued and left, and
+        -- that claim, whose snapshot does not see these held, may leave no turn for the
+        -- key (nor may a claim that could not hold them here).
+        INSERT INTO skiplock.key_slots_freed (queue, concurrency_key) VALUES (queue_name, key);
     END IF;
     room := greatest(claimable - least(queued, claimable), 0);
     WITH released AS (
@@ -975,8 +992,10 @@ $$;
 -- transactions hold are left (a claim is taking them). Returns the first job it held as a
 -- mark (a row of key_slots_freed: where the key's walks of held jobs must start at the
 -- latest), NULL when it held none. Called by the releases (internal_release_fair_key,
--- internal_release_held) of a key whose count found that many; a claim that took the key's
--- jobs and saw that many left queued leaves the key for them.
+-- internal_release_held) of a key whose count found that many, in READ COMMITTED under the
+-- queue's lock (shared or not), each leaving the key for the next claim too; a claim that
+-- took the key's jobs and saw that many left queued leaves the key for them. It writes as
+-- many jobs as came due: one claim holds a burst of them, as their insert would have.
 CREATE OR REPLACE FUNCTION skiplock.internal_hold_overflow(queue_name text, key text)
 RETURNS skiplock.key_slots_freed
 LANGUAGE plpgsql
@@ -998,7 +1017,9 @@ BEGIN
             FOR UPDATE SKIP LOCKED))
         RETURNING j.priority, j.scheduled_at, j.id
     )
-    SELECT ROW(queue_name, key, h.priority, h.scheduled_at, h.id)::skiplock.key_slots_freed
+    -- The five fields, not one ROW(...): PL/pgSQL assigns a composite variable field by
+    -- field, and a row constructor would land whole in the first field.
+    SELECT queue_name, key, h.priority, h.scheduled_at, h.id
     INTO mark
     FROM held h
     ORDER BY h.priority, h.scheduled_at, h.id

@@ -446,11 +446,12 @@ BEGIN
             END IF;
             -- The batch, read once: what each waiting job waits for.
             SELECT count(*), max(b.id),
-                   array_agg(b.id) FILTER (WHERE b.ordering_key IS NULL AND NOT b.has_edges),
+                   array_agg(b.id) FILTER (WHERE b.ordering_key IS NULL
+                                             AND (NOT b.has_edges OR b.held_for IS NOT NULL)),
                    array_agg(DISTINCT b.ordering_key) FILTER (WHERE b.ordering_key IS NOT NULL),
-                   array_agg(b.id) FILTER (WHERE b.has_edges)
+                   array_agg(b.id) FILTER (WHERE b.has_edges AND b.held_for IS NULL)
             INTO seen, last_id, orphans, lanes, dependants
-            FROM (SELECT c.id, c.ordering_key,
+            FROM (SELECT c.id, c.ordering_key, c.held_for,
                          EXISTS (SELECT 1 FROM skiplock.job_dependencies d WHERE d.job_id = c.id) AS has_edges
                   FROM skiplock.jobs c
                   WHERE c.state = 'waiting' AND c.id > position
@@ -461,7 +462,9 @@ BEGIN
 
             -- Waiting for nothing: no lane, no dependency row. Those held back for their
             -- keys (held_for) go only as their keys have room, through
-            -- internal_release_held; the others (written waiting by hand) are queued, where
+            -- internal_release_held, also when they have dependency rows (children held
+            -- after their parents succeeded: queued as dependants, a key's held children
+            -- all went at once); the others (written waiting by hand) are queued, where
             -- the claim holds them back if their key is full.
             IF orphans IS NOT NULL THEN
                 WITH queued AS (

@@ -2240,7 +2240,9 @@ BEGIN
             FOR UPDATE SKIP LOCKED))
         RETURNING j.priority, j.scheduled_at, j.id
     )
-    SELECT ROW(queue_name, key, h.priority, h.scheduled_at, h.id)::skiplock.key_slots_freed
+    -- The five fields, not one ROW(...): PL/pgSQL assigns a composite variable field by
+    -- field, and a row constructor would land whole in the first field.
+    SELECT queue_name, key, h.priority, h.scheduled_at, h.id
     INTO mark
     FROM held h
     ORDER BY h.priority, h.scheduled_at, h.id
@@ -3517,6 +3519,7 @@ DECLARE
     walk_from record;
     queued int;
     overflow skiplock.key_slots_freed;
+    look_again boolean;
     room int;
     released int;
     released_keys skiplock.runnable_key[];
@@ -3534,15 +3537,37 @@ BEGIN
     IF queued > 2 * claimable::bigint THEN
         -- More than twice the bound queued (come due, or queued past the insert's hold;
         -- two releases at once may leave up to twice): they are held, and this walk, which
-        -- lets the first of them go again, starts no later than the first.
-        overflow := skiplock.internal_hold_overflow(queue_name, key);
-        queued := skiplock.internal_key_queued(queue_name, key, claimable);
-        IF (overflow.from_priority, overflow.from_scheduled_at, overflow.from_id)
-           < (walk_from.priority, walk_from.scheduled_at, walk_from.id) THEN
-            walk_from.priority := overflow.from_priority;
-            walk_from.scheduled_at := overflow.from_scheduled_at;
-            walk_from.id := overflow.from_id;
+        -- lets the first of them go again, starts no later than the first. Only in READ
+        -- COMMITTED (an older snapshot fails with 40001 on the rows other claims took
+        -- since), and under the queue's lock, shared and not waited for, as a row of
+        -- key_held_from is made: a change of the queue's limits waits for the jobs held
+        -- here and lets them go.
+        IF current_setting('transaction_isolation') = 'read committed' THEN
+            IF pg_try_advisory_xact_lock_shared(
+                   skiplock.internal_queue_limit_lock_id(queue_name)) THEN
+                overflow := skiplock.internal_hold_overflow(queue_name, key);
+                IF (overflow.from_priority, overflow.from_scheduled_at, overflow.from_id)
+                   < (walk_from.priority, walk_from.scheduled_at, walk_from.id) THEN
+                    walk_from.priority := overflow.from_priority;
+                    walk_from.scheduled_at := overflow.from_scheduled_at;
+                    walk_from.id := overflow.from_id;
+                END IF;
+                look_again := overflow.from_id IS NOT NULL;
+            ELSE
+                look_again := true;
+            END IF;
+            -- And the key is looked at again by the claim after this one commits, when
+            -- this one held jobs (another claim in flight, taking jobs counted here as
+            -- queued, and whose snapshot does not see these held, may leave no turn for
+            -- the key) or could not hold them (the limits are changing). Not when it held
+            -- nothing: the jobs counted are lane heads, which are never held, and another
+            -- look would find them again at every claim.
+            IF look_again THEN
+                INSERT INTO skiplock.key_slots_freed (queue, concurrency_key)
+                VALUES (queue_name, key);
+            END IF;
         END IF;
+        queued := skiplock.internal_key_queued(queue_name, key, claimable);
     END IF;
     room := greatest(claimable - least(queued, claimable), 0);
     WITH released AS (
@@ -3702,15 +3727,21 @@ BEGIN
         END LOOP;
         RETURN released;
     END IF;
-    IF claimable IS NOT NULL AND keys IS NOT NULL THEN
+    IF claimable IS NOT NULL AND keys IS NOT NULL
+       AND current_setting('transaction_isolation') = 'read committed' THEN
         -- As internal_release_fair_key: a key with more than twice key_claimable queued has
         -- them held, and lets the first go again below (walked from the front here: no marks
         -- needed).
-        PERFORM skiplock.internal_hold_overflow(queue_name, k.key)
-        FROM (SELECT DISTINCT k.key FROM unnest(keys) AS k(key) WHERE k.key IS NOT NULL) k
-        WHERE skiplock.internal_key_queued(queue_name, k.key,
-                                           least(2 * claimable::bigint + 1, 2147483647)::int)
-              > 2 * claimable::bigint;
+        -- Each key that had jobs held is looked at again by the next claim, as there.
+        INSERT INTO skiplock.key_slots_freed (queue, concurrency_key)
+        SELECT queue_name, o.key
+        FROM (SELECT k.key, skiplock.internal_hold_overflow(queue_name, k.key) AS mark
+              FROM (SELECT DISTINCT k.key FROM unnest(keys) AS k(key)
+                    WHERE k.key IS NOT NULL) k
+              WHERE skiplock.internal_key_queued(
+                        queue_name, k.key, least(2 * claimable::bigint + 1, 2147483647)::int)
+                    > 2 * claimable::bigint) o
+        WHERE (o.mark).from_id IS NOT NULL;
     END IF;
     WITH RECURSIVE held_keys(key) AS (
         -- With keys NULL: the first held key, then the next after each.
@@ -4275,6 +4306,7 @@ DECLARE
     orphans bigint[];
     lanes text[];
     dependants bigint[];
+    unheld_dependants bigint[];
     moved int := 0;
     queued_orphans int;
     orphan_keys skiplock.runnable_key[];
@@ -4289,11 +4321,13 @@ BEGIN
             END IF;
             -- The batch, read once: what each waiting job waits for.
             SELECT count(*), max(b.id),
-                   array_agg(b.id) FILTER (WHERE b.ordering_key IS NULL AND NOT b.has_edges),
+                   array_agg(b.id) FILTER (WHERE b.ordering_key IS NULL
+                                             AND (NOT b.has_edges OR b.held_for IS NOT NULL)),
                    array_agg(DISTINCT b.ordering_key) FILTER (WHERE b.ordering_key IS NOT NULL),
-                   array_agg(b.id) FILTER (WHERE b.has_edges)
-            INTO seen, last_id, orphans, lanes, dependants
-            FROM (SELECT c.id, c.ordering_key,
+                   array_agg(b.id) FILTER (WHERE b.has_edges),
+                   array_agg(b.id) FILTER (WHERE b.has_edges AND b.held_for IS NULL)
+            INTO seen, last_id, orphans, lanes, dependants, unheld_dependants
+            FROM (SELECT c.id, c.ordering_key, c.held_for,
                          EXISTS (SELECT 1 FROM skiplock.job_dependencies d WHERE d.job_id = c.id) AS has_edges
                   FROM skiplock.jobs c
                   WHERE c.state = 'waiting' AND c.id > position
@@ -4304,7 +4338,9 @@ BEGIN
 
             -- Waiting for nothing: no lane, no dependency row. Those held back for their
             -- keys (held_for) go only as their keys have room, through
-            -- internal_release_held; the others (written waiting by hand) are queued, where
+            -- internal_release_held, also when they have dependency rows (children held
+            -- after their parents succeeded: queued as dependants, a key's held children
+            -- all went at once); the others (written waiting by hand) are queued, where
             -- the claim holds them back if their key is full.
             IF orphans IS NOT NULL THEN
                 WITH queued AS (
@@ -4338,8 +4374,11 @@ BEGIN
             -- Jobs of the batch whose parents all succeeded (or were pruned after) are queued;
             -- those with a parent that can never succeed are cancelled with that parent's other
             -- waiting dependants (their cost: the failed parents' edges, each cancelling a job).
-            IF dependants IS NOT NULL THEN
-                moved := moved + (skiplock.internal_queue_ready_dependants(dependants, '{}')).promoted;
+            -- Not the held ones: they went through the release of held jobs above. (They
+            -- stay among the dependants whose failed parents cancel them, below.)
+            IF unheld_dependants IS NOT NULL THEN
+                moved := moved
+                    + (skiplock.internal_queue_ready_dependants(unheld_dependants, '{}')).promoted;
             END IF;
             -- Then the batch's lanes (each head is one index entry, and the queued ones
             -- are announced in one message per queue and priority) and those of the jobs

@@ -383,11 +383,12 @@ BEGIN
         END LOOP;
         RETURN released;
     END IF;
-    IF claimable IS NOT NULL AND keys IS NOT NULL THEN
+    IF claimable IS NOT NULL AND keys IS NOT NULL
+       AND current_setting('transaction_isolation') = 'read committed' THEN
         -- As internal_release_fair_key: a key with more than twice key_claimable queued has
         -- them held, and lets the first go again below (walked from the front here: no marks
         -- needed).
-        -- Each such key is looked at again by the next claim, as there.
+        -- Each key that had jobs held is looked at again by the next claim, as there.
         INSERT INTO skiplock.key_slots_freed (queue, concurrency_key)
         SELECT queue_name, o.key
         FROM (SELECT k.key, skiplock.internal_hold_overflow(queue_name, k.key) AS mark
@@ -395,7 +396,8 @@ BEGIN
                     WHERE k.key IS NOT NULL) k
               WHERE skiplock.internal_key_queued(
                         queue_name, k.key, least(2 * claimable::bigint + 1, 2147483647)::int)
-                    > 2 * claimable::bigint) o;
+                    > 2 * claimable::bigint) o
+        WHERE (o.mark).from_id IS NOT NULL;
     END IF;
     WITH RECURSIVE held_keys(key) AS (
         -- With keys NULL: the first held key, then the next after each.
@@ -527,6 +529,7 @@ DECLARE
     walk_from record;
     queued int;
     overflow skiplock.key_slots_freed;
+    look_again boolean;
     room int;
     released int;
     released_keys skiplock.runnable_key[];
@@ -549,23 +552,32 @@ BEGIN
         -- since), and under the queue's lock, shared and not waited for, as a row of
         -- key_held_from is made: a change of the queue's limits waits for the jobs held
         -- here and lets them go.
-        IF current_setting('transaction_isolation') = 'read committed'
-           AND pg_try_advisory_xact_lock_shared(
+        IF current_setting('transaction_isolation') = 'read committed' THEN
+            IF pg_try_advisory_xact_lock_shared(
                    skiplock.internal_queue_limit_lock_id(queue_name)) THEN
-            overflow := skiplock.internal_hold_overflow(queue_name, key);
-            IF (overflow.from_priority, overflow.from_scheduled_at, overflow.from_id)
-               < (walk_from.priority, walk_from.scheduled_at, walk_from.id) THEN
-                walk_from.priority := overflow.from_priority;
-                walk_from.scheduled_at := overflow.from_scheduled_at;
-                walk_from.id := overflow.from_id;
+                overflow := skiplock.internal_hold_overflow(queue_name, key);
+                IF (overflow.from_priority, overflow.from_scheduled_at, overflow.from_id)
+                   < (walk_from.priority, walk_from.scheduled_at, walk_from.id) THEN
+                    walk_from.priority := overflow.from_priority;
+                    walk_from.scheduled_at := overflow.from_scheduled_at;
+                    walk_from.id := overflow.from_id;
+                END IF;
+                look_again := overflow.from_id IS NOT NULL;
+            ELSE
+                look_again := true;
+            END IF;
+            -- And the key is looked at again by the claim after this one commits, when
+            -- this one held jobs (another claim in flight, taking jobs counted here as
+            -- queued, and whose snapshot does not see these held, may leave no turn for
+            -- the key) or could not hold them (the limits are changing). Not when it held
+            -- nothing: the jobs counted are lane heads, which are never held, and another
+            -- look would find them again at every claim.
+            IF look_again THEN
+                INSERT INTO skiplock.key_slots_freed (queue, concurrency_key)
+                VALUES (queue_name, key);
             END IF;
         END IF;
         queued := skiplock.internal_key_queued(queue_name, key, claimable);
-        -- And the key is looked at again by the claim after this one commits: the jobs
-        -- another claim in flight is taking were counted here as queued and left, and
-        -- that claim, whose snapshot does not see these held, may leave no turn for the
-        -- key (nor may a claim that could not hold them here).
-        INSERT INTO skiplock.key_slots_freed (queue, concurrency_key) VALUES (queue_name, key);
     END IF;
     room := greatest(claimable - least(queued, claimable), 0);
     WITH released AS (

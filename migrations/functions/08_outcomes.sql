@@ -432,6 +432,7 @@ DECLARE
     orphans bigint[];
     lanes text[];
     dependants bigint[];
+    unheld_dependants bigint[];
     moved int := 0;
     queued_orphans int;
     orphan_keys skiplock.runnable_key[];
@@ -449,8 +450,9 @@ BEGIN
                    array_agg(b.id) FILTER (WHERE b.ordering_key IS NULL
                                              AND (NOT b.has_edges OR b.held_for IS NOT NULL)),
                    array_agg(DISTINCT b.ordering_key) FILTER (WHERE b.ordering_key IS NOT NULL),
+                   array_agg(b.id) FILTER (WHERE b.has_edges),
                    array_agg(b.id) FILTER (WHERE b.has_edges AND b.held_for IS NULL)
-            INTO seen, last_id, orphans, lanes, dependants
+            INTO seen, last_id, orphans, lanes, dependants, unheld_dependants
             FROM (SELECT c.id, c.ordering_key, c.held_for,
                          EXISTS (SELECT 1 FROM skiplock.job_dependencies d WHERE d.job_id = c.id) AS has_edges
                   FROM skiplock.jobs c
@@ -498,8 +500,11 @@ BEGIN
             -- Jobs of the batch whose parents all succeeded (or were pruned after) are queued;
             -- those with a parent that can never succeed are cancelled with that parent's other
             -- waiting dependants (their cost: the failed parents' edges, each cancelling a job).
-            IF dependants IS NOT NULL THEN
-                moved := moved + (skiplock.internal_queue_ready_dependants(dependants, '{}')).promoted;
+            -- Not the held ones: they went through the release of held jobs above. (They
+            -- stay among the dependants whose failed parents cancel them, below.)
+            IF unheld_dependants IS NOT NULL THEN
+                moved := moved
+                    + (skiplock.internal_queue_ready_dependants(unheld_dependants, '{}')).promoted;
             END IF;
             -- Then the batch's lanes (each head is one index entry, and the queued ones
             -- are announced in one message per queue and priority) and those of the jobs

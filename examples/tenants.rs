@@ -15,7 +15,7 @@
 //! It needs a Postgres server: the one `DATABASE_URL` points at, or else the local one on
 //! 127.0.0.1:5432 as user `postgres`, and works in a database of its own,
 //! `skiplock_example_tenants`, created afresh at each run. It exits 1 unless the second
-//! tenant's report started within the first tenant's turn and one claim.
+//! tenant's report started among the first 16 (four turns of the first tenant).
 
 use std::error::Error;
 use std::sync::{Arc, Mutex};
@@ -95,9 +95,11 @@ async fn main() -> Result<(), Box<dyn Error>> {
         summary.succeeded,
         position.map_or("never".to_owned(), |at| format!("#{}", at + 1))
     );
-    // Within acme's turn and what one claim took besides.
+    // Within acme's turn (twice that while two claims let its reports go at once) and what
+    // the claims in flight took besides; handlers start in parallel, so the order of the
+    // first few varies from run to run (#5 to #8 seen).
     match position {
-        Some(at) if at < 2 * TURN as usize && summary.succeeded == 201 => Ok(()),
+        Some(at) if at < 4 * TURN as usize && summary.succeeded == 201 => Ok(()),
         _ => Err("globex's report did not take its turn".into()),
     }
 }

@@ -790,10 +790,10 @@ END;
 $$;
 
 --
--- Name: internal_claim_batch(text, text[], bigint, text, smallint, bigint, bigint, uuid, boolean); Type: FUNCTION; Schema: skiplock; Owner: -
+-- Name: internal_claim_batch(text, text[], bigint, text, bigint[], uuid, boolean); Type: FUNCTION; Schema: skiplock; Owner: -
 --
 
-CREATE FUNCTION skiplock.internal_claim_batch(queue_name text, kinds text[], max_jobs bigint, worker text, after_priority smallint DEFAULT NULL::smallint, after_scheduled_at_us bigint DEFAULT NULL::bigint, after_id bigint DEFAULT NULL::bigint, claim_with uuid DEFAULT NULL::uuid, skip_in_flight boolean DEFAULT false) RETURNS TABLE(id bigint, queue text, kind text, args jsonb, attempt integer, max_attempts integer, claim_token uuid, priority smallint, scheduled_at_us bigint, traceparent text, tracestate text)
+CREATE FUNCTION skiplock.internal_claim_batch(queue_name text, kinds text[], max_jobs bigint, worker text, after bigint[] DEFAULT NULL::bigint[], claim_with uuid DEFAULT NULL::uuid, skip_in_flight boolean DEFAULT false) RETURNS TABLE(id bigint, queue text, kind text, args jsonb, attempt integer, max_attempts integer, claim_token uuid, priority smallint, scheduled_at_us bigint, traceparent text, tracestate text)
     LANGUAGE plpgsql
     SET enable_sort TO 'off'
     SET enable_bitmapscan TO 'off'
@@ -988,13 +988,18 @@ BEGIN
     fair_only := lim_key_claimable IS NOT NULL AND lim_key_max_running IS NULL
                  AND lim_key_rate_limit IS NULL;
     -- Without a position, a key before every row: the full walk.
-    IF after_priority IS NOT NULL AND after_scheduled_at_us IS NOT NULL
-       AND after_id IS NOT NULL THEN
-        from_priority := after_priority;
-        from_scheduled_at := CASE WHEN after_scheduled_at_us = -9223372036854775808
+    IF after IS NOT NULL THEN
+        IF cardinality(after) <> 3 OR array_position(after, NULL) IS NOT NULL
+           OR after[1] NOT BETWEEN -32768 AND 32767 THEN
+            RAISE EXCEPTION 'the claim position % is not {priority, scheduled_at_us, id}', after
+                USING ERRCODE = 'invalid_parameter_value',
+                      HINT = 'pass the priority, scheduled_at_us and id of the last job claimed, or NULL for a walk from the front';
+        END IF;
+        from_priority := after[1];
+        from_scheduled_at := CASE WHEN after[2] = -9223372036854775808
             THEN '-infinity'::timestamptz
-            ELSE 'epoch'::timestamptz + after_scheduled_at_us * interval '1 microsecond' END;
-        from_id := after_id;
+            ELSE 'epoch'::timestamptz + after[2] * interval '1 microsecond' END;
+        from_id := after[3];
     END IF;
     IF filtering THEN
         snapshot := pg_current_snapshot();
@@ -2217,19 +2222,28 @@ END;
 $$;
 
 --
--- Name: internal_hold_overflow(text, text); Type: FUNCTION; Schema: skiplock; Owner: -
+-- Name: internal_hold_overflow(text, text, integer); Type: FUNCTION; Schema: skiplock; Owner: -
 --
 
-CREATE FUNCTION skiplock.internal_hold_overflow(queue_name text, key text) RETURNS skiplock.key_slots_freed
+CREATE FUNCTION skiplock.internal_hold_overflow(queue_name text, key text, claimable integer, OUT mark skiplock.key_slots_freed, OUT queued integer) RETURNS record
     LANGUAGE plpgsql
     SET enable_seqscan TO 'off'
     SET enable_bitmapscan TO 'off'
     SET jit TO 'off'
     AS $$
 DECLARE
-    bound smallint := coalesce(skiplock.internal_key_first_held(queue_name, key), 32767);
-    mark skiplock.key_slots_freed;
+    twice bigint := 2 * claimable::bigint;
+    bound smallint;
 BEGIN
+    queued := skiplock.internal_key_queued(queue_name, key, least(twice + 1, 2147483647)::int);
+    IF queued <= twice OR current_setting('transaction_isolation') <> 'read committed' THEN
+        RETURN;
+    END IF;
+    IF NOT pg_try_advisory_xact_lock_shared(skiplock.internal_queue_limit_lock_id(queue_name)) THEN
+        INSERT INTO skiplock.key_slots_freed (queue, concurrency_key) VALUES (queue_name, key);
+        RETURN;
+    END IF;
+    bound := coalesce(skiplock.internal_key_first_held(queue_name, key), 32767);
     WITH held AS (
         UPDATE skiplock.jobs_live j SET state = 'waiting', held_for = 'fair'
         WHERE j.ctid = ANY (ARRAY(
@@ -2247,7 +2261,10 @@ BEGIN
     FROM held h
     ORDER BY h.priority, h.scheduled_at, h.id
     LIMIT 1;
-    RETURN mark;
+    IF mark.from_id IS NOT NULL THEN
+        INSERT INTO skiplock.key_slots_freed (queue, concurrency_key) VALUES (queue_name, key);
+        queued := skiplock.internal_key_queued(queue_name, key, claimable);
+    END IF;
 END;
 $$;
 
@@ -3518,8 +3535,8 @@ DECLARE
     row_at record;
     walk_from record;
     queued int;
+    held record;
     overflow skiplock.key_slots_freed;
-    look_again boolean;
     room int;
     released int;
     released_keys skiplock.runnable_key[];
@@ -3532,42 +3549,15 @@ BEGIN
     FROM skiplock.key_held_from f
     WHERE f.queue = queue_name AND f.concurrency_key = key;
     SELECT * INTO walk_from FROM skiplock.internal_held_from(queue_name, key, marks);
-    queued := skiplock.internal_key_queued(queue_name, key,
-                                           least(2 * claimable::bigint + 1, 2147483647)::int);
-    IF queued > 2 * claimable::bigint THEN
-        -- More than twice the bound queued (come due, or queued past the insert's hold;
-        -- two releases at once may leave up to twice): they are held, and this walk, which
-        -- lets the first of them go again, starts no later than the first. Only in READ
-        -- COMMITTED (an older snapshot fails with 40001 on the rows other claims took
-        -- since), and under the queue's lock, shared and not waited for, as a row of
-        -- key_held_from is made: a change of the queue's limits waits for the jobs held
-        -- here and lets them go.
-        IF current_setting('transaction_isolation') = 'read committed' THEN
-            IF pg_try_advisory_xact_lock_shared(
-                   skiplock.internal_queue_limit_lock_id(queue_name)) THEN
-                overflow := skiplock.internal_hold_overflow(queue_name, key);
-                IF (overflow.from_priority, overflow.from_scheduled_at, overflow.from_id)
-                   < (walk_from.priority, walk_from.scheduled_at, walk_from.id) THEN
-                    walk_from.priority := overflow.from_priority;
-                    walk_from.scheduled_at := overflow.from_scheduled_at;
-                    walk_from.id := overflow.from_id;
-                END IF;
-                look_again := overflow.from_id IS NOT NULL;
-            ELSE
-                look_again := true;
-            END IF;
-            -- And the key is looked at again by the claim after this one commits, when
-            -- this one held jobs (another claim in flight, taking jobs counted here as
-            -- queued, and whose snapshot does not see these held, may leave no turn for
-            -- the key) or could not hold them (the limits are changing). Not when it held
-            -- nothing: the jobs counted are lane heads, which are never held, and another
-            -- look would find them again at every claim.
-            IF look_again THEN
-                INSERT INTO skiplock.key_slots_freed (queue, concurrency_key)
-                VALUES (queue_name, key);
-            END IF;
-        END IF;
-        queued := skiplock.internal_key_queued(queue_name, key, claimable);
+    SELECT * INTO held FROM skiplock.internal_hold_overflow(queue_name, key, claimable);
+    overflow := held.mark;
+    queued := held.queued;
+    IF (overflow.from_priority, overflow.from_scheduled_at, overflow.from_id)
+       < (walk_from.priority, walk_from.scheduled_at, walk_from.id) THEN
+        -- This walk, which lets the first of them go again, starts no later than the first.
+        walk_from.priority := overflow.from_priority;
+        walk_from.scheduled_at := overflow.from_scheduled_at;
+        walk_from.id := overflow.from_id;
     END IF;
     room := greatest(claimable - least(queued, claimable), 0);
     WITH released AS (
@@ -3727,21 +3717,12 @@ BEGIN
         END LOOP;
         RETURN released;
     END IF;
-    IF claimable IS NOT NULL AND keys IS NOT NULL
-       AND current_setting('transaction_isolation') = 'read committed' THEN
+    IF claimable IS NOT NULL AND keys IS NOT NULL THEN
         -- As internal_release_fair_key: a key with more than twice key_claimable queued has
         -- them held, and lets the first go again below (walked from the front here: no marks
         -- needed).
-        -- Each key that had jobs held is looked at again by the next claim, as there.
-        INSERT INTO skiplock.key_slots_freed (queue, concurrency_key)
-        SELECT queue_name, o.key
-        FROM (SELECT k.key, skiplock.internal_hold_overflow(queue_name, k.key) AS mark
-              FROM (SELECT DISTINCT k.key FROM unnest(keys) AS k(key)
-                    WHERE k.key IS NOT NULL) k
-              WHERE skiplock.internal_key_queued(
-                        queue_name, k.key, least(2 * claimable::bigint + 1, 2147483647)::int)
-                    > 2 * claimable::bigint) o
-        WHERE (o.mark).from_id IS NOT NULL;
+        PERFORM (skiplock.internal_hold_overflow(queue_name, k.key, claimable)).mark
+        FROM (SELECT DISTINCT k.key FROM unnest(keys) AS k(key) WHERE k.key IS NOT NULL) k;
     END IF;
     WITH RECURSIVE held_keys(key) AS (
         -- With keys NULL: the first held key, then the next after each.

@@ -75,6 +75,44 @@ async fn a_claim_from_a_position_takes_only_the_jobs_after_it_in_claim_order() {
     assert_eq!(full.iter().map(|j| j.id).collect::<Vec<_>>(), [behind]);
 }
 
+/// The claim's position is one array, the claim key's three numbers: anything else (a
+/// wrong length, a NULL in it, a priority outside `smallint`) is refused with SQLSTATE
+/// 22023 and takes nothing, where a misread position would silently claim nothing or
+/// walk from the wrong place.
+#[tokio::test]
+async fn a_position_that_is_not_a_claim_key_is_refused_and_takes_nothing() {
+    let db = test_db().await;
+    let pool = &db.pool;
+    let id = insert(pool, 0, "2026-01-01 00:00:00+00").await;
+    for after in [
+        "'{}'::bigint[]",
+        "'{0, 0}'::bigint[]",
+        "'{0, 0, 0, 0}'::bigint[]",
+        "'{0, NULL, 0}'::bigint[]",
+        "'{40000, 0, 0}'::bigint[]",
+    ] {
+        let sql = format!(
+            "SELECT * FROM skiplock.internal_claim_batch('default', NULL, 10, 'w', {after})"
+        );
+        let err = sqlx::query(sqlx::AssertSqlSafe(sql.clone()))
+            .execute(pool)
+            .await
+            .expect_err(&sql);
+        let code = err.as_database_error().and_then(|e| e.code());
+        assert_eq!(code.as_deref(), Some("22023"), "{sql}: {err}");
+    }
+    assert_eq!(state_of(pool, id).await, JobState::Queued);
+    // The least position takes it.
+    let taken: Vec<i64> = sqlx::query_scalar(
+        "SELECT id FROM skiplock.internal_claim_batch('default', NULL, 10, 'w',
+                    ARRAY[-32768, -9223372036854775808, -9223372036854775808])",
+    )
+    .fetch_all(pool)
+    .await
+    .unwrap();
+    assert_eq!(taken, [id]);
+}
+
 /// The table accepts `scheduled_at = '-infinity'`; such a job is claimed like any other and
 /// its position (the bigint minimum) brings the claim back to the right place.
 #[tokio::test]
@@ -701,8 +739,7 @@ async fn observe_claims(pool: &PgPool) {
          INSERT INTO full_walks VALUES (false);
          ALTER FUNCTION skiplock.internal_claim_batch RENAME TO claim_batch_observed;
          CREATE FUNCTION skiplock.internal_claim_batch(queue_name text, kinds text[], max_jobs bigint,
-                 worker text, after_priority smallint DEFAULT NULL,
-                 after_scheduled_at_us bigint DEFAULT NULL, after_id bigint DEFAULT NULL,
+                 worker text, after bigint[] DEFAULT NULL,
                  claim_with uuid DEFAULT NULL, skip_in_flight boolean DEFAULT false)
          RETURNS TABLE (id bigint, queue text, kind text, args jsonb, attempt int,
                         max_attempts int, claim_token uuid, priority smallint,
@@ -710,7 +747,7 @@ async fn observe_claims(pool: &PgPool) {
          LANGUAGE plpgsql AS $$
          #variable_conflict use_column
          BEGIN
-             IF after_id IS NULL THEN
+             IF after IS NULL THEN
                  PERFORM pg_sleep(0.2);
                  IF (SELECT blind FROM full_walks) THEN
                      INSERT INTO claim_log (full_walk, ids) VALUES (true, '{}');
@@ -720,11 +757,10 @@ async fn observe_claims(pool: &PgPool) {
              RETURN QUERY
              WITH c AS (
                  SELECT * FROM skiplock.claim_batch_observed(queue_name, kinds, max_jobs, worker,
-                     after_priority, after_scheduled_at_us, after_id, claim_with,
-                     skip_in_flight)
+                     after, claim_with, skip_in_flight)
              ), logged AS (
                  INSERT INTO claim_log (full_walk, ids)
-                 SELECT after_id IS NULL, coalesce(array_agg(c.id), '{}') FROM c
+                 SELECT after IS NULL, coalesce(array_agg(c.id), '{}') FROM c
              )
              SELECT * FROM c ORDER BY c.priority, c.scheduled_at_us, c.id;
          END;

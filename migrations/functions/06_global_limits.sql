@@ -383,21 +383,12 @@ BEGIN
         END LOOP;
         RETURN released;
     END IF;
-    IF claimable IS NOT NULL AND keys IS NOT NULL
-       AND current_setting('transaction_isolation') = 'read committed' THEN
+    IF claimable IS NOT NULL AND keys IS NOT NULL THEN
         -- As internal_release_fair_key: a key with more than twice key_claimable queued has
         -- them held, and lets the first go again below (walked from the front here: no marks
         -- needed).
-        -- Each key that had jobs held is looked at again by the next claim, as there.
-        INSERT INTO skiplock.key_slots_freed (queue, concurrency_key)
-        SELECT queue_name, o.key
-        FROM (SELECT k.key, skiplock.internal_hold_overflow(queue_name, k.key) AS mark
-              FROM (SELECT DISTINCT k.key FROM unnest(keys) AS k(key)
-                    WHERE k.key IS NOT NULL) k
-              WHERE skiplock.internal_key_queued(
-                        queue_name, k.key, least(2 * claimable::bigint + 1, 2147483647)::int)
-                    > 2 * claimable::bigint) o
-        WHERE (o.mark).from_id IS NOT NULL;
+        PERFORM (skiplock.internal_hold_overflow(queue_name, k.key, claimable)).mark
+        FROM (SELECT DISTINCT k.key FROM unnest(keys) AS k(key) WHERE k.key IS NOT NULL) k;
     END IF;
     WITH RECURSIVE held_keys(key) AS (
         -- With keys NULL: the first held key, then the next after each.
@@ -528,8 +519,8 @@ DECLARE
     row_at record;
     walk_from record;
     queued int;
+    held record;
     overflow skiplock.key_slots_freed;
-    look_again boolean;
     room int;
     released int;
     released_keys skiplock.runnable_key[];
@@ -542,42 +533,15 @@ BEGIN
     FROM skiplock.key_held_from f
     WHERE f.queue = queue_name AND f.concurrency_key = key;
     SELECT * INTO walk_from FROM skiplock.internal_held_from(queue_name, key, marks);
-    queued := skiplock.internal_key_queued(queue_name, key,
-                                           least(2 * claimable::bigint + 1, 2147483647)::int);
-    IF queued > 2 * claimable::bigint THEN
-        -- More than twice the bound queued (come due, or queued past the insert's hold;
-        -- two releases at once may leave up to twice): they are held, and this walk, which
-        -- lets the first of them go again, starts no later than the first. Only in READ
-        -- COMMITTED (an older snapshot fails with 40001 on the rows other claims took
-        -- since), and under the queue's lock, shared and not waited for, as a row of
-        -- key_held_from is made: a change of the queue's limits waits for the jobs held
-        -- here and lets them go.
-        IF current_setting('transaction_isolation') = 'read committed' THEN
-            IF pg_try_advisory_xact_lock_shared(
-                   skiplock.internal_queue_limit_lock_id(queue_name)) THEN
-                overflow := skiplock.internal_hold_overflow(queue_name, key);
-                IF (overflow.from_priority, overflow.from_scheduled_at, overflow.from_id)
-                   < (walk_from.priority, walk_from.scheduled_at, walk_from.id) THEN
-                    walk_from.priority := overflow.from_priority;
-                    walk_from.scheduled_at := overflow.from_scheduled_at;
-                    walk_from.id := overflow.from_id;
-                END IF;
-                look_again := overflow.from_id IS NOT NULL;
-            ELSE
-                look_again := true;
-            END IF;
-            -- And the key is looked at again by the claim after this one commits, when
-            -- this one held jobs (another claim in flight, taking jobs counted here as
-            -- queued, and whose snapshot does not see these held, may leave no turn for
-            -- the key) or could not hold them (the limits are changing). Not when it held
-            -- nothing: the jobs counted are lane heads, which are never held, and another
-            -- look would find them again at every claim.
-            IF look_again THEN
-                INSERT INTO skiplock.key_slots_freed (queue, concurrency_key)
-                VALUES (queue_name, key);
-            END IF;
-        END IF;
-        queued := skiplock.internal_key_queued(queue_name, key, claimable);
+    SELECT * INTO held FROM skiplock.internal_hold_overflow(queue_name, key, claimable);
+    overflow := held.mark;
+    queued := held.queued;
+    IF (overflow.from_priority, overflow.from_scheduled_at, overflow.from_id)
+       < (walk_from.priority, walk_from.scheduled_at, walk_from.id) THEN
+        -- This walk, which lets the first of them go again, starts no later than the first.
+        walk_from.priority := overflow.from_priority;
+        walk_from.scheduled_at := overflow.from_scheduled_at;
+        walk_from.id := overflow.from_id;
     END IF;
     room := greatest(claimable - least(queued, claimable), 0);
     WITH released AS (
@@ -989,36 +953,59 @@ BEGIN
 END;
 $$;
 
--- Holds, as `waiting` with held_for 'fair', every due queued job of a queue's key (at its
--- most urgent held job's priority or better, as internal_key_queued counts them), for a key
--- found with more than twice key_claimable queued: what came due or was queued without
--- passing the insert's hold (jobs scheduled ahead, children whose parents succeeded,
--- retries, an operator's retry) goes back under the bound when its caller then lets the
--- first key_claimable go again, in claim order, from jobs_held_idx, behind what is queued.
--- Not at more than key_claimable: two releases of a key at once may leave up to twice that
--- queued, which would then be held and let go again at every such pair. All of them, not those past
--- the first key_claimable: that needs the key's queued jobs in claim order, which
--- jobs_claim_idx gives too, and a plan through it walked every key's queued jobs when the
--- statistics said the queue held one key; this walk is served by the key's range of
--- jobs_concurrency_key_idx alone (see internal_key_queued). Lane jobs count but stay queued, and rows other
--- transactions hold are left (a claim is taking them). Returns the first job it held as a
--- mark (a row of key_slots_freed: where the key's walks of held jobs must start at the
--- latest), NULL when it held none. Called by the releases (internal_release_fair_key,
--- internal_release_held) of a key whose count found that many, in READ COMMITTED under the
--- queue's lock (shared or not), each leaving the key for the next claim too; a claim that
--- took the key's jobs and saw that many left queued leaves the key for them. It writes as
--- many jobs as came due: one claim holds a burst of them, as their insert would have.
-CREATE OR REPLACE FUNCTION skiplock.internal_hold_overflow(queue_name text, key text)
-RETURNS skiplock.key_slots_freed
+-- For a key of a fair queue with more than twice `claimable` (its key_claimable) due jobs
+-- queued at its most urgent held job's priority or better (as internal_key_queued counts
+-- them): what came due or was queued without passing the insert's hold (jobs scheduled
+-- ahead, children whose parents succeeded, retries, an operator's retry). Holds every one
+-- of them, as `waiting` with held_for 'fair', so that its caller, a release of the key's
+-- held jobs (internal_release_fair_key, internal_release_held), lets the first `claimable`
+-- go again, in claim order, from jobs_held_idx, behind what is queued. Not at more than
+-- `claimable`: two releases of a key at once may leave up to twice that queued, which
+-- would then be held and let go again at every such pair. All of them, not those past the
+-- first `claimable`: that needs the key's queued jobs in claim order, which jobs_claim_idx
+-- gives too, and a plan through it walked every key's queued jobs when the statistics said
+-- the queue held one key; this walk is served by the key's range of
+-- jobs_concurrency_key_idx alone (see internal_key_queued). Lane jobs count but stay
+-- queued, and rows other transactions hold are left (a claim is taking them).
+--
+-- Only in READ COMMITTED (an older snapshot fails with 40001 on the rows other claims took
+-- since), and under the queue's lock, shared and not waited for (the caller's own lock
+-- passes), as a row of key_held_from is made: a change of the queue's limits waits for the
+-- jobs held here and lets them go. Then the key is looked at again by the claim after this
+-- one commits (a row of key_slots_freed) when this held jobs (another claim in flight,
+-- taking jobs counted here as queued, and whose snapshot does not see these held, may
+-- leave no turn for the key) or could not hold them (the limits are changing); not when it
+-- held nothing: the jobs counted are lane heads, which are never held, and another look
+-- would find them again at every claim. A claim that took the key's jobs and saw that many
+-- left queued leaves the key for this too. It writes as many jobs as came due: one claim
+-- holds a burst of them, as their insert would have.
+--
+-- Returns the first job it held as `mark` (where the key's walks of held jobs must start
+-- at the latest; its fields NULL when it held none) and the key's due queued jobs as
+-- internal_key_queued counts them, after the hold (at least up to `claimable`).
+DROP FUNCTION IF EXISTS skiplock.internal_hold_overflow(text, text);
+CREATE OR REPLACE FUNCTION skiplock.internal_hold_overflow(queue_name text, key text,
+                                                           claimable int,
+                                                           OUT mark skiplock.key_slots_freed,
+                                                           OUT queued int)
 LANGUAGE plpgsql
 SET enable_seqscan = off
 SET enable_bitmapscan = off
 SET jit = off
 AS $$
 DECLARE
-    bound smallint := coalesce(skiplock.internal_key_first_held(queue_name, key), 32767);
-    mark skiplock.key_slots_freed;
+    twice bigint := 2 * claimable::bigint;
+    bound smallint;
 BEGIN
+    queued := skiplock.internal_key_queued(queue_name, key, least(twice + 1, 2147483647)::int);
+    IF queued <= twice OR current_setting('transaction_isolation') <> 'read committed' THEN
+        RETURN;
+    END IF;
+    IF NOT pg_try_advisory_xact_lock_shared(skiplock.internal_queue_limit_lock_id(queue_name)) THEN
+        INSERT INTO skiplock.key_slots_freed (queue, concurrency_key) VALUES (queue_name, key);
+        RETURN;
+    END IF;
+    bound := coalesce(skiplock.internal_key_first_held(queue_name, key), 32767);
     WITH held AS (
         UPDATE skiplock.jobs_live j SET state = 'waiting', held_for = 'fair'
         WHERE j.ctid = ANY (ARRAY(
@@ -1036,7 +1023,10 @@ BEGIN
     FROM held h
     ORDER BY h.priority, h.scheduled_at, h.id
     LIMIT 1;
-    RETURN mark;
+    IF mark.from_id IS NOT NULL THEN
+        INSERT INTO skiplock.key_slots_freed (queue, concurrency_key) VALUES (queue_name, key);
+        queued := skiplock.internal_key_queued(queue_name, key, claimable);
+    END IF;
 END;
 $$;
 

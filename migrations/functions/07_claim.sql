@@ -8,7 +8,8 @@
 
 -- The worker's claim: up to max_jobs runnable jobs of one queue and the given kinds (NULL
 -- kinds: every kind), in claim order (priority, scheduled_at, id), after the given claim
--- key if any, each stamped with a fresh claim_token (claim_with when given, so a caller
+-- key if any (`after`: {priority, scheduled_at in microseconds since the epoch with the
+-- least bigint for '-infinity', id}, as the claim returns them), each stamped with a fresh claim_token (claim_with when given, so a caller
 -- whose reply was lost can find what it took), claimed_by, clock_timestamp() as first
 -- heartbeat (now(), the transaction's start, would commit a claim that waited behind a
 -- lock already stale) and attempt + 1. Internal: its arguments follow the Rust worker's
@@ -74,24 +75,14 @@ DROP FUNCTION IF EXISTS skiplock.internal_claim_batch(text[], text[], bigint, te
 DROP FUNCTION IF EXISTS skiplock.internal_claim_batch(text, text[], bigint, text, smallint,
                                                       bigint, bigint, uuid, boolean, boolean,
                                                       boolean);
--- Its rows gained the trace context: a changed result type needs a drop, not a replace,
--- made only of the older one, so that applying this file again keeps the grants.
-DO $$
-BEGIN
-    IF EXISTS (SELECT FROM pg_proc p
-               WHERE p.oid = to_regprocedure('skiplock.internal_claim_batch(text, text[], bigint,
-                                 text, smallint, bigint, bigint, uuid, boolean)')
-                 AND NOT 'traceparent' = ANY (p.proargnames)) THEN
-        DROP FUNCTION skiplock.internal_claim_batch(text, text[], bigint, text, smallint, bigint,
-                                                    bigint, uuid, boolean);
-    END IF;
-END $$;
-CREATE OR REPLACE FUNCTION skiplock.internal_claim_batch(queue_name text, kinds text[], max_jobs bigint, worker text,
-                                     after_priority smallint DEFAULT NULL,
-                                     after_scheduled_at_us bigint DEFAULT NULL,
-                                     after_id bigint DEFAULT NULL,
-                                     claim_with uuid DEFAULT NULL,
-                                     skip_in_flight boolean DEFAULT false)
+-- Its position became one value (the claim key as an array) in place of three.
+DROP FUNCTION IF EXISTS skiplock.internal_claim_batch(text, text[], bigint, text, smallint,
+                                                      bigint, bigint, uuid, boolean);
+CREATE OR REPLACE FUNCTION skiplock.internal_claim_batch(queue_name text, kinds text[],
+                                                         max_jobs bigint, worker text,
+                                                         after bigint[] DEFAULT NULL,
+                                                         claim_with uuid DEFAULT NULL,
+                                                         skip_in_flight boolean DEFAULT false)
 RETURNS TABLE (id bigint, queue text, kind text, args jsonb, attempt int, max_attempts int,
                claim_token uuid, priority smallint, scheduled_at_us bigint, traceparent text,
                tracestate text)
@@ -289,13 +280,18 @@ BEGIN
     fair_only := lim_key_claimable IS NOT NULL AND lim_key_max_running IS NULL
                  AND lim_key_rate_limit IS NULL;
     -- Without a position, a key before every row: the full walk.
-    IF after_priority IS NOT NULL AND after_scheduled_at_us IS NOT NULL
-       AND after_id IS NOT NULL THEN
-        from_priority := after_priority;
-        from_scheduled_at := CASE WHEN after_scheduled_at_us = -9223372036854775808
+    IF after IS NOT NULL THEN
+        IF cardinality(after) <> 3 OR array_position(after, NULL) IS NOT NULL
+           OR after[1] NOT BETWEEN -32768 AND 32767 THEN
+            RAISE EXCEPTION 'the claim position % is not {priority, scheduled_at_us, id}', after
+                USING ERRCODE = 'invalid_parameter_value',
+                      HINT = 'pass the priority, scheduled_at_us and id of the last job claimed, or NULL for a walk from the front';
+        END IF;
+        from_priority := after[1];
+        from_scheduled_at := CASE WHEN after[2] = -9223372036854775808
             THEN '-infinity'::timestamptz
-            ELSE 'epoch'::timestamptz + after_scheduled_at_us * interval '1 microsecond' END;
-        from_id := after_id;
+            ELSE 'epoch'::timestamptz + after[2] * interval '1 microsecond' END;
+        from_id := after[3];
     END IF;
     IF filtering THEN
         snapshot := pg_current_snapshot();

@@ -181,18 +181,20 @@ pub async fn jobs_claim(
     db: impl PgExecutor<'_>,
     args: &ClaimArgs<'_>,
 ) -> sqlx::Result<Vec<ClaimedJob>> {
+    // The position as the claim key's three numbers, one array (the function's `after`).
+    let after = args
+        .after
+        .map(|p| [i64::from(p.priority), p.scheduled_at_us, p.id]);
     sqlx::query_as(
         "SELECT id, queue, kind, args, attempt, max_attempts, claim_token, priority,
                 scheduled_at_us, traceparent, tracestate
-         FROM skiplock.internal_claim_batch($1, $2, $3, $4, $5, $6, $7, $8, $9)",
+         FROM skiplock.internal_claim_batch($1, $2, $3, $4, $5, $6, $7)",
     )
     .bind(args.queue)
     .bind(args.kinds)
     .bind(args.limit)
     .bind(args.claimed_by)
-    .bind(args.after.map(|p| p.priority))
-    .bind(args.after.map(|p| p.scheduled_at_us))
-    .bind(args.after.map(|p| p.id))
+    .bind(after.as_ref().map(|a| &a[..]))
     .bind(args.claim_with)
     .bind(args.mode.skip_in_flight)
     .fetch_all(db)

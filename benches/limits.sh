@@ -10,11 +10,14 @@
 #   rate:    rate_limit 200 per second on a queue of RATE_JOBS `noop` jobs, drained by 4
 #            processes: the most starts in any 1 s window (from claimed_at) and the starts in
 #            each whole second from the first;
-#   keys:    key_max_running 2 on a queue of JOBS `sleep` jobs of 100 ms spread over 20
-#            concurrency keys, drained by 4 processes of concurrency 32 (128 slots for 40
-#            the keys allow): the throughput against 40 jobs / 100 ms, the most jobs of one
-#            key running at once, and the pickup after a key's slot frees (a start against
-#            the finish two before it of the same key);
+#   keys:    key_max_running KEY_MAX (2) on a queue of JOBS `sleep` jobs of JOB_MS (100) ms
+#            spread over KEYS (20) concurrency keys, drained by PROCS (4) processes of
+#            concurrency 32 (128 slots for the 40 the keys allow): the throughput against
+#            KEYS x KEY_MAX jobs / JOB_MS, the most jobs of one key running at once, and the
+#            pickup after a key's slot frees (a start against the finish KEY_MAX before it
+#            of the same key); with track_commit_timestamp on, that pickup in two (the
+#            freeing completion's transaction, and from its commit on). Issue 48's
+#            scenario: KEY_MAX=1 KEYS=40 JOB_MS=50 PROCS=2;
 #   key-rate: key_rate_limit 20 per second on a queue of RATE_JOBS `noop` jobs spread over
 #            10 concurrency keys, drained by 4 processes: the most starts of one key in any
 #            1 s window and the starts of each key in each whole second from its first.
@@ -38,9 +41,9 @@ psql "$SERVER/postgres" -qX -c "DROP DATABASE IF EXISTS $DB" -c "CREATE DATABASE
 DATABASE_URL=$URL "$BIN" migrate >/dev/null
 sql() { psql "$URL" -qXAt -v ON_ERROR_STOP=1 -c "$1"; }
 
-drain() { # QUEUE: 4 processes of concurrency 32 until the queue is empty
+drain() { # QUEUE [PROCESSES]: processes (4) of concurrency 32 until the queue is empty
     local pids=()
-    for i in 1 2 3 4; do
+    for i in $(seq 1 "${2:-4}"); do
         DATABASE_URL=$URL RUST_LOG=warn "$BIN" work --queue "$1" --concurrency 32 \
             --exit-when-idle >/dev/null 2>"/tmp/skiplock-limits-$1-$i.log" &
         pids+=($!)
@@ -105,16 +108,18 @@ fi
 
 if part keys; then
 echo
-echo "## keys: key_max_running 2, $JOBS sleep jobs of 100 ms over 20 keys, 4 processes x 32"
-sql "SELECT skiplock.set_queue_limits('keyed', NULL, key_max_running => 2)"
+KEY_MAX=${KEY_MAX:-2} KEYS=${KEYS:-20} JOB_MS=${JOB_MS:-100} PROCS=${PROCS:-4}
+echo "## keys: key_max_running $KEY_MAX, $JOBS sleep jobs of $JOB_MS ms over $KEYS keys, $PROCS processes x 32"
+sql "SELECT skiplock.set_queue_limits('keyed', NULL, key_max_running => $KEY_MAX)"
 sql "INSERT INTO skiplock.jobs (kind, args, queue, concurrency_key)
-     SELECT 'sleep', '{\"ms\": 100}', 'keyed', 'key-' || (g % 20) FROM generate_series(1, $JOBS) g"
+     SELECT 'sleep', '{\"ms\": $JOB_MS}', 'keyed', 'key-' || (g % $KEYS) FROM generate_series(1, $JOBS) g"
 sql "VACUUM ANALYZE skiplock.jobs_live"
-drain keyed
+drain keyed "$PROCS"
 sql "SELECT 'jobs/s (db clock, first claim to last finish): '
             || round(count(*) / extract(epoch FROM max(finished_at) - min(claimed_at)), 1)
-            || ' = ' || round(100 * count(*) / extract(epoch FROM max(finished_at) - min(claimed_at)) / 400, 1)
-            || ' % of 40 jobs / 100 ms; succeeded ' || count(*) FILTER (WHERE state = 'succeeded')
+            || ' = ' || round(100 * count(*) / extract(epoch FROM max(finished_at) - min(claimed_at))
+                              / ($KEYS * $KEY_MAX * 1000.0 / $JOB_MS), 1)
+            || ' % of $((KEYS * KEY_MAX)) jobs / $JOB_MS ms; succeeded ' || count(*) FILTER (WHERE state = 'succeeded')
      FROM skiplock.jobs WHERE queue = 'keyed'"
 sql "WITH ev AS (SELECT concurrency_key AS k, claimed_at AS t, 1 AS d FROM skiplock.jobs WHERE queue = 'keyed'
                 UNION ALL SELECT concurrency_key, finished_at, -1 FROM skiplock.jobs WHERE queue = 'keyed')
@@ -127,11 +132,31 @@ sql "WITH s AS (SELECT concurrency_key AS k, claimed_at AS t,
                       row_number() OVER (PARTITION BY concurrency_key ORDER BY finished_at) AS n
                FROM skiplock.jobs WHERE queue = 'keyed'),
           gap AS (SELECT extract(epoch FROM s.t - f.t) * 1000 AS ms
-                  FROM s JOIN f ON s.k = f.k AND s.n = f.n + 2)
+                  FROM s JOIN f ON s.k = f.k AND s.n = f.n + $KEY_MAX)
      SELECT 'pickup after a key''s slot frees, ms: p50 ' || round(percentile_cont(0.5) WITHIN GROUP (ORDER BY ms)::numeric, 2)
             || ', p90 ' || round(percentile_cont(0.9) WITHIN GROUP (ORDER BY ms)::numeric, 2)
             || ', p99 ' || round(percentile_cont(0.99) WITHIN GROUP (ORDER BY ms)::numeric, 2)
      FROM gap"
+if [ "$(sql "SHOW track_commit_timestamp")" = on ]; then
+# The pickup in two: the freeing completion's transaction (its start, finished_at, to its
+# commit) and from that commit to the next start of the key (claimed_at).
+sql "WITH s AS (SELECT concurrency_key AS k, claimed_at AS t,
+                      row_number() OVER (PARTITION BY concurrency_key ORDER BY claimed_at) AS n
+               FROM skiplock.jobs WHERE queue = 'keyed'),
+          f AS (SELECT concurrency_key AS k, finished_at AS t, pg_xact_commit_timestamp(xmin) AS c,
+                      row_number() OVER (PARTITION BY concurrency_key ORDER BY finished_at) AS n
+               FROM skiplock.jobs WHERE queue = 'keyed'),
+          gap AS (SELECT extract(epoch FROM f.c - f.t) * 1000 AS completion,
+                         extract(epoch FROM s.t - f.c) * 1000 AS after_commit
+                  FROM s JOIN f ON s.k = f.k AND s.n = f.n + $KEY_MAX)
+     SELECT 'of which the completion (finished_at to its commit), ms: p50 '
+            || round(percentile_cont(0.5) WITHIN GROUP (ORDER BY completion)::numeric, 2)
+            || ', p90 ' || round(percentile_cont(0.9) WITHIN GROUP (ORDER BY completion)::numeric, 2)
+            || '; its commit to the next start: p50 '
+            || round(percentile_cont(0.5) WITHIN GROUP (ORDER BY after_commit)::numeric, 2)
+            || ', p90 ' || round(percentile_cont(0.9) WITHIN GROUP (ORDER BY after_commit)::numeric, 2)
+     FROM gap"
+fi
 fi
 
 if part key-rate; then

@@ -196,14 +196,39 @@ pub async fn skiplock_at(
 /// test that checked nothing never passes there; elsewhere it says on stderr that it
 /// skipped, one line per test, in `cargo test`'s own output: written to the process's
 /// stderr, not through `eprintln!`, which the test harness captures and shows only for a
-/// failed test (the test itself reports `ok`).
+/// failed test (the test itself reports `ok`). Each line counts the tests this `cargo test`
+/// has skipped so far (see [`count_skip`]), so the last one gives the run's total.
 pub fn missing_tool(what_is_skipped: &str, tool: &str, install: &str) {
     use std::io::Write;
     let message = format!("{what_is_skipped} needs {tool}, which is missing: {install}");
     if std::env::var("CI").is_ok_and(|v| v == "true" || v == "1") {
         panic!("{message}");
     }
-    let _ = writeln!(std::io::stderr(), "skipped: {message}");
+    let counted = count_skip(&message)
+        .map(|n| format!(" ({n} skipped so far by this cargo test)"))
+        .unwrap_or_default();
+    let _ = writeln!(std::io::stderr(), "skipped: {message}{counted}");
+}
+
+/// Adds a skip to the tally of the `cargo test` that runs this test binary, and returns the
+/// tally: every test binary of one `cargo test` is a child of the same cargo process, so
+/// the tally is a file of `target/tmp` named after that process's id, one line a skip
+/// (appended whole, so binaries running at once never mix lines). `None` when the file
+/// cannot be written.
+fn count_skip(message: &str) -> Option<usize> {
+    use std::io::Write;
+    let path = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!(
+        "skipped-tests-of-{}",
+        std::os::unix::process::parent_id()
+    ));
+    let mut file = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&path)
+        .ok()?;
+    file.write_all(format!("{}\n", message.replace('\n', " ")).as_bytes())
+        .ok()?;
+    Some(std::fs::read_to_string(&path).ok()?.lines().count())
 }
 
 /// The job ids of an enqueue's results, in input order.

@@ -323,6 +323,77 @@ async fn the_sweep_lets_held_children_go_in_turn() {
     );
 }
 
+/// Children held past their key's turn whose parent an operator retried and then killed by
+/// hand can never run: the sweep of waiting jobs cancels them with the rest of the dead
+/// parent's dependants. A held child has dependency rows like any dependant; a sweep that
+/// passed only the unheld ones to the cancel of a dead parent's dependants (42ea52d) left
+/// the held ones waiting for good (the release's probe of their parents kept them).
+#[tokio::test]
+async fn held_children_of_a_parent_retried_that_then_dies_are_cancelled() {
+    let db = test_db().await;
+    let pool = &db.pool;
+    children_queued_at_once(pool).await;
+    for _ in 0..2 {
+        sql_claim(pool, "q", 1, "fair-test").await;
+    }
+    let held: Vec<i64> = sqlx::query_scalar(
+        "SELECT id FROM skiplock.jobs WHERE queue = 'q' AND held_for = 'fair' ORDER BY id",
+    )
+    .fetch_all(pool)
+    .await
+    .unwrap();
+    assert!(
+        held.len() > 10,
+        "the key's children held: {:?}",
+        states(pool, "q").await
+    );
+    let parent: i64 = sqlx::query_scalar("SELECT id FROM skiplock.jobs WHERE queue = 'parents'")
+        .fetch_one(pool)
+        .await
+        .unwrap();
+    let retried: bool = sqlx::query_scalar("SELECT skiplock.retry_job($1)")
+        .bind(parent)
+        .fetch_one(pool)
+        .await
+        .unwrap();
+    assert!(retried, "the operator put the parent back in line");
+    // Killed by a hand-written UPDATE, which runs no follow-up: the sweep of waiting jobs
+    // (maintain) is what finds the children of a dead parent.
+    let killed = sqlx::query(
+        "UPDATE skiplock.jobs SET state = 'dead', finished_at = now(), last_error = 'killed by hand'
+         WHERE id = $1 AND state = 'queued'",
+    )
+    .bind(parent)
+    .execute(pool)
+    .await
+    .unwrap()
+    .rows_affected();
+    assert_eq!(killed, 1, "the parent went dead");
+    // Every claim a worker would make now, with sweeps between: none may take a child that
+    // was held (those already let go before the retry were runnable and may run).
+    for _ in 0..25 {
+        for (id, _) in sql_claim(pool, "q", 1, "fair-test").await {
+            assert!(
+                !held.contains(&id),
+                "held child {id} of the dead parent was claimed: {:?}",
+                states(pool, "q").await
+            );
+        }
+        sqlx::query("SELECT * FROM skiplock.maintain()")
+            .execute(pool)
+            .await
+            .unwrap();
+    }
+    for id in &held {
+        assert_eq!(
+            state_of(pool, *id).await,
+            JobState::Cancelled,
+            "held child {id}: {:?}",
+            states(pool, "q").await
+        );
+    }
+}
+
 /// Jobs that come due more urgent than a key's held jobs, after the key's walks of held jobs
 /// start at a row of key_held_from, are held from where they sort and let go first: the
 /// walk starts at the first of them, not at the row (then they waited for the sweep).

@@ -40,47 +40,38 @@ use chrono::{DateTime, Utc};
 use sqlx::PgPool;
 use uuid::Uuid;
 
+use crate::fault_support::AuditRow;
+
 use super::kind::Run;
 use super::logs::{is_defect, strip_ansi};
 use super::{LIMITED_QUEUE, LIMITED_QUEUE_KEY_MAX, LIMITED_QUEUE_KEY_RATE, LIMITED_QUEUE_RATE};
 
-/// One row of the extended audit.
+/// One row of the extended audit: the faults' audit row (`fault_support::AuditRow`, whose
+/// fields and tests it derefs to) and the columns the model's audit adds
+/// (`extend_audit`).
 #[derive(Debug, Clone, sqlx::FromRow)]
 pub struct Ev {
-    pub seq: i64,
-    pub job_id: i64,
-    pub op: String,
-    pub old_state: Option<String>,
-    pub new_state: Option<String>,
-    pub old_attempt: Option<i32>,
-    pub new_attempt: Option<i32>,
-    pub max_attempts: Option<i32>,
-    pub old_token: Option<Uuid>,
-    pub new_token: Option<Uuid>,
-    pub old_holder: Option<String>,
-    pub new_holder: Option<String>,
-    pub heartbeat: bool,
-    pub failure: bool,
-    pub last_error: Option<String>,
-    pub app: String,
+    #[sqlx(flatten)]
+    pub row: AuditRow,
     pub ordering_key: Option<String>,
     pub unique_key: Option<String>,
     pub queue: Option<String>,
     pub concurrency_key: Option<String>,
-    pub at: DateTime<Utc>,
-    /// The row's `claimed_at` after the write: a claim's start, as the rate limit counts it.
-    pub claimed_at: Option<DateTime<Utc>>,
     /// Why a `waiting` job waits when a per-key limit holds it back ('key' or 'rate').
     pub held_for: Option<String>,
     /// When the job may run (clamped to finite times: '-infinity' reads as year 1).
     pub scheduled_at: Option<DateTime<Utc>>,
 }
 
-impl Ev {
-    pub fn is_claim(&self) -> bool {
-        self.old_state.as_deref() == Some("queued") && self.new_state.as_deref() == Some("running")
-    }
+impl std::ops::Deref for Ev {
+    type Target = AuditRow;
 
+    fn deref(&self) -> &AuditRow {
+        &self.row
+    }
+}
+
+impl Ev {
     /// The reaper's write, or a requeue that found its unique key taken (written by
     /// whoever requeued it: possibly another worker's reaper).
     fn is_reap_or_superseded(&self) -> bool {

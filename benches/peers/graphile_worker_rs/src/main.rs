@@ -20,7 +20,8 @@
 //! they are in the database). The rate is jobs / (time from starting the worker to that point).
 //! Runs are capped at 180 s; a capped run reports (jobs - rows left) / elapsed. Over the same
 //! window it reports the CPU time of the local Postgres server and of this process per job
-//! (read from `/proc` by skiplock's own bench code, so the columns match `benches/drain.rs`).
+//! (read from `/proc` by skiplock's own bench code, so the columns match `benches/drain.rs`)
+//! and the WAL the server wrote per job (`pg_current_wal_lsn()`, server-wide, as there).
 //!
 //! Configurations: the crate defaults (direct fetch, one job per query, completions one by one),
 //! and the throughput settings the crate documents ("Local queue" guide and "Completion and
@@ -111,6 +112,10 @@ async fn drain(
         assert_eq!(loaded as usize, jobs, "preload count");
 
         let cpu_start = (cpu::postgres_cpu_secs(), cpu::process_cpu_secs("self").unwrap_or(0.0));
+        let wal_start: String = sqlx::query_scalar("SELECT pg_current_wal_lsn()::text")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
         let start = Instant::now();
         let runner = Arc::clone(&worker);
         let handle = tokio::spawn(async move { runner.run().await });
@@ -146,6 +151,14 @@ async fn drain(
         }
         let pg_cpu = cpu::postgres_cpu_secs() - cpu_start.0;
         let own_cpu = cpu::process_cpu_secs("self").unwrap_or(0.0) - cpu_start.1;
+        // Server-wide, as benches/drain.rs measures it: other databases' writes count too.
+        let wal_bytes: f64 = sqlx::query_scalar(
+            "SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), $1::pg_lsn)::float8",
+        )
+        .bind(&wal_start)
+        .fetch_one(&pool)
+        .await
+        .unwrap();
         worker.request_shutdown();
         if tokio::time::timeout(Duration::from_secs(20), handle).await.is_err() {
             eprintln!("worker did not shut down within 20 s");
@@ -161,10 +174,11 @@ async fn drain(
         );
         let per_job_us = |cpu: f64| cpu * 1e6 / done.max(1) as f64;
         println!(
-            "| graphile_worker 0.14.1 (Rust), {label}{} | {concurrency} | {jobs} | {secs:.2} | {rate:.0} | {:.1} | {:.1} |",
+            "| graphile_worker 0.14.1 (Rust), {label}{} | {concurrency} | {jobs} | {secs:.2} | {rate:.0} | {:.1} | {:.1} | {:.0} |",
             if capped { " (capped at 180 s, rate over finished jobs)" } else { "" },
             per_job_us(pg_cpu),
             per_job_us(own_cpu),
+            wal_bytes / done.max(1) as f64,
         );
         pool.close().await;
     }
@@ -186,9 +200,9 @@ async fn main() {
     let concurrency: usize = args.next().map(|s| s.parse().unwrap()).unwrap_or(32);
 
     println!(
-        "| peer, configuration | concurrency | jobs | seconds | jobs/s | PG CPU µs/job | peer CPU µs/job |"
+        "| peer, configuration | concurrency | jobs | seconds | jobs/s | PG CPU µs/job | peer CPU µs/job | WAL B/job |"
     );
-    println!("|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|");
     // PEER_TUNED_ONLY=1 skips the defaults (capped at 180 s) for side-by-side runs.
     if std::env::var_os("PEER_TUNED_ONLY").is_none() {
         drain(&base, jobs, concurrency, "defaults", |o| o).await;

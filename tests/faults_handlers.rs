@@ -412,10 +412,35 @@ async fn a_claim_whose_reply_is_stranded_by_a_blocked_thread_is_not_reaped() {
         worker.log_text()
     );
 
-    wait_until("every job to succeed", PATIENCE, || async {
-        (states(pool).await.get("succeeded") == Some(&21)).then_some(())
+    // On a timeout, what was left and what the worker said (a CI run on 68833ce timed out
+    // here once, with no more to go on).
+    let all_succeeded = tokio::time::timeout(PATIENCE, async {
+        while states(pool).await.get("succeeded") != Some(&21) {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
     })
     .await;
+    if all_succeeded.is_err() {
+        let left: Vec<(i64, String, i32, Option<String>)> = sqlx::query_as(
+            "SELECT id, state::text, attempt, claimed_by FROM skiplock.jobs
+             WHERE state <> 'succeeded' ORDER BY id",
+        )
+        .fetch_all(pool)
+        .await
+        .unwrap();
+        let trail: Vec<String> = audit(pool)
+            .await
+            .iter()
+            .filter(|row| left.iter().any(|(id, ..)| *id == row.job_id))
+            .map(|row| format!("{row:?}"))
+            .collect();
+        panic!(
+            "timed out after {PATIENCE:?} waiting for every job to succeed; left (id, state, \
+             attempt, claimed_by): {left:?}\ntheir audit:\n{}\nthe worker's log:\n{}",
+            trail.join("\n"),
+            worker.log_text()
+        );
+    }
     drop(worker);
     let runs = runs_by_job(pool).await;
     for id in short.iter().chain([&block]) {

@@ -1968,13 +1968,14 @@ BEGIN
     LOOP
         BEGIN
             WITH held AS (
-                SELECT j.id FROM unnest(ids, tokens) AS c(id, token),
-                LATERAL (SELECT j.id FROM skiplock.jobs_live j
+                SELECT j.ctid, j.id FROM unnest(ids, tokens) AS c(id, token),
+                LATERAL (SELECT j.ctid, j.id FROM skiplock.jobs_live j
                          WHERE j.id = c.id AND j.claim_token = c.token
                          FOR UPDATE SKIP LOCKED) j
             ), beat AS (
+                -- By the locked rows' ctid: no second descent of the primary key.
                 UPDATE skiplock.jobs_live j SET heartbeat_at = clock_timestamp()
-                WHERE j.id = ANY(ARRAY(SELECT h.id FROM held h))
+                WHERE j.ctid = ANY(ARRAY(SELECT h.ctid FROM held h))
             ), unread AS (
                 SELECT j.id FROM skiplock.jobs_live j
                 WHERE cardinality(in_flight) > 0

@@ -190,8 +190,9 @@ $$;
 -- is taken as the row is written, so a heartbeat that waited for a lock records the end of
 -- the wait. in_flight are the tokens of claim statements whose reply the Rust worker has
 -- not read yet: the jobs holding one are extended too (usually none, and then the extra
--- scan does not run). The claims gone are found by one primary-key probe per claim
--- (LIMIT 1 keeps the probe from being flattened into a join that may scan the table).
+-- scan does not run). The rows locked are updated by their ctid; the claims gone are found
+-- by one primary-key probe per claim (LIMIT 1 keeps the probe from being flattened into a
+-- join that may scan the table).
 CREATE OR REPLACE FUNCTION skiplock.internal_heartbeat_claims(ids bigint[], tokens uuid[],
                                                               in_flight uuid[] DEFAULT '{}')
 RETURNS TABLE (id bigint, claim_token uuid)
@@ -213,13 +214,14 @@ BEGIN
     LOOP
         BEGIN
             WITH held AS (
-                SELECT j.id FROM unnest(ids, tokens) AS c(id, token),
-                LATERAL (SELECT j.id FROM skiplock.jobs_live j
+                SELECT j.ctid, j.id FROM unnest(ids, tokens) AS c(id, token),
+                LATERAL (SELECT j.ctid, j.id FROM skiplock.jobs_live j
                          WHERE j.id = c.id AND j.claim_token = c.token
                          FOR UPDATE SKIP LOCKED) j
             ), beat AS (
+                -- By the locked rows' ctid: no second descent of the primary key.
                 UPDATE skiplock.jobs_live j SET heartbeat_at = clock_timestamp()
-                WHERE j.id = ANY(ARRAY(SELECT h.id FROM held h))
+                WHERE j.ctid = ANY(ARRAY(SELECT h.ctid FROM held h))
             ), unread AS (
                 SELECT j.id FROM skiplock.jobs_live j
                 WHERE cardinality(in_flight) > 0

@@ -184,12 +184,7 @@ async fn a_lane_job_enqueued_beside_a_protocol_completion_is_queued_whichever_go
     let head = enqueue_in_lane(pool, "q", "b").await;
     let (_, token) = sql_claim_one(pool, "q", "race-test").await;
     let mut completion = pool.begin().await.unwrap();
-    let done: bool = sqlx::query_scalar("SELECT skiplock.complete($1, $2)")
-        .bind(head)
-        .bind(token)
-        .fetch_one(&mut *completion)
-        .await
-        .unwrap();
+    let done = common::fixtures::sql_complete(&mut *completion, head, token).await;
     assert!(done);
     let next = enqueue_beside_held(
         pool,
@@ -243,12 +238,7 @@ async fn a_child_enqueued_while_its_parent_completes_is_queued_whichever_goes_fi
         .unwrap();
     let (_, token) = sql_claim_one(pool, "p", "race-test").await;
     let mut completion = pool.begin().await.unwrap();
-    let done: bool = sqlx::query_scalar("SELECT skiplock.complete($1, $2)")
-        .bind(parent)
-        .bind(token)
-        .fetch_one(&mut *completion)
-        .await
-        .unwrap();
+    let done = common::fixtures::sql_complete(&mut *completion, parent, token).await;
     assert!(done);
     let child = enqueue_beside_held(
         pool,
@@ -309,12 +299,7 @@ async fn a_repeatable_read_enqueue_behind_a_lane_job_finished_since_its_snapshot
         .execute(&mut *enqueue)
         .await
         .unwrap();
-    let done: bool = sqlx::query_scalar("SELECT skiplock.complete($1, $2)")
-        .bind(head)
-        .bind(token)
-        .fetch_one(pool)
-        .await
-        .unwrap();
+    let done = common::fixtures::sql_complete(pool, head, token).await;
     assert!(done);
     let err = sqlx::query("SELECT skiplock.enqueue('noop', queue => 'q', ordering_key => 'rr')")
         .execute(&mut *enqueue)

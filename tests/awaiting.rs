@@ -587,12 +587,7 @@ async fn a_watched_job_held_for_its_key_is_let_go_when_the_key_frees() {
         .execute(&mut *watching)
         .await
         .unwrap();
-    let saved: bool = sqlx::query_scalar("SELECT skiplock.complete($1, $2)")
-        .bind(first[0].0)
-        .bind(first[0].1)
-        .fetch_one(&db.pool)
-        .await
-        .unwrap();
+    let saved = common::fixtures::sql_complete(&db.pool, first[0].0, first[0].1).await;
     assert!(saved);
     assert!(
         claim().await.is_empty(),

@@ -1156,12 +1156,7 @@ async fn a_lane_has_one_turn_and_the_claim_takes_it_like_any_job() {
             .fetch_one(pool)
             .await
             .unwrap();
-    let completed: bool = sqlx::query_scalar("SELECT skiplock.complete($1, $2)")
-        .bind(head)
-        .bind(token)
-        .fetch_one(pool)
-        .await
-        .unwrap();
+    let completed = common::fixtures::sql_complete(pool, head, token).await;
     assert!(completed);
     assert_eq!(state_of(pool, next).await, JobState::Queued);
     assert_eq!(claim_in_mode(pool, FILTERED).await.unwrap(), vec![next]);
@@ -1218,12 +1213,7 @@ async fn others_claiming_sees_running_jobs_of_other_claimers_of_the_queue_only()
     assert_eq!(theirs.len(), 1);
     assert!(others("w1").await, "w2 now runs a job of w1's queue");
 
-    let completed: bool = sqlx::query_scalar("SELECT skiplock.complete($1, $2)")
-        .bind(theirs[0].id)
-        .bind(theirs[0].claim_token)
-        .fetch_one(pool)
-        .await
-        .unwrap();
+    let completed = common::fixtures::sql_complete(pool, theirs[0].id, theirs[0].claim_token).await;
     assert!(completed);
     assert!(!others("w1").await, "w2's job of the queue finished");
 }

@@ -268,12 +268,7 @@ async fn children_queued_at_once(pool: &PgPool) {
         .copied()
         .expect("the parent to claim");
     assert_eq!(id, parent);
-    let completed: bool = sqlx::query_scalar("SELECT skiplock.complete($1, $2)")
-        .bind(id)
-        .bind(token)
-        .fetch_one(pool)
-        .await
-        .unwrap();
+    let completed = common::fixtures::sql_complete(pool, id, token).await;
     assert!(completed);
     assert_eq!(
         states(pool, "q").await.get("queued"),

@@ -269,12 +269,7 @@ async fn a_dependency_row_written_by_hand_makes_the_child_wait() {
 /// Claims job `id` by hand (it must be queued) and completes it through the SQL protocol.
 async fn run_by_sql(pool: &PgPool, id: i64) {
     let token = claim_by_sql(pool, id).await;
-    let done: bool = sqlx::query_scalar("SELECT skiplock.complete($1, $2)")
-        .bind(id)
-        .bind(token)
-        .fetch_one(pool)
-        .await
-        .unwrap();
+    let done = common::fixtures::sql_complete(pool, id, token).await;
     assert!(done, "job {id} completed");
 }
 

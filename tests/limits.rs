@@ -835,12 +835,7 @@ async fn key_max_running_written_as_plain_sql_holds_and_changing_it_strands_noth
     .fetch_one(pool)
     .await
     .unwrap();
-    let completed: bool = sqlx::query_scalar("SELECT skiplock.complete($1, $2)")
-        .bind(id)
-        .bind(token)
-        .fetch_one(pool)
-        .await
-        .unwrap();
+    let completed = common::fixtures::sql_complete(pool, id, token).await;
     assert!(completed);
     assert_eq!(
         claim(pool, "q", 10).await,

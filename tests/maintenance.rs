@@ -792,12 +792,7 @@ async fn a_day_is_made_beside_an_open_transaction_that_finished_a_job() {
         .unwrap();
     let (id, token) = sql_claim_one(pool, "default", "test").await;
     let mut open = pool.begin().await.unwrap();
-    let completed: bool = sqlx::query_scalar("SELECT skiplock.complete($1, $2)")
-        .bind(id)
-        .bind(token)
-        .fetch_one(&mut *open)
-        .await
-        .unwrap();
+    let completed = common::fixtures::sql_complete(&mut *open, id, token).await;
     assert!(completed);
     let made: i32 = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
         "SELECT skiplock.internal_prepare_done_partitions({UTC_DAY}, 1)"

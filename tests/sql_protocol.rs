@@ -796,12 +796,7 @@ async fn each_function_runs_in_the_callers_transaction() {
     let job = claim_one(pool).await;
     let running = row(pool, id).await;
     let mut tx = pool.begin().await.unwrap();
-    let done: bool = sqlx::query_scalar("SELECT skiplock.complete($1, $2)")
-        .bind(id)
-        .bind(job.claim_token)
-        .fetch_one(&mut *tx)
-        .await
-        .unwrap();
+    let done = common::fixtures::sql_complete(&mut *tx, id, job.claim_token).await;
     assert!(done);
     tx.rollback().await.unwrap();
     assert_eq!(

@@ -575,12 +575,7 @@ async fn exit_when_idle_waits_for_the_jobs_other_workers_run() {
             },
         )
         .await;
-        let completed: bool = sqlx::query_scalar("SELECT skiplock.complete($1, $2)")
-            .bind(first)
-            .bind(token)
-            .fetch_one(&db.pool)
-            .await
-            .unwrap();
+        let completed = common::fixtures::sql_complete(&db.pool, first, token).await;
         assert!(completed);
         let (code, log) = worker.exited().await;
         assert_eq!(code, Some(0), "{name} exits 0 once idle; its log:\n{log}");

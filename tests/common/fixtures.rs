@@ -248,6 +248,17 @@ pub async fn sql_claim(
         .unwrap_or_else(|e| panic!("claim on the SQL protocol, queue {queue}: {e}"))
 }
 
+/// `skiplock.complete(id, token)` on the SQL protocol: whether the claim was still held
+/// (and the job is saved succeeded).
+pub async fn sql_complete(db: impl sqlx::PgExecutor<'_>, id: i64, token: uuid::Uuid) -> bool {
+    sqlx::query_scalar("SELECT skiplock.complete($1, $2)")
+        .bind(id)
+        .bind(token)
+        .fetch_one(db)
+        .await
+        .unwrap_or_else(|e| panic!("complete job {id} on the SQL protocol: {e}"))
+}
+
 /// [`sql_claim`] of one job of `queue`, which must have one to claim.
 pub async fn sql_claim_one(
     db: impl sqlx::PgExecutor<'_>,

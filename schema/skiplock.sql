@@ -793,7 +793,7 @@ $$;
 -- Name: internal_claim_batch(text, text[], bigint, text, bigint[], uuid, boolean); Type: FUNCTION; Schema: skiplock; Owner: -
 --
 
-CREATE FUNCTION skiplock.internal_claim_batch(queue_name text, kinds text[], max_jobs bigint, worker text, after bigint[] DEFAULT NULL::bigint[], claim_with uuid DEFAULT NULL::uuid, skip_in_flight boolean DEFAULT false) RETURNS TABLE(id bigint, queue text, kind text, args jsonb, attempt integer, max_attempts integer, claim_token uuid, priority smallint, scheduled_at_us bigint, traceparent text, tracestate text)
+CREATE FUNCTION skiplock.internal_claim_batch(queue_name text, kinds text[], max_jobs bigint, worker text, after bigint[] DEFAULT NULL::bigint[], claim_with uuid DEFAULT NULL::uuid, skip_in_flight boolean DEFAULT false) RETURNS TABLE(id bigint, queue text, kind text, args jsonb, attempt integer, max_attempts integer, claim_token uuid, priority smallint, scheduled_at_us bigint, traceparent text, tracestate text, key_limited boolean)
     LANGUAGE plpgsql
     SET enable_sort TO 'off'
     SET enable_bitmapscan TO 'off'
@@ -1143,7 +1143,8 @@ BEGIN
                CASE WHEN isfinite(c.scheduled_at)
                     THEN (extract(epoch FROM c.scheduled_at) * 1000000)::bigint
                     ELSE -9223372036854775808 END,
-               c.traceparent, c.tracestate
+               c.traceparent, c.tracestate,
+               lim_key_max_running IS NOT NULL AND c.concurrency_key IS NOT NULL
         FROM claimed c
         ORDER BY c.priority, c.scheduled_at, c.id;
         GET DIAGNOSTICS taken_now = ROW_COUNT;
@@ -1233,10 +1234,10 @@ CREATE FUNCTION skiplock.internal_claim_shares() RETURNS integer
 $$;
 
 --
--- Name: internal_complete_claims(bigint[], uuid[]); Type: FUNCTION; Schema: skiplock; Owner: -
+-- Name: internal_complete_claims(bigint[], uuid[], boolean); Type: FUNCTION; Schema: skiplock; Owner: -
 --
 
-CREATE FUNCTION skiplock.internal_complete_claims(ids bigint[], tokens uuid[]) RETURNS TABLE(id bigint, state text, has_dependants boolean, ordering_key text)
+CREATE FUNCTION skiplock.internal_complete_claims(ids bigint[], tokens uuid[], free_slots boolean DEFAULT true) RETURNS TABLE(id bigint, state text, has_dependants boolean, ordering_key text, queue text, concurrency_key text)
     LANGUAGE sql
     SET enable_hashjoin TO 'off'
     SET enable_mergejoin TO 'off'
@@ -1251,21 +1252,64 @@ CREATE FUNCTION skiplock.internal_complete_claims(ids bigint[], tokens uuid[]) R
         WHERE j.id = c.id AND j.claim_token = c.token AND j.state IN ('waiting', 'queued', 'running')
         RETURNING j.id, j.state::text AS state, j.ordering_key, j.queue, j.concurrency_key
     ), freed AS (
-        SELECT skiplock.internal_notify_freed(array_agg(queue), array_agg(concurrency_key)) FROM done
+        SELECT skiplock.internal_notify_freed(array_agg(queue), array_agg(concurrency_key))
+        FROM done HAVING free_slots
     ), parents AS (
         -- After the update, in a snapshot of its own: an edge whose enqueue held a job's
         -- row (FOR SHARE) while the update waited for it is seen (see the function).
         SELECT skiplock.internal_parents_with_dependants(array_agg(id)) AS ids FROM done
     )
-    SELECT d.id, d.state, d.id = ANY (p.ids) AS has_dependants, d.ordering_key
+    SELECT d.id, d.state, d.id = ANY (p.ids) AS has_dependants, d.ordering_key, d.queue,
+           d.concurrency_key
     FROM done d, parents p, (SELECT count(*) FROM freed) f;
 $$;
 
 --
--- Name: FUNCTION internal_complete_claims(ids bigint[], tokens uuid[]); Type: COMMENT; Schema: skiplock; Owner: -
+-- Name: FUNCTION internal_complete_claims(ids bigint[], tokens uuid[], free_slots boolean); Type: COMMENT; Schema: skiplock; Owner: -
 --
 
-COMMENT ON FUNCTION skiplock.internal_complete_claims(ids bigint[], tokens uuid[]) IS 'Marks the given running jobs succeeded, each only if it still holds the given claim token, locking them in the order given (pass them sorted by id, as a worker does); returns those it changed, with what the worker does next for each (its dependants, its lane). What a worker calls.';
+COMMENT ON FUNCTION skiplock.internal_complete_claims(ids bigint[], tokens uuid[], free_slots boolean) IS 'Marks the given running jobs succeeded, each only if it still holds the given claim token, locking them in the order given (pass them sorted by id, as a worker does); returns those it changed, with what the worker does next for each (its dependants, its lane). What a worker calls.';
+
+--
+-- Name: internal_complete_handing_on(bigint[], uuid[], text, text[], uuid); Type: FUNCTION; Schema: skiplock; Owner: -
+--
+
+CREATE FUNCTION skiplock.internal_complete_handing_on(ids bigint[], tokens uuid[], hand_to text, hand_kinds text[], hand_token uuid) RETURNS TABLE(id bigint, state text, has_dependants boolean, ordering_key text, queue text, kind text, args jsonb, attempt integer, max_attempts integer, claim_token uuid, priority smallint, scheduled_at_us bigint, traceparent text, tracestate text)
+    LANGUAGE plpgsql
+    SET jit TO 'off'
+    AS $$
+DECLARE
+    done_ids bigint[];
+    done_states text[];
+    done_dependants boolean[];
+    done_lanes text[];
+    done_queues text[];
+    done_keys text[];
+BEGIN
+    SELECT array_agg(c.id), array_agg(c.state), array_agg(c.has_dependants),
+           array_agg(c.ordering_key), array_agg(c.queue), array_agg(c.concurrency_key)
+    INTO done_ids, done_states, done_dependants, done_lanes, done_queues, done_keys
+    FROM skiplock.internal_complete_claims(ids, tokens, false) c;
+    RETURN QUERY
+    SELECT d.id, d.state, d.dependants, d.lane, NULL::text, NULL::text, NULL::jsonb,
+           NULL::int, NULL::int, NULL::uuid, NULL::smallint, NULL::bigint, NULL::text,
+           NULL::text
+    FROM unnest(done_ids, done_states, done_dependants, done_lanes)
+         AS d(id, state, dependants, lane);
+    RETURN QUERY
+    SELECT h.id, 'running'::text, false, NULL::text, h.queue, h.kind, h.args, h.attempt,
+           h.max_attempts, h.claim_token, h.priority, h.scheduled_at_us, h.traceparent,
+           h.tracestate
+    FROM skiplock.internal_free_slots(done_ids, done_queues, done_keys, hand_to, hand_kinds,
+                                      hand_token) h;
+END;
+$$;
+
+--
+-- Name: FUNCTION internal_complete_handing_on(ids bigint[], tokens uuid[], hand_to text, hand_kinds text[], hand_token uuid); Type: COMMENT; Schema: skiplock; Owner: -
+--
+
+COMMENT ON FUNCTION skiplock.internal_complete_handing_on(ids bigint[], tokens uuid[], hand_to text, hand_kinds text[], hand_token uuid) IS 'As internal_complete_claims, then hands each key''s freed slot of a queue whose one limit is key_max_running on to hand_to: the key''s next due job, claimed with hand_token, when no other key''s due job is ahead of it (returned after the completed ones, state running, with the claim''s columns). What a worker calls; internal, not stable.';
 
 --
 -- Name: internal_cron_due_slot(text, text, timestamp with time zone, timestamp with time zone); Type: FUNCTION; Schema: skiplock; Owner: -
@@ -1916,6 +1960,152 @@ CREATE FUNCTION skiplock.internal_forget_key_limit_rows() RETURNS integer
         RETURNING 1
     )
     SELECT ((SELECT count(*) FROM windows) + (SELECT count(*) FROM slots))::int;
+$$;
+
+--
+-- Name: internal_free_slots(bigint[], text[], text[], text, text[], uuid); Type: FUNCTION; Schema: skiplock; Owner: -
+--
+
+CREATE FUNCTION skiplock.internal_free_slots(done_ids bigint[], queues text[], keys text[], hand_to text, kinds text[], token uuid) RETURNS TABLE(id bigint, queue text, kind text, args jsonb, attempt integer, max_attempts integer, claim_token uuid, priority smallint, scheduled_at_us bigint, traceparent text, tracestate text)
+    LANGUAGE plpgsql
+    SET enable_sort TO 'off'
+    SET enable_seqscan TO 'off'
+    SET enable_bitmapscan TO 'off'
+    SET enable_hashjoin TO 'off'
+    SET enable_mergejoin TO 'off'
+    SET jit TO 'off'
+    SET plan_cache_mode TO 'force_generic_plan'
+    AS $$
+DECLARE
+    queue_name text;
+    key_limit int;
+    -- The queues whose keys' slots were looked at for handoffs (left for claims there).
+    looked_at text[] := '{}';
+    -- What the handoff of one queue took, and of all of them.
+    taken_ids bigint[];
+    taken_keys text[];
+    handed bigint[] := '{}';
+BEGIN
+    IF hand_to IS NULL OR coalesce(cardinality(array_remove(keys, NULL)), 0) = 0 THEN
+        PERFORM skiplock.internal_notify_freed(queues, keys);
+        RETURN;
+    END IF;
+    FOR queue_name IN SELECT DISTINCT f.queue FROM unnest(queues, keys) AS f(queue, key)
+                      WHERE f.key IS NOT NULL ORDER BY 1 LOOP
+        CONTINUE WHEN NOT pg_try_advisory_xact_lock_shared(
+            skiplock.internal_handoff_lock_id(queue_name));
+        SELECT q.key_max_running INTO key_limit
+        FROM skiplock.queues q
+        WHERE q.name = queue_name AND NOT q.paused AND q.max_running IS NULL
+          AND q.rate_limit IS NULL AND q.key_rate_limit IS NULL AND q.key_claimable IS NULL;
+        CONTINUE WHEN key_limit IS NULL;
+        looked_at := looked_at || queue_name;
+        taken_ids := NULL;
+        taken_keys := NULL;
+        BEGIN
+            WITH room AS MATERIALIZED (
+                SELECT f.key,
+                       greatest(0, least(count(*), key_limit - (
+                           SELECT count(*) FROM (
+                               SELECT FROM skiplock.jobs_live r
+                               WHERE r.queue = queue_name AND r.state = 'running'
+                                 AND r.concurrency_key = f.key AND r.id <> ALL (done_ids)
+                               LIMIT key_limit) o))) AS room
+                FROM unnest(queues, keys) AS f(queue, key)
+                WHERE f.queue = queue_name AND f.key IS NOT NULL
+                GROUP BY f.key
+            ), candidates AS (
+                -- Chosen without a lock; only those taken are locked below.
+                SELECT c.ctid
+                FROM (SELECT * FROM room r WHERE r.room > 0) r
+                CROSS JOIN LATERAL (
+                    SELECT c.ctid, c.priority, c.scheduled_at, c.id
+                    FROM (SELECT * FROM (
+                              SELECT h.ctid, h.priority, h.scheduled_at, h.id
+                              FROM skiplock.jobs_live h
+                              WHERE h.queue = queue_name AND h.state = 'waiting'
+                                AND h.held_for IS NOT NULL AND h.concurrency_key = r.key
+                                AND h.scheduled_at <= now()
+                                AND (kinds IS NULL OR h.kind = ANY (kinds))
+                                AND NOT skiplock.internal_has_unmet_parent(h.id)
+                              ORDER BY h.priority, h.scheduled_at, h.id
+                              LIMIT r.room) held
+                          UNION ALL
+                          SELECT * FROM (
+                              SELECT s.ctid, s.priority, s.scheduled_at, s.id
+                              FROM skiplock.jobs_live s
+                              WHERE s.queue = queue_name AND s.state = 'queued'
+                                AND s.concurrency_key = r.key AND s.scheduled_at <= now()
+                                AND (kinds IS NULL OR s.kind = ANY (kinds))
+                              ORDER BY s.priority, s.scheduled_at, s.id
+                              LIMIT r.room) queued) c
+                    -- No due queued job of another key (or none) ahead of it in claim order.
+                    WHERE NOT EXISTS (
+                        SELECT 1 FROM skiplock.jobs_live o
+                        WHERE o.queue = queue_name AND o.state = 'queued'
+                          AND o.scheduled_at <= now()
+                          AND (o.priority, o.scheduled_at, o.id)
+                              < (c.priority, c.scheduled_at, c.id)
+                          AND o.concurrency_key IS DISTINCT FROM r.key)
+                    ORDER BY c.priority, c.scheduled_at, c.id
+                    LIMIT r.room) c
+            ), picked AS (
+                -- A row changed since (taken, released, held again) has moved from its
+                -- ctid and is left.
+                SELECT j.ctid FROM skiplock.jobs_live j
+                WHERE j.ctid = ANY (ARRAY(SELECT c.ctid FROM candidates c))
+                  AND (j.state = 'queued' OR (j.state = 'waiting' AND j.held_for IS NOT NULL))
+                FOR UPDATE SKIP LOCKED
+            ), claimed AS (
+                UPDATE skiplock.jobs_live j
+                SET state = 'running', held_for = NULL, claim_token = token,
+                    claimed_by = hand_to,
+                    -- After the finished job's finished_at (the transaction's start).
+                    claimed_at = clock_timestamp(), heartbeat_at = clock_timestamp(),
+                    attempt = least(j.attempt, 2147483646) + 1
+                WHERE j.ctid = ANY (ARRAY(SELECT p.ctid FROM picked p))
+                RETURNING j.id, j.concurrency_key
+            )
+            SELECT array_agg(c.id), array_agg(c.concurrency_key) INTO taken_ids, taken_keys
+            FROM claimed c;
+        EXCEPTION WHEN serialization_failure THEN
+            -- A candidate moved to jobs_done under the statement: nothing handed on here.
+            taken_ids := NULL;
+            taken_keys := NULL;
+        END;
+        handed := handed || coalesce(taken_ids, '{}');
+        -- Each slot handed on is taken again: the others are left for the next claim.
+        PERFORM skiplock.internal_notify_freed(array_agg(queue_name), array_agg(l.key))
+        FROM (SELECT f.key FROM unnest(queues, keys) AS f(queue, key)
+              WHERE f.queue = queue_name AND f.key IS NOT NULL
+              EXCEPT ALL
+              SELECT t.key FROM unnest(taken_keys) AS t(key)) l
+        HAVING count(*) > 0;
+    END LOOP;
+    -- The slots of every other queue, and of jobs without a key: for the next claim.
+    PERFORM skiplock.internal_notify_freed(array_agg(f.queue), array_agg(f.key))
+    FROM unnest(queues, keys) AS f(queue, key)
+    WHERE f.key IS NULL OR f.queue <> ALL (looked_at);
+    RETURN QUERY
+    SELECT j.id, j.queue, j.kind, j.args, j.attempt, j.max_attempts, j.claim_token,
+           j.priority,
+           CASE WHEN isfinite(j.scheduled_at)
+                THEN (extract(epoch FROM j.scheduled_at) * 1000000)::bigint
+                ELSE -9223372036854775808 END,
+           j.traceparent, j.tracestate
+    FROM unnest(handed) AS h(id)
+    CROSS JOIN LATERAL (SELECT * FROM skiplock.jobs_live l WHERE l.id = h.id LIMIT 1) j;
+END;
+$$;
+
+--
+-- Name: internal_handoff_lock_id(text); Type: FUNCTION; Schema: skiplock; Owner: -
+--
+
+CREATE FUNCTION skiplock.internal_handoff_lock_id(queue_name text) RETURNS bigint
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    AS $$
+    SELECT hashtextextended('skiplock.handoff:' || queue_name, 0);
 $$;
 
 --
@@ -3215,6 +3405,19 @@ END;
 $$;
 
 --
+-- Name: internal_queues_after_handoff_rules_change(); Type: FUNCTION; Schema: skiplock; Owner: -
+--
+
+CREATE FUNCTION skiplock.internal_queues_after_handoff_rules_change() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    PERFORM pg_advisory_xact_lock(skiplock.internal_handoff_lock_id(OLD.name));
+    RETURN NULL;
+END;
+$$;
+
+--
 -- Name: internal_queues_after_key_limit(); Type: FUNCTION; Schema: skiplock; Owner: -
 --
 
@@ -3990,7 +4193,8 @@ BEGIN
             FROM unnest(ids, tokens, outputs) AS c(id, token, output)
             WHERE c.output IS NOT NULL AND j.id = c.id AND j.claim_token = c.token;
         END IF;
-        RETURN QUERY SELECT * FROM skiplock.internal_complete_claims(ids, tokens);
+        RETURN QUERY SELECT c.id, c.state, c.has_dependants, c.ordering_key
+        FROM skiplock.internal_complete_claims(ids, tokens) c;
     ELSIF outcome = 'release' THEN
         RETURN QUERY SELECT r.id, r.state, false, NULL::text
         FROM skiplock.internal_release_claims(
@@ -6653,6 +6857,12 @@ CREATE TRIGGER queues_after_fairness_change AFTER UPDATE ON skiplock.queues FOR 
 --
 
 CREATE TRIGGER queues_after_fairness_delete AFTER DELETE ON skiplock.queues FOR EACH ROW WHEN ((old.key_claimable IS NOT NULL)) EXECUTE FUNCTION skiplock.internal_queues_after_fairness_change();
+
+--
+-- Name: queues queues_after_handoff_rules_change; Type: TRIGGER; Schema: skiplock; Owner: -
+--
+
+CREATE TRIGGER queues_after_handoff_rules_change AFTER DELETE OR UPDATE ON skiplock.queues FOR EACH ROW WHEN ((old.key_max_running IS NOT NULL)) EXECUTE FUNCTION skiplock.internal_queues_after_handoff_rules_change();
 
 --
 -- Name: queues queues_after_key_limit_change; Type: TRIGGER; Schema: skiplock; Owner: -

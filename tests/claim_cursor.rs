@@ -743,7 +743,8 @@ async fn observe_claims(pool: &PgPool) {
                  claim_with uuid DEFAULT NULL, skip_in_flight boolean DEFAULT false)
          RETURNS TABLE (id bigint, queue text, kind text, args jsonb, attempt int,
                         max_attempts int, claim_token uuid, priority smallint,
-                        scheduled_at_us bigint, traceparent text, tracestate text)
+                        scheduled_at_us bigint, traceparent text, tracestate text,
+                        key_limited boolean)
          LANGUAGE plpgsql AS $$
          #variable_conflict use_column
          BEGIN

@@ -414,6 +414,7 @@ fn audit_row(
         last_error: None,
         app: app.to_owned(),
         claimed_at: None,
+        txid: seq,
         at: chrono::Utc::now(),
     }
 }

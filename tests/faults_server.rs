@@ -459,6 +459,19 @@ async fn drain_through_reply_cutter(
     (cutter, summary)
 }
 
+/// Every job of the database succeeded, on its first attempt; there are `count` of them.
+async fn every_job_succeeded_on_attempt_one(pool: &PgPool, count: usize) {
+    let attempts: Vec<(i64, String, i32)> =
+        sqlx::query_as("SELECT id, state::text, attempt FROM skiplock.jobs ORDER BY id")
+            .fetch_all(pool)
+            .await
+            .unwrap();
+    assert_eq!(attempts.len(), count);
+    for (id, state, attempt) in &attempts {
+        assert_eq!((state.as_str(), *attempt), ("succeeded", 1), "job {id}");
+    }
+}
+
 /// Workload: 30 jobs, one worker connected through a proxy (stale timeout 3 s).
 ///
 /// Fault: the reply to the worker's first claim is lost after the claim committed (the
@@ -485,15 +498,7 @@ async fn a_claim_whose_reply_is_lost_is_released_at_once_without_spending_an_att
         log.iter().any(|r| r.is_release()),
         "the lost claim's jobs were released"
     );
-    let attempts: Vec<(i64, String, i32)> =
-        sqlx::query_as("SELECT id, state::text, attempt FROM skiplock.jobs ORDER BY id")
-            .fetch_all(pool)
-            .await
-            .unwrap();
-    assert_eq!(attempts.len(), ids.len());
-    for (id, state, attempt) in &attempts {
-        assert_eq!((state.as_str(), *attempt), ("succeeded", 1), "job {id}");
-    }
+    every_job_succeeded_on_attempt_one(pool, ids.len()).await;
     assert_eq!(summary.succeeded, 30);
 }
 
@@ -518,6 +523,56 @@ async fn a_completion_whose_reply_is_lost_is_known_as_saved() {
     assert_eq!(states.get("succeeded"), Some(&30), "{states:?}");
     let log = audit(pool).await;
     assert!(!log.iter().any(|r| r.is_reap()), "nothing was reaped");
+}
+
+/// Workload: 30 jobs of one key in a queue with `key_max_running` 1, one worker connected
+/// through a proxy (stale timeout 3 s): each completion hands the key's slot on to the
+/// worker, claiming the key's next job in its transaction.
+///
+/// Fault: the reply to such a completion is lost after it committed; the job it handed on
+/// is running under a token the worker chose but never heard back.
+///
+/// Invariant: the worker finds that job by its token and releases it at once, as it does a
+/// lost claim's: nothing is reaped, every job succeeds once on attempt 1, and the worker
+/// counts 30 successes and no lost claim.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_handed_on_by_a_completion_whose_reply_is_lost_is_released_at_once() {
+    let db = audited_db().await;
+    let pool = &db.pool;
+    skiplock::set_queue_limits(
+        pool,
+        "default",
+        skiplock::QueueLimits::default().key_max_running(1),
+    )
+    .await
+    .unwrap();
+    let ids = enqueue_n(
+        pool,
+        "nothing",
+        json!({}),
+        30,
+        EnqueueOptions::new().concurrency_key("k"),
+    )
+    .await;
+    let (cutter, summary) =
+        drain_through_reply_cutter(&db.url, b"skiplock.internal_complete_handing_on").await;
+    assert!(
+        cutter.has_cut(),
+        "the proxy lost a handing completion's reply"
+    );
+    assert_eq!((summary.succeeded, summary.lost), (30, 0), "{summary:?}");
+    let log = audit(pool).await;
+    assert!(!log.iter().any(|r| r.is_reap()), "nothing was reaped");
+    assert!(
+        log.iter()
+            .any(|r| r.old_state.as_deref() == Some("waiting") && r.is_start()),
+        "completions handed the key's held jobs on"
+    );
+    assert!(
+        log.iter().any(|r| r.is_release()),
+        "the job handed on by the lost completion was released"
+    );
+    every_job_succeeded_on_attempt_one(pool, ids.len()).await;
 }
 
 /// Workload: 30 jobs, one worker connected through a proxy (stale timeout 3 s); a trigger

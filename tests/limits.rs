@@ -27,24 +27,25 @@ use uuid::Uuid;
 
 /// The most jobs of `queue` running at one moment in the audit log: claims count from
 /// their row until the row that ends them (completion, failure, release, reap, cancel,
-/// delete), in the log's insertion order. A claim of a limited queue counts the running
-/// jobs after every earlier claim of the queue committed, and a job that ended before
-/// that count has its audit row earlier in the log, so this order is the one the limit
-/// is held in.
+/// delete), counted between transactions in the order they committed
+/// ([`fault_support::transactions`]). A claim of a limited queue counts the running jobs
+/// after every earlier claim of the queue committed, and a job that ended before that
+/// count has its transaction earlier in the log, so this order is the one the limit is
+/// held in.
 fn most_running(log: &[AuditRow], jobs: &[i64]) -> usize {
     let ours: std::collections::HashSet<i64> = jobs.iter().copied().collect();
     let (mut now, mut most) = (0usize, 0usize);
-    for row in log.iter().filter(|row| ours.contains(&row.job_id)) {
-        let was = row.old_state.as_deref() == Some("running");
-        let is = row.new_state.as_deref() == Some("running");
-        match (was, is) {
-            (false, true) => {
-                now += 1;
-                most = most.max(now);
+    for transaction in fault_support::transactions(log) {
+        for row in transaction.iter().filter(|row| ours.contains(&row.job_id)) {
+            let was = row.old_state.as_deref() == Some("running");
+            let is = row.new_state.as_deref() == Some("running");
+            match (was, is) {
+                (false, true) => now += 1,
+                (true, false) => now -= 1,
+                _ => {}
             }
-            (true, false) => now -= 1,
-            _ => {}
         }
+        most = most.max(now);
     }
     assert_eq!(now, 0, "every claim of the log ended");
     most

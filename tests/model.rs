@@ -36,7 +36,7 @@ use model_support::checks::{Evidence, check_all, check_merged};
 use model_support::coverage::coverage;
 use model_support::workers::{Crew, start_pruner};
 use model_support::{
-    KEY_CLAIMABLE, LIMITED_QUEUE, LIMITED_QUEUE_KEY_MAX, LIMITED_QUEUE_KEY_RATE,
+    KEY_CLAIMABLE, KEYED_QUEUE, LIMITED_QUEUE, LIMITED_QUEUE_KEY_MAX, LIMITED_QUEUE_KEY_RATE,
     LIMITED_QUEUE_RATE, Sim, actors, extend_audit, logs,
 };
 
@@ -156,8 +156,9 @@ fn a_heartbeat_that_timed_out_is_transient_and_one_that_failed_on_data_is_a_defe
 /// planned 14 s on a loaded 2-core machine, so a seed that takes one of them zero times
 /// even with the extension means the model stopped exercising it. The limits' paths count
 /// a limit holding a due job back (tests/model_support/coverage.rs), not a start under it.
-const PATHS_REQUIRED: [&str; 17] = [
+const PATHS_REQUIRED: [&str; 18] = [
     "claim of a lane job",
+    "a key's freed slot handed on",
     "key_claimable held a job at its insert",
     "a job waiting its turn got it",
     "max_running held a due job back",
@@ -208,6 +209,13 @@ async fn run_seed(seed: u64, secs: u64) -> (Vec<String>, BTreeMap<&'static str, 
     .execute(&db.pool)
     .await
     .expect("limit the model's second queue");
+    // A per-key running limit alone: completions hand the keys' freed slots on.
+    sqlx::query("SELECT skiplock.set_queue_limits($1, NULL, key_max_running => $2)")
+        .bind(KEYED_QUEUE.0)
+        .bind(KEYED_QUEUE.1 as i32)
+        .execute(&db.pool)
+        .await
+        .expect("limit the keys of the model's third queue");
     // Fair queueing by key on the other queue too, where no lock is taken for it.
     sqlx::query("SELECT skiplock.set_queue_limits('default', NULL, key_claimable => $1)")
         .bind(KEY_CLAIMABLE as i32)

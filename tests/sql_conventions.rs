@@ -152,6 +152,10 @@ fn breaking(
 /// themselves, each with the reason it announces nothing.
 const QUEUES_NOTHING: &[(&str, &str)] = &[
     (
+        "internal_free_slots",
+        "takes a key's held or queued job straight to running for the worker that freed the slot",
+    ),
+    (
         "internal_hold_for_turns",
         "moves jobs its statement just inserted from queued to waiting (their turn); the statement's trigger announced them",
     ),
@@ -476,6 +480,10 @@ const MOVED_ROWS_PASSED_TO_CALLERS: &[(&str, &str)] = &[
          hand meets 40001 as any serialization failure",
     ),
     ("internal_hold_full_keys", "internal_claim_batch's callers"),
+    (
+        "internal_complete_handing_on",
+        "the worker's completer, which retries 40001 (is_transient_sqlx)",
+    ),
     (
         "internal_notify_jobs_inserted",
         "the trigger of an INSERT; internal_hold_for_turns writes only that statement's own rows, \

@@ -10,6 +10,7 @@
 --   internal_rate_record, internal_notify_refill, internal_key_running
 --   internal_hold_keys, internal_hold_full_keys, internal_release_held
 --   internal_held_from, internal_release_fair_key, internal_release_freed_keys
+--   internal_handoff_lock_id, internal_free_slots
 --   internal_window_room, internal_key_rate_take, internal_hold_rate_keys
 --   internal_release_refilled_keys, internal_forget_key_limit_rows
 --   internal_key_first_held, internal_key_queued, internal_hold_overflow
@@ -662,6 +663,182 @@ BEGIN
     END IF;
     -- The rows' positions go with them (see key_held_from).
     RETURN skiplock.internal_release_held(queue_name, freed, marks);
+END;
+$$;
+
+-- ---- A key's freed slot handed on (the Rust worker's completions) ----------------------
+--
+-- A worker's completion of a key's job takes the key's next job for the same worker in the
+-- same transaction (internal_complete_handing_on, 07_claim.sql), instead of leaving the key
+-- for the queue's next claim (internal_notify_freed): the freed slot is taken again when
+-- the completion commits, with no notification, no claim and no release between. Exact
+-- without the queue's lock: a completion hands on at most as many jobs of a key as it
+-- finished, and no more than key_max_running less the key's other running jobs, so the
+-- running jobs of a key never grow; every count a claim makes, in a snapshot before or
+-- after the completion's commit, sees the same number. Only in a queue whose one limit is
+-- key_max_running (no max_running, which a lowered limit would need counted; no rate limit,
+-- which would need the start recorded; no fair queueing, whose keys take turns through
+-- claims), not paused; only a job due now that the claim would take before any other
+-- key's due queued job (claim order across keys: a worker with fewer slots than keys never
+-- keeps its keys for good), of the worker's kinds, and, if held, with no unmet parent. It
+-- locks only the rows it takes, so a claim's release never finds a key's held job locked
+-- by a handoff that did not take it; a row another transaction holds or moved is left, and
+-- what is not handed on goes the usual way. A write of the queue's limits or pause waits
+-- for the handoffs in flight, and a handoff beside one is not made
+-- (internal_handoff_lock_id, the queues' trigger queues_after_handoff_rules_change).
+-- Measured: docs/benchmarks.md, "Global limits".
+
+-- The advisory lock a handoff of a queue tries (shared) before it reads the queue's row,
+-- and a write of the row's limits or pause takes (exclusive): a handoff reads the limits
+-- such a write commits, or commits before it.
+CREATE OR REPLACE FUNCTION skiplock.internal_handoff_lock_id(queue_name text) RETURNS bigint
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT hashtextextended('skiplock.handoff:' || queue_name, 0);
+$$;
+
+-- What a worker's completion does with the slots the jobs `done_ids` freed (their queues
+-- and keys; internal_complete_handing_on): with hand_to, each key's slots in a queue the
+-- rule above allows go to that worker's next jobs of the key, claimed with `token` as the
+-- claim does; every slot not handed on is left for the next claim (internal_notify_freed).
+-- A candidate moved to jobs_done under the handoff (cancelled, 40001) makes it hand on
+-- nothing in that queue: the completion never fails for a handoff. Returns the jobs handed
+-- on, as the claim returns its jobs.
+CREATE OR REPLACE FUNCTION skiplock.internal_free_slots(done_ids bigint[], queues text[],
+                                                        keys text[], hand_to text,
+                                                        kinds text[], token uuid)
+RETURNS TABLE (id bigint, queue text, kind text, args jsonb, attempt int, max_attempts int,
+               claim_token uuid, priority smallint, scheduled_at_us bigint, traceparent text,
+               tracestate text)
+LANGUAGE plpgsql
+-- Each walk an ordered range of its index (jobs_held_idx, jobs_concurrency_key_idx,
+-- jobs_claim_idx), never a sort of the key's held jobs.
+SET enable_sort = off
+SET enable_seqscan = off
+SET enable_bitmapscan = off
+SET enable_hashjoin = off
+SET enable_mergejoin = off
+SET jit = off
+SET plan_cache_mode = force_generic_plan
+AS $$
+DECLARE
+    queue_name text;
+    key_limit int;
+    -- The queues whose keys' slots were looked at for handoffs (left for claims there).
+    looked_at text[] := '{}';
+    -- What the handoff of one queue took, and of all of them.
+    taken_ids bigint[];
+    taken_keys text[];
+    handed bigint[] := '{}';
+BEGIN
+    IF hand_to IS NULL OR coalesce(cardinality(array_remove(keys, NULL)), 0) = 0 THEN
+        PERFORM skiplock.internal_notify_freed(queues, keys);
+        RETURN;
+    END IF;
+    FOR queue_name IN SELECT DISTINCT f.queue FROM unnest(queues, keys) AS f(queue, key)
+                      WHERE f.key IS NOT NULL ORDER BY 1 LOOP
+        CONTINUE WHEN NOT pg_try_advisory_xact_lock_shared(
+            skiplock.internal_handoff_lock_id(queue_name));
+        SELECT q.key_max_running INTO key_limit
+        FROM skiplock.queues q
+        WHERE q.name = queue_name AND NOT q.paused AND q.max_running IS NULL
+          AND q.rate_limit IS NULL AND q.key_rate_limit IS NULL AND q.key_claimable IS NULL;
+        CONTINUE WHEN key_limit IS NULL;
+        looked_at := looked_at || queue_name;
+        taken_ids := NULL;
+        taken_keys := NULL;
+        BEGIN
+            WITH room AS MATERIALIZED (
+                SELECT f.key,
+                       greatest(0, least(count(*), key_limit - (
+                           SELECT count(*) FROM (
+                               SELECT FROM skiplock.jobs_live r
+                               WHERE r.queue = queue_name AND r.state = 'running'
+                                 AND r.concurrency_key = f.key AND r.id <> ALL (done_ids)
+                               LIMIT key_limit) o))) AS room
+                FROM unnest(queues, keys) AS f(queue, key)
+                WHERE f.queue = queue_name AND f.key IS NOT NULL
+                GROUP BY f.key
+            ), candidates AS (
+                -- Chosen without a lock; only those taken are locked below.
+                SELECT c.ctid
+                FROM (SELECT * FROM room r WHERE r.room > 0) r
+                CROSS JOIN LATERAL (
+                    SELECT c.ctid, c.priority, c.scheduled_at, c.id
+                    FROM (SELECT * FROM (
+                              SELECT h.ctid, h.priority, h.scheduled_at, h.id
+                              FROM skiplock.jobs_live h
+                              WHERE h.queue = queue_name AND h.state = 'waiting'
+                                AND h.held_for IS NOT NULL AND h.concurrency_key = r.key
+                                AND h.scheduled_at <= now()
+                                AND (kinds IS NULL OR h.kind = ANY (kinds))
+                                AND NOT skiplock.internal_has_unmet_parent(h.id)
+                              ORDER BY h.priority, h.scheduled_at, h.id
+                              LIMIT r.room) held
+                          UNION ALL
+                          SELECT * FROM (
+                              SELECT s.ctid, s.priority, s.scheduled_at, s.id
+                              FROM skiplock.jobs_live s
+                              WHERE s.queue = queue_name AND s.state = 'queued'
+                                AND s.concurrency_key = r.key AND s.scheduled_at <= now()
+                                AND (kinds IS NULL OR s.kind = ANY (kinds))
+                              ORDER BY s.priority, s.scheduled_at, s.id
+                              LIMIT r.room) queued) c
+                    -- No due queued job of another key (or none) ahead of it in claim order.
+                    WHERE NOT EXISTS (
+                        SELECT 1 FROM skiplock.jobs_live o
+                        WHERE o.queue = queue_name AND o.state = 'queued'
+                          AND o.scheduled_at <= now()
+                          AND (o.priority, o.scheduled_at, o.id)
+                              < (c.priority, c.scheduled_at, c.id)
+                          AND o.concurrency_key IS DISTINCT FROM r.key)
+                    ORDER BY c.priority, c.scheduled_at, c.id
+                    LIMIT r.room) c
+            ), picked AS (
+                -- A row changed since (taken, released, held again) has moved from its
+                -- ctid and is left.
+                SELECT j.ctid FROM skiplock.jobs_live j
+                WHERE j.ctid = ANY (ARRAY(SELECT c.ctid FROM candidates c))
+                  AND (j.state = 'queued' OR (j.state = 'waiting' AND j.held_for IS NOT NULL))
+                FOR UPDATE SKIP LOCKED
+            ), claimed AS (
+                UPDATE skiplock.jobs_live j
+                SET state = 'running', held_for = NULL, claim_token = token,
+                    claimed_by = hand_to,
+                    -- After the finished job's finished_at (the transaction's start).
+                    claimed_at = clock_timestamp(), heartbeat_at = clock_timestamp(),
+                    attempt = least(j.attempt, 2147483646) + 1
+                WHERE j.ctid = ANY (ARRAY(SELECT p.ctid FROM picked p))
+                RETURNING j.id, j.concurrency_key
+            )
+            SELECT array_agg(c.id), array_agg(c.concurrency_key) INTO taken_ids, taken_keys
+            FROM claimed c;
+        EXCEPTION WHEN serialization_failure THEN
+            -- A candidate moved to jobs_done under the statement: nothing handed on here.
+            taken_ids := NULL;
+            taken_keys := NULL;
+        END;
+        handed := handed || coalesce(taken_ids, '{}');
+        -- Each slot handed on is taken again: the others are left for the next claim.
+        PERFORM skiplock.internal_notify_freed(array_agg(queue_name), array_agg(l.key))
+        FROM (SELECT f.key FROM unnest(queues, keys) AS f(queue, key)
+              WHERE f.queue = queue_name AND f.key IS NOT NULL
+              EXCEPT ALL
+              SELECT t.key FROM unnest(taken_keys) AS t(key)) l
+        HAVING count(*) > 0;
+    END LOOP;
+    -- The slots of every other queue, and of jobs without a key: for the next claim.
+    PERFORM skiplock.internal_notify_freed(array_agg(f.queue), array_agg(f.key))
+    FROM unnest(queues, keys) AS f(queue, key)
+    WHERE f.key IS NULL OR f.queue <> ALL (looked_at);
+    RETURN QUERY
+    SELECT j.id, j.queue, j.kind, j.args, j.attempt, j.max_attempts, j.claim_token,
+           j.priority,
+           CASE WHEN isfinite(j.scheduled_at)
+                THEN (extract(epoch FROM j.scheduled_at) * 1000000)::bigint
+                ELSE -9223372036854775808 END,
+           j.traceparent, j.tracestate
+    FROM unnest(handed) AS h(id)
+    CROSS JOIN LATERAL (SELECT * FROM skiplock.jobs_live l WHERE l.id = h.id LIMIT 1) j;
 END;
 $$;
 

@@ -2,7 +2,7 @@
 --
 -- Defines:
 --   internal_taken_in_flight, internal_claim_batch, internal_others_claiming
---   internal_complete_claims
+--   internal_complete_claims, internal_complete_handing_on
 
 -- ---- Claim and completion (the worker's own statements) ----------------------------------
 
@@ -78,6 +78,19 @@ DROP FUNCTION IF EXISTS skiplock.internal_claim_batch(text, text[], bigint, text
 -- Its position became one value (the claim key as an array) in place of three.
 DROP FUNCTION IF EXISTS skiplock.internal_claim_batch(text, text[], bigint, text, smallint,
                                                       bigint, bigint, uuid, boolean);
+-- It returns whether each job's key has a running limit (key_limited) since the handoff
+-- of a key's freed slot (internal_complete_handing_on): a result without it is dropped
+-- first (a replacement cannot change a result); one with it stays, with its grants.
+DO $$
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM pg_proc p
+                   WHERE p.oid = to_regprocedure('skiplock.internal_claim_batch(text, text[], bigint, text, bigint[], uuid, boolean)')
+                     AND 'key_limited' = ANY (p.proargnames)) THEN
+        DROP FUNCTION IF EXISTS skiplock.internal_claim_batch(text, text[], bigint, text,
+                                                              bigint[], uuid, boolean);
+    END IF;
+END;
+$$;
 CREATE OR REPLACE FUNCTION skiplock.internal_claim_batch(queue_name text, kinds text[],
                                                          max_jobs bigint, worker text,
                                                          after bigint[] DEFAULT NULL,
@@ -85,7 +98,7 @@ CREATE OR REPLACE FUNCTION skiplock.internal_claim_batch(queue_name text, kinds 
                                                          skip_in_flight boolean DEFAULT false)
 RETURNS TABLE (id bigint, queue text, kind text, args jsonb, attempt int, max_attempts int,
                claim_token uuid, priority smallint, scheduled_at_us bigint, traceparent text,
-               tracestate text)
+               tracestate text, key_limited boolean)
 LANGUAGE plpgsql
 SET enable_sort = off
 SET enable_bitmapscan = off
@@ -435,7 +448,8 @@ BEGIN
                CASE WHEN isfinite(c.scheduled_at)
                     THEN (extract(epoch FROM c.scheduled_at) * 1000000)::bigint
                     ELSE -9223372036854775808 END,
-               c.traceparent, c.tracestate
+               c.traceparent, c.tracestate,
+               lim_key_max_running IS NOT NULL AND c.concurrency_key IS NOT NULL
         FROM claimed c
         ORDER BY c.priority, c.scheduled_at, c.id;
         GET DIAGNOSTICS taken_now = ROW_COUNT;
@@ -516,8 +530,15 @@ $$;
 COMMENT ON FUNCTION skiplock.internal_others_claiming(text[], text) IS
     'Of the given queues, those in which a claimer other than the given one holds running jobs. What a worker calls to choose how many claims and writes it keeps in flight; internal, not stable.';
 
-CREATE OR REPLACE FUNCTION skiplock.internal_complete_claims(ids bigint[], tokens uuid[])
-RETURNS TABLE (id bigint, state text, has_dependants boolean, ordering_key text)
+-- Gained free_slots and the jobs' queue and key.
+DROP FUNCTION IF EXISTS skiplock.internal_complete_claims(bigint[], uuid[]);
+-- The worker's completion: the jobs still holding the given tokens succeed. The slots they
+-- free are left for the next claim (internal_notify_freed), unless free_slots is false:
+-- then the caller frees them (internal_complete_handing_on).
+CREATE OR REPLACE FUNCTION skiplock.internal_complete_claims(ids bigint[], tokens uuid[],
+                                                             free_slots boolean DEFAULT true)
+RETURNS TABLE (id bigint, state text, has_dependants boolean, ordering_key text,
+               queue text, concurrency_key text)
 LANGUAGE sql
 SET enable_hashjoin = off
 SET enable_mergejoin = off
@@ -532,14 +553,63 @@ AS $$
         WHERE j.id = c.id AND j.claim_token = c.token AND j.state IN ('waiting', 'queued', 'running')
         RETURNING j.id, j.state::text AS state, j.ordering_key, j.queue, j.concurrency_key
     ), freed AS (
-        SELECT skiplock.internal_notify_freed(array_agg(queue), array_agg(concurrency_key)) FROM done
+        SELECT skiplock.internal_notify_freed(array_agg(queue), array_agg(concurrency_key))
+        FROM done HAVING free_slots
     ), parents AS (
         -- After the update, in a snapshot of its own: an edge whose enqueue held a job's
         -- row (FOR SHARE) while the update waited for it is seen (see the function).
         SELECT skiplock.internal_parents_with_dependants(array_agg(id)) AS ids FROM done
     )
-    SELECT d.id, d.state, d.id = ANY (p.ids) AS has_dependants, d.ordering_key
+    SELECT d.id, d.state, d.id = ANY (p.ids) AS has_dependants, d.ordering_key, d.queue,
+           d.concurrency_key
     FROM done d, parents p, (SELECT count(*) FROM freed) f;
 $$;
-COMMENT ON FUNCTION skiplock.internal_complete_claims(bigint[], uuid[]) IS
+COMMENT ON FUNCTION skiplock.internal_complete_claims(bigint[], uuid[], boolean) IS
     'Marks the given running jobs succeeded, each only if it still holds the given claim token, locking them in the order given (pass them sorted by id, as a worker does); returns those it changed, with what the worker does next for each (its dependants, its lane). What a worker calls.';
+
+-- internal_complete_claims for a worker that takes its keys' freed slots (hand_to): the
+-- completion first, in a statement of its own (its triggers fire before the handoff's),
+-- then the slots its jobs freed (internal_free_slots, 06_global_limits.sql), handed on to
+-- hand_to with hand_token where the rule allows. Returns the completed jobs, then the jobs
+-- handed on (`running`, with the claim's columns). A statement of its own for the worker's
+-- batches with a job whose key has a running limit: the plain completion, planned at every
+-- call, stays as small as it was (this one's plan made it 30 % dearer for one job).
+CREATE OR REPLACE FUNCTION skiplock.internal_complete_handing_on(ids bigint[], tokens uuid[],
+                                                                 hand_to text,
+                                                                 hand_kinds text[],
+                                                                 hand_token uuid)
+RETURNS TABLE (id bigint, state text, has_dependants boolean, ordering_key text,
+               queue text, kind text, args jsonb, attempt int, max_attempts int,
+               claim_token uuid, priority smallint, scheduled_at_us bigint, traceparent text,
+               tracestate text)
+LANGUAGE plpgsql
+SET jit = off
+AS $$
+DECLARE
+    done_ids bigint[];
+    done_states text[];
+    done_dependants boolean[];
+    done_lanes text[];
+    done_queues text[];
+    done_keys text[];
+BEGIN
+    SELECT array_agg(c.id), array_agg(c.state), array_agg(c.has_dependants),
+           array_agg(c.ordering_key), array_agg(c.queue), array_agg(c.concurrency_key)
+    INTO done_ids, done_states, done_dependants, done_lanes, done_queues, done_keys
+    FROM skiplock.internal_complete_claims(ids, tokens, false) c;
+    RETURN QUERY
+    SELECT d.id, d.state, d.dependants, d.lane, NULL::text, NULL::text, NULL::jsonb,
+           NULL::int, NULL::int, NULL::uuid, NULL::smallint, NULL::bigint, NULL::text,
+           NULL::text
+    FROM unnest(done_ids, done_states, done_dependants, done_lanes)
+         AS d(id, state, dependants, lane);
+    RETURN QUERY
+    SELECT h.id, 'running'::text, false, NULL::text, h.queue, h.kind, h.args, h.attempt,
+           h.max_attempts, h.claim_token, h.priority, h.scheduled_at_us, h.traceparent,
+           h.tracestate
+    FROM skiplock.internal_free_slots(done_ids, done_queues, done_keys, hand_to, hand_kinds,
+                                      hand_token) h;
+END;
+$$;
+COMMENT ON FUNCTION skiplock.internal_complete_handing_on(bigint[], uuid[], text, text[], uuid) IS
+    'As internal_complete_claims, then hands each key''s freed slot of a queue whose one limit is key_max_running on to hand_to: the key''s next due job, claimed with hand_token, when no other key''s due job is ahead of it (returned after the completed ones, state running, with the claim''s columns). What a worker calls; internal, not stable.';

@@ -145,7 +145,8 @@ BEGIN
             FROM unnest(ids, tokens, outputs) AS c(id, token, output)
             WHERE c.output IS NOT NULL AND j.id = c.id AND j.claim_token = c.token;
         END IF;
-        RETURN QUERY SELECT * FROM skiplock.internal_complete_claims(ids, tokens);
+        RETURN QUERY SELECT c.id, c.state, c.has_dependants, c.ordering_key
+        FROM skiplock.internal_complete_claims(ids, tokens) c;
     ELSIF outcome = 'release' THEN
         RETURN QUERY SELECT r.id, r.state, false, NULL::text
         FROM skiplock.internal_release_claims(

@@ -7,6 +7,7 @@
 --   internal_check_queue_name, internal_set_queue_paused, internal_check_running_limit
 --   internal_check_rate_limit, set_queue_limits, pause_queue
 --   why_not_running, resume_queue, internal_queues_after_write, trigger queues_after_write
+--   internal_queues_after_handoff_rules_change, trigger queues_after_handoff_rules_change
 --   internal_queues_after_max_running_change, trigger queues_after_max_running_change
 --   trigger queues_after_max_running_insert
 --   internal_queues_after_fairness_change, trigger queues_after_fairness_change
@@ -523,6 +524,25 @@ CREATE OR REPLACE TRIGGER queues_after_write
     FOR EACH ROW
     WHEN (NOT NEW.paused)
     EXECUTE FUNCTION skiplock.internal_queues_after_write();
+
+-- A write of the limits or the pause of a queue with key_max_running (or its row deleted)
+-- waits for the handoffs of its keys' freed slots in flight (internal_free_slots, which
+-- tries this lock shared before it reads the row): each read the row as it was, so no
+-- handoff made by the old limits commits after the new ones.
+CREATE OR REPLACE FUNCTION skiplock.internal_queues_after_handoff_rules_change()
+RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM pg_advisory_xact_lock(skiplock.internal_handoff_lock_id(OLD.name));
+    RETURN NULL;
+END;
+$$;
+
+CREATE OR REPLACE TRIGGER queues_after_handoff_rules_change
+    AFTER UPDATE OR DELETE ON skiplock.queues
+    FOR EACH ROW
+    WHEN (OLD.key_max_running IS NOT NULL)
+    EXECUTE FUNCTION skiplock.internal_queues_after_handoff_rules_change();
 
 -- A queue's limits changed where a max_running is or was, or a row with one written: the
 -- claims in flight each counted by the limits they read, a share of the old max_running

@@ -537,6 +537,7 @@ mod tests {
             scheduled_at_us: 1_000,
             traceparent: None,
             tracestate: None,
+            key_limited: false,
         }
     }
 

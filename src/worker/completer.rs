@@ -29,16 +29,20 @@ use uuid::Uuid;
 use super::Shared;
 use super::claims::ClaimKey;
 use super::events::{JobEvent, JobEventOutcome};
+use super::executor::BufferedJob;
 use super::executor::{Finished, Outcome};
+use super::reply_lost;
 use super::sharing::writes_in_flight;
-use super::split_write::{SplitWrite, WriteError, write, write_split};
+use super::split_write::{SplitWrite, WriteError, release_at_once, write, write_split};
 use crate::db::jobs::{
-    FailAction, FailBatch, SavedJob, jobs_abandon_many, jobs_complete_many, jobs_completed_by,
-    jobs_fail_many, jobs_failed_by, jobs_release_many, jobs_released_by,
+    ClaimedJob, FailAction, FailBatch, Handoff, SavedJob, jobs_abandon_many,
+    jobs_complete_handing_on, jobs_complete_many, jobs_completed_by, jobs_fail_many,
+    jobs_failed_by, jobs_release_many, jobs_released_by,
 };
 use crate::error::describe_sqlx;
 use crate::job::Fate;
 use crate::maintenance::dependencies::MoveOn;
+use crate::metrics;
 
 /// Runs until every sender is dropped and every outcome received has been written.
 pub(super) async fn complete(shared: Arc<Shared>, mut outcomes: mpsc::UnboundedReceiver<Finished>) {
@@ -95,6 +99,8 @@ async fn save(shared: &Arc<Shared>, batch: &mut Vec<Finished>, follow_ups: &Task
     let mut settled: Vec<ClaimKey> = Vec::with_capacity(batch.len());
     let mut events: HashMap<ClaimKey, JobEvent> = HashMap::new();
     let mut follow_up = MoveOn::default();
+    // Whether a completion of the batch may hand its key's freed slot on.
+    let mut key_limited = false;
     let completed_in_tx = completed_in_handler_tx(shared, batch).await;
     for finished in batch.drain(..) {
         let (id, token) = (finished.id, finished.token);
@@ -128,6 +134,7 @@ async fn save(shared: &Arc<Shared>, batch: &mut Vec<Finished>, follow_ups: &Task
             Outcome::Succeeded => {
                 done.0.push(id);
                 done.1.push(token);
+                key_limited |= finished.key_limited;
             }
             Outcome::Released => released.push(id, token, finished.attempt, 0),
             Outcome::Snoozed { delay_ms } => {
@@ -164,8 +171,12 @@ async fn save(shared: &Arc<Shared>, batch: &mut Vec<Finished>, follow_ups: &Task
     let counters = &shared.counters;
     if !done.0.is_empty() {
         let (ids, tokens) = (&done.0, &done.1);
+        // A key's freed slot is handed on to this worker (not while it stops, nor when it
+        // runs one chosen job).
+        let hand_on =
+            key_limited && !shared.graceful.is_cancelled() && shared.config.only_job.is_none();
         let mut saved = write_split(shared, "complete", ids, tokens, |range| {
-            jobs_complete_many(&shared.pool, &ids[range.clone()], &tokens[range])
+            complete_handing_on(shared, &ids[range.clone()], &tokens[range], hand_on)
         })
         .await;
         if saved.reply_lost {
@@ -267,6 +278,89 @@ async fn save(shared: &Arc<Shared>, batch: &mut Vec<Finished>, follow_ups: &Task
         follow_up.run(&shared.pool).await;
         forget(&shared, &settled);
     });
+}
+
+/// One completion statement; with `hand_on`, the jobs it hands on to this worker (see
+/// `skiplock.internal_free_slots`) are held and go to their group's dispatcher at once. They
+/// carry a token of their own, chosen here: beaten while the statement is in flight, and,
+/// if its reply is lost, looked for and released as a lost claim's jobs are.
+async fn complete_handing_on(
+    shared: &Arc<Shared>,
+    ids: &[i64],
+    tokens: &[Uuid],
+    hand_on: bool,
+) -> sqlx::Result<Vec<SavedJob>> {
+    if !hand_on {
+        return jobs_complete_many(&shared.pool, ids, tokens).await;
+    }
+    let token = Uuid::new_v4();
+    let sent = shared.claims.claim_sent(token);
+    let hand = Handoff {
+        worker: &shared.config.worker_id,
+        kinds: &shared.kinds,
+        token,
+    };
+    match jobs_complete_handing_on(&shared.pool, ids, tokens, &hand).await {
+        Ok(completion) => {
+            take_handed(shared, completion.handed).await;
+            drop(sent);
+            Ok(completion.saved)
+        }
+        Err(e) => {
+            if reply_lost(&e) {
+                // Released by the next claim of any group, which the wake-up brings now.
+                let now = std::time::Instant::now();
+                for group in &shared.groups {
+                    group.lost_claims.add(token, now);
+                }
+                shared.wake_all();
+            }
+            Err(e)
+        }
+    }
+}
+
+/// Holds the jobs a completion handed on and gives each to its group's dispatcher; those
+/// that no dispatcher takes any more (the producer has stopped) are released at once,
+/// their attempt not counted.
+async fn take_handed(shared: &Arc<Shared>, handed: Vec<ClaimedJob>) {
+    let mut refused: Vec<ClaimKey> = Vec::new();
+    for job in handed {
+        let claim = (job.id, job.claim_token);
+        let Some(group) = shared.group_of(&job.queue) else {
+            refused.push(claim);
+            continue;
+        };
+        let handles = shared.claims.insert(claim);
+        let inbox = shared.groups[group]
+            .handed
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let sent = match inbox.as_ref() {
+            Some(inbox) => inbox.send(BufferedJob { job, handles }).is_ok(),
+            None => false,
+        };
+        drop(inbox);
+        if sent {
+            shared.counters.claimed.fetch_add(1, Ordering::Relaxed);
+            metrics::buffered(1.0);
+        } else {
+            refused.push(claim);
+        }
+    }
+    if refused.is_empty() {
+        return;
+    }
+    let (ids, tokens): (Vec<i64>, Vec<Uuid>) = refused.iter().copied().unzip();
+    let write = release_at_once(shared, "release handed on", &ids, &tokens).await;
+    for ((id, _), reason) in &write.unsaved {
+        tracing::error!(
+            job_id = id,
+            error = %reason,
+            "cannot release a job handed on after the worker stopped claiming; the reaper will take it back"
+        );
+    }
+    shared.claims.remove_many(&refused);
 }
 
 /// Forgets claims whose outcome is saved and whose follow-up is done.

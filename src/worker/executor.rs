@@ -59,6 +59,9 @@ pub(super) struct Finished {
     /// ([`JobContext::complete_in`]): if that transaction committed, the job succeeded
     /// whatever `outcome` says.
     pub(super) completed_in_tx: bool,
+    /// Its key has a running limit ([`ClaimedJob::key_limited`]): its completion may hand
+    /// the key's freed slot on to this worker.
+    pub(super) key_limited: bool,
 }
 
 /// A claimed job in the local buffer, with what its handler gets from the claim
@@ -68,26 +71,46 @@ pub(super) struct BufferedJob {
     pub(super) handles: ClaimHandles,
 }
 
+/// Where a group's claimed jobs wait for a slot: the producer's buffer, and the jobs
+/// completions handed on (see [`QueueGroup::handed`](super::QueueGroup::handed)), started
+/// first, as their key's slot is already taken. Both close when the producer stops.
+pub(super) struct Inboxes {
+    pub(super) buffer: mpsc::Receiver<BufferedJob>,
+    pub(super) handed: mpsc::UnboundedReceiver<BufferedJob>,
+}
+
 /// Starts buffered jobs while slots are free, until the graceful shutdown; then releases
 /// whatever is still buffered.
 pub(super) async fn dispatch(
     shared: Arc<Shared>,
     group: usize,
-    mut buffer: mpsc::Receiver<BufferedJob>,
+    inboxes: Inboxes,
     space: Arc<Notify>,
     outcomes: mpsc::UnboundedSender<Finished>,
     executors: TaskTracker,
 ) {
     let slots = shared.groups[group].slots.clone();
     let member = shared.groups[group].member;
+    let Inboxes {
+        mut buffer,
+        mut handed,
+    } = inboxes;
     // A job taken from the buffer that never got a slot before the shutdown.
     let mut in_hand = None;
+    let mut handed_open = true;
     loop {
         // A job in hand first, then a slot: a queue waits for a slot only when it has work,
         // so an idle queue lends its share of the pool to the others (see `slots`).
         let buffered = tokio::select! {
             biased;
             () = shared.graceful.cancelled() => break,
+            job = handed.recv(), if handed_open => match job {
+                Some(buffered) => buffered,
+                None => {
+                    handed_open = false;
+                    continue;
+                }
+            },
             job = buffer.recv() => match job {
                 Some(buffered) => buffered,
                 None => break,
@@ -144,6 +167,7 @@ pub(super) async fn dispatch(
                 let id = job.id;
                 let token = job.claim_token;
                 let (attempt, max_attempts) = (job.attempt, job.max_attempts);
+                let key_limited = job.key_limited;
                 // The args go to the handler; the job's kind and queue stay here for the
                 // metrics and the event, without a copy per job.
                 let args = std::mem::take(&mut job.args.0);
@@ -186,6 +210,7 @@ pub(super) async fn dispatch(
                     event,
                     took,
                     completed_in_tx,
+                    key_limited,
                 });
                 drop(permit);
             }
@@ -197,6 +222,9 @@ pub(super) async fn dispatch(
     // claimed again by one of those claims, and the job released twice.
     let mut unstarted: Vec<BufferedJob> = in_hand.into_iter().collect();
     while let Some(buffered) = buffer.recv().await {
+        unstarted.push(buffered);
+    }
+    while let Some(buffered) = handed.recv().await {
         unstarted.push(buffered);
     }
     for buffered in unstarted {
@@ -231,6 +259,7 @@ fn release_unstarted(
         event: None,
         took: Duration::ZERO,
         completed_in_tx: false,
+        key_limited: false,
     });
 }
 

@@ -116,6 +116,11 @@ pub(crate) struct QueueGroup {
     pub(crate) settled: Notify,
     /// Claims of this group whose reply was lost, until their jobs are released.
     pub(crate) lost_claims: producer::LostClaims,
+    /// Where the completer puts the jobs a completion handed on to this worker (a key's
+    /// freed slot taken again, see `skiplock.internal_free_slots`), for the dispatcher to
+    /// start before the buffer's; `None` once the producer has stopped, and then the
+    /// completer releases them.
+    handed: std::sync::Mutex<Option<mpsc::UnboundedSender<executor::BufferedJob>>>,
     /// The queue's per-job metrics.
     pub(crate) series: crate::metrics::JobSeries,
     /// Whether another claimer holds running jobs of this queue, as last seen
@@ -143,6 +148,7 @@ impl QueueGroup {
             runnable: std::sync::Mutex::new(None),
             settled: Notify::new(),
             lost_claims: producer::LostClaims::default(),
+            handed: std::sync::Mutex::new(None),
             others_claiming: std::sync::atomic::AtomicBool::new(false),
         }
     }
@@ -165,7 +171,7 @@ impl Shared {
     }
 
     /// The index of the group that claims from `queue`, if any.
-    fn group_of(&self, queue: &str) -> Option<usize> {
+    pub(crate) fn group_of(&self, queue: &str) -> Option<usize> {
         self.groups.iter().position(|g| g.queue == queue)
     }
 
@@ -396,6 +402,11 @@ impl Worker {
         let mut pipelines = Vec::new();
         for group in 0..shared.groups.len() {
             let (buffer_tx, buffer_rx) = mpsc::channel(shared.groups[group].prefetch_max);
+            let (handed_tx, handed_rx) = mpsc::unbounded_channel();
+            *shared.groups[group]
+                .handed
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(handed_tx);
             let space = Arc::new(Notify::new());
             pipelines.push(tokio::spawn(producer::produce(
                 shared.clone(),
@@ -406,7 +417,10 @@ impl Worker {
             pipelines.push(tokio::spawn(executor::dispatch(
                 shared.clone(),
                 group,
-                buffer_rx,
+                executor::Inboxes {
+                    buffer: buffer_rx,
+                    handed: handed_rx,
+                },
                 space,
                 outcome_tx.clone(),
                 executors.clone(),

@@ -25,11 +25,10 @@ use super::claim_cursor::{ClaimCursor, Landing, LookFrom, Walk};
 use super::claims::ClaimInFlight;
 use super::executor::BufferedJob;
 use super::sharing::claims_in_flight;
-use super::split_write::write_split;
+use super::split_write::release_at_once;
 use super::{PREFETCH_HORIZON, Shared, reply_lost, schema_mismatch, stop_if_schema_outgrown};
 use crate::db::jobs::{
     ClaimArgs, ClaimMode, ClaimedJob, jobs_claim, jobs_claim_one, jobs_claimed_with,
-    jobs_release_many,
 };
 use crate::db::maintenance::{jobs_any_active, jobs_left_behind};
 use crate::metrics;
@@ -57,6 +56,7 @@ pub(super) async fn produce(
 ) {
     let config = &shared.config;
     let group = &shared.groups[group_index];
+    let _close_handed = CloseHanded(group);
     let mut rate = StartRate::new(group.started.load(Ordering::Relaxed));
     let mut in_flight = FuturesUnordered::new();
     // Buffer room promised to the claims in flight.
@@ -245,6 +245,21 @@ pub(super) async fn produce(
     }
 }
 
+/// Closes the group's inbox of handed-on jobs when the producer returns or panics, as
+/// dropping the buffer's sender closes the buffer: handoffs after that are released by
+/// the completer, and the dispatcher, draining both, is not left waiting.
+struct CloseHanded<'a>(&'a super::QueueGroup);
+
+impl Drop for CloseHanded<'_> {
+    fn drop(&mut self) {
+        self.0
+            .handed
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take();
+    }
+}
+
 /// One claim statement for `limit` jobs, walking as planned; returns the limit and the
 /// walk with the result so the producer can give back the room it reserved and move its
 /// cursor, and the claim's [`ClaimInFlight`], to drop once its jobs are held.
@@ -329,7 +344,7 @@ impl LostClaims {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    fn add(&self, token: Uuid, now: Instant) {
+    pub(super) fn add(&self, token: Uuid, now: Instant) {
         self.lock().push(LostClaim {
             token,
             lost_at: now,
@@ -382,16 +397,7 @@ async fn release_lost_claims(shared: &Shared, lost: &LostClaims) {
         };
         if !ids.is_empty() {
             let tokens = vec![token; ids.len()];
-            let delays_ms = vec![0; ids.len()];
-            let write = write_split(shared, "release lost claim", &ids, &tokens, |range| {
-                jobs_release_many(
-                    &shared.pool,
-                    &ids[range.clone()],
-                    &tokens[range.clone()],
-                    &delays_ms[range],
-                )
-            })
-            .await;
+            let write = release_at_once(shared, "release lost claim", &ids, &tokens).await;
             if !write.saved.is_empty() {
                 tracing::info!(
                     jobs = write.saved.len(),

@@ -10,6 +10,7 @@ use uuid::Uuid;
 
 use super::claims::ClaimKey;
 use super::{Shared, schema_mismatch, stop_if_schema_outgrown};
+use crate::db::jobs::jobs_release_many;
 use crate::error::{describe_sqlx, is_transient_sqlx};
 use crate::pacing::db_retry_delay;
 
@@ -135,4 +136,26 @@ where
             }
         }
     }
+}
+
+/// Gives the claims `ids`/`tokens` back to the queue at once (no delay, the attempt not
+/// counted), split as [`write_split`] splits: the jobs of a claim whose reply was lost, or
+/// handed on to a worker that no longer claims. Returns the released ids and the claims
+/// that refused it (each with the reason), which the reaper takes back.
+pub(super) async fn release_at_once(
+    shared: &Shared,
+    what: &str,
+    ids: &[i64],
+    tokens: &[Uuid],
+) -> SplitWrite<i64> {
+    let delays_ms = vec![0; ids.len()];
+    write_split(shared, what, ids, tokens, |range| {
+        jobs_release_many(
+            &shared.pool,
+            &ids[range.clone()],
+            &tokens[range.clone()],
+            &delays_ms[range],
+        )
+    })
+    .await
 }

@@ -157,13 +157,50 @@ pub struct AuditRow {
     pub last_error: Option<String>,
     pub app: String,
     pub claimed_at: Option<chrono::DateTime<chrono::Utc>>,
+    /// The writing transaction (`txid_current()`).
+    pub txid: i64,
     pub at: chrono::DateTime<chrono::Utc>,
+}
+
+impl AsRef<AuditRow> for AuditRow {
+    fn as_ref(&self) -> &AuditRow {
+        self
+    }
+}
+
+/// The rows of `log` (in `seq` order) by transaction, each transaction where it committed
+/// as far as the log can tell: at its last row. A transaction commits after every row it
+/// wrote, and one that waited for its rows wrote after that. What others see of a
+/// transaction is its result, never its rows one by one: a worker's completion that hands
+/// its key's next job on ends one job and starts the next in one transaction, and the rows
+/// say start first (the handoff's statement fires its triggers before the completion's).
+/// So a count of what runs at once is taken between transactions, not between rows.
+pub fn transactions<T: AsRef<AuditRow>>(log: &[T]) -> Vec<Vec<&T>> {
+    let mut last: HashMap<i64, usize> = HashMap::new();
+    for (i, row) in log.iter().enumerate() {
+        last.insert(row.as_ref().txid, i);
+    }
+    let mut groups: std::collections::BTreeMap<usize, Vec<&T>> = std::collections::BTreeMap::new();
+    for row in log {
+        groups
+            .entry(last[&row.as_ref().txid])
+            .or_default()
+            .push(row);
+    }
+    groups.into_values().collect()
 }
 
 impl AuditRow {
     /// A claim: queued to running.
     pub fn is_claim(&self) -> bool {
         self.old_state.as_deref() == Some("queued") && self.new_state.as_deref() == Some("running")
+    }
+
+    /// A claim of any kind: queued or waiting (a held job a completion handed on, or a fair
+    /// key's held job taken in its turn) to running.
+    pub fn is_start(&self) -> bool {
+        matches!(self.old_state.as_deref(), Some("queued" | "waiting"))
+            && self.new_state.as_deref() == Some("running")
     }
 
     /// The reaper took the claim back.
@@ -190,7 +227,7 @@ pub async fn audit(pool: &PgPool) -> Vec<AuditRow> {
     sqlx::query_as(
         "SELECT seq, job_id, op, old_state::text, new_state::text, old_attempt, new_attempt,
                 max_attempts, old_token, new_token, old_holder, new_holder, heartbeat,
-                failure, last_error, app, claimed_at, at
+                failure, last_error, app, claimed_at, txid, at
          FROM public.job_audit ORDER BY seq",
     )
     .fetch_all(pool)
@@ -245,7 +282,7 @@ pub fn check_claim_discipline(rows: &[AuditRow], allow_reopen: bool) {
                      not set: {row:?}"
                 );
             }
-            if row.is_claim() {
+            if row.is_start() {
                 let (before, after) = (row.old_attempt.unwrap(), row.new_attempt.unwrap());
                 assert_eq!(
                     after,

@@ -290,7 +290,7 @@ pub async fn operate_sql(sim: &Sim, pool: PgPool) {
             85..93 => (
                 "retry_dead_jobs",
                 sqlx::query_scalar::<_, i64>("SELECT count(*) FROM skiplock.retry_dead_jobs($1)")
-                    .bind([None, Some("default"), Some("q2")][rng.usize(..3)])
+                    .bind([None, Some("default"), Some("q2"), Some("q3")][rng.usize(..4)])
                     .fetch_one(&pool)
                     .await,
             ),

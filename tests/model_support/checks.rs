@@ -44,7 +44,9 @@ use crate::fault_support::AuditRow;
 
 use super::kind::Run;
 use super::logs::{is_defect, strip_ansi};
-use super::{LIMITED_QUEUE, LIMITED_QUEUE_KEY_MAX, LIMITED_QUEUE_KEY_RATE, LIMITED_QUEUE_RATE};
+use super::{
+    KEYED_QUEUE, LIMITED_QUEUE, LIMITED_QUEUE_KEY_MAX, LIMITED_QUEUE_KEY_RATE, LIMITED_QUEUE_RATE,
+};
 
 /// One row of the extended audit: the faults' audit row (`fault_support::AuditRow`, whose
 /// fields and tests it derefs to) and the columns the model's audit adds
@@ -61,6 +63,12 @@ pub struct Ev {
     pub held_for: Option<String>,
     /// When the job may run (clamped to finite times: '-infinity' reads as year 1).
     pub scheduled_at: Option<DateTime<Utc>>,
+}
+
+impl AsRef<AuditRow> for Ev {
+    fn as_ref(&self) -> &AuditRow {
+        &self.row
+    }
 }
 
 impl std::ops::Deref for Ev {
@@ -169,7 +177,7 @@ impl Evidence {
             "SELECT seq, job_id, op, old_state::text, new_state::text, old_attempt,
                     new_attempt, max_attempts, old_token, new_token, old_holder, new_holder,
                     heartbeat, failure, last_error, app, ordering_key, unique_key, queue,
-                    concurrency_key, at, claimed_at, held_for,
+                    concurrency_key, at, claimed_at, txid, held_for,
                     greatest(least(scheduled_at, '9999-12-31'), '0001-01-01') AS scheduled_at
              FROM public.job_audit ORDER BY seq",
         )
@@ -225,6 +233,7 @@ pub fn check_all(evidence: &Evidence) -> Vec<String> {
     check_claim_discipline(evidence, &mut found);
     check_superseded(evidence, &tracks, &mut found);
     check_lane_runs(evidence, &tracks, &mut found);
+    check_running_limits(evidence, &mut found);
     check_rate_limit(evidence, &mut found);
     check_key_rate_limit(evidence, &mut found);
     check_logs(evidence, &mut found);
@@ -261,6 +270,65 @@ pub fn limited_starts_per_key(evidence: &Evidence) -> HashMap<String, Vec<(DateT
         key_starts.sort();
     }
     starts
+}
+
+/// The limited queue's running jobs, and those of each concurrency key of the limited and
+/// the keyed queue, between transactions in commit order (`fault_support::transactions`:
+/// a completion that hands its key's next job on writes the start's row before the
+/// end's): never more than max_running, nor key_max_running of one key.
+fn check_running_limits(evidence: &Evidence, found: &mut Vec<String>) {
+    let mut limited_running: BTreeSet<i64> = BTreeSet::new();
+    // By queue and key.
+    let mut key_running: HashMap<(&str, String), BTreeSet<i64>> = HashMap::new();
+    let key_max = |queue: &str| {
+        if queue == LIMITED_QUEUE.0 {
+            LIMITED_QUEUE_KEY_MAX
+        } else {
+            KEYED_QUEUE.1
+        }
+    };
+    for transaction in crate::fault_support::transactions(&evidence.events) {
+        for ev in transaction.iter().filter(|e| !e.heartbeat) {
+            let job = ev.job_id;
+            limited_running.remove(&job);
+            for set in key_running.values_mut() {
+                set.remove(&job);
+            }
+            if ev.new_state.as_deref() != Some("running") {
+                continue;
+            }
+            let queue = [LIMITED_QUEUE.0, KEYED_QUEUE.0]
+                .into_iter()
+                .find(|q| ev.queue.as_deref() == Some(*q));
+            if ev.queue.as_deref() == Some(LIMITED_QUEUE.0) {
+                limited_running.insert(job);
+            }
+            if let (Some(queue), Some(key)) = (queue, &ev.concurrency_key) {
+                key_running
+                    .entry((queue, key.clone()))
+                    .or_default()
+                    .insert(job);
+            }
+        }
+        let Some(last) = transaction.last() else {
+            continue;
+        };
+        for ((queue, key), running) in &key_running {
+            let max = key_max(queue);
+            if running.len() > max {
+                found.push(format!(
+                    "[limit: over key_max_running] key {key} of queue {queue} has jobs {running:?} running at once, over its key_max_running {max} (audit seq {})",
+                    last.seq
+                ));
+            }
+        }
+        if limited_running.len() > LIMITED_QUEUE.1 {
+            found.push(format!(
+                "[limit: over max_running] queue {} has jobs {limited_running:?} running at once, over its max_running {} (audit seq {})",
+                LIMITED_QUEUE.0, LIMITED_QUEUE.1, last.seq
+            ));
+        }
+    }
 }
 
 /// The per-key rate limit of the limited queue, exact in every window: a start of a key
@@ -311,8 +379,6 @@ fn replay(evidence: &Evidence, found: &mut Vec<String>) -> HashMap<i64, Track> {
     let mut lane_unfinished: HashMap<String, BTreeSet<i64>> = HashMap::new();
     let mut lane_running: HashMap<String, BTreeSet<i64>> = HashMap::new();
     let mut unique_pending: HashMap<String, BTreeSet<i64>> = HashMap::new();
-    let mut limited_running: BTreeSet<i64> = BTreeSet::new();
-    let mut key_running: HashMap<String, BTreeSet<i64>> = HashMap::new();
     let mut parents: HashMap<i64, Vec<(i64, i64)>> = HashMap::new();
     for &(seq, child, parent) in &evidence.deps {
         parents.entry(child).or_default().push((seq, parent));
@@ -395,35 +461,6 @@ fn replay(evidence: &Evidence, found: &mut Vec<String>) -> HashMap<i64, Track> {
                         running.iter().map(|&j| evidence.history(j)).collect::<Vec<_>>().join("\n")
                     ));
                 }
-            }
-        }
-        // The limited queue's running jobs of each concurrency key after this row: never
-        // more than its key_max_running.
-        for set in key_running.values_mut() {
-            set.remove(&job);
-        }
-        if let Some(key) = &track.concurrency_key
-            && track.queue.as_deref() == Some(LIMITED_QUEUE.0)
-            && new.as_deref() == Some("running")
-        {
-            let running = key_running.entry(key.clone()).or_default();
-            running.insert(job);
-            if running.len() > LIMITED_QUEUE_KEY_MAX {
-                found.push(format!(
-                    "[limit: over key_max_running] key {key} of queue {} has jobs {running:?} running at once, over its key_max_running {LIMITED_QUEUE_KEY_MAX} (audit seq {})",
-                    LIMITED_QUEUE.0, ev.seq
-                ));
-            }
-        }
-        // The limited queue's running jobs after this row: never more than its limit.
-        limited_running.remove(&job);
-        if track.queue.as_deref() == Some(LIMITED_QUEUE.0) && new.as_deref() == Some("running") {
-            limited_running.insert(job);
-            if limited_running.len() > LIMITED_QUEUE.1 {
-                found.push(format!(
-                    "[limit: over max_running] queue {} has jobs {limited_running:?} running at once, over its max_running {} (audit seq {})",
-                    LIMITED_QUEUE.0, LIMITED_QUEUE.1, ev.seq
-                ));
             }
         }
         if let Some(key) = &track.unique
@@ -604,7 +641,7 @@ fn check_claim_discipline(evidence: &Evidence, found: &mut Vec<String>) {
         let old = ev.old_state.as_deref().unwrap_or_default();
         let new = ev.new_state.as_deref().unwrap_or_default();
         let mut problem = None;
-        if ev.is_claim() {
+        if ev.is_start() {
             let (before, after) = (ev.old_attempt.unwrap_or(0), ev.new_attempt.unwrap_or(0));
             if after != before + 1 {
                 problem = Some("a claim did not add exactly one attempt");

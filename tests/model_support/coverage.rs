@@ -19,8 +19,8 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 
 use chrono::{DateTime, Duration, Utc};
 
-use super::LIMITED_QUEUE;
 use super::checks::{Ev, Evidence, limited_starts};
+use super::{KEYED_QUEUE, LIMITED_QUEUE};
 
 /// How long a job must have been queued and due before a start of the limited queue to
 /// count as held back at that start. The audit numbers rows when they are written, not
@@ -33,6 +33,7 @@ const DUE_AT_LEAST: Duration = Duration::milliseconds(250);
 pub fn coverage(evidence: &Evidence) -> BTreeMap<&'static str, usize> {
     let mut paths = BTreeMap::new();
     limits_binding(evidence, &mut paths);
+    slots_handed_on(evidence, &mut paths);
     let lanes: HashSet<i64> = evidence
         .events
         .iter()
@@ -95,6 +96,32 @@ pub fn coverage(evidence: &Evidence) -> BTreeMap<&'static str, usize> {
 /// The limits' paths (see the module docs): each per-key hold of a due job, and each start
 /// of the limited queue after which its `max_running` or its rate limit kept a due job
 /// from starting.
+/// A key's freed slot handed on: in the keyed queue, one transaction ends a job of a key
+/// and starts another of the same key (a worker's completion claiming the key's next job).
+fn slots_handed_on(evidence: &Evidence, paths: &mut BTreeMap<&'static str, usize>) {
+    for transaction in crate::fault_support::transactions(&evidence.events) {
+        let keyed =
+            |e: &&&Ev| e.queue.as_deref() == Some(KEYED_QUEUE.0) && e.concurrency_key.is_some();
+        let ended: HashSet<&str> = transaction
+            .iter()
+            .filter(keyed)
+            .filter(|e| {
+                e.old_state.as_deref() == Some("running")
+                    && e.new_state.as_deref() == Some("succeeded")
+            })
+            .filter_map(|e| e.concurrency_key.as_deref())
+            .collect();
+        let handed = transaction
+            .iter()
+            .filter(keyed)
+            .filter(|e| e.is_start() && ended.contains(e.concurrency_key.as_deref().unwrap_or("")))
+            .count();
+        if handed > 0 {
+            *paths.entry("a key's freed slot handed on").or_default() += handed;
+        }
+    }
+}
+
 fn limits_binding(evidence: &Evidence, paths: &mut BTreeMap<&'static str, usize>) {
     let limits = evidence.limits;
     // The starts after which the rate window was full: the start `rate_limit - 1` before

@@ -34,7 +34,12 @@ use tokio_util::sync::CancellationToken;
 pub const LANES: [&str; 4] = ["lane-a", "lane-b", "lane-c", "lane-d"];
 pub const UNIQUE_KEYS: [&str; 4] = ["uk-a", "uk-b", "uk-c", "uk-d"];
 /// Queues every worker claims from.
-pub const QUEUES: [&str; 2] = ["default", "q2"];
+pub const QUEUES: [&str; 3] = ["default", "q2", "q3"];
+/// The queue whose one limit is a `key_max_running` of this many: a Rust worker's
+/// completion of one of its keyed jobs hands the key's freed slot on to itself, claiming
+/// the key's next job in the same transaction; the replay fails a transaction that leaves
+/// more of one key's jobs of that queue running.
+pub const KEYED_QUEUE: (&str, usize) = ("q3", 1);
 /// The queue given a global limit for the whole run, and its `max_running`: the replay
 /// fails a claim that makes more of its jobs run at once (tests/model_support/checks.rs).
 pub const LIMITED_QUEUE: (&str, usize) = ("q2", 3);

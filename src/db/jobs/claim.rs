@@ -37,22 +37,39 @@ pub struct ClaimedJob {
     pub traceparent: Option<String>,
     /// The W3C `tracestate` that goes with it.
     pub tracestate: Option<String>,
+    /// Whether its key has a running limit (`key_max_running`): its completion may hand
+    /// the key's freed slot on ([`jobs_complete_handing_on`](super::jobs_complete_handing_on)).
+    pub key_limited: bool,
 }
 
 impl<'r> FromRow<'r, PgRow> for ClaimedJob {
     fn from_row(row: &'r PgRow) -> sqlx::Result<Self> {
+        Self::from_row_after(row, 1)
+    }
+}
+
+impl ClaimedJob {
+    /// Read from a row with the id first and the other columns from `rest`, in the
+    /// claim's order (a completion's handed-on rows carry them after its own columns).
+    pub(crate) fn from_row_after(row: &PgRow, rest: usize) -> sqlx::Result<Self> {
         Ok(Self {
             id: row.try_get(0)?,
-            queue: row.try_get(1)?,
-            kind: row.try_get(2)?,
-            args: Json(super::super::json::json_lossy(row, 3)?.unwrap_or(Value::Null)),
-            attempt: row.try_get(4)?,
-            max_attempts: row.try_get(5)?,
-            claim_token: row.try_get(6)?,
-            priority: row.try_get(7)?,
-            scheduled_at_us: row.try_get(8)?,
-            traceparent: row.try_get(9)?,
-            tracestate: row.try_get(10)?,
+            queue: row.try_get(rest)?,
+            kind: row.try_get(rest + 1)?,
+            args: Json(super::super::json::json_lossy(row, rest + 2)?.unwrap_or(Value::Null)),
+            attempt: row.try_get(rest + 3)?,
+            max_attempts: row.try_get(rest + 4)?,
+            claim_token: row.try_get(rest + 5)?,
+            priority: row.try_get(rest + 6)?,
+            scheduled_at_us: row.try_get(rest + 7)?,
+            traceparent: row.try_get(rest + 8)?,
+            tracestate: row.try_get(rest + 9)?,
+            // The worker's claim says; a statement without the column claims for no limit.
+            key_limited: if row.len() > rest + 10 {
+                row.try_get(rest + 10)?
+            } else {
+                false
+            },
         })
     }
 }
@@ -187,7 +204,7 @@ pub async fn jobs_claim(
         .map(|p| [i64::from(p.priority), p.scheduled_at_us, p.id]);
     sqlx::query_as(
         "SELECT id, queue, kind, args, attempt, max_attempts, claim_token, priority,
-                scheduled_at_us, traceparent, tracestate
+                scheduled_at_us, traceparent, tracestate, key_limited
          FROM skiplock.internal_claim_batch($1, $2, $3, $4, $5, $6, $7)",
     )
     .bind(args.queue)

@@ -8,6 +8,7 @@ use sqlx::types::Json;
 use sqlx::{FromRow, PgExecutor, Row};
 use uuid::Uuid;
 
+use super::ClaimedJob;
 use crate::state::JobState;
 
 /// A job whose outcome was saved, and whether other jobs wait on it.
@@ -79,6 +80,68 @@ pub async fn jobs_complete_many(
     .persistent(false)
     .fetch_all(db)
     .await
+}
+
+/// Where a completion hands a key's freed slot on: the worker that takes the key's next
+/// job, the kinds it runs, and the claim token the jobs it takes get (chosen by the
+/// worker, so that it can find them if the reply is lost).
+#[derive(Debug, Clone, Copy)]
+pub struct Handoff<'a> {
+    /// The claimant, stored in `claimed_by`.
+    pub worker: &'a str,
+    /// Kinds the worker runs.
+    pub kinds: &'a [String],
+    /// The claim token of every job handed on by the statement.
+    pub token: Uuid,
+}
+
+/// What a completion with a [`Handoff`] did: the jobs it completed, and the jobs of
+/// key-limited queues it handed on to the worker (claimed, `running`).
+#[derive(Debug, Default)]
+pub struct Completion {
+    /// The completed jobs, as [`jobs_complete_many`] returns them.
+    pub saved: Vec<SavedJob>,
+    /// The jobs handed on, as a claim returns them.
+    pub handed: Vec<ClaimedJob>,
+}
+
+/// [`jobs_complete_many`], then each key's freed slot in a queue whose one limit is
+/// `key_max_running` handed on to `hand.worker`, in the same transaction
+/// (`skiplock.internal_complete_handing_on`): the key's next due job, claimed, when no
+/// other key's due job is ahead of it in claim order. For batches with a job whose key has
+/// a running limit ([`ClaimedJob::key_limited`]): the statement costs more than the plain
+/// completion.
+pub async fn jobs_complete_handing_on(
+    db: impl PgExecutor<'_>,
+    ids: &[i64],
+    tokens: &[Uuid],
+    hand: &Handoff<'_>,
+) -> sqlx::Result<Completion> {
+    let claims = ClaimList::sorted(ids, tokens);
+    let rows = sqlx::query(
+        "SELECT id, state, has_dependants, ordering_key, queue, kind, args, attempt,
+                max_attempts, claim_token, priority, scheduled_at_us, traceparent, tracestate
+         FROM skiplock.internal_complete_handing_on($1::bigint[], $2::uuid[], $3, $4, $5)",
+    )
+    .bind(&claims.ids)
+    .bind(&claims.tokens)
+    .bind(hand.worker)
+    .bind(hand.kinds)
+    .bind(hand.token)
+    .persistent(false)
+    .fetch_all(db)
+    .await?;
+    let mut completion = Completion::default();
+    for row in &rows {
+        if row.try_get::<&str, _>(1)? == "running" {
+            let mut job = ClaimedJob::from_row_after(row, 4)?;
+            job.key_limited = true;
+            completion.handed.push(job);
+        } else {
+            completion.saved.push(SavedJob::from_row(row)?);
+        }
+    }
+    Ok(completion)
 }
 
 /// Of `ids`, the jobs `succeeded` under `worker`'s name, as [`jobs_complete_many`] returns

@@ -2068,10 +2068,12 @@ BEGIN
             )
             SELECT array_agg(c.id), array_agg(c.concurrency_key) INTO taken_ids, taken_keys
             FROM claimed c;
-        EXCEPTION WHEN serialization_failure THEN
-            -- A candidate moved to jobs_done under the statement: nothing handed on here.
-            taken_ids := NULL;
-            taken_keys := NULL;
+        -- Nothing handed on here (taken_ids stays NULL), never a completion that fails
+        -- for another job's row: a candidate moved to jobs_done under the statement, or a
+        -- row that refuses to start (a trigger of the user's).
+        EXCEPTION
+            WHEN serialization_failure THEN NULL;
+            WHEN OTHERS THEN NULL;
         END;
         handed := handed || coalesce(taken_ids, '{}');
         -- Each slot handed on is taken again: the others are left for the next claim.

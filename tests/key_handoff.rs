@@ -358,6 +358,52 @@ async fn a_handoff_leaves_the_rows_it_does_not_take_to_a_claim_beside_it() {
     assert_eq!(running, 2, "never more than key_max_running");
 }
 
+/// A key's next job whose row refuses to start (a trigger of the user's) is not handed
+/// on, and the completion that would have handed it on is saved all the same: the slot is
+/// left for the next claim. Before, the refusal failed the completion, and a completion
+/// refused down to its own job makes that job dead.
+#[tokio::test]
+async fn a_row_that_refuses_to_start_never_fails_the_completion_handing_on() {
+    let db = audited_db().await;
+    let pool = &db.pool;
+    let noop = strings(&["noop"]);
+    skiplock::set_queue_limits(pool, "picky", QueueLimits::default().key_max_running(1))
+        .await
+        .unwrap();
+    let jobs = insert_keyed(pool, "picky", Some("a"), 2).await;
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "CREATE FUNCTION public.refuse_start() RETURNS trigger LANGUAGE plpgsql AS $$
+         BEGIN
+             IF NEW.id = {} AND NEW.state = 'running' THEN
+                 RAISE EXCEPTION 'this job may not start';
+             END IF;
+             RETURN NEW;
+         END;
+         $$;
+         CREATE TRIGGER refuse_start BEFORE UPDATE ON skiplock.jobs_live
+             FOR EACH ROW EXECUTE FUNCTION public.refuse_start();",
+        jobs[1]
+    )))
+    .execute(pool)
+    .await
+    .unwrap();
+    let claimed = jobs_claim_batch(pool, "picky", &noop, 10, "w1")
+        .await
+        .unwrap();
+    assert_eq!(claimed.len(), 1);
+    let hand = Handoff {
+        worker: "w1",
+        kinds: &noop,
+        token: Uuid::new_v4(),
+    };
+    let done = jobs_complete_handing_on(pool, &[jobs[0]], &[claimed[0].claim_token], &hand)
+        .await
+        .expect("the completion is saved whatever the next job's row says");
+    assert_eq!(done.saved.len(), 1);
+    assert!(done.handed.is_empty(), "{:?}", done.handed);
+    assert_eq!(left_for_claims(pool, "picky").await, ["a"]);
+}
+
 /// Workload: 20 jobs of one key in a queue with key_max_running 1, run by one worker that
 /// never polls (a claim comes only at its start and when a job is announced).
 ///

@@ -700,8 +700,9 @@ $$;
 -- and keys; internal_complete_handing_on): with hand_to, each key's slots in a queue the
 -- rule above allows go to that worker's next jobs of the key, claimed with `token` as the
 -- claim does; every slot not handed on is left for the next claim (internal_notify_freed).
--- A candidate moved to jobs_done under the handoff (cancelled, 40001) makes it hand on
--- nothing in that queue: the completion never fails for a handoff. Returns the jobs handed
+-- A candidate moved to jobs_done under the handoff (cancelled, 40001), or one whose row
+-- refuses the write, makes it hand on nothing in that queue: the completion never fails
+-- for a handoff. Returns the jobs handed
 -- on, as the claim returns its jobs.
 CREATE OR REPLACE FUNCTION skiplock.internal_free_slots(done_ids bigint[], queues text[],
                                                         keys text[], hand_to text,
@@ -812,10 +813,12 @@ BEGIN
             )
             SELECT array_agg(c.id), array_agg(c.concurrency_key) INTO taken_ids, taken_keys
             FROM claimed c;
-        EXCEPTION WHEN serialization_failure THEN
-            -- A candidate moved to jobs_done under the statement: nothing handed on here.
-            taken_ids := NULL;
-            taken_keys := NULL;
+        -- Nothing handed on here (taken_ids stays NULL), never a completion that fails
+        -- for another job's row: a candidate moved to jobs_done under the statement, or a
+        -- row that refuses to start (a trigger of the user's).
+        EXCEPTION
+            WHEN serialization_failure THEN NULL;
+            WHEN OTHERS THEN NULL;
         END;
         handed := handed || coalesce(taken_ids, '{}');
         -- Each slot handed on is taken again: the others are left for the next claim.

@@ -2031,22 +2031,33 @@ BEGIN
                               ORDER BY h.priority, h.scheduled_at, h.id
                               LIMIT r.room) held
                           UNION ALL
+                          -- The key's range of jobs_concurrency_key_idx (the state
+                          -- compared twice: see internal_key_queued), never the queue's
+                          -- claim index filtered by key.
                           SELECT * FROM (
                               SELECT s.ctid, s.priority, s.scheduled_at, s.id
                               FROM skiplock.jobs_live s
-                              WHERE s.queue = queue_name AND s.state = 'queued'
+                              WHERE s.queue = queue_name AND s.state IN ('queued', 'running')
+                                AND s.state = (SELECT 'queued'::skiplock.job_state)
                                 AND s.concurrency_key = r.key AND s.scheduled_at <= now()
                                 AND (kinds IS NULL OR s.kind = ANY (kinds))
                               ORDER BY s.priority, s.scheduled_at, s.id
                               LIMIT r.room) queued) c
-                    -- No due queued job of another key (or none) ahead of it in claim order.
-                    WHERE NOT EXISTS (
-                        SELECT 1 FROM skiplock.jobs_live o
-                        WHERE o.queue = queue_name AND o.state = 'queued'
-                          AND o.scheduled_at <= now()
-                          AND (o.priority, o.scheduled_at, o.id)
-                              < (c.priority, c.scheduled_at, c.id)
-                          AND o.concurrency_key IS DISTINCT FROM r.key)
+                    -- No due queued job of another key (or none) ahead of it in claim
+                    -- order: the queue's claim range up to the candidate, stopped at the
+                    -- first (a probe, LIMIT 1: as a NOT EXISTS under empty statistics it
+                    -- ran as an anti-join that read every queued job of the queue).
+                    CROSS JOIN LATERAL (
+                        SELECT count(*) AS ahead FROM (
+                            SELECT FROM skiplock.jobs_live o
+                            WHERE o.queue = queue_name AND o.state = 'queued'
+                              AND (o.priority, o.scheduled_at, o.id)
+                                  < (c.priority, c.scheduled_at, c.id)
+                              AND o.scheduled_at <= now()
+                              AND o.concurrency_key IS DISTINCT FROM r.key
+                            ORDER BY o.priority, o.scheduled_at, o.id
+                            LIMIT 1) o) a
+                    WHERE a.ahead = 0
                     ORDER BY c.priority, c.scheduled_at, c.id
                     LIMIT r.room) c
             ), picked AS (

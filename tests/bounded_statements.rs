@@ -778,6 +778,21 @@ async fn a_claim_of_a_key_rate_limited_queue_costs_the_same_beside_a_full_keys_b
     key_rate_limited_claim_is_bounded(Statistics::History).await;
 }
 
+/// A test database (statistics as `statistics` says) with the queue `keyed`, whose
+/// `key_max_running` is 1, and a parent in the queue `parents` that never finishes.
+async fn keyed_queue_and_parent(statistics: Statistics) -> (TestDb, i64) {
+    let db = with_statistics(statistics).await;
+    sqlx::query("SELECT skiplock.set_queue_limits('keyed', NULL, key_max_running => 1)")
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    let parent: i64 = sqlx::query_scalar("SELECT skiplock.enqueue('noop', queue => 'parents')")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    (db, parent)
+}
+
 /// Letting a key's held jobs go when a slot of the key frees: the claim after a completion
 /// of the key reads the same beside 33 times more of the key's jobs waiting for a parent
 /// (a tenant's fan-out enqueued ahead of its parent's end, before the held jobs in claim
@@ -786,17 +801,9 @@ async fn a_claim_of_a_key_rate_limited_queue_costs_the_same_beside_a_full_keys_b
 /// job of the key, each parent checked, before (issue 48: 71k buffers a release beside
 /// 10,000 such children).
 async fn key_release_is_bounded(statistics: Statistics) {
-    let db = with_statistics(statistics).await;
+    let (db, parent) = keyed_queue_and_parent(statistics).await;
     let pool = &db.pool;
     let mut session = pool.acquire().await.unwrap();
-    sqlx::query("SELECT skiplock.set_queue_limits('keyed', NULL, key_max_running => 1)")
-        .execute(pool)
-        .await
-        .unwrap();
-    let parent: i64 = sqlx::query_scalar("SELECT skiplock.enqueue('noop', queue => 'parents')")
-        .fetch_one(pool)
-        .await
-        .unwrap();
     let add_children = |count: i64| {
         sqlx::query(
             "SELECT skiplock.enqueue('noop', queue => 'keyed', concurrency_key => 'hot',
@@ -885,6 +892,121 @@ async fn a_release_of_a_keys_held_jobs_costs_the_same_beside_its_waiting_childre
 async fn a_release_of_a_keys_held_jobs_costs_the_same_beside_its_waiting_children_under_history_statistics()
  {
     key_release_is_bounded(Statistics::History).await;
+}
+
+/// A worker's completion that hands its key's freed slot on to the key's next job
+/// (`internal_complete_handing_on`): beside 33 times more queued and running jobs of other
+/// keys behind the key's next job in claim order, and of the key's own children waiting for
+/// a parent, it reads the same. Under empty statistics the probe for another key's job
+/// ahead ran as an anti-join that read every queued job of the queue (140 buffers beside
+/// the many against 51), and the key's queued jobs were looked for in the queue's claim
+/// index with the key as a filter (166 against 52).
+async fn handoff_is_bounded(statistics: Statistics) {
+    let (db, parent) = keyed_queue_and_parent(statistics).await;
+    let pool = &db.pool;
+    let mut session = pool.acquire().await.unwrap();
+    // The key's jobs, ahead of every other key's in claim order: the first claim takes one
+    // and holds the others back; each measured completion hands on the next.
+    let hot: Vec<i64> = sqlx::query_scalar(
+        "INSERT INTO skiplock.jobs (kind, queue, concurrency_key, scheduled_at)
+         SELECT 'noop', 'keyed', 'hot', now() - interval '1 hour' FROM generate_series(1, 6)
+         RETURNING id",
+    )
+    .fetch_all(pool)
+    .await
+    .unwrap();
+    // `count` jobs of keys of their own behind the key's, half of them claimed (running),
+    // and `count` children of the key waiting for a parent that never finishes.
+    let add_beside = async |count: i64, from: i64| {
+        sqlx::query(
+            "INSERT INTO skiplock.jobs (kind, queue, concurrency_key, scheduled_at)
+             SELECT 'noop', 'keyed', 'other-' || g, now() - interval '1 minute'
+             FROM generate_series($1, $1 + $2 - 1) g",
+        )
+        .bind(from)
+        .bind(count)
+        .execute(pool)
+        .await
+        .unwrap();
+        sqlx::query("SELECT count(*) FROM skiplock.claim('keyed', $1, 'bounded-test')")
+            .bind(i32::try_from(count / 2).unwrap())
+            .execute(pool)
+            .await
+            .unwrap();
+        sqlx::query(
+            "SELECT skiplock.enqueue('noop', queue => 'keyed', concurrency_key => 'hot',
+                                     priority => -1, depends_on => ARRAY[$1::bigint])
+             FROM generate_series(1, $2)",
+        )
+        .bind(parent)
+        .bind(count)
+        .execute(pool)
+        .await
+        .unwrap();
+    };
+    add_beside(FEW_WAITING, 0).await;
+    // Completes the key's running job (`hot[n]`), handing its slot on to `hot[n + 1]`.
+    let hand_on = async |session: &mut PgConnection, n: usize| {
+        let token: uuid::Uuid = sqlx::query_scalar(
+            "SELECT claim_token FROM skiplock.jobs WHERE id = $1 AND state = 'running'",
+        )
+        .bind(hot[n])
+        .fetch_one(&mut *session)
+        .await
+        .expect("the key's job running");
+        let buffers = buffers_of(
+            session,
+            &format!(
+                "SELECT * FROM skiplock.internal_complete_handing_on(
+                     ARRAY[{}::bigint], ARRAY['{token}'::uuid], 'bounded-test', NULL,
+                     gen_random_uuid())",
+                hot[n]
+            ),
+        )
+        .await;
+        let handed: String = sqlx::query_scalar(
+            "SELECT state::text || ' by ' || coalesce(claimed_by, '-')
+             FROM skiplock.jobs WHERE id = $1",
+        )
+        .bind(hot[n + 1])
+        .fetch_one(&mut *session)
+        .await
+        .unwrap();
+        assert_eq!(
+            handed, "running by bounded-test",
+            "the key's next job handed on"
+        );
+        buffers
+    };
+    sqlx::query("SELECT count(*) FROM skiplock.claim('keyed', 1, 'bounded-test')")
+        .execute(&mut *session)
+        .await
+        .unwrap();
+    hand_on(&mut session, 0).await;
+    hand_on(&mut session, 1).await;
+    let few = hand_on(&mut session, 2).await;
+    add_beside(MANY_WAITING - FEW_WAITING, FEW_WAITING).await;
+    vacuum_jobs_live(pool).await;
+    hand_on(&mut session, 3).await;
+    let many = hand_on(&mut session, 4).await;
+    assert_bounded(
+        "a completion handing its key's slot on",
+        statistics,
+        few,
+        many,
+    );
+}
+
+#[tokio::test]
+async fn a_completion_handing_on_costs_the_same_beside_other_keys_and_its_keys_children_under_empty_statistics()
+ {
+    handoff_is_bounded(Statistics::Empty).await;
+}
+
+#[tokio::test]
+async fn a_completion_handing_on_costs_the_same_beside_other_keys_and_its_keys_children_under_history_statistics()
+ {
+    handoff_is_bounded(Statistics::History).await;
 }
 
 /// A test database (statistics as `statistics` says) with the queue `fair`, whose

@@ -4,6 +4,7 @@
 # 2,000 finished jobs a day), each a statement of its own in one psql session:
 #   - cancel: skiplock.cancel_job of a queued job, 250 times;
 #   - enqueue with a parent: skiplock.enqueue(depends_on => a queued parent), 250 times;
+#   - enqueue with a finished parent: the same with a parent that succeeded today;
 #   - complete a parent of 40: skiplock.complete of a claimed parent with 40 waiting
 #     children (all queued after), 50 times;
 #   - show: the lookup skiplock::job and `skiplock show` make (SELECT * FROM skiplock.jobs
@@ -60,6 +61,15 @@ for days in 1 31; do
     s=$(date +%s.%N); "${P[@]}" -f "$work/enqueue.sql" >/dev/null; e=$(date +%s.%N)
     enqueue=$(ms_per "$s" "$e" 250)
 
+    done_parent=$("${P[@]}" -c "SELECT id FROM skiplock.jobs
+                                WHERE state = 'succeeded' AND finished_at > now() - interval '1 day'
+                                ORDER BY id DESC LIMIT 1")
+    for _ in $(seq 250); do
+        echo "SELECT skiplock.enqueue('noop', queue => 'kids2', depends_on => ARRAY[$done_parent::bigint]);"
+    done >"$work/enqueue-done.sql"
+    s=$(date +%s.%N); "${P[@]}" -f "$work/enqueue-done.sql" >/dev/null; e=$(date +%s.%N)
+    enqueue_done=$(ms_per "$s" "$e" 250)
+
     "${P[@]}" -c "DO \$\$ DECLARE p bigint; BEGIN FOR i IN 1..50 LOOP
                       p := skiplock.enqueue('noop', queue => 'parents');
                       PERFORM skiplock.enqueue('noop', queue => 'children', depends_on => ARRAY[p])
@@ -86,7 +96,7 @@ for days in 1 31; do
     retried=$("${P[@]}" -c "SELECT count(*) FROM skiplock.jobs_live WHERE queue = 'ends' AND state = 'queued'")
     [ "$retried" = 250 ] || { echo "error: $retried of 250 retried" >&2; exit 1; }
 
-    printf "days=%-2s tables=%-3s cancel=%.2f ms  enqueue with a parent=%.2f ms  complete a parent of 40=%.2f ms  show=%.2f ms  retry=%.2f ms\n" \
-        "$days" "$tables" "$cancel" "$enqueue" "$complete" "$show" "$retry"
+    printf "days=%-2s tables=%-3s cancel=%.2f ms  enqueue with a parent=%.2f ms  with a finished parent=%.2f ms  complete a parent of 40=%.2f ms  show=%.2f ms  retry=%.2f ms\n" \
+        "$days" "$tables" "$cancel" "$enqueue" "$enqueue_done" "$complete" "$show" "$retry"
     psql "$server" -qc "DROP DATABASE $db" >/dev/null
 done

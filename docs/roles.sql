@@ -39,6 +39,10 @@ REVOKE EXECUTE ON FUNCTION skiplock.internal_prepare_done_partitions(date, int),
 -- Every process checks the schema version when it starts (`skiplock::check_schema`).
 GRANT SELECT ON skiplock.schema_migrations
     TO skiplock_worker, skiplock_enqueuer, skiplock_reader, skiplock_operator;
+-- A finished job looked up by id (a finished parent, a watch, a retry by hand) is read
+-- from the day its id was handed out on (skiplock.internal_finished_job).
+GRANT SELECT ON skiplock.job_id_days
+    TO skiplock_worker, skiplock_enqueuer, skiplock_reader, skiplock_operator;
 
 -- ---- skiplock_worker: `skiplock work`, a skiplock::Worker, a SQL-protocol worker --------
 -- Claims, heartbeats, outcomes, the reaper, the dependency sweep and lanes (UPDATE jobs);

@@ -204,6 +204,18 @@ CREATE TABLE skiplock.jobs_done PARTITION OF skiplock.jobs
 
 CREATE TABLE skiplock.jobs_done_default PARTITION OF skiplock.jobs_done DEFAULT;
 
+-- Where a finished job's day starts to be looked for: the greatest id the jobs' identity
+-- had handed out when skiplock first saw a UTC day (the day's first call of
+-- skiplock.internal_prepare_done_partitions: a pruner's pass, skiplock.maintain,
+-- skiplock prune or migrate). A job with a greater id was enqueued later, so skiplock
+-- finished it that day or after: a lookup by id of a finished job reads those days' tables
+-- first, not every day kept (skiplock.internal_finished_job). A row a day; the days before
+-- the oldest kept go.
+CREATE TABLE skiplock.job_id_days (
+    day        date PRIMARY KEY,
+    id_reached bigint NOT NULL
+);
+
 -- Dependencies: a job waits until every parent succeeded.
 --
 -- An edge outlives its parent, and says what became of it:
@@ -575,6 +587,9 @@ COMMENT ON TABLE skiplock.key_slots_freed IS
 COMMENT ON TABLE skiplock.key_held_from IS
     'Internal (key_claimable): where a key''s held jobs start in claim order, at the earliest, for the walks that let them go.';
 
+COMMENT ON TABLE skiplock.job_id_days IS
+    'Internal (finished jobs by day): the greatest job id handed out when skiplock first saw each UTC day, from which a lookup of a finished job by id reads the days.';
+
 COMMENT ON TABLE skiplock.key_rate_windows IS
     'Internal (key_rate_limit): a concurrency key''s last starts within its rate window, and whether the window holds the key''s jobs back.';
 
@@ -727,6 +742,12 @@ COMMENT ON COLUMN skiplock.key_held_from.scheduled_at IS
 
 COMMENT ON COLUMN skiplock.key_held_from.id IS
     'See priority.';
+
+COMMENT ON COLUMN skiplock.job_id_days.day IS
+    'A UTC day.';
+
+COMMENT ON COLUMN skiplock.job_id_days.id_reached IS
+    'The greatest job id handed out when skiplock first saw the day (0: none yet): a job with a greater id finished that day or after, unless its finished_at was written by hand.';
 
 COMMENT ON COLUMN skiplock.key_rate_windows.queue IS
     'The queue with key_rate_limit.';

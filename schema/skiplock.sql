@@ -277,7 +277,7 @@ BEGIN
     FOREACH parent IN ARRAY coalesce(depends_on, '{}') LOOP
         SELECT p.state INTO parent_state FROM skiplock.jobs_live p WHERE p.id = parent;
         IF NOT FOUND THEN
-            SELECT p.state INTO parent_state FROM skiplock.jobs_done p WHERE p.id = parent;
+            SELECT f.state INTO parent_state FROM skiplock.internal_finished_job(parent) f;
             IF NOT FOUND THEN
                 RAISE EXCEPTION 'parent job % does not exist', parent
                     USING ERRCODE = 'foreign_key_violation';
@@ -1890,6 +1890,74 @@ CREATE FUNCTION skiplock.internal_fails_the_call(code text) RETURNS boolean
 $$;
 
 --
+-- Name: internal_finished_from(bigint); Type: FUNCTION; Schema: skiplock; Owner: -
+--
+
+CREATE FUNCTION skiplock.internal_finished_from(job_id bigint) RETURNS timestamp with time zone
+    LANGUAGE sql STABLE
+    SET jit TO 'off'
+    AS $$
+    SELECT coalesce((SELECT m.day FROM skiplock.job_id_days m WHERE m.id_reached < job_id
+                     ORDER BY m.day DESC LIMIT 1)::timestamp AT TIME ZONE 'UTC',
+                    '-infinity');
+$$;
+
+--
+-- Name: internal_finished_job(bigint, text); Type: FUNCTION; Schema: skiplock; Owner: -
+--
+
+CREATE FUNCTION skiplock.internal_finished_job(job_id bigint, lock_rows text DEFAULT ''::text) RETURNS TABLE(id bigint, state skiplock.job_state, queue text, priority smallint, scheduled_at timestamp with time zone, ordering_key text, unique_key text, attempt integer, output jsonb, last_error text, finished_at timestamp with time zone)
+    LANGUAGE plpgsql
+    SET enable_seqscan TO 'off'
+    SET enable_bitmapscan TO 'off'
+    SET plan_cache_mode TO 'force_generic_plan'
+    SET jit TO 'off'
+    AS $_$
+DECLARE
+    finished_from timestamptz := skiplock.internal_finished_from(job_id);
+    finished skiplock.job_state;
+BEGIN
+    IF lock_rows NOT IN ('', 'FOR SHARE', 'FOR UPDATE') THEN
+        RAISE EXCEPTION 'skiplock.internal_finished_job: lock_rows is empty, FOR SHARE or FOR UPDATE, not %', lock_rows
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    FOREACH finished IN ARRAY ARRAY['succeeded', 'dead', 'cancelled']::skiplock.job_state[] LOOP
+        IF lock_rows = '' THEN
+            RETURN QUERY
+            SELECT d.id, d.state, d.queue, d.priority, d.scheduled_at, d.ordering_key,
+                   d.unique_key, d.attempt, d.output, d.last_error, d.finished_at
+            FROM skiplock.jobs d
+            WHERE d.id = job_id AND d.state = finished AND d.finished_at >= finished_from;
+        ELSIF lock_rows = 'FOR SHARE' THEN
+            RETURN QUERY
+            SELECT d.id, d.state, d.queue, d.priority, d.scheduled_at, d.ordering_key,
+                   d.unique_key, d.attempt, d.output, d.last_error, d.finished_at
+            FROM skiplock.jobs d
+            WHERE d.id = job_id AND d.state = finished AND d.finished_at >= finished_from
+            FOR SHARE;
+        ELSE
+            RETURN QUERY
+            SELECT d.id, d.state, d.queue, d.priority, d.scheduled_at, d.ordering_key,
+                   d.unique_key, d.attempt, d.output, d.last_error, d.finished_at
+            FROM skiplock.jobs d
+            WHERE d.id = job_id AND d.state = finished AND d.finished_at >= finished_from
+            FOR UPDATE;
+        END IF;
+        IF FOUND THEN
+            RETURN;
+        END IF;
+    END LOOP;
+    RETURN QUERY EXECUTE
+        'SELECT d.id, d.state, d.queue, d.priority, d.scheduled_at, d.ordering_key,
+                d.unique_key, d.attempt, d.output, d.last_error, d.finished_at
+         FROM skiplock.jobs d
+         WHERE d.id = $1 AND d.state IN (''succeeded'', ''dead'', ''cancelled'')
+           AND (d.finished_at < $2 OR d.finished_at IS NULL) ' || lock_rows
+        USING job_id, finished_from;
+END;
+$_$;
+
+--
 -- Name: internal_fold_into_key_holder(bigint); Type: FUNCTION; Schema: skiplock; Owner: -
 --
 
@@ -2547,9 +2615,9 @@ BEGIN
             INTO parent_now, parent_queue, parent_priority, parent_scheduled_at
             FROM skiplock.jobs_live WHERE id = NEW.parent_id FOR SHARE;
             IF NOT FOUND THEN
-                SELECT state, queue, priority, scheduled_at
+                SELECT f.state, f.queue, f.priority, f.scheduled_at
                 INTO parent_now, parent_queue, parent_priority, parent_scheduled_at
-                FROM skiplock.jobs_done WHERE id = NEW.parent_id FOR SHARE;
+                FROM skiplock.internal_finished_job(NEW.parent_id, 'FOR SHARE') f;
             END IF;
             -- Claims skip the parent while this transaction holds it locked.
             IF parent_now = 'queued' THEN
@@ -2564,9 +2632,9 @@ BEGIN
             INTO child_now, child_queue, child_priority, child_scheduled_at, child_lane
             FROM skiplock.jobs_live WHERE id = NEW.job_id FOR UPDATE;
             IF NOT FOUND THEN
-                SELECT state, queue, priority, scheduled_at, ordering_key
+                SELECT f.state, f.queue, f.priority, f.scheduled_at, f.ordering_key
                 INTO child_now, child_queue, child_priority, child_scheduled_at, child_lane
-                FROM skiplock.jobs_done WHERE id = NEW.job_id FOR UPDATE;
+                FROM skiplock.internal_finished_job(NEW.job_id, 'FOR UPDATE') f;
             END IF;
             EXIT;
         EXCEPTION WHEN serialization_failure THEN
@@ -3271,7 +3339,21 @@ DECLARE
     starts timestamptz;
     ends timestamptz;
     created int := 0;
+    marked int;
 BEGIN
+    -- Today's mark of the ids handed out (see skiplock.job_id_days), kept from the day's
+    -- first call, which also lets the marks of days no longer kept go.
+    INSERT INTO skiplock.job_id_days (day, id_reached)
+    VALUES ((now() AT TIME ZONE 'UTC')::date,
+            coalesce(pg_sequence_last_value(
+                         pg_get_serial_sequence('skiplock.jobs', 'id')::regclass), 0))
+    ON CONFLICT ON CONSTRAINT job_id_days_pkey DO NOTHING;
+    GET DIAGNOSTICS marked = ROW_COUNT;
+    IF marked > 0 THEN
+        DELETE FROM skiplock.job_id_days m
+        WHERE m.day < (SELECT min(p.starts AT TIME ZONE 'UTC')::date
+                       FROM skiplock.internal_done_partitions() p);
+    END IF;
     first_day := coalesce(first_day, (now() AT TIME ZONE 'UTC')::date);
     IF first_day NOT BETWEEN date '2000-01-01' AND date '9999-12-01' OR days NOT BETWEEN 0 AND 31 THEN
         RAISE EXCEPTION 'skiplock.internal_prepare_done_partitions: % days from %: make at most 31 days at a time, from year 2000 to 9999',
@@ -4060,6 +4142,7 @@ $$;
 CREATE FUNCTION skiplock.internal_retry_job_once(job_id bigint) RETURNS boolean
     LANGUAGE plpgsql
     SET jit TO 'off'
+    SET plan_cache_mode TO 'force_generic_plan'
     AS $$
 DECLARE
     q text;
@@ -4070,19 +4153,34 @@ DECLARE
     key text;
     current skiplock.job_state;
     holder bigint;
+    ended_at timestamptz;
+    new_state skiplock.job_state;
+    superseded text;
 BEGIN
     -- The lane's and the unique key's locks before the row's, in the order an enqueue
     -- takes them: an enqueue holding the key's lock locks the key's pending job next, so
     -- a retry of that job that locked its row first and then waited for the key deadlocked.
-    SELECT ordering_key, unique_key INTO lane, key FROM skiplock.jobs WHERE id = job_id;
+    -- A live job (queued) first, then the finished ones from the day its id was handed out
+    -- on (see "A job looked up by id" in 15_partitions.sql).
+    SELECT l.ordering_key, l.unique_key INTO lane, key FROM skiplock.jobs_live l
+    WHERE l.id = job_id;
+    IF NOT FOUND THEN
+        SELECT f.ordering_key, f.unique_key INTO lane, key
+        FROM skiplock.internal_finished_job(job_id) f;
+    END IF;
     IF lane IS NOT NULL THEN
         PERFORM pg_advisory_xact_lock(skiplock.internal_lane_lock_id(lane));
     END IF;
     IF key IS NOT NULL THEN
         PERFORM pg_advisory_xact_lock(skiplock.internal_unique_key_lock_id(key));
     END IF;
-    SELECT j.state, j.unique_key INTO current, key
-    FROM skiplock.jobs j WHERE j.id = job_id FOR UPDATE;
+    SELECT j.state, j.unique_key, j.finished_at INTO current, key, ended_at
+    FROM skiplock.jobs j
+    WHERE j.id = job_id AND j.state IN ('waiting', 'queued', 'running') FOR UPDATE;
+    IF NOT FOUND THEN
+        SELECT f.state, f.unique_key, f.finished_at INTO current, key, ended_at
+        FROM skiplock.internal_finished_job(job_id, 'FOR UPDATE') f;
+    END IF;
     IF current IS NULL OR current NOT IN ('queued', 'dead', 'cancelled', 'succeeded') THEN
         RETURN false;
     END IF;
@@ -4090,23 +4188,39 @@ BEGIN
     -- without costs no second lookup by id (each reads every day kept).
     holder := CASE WHEN key IS NOT NULL
                    THEN skiplock.internal_fold_into_key_holder(job_id) END;
-    UPDATE skiplock.jobs j
-    SET state = CASE
-            WHEN holder IS NOT NULL THEN 'cancelled'
-            WHEN lane IS NOT NULL AND EXISTS (
-                SELECT 1 FROM skiplock.jobs o
-                WHERE o.ordering_key = lane AND o.id <> job_id
-                  AND o.state IN ('waiting', 'queued', 'running'))
-            THEN 'waiting'
-            WHEN skiplock.internal_has_unmet_parent(j.id) THEN 'waiting'
-            ELSE 'queued' END::skiplock.job_state,
-        scheduled_at = now(),
-        max_attempts = greatest(max_attempts, attempt + 1),
-        finished_at = CASE WHEN holder IS NOT NULL THEN now() END,
-        last_error = CASE WHEN holder IS NOT NULL
-            THEN skiplock.internal_superseded_message(holder, unique_key) ELSE last_error END
-    WHERE id = job_id AND state IN ('queued', 'dead', 'cancelled', 'succeeded')
-    RETURNING queue, priority, scheduled_at, state INTO q, p, s, now_state;
+    -- What the job becomes: superseded by its key's holder, behind its lane's turn or its
+    -- parents, or queued (the lane's lock and the row's held).
+    new_state := CASE
+        WHEN holder IS NOT NULL THEN 'cancelled'
+        WHEN lane IS NOT NULL AND EXISTS (
+            SELECT 1 FROM skiplock.jobs o
+            WHERE o.ordering_key = lane AND o.id <> job_id
+              AND o.state IN ('waiting', 'queued', 'running'))
+        THEN 'waiting'
+        WHEN skiplock.internal_has_unmet_parent(job_id) THEN 'waiting'
+        ELSE 'queued' END;
+    superseded := CASE WHEN holder IS NOT NULL
+                       THEN skiplock.internal_superseded_message(holder, key) END;
+    -- The row locked above, where it is: its state and finished_at name its table (one
+    -- day's, probed alone). Without a finished_at (a live job, or a finished one written by
+    -- hand without it), its state alone.
+    IF ended_at IS NULL THEN
+        UPDATE skiplock.jobs j
+        SET state = new_state, scheduled_at = now(),
+            last_error = coalesce(superseded, j.last_error),
+            finished_at = CASE WHEN superseded IS NOT NULL THEN now() END,
+            max_attempts = greatest(j.max_attempts, j.attempt + 1)
+        WHERE j.id = job_id AND j.state = current
+        RETURNING j.queue, j.priority, j.scheduled_at, j.state INTO q, p, s, now_state;
+    ELSE
+        UPDATE skiplock.jobs j
+        SET state = new_state, scheduled_at = now(),
+            last_error = coalesce(superseded, j.last_error),
+            finished_at = CASE WHEN superseded IS NOT NULL THEN now() END,
+            max_attempts = greatest(j.max_attempts, j.attempt + 1)
+        WHERE j.id = job_id AND j.state = current AND j.finished_at = ended_at
+        RETURNING j.queue, j.priority, j.scheduled_at, j.state INTO q, p, s, now_state;
+    END IF;
     IF q IS NULL THEN
         RETURN false;
     END IF;
@@ -5184,8 +5298,7 @@ BEGIN
                    -- A finished row written by hand may lack its time; finished all the
                    -- same.
                    coalesce(j.finished_at, '-infinity')
-            FROM skiplock.jobs j
-            WHERE j.id = watch_job.job_id AND j.state IN ('succeeded', 'dead', 'cancelled');
+            FROM skiplock.internal_finished_job(watch_job.job_id) j;
             RETURN;
         EXCEPTION WHEN serialization_failure THEN
             -- Its row moved to the other partition meanwhile: run again (see
@@ -5856,6 +5969,33 @@ COMMENT ON COLUMN skiplock.job_history.wait_seconds IS 'Their waits summed, in s
 --
 
 COMMENT ON COLUMN skiplock.job_history.run_histogram IS 'Run times counted per interval of skiplock.internal_job_history_run_bounds() (16 bounds, 17 elements): element 1 counts run times under bounds[1], element i+1 those from bounds[i] up to bounds[i+1], element 17 those from bounds[16] on.';
+
+--
+-- Name: job_id_days; Type: TABLE; Schema: skiplock; Owner: -
+--
+
+CREATE TABLE skiplock.job_id_days (
+    day date NOT NULL,
+    id_reached bigint NOT NULL
+);
+
+--
+-- Name: TABLE job_id_days; Type: COMMENT; Schema: skiplock; Owner: -
+--
+
+COMMENT ON TABLE skiplock.job_id_days IS 'Internal (finished jobs by day): the greatest job id handed out when skiplock first saw each UTC day, from which a lookup of a finished job by id reads the days.';
+
+--
+-- Name: COLUMN job_id_days.day; Type: COMMENT; Schema: skiplock; Owner: -
+--
+
+COMMENT ON COLUMN skiplock.job_id_days.day IS 'A UTC day.';
+
+--
+-- Name: COLUMN job_id_days.id_reached; Type: COMMENT; Schema: skiplock; Owner: -
+--
+
+COMMENT ON COLUMN skiplock.job_id_days.id_reached IS 'The greatest job id handed out when skiplock first saw the day (0: none yet): a job with a greater id finished that day or after, unless its finished_at was written by hand.';
 
 --
 -- Name: jobs_done; Type: TABLE; Schema: skiplock; Owner: -
@@ -6615,6 +6755,13 @@ ALTER TABLE ONLY skiplock.job_dependencies
 
 ALTER TABLE ONLY skiplock.job_history
     ADD CONSTRAINT job_history_pkey PRIMARY KEY (bucket, queue, kind);
+
+--
+-- Name: job_id_days job_id_days_pkey; Type: CONSTRAINT; Schema: skiplock; Owner: -
+--
+
+ALTER TABLE ONLY skiplock.job_id_days
+    ADD CONSTRAINT job_id_days_pkey PRIMARY KEY (day);
 
 --
 -- Name: jobs_live jobs_live_pkey; Type: CONSTRAINT; Schema: skiplock; Owner: -

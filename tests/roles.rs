@@ -681,6 +681,23 @@ async fn an_enqueuer_enqueues_every_way_and_does_nothing_else() {
     .unwrap()
     .id;
     assert_eq!(state_of(&roles.owner, child.0).await, JobState::Waiting);
+    // A parent that finished (looked up among the finished jobs by id), dated by hand
+    // before its id was handed out: the days from its id's day, then the others.
+    for (parent_state, child_state) in [
+        ("succeeded", JobState::Queued),
+        ("dead", JobState::Cancelled),
+    ] {
+        let parent = roles.job_in(parent_state).await;
+        let child = skiplock::enqueue(
+            e,
+            &Record { n: 6 },
+            EnqueueOptions::new().depends_on([JobId(parent)]),
+        )
+        .await
+        .unwrap_or_else(|err| panic!("a child of a parent that ended {parent_state}: {err}"))
+        .id;
+        assert_eq!(state_of(&roles.owner, child.0).await, child_state);
+    }
     // Jobs with a concurrency key, in a queue with fair queueing (the second waits its
     // turn) and without.
     skiplock::set_queue_limits(

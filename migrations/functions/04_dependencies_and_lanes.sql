@@ -476,9 +476,9 @@ BEGIN
             INTO parent_now, parent_queue, parent_priority, parent_scheduled_at
             FROM skiplock.jobs_live WHERE id = NEW.parent_id FOR SHARE;
             IF NOT FOUND THEN
-                SELECT state, queue, priority, scheduled_at
+                SELECT f.state, f.queue, f.priority, f.scheduled_at
                 INTO parent_now, parent_queue, parent_priority, parent_scheduled_at
-                FROM skiplock.jobs_done WHERE id = NEW.parent_id FOR SHARE;
+                FROM skiplock.internal_finished_job(NEW.parent_id, 'FOR SHARE') f;
             END IF;
             -- Claims skip the parent while this transaction holds it locked.
             IF parent_now = 'queued' THEN
@@ -493,9 +493,9 @@ BEGIN
             INTO child_now, child_queue, child_priority, child_scheduled_at, child_lane
             FROM skiplock.jobs_live WHERE id = NEW.job_id FOR UPDATE;
             IF NOT FOUND THEN
-                SELECT state, queue, priority, scheduled_at, ordering_key
+                SELECT f.state, f.queue, f.priority, f.scheduled_at, f.ordering_key
                 INTO child_now, child_queue, child_priority, child_scheduled_at, child_lane
-                FROM skiplock.jobs_done WHERE id = NEW.job_id FOR UPDATE;
+                FROM skiplock.internal_finished_job(NEW.job_id, 'FOR UPDATE') f;
             END IF;
             EXIT;
         EXCEPTION WHEN serialization_failure THEN

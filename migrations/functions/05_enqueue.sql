@@ -61,7 +61,7 @@ BEGIN
     FOREACH parent IN ARRAY coalesce(depends_on, '{}') LOOP
         SELECT p.state INTO parent_state FROM skiplock.jobs_live p WHERE p.id = parent;
         IF NOT FOUND THEN
-            SELECT p.state INTO parent_state FROM skiplock.jobs_done p WHERE p.id = parent;
+            SELECT f.state INTO parent_state FROM skiplock.internal_finished_job(parent) f;
             IF NOT FOUND THEN
                 RAISE EXCEPTION 'parent job % does not exist', parent
                     USING ERRCODE = 'foreign_key_violation';

@@ -78,6 +78,10 @@ COMMENT ON FUNCTION skiplock.internal_cancel_job_once(bigint) IS
 CREATE OR REPLACE FUNCTION skiplock.internal_retry_job_once(job_id bigint) RETURNS boolean
 LANGUAGE plpgsql
 SET jit = off
+-- One plan per session: its UPDATE names the job's state and finished_at, so that it
+-- probes only the table that holds the job (a plan for the values given at each call
+-- spent more in planning than a probe of every day's table).
+SET plan_cache_mode = force_generic_plan
 AS $$
 DECLARE
     q text;
@@ -88,19 +92,34 @@ DECLARE
     key text;
     current skiplock.job_state;
     holder bigint;
+    ended_at timestamptz;
+    new_state skiplock.job_state;
+    superseded text;
 BEGIN
     -- The lane's and the unique key's locks before the row's, in the order an enqueue
     -- takes them: an enqueue holding the key's lock locks the key's pending job next, so
     -- a retry of that job that locked its row first and then waited for the key deadlocked.
-    SELECT ordering_key, unique_key INTO lane, key FROM skiplock.jobs WHERE id = job_id;
+    -- A live job (queued) first, then the finished ones from the day its id was handed out
+    -- on (see "A job looked up by id" in 15_partitions.sql).
+    SELECT l.ordering_key, l.unique_key INTO lane, key FROM skiplock.jobs_live l
+    WHERE l.id = job_id;
+    IF NOT FOUND THEN
+        SELECT f.ordering_key, f.unique_key INTO lane, key
+        FROM skiplock.internal_finished_job(job_id) f;
+    END IF;
     IF lane IS NOT NULL THEN
         PERFORM pg_advisory_xact_lock(skiplock.internal_lane_lock_id(lane));
     END IF;
     IF key IS NOT NULL THEN
         PERFORM pg_advisory_xact_lock(skiplock.internal_unique_key_lock_id(key));
     END IF;
-    SELECT j.state, j.unique_key INTO current, key
-    FROM skiplock.jobs j WHERE j.id = job_id FOR UPDATE;
+    SELECT j.state, j.unique_key, j.finished_at INTO current, key, ended_at
+    FROM skiplock.jobs j
+    WHERE j.id = job_id AND j.state IN ('waiting', 'queued', 'running') FOR UPDATE;
+    IF NOT FOUND THEN
+        SELECT f.state, f.unique_key, f.finished_at INTO current, key, ended_at
+        FROM skiplock.internal_finished_job(job_id, 'FOR UPDATE') f;
+    END IF;
     IF current IS NULL OR current NOT IN ('queued', 'dead', 'cancelled', 'succeeded') THEN
         RETURN false;
     END IF;
@@ -108,23 +127,39 @@ BEGIN
     -- without costs no second lookup by id (each reads every day kept).
     holder := CASE WHEN key IS NOT NULL
                    THEN skiplock.internal_fold_into_key_holder(job_id) END;
-    UPDATE skiplock.jobs j
-    SET state = CASE
-            WHEN holder IS NOT NULL THEN 'cancelled'
-            WHEN lane IS NOT NULL AND EXISTS (
-                SELECT 1 FROM skiplock.jobs o
-                WHERE o.ordering_key = lane AND o.id <> job_id
-                  AND o.state IN ('waiting', 'queued', 'running'))
-            THEN 'waiting'
-            WHEN skiplock.internal_has_unmet_parent(j.id) THEN 'waiting'
-            ELSE 'queued' END::skiplock.job_state,
-        scheduled_at = now(),
-        max_attempts = greatest(max_attempts, attempt + 1),
-        finished_at = CASE WHEN holder IS NOT NULL THEN now() END,
-        last_error = CASE WHEN holder IS NOT NULL
-            THEN skiplock.internal_superseded_message(holder, unique_key) ELSE last_error END
-    WHERE id = job_id AND state IN ('queued', 'dead', 'cancelled', 'succeeded')
-    RETURNING queue, priority, scheduled_at, state INTO q, p, s, now_state;
+    -- What the job becomes: superseded by its key's holder, behind its lane's turn or its
+    -- parents, or queued (the lane's lock and the row's held).
+    new_state := CASE
+        WHEN holder IS NOT NULL THEN 'cancelled'
+        WHEN lane IS NOT NULL AND EXISTS (
+            SELECT 1 FROM skiplock.jobs o
+            WHERE o.ordering_key = lane AND o.id <> job_id
+              AND o.state IN ('waiting', 'queued', 'running'))
+        THEN 'waiting'
+        WHEN skiplock.internal_has_unmet_parent(job_id) THEN 'waiting'
+        ELSE 'queued' END;
+    superseded := CASE WHEN holder IS NOT NULL
+                       THEN skiplock.internal_superseded_message(holder, key) END;
+    -- The row locked above, where it is: its state and finished_at name its table (one
+    -- day's, probed alone). Without a finished_at (a live job, or a finished one written by
+    -- hand without it), its state alone.
+    IF ended_at IS NULL THEN
+        UPDATE skiplock.jobs j
+        SET state = new_state, scheduled_at = now(),
+            last_error = coalesce(superseded, j.last_error),
+            finished_at = CASE WHEN superseded IS NOT NULL THEN now() END,
+            max_attempts = greatest(j.max_attempts, j.attempt + 1)
+        WHERE j.id = job_id AND j.state = current
+        RETURNING j.queue, j.priority, j.scheduled_at, j.state INTO q, p, s, now_state;
+    ELSE
+        UPDATE skiplock.jobs j
+        SET state = new_state, scheduled_at = now(),
+            last_error = coalesce(superseded, j.last_error),
+            finished_at = CASE WHEN superseded IS NOT NULL THEN now() END,
+            max_attempts = greatest(j.max_attempts, j.attempt + 1)
+        WHERE j.id = job_id AND j.state = current AND j.finished_at = ended_at
+        RETURNING j.queue, j.priority, j.scheduled_at, j.state INTO q, p, s, now_state;
+    END IF;
     IF q IS NULL THEN
         RETURN false;
     END IF;

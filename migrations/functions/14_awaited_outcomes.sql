@@ -128,8 +128,7 @@ BEGIN
                    -- A finished row written by hand may lack its time; finished all the
                    -- same.
                    coalesce(j.finished_at, '-infinity')
-            FROM skiplock.jobs j
-            WHERE j.id = watch_job.job_id AND j.state IN ('succeeded', 'dead', 'cancelled');
+            FROM skiplock.internal_finished_job(watch_job.job_id) j;
             RETURN;
         EXCEPTION WHEN serialization_failure THEN
             -- Its row moved to the other partition meanwhile: run again (see

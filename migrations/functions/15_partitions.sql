@@ -21,7 +21,7 @@
 --   internal_prepare_done_partitions, internal_done_partition, internal_lock_done_partition
 --   internal_drop_done_partition, internal_jobs_after_delete, trigger jobs_after_delete
 --   internal_jobs_done_before_requeue, trigger jobs_done_before_requeue
---   internal_may_retry_moved
+--   internal_finished_from, internal_finished_job, internal_may_retry_moved
 
 -- ---- Finished jobs by day: partitions and retention --------------------------------------
 --
@@ -131,7 +131,21 @@ DECLARE
     starts timestamptz;
     ends timestamptz;
     created int := 0;
+    marked int;
 BEGIN
+    -- Today's mark of the ids handed out (see skiplock.job_id_days), kept from the day's
+    -- first call, which also lets the marks of days no longer kept go.
+    INSERT INTO skiplock.job_id_days (day, id_reached)
+    VALUES ((now() AT TIME ZONE 'UTC')::date,
+            coalesce(pg_sequence_last_value(
+                         pg_get_serial_sequence('skiplock.jobs', 'id')::regclass), 0))
+    ON CONFLICT ON CONSTRAINT job_id_days_pkey DO NOTHING;
+    GET DIAGNOSTICS marked = ROW_COUNT;
+    IF marked > 0 THEN
+        DELETE FROM skiplock.job_id_days m
+        WHERE m.day < (SELECT min(p.starts AT TIME ZONE 'UTC')::date
+                       FROM skiplock.internal_done_partitions() p);
+    END IF;
     first_day := coalesce(first_day, (now() AT TIME ZONE 'UTC')::date);
     IF first_day NOT BETWEEN date '2000-01-01' AND date '9999-12-01' OR days NOT BETWEEN 0 AND 31 THEN
         RAISE EXCEPTION 'skiplock.internal_prepare_done_partitions: % days from %: make at most 31 days at a time, from year 2000 to 9999',
@@ -405,6 +419,11 @@ CREATE OR REPLACE TRIGGER jobs_done_before_requeue
 -- - a job that must be live (a cancel, a child, a parent that has not finished) is read
 --   from jobs_live first (or through skiplock.jobs with `state IN ('waiting', 'queued',
 --   'running')`, planned over jobs_live alone), and from jobs_done only when not there;
+-- - a finished job (a finished parent, a retry by hand, a watch) is read through
+--   internal_finished_job: from the day its id was handed out on (skiplock.job_id_days),
+--   one state at a time, so that only the tables of those days are probed; every day only
+--   when it is not there (a finished_at written by hand before the id was handed out, or
+--   no such job);
 -- - a finished parent is looked up once per parent, among the states that matter (dead
 --   and cancelled, or succeeded), not once per edge among every table;
 -- - the functions on the dependency and cancel paths say `SET plan_cache_mode =
@@ -412,7 +431,87 @@ CREATE OR REPLACE TRIGGER jobs_done_before_requeue
 --   plan made for the values given looked cheaper; now once per session, with the index
 --   lookups their other settings pin.
 -- tests/bounded_statements.rs lookups_of_jobs_not_finished_lock_no_day_of_finished_jobs
--- counts the tables of finished jobs a cancel and an enqueue with a parent lock.
+-- counts the tables of finished jobs a cancel and an enqueue with a parent lock, and
+-- lookups_of_finished_jobs_read_the_same_whatever_days_are_kept the buffers a lookup of a
+-- finished job reads.
+
+-- The instant from which a job of this id can have been finished by skiplock: the start of
+-- the last day whose mark (skiplock.job_id_days) is below the id; '-infinity' before every
+-- mark.
+CREATE OR REPLACE FUNCTION skiplock.internal_finished_from(job_id bigint) RETURNS timestamptz
+LANGUAGE sql STABLE
+SET jit = off
+AS $$
+    SELECT coalesce((SELECT m.day FROM skiplock.job_id_days m WHERE m.id_reached < job_id
+                     ORDER BY m.day DESC LIMIT 1)::timestamp AT TIME ZONE 'UTC',
+                    '-infinity');
+$$;
+
+-- The finished job `job_id` (no row when no finished job has that id), locked as
+-- `lock_rows` says ('', 'FOR SHARE' or 'FOR UPDATE'): what its callers read of it, the
+-- columns an enqueuer may read (docs/roles.sql), through skiplock.jobs, whose privileges a
+-- caller has. Each state's tables from the day internal_finished_from gives first: one
+-- plan per session, which opens every day's table but, with the state and the day given
+-- only at run time, probes those days' alone (0.05 ms a lookup with 31 days kept, against
+-- 0.4 ms for a probe of every day's; a statement over the states together is not pruned by
+-- day, jobs_done being partitioned by the pair, and one planned at each call, EXECUTE,
+-- spends 0.5-0.7 ms planning). Then, only when it is not there (a finished_at written by
+-- hand before the id was handed out, or no such job), every table, planned at the call.
+-- A row moved under the lock (40001) is the caller's to handle, as for any statement.
+CREATE OR REPLACE FUNCTION skiplock.internal_finished_job(job_id bigint, lock_rows text DEFAULT '')
+RETURNS TABLE (id bigint, state skiplock.job_state, queue text, priority smallint,
+               scheduled_at timestamptz, ordering_key text, unique_key text, attempt int,
+               output jsonb, last_error text, finished_at timestamptz)
+LANGUAGE plpgsql
+-- A lookup by id: each table's index on id, whatever its statistics say.
+SET enable_seqscan = off
+SET enable_bitmapscan = off
+SET plan_cache_mode = force_generic_plan
+SET jit = off
+AS $$
+DECLARE
+    finished_from timestamptz := skiplock.internal_finished_from(job_id);
+    finished skiplock.job_state;
+BEGIN
+    IF lock_rows NOT IN ('', 'FOR SHARE', 'FOR UPDATE') THEN
+        RAISE EXCEPTION 'skiplock.internal_finished_job: lock_rows is empty, FOR SHARE or FOR UPDATE, not %', lock_rows
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    FOREACH finished IN ARRAY ARRAY['succeeded', 'dead', 'cancelled']::skiplock.job_state[] LOOP
+        IF lock_rows = '' THEN
+            RETURN QUERY
+            SELECT d.id, d.state, d.queue, d.priority, d.scheduled_at, d.ordering_key,
+                   d.unique_key, d.attempt, d.output, d.last_error, d.finished_at
+            FROM skiplock.jobs d
+            WHERE d.id = job_id AND d.state = finished AND d.finished_at >= finished_from;
+        ELSIF lock_rows = 'FOR SHARE' THEN
+            RETURN QUERY
+            SELECT d.id, d.state, d.queue, d.priority, d.scheduled_at, d.ordering_key,
+                   d.unique_key, d.attempt, d.output, d.last_error, d.finished_at
+            FROM skiplock.jobs d
+            WHERE d.id = job_id AND d.state = finished AND d.finished_at >= finished_from
+            FOR SHARE;
+        ELSE
+            RETURN QUERY
+            SELECT d.id, d.state, d.queue, d.priority, d.scheduled_at, d.ordering_key,
+                   d.unique_key, d.attempt, d.output, d.last_error, d.finished_at
+            FROM skiplock.jobs d
+            WHERE d.id = job_id AND d.state = finished AND d.finished_at >= finished_from
+            FOR UPDATE;
+        END IF;
+        IF FOUND THEN
+            RETURN;
+        END IF;
+    END LOOP;
+    RETURN QUERY EXECUTE
+        'SELECT d.id, d.state, d.queue, d.priority, d.scheduled_at, d.ordering_key,
+                d.unique_key, d.attempt, d.output, d.last_error, d.finished_at
+         FROM skiplock.jobs d
+         WHERE d.id = $1 AND d.state IN (''succeeded'', ''dead'', ''cancelled'')
+           AND (d.finished_at < $2 OR d.finished_at IS NULL) ' || lock_rows
+        USING job_id, finished_from;
+END;
+$$;
 
 -- ---- A row moved to the other partition under a statement ------------------------------
 --

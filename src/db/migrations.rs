@@ -44,6 +44,7 @@ struct Migration {
 const INITIAL_NEWEST_COLUMNS: &[(&str, &str)] = &[
     ("skiplock.jobs", "tracestate"),
     ("skiplock.key_slots_freed", "from_id"),
+    ("skiplock.job_id_days", "id_reached"),
 ];
 
 /// Every migration, in order. Append only: an applied migration never changes.

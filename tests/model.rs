@@ -6,11 +6,13 @@
 //! (`enqueue`, `enqueue_many`, `enqueue_raw` with lanes, unique keys under each
 //! policy, dependencies), the SQL function `skiplock.enqueue` and plain `INSERT`s (with
 //! `job_dependencies` rows); an operator calling `retry_job`, `retry_dead_jobs`,
-//! `cancel_job` and deleting jobs; an operator running `skiplock retry ID` and
+//! `cancel_job`, deleting jobs and dating finished ones two days back (their day's table
+//! made again if dropped); an operator running `skiplock retry ID` and
 //! `skiplock cancel ID`; two in-process workers (kind `model`: succeed, fail retryably or
 //! permanently, give up, time out, panic) and one `skiplock-testbed` process (kinds
 //! `record`, `panic`, `never_return`), restarted gracefully, at once, by SIGTERM or after
-//! `kill -9`; a pruning worker with zero retention; a killer of worker connections; and a
+//! `kill -9`; a pruning worker (zero retention, a day for dead jobs: it deletes rows and
+//! drops the days dated back whole); a killer of worker connections; and a
 //! sampler checking the "at most one" rules while the run goes on. The second queue has
 //! global limits (`max_running`, a rate limit, and `key_max_running` and a per-key rate
 //! limit over three concurrency keys) for the whole run. The invariants are listed in
@@ -156,7 +158,7 @@ fn a_heartbeat_that_timed_out_is_transient_and_one_that_failed_on_data_is_a_defe
 /// planned 14 s on a loaded 2-core machine, so a seed that takes one of them zero times
 /// even with the extension means the model stopped exercising it. The limits' paths count
 /// a limit holding a due job back (tests/model_support/coverage.rs), not a start under it.
-const PATHS_REQUIRED: [&str; 18] = [
+const PATHS_REQUIRED: [&str; 19] = [
     "claim of a lane job",
     "a key's freed slot handed on",
     "key_claimable held a job at its insert",
@@ -174,6 +176,7 @@ const PATHS_REQUIRED: [&str; 18] = [
     "cancelled for a parent",
     "reopened by hand",
     "pruned",
+    "dropped with its day",
     "deleted unfinished",
 ];
 

@@ -261,9 +261,10 @@ async fn insert_plain(
     Ok(Some(id))
 }
 
-/// The operator over SQL: `retry_job`, `cancel_job`, now and then `retry_dead_jobs` and
-/// a `DELETE` of a job that has not run yet. None of them may fail (the `DELETE`, written by
-/// hand, runs again when its job moved between the partitions under it, as the docs say).
+/// The operator over SQL: `retry_job`, `cancel_job`, now and then `retry_dead_jobs`, a
+/// `DELETE` of a job that has not run yet, and a finished job dated two days back by hand.
+/// None of them may fail (the writes by hand run again when their job moved between the
+/// partitions under them, as the docs say).
 pub async fn operate_sql(sim: &Sim, pool: PgPool) {
     let mut rng = sim.rng("operator-sql");
     while sim.pace(rng.u64(40..200)).await {
@@ -279,7 +280,7 @@ pub async fn operate_sql(sim: &Sim, pool: PgPool) {
                     .await
                     .map(|changed| changed as i64),
             ),
-            45..85 => (
+            45..77 => (
                 "cancel_job",
                 sqlx::query_scalar::<_, bool>("SELECT skiplock.cancel_job($1)")
                     .bind(id)
@@ -287,6 +288,7 @@ pub async fn operate_sql(sim: &Sim, pool: PgPool) {
                     .await
                     .map(|changed| changed as i64),
             ),
+            77..85 => ("date back", date_back_finished_from(sim, &pool, id).await),
             85..93 => (
                 "retry_dead_jobs",
                 sqlx::query_scalar::<_, i64>("SELECT count(*) FROM skiplock.retry_dead_jobs($1)")
@@ -307,26 +309,66 @@ pub async fn operate_sql(sim: &Sim, pool: PgPool) {
 }
 
 /// A hand-written `DELETE` of the first unfinished job from `id` on (a picked job has usually
-/// run by now, and a delete that finds nothing checks nothing). Run again, as
-/// docs/operating.md tells whoever writes by hand, when the job moved between the live and
-/// finished partitions under it (40001): Postgres cannot follow a moved row.
+/// run by now, and a delete that finds nothing checks nothing).
 async fn delete_unfinished_from(sim: &Sim, pool: &PgPool, id: i64) -> sqlx::Result<i64> {
+    run_again_when_moved(
+        sim,
+        pool,
+        "delete",
+        "DELETE FROM skiplock.jobs
+         WHERE id = (SELECT id FROM skiplock.jobs
+                     WHERE id >= $1 AND state IN ('waiting', 'queued')
+                     ORDER BY id LIMIT 1)
+           AND state IN ('waiting', 'queued')",
+        id,
+    )
+    .await
+}
+
+/// A hand-written `UPDATE` that dates the first job from `id` on that finished today two
+/// days back: its row moves to that day's table, which the pruner then drops whole (its
+/// retention is at most a day), and its id says it finished today, so every lookup of it by
+/// id (a parent's, a watch's, a retry's) finds it only in the days before its id's. The
+/// days two and three days back are made first, again after the pruner dropped them
+/// (taking out of the default table the rows dated back while they were missing).
+async fn date_back_finished_from(sim: &Sim, pool: &PgPool, id: i64) -> sqlx::Result<i64> {
+    sqlx::query(
+        "SELECT skiplock.internal_prepare_done_partitions((now() AT TIME ZONE 'UTC')::date - 3, 2)",
+    )
+    .execute(pool)
+    .await?;
+    run_again_when_moved(
+        sim,
+        pool,
+        "date back",
+        "UPDATE skiplock.jobs SET finished_at = finished_at - interval '2 days'
+         WHERE id = (SELECT id FROM skiplock.jobs
+                     WHERE id >= $1 AND state IN ('succeeded', 'dead', 'cancelled')
+                       AND finished_at > now() - interval '1 day'
+                     ORDER BY id LIMIT 1)
+           AND state IN ('succeeded', 'dead', 'cancelled')
+           AND finished_at > now() - interval '1 day'",
+        id,
+    )
+    .await
+}
+
+/// Runs a write by hand of the job `id` (`what`, the statement), again when the job moved
+/// between the live and finished partitions under it (40001), as docs/operating.md tells
+/// whoever writes by hand: Postgres cannot follow a moved row. Returns the rows written.
+async fn run_again_when_moved(
+    sim: &Sim,
+    pool: &PgPool,
+    what: &str,
+    statement: &'static str,
+    id: i64,
+) -> sqlx::Result<i64> {
     let mut attempts = 0;
     loop {
-        let result = sqlx::query(
-            "DELETE FROM skiplock.jobs
-             WHERE id = (SELECT id FROM skiplock.jobs
-                         WHERE id >= $1 AND state IN ('waiting', 'queued')
-                         ORDER BY id LIMIT 1)
-               AND state IN ('waiting', 'queued')",
-        )
-        .bind(id)
-        .execute(pool)
-        .await;
-        match result {
+        match sqlx::query(statement).bind(id).execute(pool).await {
             Err(e) if attempts < 5 && e.to_string().contains("moved to another partition") => {
                 attempts += 1;
-                sim.count("delete (run again: the job moved meanwhile)");
+                sim.count(&format!("{what} (run again: the job moved meanwhile)"));
             }
             other => return other.map(|r| r.rows_affected() as i64),
         }

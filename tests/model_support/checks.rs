@@ -169,6 +169,9 @@ pub struct Evidence {
     pub runs: Vec<Run>,
     /// (source, line)
     pub logs: Vec<(String, String)>,
+    /// Jobs whose rows are gone with no `DELETE` recorded: their day's table dropped by the
+    /// pruner (which deletes no row), or a violation when they had not finished.
+    pub gone_with_their_day: Vec<i64>,
 }
 
 impl Evidence {
@@ -199,12 +202,23 @@ impl Evidence {
         .await
         .expect("read the limited queue's limits")
         .unwrap_or_default();
+        let gone_with_their_day = sqlx::query_scalar(
+            "SELECT DISTINCT a.job_id FROM public.job_audit a
+             WHERE NOT EXISTS (SELECT 1 FROM public.job_audit d
+                               WHERE d.job_id = a.job_id AND d.op = 'delete')
+               AND NOT EXISTS (SELECT 1 FROM skiplock.jobs j WHERE j.id = a.job_id)
+             ORDER BY 1",
+        )
+        .fetch_all(pool)
+        .await
+        .expect("read the jobs gone with their day");
         Evidence {
             events,
             limits,
             deps,
             runs,
             logs,
+            gone_with_their_day,
         }
     }
 
@@ -225,11 +239,32 @@ impl Evidence {
     }
 }
 
+/// A row goes by a `DELETE` (recorded) or with its day's table, which the pruner drops only
+/// once every row in it finished past its retention: a job gone with no `DELETE` recorded
+/// had finished when it went.
+fn check_gone_with_their_day(
+    evidence: &Evidence,
+    tracks: &HashMap<i64, Track>,
+    found: &mut Vec<String>,
+) {
+    for job in &evidence.gone_with_their_day {
+        let state = tracks.get(job).and_then(|t| t.state.as_deref());
+        if !state.is_some_and(finished) {
+            found.push(format!(
+                "[days] job {job} is gone with no DELETE while {state:?}: a day's drop took a \
+                 job that had not finished\n{}",
+                evidence.history(*job)
+            ));
+        }
+    }
+}
+
 /// Runs every check; returns the violations, each starting with its `[category]`.
 pub fn check_all(evidence: &Evidence) -> Vec<String> {
     let mut found = Vec::new();
     let tracks = replay(evidence, &mut found);
     check_drained(evidence, &tracks, &mut found);
+    check_gone_with_their_day(evidence, &tracks, &mut found);
     check_claim_discipline(evidence, &mut found);
     check_superseded(evidence, &tracks, &mut found);
     check_lane_runs(evidence, &tracks, &mut found);

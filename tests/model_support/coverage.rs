@@ -32,6 +32,9 @@ const DUE_AT_LEAST: Duration = Duration::milliseconds(250);
 /// How often the run went through each path the invariants are about.
 pub fn coverage(evidence: &Evidence) -> BTreeMap<&'static str, usize> {
     let mut paths = BTreeMap::new();
+    if !evidence.gone_with_their_day.is_empty() {
+        paths.insert("dropped with its day", evidence.gone_with_their_day.len());
+    }
     limits_binding(evidence, &mut paths);
     slots_handed_on(evidence, &mut paths);
     let lanes: HashSet<i64> = evidence

@@ -5,7 +5,8 @@
 //!   gracefully (running jobs finish or are released) or at once (released);
 //! - `skiplock-testbed` processes (kinds `record`, `panic`, `never_return`), killed with
 //!   SIGKILL (their claims are reaped) or SIGTERM;
-//! - one in-process pruning worker with zero retention, stopped with the fault phase.
+//! - one in-process pruning worker (zero retention, a day for dead jobs), stopped with the
+//!   fault phase.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -85,8 +86,10 @@ pub async fn start_in_process(sim: &Sim, id: String, runs: &Arc<Mutex<Vec<Run>>>
     }
 }
 
-/// Starts the pruning worker: zero retention, a pass every 300 ms, and its reaper and
-/// dependency sweep like any worker's. Its kind is never enqueued.
+/// Starts the pruning worker: zero retention for succeeded and cancelled jobs (their rows
+/// deleted one by one), a day for dead ones (kept through the run, except those the
+/// operator dates two days back, whose day tables it drops whole), a pass every 300 ms,
+/// and its reaper and dependency sweep like any worker's. Its kind is never enqueued.
 pub async fn start_pruner(sim: &Sim, runs: &Arc<Mutex<Vec<Run>>>) -> InProcess {
     let id = "tb-pruner".to_owned();
     let pool = sim.pool(&id, 3).await;
@@ -105,7 +108,7 @@ pub async fn start_pruner(sim: &Sim, runs: &Arc<Mutex<Vec<Run>>>) -> InProcess {
         .retention(Retention {
             succeeded: Duration::ZERO,
             cancelled: Duration::ZERO,
-            dead: Duration::ZERO,
+            dead: Duration::from_secs(24 * 3600),
         })
         .prune_interval(Some(Duration::from_millis(300)))
         .cron_interval(None)

@@ -7,9 +7,11 @@
 #   - enqueue with a finished parent: the same with a parent that succeeded today;
 #   - complete a parent of 40: skiplock.complete of a claimed parent with 40 waiting
 #     children (all queued after), 50 times;
-#   - show: the lookup skiplock::job and `skiplock show` make (SELECT * FROM skiplock.jobs
-#     WHERE id = …) of a job that finished today, 250 times, prepared as sqlx prepares it
-#     (after five plans for the values given, one generic plan for the session);
+#   - show: the lookup skiplock::job and `skiplock show` make (SELECT * FROM
+#     skiplock.internal_job_by_id(…); before 2026-12-01, SELECT * FROM skiplock.jobs WHERE
+#     id = …: SHOW_BY_ID='SELECT * FROM skiplock.jobs WHERE id = $1') of a job that
+#     finished today, 250 times, prepared as sqlx prepares it (after five plans for the
+#     values given, one generic plan for the session);
 #   - retry: skiplock.retry_job of a job that went dead today, 250 times.
 # Prints the mean milliseconds per operation for each. A lookup whose cost follows the
 # days kept shows as a gap between the two lines.
@@ -86,7 +88,7 @@ for days in 1 31; do
     ids=$("${P[@]}" -c "SELECT skiplock.enqueue('noop', queue => 'ends') FROM generate_series(1, 250)")
     "${P[@]}" -c "UPDATE skiplock.jobs SET state = 'dead', finished_at = now()
                   WHERE queue = 'ends' AND state = 'queued'" >/dev/null
-    { echo "PREPARE show(bigint) AS SELECT * FROM skiplock.jobs WHERE id = \$1;"
+    { echo "PREPARE show(bigint) AS ${SHOW_BY_ID:-SELECT * FROM skiplock.internal_job_by_id(\$1)};"
       for id in $ids; do echo "EXECUTE show($id);"; done; } >"$work/show.sql"
     s=$(date +%s.%N); "${P[@]}" -f "$work/show.sql" >/dev/null; e=$(date +%s.%N)
     show=$(ms_per "$s" "$e" 250)

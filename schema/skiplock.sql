@@ -2580,6 +2580,261 @@ END;
 $$;
 
 --
+-- Name: jobs; Type: TABLE; Schema: skiplock; Owner: -
+--
+
+CREATE TABLE skiplock.jobs (
+    id bigint NOT NULL,
+    queue text DEFAULT 'default'::text NOT NULL,
+    kind text NOT NULL,
+    args jsonb DEFAULT '{}'::jsonb NOT NULL,
+    state skiplock.job_state DEFAULT 'queued'::skiplock.job_state NOT NULL,
+    priority smallint DEFAULT 0 NOT NULL,
+    scheduled_at timestamp with time zone DEFAULT now() NOT NULL,
+    attempt integer DEFAULT 0 NOT NULL,
+    max_attempts integer DEFAULT 25 NOT NULL,
+    claim_token uuid,
+    claimed_by text,
+    claimed_at timestamp with time zone,
+    heartbeat_at timestamp with time zone,
+    ordering_key text,
+    unique_key text,
+    last_error text,
+    errors jsonb DEFAULT '[]'::jsonb NOT NULL,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    finished_at timestamp with time zone,
+    unique_policy text,
+    progress jsonb,
+    output jsonb,
+    concurrency_key text,
+    held_for text,
+    awaited boolean,
+    traceparent text,
+    tracestate text,
+    CONSTRAINT jobs_attempt_not_negative CHECK ((attempt >= 0)),
+    CONSTRAINT jobs_claim_token_only_running CHECK (((claim_token IS NULL) OR (state = 'running'::skiplock.job_state))),
+    CONSTRAINT jobs_concurrency_key_not_empty CHECK ((concurrency_key <> ''::text)),
+    CONSTRAINT jobs_held_for_known CHECK ((held_for = ANY (ARRAY['key'::text, 'rate'::text, 'fair'::text]))),
+    CONSTRAINT jobs_held_for_only_waiting CHECK (((held_for IS NULL) OR (state = 'waiting'::skiplock.job_state))),
+    CONSTRAINT jobs_kind_not_empty CHECK ((kind <> ''::text)),
+    CONSTRAINT jobs_max_attempts_positive CHECK ((max_attempts >= 1)),
+    CONSTRAINT jobs_queue_name_length CHECK ((octet_length(queue) <= 1000)),
+    CONSTRAINT jobs_queue_not_empty CHECK ((queue <> ''::text)),
+    CONSTRAINT jobs_running_has_claim CHECK (((state <> 'running'::skiplock.job_state) OR ((claim_token IS NOT NULL) AND (heartbeat_at IS NOT NULL)))),
+    CONSTRAINT jobs_traceparent_length CHECK ((octet_length(traceparent) <= 512)),
+    CONSTRAINT jobs_tracestate_length CHECK ((octet_length(tracestate) <= 8192)),
+    CONSTRAINT jobs_unique_policy_known CHECK ((unique_policy = ANY (ARRAY['skip'::text, 'replace'::text, 'merge'::text])))
+)
+PARTITION BY LIST (state);
+
+--
+-- Name: TABLE jobs; Type: COMMENT; Schema: skiplock; Owner: -
+--
+
+COMMENT ON TABLE skiplock.jobs IS 'Every skiplock job, finished ones included until the pruner removes them. Partitioned by state: jobs_live (waiting, queued, running) and jobs_done (succeeded, dead, cancelled).';
+
+--
+-- Name: COLUMN jobs.id; Type: COMMENT; Schema: skiplock; Owner: -
+--
+
+COMMENT ON COLUMN skiplock.jobs.id IS 'The job''s id, from an identity shared by every partition: unique across live and finished jobs.';
+
+--
+-- Name: COLUMN jobs.queue; Type: COMMENT; Schema: skiplock; Owner: -
+--
+
+COMMENT ON COLUMN skiplock.jobs.queue IS 'The queue it waits in; workers claim only the queues they serve. Not empty, at most 1,000 bytes.';
+
+--
+-- Name: COLUMN jobs.kind; Type: COMMENT; Schema: skiplock; Owner: -
+--
+
+COMMENT ON COLUMN skiplock.jobs.kind IS 'The handler that runs it (a job type''s KIND, a built-in kind such as http or command). Not empty.';
+
+--
+-- Name: COLUMN jobs.args; Type: COMMENT; Schema: skiplock; Owner: -
+--
+
+COMMENT ON COLUMN skiplock.jobs.args IS 'The handler''s input (any JSON), at most skiplock.args_max_bytes (1 MiB by default) as text.';
+
+--
+-- Name: COLUMN jobs.state; Type: COMMENT; Schema: skiplock; Owner: -
+--
+
+COMMENT ON COLUMN skiplock.jobs.state IS 'waiting (for its parents, its lane, or held_for), queued (may run from scheduled_at), running (claimed), succeeded, dead (attempts exhausted or failed permanently), cancelled. Decides the partition.';
+
+--
+-- Name: COLUMN jobs.priority; Type: COMMENT; Schema: skiplock; Owner: -
+--
+
+COMMENT ON COLUMN skiplock.jobs.priority IS 'Lower runs first (-32768 to 32767); with scheduled_at and id, the claim order.';
+
+--
+-- Name: COLUMN jobs.scheduled_at; Type: COMMENT; Schema: skiplock; Owner: -
+--
+
+COMMENT ON COLUMN skiplock.jobs.scheduled_at IS 'When the job may run first; a retry or a snooze moves it forward. -infinity runs before anything due.';
+
+--
+-- Name: COLUMN jobs.attempt; Type: COMMENT; Schema: skiplock; Owner: -
+--
+
+COMMENT ON COLUMN skiplock.jobs.attempt IS 'Attempts started so far; each claim counts one, a release or a snooze gives it back.';
+
+--
+-- Name: COLUMN jobs.max_attempts; Type: COMMENT; Schema: skiplock; Owner: -
+--
+
+COMMENT ON COLUMN skiplock.jobs.max_attempts IS 'Attempts before a failing job goes dead (at least 1).';
+
+--
+-- Name: COLUMN jobs.claim_token; Type: COMMENT; Schema: skiplock; Owner: -
+--
+
+COMMENT ON COLUMN skiplock.jobs.claim_token IS 'Fencing token of the current claim: only a write that presents it may heartbeat, complete or fail the job.';
+
+--
+-- Name: COLUMN jobs.claimed_by; Type: COMMENT; Schema: skiplock; Owner: -
+--
+
+COMMENT ON COLUMN skiplock.jobs.claimed_by IS 'The worker that holds or last held the claim (its name: host, pid).';
+
+--
+-- Name: COLUMN jobs.claimed_at; Type: COMMENT; Schema: skiplock; Owner: -
+--
+
+COMMENT ON COLUMN skiplock.jobs.claimed_at IS 'When the current or last claim was made.';
+
+--
+-- Name: COLUMN jobs.heartbeat_at; Type: COMMENT; Schema: skiplock; Owner: -
+--
+
+COMMENT ON COLUMN skiplock.jobs.heartbeat_at IS 'The claim''s last heartbeat (database clock); a running job whose heartbeat is older than stale_after is reaped.';
+
+--
+-- Name: COLUMN jobs.ordering_key; Type: COMMENT; Schema: skiplock; Owner: -
+--
+
+COMMENT ON COLUMN skiplock.jobs.ordering_key IS 'The job''s lane: the jobs of one key run one at a time, in enqueue (id) order.';
+
+--
+-- Name: COLUMN jobs.unique_key; Type: COMMENT; Schema: skiplock; Owner: -
+--
+
+COMMENT ON COLUMN skiplock.jobs.unique_key IS 'At most one pending (waiting or queued) job per key; unique_policy says what a second enqueue does.';
+
+--
+-- Name: COLUMN jobs.last_error; Type: COMMENT; Schema: skiplock; Owner: -
+--
+
+COMMENT ON COLUMN skiplock.jobs.last_error IS 'The last failure''s message (or why the job was cancelled or is dead).';
+
+--
+-- Name: COLUMN jobs.errors; Type: COMMENT; Schema: skiplock; Owner: -
+--
+
+COMMENT ON COLUMN skiplock.jobs.errors IS 'The most recent failures (at most 20), oldest first: {attempt, at, message}.';
+
+--
+-- Name: COLUMN jobs.created_at; Type: COMMENT; Schema: skiplock; Owner: -
+--
+
+COMMENT ON COLUMN skiplock.jobs.created_at IS 'When the job was enqueued.';
+
+--
+-- Name: COLUMN jobs.finished_at; Type: COMMENT; Schema: skiplock; Owner: -
+--
+
+COMMENT ON COLUMN skiplock.jobs.finished_at IS 'When the job reached succeeded, dead or cancelled; with state, decides its day partition.';
+
+--
+-- Name: COLUMN jobs.unique_policy; Type: COMMENT; Schema: skiplock; Owner: -
+--
+
+COMMENT ON COLUMN skiplock.jobs.unique_policy IS 'What a second enqueue with the same unique_key does while this job is pending: skip, replace (new args) or merge (append args).';
+
+--
+-- Name: COLUMN jobs.progress; Type: COMMENT; Schema: skiplock; Owner: -
+--
+
+COMMENT ON COLUMN skiplock.jobs.progress IS 'Latest progress reported by the handler (any JSON).';
+
+--
+-- Name: COLUMN jobs.output; Type: COMMENT; Schema: skiplock; Owner: -
+--
+
+COMMENT ON COLUMN skiplock.jobs.output IS 'Output recorded by the handler (any JSON).';
+
+--
+-- Name: COLUMN jobs.concurrency_key; Type: COMMENT; Schema: skiplock; Owner: -
+--
+
+COMMENT ON COLUMN skiplock.jobs.concurrency_key IS 'A tenant or an account: in a queue with key_max_running or key_rate_limit, the limit holds per key. Not empty.';
+
+--
+-- Name: COLUMN jobs.held_for; Type: COMMENT; Schema: skiplock; Owner: -
+--
+
+COMMENT ON COLUMN skiplock.jobs.held_for IS 'Why a waiting job is held back although its parents and its lane let it run: key (its concurrency_key is at key_max_running), rate (its key''s rate window is full) or fair (its key has key_claimable jobs queued; it waits its turn). NULL for a job waiting for its parents or its lane, and for every job not waiting: an UPDATE that takes a held job out of waiting sets it NULL too.';
+
+--
+-- Name: COLUMN jobs.awaited; Type: COMMENT; Schema: skiplock; Owner: -
+--
+
+COMMENT ON COLUMN skiplock.jobs.awaited IS 'true once someone waits for the job''s outcome (skiplock.watch_job, skiplock::wait_for): when it finishes (succeeded, dead or cancelled) its id is notified on skiplock_finished. NULL otherwise.';
+
+--
+-- Name: COLUMN jobs.traceparent; Type: COMMENT; Schema: skiplock; Owner: -
+--
+
+COMMENT ON COLUMN skiplock.jobs.traceparent IS 'W3C traceparent of the span that enqueued the job (skiplock.enqueue''s traceparent, the Rust API''s trace context): each attempt''s span continues that trace. At most 512 bytes; a value no worker can parse starts a new trace. NULL: no trace.';
+
+--
+-- Name: COLUMN jobs.tracestate; Type: COMMENT; Schema: skiplock; Owner: -
+--
+
+COMMENT ON COLUMN skiplock.jobs.tracestate IS 'W3C tracestate that goes with traceparent (vendors'' entries), at most 8,192 bytes. NULL: none.';
+
+--
+-- Name: CONSTRAINT jobs_queue_name_length ON jobs; Type: COMMENT; Schema: skiplock; Owner: -
+--
+
+COMMENT ON CONSTRAINT jobs_queue_name_length ON skiplock.jobs IS 'A queue name is at most 1,000 bytes: workers are told of runnable jobs by notifications that carry it, and Postgres caps their payload at 8,000 bytes.';
+
+--
+-- Name: internal_job_by_id(bigint); Type: FUNCTION; Schema: skiplock; Owner: -
+--
+
+CREATE FUNCTION skiplock.internal_job_by_id(job_id bigint) RETURNS SETOF skiplock.jobs
+    LANGUAGE plpgsql
+    SET enable_seqscan TO 'off'
+    SET enable_bitmapscan TO 'off'
+    SET plan_cache_mode TO 'force_generic_plan'
+    SET jit TO 'off'
+    AS $$
+DECLARE
+    found_state skiplock.job_state;
+    ended_at timestamptz;
+BEGIN
+    RETURN QUERY SELECT * FROM skiplock.jobs j
+                 WHERE j.id = job_id AND j.state IN ('waiting', 'queued', 'running');
+    IF FOUND THEN
+        RETURN;
+    END IF;
+    SELECT f.state, f.finished_at INTO found_state, ended_at
+    FROM skiplock.internal_finished_job(job_id) f;
+    IF ended_at IS NOT NULL THEN
+        RETURN QUERY SELECT * FROM skiplock.jobs j
+                     WHERE j.id = job_id AND j.state = found_state
+                       AND j.finished_at = ended_at;
+    END IF;
+    IF NOT FOUND OR ended_at IS NULL THEN
+        RETURN QUERY SELECT * FROM skiplock.jobs j WHERE j.id = job_id;
+    END IF;
+END;
+$$;
+
+--
 -- Name: internal_job_dependencies_after_insert(); Type: FUNCTION; Schema: skiplock; Owner: -
 --
 
@@ -5589,228 +5844,6 @@ COMMENT ON COLUMN skiplock.cron_schedules.created_at IS 'When the schedule was m
 --
 
 COMMENT ON COLUMN skiplock.cron_schedules.updated_at IS 'When the schedule was last changed.';
-
---
--- Name: jobs; Type: TABLE; Schema: skiplock; Owner: -
---
-
-CREATE TABLE skiplock.jobs (
-    id bigint NOT NULL,
-    queue text DEFAULT 'default'::text NOT NULL,
-    kind text NOT NULL,
-    args jsonb DEFAULT '{}'::jsonb NOT NULL,
-    state skiplock.job_state DEFAULT 'queued'::skiplock.job_state NOT NULL,
-    priority smallint DEFAULT 0 NOT NULL,
-    scheduled_at timestamp with time zone DEFAULT now() NOT NULL,
-    attempt integer DEFAULT 0 NOT NULL,
-    max_attempts integer DEFAULT 25 NOT NULL,
-    claim_token uuid,
-    claimed_by text,
-    claimed_at timestamp with time zone,
-    heartbeat_at timestamp with time zone,
-    ordering_key text,
-    unique_key text,
-    last_error text,
-    errors jsonb DEFAULT '[]'::jsonb NOT NULL,
-    created_at timestamp with time zone DEFAULT now() NOT NULL,
-    finished_at timestamp with time zone,
-    unique_policy text,
-    progress jsonb,
-    output jsonb,
-    concurrency_key text,
-    held_for text,
-    awaited boolean,
-    traceparent text,
-    tracestate text,
-    CONSTRAINT jobs_attempt_not_negative CHECK ((attempt >= 0)),
-    CONSTRAINT jobs_claim_token_only_running CHECK (((claim_token IS NULL) OR (state = 'running'::skiplock.job_state))),
-    CONSTRAINT jobs_concurrency_key_not_empty CHECK ((concurrency_key <> ''::text)),
-    CONSTRAINT jobs_held_for_known CHECK ((held_for = ANY (ARRAY['key'::text, 'rate'::text, 'fair'::text]))),
-    CONSTRAINT jobs_held_for_only_waiting CHECK (((held_for IS NULL) OR (state = 'waiting'::skiplock.job_state))),
-    CONSTRAINT jobs_kind_not_empty CHECK ((kind <> ''::text)),
-    CONSTRAINT jobs_max_attempts_positive CHECK ((max_attempts >= 1)),
-    CONSTRAINT jobs_queue_name_length CHECK ((octet_length(queue) <= 1000)),
-    CONSTRAINT jobs_queue_not_empty CHECK ((queue <> ''::text)),
-    CONSTRAINT jobs_running_has_claim CHECK (((state <> 'running'::skiplock.job_state) OR ((claim_token IS NOT NULL) AND (heartbeat_at IS NOT NULL)))),
-    CONSTRAINT jobs_traceparent_length CHECK ((octet_length(traceparent) <= 512)),
-    CONSTRAINT jobs_tracestate_length CHECK ((octet_length(tracestate) <= 8192)),
-    CONSTRAINT jobs_unique_policy_known CHECK ((unique_policy = ANY (ARRAY['skip'::text, 'replace'::text, 'merge'::text])))
-)
-PARTITION BY LIST (state);
-
---
--- Name: TABLE jobs; Type: COMMENT; Schema: skiplock; Owner: -
---
-
-COMMENT ON TABLE skiplock.jobs IS 'Every skiplock job, finished ones included until the pruner removes them. Partitioned by state: jobs_live (waiting, queued, running) and jobs_done (succeeded, dead, cancelled).';
-
---
--- Name: COLUMN jobs.id; Type: COMMENT; Schema: skiplock; Owner: -
---
-
-COMMENT ON COLUMN skiplock.jobs.id IS 'The job''s id, from an identity shared by every partition: unique across live and finished jobs.';
-
---
--- Name: COLUMN jobs.queue; Type: COMMENT; Schema: skiplock; Owner: -
---
-
-COMMENT ON COLUMN skiplock.jobs.queue IS 'The queue it waits in; workers claim only the queues they serve. Not empty, at most 1,000 bytes.';
-
---
--- Name: COLUMN jobs.kind; Type: COMMENT; Schema: skiplock; Owner: -
---
-
-COMMENT ON COLUMN skiplock.jobs.kind IS 'The handler that runs it (a job type''s KIND, a built-in kind such as http or command). Not empty.';
-
---
--- Name: COLUMN jobs.args; Type: COMMENT; Schema: skiplock; Owner: -
---
-
-COMMENT ON COLUMN skiplock.jobs.args IS 'The handler''s input (any JSON), at most skiplock.args_max_bytes (1 MiB by default) as text.';
-
---
--- Name: COLUMN jobs.state; Type: COMMENT; Schema: skiplock; Owner: -
---
-
-COMMENT ON COLUMN skiplock.jobs.state IS 'waiting (for its parents, its lane, or held_for), queued (may run from scheduled_at), running (claimed), succeeded, dead (attempts exhausted or failed permanently), cancelled. Decides the partition.';
-
---
--- Name: COLUMN jobs.priority; Type: COMMENT; Schema: skiplock; Owner: -
---
-
-COMMENT ON COLUMN skiplock.jobs.priority IS 'Lower runs first (-32768 to 32767); with scheduled_at and id, the claim order.';
-
---
--- Name: COLUMN jobs.scheduled_at; Type: COMMENT; Schema: skiplock; Owner: -
---
-
-COMMENT ON COLUMN skiplock.jobs.scheduled_at IS 'When the job may run first; a retry or a snooze moves it forward. -infinity runs before anything due.';
-
---
--- Name: COLUMN jobs.attempt; Type: COMMENT; Schema: skiplock; Owner: -
---
-
-COMMENT ON COLUMN skiplock.jobs.attempt IS 'Attempts started so far; each claim counts one, a release or a snooze gives it back.';
-
---
--- Name: COLUMN jobs.max_attempts; Type: COMMENT; Schema: skiplock; Owner: -
---
-
-COMMENT ON COLUMN skiplock.jobs.max_attempts IS 'Attempts before a failing job goes dead (at least 1).';
-
---
--- Name: COLUMN jobs.claim_token; Type: COMMENT; Schema: skiplock; Owner: -
---
-
-COMMENT ON COLUMN skiplock.jobs.claim_token IS 'Fencing token of the current claim: only a write that presents it may heartbeat, complete or fail the job.';
-
---
--- Name: COLUMN jobs.claimed_by; Type: COMMENT; Schema: skiplock; Owner: -
---
-
-COMMENT ON COLUMN skiplock.jobs.claimed_by IS 'The worker that holds or last held the claim (its name: host, pid).';
-
---
--- Name: COLUMN jobs.claimed_at; Type: COMMENT; Schema: skiplock; Owner: -
---
-
-COMMENT ON COLUMN skiplock.jobs.claimed_at IS 'When the current or last claim was made.';
-
---
--- Name: COLUMN jobs.heartbeat_at; Type: COMMENT; Schema: skiplock; Owner: -
---
-
-COMMENT ON COLUMN skiplock.jobs.heartbeat_at IS 'The claim''s last heartbeat (database clock); a running job whose heartbeat is older than stale_after is reaped.';
-
---
--- Name: COLUMN jobs.ordering_key; Type: COMMENT; Schema: skiplock; Owner: -
---
-
-COMMENT ON COLUMN skiplock.jobs.ordering_key IS 'The job''s lane: the jobs of one key run one at a time, in enqueue (id) order.';
-
---
--- Name: COLUMN jobs.unique_key; Type: COMMENT; Schema: skiplock; Owner: -
---
-
-COMMENT ON COLUMN skiplock.jobs.unique_key IS 'At most one pending (waiting or queued) job per key; unique_policy says what a second enqueue does.';
-
---
--- Name: COLUMN jobs.last_error; Type: COMMENT; Schema: skiplock; Owner: -
---
-
-COMMENT ON COLUMN skiplock.jobs.last_error IS 'The last failure''s message (or why the job was cancelled or is dead).';
-
---
--- Name: COLUMN jobs.errors; Type: COMMENT; Schema: skiplock; Owner: -
---
-
-COMMENT ON COLUMN skiplock.jobs.errors IS 'The most recent failures (at most 20), oldest first: {attempt, at, message}.';
-
---
--- Name: COLUMN jobs.created_at; Type: COMMENT; Schema: skiplock; Owner: -
---
-
-COMMENT ON COLUMN skiplock.jobs.created_at IS 'When the job was enqueued.';
-
---
--- Name: COLUMN jobs.finished_at; Type: COMMENT; Schema: skiplock; Owner: -
---
-
-COMMENT ON COLUMN skiplock.jobs.finished_at IS 'When the job reached succeeded, dead or cancelled; with state, decides its day partition.';
-
---
--- Name: COLUMN jobs.unique_policy; Type: COMMENT; Schema: skiplock; Owner: -
---
-
-COMMENT ON COLUMN skiplock.jobs.unique_policy IS 'What a second enqueue with the same unique_key does while this job is pending: skip, replace (new args) or merge (append args).';
-
---
--- Name: COLUMN jobs.progress; Type: COMMENT; Schema: skiplock; Owner: -
---
-
-COMMENT ON COLUMN skiplock.jobs.progress IS 'Latest progress reported by the handler (any JSON).';
-
---
--- Name: COLUMN jobs.output; Type: COMMENT; Schema: skiplock; Owner: -
---
-
-COMMENT ON COLUMN skiplock.jobs.output IS 'Output recorded by the handler (any JSON).';
-
---
--- Name: COLUMN jobs.concurrency_key; Type: COMMENT; Schema: skiplock; Owner: -
---
-
-COMMENT ON COLUMN skiplock.jobs.concurrency_key IS 'A tenant or an account: in a queue with key_max_running or key_rate_limit, the limit holds per key. Not empty.';
-
---
--- Name: COLUMN jobs.held_for; Type: COMMENT; Schema: skiplock; Owner: -
---
-
-COMMENT ON COLUMN skiplock.jobs.held_for IS 'Why a waiting job is held back although its parents and its lane let it run: key (its concurrency_key is at key_max_running), rate (its key''s rate window is full) or fair (its key has key_claimable jobs queued; it waits its turn). NULL for a job waiting for its parents or its lane, and for every job not waiting: an UPDATE that takes a held job out of waiting sets it NULL too.';
-
---
--- Name: COLUMN jobs.awaited; Type: COMMENT; Schema: skiplock; Owner: -
---
-
-COMMENT ON COLUMN skiplock.jobs.awaited IS 'true once someone waits for the job''s outcome (skiplock.watch_job, skiplock::wait_for): when it finishes (succeeded, dead or cancelled) its id is notified on skiplock_finished. NULL otherwise.';
-
---
--- Name: COLUMN jobs.traceparent; Type: COMMENT; Schema: skiplock; Owner: -
---
-
-COMMENT ON COLUMN skiplock.jobs.traceparent IS 'W3C traceparent of the span that enqueued the job (skiplock.enqueue''s traceparent, the Rust API''s trace context): each attempt''s span continues that trace. At most 512 bytes; a value no worker can parse starts a new trace. NULL: no trace.';
-
---
--- Name: COLUMN jobs.tracestate; Type: COMMENT; Schema: skiplock; Owner: -
---
-
-COMMENT ON COLUMN skiplock.jobs.tracestate IS 'W3C tracestate that goes with traceparent (vendors'' entries), at most 8,192 bytes. NULL: none.';
-
---
--- Name: CONSTRAINT jobs_queue_name_length ON jobs; Type: COMMENT; Schema: skiplock; Owner: -
---
-
-COMMENT ON CONSTRAINT jobs_queue_name_length ON skiplock.jobs IS 'A queue name is at most 1,000 bytes: workers are told of runnable jobs by notifications that carry it, and Postgres caps their payload at 8,000 bytes.';
 
 --
 -- Name: dead_jobs; Type: VIEW; Schema: skiplock; Owner: -

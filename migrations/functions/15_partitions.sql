@@ -21,7 +21,8 @@
 --   internal_prepare_done_partitions, internal_done_partition, internal_lock_done_partition
 --   internal_drop_done_partition, internal_jobs_after_delete, trigger jobs_after_delete
 --   internal_jobs_done_before_requeue, trigger jobs_done_before_requeue
---   internal_finished_from, internal_finished_job, internal_may_retry_moved
+--   internal_finished_from, internal_finished_job, internal_job_by_id
+--   internal_may_retry_moved
 
 -- ---- Finished jobs by day: partitions and retention --------------------------------------
 --
@@ -510,6 +511,42 @@ BEGIN
          WHERE d.id = $1 AND d.state IN (''succeeded'', ''dead'', ''cancelled'')
            AND (d.finished_at < $2 OR d.finished_at IS NULL) ' || lock_rows
         USING job_id, finished_from;
+END;
+$$;
+
+-- A job's row by id, wherever it is: in jobs_live, or where internal_finished_job finds it
+-- (from its id's day on), read again there whole. What skiplock::job, `skiplock show` and
+-- a job's state read (through skiplock.jobs by id alone, each probed every day's table).
+-- Its statements each take a snapshot of their own, so a job moving between the two
+-- tables meanwhile can be missed by both looks: then, and for an id no job has, the one
+-- statement over every table answers.
+CREATE OR REPLACE FUNCTION skiplock.internal_job_by_id(job_id bigint)
+RETURNS SETOF skiplock.jobs
+LANGUAGE plpgsql
+SET enable_seqscan = off
+SET enable_bitmapscan = off
+SET plan_cache_mode = force_generic_plan
+SET jit = off
+AS $$
+DECLARE
+    found_state skiplock.job_state;
+    ended_at timestamptz;
+BEGIN
+    RETURN QUERY SELECT * FROM skiplock.jobs j
+                 WHERE j.id = job_id AND j.state IN ('waiting', 'queued', 'running');
+    IF FOUND THEN
+        RETURN;
+    END IF;
+    SELECT f.state, f.finished_at INTO found_state, ended_at
+    FROM skiplock.internal_finished_job(job_id) f;
+    IF ended_at IS NOT NULL THEN
+        RETURN QUERY SELECT * FROM skiplock.jobs j
+                     WHERE j.id = job_id AND j.state = found_state
+                       AND j.finished_at = ended_at;
+    END IF;
+    IF NOT FOUND OR ended_at IS NULL THEN
+        RETURN QUERY SELECT * FROM skiplock.jobs j WHERE j.id = job_id;
+    END IF;
 END;
 $$;
 

@@ -110,7 +110,7 @@ pub async fn jobs_get_json(db: impl PgExecutor<'_>, id: JobId) -> sqlx::Result<O
     // (args of `1e400`) shows as its text instead of failing the whole job.
     let fields = sqlx::query(
         "SELECT e.key, e.value
-         FROM (SELECT to_jsonb(j) AS row FROM skiplock.jobs j WHERE id = $1 LIMIT 1) r,
+         FROM (SELECT to_jsonb(j) AS row FROM skiplock.internal_job_by_id($1) j LIMIT 1) r,
               jsonb_each(r.row) e",
     )
     .bind(id.0)
@@ -127,9 +127,9 @@ pub async fn jobs_get_json(db: impl PgExecutor<'_>, id: JobId) -> sqlx::Result<O
     Ok(Some(Value::Object(job)))
 }
 
-/// The state of one job, `None` if it does not exist.
+/// The state of one job, `None` if it does not exist (`skiplock.internal_job_by_id`).
 pub async fn jobs_get_state(db: impl PgExecutor<'_>, id: JobId) -> sqlx::Result<Option<JobState>> {
-    sqlx::query_scalar("SELECT state FROM skiplock.jobs WHERE id = $1")
+    sqlx::query_scalar("SELECT state FROM skiplock.internal_job_by_id($1)")
         .bind(id.0)
         .fetch_optional(db)
         .await

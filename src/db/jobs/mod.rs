@@ -144,9 +144,10 @@ impl<'r> FromRow<'r, PgRow> for JobRow {
     }
 }
 
-/// One job by id.
+/// One job by id: among the live jobs, then a finished job from its id's day on
+/// (`skiplock.internal_job_by_id`), not every day's table.
 pub async fn jobs_get(db: impl PgExecutor<'_>, id: JobId) -> sqlx::Result<Option<JobRow>> {
-    sqlx::query_as("SELECT * FROM skiplock.jobs WHERE id = $1")
+    sqlx::query_as("SELECT * FROM skiplock.internal_job_by_id($1)")
         .bind(id.0)
         .fetch_optional(db)
         .await

@@ -1917,7 +1917,7 @@ DECLARE
     finished_from timestamptz := skiplock.internal_finished_from(job_id);
     finished skiplock.job_state;
 BEGIN
-    IF lock_rows NOT IN ('', 'FOR SHARE', 'FOR UPDATE') THEN
+    IF lock_rows IS NULL OR lock_rows NOT IN ('', 'FOR SHARE', 'FOR UPDATE') THEN
         RAISE EXCEPTION 'skiplock.internal_finished_job: lock_rows is empty, FOR SHARE or FOR UPDATE, not %', lock_rows
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
@@ -1951,9 +1951,8 @@ BEGIN
         'SELECT d.id, d.state, d.queue, d.priority, d.scheduled_at, d.ordering_key,
                 d.unique_key, d.attempt, d.output, d.last_error, d.finished_at
          FROM skiplock.jobs d
-         WHERE d.id = $1 AND d.state IN (''succeeded'', ''dead'', ''cancelled'')
-           AND (d.finished_at < $2 OR d.finished_at IS NULL) ' || lock_rows
-        USING job_id, finished_from;
+         WHERE d.id = $1 AND d.state IN (''succeeded'', ''dead'', ''cancelled'') ' || lock_rows
+        USING job_id;
 END;
 $_$;
 
@@ -3597,17 +3596,26 @@ DECLARE
     marked int;
 BEGIN
     -- Today's mark of the ids handed out (see skiplock.job_id_days), kept from the day's
-    -- first call, which also lets the marks of days no longer kept go.
-    INSERT INTO skiplock.job_id_days (day, id_reached)
-    VALUES ((now() AT TIME ZONE 'UTC')::date,
-            coalesce(pg_sequence_last_value(
-                         pg_get_serial_sequence('skiplock.jobs', 'id')::regclass), 0))
-    ON CONFLICT ON CONSTRAINT job_id_days_pkey DO NOTHING;
-    GET DIAGNOSTICS marked = ROW_COUNT;
-    IF marked > 0 THEN
-        DELETE FROM skiplock.job_id_days m
-        WHERE m.day < (SELECT min(p.starts AT TIME ZONE 'UTC')::date
-                       FROM skiplock.internal_done_partitions() p);
+    -- first call, which also lets the marks of days no longer kept go. A mark another
+    -- caller is writing is left to it: the insert would wait for that caller's commit (a
+    -- maintain() in a transaction), and fail this call at lock_timeout.
+    IF NOT EXISTS (SELECT 1 FROM skiplock.job_id_days m
+                   WHERE m.day = (now() AT TIME ZONE 'UTC')::date) THEN
+        BEGIN
+            INSERT INTO skiplock.job_id_days (day, id_reached)
+            VALUES ((now() AT TIME ZONE 'UTC')::date,
+                    coalesce(pg_sequence_last_value(
+                                 pg_get_serial_sequence('skiplock.jobs', 'id')::regclass), 0))
+            ON CONFLICT ON CONSTRAINT job_id_days_pkey DO NOTHING;
+            GET DIAGNOSTICS marked = ROW_COUNT;
+            IF marked > 0 THEN
+                DELETE FROM skiplock.job_id_days m
+                WHERE m.day < (SELECT min(p.starts AT TIME ZONE 'UTC')::date
+                               FROM skiplock.internal_done_partitions() p);
+            END IF;
+        EXCEPTION WHEN lock_not_available THEN
+            NULL;
+        END;
     END IF;
     first_day := coalesce(first_day, (now() AT TIME ZONE 'UTC')::date);
     IF first_day NOT BETWEEN date '2000-01-01' AND date '9999-12-01' OR days NOT BETWEEN 0 AND 31 THEN
@@ -4416,12 +4424,18 @@ BEGIN
     -- takes them: an enqueue holding the key's lock locks the key's pending job next, so
     -- a retry of that job that locked its row first and then waited for the key deadlocked.
     -- A live job (queued) first, then the finished ones from the day its id was handed out
-    -- on (see "A job looked up by id" in 15_partitions.sql).
+    -- on (see "A job looked up by id" in 15_partitions.sql); each of the two looks sees a
+    -- snapshot of its own, so a job that moved between them (retried meanwhile) is read
+    -- from every table, in one.
     SELECT l.ordering_key, l.unique_key INTO lane, key FROM skiplock.jobs_live l
     WHERE l.id = job_id;
     IF NOT FOUND THEN
         SELECT f.ordering_key, f.unique_key INTO lane, key
         FROM skiplock.internal_finished_job(job_id) f;
+        IF NOT FOUND THEN
+            SELECT j.ordering_key, j.unique_key INTO lane, key FROM skiplock.jobs j
+            WHERE j.id = job_id;
+        END IF;
     END IF;
     IF lane IS NOT NULL THEN
         PERFORM pg_advisory_xact_lock(skiplock.internal_lane_lock_id(lane));
@@ -4435,6 +4449,10 @@ BEGIN
     IF NOT FOUND THEN
         SELECT f.state, f.unique_key, f.finished_at INTO current, key, ended_at
         FROM skiplock.internal_finished_job(job_id, 'FOR UPDATE') f;
+        IF NOT FOUND THEN
+            SELECT j.state, j.unique_key, j.finished_at INTO current, key, ended_at
+            FROM skiplock.jobs j WHERE j.id = job_id FOR UPDATE;
+        END IF;
     END IF;
     IF current IS NULL OR current NOT IN ('queued', 'dead', 'cancelled', 'succeeded') THEN
         RETURN false;

@@ -1582,4 +1582,17 @@ async fn a_finished_job_dated_before_its_id_is_found_by_id() {
         common::fixtures::state_of(pool, old[1]).await,
         skiplock::JobState::Queued
     );
+    // A lock asked for by a NULL is refused, not taken as FOR UPDATE.
+    let refused = sqlx::query("SELECT * FROM skiplock.internal_finished_job($1, NULL)")
+        .bind(old[0])
+        .execute(pool)
+        .await
+        .expect_err("lock_rows NULL");
+    assert_eq!(
+        refused
+            .as_database_error()
+            .and_then(|e| e.code())
+            .as_deref(),
+        Some("22023")
+    );
 }

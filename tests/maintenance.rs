@@ -809,6 +809,35 @@ async fn a_day_is_made_beside_an_open_transaction_that_finished_a_job() {
     assert!(table_exists(pool, &day_partition(pool, "succeeded", -5).await).await);
 }
 
+/// The day's mark of the ids handed out (`skiplock.job_id_days`) written by a transaction
+/// still open never fails another caller making the days: `skiplock.maintain` goes on
+/// (before, its insert of the same mark waited for that transaction and failed at the 100 ms
+/// lock timeout, taking the whole maintain call with it).
+#[tokio::test]
+async fn a_days_mark_written_by_an_open_transaction_never_fails_maintain() {
+    let db = test_db().await;
+    let pool = &db.pool;
+    sqlx::query("DELETE FROM skiplock.job_id_days")
+        .execute(pool)
+        .await
+        .unwrap();
+    let mut open = pool.begin().await.unwrap();
+    sqlx::query("SELECT skiplock.internal_prepare_done_partitions()")
+        .execute(&mut *open)
+        .await
+        .unwrap();
+    let maintained = sqlx::query("SELECT * FROM skiplock.maintain()")
+        .execute(pool)
+        .await;
+    open.commit().await.unwrap();
+    maintained.expect("maintain beside a day's mark being written");
+    let marks: i64 = sqlx::query_scalar("SELECT count(*) FROM skiplock.job_id_days")
+        .fetch_one(pool)
+        .await
+        .unwrap();
+    assert_eq!(marks, 1, "today's mark, written once");
+}
+
 /// A day is never dropped while a transaction that read the finished jobs sits idle: the
 /// drop's request for ACCESS EXCLUSIVE on `skiplock.jobs_done` would wait its 100 ms behind
 /// that transaction at every pass, and every completion would queue behind the request (12

@@ -478,26 +478,31 @@ const MOVED_ROWS_RETRIED_BY_CALLERS: &[(&str, &str)] = &[
 ];
 
 /// Functions of MOVED_ROWS_RETRIED_BY_CALLERS that lock (and so may meet 40001) only when a
-/// call asks them to, with a `'FOR SHARE'` or `'FOR UPDATE'` argument: a call without one
-/// reads, and needs no retry.
+/// call asks them to, in a second argument (`'FOR SHARE'`, `'FOR UPDATE'`): a call with the
+/// job's id alone reads, and needs no retry. Any call with a second argument counts as
+/// locking, whatever it passes (a variable, a NULL).
 const LOCKING_WHEN_ASKED: &[&str] = &["internal_finished_job"];
 
-/// The text of a call's arguments: from the call's name to its closing parenthesis.
-fn call_arguments(call: &str) -> &str {
-    let mut depth = 0;
-    for (at, c) in call.char_indices() {
+/// How many arguments a call has, read from its text (the function's name on): its commas
+/// outside nested parentheses and string literals, plus one.
+fn arguments_of_call(call: &str) -> usize {
+    let (mut depth, mut quoted, mut commas) = (0, false, 0);
+    for c in call.chars() {
         match c {
+            '\'' => quoted = !quoted,
+            _ if quoted => {}
             '(' => depth += 1,
             ')' => {
                 depth -= 1;
                 if depth == 0 {
-                    return &call[..at];
+                    break;
                 }
             }
+            ',' if depth == 1 => commas += 1,
             _ => {}
         }
     }
-    call
+    commas + 1
 }
 
 /// Functions that call one of MOVED_ROWS_RETRIED_BY_CALLERS and leave 40001 to their own
@@ -595,7 +600,7 @@ fn every_function_that_writes_or_waits_for_jobs_meets_a_moved_row() {
                         .match_indices(&format!("skiplock.{name}("))
                         .any(|(at, _)| {
                             !LOCKING_WHEN_ASKED.contains(name)
-                                || call_arguments(&definition.body[at..]).contains("'FOR ")
+                                || arguments_of_call(&definition.body[at..]) > 1
                         })
                 })
                 .copied()

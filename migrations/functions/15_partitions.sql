@@ -135,17 +135,26 @@ DECLARE
     marked int;
 BEGIN
     -- Today's mark of the ids handed out (see skiplock.job_id_days), kept from the day's
-    -- first call, which also lets the marks of days no longer kept go.
-    INSERT INTO skiplock.job_id_days (day, id_reached)
-    VALUES ((now() AT TIME ZONE 'UTC')::date,
-            coalesce(pg_sequence_last_value(
-                         pg_get_serial_sequence('skiplock.jobs', 'id')::regclass), 0))
-    ON CONFLICT ON CONSTRAINT job_id_days_pkey DO NOTHING;
-    GET DIAGNOSTICS marked = ROW_COUNT;
-    IF marked > 0 THEN
-        DELETE FROM skiplock.job_id_days m
-        WHERE m.day < (SELECT min(p.starts AT TIME ZONE 'UTC')::date
-                       FROM skiplock.internal_done_partitions() p);
+    -- first call, which also lets the marks of days no longer kept go. A mark another
+    -- caller is writing is left to it: the insert would wait for that caller's commit (a
+    -- maintain() in a transaction), and fail this call at lock_timeout.
+    IF NOT EXISTS (SELECT 1 FROM skiplock.job_id_days m
+                   WHERE m.day = (now() AT TIME ZONE 'UTC')::date) THEN
+        BEGIN
+            INSERT INTO skiplock.job_id_days (day, id_reached)
+            VALUES ((now() AT TIME ZONE 'UTC')::date,
+                    coalesce(pg_sequence_last_value(
+                                 pg_get_serial_sequence('skiplock.jobs', 'id')::regclass), 0))
+            ON CONFLICT ON CONSTRAINT job_id_days_pkey DO NOTHING;
+            GET DIAGNOSTICS marked = ROW_COUNT;
+            IF marked > 0 THEN
+                DELETE FROM skiplock.job_id_days m
+                WHERE m.day < (SELECT min(p.starts AT TIME ZONE 'UTC')::date
+                               FROM skiplock.internal_done_partitions() p);
+            END IF;
+        EXCEPTION WHEN lock_not_available THEN
+            NULL;
+        END;
     END IF;
     first_day := coalesce(first_day, (now() AT TIME ZONE 'UTC')::date);
     IF first_day NOT BETWEEN date '2000-01-01' AND date '9999-12-01' OR days NOT BETWEEN 0 AND 31 THEN
@@ -457,7 +466,10 @@ $$;
 -- 0.4 ms for a probe of every day's; a statement over the states together is not pruned by
 -- day, jobs_done being partitioned by the pair, and one planned at each call, EXECUTE,
 -- spends 0.5-0.7 ms planning). Then, only when it is not there (a finished_at written by
--- hand before the id was handed out, or no such job), every table, planned at the call.
+-- hand before the id was handed out, or no such job), every table in one statement,
+-- planned at the call: the probes each see a snapshot of their own, so a row that moved
+-- into the days already read (a retry by hand superseding it, a date written by hand)
+-- while they ran is found there.
 -- A row moved under the lock (40001) is the caller's to handle, as for any statement.
 CREATE OR REPLACE FUNCTION skiplock.internal_finished_job(job_id bigint, lock_rows text DEFAULT '')
 RETURNS TABLE (id bigint, state skiplock.job_state, queue text, priority smallint,
@@ -474,7 +486,7 @@ DECLARE
     finished_from timestamptz := skiplock.internal_finished_from(job_id);
     finished skiplock.job_state;
 BEGIN
-    IF lock_rows NOT IN ('', 'FOR SHARE', 'FOR UPDATE') THEN
+    IF lock_rows IS NULL OR lock_rows NOT IN ('', 'FOR SHARE', 'FOR UPDATE') THEN
         RAISE EXCEPTION 'skiplock.internal_finished_job: lock_rows is empty, FOR SHARE or FOR UPDATE, not %', lock_rows
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
@@ -508,9 +520,8 @@ BEGIN
         'SELECT d.id, d.state, d.queue, d.priority, d.scheduled_at, d.ordering_key,
                 d.unique_key, d.attempt, d.output, d.last_error, d.finished_at
          FROM skiplock.jobs d
-         WHERE d.id = $1 AND d.state IN (''succeeded'', ''dead'', ''cancelled'')
-           AND (d.finished_at < $2 OR d.finished_at IS NULL) ' || lock_rows
-        USING job_id, finished_from;
+         WHERE d.id = $1 AND d.state IN (''succeeded'', ''dead'', ''cancelled'') ' || lock_rows
+        USING job_id;
 END;
 $$;
 

@@ -12,7 +12,13 @@
 #     id = …: SHOW_BY_ID='SELECT * FROM skiplock.jobs WHERE id = $1') of a job that
 #     finished today, 250 times, prepared as sqlx prepares it (after five plans for the
 #     values given, one generic plan for the session);
-#   - retry: skiplock.retry_job of a job that went dead today, 250 times.
+#   - retry: skiplock.retry_job of a job that went dead today, 250 times;
+#   - state: the lookup skiplock::job_state makes (skiplock.internal_job_state(…); before
+#     2026-12-01, STATE_BY_ID='SELECT state FROM skiplock.jobs WHERE id = $1'), of the same
+#     jobs, 250 times, prepared;
+#   - sweep of 400 children: a pass of the sweep of waiting jobs (one batch)
+#     (skiplock.internal_settle_waiting) over 400 children each waiting on a parent that
+#     succeeded today and one still queued, 20 times.
 # Prints the mean milliseconds per operation for each. A lookup whose cost follows the
 # days kept shows as a gap between the two lines.
 #
@@ -97,8 +103,25 @@ for days in 1 31; do
     retry=$(ms_per "$s" "$e" 250)
     retried=$("${P[@]}" -c "SELECT count(*) FROM skiplock.jobs_live WHERE queue = 'ends' AND state = 'queued'")
     [ "$retried" = 250 ] || { echo "error: $retried of 250 retried" >&2; exit 1; }
+    { echo "PREPARE state(bigint) AS ${STATE_BY_ID:-SELECT skiplock.internal_job_state(\$1)};"
+      for id in $ids; do echo "EXECUTE state($id);"; done; } >"$work/state.sql"
+    s=$(date +%s.%N); "${P[@]}" -f "$work/state.sql" >/dev/null; e=$(date +%s.%N)
+    state=$(ms_per "$s" "$e" 250)
 
-    printf "days=%-2s tables=%-3s cancel=%.2f ms  enqueue with a parent=%.2f ms  with a finished parent=%.2f ms  complete a parent of 40=%.2f ms  show=%.2f ms  retry=%.2f ms\n" \
-        "$days" "$tables" "$cancel" "$enqueue" "$enqueue_done" "$complete" "$show" "$retry"
+    # 400 children waiting on a parent that succeeded today and on one that stays queued:
+    # a pass of the sweep reads each one's parents.
+    held=$("${P[@]}" -c "SELECT skiplock.enqueue('noop', queue => 'held2')")
+    "${P[@]}" -c "SELECT skiplock.enqueue('noop', queue => 'kids3',
+                                          depends_on => ARRAY[$done_parent::bigint, $held::bigint])
+                  FROM generate_series(1, 400)" >/dev/null
+    "${P[@]}" -c "DELETE FROM skiplock.jobs WHERE queue IN ('kids', 'kids2') AND state = 'waiting'" >/dev/null
+    waiting=$("${P[@]}" -c "SELECT count(*) FROM skiplock.jobs_live WHERE state = 'waiting'")
+    [ "$waiting" = 400 ] || { echo "error: $waiting jobs waiting, not 400" >&2; exit 1; }
+    for _ in $(seq 20); do echo "SELECT skiplock.internal_settle_waiting();"; done >"$work/sweep.sql"
+    s=$(date +%s.%N); "${P[@]}" -f "$work/sweep.sql" >/dev/null; e=$(date +%s.%N)
+    sweep=$(ms_per "$s" "$e" 20)
+
+    printf "days=%-2s tables=%-3s cancel=%.2f ms  enqueue with a parent=%.2f ms  with a finished parent=%.2f ms  complete a parent of 40=%.2f ms  show=%.2f ms  retry=%.2f ms  state=%.2f ms  sweep of 400 children=%.2f ms\n" \
+        "$days" "$tables" "$cancel" "$enqueue" "$enqueue_done" "$complete" "$show" "$retry" "$state" "$sweep"
     psql "$server" -qc "DROP DATABASE $db" >/dev/null
 done

@@ -1951,7 +1951,7 @@ BEGIN
         'SELECT d.id, d.state, d.queue, d.priority, d.scheduled_at, d.ordering_key,
                 d.unique_key, d.attempt, d.output, d.last_error, d.finished_at
          FROM skiplock.jobs d
-         WHERE d.id = $1 AND d.state IN (''succeeded'', ''dead'', ''cancelled'') ' || lock_rows
+         WHERE d.id = $1 ' || lock_rows
         USING job_id;
 END;
 $_$;
@@ -1970,7 +1970,9 @@ DECLARE
     payload jsonb;
     merged jsonb;
 BEGIN
-    SELECT * INTO job FROM skiplock.jobs WHERE id = job_id;
+    -- Live, or finished (a retry by hand) from its id's day on: see "A job looked up by id"
+    -- in 15_partitions.sql.
+    SELECT * INTO job FROM skiplock.internal_job_by_id(job_id);
     IF job.unique_key IS NULL THEN
         RETURN NULL;
     END IF;
@@ -2207,12 +2209,14 @@ BEGIN
                WHERE d.job_id = job AND d.parent_id <> ALL (succeeded)) THEN
         RETURN true;
     END IF;
+    -- A parent row in a state other than succeeded, or none (deleted) with a tombstone.
     RETURN EXISTS (
         SELECT 1 FROM skiplock.job_dependencies d
-        LEFT JOIN skiplock.jobs_done p ON p.id = d.parent_id
+        CROSS JOIN LATERAL (SELECT skiplock.internal_job_state(d.parent_id) AS state
+                            OFFSET 0) p
         WHERE d.job_id = job AND d.parent_id <> ALL (succeeded)
           AND p.state IS DISTINCT FROM 'succeeded'
-          AND (p.id IS NOT NULL OR d.parent_state IS NOT NULL)
+          AND (p.state IS NOT NULL OR d.parent_state IS NOT NULL)
     );
 END;
 $$;
@@ -2933,13 +2937,13 @@ BEGIN
         UPDATE skiplock.jobs
         SET state = 'cancelled', finished_at = now(), held_for = NULL,
             last_error = format('parent job %s ended %s', NEW.parent_id, parent_now)
-        WHERE id = NEW.job_id;
+        WHERE id = NEW.job_id AND state IN ('waiting', 'queued');
         IF child_lane IS NOT NULL THEN
             -- The job behind it in its lane gets the turn.
             PERFORM skiplock.internal_advance_lanes(ARRAY[child_lane]);
         END IF;
     ELSIF child_now = 'queued' THEN
-        UPDATE skiplock.jobs SET state = 'waiting' WHERE id = NEW.job_id;
+        UPDATE skiplock.jobs SET state = 'waiting' WHERE id = NEW.job_id AND state = 'queued';
     END IF;
     RETURN NULL;
 END;
@@ -2964,6 +2968,29 @@ CREATE FUNCTION skiplock.internal_job_history_run_bounds() RETURNS double precis
     LANGUAGE sql IMMUTABLE PARALLEL SAFE
     AS $$
     SELECT '{0.005,0.01,0.025,0.05,0.1,0.25,0.5,1,2.5,5,10,30,60,300,900,3600}'::float8[];
+$$;
+
+--
+-- Name: internal_job_state(bigint); Type: FUNCTION; Schema: skiplock; Owner: -
+--
+
+CREATE FUNCTION skiplock.internal_job_state(job_id bigint) RETURNS skiplock.job_state
+    LANGUAGE plpgsql
+    SET enable_seqscan TO 'off'
+    SET enable_bitmapscan TO 'off'
+    SET plan_cache_mode TO 'force_generic_plan'
+    SET jit TO 'off'
+    AS $$
+DECLARE
+    found_state skiplock.job_state;
+BEGIN
+    SELECT j.state INTO found_state FROM skiplock.jobs j
+    WHERE j.id = job_id AND j.state IN ('waiting', 'queued', 'running');
+    IF NOT FOUND THEN
+        SELECT f.state INTO found_state FROM skiplock.internal_finished_job(job_id) f;
+    END IF;
+    RETURN found_state;
+END;
 $$;
 
 --
@@ -4424,18 +4451,13 @@ BEGIN
     -- takes them: an enqueue holding the key's lock locks the key's pending job next, so
     -- a retry of that job that locked its row first and then waited for the key deadlocked.
     -- A live job (queued) first, then the finished ones from the day its id was handed out
-    -- on (see "A job looked up by id" in 15_partitions.sql); each of the two looks sees a
-    -- snapshot of its own, so a job that moved between them (retried meanwhile) is read
-    -- from every table, in one.
+    -- on (see "A job looked up by id" in 15_partitions.sql; one that moved back meanwhile,
+    -- retried, is found there too).
     SELECT l.ordering_key, l.unique_key INTO lane, key FROM skiplock.jobs_live l
     WHERE l.id = job_id;
     IF NOT FOUND THEN
         SELECT f.ordering_key, f.unique_key INTO lane, key
         FROM skiplock.internal_finished_job(job_id) f;
-        IF NOT FOUND THEN
-            SELECT j.ordering_key, j.unique_key INTO lane, key FROM skiplock.jobs j
-            WHERE j.id = job_id;
-        END IF;
     END IF;
     IF lane IS NOT NULL THEN
         PERFORM pg_advisory_xact_lock(skiplock.internal_lane_lock_id(lane));
@@ -4449,10 +4471,6 @@ BEGIN
     IF NOT FOUND THEN
         SELECT f.state, f.unique_key, f.finished_at INTO current, key, ended_at
         FROM skiplock.internal_finished_job(job_id, 'FOR UPDATE') f;
-        IF NOT FOUND THEN
-            SELECT j.state, j.unique_key, j.finished_at INTO current, key, ended_at
-            FROM skiplock.jobs j WHERE j.id = job_id FOR UPDATE;
-        END IF;
     END IF;
     IF current IS NULL OR current NOT IN ('queued', 'dead', 'cancelled', 'succeeded') THEN
         RETURN false;
@@ -4784,6 +4802,9 @@ DECLARE
     victim record;
     lane text;
     steps text[] := coalesce(lanes, '{}');
+    ended_ids bigint[];
+    ended_states skiplock.job_state[];
+    succeeded_ids bigint[];
 BEGIN
     -- Parents without dependants (most jobs) settle nothing: the statements below, which
     -- look parents up among the finished jobs, are not even started.
@@ -4791,22 +4812,24 @@ BEGIN
     THEN
         promoted := 0;
     ELSE
+        -- Each parent with dependants looked up once, where its row is (internal_job_state:
+        -- from its id's day on, not every day kept; see "A job looked up by id" in
+        -- 15_partitions.sql).
+        SELECT coalesce(array_agg(p.id) FILTER (WHERE p.state IN ('dead', 'cancelled')), '{}'),
+               coalesce(array_agg(p.state) FILTER (WHERE p.state IN ('dead', 'cancelled')), '{}'),
+               coalesce(array_agg(p.id) FILTER (WHERE p.state = 'succeeded'), '{}')
+        INTO ended_ids, ended_states, succeeded_ids
+        FROM (SELECT i.id, skiplock.internal_job_state(i.id) AS state
+              FROM unnest(parent_ids) AS i(id)
+              WHERE EXISTS (SELECT 1 FROM skiplock.job_dependencies d WHERE d.parent_id = i.id)
+              OFFSET 0) p;
         FOR victim IN
             -- Each lookup is a LATERAL subquery with LIMIT (or OFFSET 0), which the planner
             -- neither flattens nor reorders: the edges of the parents drive, the jobs are
-            -- found by id.
-            -- A parent is looked up once, among the dead and cancelled jobs only, not once
-            -- per edge among every table of skiplock.jobs (see "A job looked up by id" in
-            -- 15_partitions.sql); a tombstone is looked up only on the edges that carry one.
+            -- found by id. A tombstone's parent is looked up only on the edges that carry one.
             WITH RECURSIVE doomed (id, reason) AS (
                 (SELECT e.job_id, format('parent job %s ended %s', b.id, b.state)
-                 FROM (SELECT i.id FROM unnest(parent_ids) AS i(id)
-                       WHERE EXISTS (SELECT 1 FROM skiplock.job_dependencies d
-                                     WHERE d.parent_id = i.id)
-                       OFFSET 0) i
-                 CROSS JOIN LATERAL (SELECT p.id, p.state FROM skiplock.jobs p
-                                     WHERE p.id = i.id AND p.state IN ('dead', 'cancelled')
-                                     LIMIT 1) b
+                 FROM unnest(ended_ids, ended_states) AS b(id, state)
                  CROSS JOIN LATERAL (SELECT d.job_id FROM skiplock.job_dependencies d
                                      WHERE d.parent_id = b.id OFFSET 0) e
                  CROSS JOIN LATERAL (SELECT FROM skiplock.jobs_live c
@@ -4818,7 +4841,7 @@ BEGIN
                  CROSS JOIN LATERAL (SELECT FROM skiplock.jobs_live c
                                      WHERE c.id = e.job_id AND c.state = 'waiting' LIMIT 1) c
                  WHERE e.parent_id = ANY (parent_ids) AND e.parent_state IS NOT NULL
-                   AND NOT EXISTS (SELECT 1 FROM skiplock.jobs p WHERE p.id = e.parent_id))
+                   AND skiplock.internal_job_state(e.parent_id) IS NULL)
                 UNION
                 SELECT e.job_id, format('parent job %s was cancelled', doomed.id)
                 FROM doomed
@@ -4846,19 +4869,13 @@ BEGIN
         END LOOP;
 
         -- Waiting lane jobs among the dependants: their lane's step queues each in its turn.
-        -- The parents that succeeded, looked up once among the succeeded jobs, spare each
-        -- dependant a lookup of its edge to them.
+        -- The parents that succeeded, looked up above, spare each dependant a lookup of its
+        -- edge to them.
         SELECT r.promoted, steps || r.lanes INTO promoted, steps
         FROM skiplock.internal_queue_ready_dependants(
             ARRAY(SELECT DISTINCT d.job_id FROM skiplock.job_dependencies d
                   WHERE d.parent_id = ANY (parent_ids)),
-            ARRAY(SELECT i.id
-                  FROM (SELECT i.id FROM unnest(parent_ids) AS i(id)
-                        WHERE EXISTS (SELECT 1 FROM skiplock.job_dependencies d
-                                      WHERE d.parent_id = i.id)
-                        OFFSET 0) i
-                  WHERE EXISTS (SELECT 1 FROM skiplock.jobs p
-                                WHERE p.id = i.id AND p.state = 'succeeded'))) r;
+            succeeded_ids) r;
     END IF;
     IF NOT wait THEN
         steps := ARRAY(SELECT DISTINCT k FROM unnest(steps) AS k
@@ -4975,8 +4992,8 @@ BEGIN
             moved := moved + skiplock.internal_settle_dependants(ARRAY(
                 SELECT DISTINCT d.parent_id
                 FROM skiplock.job_dependencies d
-                LEFT JOIN LATERAL (SELECT p.state FROM skiplock.jobs p
-                                   WHERE p.id = d.parent_id LIMIT 1) p ON true
+                CROSS JOIN LATERAL (SELECT skiplock.internal_job_state(d.parent_id) AS state
+                                    OFFSET 0) p
                 WHERE d.job_id = ANY (coalesce(dependants, '{}'))
                   AND (p.state IN ('dead', 'cancelled')
                        OR (p.state IS NULL AND d.parent_state IS NOT NULL))),
@@ -5537,6 +5554,7 @@ CREATE FUNCTION skiplock.watch_job(job_id bigint) RETURNS TABLE(id bigint, state
 DECLARE
     attempts int := 0;
     live record;
+    ended record;
 BEGIN
     LOOP
         BEGIN
@@ -5566,12 +5584,17 @@ BEGIN
                                     NULL::text, NULL::timestamptz;
                 RETURN;
             END IF;
-            RETURN QUERY
-            SELECT j.id, j.state, j.attempt, j.output, j.last_error,
-                   -- A finished row written by hand may lack its time; finished all the
-                   -- same.
-                   coalesce(j.finished_at, '-infinity')
+            SELECT j.id, j.state, j.attempt, j.output, j.last_error, j.finished_at INTO ended
             FROM skiplock.internal_finished_job(watch_job.job_id) j;
+            IF ended.state IN ('waiting', 'queued', 'running') THEN
+                -- Back to a live state since the look above (retried): marked there.
+                CONTINUE;
+            END IF;
+            IF ended.id IS NOT NULL THEN
+                -- A finished row written by hand may lack its time; finished all the same.
+                RETURN QUERY SELECT ended.id, ended.state, ended.attempt, ended.output,
+                                    ended.last_error, coalesce(ended.finished_at, '-infinity');
+            END IF;
             RETURN;
         EXCEPTION WHEN serialization_failure THEN
             -- Its row moved to the other partition meanwhile: run again (see
@@ -5644,8 +5667,8 @@ BEGIN
         END IF;
         SELECT string_agg(d.parent_id::text, ', ' ORDER BY d.parent_id) INTO parents
         FROM skiplock.job_dependencies d
-        LEFT JOIN LATERAL (SELECT p.state FROM skiplock.jobs p WHERE p.id = d.parent_id LIMIT 1) p ON true
-        WHERE d.job_id = job.id AND p.state IS DISTINCT FROM 'succeeded' AND d.parent_state IS NULL;
+        CROSS JOIN LATERAL (SELECT skiplock.internal_job_state(d.parent_id) AS state OFFSET 0) p
+        WHERE d.job_id = job.id AND p.state <> 'succeeded' AND d.parent_state IS NULL;
         IF parents IS NOT NULL THEN
             RETURN format('waits for its parent jobs to succeed: %s', parents);
         END IF;

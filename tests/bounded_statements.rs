@@ -14,7 +14,7 @@
 
 mod common;
 
-use common::fixtures::sql_claim_one;
+use common::fixtures::{sql_claim, sql_claim_one};
 use common::{TestDb, test_db};
 use sqlx::{PgConnection, PgPool};
 
@@ -1459,9 +1459,51 @@ async fn finished_lookups_buffers(days: i32) -> Vec<(&'static str, i64)> {
             .unwrap();
         finished.push(id);
     }
+    // Children with a parent that succeeded (finished[0]) beside another: two whose other
+    // parent completes, two whose other parent is discarded (they are cancelled), two whose
+    // other parent stays queued, read by the sweep.
+    let enqueue = |queue: &str| format!("SELECT skiplock.enqueue('noop', queue => '{queue}')");
+    for queue in ["parents", "parents", "doomed", "doomed", "held", "held"] {
+        let parent: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(enqueue(queue)))
+            .fetch_one(pool)
+            .await
+            .unwrap();
+        sqlx::query(
+            "SELECT skiplock.enqueue('noop', queue => 'children',
+                                     depends_on => ARRAY[$1::bigint, $2::bigint])",
+        )
+        .bind(finished[0])
+        .bind(parent)
+        .execute(pool)
+        .await
+        .unwrap();
+    }
+    let completions: Vec<String> = sql_claim(pool, "parents", 2, "test")
+        .await
+        .into_iter()
+        .map(|(id, token)| format!("SELECT skiplock.complete({id}, '{token}')"))
+        .collect();
+    let discards: Vec<String> = sql_claim(pool, "doomed", 2, "test")
+        .await
+        .into_iter()
+        .map(|(id, token)| format!("SELECT skiplock.discard({id}, '{token}', 'boom')"))
+        .collect();
     let mut session = pool.acquire().await.unwrap();
     let mut measured = Vec::new();
     for (what, steps) in [
+        (
+            "a completion of a parent whose child waits on a parent that succeeded",
+            completions,
+        ),
+        ("a parent discarded, its child cancelled", discards),
+        (
+            "a pass of the sweep over children waiting on a parent that succeeded",
+            vec!["SELECT skiplock.internal_settle_waiting()".to_owned(); 2],
+        ),
+        (
+            "skiplock::job_state of a job that succeeded",
+            vec![format!("SELECT skiplock.internal_job_state({})", finished[0]); 2],
+        ),
         (
             "an enqueue whose parent succeeded",
             vec![
@@ -1499,6 +1541,23 @@ async fn finished_lookups_buffers(days: i32) -> Vec<(&'static str, i64)> {
     .await
     .unwrap();
     assert_eq!(retried, 2, "each retry by hand took its dead job");
+    let children: Vec<(String, i64)> = sqlx::query_as(
+        "SELECT state::text, count(*) FROM skiplock.jobs WHERE queue = 'children'
+         GROUP BY state ORDER BY state::text",
+    )
+    .fetch_all(pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        children,
+        [
+            ("cancelled".to_owned(), 2),
+            ("queued".to_owned(), 2),
+            ("waiting".to_owned(), 2)
+        ],
+        "the children of the completed parents are queued, those of the discarded ones \
+         cancelled, those of the queued ones wait"
+    );
     measured
 }
 

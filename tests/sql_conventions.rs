@@ -301,6 +301,157 @@ fn every_function_that_holds_jobs_for_their_turn_leaves_its_marks() {
     );
 }
 
+/// Functions that find a job by id through `skiplock.jobs` without naming the live states it
+/// reads, each with the reason its cost does not follow the days kept.
+const BY_ID_OVER_EVERY_DAY: &[(&str, &str)] = &[(
+    "internal_retry_job_once",
+    "its writes name the state and the finished_at of the row it locked, given at run time \
+     to a generic plan (force_generic_plan), which probes that one table",
+)];
+
+/// The statements of a body (comments removed) that find a row of `skiplock.jobs` or
+/// `skiplock.jobs_done` by its id without naming live states: the text of each from the
+/// table's name to its end (`;`).
+fn lookups_by_id_over_every_day(body: &str) -> Vec<String> {
+    const KEYWORDS: &[&str] = &[
+        "WHERE",
+        "SET",
+        "ON",
+        "AS",
+        "FOR",
+        "LIMIT",
+        "ORDER",
+        "GROUP",
+        "USING",
+        "RETURNING",
+        "JOIN",
+        "LEFT",
+        "CROSS",
+        "INNER",
+        "WITH",
+    ];
+    const LIVE: &[&str] = &["'waiting'", "'queued'", "'running'"];
+    let code: String = body
+        .lines()
+        .map(|line| line.split("--").next().unwrap())
+        .collect::<Vec<_>>()
+        .join("\n");
+    let mut found = Vec::new();
+    for verb in ["FROM ", "JOIN ", "UPDATE "] {
+        for table in ["skiplock.jobs", "skiplock.jobs_done"] {
+            let needle = format!("{verb}{table}");
+            for (at, _) in code.match_indices(&needle) {
+                let after = &code[at + needle.len()..];
+                if !after.starts_with(|c: char| c.is_whitespace() || c == ';') {
+                    continue; // another table: jobs_live, jobs_done_default
+                }
+                let statement = &after[..after.find(';').unwrap_or(after.len())];
+                let alias: String = statement
+                    .trim_start()
+                    .chars()
+                    .take_while(|c| c.is_alphanumeric() || *c == '_')
+                    .collect();
+                let qualified = |column: &str| -> Vec<usize> {
+                    let name = if alias.is_empty() || KEYWORDS.contains(&alias.as_str()) {
+                        column.to_owned()
+                    } else {
+                        format!("{alias}.{column}")
+                    };
+                    statement
+                        .match_indices(&name)
+                        .filter(|(i, _)| {
+                            !statement[..*i]
+                                .ends_with(|c: char| c.is_alphanumeric() || c == '_' || c == '.')
+                        })
+                        .map(|(i, _)| i + name.len())
+                        .collect()
+                };
+                // The conditions: from the first WHERE or ON (an UPDATE's SET names states
+                // it writes).
+                let conditions = ["WHERE", " ON "]
+                    .iter()
+                    .filter_map(|word| statement.find(word))
+                    .min()
+                    .unwrap_or(0);
+                let by_id = qualified("id").into_iter().any(|end| {
+                    end > conditions && {
+                        let rest = statement[end..].trim_start();
+                        rest.starts_with('=') || rest.starts_with("IN ")
+                    }
+                });
+                let names_live_states = qualified("state").into_iter().any(|end| {
+                    let rest = statement[end..].trim_start();
+                    if let Some(value) = rest.strip_prefix('=') {
+                        LIVE.iter()
+                            .any(|state| value.trim_start().starts_with(state))
+                    } else if let Some(list) = rest.strip_prefix("IN (") {
+                        let list = &list[..list.find(')').unwrap_or(list.len())];
+                        list.split(',').all(|state| LIVE.contains(&state.trim()))
+                    } else {
+                        false
+                    }
+                });
+                if by_id && !names_live_states {
+                    found.push(format!("{needle}{}", statement.replace('\n', " ")));
+                }
+            }
+        }
+    }
+    found
+}
+
+/// A job that may have finished is found by id through the partition layer
+/// (`internal_job_state`, `internal_finished_job`, `internal_job_by_id` in 15_partitions.sql),
+/// which probes the days from the job's id's day on. A statement that finds it by id through
+/// `skiplock.jobs` (or `jobs_done`) is planned, locked and probed over every day kept: its
+/// cost follows the days kept (an enqueue with a parent 1.26 → 4.44 ms from 9 to 99 tables,
+/// issue 49). Outside that file, every lookup by id through `skiplock.jobs` names the live
+/// states it reads (`state IN ('waiting', 'queued', 'running')`, planned over jobs_live
+/// alone), or BY_ID_OVER_EVERY_DAY names its function with the reason.
+#[test]
+fn every_lookup_of_a_job_that_may_have_finished_goes_through_the_partition_layer() {
+    let looked_up = std::cell::Cell::new(0);
+    let unbounded = breaking(
+        BY_ID_OVER_EVERY_DAY,
+        "BY_ID_OVER_EVERY_DAY",
+        |f| {
+            let applies = f.body.contains("skiplock.jobs");
+            looked_up.set(looked_up.get() + usize::from(applies));
+            applies
+        },
+        |f| !lookups_by_id_over_every_day(&f.body).is_empty(),
+    );
+    // The partition layer itself reads every day where it must (its last look).
+    let unbounded: Vec<&String> = unbounded
+        .iter()
+        .filter(|found| !found.ends_with("(15_partitions.sql)"))
+        .collect();
+    assert!(
+        looked_up.get() > 20,
+        "the check looked at no function reading jobs"
+    );
+    assert!(
+        unbounded.is_empty(),
+        "functions that find a job by id through skiplock.jobs without naming live states, \
+         so over every day of finished jobs kept: {unbounded:?}; read it through \
+         skiplock.internal_job_state, internal_finished_job or internal_job_by_id, or name \
+         the live states it reads, or add the function to BY_ID_OVER_EVERY_DAY with the \
+         reason"
+    );
+    // The check finds what it should: a lookup written as it was before.
+    assert_eq!(
+        lookups_by_id_over_every_day(
+            "SELECT p.state FROM skiplock.jobs p WHERE p.id = d.parent_id LIMIT 1;"
+        )
+        .len(),
+        1
+    );
+    assert!(lookups_by_id_over_every_day(
+        "UPDATE skiplock.jobs SET state = 'cancelled' WHERE id = x AND state IN ('waiting', 'queued');"
+    )
+    .is_empty());
+}
+
 /// Functions that read or write job rows and may be JIT-compiled, each with the reason.
 const JOB_ROWS_WITH_JIT: &[(&str, &str)] = &[
     (

@@ -154,7 +154,9 @@ DECLARE
     payload jsonb;
     merged jsonb;
 BEGIN
-    SELECT * INTO job FROM skiplock.jobs WHERE id = job_id;
+    -- Live, or finished (a retry by hand) from its id's day on: see "A job looked up by id"
+    -- in 15_partitions.sql.
+    SELECT * INTO job FROM skiplock.internal_job_by_id(job_id);
     IF job.unique_key IS NULL THEN
         RETURN NULL;
     END IF;

@@ -16,12 +16,12 @@
 -- or a tombstone. An edge whose parent row is gone with parent_state NULL is satisfied, and
 -- so is an edge to a parent the caller knows succeeded (succeeded: the parents whose
 -- dependants it is settling), with no lookup. A parent that has not finished is found in
--- jobs_live alone; only the other edges look into the finished jobs (see "A job looked up
--- by id" in 15_partitions.sql). Its statements read the calling statement's snapshot (a
--- STABLE function), so a parent moving between the two tables in between is seen in one
--- place. PL/pgSQL, planned once per session: as a SQL function it was never inlined (its
--- body holds a subquery) and was planned over every table of skiplock.jobs at each call,
--- once per dependant.
+-- jobs_live alone, all the edges in one statement; only the other edges look a parent up
+-- where it went (internal_job_state: from its id's day on, see "A job looked up by id" in
+-- 15_partitions.sql), and a parent that went back to a live state meanwhile is found there
+-- too. PL/pgSQL, planned once per session: as a SQL function it was never inlined (its body
+-- holds a subquery) and was planned over every table of skiplock.jobs at each call, once
+-- per dependant.
 DROP FUNCTION IF EXISTS skiplock.internal_has_unmet_parent(bigint);
 CREATE OR REPLACE FUNCTION skiplock.internal_has_unmet_parent(job bigint,
                                                               succeeded bigint[] DEFAULT '{}')
@@ -40,12 +40,14 @@ BEGIN
                WHERE d.job_id = job AND d.parent_id <> ALL (succeeded)) THEN
         RETURN true;
     END IF;
+    -- A parent row in a state other than succeeded, or none (deleted) with a tombstone.
     RETURN EXISTS (
         SELECT 1 FROM skiplock.job_dependencies d
-        LEFT JOIN skiplock.jobs_done p ON p.id = d.parent_id
+        CROSS JOIN LATERAL (SELECT skiplock.internal_job_state(d.parent_id) AS state
+                            OFFSET 0) p
         WHERE d.job_id = job AND d.parent_id <> ALL (succeeded)
           AND p.state IS DISTINCT FROM 'succeeded'
-          AND (p.id IS NOT NULL OR d.parent_state IS NOT NULL)
+          AND (p.state IS NOT NULL OR d.parent_state IS NOT NULL)
     );
 END;
 $$;
@@ -168,6 +170,9 @@ DECLARE
     victim record;
     lane text;
     steps text[] := coalesce(lanes, '{}');
+    ended_ids bigint[];
+    ended_states skiplock.job_state[];
+    succeeded_ids bigint[];
 BEGIN
     -- Parents without dependants (most jobs) settle nothing: the statements below, which
     -- look parents up among the finished jobs, are not even started.
@@ -175,22 +180,24 @@ BEGIN
     THEN
         promoted := 0;
     ELSE
+        -- Each parent with dependants looked up once, where its row is (internal_job_state:
+        -- from its id's day on, not every day kept; see "A job looked up by id" in
+        -- 15_partitions.sql).
+        SELECT coalesce(array_agg(p.id) FILTER (WHERE p.state IN ('dead', 'cancelled')), '{}'),
+               coalesce(array_agg(p.state) FILTER (WHERE p.state IN ('dead', 'cancelled')), '{}'),
+               coalesce(array_agg(p.id) FILTER (WHERE p.state = 'succeeded'), '{}')
+        INTO ended_ids, ended_states, succeeded_ids
+        FROM (SELECT i.id, skiplock.internal_job_state(i.id) AS state
+              FROM unnest(parent_ids) AS i(id)
+              WHERE EXISTS (SELECT 1 FROM skiplock.job_dependencies d WHERE d.parent_id = i.id)
+              OFFSET 0) p;
         FOR victim IN
             -- Each lookup is a LATERAL subquery with LIMIT (or OFFSET 0), which the planner
             -- neither flattens nor reorders: the edges of the parents drive, the jobs are
-            -- found by id.
-            -- A parent is looked up once, among the dead and cancelled jobs only, not once
-            -- per edge among every table of skiplock.jobs (see "A job looked up by id" in
-            -- 15_partitions.sql); a tombstone is looked up only on the edges that carry one.
+            -- found by id. A tombstone's parent is looked up only on the edges that carry one.
             WITH RECURSIVE doomed (id, reason) AS (
                 (SELECT e.job_id, format('parent job %s ended %s', b.id, b.state)
-                 FROM (SELECT i.id FROM unnest(parent_ids) AS i(id)
-                       WHERE EXISTS (SELECT 1 FROM skiplock.job_dependencies d
-                                     WHERE d.parent_id = i.id)
-                       OFFSET 0) i
-                 CROSS JOIN LATERAL (SELECT p.id, p.state FROM skiplock.jobs p
-                                     WHERE p.id = i.id AND p.state IN ('dead', 'cancelled')
-                                     LIMIT 1) b
+                 FROM unnest(ended_ids, ended_states) AS b(id, state)
                  CROSS JOIN LATERAL (SELECT d.job_id FROM skiplock.job_dependencies d
                                      WHERE d.parent_id = b.id OFFSET 0) e
                  CROSS JOIN LATERAL (SELECT FROM skiplock.jobs_live c
@@ -202,7 +209,7 @@ BEGIN
                  CROSS JOIN LATERAL (SELECT FROM skiplock.jobs_live c
                                      WHERE c.id = e.job_id AND c.state = 'waiting' LIMIT 1) c
                  WHERE e.parent_id = ANY (parent_ids) AND e.parent_state IS NOT NULL
-                   AND NOT EXISTS (SELECT 1 FROM skiplock.jobs p WHERE p.id = e.parent_id))
+                   AND skiplock.internal_job_state(e.parent_id) IS NULL)
                 UNION
                 SELECT e.job_id, format('parent job %s was cancelled', doomed.id)
                 FROM doomed
@@ -230,19 +237,13 @@ BEGIN
         END LOOP;
 
         -- Waiting lane jobs among the dependants: their lane's step queues each in its turn.
-        -- The parents that succeeded, looked up once among the succeeded jobs, spare each
-        -- dependant a lookup of its edge to them.
+        -- The parents that succeeded, looked up above, spare each dependant a lookup of its
+        -- edge to them.
         SELECT r.promoted, steps || r.lanes INTO promoted, steps
         FROM skiplock.internal_queue_ready_dependants(
             ARRAY(SELECT DISTINCT d.job_id FROM skiplock.job_dependencies d
                   WHERE d.parent_id = ANY (parent_ids)),
-            ARRAY(SELECT i.id
-                  FROM (SELECT i.id FROM unnest(parent_ids) AS i(id)
-                        WHERE EXISTS (SELECT 1 FROM skiplock.job_dependencies d
-                                      WHERE d.parent_id = i.id)
-                        OFFSET 0) i
-                  WHERE EXISTS (SELECT 1 FROM skiplock.jobs p
-                                WHERE p.id = i.id AND p.state = 'succeeded'))) r;
+            succeeded_ids) r;
     END IF;
     IF NOT wait THEN
         steps := ARRAY(SELECT DISTINCT k FROM unnest(steps) AS k
@@ -540,13 +541,13 @@ BEGIN
         UPDATE skiplock.jobs
         SET state = 'cancelled', finished_at = now(), held_for = NULL,
             last_error = format('parent job %s ended %s', NEW.parent_id, parent_now)
-        WHERE id = NEW.job_id;
+        WHERE id = NEW.job_id AND state IN ('waiting', 'queued');
         IF child_lane IS NOT NULL THEN
             -- The job behind it in its lane gets the turn.
             PERFORM skiplock.internal_advance_lanes(ARRAY[child_lane]);
         END IF;
     ELSIF child_now = 'queued' THEN
-        UPDATE skiplock.jobs SET state = 'waiting' WHERE id = NEW.job_id;
+        UPDATE skiplock.jobs SET state = 'waiting' WHERE id = NEW.job_id AND state = 'queued';
     END IF;
     RETURN NULL;
 END;

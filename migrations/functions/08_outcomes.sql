@@ -517,8 +517,8 @@ BEGIN
             moved := moved + skiplock.internal_settle_dependants(ARRAY(
                 SELECT DISTINCT d.parent_id
                 FROM skiplock.job_dependencies d
-                LEFT JOIN LATERAL (SELECT p.state FROM skiplock.jobs p
-                                   WHERE p.id = d.parent_id LIMIT 1) p ON true
+                CROSS JOIN LATERAL (SELECT skiplock.internal_job_state(d.parent_id) AS state
+                                    OFFSET 0) p
                 WHERE d.job_id = ANY (coalesce(dependants, '{}'))
                   AND (p.state IN ('dead', 'cancelled')
                        OR (p.state IS NULL AND d.parent_state IS NOT NULL))),

@@ -100,18 +100,13 @@ BEGIN
     -- takes them: an enqueue holding the key's lock locks the key's pending job next, so
     -- a retry of that job that locked its row first and then waited for the key deadlocked.
     -- A live job (queued) first, then the finished ones from the day its id was handed out
-    -- on (see "A job looked up by id" in 15_partitions.sql); each of the two looks sees a
-    -- snapshot of its own, so a job that moved between them (retried meanwhile) is read
-    -- from every table, in one.
+    -- on (see "A job looked up by id" in 15_partitions.sql; one that moved back meanwhile,
+    -- retried, is found there too).
     SELECT l.ordering_key, l.unique_key INTO lane, key FROM skiplock.jobs_live l
     WHERE l.id = job_id;
     IF NOT FOUND THEN
         SELECT f.ordering_key, f.unique_key INTO lane, key
         FROM skiplock.internal_finished_job(job_id) f;
-        IF NOT FOUND THEN
-            SELECT j.ordering_key, j.unique_key INTO lane, key FROM skiplock.jobs j
-            WHERE j.id = job_id;
-        END IF;
     END IF;
     IF lane IS NOT NULL THEN
         PERFORM pg_advisory_xact_lock(skiplock.internal_lane_lock_id(lane));
@@ -125,10 +120,6 @@ BEGIN
     IF NOT FOUND THEN
         SELECT f.state, f.unique_key, f.finished_at INTO current, key, ended_at
         FROM skiplock.internal_finished_job(job_id, 'FOR UPDATE') f;
-        IF NOT FOUND THEN
-            SELECT j.state, j.unique_key, j.finished_at INTO current, key, ended_at
-            FROM skiplock.jobs j WHERE j.id = job_id FOR UPDATE;
-        END IF;
     END IF;
     IF current IS NULL OR current NOT IN ('queued', 'dead', 'cancelled', 'succeeded') THEN
         RETURN false;
@@ -463,8 +454,8 @@ BEGIN
         END IF;
         SELECT string_agg(d.parent_id::text, ', ' ORDER BY d.parent_id) INTO parents
         FROM skiplock.job_dependencies d
-        LEFT JOIN LATERAL (SELECT p.state FROM skiplock.jobs p WHERE p.id = d.parent_id LIMIT 1) p ON true
-        WHERE d.job_id = job.id AND p.state IS DISTINCT FROM 'succeeded' AND d.parent_state IS NULL;
+        CROSS JOIN LATERAL (SELECT skiplock.internal_job_state(d.parent_id) AS state OFFSET 0) p
+        WHERE d.job_id = job.id AND p.state <> 'succeeded' AND d.parent_state IS NULL;
         IF parents IS NOT NULL THEN
             RETURN format('waits for its parent jobs to succeed: %s', parents);
         END IF;

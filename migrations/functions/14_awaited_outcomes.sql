@@ -94,6 +94,7 @@ AS $$
 DECLARE
     attempts int := 0;
     live record;
+    ended record;
 BEGIN
     LOOP
         BEGIN
@@ -123,12 +124,17 @@ BEGIN
                                     NULL::text, NULL::timestamptz;
                 RETURN;
             END IF;
-            RETURN QUERY
-            SELECT j.id, j.state, j.attempt, j.output, j.last_error,
-                   -- A finished row written by hand may lack its time; finished all the
-                   -- same.
-                   coalesce(j.finished_at, '-infinity')
+            SELECT j.id, j.state, j.attempt, j.output, j.last_error, j.finished_at INTO ended
             FROM skiplock.internal_finished_job(watch_job.job_id) j;
+            IF ended.state IN ('waiting', 'queued', 'running') THEN
+                -- Back to a live state since the look above (retried): marked there.
+                CONTINUE;
+            END IF;
+            IF ended.id IS NOT NULL THEN
+                -- A finished row written by hand may lack its time; finished all the same.
+                RETURN QUERY SELECT ended.id, ended.state, ended.attempt, ended.output,
+                                    ended.last_error, coalesce(ended.finished_at, '-infinity');
+            END IF;
             RETURN;
         EXCEPTION WHEN serialization_failure THEN
             -- Its row moved to the other partition meanwhile: run again (see

@@ -21,7 +21,7 @@
 --   internal_prepare_done_partitions, internal_done_partition, internal_lock_done_partition
 --   internal_drop_done_partition, internal_jobs_after_delete, trigger jobs_after_delete
 --   internal_jobs_done_before_requeue, trigger jobs_done_before_requeue
---   internal_finished_from, internal_finished_job, internal_job_by_id
+--   internal_finished_from, internal_finished_job, internal_job_state, internal_job_by_id
 --   internal_may_retry_moved
 
 -- ---- Finished jobs by day: partitions and retention --------------------------------------
@@ -434,8 +434,11 @@ CREATE OR REPLACE TRIGGER jobs_done_before_requeue
 --   one state at a time, so that only the tables of those days are probed; every day only
 --   when it is not there (a finished_at written by hand before the id was handed out, or
 --   no such job);
--- - a finished parent is looked up once per parent, among the states that matter (dead
---   and cancelled, or succeeded), not once per edge among every table;
+-- - a job that may be either (a parent, on the dependency paths and in the sweep; a job's
+--   state asked for by id) through internal_job_state: jobs_live, then
+--   internal_finished_job; a parent whose dependants are settled is looked up once, not
+--   once per edge; tests/sql_conventions.rs fails on a lookup by id through skiplock.jobs
+--   elsewhere that names no live state;
 -- - the functions on the dependency and cancel paths say `SET plan_cache_mode =
 --   force_generic_plan`: PL/pgSQL planned their statements again at each call while a
 --   plan made for the values given looked cheaper; now once per session, with the index
@@ -457,19 +460,21 @@ AS $$
                     '-infinity');
 $$;
 
--- The finished job `job_id` (no row when no finished job has that id), locked as
--- `lock_rows` says ('', 'FOR SHARE' or 'FOR UPDATE'): what its callers read of it, the
--- columns an enqueuer may read (docs/roles.sql), through skiplock.jobs, whose privileges a
--- caller has. Each state's tables from the day internal_finished_from gives first: one
--- plan per session, which opens every day's table but, with the state and the day given
--- only at run time, probes those days' alone (0.05 ms a lookup with 31 days kept, against
--- 0.4 ms for a probe of every day's; a statement over the states together is not pruned by
--- day, jobs_done being partitioned by the pair, and one planned at each call, EXECUTE,
--- spends 0.5-0.7 ms planning). Then, only when it is not there (a finished_at written by
--- hand before the id was handed out, or no such job), every table in one statement,
--- planned at the call: the probes each see a snapshot of their own, so a row that moved
--- into the days already read (a retry by hand superseding it, a date written by hand)
--- while they ran is found there.
+-- The finished job `job_id`, for a caller that did not find it live (no row when no job has
+-- that id), locked as `lock_rows` says ('', 'FOR SHARE' or 'FOR UPDATE'): what its callers
+-- read of it, the columns an enqueuer may read (docs/roles.sql), through skiplock.jobs, whose
+-- privileges a caller has. Each state's tables from the day internal_finished_from gives
+-- first: one plan per session, which opens every day's table but, with the state and the
+-- day given only at run time, probes those days' alone (0.05 ms a lookup with 31 days
+-- kept, against 0.4 ms for a probe of every day's; a statement over the states together is
+-- not pruned by day, jobs_done being partitioned by the pair). The three lock modes are
+-- three copies of that probe: a lock clause cannot be a parameter of a static statement,
+-- and one planned at each call (EXECUTE) spends 0.5-0.7 ms planning. Then, only when it is
+-- not there (a finished_at written by hand before the id was handed out, a job that went
+-- back to a live state since the caller looked, or no such job), every table in one
+-- statement, planned at the call: the caller's look and the probes each see a snapshot of
+-- their own, so a row that moved into what was already read (a retry by hand, a date
+-- written by hand) while they ran is found there, in whatever state it has.
 -- A row moved under the lock (40001) is the caller's to handle, as for any statement.
 CREATE OR REPLACE FUNCTION skiplock.internal_finished_job(job_id bigint, lock_rows text DEFAULT '')
 RETURNS TABLE (id bigint, state skiplock.job_state, queue text, priority smallint,
@@ -520,8 +525,35 @@ BEGIN
         'SELECT d.id, d.state, d.queue, d.priority, d.scheduled_at, d.ordering_key,
                 d.unique_key, d.attempt, d.output, d.last_error, d.finished_at
          FROM skiplock.jobs d
-         WHERE d.id = $1 AND d.state IN (''succeeded'', ''dead'', ''cancelled'') ' || lock_rows
+         WHERE d.id = $1 ' || lock_rows
         USING job_id;
+END;
+$$;
+
+-- A job's state by id, wherever its row is: in jobs_live, or where internal_finished_job
+-- finds it (from its id's day on); NULL when no job has the id (deleted, pruned). What the
+-- dependency paths read of a parent (internal_has_unmet_parent, internal_settle_dependants,
+-- the sweep), skiplock::job_state and why_waiting: with the live look through
+-- skiplock.jobs planned over jobs_live alone, no day of finished jobs is probed for a job
+-- that has not finished, and only its id's days for one that has. A job that went back to
+-- a live state between the two looks is found by internal_finished_job's last statement.
+CREATE OR REPLACE FUNCTION skiplock.internal_job_state(job_id bigint)
+RETURNS skiplock.job_state
+LANGUAGE plpgsql
+SET enable_seqscan = off
+SET enable_bitmapscan = off
+SET plan_cache_mode = force_generic_plan
+SET jit = off
+AS $$
+DECLARE
+    found_state skiplock.job_state;
+BEGIN
+    SELECT j.state INTO found_state FROM skiplock.jobs j
+    WHERE j.id = job_id AND j.state IN ('waiting', 'queued', 'running');
+    IF NOT FOUND THEN
+        SELECT f.state INTO found_state FROM skiplock.internal_finished_job(job_id) f;
+    END IF;
+    RETURN found_state;
 END;
 $$;
 

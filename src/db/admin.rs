@@ -127,13 +127,14 @@ pub async fn jobs_get_json(db: impl PgExecutor<'_>, id: JobId) -> sqlx::Result<O
     Ok(Some(Value::Object(job)))
 }
 
-/// The state of one job, `None` if it does not exist. Through `skiplock.jobs` by id, every
-/// day's table probed: a role that may read a job's state alone (an enqueuer, docs/roles.sql)
-/// may not read the whole row `skiplock.internal_job_by_id` reads.
+/// The state of one job, `None` if it does not exist: `skiplock.internal_job_state`, which
+/// probes the days of finished jobs from the job's id's day on, not every day kept, and reads
+/// only what an enqueuer may read (docs/roles.sql), not the whole row
+/// `skiplock.internal_job_by_id` reads.
 pub async fn jobs_get_state(db: impl PgExecutor<'_>, id: JobId) -> sqlx::Result<Option<JobState>> {
-    sqlx::query_scalar("SELECT state FROM skiplock.jobs WHERE id = $1")
+    sqlx::query_scalar("SELECT skiplock.internal_job_state($1)")
         .bind(id.0)
-        .fetch_optional(db)
+        .fetch_one(db)
         .await
 }
 

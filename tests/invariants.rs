@@ -7,7 +7,7 @@ mod common;
 use std::time::Duration;
 
 use cli_support::skiplock;
-use common::fixtures::{Recorder, fast_worker, state_of, wait_for};
+use common::fixtures::{Recorder, fast_worker, state_of, wait_for, wait_for_a_lock_wait};
 use common::test_db;
 use serde_json::json;
 use skiplock::{EnqueueOptions, JobState, NewJob, UniquePolicy};
@@ -369,7 +369,7 @@ async fn a_completion_steps_its_lanes_without_closing_a_cycle_with_an_enqueue() 
             .fetch_one(&completer)
             .await
     });
-    common::fixtures::wait_for_a_lock_wait(pool, "the completion to wait for lane B").await;
+    wait_for_a_lock_wait(pool, "the completion to wait for lane B").await;
     let behind_a: i64 = sqlx::query_scalar(enqueue)
         .bind("A")
         .fetch_one(&mut *app)
@@ -532,14 +532,9 @@ async fn deleting_parents_cancels_waiting_children_and_deletes_them_together() {
     );
 }
 
-/// Found by the 30-minute model run: a dead parent was pruned after its child had been
-/// cancelled for it, the child was then retried by hand, found no parent left, and ran.
-/// Now the pruned parent leaves a tombstone on the edge (as a day dropped whole does), and
-/// the retried child is cancelled again for the parent that failed.
-#[tokio::test]
-async fn a_retried_child_of_a_pruned_dead_parent_does_not_run() {
-    let db = test_db().await;
-    let pool = &db.pool;
+/// A `record` job waiting on a parent written dead by hand (finished a day ago): (parent,
+/// child). The child is not settled yet.
+async fn child_of_a_dead_parent(pool: &PgPool) -> (i64, i64) {
     let parent: i64 = sqlx::query_scalar("SELECT skiplock.enqueue('record')")
         .fetch_one(pool)
         .await
@@ -558,6 +553,18 @@ async fn a_retried_child_of_a_pruned_dead_parent_does_not_run() {
     .execute(pool)
     .await
     .unwrap();
+    (parent, child)
+}
+
+/// Found by the 30-minute model run: a dead parent was pruned after its child had been
+/// cancelled for it, the child was then retried by hand, found no parent left, and ran.
+/// Now the pruned parent leaves a tombstone on the edge (as a day dropped whole does), and
+/// the retried child is cancelled again for the parent that failed.
+#[tokio::test]
+async fn a_retried_child_of_a_pruned_dead_parent_does_not_run() {
+    let db = test_db().await;
+    let pool = &db.pool;
+    let (parent, child) = child_of_a_dead_parent(pool).await;
     sqlx::query("SELECT skiplock.internal_settle_dependants(ARRAY[$1]::bigint[])")
         .bind(parent)
         .execute(pool)
@@ -584,6 +591,48 @@ async fn a_retried_child_of_a_pruned_dead_parent_does_not_run() {
     assert_eq!(
         reason,
         format!("parent job {parent} was deleted while dead")
+    );
+}
+
+/// Found by a race review of the lookups by id: a statement reads a child's edges in its
+/// own snapshot and looks each parent up in a newer one. A dead parent deleted between the
+/// two (the pruner's row deletes, or by hand) was gone from the lookup while its tombstone,
+/// written by the same delete, was not yet in the edge that statement read, so the edge
+/// counted as met and `retry_job` could queue the cancelled child. The reader here takes
+/// its snapshot, then waits on a lock the deleter holds until its delete has committed.
+#[tokio::test]
+async fn a_dead_parent_deleted_while_its_edge_is_read_still_holds_its_child() {
+    let db = test_db().await;
+    let pool = &db.pool;
+    let (parent, child) = child_of_a_dead_parent(pool).await;
+    let mut deleter = pool.begin().await.unwrap();
+    sqlx::query("SELECT pg_advisory_xact_lock(4901)")
+        .execute(&mut *deleter)
+        .await
+        .unwrap();
+    let reader = tokio::spawn({
+        let pool = pool.clone();
+        async move {
+            sqlx::query_scalar::<_, bool>(
+                "WITH turn AS MATERIALIZED (SELECT pg_advisory_xact_lock(4901))
+                 SELECT skiplock.internal_has_unmet_parent($1) FROM turn",
+            )
+            .bind(child)
+            .fetch_one(&pool)
+            .await
+        }
+    });
+    wait_for_a_lock_wait(pool, "the reader to wait for the deleter's lock").await;
+    sqlx::query("DELETE FROM skiplock.jobs WHERE id = $1")
+        .bind(parent)
+        .execute(&mut *deleter)
+        .await
+        .unwrap();
+    deleter.commit().await.unwrap();
+    let unmet = reader.await.unwrap().unwrap();
+    assert!(
+        unmet,
+        "the child's parent died and was deleted: its edge is unmet (its tombstone)"
     );
 }
 

@@ -4,13 +4,27 @@
 -- trigger on new edges.
 --
 -- Defines:
---   internal_has_unmet_parent, internal_announce_queued_by_others
+--   internal_tombstone_now, internal_has_unmet_parent, internal_announce_queued_by_others
 --   internal_queue_ready_dependants, internal_settle_dependants, internal_advance_lanes
 --   internal_lane_lock_id, internal_parents_with_dependants
 --   internal_tombstone_parents
 --   internal_job_dependencies_after_insert, trigger job_dependencies_after_insert
 
 -- ---- Dependencies and lanes --------------------------------------------------------------
+
+-- The tombstone on a job's edge to a parent, read in a snapshot of its own (a volatile
+-- function's statement takes one): for a caller whose snapshot is older than its lookup of
+-- the parent. A delete of the parent writes the tombstone in its own transaction, so a
+-- parent the lookup no longer finds has its tombstone here, if it had to leave one. NULL
+-- when the edge is gone or carries none.
+CREATE OR REPLACE FUNCTION skiplock.internal_tombstone_now(job bigint, parent bigint)
+RETURNS skiplock.job_state
+LANGUAGE sql VOLATILE
+SET jit = off
+AS $$
+    SELECT d.parent_state FROM skiplock.job_dependencies d
+    WHERE d.job_id = job AND d.parent_id = parent;
+$$;
 
 -- Whether a job still has a parent that has not succeeded: a parent row in any other state,
 -- or a tombstone. An edge whose parent row is gone with parent_state NULL is satisfied, and
@@ -19,9 +33,11 @@
 -- jobs_live alone, all the edges in one statement; only the other edges look a parent up
 -- where it went (internal_job_state: from its id's day on, see "A job looked up by id" in
 -- 15_partitions.sql), and a parent that went back to a live state meanwhile is found there
--- too. PL/pgSQL, planned once per session: as a SQL function it was never inlined (its body
--- holds a subquery) and was planned over every table of skiplock.jobs at each call, once
--- per dependant.
+-- too. The edges are read in the caller's snapshot, each lookup in a newer one: a parent
+-- found nowhere is looked for on its edge once more (internal_tombstone_now), as its delete
+-- may have committed between the two, tombstone and all. PL/pgSQL, planned once per
+-- session: as a SQL function it was never inlined (its body holds a subquery) and was
+-- planned over every table of skiplock.jobs at each call, once per dependant.
 DROP FUNCTION IF EXISTS skiplock.internal_has_unmet_parent(bigint);
 CREATE OR REPLACE FUNCTION skiplock.internal_has_unmet_parent(job bigint,
                                                               succeeded bigint[] DEFAULT '{}')
@@ -47,7 +63,8 @@ BEGIN
                             OFFSET 0) p
         WHERE d.job_id = job AND d.parent_id <> ALL (succeeded)
           AND p.state IS DISTINCT FROM 'succeeded'
-          AND (p.state IS NOT NULL OR d.parent_state IS NOT NULL)
+          AND (p.state IS NOT NULL OR d.parent_state IS NOT NULL
+               OR skiplock.internal_tombstone_now(d.job_id, d.parent_id) IS NOT NULL)
     );
 END;
 $$;

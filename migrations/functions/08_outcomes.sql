@@ -514,14 +514,16 @@ BEGIN
             -- lane an enqueue holds is moved on by the step of its last job (which waits
             -- for that enqueue), else by the next lap; the sweep never waits for an
             -- application's open transaction.
+            -- Each parent of the batch looked up once, however many of its children wait.
             moved := moved + skiplock.internal_settle_dependants(ARRAY(
-                SELECT DISTINCT d.parent_id
-                FROM skiplock.job_dependencies d
-                CROSS JOIN LATERAL (SELECT skiplock.internal_job_state(d.parent_id) AS state
+                SELECT e.parent_id
+                FROM (SELECT d.parent_id, bool_or(d.parent_state IS NOT NULL) AS tombstoned
+                      FROM skiplock.job_dependencies d
+                      WHERE d.job_id = ANY (coalesce(dependants, '{}'))
+                      GROUP BY d.parent_id) e
+                CROSS JOIN LATERAL (SELECT skiplock.internal_job_state(e.parent_id) AS state
                                     OFFSET 0) p
-                WHERE d.job_id = ANY (coalesce(dependants, '{}'))
-                  AND (p.state IN ('dead', 'cancelled')
-                       OR (p.state IS NULL AND d.parent_state IS NOT NULL))),
+                WHERE p.state IN ('dead', 'cancelled') OR (p.state IS NULL AND e.tombstoned)),
                 coalesce(lanes, '{}'), false);
             -- Per-key rate windows that count nothing any more go, and freed key slots no
             -- claim will read (a bounded batch). Last, and skipping the rows a claim holds:

@@ -22,6 +22,9 @@
 #                 with processes until the database saturates.
 #   MAX_RUNNING:  a max_running for the jobs' queue (`default`), for example 100000 to
 #                 measure a limit that never binds against none.
+#   SKIPLOCK_BENCH_AFTER_MIGRATE: SQL run once the schema is migrated, for an A/B run of a
+#                 setting, for example "ALTER TABLE skiplock.jobs_live SET (fillfactor = 40)"
+#                 (the same variable as the Rust benches').
 #   SKIPLOCK_BIN: the binary to run (default target/release/skiplock, built by
 #                 `cargo build --release --features cli` if missing), for A/B runs of two builds.
 #
@@ -47,6 +50,8 @@ pin=()
 psql "$server" -qc "DROP DATABASE IF EXISTS skiplock_bench_procs WITH (FORCE)" \
     -c "CREATE DATABASE skiplock_bench_procs" >/dev/null
 "$bin" --database-url "$db" migrate >/dev/null
+[ -z "${SKIPLOCK_BENCH_AFTER_MIGRATE:-}" ] ||
+    psql "$db" -qAt -v ON_ERROR_STOP=1 -c "$SKIPLOCK_BENCH_AFTER_MIGRATE" >/dev/null
 [ -z "${MAX_RUNNING:-}" ] ||
     psql "$db" -qAt -v ON_ERROR_STOP=1 -c "SELECT skiplock.set_queue_limits('default', $MAX_RUNNING)" >/dev/null
 

@@ -240,8 +240,10 @@ async fn a_table_locked_for_15_s_under_a_starved_pool_deadlocks_nothing_and_reap
     .await;
 
     // The lock takes skiplock.jobs, then each of its tables, while skiplock's statements
-    // name jobs_live first and may then read skiplock.jobs: a lock that waited for
-    // jobs_live behind such a statement would close a cycle with it, and Postgres would
+    // write jobs_live directly, and Postgres, checking a written row against the
+    // partition's bounds, reads them through the parent, whose lock it then takes (once
+    // per session, and again after the cached bounds are invalidated): a lock that waited
+    // for jobs_live behind such a statement would close a cycle with it, and Postgres would
     // abort one side, the worker's or this one (seen in CI: the heartbeat chosen, whose
     // error then reads as a deadlock of the worker's own). So the lock is asked with
     // NOWAIT, again until it is granted: it never waits, so it is never part of a cycle,

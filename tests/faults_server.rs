@@ -15,8 +15,8 @@ use std::time::{Duration, Instant};
 use common::test_db;
 use fault_support::{
     PATIENCE, PrivateServer, Restart, Testbed, TestbedArgs, audit, audited_db,
-    check_claim_discipline, create_runs_table, db_now, enqueue_n, install_audit, run_count,
-    runs_by_job, states, wait_until,
+    check_claim_discipline, create_runs_table, db_now, enqueue_n, install_audit, lock_jobs_table,
+    run_count, runs_by_job, states, wait_until,
 };
 use serde_json::json;
 use skiplock::{EnqueueOptions, NewJob};
@@ -197,8 +197,9 @@ async fn postgres_restarts_during_enqueue_and_work_lose_nothing_and_strand_nothi
 /// them.
 ///
 /// Fault: once the long jobs run, another session holds `LOCK TABLE skiplock.jobs IN
-/// ACCESS EXCLUSIVE MODE` (asked with NOWAIT until granted) for 15 s: every claim, heartbeat, completion and reaper pass
-/// blocks, each holding one of the two connections, and the rest wait for a connection.
+/// ACCESS EXCLUSIVE MODE` for 15 s (asked with NOWAIT until granted: `lock_jobs_table`):
+/// every claim, heartbeat, completion and reaper pass blocks, each holding one of the two
+/// connections, and the rest wait for a connection.
 ///
 /// Invariant: no deadlock and no hang: after the lock every job succeeds exactly once on
 /// attempt 1; heartbeats resume for every long job after the lock and none is reaped; the
@@ -239,34 +240,7 @@ async fn a_table_locked_for_15_s_under_a_starved_pool_deadlocks_nothing_and_reap
     })
     .await;
 
-    // The lock takes skiplock.jobs, then each of its tables, while skiplock's statements
-    // write jobs_live directly, and Postgres, checking a written row against the
-    // partition's bounds, reads them through the parent, whose lock it then takes (once
-    // per session, and again after the cached bounds are invalidated): a lock that waited
-    // for jobs_live behind such a statement would close a cycle with it, and Postgres would
-    // abort one side, the worker's or this one (seen in CI: the heartbeat chosen, whose
-    // error then reads as a deadlock of the worker's own). So the lock is asked with
-    // NOWAIT, again until it is granted: it never waits, so it is never part of a cycle,
-    // and a deadlock in the worker's log can only be between the worker's own statements.
-    let asked_at = Instant::now();
-    let locker = loop {
-        let mut locker = pool.begin().await.unwrap();
-        match sqlx::query("LOCK TABLE skiplock.jobs IN ACCESS EXCLUSIVE MODE NOWAIT")
-            .execute(&mut *locker)
-            .await
-        {
-            Ok(_) => break locker,
-            Err(sqlx::Error::Database(e))
-                if e.code().as_deref() == Some("55P03") && asked_at.elapsed() < PATIENCE =>
-            {
-                locker.rollback().await.unwrap();
-                // The pace of the asking, not a synchronization: the worker's statements
-                // end on their own within milliseconds.
-                tokio::time::sleep(Duration::from_millis(2)).await;
-            }
-            Err(e) => panic!("LOCK TABLE skiplock.jobs: {e}"),
-        }
-    };
+    let locker = lock_jobs_table(pool).await;
     let locked_at = Instant::now();
     // Holding the lock is the fault itself, not a synchronization: keep it 15 s.
     tokio::time::sleep(Duration::from_secs(15)).await;

@@ -14,8 +14,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use fault_support::{
-    PATIENCE, Testbed, TestbedArgs, audit, audited_db, check_claim_discipline, runs_by_job,
-    soak_secs, states, wait_until,
+    PATIENCE, Testbed, TestbedArgs, audit, audited_db, check_claim_discipline, lock_jobs_table,
+    runs_by_job, soak_secs, states, wait_until,
 };
 use serde_json::json;
 use skiplock::{EnqueueOptions, NewJob};
@@ -130,11 +130,7 @@ async fn soak_mixed_faults() {
                 .unwrap();
             }
             _ => {
-                let mut tx = pool.begin().await.unwrap();
-                sqlx::query("LOCK TABLE skiplock.jobs IN ACCESS EXCLUSIVE MODE")
-                    .execute(&mut *tx)
-                    .await
-                    .unwrap();
+                let tx = lock_jobs_table(pool).await;
                 tokio::time::sleep(Duration::from_secs(1)).await;
                 tx.commit().await.unwrap();
             }

@@ -29,6 +29,40 @@ use crate::common::job_triggers::{JobWrites, after_job_statements};
 /// Generous limit for anything a test waits on: the machine is small and shared.
 pub const PATIENCE: Duration = Duration::from_secs(90);
 
+/// Begins a transaction on `pool` holding `LOCK TABLE skiplock.jobs IN ACCESS EXCLUSIVE
+/// MODE` (the fault of a table locked by hand): the caller keeps it as long as the fault
+/// lasts, then commits.
+///
+/// The lock is asked with NOWAIT, again until it is granted. It takes skiplock.jobs, then
+/// each of its tables, while skiplock's statements write jobs_live directly, and Postgres,
+/// checking a written row against the partition's bounds, reads them through the parent
+/// and takes its lock then (once per session, after the partition's): a lock that waited
+/// for jobs_live behind such a statement would close a cycle with it, and Postgres would
+/// abort one side, the worker's statement or this one (seen in CI: a heartbeat chosen). A
+/// lock that never waits is never part of a cycle, so a deadlock in a worker's log is
+/// then the worker's own. Panics when it is not granted within [`PATIENCE`].
+pub async fn lock_jobs_table(pool: &PgPool) -> sqlx::Transaction<'static, sqlx::Postgres> {
+    let asked_at = std::time::Instant::now();
+    loop {
+        let mut locker = pool.begin().await.unwrap();
+        match sqlx::query("LOCK TABLE skiplock.jobs IN ACCESS EXCLUSIVE MODE NOWAIT")
+            .execute(&mut *locker)
+            .await
+        {
+            Ok(_) => return locker,
+            Err(sqlx::Error::Database(e))
+                if e.code().as_deref() == Some("55P03") && asked_at.elapsed() < PATIENCE =>
+            {
+                locker.rollback().await.unwrap();
+                // The pace of the asking, not a synchronization: the workers' statements
+                // end on their own within milliseconds.
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+            Err(e) => panic!("LOCK TABLE skiplock.jobs NOWAIT: {e}"),
+        }
+    }
+}
+
 /// Seconds a long soak runs, from `SKIPLOCK_SOAK_SECS`; `None` for the fast default.
 pub fn soak_secs() -> Option<u64> {
     std::env::var("SKIPLOCK_SOAK_SECS")

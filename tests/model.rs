@@ -11,7 +11,7 @@
 //! `skiplock cancel ID`; two in-process workers (kind `model`: succeed, fail retryably or
 //! permanently, give up, time out, panic) and one `skiplock-testbed` process (kinds
 //! `record`, `panic`, `never_return`), restarted gracefully, at once, by SIGTERM or after
-//! `kill -9`; a pruning worker (zero retention, a day for dead jobs: it deletes rows and
+//! `kill -9`; a pruning worker (zero retention, a day for cancelled jobs: it deletes rows and
 //! drops the days dated back whole); a killer of worker connections; and a
 //! sampler checking the "at most one" rules while the run goes on. The second queue has
 //! global limits (`max_running`, a rate limit, and `key_max_running` and a per-key rate

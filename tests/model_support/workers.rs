@@ -5,7 +5,7 @@
 //!   gracefully (running jobs finish or are released) or at once (released);
 //! - `skiplock-testbed` processes (kinds `record`, `panic`, `never_return`), killed with
 //!   SIGKILL (their claims are reaped) or SIGTERM;
-//! - one in-process pruning worker (zero retention, a day for dead jobs), stopped with the
+//! - one in-process pruning worker (zero retention, a day for cancelled jobs), stopped with the
 //!   fault phase.
 
 use std::sync::{Arc, Mutex};
@@ -86,10 +86,19 @@ pub async fn start_in_process(sim: &Sim, id: String, runs: &Arc<Mutex<Vec<Run>>>
     }
 }
 
-/// Starts the pruning worker: zero retention for succeeded and cancelled jobs (their rows
-/// deleted one by one), a day for dead ones (kept through the run, except those the
+/// Starts the pruning worker: zero retention for succeeded and dead jobs (their rows
+/// deleted one by one), a day for cancelled ones (kept through the run, except those the
 /// operator dates two days back, whose day tables it drops whole), a pass every 300 ms,
 /// and its reaper and dependency sweep like any worker's. Its kind is never enqueued.
+///
+/// The state kept a day is `cancelled`, not `dead` (as from ea10d72 to 50c4a28): the
+/// operator's `retry_dead_jobs` puts back every dead job there is, so with the dead kept
+/// each call put back every job that had died in the run, and most died again (the kinds
+/// that always fail): 30,456 reopens in seed 61's 30 minutes (1,172 in seed 17's), queues
+/// full of them, and four lanes, whose turns the reopened old jobs took first, that ran 32
+/// jobs from the 5th minute to the 32nd and left 17,646 to a drain that could not end in
+/// its 600 s. Calls of `retry_dead_jobs` at most every 30 s still put back about 1,000 jobs
+/// each by the 6th minute (lane claims fell from about 500 a minute to 20-170).
 pub async fn start_pruner(sim: &Sim, runs: &Arc<Mutex<Vec<Run>>>) -> InProcess {
     let id = "tb-pruner".to_owned();
     let pool = sim.pool(&id, 3).await;
@@ -107,8 +116,8 @@ pub async fn start_pruner(sim: &Sim, runs: &Arc<Mutex<Vec<Run>>>) -> InProcess {
         .reap_interval(Duration::from_millis(250))
         .retention(Retention {
             succeeded: Duration::ZERO,
-            cancelled: Duration::ZERO,
-            dead: Duration::from_secs(24 * 3600),
+            cancelled: Duration::from_secs(24 * 3600),
+            dead: Duration::ZERO,
         })
         .prune_interval(Some(Duration::from_millis(300)))
         .cron_interval(None)

@@ -57,13 +57,11 @@ GRANT USAGE ON SEQUENCE skiplock.jobs_id_seq TO skiplock_worker;
 GRANT SELECT, UPDATE (parent_state) ON skiplock.job_dependencies TO skiplock_worker;
 GRANT SELECT, UPDATE ON skiplock.waiting_sweep TO skiplock_worker;
 GRANT SELECT ON skiplock.queues TO skiplock_worker;
--- A claim of a rate-limited queue keeps the queue's start times (and makes its ring after
--- the limit changed).
-GRANT SELECT, INSERT, UPDATE, DELETE ON skiplock.queue_rate_rings, skiplock.queue_rate_starts
+-- A claim of a rate-limited queue keeps the start times of the queue's window and, with a
+-- per-key rate limit, of each key's (and makes a window's ring again after its limit was
+-- raised); the sweep deletes the windows whose starts are all a period old.
+GRANT SELECT, INSERT, UPDATE, DELETE ON skiplock.rate_windows, skiplock.rate_window_starts
     TO skiplock_worker;
--- ... and of a queue with a per-key rate limit, each key's start times (the sweep deletes
--- the windows whose starts are all a period old).
-GRANT SELECT, INSERT, UPDATE, DELETE ON skiplock.key_rate_windows TO skiplock_worker;
 -- Ending a job of a queue with key_max_running leaves its key's freed slot for the queue's
 -- next claim, which reads and deletes it (the sweep deletes those no claim will read,
 -- skipping the rows locked: FOR UPDATE).
@@ -126,8 +124,10 @@ GRANT UPDATE (state, scheduled_at, max_attempts, finished_at, last_error, claim_
     ON skiplock.jobs TO skiplock_operator;
 GRANT UPDATE (parent_state) ON skiplock.job_dependencies TO skiplock_operator;
 GRANT INSERT, UPDATE ON skiplock.queues TO skiplock_operator;
--- A per-key rate limit changed or removed resets or deletes the keys' windows (a trigger).
-GRANT UPDATE, DELETE ON skiplock.key_rate_windows TO skiplock_operator;
+-- A rate limit changed or removed resets or deletes the windows (a trigger); the rows of
+-- their starts go with a window (a foreign key).
+GRANT SELECT, UPDATE, DELETE ON skiplock.rate_windows, skiplock.rate_window_starts
+    TO skiplock_operator;
 -- A cancel frees a key's slot (as a worker's outcome does); a per-key limit removed or the
 -- queue's row deleted drops the slots left for it.
 GRANT INSERT, DELETE ON skiplock.key_slots_freed TO skiplock_operator;

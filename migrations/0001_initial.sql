@@ -266,37 +266,56 @@ CREATE TABLE skiplock.queues (
     CONSTRAINT queues_max_running_at_least_1 CHECK (max_running >= 1),
     CONSTRAINT queues_key_max_running_at_least_1 CHECK (key_max_running >= 1),
     CONSTRAINT queues_key_claimable_at_least_1 CHECK (key_claimable >= 1),
-    -- The claim keeps the last rate_limit start times of the queue (queue_rate_starts).
+    -- A window keeps its last rate_limit starts (rate_window_starts), as a key's does.
     CONSTRAINT queues_rate_limit_1_to_100000 CHECK (rate_limit BETWEEN 1 AND 100000),
     CONSTRAINT queues_rate_period_positive CHECK (rate_period > interval '0'),
     CONSTRAINT queues_rate_limit_and_period_together
         CHECK ((rate_limit IS NULL) = (rate_period IS NULL)),
-    -- A key's last key_rate_limit start times are kept in one row (key_rate_windows).
-    CONSTRAINT queues_key_rate_limit_1_to_10000 CHECK (key_rate_limit BETWEEN 1 AND 10000),
+    CONSTRAINT queues_key_rate_limit_1_to_100000 CHECK (key_rate_limit BETWEEN 1 AND 100000),
     CONSTRAINT queues_key_rate_period_positive CHECK (key_rate_period > interval '0'),
     CONSTRAINT queues_key_rate_limit_and_period_together
         CHECK ((key_rate_limit IS NULL) = (key_rate_period IS NULL))
 );
 
--- Rate limits: the start times of a rate-limited queue's last `size` claimed jobs (size:
--- the highest rate_limit the ring served), a ring per queue written in claim order: slot
--- next_slot holds the oldest, and a claim reads only as many slots as it may take, so its
--- cost follows the jobs it claims, not the limit. Kept by the claim under the queue's lock
--- (skiplock.internal_rate_room, internal_rate_record); a limit raised above size makes the
--- ring again, larger, with the starts it held.
-CREATE TABLE skiplock.queue_rate_rings (
-    queue     text PRIMARY KEY REFERENCES skiplock.queues (name)
-                  ON DELETE CASCADE ON UPDATE CASCADE,
-    size      int NOT NULL,
-    next_slot int NOT NULL,
-    CONSTRAINT queue_rate_rings_slot_in_ring CHECK (next_slot >= 0 AND next_slot < size)
+-- Rate windows, one store for the queue's rate_limit and the keys' key_rate_limit: a row
+-- per window (a queue's own: concurrency_key ''; a key's: the key) with a ring of its last
+-- `size` starts in rate_window_starts (size: the highest limit the window served), written
+-- in claim order: slot next_slot holds the oldest, a slot never written counts as
+-- '-infinity', and a claim reads only as many slots as it may take and writes only those
+-- it takes, so its cost follows the jobs it claims, not the limit. Kept by the claim under
+-- the queue's lock (skiplock.internal_rate_room, internal_rate_record); a limit raised
+-- above size makes the ring again, larger, with the starts it held. A window whose newest
+-- start is a whole period old counts nothing and is deleted by the sweep (expires_at).
+-- While a key's full window holds the key's jobs back, held_until says when it has room
+-- again; hold_pending marks, for the claim that filled it, the keys whose queued jobs it
+-- is to hold back before it returns.
+-- No foreign key to skiplock.queues: a claim writes these rows under the queue's lock, and
+-- a key share lock on the queue's row would wait for a DELETE of that row whose trigger
+-- waits for the lock; the triggers on skiplock.queues delete and rename them instead.
+CREATE TABLE skiplock.rate_windows (
+    queue           text NOT NULL,
+    concurrency_key text NOT NULL,
+    size            int NOT NULL,
+    next_slot       int NOT NULL,
+    expires_at      timestamptz NOT NULL,
+    held_until      timestamptz,
+    hold_pending    boolean NOT NULL DEFAULT false,
+    PRIMARY KEY (queue, concurrency_key),
+    CONSTRAINT rate_windows_slot_in_ring CHECK (next_slot >= 0 AND next_slot < size)
 );
-CREATE TABLE skiplock.queue_rate_starts (
-    queue      text NOT NULL REFERENCES skiplock.queue_rate_rings (queue)
-                   ON DELETE CASCADE ON UPDATE CASCADE,
-    slot       int NOT NULL,
-    started_at timestamptz NOT NULL,
-    PRIMARY KEY (queue, slot)
+CREATE INDEX rate_windows_held_idx ON skiplock.rate_windows (queue, held_until)
+    WHERE held_until IS NOT NULL;
+CREATE INDEX rate_windows_hold_pending_idx ON skiplock.rate_windows (queue)
+    WHERE hold_pending;
+CREATE INDEX rate_windows_expires_idx ON skiplock.rate_windows (expires_at);
+CREATE TABLE skiplock.rate_window_starts (
+    queue           text NOT NULL,
+    concurrency_key text NOT NULL,
+    slot            int NOT NULL,
+    started_at      timestamptz NOT NULL,
+    PRIMARY KEY (queue, concurrency_key, slot),
+    FOREIGN KEY (queue, concurrency_key) REFERENCES skiplock.rate_windows (queue, concurrency_key)
+        ON DELETE CASCADE ON UPDATE CASCADE
 );
 
 -- Keys whose held jobs the queue's next claim looks at again (internal_release_freed_keys):
@@ -332,7 +351,7 @@ CREATE INDEX key_slots_freed_queue_idx ON skiplock.key_slots_freed (queue);
 -- left as it is, and the position left in key_slots_freed instead), and deletes it when
 -- none is; holds never write it. Updated in place (HOT: no index column changes), so its
 -- index does not fill with dead entries; rows of a queue go when its limits change.
--- No foreign key to skiplock.queues, as key_rate_windows (see there).
+-- No foreign key to skiplock.queues, as rate_windows (see there).
 CREATE TABLE skiplock.key_held_from (
     queue           text NOT NULL,
     concurrency_key text NOT NULL,
@@ -341,32 +360,6 @@ CREATE TABLE skiplock.key_held_from (
     id              bigint NOT NULL,
     PRIMARY KEY (queue, concurrency_key)
 ) WITH (fillfactor = 50);
-
--- Per-key rate limits (skiplock.queues.key_rate_limit per key_rate_period): a row per
--- concurrency key of a queue that started a job within the last period, with its last
--- starts, oldest first (at least key_rate_limit of them; '-infinity' where fewer were
--- made). Kept by the claim under the queue's lock (skiplock.internal_key_rate_take); a
--- row whose newest start is a whole period old counts nothing and is deleted by the sweep
--- (expires_at). While a full window holds the key's jobs back, held_until says when it
--- has room again; hold_pending marks, for the claim that filled it, the keys whose queued
--- jobs it is to hold back before it returns.
--- No foreign key to skiplock.queues: a claim writes these rows under the queue's lock, and
--- a key share lock on the queue's row would wait for a DELETE of that row whose trigger
--- waits for the lock; the trigger deletes them instead.
-CREATE TABLE skiplock.key_rate_windows (
-    queue           text NOT NULL,
-    concurrency_key text NOT NULL,
-    starts          timestamptz[] NOT NULL,
-    expires_at      timestamptz NOT NULL,
-    held_until      timestamptz,
-    hold_pending    boolean NOT NULL DEFAULT false,
-    PRIMARY KEY (queue, concurrency_key)
-);
-CREATE INDEX key_rate_windows_held_idx ON skiplock.key_rate_windows (queue, held_until)
-    WHERE held_until IS NOT NULL;
-CREATE INDEX key_rate_windows_hold_pending_idx ON skiplock.key_rate_windows (queue)
-    WHERE hold_pending;
-CREATE INDEX key_rate_windows_expires_idx ON skiplock.key_rate_windows (expires_at);
 
 -- Cron schedules: each slot produces exactly one job, whoever computes it first.
 CREATE TABLE skiplock.cron_schedules (
@@ -575,11 +568,11 @@ COMMENT ON COLUMN skiplock.job_history.run_histogram IS
 COMMENT ON TABLE skiplock.queues IS
     'A queue''s settings: paused, and its global and per-key limits, held by every claim on every host. A queue needs no row until one of them is set; changed at any time, they hold from the next claim.';
 
-COMMENT ON TABLE skiplock.queue_rate_rings IS
-    'Internal (rate_limit): a rate-limited queue''s ring of its last starts, its size and where it is written next.';
+COMMENT ON TABLE skiplock.rate_windows IS
+    'Internal (rate_limit, key_rate_limit): a rate window, the queue''s own or a concurrency key''s: its ring of last starts, its size and where it is written next, and whether it holds the key''s jobs back.';
 
-COMMENT ON TABLE skiplock.queue_rate_starts IS
-    'Internal (rate_limit): a ring''s slots, each the start time of one claimed job.';
+COMMENT ON TABLE skiplock.rate_window_starts IS
+    'Internal (rate_limit, key_rate_limit): a window''s ring slots, each the start time of one claimed job; a slot never written counts as -infinity.';
 
 COMMENT ON TABLE skiplock.key_slots_freed IS
     'Internal (key_max_running, key_claimable): a row per key and statement that freed a slot of the key or changed what of it is queued, for the queue''s next claim to let the key''s held jobs go; deleted by that claim.';
@@ -589,9 +582,6 @@ COMMENT ON TABLE skiplock.key_held_from IS
 
 COMMENT ON TABLE skiplock.job_id_days IS
     'Internal (finished jobs by day): the greatest job id handed out when skiplock first saw each UTC day, from which a lookup of a finished job by id reads the days.';
-
-COMMENT ON TABLE skiplock.key_rate_windows IS
-    'Internal (key_rate_limit): a concurrency key''s last starts within its rate window, and whether the window holds the key''s jobs back.';
 
 COMMENT ON TABLE skiplock.cron_schedules IS
     'Named cron schedules: each slot of a schedule enqueues exactly one job, whoever fires it first.';
@@ -687,7 +677,7 @@ COMMENT ON COLUMN skiplock.queues.key_max_running IS
     'At most this many jobs of one concurrency_key running at once. NULL: no limit.';
 
 COMMENT ON COLUMN skiplock.queues.key_rate_limit IS
-    'At most this many jobs of one concurrency_key started in any window of key_rate_period (1 to 10,000). NULL: no limit.';
+    'At most this many jobs of one concurrency_key started in any window of key_rate_period (1 to 100,000). NULL: no limit.';
 
 COMMENT ON COLUMN skiplock.queues.key_rate_period IS
     'The window of key_rate_limit.';
@@ -695,22 +685,37 @@ COMMENT ON COLUMN skiplock.queues.key_rate_period IS
 COMMENT ON COLUMN skiplock.queues.key_claimable IS
     'Fair queueing by concurrency_key: at most this many due jobs of one key queued at once at each priority; the key''s others wait (held_for fair) and each is let go, behind what is queued then, when one of the key''s is claimed, so keys take turns. NULL: jobs are taken in claim order whatever their key.';
 
-COMMENT ON COLUMN skiplock.queue_rate_rings.queue IS
-    'The rate-limited queue.';
+COMMENT ON COLUMN skiplock.rate_windows.queue IS
+    'The queue with rate_limit or key_rate_limit.';
 
-COMMENT ON COLUMN skiplock.queue_rate_rings.size IS
-    'Slots in the ring: the highest rate_limit it served.';
+COMMENT ON COLUMN skiplock.rate_windows.concurrency_key IS
+    'The key whose window this is; empty for the queue''s own (rate_limit).';
 
-COMMENT ON COLUMN skiplock.queue_rate_rings.next_slot IS
+COMMENT ON COLUMN skiplock.rate_windows.size IS
+    'Slots in the ring: the highest limit it served.';
+
+COMMENT ON COLUMN skiplock.rate_windows.next_slot IS
     'The slot that holds the oldest start, written next.';
 
-COMMENT ON COLUMN skiplock.queue_rate_starts.queue IS
-    'The ring''s queue.';
+COMMENT ON COLUMN skiplock.rate_windows.expires_at IS
+    'When the newest start is a whole period old: the window counts nothing from then on and the sweep deletes it.';
 
-COMMENT ON COLUMN skiplock.queue_rate_starts.slot IS
+COMMENT ON COLUMN skiplock.rate_windows.held_until IS
+    'While a key''s full window holds the key''s jobs back, when it has room again.';
+
+COMMENT ON COLUMN skiplock.rate_windows.hold_pending IS
+    'Set by the claim that filled a key''s window, for it to hold back the key''s queued jobs before it returns.';
+
+COMMENT ON COLUMN skiplock.rate_window_starts.queue IS
+    'The window''s queue.';
+
+COMMENT ON COLUMN skiplock.rate_window_starts.concurrency_key IS
+    'The window''s key; empty for the queue''s own.';
+
+COMMENT ON COLUMN skiplock.rate_window_starts.slot IS
     'The slot, 0 to size - 1.';
 
-COMMENT ON COLUMN skiplock.queue_rate_starts.started_at IS
+COMMENT ON COLUMN skiplock.rate_window_starts.started_at IS
     'When the job that took the slot was claimed.';
 
 COMMENT ON COLUMN skiplock.key_slots_freed.queue IS
@@ -748,24 +753,6 @@ COMMENT ON COLUMN skiplock.job_id_days.day IS
 
 COMMENT ON COLUMN skiplock.job_id_days.id_reached IS
     'The greatest job id handed out when skiplock first saw the day (0: none yet): a job with a greater id finished that day or after, unless its finished_at was written by hand.';
-
-COMMENT ON COLUMN skiplock.key_rate_windows.queue IS
-    'The queue with key_rate_limit.';
-
-COMMENT ON COLUMN skiplock.key_rate_windows.concurrency_key IS
-    'The key.';
-
-COMMENT ON COLUMN skiplock.key_rate_windows.starts IS
-    'The key''s last starts, oldest first; -infinity where fewer were made.';
-
-COMMENT ON COLUMN skiplock.key_rate_windows.expires_at IS
-    'When the newest start is a whole period old: the row counts nothing from then on and the sweep deletes it.';
-
-COMMENT ON COLUMN skiplock.key_rate_windows.held_until IS
-    'While a full window holds the key''s jobs back, when it has room again.';
-
-COMMENT ON COLUMN skiplock.key_rate_windows.hold_pending IS
-    'Set by the claim that filled the window, for it to hold back the key''s queued jobs before it returns.';
 
 COMMENT ON COLUMN skiplock.cron_schedules.name IS
     'The schedule''s name.';

@@ -829,6 +829,7 @@ DECLARE
     room bigint := max_jobs;
     wanted bigint;
     rate_room bigint;
+    refill_at timestamptz;
     claim_time timestamptz;
     taken bigint;
     taken_now bigint;
@@ -963,15 +964,16 @@ BEGIN
             END IF;
             IF lim_rate_limit IS NOT NULL THEN
                 wanted := room;
-                rate_room := skiplock.internal_rate_room(queue_name, lim_rate_limit,
+                rate_room := skiplock.internal_rate_room(queue_name, '', lim_rate_limit,
                                                          lim_rate_period, claim_time, wanted);
                 room := least(room, rate_room);
             END IF;
             IF room <= 0 THEN
-                IF rate_room IS NOT NULL THEN
-                    PERFORM skiplock.internal_rate_record(queue_name, 0, claim_time,
-                                                          lim_rate_limit, lim_rate_period,
-                                                          rate_room < wanted);
+                IF rate_room < wanted THEN
+                    -- Held back: the workers are told when the window has room again.
+                    PERFORM skiplock.internal_notify_refill(
+                        queue_name, skiplock.internal_rate_full_until(
+                            queue_name, '', lim_rate_limit, lim_rate_period, claim_time));
                 END IF;
                 RETURN;
             END IF;
@@ -1190,9 +1192,13 @@ BEGIN
         WHERE EXISTS (SELECT 1 FROM skiplock.key_slots_freed f WHERE f.queue = queue_name);
     END IF;
     IF rate_room IS NOT NULL THEN
-        PERFORM skiplock.internal_rate_record(queue_name, taken, claim_time, lim_rate_limit,
-                                              lim_rate_period,
-                                              rate_room < wanted AND taken >= rate_room);
+        -- The starts taken; when the limit held jobs back, the workers are told when the
+        -- window has room again (a refilled window is claimed then, not at the next poll).
+        refill_at := skiplock.internal_rate_record(queue_name, '', taken, claim_time,
+                                                   lim_rate_limit, lim_rate_period);
+        IF rate_room < wanted AND taken >= rate_room THEN
+            PERFORM skiplock.internal_notify_refill(queue_name, refill_at);
+        END IF;
     END IF;
     IF sharing THEN
         PERFORM set_config('skiplock.claim_shares',
@@ -2007,9 +2013,9 @@ CREATE FUNCTION skiplock.internal_forget_key_limit_rows() RETURNS integer
     SET jit TO 'off'
     AS $$
     WITH windows AS (
-        DELETE FROM skiplock.key_rate_windows w
+        DELETE FROM skiplock.rate_windows w
         WHERE (w.queue, w.concurrency_key) IN (
-                SELECT o.queue, o.concurrency_key FROM skiplock.key_rate_windows o
+                SELECT o.queue, o.concurrency_key FROM skiplock.rate_windows o
                 WHERE o.expires_at < now() AND o.held_until IS NULL AND NOT o.hold_pending
                 ORDER BY o.expires_at
                 LIMIT 500
@@ -2560,7 +2566,7 @@ DECLARE
     refill timestamptz;
 BEGIN
     WITH pending AS (
-        UPDATE skiplock.key_rate_windows w SET hold_pending = false
+        UPDATE skiplock.rate_windows w SET hold_pending = false
         WHERE w.queue = queue_name AND w.hold_pending
         RETURNING w.concurrency_key
     )
@@ -2572,7 +2578,7 @@ BEGIN
     -- A LATERAL probe with LIMIT, not EXISTS: a semi join walked every waiting job of the
     -- queue for each window (132 buffers beside 10,000 held jobs, against 4).
     SELECT min(w.held_until) INTO refill
-    FROM skiplock.key_rate_windows w
+    FROM skiplock.rate_windows w
     CROSS JOIN LATERAL (SELECT 1 FROM skiplock.jobs_live j
                         WHERE j.queue = queue_name AND j.state = 'waiting'
                           AND j.held_for IS NOT NULL AND j.concurrency_key = w.concurrency_key
@@ -3234,34 +3240,20 @@ CREATE FUNCTION skiplock.internal_key_rate_take(queue_name text, key text, wante
     SET jit TO 'off'
     AS $$
 DECLARE
-    kept timestamptz[];
-    n int;
     took bigint;
+    full_until timestamptz;
 BEGIN
     IF wanted IS NULL OR wanted <= 0 THEN
         RETURN 0;
     END IF;
-    SELECT w.starts INTO kept FROM skiplock.key_rate_windows w
-    WHERE w.queue = queue_name AND w.concurrency_key = key;
-    kept := coalesce(kept, '{}');
-    took := skiplock.internal_window_room(kept, rate_limit, rate_period, at, wanted);
-    IF cardinality(kept) < rate_limit THEN
-        kept := array_fill('-infinity'::timestamptz, ARRAY[rate_limit - cardinality(kept)]) || kept;
+    took := skiplock.internal_rate_room(queue_name, key, rate_limit, rate_period, at, wanted);
+    full_until := skiplock.internal_rate_record(queue_name, key, took, at, rate_limit,
+                                                rate_period);
+    IF full_until IS NOT NULL THEN
+        UPDATE skiplock.rate_windows w
+        SET held_until = full_until + interval '1 microsecond', hold_pending = true
+        WHERE w.queue = queue_name AND w.concurrency_key = key;
     END IF;
-    n := cardinality(kept);
-    IF took > 0 THEN
-        kept := kept[took + 1 : n] || array_fill(at, ARRAY[took::int]);
-    END IF;
-    INSERT INTO skiplock.key_rate_windows AS w (queue, concurrency_key, starts, expires_at,
-                                                held_until, hold_pending)
-    VALUES (queue_name, key, kept, kept[n] + rate_period,
-            CASE WHEN kept[n - rate_limit + 1] >= at - rate_period
-                 THEN kept[n - rate_limit + 1] + rate_period + interval '1 microsecond' END,
-            kept[n - rate_limit + 1] >= at - rate_period)
-    ON CONFLICT (queue, concurrency_key) DO UPDATE
-    SET starts = excluded.starts, expires_at = excluded.expires_at,
-        held_until = coalesce(excluded.held_until, w.held_until),
-        hold_pending = w.hold_pending OR excluded.hold_pending;
     RETURN took;
 END;
 $$;
@@ -3354,27 +3346,26 @@ END;
 $$;
 
 --
--- Name: internal_make_rate_ring(text, integer); Type: FUNCTION; Schema: skiplock; Owner: -
+-- Name: internal_make_rate_ring(text, text, integer); Type: FUNCTION; Schema: skiplock; Owner: -
 --
 
-CREATE FUNCTION skiplock.internal_make_rate_ring(queue_name text, size integer) RETURNS void
+CREATE FUNCTION skiplock.internal_make_rate_ring(queue_name text, key text, size integer) RETURNS void
     LANGUAGE plpgsql
     AS $$
 DECLARE
     kept timestamptz[];
 BEGIN
-    kept := ARRAY(SELECT k.t FROM (SELECT s.started_at AS t FROM skiplock.queue_rate_starts s
-                                   WHERE s.queue = queue_name AND s.started_at > '-infinity'
-                                   ORDER BY s.started_at DESC LIMIT size) k
-                  ORDER BY k.t);
-    DELETE FROM skiplock.queue_rate_starts s WHERE s.queue = queue_name;
-    INSERT INTO skiplock.queue_rate_rings AS r (queue, size, next_slot)
-    VALUES (queue_name, internal_make_rate_ring.size, 0)
-    ON CONFLICT (queue) DO UPDATE SET size = excluded.size, next_slot = 0;
-    INSERT INTO skiplock.queue_rate_starts (queue, slot, started_at)
-    SELECT queue_name, i,
-           coalesce(kept[i - (internal_make_rate_ring.size - cardinality(kept)) + 1], '-infinity')
-    FROM generate_series(0, internal_make_rate_ring.size - 1) AS i;
+    kept := ARRAY(SELECT s.started_at FROM skiplock.rate_window_starts s
+                  WHERE s.queue = queue_name AND s.concurrency_key = key
+                  ORDER BY s.started_at);
+    DELETE FROM skiplock.rate_window_starts s
+    WHERE s.queue = queue_name AND s.concurrency_key = key;
+    INSERT INTO skiplock.rate_windows AS w (queue, concurrency_key, size, next_slot, expires_at)
+    VALUES (queue_name, key, internal_make_rate_ring.size, 0, 'infinity')
+    ON CONFLICT (queue, concurrency_key) DO UPDATE SET size = excluded.size, next_slot = 0;
+    INSERT INTO skiplock.rate_window_starts (queue, concurrency_key, slot, started_at)
+    SELECT queue_name, key, internal_make_rate_ring.size - cardinality(kept) + i - 1, kept[i]
+    FROM generate_subscripts(kept, 1) AS i;
 END;
 $$;
 
@@ -3814,19 +3805,32 @@ BEGIN
     -- The queue's lock first, as a claim takes it before it writes the windows.
     PERFORM pg_advisory_xact_lock(skiplock.internal_queue_limit_lock_id(OLD.name));
     IF TG_OP = 'DELETE' THEN
-        DELETE FROM skiplock.key_rate_windows w WHERE w.queue = OLD.name;
+        DELETE FROM skiplock.rate_windows w WHERE w.queue = OLD.name;
         DELETE FROM skiplock.key_slots_freed f WHERE f.queue = OLD.name;
     ELSE
         IF NEW.key_max_running IS NULL AND NEW.key_claimable IS NULL THEN
             DELETE FROM skiplock.key_slots_freed f WHERE f.queue = NEW.name;
         END IF;
         IF NEW.key_rate_limit IS NULL THEN
-            DELETE FROM skiplock.key_rate_windows w WHERE w.queue = NEW.name;
-        ELSE
-            UPDATE skiplock.key_rate_windows w
-            SET expires_at = w.starts[cardinality(w.starts)] + NEW.key_rate_period,
-                held_until = CASE WHEN w.held_until IS NOT NULL THEN now() END
-            WHERE w.queue = NEW.name;
+            DELETE FROM skiplock.rate_windows w
+            WHERE w.queue = NEW.name AND w.concurrency_key <> '';
+        END IF;
+        UPDATE skiplock.rate_windows w
+        SET expires_at = coalesce(
+                (SELECT s.started_at FROM skiplock.rate_window_starts s
+                 WHERE s.queue = w.queue AND s.concurrency_key = w.concurrency_key
+                   AND s.slot = (w.next_slot + w.size - 1) % w.size)
+                + CASE WHEN w.concurrency_key = '' THEN NEW.rate_period
+                       ELSE NEW.key_rate_period END,
+                w.expires_at),
+            held_until = CASE WHEN w.held_until IS NOT NULL THEN now() END
+        WHERE w.queue = NEW.name;
+        IF NEW.key_max_running IS NOT DISTINCT FROM OLD.key_max_running
+           AND NEW.key_claimable IS NOT DISTINCT FROM OLD.key_claimable
+           AND NEW.key_rate_limit IS NOT DISTINCT FROM OLD.key_rate_limit
+           AND NEW.key_rate_period IS NOT DISTINCT FROM OLD.key_rate_period THEN
+            -- The queue's rate_period alone: no key's room changed.
+            RETURN NULL;
         END IF;
     END IF;
     PERFORM skiplock.internal_release_held(OLD.name, NULL);
@@ -3862,64 +3866,91 @@ END;
 $$;
 
 --
--- Name: internal_rate_record(text, bigint, timestamp with time zone, integer, interval, boolean); Type: FUNCTION; Schema: skiplock; Owner: -
+-- Name: internal_rate_full_until(text, text, integer, interval, timestamp with time zone); Type: FUNCTION; Schema: skiplock; Owner: -
 --
 
-CREATE FUNCTION skiplock.internal_rate_record(queue_name text, taken bigint, at timestamp with time zone, rate_limit integer, rate_period interval, held_back boolean) RETURNS void
-    LANGUAGE plpgsql
+CREATE FUNCTION skiplock.internal_rate_full_until(queue_name text, key text, rate_limit integer, rate_period interval, at timestamp with time zone) RETURNS timestamp with time zone
+    LANGUAGE plpgsql STABLE
     SET enable_seqscan TO 'off'
     SET enable_bitmapscan TO 'off'
     SET jit TO 'off'
     AS $$
-DECLARE
-    ring skiplock.queue_rate_rings;
 BEGIN
-    SELECT * INTO ring FROM skiplock.queue_rate_rings r WHERE r.queue = queue_name;
-    IF taken > 0 THEN
-        UPDATE skiplock.queue_rate_starts s SET started_at = at
-        WHERE s.queue = queue_name
-          AND s.slot = ANY (ARRAY(SELECT (ring.next_slot + i) % ring.size
-                                  FROM generate_series(0, least(taken, ring.size) - 1) AS i));
-        UPDATE skiplock.queue_rate_rings r
-        SET next_slot = ((ring.next_slot + taken) % ring.size)::int
-        WHERE r.queue = queue_name;
-    END IF;
-    IF held_back THEN
-        PERFORM skiplock.internal_notify_refill(queue_name, s.started_at + rate_period)
-        FROM skiplock.queue_rate_starts s
-        WHERE s.queue = queue_name
-          AND s.slot = (ring.next_slot + taken + ring.size - rate_limit) % ring.size;
-    END IF;
+    RETURN (SELECT s.started_at + rate_period
+            FROM skiplock.rate_windows w
+            JOIN skiplock.rate_window_starts s
+              ON s.queue = w.queue AND s.concurrency_key = w.concurrency_key
+             AND s.slot = (w.next_slot + w.size - rate_limit) % w.size
+            WHERE w.queue = queue_name AND w.concurrency_key = key AND w.size >= rate_limit
+              AND s.started_at >= at - rate_period);
 END;
 $$;
 
 --
--- Name: internal_rate_room(text, integer, interval, timestamp with time zone, bigint); Type: FUNCTION; Schema: skiplock; Owner: -
+-- Name: internal_rate_record(text, text, bigint, timestamp with time zone, integer, interval); Type: FUNCTION; Schema: skiplock; Owner: -
 --
 
-CREATE FUNCTION skiplock.internal_rate_room(queue_name text, rate_limit integer, rate_period interval, at timestamp with time zone, wanted bigint) RETURNS bigint
+CREATE FUNCTION skiplock.internal_rate_record(queue_name text, key text, taken bigint, at timestamp with time zone, rate_limit integer, rate_period interval) RETURNS timestamp with time zone
     LANGUAGE plpgsql
     SET enable_seqscan TO 'off'
     SET enable_bitmapscan TO 'off'
     SET jit TO 'off'
     AS $$
 DECLARE
-    ring skiplock.queue_rate_rings;
-    look bigint := least(wanted, rate_limit);
+    ring skiplock.rate_windows;
+BEGIN
+    IF taken > 0 THEN
+        -- Locked: the sweep deletes a window once it counts nothing, and skips one a claim
+        -- holds; one it deleted meanwhile is made again (a start of it would refer to no
+        -- window).
+        SELECT * INTO ring FROM skiplock.rate_windows w
+        WHERE w.queue = queue_name AND w.concurrency_key = key
+        FOR UPDATE;
+        IF ring.queue IS NULL OR ring.size < rate_limit THEN
+            PERFORM skiplock.internal_make_rate_ring(queue_name, key, rate_limit);
+            SELECT * INTO ring FROM skiplock.rate_windows w
+            WHERE w.queue = queue_name AND w.concurrency_key = key;
+        END IF;
+        INSERT INTO skiplock.rate_window_starts AS s (queue, concurrency_key, slot, started_at)
+        SELECT queue_name, key, (ring.next_slot + i) % ring.size, at
+        FROM generate_series(0, least(taken, ring.size) - 1) AS i
+        ON CONFLICT (queue, concurrency_key, slot) DO UPDATE SET started_at = excluded.started_at;
+        UPDATE skiplock.rate_windows w
+        SET next_slot = ((ring.next_slot + taken) % ring.size)::int,
+            expires_at = at + rate_period
+        WHERE w.queue = queue_name AND w.concurrency_key = key;
+    END IF;
+    RETURN skiplock.internal_rate_full_until(queue_name, key, rate_limit, rate_period, at);
+END;
+$$;
+
+--
+-- Name: internal_rate_room(text, text, integer, interval, timestamp with time zone, bigint); Type: FUNCTION; Schema: skiplock; Owner: -
+--
+
+CREATE FUNCTION skiplock.internal_rate_room(queue_name text, key text, rate_limit integer, rate_period interval, at timestamp with time zone, wanted bigint) RETURNS bigint
+    LANGUAGE plpgsql STABLE
+    SET enable_seqscan TO 'off'
+    SET enable_bitmapscan TO 'off'
+    SET jit TO 'off'
+    AS $$
+DECLARE
+    ring skiplock.rate_windows;
+    look bigint := greatest(least(wanted, rate_limit), 0);
     first_busy bigint;
 BEGIN
-    SELECT * INTO ring FROM skiplock.queue_rate_rings r WHERE r.queue = queue_name;
-    IF ring.queue IS NULL OR ring.size < rate_limit THEN
-        PERFORM skiplock.internal_make_rate_ring(queue_name, rate_limit);
-        SELECT * INTO ring FROM skiplock.queue_rate_rings r WHERE r.queue = queue_name;
+    IF rate_limit IS NULL THEN
+        RETURN NULL;
     END IF;
-    IF look <= 0 THEN
-        RETURN 0;
+    SELECT * INTO ring FROM skiplock.rate_windows w
+    WHERE w.queue = queue_name AND w.concurrency_key = key;
+    IF ring.queue IS NULL OR look = 0 THEN
+        RETURN look;
     END IF;
     SELECT min(i) INTO first_busy
-    FROM generate_series(0, look - 1) AS i
-    JOIN skiplock.queue_rate_starts s
-      ON s.queue = queue_name
+    FROM generate_series(greatest(rate_limit - ring.size, 0), look - 1) AS i
+    JOIN skiplock.rate_window_starts s
+      ON s.queue = queue_name AND s.concurrency_key = key
      AND s.slot = (ring.next_slot + ring.size - rate_limit + i) % ring.size
     WHERE s.started_at >= at - rate_period;
     RETURN coalesce(first_busy, look);
@@ -4344,10 +4375,8 @@ BEGIN
                     WHERE r.queue = queue_name AND r.state = 'running'
                       AND r.concurrency_key = l.key
                     LIMIT key_limit) t) END,
-            skiplock.internal_window_room(
-                (SELECT w.starts FROM skiplock.key_rate_windows w
-                 WHERE w.queue = queue_name AND w.concurrency_key = l.key),
-                key_rate, key_period, clock_timestamp(), key_rate),
+            skiplock.internal_rate_room(queue_name, l.key, key_rate, key_period,
+                                        clock_timestamp(), key_rate),
             claimable - skiplock.internal_key_queued(queue_name, l.key, claimable)) AS room
         FROM looked_at l
     ), released AS (
@@ -4393,7 +4422,7 @@ DECLARE
     refilled text[];
 BEGIN
     WITH due AS (
-        UPDATE skiplock.key_rate_windows w SET held_until = NULL
+        UPDATE skiplock.rate_windows w SET held_until = NULL
         WHERE w.queue = queue_name AND w.held_until <= at
         RETURNING w.concurrency_key
     )
@@ -4419,7 +4448,7 @@ BEGIN
     ELSIF held_for = 'fair' THEN
         PERFORM skiplock.internal_recheck_keys(ARRAY[queue], ARRAY[key]);
     ELSIF held_for = 'rate' THEN
-        PERFORM 1 FROM skiplock.key_rate_windows w
+        PERFORM 1 FROM skiplock.rate_windows w
         WHERE w.queue = internal_release_watched.queue AND w.concurrency_key = key
         FOR UPDATE;
     END IF;
@@ -5241,21 +5270,6 @@ CREATE FUNCTION skiplock.internal_unique_key_lock_id(key text) RETURNS bigint
 $$;
 
 --
--- Name: internal_window_room(timestamp with time zone[], integer, interval, timestamp with time zone, bigint); Type: FUNCTION; Schema: skiplock; Owner: -
---
-
-CREATE FUNCTION skiplock.internal_window_room(starts timestamp with time zone[], rate_limit integer, rate_period interval, at timestamp with time zone, wanted bigint) RETURNS bigint
-    LANGUAGE sql IMMUTABLE PARALLEL SAFE
-    AS $$
-    SELECT CASE WHEN rate_limit IS NULL THEN NULL ELSE coalesce(
-        (SELECT min(i) - 1
-         FROM generate_series(1, least(wanted, rate_limit)) AS i
-         WHERE coalesce(starts[coalesce(cardinality(starts), 0) - rate_limit + i],
-                        '-infinity') >= at - rate_period),
-        greatest(least(wanted, rate_limit), 0)) END;
-$$;
-
---
 -- Name: left_behind(text[], text[]); Type: FUNCTION; Schema: skiplock; Owner: -
 --
 
@@ -5505,7 +5519,7 @@ BEGIN
     PERFORM skiplock.internal_check_rate_limit('rate_limit', 'rate_period', rate_limit,
                                                rate_period, 100000, 100);
     PERFORM skiplock.internal_check_rate_limit('key_rate_limit', 'key_rate_period',
-                                               key_rate_limit, key_rate_period, 10000, 10);
+                                               key_rate_limit, key_rate_period, 100000, 10);
     INSERT INTO skiplock.queues AS q (name, max_running, rate_limit, rate_period,
                                       key_max_running, key_rate_limit, key_rate_period,
                                       key_claimable)
@@ -5655,14 +5669,9 @@ BEGIN
     SELECT * INTO queue_row FROM skiplock.queues q WHERE q.name = job.queue;
     IF job.concurrency_key IS NOT NULL AND queue_row.key_rate_limit IS NOT NULL THEN
         -- When the key's rate window has room again, if it is full now.
-        SELECT w.starts[cardinality(w.starts) - queue_row.key_rate_limit + 1]
-               + queue_row.key_rate_period
-        INTO key_rate_next
-        FROM skiplock.key_rate_windows w
-        WHERE w.queue = job.queue AND w.concurrency_key = job.concurrency_key;
-        IF key_rate_next <= now() THEN
-            key_rate_next := NULL;
-        END IF;
+        key_rate_next := skiplock.internal_rate_full_until(
+            job.queue, job.concurrency_key, queue_row.key_rate_limit,
+            queue_row.key_rate_period, now());
     END IF;
     IF job.state = 'waiting' THEN
         IF job.ordering_key IS NOT NULL THEN
@@ -5746,13 +5755,9 @@ BEGIN
                       key_rate_next);
     END IF;
     IF queue_row.rate_limit IS NOT NULL THEN
-        SELECT s.started_at + queue_row.rate_period INTO rate_next
-        FROM skiplock.queue_rate_rings g
-        JOIN skiplock.queue_rate_starts s
-          ON s.queue = g.queue
-         AND s.slot = (g.next_slot + g.size - queue_row.rate_limit) % g.size
-        WHERE g.queue = job.queue AND g.size >= queue_row.rate_limit;
-        IF rate_next > now() THEN
+        rate_next := skiplock.internal_rate_full_until(job.queue, '', queue_row.rate_limit,
+                                                       queue_row.rate_period, now());
+        IF rate_next IS NOT NULL THEN
             RETURN format('held back by the queue''s rate limit: %s starts of queue %L in %s; the next may start at %s',
                           queue_row.rate_limit, job.queue, queue_row.rate_period, rate_next);
         END IF;
@@ -6292,61 +6297,6 @@ COMMENT ON COLUMN skiplock.key_held_from.scheduled_at IS 'See priority.';
 COMMENT ON COLUMN skiplock.key_held_from.id IS 'See priority.';
 
 --
--- Name: key_rate_windows; Type: TABLE; Schema: skiplock; Owner: -
---
-
-CREATE TABLE skiplock.key_rate_windows (
-    queue text NOT NULL,
-    concurrency_key text NOT NULL,
-    starts timestamp with time zone[] NOT NULL,
-    expires_at timestamp with time zone NOT NULL,
-    held_until timestamp with time zone,
-    hold_pending boolean DEFAULT false NOT NULL
-);
-
---
--- Name: TABLE key_rate_windows; Type: COMMENT; Schema: skiplock; Owner: -
---
-
-COMMENT ON TABLE skiplock.key_rate_windows IS 'Internal (key_rate_limit): a concurrency key''s last starts within its rate window, and whether the window holds the key''s jobs back.';
-
---
--- Name: COLUMN key_rate_windows.queue; Type: COMMENT; Schema: skiplock; Owner: -
---
-
-COMMENT ON COLUMN skiplock.key_rate_windows.queue IS 'The queue with key_rate_limit.';
-
---
--- Name: COLUMN key_rate_windows.concurrency_key; Type: COMMENT; Schema: skiplock; Owner: -
---
-
-COMMENT ON COLUMN skiplock.key_rate_windows.concurrency_key IS 'The key.';
-
---
--- Name: COLUMN key_rate_windows.starts; Type: COMMENT; Schema: skiplock; Owner: -
---
-
-COMMENT ON COLUMN skiplock.key_rate_windows.starts IS 'The key''s last starts, oldest first; -infinity where fewer were made.';
-
---
--- Name: COLUMN key_rate_windows.expires_at; Type: COMMENT; Schema: skiplock; Owner: -
---
-
-COMMENT ON COLUMN skiplock.key_rate_windows.expires_at IS 'When the newest start is a whole period old: the row counts nothing from then on and the sweep deletes it.';
-
---
--- Name: COLUMN key_rate_windows.held_until; Type: COMMENT; Schema: skiplock; Owner: -
---
-
-COMMENT ON COLUMN skiplock.key_rate_windows.held_until IS 'While a full window holds the key''s jobs back, when it has room again.';
-
---
--- Name: COLUMN key_rate_windows.hold_pending; Type: COMMENT; Schema: skiplock; Owner: -
---
-
-COMMENT ON COLUMN skiplock.key_rate_windows.hold_pending IS 'Set by the claim that filled the window, for it to hold back the key''s queued jobs before it returns.';
-
---
 -- Name: queues; Type: TABLE; Schema: skiplock; Owner: -
 --
 
@@ -6363,7 +6313,7 @@ CREATE TABLE skiplock.queues (
     key_claimable integer,
     CONSTRAINT queues_key_claimable_at_least_1 CHECK ((key_claimable >= 1)),
     CONSTRAINT queues_key_max_running_at_least_1 CHECK ((key_max_running >= 1)),
-    CONSTRAINT queues_key_rate_limit_1_to_10000 CHECK (((key_rate_limit >= 1) AND (key_rate_limit <= 10000))),
+    CONSTRAINT queues_key_rate_limit_1_to_100000 CHECK (((key_rate_limit >= 1) AND (key_rate_limit <= 100000))),
     CONSTRAINT queues_key_rate_limit_and_period_together CHECK (((key_rate_limit IS NULL) = (key_rate_period IS NULL))),
     CONSTRAINT queues_key_rate_period_positive CHECK ((key_rate_period > '00:00:00'::interval)),
     CONSTRAINT queues_max_running_at_least_1 CHECK ((max_running >= 1)),
@@ -6426,7 +6376,7 @@ COMMENT ON COLUMN skiplock.queues.key_max_running IS 'At most this many jobs of 
 -- Name: COLUMN queues.key_rate_limit; Type: COMMENT; Schema: skiplock; Owner: -
 --
 
-COMMENT ON COLUMN skiplock.queues.key_rate_limit IS 'At most this many jobs of one concurrency_key started in any window of key_rate_period (1 to 10,000). NULL: no limit.';
+COMMENT ON COLUMN skiplock.queues.key_rate_limit IS 'At most this many jobs of one concurrency_key started in any window of key_rate_period (1 to 100,000). NULL: no limit.';
 
 --
 -- Name: COLUMN queues.key_rate_period; Type: COMMENT; Schema: skiplock; Owner: -
@@ -6484,38 +6434,108 @@ CREATE VIEW skiplock.queue_lag AS
 COMMENT ON VIEW skiplock.queue_lag IS 'Per queue with queued jobs: how long the oldest runnable job has been due (zero when none is due). Example: SELECT queue, lag FROM skiplock.queue_lag WHERE lag > interval ''1 minute'';';
 
 --
--- Name: queue_rate_starts; Type: TABLE; Schema: skiplock; Owner: -
+-- Name: rate_window_starts; Type: TABLE; Schema: skiplock; Owner: -
 --
 
-CREATE TABLE skiplock.queue_rate_starts (
+CREATE TABLE skiplock.rate_window_starts (
     queue text NOT NULL,
+    concurrency_key text NOT NULL,
     slot integer NOT NULL,
     started_at timestamp with time zone NOT NULL
 );
 
 --
--- Name: TABLE queue_rate_starts; Type: COMMENT; Schema: skiplock; Owner: -
+-- Name: TABLE rate_window_starts; Type: COMMENT; Schema: skiplock; Owner: -
 --
 
-COMMENT ON TABLE skiplock.queue_rate_starts IS 'Internal (rate_limit): a ring''s slots, each the start time of one claimed job.';
+COMMENT ON TABLE skiplock.rate_window_starts IS 'Internal (rate_limit, key_rate_limit): a window''s ring slots, each the start time of one claimed job; a slot never written counts as -infinity.';
 
 --
--- Name: COLUMN queue_rate_starts.queue; Type: COMMENT; Schema: skiplock; Owner: -
+-- Name: COLUMN rate_window_starts.queue; Type: COMMENT; Schema: skiplock; Owner: -
 --
 
-COMMENT ON COLUMN skiplock.queue_rate_starts.queue IS 'The ring''s queue.';
+COMMENT ON COLUMN skiplock.rate_window_starts.queue IS 'The window''s queue.';
 
 --
--- Name: COLUMN queue_rate_starts.slot; Type: COMMENT; Schema: skiplock; Owner: -
+-- Name: COLUMN rate_window_starts.concurrency_key; Type: COMMENT; Schema: skiplock; Owner: -
 --
 
-COMMENT ON COLUMN skiplock.queue_rate_starts.slot IS 'The slot, 0 to size - 1.';
+COMMENT ON COLUMN skiplock.rate_window_starts.concurrency_key IS 'The window''s key; empty for the queue''s own.';
 
 --
--- Name: COLUMN queue_rate_starts.started_at; Type: COMMENT; Schema: skiplock; Owner: -
+-- Name: COLUMN rate_window_starts.slot; Type: COMMENT; Schema: skiplock; Owner: -
 --
 
-COMMENT ON COLUMN skiplock.queue_rate_starts.started_at IS 'When the job that took the slot was claimed.';
+COMMENT ON COLUMN skiplock.rate_window_starts.slot IS 'The slot, 0 to size - 1.';
+
+--
+-- Name: COLUMN rate_window_starts.started_at; Type: COMMENT; Schema: skiplock; Owner: -
+--
+
+COMMENT ON COLUMN skiplock.rate_window_starts.started_at IS 'When the job that took the slot was claimed.';
+
+--
+-- Name: rate_windows; Type: TABLE; Schema: skiplock; Owner: -
+--
+
+CREATE TABLE skiplock.rate_windows (
+    queue text NOT NULL,
+    concurrency_key text NOT NULL,
+    size integer NOT NULL,
+    next_slot integer NOT NULL,
+    expires_at timestamp with time zone NOT NULL,
+    held_until timestamp with time zone,
+    hold_pending boolean DEFAULT false NOT NULL,
+    CONSTRAINT rate_windows_slot_in_ring CHECK (((next_slot >= 0) AND (next_slot < size)))
+);
+
+--
+-- Name: TABLE rate_windows; Type: COMMENT; Schema: skiplock; Owner: -
+--
+
+COMMENT ON TABLE skiplock.rate_windows IS 'Internal (rate_limit, key_rate_limit): a rate window, the queue''s own or a concurrency key''s: its ring of last starts, its size and where it is written next, and whether it holds the key''s jobs back.';
+
+--
+-- Name: COLUMN rate_windows.queue; Type: COMMENT; Schema: skiplock; Owner: -
+--
+
+COMMENT ON COLUMN skiplock.rate_windows.queue IS 'The queue with rate_limit or key_rate_limit.';
+
+--
+-- Name: COLUMN rate_windows.concurrency_key; Type: COMMENT; Schema: skiplock; Owner: -
+--
+
+COMMENT ON COLUMN skiplock.rate_windows.concurrency_key IS 'The key whose window this is; empty for the queue''s own (rate_limit).';
+
+--
+-- Name: COLUMN rate_windows.size; Type: COMMENT; Schema: skiplock; Owner: -
+--
+
+COMMENT ON COLUMN skiplock.rate_windows.size IS 'Slots in the ring: the highest limit it served.';
+
+--
+-- Name: COLUMN rate_windows.next_slot; Type: COMMENT; Schema: skiplock; Owner: -
+--
+
+COMMENT ON COLUMN skiplock.rate_windows.next_slot IS 'The slot that holds the oldest start, written next.';
+
+--
+-- Name: COLUMN rate_windows.expires_at; Type: COMMENT; Schema: skiplock; Owner: -
+--
+
+COMMENT ON COLUMN skiplock.rate_windows.expires_at IS 'When the newest start is a whole period old: the window counts nothing from then on and the sweep deletes it.';
+
+--
+-- Name: COLUMN rate_windows.held_until; Type: COMMENT; Schema: skiplock; Owner: -
+--
+
+COMMENT ON COLUMN skiplock.rate_windows.held_until IS 'While a key''s full window holds the key''s jobs back, when it has room again.';
+
+--
+-- Name: COLUMN rate_windows.hold_pending; Type: COMMENT; Schema: skiplock; Owner: -
+--
+
+COMMENT ON COLUMN skiplock.rate_windows.hold_pending IS 'Set by the claim that filled a key''s window, for it to hold back the key''s queued jobs before it returns.';
 
 --
 -- Name: queue_limits; Type: VIEW; Schema: skiplock; Owner: -
@@ -6551,8 +6571,8 @@ CREATE VIEW skiplock.queue_limits AS
            FROM skiplock.jobs_live j
           WHERE ((j.queue = q.name) AND (j.state = 'running'::skiplock.job_state))) r)
      CROSS JOIN LATERAL ( SELECT count(*) AS started
-           FROM skiplock.queue_rate_starts x
-          WHERE ((x.queue = q.name) AND (x.started_at > (now() - q.rate_period)))) s)
+           FROM skiplock.rate_window_starts x
+          WHERE ((x.queue = q.name) AND (x.concurrency_key = ''::text) AND (x.started_at > (now() - q.rate_period)))) s)
      CROSS JOIN LATERAL ( SELECT count(*) AS runnable
            FROM skiplock.jobs_live j
           WHERE ((j.queue = q.name) AND (j.state = 'queued'::skiplock.job_state) AND (j.scheduled_at <= now()))) w)
@@ -6568,8 +6588,8 @@ CREATE VIEW skiplock.queue_limits AS
                 END AS keys_at_limit,
                 CASE
                     WHEN (q.key_rate_limit IS NOT NULL) THEN ( SELECT count(*) AS count
-                       FROM skiplock.key_rate_windows w_1
-                      WHERE ((w_1.queue = q.name) AND (w_1.starts[((cardinality(w_1.starts) - q.key_rate_limit) + 1)] >= (now() - q.key_rate_period))))
+                       FROM skiplock.rate_windows w_1
+                      WHERE ((w_1.queue = q.name) AND (w_1.concurrency_key <> ''::text) AND (skiplock.internal_rate_full_until(w_1.queue, w_1.concurrency_key, q.key_rate_limit, q.key_rate_period, now()) IS NOT NULL)))
                     ELSE NULL::bigint
                 END AS keys_rate_limited,
             ( SELECT count(*) AS count
@@ -6583,41 +6603,6 @@ CREATE VIEW skiplock.queue_limits AS
 --
 
 COMMENT ON VIEW skiplock.queue_limits IS 'Per queue with a global limit: max_running and the jobs running, rate_limit per rate_period and the starts in the last period, which limit holds runnable jobs back now (holding_back) and how many (held_back); key_max_running and the keys at it (keys_at_limit), key_rate_limit per key_rate_period and the keys whose window is full (keys_rate_limited), the jobs held back for their keys (held_by_key), and key_claimable (fair queueing by key: the jobs waiting their turn are among held_by_key). Example: SELECT queue, running, max_running, held_back FROM skiplock.queue_limits;';
-
---
--- Name: queue_rate_rings; Type: TABLE; Schema: skiplock; Owner: -
---
-
-CREATE TABLE skiplock.queue_rate_rings (
-    queue text NOT NULL,
-    size integer NOT NULL,
-    next_slot integer NOT NULL,
-    CONSTRAINT queue_rate_rings_slot_in_ring CHECK (((next_slot >= 0) AND (next_slot < size)))
-);
-
---
--- Name: TABLE queue_rate_rings; Type: COMMENT; Schema: skiplock; Owner: -
---
-
-COMMENT ON TABLE skiplock.queue_rate_rings IS 'Internal (rate_limit): a rate-limited queue''s ring of its last starts, its size and where it is written next.';
-
---
--- Name: COLUMN queue_rate_rings.queue; Type: COMMENT; Schema: skiplock; Owner: -
---
-
-COMMENT ON COLUMN skiplock.queue_rate_rings.queue IS 'The rate-limited queue.';
-
---
--- Name: COLUMN queue_rate_rings.size; Type: COMMENT; Schema: skiplock; Owner: -
---
-
-COMMENT ON COLUMN skiplock.queue_rate_rings.size IS 'Slots in the ring: the highest rate_limit it served.';
-
---
--- Name: COLUMN queue_rate_rings.next_slot; Type: COMMENT; Schema: skiplock; Owner: -
---
-
-COMMENT ON COLUMN skiplock.queue_rate_rings.next_slot IS 'The slot that holds the oldest start, written next.';
 
 --
 -- Name: schema_functions; Type: TABLE; Schema: skiplock; Owner: -
@@ -6867,32 +6852,25 @@ ALTER TABLE ONLY skiplock.key_held_from
     ADD CONSTRAINT key_held_from_pkey PRIMARY KEY (queue, concurrency_key);
 
 --
--- Name: key_rate_windows key_rate_windows_pkey; Type: CONSTRAINT; Schema: skiplock; Owner: -
---
-
-ALTER TABLE ONLY skiplock.key_rate_windows
-    ADD CONSTRAINT key_rate_windows_pkey PRIMARY KEY (queue, concurrency_key);
-
---
--- Name: queue_rate_rings queue_rate_rings_pkey; Type: CONSTRAINT; Schema: skiplock; Owner: -
---
-
-ALTER TABLE ONLY skiplock.queue_rate_rings
-    ADD CONSTRAINT queue_rate_rings_pkey PRIMARY KEY (queue);
-
---
--- Name: queue_rate_starts queue_rate_starts_pkey; Type: CONSTRAINT; Schema: skiplock; Owner: -
---
-
-ALTER TABLE ONLY skiplock.queue_rate_starts
-    ADD CONSTRAINT queue_rate_starts_pkey PRIMARY KEY (queue, slot);
-
---
 -- Name: queues queues_pkey; Type: CONSTRAINT; Schema: skiplock; Owner: -
 --
 
 ALTER TABLE ONLY skiplock.queues
     ADD CONSTRAINT queues_pkey PRIMARY KEY (name);
+
+--
+-- Name: rate_window_starts rate_window_starts_pkey; Type: CONSTRAINT; Schema: skiplock; Owner: -
+--
+
+ALTER TABLE ONLY skiplock.rate_window_starts
+    ADD CONSTRAINT rate_window_starts_pkey PRIMARY KEY (queue, concurrency_key, slot);
+
+--
+-- Name: rate_windows rate_windows_pkey; Type: CONSTRAINT; Schema: skiplock; Owner: -
+--
+
+ALTER TABLE ONLY skiplock.rate_windows
+    ADD CONSTRAINT rate_windows_pkey PRIMARY KEY (queue, concurrency_key);
 
 --
 -- Name: schema_functions schema_functions_pkey; Type: CONSTRAINT; Schema: skiplock; Owner: -
@@ -6994,28 +6972,28 @@ CREATE UNIQUE INDEX jobs_unique_key_pending_idx ON skiplock.jobs_live USING btre
 CREATE INDEX jobs_waiting_idx ON skiplock.jobs_live USING btree (id) WHERE (state = 'waiting'::skiplock.job_state);
 
 --
--- Name: key_rate_windows_expires_idx; Type: INDEX; Schema: skiplock; Owner: -
---
-
-CREATE INDEX key_rate_windows_expires_idx ON skiplock.key_rate_windows USING btree (expires_at);
-
---
--- Name: key_rate_windows_held_idx; Type: INDEX; Schema: skiplock; Owner: -
---
-
-CREATE INDEX key_rate_windows_held_idx ON skiplock.key_rate_windows USING btree (queue, held_until) WHERE (held_until IS NOT NULL);
-
---
--- Name: key_rate_windows_hold_pending_idx; Type: INDEX; Schema: skiplock; Owner: -
---
-
-CREATE INDEX key_rate_windows_hold_pending_idx ON skiplock.key_rate_windows USING btree (queue) WHERE hold_pending;
-
---
 -- Name: key_slots_freed_queue_idx; Type: INDEX; Schema: skiplock; Owner: -
 --
 
 CREATE INDEX key_slots_freed_queue_idx ON skiplock.key_slots_freed USING btree (queue);
+
+--
+-- Name: rate_windows_expires_idx; Type: INDEX; Schema: skiplock; Owner: -
+--
+
+CREATE INDEX rate_windows_expires_idx ON skiplock.rate_windows USING btree (expires_at);
+
+--
+-- Name: rate_windows_held_idx; Type: INDEX; Schema: skiplock; Owner: -
+--
+
+CREATE INDEX rate_windows_held_idx ON skiplock.rate_windows USING btree (queue, held_until) WHERE (held_until IS NOT NULL);
+
+--
+-- Name: rate_windows_hold_pending_idx; Type: INDEX; Schema: skiplock; Owner: -
+--
+
+CREATE INDEX rate_windows_hold_pending_idx ON skiplock.rate_windows USING btree (queue) WHERE hold_pending;
 
 --
 -- Name: jobs_done_default_id_idx; Type: INDEX ATTACH; Schema: skiplock; Owner: -
@@ -7117,13 +7095,13 @@ CREATE TRIGGER queues_after_handoff_rules_change AFTER DELETE OR UPDATE ON skipl
 -- Name: queues queues_after_key_limit_change; Type: TRIGGER; Schema: skiplock; Owner: -
 --
 
-CREATE TRIGGER queues_after_key_limit_change AFTER UPDATE ON skiplock.queues FOR EACH ROW WHEN ((((old.key_max_running IS NOT NULL) AND (new.key_max_running IS DISTINCT FROM old.key_max_running)) OR ((old.key_claimable IS NOT NULL) AND (new.key_claimable IS DISTINCT FROM old.key_claimable)) OR ((old.key_rate_limit IS NOT NULL) AND ((new.key_rate_limit IS DISTINCT FROM old.key_rate_limit) OR (new.key_rate_period IS DISTINCT FROM old.key_rate_period))))) EXECUTE FUNCTION skiplock.internal_queues_after_key_limit();
+CREATE TRIGGER queues_after_key_limit_change AFTER UPDATE ON skiplock.queues FOR EACH ROW WHEN ((((old.key_max_running IS NOT NULL) AND (new.key_max_running IS DISTINCT FROM old.key_max_running)) OR ((old.key_claimable IS NOT NULL) AND (new.key_claimable IS DISTINCT FROM old.key_claimable)) OR ((old.key_rate_limit IS NOT NULL) AND ((new.key_rate_limit IS DISTINCT FROM old.key_rate_limit) OR (new.key_rate_period IS DISTINCT FROM old.key_rate_period))) OR ((old.rate_limit IS NOT NULL) AND (new.rate_period IS DISTINCT FROM old.rate_period)))) EXECUTE FUNCTION skiplock.internal_queues_after_key_limit();
 
 --
 -- Name: queues queues_after_key_limit_delete; Type: TRIGGER; Schema: skiplock; Owner: -
 --
 
-CREATE TRIGGER queues_after_key_limit_delete AFTER DELETE ON skiplock.queues FOR EACH ROW WHEN (((old.key_max_running IS NOT NULL) OR (old.key_rate_limit IS NOT NULL) OR (old.key_claimable IS NOT NULL))) EXECUTE FUNCTION skiplock.internal_queues_after_key_limit();
+CREATE TRIGGER queues_after_key_limit_delete AFTER DELETE ON skiplock.queues FOR EACH ROW WHEN (((old.key_max_running IS NOT NULL) OR (old.key_rate_limit IS NOT NULL) OR (old.key_claimable IS NOT NULL) OR (old.rate_limit IS NOT NULL))) EXECUTE FUNCTION skiplock.internal_queues_after_key_limit();
 
 --
 -- Name: queues queues_after_max_running_change; Type: TRIGGER; Schema: skiplock; Owner: -
@@ -7144,18 +7122,11 @@ CREATE TRIGGER queues_after_max_running_insert AFTER INSERT ON skiplock.queues F
 CREATE TRIGGER queues_after_write AFTER INSERT OR UPDATE ON skiplock.queues FOR EACH ROW WHEN ((NOT new.paused)) EXECUTE FUNCTION skiplock.internal_queues_after_write();
 
 --
--- Name: queue_rate_rings queue_rate_rings_queue_fkey; Type: FK CONSTRAINT; Schema: skiplock; Owner: -
+-- Name: rate_window_starts rate_window_starts_queue_concurrency_key_fkey; Type: FK CONSTRAINT; Schema: skiplock; Owner: -
 --
 
-ALTER TABLE ONLY skiplock.queue_rate_rings
-    ADD CONSTRAINT queue_rate_rings_queue_fkey FOREIGN KEY (queue) REFERENCES skiplock.queues(name) ON UPDATE CASCADE ON DELETE CASCADE;
-
---
--- Name: queue_rate_starts queue_rate_starts_queue_fkey; Type: FK CONSTRAINT; Schema: skiplock; Owner: -
---
-
-ALTER TABLE ONLY skiplock.queue_rate_starts
-    ADD CONSTRAINT queue_rate_starts_queue_fkey FOREIGN KEY (queue) REFERENCES skiplock.queue_rate_rings(queue) ON UPDATE CASCADE ON DELETE CASCADE;
+ALTER TABLE ONLY skiplock.rate_window_starts
+    ADD CONSTRAINT rate_window_starts_queue_concurrency_key_fkey FOREIGN KEY (queue, concurrency_key) REFERENCES skiplock.rate_windows(queue, concurrency_key) ON UPDATE CASCADE ON DELETE CASCADE;
 
 --
 -- PostgreSQL database dump complete

@@ -146,8 +146,8 @@ pub use operations::{
 pub use pgbouncer::PgBouncer;
 pub(crate) use pool::DbPool;
 pub use queue_limits::{
-    KEY_RATE_LIMIT_MAX_STARTS, LimitKind, QueueLimitStatus, QueueLimits, RATE_LIMIT_MAX_STARTS,
-    RateLimit, queue_limits, set_queue_limits,
+    LimitKind, QueueLimitStatus, QueueLimits, RATE_LIMIT_MAX_STARTS, RateLimit, queue_limits,
+    set_queue_limits,
 };
 pub use trace_context::{TRACEPARENT_MAX_BYTES, TRACESTATE_MAX_BYTES, TraceContext};
 pub use worker::events::{JobEvent, JobEventOutcome, JobEvents};

@@ -19,14 +19,10 @@ use crate::db;
 use crate::db::queues::LimitColumns;
 use crate::error::{Error, Result};
 
-/// The most starts a rate limit may count per period: the claim keeps that many start
-/// times of the queue (`skiplock.queue_rate_starts`). For more, use a shorter period.
+/// The most starts a rate limit, the queue's or a key's, may count per period: the claim
+/// keeps up to that many start times of each window (`skiplock.rate_window_starts`). For
+/// more, use a shorter period.
 pub const RATE_LIMIT_MAX_STARTS: u32 = 100_000;
-
-/// The most starts a per-key rate limit may count per period: the claim keeps that many
-/// start times of each key in one row (`skiplock.key_rate_windows`). For more, use a
-/// shorter period.
-pub const KEY_RATE_LIMIT_MAX_STARTS: u32 = 10_000;
 
 /// A queue's global limits; [`QueueLimits::default`] is none.
 ///
@@ -63,8 +59,7 @@ pub struct QueueLimits {
 /// window of `per`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RateLimit {
-    /// Starts allowed per period: 1 to [`RATE_LIMIT_MAX_STARTS`] for a queue, 1 to
-    /// [`KEY_RATE_LIMIT_MAX_STARTS`] for a key.
+    /// Starts allowed per period: 1 to [`RATE_LIMIT_MAX_STARTS`].
     pub starts: NonZeroU32,
     /// The window, in microseconds at the finest; longer than zero.
     pub per: Duration,
@@ -150,11 +145,7 @@ impl QueueLimits {
                 .transpose()
         };
         let queue_rate = rate("a rate limit", RATE_LIMIT_MAX_STARTS, self.rate)?;
-        let key_rate = rate(
-            "a per-key rate limit",
-            KEY_RATE_LIMIT_MAX_STARTS,
-            self.key_rate,
-        )?;
+        let key_rate = rate("a per-key rate limit", RATE_LIMIT_MAX_STARTS, self.key_rate)?;
         Ok(LimitColumns {
             max_running,
             rate_limit: queue_rate.map(|(starts, _)| starts),
@@ -184,8 +175,8 @@ fn rate_from_columns(starts: Option<i32>, period_us: Option<i64>) -> Option<Rate
 ///
 /// # Errors
 ///
-/// [`Error::Config`] for a rate over [`RATE_LIMIT_MAX_STARTS`] starts (a per-key rate over
-/// [`KEY_RATE_LIMIT_MAX_STARTS`]) or a period of zero;
+/// [`Error::Config`] for a rate, the queue's or a key's, over [`RATE_LIMIT_MAX_STARTS`]
+/// starts, or a period of zero;
 /// [`Error::Database`] if the statement fails.
 ///
 /// # Examples

@@ -164,7 +164,7 @@ async fn queue_limits_are_set_kept_listed_and_removed() {
         "queue `exports`: max_running 5, rate 100 per 1m, key_max_running 2, key_rate 10 per 1m, key_claimable none\n"
     );
     for (value, needle) in [
-        ("10001/1m", "write 1 to 10000"),
+        ("100001/1m", "write 1 to 100000"),
         ("0/1s", "out of range"),
         ("5/0s", "period of zero"),
         ("ten", "is not a rate"),

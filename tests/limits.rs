@@ -15,7 +15,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use common::fixtures::{sql_claim, state_of};
+use common::fixtures::{sql_claim, state_of, wait_for_a_lock_wait};
 use fault_support::{
     AuditRow, PATIENCE, Testbed, TestbedArgs, age_claims_of, audit, audited_db,
     check_claim_discipline, enqueue_n, running_held_by, states, wait_until,
@@ -395,11 +395,11 @@ async fn bad_limits_are_refused_with_what_to_write_and_change_nothing() {
         ),
         (
             "SELECT skiplock.set_queue_limits('q', NULL, key_rate_limit => 0, key_rate_period => '1 minute')",
-            "key_rate_limit is 0, it must be between 1 and 10000",
+            "key_rate_limit is 0, it must be between 1 and 100000",
         ),
         (
-            "SELECT skiplock.set_queue_limits('q', NULL, key_rate_limit => 10001, key_rate_period => '1 minute')",
-            "between 1 and 10000",
+            "SELECT skiplock.set_queue_limits('q', NULL, key_rate_limit => 100001, key_rate_period => '1 minute')",
+            "between 1 and 100000",
         ),
         (
             "SELECT skiplock.set_queue_limits('q', NULL, key_rate_limit => 5, key_rate_period => '0 seconds')",
@@ -411,7 +411,7 @@ async fn bad_limits_are_refused_with_what_to_write_and_change_nothing() {
         ),
         (
             "UPDATE skiplock.queues SET key_rate_limit = 0, key_rate_period = '1 s'",
-            "queues_key_rate_limit_1_to_10000",
+            "queues_key_rate_limit_1_to_100000",
         ),
     ] {
         let error = sqlx::query(call)
@@ -430,16 +430,14 @@ async fn bad_limits_are_refused_with_what_to_write_and_change_nothing() {
     let error = skiplock::set_queue_limits(
         pool,
         "q",
-        QueueLimits::default().key_rate(
-            skiplock::KEY_RATE_LIMIT_MAX_STARTS + 1,
-            Duration::from_secs(1),
-        ),
+        QueueLimits::default()
+            .key_rate(skiplock::RATE_LIMIT_MAX_STARTS + 1, Duration::from_secs(1)),
     )
     .await
     .unwrap_err()
     .to_string();
     assert!(
-        error.contains("a per-key rate limit of 10001 starts"),
+        error.contains("a per-key rate limit of 100001 starts"),
         "{error}"
     );
     let limits = skiplock::queue_limits(pool).await.unwrap();
@@ -532,6 +530,126 @@ async fn a_changed_rate_limit_keeps_counting_the_starts_already_made() {
     .await
     .unwrap();
     assert!(why.contains("held back by the queue's rate limit"), "{why}");
+}
+
+/// One store and one rule for every rate window: the queue's own and each key's are
+/// forgotten by the sweep only a whole period after their newest start, by the period the
+/// queue has now. A period lengthened after the starts keeps counting them (a window
+/// forgotten by the old period would let a second start go within the hour).
+#[tokio::test]
+async fn a_rate_window_is_forgotten_a_whole_period_after_its_newest_start_by_its_period_now() {
+    let db = common::test_db().await;
+    let pool = &db.pool;
+    queue_jobs(pool, "r", 3).await;
+    enqueue_n(
+        pool,
+        "noop",
+        json!({}),
+        3,
+        EnqueueOptions::new().queue("k").concurrency_key("a"),
+    )
+    .await;
+    let micro = Duration::from_micros(1);
+    let hour = Duration::from_secs(3600);
+    skiplock::set_queue_limits(pool, "r", QueueLimits::default().rate(1, micro))
+        .await
+        .unwrap();
+    skiplock::set_queue_limits(pool, "k", QueueLimits::default().key_rate(1, micro))
+        .await
+        .unwrap();
+    assert_eq!(claim(pool, "r", 10).await.len(), 1);
+    assert_eq!(claim(pool, "k", 10).await.len(), 1);
+    skiplock::set_queue_limits(pool, "r", QueueLimits::default().rate(1, hour))
+        .await
+        .unwrap();
+    skiplock::set_queue_limits(pool, "k", QueueLimits::default().key_rate(1, hour))
+        .await
+        .unwrap();
+    sqlx::query("SELECT skiplock.internal_settle_waiting()")
+        .execute(pool)
+        .await
+        .unwrap();
+    let windows: Vec<(String, String)> =
+        sqlx::query_as("SELECT queue, concurrency_key FROM skiplock.rate_windows ORDER BY queue")
+            .fetch_all(pool)
+            .await
+            .unwrap();
+    assert_eq!(
+        windows,
+        [
+            ("k".to_owned(), "a".to_owned()),
+            ("r".to_owned(), String::new())
+        ],
+        "both windows kept: their newest start is not an hour old"
+    );
+    assert_eq!(claim(pool, "r", 10).await.len(), 0, "1 start in the hour");
+    assert_eq!(
+        claim(pool, "k", 10).await.len(),
+        0,
+        "1 start of a in the hour"
+    );
+
+    // Back to a microsecond: both windows count nothing, and the sweep forgets them.
+    skiplock::set_queue_limits(pool, "r", QueueLimits::default().rate(1, micro))
+        .await
+        .unwrap();
+    skiplock::set_queue_limits(pool, "k", QueueLimits::default().key_rate(1, micro))
+        .await
+        .unwrap();
+    wait_until("the sweep to forget both windows", PATIENCE, || async {
+        sqlx::query("SELECT skiplock.internal_settle_waiting()")
+            .execute(pool)
+            .await
+            .unwrap();
+        let left: i64 = sqlx::query_scalar("SELECT count(*) FROM skiplock.rate_windows")
+            .fetch_one(pool)
+            .await
+            .unwrap();
+        (left == 0).then_some(())
+    })
+    .await;
+    assert_eq!(claim(pool, "r", 10).await.len(), 1, "a new window");
+}
+
+/// A window the sweep deletes (it counts nothing any more) while a claim takes starts of
+/// it: the claim waits for the delete and makes the window again, instead of failing on
+/// starts that refer to no window.
+#[tokio::test]
+async fn a_claim_taking_starts_of_a_window_the_sweep_deletes_meanwhile_makes_it_again() {
+    let db = common::test_db().await;
+    let pool = &db.pool;
+    queue_jobs(pool, "r", 5).await;
+    skiplock::set_queue_limits(
+        pool,
+        "r",
+        QueueLimits::default().rate(3, Duration::from_secs(3600)),
+    )
+    .await
+    .unwrap();
+    assert_eq!(claim(pool, "r", 1).await.len(), 1);
+    // The sweep's delete, held open (as the sweep deletes a window a period old).
+    let mut sweep = pool.begin().await.unwrap();
+    sqlx::query("DELETE FROM skiplock.rate_windows WHERE queue = 'r'")
+        .execute(&mut *sweep)
+        .await
+        .unwrap();
+    let claiming = tokio::spawn({
+        let pool = pool.clone();
+        async move { claim(&pool, "r", 10).await }
+    });
+    wait_for_a_lock_wait(pool, "the claim to wait for the delete").await;
+    sweep.commit().await.unwrap();
+    assert_eq!(
+        claiming.await.unwrap().len(),
+        2,
+        "the room read before the delete"
+    );
+    let starts: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM skiplock.rate_window_starts WHERE queue = 'r'")
+            .fetch_one(pool)
+            .await
+            .unwrap();
+    assert_eq!(starts, 2, "the window made again with the claim's starts");
 }
 
 /// `skiplock show` says why a queued job waits under max_running, and a freed slot is
@@ -1129,10 +1247,12 @@ async fn a_per_key_rate_limit_written_as_plain_sql_holds_and_removing_it_strands
         .await
         .unwrap();
     assert_eq!(key_states(pool, "a").await.get("waiting"), None);
-    let windows: i64 = sqlx::query_scalar("SELECT count(*) FROM skiplock.key_rate_windows")
-        .fetch_one(pool)
-        .await
-        .unwrap();
+    let windows: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM skiplock.rate_windows WHERE concurrency_key <> ''",
+    )
+    .fetch_one(pool)
+    .await
+    .unwrap();
     assert_eq!(windows, 0, "a removed limit keeps no window");
     assert_eq!(claim(pool, "q", 20).await.len(), 3, "the rest of a");
     assert_eq!(
@@ -1160,10 +1280,12 @@ async fn a_per_key_rate_limit_written_as_plain_sql_holds_and_removing_it_strands
             .execute(pool)
             .await
             .unwrap();
-        let left: i64 = sqlx::query_scalar("SELECT count(*) FROM skiplock.key_rate_windows")
-            .fetch_one(pool)
-            .await
-            .unwrap();
+        let left: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM skiplock.rate_windows WHERE concurrency_key <> ''",
+        )
+        .fetch_one(pool)
+        .await
+        .unwrap();
         (left == 0).then_some(())
     })
     .await;

@@ -6,12 +6,12 @@
 --   internal_queue_limit_lock_id, internal_key_held_from_lock_id, internal_claim_shares
 --   internal_claim_share_lock_id
 --   internal_claim_share_room, internal_take_claim_share, internal_take_every_claim_share
---   internal_make_rate_ring, internal_rate_room
+--   internal_make_rate_ring, internal_rate_room, internal_rate_full_until
 --   internal_rate_record, internal_notify_refill, internal_key_running
 --   internal_hold_keys, internal_hold_full_keys, internal_release_held
 --   internal_held_from, internal_release_fair_key, internal_release_freed_keys
 --   internal_handoff_lock_id, internal_free_slots
---   internal_window_room, internal_key_rate_take, internal_hold_rate_keys
+--   internal_key_rate_take, internal_hold_rate_keys
 --   internal_release_refilled_keys, internal_forget_key_limit_rows
 --   internal_key_first_held, internal_key_queued, internal_hold_overflow
 --   internal_hold_for_turns
@@ -116,103 +116,140 @@ BEGIN
 END;
 $$;
 
--- Makes a queue's ring of start times for `size` starts: the starts it held, oldest
--- first, at its end, and slots whose start is '-infinity' (free: a whole period old)
--- before them. Runs at the first claim after the limit is set above every limit the ring
--- served before (a ring never shrinks: the starts a lowered limit does not need still
--- count if it is raised again within the period), under the queue's lock; its cost
--- follows the limit.
-CREATE OR REPLACE FUNCTION skiplock.internal_make_rate_ring(queue_name text, size int)
+-- ---- Rate windows (rate_limit per rate_period, key_rate_limit per key_rate_period) ------
+--
+-- One store for the queue's window and each key's (skiplock.rate_windows: the queue's own
+-- under the key ''), one rule: a start goes only once the limit-th start of the window
+-- before it is more than the period old, so no window of the period holds more than the
+-- limit's starts (by the times the claims record, each under the queue's lock, after the
+-- previous claim committed): exact, not on average. A claim reads only as many slots as it
+-- may take and writes only those it takes, so its cost follows the jobs it claims, not
+-- the limit.
+
+-- Makes a window's ring for `size` starts: the starts it held, oldest first, at its end,
+-- and slots never written (counted as '-infinity') before them. Runs when a window records
+-- its first start, and after its limit is raised above every limit the ring served before
+-- (a ring never shrinks: the starts a lowered limit does not need still count if it is
+-- raised again within the period), under the queue's lock; its cost follows the starts
+-- kept.
+CREATE OR REPLACE FUNCTION skiplock.internal_make_rate_ring(queue_name text, key text, size int)
 RETURNS void
 LANGUAGE plpgsql AS $$
 DECLARE
     kept timestamptz[];
 BEGIN
-    kept := ARRAY(SELECT k.t FROM (SELECT s.started_at AS t FROM skiplock.queue_rate_starts s
-                                   WHERE s.queue = queue_name AND s.started_at > '-infinity'
-                                   ORDER BY s.started_at DESC LIMIT size) k
-                  ORDER BY k.t);
-    DELETE FROM skiplock.queue_rate_starts s WHERE s.queue = queue_name;
-    INSERT INTO skiplock.queue_rate_rings AS r (queue, size, next_slot)
-    VALUES (queue_name, internal_make_rate_ring.size, 0)
-    ON CONFLICT (queue) DO UPDATE SET size = excluded.size, next_slot = 0;
-    INSERT INTO skiplock.queue_rate_starts (queue, slot, started_at)
-    SELECT queue_name, i,
-           coalesce(kept[i - (internal_make_rate_ring.size - cardinality(kept)) + 1], '-infinity')
-    FROM generate_series(0, internal_make_rate_ring.size - 1) AS i;
+    kept := ARRAY(SELECT s.started_at FROM skiplock.rate_window_starts s
+                  WHERE s.queue = queue_name AND s.concurrency_key = key
+                  ORDER BY s.started_at);
+    DELETE FROM skiplock.rate_window_starts s
+    WHERE s.queue = queue_name AND s.concurrency_key = key;
+    INSERT INTO skiplock.rate_windows AS w (queue, concurrency_key, size, next_slot, expires_at)
+    VALUES (queue_name, key, internal_make_rate_ring.size, 0, 'infinity')
+    ON CONFLICT (queue, concurrency_key) DO UPDATE SET size = excluded.size, next_slot = 0;
+    INSERT INTO skiplock.rate_window_starts (queue, concurrency_key, slot, started_at)
+    SELECT queue_name, key, internal_make_rate_ring.size - cardinality(kept) + i - 1, kept[i]
+    FROM generate_subscripts(kept, 1) AS i;
 END;
 $$;
 
--- How many jobs of a rate-limited queue may start at `at` (up to `wanted`): a start may
--- go only once the rate_limit-th start before it is more than rate_period old, so no
--- window of rate_period holds more than rate_limit starts (by the times the claims
--- record, each taken under the queue's lock, after the previous claim committed): exact,
--- not on average. The ring holds the queue's last `size` starts (size >= rate_limit),
--- oldest first from next_slot, so the rate_limit-th before the i-th new start is the
--- (size - rate_limit + i)-th from next_slot. Reads `wanted` slots at most.
-CREATE OR REPLACE FUNCTION skiplock.internal_rate_room(queue_name text, rate_limit int,
-                                                       rate_period interval, at timestamptz,
-                                                       wanted bigint) RETURNS bigint
-LANGUAGE plpgsql
+-- How many jobs of a window (the queue's: key '') may start at `at`, up to `wanted`, under
+-- a limit of rate_limit per rate_period (NULL without a limit). The ring holds the
+-- window's last `size` starts, oldest first from next_slot, so the rate_limit-th start
+-- before the i-th new one is the (size - rate_limit + i)-th from next_slot (none before
+-- the ring). Reads min(wanted, rate_limit) slots at most; writes nothing.
+CREATE OR REPLACE FUNCTION skiplock.internal_rate_room(queue_name text, key text,
+                                                       rate_limit int, rate_period interval,
+                                                       at timestamptz, wanted bigint)
+RETURNS bigint
+LANGUAGE plpgsql STABLE
 SET enable_seqscan = off
 SET enable_bitmapscan = off
 SET jit = off
 AS $$
 DECLARE
-    ring skiplock.queue_rate_rings;
-    look bigint := least(wanted, rate_limit);
+    ring skiplock.rate_windows;
+    look bigint := greatest(least(wanted, rate_limit), 0);
     first_busy bigint;
 BEGIN
-    SELECT * INTO ring FROM skiplock.queue_rate_rings r WHERE r.queue = queue_name;
-    IF ring.queue IS NULL OR ring.size < rate_limit THEN
-        PERFORM skiplock.internal_make_rate_ring(queue_name, rate_limit);
-        SELECT * INTO ring FROM skiplock.queue_rate_rings r WHERE r.queue = queue_name;
+    IF rate_limit IS NULL THEN
+        RETURN NULL;
     END IF;
-    IF look <= 0 THEN
-        RETURN 0;
+    SELECT * INTO ring FROM skiplock.rate_windows w
+    WHERE w.queue = queue_name AND w.concurrency_key = key;
+    IF ring.queue IS NULL OR look = 0 THEN
+        RETURN look;
     END IF;
     SELECT min(i) INTO first_busy
-    FROM generate_series(0, look - 1) AS i
-    JOIN skiplock.queue_rate_starts s
-      ON s.queue = queue_name
+    FROM generate_series(greatest(rate_limit - ring.size, 0), look - 1) AS i
+    JOIN skiplock.rate_window_starts s
+      ON s.queue = queue_name AND s.concurrency_key = key
      AND s.slot = (ring.next_slot + ring.size - rate_limit + i) % ring.size
     WHERE s.started_at >= at - rate_period;
     RETURN coalesce(first_busy, look);
 END;
 $$;
 
--- Records `taken` starts at `at` in the queue's ring, in place of its oldest. When the
--- limit held jobs back, tells the workers when the next start may go (the rate_limit-th
--- start before it a whole period old; skiplock_due_later, from the queue's start): a
--- refilled window is claimed then, not at the next poll.
-CREATE OR REPLACE FUNCTION skiplock.internal_rate_record(queue_name text, taken bigint,
-                                                         at timestamptz, rate_limit int,
-                                                         rate_period interval,
-                                                         held_back boolean) RETURNS void
+-- When a window (the queue's: key '') full at `at` has room for a start again: its
+-- rate_limit-th newest start a whole period old; NULL when it has room.
+CREATE OR REPLACE FUNCTION skiplock.internal_rate_full_until(queue_name text, key text,
+                                                             rate_limit int,
+                                                             rate_period interval,
+                                                             at timestamptz)
+RETURNS timestamptz
+LANGUAGE plpgsql STABLE
+SET enable_seqscan = off
+SET enable_bitmapscan = off
+SET jit = off
+AS $$
+BEGIN
+    RETURN (SELECT s.started_at + rate_period
+            FROM skiplock.rate_windows w
+            JOIN skiplock.rate_window_starts s
+              ON s.queue = w.queue AND s.concurrency_key = w.concurrency_key
+             AND s.slot = (w.next_slot + w.size - rate_limit) % w.size
+            WHERE w.queue = queue_name AND w.concurrency_key = key AND w.size >= rate_limit
+              AND s.started_at >= at - rate_period);
+END;
+$$;
+
+-- Records `taken` starts at `at` in a window (the queue's: key ''), in place of its oldest,
+-- making or growing its ring first when it holds fewer than rate_limit; returns when the
+-- window has room again if it is full now (internal_rate_full_until), else NULL.
+CREATE OR REPLACE FUNCTION skiplock.internal_rate_record(queue_name text, key text,
+                                                         taken bigint, at timestamptz,
+                                                         rate_limit int,
+                                                         rate_period interval)
+RETURNS timestamptz
 LANGUAGE plpgsql
 SET enable_seqscan = off
 SET enable_bitmapscan = off
 SET jit = off
 AS $$
 DECLARE
-    ring skiplock.queue_rate_rings;
+    ring skiplock.rate_windows;
 BEGIN
-    SELECT * INTO ring FROM skiplock.queue_rate_rings r WHERE r.queue = queue_name;
     IF taken > 0 THEN
-        UPDATE skiplock.queue_rate_starts s SET started_at = at
-        WHERE s.queue = queue_name
-          AND s.slot = ANY (ARRAY(SELECT (ring.next_slot + i) % ring.size
-                                  FROM generate_series(0, least(taken, ring.size) - 1) AS i));
-        UPDATE skiplock.queue_rate_rings r
-        SET next_slot = ((ring.next_slot + taken) % ring.size)::int
-        WHERE r.queue = queue_name;
+        -- Locked: the sweep deletes a window once it counts nothing, and skips one a claim
+        -- holds; one it deleted meanwhile is made again (a start of it would refer to no
+        -- window).
+        SELECT * INTO ring FROM skiplock.rate_windows w
+        WHERE w.queue = queue_name AND w.concurrency_key = key
+        FOR UPDATE;
+        IF ring.queue IS NULL OR ring.size < rate_limit THEN
+            PERFORM skiplock.internal_make_rate_ring(queue_name, key, rate_limit);
+            SELECT * INTO ring FROM skiplock.rate_windows w
+            WHERE w.queue = queue_name AND w.concurrency_key = key;
+        END IF;
+        INSERT INTO skiplock.rate_window_starts AS s (queue, concurrency_key, slot, started_at)
+        SELECT queue_name, key, (ring.next_slot + i) % ring.size, at
+        FROM generate_series(0, least(taken, ring.size) - 1) AS i
+        ON CONFLICT (queue, concurrency_key, slot) DO UPDATE SET started_at = excluded.started_at;
+        UPDATE skiplock.rate_windows w
+        SET next_slot = ((ring.next_slot + taken) % ring.size)::int,
+            expires_at = at + rate_period
+        WHERE w.queue = queue_name AND w.concurrency_key = key;
     END IF;
-    IF held_back THEN
-        PERFORM skiplock.internal_notify_refill(queue_name, s.started_at + rate_period)
-        FROM skiplock.queue_rate_starts s
-        WHERE s.queue = queue_name
-          AND s.slot = (ring.next_slot + taken + ring.size - rate_limit) % ring.size;
-    END IF;
+    RETURN skiplock.internal_rate_full_until(queue_name, key, rate_limit, rate_period, at);
 END;
 $$;
 
@@ -421,10 +458,8 @@ BEGIN
                     WHERE r.queue = queue_name AND r.state = 'running'
                       AND r.concurrency_key = l.key
                     LIMIT key_limit) t) END,
-            skiplock.internal_window_room(
-                (SELECT w.starts FROM skiplock.key_rate_windows w
-                 WHERE w.queue = queue_name AND w.concurrency_key = l.key),
-                key_rate, key_period, clock_timestamp(), key_rate),
+            skiplock.internal_rate_room(queue_name, l.key, key_rate, key_period,
+                                        clock_timestamp(), key_rate),
             claimable - skiplock.internal_key_queued(queue_name, l.key, claimable)) AS room
         FROM looked_at l
     ), released AS (
@@ -860,9 +895,8 @@ $$;
 --
 -- At most key_rate_limit of a queue's jobs with one concurrency_key start in any window of
 -- key_rate_period, across every worker: exact in every window, like the queue's rate
--- limit. Each key's last starts are one row of skiplock.key_rate_windows, kept by the
--- claim under the queue's lock (internal_key_rate_take): a start goes only once the
--- key_rate_limit-th start of the key before it is more than the period old.
+-- limit, and kept the same way (a window of skiplock.rate_windows per key, written by the
+-- claim under the queue's lock: internal_key_rate_take).
 --
 -- As with key_max_running, a key whose window is full has its queued jobs held back
 -- (to `waiting`) so that no claim walks its backlog: the claim that fills the window marks
@@ -873,31 +907,11 @@ $$;
 -- does too. A window whose newest start is a period old counts nothing and is deleted
 -- (internal_forget_key_limit_rows, from the sweep).
 
--- Of `wanted` starts at `at`, how many a key's window of rate_limit per rate_period allows:
--- the i-th needs the rate_limit-th start before it, starts[n - rate_limit + i] (n: the
--- array's length; none there: '-infinity'), more than rate_period old. In order, so the
--- first refused ends the count. NULL without a limit. Reads min(wanted, rate_limit)
--- elements.
-CREATE OR REPLACE FUNCTION skiplock.internal_window_room(starts timestamptz[], rate_limit int,
-                                                         rate_period interval,
-                                                         at timestamptz, wanted bigint)
-RETURNS bigint
-LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
-    SELECT CASE WHEN rate_limit IS NULL THEN NULL ELSE coalesce(
-        (SELECT min(i) - 1
-         FROM generate_series(1, least(wanted, rate_limit)) AS i
-         WHERE coalesce(starts[coalesce(cardinality(starts), 0) - rate_limit + i],
-                        '-infinity') >= at - rate_period),
-        greatest(least(wanted, rate_limit), 0)) END;
-$$;
-
--- Takes up to `wanted` starts of a key at `at` and records them in its window, in place of
--- its oldest; returns how many it took. The window never shrinks (a limit lowered and raised
--- again within the period still counts the starts made). When the window is full after
--- them (it took fewer than wanted, or exactly what was left), it marks the key for
--- internal_hold_rate_keys and keeps when the window has room again: the key's jobs queued
--- later, and those held before, wait for that. Called by the claim under the queue's
--- lock, once per key among the jobs it picked.
+-- Takes up to `wanted` starts of a key at `at` and records them in its window; returns how
+-- many it took. When the window is full after them (it took fewer than wanted, or exactly
+-- what was left), it marks the key for internal_hold_rate_keys and keeps when the window
+-- has room again: the key's jobs queued later, and those held before, wait for that.
+-- Called by the claim under the queue's lock, once per key among the jobs it picked.
 CREATE OR REPLACE FUNCTION skiplock.internal_key_rate_take(queue_name text, key text,
                                                            wanted bigint, at timestamptz,
                                                            rate_limit int,
@@ -909,34 +923,20 @@ SET enable_bitmapscan = off
 SET jit = off
 AS $$
 DECLARE
-    kept timestamptz[];
-    n int;
     took bigint;
+    full_until timestamptz;
 BEGIN
     IF wanted IS NULL OR wanted <= 0 THEN
         RETURN 0;
     END IF;
-    SELECT w.starts INTO kept FROM skiplock.key_rate_windows w
-    WHERE w.queue = queue_name AND w.concurrency_key = key;
-    kept := coalesce(kept, '{}');
-    took := skiplock.internal_window_room(kept, rate_limit, rate_period, at, wanted);
-    IF cardinality(kept) < rate_limit THEN
-        kept := array_fill('-infinity'::timestamptz, ARRAY[rate_limit - cardinality(kept)]) || kept;
+    took := skiplock.internal_rate_room(queue_name, key, rate_limit, rate_period, at, wanted);
+    full_until := skiplock.internal_rate_record(queue_name, key, took, at, rate_limit,
+                                                rate_period);
+    IF full_until IS NOT NULL THEN
+        UPDATE skiplock.rate_windows w
+        SET held_until = full_until + interval '1 microsecond', hold_pending = true
+        WHERE w.queue = queue_name AND w.concurrency_key = key;
     END IF;
-    n := cardinality(kept);
-    IF took > 0 THEN
-        kept := kept[took + 1 : n] || array_fill(at, ARRAY[took::int]);
-    END IF;
-    INSERT INTO skiplock.key_rate_windows AS w (queue, concurrency_key, starts, expires_at,
-                                                held_until, hold_pending)
-    VALUES (queue_name, key, kept, kept[n] + rate_period,
-            CASE WHEN kept[n - rate_limit + 1] >= at - rate_period
-                 THEN kept[n - rate_limit + 1] + rate_period + interval '1 microsecond' END,
-            kept[n - rate_limit + 1] >= at - rate_period)
-    ON CONFLICT (queue, concurrency_key) DO UPDATE
-    SET starts = excluded.starts, expires_at = excluded.expires_at,
-        held_until = coalesce(excluded.held_until, w.held_until),
-        hold_pending = w.hold_pending OR excluded.hold_pending;
     RETURN took;
 END;
 $$;
@@ -960,7 +960,7 @@ DECLARE
     refill timestamptz;
 BEGIN
     WITH pending AS (
-        UPDATE skiplock.key_rate_windows w SET hold_pending = false
+        UPDATE skiplock.rate_windows w SET hold_pending = false
         WHERE w.queue = queue_name AND w.hold_pending
         RETURNING w.concurrency_key
     )
@@ -972,7 +972,7 @@ BEGIN
     -- A LATERAL probe with LIMIT, not EXISTS: a semi join walked every waiting job of the
     -- queue for each window (132 buffers beside 10,000 held jobs, against 4).
     SELECT min(w.held_until) INTO refill
-    FROM skiplock.key_rate_windows w
+    FROM skiplock.rate_windows w
     CROSS JOIN LATERAL (SELECT 1 FROM skiplock.jobs_live j
                         WHERE j.queue = queue_name AND j.state = 'waiting'
                           AND j.held_for IS NOT NULL AND j.concurrency_key = w.concurrency_key
@@ -997,7 +997,7 @@ DECLARE
     refilled text[];
 BEGIN
     WITH due AS (
-        UPDATE skiplock.key_rate_windows w SET held_until = NULL
+        UPDATE skiplock.rate_windows w SET held_until = NULL
         WHERE w.queue = queue_name AND w.held_until <= at
         RETURNING w.concurrency_key
     )
@@ -1013,8 +1013,8 @@ $$;
 -- old, holding nothing back), oldest first, and up to 500 freed key slots left for a queue
 -- that no longer has key_max_running nor key_claimable (its row deleted or changed
 -- meanwhile): called by
--- every pass of the waiting sweep, so the windows are about the keys that started a job
--- within their period. Never waits: a row a claim holds is skipped (the claim holds its
+-- every pass of the waiting sweep, so the windows are those of the queues and keys that
+-- started a job within their period. Never waits: a row a claim holds is skipped (the claim holds its
 -- queue's lock, which the sweep's caller may want next), and a window a claim rewrote is
 -- kept (the condition is checked again on the row's newest version).
 CREATE OR REPLACE FUNCTION skiplock.internal_forget_key_limit_rows() RETURNS int
@@ -1024,9 +1024,9 @@ SET enable_bitmapscan = off
 SET jit = off
 AS $$
     WITH windows AS (
-        DELETE FROM skiplock.key_rate_windows w
+        DELETE FROM skiplock.rate_windows w
         WHERE (w.queue, w.concurrency_key) IN (
-                SELECT o.queue, o.concurrency_key FROM skiplock.key_rate_windows o
+                SELECT o.queue, o.concurrency_key FROM skiplock.rate_windows o
                 WHERE o.expires_at < now() AND o.held_until IS NULL AND NOT o.hold_pending
                 ORDER BY o.expires_at
                 LIMIT 500

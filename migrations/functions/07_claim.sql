@@ -134,6 +134,7 @@ DECLARE
     room bigint := max_jobs;
     wanted bigint;
     rate_room bigint;
+    refill_at timestamptz;
     claim_time timestamptz;
     taken bigint;
     taken_now bigint;
@@ -268,15 +269,16 @@ BEGIN
             END IF;
             IF lim_rate_limit IS NOT NULL THEN
                 wanted := room;
-                rate_room := skiplock.internal_rate_room(queue_name, lim_rate_limit,
+                rate_room := skiplock.internal_rate_room(queue_name, '', lim_rate_limit,
                                                          lim_rate_period, claim_time, wanted);
                 room := least(room, rate_room);
             END IF;
             IF room <= 0 THEN
-                IF rate_room IS NOT NULL THEN
-                    PERFORM skiplock.internal_rate_record(queue_name, 0, claim_time,
-                                                          lim_rate_limit, lim_rate_period,
-                                                          rate_room < wanted);
+                IF rate_room < wanted THEN
+                    -- Held back: the workers are told when the window has room again.
+                    PERFORM skiplock.internal_notify_refill(
+                        queue_name, skiplock.internal_rate_full_until(
+                            queue_name, '', lim_rate_limit, lim_rate_period, claim_time));
                 END IF;
                 RETURN;
             END IF;
@@ -495,9 +497,13 @@ BEGIN
         WHERE EXISTS (SELECT 1 FROM skiplock.key_slots_freed f WHERE f.queue = queue_name);
     END IF;
     IF rate_room IS NOT NULL THEN
-        PERFORM skiplock.internal_rate_record(queue_name, taken, claim_time, lim_rate_limit,
-                                              lim_rate_period,
-                                              rate_room < wanted AND taken >= rate_room);
+        -- The starts taken; when the limit held jobs back, the workers are told when the
+        -- window has room again (a refilled window is claimed then, not at the next poll).
+        refill_at := skiplock.internal_rate_record(queue_name, '', taken, claim_time,
+                                                   lim_rate_limit, lim_rate_period);
+        IF rate_room < wanted AND taken >= rate_room THEN
+            PERFORM skiplock.internal_notify_refill(queue_name, refill_at);
+        END IF;
     END IF;
     IF sharing THEN
         PERFORM set_config('skiplock.claim_shares',

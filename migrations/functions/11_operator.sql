@@ -376,7 +376,7 @@ BEGIN
     PERFORM skiplock.internal_check_rate_limit('rate_limit', 'rate_period', rate_limit,
                                                rate_period, 100000, 100);
     PERFORM skiplock.internal_check_rate_limit('key_rate_limit', 'key_rate_period',
-                                               key_rate_limit, key_rate_period, 10000, 10);
+                                               key_rate_limit, key_rate_period, 100000, 10);
     INSERT INTO skiplock.queues AS q (name, max_running, rate_limit, rate_period,
                                       key_max_running, key_rate_limit, key_rate_period,
                                       key_claimable)
@@ -427,14 +427,9 @@ BEGIN
     SELECT * INTO queue_row FROM skiplock.queues q WHERE q.name = job.queue;
     IF job.concurrency_key IS NOT NULL AND queue_row.key_rate_limit IS NOT NULL THEN
         -- When the key's rate window has room again, if it is full now.
-        SELECT w.starts[cardinality(w.starts) - queue_row.key_rate_limit + 1]
-               + queue_row.key_rate_period
-        INTO key_rate_next
-        FROM skiplock.key_rate_windows w
-        WHERE w.queue = job.queue AND w.concurrency_key = job.concurrency_key;
-        IF key_rate_next <= now() THEN
-            key_rate_next := NULL;
-        END IF;
+        key_rate_next := skiplock.internal_rate_full_until(
+            job.queue, job.concurrency_key, queue_row.key_rate_limit,
+            queue_row.key_rate_period, now());
     END IF;
     IF job.state = 'waiting' THEN
         IF job.ordering_key IS NOT NULL THEN
@@ -518,13 +513,9 @@ BEGIN
                       key_rate_next);
     END IF;
     IF queue_row.rate_limit IS NOT NULL THEN
-        SELECT s.started_at + queue_row.rate_period INTO rate_next
-        FROM skiplock.queue_rate_rings g
-        JOIN skiplock.queue_rate_starts s
-          ON s.queue = g.queue
-         AND s.slot = (g.next_slot + g.size - queue_row.rate_limit) % g.size
-        WHERE g.queue = job.queue AND g.size >= queue_row.rate_limit;
-        IF rate_next > now() THEN
+        rate_next := skiplock.internal_rate_full_until(job.queue, '', queue_row.rate_limit,
+                                                       queue_row.rate_period, now());
+        IF rate_next IS NOT NULL THEN
             RETURN format('held back by the queue''s rate limit: %s starts of queue %L in %s; the next may start at %s',
                           queue_row.rate_limit, job.queue, queue_row.rate_period, rate_next);
         END IF;
@@ -646,28 +637,43 @@ CREATE OR REPLACE TRIGGER queues_after_fairness_delete
 -- key_claimable changed or removed, or its row deleted: the jobs they held back whose keys
 -- have room now (all of them, without any) are let go, announced, in the statement that
 -- changed it.
--- The keys' rate windows go with their limit; a changed one counts the starts it kept
--- under the new limit, and what it held back is looked at again at the next claim. Costs
--- the jobs held back and the windows, once.
+-- The rate windows (skiplock.rate_windows) go with the row, and the keys' with their limit;
+-- a window kept counts the starts it kept under its limit and period as they are now (so
+-- a period changed, the queue's rate_period too, moves when the window is forgotten), and
+-- what it held back is looked at again at the next claim. Costs the jobs held back and the
+-- windows, once.
 CREATE OR REPLACE FUNCTION skiplock.internal_queues_after_key_limit() RETURNS trigger
 LANGUAGE plpgsql AS $$
 BEGIN
     -- The queue's lock first, as a claim takes it before it writes the windows.
     PERFORM pg_advisory_xact_lock(skiplock.internal_queue_limit_lock_id(OLD.name));
     IF TG_OP = 'DELETE' THEN
-        DELETE FROM skiplock.key_rate_windows w WHERE w.queue = OLD.name;
+        DELETE FROM skiplock.rate_windows w WHERE w.queue = OLD.name;
         DELETE FROM skiplock.key_slots_freed f WHERE f.queue = OLD.name;
     ELSE
         IF NEW.key_max_running IS NULL AND NEW.key_claimable IS NULL THEN
             DELETE FROM skiplock.key_slots_freed f WHERE f.queue = NEW.name;
         END IF;
         IF NEW.key_rate_limit IS NULL THEN
-            DELETE FROM skiplock.key_rate_windows w WHERE w.queue = NEW.name;
-        ELSE
-            UPDATE skiplock.key_rate_windows w
-            SET expires_at = w.starts[cardinality(w.starts)] + NEW.key_rate_period,
-                held_until = CASE WHEN w.held_until IS NOT NULL THEN now() END
-            WHERE w.queue = NEW.name;
+            DELETE FROM skiplock.rate_windows w
+            WHERE w.queue = NEW.name AND w.concurrency_key <> '';
+        END IF;
+        UPDATE skiplock.rate_windows w
+        SET expires_at = coalesce(
+                (SELECT s.started_at FROM skiplock.rate_window_starts s
+                 WHERE s.queue = w.queue AND s.concurrency_key = w.concurrency_key
+                   AND s.slot = (w.next_slot + w.size - 1) % w.size)
+                + CASE WHEN w.concurrency_key = '' THEN NEW.rate_period
+                       ELSE NEW.key_rate_period END,
+                w.expires_at),
+            held_until = CASE WHEN w.held_until IS NOT NULL THEN now() END
+        WHERE w.queue = NEW.name;
+        IF NEW.key_max_running IS NOT DISTINCT FROM OLD.key_max_running
+           AND NEW.key_claimable IS NOT DISTINCT FROM OLD.key_claimable
+           AND NEW.key_rate_limit IS NOT DISTINCT FROM OLD.key_rate_limit
+           AND NEW.key_rate_period IS NOT DISTINCT FROM OLD.key_rate_period THEN
+            -- The queue's rate_period alone: no key's room changed.
+            RETURN NULL;
         END IF;
     END IF;
     PERFORM skiplock.internal_release_held(OLD.name, NULL);
@@ -684,12 +690,13 @@ CREATE OR REPLACE TRIGGER queues_after_key_limit_change
               AND NEW.key_claimable IS DISTINCT FROM OLD.key_claimable)
           OR (OLD.key_rate_limit IS NOT NULL
               AND (NEW.key_rate_limit IS DISTINCT FROM OLD.key_rate_limit
-                   OR NEW.key_rate_period IS DISTINCT FROM OLD.key_rate_period)))
+                   OR NEW.key_rate_period IS DISTINCT FROM OLD.key_rate_period))
+          OR (OLD.rate_limit IS NOT NULL AND NEW.rate_period IS DISTINCT FROM OLD.rate_period))
     EXECUTE FUNCTION skiplock.internal_queues_after_key_limit();
 
 CREATE OR REPLACE TRIGGER queues_after_key_limit_delete
     AFTER DELETE ON skiplock.queues
     FOR EACH ROW
     WHEN (OLD.key_max_running IS NOT NULL OR OLD.key_rate_limit IS NOT NULL
-          OR OLD.key_claimable IS NOT NULL)
+          OR OLD.key_claimable IS NOT NULL OR OLD.rate_limit IS NOT NULL)
     EXECUTE FUNCTION skiplock.internal_queues_after_key_limit();

@@ -93,8 +93,9 @@ SELECT q.name AS queue,
 FROM skiplock.queues q
 CROSS JOIN LATERAL (SELECT count(*) AS running FROM skiplock.jobs_live j
                     WHERE j.queue = q.name AND j.state = 'running') r
-CROSS JOIN LATERAL (SELECT count(*) AS started FROM skiplock.queue_rate_starts x
-                    WHERE x.queue = q.name AND x.started_at > now() - q.rate_period) s
+CROSS JOIN LATERAL (SELECT count(*) AS started FROM skiplock.rate_window_starts x
+                    WHERE x.queue = q.name AND x.concurrency_key = ''
+                      AND x.started_at > now() - q.rate_period) s
 CROSS JOIN LATERAL (SELECT count(*) AS runnable FROM skiplock.jobs_live j
                     WHERE j.queue = q.name AND j.state = 'queued'
                       AND j.scheduled_at <= now()) w
@@ -109,10 +110,11 @@ LEFT JOIN LATERAL (
                 GROUP BY r.concurrency_key HAVING count(*) >= q.key_max_running) f)
            END AS keys_at_limit,
            CASE WHEN q.key_rate_limit IS NOT NULL THEN (SELECT count(*)
-                FROM skiplock.key_rate_windows w
-                WHERE w.queue = q.name
-                  AND w.starts[cardinality(w.starts) - q.key_rate_limit + 1]
-                      >= now() - q.key_rate_period)
+                FROM skiplock.rate_windows w
+                WHERE w.queue = q.name AND w.concurrency_key <> ''
+                  AND skiplock.internal_rate_full_until(w.queue, w.concurrency_key,
+                                                        q.key_rate_limit, q.key_rate_period,
+                                                        now()) IS NOT NULL)
            END AS keys_rate_limited,
            (SELECT count(*) FROM skiplock.jobs_live h
             WHERE h.queue = q.name AND h.state = 'waiting' AND h.held_for IS NOT NULL) AS held_by_key

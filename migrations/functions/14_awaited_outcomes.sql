@@ -55,7 +55,7 @@ BEGIN
     ELSIF held_for = 'fair' THEN
         PERFORM skiplock.internal_recheck_keys(ARRAY[queue], ARRAY[key]);
     ELSIF held_for = 'rate' THEN
-        PERFORM 1 FROM skiplock.key_rate_windows w
+        PERFORM 1 FROM skiplock.rate_windows w
         WHERE w.queue = internal_release_watched.queue AND w.concurrency_key = key
         FOR UPDATE;
     END IF;

@@ -45,6 +45,7 @@ const INITIAL_NEWEST_COLUMNS: &[(&str, &str)] = &[
     ("skiplock.jobs", "tracestate"),
     ("skiplock.key_slots_freed", "from_id"),
     ("skiplock.job_id_days", "id_reached"),
+    ("skiplock.rate_windows", "hold_pending"),
 ];
 
 /// Every migration, in order. Append only: an applied migration never changes.

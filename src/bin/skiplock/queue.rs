@@ -62,7 +62,7 @@ enum QueueAction {
         key_max_running: Option<Limit<u32>>,
         /// At most N jobs of one concurrency key starting in any window of PERIOD, like
         /// 10/1m; `none` removes the limit.
-        #[arg(long, value_name = "N/PERIOD|none", allow_hyphen_values = true, value_parser = parse_key_rate)]
+        #[arg(long, value_name = "N/PERIOD|none", allow_hyphen_values = true, value_parser = parse_rate)]
         key_rate: Option<Limit<(u32, Duration)>>,
         /// Fair queueing by concurrency key: at most N due jobs of one key queued at once
         /// (per priority), the keys taking turns; `none` turns it off. About a worker's
@@ -112,16 +112,10 @@ fn parse_key_claimable(text: &str) -> Result<Limit<u32>, String> {
     }
 }
 
+/// `starts/period` with 1 to `skiplock::RATE_LIMIT_MAX_STARTS` starts, or `none`: the
+/// queue's rate limit and a key's alike.
 fn parse_rate(text: &str) -> Result<Limit<(u32, Duration)>, String> {
-    parse_rate_up_to(text, skiplock::RATE_LIMIT_MAX_STARTS)
-}
-
-fn parse_key_rate(text: &str) -> Result<Limit<(u32, Duration)>, String> {
-    parse_rate_up_to(text, skiplock::KEY_RATE_LIMIT_MAX_STARTS)
-}
-
-/// `starts/period` with 1 to `max_starts` starts, or `none`.
-fn parse_rate_up_to(text: &str, max_starts: u32) -> Result<Limit<(u32, Duration)>, String> {
+    let max_starts = skiplock::RATE_LIMIT_MAX_STARTS;
     if text == "none" {
         return Ok(Limit::Remove);
     }

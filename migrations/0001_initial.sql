@@ -283,7 +283,7 @@ CREATE TABLE skiplock.queues (
 -- in claim order: slot next_slot holds the oldest, a slot never written counts as
 -- '-infinity', and a claim reads only as many slots as it may take and writes only those
 -- it takes, so its cost follows the jobs it claims, not the limit. Kept by the claim under
--- the queue's lock (skiplock.internal_rate_room, internal_rate_record); a limit raised
+-- the queue's lock (skiplock.internal_rate_room, internal_rate_take); a limit raised
 -- above size makes the ring again, larger, with the starts it held. A window whose newest
 -- start is a whole period old counts nothing and is deleted by the sweep (expires_at).
 -- While a key's full window holds the key's jobs back, held_until says when it has room

@@ -1073,24 +1073,31 @@ BEGIN
             SELECT * FROM picked_queued
             UNION ALL
             SELECT * FROM picked_held
+        ), key_wanted AS (
+            -- With per-key limits, how many of each key picked may start by its running
+            -- jobs: no more than key_max_running less them.
+            SELECT p.concurrency_key AS key,
+                   CASE WHEN lim_key_max_running IS NULL THEN count(*)
+                        ELSE least(count(*), lim_key_max_running - skiplock.internal_key_running(
+                                 queue_name, p.concurrency_key, lim_key_max_running))
+                   END AS room
+            FROM picked p
+            WHERE p.concurrency_key IS NOT NULL
+            GROUP BY p.concurrency_key
         ), key_room AS (
-            -- With per-key limits, how many of each key picked may start: no more than
-            -- key_max_running less the key's running jobs, and of those no more than its
-            -- rate window allows (taken and recorded there). Evaluated only with such a
-            -- limit (see taken).
+            -- And of those no more than each key's rate window allows (taken and recorded
+            -- there, every key in one call). Evaluated only with such a limit (see taken).
             SELECT g.key,
                    CASE WHEN lim_key_rate_limit IS NULL THEN g.room
-                        ELSE skiplock.internal_key_rate_take(queue_name, g.key, g.room,
-                                 claim_time, lim_key_rate_limit, lim_key_rate_period)
-                   END AS room
-            FROM (SELECT p.concurrency_key AS key,
-                         CASE WHEN lim_key_max_running IS NULL THEN count(*)
-                              ELSE least(count(*), lim_key_max_running - skiplock.internal_key_running(
-                                       queue_name, p.concurrency_key, lim_key_max_running))
-                         END AS room
-                  FROM picked p
-                  WHERE p.concurrency_key IS NOT NULL
-                  GROUP BY p.concurrency_key) g
+                        ELSE coalesce(t.took, 0) END AS room
+            FROM key_wanted g
+            LEFT JOIN skiplock.internal_rate_take(
+                queue_name,
+                ARRAY(SELECT w.key FROM key_wanted w
+                      WHERE lim_key_rate_limit IS NOT NULL ORDER BY w.key),
+                ARRAY(SELECT w.room FROM key_wanted w
+                      WHERE lim_key_rate_limit IS NOT NULL ORDER BY w.key),
+                claim_time, lim_key_rate_limit, lim_key_rate_period) t ON t.key = g.key
         ), taken AS (
             -- Of each key only as many as key_room says; the others picked stay queued,
             -- held back below.
@@ -1194,8 +1201,9 @@ BEGIN
     IF rate_room IS NOT NULL THEN
         -- The starts taken; when the limit held jobs back, the workers are told when the
         -- window has room again (a refilled window is claimed then, not at the next poll).
-        refill_at := skiplock.internal_rate_record(queue_name, '', taken, claim_time,
-                                                   lim_rate_limit, lim_rate_period);
+        SELECT r.full_until INTO refill_at
+        FROM skiplock.internal_rate_take(queue_name, '{""}', ARRAY[taken], claim_time,
+                                         lim_rate_limit, lim_rate_period) r;
         IF rate_room < wanted AND taken >= rate_room THEN
             PERFORM skiplock.internal_notify_refill(queue_name, refill_at);
         END IF;
@@ -3230,35 +3238,6 @@ END;
 $$;
 
 --
--- Name: internal_key_rate_take(text, text, bigint, timestamp with time zone, integer, interval); Type: FUNCTION; Schema: skiplock; Owner: -
---
-
-CREATE FUNCTION skiplock.internal_key_rate_take(queue_name text, key text, wanted bigint, at timestamp with time zone, rate_limit integer, rate_period interval) RETURNS bigint
-    LANGUAGE plpgsql
-    SET enable_seqscan TO 'off'
-    SET enable_bitmapscan TO 'off'
-    SET jit TO 'off'
-    AS $$
-DECLARE
-    took bigint;
-    full_until timestamptz;
-BEGIN
-    IF wanted IS NULL OR wanted <= 0 THEN
-        RETURN 0;
-    END IF;
-    took := skiplock.internal_rate_room(queue_name, key, rate_limit, rate_period, at, wanted);
-    full_until := skiplock.internal_rate_record(queue_name, key, took, at, rate_limit,
-                                                rate_period);
-    IF full_until IS NOT NULL THEN
-        UPDATE skiplock.rate_windows w
-        SET held_until = full_until + interval '1 microsecond', hold_pending = true
-        WHERE w.queue = queue_name AND w.concurrency_key = key;
-    END IF;
-    RETURN took;
-END;
-$$;
-
---
 -- Name: internal_key_running(text, text, integer); Type: FUNCTION; Schema: skiplock; Owner: -
 --
 
@@ -3866,6 +3845,25 @@ END;
 $$;
 
 --
+-- Name: internal_rate_first_busy(text, text, integer, integer, integer, interval, timestamp with time zone, bigint, bigint); Type: FUNCTION; Schema: skiplock; Owner: -
+--
+
+CREATE FUNCTION skiplock.internal_rate_first_busy(queue_name text, key text, next_slot integer, size integer, rate_limit integer, rate_period interval, at timestamp with time zone, from_i bigint, to_i bigint) RETURNS TABLE(i bigint, started_at timestamp with time zone)
+    LANGUAGE sql STABLE
+    AS $$
+    SELECT g.i, s.started_at
+    FROM generate_series(from_i, to_i) AS g(i)
+    CROSS JOIN LATERAL (
+        SELECT s.started_at FROM skiplock.rate_window_starts s
+        WHERE s.queue = queue_name AND s.concurrency_key = key
+          AND s.slot = (next_slot + size - rate_limit + g.i) % size
+          AND s.started_at >= at - rate_period
+        LIMIT 1) s
+    ORDER BY g.i
+    LIMIT 1;
+$$;
+
+--
 -- Name: internal_rate_full_until(text, text, integer, interval, timestamp with time zone); Type: FUNCTION; Schema: skiplock; Owner: -
 --
 
@@ -3876,51 +3874,12 @@ CREATE FUNCTION skiplock.internal_rate_full_until(queue_name text, key text, rat
     SET jit TO 'off'
     AS $$
 BEGIN
-    RETURN (SELECT s.started_at + rate_period
+    RETURN (SELECT b.started_at + rate_period
             FROM skiplock.rate_windows w
-            JOIN skiplock.rate_window_starts s
-              ON s.queue = w.queue AND s.concurrency_key = w.concurrency_key
-             AND s.slot = (w.next_slot + w.size - rate_limit) % w.size
-            WHERE w.queue = queue_name AND w.concurrency_key = key AND w.size >= rate_limit
-              AND s.started_at >= at - rate_period);
-END;
-$$;
-
---
--- Name: internal_rate_record(text, text, bigint, timestamp with time zone, integer, interval); Type: FUNCTION; Schema: skiplock; Owner: -
---
-
-CREATE FUNCTION skiplock.internal_rate_record(queue_name text, key text, taken bigint, at timestamp with time zone, rate_limit integer, rate_period interval) RETURNS timestamp with time zone
-    LANGUAGE plpgsql
-    SET enable_seqscan TO 'off'
-    SET enable_bitmapscan TO 'off'
-    SET jit TO 'off'
-    AS $$
-DECLARE
-    ring skiplock.rate_windows;
-BEGIN
-    IF taken > 0 THEN
-        -- Locked: the sweep deletes a window once it counts nothing, and skips one a claim
-        -- holds; one it deleted meanwhile is made again (a start of it would refer to no
-        -- window).
-        SELECT * INTO ring FROM skiplock.rate_windows w
-        WHERE w.queue = queue_name AND w.concurrency_key = key
-        FOR UPDATE;
-        IF ring.queue IS NULL OR ring.size < rate_limit THEN
-            PERFORM skiplock.internal_make_rate_ring(queue_name, key, rate_limit);
-            SELECT * INTO ring FROM skiplock.rate_windows w
-            WHERE w.queue = queue_name AND w.concurrency_key = key;
-        END IF;
-        INSERT INTO skiplock.rate_window_starts AS s (queue, concurrency_key, slot, started_at)
-        SELECT queue_name, key, (ring.next_slot + i) % ring.size, at
-        FROM generate_series(0, least(taken, ring.size) - 1) AS i
-        ON CONFLICT (queue, concurrency_key, slot) DO UPDATE SET started_at = excluded.started_at;
-        UPDATE skiplock.rate_windows w
-        SET next_slot = ((ring.next_slot + taken) % ring.size)::int,
-            expires_at = at + rate_period
-        WHERE w.queue = queue_name AND w.concurrency_key = key;
-    END IF;
-    RETURN skiplock.internal_rate_full_until(queue_name, key, rate_limit, rate_period, at);
+            CROSS JOIN LATERAL skiplock.internal_rate_first_busy(
+                w.queue, w.concurrency_key, w.next_slot, w.size, rate_limit, rate_period, at,
+                0, 0) b
+            WHERE w.queue = queue_name AND w.concurrency_key = key AND w.size >= rate_limit);
 END;
 $$;
 
@@ -3947,13 +3906,80 @@ BEGIN
     IF ring.queue IS NULL OR look = 0 THEN
         RETURN look;
     END IF;
-    SELECT min(i) INTO first_busy
-    FROM generate_series(greatest(rate_limit - ring.size, 0), look - 1) AS i
-    JOIN skiplock.rate_window_starts s
-      ON s.queue = queue_name AND s.concurrency_key = key
-     AND s.slot = (ring.next_slot + ring.size - rate_limit + i) % ring.size
-    WHERE s.started_at >= at - rate_period;
+    SELECT b.i INTO first_busy
+    FROM skiplock.internal_rate_first_busy(queue_name, key, ring.next_slot, ring.size,
+                                           rate_limit, rate_period, at,
+                                           greatest(rate_limit - ring.size, 0), look - 1) b;
     RETURN coalesce(first_busy, look);
+END;
+$$;
+
+--
+-- Name: internal_rate_take(text, text[], bigint[], timestamp with time zone, integer, interval); Type: FUNCTION; Schema: skiplock; Owner: -
+--
+
+CREATE FUNCTION skiplock.internal_rate_take(queue_name text, keys text[], wanted bigint[], at timestamp with time zone, rate_limit integer, rate_period interval) RETURNS TABLE(key text, took bigint, full_until timestamp with time zone)
+    LANGUAGE plpgsql
+    SET enable_seqscan TO 'off'
+    SET enable_bitmapscan TO 'off'
+    SET enable_hashjoin TO 'off'
+    SET enable_mergejoin TO 'off'
+    SET jit TO 'off'
+    AS $$
+DECLARE
+    missing text;
+BEGIN
+    IF coalesce(cardinality(keys), 0) = 0 THEN
+        RETURN;
+    END IF;
+    PERFORM FROM skiplock.rate_windows w
+    WHERE w.queue = queue_name AND w.concurrency_key = ANY (keys)
+    FOR UPDATE;
+    FOR missing IN
+        SELECT k.key FROM unnest(keys, wanted) AS k(key, wanted)
+        WHERE k.wanted > 0
+          AND NOT EXISTS (SELECT 1 FROM skiplock.rate_windows w
+                          WHERE w.queue = queue_name AND w.concurrency_key = k.key
+                            AND w.size >= rate_limit)
+    LOOP
+        PERFORM skiplock.internal_make_rate_ring(queue_name, missing, rate_limit);
+    END LOOP;
+    RETURN QUERY
+    WITH window_taken AS (
+        SELECT r.key, r.next_slot, r.size,
+               least(coalesce(b.i, r.look), r.look) AS took,
+               CASE WHEN least(coalesce(b.i, r.look), r.look) >= rate_limit
+                    THEN at + rate_period
+                    WHEN b.i = least(coalesce(b.i, r.look), r.look)
+                    THEN b.started_at + rate_period END AS full_until
+        FROM (SELECT k.key, least(k.wanted, rate_limit) AS look, w.next_slot, w.size
+              FROM unnest(keys, wanted) AS k(key, wanted)
+              CROSS JOIN LATERAL (SELECT w.next_slot, w.size FROM skiplock.rate_windows w
+                                  WHERE w.queue = queue_name AND w.concurrency_key = k.key
+                                  LIMIT 1) w
+              WHERE k.wanted > 0) r
+        LEFT JOIN LATERAL skiplock.internal_rate_first_busy(
+            queue_name, r.key, r.next_slot, r.size, rate_limit, rate_period, at, 0,
+            least(r.look, rate_limit - 1)) b ON true
+    ), slots AS (
+        INSERT INTO skiplock.rate_window_starts AS s (queue, concurrency_key, slot, started_at)
+        SELECT queue_name, t.key, (t.next_slot + g) % t.size, at
+        FROM window_taken t
+        CROSS JOIN LATERAL generate_series(0, t.took - 1) AS g
+        ON CONFLICT (queue, concurrency_key, slot) DO UPDATE SET started_at = excluded.started_at
+    ), windows AS (
+        UPDATE skiplock.rate_windows w
+        SET next_slot = ((t.next_slot + t.took) % t.size)::int,
+            expires_at = CASE WHEN t.took > 0 THEN at + rate_period ELSE w.expires_at END,
+            held_until = CASE WHEN t.key <> '' AND t.full_until IS NOT NULL
+                              THEN t.full_until + interval '1 microsecond'
+                              ELSE w.held_until END,
+            hold_pending = w.hold_pending OR (t.key <> '' AND t.full_until IS NOT NULL)
+        FROM window_taken t
+        WHERE w.queue = queue_name AND w.concurrency_key = t.key
+          AND (t.took > 0 OR t.full_until IS NOT NULL)
+    )
+    SELECT t.key, t.took, t.full_until FROM window_taken t;
 END;
 $$;
 

@@ -503,6 +503,72 @@ async fn a_claim_of_a_limited_queue_costs_the_same_beside_many_queued_jobs_under
     limited_claim_is_bounded(Statistics::History).await;
 }
 
+/// A claim of a queue with a rate limit and a per-key one, both of 100,000 an hour: beside
+/// windows holding 50,000 starts each it reads what it read beside 2, the slots it may
+/// take and nothing of the rest of the windows (a join of the slots with their positions
+/// read them all, a hash of every start of the window at every claim).
+async fn rate_windows_claim_is_bounded(statistics: Statistics) {
+    let db = with_statistics(statistics).await;
+    let mut session = db.pool.acquire().await.unwrap();
+    sqlx::query(
+        "SELECT skiplock.set_queue_limits('limited', NULL, 100000, '1 hour',
+                                          key_rate_limit => 100000, key_rate_period => '1 hour')",
+    )
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    sqlx::query(
+        "INSERT INTO skiplock.jobs (kind, queue, concurrency_key)
+         SELECT 'noop', 'limited', 'k' FROM generate_series(1, 10)",
+    )
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    let claim = "SELECT * FROM skiplock.claim('limited', 1, 'bounded-test')";
+    // Warm: plans, and both windows made at the first claim.
+    buffers_of(&mut session, claim).await;
+    let few = buffers_of(&mut session, claim).await;
+    // 50,000 more starts in each window, the newest now, written as claims write them.
+    sqlx::query(
+        "WITH w AS (SELECT queue, concurrency_key, next_slot FROM skiplock.rate_windows
+                    WHERE queue = 'limited')
+         INSERT INTO skiplock.rate_window_starts (queue, concurrency_key, slot, started_at)
+         SELECT w.queue, w.concurrency_key, w.next_slot + g, now()
+         FROM w, generate_series(0, 49999) g",
+    )
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    sqlx::query("UPDATE skiplock.rate_windows SET next_slot = next_slot + 50000")
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    let many = buffers_of(&mut session, claim).await;
+    assert!(
+        many <= few + 100,
+        "a claim of a rate-limited queue (statistics {statistics:?}): {few} buffers beside \
+         windows of 2 starts, {many} beside 50,002: its cost grows with the window"
+    );
+    let running: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM skiplock.jobs WHERE state = 'running'")
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+    assert_eq!(running, 3, "each measured claim took a job");
+}
+
+#[tokio::test]
+async fn a_claim_of_a_rate_limited_queue_costs_the_same_beside_full_windows_under_empty_statistics()
+{
+    rate_windows_claim_is_bounded(Statistics::Empty).await;
+}
+
+#[tokio::test]
+async fn a_claim_of_a_rate_limited_queue_costs_the_same_beside_full_windows_under_history_statistics()
+ {
+    rate_windows_claim_is_bounded(Statistics::History).await;
+}
+
 /// The id of the job with the highest id in `lane`.
 async fn last_of_lane(pool: &PgPool, lane: &str) -> i64 {
     sqlx::query_scalar("SELECT max(id) FROM skiplock.jobs WHERE ordering_key = $1")

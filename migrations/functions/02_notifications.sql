@@ -113,7 +113,6 @@ $$;
 -- holds them up until its caller commits). Every statement that ends claims calls it; a
 -- job ended by a hand-written UPDATE is noticed at the workers' next poll and sweep. One
 -- probe of skiplock.queues per queue for queues without limits.
-DROP FUNCTION IF EXISTS skiplock.internal_notify_freed(text[]);
 CREATE OR REPLACE FUNCTION skiplock.internal_notify_freed(queues text[], keys text[])
 RETURNS void
 LANGUAGE plpgsql AS $$

@@ -38,7 +38,6 @@ $$;
 -- may have committed between the two, tombstone and all. PL/pgSQL, planned once per
 -- session: as a SQL function it was never inlined (its body holds a subquery) and was
 -- planned over every table of skiplock.jobs at each call, once per dependant.
-DROP FUNCTION IF EXISTS skiplock.internal_has_unmet_parent(bigint);
 CREATE OR REPLACE FUNCTION skiplock.internal_has_unmet_parent(job bigint,
                                                               succeeded bigint[] DEFAULT '{}')
 RETURNS boolean
@@ -105,7 +104,6 @@ $$;
 -- their lanes are returned (lanes) for the caller's one step of all its lanes
 -- (internal_settle_dependants, the edge trigger; the sweep steps every waiting lane job's
 -- lane).
-DROP FUNCTION IF EXISTS skiplock.internal_queue_ready_dependants(bigint[]);
 CREATE OR REPLACE FUNCTION skiplock.internal_queue_ready_dependants(ids bigint[],
                                                                     succeeded bigint[],
                                                                     OUT promoted int,
@@ -168,7 +166,6 @@ $$;
 -- say: every step is driven by the parents' edges (job_dependencies_parent_idx) and finds
 -- jobs by id, never joined where the planner could choose to walk the waiting jobs first
 -- (it did, told by statistics taken before a burst of dependants that one job waits).
-DROP FUNCTION IF EXISTS skiplock.internal_settle_dependants(bigint[]);
 CREATE OR REPLACE FUNCTION skiplock.internal_settle_dependants(parent_ids bigint[],
                                                                lanes text[] DEFAULT '{}',
                                                                wait boolean DEFAULT true)

@@ -8,10 +8,6 @@
 
 -- ---- Enqueue -----------------------------------------------------------------------------
 
-DROP FUNCTION IF EXISTS skiplock.enqueue_job(text, jsonb, text, int, timestamptz, int, text,
-                                             text, text, bigint[]);
-DROP FUNCTION IF EXISTS skiplock.enqueue_job(text, jsonb, text, int, timestamptz, int, text,
-                                             text, text, bigint[], text);
 CREATE OR REPLACE FUNCTION skiplock.enqueue_job(
     kind          text,
     args          jsonb       DEFAULT '{}',
@@ -135,10 +131,6 @@ $$;
 COMMENT ON FUNCTION skiplock.enqueue_job(text, jsonb, text, int, timestamptz, int, text, text, text, bigint[], text, text, text) IS
     'As skiplock.enqueue, and says what it did: the job''s id with inserted, or, for a unique_key already pending, that job''s id with skipped, replaced or merged. Example: SELECT * FROM skiplock.enqueue_job(''send_email'', ''{"to": "a@example.com"}'', unique_key => ''welcome-42'');';
 
-DROP FUNCTION IF EXISTS skiplock.enqueue(text, jsonb, text, int, timestamptz, int, text, text,
-                                         text, bigint[]);
-DROP FUNCTION IF EXISTS skiplock.enqueue(text, jsonb, text, int, timestamptz, int, text, text,
-                                         text, bigint[], text);
 CREATE OR REPLACE FUNCTION skiplock.enqueue(
     kind          text,
     args          jsonb       DEFAULT '{}',

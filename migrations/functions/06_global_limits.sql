@@ -6,12 +6,13 @@
 --   internal_queue_limit_lock_id, internal_key_held_from_lock_id, internal_claim_shares
 --   internal_claim_share_lock_id
 --   internal_claim_share_room, internal_take_claim_share, internal_take_every_claim_share
---   internal_make_rate_ring, internal_rate_room, internal_rate_full_until
---   internal_rate_record, internal_notify_refill, internal_key_running
+--   internal_rate_first_busy, internal_make_rate_ring, internal_rate_room
+--   internal_rate_full_until, internal_rate_take, internal_notify_refill
+--   internal_key_running
 --   internal_hold_keys, internal_hold_full_keys, internal_release_held
 --   internal_held_from, internal_release_fair_key, internal_release_freed_keys
 --   internal_handoff_lock_id, internal_free_slots
---   internal_key_rate_take, internal_hold_rate_keys
+--   internal_hold_rate_keys
 --   internal_release_refilled_keys, internal_forget_key_limit_rows
 --   internal_key_first_held, internal_key_queued, internal_hold_overflow
 --   internal_hold_for_turns
@@ -126,8 +127,37 @@ $$;
 -- may take and writes only those it takes, so its cost follows the jobs it claims, not
 -- the limit.
 
+-- The first of a window's next new starts, at positions from_i to to_i (from 0), that may
+-- not go at `at` under rate_limit per rate_period, and the start that holds it back: the
+-- i-th new start must follow the start rate_limit before it, which the ring (next_slot,
+-- size, oldest first) holds at the (size - rate_limit + i)-th slot from next_slot, by more
+-- than the period (a slot never written, or before a ring smaller than the limit, holds
+-- none). No row: every one of them may go. The one rule of every window, inlined into its
+-- callers' statements (a SQL function in FROM): a LATERAL probe per position, as a join
+-- let the planner read every slot of the window (a hash of them), so that a claim cost
+-- what the limit allows instead of what it takes.
+CREATE OR REPLACE FUNCTION skiplock.internal_rate_first_busy(queue_name text, key text,
+                                                             next_slot int, size int,
+                                                             rate_limit int,
+                                                             rate_period interval,
+                                                             at timestamptz, from_i bigint,
+                                                             to_i bigint)
+RETURNS TABLE (i bigint, started_at timestamptz)
+LANGUAGE sql STABLE AS $$
+    SELECT g.i, s.started_at
+    FROM generate_series(from_i, to_i) AS g(i)
+    CROSS JOIN LATERAL (
+        SELECT s.started_at FROM skiplock.rate_window_starts s
+        WHERE s.queue = queue_name AND s.concurrency_key = key
+          AND s.slot = (next_slot + size - rate_limit + g.i) % size
+          AND s.started_at >= at - rate_period
+        LIMIT 1) s
+    ORDER BY g.i
+    LIMIT 1;
+$$;
+
 -- Makes a window's ring for `size` starts: the starts it held, oldest first, at its end,
--- and slots never written (counted as '-infinity') before them. Runs when a window records
+-- and slots never written (counted as '-infinity') before them. Runs when a window takes
 -- its first start, and after its limit is raised above every limit the ring served before
 -- (a ring never shrinks: the starts a lowered limit does not need still count if it is
 -- raised again within the period), under the queue's lock; its cost follows the starts
@@ -153,10 +183,9 @@ END;
 $$;
 
 -- How many jobs of a window (the queue's: key '') may start at `at`, up to `wanted`, under
--- a limit of rate_limit per rate_period (NULL without a limit). The ring holds the
--- window's last `size` starts, oldest first from next_slot, so the rate_limit-th start
--- before the i-th new one is the (size - rate_limit + i)-th from next_slot (none before
--- the ring). Reads min(wanted, rate_limit) slots at most; writes nothing.
+-- a limit of rate_limit per rate_period (NULL without a limit): the new starts up to the
+-- first whose rate_limit-th start before it is not a whole period old. Reads
+-- min(wanted, rate_limit) slots at most; writes nothing.
 CREATE OR REPLACE FUNCTION skiplock.internal_rate_room(queue_name text, key text,
                                                        rate_limit int, rate_period interval,
                                                        at timestamptz, wanted bigint)
@@ -179,12 +208,10 @@ BEGIN
     IF ring.queue IS NULL OR look = 0 THEN
         RETURN look;
     END IF;
-    SELECT min(i) INTO first_busy
-    FROM generate_series(greatest(rate_limit - ring.size, 0), look - 1) AS i
-    JOIN skiplock.rate_window_starts s
-      ON s.queue = queue_name AND s.concurrency_key = key
-     AND s.slot = (ring.next_slot + ring.size - rate_limit + i) % ring.size
-    WHERE s.started_at >= at - rate_period;
+    SELECT b.i INTO first_busy
+    FROM skiplock.internal_rate_first_busy(queue_name, key, ring.next_slot, ring.size,
+                                           rate_limit, rate_period, at,
+                                           greatest(rate_limit - ring.size, 0), look - 1) b;
     RETURN coalesce(first_busy, look);
 END;
 $$;
@@ -202,54 +229,94 @@ SET enable_bitmapscan = off
 SET jit = off
 AS $$
 BEGIN
-    RETURN (SELECT s.started_at + rate_period
+    RETURN (SELECT b.started_at + rate_period
             FROM skiplock.rate_windows w
-            JOIN skiplock.rate_window_starts s
-              ON s.queue = w.queue AND s.concurrency_key = w.concurrency_key
-             AND s.slot = (w.next_slot + w.size - rate_limit) % w.size
-            WHERE w.queue = queue_name AND w.concurrency_key = key AND w.size >= rate_limit
-              AND s.started_at >= at - rate_period);
+            CROSS JOIN LATERAL skiplock.internal_rate_first_busy(
+                w.queue, w.concurrency_key, w.next_slot, w.size, rate_limit, rate_period, at,
+                0, 0) b
+            WHERE w.queue = queue_name AND w.concurrency_key = key AND w.size >= rate_limit);
 END;
 $$;
 
--- Records `taken` starts at `at` in a window (the queue's: key ''), in place of its oldest,
--- making or growing its ring first when it holds fewer than rate_limit; returns when the
--- window has room again if it is full now (internal_rate_full_until), else NULL.
-CREATE OR REPLACE FUNCTION skiplock.internal_rate_record(queue_name text, key text,
-                                                         taken bigint, at timestamptz,
-                                                         rate_limit int,
-                                                         rate_period interval)
-RETURNS timestamptz
+-- Takes up to wanted[n] starts of the window of keys[n] (the queue's: key '') at `at`, for
+-- each n, and records them in place of their oldest, making or growing a ring first when
+-- it holds fewer than rate_limit; returns per key `took`, how many, and `full_until`, when
+-- the window has room again if it is full after them (NULL when it has room). A key's
+-- window full after them is marked for internal_hold_rate_keys and keeps when it has room
+-- again: the key's jobs queued later, and those held before, wait for that. Called by the
+-- claim under the queue's lock: for the queue's window with the jobs it took (its room
+-- read before, internal_rate_room), and for the keys among the jobs it picked. Three
+-- statements, whatever the keys and the limit: the windows' rows locked (the sweep deletes
+-- a window once it counts nothing and skips one a claim holds; one it deleted meanwhile
+-- is made again, as a start of it would refer to no window), those missing, and one that
+-- reads, for each window, the first busy slot up to the one after those it may take (it
+-- ends the take, and once they are taken it is the rate_limit-th start before the next),
+-- writes the slots taken and the window's row.
+CREATE OR REPLACE FUNCTION skiplock.internal_rate_take(queue_name text, keys text[],
+                                                       wanted bigint[], at timestamptz,
+                                                       rate_limit int, rate_period interval)
+RETURNS TABLE (key text, took bigint, full_until timestamptz)
 LANGUAGE plpgsql
 SET enable_seqscan = off
 SET enable_bitmapscan = off
+SET enable_hashjoin = off
+SET enable_mergejoin = off
 SET jit = off
 AS $$
 DECLARE
-    ring skiplock.rate_windows;
+    missing text;
 BEGIN
-    IF taken > 0 THEN
-        -- Locked: the sweep deletes a window once it counts nothing, and skips one a claim
-        -- holds; one it deleted meanwhile is made again (a start of it would refer to no
-        -- window).
-        SELECT * INTO ring FROM skiplock.rate_windows w
-        WHERE w.queue = queue_name AND w.concurrency_key = key
-        FOR UPDATE;
-        IF ring.queue IS NULL OR ring.size < rate_limit THEN
-            PERFORM skiplock.internal_make_rate_ring(queue_name, key, rate_limit);
-            SELECT * INTO ring FROM skiplock.rate_windows w
-            WHERE w.queue = queue_name AND w.concurrency_key = key;
-        END IF;
-        INSERT INTO skiplock.rate_window_starts AS s (queue, concurrency_key, slot, started_at)
-        SELECT queue_name, key, (ring.next_slot + i) % ring.size, at
-        FROM generate_series(0, least(taken, ring.size) - 1) AS i
-        ON CONFLICT (queue, concurrency_key, slot) DO UPDATE SET started_at = excluded.started_at;
-        UPDATE skiplock.rate_windows w
-        SET next_slot = ((ring.next_slot + taken) % ring.size)::int,
-            expires_at = at + rate_period
-        WHERE w.queue = queue_name AND w.concurrency_key = key;
+    IF coalesce(cardinality(keys), 0) = 0 THEN
+        RETURN;
     END IF;
-    RETURN skiplock.internal_rate_full_until(queue_name, key, rate_limit, rate_period, at);
+    PERFORM FROM skiplock.rate_windows w
+    WHERE w.queue = queue_name AND w.concurrency_key = ANY (keys)
+    FOR UPDATE;
+    FOR missing IN
+        SELECT k.key FROM unnest(keys, wanted) AS k(key, wanted)
+        WHERE k.wanted > 0
+          AND NOT EXISTS (SELECT 1 FROM skiplock.rate_windows w
+                          WHERE w.queue = queue_name AND w.concurrency_key = k.key
+                            AND w.size >= rate_limit)
+    LOOP
+        PERFORM skiplock.internal_make_rate_ring(queue_name, missing, rate_limit);
+    END LOOP;
+    RETURN QUERY
+    WITH window_taken AS (
+        SELECT r.key, r.next_slot, r.size,
+               least(coalesce(b.i, r.look), r.look) AS took,
+               CASE WHEN least(coalesce(b.i, r.look), r.look) >= rate_limit
+                    THEN at + rate_period
+                    WHEN b.i = least(coalesce(b.i, r.look), r.look)
+                    THEN b.started_at + rate_period END AS full_until
+        FROM (SELECT k.key, least(k.wanted, rate_limit) AS look, w.next_slot, w.size
+              FROM unnest(keys, wanted) AS k(key, wanted)
+              CROSS JOIN LATERAL (SELECT w.next_slot, w.size FROM skiplock.rate_windows w
+                                  WHERE w.queue = queue_name AND w.concurrency_key = k.key
+                                  LIMIT 1) w
+              WHERE k.wanted > 0) r
+        LEFT JOIN LATERAL skiplock.internal_rate_first_busy(
+            queue_name, r.key, r.next_slot, r.size, rate_limit, rate_period, at, 0,
+            least(r.look, rate_limit - 1)) b ON true
+    ), slots AS (
+        INSERT INTO skiplock.rate_window_starts AS s (queue, concurrency_key, slot, started_at)
+        SELECT queue_name, t.key, (t.next_slot + g) % t.size, at
+        FROM window_taken t
+        CROSS JOIN LATERAL generate_series(0, t.took - 1) AS g
+        ON CONFLICT (queue, concurrency_key, slot) DO UPDATE SET started_at = excluded.started_at
+    ), windows AS (
+        UPDATE skiplock.rate_windows w
+        SET next_slot = ((t.next_slot + t.took) % t.size)::int,
+            expires_at = CASE WHEN t.took > 0 THEN at + rate_period ELSE w.expires_at END,
+            held_until = CASE WHEN t.key <> '' AND t.full_until IS NOT NULL
+                              THEN t.full_until + interval '1 microsecond'
+                              ELSE w.held_until END,
+            hold_pending = w.hold_pending OR (t.key <> '' AND t.full_until IS NOT NULL)
+        FROM window_taken t
+        WHERE w.queue = queue_name AND w.concurrency_key = t.key
+          AND (t.took > 0 OR t.full_until IS NOT NULL)
+    )
+    SELECT t.key, t.took, t.full_until FROM window_taken t;
 END;
 $$;
 
@@ -314,7 +381,6 @@ $$;
 -- in claim order, not by time. Lane jobs stay (their lane queues one at a time), and rows
 -- other transactions hold are left. Called by the claim under the queue's lock. Returns
 -- how many it held back.
-DROP FUNCTION IF EXISTS skiplock.internal_hold_keys(text, text[]);
 CREATE OR REPLACE FUNCTION skiplock.internal_hold_keys(queue_name text, keys text[], reason text)
 RETURNS int
 LANGUAGE plpgsql
@@ -381,7 +447,6 @@ $$;
 -- was retried by hand since, or that was given a parent by hand, is passed over until that
 -- parent succeeds). Takes the queue's lock when the queue has a per-key limit (see above);
 -- announces what it queued; returns how many.
-DROP FUNCTION IF EXISTS skiplock.internal_release_held(text, text[]);
 CREATE OR REPLACE FUNCTION skiplock.internal_release_held(
     queue_name text, keys text[], marks skiplock.key_slots_freed[] DEFAULT NULL)
 RETURNS int
@@ -896,7 +961,7 @@ $$;
 -- At most key_rate_limit of a queue's jobs with one concurrency_key start in any window of
 -- key_rate_period, across every worker: exact in every window, like the queue's rate
 -- limit, and kept the same way (a window of skiplock.rate_windows per key, written by the
--- claim under the queue's lock: internal_key_rate_take).
+-- claim under the queue's lock: internal_rate_take).
 --
 -- As with key_max_running, a key whose window is full has its queued jobs held back
 -- (to `waiting`) so that no claim walks its backlog: the claim that fills the window marks
@@ -907,42 +972,8 @@ $$;
 -- does too. A window whose newest start is a period old counts nothing and is deleted
 -- (internal_forget_key_limit_rows, from the sweep).
 
--- Takes up to `wanted` starts of a key at `at` and records them in its window; returns how
--- many it took. When the window is full after them (it took fewer than wanted, or exactly
--- what was left), it marks the key for internal_hold_rate_keys and keeps when the window
--- has room again: the key's jobs queued later, and those held before, wait for that.
--- Called by the claim under the queue's lock, once per key among the jobs it picked.
-CREATE OR REPLACE FUNCTION skiplock.internal_key_rate_take(queue_name text, key text,
-                                                           wanted bigint, at timestamptz,
-                                                           rate_limit int,
-                                                           rate_period interval)
-RETURNS bigint
-LANGUAGE plpgsql
-SET enable_seqscan = off
-SET enable_bitmapscan = off
-SET jit = off
-AS $$
-DECLARE
-    took bigint;
-    full_until timestamptz;
-BEGIN
-    IF wanted IS NULL OR wanted <= 0 THEN
-        RETURN 0;
-    END IF;
-    took := skiplock.internal_rate_room(queue_name, key, rate_limit, rate_period, at, wanted);
-    full_until := skiplock.internal_rate_record(queue_name, key, took, at, rate_limit,
-                                                rate_period);
-    IF full_until IS NOT NULL THEN
-        UPDATE skiplock.rate_windows w
-        SET held_until = full_until + interval '1 microsecond', hold_pending = true
-        WHERE w.queue = queue_name AND w.concurrency_key = key;
-    END IF;
-    RETURN took;
-END;
-$$;
-
 -- Holds back the queued jobs of the keys whose windows the claim filled (marked by
--- internal_key_rate_take), unmarks them, and tells the workers when the first of those
+-- internal_rate_take), unmarks them, and tells the workers when the first of those
 -- windows that holds jobs back (just held or held before) has room again. Rows other
 -- transactions hold are left. Called by the claim under the queue's lock before it
 -- returns; its cost follows those keys' jobs, each held once. Returns how many it held
@@ -1174,7 +1205,6 @@ $$;
 -- Returns the first job it held as `mark` (where the key's walks of held jobs must start
 -- at the latest; its fields NULL when it held none) and the key's due queued jobs as
 -- internal_key_queued counts them, after the hold (at least up to `claimable`).
-DROP FUNCTION IF EXISTS skiplock.internal_hold_overflow(text, text);
 CREATE OR REPLACE FUNCTION skiplock.internal_hold_overflow(queue_name text, key text,
                                                            claimable int,
                                                            OUT mark skiplock.key_slots_freed,
@@ -1221,10 +1251,6 @@ BEGIN
 END;
 $$;
 
-DROP FUNCTION IF EXISTS skiplock.internal_key_turn_taken(text, text, smallint, int);
-DROP FUNCTION IF EXISTS skiplock.internal_key_turn_taken(text, text, smallint, timestamptz,
-                                                         bigint, int);
-
 -- Of the given jobs (just inserted), holds those that wait their turn, as `waiting` with
 -- held_for 'fair', leaves their keys for their queues' next claims, and returns their ids.
 -- A job waits its turn when its key has jobs held at its priority or better, or when the
@@ -1235,7 +1261,6 @@ DROP FUNCTION IF EXISTS skiplock.internal_key_turn_taken(text, text, smallint, t
 -- Set-based: each (queue, key, priority) of the given jobs is probed once, so a statement
 -- of a million jobs of one key costs a walk of them, not a count per job. As the owner
 -- (SECURITY DEFINER): an enqueuer may not write a job's state.
-DROP FUNCTION IF EXISTS skiplock.internal_hold_for_turns(bigint[]);
 CREATE OR REPLACE FUNCTION skiplock.internal_hold_for_turns(ids bigint[])
 RETURNS bigint[]
 LANGUAGE plpgsql
@@ -1328,7 +1353,6 @@ $$;
 -- job held (as a row of key_slots_freed), whose position its row keeps (see key_held_from).
 -- As the owner (SECURITY DEFINER): an enqueuer has no privilege on the table, and this can
 -- do nothing but have a key's held jobs looked at again.
-DROP FUNCTION IF EXISTS skiplock.internal_recheck_keys(text[], text[]);
 CREATE OR REPLACE FUNCTION skiplock.internal_recheck_keys(queues text[], keys text[],
                                                           marks skiplock.key_slots_freed[] DEFAULT NULL)
 RETURNS void

@@ -69,28 +69,6 @@ LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
             OR (row_xmax::text::bigint - next_xid + 4294967296) % 4294967296 < 1048576);
 $$;
 
-DROP FUNCTION IF EXISTS skiplock.internal_claim_batch(text[], text[], bigint, text, smallint,
-                                                      bigint, bigint, uuid, boolean, boolean,
-                                                      boolean);
-DROP FUNCTION IF EXISTS skiplock.internal_claim_batch(text, text[], bigint, text, smallint,
-                                                      bigint, bigint, uuid, boolean, boolean,
-                                                      boolean);
--- Its position became one value (the claim key as an array) in place of three.
-DROP FUNCTION IF EXISTS skiplock.internal_claim_batch(text, text[], bigint, text, smallint,
-                                                      bigint, bigint, uuid, boolean);
--- It returns whether each job's key has a running limit (key_limited) since the handoff
--- of a key's freed slot (internal_complete_handing_on): a result without it is dropped
--- first (a replacement cannot change a result); one with it stays, with its grants.
-DO $$
-BEGIN
-    IF NOT EXISTS (SELECT 1 FROM pg_proc p
-                   WHERE p.oid = to_regprocedure('skiplock.internal_claim_batch(text, text[], bigint, text, bigint[], uuid, boolean)')
-                     AND 'key_limited' = ANY (p.proargnames)) THEN
-        DROP FUNCTION IF EXISTS skiplock.internal_claim_batch(text, text[], bigint, text,
-                                                              bigint[], uuid, boolean);
-    END IF;
-END;
-$$;
 CREATE OR REPLACE FUNCTION skiplock.internal_claim_batch(queue_name text, kinds text[],
                                                          max_jobs bigint, worker text,
                                                          after bigint[] DEFAULT NULL,
@@ -378,24 +356,31 @@ BEGIN
             SELECT * FROM picked_queued
             UNION ALL
             SELECT * FROM picked_held
+        ), key_wanted AS (
+            -- With per-key limits, how many of each key picked may start by its running
+            -- jobs: no more than key_max_running less them.
+            SELECT p.concurrency_key AS key,
+                   CASE WHEN lim_key_max_running IS NULL THEN count(*)
+                        ELSE least(count(*), lim_key_max_running - skiplock.internal_key_running(
+                                 queue_name, p.concurrency_key, lim_key_max_running))
+                   END AS room
+            FROM picked p
+            WHERE p.concurrency_key IS NOT NULL
+            GROUP BY p.concurrency_key
         ), key_room AS (
-            -- With per-key limits, how many of each key picked may start: no more than
-            -- key_max_running less the key's running jobs, and of those no more than its
-            -- rate window allows (taken and recorded there). Evaluated only with such a
-            -- limit (see taken).
+            -- And of those no more than each key's rate window allows (taken and recorded
+            -- there, every key in one call). Evaluated only with such a limit (see taken).
             SELECT g.key,
                    CASE WHEN lim_key_rate_limit IS NULL THEN g.room
-                        ELSE skiplock.internal_key_rate_take(queue_name, g.key, g.room,
-                                 claim_time, lim_key_rate_limit, lim_key_rate_period)
-                   END AS room
-            FROM (SELECT p.concurrency_key AS key,
-                         CASE WHEN lim_key_max_running IS NULL THEN count(*)
-                              ELSE least(count(*), lim_key_max_running - skiplock.internal_key_running(
-                                       queue_name, p.concurrency_key, lim_key_max_running))
-                         END AS room
-                  FROM picked p
-                  WHERE p.concurrency_key IS NOT NULL
-                  GROUP BY p.concurrency_key) g
+                        ELSE coalesce(t.took, 0) END AS room
+            FROM key_wanted g
+            LEFT JOIN skiplock.internal_rate_take(
+                queue_name,
+                ARRAY(SELECT w.key FROM key_wanted w
+                      WHERE lim_key_rate_limit IS NOT NULL ORDER BY w.key),
+                ARRAY(SELECT w.room FROM key_wanted w
+                      WHERE lim_key_rate_limit IS NOT NULL ORDER BY w.key),
+                claim_time, lim_key_rate_limit, lim_key_rate_period) t ON t.key = g.key
         ), taken AS (
             -- Of each key only as many as key_room says; the others picked stay queued,
             -- held back below.
@@ -499,8 +484,9 @@ BEGIN
     IF rate_room IS NOT NULL THEN
         -- The starts taken; when the limit held jobs back, the workers are told when the
         -- window has room again (a refilled window is claimed then, not at the next poll).
-        refill_at := skiplock.internal_rate_record(queue_name, '', taken, claim_time,
-                                                   lim_rate_limit, lim_rate_period);
+        SELECT r.full_until INTO refill_at
+        FROM skiplock.internal_rate_take(queue_name, '{""}', ARRAY[taken], claim_time,
+                                         lim_rate_limit, lim_rate_period) r;
         IF rate_room < wanted AND taken >= rate_room THEN
             PERFORM skiplock.internal_notify_refill(queue_name, refill_at);
         END IF;
@@ -536,8 +522,6 @@ $$;
 COMMENT ON FUNCTION skiplock.internal_others_claiming(text[], text) IS
     'Of the given queues, those in which a claimer other than the given one holds running jobs. What a worker calls to choose how many claims and writes it keeps in flight; internal, not stable.';
 
--- Gained free_slots and the jobs' queue and key.
-DROP FUNCTION IF EXISTS skiplock.internal_complete_claims(bigint[], uuid[]);
 -- The worker's completion: the jobs still holding the given tokens succeed. The slots they
 -- free are left for the next claim (internal_notify_freed), unless free_slots is false:
 -- then the caller frees them (internal_complete_handing_on).

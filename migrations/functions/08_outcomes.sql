@@ -113,17 +113,6 @@ BEGIN
 END;
 $$;
 
--- It returned the ids alone before the SQL protocol's release and snooze went through
--- internal_save_outcomes: that form is dropped once (its return type cannot be replaced).
-DO $$
-BEGIN
-    IF (SELECT p.prorettype = 'bigint'::regtype FROM pg_proc p
-        WHERE p.oid = to_regprocedure('skiplock.internal_release_claims(bigint[], uuid[], bigint[])')) THEN
-        DROP FUNCTION skiplock.internal_release_claims(bigint[], uuid[], bigint[]);
-    END IF;
-END;
-$$;
-
 -- Claims given back without counting the attempt: a graceful shutdown (delay 0: the job
 -- keeps its scheduled_at, and so its place in line) or a snooze (due again after the
 -- delay). A job whose unique_key another pending job took meanwhile is superseded by it and

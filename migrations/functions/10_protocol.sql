@@ -354,9 +354,6 @@ COMMENT ON FUNCTION skiplock.fail_many(bigint[], uuid[], text[], interval[]) IS
 -- and dependants move on), so that a worker calling them one job at a time keeps the same
 -- promises as one calling the batch forms, and as the Rust worker.
 
--- fail and discard went through this before, each with a loop of its own.
-DROP FUNCTION IF EXISTS skiplock.internal_fail_one(bigint, uuid, text, interval, text);
-
 -- Marks a held job succeeded (with output, when given); true when the caller held the
 -- claim. The next job of its lane and its waiting dependants move on in the same
 -- transaction, and workers are told.

@@ -356,9 +356,6 @@ $$;
 -- fair queueing by key with key_claimable. The same as writing the columns of its
 -- skiplock.queues row, which plain SQL may do; this checks the values with errors that say
 -- what to pass.
-DROP FUNCTION IF EXISTS skiplock.set_queue_limits(text, int, int, interval);
-DROP FUNCTION IF EXISTS skiplock.set_queue_limits(text, int, int, interval, int);
-DROP FUNCTION IF EXISTS skiplock.set_queue_limits(text, int, int, interval, int, int, interval);
 CREATE OR REPLACE FUNCTION skiplock.set_queue_limits(queue_name text, max_running int,
                                                      rate_limit int DEFAULT NULL,
                                                      rate_period interval DEFAULT NULL,

@@ -291,7 +291,8 @@ CREATE TABLE skiplock.queues (
 -- is to hold back before it returns.
 -- No foreign key to skiplock.queues: a claim writes these rows under the queue's lock, and
 -- a key share lock on the queue's row would wait for a DELETE of that row whose trigger
--- waits for the lock; the triggers on skiplock.queues delete and rename them instead.
+-- waits for the lock; the triggers on skiplock.queues delete them instead (a row deleted
+-- or renamed: a renamed row's limits start new windows under its new name).
 CREATE TABLE skiplock.rate_windows (
     queue           text NOT NULL,
     concurrency_key text NOT NULL,

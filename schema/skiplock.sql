@@ -2029,6 +2029,7 @@ CREATE FUNCTION skiplock.internal_forget_key_limit_rows() RETURNS integer
                 LIMIT 500
                 FOR UPDATE SKIP LOCKED)
           AND w.expires_at < now() AND w.held_until IS NULL AND NOT w.hold_pending
+          AND skiplock.internal_queue_turn_free(w.queue)
         RETURNING 1
     ), slots AS (
         DELETE FROM skiplock.key_slots_freed f
@@ -3747,6 +3748,17 @@ END;
 $$;
 
 --
+-- Name: internal_queue_turn_free(text); Type: FUNCTION; Schema: skiplock; Owner: -
+--
+
+CREATE FUNCTION skiplock.internal_queue_turn_free(queue_name text) RETURNS boolean
+    LANGUAGE sql
+    AS $$
+    SELECT pg_try_advisory_lock_shared(skiplock.internal_queue_limit_lock_id(queue_name))
+           AND pg_advisory_unlock_shared(skiplock.internal_queue_limit_lock_id(queue_name));
+$$;
+
+--
 -- Name: internal_queues_after_fairness_change(); Type: FUNCTION; Schema: skiplock; Owner: -
 --
 
@@ -3780,10 +3792,18 @@ $$;
 CREATE FUNCTION skiplock.internal_queues_after_key_limit() RETURNS trigger
     LANGUAGE plpgsql
     AS $$
+DECLARE
+    keys_changed boolean := TG_OP = 'DELETE' OR NEW.name <> OLD.name
+        OR NEW.key_max_running IS DISTINCT FROM OLD.key_max_running
+        OR NEW.key_claimable IS DISTINCT FROM OLD.key_claimable
+        OR NEW.key_rate_limit IS DISTINCT FROM OLD.key_rate_limit
+        OR NEW.key_rate_period IS DISTINCT FROM OLD.key_rate_period;
 BEGIN
     -- The queue's lock first, as a claim takes it before it writes the windows.
     PERFORM pg_advisory_xact_lock(skiplock.internal_queue_limit_lock_id(OLD.name));
-    IF TG_OP = 'DELETE' THEN
+    IF TG_OP = 'DELETE' OR NEW.name <> OLD.name THEN
+        -- The row's limits are gone from OLD.name's jobs: what they kept goes (a renamed
+        -- row's limits hold for the jobs of its new name, from new windows).
         DELETE FROM skiplock.rate_windows w WHERE w.queue = OLD.name;
         DELETE FROM skiplock.key_slots_freed f WHERE f.queue = OLD.name;
     ELSE
@@ -3802,17 +3822,15 @@ BEGIN
                 + CASE WHEN w.concurrency_key = '' THEN NEW.rate_period
                        ELSE NEW.key_rate_period END,
                 w.expires_at),
-            held_until = CASE WHEN w.held_until IS NOT NULL THEN now() END
+            -- A key's limit changed: what its window held back is looked at again at the
+            -- next claim (the queue's rate_period alone changes no key's room).
+            held_until = CASE WHEN keys_changed AND w.held_until IS NOT NULL THEN now()
+                              ELSE w.held_until END
         WHERE w.queue = NEW.name;
-        IF NEW.key_max_running IS NOT DISTINCT FROM OLD.key_max_running
-           AND NEW.key_claimable IS NOT DISTINCT FROM OLD.key_claimable
-           AND NEW.key_rate_limit IS NOT DISTINCT FROM OLD.key_rate_limit
-           AND NEW.key_rate_period IS NOT DISTINCT FROM OLD.key_rate_period THEN
-            -- The queue's rate_period alone: no key's room changed.
-            RETURN NULL;
-        END IF;
     END IF;
-    PERFORM skiplock.internal_release_held(OLD.name, NULL);
+    IF keys_changed THEN
+        PERFORM skiplock.internal_release_held(OLD.name, NULL);
+    END IF;
     RETURN NULL;
 END;
 $$;
@@ -7121,7 +7139,7 @@ CREATE TRIGGER queues_after_handoff_rules_change AFTER DELETE OR UPDATE ON skipl
 -- Name: queues queues_after_key_limit_change; Type: TRIGGER; Schema: skiplock; Owner: -
 --
 
-CREATE TRIGGER queues_after_key_limit_change AFTER UPDATE ON skiplock.queues FOR EACH ROW WHEN ((((old.key_max_running IS NOT NULL) AND (new.key_max_running IS DISTINCT FROM old.key_max_running)) OR ((old.key_claimable IS NOT NULL) AND (new.key_claimable IS DISTINCT FROM old.key_claimable)) OR ((old.key_rate_limit IS NOT NULL) AND ((new.key_rate_limit IS DISTINCT FROM old.key_rate_limit) OR (new.key_rate_period IS DISTINCT FROM old.key_rate_period))) OR ((old.rate_limit IS NOT NULL) AND (new.rate_period IS DISTINCT FROM old.rate_period)))) EXECUTE FUNCTION skiplock.internal_queues_after_key_limit();
+CREATE TRIGGER queues_after_key_limit_change AFTER UPDATE ON skiplock.queues FOR EACH ROW WHEN ((((old.key_max_running IS NOT NULL) AND (new.key_max_running IS DISTINCT FROM old.key_max_running)) OR ((old.key_claimable IS NOT NULL) AND (new.key_claimable IS DISTINCT FROM old.key_claimable)) OR ((old.key_rate_limit IS NOT NULL) AND ((new.key_rate_limit IS DISTINCT FROM old.key_rate_limit) OR (new.key_rate_period IS DISTINCT FROM old.key_rate_period))) OR ((old.rate_limit IS NOT NULL) AND (new.rate_period IS DISTINCT FROM old.rate_period)) OR ((new.name <> old.name) AND ((old.rate_limit IS NOT NULL) OR (old.key_max_running IS NOT NULL) OR (old.key_rate_limit IS NOT NULL) OR (old.key_claimable IS NOT NULL))))) EXECUTE FUNCTION skiplock.internal_queues_after_key_limit();
 
 --
 -- Name: queues queues_after_key_limit_delete; Type: TRIGGER; Schema: skiplock; Owner: -

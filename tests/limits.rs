@@ -652,6 +652,118 @@ async fn a_claim_taking_starts_of_a_window_the_sweep_deletes_meanwhile_makes_it_
     assert_eq!(starts, 2, "the window made again with the claim's starts");
 }
 
+/// The sweep keeps every window of a queue whose turn a claim holds, however old: that
+/// claim may have taken its time before the window expired and read the window as it was,
+/// so a window forgotten under it would let a second start go within the period.
+#[tokio::test]
+async fn the_sweep_keeps_the_windows_of_a_queue_whose_turn_a_claim_holds() {
+    let db = common::test_db().await;
+    let pool = &db.pool;
+    queue_jobs(pool, "r", 2).await;
+    skiplock::set_queue_limits(
+        pool,
+        "r",
+        QueueLimits::default().rate(1, Duration::from_micros(1)),
+    )
+    .await
+    .unwrap();
+    assert_eq!(claim(pool, "r", 1).await.len(), 1);
+    let windows = || async {
+        sqlx::query_scalar::<_, i64>("SELECT count(*) FROM skiplock.rate_windows")
+            .fetch_one(pool)
+            .await
+            .unwrap()
+    };
+    let sweep = || async {
+        sqlx::query("SELECT skiplock.internal_settle_waiting()")
+            .execute(pool)
+            .await
+            .unwrap();
+    };
+    // A claim in flight: the queue's turn held.
+    let mut turn = pool.begin().await.unwrap();
+    sqlx::query("SELECT pg_advisory_xact_lock(skiplock.internal_queue_limit_lock_id('r'))")
+        .execute(&mut *turn)
+        .await
+        .unwrap();
+    sweep().await;
+    assert_eq!(windows().await, 1, "kept while a claim holds the turn");
+    turn.commit().await.unwrap();
+    sweep().await;
+    assert_eq!(windows().await, 0, "forgotten once no claim holds it");
+}
+
+/// A change of the queue's own rate_period leaves the keys' windows as they were: a key
+/// whose window is full keeps when it has room again (reset to now, its held jobs were let
+/// go by no claim, as its window was still full, and waited for the sweep).
+#[tokio::test]
+async fn a_change_of_the_queues_rate_period_keeps_when_a_keys_window_has_room() {
+    let db = common::test_db().await;
+    let pool = &db.pool;
+    enqueue_n(
+        pool,
+        "noop",
+        json!({}),
+        3,
+        EnqueueOptions::new().queue("k").concurrency_key("a"),
+    )
+    .await;
+    let hour = Duration::from_secs(3600);
+    skiplock::set_queue_limits(
+        pool,
+        "k",
+        QueueLimits::default().rate(100, hour).key_rate(1, hour),
+    )
+    .await
+    .unwrap();
+    assert_eq!(claim(pool, "k", 10).await.len(), 1);
+    let held_until = || async {
+        sqlx::query_scalar::<_, Option<chrono::DateTime<chrono::Utc>>>(
+            "SELECT held_until FROM skiplock.rate_windows WHERE queue = 'k' AND concurrency_key = 'a'",
+        )
+        .fetch_one(pool)
+        .await
+        .unwrap()
+    };
+    let before = held_until().await;
+    assert!(before.is_some(), "a's window holds its jobs back");
+    sqlx::query("UPDATE skiplock.queues SET rate_period = '2 hours' WHERE name = 'k'")
+        .execute(pool)
+        .await
+        .unwrap();
+    assert_eq!(held_until().await, before);
+    assert_eq!(key_states(pool, "a").await.get("waiting"), Some(&2));
+}
+
+/// A queue's row renamed takes its windows' starts from the jobs of its old name: they go
+/// (the renamed row's limits hold for the jobs of its new name, from new windows), none
+/// left behind under the old name.
+#[tokio::test]
+async fn a_renamed_queue_row_leaves_no_window_under_its_old_name() {
+    let db = common::test_db().await;
+    let pool = &db.pool;
+    queue_jobs(pool, "r", 3).await;
+    skiplock::set_queue_limits(
+        pool,
+        "r",
+        QueueLimits::default().rate(1, Duration::from_secs(3600)),
+    )
+    .await
+    .unwrap();
+    assert_eq!(claim(pool, "r", 10).await.len(), 1);
+    sqlx::query("UPDATE skiplock.queues SET name = 'r2' WHERE name = 'r'")
+        .execute(pool)
+        .await
+        .unwrap();
+    let left: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM skiplock.rate_windows WHERE queue = 'r'")
+            .fetch_one(pool)
+            .await
+            .unwrap();
+    assert_eq!(left, 0);
+    assert_eq!(claim(pool, "r", 10).await.len(), 2, "r has no limit now");
+}
+
 /// `skiplock show` says why a queued job waits under max_running, and a freed slot is
 /// announced: a listener of skiplock_runnable hears the queue named when a running job
 /// of a queue with max_running completes, and nothing for a queue without it.

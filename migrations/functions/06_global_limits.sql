@@ -3,7 +3,8 @@
 -- claim.
 --
 -- Defines:
---   internal_queue_limit_lock_id, internal_key_held_from_lock_id, internal_claim_shares
+--   internal_queue_limit_lock_id, internal_queue_turn_free, internal_key_held_from_lock_id
+--   internal_claim_shares
 --   internal_claim_share_lock_id
 --   internal_claim_share_room, internal_take_claim_share, internal_take_every_claim_share
 --   internal_rate_first_busy, internal_make_rate_ring, internal_rate_room
@@ -53,6 +54,17 @@
 CREATE OR REPLACE FUNCTION skiplock.internal_queue_limit_lock_id(queue_name text) RETURNS bigint
 LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
     SELECT hashtextextended('skiplock.queue_limit:' || queue_name, 0);
+$$;
+
+-- Whether no claim of a limited queue holds the queue's turn at this instant (its lock
+-- taken shared and given back at once, waiting for nothing): every claim that holds the
+-- turn after this call took its claim time after it. What lets the sweep forget a rate
+-- window a whole period old (internal_forget_key_limit_rows): a claim in flight may have
+-- taken its time before the window's expiry, and count on it.
+CREATE OR REPLACE FUNCTION skiplock.internal_queue_turn_free(queue_name text) RETURNS boolean
+LANGUAGE sql VOLATILE AS $$
+    SELECT pg_try_advisory_lock_shared(skiplock.internal_queue_limit_lock_id(queue_name))
+           AND pg_advisory_unlock_shared(skiplock.internal_queue_limit_lock_id(queue_name));
 $$;
 
 -- The advisory lock under which a key's row of skiplock.key_held_from is written (see
@@ -1045,9 +1057,11 @@ $$;
 -- that no longer has key_max_running nor key_claimable (its row deleted or changed
 -- meanwhile): called by
 -- every pass of the waiting sweep, so the windows are those of the queues and keys that
--- started a job within their period. Never waits: a row a claim holds is skipped (the claim holds its
--- queue's lock, which the sweep's caller may want next), and a window a claim rewrote is
--- kept (the condition is checked again on the row's newest version).
+-- started a job within their period. Never waits: a row a claim holds is skipped (the
+-- claim holds its queue's lock, which the sweep's caller may want next), a window a claim
+-- rewrote is kept (the condition is checked again on the row's newest version), and so is
+-- every window of a queue whose turn a claim holds (internal_queue_turn_free): that claim
+-- may have taken its time before the window expired, and read the window as it was.
 CREATE OR REPLACE FUNCTION skiplock.internal_forget_key_limit_rows() RETURNS int
 LANGUAGE sql
 SET enable_seqscan = off
@@ -1063,6 +1077,7 @@ AS $$
                 LIMIT 500
                 FOR UPDATE SKIP LOCKED)
           AND w.expires_at < now() AND w.held_until IS NULL AND NOT w.hold_pending
+          AND skiplock.internal_queue_turn_free(w.queue)
         RETURNING 1
     ), slots AS (
         DELETE FROM skiplock.key_slots_freed f

@@ -641,10 +641,18 @@ CREATE OR REPLACE TRIGGER queues_after_fairness_delete
 -- windows, once.
 CREATE OR REPLACE FUNCTION skiplock.internal_queues_after_key_limit() RETURNS trigger
 LANGUAGE plpgsql AS $$
+DECLARE
+    keys_changed boolean := TG_OP = 'DELETE' OR NEW.name <> OLD.name
+        OR NEW.key_max_running IS DISTINCT FROM OLD.key_max_running
+        OR NEW.key_claimable IS DISTINCT FROM OLD.key_claimable
+        OR NEW.key_rate_limit IS DISTINCT FROM OLD.key_rate_limit
+        OR NEW.key_rate_period IS DISTINCT FROM OLD.key_rate_period;
 BEGIN
     -- The queue's lock first, as a claim takes it before it writes the windows.
     PERFORM pg_advisory_xact_lock(skiplock.internal_queue_limit_lock_id(OLD.name));
-    IF TG_OP = 'DELETE' THEN
+    IF TG_OP = 'DELETE' OR NEW.name <> OLD.name THEN
+        -- The row's limits are gone from OLD.name's jobs: what they kept goes (a renamed
+        -- row's limits hold for the jobs of its new name, from new windows).
         DELETE FROM skiplock.rate_windows w WHERE w.queue = OLD.name;
         DELETE FROM skiplock.key_slots_freed f WHERE f.queue = OLD.name;
     ELSE
@@ -663,17 +671,15 @@ BEGIN
                 + CASE WHEN w.concurrency_key = '' THEN NEW.rate_period
                        ELSE NEW.key_rate_period END,
                 w.expires_at),
-            held_until = CASE WHEN w.held_until IS NOT NULL THEN now() END
+            -- A key's limit changed: what its window held back is looked at again at the
+            -- next claim (the queue's rate_period alone changes no key's room).
+            held_until = CASE WHEN keys_changed AND w.held_until IS NOT NULL THEN now()
+                              ELSE w.held_until END
         WHERE w.queue = NEW.name;
-        IF NEW.key_max_running IS NOT DISTINCT FROM OLD.key_max_running
-           AND NEW.key_claimable IS NOT DISTINCT FROM OLD.key_claimable
-           AND NEW.key_rate_limit IS NOT DISTINCT FROM OLD.key_rate_limit
-           AND NEW.key_rate_period IS NOT DISTINCT FROM OLD.key_rate_period THEN
-            -- The queue's rate_period alone: no key's room changed.
-            RETURN NULL;
-        END IF;
     END IF;
-    PERFORM skiplock.internal_release_held(OLD.name, NULL);
+    IF keys_changed THEN
+        PERFORM skiplock.internal_release_held(OLD.name, NULL);
+    END IF;
     RETURN NULL;
 END;
 $$;
@@ -688,7 +694,10 @@ CREATE OR REPLACE TRIGGER queues_after_key_limit_change
           OR (OLD.key_rate_limit IS NOT NULL
               AND (NEW.key_rate_limit IS DISTINCT FROM OLD.key_rate_limit
                    OR NEW.key_rate_period IS DISTINCT FROM OLD.key_rate_period))
-          OR (OLD.rate_limit IS NOT NULL AND NEW.rate_period IS DISTINCT FROM OLD.rate_period))
+          OR (OLD.rate_limit IS NOT NULL AND NEW.rate_period IS DISTINCT FROM OLD.rate_period)
+          OR (NEW.name <> OLD.name
+              AND (OLD.rate_limit IS NOT NULL OR OLD.key_max_running IS NOT NULL
+                   OR OLD.key_rate_limit IS NOT NULL OR OLD.key_claimable IS NOT NULL)))
     EXECUTE FUNCTION skiplock.internal_queues_after_key_limit();
 
 CREATE OR REPLACE TRIGGER queues_after_key_limit_delete

@@ -532,6 +532,33 @@ async fn a_changed_rate_limit_keeps_counting_the_starts_already_made() {
     assert!(why.contains("held back by the queue's rate limit"), "{why}");
 }
 
+/// Sets `queue`'s limits, replacing those it had.
+async fn limit(pool: &PgPool, queue: &str, limits: QueueLimits) {
+    skiplock::set_queue_limits(pool, queue, limits)
+        .await
+        .unwrap();
+}
+
+/// One pass of the sweep of waiting jobs, which also forgets the rate windows that count
+/// nothing any more.
+async fn sweep_waiting(pool: &PgPool) {
+    sqlx::query("SELECT skiplock.internal_settle_waiting()")
+        .execute(pool)
+        .await
+        .unwrap();
+}
+
+/// The rate windows kept, as (queue, concurrency_key), in that order; the queue's own with
+/// the key ''.
+async fn rate_windows(pool: &PgPool) -> Vec<(String, String)> {
+    sqlx::query_as(
+        "SELECT queue, concurrency_key FROM skiplock.rate_windows ORDER BY queue, concurrency_key",
+    )
+    .fetch_all(pool)
+    .await
+    .unwrap()
+}
+
 /// One store and one rule for every rate window: the queue's own and each key's are
 /// forgotten by the sweep only a whole period after their newest start, by the period the
 /// queue has now. A period lengthened after the starts keeps counting them (a window
@@ -551,29 +578,14 @@ async fn a_rate_window_is_forgotten_a_whole_period_after_its_newest_start_by_its
     .await;
     let micro = Duration::from_micros(1);
     let hour = Duration::from_secs(3600);
-    skiplock::set_queue_limits(pool, "r", QueueLimits::default().rate(1, micro))
-        .await
-        .unwrap();
-    skiplock::set_queue_limits(pool, "k", QueueLimits::default().key_rate(1, micro))
-        .await
-        .unwrap();
+    limit(pool, "r", QueueLimits::default().rate(1, micro)).await;
+    limit(pool, "k", QueueLimits::default().key_rate(1, micro)).await;
     assert_eq!(claim(pool, "r", 10).await.len(), 1);
     assert_eq!(claim(pool, "k", 10).await.len(), 1);
-    skiplock::set_queue_limits(pool, "r", QueueLimits::default().rate(1, hour))
-        .await
-        .unwrap();
-    skiplock::set_queue_limits(pool, "k", QueueLimits::default().key_rate(1, hour))
-        .await
-        .unwrap();
-    sqlx::query("SELECT skiplock.internal_settle_waiting()")
-        .execute(pool)
-        .await
-        .unwrap();
-    let windows: Vec<(String, String)> =
-        sqlx::query_as("SELECT queue, concurrency_key FROM skiplock.rate_windows ORDER BY queue")
-            .fetch_all(pool)
-            .await
-            .unwrap();
+    limit(pool, "r", QueueLimits::default().rate(1, hour)).await;
+    limit(pool, "k", QueueLimits::default().key_rate(1, hour)).await;
+    sweep_waiting(pool).await;
+    let windows = rate_windows(pool).await;
     assert_eq!(
         windows,
         [
@@ -590,22 +602,11 @@ async fn a_rate_window_is_forgotten_a_whole_period_after_its_newest_start_by_its
     );
 
     // Back to a microsecond: both windows count nothing, and the sweep forgets them.
-    skiplock::set_queue_limits(pool, "r", QueueLimits::default().rate(1, micro))
-        .await
-        .unwrap();
-    skiplock::set_queue_limits(pool, "k", QueueLimits::default().key_rate(1, micro))
-        .await
-        .unwrap();
+    limit(pool, "r", QueueLimits::default().rate(1, micro)).await;
+    limit(pool, "k", QueueLimits::default().key_rate(1, micro)).await;
     wait_until("the sweep to forget both windows", PATIENCE, || async {
-        sqlx::query("SELECT skiplock.internal_settle_waiting()")
-            .execute(pool)
-            .await
-            .unwrap();
-        let left: i64 = sqlx::query_scalar("SELECT count(*) FROM skiplock.rate_windows")
-            .fetch_one(pool)
-            .await
-            .unwrap();
-        (left == 0).then_some(())
+        sweep_waiting(pool).await;
+        rate_windows(pool).await.is_empty().then_some(())
     })
     .await;
     assert_eq!(claim(pool, "r", 10).await.len(), 1, "a new window");
@@ -619,13 +620,12 @@ async fn a_claim_taking_starts_of_a_window_the_sweep_deletes_meanwhile_makes_it_
     let db = common::test_db().await;
     let pool = &db.pool;
     queue_jobs(pool, "r", 5).await;
-    skiplock::set_queue_limits(
+    limit(
         pool,
         "r",
         QueueLimits::default().rate(3, Duration::from_secs(3600)),
     )
-    .await
-    .unwrap();
+    .await;
     assert_eq!(claim(pool, "r", 1).await.len(), 1);
     // The sweep's delete, held open (as the sweep deletes a window a period old).
     let mut sweep = pool.begin().await.unwrap();
@@ -660,37 +660,31 @@ async fn the_sweep_keeps_the_windows_of_a_queue_whose_turn_a_claim_holds() {
     let db = common::test_db().await;
     let pool = &db.pool;
     queue_jobs(pool, "r", 2).await;
-    skiplock::set_queue_limits(
+    limit(
         pool,
         "r",
         QueueLimits::default().rate(1, Duration::from_micros(1)),
     )
-    .await
-    .unwrap();
+    .await;
     assert_eq!(claim(pool, "r", 1).await.len(), 1);
-    let windows = || async {
-        sqlx::query_scalar::<_, i64>("SELECT count(*) FROM skiplock.rate_windows")
-            .fetch_one(pool)
-            .await
-            .unwrap()
-    };
-    let sweep = || async {
-        sqlx::query("SELECT skiplock.internal_settle_waiting()")
-            .execute(pool)
-            .await
-            .unwrap();
-    };
     // A claim in flight: the queue's turn held.
     let mut turn = pool.begin().await.unwrap();
     sqlx::query("SELECT pg_advisory_xact_lock(skiplock.internal_queue_limit_lock_id('r'))")
         .execute(&mut *turn)
         .await
         .unwrap();
-    sweep().await;
-    assert_eq!(windows().await, 1, "kept while a claim holds the turn");
+    sweep_waiting(pool).await;
+    assert_eq!(
+        rate_windows(pool).await.len(),
+        1,
+        "kept while a claim holds the turn"
+    );
     turn.commit().await.unwrap();
-    sweep().await;
-    assert_eq!(windows().await, 0, "forgotten once no claim holds it");
+    sweep_waiting(pool).await;
+    assert!(
+        rate_windows(pool).await.is_empty(),
+        "forgotten once no claim holds it"
+    );
 }
 
 /// A change of the queue's own rate_period leaves the keys' windows as they were: a key
@@ -709,13 +703,12 @@ async fn a_change_of_the_queues_rate_period_keeps_when_a_keys_window_has_room() 
     )
     .await;
     let hour = Duration::from_secs(3600);
-    skiplock::set_queue_limits(
+    limit(
         pool,
         "k",
         QueueLimits::default().rate(100, hour).key_rate(1, hour),
     )
-    .await
-    .unwrap();
+    .await;
     assert_eq!(claim(pool, "k", 10).await.len(), 1);
     let held_until = || async {
         sqlx::query_scalar::<_, Option<chrono::DateTime<chrono::Utc>>>(
@@ -743,24 +736,24 @@ async fn a_renamed_queue_row_leaves_no_window_under_its_old_name() {
     let db = common::test_db().await;
     let pool = &db.pool;
     queue_jobs(pool, "r", 3).await;
-    skiplock::set_queue_limits(
+    limit(
         pool,
         "r",
         QueueLimits::default().rate(1, Duration::from_secs(3600)),
     )
-    .await
-    .unwrap();
+    .await;
     assert_eq!(claim(pool, "r", 10).await.len(), 1);
     sqlx::query("UPDATE skiplock.queues SET name = 'r2' WHERE name = 'r'")
         .execute(pool)
         .await
         .unwrap();
-    let left: i64 =
-        sqlx::query_scalar("SELECT count(*) FROM skiplock.rate_windows WHERE queue = 'r'")
-            .fetch_one(pool)
+    assert!(
+        rate_windows(pool)
             .await
-            .unwrap();
-    assert_eq!(left, 0);
+            .iter()
+            .all(|(queue, _)| queue != "r"),
+        "none under the old name"
+    );
     assert_eq!(claim(pool, "r", 10).await.len(), 2, "r has no limit now");
 }
 

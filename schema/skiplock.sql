@@ -2584,14 +2584,20 @@ BEGIN
         RETURN 0;
     END IF;
     held := skiplock.internal_hold_keys(queue_name, filled, 'rate');
-    -- A LATERAL probe with LIMIT, not EXISTS: a semi join walked every waiting job of the
-    -- queue for each window (132 buffers beside 10,000 held jobs, against 4).
+    -- A window that holds nothing back keeps no refill time: nothing waits for it, and the
+    -- sweep forgets only a window without one (a key's jobs that come later are held by
+    -- the claim that picks them, which marks the window again). A probe with LIMIT per
+    -- window, not NOT EXISTS: a semi join walked every waiting job of the queue for each
+    -- window (132 buffers beside 10,000 held jobs, against 4).
+    UPDATE skiplock.rate_windows w SET held_until = NULL
+    WHERE w.queue = queue_name AND w.concurrency_key = ANY (filled)
+      AND w.held_until IS NOT NULL
+      AND (SELECT true FROM skiplock.jobs_live j
+           WHERE j.queue = queue_name AND j.state = 'waiting' AND j.held_for IS NOT NULL
+             AND j.concurrency_key = w.concurrency_key
+           LIMIT 1) IS NULL;
     SELECT min(w.held_until) INTO refill
     FROM skiplock.rate_windows w
-    CROSS JOIN LATERAL (SELECT 1 FROM skiplock.jobs_live j
-                        WHERE j.queue = queue_name AND j.state = 'waiting'
-                          AND j.held_for IS NOT NULL AND j.concurrency_key = w.concurrency_key
-                        LIMIT 1) held
     WHERE w.queue = queue_name AND w.concurrency_key = ANY (filled);
     PERFORM skiplock.internal_notify_refill(queue_name, refill);
     RETURN held;
@@ -3822,11 +3828,22 @@ BEGIN
                 + CASE WHEN w.concurrency_key = '' THEN NEW.rate_period
                        ELSE NEW.key_rate_period END,
                 w.expires_at),
-            -- A key's limit changed: what its window held back is looked at again at the
-            -- next claim (the queue's rate_period alone changes no key's room).
-            held_until = CASE WHEN keys_changed AND w.held_until IS NOT NULL THEN now()
+            -- A key's limit changed: what its window held back goes when the window has
+            -- room by the new limit, now (let go below) or when it refills (the queue's
+            -- rate_period alone changes no key's room). Reset to now, a window still full
+            -- had its mark cleared by the next claim with nothing let go, and its jobs
+            -- waited for the sweep.
+            held_until = CASE WHEN keys_changed AND w.held_until IS NOT NULL
+                              THEN coalesce(skiplock.internal_rate_full_until(
+                                                w.queue, w.concurrency_key, NEW.key_rate_limit,
+                                                NEW.key_rate_period, now())
+                                            + interval '1 microsecond', now())
                               ELSE w.held_until END
         WHERE w.queue = NEW.name;
+        -- The workers are told when the first of them refills.
+        PERFORM skiplock.internal_notify_refill(
+            NEW.name, (SELECT min(w.held_until) FROM skiplock.rate_windows w
+                       WHERE w.queue = NEW.name AND w.held_until > now()));
     END IF;
     IF keys_changed THEN
         PERFORM skiplock.internal_release_held(OLD.name, NULL);

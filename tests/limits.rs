@@ -559,6 +559,29 @@ async fn rate_windows(pool: &PgPool) -> Vec<(String, String)> {
     .unwrap()
 }
 
+/// `n` `noop` jobs of key `a` in queue `k`.
+async fn key_a_jobs(pool: &PgPool, n: usize) {
+    enqueue_n(
+        pool,
+        "noop",
+        json!({}),
+        n,
+        EnqueueOptions::new().queue("k").concurrency_key("a"),
+    )
+    .await;
+}
+
+/// When the window of key `a` in queue `k` has room again, while it holds the key's jobs
+/// back (NULL otherwise).
+async fn held_until_of_a(pool: &PgPool) -> Option<chrono::DateTime<chrono::Utc>> {
+    sqlx::query_scalar(
+        "SELECT held_until FROM skiplock.rate_windows WHERE queue = 'k' AND concurrency_key = 'a'",
+    )
+    .fetch_one(pool)
+    .await
+    .unwrap()
+}
+
 /// One store and one rule for every rate window: the queue's own and each key's are
 /// forgotten by the sweep only a whole period after their newest start, by the period the
 /// queue has now. A period lengthened after the starts keeps counting them (a window
@@ -568,14 +591,7 @@ async fn a_rate_window_is_forgotten_a_whole_period_after_its_newest_start_by_its
     let db = common::test_db().await;
     let pool = &db.pool;
     queue_jobs(pool, "r", 3).await;
-    enqueue_n(
-        pool,
-        "noop",
-        json!({}),
-        3,
-        EnqueueOptions::new().queue("k").concurrency_key("a"),
-    )
-    .await;
+    key_a_jobs(pool, 3).await;
     let micro = Duration::from_micros(1);
     let hour = Duration::from_secs(3600);
     limit(pool, "r", QueueLimits::default().rate(1, micro)).await;
@@ -601,15 +617,29 @@ async fn a_rate_window_is_forgotten_a_whole_period_after_its_newest_start_by_its
         "1 start of a in the hour"
     );
 
-    // Back to a microsecond: both windows count nothing, and the sweep forgets them.
+    // Back to a microsecond: the claims take the rest, one start a microsecond, and once
+    // no claim starts a job the sweep forgets both windows.
     limit(pool, "r", QueueLimits::default().rate(1, micro)).await;
     limit(pool, "k", QueueLimits::default().key_rate(1, micro)).await;
-    wait_until("the sweep to forget both windows", PATIENCE, || async {
-        sweep_waiting(pool).await;
-        rate_windows(pool).await.is_empty().then_some(())
-    })
+    wait_until(
+        "the claims to drain and the sweep to forget both windows",
+        PATIENCE,
+        || async {
+            claim(pool, "r", 10).await;
+            claim(pool, "k", 10).await;
+            sweep_waiting(pool).await;
+            rate_windows(pool).await.is_empty().then_some(())
+        },
+    )
     .await;
-    assert_eq!(claim(pool, "r", 10).await.len(), 1, "a new window");
+    assert_eq!(
+        sqlx::query_scalar::<_, i64>("SELECT count(*) FROM skiplock.jobs WHERE state <> 'running'")
+            .fetch_one(pool)
+            .await
+            .unwrap(),
+        0,
+        "every job claimed once"
+    );
 }
 
 /// A window the sweep deletes (it counts nothing any more) while a claim takes starts of
@@ -694,14 +724,7 @@ async fn the_sweep_keeps_the_windows_of_a_queue_whose_turn_a_claim_holds() {
 async fn a_change_of_the_queues_rate_period_keeps_when_a_keys_window_has_room() {
     let db = common::test_db().await;
     let pool = &db.pool;
-    enqueue_n(
-        pool,
-        "noop",
-        json!({}),
-        3,
-        EnqueueOptions::new().queue("k").concurrency_key("a"),
-    )
-    .await;
+    key_a_jobs(pool, 3).await;
     let hour = Duration::from_secs(3600);
     limit(
         pool,
@@ -710,22 +733,75 @@ async fn a_change_of_the_queues_rate_period_keeps_when_a_keys_window_has_room() 
     )
     .await;
     assert_eq!(claim(pool, "k", 10).await.len(), 1);
-    let held_until = || async {
-        sqlx::query_scalar::<_, Option<chrono::DateTime<chrono::Utc>>>(
-            "SELECT held_until FROM skiplock.rate_windows WHERE queue = 'k' AND concurrency_key = 'a'",
-        )
-        .fetch_one(pool)
-        .await
-        .unwrap()
-    };
-    let before = held_until().await;
+    let before = held_until_of_a(pool).await;
     assert!(before.is_some(), "a's window holds its jobs back");
     sqlx::query("UPDATE skiplock.queues SET rate_period = '2 hours' WHERE name = 'k'")
         .execute(pool)
         .await
         .unwrap();
-    assert_eq!(held_until().await, before);
+    assert_eq!(held_until_of_a(pool).await, before);
     assert_eq!(key_states(pool, "a").await.get("waiting"), Some(&2));
+}
+
+/// A key's rate limit changed while its window holds its jobs back and is still full by the
+/// new limit: the window keeps when it refills by the new limit, so the claim after it
+/// lets the jobs go. Reset to now, the next claim cleared the mark with nothing let go
+/// (the window still full) and the jobs waited for the sweep.
+#[tokio::test]
+async fn a_key_limit_changed_while_its_window_is_full_keeps_when_it_refills() {
+    let db = common::test_db().await;
+    let pool = &db.pool;
+    key_a_jobs(pool, 3).await;
+    let hour = Duration::from_secs(3600);
+    limit(pool, "k", QueueLimits::default().key_rate(1, hour)).await;
+    assert_eq!(claim(pool, "k", 10).await.len(), 1);
+    limit(pool, "k", QueueLimits::default().key_rate(1, 2 * hour)).await;
+    assert!(
+        claim(pool, "k", 10).await.is_empty(),
+        "still full by the new limit"
+    );
+    let refill: Option<f64> = sqlx::query_scalar(
+        "SELECT extract(epoch FROM w.held_until - j.claimed_at)::float8
+         FROM skiplock.rate_windows w, skiplock.jobs j
+         WHERE w.queue = 'k' AND w.concurrency_key = 'a' AND j.state = 'running'",
+    )
+    .fetch_one(pool)
+    .await
+    .unwrap();
+    let refill = refill.expect("the window keeps when it refills");
+    assert!(
+        (7199.0..7201.0).contains(&refill),
+        "two hours after the start: {refill} s"
+    );
+    assert_eq!(key_states(pool, "a").await.get("waiting"), Some(&2));
+}
+
+/// A key's window that the claim filled while nothing of the key was left to hold keeps no
+/// refill time, so that the sweep forgets it once it counts nothing, with no claim coming
+/// to clear it (an idle queue kept such a window for good).
+#[tokio::test]
+async fn a_full_window_that_holds_nothing_back_is_forgotten_without_a_claim() {
+    let db = common::test_db().await;
+    let pool = &db.pool;
+    key_a_jobs(pool, 1).await;
+    limit(
+        pool,
+        "k",
+        QueueLimits::default().key_rate(1, Duration::from_millis(1)),
+    )
+    .await;
+    assert_eq!(
+        claim(pool, "k", 10).await.len(),
+        1,
+        "the window is full after it"
+    );
+    let held_until = held_until_of_a(pool).await;
+    assert_eq!(held_until, None, "nothing held back");
+    wait_until("the sweep to forget the window", PATIENCE, || async {
+        sweep_waiting(pool).await;
+        rate_windows(pool).await.is_empty().then_some(())
+    })
+    .await;
 }
 
 /// A queue's row renamed takes its windows' starts from the jobs of its old name: they go

@@ -671,11 +671,22 @@ BEGIN
                 + CASE WHEN w.concurrency_key = '' THEN NEW.rate_period
                        ELSE NEW.key_rate_period END,
                 w.expires_at),
-            -- A key's limit changed: what its window held back is looked at again at the
-            -- next claim (the queue's rate_period alone changes no key's room).
-            held_until = CASE WHEN keys_changed AND w.held_until IS NOT NULL THEN now()
+            -- A key's limit changed: what its window held back goes when the window has
+            -- room by the new limit, now (let go below) or when it refills (the queue's
+            -- rate_period alone changes no key's room). Reset to now, a window still full
+            -- had its mark cleared by the next claim with nothing let go, and its jobs
+            -- waited for the sweep.
+            held_until = CASE WHEN keys_changed AND w.held_until IS NOT NULL
+                              THEN coalesce(skiplock.internal_rate_full_until(
+                                                w.queue, w.concurrency_key, NEW.key_rate_limit,
+                                                NEW.key_rate_period, now())
+                                            + interval '1 microsecond', now())
                               ELSE w.held_until END
         WHERE w.queue = NEW.name;
+        -- The workers are told when the first of them refills.
+        PERFORM skiplock.internal_notify_refill(
+            NEW.name, (SELECT min(w.held_until) FROM skiplock.rate_windows w
+                       WHERE w.queue = NEW.name AND w.held_until > now()));
     END IF;
     IF keys_changed THEN
         PERFORM skiplock.internal_release_held(OLD.name, NULL);

@@ -7,7 +7,8 @@
 //! frees, every function on job rows runs without JIT, every function that holds jobs for
 //! their key's turn leaves the marks the walks of held jobs start from, and every function
 //! that writes or locks a job another transaction may move between partitions handles 40001
-//! or names the callers that do. And one rule of the SQL the tests write: a query of the sessions view
+//! or names the callers that do, and every function that writes a rate window holds its
+//! queue's turn or names the callers that do. And one rule of the SQL the tests write: a query of the sessions view
 //! under tests/ names the test's own sessions only. Reads the files only: no database.
 
 use std::path::PathBuf;
@@ -527,6 +528,118 @@ fn every_function_that_reads_a_lane_to_move_it_takes_the_lane_lock() {
          the first read of the lane, or add the function to READS_LANES_UNLOCKED with the \
          reason it cannot miss one"
     );
+}
+
+/// Functions that write the rate windows without taking the queue's turn themselves, each
+/// with the functions that call it holding the turn (checked: each of them takes it, or is
+/// listed here too).
+const WRITES_WINDOWS_UNDER_ITS_CALLERS_TURN: &[(&str, &[&str])] = &[
+    ("internal_make_rate_ring", &["internal_rate_take"]),
+    ("internal_rate_take", &["internal_claim_batch"]),
+    ("internal_hold_rate_keys", &["internal_claim_batch"]),
+    ("internal_release_refilled_keys", &["internal_claim_batch"]),
+];
+
+/// Whether a function body writes a rate window (`skiplock.rate_windows` or its slots).
+fn writes_rate_windows(body: &str) -> bool {
+    ["rate_windows", "rate_window_starts"].iter().any(|table| {
+        [
+            format!("UPDATE skiplock.{table} "),
+            format!("DELETE FROM skiplock.{table} "),
+            format!("INSERT INTO skiplock.{table} "),
+        ]
+        .iter()
+        .any(|write| body.contains(write.as_str()))
+    })
+}
+
+/// Whether a function body takes its queue's turn (the lock every claim of a limited queue
+/// holds while it reads and writes the windows), or makes sure no claim holds it.
+fn holds_the_queues_turn(body: &str) -> bool {
+    body.contains("pg_advisory_xact_lock(skiplock.internal_queue_limit_lock_id(")
+        || body.contains("skiplock.internal_queue_turn_free(")
+}
+
+/// A rate window is read and written by a claim under its queue's turn: the claim reads the
+/// room, walks, then records its starts, and counts on the window staying as it read it.
+/// A writer outside the turn (the sweep forgetting a window while a claim counted on it, a
+/// limit change rewriting its expiry) let two starts through 0.999 s apart under a limit
+/// of one per second (session 62, `limits::the_sweep_keeps_the_windows_of_a_queue_whose_
+/// turn_a_claim_holds`). So every function that writes a window takes the turn, checks
+/// that no claim holds it, or is called only by functions that hold it.
+#[test]
+fn every_function_that_writes_a_rate_window_holds_its_queues_turn() {
+    let mut definitions_by_name = std::collections::HashMap::new();
+    for (file, text) in files() {
+        for definition in definitions(&text) {
+            definitions_by_name.insert(definition.label.clone(), (file.clone(), definition));
+        }
+    }
+    let mut unlocked = Vec::new();
+    for (name, (file, definition)) in &definitions_by_name {
+        if !writes_rate_windows(&definition.body) || holds_the_queues_turn(&definition.body) {
+            continue;
+        }
+        if !WRITES_WINDOWS_UNDER_ITS_CALLERS_TURN
+            .iter()
+            .any(|(listed, _)| listed == name)
+        {
+            unlocked.push(format!("{name} ({file})"));
+        }
+    }
+    unlocked.sort();
+    assert!(
+        unlocked.is_empty(),
+        "functions that write skiplock.rate_windows or rate_window_starts without their \
+         queue's turn: {unlocked:?}; take pg_advisory_xact_lock(skiplock.\
+         internal_queue_limit_lock_id(queue)) first, write only where \
+         skiplock.internal_queue_turn_free(queue), or add the function to \
+         WRITES_WINDOWS_UNDER_ITS_CALLERS_TURN with the callers that hold the turn"
+    );
+    for (name, callers) in WRITES_WINDOWS_UNDER_ITS_CALLERS_TURN {
+        let (_, definition) = definitions_by_name
+            .get(*name)
+            .unwrap_or_else(|| panic!("WRITES_WINDOWS_UNDER_ITS_CALLERS_TURN names {name}, which no function is: remove it"));
+        assert!(
+            writes_rate_windows(&definition.body) && !holds_the_queues_turn(&definition.body),
+            "WRITES_WINDOWS_UNDER_ITS_CALLERS_TURN names {name}, which no longer needs it: \
+             remove it"
+        );
+        let called_by: Vec<&String> = definitions_by_name
+            .iter()
+            .filter(|(_, (_, caller))| caller.body.contains(&format!("skiplock.{name}(")))
+            .map(|(caller, _)| caller)
+            .collect();
+        let mut unlisted: Vec<&String> = called_by
+            .iter()
+            .filter(|caller| !callers.contains(&caller.as_str()))
+            .copied()
+            .collect();
+        unlisted.sort();
+        assert!(
+            unlisted.is_empty(),
+            "{name} writes rate windows under its caller's turn, but {unlisted:?} call it \
+             too; make sure they hold the queue's turn and list them"
+        );
+        for caller in *callers {
+            let (_, definition) = definitions_by_name.get(*caller).unwrap_or_else(|| {
+                panic!("{name}'s caller {caller} is no function: fix WRITES_WINDOWS_UNDER_ITS_CALLERS_TURN")
+            });
+            assert!(
+                called_by.iter().any(|c| c.as_str() == *caller),
+                "WRITES_WINDOWS_UNDER_ITS_CALLERS_TURN says {caller} calls {name}; it no \
+                 longer does: remove it"
+            );
+            assert!(
+                holds_the_queues_turn(&definition.body)
+                    || WRITES_WINDOWS_UNDER_ITS_CALLERS_TURN
+                        .iter()
+                        .any(|(listed, _)| listed == caller),
+                "{caller} calls {name}, which writes rate windows, without holding the \
+                 queue's turn"
+            );
+        }
+    }
 }
 
 /// Where a function body first compares a lane (`ordering_key =`), if it does.

@@ -18,8 +18,8 @@
 -- The roles get EXECUTE explicitly as well, so that a database whose owner revoked it from
 -- PUBLIC (ALTER DEFAULT PRIVILEGES … REVOKE EXECUTE ON FUNCTIONS FROM PUBLIC) works too.
 -- The exceptions run as their owner (SECURITY DEFINER): the id of a new job, the delete
--- trigger's cascade, a held job's release asked again when a waiter's mark locked it
--- (skiplock.internal_release_watched: it can only have a key's held jobs let go), and the
+-- trigger's cascade, a held job's release asked again when a writer holds it locked
+-- (skiplock.internal_release_passed_over: it can only have a key's held jobs let go), and the
 -- days of finished jobs (made, locked and dropped as the owner
 -- of their tables). The last three are the pruner's: migrations/functions/ revokes them from
 -- PUBLIC, and below they go to the roles that prune only.
@@ -78,14 +78,15 @@ GRANT SELECT, INSERT, UPDATE, DELETE ON skiplock.job_history TO skiplock_worker;
 -- INSERT … ON CONFLICT (unique_key) DO UPDATE SET args … RETURNING id, xmax = 0 reads
 -- id, state, unique_key, unique_policy, args and xmax and may rewrite args; lane order and
 -- a pending unique key look at other jobs' queue, priority, scheduled_at, state and
--- ordering_key (and lock the key's pending job, which needs an UPDATE privilege); a unique
+-- ordering_key (and lock the key's pending job, which needs an UPDATE privilege, and read
+-- why it is held back and its concurrency key, to ask a held one's release again); a unique
 -- key's replace and merge rewrite the pending job's args (a merge also marks its policy
 -- merge, so that its merged payloads are never dropped). depends_on inserts edges and
 -- reads the parents' id and state. Nothing else: not kind, attempts, claims, errors,
 -- progress or output, and no write but INSERT, args and unique_policy.
 GRANT INSERT ON skiplock.jobs TO skiplock_enqueuer;
 GRANT SELECT (id, queue, priority, scheduled_at, state, ordering_key, unique_key,
-              unique_policy, args, xmax),
+              unique_policy, args, xmax, held_for, concurrency_key),
       UPDATE (args, unique_policy)
     ON skiplock.jobs TO skiplock_enqueuer;
 GRANT INSERT ON skiplock.job_dependencies TO skiplock_enqueuer;

@@ -842,6 +842,15 @@ DECLARE
     shares_held jsonb;
     taken_before bigint;
 BEGIN
+    IF max_jobs <= 0 THEN
+        -- Nothing to take, and no share or turn to take for it (one taken and not recorded
+        -- made a later claim of the transaction wait for itself).
+        RETURN;
+    END IF;
+    -- Limited or not, before the queue's row is read: a write of the queue's limits waits
+    -- for this claim, and one committed before it is what the row says (see
+    -- internal_queue_claims_lock_id).
+    PERFORM pg_advisory_xact_lock_shared(skiplock.internal_queue_claims_lock_id(queue_name));
     -- The queue's row, if any: one probe for a queue without limits.
     SELECT q.paused, q.max_running, q.rate_limit, q.rate_period, q.key_max_running,
            q.key_rate_limit, q.key_rate_period, q.key_claimable
@@ -878,8 +887,8 @@ BEGIN
         ELSIF share_room >= max_jobs THEN
             BEGIN
                 PERFORM skiplock.internal_take_claim_share(queue_name);
-                -- The limits again, holding the share: a change of max_running waited for
-                -- the claims holding shares, and holds for this one.
+                -- The row again, holding the share: the queue may have been paused while
+                -- this claim waited for it.
                 SELECT q.paused, q.max_running, q.rate_limit, q.key_max_running,
                        q.key_rate_limit
                 INTO is_paused, lim_max_running, lim_rate_limit, lim_key_max_running,
@@ -922,8 +931,8 @@ BEGIN
         END IF;
         IF NOT sharing THEN
             PERFORM pg_advisory_xact_lock(skiplock.internal_queue_limit_lock_id(queue_name));
-            -- The limits again, under the lock: a change committed while this claim waited
-            -- for it (its trigger let the held jobs go under the same lock) holds for it.
+            -- The row again, under the lock: the queue may have been paused while this
+            -- claim waited for it (a change of its limits waits for the claim instead).
             SELECT q.paused, q.max_running, q.rate_limit, q.rate_period, q.key_max_running,
                    q.key_rate_limit, q.key_rate_period
             INTO is_paused, lim_max_running, lim_rate_limit, lim_rate_period, lim_key_max_running,
@@ -2025,6 +2034,9 @@ CREATE FUNCTION skiplock.internal_forget_key_limit_rows() RETURNS integer
         WHERE (w.queue, w.concurrency_key) IN (
                 SELECT o.queue, o.concurrency_key FROM skiplock.rate_windows o
                 WHERE o.expires_at < now() AND o.held_until IS NULL AND NOT o.hold_pending
+                  -- Before the row is locked too: a window kept stays locked to the end of
+                  -- the transaction, and a claim taking its starts would wait for it.
+                  AND skiplock.internal_queue_turn_free(o.queue)
                 ORDER BY o.expires_at
                 LIMIT 500
                 FOR UPDATE SKIP LOCKED)
@@ -2071,6 +2083,13 @@ DECLARE
     handed bigint[] := '{}';
 BEGIN
     IF hand_to IS NULL OR coalesce(cardinality(array_remove(keys, NULL)), 0) = 0 THEN
+        PERFORM skiplock.internal_notify_freed(queues, keys);
+        RETURN;
+    END IF;
+    IF current_setting('transaction_isolation') <> 'read committed' THEN
+        -- The queue's row and the key's running jobs would be read as of the snapshot, older
+        -- than the lock below: a key_max_running lowered since would not hold. Left to
+        -- the next claim, as the claim itself requires READ COMMITTED for a limited queue.
         PERFORM skiplock.internal_notify_freed(queues, keys);
         RETURN;
     END IF;
@@ -2872,6 +2891,8 @@ DECLARE
     parent_queue text;
     parent_priority smallint;
     parent_scheduled_at timestamptz;
+    parent_held_for text;
+    parent_key text;
     child_queue text;
     child_priority smallint;
     child_scheduled_at timestamptz;
@@ -2891,18 +2912,23 @@ BEGIN
         BEGIN
             -- In jobs_live first, in the finished jobs only when it is not there (see "A job
             -- looked up by id" in 15_partitions.sql).
-            SELECT state, queue, priority, scheduled_at
-            INTO parent_now, parent_queue, parent_priority, parent_scheduled_at
+            SELECT state, queue, priority, scheduled_at, held_for, concurrency_key
+            INTO parent_now, parent_queue, parent_priority, parent_scheduled_at,
+                 parent_held_for, parent_key
             FROM skiplock.jobs_live WHERE id = NEW.parent_id FOR SHARE;
             IF NOT FOUND THEN
                 SELECT f.state, f.queue, f.priority, f.scheduled_at
                 INTO parent_now, parent_queue, parent_priority, parent_scheduled_at
                 FROM skiplock.internal_finished_job(NEW.parent_id, 'FOR SHARE') f;
             END IF;
-            -- Claims skip the parent while this transaction holds it locked.
+            -- Claims skip the parent while this transaction holds it locked, and so do the
+            -- releases of a held one's key.
             IF parent_now = 'queued' THEN
                 PERFORM skiplock.internal_announce(ARRAY[ROW(parent_queue, parent_priority,
                                                              parent_scheduled_at)::skiplock.runnable_key]);
+            ELSIF parent_held_for IS NOT NULL THEN
+                PERFORM skiplock.internal_release_passed_over(parent_queue, parent_key,
+                                                              parent_held_for);
             END IF;
             IF parent_now IS NULL THEN
                 RAISE EXCEPTION 'parent job % does not exist', NEW.parent_id
@@ -3694,6 +3720,16 @@ CREATE FUNCTION skiplock.internal_prune_cutoff(finished skiplock.job_state, rete
 $$;
 
 --
+-- Name: internal_queue_claims_lock_id(text); Type: FUNCTION; Schema: skiplock; Owner: -
+--
+
+CREATE FUNCTION skiplock.internal_queue_claims_lock_id(queue_name text) RETURNS bigint
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    AS $$
+    SELECT hashtextextended('skiplock.queue_claims:' || queue_name, 0);
+$$;
+
+--
 -- Name: internal_queue_limit_lock_id(text); Type: FUNCTION; Schema: skiplock; Owner: -
 --
 
@@ -3820,6 +3856,13 @@ BEGIN
             DELETE FROM skiplock.rate_windows w
             WHERE w.queue = NEW.name AND w.concurrency_key <> '';
         END IF;
+        IF NEW.rate_limit IS NULL THEN
+            -- As the keys': a rate_limit set again later counts from its own starts (a
+            -- window kept would expire by the period it had, and count against a longer
+            -- new one only until then).
+            DELETE FROM skiplock.rate_windows w
+            WHERE w.queue = NEW.name AND w.concurrency_key = '';
+        END IF;
         UPDATE skiplock.rate_windows w
         SET expires_at = coalesce(
                 (SELECT s.started_at FROM skiplock.rate_window_starts s
@@ -3853,20 +3896,6 @@ END;
 $$;
 
 --
--- Name: internal_queues_after_max_running_change(); Type: FUNCTION; Schema: skiplock; Owner: -
---
-
-CREATE FUNCTION skiplock.internal_queues_after_max_running_change() RETURNS trigger
-    LANGUAGE plpgsql
-    AS $$
-BEGIN
-    PERFORM pg_advisory_xact_lock(skiplock.internal_queue_limit_lock_id(NEW.name));
-    PERFORM skiplock.internal_take_every_claim_share(NEW.name);
-    RETURN NULL;
-END;
-$$;
-
---
 -- Name: internal_queues_after_write(); Type: FUNCTION; Schema: skiplock; Owner: -
 --
 
@@ -3876,6 +3905,24 @@ CREATE FUNCTION skiplock.internal_queues_after_write() RETURNS trigger
 BEGIN
     PERFORM skiplock.internal_notify_queue_start(NEW.name);
     RETURN NULL;
+END;
+$$;
+
+--
+-- Name: internal_queues_before_limits_change(); Type: FUNCTION; Schema: skiplock; Owner: -
+--
+
+CREATE FUNCTION skiplock.internal_queues_before_limits_change() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    shares jsonb := nullif(current_setting('skiplock.claim_shares', true), '')::jsonb;
+BEGIN
+    PERFORM pg_advisory_xact_lock(skiplock.internal_queue_claims_lock_id(NEW.name));
+    IF shares ? NEW.name THEN
+        PERFORM set_config('skiplock.claim_shares', (shares - NEW.name)::text, true);
+    END IF;
+    RETURN NEW;
 END;
 $$;
 
@@ -4470,6 +4517,27 @@ END;
 $$;
 
 --
+-- Name: internal_release_passed_over(text, text, text); Type: FUNCTION; Schema: skiplock; Owner: -
+--
+
+CREATE FUNCTION skiplock.internal_release_passed_over(queue text, key text, held_for text) RETURNS void
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+BEGIN
+    IF held_for = 'key' THEN
+        PERFORM skiplock.internal_notify_freed(ARRAY[queue], ARRAY[key]);
+    ELSIF held_for = 'fair' THEN
+        PERFORM skiplock.internal_recheck_keys(ARRAY[queue], ARRAY[key]);
+    ELSIF held_for = 'rate' THEN
+        PERFORM 1 FROM skiplock.rate_windows w
+        WHERE w.queue = internal_release_passed_over.queue AND w.concurrency_key = key
+        FOR UPDATE;
+    END IF;
+END;
+$$;
+
+--
 -- Name: internal_release_refilled_keys(text, timestamp with time zone); Type: FUNCTION; Schema: skiplock; Owner: -
 --
 
@@ -4492,27 +4560,6 @@ BEGIN
         RETURN 0;
     END IF;
     RETURN skiplock.internal_release_held(queue_name, refilled);
-END;
-$$;
-
---
--- Name: internal_release_watched(text, text, text); Type: FUNCTION; Schema: skiplock; Owner: -
---
-
-CREATE FUNCTION skiplock.internal_release_watched(queue text, key text, held_for text) RETURNS void
-    LANGUAGE plpgsql SECURITY DEFINER
-    SET search_path TO 'pg_catalog', 'pg_temp'
-    AS $$
-BEGIN
-    IF held_for = 'key' THEN
-        PERFORM skiplock.internal_notify_freed(ARRAY[queue], ARRAY[key]);
-    ELSIF held_for = 'fair' THEN
-        PERFORM skiplock.internal_recheck_keys(ARRAY[queue], ARRAY[key]);
-    ELSIF held_for = 'rate' THEN
-        PERFORM 1 FROM skiplock.rate_windows w
-        WHERE w.queue = internal_release_watched.queue AND w.concurrency_key = key
-        FOR UPDATE;
-    END IF;
 END;
 $$;
 
@@ -5275,14 +5322,17 @@ DECLARE
     holder_queue text;
     holder_priority smallint;
     holder_scheduled_at timestamptz;
+    holder_held_for text;
+    holder_key text;
     attempts int := 0;
 BEGIN
     PERFORM pg_advisory_xact_lock(skiplock.internal_unique_key_lock_id(key));
     -- The holder, locked. First without waiting: a new key (none), or a holder no other
     -- transaction holds (this one's own earlier rows of a bulk enqueue included), takes no
     -- subtransaction.
-    SELECT o.id, o.state, o.queue, o.priority, o.scheduled_at
-    INTO holder, holder_state, holder_queue, holder_priority, holder_scheduled_at
+    SELECT o.id, o.state, o.queue, o.priority, o.scheduled_at, o.held_for, o.concurrency_key
+    INTO holder, holder_state, holder_queue, holder_priority, holder_scheduled_at,
+         holder_held_for, holder_key
     FROM skiplock.jobs o
     WHERE o.unique_key = key AND o.state IN ('waiting', 'queued') AND o.id <> self
     ORDER BY o.id LIMIT 1
@@ -5296,8 +5346,10 @@ BEGIN
         -- again (skiplock.internal_may_retry_moved).
         LOOP
             BEGIN
-                SELECT o.id, o.state, o.queue, o.priority, o.scheduled_at
-                INTO holder, holder_state, holder_queue, holder_priority, holder_scheduled_at
+                SELECT o.id, o.state, o.queue, o.priority, o.scheduled_at, o.held_for,
+                       o.concurrency_key
+                INTO holder, holder_state, holder_queue, holder_priority, holder_scheduled_at,
+                     holder_held_for, holder_key
                 FROM skiplock.jobs o
                 WHERE o.unique_key = key AND o.state IN ('waiting', 'queued') AND o.id <> self
                 ORDER BY o.id LIMIT 1
@@ -5311,10 +5363,13 @@ BEGIN
             END;
         END LOOP;
     END IF;
-    -- Claims skip the holder while this transaction holds it locked.
+    -- Claims skip the holder while this transaction holds it locked, and so do the releases
+    -- of a held one's key.
     IF holder_state = 'queued' THEN
         PERFORM skiplock.internal_announce(ARRAY[ROW(holder_queue, holder_priority,
                                                      holder_scheduled_at)::skiplock.runnable_key]);
+    ELSIF holder_held_for IS NOT NULL THEN
+        PERFORM skiplock.internal_release_passed_over(holder_queue, holder_key, holder_held_for);
     END IF;
     RETURN holder;
 END;
@@ -5666,9 +5721,9 @@ BEGIN
                     PERFORM skiplock.internal_announce(ARRAY[
                         (live.queue, live.priority, live.scheduled_at)::skiplock.runnable_key]);
                 ELSIF live.held_for IS NOT NULL THEN
-                    PERFORM skiplock.internal_release_watched(live.queue,
-                                                              live.concurrency_key,
-                                                              live.held_for);
+                    PERFORM skiplock.internal_release_passed_over(live.queue,
+                                                                  live.concurrency_key,
+                                                                  live.held_for);
                 END IF;
                 RETURN QUERY SELECT live.id, live.state, live.attempt, NULL::jsonb,
                                     NULL::text, NULL::timestamptz;
@@ -7156,7 +7211,7 @@ CREATE TRIGGER queues_after_handoff_rules_change AFTER DELETE OR UPDATE ON skipl
 -- Name: queues queues_after_key_limit_change; Type: TRIGGER; Schema: skiplock; Owner: -
 --
 
-CREATE TRIGGER queues_after_key_limit_change AFTER UPDATE ON skiplock.queues FOR EACH ROW WHEN ((((old.key_max_running IS NOT NULL) AND (new.key_max_running IS DISTINCT FROM old.key_max_running)) OR ((old.key_claimable IS NOT NULL) AND (new.key_claimable IS DISTINCT FROM old.key_claimable)) OR ((old.key_rate_limit IS NOT NULL) AND ((new.key_rate_limit IS DISTINCT FROM old.key_rate_limit) OR (new.key_rate_period IS DISTINCT FROM old.key_rate_period))) OR ((old.rate_limit IS NOT NULL) AND (new.rate_period IS DISTINCT FROM old.rate_period)) OR ((new.name <> old.name) AND ((old.rate_limit IS NOT NULL) OR (old.key_max_running IS NOT NULL) OR (old.key_rate_limit IS NOT NULL) OR (old.key_claimable IS NOT NULL))))) EXECUTE FUNCTION skiplock.internal_queues_after_key_limit();
+CREATE TRIGGER queues_after_key_limit_change AFTER UPDATE ON skiplock.queues FOR EACH ROW WHEN ((((old.key_max_running IS NOT NULL) AND (new.key_max_running IS DISTINCT FROM old.key_max_running)) OR ((old.key_claimable IS NOT NULL) AND (new.key_claimable IS DISTINCT FROM old.key_claimable)) OR ((old.key_rate_limit IS NOT NULL) AND ((new.key_rate_limit IS DISTINCT FROM old.key_rate_limit) OR (new.key_rate_period IS DISTINCT FROM old.key_rate_period))) OR ((old.rate_limit IS NOT NULL) AND ((new.rate_limit IS NULL) OR (new.rate_period IS DISTINCT FROM old.rate_period))) OR ((new.name <> old.name) AND ((old.rate_limit IS NOT NULL) OR (old.key_max_running IS NOT NULL) OR (old.key_rate_limit IS NOT NULL) OR (old.key_claimable IS NOT NULL))))) EXECUTE FUNCTION skiplock.internal_queues_after_key_limit();
 
 --
 -- Name: queues queues_after_key_limit_delete; Type: TRIGGER; Schema: skiplock; Owner: -
@@ -7165,22 +7220,22 @@ CREATE TRIGGER queues_after_key_limit_change AFTER UPDATE ON skiplock.queues FOR
 CREATE TRIGGER queues_after_key_limit_delete AFTER DELETE ON skiplock.queues FOR EACH ROW WHEN (((old.key_max_running IS NOT NULL) OR (old.key_rate_limit IS NOT NULL) OR (old.key_claimable IS NOT NULL) OR (old.rate_limit IS NOT NULL))) EXECUTE FUNCTION skiplock.internal_queues_after_key_limit();
 
 --
--- Name: queues queues_after_max_running_change; Type: TRIGGER; Schema: skiplock; Owner: -
---
-
-CREATE TRIGGER queues_after_max_running_change AFTER UPDATE ON skiplock.queues FOR EACH ROW WHEN ((((old.max_running IS NOT NULL) OR (new.max_running IS NOT NULL)) AND ((new.max_running IS DISTINCT FROM old.max_running) OR (new.rate_limit IS DISTINCT FROM old.rate_limit) OR (new.key_max_running IS DISTINCT FROM old.key_max_running) OR (new.key_rate_limit IS DISTINCT FROM old.key_rate_limit) OR (new.name IS DISTINCT FROM old.name)))) EXECUTE FUNCTION skiplock.internal_queues_after_max_running_change();
-
---
--- Name: queues queues_after_max_running_insert; Type: TRIGGER; Schema: skiplock; Owner: -
---
-
-CREATE TRIGGER queues_after_max_running_insert AFTER INSERT ON skiplock.queues FOR EACH ROW WHEN ((new.max_running IS NOT NULL)) EXECUTE FUNCTION skiplock.internal_queues_after_max_running_change();
-
---
 -- Name: queues queues_after_write; Type: TRIGGER; Schema: skiplock; Owner: -
 --
 
 CREATE TRIGGER queues_after_write AFTER INSERT OR UPDATE ON skiplock.queues FOR EACH ROW WHEN ((NOT new.paused)) EXECUTE FUNCTION skiplock.internal_queues_after_write();
+
+--
+-- Name: queues queues_before_limits_change; Type: TRIGGER; Schema: skiplock; Owner: -
+--
+
+CREATE TRIGGER queues_before_limits_change BEFORE UPDATE ON skiplock.queues FOR EACH ROW WHEN ((((new.max_running IS NOT NULL) OR (new.rate_limit IS NOT NULL) OR (new.key_max_running IS NOT NULL) OR (new.key_rate_limit IS NOT NULL)) AND ((new.max_running IS DISTINCT FROM old.max_running) OR (new.rate_limit IS DISTINCT FROM old.rate_limit) OR (new.rate_period IS DISTINCT FROM old.rate_period) OR (new.key_max_running IS DISTINCT FROM old.key_max_running) OR (new.key_rate_limit IS DISTINCT FROM old.key_rate_limit) OR (new.key_rate_period IS DISTINCT FROM old.key_rate_period) OR (new.name IS DISTINCT FROM old.name)))) EXECUTE FUNCTION skiplock.internal_queues_before_limits_change();
+
+--
+-- Name: queues queues_before_limits_insert; Type: TRIGGER; Schema: skiplock; Owner: -
+--
+
+CREATE TRIGGER queues_before_limits_insert BEFORE INSERT ON skiplock.queues FOR EACH ROW WHEN (((new.max_running IS NOT NULL) OR (new.rate_limit IS NOT NULL) OR (new.key_max_running IS NOT NULL) OR (new.key_rate_limit IS NOT NULL))) EXECUTE FUNCTION skiplock.internal_queues_before_limits_change();
 
 --
 -- Name: rate_window_starts rate_window_starts_queue_concurrency_key_fkey; Type: FK CONSTRAINT; Schema: skiplock; Owner: -

@@ -12,26 +12,12 @@ mod fault_support;
 
 use std::time::Duration;
 
-use common::fixtures::{Recorder, fast_worker, strings};
+use common::fixtures::{Recorder, fast_worker, insert_noop_jobs, strings};
 use fault_support::{PATIENCE, audit, audited_db};
 use skiplock::db::jobs::{Handoff, jobs_claim_batch, jobs_complete_handing_on, jobs_complete_many};
 use skiplock::{EnqueueOptions, QueueLimits};
 use sqlx::PgPool;
 use uuid::Uuid;
-
-/// Inserts `n` `noop` jobs of queue `q` with key `key` by plain SQL; returns their ids.
-async fn insert_keyed(pool: &PgPool, queue: &str, key: Option<&str>, n: i32) -> Vec<i64> {
-    sqlx::query_scalar(
-        "INSERT INTO skiplock.jobs (queue, kind, args, concurrency_key)
-         SELECT $1, 'noop', '{}', $2 FROM generate_series(1, $3) RETURNING id",
-    )
-    .bind(queue)
-    .bind(key)
-    .bind(n)
-    .fetch_all(pool)
-    .await
-    .unwrap()
-}
 
 /// The keys of `queue` left for its next claim (`skiplock.key_slots_freed`), sorted.
 async fn left_for_claims(pool: &PgPool, queue: &str) -> Vec<String> {
@@ -59,8 +45,8 @@ async fn a_completion_hands_each_keys_freed_slot_on_to_its_worker() {
     let mut a = Vec::new();
     let mut b = Vec::new();
     for _ in 0..3 {
-        a.extend(insert_keyed(pool, "q", Some("a"), 1).await);
-        b.extend(insert_keyed(pool, "q", Some("b"), 1).await);
+        a.extend(insert_noop_jobs(pool, "q", Some("a"), 1).await);
+        b.extend(insert_noop_jobs(pool, "q", Some("b"), 1).await);
     }
     let claimed = jobs_claim_batch(pool, "q", &strings(&["noop"]), 10, "w1")
         .await
@@ -157,7 +143,7 @@ async fn a_handoff_takes_only_what_the_next_claim_would_take() {
         skiplock::set_queue_limits(pool, queue, QueueLimits::default().key_max_running(1))
             .await
             .unwrap();
-        let jobs = insert_keyed(pool, queue, Some("a"), 2).await;
+        let jobs = insert_noop_jobs(pool, queue, Some("a"), 2).await;
         let mut claim_max = 10;
         match queue {
             "ahead" => {
@@ -166,7 +152,7 @@ async fn a_handoff_takes_only_what_the_next_claim_would_take() {
                     jobs[1],
                 )
                 .await;
-                let other = insert_keyed(pool, queue, None, 1).await[0];
+                let other = insert_noop_jobs(pool, queue, None, 1).await[0];
                 write("UPDATE skiplock.jobs SET priority = 1 WHERE id = $1", other).await;
                 claim_max = 1;
             }
@@ -228,7 +214,7 @@ async fn a_handoff_takes_only_what_the_next_claim_would_take() {
                     state, "key",
                     "{case}: the claim held the key's next job back"
                 );
-                let parent = insert_keyed(pool, "elsewhere", None, 1).await[0];
+                let parent = insert_noop_jobs(pool, "elsewhere", None, 1).await[0];
                 sqlx::query(
                     "INSERT INTO skiplock.job_dependencies (job_id, parent_id) VALUES ($1, $2)",
                 )
@@ -265,7 +251,7 @@ async fn a_handoff_takes_only_what_the_next_claim_would_take() {
     skiplock::set_queue_limits(pool, "lowered", QueueLimits::default().key_max_running(2))
         .await
         .unwrap();
-    let jobs = insert_keyed(pool, "lowered", Some("a"), 3).await;
+    let jobs = insert_noop_jobs(pool, "lowered", Some("a"), 3).await;
     let claimed = jobs_claim_batch(pool, "lowered", &noop, 10, "w1")
         .await
         .unwrap();
@@ -305,7 +291,7 @@ async fn a_handoff_leaves_the_rows_it_does_not_take_to_a_claim_beside_it() {
     skiplock::set_queue_limits(pool, "kq", QueueLimits::default().key_max_running(2))
         .await
         .unwrap();
-    let ids = insert_keyed(pool, "kq", Some("k"), 4).await;
+    let ids = insert_noop_jobs(pool, "kq", Some("k"), 4).await;
     let (a, b, held, queued) = (ids[0], ids[1], ids[2], ids[3]);
     for (id, priority) in [(a, -5), (b, -5), (held, 0), (queued, -1)] {
         sqlx::query("UPDATE skiplock.jobs SET priority = $2 WHERE id = $1")
@@ -370,7 +356,7 @@ async fn a_row_that_refuses_to_start_never_fails_the_completion_handing_on() {
     skiplock::set_queue_limits(pool, "picky", QueueLimits::default().key_max_running(1))
         .await
         .unwrap();
-    let jobs = insert_keyed(pool, "picky", Some("a"), 2).await;
+    let jobs = insert_noop_jobs(pool, "picky", Some("a"), 2).await;
     sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
         "CREATE FUNCTION public.refuse_start() RETURNS trigger LANGUAGE plpgsql AS $$
          BEGIN

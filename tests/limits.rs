@@ -2041,8 +2041,11 @@ async fn a_claim_that_finds_its_queue_paused_under_a_share_keeps_no_lock() {
     }
     let (ninth, taken) = ninth.await.unwrap();
     assert_eq!(taken, 0, "the queue is paused");
+    // Shares and turns are taken exclusive; the lock every claim holds shared until it
+    // commits (internal_queue_claims_lock_id) is not one of them.
     let locks: i64 = sqlx::query_scalar(
-        "SELECT count(*) FROM pg_locks WHERE pid = $1 AND locktype = 'advisory'",
+        "SELECT count(*) FROM pg_locks
+         WHERE pid = $1 AND locktype = 'advisory' AND mode = 'ExclusiveLock'",
     )
     .bind(pid)
     .fetch_one(pool)

@@ -84,14 +84,17 @@ DECLARE
     holder_queue text;
     holder_priority smallint;
     holder_scheduled_at timestamptz;
+    holder_held_for text;
+    holder_key text;
     attempts int := 0;
 BEGIN
     PERFORM pg_advisory_xact_lock(skiplock.internal_unique_key_lock_id(key));
     -- The holder, locked. First without waiting: a new key (none), or a holder no other
     -- transaction holds (this one's own earlier rows of a bulk enqueue included), takes no
     -- subtransaction.
-    SELECT o.id, o.state, o.queue, o.priority, o.scheduled_at
-    INTO holder, holder_state, holder_queue, holder_priority, holder_scheduled_at
+    SELECT o.id, o.state, o.queue, o.priority, o.scheduled_at, o.held_for, o.concurrency_key
+    INTO holder, holder_state, holder_queue, holder_priority, holder_scheduled_at,
+         holder_held_for, holder_key
     FROM skiplock.jobs o
     WHERE o.unique_key = key AND o.state IN ('waiting', 'queued') AND o.id <> self
     ORDER BY o.id LIMIT 1
@@ -105,8 +108,10 @@ BEGIN
         -- again (skiplock.internal_may_retry_moved).
         LOOP
             BEGIN
-                SELECT o.id, o.state, o.queue, o.priority, o.scheduled_at
-                INTO holder, holder_state, holder_queue, holder_priority, holder_scheduled_at
+                SELECT o.id, o.state, o.queue, o.priority, o.scheduled_at, o.held_for,
+                       o.concurrency_key
+                INTO holder, holder_state, holder_queue, holder_priority, holder_scheduled_at,
+                     holder_held_for, holder_key
                 FROM skiplock.jobs o
                 WHERE o.unique_key = key AND o.state IN ('waiting', 'queued') AND o.id <> self
                 ORDER BY o.id LIMIT 1
@@ -120,10 +125,13 @@ BEGIN
             END;
         END LOOP;
     END IF;
-    -- Claims skip the holder while this transaction holds it locked.
+    -- Claims skip the holder while this transaction holds it locked, and so do the releases
+    -- of a held one's key.
     IF holder_state = 'queued' THEN
         PERFORM skiplock.internal_announce(ARRAY[ROW(holder_queue, holder_priority,
                                                      holder_scheduled_at)::skiplock.runnable_key]);
+    ELSIF holder_held_for IS NOT NULL THEN
+        PERFORM skiplock.internal_release_passed_over(holder_queue, holder_key, holder_held_for);
     END IF;
     RETURN holder;
 END;

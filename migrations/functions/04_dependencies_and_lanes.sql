@@ -468,6 +468,8 @@ DECLARE
     parent_queue text;
     parent_priority smallint;
     parent_scheduled_at timestamptz;
+    parent_held_for text;
+    parent_key text;
     child_queue text;
     child_priority smallint;
     child_scheduled_at timestamptz;
@@ -487,18 +489,23 @@ BEGIN
         BEGIN
             -- In jobs_live first, in the finished jobs only when it is not there (see "A job
             -- looked up by id" in 15_partitions.sql).
-            SELECT state, queue, priority, scheduled_at
-            INTO parent_now, parent_queue, parent_priority, parent_scheduled_at
+            SELECT state, queue, priority, scheduled_at, held_for, concurrency_key
+            INTO parent_now, parent_queue, parent_priority, parent_scheduled_at,
+                 parent_held_for, parent_key
             FROM skiplock.jobs_live WHERE id = NEW.parent_id FOR SHARE;
             IF NOT FOUND THEN
                 SELECT f.state, f.queue, f.priority, f.scheduled_at
                 INTO parent_now, parent_queue, parent_priority, parent_scheduled_at
                 FROM skiplock.internal_finished_job(NEW.parent_id, 'FOR SHARE') f;
             END IF;
-            -- Claims skip the parent while this transaction holds it locked.
+            -- Claims skip the parent while this transaction holds it locked, and so do the
+            -- releases of a held one's key.
             IF parent_now = 'queued' THEN
                 PERFORM skiplock.internal_announce(ARRAY[ROW(parent_queue, parent_priority,
                                                              parent_scheduled_at)::skiplock.runnable_key]);
+            ELSIF parent_held_for IS NOT NULL THEN
+                PERFORM skiplock.internal_release_passed_over(parent_queue, parent_key,
+                                                              parent_held_for);
             END IF;
             IF parent_now IS NULL THEN
                 RAISE EXCEPTION 'parent job % does not exist', NEW.parent_id

@@ -3,6 +3,7 @@
 -- claim.
 --
 -- Defines:
+--   internal_queue_claims_lock_id
 --   internal_queue_limit_lock_id, internal_queue_turn_free, internal_key_held_from_lock_id
 --   internal_claim_shares
 --   internal_claim_share_lock_id
@@ -11,6 +12,7 @@
 --   internal_rate_full_until, internal_rate_take, internal_notify_refill
 --   internal_key_running
 --   internal_hold_keys, internal_hold_full_keys, internal_release_held
+--   internal_release_passed_over
 --   internal_held_from, internal_release_fair_key, internal_release_freed_keys
 --   internal_handoff_lock_id, internal_free_slots
 --   internal_hold_rate_keys
@@ -43,12 +45,24 @@
 -- share back (taken in a subtransaction, rolled back) before it waits for the turn: it
 -- never waits holding one. The claims of one transaction share the share it took (the
 -- transaction-local setting skiplock.claim_shares keeps what they took of it), so a
--- transaction never waits for a turn while it holds a share. A change of the limits of a
--- queue that has or had a max_running, and a new row with one, wait for the claims in
--- flight, the turn and every share (internal_queues_after_max_running_change): each of
--- them counted by the limits it read, so no claim after the change overlaps one that
--- shares or takes turns by the old ones.
+-- transaction never waits for a turn while it holds a share. A change of a queue's limits
+-- waits for every claim in flight (see internal_queue_claims_lock_id): each counted by the
+-- limits it read, so no claim after the change overlaps one that shares or takes turns by
+-- the old ones; and it ends the shares its own transaction's claims took, whose next
+-- claim counts again.
 -- Measured: docs/benchmarks.md, "What each mechanism costs or buys".
+
+-- The lock every claim of a queue holds shared, from before it reads the queue's row of
+-- skiplock.queues to its commit, limited or not; a write of the queue's limits takes it
+-- exclusive first (internal_queues_before_limits_change), so it waits for every claim in
+-- flight, and a claim after it reads the limits it wrote. Without it a limit set on a
+-- queue that had none did not wait for the claims that took jobs by no limit: a claim
+-- after it counted none of their jobs, not yet committed, and 15 ran of a new max_running
+-- of 5 (a race review). Shared: claims never wait for each other on it.
+CREATE OR REPLACE FUNCTION skiplock.internal_queue_claims_lock_id(queue_name text) RETURNS bigint
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT hashtextextended('skiplock.queue_claims:' || queue_name, 0);
+$$;
 
 -- The advisory lock id under which a limited queue's claims take turns.
 CREATE OR REPLACE FUNCTION skiplock.internal_queue_limit_lock_id(queue_name text) RETURNS bigint
@@ -568,6 +582,39 @@ BEGIN
 END;
 $$;
 
+-- For a writer that holds locked a job held back for its key (held_for 'key', 'rate' or
+-- 'fair'): the releases that let the key's held jobs go pass over locked rows (SKIP
+-- LOCKED, a claim must never wait for an application's transaction), so the release that
+-- may pass over this one meanwhile is asked for again. 'key': the key's slot is left freed
+-- for the next claim, which lets the key's held jobs go (or holds them again); 'rate': the
+-- key's window row is locked too, so that a claim letting the key go waits for this
+-- transaction and then finds the row unlocked; 'fair': the key's turn is looked at again.
+-- Called by every writer that locks rows a release walks: skiplock.watch_job (a waiter's
+-- mark), the edge trigger (a child's parent) and internal_unique_key_holder (an enqueue of
+-- the key's unique_key); without it a release that passed over the row left it held, with
+-- its key's slot free, until the sweep (a race review). As the owner (SECURITY DEFINER):
+-- a waiter or an enqueuer has no privilege on the limits' tables, and this can do nothing
+-- but have a key's held jobs let go, which a claim holds back again while the key is full.
+CREATE OR REPLACE FUNCTION skiplock.internal_release_passed_over(queue text, key text,
+                                                                 held_for text)
+RETURNS void
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF held_for = 'key' THEN
+        PERFORM skiplock.internal_notify_freed(ARRAY[queue], ARRAY[key]);
+    ELSIF held_for = 'fair' THEN
+        PERFORM skiplock.internal_recheck_keys(ARRAY[queue], ARRAY[key]);
+    ELSIF held_for = 'rate' THEN
+        PERFORM 1 FROM skiplock.rate_windows w
+        WHERE w.queue = internal_release_passed_over.queue AND w.concurrency_key = key
+        FOR UPDATE;
+    END IF;
+END;
+$$;
+
 -- Where a walk of a fair queue's key's held jobs starts, as (priority, scheduled_at, id):
 -- the key's row of key_held_from, or the earliest of the given marks (rows of
 -- key_slots_freed left by holds) of the key when one is earlier; the front of the key's
@@ -847,6 +894,13 @@ BEGIN
         PERFORM skiplock.internal_notify_freed(queues, keys);
         RETURN;
     END IF;
+    IF current_setting('transaction_isolation') <> 'read committed' THEN
+        -- The queue's row and the key's running jobs would be read as of the snapshot, older
+        -- than the lock below: a key_max_running lowered since would not hold. Left to
+        -- the next claim, as the claim itself requires READ COMMITTED for a limited queue.
+        PERFORM skiplock.internal_notify_freed(queues, keys);
+        RETURN;
+    END IF;
     FOR queue_name IN SELECT DISTINCT f.queue FROM unnest(queues, keys) AS f(queue, key)
                       WHERE f.key IS NOT NULL ORDER BY 1 LOOP
         CONTINUE WHEN NOT pg_try_advisory_xact_lock_shared(
@@ -1079,6 +1133,9 @@ AS $$
         WHERE (w.queue, w.concurrency_key) IN (
                 SELECT o.queue, o.concurrency_key FROM skiplock.rate_windows o
                 WHERE o.expires_at < now() AND o.held_until IS NULL AND NOT o.hold_pending
+                  -- Before the row is locked too: a window kept stays locked to the end of
+                  -- the transaction, and a claim taking its starts would wait for it.
+                  AND skiplock.internal_queue_turn_free(o.queue)
                 ORDER BY o.expires_at
                 LIMIT 500
                 FOR UPDATE SKIP LOCKED)

@@ -125,6 +125,15 @@ DECLARE
     shares_held jsonb;
     taken_before bigint;
 BEGIN
+    IF max_jobs <= 0 THEN
+        -- Nothing to take, and no share or turn to take for it (one taken and not recorded
+        -- made a later claim of the transaction wait for itself).
+        RETURN;
+    END IF;
+    -- Limited or not, before the queue's row is read: a write of the queue's limits waits
+    -- for this claim, and one committed before it is what the row says (see
+    -- internal_queue_claims_lock_id).
+    PERFORM pg_advisory_xact_lock_shared(skiplock.internal_queue_claims_lock_id(queue_name));
     -- The queue's row, if any: one probe for a queue without limits.
     SELECT q.paused, q.max_running, q.rate_limit, q.rate_period, q.key_max_running,
            q.key_rate_limit, q.key_rate_period, q.key_claimable
@@ -161,8 +170,8 @@ BEGIN
         ELSIF share_room >= max_jobs THEN
             BEGIN
                 PERFORM skiplock.internal_take_claim_share(queue_name);
-                -- The limits again, holding the share: a change of max_running waited for
-                -- the claims holding shares, and holds for this one.
+                -- The row again, holding the share: the queue may have been paused while
+                -- this claim waited for it.
                 SELECT q.paused, q.max_running, q.rate_limit, q.key_max_running,
                        q.key_rate_limit
                 INTO is_paused, lim_max_running, lim_rate_limit, lim_key_max_running,
@@ -205,8 +214,8 @@ BEGIN
         END IF;
         IF NOT sharing THEN
             PERFORM pg_advisory_xact_lock(skiplock.internal_queue_limit_lock_id(queue_name));
-            -- The limits again, under the lock: a change committed while this claim waited
-            -- for it (its trigger let the held jobs go under the same lock) holds for it.
+            -- The row again, under the lock: the queue may have been paused while this
+            -- claim waited for it (a change of its limits waits for the claim instead).
             SELECT q.paused, q.max_running, q.rate_limit, q.rate_period, q.key_max_running,
                    q.key_rate_limit, q.key_rate_period
             INTO is_paused, lim_max_running, lim_rate_limit, lim_rate_period, lim_key_max_running,

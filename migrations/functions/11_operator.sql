@@ -8,8 +8,8 @@
 --   internal_check_rate_limit, set_queue_limits, pause_queue
 --   why_not_running, resume_queue, internal_queues_after_write, trigger queues_after_write
 --   internal_queues_after_handoff_rules_change, trigger queues_after_handoff_rules_change
---   internal_queues_after_max_running_change, trigger queues_after_max_running_change
---   trigger queues_after_max_running_insert
+--   internal_queues_before_limits_change, trigger queues_before_limits_insert
+--   trigger queues_before_limits_change
 --   internal_queues_after_fairness_change, trigger queues_after_fairness_change
 --   trigger queues_after_fairness_delete
 --   internal_queues_after_key_limit, trigger queues_after_key_limit_change
@@ -568,37 +568,54 @@ CREATE OR REPLACE TRIGGER queues_after_handoff_rules_change
     WHEN (OLD.key_max_running IS NOT NULL)
     EXECUTE FUNCTION skiplock.internal_queues_after_handoff_rules_change();
 
--- A queue's limits changed where a max_running is or was, or a row with one written: the
--- claims in flight each counted by the limits they read, a share of the old max_running
--- for those holding claim shares (06_global_limits.sql, "Claim shares"), the old limits
--- for those holding the turn. The change waits for them all (the queue's turn and every
--- share), so a claim after it counts what they took, and a turn never meets a claim that
--- shares by limits it no longer has. A row deleted needs no wait: no limit is left to hold.
-CREATE OR REPLACE FUNCTION skiplock.internal_queues_after_max_running_change() RETURNS trigger
+-- A queue's limits written (a row with any, a change of any, a rename of a row with any):
+-- first, before the row and before any other trigger of the write takes a lock, the write
+-- waits for every claim of the queue in flight and holds back the claims after it until it
+-- commits (internal_queue_claims_lock_id, exclusive). Each claim in flight counted by the
+-- limits it read, none at all on a queue that had none, so a claim after the change counts
+-- what they took. The claims of the writing transaction itself, which its own lock does
+-- not hold back, end the claim shares they took: its next claim of the queue counts again
+-- (it once took what was left of a share of the old max_running). Limits removed, or a row
+-- deleted, need no wait: no limit is left to hold.
+CREATE OR REPLACE FUNCTION skiplock.internal_queues_before_limits_change() RETURNS trigger
 LANGUAGE plpgsql AS $$
+DECLARE
+    shares jsonb := nullif(current_setting('skiplock.claim_shares', true), '')::jsonb;
 BEGIN
-    PERFORM pg_advisory_xact_lock(skiplock.internal_queue_limit_lock_id(NEW.name));
-    PERFORM skiplock.internal_take_every_claim_share(NEW.name);
-    RETURN NULL;
+    PERFORM pg_advisory_xact_lock(skiplock.internal_queue_claims_lock_id(NEW.name));
+    IF shares ? NEW.name THEN
+        PERFORM set_config('skiplock.claim_shares', (shares - NEW.name)::text, true);
+    END IF;
+    RETURN NEW;
 END;
 $$;
 
-CREATE OR REPLACE TRIGGER queues_after_max_running_change
-    AFTER UPDATE ON skiplock.queues
+-- Replaced by queues_before_limits_insert and queues_before_limits_change (development
+-- builds before them had these).
+DROP TRIGGER IF EXISTS queues_after_max_running_change ON skiplock.queues;
+DROP TRIGGER IF EXISTS queues_after_max_running_insert ON skiplock.queues;
+DROP FUNCTION IF EXISTS skiplock.internal_queues_after_max_running_change();
+
+CREATE OR REPLACE TRIGGER queues_before_limits_insert
+    BEFORE INSERT ON skiplock.queues
     FOR EACH ROW
-    WHEN ((OLD.max_running IS NOT NULL OR NEW.max_running IS NOT NULL)
+    WHEN (NEW.max_running IS NOT NULL OR NEW.rate_limit IS NOT NULL
+          OR NEW.key_max_running IS NOT NULL OR NEW.key_rate_limit IS NOT NULL)
+    EXECUTE FUNCTION skiplock.internal_queues_before_limits_change();
+
+CREATE OR REPLACE TRIGGER queues_before_limits_change
+    BEFORE UPDATE ON skiplock.queues
+    FOR EACH ROW
+    WHEN ((NEW.max_running IS NOT NULL OR NEW.rate_limit IS NOT NULL
+           OR NEW.key_max_running IS NOT NULL OR NEW.key_rate_limit IS NOT NULL)
           AND (NEW.max_running IS DISTINCT FROM OLD.max_running
                OR NEW.rate_limit IS DISTINCT FROM OLD.rate_limit
+               OR NEW.rate_period IS DISTINCT FROM OLD.rate_period
                OR NEW.key_max_running IS DISTINCT FROM OLD.key_max_running
                OR NEW.key_rate_limit IS DISTINCT FROM OLD.key_rate_limit
+               OR NEW.key_rate_period IS DISTINCT FROM OLD.key_rate_period
                OR NEW.name IS DISTINCT FROM OLD.name))
-    EXECUTE FUNCTION skiplock.internal_queues_after_max_running_change();
-
-CREATE OR REPLACE TRIGGER queues_after_max_running_insert
-    AFTER INSERT ON skiplock.queues
-    FOR EACH ROW
-    WHEN (NEW.max_running IS NOT NULL)
-    EXECUTE FUNCTION skiplock.internal_queues_after_max_running_change();
+    EXECUTE FUNCTION skiplock.internal_queues_before_limits_change();
 
 -- Where a fair queue's keys' held jobs start (skiplock.key_held_from) holds only while the
 -- queue's one per-key limit is key_claimable, from its releases on: any change of its
@@ -634,7 +651,8 @@ CREATE OR REPLACE TRIGGER queues_after_fairness_delete
 -- key_claimable changed or removed, or its row deleted: the jobs they held back whose keys
 -- have room now (all of them, without any) are let go, announced, in the statement that
 -- changed it.
--- The rate windows (skiplock.rate_windows) go with the row, and the keys' with their limit;
+-- The rate windows (skiplock.rate_windows) go with the row, and each with its limit (the
+-- queue's with rate_limit, the keys' with key_rate_limit);
 -- a window kept counts the starts it kept under its limit and period as they are now (so
 -- a period changed, the queue's rate_period too, moves when the window is forgotten), and
 -- what it held back is looked at again at the next claim. Costs the jobs held back and the
@@ -662,6 +680,13 @@ BEGIN
         IF NEW.key_rate_limit IS NULL THEN
             DELETE FROM skiplock.rate_windows w
             WHERE w.queue = NEW.name AND w.concurrency_key <> '';
+        END IF;
+        IF NEW.rate_limit IS NULL THEN
+            -- As the keys': a rate_limit set again later counts from its own starts (a
+            -- window kept would expire by the period it had, and count against a longer
+            -- new one only until then).
+            DELETE FROM skiplock.rate_windows w
+            WHERE w.queue = NEW.name AND w.concurrency_key = '';
         END IF;
         UPDATE skiplock.rate_windows w
         SET expires_at = coalesce(
@@ -705,7 +730,8 @@ CREATE OR REPLACE TRIGGER queues_after_key_limit_change
           OR (OLD.key_rate_limit IS NOT NULL
               AND (NEW.key_rate_limit IS DISTINCT FROM OLD.key_rate_limit
                    OR NEW.key_rate_period IS DISTINCT FROM OLD.key_rate_period))
-          OR (OLD.rate_limit IS NOT NULL AND NEW.rate_period IS DISTINCT FROM OLD.rate_period)
+          OR (OLD.rate_limit IS NOT NULL
+              AND (NEW.rate_limit IS NULL OR NEW.rate_period IS DISTINCT FROM OLD.rate_period))
           OR (NEW.name <> OLD.name
               AND (OLD.rate_limit IS NOT NULL OR OLD.key_max_running IS NOT NULL
                    OR OLD.key_rate_limit IS NOT NULL OR OLD.key_claimable IS NOT NULL)))

@@ -4,7 +4,7 @@
 --
 -- Defines:
 --   internal_notify_finished, trigger jobs_notify_finished
---   internal_release_watched, watch_job
+--   watch_job
 --
 -- The protocol, for any language (docs/sql.md, "Waiting for a job's outcome"; the Rust
 -- form is skiplock::wait_for): LISTEN skiplock_finished on a connection of its own, then
@@ -37,30 +37,8 @@ CREATE OR REPLACE TRIGGER jobs_notify_finished
     FOR EACH ROW WHEN (NEW.awaited)
     EXECUTE FUNCTION skiplock.internal_notify_finished();
 
--- For watch_job, which holds a job held for its key (held_for 'key', 'rate' or 'fair') locked:
--- asks the release that may skip it meanwhile again (see watch_job). As the owner
--- (SECURITY DEFINER): a waiter, an enqueuer, has no privilege on the limits' tables, and
--- this can do nothing but have a key's held jobs let go, which a claim holds back again
--- while the key is full.
-CREATE OR REPLACE FUNCTION skiplock.internal_release_watched(queue text, key text,
-                                                             held_for text)
-RETURNS void
-LANGUAGE plpgsql
-SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
-AS $$
-BEGIN
-    IF held_for = 'key' THEN
-        PERFORM skiplock.internal_notify_freed(ARRAY[queue], ARRAY[key]);
-    ELSIF held_for = 'fair' THEN
-        PERFORM skiplock.internal_recheck_keys(ARRAY[queue], ARRAY[key]);
-    ELSIF held_for = 'rate' THEN
-        PERFORM 1 FROM skiplock.rate_windows w
-        WHERE w.queue = internal_release_watched.queue AND w.concurrency_key = key
-        FOR UPDATE;
-    END IF;
-END;
-$$;
+-- Development builds before internal_release_passed_over (06_global_limits.sql) had this.
+DROP FUNCTION IF EXISTS skiplock.internal_release_watched(text, text, text);
 
 -- Marks the job awaited, and returns where it stands: finished_at set once it finished
 -- (state succeeded with its output, dead with its last error, or cancelled), NULL while it
@@ -116,9 +94,9 @@ BEGIN
                     PERFORM skiplock.internal_announce(ARRAY[
                         (live.queue, live.priority, live.scheduled_at)::skiplock.runnable_key]);
                 ELSIF live.held_for IS NOT NULL THEN
-                    PERFORM skiplock.internal_release_watched(live.queue,
-                                                              live.concurrency_key,
-                                                              live.held_for);
+                    PERFORM skiplock.internal_release_passed_over(live.queue,
+                                                                  live.concurrency_key,
+                                                                  live.held_for);
                 END IF;
                 RETURN QUERY SELECT live.id, live.state, live.attempt, NULL::jsonb,
                                     NULL::text, NULL::timestamptz;

@@ -271,6 +271,21 @@ pub async fn sql_claim_one(
         .unwrap_or_else(|| panic!("a job of queue {queue} to claim"))
 }
 
+/// Inserts `n` `noop` jobs of `queue` (with concurrency key `key` when given) by plain SQL;
+/// returns their ids, in order.
+pub async fn insert_noop_jobs(pool: &PgPool, queue: &str, key: Option<&str>, n: i32) -> Vec<i64> {
+    sqlx::query_scalar(
+        "INSERT INTO skiplock.jobs (queue, kind, args, concurrency_key)
+         SELECT $1, 'noop', '{}', $2 FROM generate_series(1, $3) RETURNING id",
+    )
+    .bind(queue)
+    .bind(key)
+    .bind(n)
+    .fetch_all(pool)
+    .await
+    .unwrap()
+}
+
 /// A job's current claim token (`JobRow` does not expose it).
 pub async fn claim_token_of(pool: &PgPool, id: skiplock::JobId) -> Option<uuid::Uuid> {
     sqlx::query_scalar("SELECT claim_token FROM skiplock.jobs WHERE id = $1")

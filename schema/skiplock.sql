@@ -847,17 +847,20 @@ BEGIN
         -- made a later claim of the transaction wait for itself).
         RETURN;
     END IF;
-    -- Limited or not, before the queue's row is read: a write of the queue's limits waits
-    -- for this claim, and one committed before it is what the row says (see
-    -- internal_queue_claims_lock_id).
-    PERFORM pg_advisory_xact_lock_shared(skiplock.internal_queue_claims_lock_id(queue_name));
-    -- The queue's row, if any: one probe for a queue without limits.
-    SELECT q.paused, q.max_running, q.rate_limit, q.rate_period, q.key_max_running,
-           q.key_rate_limit, q.key_rate_period, q.key_claimable
-    INTO is_paused, lim_max_running, lim_rate_limit, lim_rate_period, lim_key_max_running,
-         lim_key_rate_limit, lim_key_rate_period, lim_key_claimable
-    FROM skiplock.queues q
-    WHERE q.name = queue_name;
+    -- The queue's row, if any; of a queue without limits, again under its claims lock: a
+    -- write that gives the queue limits waits for this claim, and one that committed since
+    -- the first read is what the second reads (see internal_queue_claims_lock_id).
+    FOR row_read IN 1 .. 2 LOOP
+        SELECT q.paused, q.max_running, q.rate_limit, q.rate_period, q.key_max_running,
+               q.key_rate_limit, q.key_rate_period, q.key_claimable
+        INTO is_paused, lim_max_running, lim_rate_limit, lim_rate_period,
+             lim_key_max_running, lim_key_rate_limit, lim_key_rate_period, lim_key_claimable
+        FROM skiplock.queues q
+        WHERE q.name = queue_name;
+        EXIT WHEN row_read = 2 OR lim_max_running IS NOT NULL OR lim_rate_limit IS NOT NULL
+                  OR lim_key_max_running IS NOT NULL OR lim_key_rate_limit IS NOT NULL;
+        PERFORM pg_advisory_xact_lock_shared(skiplock.internal_queue_claims_lock_id(queue_name));
+    END LOOP;
     IF is_paused THEN
         RETURN;
     END IF;
@@ -887,8 +890,8 @@ BEGIN
         ELSIF share_room >= max_jobs THEN
             BEGIN
                 PERFORM skiplock.internal_take_claim_share(queue_name);
-                -- The row again, holding the share: the queue may have been paused while
-                -- this claim waited for it.
+                -- The limits again, holding the share: a change of max_running waited for
+                -- the claims holding shares, and holds for this one.
                 SELECT q.paused, q.max_running, q.rate_limit, q.key_max_running,
                        q.key_rate_limit
                 INTO is_paused, lim_max_running, lim_rate_limit, lim_key_max_running,
@@ -931,8 +934,8 @@ BEGIN
         END IF;
         IF NOT sharing THEN
             PERFORM pg_advisory_xact_lock(skiplock.internal_queue_limit_lock_id(queue_name));
-            -- The row again, under the lock: the queue may have been paused while this
-            -- claim waited for it (a change of its limits waits for the claim instead).
+            -- The limits again, under the lock: a change committed while this claim waited
+            -- for it (its trigger let the held jobs go under the same lock) holds for it.
             SELECT q.paused, q.max_running, q.rate_limit, q.rate_period, q.key_max_running,
                    q.key_rate_limit, q.key_rate_period
             INTO is_paused, lim_max_running, lim_rate_limit, lim_rate_period, lim_key_max_running,
@@ -2928,7 +2931,7 @@ BEGIN
                                                              parent_scheduled_at)::skiplock.runnable_key]);
             ELSIF parent_held_for IS NOT NULL THEN
                 PERFORM skiplock.internal_release_passed_over(parent_queue, parent_key,
-                                                              parent_held_for);
+                                                              parent_held_for, false);
             END IF;
             IF parent_now IS NULL THEN
                 RAISE EXCEPTION 'parent job % does not exist', NEW.parent_id
@@ -3896,6 +3899,38 @@ END;
 $$;
 
 --
+-- Name: internal_queues_after_limits_set(); Type: FUNCTION; Schema: skiplock; Owner: -
+--
+
+CREATE FUNCTION skiplock.internal_queues_after_limits_set() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    PERFORM pg_advisory_xact_lock(skiplock.internal_queue_claims_lock_id(NEW.name));
+    RETURN NULL;
+END;
+$$;
+
+--
+-- Name: internal_queues_after_max_running_change(); Type: FUNCTION; Schema: skiplock; Owner: -
+--
+
+CREATE FUNCTION skiplock.internal_queues_after_max_running_change() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    shares jsonb := nullif(current_setting('skiplock.claim_shares', true), '')::jsonb;
+BEGIN
+    PERFORM pg_advisory_xact_lock(skiplock.internal_queue_limit_lock_id(NEW.name));
+    PERFORM skiplock.internal_take_every_claim_share(NEW.name);
+    IF shares ? NEW.name THEN
+        PERFORM set_config('skiplock.claim_shares', (shares - NEW.name)::text, true);
+    END IF;
+    RETURN NULL;
+END;
+$$;
+
+--
 -- Name: internal_queues_after_write(); Type: FUNCTION; Schema: skiplock; Owner: -
 --
 
@@ -3905,24 +3940,6 @@ CREATE FUNCTION skiplock.internal_queues_after_write() RETURNS trigger
 BEGIN
     PERFORM skiplock.internal_notify_queue_start(NEW.name);
     RETURN NULL;
-END;
-$$;
-
---
--- Name: internal_queues_before_limits_change(); Type: FUNCTION; Schema: skiplock; Owner: -
---
-
-CREATE FUNCTION skiplock.internal_queues_before_limits_change() RETURNS trigger
-    LANGUAGE plpgsql
-    AS $$
-DECLARE
-    shares jsonb := nullif(current_setting('skiplock.claim_shares', true), '')::jsonb;
-BEGIN
-    PERFORM pg_advisory_xact_lock(skiplock.internal_queue_claims_lock_id(NEW.name));
-    IF shares ? NEW.name THEN
-        PERFORM set_config('skiplock.claim_shares', (shares - NEW.name)::text, true);
-    END IF;
-    RETURN NEW;
 END;
 $$;
 
@@ -4517,10 +4534,10 @@ END;
 $$;
 
 --
--- Name: internal_release_passed_over(text, text, text); Type: FUNCTION; Schema: skiplock; Owner: -
+-- Name: internal_release_passed_over(text, text, text, boolean); Type: FUNCTION; Schema: skiplock; Owner: -
 --
 
-CREATE FUNCTION skiplock.internal_release_passed_over(queue text, key text, held_for text) RETURNS void
+CREATE FUNCTION skiplock.internal_release_passed_over(queue text, key text, held_for text, lock_rate_window boolean) RETURNS void
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
@@ -4529,7 +4546,7 @@ BEGIN
         PERFORM skiplock.internal_notify_freed(ARRAY[queue], ARRAY[key]);
     ELSIF held_for = 'fair' THEN
         PERFORM skiplock.internal_recheck_keys(ARRAY[queue], ARRAY[key]);
-    ELSIF held_for = 'rate' THEN
+    ELSIF held_for = 'rate' AND lock_rate_window THEN
         PERFORM 1 FROM skiplock.rate_windows w
         WHERE w.queue = internal_release_passed_over.queue AND w.concurrency_key = key
         FOR UPDATE;
@@ -5369,7 +5386,8 @@ BEGIN
         PERFORM skiplock.internal_announce(ARRAY[ROW(holder_queue, holder_priority,
                                                      holder_scheduled_at)::skiplock.runnable_key]);
     ELSIF holder_held_for IS NOT NULL THEN
-        PERFORM skiplock.internal_release_passed_over(holder_queue, holder_key, holder_held_for);
+        PERFORM skiplock.internal_release_passed_over(holder_queue, holder_key, holder_held_for,
+                                                      false);
     END IF;
     RETURN holder;
 END;
@@ -5723,7 +5741,7 @@ BEGIN
                 ELSIF live.held_for IS NOT NULL THEN
                     PERFORM skiplock.internal_release_passed_over(live.queue,
                                                                   live.concurrency_key,
-                                                                  live.held_for);
+                                                                  live.held_for, true);
                 END IF;
                 RETURN QUERY SELECT live.id, live.state, live.attempt, NULL::jsonb,
                                     NULL::text, NULL::timestamptz;
@@ -7220,22 +7238,34 @@ CREATE TRIGGER queues_after_key_limit_change AFTER UPDATE ON skiplock.queues FOR
 CREATE TRIGGER queues_after_key_limit_delete AFTER DELETE ON skiplock.queues FOR EACH ROW WHEN (((old.key_max_running IS NOT NULL) OR (old.key_rate_limit IS NOT NULL) OR (old.key_claimable IS NOT NULL) OR (old.rate_limit IS NOT NULL))) EXECUTE FUNCTION skiplock.internal_queues_after_key_limit();
 
 --
+-- Name: queues queues_after_limits_set_insert; Type: TRIGGER; Schema: skiplock; Owner: -
+--
+
+CREATE TRIGGER queues_after_limits_set_insert AFTER INSERT ON skiplock.queues FOR EACH ROW WHEN (((new.max_running IS NOT NULL) OR (new.rate_limit IS NOT NULL) OR (new.key_max_running IS NOT NULL) OR (new.key_rate_limit IS NOT NULL))) EXECUTE FUNCTION skiplock.internal_queues_after_limits_set();
+
+--
+-- Name: queues queues_after_limits_set_update; Type: TRIGGER; Schema: skiplock; Owner: -
+--
+
+CREATE TRIGGER queues_after_limits_set_update AFTER UPDATE ON skiplock.queues FOR EACH ROW WHEN ((((new.max_running IS NOT NULL) OR (new.rate_limit IS NOT NULL) OR (new.key_max_running IS NOT NULL) OR (new.key_rate_limit IS NOT NULL)) AND (((old.max_running IS NULL) AND (old.rate_limit IS NULL) AND (old.key_max_running IS NULL) AND (old.key_rate_limit IS NULL)) OR (new.name IS DISTINCT FROM old.name)))) EXECUTE FUNCTION skiplock.internal_queues_after_limits_set();
+
+--
+-- Name: queues queues_after_max_running_change; Type: TRIGGER; Schema: skiplock; Owner: -
+--
+
+CREATE TRIGGER queues_after_max_running_change AFTER UPDATE ON skiplock.queues FOR EACH ROW WHEN ((((old.max_running IS NOT NULL) OR (new.max_running IS NOT NULL)) AND ((new.max_running IS DISTINCT FROM old.max_running) OR (new.rate_limit IS DISTINCT FROM old.rate_limit) OR (new.key_max_running IS DISTINCT FROM old.key_max_running) OR (new.key_rate_limit IS DISTINCT FROM old.key_rate_limit) OR (new.name IS DISTINCT FROM old.name)))) EXECUTE FUNCTION skiplock.internal_queues_after_max_running_change();
+
+--
+-- Name: queues queues_after_max_running_insert; Type: TRIGGER; Schema: skiplock; Owner: -
+--
+
+CREATE TRIGGER queues_after_max_running_insert AFTER INSERT ON skiplock.queues FOR EACH ROW WHEN ((new.max_running IS NOT NULL)) EXECUTE FUNCTION skiplock.internal_queues_after_max_running_change();
+
+--
 -- Name: queues queues_after_write; Type: TRIGGER; Schema: skiplock; Owner: -
 --
 
 CREATE TRIGGER queues_after_write AFTER INSERT OR UPDATE ON skiplock.queues FOR EACH ROW WHEN ((NOT new.paused)) EXECUTE FUNCTION skiplock.internal_queues_after_write();
-
---
--- Name: queues queues_before_limits_change; Type: TRIGGER; Schema: skiplock; Owner: -
---
-
-CREATE TRIGGER queues_before_limits_change BEFORE UPDATE ON skiplock.queues FOR EACH ROW WHEN ((((new.max_running IS NOT NULL) OR (new.rate_limit IS NOT NULL) OR (new.key_max_running IS NOT NULL) OR (new.key_rate_limit IS NOT NULL)) AND ((new.max_running IS DISTINCT FROM old.max_running) OR (new.rate_limit IS DISTINCT FROM old.rate_limit) OR (new.rate_period IS DISTINCT FROM old.rate_period) OR (new.key_max_running IS DISTINCT FROM old.key_max_running) OR (new.key_rate_limit IS DISTINCT FROM old.key_rate_limit) OR (new.key_rate_period IS DISTINCT FROM old.key_rate_period) OR (new.name IS DISTINCT FROM old.name)))) EXECUTE FUNCTION skiplock.internal_queues_before_limits_change();
-
---
--- Name: queues queues_before_limits_insert; Type: TRIGGER; Schema: skiplock; Owner: -
---
-
-CREATE TRIGGER queues_before_limits_insert BEFORE INSERT ON skiplock.queues FOR EACH ROW WHEN (((new.max_running IS NOT NULL) OR (new.rate_limit IS NOT NULL) OR (new.key_max_running IS NOT NULL) OR (new.key_rate_limit IS NOT NULL))) EXECUTE FUNCTION skiplock.internal_queues_before_limits_change();
 
 --
 -- Name: rate_window_starts rate_window_starts_queue_concurrency_key_fkey; Type: FK CONSTRAINT; Schema: skiplock; Owner: -

@@ -416,3 +416,156 @@ async fn a_held_job_an_enqueue_holds_locked_goes_once_it_commits() {
         );
     }
 }
+
+/// Workload: queue `qa` with max_running 1; an open transaction claims its one job (holding
+/// the queue's turn), a claim of another session waits for the turn, and the open
+/// transaction then writes the queue's limits (`set_queue_limits`, max_running 3).
+///
+/// Invariant: the write goes through (the transaction holds what it waits for) and, once it
+/// commits, the waiting claim takes a job by the new limit. A claims lock taken by every
+/// claim before its turn, and by every write of limits (a review of 08d4b47's first form of
+/// the fix), made this a deadlock: the write waited for the waiting claim's share of it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_transaction_holding_the_turn_writes_its_queues_limits_beside_a_waiting_claim() {
+    let db = test_db().await;
+    let pool = &db.pool;
+    execute(
+        pool,
+        "INSERT INTO skiplock.queues (name, max_running) VALUES ('qa', 1)",
+    )
+    .await;
+    insert_noop_jobs(pool, "qa", None, 10).await;
+    let mut turn = pool.begin().await.unwrap();
+    assert_eq!(sql_claim(&mut *turn, "qa", 1, "turn").await.len(), 1);
+    let waiting = {
+        let pool = pool.clone();
+        tokio::spawn(async move { sql_claim(&pool, "qa", 1, "waiting").await.len() })
+    };
+    assert!(
+        statement_waits(
+            pool,
+            "SELECT id, claim_token FROM skiplock.claim($1, $2, $3)",
+            &waiting
+        )
+        .await,
+        "the claim waits for the turn"
+    );
+    sqlx::query("SELECT skiplock.set_queue_limits('qa', 3)")
+        .execute(&mut *turn)
+        .await
+        .expect("the write of limits in the transaction holding the turn");
+    turn.commit().await.unwrap();
+    assert_eq!(
+        waiting.await.unwrap(),
+        1,
+        "1 of the new 3 runs: room for one more"
+    );
+}
+
+/// Workload: queue `qe` with max_running 10 and a claim of it in flight (an open
+/// transaction); `set_queue_limits` (max_running 3) and a plain UPDATE (max_running 5) are
+/// written meanwhile, one after the other; the claim commits.
+///
+/// Invariant: both writes go through, in the order they came (the queue ends at 5). A lock
+/// taken before the row by one (an insert's trigger) and after it by the other (an update's)
+/// made them deadlock (a review of 08d4b47's first form of the fix).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_writes_of_a_queues_limits_beside_a_claim_in_flight_both_go_through() {
+    let db = test_db().await;
+    let pool = &db.pool;
+    execute(
+        pool,
+        "INSERT INTO skiplock.queues (name, max_running) VALUES ('qe', 10)",
+    )
+    .await;
+    insert_noop_jobs(pool, "qe", None, 10).await;
+    let mut open = pool.begin().await.unwrap();
+    assert_eq!(sql_claim(&mut *open, "qe", 1, "open").await.len(), 1);
+    const FIRST: &str = "SELECT skiplock.set_queue_limits('qe', 3)";
+    const SECOND: &str = "UPDATE skiplock.queues SET max_running = 5 WHERE name = 'qe'";
+    let (first, first_waits) = spawn_and_see_it_wait(pool, FIRST).await;
+    assert!(first_waits, "the change waits for the claim in flight");
+    let (second, second_waits) = spawn_and_see_it_wait(pool, SECOND).await;
+    assert!(second_waits, "the second write waits for the first");
+    open.commit().await.unwrap();
+    first.await.unwrap();
+    second.await.unwrap();
+    let max_running: i32 =
+        sqlx::query_scalar("SELECT max_running FROM skiplock.queues WHERE name = 'qe'")
+            .fetch_one(pool)
+            .await
+            .unwrap();
+    assert_eq!(max_running, 5);
+}
+
+/// Workload: queue `qr` with a per-key rate limit of 1 per 200 ms; of key `k1`, one job
+/// started and two are held for the key's window; an open transaction enqueues a job of
+/// the first held job's unique key (locking that job as the key's holder); the window
+/// refills; a claim runs.
+///
+/// Invariant: the claim returns without waiting for the open transaction (it passes over
+/// the locked job; the sweep lets it go later). Asking the held job's release again by
+/// locking the key's window (as a waiter's short mark does) made every claim of the queue
+/// wait for the application's transaction (a review of 08d4b47).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_enqueue_holding_a_rate_held_job_locked_never_holds_the_queues_claims() {
+    let db = test_db().await;
+    let pool = &db.pool;
+    execute(
+        pool,
+        "INSERT INTO skiplock.queues (name, key_rate_limit, key_rate_period)
+         VALUES ('qr', 1, interval '200 milliseconds')",
+    )
+    .await;
+    let ids = insert_noop_jobs(pool, "qr", Some("k1"), 3).await;
+    execute(
+        pool,
+        &format!(
+            "UPDATE skiplock.jobs SET unique_key = 'u' || id WHERE id = {}",
+            ids[1]
+        ),
+    )
+    .await;
+    assert_eq!(
+        sql_claim(pool, "qr", 5, "w").await.len(),
+        1,
+        "the window's one start"
+    );
+    assert_eq!(
+        state_and_held_for(pool, ids[1]).await,
+        ("waiting".to_owned(), Some("rate".to_owned()))
+    );
+    let mut open = pool.begin().await.unwrap();
+    sqlx::query(
+        "SELECT skiplock.enqueue('noop', queue => 'qr', concurrency_key => 'k1',
+                                 unique_key => 'u' || $1::bigint)",
+    )
+    .bind(ids[1])
+    .execute(&mut *open)
+    .await
+    .unwrap();
+    wait_until("the key's window to refill", PATIENCE, || async {
+        sqlx::query_scalar::<_, bool>(
+            "SELECT held_until <= now() FROM skiplock.rate_windows
+             WHERE queue = 'qr' AND concurrency_key = 'k1'",
+        )
+        .fetch_one(pool)
+        .await
+        .unwrap()
+        .then_some(())
+    })
+    .await;
+    let claim = {
+        let pool = pool.clone();
+        tokio::spawn(async move { sql_claim(&pool, "qr", 5, "w").await.len() })
+    };
+    let waits = statement_waits(
+        pool,
+        "SELECT id, claim_token FROM skiplock.claim($1, $2, $3)",
+        &claim,
+    )
+    .await;
+    open.rollback().await.unwrap();
+    claim.await.unwrap();
+    assert!(!waits, "the claim waited for the enqueue's transaction");
+}

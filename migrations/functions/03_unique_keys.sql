@@ -131,7 +131,8 @@ BEGIN
         PERFORM skiplock.internal_announce(ARRAY[ROW(holder_queue, holder_priority,
                                                      holder_scheduled_at)::skiplock.runnable_key]);
     ELSIF holder_held_for IS NOT NULL THEN
-        PERFORM skiplock.internal_release_passed_over(holder_queue, holder_key, holder_held_for);
+        PERFORM skiplock.internal_release_passed_over(holder_queue, holder_key, holder_held_for,
+                                                      false);
     END IF;
     RETURN holder;
 END;

@@ -505,7 +505,7 @@ BEGIN
                                                              parent_scheduled_at)::skiplock.runnable_key]);
             ELSIF parent_held_for IS NOT NULL THEN
                 PERFORM skiplock.internal_release_passed_over(parent_queue, parent_key,
-                                                              parent_held_for);
+                                                              parent_held_for, false);
             END IF;
             IF parent_now IS NULL THEN
                 RAISE EXCEPTION 'parent job % does not exist', NEW.parent_id

@@ -45,20 +45,25 @@
 -- share back (taken in a subtransaction, rolled back) before it waits for the turn: it
 -- never waits holding one. The claims of one transaction share the share it took (the
 -- transaction-local setting skiplock.claim_shares keeps what they took of it), so a
--- transaction never waits for a turn while it holds a share. A change of a queue's limits
--- waits for every claim in flight (see internal_queue_claims_lock_id): each counted by the
--- limits it read, so no claim after the change overlaps one that shares or takes turns by
--- the old ones; and it ends the shares its own transaction's claims took, whose next
--- claim counts again.
+-- transaction never waits for a turn while it holds a share. A change of the limits of a
+-- queue that has or had a max_running, and a new row with one, wait for the claims in
+-- flight, the turn and every share (internal_queues_after_max_running_change): each of
+-- them counted by the limits it read, so no claim after the change overlaps one that
+-- shares or takes turns by the old ones; the change ends its own transaction's share,
+-- whose next claim counts again. Limits given to a queue that had none wait for its
+-- claims in flight too (internal_queue_claims_lock_id).
 -- Measured: docs/benchmarks.md, "What each mechanism costs or buys".
 
--- The lock every claim of a queue holds shared, from before it reads the queue's row of
--- skiplock.queues to its commit, limited or not; a write of the queue's limits takes it
--- exclusive first (internal_queues_before_limits_change), so it waits for every claim in
--- flight, and a claim after it reads the limits it wrote. Without it a limit set on a
--- queue that had none did not wait for the claims that took jobs by no limit: a claim
--- after it counted none of their jobs, not yet committed, and 15 ran of a new max_running
--- of 5 (a race review). Shared: claims never wait for each other on it.
+-- The lock a claim of a queue without limits (max_running, rate_limit, key_max_running,
+-- key_rate_limit) holds shared, from after it read the queue's row to its commit; it then
+-- reads the row again. A write that gives the queue limits takes it exclusive
+-- (internal_queues_after_limits_set), so it waits for the claims in flight, which took
+-- jobs by no limit and hold no turn nor share, and a claim that read no limits before
+-- the write committed reads them after (in READ COMMITTED: a claim in REPEATABLE READ
+-- reads the row of its snapshot). Without it, a claim after the write counted none of
+-- their jobs, not yet committed: 15 ran of a max_running of 5 (a race review). Shared:
+-- claims never wait for each other on it; a claim of a limited queue does not take it
+-- (it holds the turn or a share, which a change between limits waits for).
 CREATE OR REPLACE FUNCTION skiplock.internal_queue_claims_lock_id(queue_name text) RETURNS bigint
 LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
     SELECT hashtextextended('skiplock.queue_claims:' || queue_name, 0);
@@ -586,17 +591,21 @@ $$;
 -- 'fair'): the releases that let the key's held jobs go pass over locked rows (SKIP
 -- LOCKED, a claim must never wait for an application's transaction), so the release that
 -- may pass over this one meanwhile is asked for again. 'key': the key's slot is left freed
--- for the next claim, which lets the key's held jobs go (or holds them again); 'rate': the
--- key's window row is locked too, so that a claim letting the key go waits for this
--- transaction and then finds the row unlocked; 'fair': the key's turn is looked at again.
--- Called by every writer that locks rows a release walks: skiplock.watch_job (a waiter's
--- mark), the edge trigger (a child's parent) and internal_unique_key_holder (an enqueue of
--- the key's unique_key); without it a release that passed over the row left it held, with
--- its key's slot free, until the sweep (a race review). As the owner (SECURITY DEFINER):
--- a waiter or an enqueuer has no privilege on the limits' tables, and this can do nothing
--- but have a key's held jobs let go, which a claim holds back again while the key is full.
+-- for the next claim, which lets the key's held jobs go (or holds them again); 'fair': the
+-- key's turn is looked at again; 'rate', only where the caller's transaction ends at once
+-- (lock_rate_window: skiplock.watch_job, a waiter's mark), the key's window row is locked
+-- too, so that a claim letting the key go waits for this transaction and then finds the
+-- row unlocked. An enqueue (the edge trigger for a child's parent,
+-- internal_unique_key_holder for its unique key's holder) runs in an application's
+-- transaction, which a claim must not wait for: a job held for its key's window that an
+-- enqueue holds locked when the window refills waits for the sweep. Without this a release
+-- that passed over the row left it held, with its key's slot free, until the sweep (a race
+-- review). As the owner (SECURITY DEFINER): a waiter or an enqueuer has no privilege on
+-- the limits' tables, and this can do nothing but have a key's held jobs let go, which a
+-- claim holds back again while the key is full.
 CREATE OR REPLACE FUNCTION skiplock.internal_release_passed_over(queue text, key text,
-                                                                 held_for text)
+                                                                 held_for text,
+                                                                 lock_rate_window boolean)
 RETURNS void
 LANGUAGE plpgsql
 SECURITY DEFINER
@@ -607,7 +616,7 @@ BEGIN
         PERFORM skiplock.internal_notify_freed(ARRAY[queue], ARRAY[key]);
     ELSIF held_for = 'fair' THEN
         PERFORM skiplock.internal_recheck_keys(ARRAY[queue], ARRAY[key]);
-    ELSIF held_for = 'rate' THEN
+    ELSIF held_for = 'rate' AND lock_rate_window THEN
         PERFORM 1 FROM skiplock.rate_windows w
         WHERE w.queue = internal_release_passed_over.queue AND w.concurrency_key = key
         FOR UPDATE;

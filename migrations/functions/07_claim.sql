@@ -130,17 +130,20 @@ BEGIN
         -- made a later claim of the transaction wait for itself).
         RETURN;
     END IF;
-    -- Limited or not, before the queue's row is read: a write of the queue's limits waits
-    -- for this claim, and one committed before it is what the row says (see
-    -- internal_queue_claims_lock_id).
-    PERFORM pg_advisory_xact_lock_shared(skiplock.internal_queue_claims_lock_id(queue_name));
-    -- The queue's row, if any: one probe for a queue without limits.
-    SELECT q.paused, q.max_running, q.rate_limit, q.rate_period, q.key_max_running,
-           q.key_rate_limit, q.key_rate_period, q.key_claimable
-    INTO is_paused, lim_max_running, lim_rate_limit, lim_rate_period, lim_key_max_running,
-         lim_key_rate_limit, lim_key_rate_period, lim_key_claimable
-    FROM skiplock.queues q
-    WHERE q.name = queue_name;
+    -- The queue's row, if any; of a queue without limits, again under its claims lock: a
+    -- write that gives the queue limits waits for this claim, and one that committed since
+    -- the first read is what the second reads (see internal_queue_claims_lock_id).
+    FOR row_read IN 1 .. 2 LOOP
+        SELECT q.paused, q.max_running, q.rate_limit, q.rate_period, q.key_max_running,
+               q.key_rate_limit, q.key_rate_period, q.key_claimable
+        INTO is_paused, lim_max_running, lim_rate_limit, lim_rate_period,
+             lim_key_max_running, lim_key_rate_limit, lim_key_rate_period, lim_key_claimable
+        FROM skiplock.queues q
+        WHERE q.name = queue_name;
+        EXIT WHEN row_read = 2 OR lim_max_running IS NOT NULL OR lim_rate_limit IS NOT NULL
+                  OR lim_key_max_running IS NOT NULL OR lim_key_rate_limit IS NOT NULL;
+        PERFORM pg_advisory_xact_lock_shared(skiplock.internal_queue_claims_lock_id(queue_name));
+    END LOOP;
     IF is_paused THEN
         RETURN;
     END IF;
@@ -170,8 +173,8 @@ BEGIN
         ELSIF share_room >= max_jobs THEN
             BEGIN
                 PERFORM skiplock.internal_take_claim_share(queue_name);
-                -- The row again, holding the share: the queue may have been paused while
-                -- this claim waited for it.
+                -- The limits again, holding the share: a change of max_running waited for
+                -- the claims holding shares, and holds for this one.
                 SELECT q.paused, q.max_running, q.rate_limit, q.key_max_running,
                        q.key_rate_limit
                 INTO is_paused, lim_max_running, lim_rate_limit, lim_key_max_running,
@@ -214,8 +217,8 @@ BEGIN
         END IF;
         IF NOT sharing THEN
             PERFORM pg_advisory_xact_lock(skiplock.internal_queue_limit_lock_id(queue_name));
-            -- The row again, under the lock: the queue may have been paused while this
-            -- claim waited for it (a change of its limits waits for the claim instead).
+            -- The limits again, under the lock: a change committed while this claim waited
+            -- for it (its trigger let the held jobs go under the same lock) holds for it.
             SELECT q.paused, q.max_running, q.rate_limit, q.rate_period, q.key_max_running,
                    q.key_rate_limit, q.key_rate_period
             INTO is_paused, lim_max_running, lim_rate_limit, lim_rate_period, lim_key_max_running,

@@ -8,8 +8,10 @@
 --   internal_check_rate_limit, set_queue_limits, pause_queue
 --   why_not_running, resume_queue, internal_queues_after_write, trigger queues_after_write
 --   internal_queues_after_handoff_rules_change, trigger queues_after_handoff_rules_change
---   internal_queues_before_limits_change, trigger queues_before_limits_insert
---   trigger queues_before_limits_change
+--   internal_queues_after_max_running_change, trigger queues_after_max_running_change
+--   trigger queues_after_max_running_insert
+--   internal_queues_after_limits_set, trigger queues_after_limits_set_insert
+--   trigger queues_after_limits_set_update
 --   internal_queues_after_fairness_change, trigger queues_after_fairness_change
 --   trigger queues_after_fairness_delete
 --   internal_queues_after_key_limit, trigger queues_after_key_limit_change
@@ -568,54 +570,80 @@ CREATE OR REPLACE TRIGGER queues_after_handoff_rules_change
     WHEN (OLD.key_max_running IS NOT NULL)
     EXECUTE FUNCTION skiplock.internal_queues_after_handoff_rules_change();
 
--- A queue's limits written (a row with any, a change of any, a rename of a row with any):
--- first, before the row and before any other trigger of the write takes a lock, the write
--- waits for every claim of the queue in flight and holds back the claims after it until it
--- commits (internal_queue_claims_lock_id, exclusive). Each claim in flight counted by the
--- limits it read, none at all on a queue that had none, so a claim after the change counts
--- what they took. The claims of the writing transaction itself, which its own lock does
--- not hold back, end the claim shares they took: its next claim of the queue counts again
--- (it once took what was left of a share of the old max_running). Limits removed, or a row
--- deleted, need no wait: no limit is left to hold.
-CREATE OR REPLACE FUNCTION skiplock.internal_queues_before_limits_change() RETURNS trigger
+-- A queue's limits changed where a max_running is or was, or a row with one written: the
+-- claims in flight each counted by the limits they read, a share of the old max_running
+-- for those holding claim shares (06_global_limits.sql, "Claim shares"), the old limits
+-- for those holding the turn. The change waits for them all (the queue's turn and every
+-- share), so a claim after it counts what they took, and a turn never meets a claim that
+-- shares by limits it no longer has. The claims of the writing transaction itself, which
+-- its own locks do not hold back, end the share they took: its next claim of the queue
+-- counts again (it once took what was left of a share of the old max_running: 62 ran of a
+-- max_running of 32 it had set). A row deleted needs no wait: no limit is left to hold.
+CREATE OR REPLACE FUNCTION skiplock.internal_queues_after_max_running_change() RETURNS trigger
 LANGUAGE plpgsql AS $$
 DECLARE
     shares jsonb := nullif(current_setting('skiplock.claim_shares', true), '')::jsonb;
 BEGIN
-    PERFORM pg_advisory_xact_lock(skiplock.internal_queue_claims_lock_id(NEW.name));
+    PERFORM pg_advisory_xact_lock(skiplock.internal_queue_limit_lock_id(NEW.name));
+    PERFORM skiplock.internal_take_every_claim_share(NEW.name);
     IF shares ? NEW.name THEN
         PERFORM set_config('skiplock.claim_shares', (shares - NEW.name)::text, true);
     END IF;
-    RETURN NEW;
+    RETURN NULL;
 END;
 $$;
 
--- Replaced by queues_before_limits_insert and queues_before_limits_change (development
--- builds before them had these).
-DROP TRIGGER IF EXISTS queues_after_max_running_change ON skiplock.queues;
-DROP TRIGGER IF EXISTS queues_after_max_running_insert ON skiplock.queues;
-DROP FUNCTION IF EXISTS skiplock.internal_queues_after_max_running_change();
+CREATE OR REPLACE TRIGGER queues_after_max_running_change
+    AFTER UPDATE ON skiplock.queues
+    FOR EACH ROW
+    WHEN ((OLD.max_running IS NOT NULL OR NEW.max_running IS NOT NULL)
+          AND (NEW.max_running IS DISTINCT FROM OLD.max_running
+               OR NEW.rate_limit IS DISTINCT FROM OLD.rate_limit
+               OR NEW.key_max_running IS DISTINCT FROM OLD.key_max_running
+               OR NEW.key_rate_limit IS DISTINCT FROM OLD.key_rate_limit
+               OR NEW.name IS DISTINCT FROM OLD.name))
+    EXECUTE FUNCTION skiplock.internal_queues_after_max_running_change();
 
-CREATE OR REPLACE TRIGGER queues_before_limits_insert
-    BEFORE INSERT ON skiplock.queues
+CREATE OR REPLACE TRIGGER queues_after_max_running_insert
+    AFTER INSERT ON skiplock.queues
+    FOR EACH ROW
+    WHEN (NEW.max_running IS NOT NULL)
+    EXECUTE FUNCTION skiplock.internal_queues_after_max_running_change();
+
+-- A queue given limits where it had none (max_running, rate_limit, key_max_running or
+-- key_rate_limit: a new row with one, a row without any given one, a row with one renamed
+-- onto the queue): the claims in flight took jobs by no limit and hold no turn nor share,
+-- only the queue's claims lock (internal_queue_claims_lock_id), shared; the write waits
+-- for them by taking it, so that a claim after it counts their jobs (without it, 15 ran of
+-- a max_running of 5 written over claims in flight), and the claims that read no limits
+-- before it committed read the row again once it has. After the row is written, as every
+-- other lock of a write of skiplock.queues: a plain UPDATE and set_queue_limits take the
+-- row and then this lock, in that order. A change between limits needs none of it: every
+-- claim of a limited queue holds its turn or a share, which the other triggers wait for.
+CREATE OR REPLACE FUNCTION skiplock.internal_queues_after_limits_set() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM pg_advisory_xact_lock(skiplock.internal_queue_claims_lock_id(NEW.name));
+    RETURN NULL;
+END;
+$$;
+
+CREATE OR REPLACE TRIGGER queues_after_limits_set_insert
+    AFTER INSERT ON skiplock.queues
     FOR EACH ROW
     WHEN (NEW.max_running IS NOT NULL OR NEW.rate_limit IS NOT NULL
           OR NEW.key_max_running IS NOT NULL OR NEW.key_rate_limit IS NOT NULL)
-    EXECUTE FUNCTION skiplock.internal_queues_before_limits_change();
+    EXECUTE FUNCTION skiplock.internal_queues_after_limits_set();
 
-CREATE OR REPLACE TRIGGER queues_before_limits_change
-    BEFORE UPDATE ON skiplock.queues
+CREATE OR REPLACE TRIGGER queues_after_limits_set_update
+    AFTER UPDATE ON skiplock.queues
     FOR EACH ROW
     WHEN ((NEW.max_running IS NOT NULL OR NEW.rate_limit IS NOT NULL
            OR NEW.key_max_running IS NOT NULL OR NEW.key_rate_limit IS NOT NULL)
-          AND (NEW.max_running IS DISTINCT FROM OLD.max_running
-               OR NEW.rate_limit IS DISTINCT FROM OLD.rate_limit
-               OR NEW.rate_period IS DISTINCT FROM OLD.rate_period
-               OR NEW.key_max_running IS DISTINCT FROM OLD.key_max_running
-               OR NEW.key_rate_limit IS DISTINCT FROM OLD.key_rate_limit
-               OR NEW.key_rate_period IS DISTINCT FROM OLD.key_rate_period
+          AND ((OLD.max_running IS NULL AND OLD.rate_limit IS NULL
+                AND OLD.key_max_running IS NULL AND OLD.key_rate_limit IS NULL)
                OR NEW.name IS DISTINCT FROM OLD.name))
-    EXECUTE FUNCTION skiplock.internal_queues_before_limits_change();
+    EXECUTE FUNCTION skiplock.internal_queues_after_limits_set();
 
 -- Where a fair queue's keys' held jobs start (skiplock.key_held_from) holds only while the
 -- queue's one per-key limit is key_claimable, from its releases on: any change of its

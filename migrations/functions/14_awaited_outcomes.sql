@@ -96,7 +96,7 @@ BEGIN
                 ELSIF live.held_for IS NOT NULL THEN
                     PERFORM skiplock.internal_release_passed_over(live.queue,
                                                                   live.concurrency_key,
-                                                                  live.held_for);
+                                                                  live.held_for, true);
                 END IF;
                 RETURN QUERY SELECT live.id, live.state, live.attempt, NULL::jsonb,
                                     NULL::text, NULL::timestamptz;

@@ -904,13 +904,17 @@ BEGIN
                 END IF;
                 share_room := CASE WHEN lim_rate_limit IS NULL AND lim_key_max_running IS NULL
                                         AND lim_key_rate_limit IS NULL
-                                   THEN coalesce(skiplock.internal_claim_share_room(lim_max_running),
-                                                 max_jobs)
+                                   THEN skiplock.internal_claim_share_room(lim_max_running)
                                    ELSE 0 END;
                 -- The running jobs, counted up to what leaves every share's room (through
                 -- jobs_running_idx, as below).
                 shares_room := skiplock.internal_claim_shares() * share_room::bigint;
-                IF share_room < max_jobs
+                -- No limit left (removed while this claim waited for the share): the turn,
+                -- not a share. A claim that took jobs by no limit holding only a share was
+                -- waited for by no write giving the queue limits again, nor by a claim of a
+                -- per-key limit (11 ran of a key_max_running of 1, a race review); under
+                -- the turn, both wait for it.
+                IF coalesce(share_room, 0) < max_jobs
                    OR (lim_max_running IS NOT NULL AND shares_room + (
                        SELECT count(*) FROM (SELECT FROM skiplock.jobs_live j
                                              WHERE j.queue = queue_name AND j.state = 'running'

@@ -569,3 +569,75 @@ async fn an_enqueue_holding_a_rate_held_job_locked_never_holds_the_queues_claims
     claim.await.unwrap();
     assert!(!waits, "the claim waited for the enqueue's transaction");
 }
+
+/// Workload: queue `q` with max_running 160 (a claim share's room: 10), 20 jobs without a
+/// key and 40 of key `k`; one transaction claims the 20 under the queue's turn (holding
+/// every share), a claim of 10 in another transaction waits for a share, the queue's row is
+/// deleted, the first transaction commits, and the second, still open, takes its 10 of `k`;
+/// then the row is written again with key_max_running 1, and a third claim runs.
+///
+/// Invariant: the third claim counts the second's 10 of `k` and takes none. Before: the
+/// second found no limit under its share and took its jobs holding only the share, which
+/// neither the new row's write nor the third claim (a turn) waited for: it counted none of
+/// the 10, uncommitted, and took 1 (11 ran of 1; a review of 1392520).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_that_finds_its_limits_removed_under_its_share_takes_the_turn() {
+    let db = test_db().await;
+    let pool = &db.pool;
+    execute(
+        pool,
+        "INSERT INTO skiplock.queues (name, max_running) VALUES ('q', 160)",
+    )
+    .await;
+    insert_noop_jobs(pool, "q", None, 20).await;
+    insert_noop_jobs(pool, "q", Some("k"), 40).await;
+    let mut turn = pool.begin().await.unwrap();
+    assert_eq!(sql_claim(&mut *turn, "q", 20, "turn").await.len(), 20);
+    let (commit_second, second_may_commit) = tokio::sync::oneshot::channel::<()>();
+    let (second_took, took) = tokio::sync::oneshot::channel::<usize>();
+    let second = {
+        let pool = pool.clone();
+        tokio::spawn(async move {
+            let mut tx = pool.begin().await.unwrap();
+            let taken = sql_claim(&mut *tx, "q", 10, "second").await.len();
+            second_took.send(taken).unwrap();
+            second_may_commit.await.unwrap();
+            tx.commit().await.unwrap();
+        })
+    };
+    assert!(
+        statement_waits(
+            pool,
+            "SELECT id, claim_token FROM skiplock.claim($1, $2, $3)",
+            &second
+        )
+        .await,
+        "the second claim waits for a share"
+    );
+    execute(pool, "DELETE FROM skiplock.queues WHERE name = 'q'").await;
+    turn.commit().await.unwrap();
+    assert_eq!(took.await.unwrap(), 10, "no limit left: the 10 asked for");
+    execute(
+        pool,
+        "INSERT INTO skiplock.queues (name, key_max_running) VALUES ('q', 1)",
+    )
+    .await;
+    let third = {
+        let pool = pool.clone();
+        tokio::spawn(async move { sql_claim(&pool, "q", 10, "third").await.len() })
+    };
+    let waits = statement_waits(
+        pool,
+        "SELECT id, claim_token FROM skiplock.claim($1, $2, $3)",
+        &third,
+    )
+    .await;
+    commit_second.send(()).unwrap();
+    second.await.unwrap();
+    assert_eq!(
+        third.await.unwrap(),
+        0,
+        "10 of key k run, of key_max_running 1"
+    );
+    assert!(waits, "the third claim waited for the second's turn");
+}
